@@ -1,0 +1,21 @@
+# Third-party dependencies, all from Debian's archive (scripts/setup installs them).
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+find_package(OpenSSL 3 REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(fmt REQUIRED)
+find_package(Protobuf REQUIRED)
+pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
+
+# asio (standalone, header-only) with C++20 coroutines.
+find_path(ASIO_INCLUDE_DIR asio.hpp REQUIRED)
+add_library(colony_asio INTERFACE)
+target_include_directories(colony_asio SYSTEM INTERFACE ${ASIO_INCLUDE_DIR})
+target_compile_definitions(colony_asio INTERFACE ASIO_STANDALONE ASIO_NO_DEPRECATED)
+target_link_libraries(colony_asio INTERFACE Threads::Threads)
+
+find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
+
+if(COLONY_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

@@ -1,0 +1,154 @@
+#include "core/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+extern char** environ;
+
+namespace colony {
+
+Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
+                                     const std::string& stderr_path) {
+  if (argv.empty()) return InvalidArgument("no program to run");
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return Internal(std::string("pipe: ") + std::strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  if (!stderr_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderr_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  // The child starts with default signal dispositions and an empty mask (a parent that blocks
+  // SIGTERM for sigwait must not pass that on).
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t empty, all;
+  sigemptyset(&empty);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &empty);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawnattr_destroy(&attr);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    return Unavailable("cannot start " + argv[0] + ": " + std::strerror(rc));
+  }
+  Subprocess p;
+  p.pid_ = pid;
+  p.stdout_fd_ = fds[0];
+  return p;
+}
+
+Subprocess::Subprocess(Subprocess&& o) noexcept
+    : pid_(o.pid_), stdout_fd_(o.stdout_fd_), buffer_(std::move(o.buffer_)), exit_code_(o.exit_code_) {
+  o.pid_ = -1;
+  o.stdout_fd_ = -1;
+}
+
+Subprocess& Subprocess::operator=(Subprocess&& o) noexcept {
+  if (this != &o) {
+    this->~Subprocess();
+    new (this) Subprocess(std::move(o));
+  }
+  return *this;
+}
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0 && !exit_code_) {
+    ::kill(pid_, SIGKILL);
+    int status;
+    ::waitpid(pid_, &status, 0);
+  }
+  if (stdout_fd_ >= 0) ::close(stdout_fd_);
+}
+
+Result<std::string> Subprocess::ReadLine(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto nl = buffer_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      return line;
+    }
+    if (stdout_fd_ < 0) return NotFound("process " + std::to_string(pid_) + " closed its output");
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return DeadlineExceeded("process " + std::to_string(pid_) + " printed no line within " +
+                              std::to_string(timeout.count()) + " ms");
+    }
+    pollfd pfd{stdout_fd_, POLLIN, 0};
+    int rc = ::poll(&pfd, 1, static_cast<int>(left.count()));
+    if (rc < 0 && errno != EINTR) return Internal(std::string("poll: ") + std::strerror(errno));
+    if (rc <= 0) continue;
+    char chunk[4096];
+    ssize_t n = ::read(stdout_fd_, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(stdout_fd_);
+      stdout_fd_ = -1;
+      if (!buffer_.empty()) {
+        std::string line = std::move(buffer_);
+        buffer_.clear();
+        return line;
+      }
+      continue;
+    }
+    buffer_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+void Subprocess::Signal(int sig) {
+  if (pid_ > 0 && !exit_code_) ::kill(pid_, sig);
+}
+
+Result<int> Subprocess::Wait(std::chrono::milliseconds timeout) {
+  if (exit_code_) return *exit_code_;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return *exit_code_;
+    }
+    if (r < 0 && errno != EINTR) return Internal(std::string("waitpid: ") + std::strerror(errno));
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return DeadlineExceeded("process " + std::to_string(pid_) + " did not exit within " +
+                              std::to_string(timeout.count()) + " ms");
+    }
+    // No portable way to wait for a child with a timeout; poll at a short interval.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+bool Subprocess::running() {
+  if (exit_code_) return false;
+  auto r = Wait(std::chrono::milliseconds(0));
+  return !r.ok();
+}
+
+std::string SelfExecutable() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return {};
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+}  // namespace colony

@@ -1,0 +1,48 @@
+// Child processes with a line-oriented stdout pipe, for the demo, integration tests and
+// benchmarks that run real peers as real processes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace colony {
+
+class Subprocess {
+ public:
+  // Starts `argv[0]` (a path) with the given arguments. stdout is captured; stderr is inherited
+  // unless `stderr_path` names a file to write it to.
+  static Result<Subprocess> Spawn(const std::vector<std::string>& argv,
+                                  const std::string& stderr_path = {});
+  Subprocess(Subprocess&& other) noexcept;
+  Subprocess& operator=(Subprocess&& other) noexcept;
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+  // Kills (SIGKILL) and reaps the process if it is still running.
+  ~Subprocess();
+
+  pid_t pid() const { return pid_; }
+  // Next line of stdout without the newline; DeadlineExceeded after `timeout`, NotFound at EOF.
+  Result<std::string> ReadLine(std::chrono::milliseconds timeout);
+  void Signal(int sig);
+  // Waits for exit; returns the exit code, or 128+signal. DeadlineExceeded after `timeout`.
+  Result<int> Wait(std::chrono::milliseconds timeout);
+  bool running();
+
+ private:
+  Subprocess() = default;
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::string buffer_;
+  std::optional<int> exit_code_;
+};
+
+// Path of the running executable (/proc/self/exe).
+std::string SelfExecutable();
+
+}  // namespace colony

@@ -1,0 +1,96 @@
+// The secure-channel handshake (internal to net).
+//
+// 1. Both sides send, in the clear: the 8-byte magic "colony\r\n", then a length-prefixed Hello
+//    with the protocol version and a fresh X25519 ephemeral key. Each side checks the other's
+//    version: an incompatible major version fails with an error naming both versions.
+// 2. Both derive the shared secret, hash the transcript (initiator's Hello, then responder's)
+//    and derive one AES-256-GCM key per direction.
+// 3. Both send, as their first encrypted record, an Auth message: their Ed25519 public key and a
+//    signature over ("colony-auth-v1", their role, the transcript hash), the address they observe
+//    the other side at, and their receive limits. A valid signature proves possession of the key
+//    behind the PeerId; binding the transcript (which holds both fresh ephemeral keys) makes a
+//    recorded handshake useless on any other connection, and binding the role stops reflection.
+//    The dialer checks the key against the PeerId it expected.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/identity.h"
+#include "net/crypto.h"
+#include "net/wire.h"
+
+namespace colony::net {
+
+enum class Role : uint8_t { kInitiator = 0, kResponder = 1 };
+
+inline constexpr char kMagic[8] = {'c', 'o', 'l', 'o', 'n', 'y', '\r', '\n'};
+
+// Receive limits announced in Auth.
+struct PeerLimits {
+  uint32_t stream_window = 4u << 20;
+  uint64_t connection_window = 32ull << 20;
+  uint32_t max_concurrent_streams = 256;
+  uint64_t max_message_bytes = 64ull << 20;
+};
+
+struct HelloInfo {
+  uint32_t version_major = 0;
+  uint32_t version_minor = 0;
+  Key32 ephemeral_key{};
+  std::string agent;
+};
+
+// Hello protobuf bytes (without the magic and length prefix).
+Bytes EncodeHello(const Key32& ephemeral_public, uint32_t major, uint32_t minor,
+                  const std::string& agent);
+// Parses and validates a Hello. FailedPrecondition when the major version differs from ours.
+Result<HelloInfo> DecodeHello(ByteSpan bytes, uint32_t our_major, uint32_t our_minor);
+
+struct AuthInfo {
+  PeerId peer;
+  std::string observed_addr;
+  std::vector<std::string> listen_addrs;
+  PeerLimits limits;
+};
+
+// The bytes an Auth signature covers.
+Bytes AuthSignedBytes(Role signer, const Key32& transcript);
+Bytes EncodeAuth(const KeyPair& identity, Role role, const Key32& transcript,
+                 const std::string& observed_addr, const std::vector<std::string>& listen_addrs,
+                 const PeerLimits& limits);
+// Parses an Auth sent by a peer playing `sender_role` and verifies its signature.
+// Unauthenticated on a bad signature; ProtocolError on malformed content.
+Result<AuthInfo> DecodeAuth(ByteSpan bytes, Role sender_role, const Key32& transcript);
+
+struct HandshakeOptions {
+  Role role = Role::kInitiator;
+  const KeyPair* identity = nullptr;
+  std::optional<PeerId> expected_peer;  // the dialer's expectation; responders accept anyone
+  std::string observed_addr;            // the remote endpoint as we see it, as a multiaddr
+  std::vector<std::string> listen_addrs;
+  PeerLimits limits;
+  uint32_t version_major = kProtocolMajor;
+  uint32_t version_minor = kProtocolMinor;
+  std::string agent;
+};
+
+struct HandshakeResult {
+  AuthInfo peer;
+  HelloInfo peer_hello;
+  std::unique_ptr<RecordSealer> sealer;
+  std::unique_ptr<RecordOpener> opener;
+};
+
+// Runs the handshake on a connected socket. The caller bounds it with a deadline (by closing the
+// socket). Errors name what went wrong; `peer_desc` (the address) is used in messages.
+asio::awaitable<Result<HandshakeResult>> RunHandshake(asio::ip::tcp::socket& socket,
+                                                      const HandshakeOptions& options,
+                                                      std::string peer_desc);
+
+}  // namespace colony::net

@@ -1,0 +1,544 @@
+#include "net/host.h"
+
+#include <ifaddrs.h>
+#include <net/if.h>
+
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/connect.hpp>
+#include <asio/detached.hpp>
+#include <asio/ip/address.hpp>
+#include <asio/ip/v6_only.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+
+#include "core/log.h"
+#include "net/run_on_strand.h"
+
+namespace colony::net {
+namespace {
+
+constexpr auto kUse = asio::experimental::as_tuple(asio::use_awaitable);
+
+Multiaddr FromEndpoint(const asio::ip::tcp::endpoint& ep) {
+  auto addr = ep.address();
+  if (addr.is_v6() && addr.to_v6().is_v4_mapped()) {
+    addr = asio::ip::make_address_v4(asio::ip::v4_mapped, addr.to_v6());
+  }
+  return Multiaddr(addr.is_v4() ? Multiaddr::HostKind::kIp4 : Multiaddr::HostKind::kIp6,
+                   addr.to_string(), ep.port());
+}
+
+// Local interface addresses of one family, loopback first.
+std::vector<std::string> InterfaceAddresses(bool v6) {
+  std::vector<std::string> out;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return out;
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || !(i->ifa_flags & IFF_UP)) continue;
+    int family = i->ifa_addr->sa_family;
+    if (family != (v6 ? AF_INET6 : AF_INET)) continue;
+    char buf[INET6_ADDRSTRLEN] = {};
+    const void* src = v6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr)
+                         : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr);
+    if (!inet_ntop(family, src, buf, sizeof(buf))) continue;
+    std::string s = buf;
+    if (v6 && s.rfind("fe80", 0) == 0) continue;  // link-local needs a scope id; skip
+    if (i->ifa_flags & IFF_LOOPBACK) out.insert(out.begin(), s);
+    else out.push_back(s);
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+std::string ConnectErrorText(const std::error_code& ec) {
+  if (ec == asio::error::connection_refused) {
+    return "connection refused; is the peer running and listening on that port?";
+  }
+  if (ec == asio::error::host_unreachable || ec == asio::error::network_unreachable) {
+    return ec.message() + "; check the address and your network";
+  }
+  return ec.message();
+}
+
+}  // namespace
+
+struct Host::PendingDial {
+  explicit PendingDial(const Strand& strand) : done(strand) {}
+  Notifier done;
+  std::optional<Result<std::shared_ptr<Connection>>> result;
+};
+
+Host::Host(KeyPair identity, HostOptions options)
+    : identity_(std::move(identity)), options_(std::move(options)), dial_strand_(asio::make_strand(io_)) {
+  if (options_.io_threads == 0) options_.io_threads = 1;
+}
+
+Host::~Host() { Shutdown(); }
+
+Status Host::Start() {
+  if (started_) return FailedPrecondition("host already started");
+  for (const Multiaddr& addr : options_.listen) {
+    if (!addr.is_ip()) {
+      return InvalidArgument("cannot listen on " + addr.ToString() +
+                             ": use an /ip4/ or /ip6/ address (e.g. /ip4/0.0.0.0/tcp/0)");
+    }
+    if (addr.peer_id() && *addr.peer_id() != peer_id()) {
+      return InvalidArgument("listen address " + addr.ToString() + " names another peer id");
+    }
+    std::error_code ec;
+    auto ip = asio::ip::make_address(addr.host(), ec);
+    if (ec) return InvalidArgument("cannot listen on " + addr.ToString() + ": bad IP address");
+    asio::ip::tcp::endpoint ep(ip, addr.port());
+    auto acceptor = std::make_shared<asio::ip::tcp::acceptor>(io_);
+    acceptor->open(ep.protocol(), ec);
+    if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec && ip.is_v6()) acceptor->set_option(asio::ip::v6_only(true), ec);
+    if (!ec) acceptor->bind(ep, ec);
+    if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      std::string hint = ec == asio::error::address_in_use
+                             ? "; another process uses that port: choose another, or 0 for any free port"
+                             : "";
+      return Unavailable("cannot listen on " + addr.ToString() + ": " + ec.message() + hint);
+    }
+    auto bound = acceptor->local_endpoint(ec);
+    bound_.push_back(FromEndpoint(bound));
+    acceptors_.push_back(acceptor);
+  }
+  work_.emplace(io_.get_executor());
+  for (auto& acceptor : acceptors_) {
+    asio::co_spawn(io_, AcceptLoop(acceptor), asio::detached);
+  }
+  for (size_t i = 0; i < options_.io_threads; ++i) {
+    threads_.emplace_back([this] { io_.run(); });
+  }
+  started_ = true;
+  return Status::Ok();
+}
+
+void Host::Shutdown() {
+  std::vector<std::shared_ptr<Connection>> conns;
+  {
+    std::lock_guard lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    for (auto& [peer, lanes] : pool_) {
+      for (auto& c : lanes) {
+        if (c) conns.push_back(c);
+      }
+    }
+  }
+  if (!started_) return;
+  asio::post(io_, [acceptors = acceptors_] {
+    for (auto& a : acceptors) {
+      std::error_code ignored;
+      a->close(ignored);
+    }
+  });
+  for (auto& c : conns) c->Shutdown("peer is shutting down");
+  {
+    std::unique_lock lock(mu_);
+    all_closed_.wait_for(lock, std::chrono::seconds(3), [this] { return connection_count_ == 0; });
+  }
+  work_.reset();
+  io_.stop();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  std::lock_guard lock(mu_);
+  pool_.clear();
+}
+
+std::vector<Multiaddr> Host::ListenAddresses() const {
+  std::vector<Multiaddr> out;
+  for (const Multiaddr& b : bound_) {
+    bool wildcard = b.host() == "0.0.0.0" || b.host() == "::";
+    if (!wildcard) {
+      out.push_back(b.WithPeerId(peer_id()));
+      continue;
+    }
+    for (const std::string& ip : InterfaceAddresses(b.kind() == Multiaddr::HostKind::kIp6)) {
+      auto m = Multiaddr::FromIp(ip, b.port(), peer_id());
+      if (m.ok()) out.push_back(*m);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Host::ObservedAddresses() const {
+  std::lock_guard lock(mu_);
+  return {observed_.begin(), observed_.end()};
+}
+
+void Host::RegisterStream(const std::string& method, StreamHandler handler) {
+  std::lock_guard lock(mu_);
+  handlers_[method] = std::move(handler);
+}
+
+StreamHandler Host::LookupHandler(const std::string& method) const {
+  std::lock_guard lock(mu_);
+  auto it = handlers_.find(method);
+  return it == handlers_.end() ? StreamHandler() : it->second;
+}
+
+void Host::RegisterUnary(const std::string& method, UnaryHandler handler) {
+  RegisterStream(method, [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
+    auto request = co_await ctx.stream().Read();
+    if (!request.ok()) co_return request.status();
+    if (!request->has_value()) co_return InvalidArgument("call '" + ctx.method() + "' carried no request");
+    auto response = co_await handler(ctx, std::move(**request));
+    if (!response.ok()) co_return response.status();
+    co_return co_await ctx.stream().Write(*response);
+  });
+}
+
+void Host::RegisterServerStreaming(const std::string& method, ServerStreamingHandler handler) {
+  RegisterStream(method, [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
+    auto request = co_await ctx.stream().Read();
+    if (!request.ok()) co_return request.status();
+    if (!request->has_value()) co_return InvalidArgument("call '" + ctx.method() + "' carried no request");
+    co_return co_await handler(ctx, std::move(**request));
+  });
+}
+
+void Host::RegisterClientStreaming(const std::string& method, ClientStreamingHandler handler) {
+  RegisterStream(method, [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
+    auto response = co_await handler(ctx);
+    if (!response.ok()) co_return response.status();
+    co_return co_await ctx.stream().Write(*response);
+  });
+}
+
+void Host::RegisterBidiStreaming(const std::string& method, BidiStreamingHandler handler) {
+  RegisterStream(method, std::move(handler));
+}
+
+HandshakeOptions Host::MakeHandshakeOptions(Role role, std::optional<PeerId> expected,
+                                            const std::string& observed) const {
+  HandshakeOptions h;
+  h.role = role;
+  h.identity = &identity_;
+  h.expected_peer = std::move(expected);
+  h.observed_addr = observed;
+  for (const auto& a : bound_) h.listen_addrs.push_back(a.ToString());
+  h.limits = options_.connection.limits;
+  h.version_major = options_.protocol_major;
+  h.agent = options_.agent;
+  return h;
+}
+
+void Host::AddConnection(const std::shared_ptr<Connection>& conn, size_t lane) {
+  std::lock_guard lock(mu_);
+  if (!conn->observed_by_peer().empty()) observed_.insert(conn->observed_by_peer());
+  auto& lanes = pool_[conn->peer()];
+  if (lane >= lanes.size()) lanes.resize(lane + 1);
+  if (!lanes[lane] || lanes[lane]->closed()) {
+    lanes[lane] = conn;
+  } else {
+    // Lane taken by a concurrent dial or accept: keep this one in the first free lane.
+    auto free = std::find_if(lanes.begin(), lanes.end(),
+                             [](const auto& c) { return !c || c->closed(); });
+    if (free != lanes.end()) *free = conn;
+    else lanes.push_back(conn);
+  }
+}
+
+void Host::OnConnectionClosed(Connection* conn) {
+  std::lock_guard lock(mu_);
+  auto it = pool_.find(conn->peer());
+  if (it != pool_.end()) {
+    for (auto& c : it->second) {
+      if (c.get() == conn) c.reset();
+    }
+    while (!it->second.empty() && !it->second.back()) it->second.pop_back();
+    if (it->second.empty()) pool_.erase(it);
+  }
+  auto stats = conn->stats();
+  closed_bytes_sent_ += stats.bytes_sent;
+  closed_bytes_received_ += stats.bytes_received;
+  if (connection_count_ > 0) --connection_count_;
+  all_closed_.notify_all();
+}
+
+size_t Host::connection_count() const {
+  std::lock_guard lock(mu_);
+  return connection_count_;
+}
+
+Connection::Stats Host::TotalStats() const {
+  std::lock_guard lock(mu_);
+  Connection::Stats total{closed_bytes_sent_, closed_bytes_received_};
+  for (const auto& [peer, lanes] : pool_) {
+    for (const auto& c : lanes) {
+      if (!c) continue;
+      auto s = c->stats();
+      total.bytes_sent += s.bytes_sent;
+      total.bytes_received += s.bytes_received;
+    }
+  }
+  return total;
+}
+
+std::shared_ptr<Connection> Host::FindConnection(const PeerId& peer, size_t lane) const {
+  std::lock_guard lock(mu_);
+  auto it = pool_.find(peer);
+  if (it == pool_.end() || lane >= it->second.size()) return nullptr;
+  const auto& c = it->second[lane];
+  return c && !c->closed() ? c : nullptr;
+}
+
+asio::awaitable<void> Host::AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> acceptor) {
+  for (;;) {
+    Strand strand = asio::make_strand(io_);
+    auto [ec, socket] = co_await acceptor->async_accept(strand, kUse);
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
+      COLONY_LOG_WARN("accept failed: {}", ec.message());
+      // Out of file descriptors and the like: back off instead of spinning.
+      asio::steady_timer t(io_, std::chrono::milliseconds(100));
+      co_await t.async_wait(kUse);
+      continue;
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (shut_down_) co_return;
+      if (connection_count_ >= options_.max_connections) {
+        COLONY_LOG_WARN("refusing a connection: already {} open (limit)", connection_count_);
+        std::error_code ignored;
+        socket.close(ignored);
+        continue;
+      }
+      ++connection_count_;  // reserved during the handshake
+    }
+    asio::co_spawn(strand, HandleIncoming(std::move(socket), strand), asio::detached);
+  }
+}
+
+asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand strand) {
+  std::error_code ec;
+  auto remote_ep = socket.remote_endpoint(ec);
+  Multiaddr remote = ec ? Multiaddr() : FromEndpoint(remote_ep);
+  // The handshake must finish in time; closing the socket aborts it.
+  asio::steady_timer timer(strand, options_.connection.handshake_timeout);
+  timer.async_wait([&socket](std::error_code e) {
+    if (!e) {
+      std::error_code ignored;
+      socket.close(ignored);
+    }
+  });
+  auto hs = co_await RunHandshake(socket, MakeHandshakeOptions(Role::kResponder, std::nullopt, remote.ToString()),
+                                  "incoming connection from " + remote.ToString());
+  timer.cancel();
+  if (!hs.ok()) {
+    COLONY_LOG_DEBUG("handshake failed: {}", hs.status().ToString());
+    std::error_code ignored;
+    socket.close(ignored);
+    std::lock_guard lock(mu_);
+    --connection_count_;
+    all_closed_.notify_all();
+    co_return;
+  }
+  PeerId peer = hs->peer.peer;
+  size_t lanes_in_use = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto it = pool_.find(peer);
+    if (it != pool_.end()) {
+      for (auto& c : it->second) lanes_in_use += c && !c->closed();
+    }
+  }
+  auto conn = Connection::Start(std::move(socket), strand, Role::kResponder, std::move(*hs), remote,
+                                options_.connection,
+                                [this](const std::string& m) { return LookupHandler(m); },
+                                [this](Connection* c) { OnConnectionClosed(c); });
+  AddConnection(conn, 0);
+  if (lanes_in_use >= options_.max_connections_per_peer) {
+    conn->Shutdown("too many connections from one peer (limit " +
+                   std::to_string(options_.max_connections_per_peer) + ")");
+  }
+}
+
+asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Connect(Multiaddr address, size_t lane) {
+  if (address.peer_id()) {
+    if (auto c = FindConnection(*address.peer_id(), lane)) co_return c;
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (shut_down_) co_return Closed("host is shut down");
+    if (!started_) co_return FailedPrecondition("host not started; call Start() first");
+    if (lane >= options_.max_connections_per_peer) {
+      co_return InvalidArgument("lane " + std::to_string(lane) + " exceeds the per-peer connection limit");
+    }
+  }
+  auto fn = [this, address = std::move(address), lane] { return ConnectOnDialStrand(address, lane); };
+  co_return co_await RunOnStrand<Result<std::shared_ptr<Connection>>>(dial_strand_, std::move(fn));
+}
+
+asio::awaitable<Result<std::shared_ptr<Connection>>> Host::ConnectOnDialStrand(Multiaddr address,
+                                                                                size_t lane) {
+  std::optional<PeerId> peer = address.peer_id();
+  if (!peer) {
+    std::lock_guard lock(mu_);
+    auto it = peer_at_address_.find(address.ToString());
+    if (it != peer_at_address_.end()) peer = it->second;
+  }
+  if (peer) {
+    if (auto c = FindConnection(*peer, lane)) co_return c;
+  }
+  const std::string key = address.ToString() + "#" + std::to_string(lane);
+  if (auto it = pending_dials_.find(key); it != pending_dials_.end()) {
+    auto pending = it->second;
+    while (!pending->result) co_await pending->done.Wait();
+    co_return *pending->result;
+  }
+  auto pending = std::make_shared<PendingDial>(dial_strand_);
+  pending_dials_[key] = pending;
+  Strand strand = asio::make_strand(io_);
+  auto dial = Dial(address, lane);
+  auto result = co_await asio::co_spawn(strand, std::move(dial), asio::use_awaitable);
+  if (result.ok() && !address.peer_id()) {
+    std::lock_guard lock(mu_);
+    if (peer_at_address_.size() < 4096) peer_at_address_[address.ToString()] = (*result)->peer();
+  }
+  pending->result = result;
+  pending_dials_.erase(key);
+  pending->done.Notify();
+  co_return result;
+}
+
+asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr address, size_t lane) {
+  auto ex = co_await asio::this_coro::executor;
+  // The executor is a strand made for this connection (see Connect).
+  Strand strand = *ex.target<Strand>();
+  const std::string desc = address.ToString();
+  const auto deadline = std::chrono::steady_clock::now() + options_.dial_timeout;
+  const std::string timeout_text =
+      std::to_string(options_.dial_timeout.count() / 1000.0).substr(0, 4) + " s";
+
+  std::vector<asio::ip::tcp::endpoint> endpoints;
+  if (address.is_ip()) {
+    endpoints.emplace_back(asio::ip::make_address(address.host()), address.port());
+  } else {
+    asio::ip::tcp::resolver resolver(strand);
+    asio::steady_timer timer(strand, options_.dial_timeout);
+    timer.async_wait([&resolver](std::error_code e) {
+      if (!e) resolver.cancel();
+    });
+    auto [ec, results] = co_await resolver.async_resolve(address.host(), std::to_string(address.port()), kUse);
+    timer.cancel();
+    if (ec) co_return Unavailable("cannot resolve " + address.host() + " (in " + desc + "): " + ec.message());
+    for (const auto& r : results) {
+      bool v4 = r.endpoint().address().is_v4();
+      if (address.kind() == Multiaddr::HostKind::kDns4 && !v4) continue;
+      if (address.kind() == Multiaddr::HostKind::kDns6 && v4) continue;
+      endpoints.push_back(r.endpoint());
+    }
+    if (endpoints.empty()) co_return Unavailable("no usable address for " + address.host() + " in " + desc);
+  }
+
+  asio::ip::tcp::socket socket(strand);
+  asio::steady_timer timer(strand, deadline);
+  bool timed_out = false;
+  timer.async_wait([&socket, &timed_out](std::error_code e) {
+    if (!e) {
+      timed_out = true;
+      std::error_code ignored;
+      socket.close(ignored);
+    }
+  });
+  auto [ec, ep] = co_await asio::async_connect(socket, endpoints, kUse);
+  if (ec) {
+    timer.cancel();
+    if (timed_out) {
+      co_return DeadlineExceeded("peer " + desc + " did not answer within " + timeout_text +
+                                 "; check the address or firewall");
+    }
+    co_return Unavailable("cannot connect to " + desc + ": " + ConnectErrorText(ec));
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (shut_down_) co_return Closed("host is shut down");
+    ++connection_count_;
+  }
+  auto hs = co_await RunHandshake(
+      socket, MakeHandshakeOptions(Role::kInitiator, address.peer_id(), desc), "peer " + desc);
+  timer.cancel();
+  if (!hs.ok()) {
+    std::error_code ignored;
+    socket.close(ignored);
+    {
+      std::lock_guard lock(mu_);
+      --connection_count_;
+      all_closed_.notify_all();
+    }
+    if (timed_out) {
+      co_return DeadlineExceeded("peer " + desc + " did not complete the handshake within " +
+                                 timeout_text + "; is it a Colony peer?");
+    }
+    co_return hs.status();
+  }
+  auto conn = Connection::Start(std::move(socket), strand, Role::kInitiator, std::move(*hs), address,
+                                options_.connection,
+                                [this](const std::string& m) { return LookupHandler(m); },
+                                [this](Connection* c) { OnConnectionClosed(c); });
+  AddConnection(conn, lane);
+  co_return conn;
+}
+
+std::chrono::milliseconds Host::TimeoutFor(const CallOptions& options) const {
+  return options.timeout.count() > 0 ? options.timeout : options_.default_call_timeout;
+}
+
+asio::awaitable<Result<Message>> Host::Call(Multiaddr address, std::string method, Message request,
+                                            CallOptions options) {
+  auto conn = co_await Connect(address, options.lane);
+  if (!conn.ok()) co_return conn.status();
+  auto timeout = TimeoutFor(options);
+  auto c = *conn;
+  auto fn = [c, method = std::move(method), request = std::move(request),
+             timeout]() -> asio::awaitable<Result<Message>> {
+        auto stream = co_await c->OpenStream(method, timeout);
+        if (!stream.ok()) co_return stream.status();
+        Status st = co_await (*stream)->Write(request);
+        if (!st.ok()) co_return st;
+        st = co_await (*stream)->CloseWrite();
+        if (!st.ok()) co_return st;
+        co_return co_await (*stream)->ReadFinal();
+      };
+  co_return co_await RunOnStrand<Result<Message>>(c->strand(), std::move(fn));
+}
+
+asio::awaitable<Result<std::shared_ptr<Stream>>> Host::OpenStream(Multiaddr address, std::string method,
+                                                                  CallOptions options) {
+  auto conn = co_await Connect(address, options.lane);
+  if (!conn.ok()) co_return conn.status();
+  co_return co_await (*conn)->OpenStream(std::move(method), TimeoutFor(options));
+}
+
+asio::awaitable<Result<PingResult>> Host::Ping(Multiaddr address, std::chrono::milliseconds timeout) {
+  auto conn = co_await Connect(address, 0);
+  if (!conn.ok()) co_return conn.status();
+  auto rtt = co_await (*conn)->Ping(timeout);
+  if (!rtt.ok()) co_return rtt.status();
+  PingResult r;
+  r.peer = (*conn)->peer();
+  r.version_major = (*conn)->peer_hello().version_major;
+  r.version_minor = (*conn)->peer_hello().version_minor;
+  r.agent = (*conn)->peer_hello().agent;
+  r.rtt = *rtt;
+  r.address = (*conn)->remote_address();
+  co_return r;
+}
+
+Result<Message> Host::CallSync(const Multiaddr& address, const std::string& method, Message request,
+                               CallOptions options) {
+  return asio::co_spawn(io_, Call(address, method, std::move(request), options), asio::use_future).get();
+}
+
+Result<PingResult> Host::PingSync(const Multiaddr& address, std::chrono::milliseconds timeout) {
+  return asio::co_spawn(io_, Ping(address, timeout), asio::use_future).get();
+}
+
+}  // namespace colony::net

@@ -1,0 +1,172 @@
+// Host: a peer's presence on the network. It listens, dials, authenticates, keeps a pool of
+// connections (one per peer by default, more on request), and serves registered RPC methods.
+//
+//   colony::net::Host host(KeyPair::Generate(), {.listen = {*Multiaddr::Parse("/ip4/0.0.0.0/tcp/0")}});
+//   host.RegisterUnary("echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
+//     co_return m;
+//   });
+//   COLONY_RETURN_IF_ERROR(host.Start());
+//   Result<Message> reply = host.CallSync(peer_addr, "echo", Message("hi"));
+//
+// Threading: the host runs `io_threads` threads of its own. Coroutine methods may be awaited from
+// any executor; the *Sync conveniences block and must not be called from the host's threads.
+// Every call has a deadline (CallOptions::timeout, else HostOptions::default_call_timeout).
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/identity.h"
+#include "core/multiaddr.h"
+#include "core/status.h"
+#include "net/connection.h"
+#include "net/stream.h"
+#include "net/wire.h"
+
+namespace colony::net {
+
+struct HostOptions {
+  // Addresses to listen on (port 0: any free port). Empty: dial out only (client mode).
+  std::vector<Multiaddr> listen;
+  ConnectionOptions connection;
+  // I/O threads. One is enough for most peers; math never runs on them.
+  size_t io_threads = 1;
+  std::chrono::milliseconds dial_timeout{10'000};
+  std::chrono::milliseconds default_call_timeout{30'000};
+  size_t max_connections = 1024;
+  size_t max_connections_per_peer = 8;
+  std::string agent = "colony/" COLONY_VERSION_STRING;
+  // For tests of version negotiation only: advertise this major version instead of ours.
+  uint32_t protocol_major = kProtocolMajor;
+};
+
+struct CallOptions {
+  std::chrono::milliseconds timeout{0};  // 0: HostOptions::default_call_timeout
+  // Connection lane to the peer: 0 is the shared connection; other lanes open further
+  // connections, for streams that need throughput of their own.
+  size_t lane = 0;
+};
+
+struct PingResult {
+  PeerId peer;
+  uint32_t version_major = 0;
+  uint32_t version_minor = 0;
+  std::string agent;
+  std::chrono::nanoseconds rtt{0};
+  Multiaddr address;
+};
+
+using UnaryHandler = std::function<asio::awaitable<Result<Message>>(CallContext&, Message)>;
+// Writes any number of responses with ctx.stream().Write().
+using ServerStreamingHandler = std::function<asio::awaitable<Status>(CallContext&, Message)>;
+// Reads requests with ctx.stream().Read() until std::nullopt; returns the single response.
+using ClientStreamingHandler = std::function<asio::awaitable<Result<Message>>(CallContext&)>;
+// Reads and writes freely.
+using BidiStreamingHandler = std::function<asio::awaitable<Status>(CallContext&)>;
+
+class Host {
+ public:
+  Host(KeyPair identity, HostOptions options);
+  ~Host();  // Shutdown()
+  Host(const Host&) = delete;
+  Host& operator=(const Host&) = delete;
+
+  // Binds the listen addresses and starts the I/O threads.
+  Status Start();
+  // Closes listeners and connections; in-flight calls fail with Closed. Idempotent.
+  void Shutdown();
+
+  const PeerId& peer_id() const { return identity_.peer_id(); }
+  const KeyPair& identity() const { return identity_; }
+  // Bound listen addresses, with /p2p/<our id>. Wildcard binds (0.0.0.0, ::) are expanded to
+  // loopback so that the printed address can be dialed on this machine.
+  std::vector<Multiaddr> ListenAddresses() const;
+  // Our address as peers have reported seeing it (deduplicated).
+  std::vector<std::string> ObservedAddresses() const;
+
+  // Registration; may be called before or after Start(). A later registration replaces one.
+  void RegisterUnary(const std::string& method, UnaryHandler handler);
+  void RegisterServerStreaming(const std::string& method, ServerStreamingHandler handler);
+  void RegisterClientStreaming(const std::string& method, ClientStreamingHandler handler);
+  void RegisterBidiStreaming(const std::string& method, BidiStreamingHandler handler);
+
+  // A connection to the peer at `address` (reused when one is open on that lane). Without
+  // /p2p/<id> in the address, any peer that completes the handshake is accepted.
+  asio::awaitable<Result<std::shared_ptr<Connection>>> Connect(Multiaddr address, size_t lane = 0);
+  // An open connection to `peer` (e.g. one that dialed us), if any.
+  std::shared_ptr<Connection> FindConnection(const PeerId& peer, size_t lane = 0) const;
+
+  asio::awaitable<Result<Message>> Call(Multiaddr address, std::string method, Message request,
+                                        CallOptions options = {});
+  asio::awaitable<Result<std::shared_ptr<Stream>>> OpenStream(Multiaddr address, std::string method,
+                                                              CallOptions options = {});
+  asio::awaitable<Result<PingResult>> Ping(Multiaddr address,
+                                           std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+  // Coroutine parameters are taken by value so that a call may outlive its arguments.
+  // Blocking conveniences. Never call them from the host's own threads.
+  Result<Message> CallSync(const Multiaddr& address, const std::string& method, Message request,
+                           CallOptions options = {});
+  Result<PingResult> PingSync(const Multiaddr& address,
+                              std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+  asio::io_context& io_context() { return io_; }
+  size_t connection_count() const;
+  // Bytes sent/received over all connections, open and closed.
+  Connection::Stats TotalStats() const;
+
+ private:
+  asio::awaitable<void> AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> acceptor);
+  asio::awaitable<void> HandleIncoming(asio::ip::tcp::socket socket, Strand strand);
+  asio::awaitable<Result<std::shared_ptr<Connection>>> ConnectOnDialStrand(Multiaddr address,
+                                                                           size_t lane);
+  asio::awaitable<Result<std::shared_ptr<Connection>>> Dial(Multiaddr address, size_t lane);
+  HandshakeOptions MakeHandshakeOptions(Role role, std::optional<PeerId> expected,
+                                        const std::string& observed) const;
+  void AddConnection(const std::shared_ptr<Connection>& conn, size_t lane);
+  void OnConnectionClosed(Connection* conn);
+  StreamHandler LookupHandler(const std::string& method) const;
+  void RegisterStream(const std::string& method, StreamHandler handler);
+  std::chrono::milliseconds TimeoutFor(const CallOptions& options) const;
+
+  KeyPair identity_;
+  HostOptions options_;
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::vector<std::thread> threads_;
+  std::vector<std::shared_ptr<asio::ip::tcp::acceptor>> acceptors_;
+  std::vector<Multiaddr> bound_;
+  bool started_ = false;
+  bool shut_down_ = false;
+
+  mutable std::mutex mu_;
+  // Open connections per peer; index = lane. Null entries are free lanes.
+  std::unordered_map<PeerId, std::vector<std::shared_ptr<Connection>>> pool_;
+  std::unordered_map<std::string, StreamHandler> handlers_;
+  // Dials in progress, so that concurrent calls to one peer share one connection. Touched only
+  // on dial_strand_.
+  struct PendingDial;
+  Strand dial_strand_;
+  std::unordered_map<std::string, std::shared_ptr<PendingDial>> pending_dials_;
+  // Peer ids learned by dialing addresses given without /p2p/ (guarded by mu_).
+  std::unordered_map<std::string, PeerId> peer_at_address_;
+  std::set<std::string> observed_;
+  size_t connection_count_ = 0;
+  std::condition_variable all_closed_;
+  uint64_t closed_bytes_sent_ = 0, closed_bytes_received_ = 0;
+};
+
+}  // namespace colony::net

@@ -1,0 +1,203 @@
+#include "net/wire.h"
+
+#include "net/protocol.pb.h"
+
+namespace colony::net {
+namespace {
+
+constexpr uint64_t kMaxFramePayload = kMaxRecordPlaintext;
+
+bool KnownFrameType(uint8_t t) { return t >= 1 && t <= 8; }
+
+Status Malformed(const std::string& what) { return ProtocolError("malformed frame: " + what); }
+
+}  // namespace
+
+void EncodeFrameHeader(const FrameHeader& header, Bytes& out) {
+  ByteWriter w(out);
+  w.U8(static_cast<uint8_t>(header.type));
+  w.U8(header.flags);
+  w.Varint(header.stream_id);
+  w.Varint(header.payload_length);
+}
+
+Result<FrameHeader> DecodeFrameHeader(ByteReader& in) {
+  uint8_t type = in.U8();
+  uint8_t flags = in.U8();
+  uint64_t stream_id = in.Varint();
+  uint64_t length = in.Varint();
+  if (!in.ok()) return Malformed("truncated frame header");
+  if (!KnownFrameType(type)) return Malformed("unknown frame type " + std::to_string(type));
+  if (stream_id > UINT32_MAX) return Malformed("stream id " + std::to_string(stream_id) + " out of range");
+  if (length > kMaxFramePayload) {
+    return Malformed("payload length " + std::to_string(length) + " exceeds " +
+                     std::to_string(kMaxFramePayload));
+  }
+  if (length > in.remaining()) {
+    return Malformed("payload length " + std::to_string(length) + " runs past the record (" +
+                     std::to_string(in.remaining()) + " bytes left)");
+  }
+  FrameHeader h{static_cast<FrameType>(type), flags, static_cast<uint32_t>(stream_id), length};
+  switch (h.type) {
+    case FrameType::kData:
+      if (flags & ~kFlagBegin) return Malformed("unknown DATA flags");
+      if (stream_id == 0) return Malformed("DATA on stream 0");
+      break;
+    case FrameType::kPing:
+      if (flags & ~kFlagAck) return Malformed("unknown PING flags");
+      if (length != 8) return Malformed("PING payload must be 8 bytes");
+      break;
+    case FrameType::kWindow:
+      if (flags != 0) return Malformed("WINDOW carries no flags");
+      break;
+    case FrameType::kGoAway:
+      if (flags != 0) return Malformed("GOAWAY carries no flags");
+      break;
+    default:
+      if (flags != 0) return Malformed("unexpected flags on frame type " + std::to_string(type));
+      if (stream_id == 0) return Malformed("frame type " + std::to_string(type) + " on stream 0");
+      break;
+  }
+  return h;
+}
+
+Result<std::vector<FrameView>> SplitFrames(ByteSpan record) {
+  std::vector<FrameView> frames;
+  ByteReader in(record);
+  while (in.remaining() > 0) {
+    auto h = DecodeFrameHeader(in);
+    if (!h.ok()) return h.status();
+    ByteSpan payload = in.Raw(h->payload_length);
+    frames.push_back({*h, payload});
+  }
+  return frames;
+}
+
+Result<EncodedMessage> EncodeMessage(const Message& message) {
+  if (message.tensors.size() > kMaxTensorsPerMessage) {
+    return InvalidArgument("message has " + std::to_string(message.tensors.size()) +
+                           " tensors; at most " + std::to_string(kMaxTensorsPerMessage) + " allowed");
+  }
+  EncodedMessage em;
+  // First pass: build all small headers, remembering where each one ends so the pieces can be
+  // laid out once header_bytes stops growing.
+  Bytes hdr;
+  ByteWriter w(hdr);
+  w.Varint(message.meta.size());
+  w.Raw(message.meta);
+  w.Varint(message.tensors.size());
+  std::vector<size_t> header_ends;
+  for (const auto& t : message.tensors) {
+    if (t.shape.size() > kMaxTensorRank) {
+      return InvalidArgument("tensor rank " + std::to_string(t.shape.size()) + " exceeds " +
+                             std::to_string(kMaxTensorRank));
+    }
+    if (t.codec == 0) {
+      auto n = TensorView::NumElements(t.shape);
+      if (!n || *n * DTypeSize(t.dtype) != t.data.size()) {
+        return InvalidArgument("raw " + std::string(DTypeName(t.dtype)) + " tensor has " +
+                               std::to_string(t.data.size()) + " bytes, which does not match its shape");
+      }
+    }
+    w.U8(static_cast<uint8_t>(t.dtype));
+    w.U8(t.codec);
+    w.U8(static_cast<uint8_t>(t.shape.size()));
+    for (int64_t d : t.shape) {
+      if (d < 0) return InvalidArgument("negative tensor dimension");
+      w.Varint(static_cast<uint64_t>(d));
+    }
+    w.Varint(t.data.size());
+    header_ends.push_back(hdr.size());
+  }
+  em.header_bytes = std::move(hdr);
+  const uint8_t* base = em.header_bytes.data();
+  size_t start = 0;
+  size_t first_end = message.tensors.empty() ? em.header_bytes.size() : header_ends[0];
+  em.pieces.push_back(ByteSpan(base, first_end));
+  start = first_end;
+  for (size_t i = 0; i < message.tensors.size(); ++i) {
+    if (i > 0) {
+      em.pieces.push_back(ByteSpan(base + start, header_ends[i] - start));
+      start = header_ends[i];
+    }
+    if (!message.tensors[i].data.empty()) em.pieces.push_back(message.tensors[i].data);
+  }
+  for (auto p : em.pieces) em.total += p.size();
+  return em;
+}
+
+Result<Message> DecodeMessage(ByteSpan bytes, std::shared_ptr<const void> owner) {
+  auto bad = [](const std::string& why) { return InvalidArgument("malformed message: " + why); };
+  ByteReader in(bytes);
+  Message m;
+  uint64_t meta_len = in.Varint();
+  if (!in.ok()) return bad("truncated meta length");
+  if (meta_len > in.remaining()) return bad("meta length " + std::to_string(meta_len) + " runs past the end");
+  m.meta.assign(AsStringView(in.Raw(meta_len)));
+  uint64_t count = in.Varint();
+  if (!in.ok()) return bad("truncated tensor count");
+  if (count > kMaxTensorsPerMessage) return bad("tensor count " + std::to_string(count) + " exceeds limit");
+  // Each tensor header takes at least 4 bytes: reject counts the remaining bytes cannot hold
+  // before reserving anything.
+  if (count * 4 > in.remaining()) return bad("tensor count " + std::to_string(count) + " exceeds the message");
+  m.tensors.reserve(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    TensorFrame t;
+    uint8_t dtype = in.U8();
+    t.codec = in.U8();
+    uint8_t rank = in.U8();
+    if (!in.ok()) return bad("truncated tensor header");
+    auto dt = DTypeFromWire(dtype);
+    if (!dt) return bad("unknown dtype " + std::to_string(dtype) + " in tensor " + std::to_string(i));
+    t.dtype = *dt;
+    if (rank > kMaxTensorRank) return bad("tensor rank " + std::to_string(rank) + " exceeds " + std::to_string(kMaxTensorRank));
+    t.shape.resize(rank);
+    for (auto& d : t.shape) {
+      uint64_t v = in.Varint();
+      if (v > static_cast<uint64_t>(INT64_MAX)) return bad("tensor dimension out of range");
+      d = static_cast<int64_t>(v);
+    }
+    uint64_t nbytes = in.Varint();
+    if (!in.ok()) return bad("truncated tensor header");
+    if (nbytes > in.remaining()) {
+      return bad("tensor " + std::to_string(i) + " claims " + std::to_string(nbytes) +
+                 " bytes but only " + std::to_string(in.remaining()) + " remain");
+    }
+    if (t.codec == 0) {
+      auto n = TensorView::NumElements(t.shape);
+      if (!n || *n > nbytes || *n * DTypeSize(t.dtype) != nbytes) {
+        return bad("raw tensor " + std::to_string(i) + " has " + std::to_string(nbytes) +
+                   " bytes, inconsistent with its shape and dtype");
+      }
+    }
+    t.data = in.Raw(nbytes);
+    t.owner = owner;
+    m.tensors.push_back(std::move(t));
+  }
+  if (in.remaining() != 0) return bad(std::to_string(in.remaining()) + " trailing bytes");
+  return m;
+}
+
+Bytes EncodeStatus(const Status& status) {
+  proto::CallStatus s;
+  s.set_code(static_cast<uint32_t>(status.code()));
+  // Keep messages bounded; they are for humans.
+  s.set_message(status.message().substr(0, 4000));
+  Bytes out(s.ByteSizeLong());
+  s.SerializeToArray(out.data(), static_cast<int>(out.size()));
+  return out;
+}
+
+Status DecodeStatus(ByteSpan payload) {
+  proto::CallStatus s;
+  if (!s.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    return ProtocolError("peer sent an undecodable status");
+  }
+  if (s.code() == 0) return Status::Ok();
+  if (s.code() > static_cast<uint32_t>(StatusCode::kProtocolError)) {
+    return {StatusCode::kUnknown, s.message()};
+  }
+  return {static_cast<StatusCode>(s.code()), s.message()};
+}
+
+}  // namespace colony::net

@@ -1,0 +1,29 @@
+// Subcommands of the `colony` CLI. Each Add* function registers one subcommand on the app and
+// returns the function that runs it (returning the process exit code).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+#include "core/status.h"
+
+namespace colony::cli {
+
+using Command = std::function<int()>;
+
+void AddIdentityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
+void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
+void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
+
+// Prints "colony: error: <message>" on stderr (one line) and returns exit code 1.
+int Fail(const Status& status);
+int Fail(const std::string& message);
+
+// Blocks SIGINT and SIGTERM in the calling thread (call before starting threads) and waits for
+// one of them; returns the signal's name.
+void BlockTerminationSignals();
+std::string WaitForTerminationSignal();
+
+}  // namespace colony::cli

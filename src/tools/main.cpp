@@ -1,0 +1,63 @@
+// colony: the command-line interface. `colony --help` lists the subcommands.
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+
+#include "core/log.h"
+#include "tools/commands.h"
+
+namespace colony::cli {
+
+int Fail(const Status& status) { return Fail(status.message().empty() ? status.ToString() : status.message()); }
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "colony: error: %s\n", message.c_str());
+  return 1;
+}
+
+void BlockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+std::string WaitForTerminationSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+  return sig == SIGINT ? "SIGINT" : "SIGTERM";
+}
+
+}  // namespace colony::cli
+
+int main(int argc, char** argv) {
+  using namespace colony::cli;
+  CLI::App app{"Colony: train and run large neural networks together over the Internet.\n"
+               "Peers find each other, authenticate, and exchange tensors over encrypted connections."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("colony ") + COLONY_VERSION_STRING);
+  std::string log_level;
+  app.add_option("--log-level", log_level,
+                 "log level: trace, debug, info, warn, error, critical, off (default: $COLONY_LOG or info)");
+
+  std::vector<std::pair<CLI::App*, Command>> commands;
+  AddIdentityCommands(app, commands);
+  AddPeerCommands(app, commands);
+  AddDemoCommand(app, commands);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (auto st = colony::InitLogging(log_level); !st.ok()) return Fail(st);
+  for (auto& [sub, run] : commands) {
+    if (sub->parsed()) return run();
+  }
+  return Fail("no command given; see 'colony --help'");
+}

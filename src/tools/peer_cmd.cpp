@@ -1,0 +1,164 @@
+// colony listen | ping: run a peer, and check that a peer answers.
+#include <cinttypes>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "core/identity.h"
+#include "core/log.h"
+#include "core/multiaddr.h"
+#include "net/host.h"
+#include "tools/commands.h"
+
+namespace colony::cli {
+namespace {
+
+Result<KeyPair> LoadOrGenerate(const std::string& path) {
+  if (path.empty()) return KeyPair::Generate();
+  return KeyPair::Load(path);
+}
+
+Result<std::vector<Multiaddr>> ParseAll(const std::vector<std::string>& texts) {
+  std::vector<Multiaddr> out;
+  for (const auto& t : texts) {
+    auto a = Multiaddr::Parse(t);
+    if (!a.ok()) return a.status();
+    out.push_back(*a);
+  }
+  return out;
+}
+
+double Millis(std::chrono::nanoseconds d) { return static_cast<double>(d.count()) / 1e6; }
+
+// A stand-in for discovery until the DHT exists: a peer started with --bootstrap announces its
+// address to the bootstrap peer, which answers with every address announced so far.
+constexpr char kAnnounceMethod[] = "colony.directory.announce";
+
+void RegisterDirectory(net::Host& host, const std::string& self) {
+  auto known = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
+  known->second.insert(self);
+  host.RegisterUnary(kAnnounceMethod,
+                     [known](net::CallContext& ctx, net::Message req) -> asio::awaitable<Result<net::Message>> {
+                       auto addr = Multiaddr::Parse(req.meta);
+                       if (!addr.ok()) co_return addr.status();
+                       if (!addr->peer_id() || *addr->peer_id() != ctx.peer()) {
+                         co_return PermissionDenied("a peer may only announce its own address");
+                       }
+                       std::string all;
+                       {
+                         std::lock_guard lock(known->first);
+                         if (known->second.size() < 10'000) known->second.insert(addr->ToString());
+                         for (const auto& a : known->second) all += a + "\n";
+                       }
+                       co_return net::Message(std::move(all));
+                     });
+}
+
+}  // namespace
+
+void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
+  struct ListenArgs {
+    std::vector<std::string> listen{"/ip4/127.0.0.1/tcp/0"};
+    std::vector<std::string> bootstrap;
+    std::string identity;
+  };
+  auto la = std::make_shared<ListenArgs>();
+  auto* listen = app.add_subcommand(
+      "listen",
+      "run a peer: print the addresses others can dial (one per line), serve until SIGINT/SIGTERM");
+  listen->add_option("--listen", la->listen, "address to listen on (repeatable; port 0 = any)")
+      ->capture_default_str();
+  listen->add_option("--bootstrap", la->bootstrap,
+                     "peer to announce ourselves to; we then ping every peer it knows (repeatable)");
+  listen->add_option("--identity", la->identity, "identity file (default: a new random identity)");
+  commands.emplace_back(listen, [la]() -> int {
+    auto listen_addrs = ParseAll(la->listen);
+    if (!listen_addrs.ok()) return Fail(listen_addrs.status());
+    auto bootstrap = ParseAll(la->bootstrap);
+    if (!bootstrap.ok()) return Fail(bootstrap.status());
+    auto identity = LoadOrGenerate(la->identity);
+    if (!identity.ok()) return Fail(identity.status());
+
+    BlockTerminationSignals();
+    net::HostOptions options;
+    options.listen = *listen_addrs;
+    net::Host host(std::move(*identity), options);
+    host.RegisterUnary("colony.echo", [](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
+      co_return m;
+    });
+    if (Status st = host.Start(); !st.ok()) return Fail(st);
+    if (host.ListenAddresses().empty()) return Fail("no usable listen address");
+    RegisterDirectory(host, host.ListenAddresses().front().ToString());
+    for (const auto& a : host.ListenAddresses()) std::printf("%s\n", a.ToString().c_str());
+    std::fflush(stdout);
+
+    for (const auto& b : *bootstrap) {
+      auto self_addr = host.ListenAddresses();
+      if (self_addr.empty()) break;
+      auto reply = host.CallSync(b, kAnnounceMethod, net::Message(self_addr.front().ToString()));
+      if (!reply.ok()) {
+        std::fprintf(stderr, "colony: warning: bootstrap peer %s: %s\n", b.ToString().c_str(),
+                     reply.status().ToString().c_str());
+        continue;
+      }
+      std::string list = reply->meta;
+      size_t pos = 0;
+      while (pos < list.size()) {
+        size_t nl = list.find('\n', pos);
+        std::string line = list.substr(pos, nl - pos);
+        pos = nl == std::string::npos ? list.size() : nl + 1;
+        auto addr = Multiaddr::Parse(line);
+        if (!addr.ok() || (addr->peer_id() && *addr->peer_id() == host.peer_id())) continue;
+        auto ping = host.PingSync(*addr);
+        if (ping.ok()) {
+          std::printf("found %s: rtt %.3f ms, protocol %u.%u\n", ping->peer.ToString().c_str(),
+                      Millis(ping->rtt), ping->version_major, ping->version_minor);
+        } else {
+          std::printf("found %s: unreachable: %s\n", line.c_str(), ping.status().ToString().c_str());
+        }
+        std::fflush(stdout);
+      }
+    }
+    std::string sig = WaitForTerminationSignal();
+    COLONY_LOG_INFO("received {}, shutting down", sig);
+    host.Shutdown();
+    return 0;
+  });
+
+  struct PingArgs {
+    std::string address;
+    int count = 1;
+    double timeout = 5;
+  };
+  auto pa = std::make_shared<PingArgs>();
+  auto* ping = app.add_subcommand("ping", "dial a peer, authenticate it, and measure the round-trip time");
+  ping->add_option("address", pa->address, "peer address, e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...")
+      ->required();
+  ping->add_option("-c,--count", pa->count, "number of pings")->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  ping->add_option("--timeout", pa->timeout, "seconds to wait for the peer")
+      ->check(CLI::Range(0.001, 3600.0))->capture_default_str();
+  commands.emplace_back(ping, [pa]() -> int {
+    auto addr = Multiaddr::Parse(pa->address);
+    if (!addr.ok()) return Fail(addr.status());
+    net::HostOptions options;
+    options.dial_timeout = std::chrono::milliseconds(static_cast<int64_t>(pa->timeout * 1000));
+    net::Host host(KeyPair::Generate(), options);
+    if (Status st = host.Start(); !st.ok()) return Fail(st);
+    for (int i = 0; i < pa->count; ++i) {
+      auto r = host.PingSync(*addr, options.dial_timeout);
+      if (!r.ok()) return Fail(r.status());
+      if (i == 0) {
+        std::printf("peer %s\nprotocol %u.%u (%s)\n", r->peer.ToString().c_str(), r->version_major,
+                    r->version_minor, r->agent.c_str());
+      }
+      std::printf("rtt %.3f ms\n", Millis(r->rtt));
+      std::fflush(stdout);
+    }
+    host.Shutdown();
+    return 0;
+  });
+}
+
+}  // namespace colony::cli

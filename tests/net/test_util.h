@@ -1,0 +1,48 @@
+// Helpers for net tests: hosts on loopback, and running coroutines to completion with a bound.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/use_future.hpp>
+
+#include <chrono>
+#include <future>
+#include <memory>
+
+#include "core/identity.h"
+#include "core/multiaddr.h"
+#include "net/host.h"
+
+namespace colony::net::testing {
+
+inline HostOptions LoopbackOptions() {
+  HostOptions o;
+  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  return o;
+}
+
+inline std::unique_ptr<Host> StartHost(HostOptions options = LoopbackOptions()) {
+  auto h = std::make_unique<Host>(KeyPair::Generate(), std::move(options));
+  Status st = h->Start();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return h;
+}
+
+inline Multiaddr AddressOf(const Host& h) { return h.ListenAddresses().at(0); }
+
+// Runs `aw` on the host's io_context and waits for it, failing the test (instead of hanging)
+// if it does not finish within `limit`.
+template <typename T>
+T RunFor(Host& host, asio::awaitable<T> aw, std::chrono::seconds limit = std::chrono::seconds(20)) {
+  auto fut = asio::co_spawn(host.io_context(), std::move(aw), asio::use_future);
+  if (fut.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "operation did not finish within " << limit.count() << " s";
+    std::abort();  // a hung operation would otherwise hang the whole test binary
+  }
+  return fut.get();
+}
+
+inline Message TextMessage(std::string s) { return Message(std::move(s)); }
+
+}  // namespace colony::net::testing
