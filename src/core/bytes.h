@@ -9,11 +9,34 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+#include <memory>
 
 namespace colony {
 
 using Bytes = std::vector<uint8_t>;
+
+// An allocator whose value-less construct() leaves memory uninitialised, so that resizing a
+// buffer that is about to be overwritten (by a cipher, a socket read) costs no memset.
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  using std::allocator<T>::allocator;
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+// A byte buffer that grows without zero-filling.
+using RawBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
 using ByteSpan = std::span<const uint8_t>;
 using MutableByteSpan = std::span<uint8_t>;
 

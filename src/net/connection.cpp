@@ -22,7 +22,10 @@ namespace {
 
 constexpr auto kUse = asio::experimental::as_tuple(asio::use_awaitable);
 constexpr size_t kWriteBatch = 1u << 20;          // bytes sealed before one socket write
-constexpr size_t kReadBuffer = kMaxRecordPlaintext + kTagSize + 4 + (64u << 10);
+constexpr size_t kInitialReadBuffer = 64u << 10;
+// Room for several large records, so compaction (moving a partial record to the front) is rare.
+constexpr size_t kMaxReadBuffer = 8 * (kMaxRecordPlaintext + kTagSize + 4);
+constexpr size_t kDirectDecryptMin = 64u << 10;
 constexpr size_t kControlFrameCost = 16;          // backlog accounting per queued control frame
 constexpr uint64_t kMaxCredit = 1ull << 40;
 
@@ -378,7 +381,7 @@ void Connection::SendReset(uint32_t id, const Status& status) {
 }
 
 asio::awaitable<void> Connection::WriterLoop() {
-  Bytes wbuf;
+  RawBuffer wbuf;
   wbuf.reserve(kWriteBatch + kMaxRecordPlaintext + 64);
   Bytes headers;
   std::vector<size_t> header_ends;
@@ -459,15 +462,20 @@ asio::awaitable<void> Connection::WriterLoop() {
 // Receiving
 
 asio::awaitable<void> Connection::ReaderLoop() {
-  Bytes buf(kReadBuffer);
+  RawBuffer buf(kInitialReadBuffer);
   size_t begin = 0, end = 0;
   // Reads until at least `need` bytes are buffered past `begin`. False when the connection ended.
   auto fill = [&](size_t need) -> asio::awaitable<bool> {
     while (end - begin < need) {
       if (buf.size() - begin < need) {
-        std::memmove(buf.data(), buf.data() + begin, end - begin);
-        end -= begin;
-        begin = 0;
+        if (buf.size() < kMaxReadBuffer && need > buf.size() / 4) {
+          buf.resize(std::min(kMaxReadBuffer, std::max(buf.size() * 2, need * 4)));
+        }
+        if (buf.size() - begin < need) {
+          std::memmove(buf.data(), buf.data() + begin, end - begin);
+          end -= begin;
+          begin = 0;
+        }
       }
       auto [ec, n] = co_await socket_.async_read_some(
           asio::buffer(buf.data() + end, buf.size() - end), kUse);
@@ -499,17 +507,14 @@ asio::awaitable<void> Connection::ReaderLoop() {
     }
     if (!co_await fill(4 + sealed_len)) break;
     MutableByteSpan sealed(buf.data() + begin + 4, sealed_len);
-    Status st = opener_->Open(ByteSpan(buf.data() + begin, 4), sealed);
-    if (!st.ok()) {
-      Close(st.WithContext("connection to " + Describe()));
-      break;
-    }
-    st = HandleRecord(ByteSpan(sealed.data(), sealed_len - kTagSize));
+    Status st = OpenAndHandleRecord(ByteSpan(buf.data() + begin, 4), sealed);
     begin += 4 + sealed_len;
     if (begin == end) begin = end = 0;
     if (!st.ok()) {
-      COLONY_LOG_WARN("closing connection to {}: {}", Describe(), st.ToString());
-      Close(st.WithContext(Describe()));
+      if (!closed_) {
+        COLONY_LOG_WARN("closing connection to {}: {}", Describe(), st.ToString());
+        Close(st.WithContext("connection to " + Describe()));
+      }
       break;
     }
     // Backpressure on a peer that sends requests but does not read our answers.
@@ -517,6 +522,48 @@ asio::awaitable<void> Connection::ReaderLoop() {
       co_await backlog_drained_.Wait();
     }
   }
+}
+
+Status Connection::OpenAndHandleRecord(ByteSpan length_prefix, MutableByteSpan sealed) {
+  const size_t n = sealed.size() - kTagSize;
+  if (n < kDirectDecryptMin) {
+    COLONY_RETURN_IF_ERROR(opener_->Open(length_prefix, sealed));
+    return HandleRecord(ByteSpan(sealed.data(), n));
+  }
+  // Decrypt the first bytes to read the frame header, then decide where the rest goes. Nothing is
+  // acted on before the tag verifies; a forged record only scribbles inside a message buffer of a
+  // connection that is then closed.
+  constexpr size_t kHead = 16;
+  uint8_t head[kHead];
+  opener_->OpenBegin(length_prefix);
+  opener_->OpenUpdate(ByteSpan(sealed.data(), kHead), head);
+  ByteReader hr(ByteSpan(head, kHead));
+  uint8_t type = hr.U8();
+  uint8_t flags = hr.U8();
+  uint64_t id = hr.Varint();
+  uint64_t len = hr.Varint();
+  const size_t hlen = hr.position();
+  uint8_t* dest = nullptr;
+  if (hr.ok() && type == static_cast<uint8_t>(FrameType::kData) && flags == 0 && len == n - hlen &&
+      id <= UINT32_MAX) {
+    auto it = streams_.find(static_cast<uint32_t>(id));
+    if (it != streams_.end() && !it->second->remote_done_ && it->second->partial_ &&
+        len <= it->second->partial_->total - it->second->partial_->filled) {
+      dest = it->second->partial_->buffer.get() + it->second->partial_->filled;
+    }
+  }
+  if (dest) {
+    std::memcpy(dest, head + hlen, kHead - hlen);
+    opener_->OpenUpdate(ByteSpan(sealed.data() + kHead, n - kHead), dest + (kHead - hlen));
+  } else {
+    std::memcpy(sealed.data(), head, kHead);
+    opener_->OpenUpdate(ByteSpan(sealed.data() + kHead, n - kHead), sealed.data() + kHead);
+  }
+  COLONY_RETURN_IF_ERROR(opener_->OpenFinish(ByteSpan(sealed.data() + n, kTagSize)));
+  if (dest) {
+    return HandleData({FrameType::kData, 0, static_cast<uint32_t>(id), len}, ByteSpan(), true);
+  }
+  return HandleRecord(ByteSpan(sealed.data(), n));
 }
 
 Status Connection::HandleRecord(ByteSpan plaintext) {
@@ -623,8 +670,8 @@ void Connection::StartHandler(std::shared_ptr<Stream> stream, StreamHandler hand
       asio::bind_cancellation_slot(slot, asio::detached));
 }
 
-Status Connection::HandleData(const FrameHeader& h, ByteSpan payload) {
-  const uint64_t n = payload.size();
+Status Connection::HandleData(const FrameHeader& h, ByteSpan payload, bool placed) {
+  const uint64_t n = placed ? h.payload_length : payload.size();
   if (conn_recv_unacked_ + n > options_.limits.connection_window) {
     return ProtocolError("peer exceeded the connection's flow-control window");
   }
@@ -670,12 +717,13 @@ Status Connection::HandleData(const FrameHeader& h, ByteSpan payload) {
                          std::to_string(h.stream_id));
   }
   ByteSpan body = r.Rest();
+  const uint64_t body_size = placed ? n : body.size();
   Stream::Assembly& a = *s.partial_;
-  if (body.size() > a.total - a.filled) {
+  if (body_size > a.total - a.filled) {
     return ProtocolError("message data overrun the announced message length");
   }
-  if (!body.empty()) std::memcpy(a.buffer.get() + a.filled, body.data(), body.size());
-  a.filled += body.size();
+  if (!placed && !body.empty()) std::memcpy(a.buffer.get() + a.filled, body.data(), body.size());
+  a.filled += body_size;
   a.uncredited += n;
   if (s.reader_waiting_ && s.inbound_.empty()) {
     Credit(&s, a.uncredited);

@@ -131,7 +131,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::awaitable<void> TickerLoop();
   Status HandleRecord(ByteSpan plaintext);
   Status HandleOpen(uint32_t id, ByteSpan payload);
-  Status HandleData(const FrameHeader& h, ByteSpan payload);
+  // `placed`: the payload (h.payload_length bytes) was already decrypted into the stream's
+  // message buffer by the reader, so `payload` is empty.
+  Status HandleData(const FrameHeader& h, ByteSpan payload, bool placed = false);
+  // Decrypts and handles one record. Large records holding one continuation DATA frame are
+  // decrypted straight into the message being assembled (no intermediate copy).
+  Status OpenAndHandleRecord(ByteSpan length_prefix, MutableByteSpan sealed);
   void HandleCloseWrite(uint32_t id);
   void HandleStatus(uint32_t id, ByteSpan payload);
   void HandleReset(uint32_t id, ByteSpan payload);

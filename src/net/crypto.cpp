@@ -85,7 +85,7 @@ RecordSealer::RecordSealer(const Key32& key) : ctx_(EVP_CIPHER_CTX_new()) {
 
 RecordSealer::~RecordSealer() { EVP_CIPHER_CTX_free(ctx_); }
 
-void RecordSealer::Begin(size_t plaintext_length, Bytes& out) {
+void RecordSealer::Begin(size_t plaintext_length, RawBuffer& out) {
   auto iv = NonceFor(counter_++);
   Check(EVP_EncryptInit_ex(ctx_, nullptr, nullptr, nullptr, iv.data()), "iv");
   uint8_t len[4];
@@ -98,7 +98,7 @@ void RecordSealer::Begin(size_t plaintext_length, Bytes& out) {
   seen_ = 0;
 }
 
-void RecordSealer::Update(ByteSpan plaintext, Bytes& out) {
+void RecordSealer::Update(ByteSpan plaintext, RawBuffer& out) {
   if (plaintext.empty()) return;
   size_t at = out.size();
   out.resize(at + plaintext.size());
@@ -109,7 +109,7 @@ void RecordSealer::Update(ByteSpan plaintext, Bytes& out) {
   seen_ += plaintext.size();
 }
 
-void RecordSealer::Finish(Bytes& out) {
+void RecordSealer::Finish(RawBuffer& out) {
   if (seen_ != expected_) throw std::logic_error("record length does not match its plaintext");
   int outl = 0;
   uint8_t dummy[16];
@@ -127,6 +127,35 @@ RecordOpener::RecordOpener(const Key32& key) : ctx_(EVP_CIPHER_CTX_new()) {
 }
 
 RecordOpener::~RecordOpener() { EVP_CIPHER_CTX_free(ctx_); }
+
+void RecordOpener::OpenBegin(ByteSpan length_prefix) {
+  auto iv = NonceFor(counter_++);
+  int outl = 0;
+  open_ok_ = EVP_DecryptInit_ex(ctx_, nullptr, nullptr, nullptr, iv.data()) == 1 &&
+             EVP_DecryptUpdate(ctx_, nullptr, &outl, length_prefix.data(),
+                               static_cast<int>(length_prefix.size())) == 1;
+}
+
+void RecordOpener::OpenUpdate(ByteSpan ciphertext, uint8_t* plaintext_out) {
+  if (ciphertext.empty()) return;
+  int outl = 0;
+  open_ok_ = open_ok_ && EVP_DecryptUpdate(ctx_, plaintext_out, &outl, ciphertext.data(),
+                                           static_cast<int>(ciphertext.size())) == 1;
+}
+
+Status RecordOpener::OpenFinish(ByteSpan tag) {
+  uint8_t dummy[16];
+  int outl = 0;
+  bool ok = open_ok_ && tag.size() == kTagSize &&
+            EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_SET_TAG, kTagSize,
+                                const_cast<uint8_t*>(tag.data())) == 1 &&
+            EVP_DecryptFinal_ex(ctx_, dummy, &outl) == 1;
+  if (!ok) {
+    return DataLoss("record " + std::to_string(counter_ - 1) +
+                    " failed its integrity check (corrupted, forged or replayed data)");
+  }
+  return Status::Ok();
+}
 
 Status RecordOpener::Open(ByteSpan length_prefix, MutableByteSpan sealed) {
   if (sealed.size() < kTagSize) return DataLoss("record shorter than its authentication tag");

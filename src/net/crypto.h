@@ -50,9 +50,9 @@ class RecordSealer {
   RecordSealer(const RecordSealer&) = delete;
   RecordSealer& operator=(const RecordSealer&) = delete;
 
-  void Begin(size_t plaintext_length, Bytes& out);
-  void Update(ByteSpan plaintext, Bytes& out);
-  void Finish(Bytes& out);
+  void Begin(size_t plaintext_length, RawBuffer& out);
+  void Update(ByteSpan plaintext, RawBuffer& out);
+  void Finish(RawBuffer& out);
   uint64_t records() const { return counter_; }
 
  private:
@@ -73,11 +73,21 @@ class RecordOpener {
   // place: on success the first sealed.size() - 16 bytes of `sealed` hold the plaintext.
   // DataLoss when authentication fails (corrupted, forged, replayed or reordered record).
   Status Open(ByteSpan length_prefix, MutableByteSpan sealed);
+
+  // The same in steps, for decrypting parts of a record to different places (e.g. a frame
+  // header into scratch space and its payload straight into the message it belongs to):
+  // OpenBegin, then OpenUpdate over consecutive ciphertext ranges that together cover
+  // `ciphertext_length` bytes, then OpenFinish with the tag. Nothing decrypted may be acted on
+  // before OpenFinish succeeds.
+  void OpenBegin(ByteSpan length_prefix);
+  void OpenUpdate(ByteSpan ciphertext, uint8_t* plaintext_out);
+  Status OpenFinish(ByteSpan tag);
   uint64_t records() const { return counter_; }
 
  private:
   EVP_CIPHER_CTX* ctx_;
   uint64_t counter_ = 0;
+  bool open_ok_ = false;
 };
 
 }  // namespace colony::net
