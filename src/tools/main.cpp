@@ -53,7 +53,16 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version "fail" with exit code 0; let CLI11 print them.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    // Usage errors: one "colony: error:" line like every other error, and the usual exit code 2.
+    std::string command = "colony";
+    for (CLI::App* sub = &app; !sub->get_subcommands().empty();) {
+      sub = sub->get_subcommands().front();
+      command += " " + sub->get_name();
+    }
+    Fail(std::string(e.what()) + "; see '" + command + " --help'");
+    return 2;
   }
   if (auto st = colony::InitLogging(log_level); !st.ok()) return Fail(st);
   for (auto& [sub, run] : commands) {
