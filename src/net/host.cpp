@@ -147,6 +147,11 @@ void Host::Shutdown() {
   io_.stop();
   for (auto& t : threads_) t.join();
   threads_.clear();
+  // The posted close above may not have run before stop(); no thread runs now, so close here too.
+  for (auto& a : acceptors_) {
+    std::error_code ignored;
+    a->close(ignored);
+  }
   std::lock_guard lock(mu_);
   pool_.clear();
 }
@@ -321,15 +326,19 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
   auto remote_ep = socket.remote_endpoint(ec);
   Multiaddr remote = ec ? Multiaddr() : FromEndpoint(remote_ep);
   // The handshake must finish in time; closing the socket aborts it.
+  // `finished` keeps a late timer callback (queued just as the handshake completed) from touching
+  // the socket after it has moved into the connection.
+  auto finished = std::make_shared<bool>(false);
   asio::steady_timer timer(strand, options_.connection.handshake_timeout);
-  timer.async_wait([&socket](std::error_code e) {
-    if (!e) {
+  timer.async_wait([&socket, finished](std::error_code e) {
+    if (!e && !*finished) {
       std::error_code ignored;
       socket.close(ignored);
     }
   });
   auto hs = co_await RunHandshake(socket, MakeHandshakeOptions(Role::kResponder, std::nullopt, remote.ToString()),
                                   "incoming connection from " + remote.ToString());
+  *finished = true;
   timer.cancel();
   if (!hs.ok()) {
     COLONY_LOG_DEBUG("handshake failed: {}", hs.status().ToString());
@@ -423,10 +432,12 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
   } else {
     asio::ip::tcp::resolver resolver(strand);
     asio::steady_timer timer(strand, options_.dial_timeout);
-    timer.async_wait([&resolver](std::error_code e) {
-      if (!e) resolver.cancel();
+    auto resolved = std::make_shared<bool>(false);
+    timer.async_wait([&resolver, resolved](std::error_code e) {
+      if (!e && !*resolved) resolver.cancel();
     });
     auto [ec, results] = co_await resolver.async_resolve(address.host(), std::to_string(address.port()), kUse);
+    *resolved = true;
     timer.cancel();
     if (ec) co_return Unavailable("cannot resolve " + address.host() + " (in " + desc + "): " + ec.message());
     for (const auto& r : results) {
@@ -440,18 +451,24 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
 
   asio::ip::tcp::socket socket(strand);
   asio::steady_timer timer(strand, deadline);
-  bool timed_out = false;
-  timer.async_wait([&socket, &timed_out](std::error_code e) {
-    if (!e) {
-      timed_out = true;
+  // Shared with the timer callback, which may run after this frame is gone (see HandleIncoming).
+  struct DialState {
+    bool finished = false;
+    bool timed_out = false;
+  };
+  auto state = std::make_shared<DialState>();
+  timer.async_wait([&socket, state](std::error_code e) {
+    if (!e && !state->finished) {
+      state->timed_out = true;
       std::error_code ignored;
       socket.close(ignored);
     }
   });
   auto [ec, ep] = co_await asio::async_connect(socket, endpoints, kUse);
   if (ec) {
+    state->finished = true;
     timer.cancel();
-    if (timed_out) {
+    if (state->timed_out) {
       co_return DeadlineExceeded("peer " + desc + " did not answer within " + timeout_text +
                                  "; check the address or firewall");
     }
@@ -459,11 +476,16 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
   }
   {
     std::lock_guard lock(mu_);
-    if (shut_down_) co_return Closed("host is shut down");
+    if (shut_down_) {
+      state->finished = true;
+      co_return Closed("host is shut down");
+    }
     ++connection_count_;
   }
   auto hs = co_await RunHandshake(
-      socket, MakeHandshakeOptions(Role::kInitiator, address.peer_id(), desc), "peer " + desc);
+      socket, MakeHandshakeOptions(Role::kInitiator, address.peer_id(), FromEndpoint(ep).ToString()),
+      "peer " + desc);
+  state->finished = true;
   timer.cancel();
   if (!hs.ok()) {
     std::error_code ignored;
@@ -473,7 +495,7 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
       --connection_count_;
       all_closed_.notify_all();
     }
-    if (timed_out) {
+    if (state->timed_out) {
       co_return DeadlineExceeded("peer " + desc + " did not complete the handshake within " +
                                  timeout_text + "; is it a Colony peer?");
     }

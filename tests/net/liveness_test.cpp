@@ -1,0 +1,151 @@
+// Connection liveness over real sockets and processes: idle close, keepalive against a frozen
+// peer process (SIGSTOP), observed addresses.
+#include <signal.h>
+
+#include <cstdlib>
+
+#include "core/subprocess.h"
+#include "net/test_util.h"
+
+namespace colony::net {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::AddressOf;
+using testing::StartHost;
+
+// Polls `cond` until it holds or `limit` passes.
+template <typename F>
+bool WaitUntil(F cond, std::chrono::milliseconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// The colony binary: $COLONY_BIN (set by ctest), else next to this test binary.
+std::string ColonyBinary() {
+  const char* bin = std::getenv("COLONY_BIN");
+  if (bin && *bin) return bin;
+  std::string self = SelfExecutable();
+  return self.substr(0, self.rfind('/') + 1) + "colony";
+}
+
+TEST(Liveness, IdleConnectionIsClosed) {
+  HostOptions opts = testing::LoopbackOptions();
+  opts.connection.idle_timeout = 200ms;
+  auto server = StartHost(opts);
+  server->RegisterUnary("echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
+  HostOptions client_opts;
+  client_opts.connection.idle_timeout = 200ms;
+  auto client = StartHost(client_opts);
+  ASSERT_TRUE(client->CallSync(AddressOf(*server), "echo", Message("x")).ok());
+  EXPECT_EQ(client->connection_count(), 1u);
+  EXPECT_TRUE(WaitUntil([&] { return client->connection_count() == 0; }, 5000ms))
+      << "idle connection was not closed";
+  // A new call simply dials again.
+  auto again = client->CallSync(AddressOf(*server), "echo", Message("y"));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+TEST(Liveness, BusyConnectionIsNotClosedAsIdle) {
+  HostOptions opts = testing::LoopbackOptions();
+  opts.connection.idle_timeout = 100ms;
+  auto server = StartHost(opts);
+  server->RegisterUnary("slow", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
+    asio::steady_timer t(co_await asio::this_coro::executor, 600ms);
+    co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    co_return m;
+  });
+  HostOptions client_opts;
+  client_opts.connection = opts.connection;
+  auto client = StartHost(client_opts);
+  auto r = client->CallSync(AddressOf(*server), "slow", Message("x"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();  // a call longer than the idle timeout survives
+}
+
+TEST(Liveness, FrozenPeerProcessIsDetectedByKeepalive) {
+  auto peer = Subprocess::Spawn({ColonyBinary(), "--log-level", "warn", "listen"});
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  auto line = peer->ReadLine(10s);
+  ASSERT_TRUE(line.ok()) << line.status().ToString();
+  auto addr = Multiaddr::Parse(*line);
+  ASSERT_TRUE(addr.ok()) << *line;
+
+  HostOptions opts;
+  opts.connection.keepalive_interval = 100ms;
+  opts.connection.keepalive_timeout = 500ms;
+  auto client = StartHost(opts);
+  auto ping = client->PingSync(*addr);
+  ASSERT_TRUE(ping.ok()) << ping.status().ToString();
+
+  peer->Signal(SIGSTOP);  // the process is alive and its socket open, but it answers nothing
+  auto start = std::chrono::steady_clock::now();
+  auto r = client->CallSync(*addr, "colony.echo", Message("hello?"), CallOptions{.timeout = 30s});
+  auto waited = std::chrono::steady_clock::now() - start;
+  peer->Signal(SIGCONT);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("stopped responding"), std::string::npos) << r.status().ToString();
+  EXPECT_LT(waited, 10s) << "keepalive should notice long before the 30 s call deadline";
+}
+
+TEST(Liveness, PeersTellEachOtherTheObservedAddress) {
+  auto server = StartHost();
+  auto client = StartHost();
+  ASSERT_TRUE(client->PingSync(AddressOf(*server)).ok());
+  auto observed = client->ObservedAddresses();
+  ASSERT_EQ(observed.size(), 1u);
+  EXPECT_EQ(observed[0].rfind("/ip4/127.0.0.1/tcp/", 0), 0u) << observed[0];
+  // And the server learned what the client saw of it.
+  ASSERT_TRUE(WaitUntil([&] { return !server->ObservedAddresses().empty(); }, 5000ms));
+  EXPECT_EQ(server->ObservedAddresses()[0], AddressOf(*server).WithoutPeerId().ToString());
+}
+
+TEST(Liveness, ListenOnSeveralAddressesReportsEachBoundPort) {
+  HostOptions opts;
+  opts.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0"), *Multiaddr::Parse("/ip6/::1/tcp/0")};
+  auto host = std::make_unique<Host>(KeyPair::Generate(), opts);
+  Status st = host->Start();
+  if (!st.ok() && st.message().find("::1") != std::string::npos) GTEST_SKIP() << "no IPv6 loopback";
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto addrs = host->ListenAddresses();
+  ASSERT_EQ(addrs.size(), 2u);
+  EXPECT_NE(addrs[0].port(), 0);
+  EXPECT_NE(addrs[1].port(), 0);
+  EXPECT_EQ(addrs[1].kind(), Multiaddr::HostKind::kIp6);
+  auto client = StartHost(HostOptions{});
+  for (const auto& a : addrs) {
+    auto r = client->PingSync(a);
+    ASSERT_TRUE(r.ok()) << a.ToString() << ": " << r.status().ToString();
+    EXPECT_EQ(r->peer, host->peer_id());
+  }
+}
+
+TEST(Liveness, ListeningOnABusyPortIsAClearError) {
+  auto first = StartHost();
+  HostOptions opts;
+  opts.listen = {AddressOf(*first).WithoutPeerId()};
+  Host second(KeyPair::Generate(), opts);
+  Status st = second.Start();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("in use"), std::string::npos) << st.ToString();
+}
+
+TEST(Liveness, DialingNothingIsAClearError) {
+  auto client = StartHost(HostOptions{});
+  // Bind and close to find a port nobody listens on.
+  auto tmp = StartHost();
+  auto addr = AddressOf(*tmp);
+  tmp->Shutdown();
+  auto r = client->PingSync(addr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("refused"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(addr.ToString()), std::string::npos) << r.status().ToString();
+}
+
+}  // namespace
+}  // namespace colony::net
