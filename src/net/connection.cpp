@@ -70,6 +70,8 @@ Stream::Stream(std::shared_ptr<Connection> conn, uint32_t id, bool outbound, std
 
 Stream::~Stream() = default;
 
+const Strand& Stream::strand() const { return conn_->strand(); }
+
 asio::awaitable<Result<std::optional<Message>>> Stream::Read() {
   auto self = shared_from_this();
   auto fn = [self] { return self->ReadOnStrand(); };
@@ -308,6 +310,7 @@ void Connection::Shutdown(std::string reason) {
   asio::dispatch(strand_, [self = shared_from_this(), reason = std::move(reason)] {
     if (self->closed_ || self->goaway_sent_) return;
     self->goaway_sent_ = true;
+    self->closing_flag_ = true;
     self->EnqueueControl(FrameType::kGoAway, 0, EncodeStatus(Closed(reason)));
     // Give the writer a moment to deliver GOAWAY (a peer that does not read cannot delay us).
     auto timer = std::make_shared<asio::steady_timer>(self->strand_, std::chrono::seconds(2));
@@ -330,6 +333,7 @@ void Connection::Close(const Status& status) {
   if (closed_) return;
   closed_ = true;
   closed_flag_ = true;
+  closing_flag_ = true;
   close_status_ = status;
   COLONY_LOG_DEBUG("connection to {} closed: {}", Describe(), status.ToString());
   auto streams = std::move(streams_);

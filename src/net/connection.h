@@ -102,6 +102,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::vector<std::string>& peer_listen_addrs() const { return peer_listen_addrs_; }
   const HelloInfo& peer_hello() const { return peer_hello_; }
   bool closed() const { return closed_flag_.load(); }
+  // True once the connection is closed or shutting down (no new streams).
+  bool closing() const { return closing_flag_.load(); }
   Stats stats() const { return {bytes_sent_.load(), bytes_received_.load()}; }
   const Strand& strand() const { return strand_; }
 
@@ -199,6 +201,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool goaway_sent_ = false;
   Status close_status_;
   std::atomic<bool> closed_flag_{false};
+  std::atomic<bool> closing_flag_{false};
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
 };

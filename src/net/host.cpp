@@ -239,12 +239,12 @@ void Host::AddConnection(const std::shared_ptr<Connection>& conn, size_t lane) {
   if (!conn->observed_by_peer().empty()) observed_.insert(conn->observed_by_peer());
   auto& lanes = pool_[conn->peer()];
   if (lane >= lanes.size()) lanes.resize(lane + 1);
-  if (!lanes[lane] || lanes[lane]->closed()) {
+  if (!lanes[lane] || lanes[lane]->closing()) {
     lanes[lane] = conn;
   } else {
     // Lane taken by a concurrent dial or accept: keep this one in the first free lane.
     auto free = std::find_if(lanes.begin(), lanes.end(),
-                             [](const auto& c) { return !c || c->closed(); });
+                             [](const auto& c) { return !c || c->closing(); });
     if (free != lanes.end()) *free = conn;
     else lanes.push_back(conn);
   }
@@ -291,7 +291,7 @@ std::shared_ptr<Connection> Host::FindConnection(const PeerId& peer, size_t lane
   auto it = pool_.find(peer);
   if (it == pool_.end() || lane >= it->second.size()) return nullptr;
   const auto& c = it->second[lane];
-  return c && !c->closed() ? c : nullptr;
+  return c && !c->closing() ? c : nullptr;
 }
 
 asio::awaitable<void> Host::AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> acceptor) {
@@ -515,28 +515,30 @@ std::chrono::milliseconds Host::TimeoutFor(const CallOptions& options) const {
 
 asio::awaitable<Result<Message>> Host::Call(Multiaddr address, std::string method, Message request,
                                             CallOptions options) {
-  auto conn = co_await Connect(address, options.lane);
-  if (!conn.ok()) co_return conn.status();
   auto timeout = TimeoutFor(options);
-  auto c = *conn;
-  auto fn = [c, method = std::move(method), request = std::move(request),
-             timeout]() -> asio::awaitable<Result<Message>> {
-        auto stream = co_await c->OpenStream(method, timeout);
-        if (!stream.ok()) co_return stream.status();
-        Status st = co_await (*stream)->Write(request);
+  auto opened = co_await OpenStream(std::move(address), std::move(method), options);
+  if (!opened.ok()) co_return opened.status();
+  auto stream = *opened;
+  auto fn = [stream, request = std::move(request)]() -> asio::awaitable<Result<Message>> {
+        Status st = co_await stream->Write(request);
         if (!st.ok()) co_return st;
-        st = co_await (*stream)->CloseWrite();
+        st = co_await stream->CloseWrite();
         if (!st.ok()) co_return st;
-        co_return co_await (*stream)->ReadFinal();
+        co_return co_await stream->ReadFinal();
       };
-  co_return co_await RunOnStrand<Result<Message>>(c->strand(), std::move(fn));
+  co_return co_await RunOnStrand<Result<Message>>(stream->strand(), std::move(fn));
 }
 
 asio::awaitable<Result<std::shared_ptr<Stream>>> Host::OpenStream(Multiaddr address, std::string method,
                                                                   CallOptions options) {
-  auto conn = co_await Connect(address, options.lane);
-  if (!conn.ok()) co_return conn.status();
-  co_return co_await (*conn)->OpenStream(std::move(method), TimeoutFor(options));
+  // A pooled connection may start closing (idle timeout, peer shutdown) just as we pick it; then
+  // dial once more rather than fail the call.
+  for (int attempt = 0;; ++attempt) {
+    auto conn = co_await Connect(address, options.lane);
+    if (!conn.ok()) co_return conn.status();
+    auto stream = co_await (*conn)->OpenStream(method, TimeoutFor(options));
+    if (stream.ok() || attempt > 0 || !(*conn)->closing()) co_return stream;
+  }
 }
 
 asio::awaitable<Result<PingResult>> Host::Ping(Multiaddr address, std::chrono::milliseconds timeout) {

@@ -58,6 +58,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   const std::string& method() const { return method_; }
   const PeerId& peer() const { return peer_; }
   uint32_t id() const { return id_; }
+  // The strand of the stream's connection (where its state lives).
+  const asio::strand<asio::io_context::executor_type>& strand() const;
   SteadyTime deadline() const { return deadline_; }
   // True once the stream was reset, cancelled, timed out or its connection closed.
   bool cancelled() const { return !error_.ok(); }
