@@ -41,7 +41,7 @@ class PeerId {
   Bytes ToBytes() const;
   // Base58 text form: "12D3KooW…".
   std::string ToString() const;
-  // First characters of the text form after the common prefix, for logs: "…Wabc123".
+  // The last 6 characters of the text form, for logs: "…Wabc12".
   std::string Short() const;
 
   bool Verify(ByteSpan message, const Signature& signature) const {

@@ -891,8 +891,8 @@ asio::awaitable<Result<std::shared_ptr<Stream>>> Connection::OpenStream(
                    -> asio::awaitable<Result<std::shared_ptr<Stream>>> {
         if (self->closed_) co_return self->close_status_;
         if (self->goaway_sent_) co_return Unavailable("connection to " + self->Describe() + " is closing");
-        if (method.empty() || method.size() > 256) {
-          co_return InvalidArgument("method name must have 1 to 256 characters");
+        if (method.empty() || method.size() > 256 || ValidUtf8Prefix(method, 256) != method) {
+          co_return InvalidArgument("method name must be 1 to 256 bytes of valid UTF-8");
         }
         auto ms = std::clamp(timeout, std::chrono::milliseconds(1), self->options_.max_call_timeout);
         auto deadline = std::chrono::steady_clock::now() + ms;

@@ -28,7 +28,7 @@ Bytes EncodeHello(const Key32& ephemeral_public, uint32_t major, uint32_t minor,
   h.set_version_major(major);
   h.set_version_minor(minor);
   h.set_ephemeral_key(ephemeral_public.data(), ephemeral_public.size());
-  h.set_agent(agent.substr(0, 128));
+  h.set_agent(ValidUtf8Prefix(agent, 128));
   return Serialize(h);
 }
 

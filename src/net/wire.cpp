@@ -1,5 +1,8 @@
 #include "net/wire.h"
 
+#include <algorithm>
+#include <string_view>
+
 #include "net/protocol.pb.h"
 
 namespace colony::net {
@@ -11,7 +14,43 @@ bool KnownFrameType(uint8_t t) { return t >= 1 && t <= 8; }
 
 Status Malformed(const std::string& what) { return ProtocolError("malformed frame: " + what); }
 
+// Length of the valid UTF-8 sequence at the front of `s` (0 if it is not one), as protobuf checks
+// string fields: no overlong forms, no surrogates, nothing above U+10FFFF.
+size_t Utf8SequenceLength(std::string_view s) {
+  const auto b = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
+  const uint8_t c = b(0);
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (n == 0 || s.size() < n) return 0;
+  for (size_t i = 1; i < n; ++i) {
+    if ((b(i) & 0xc0) != 0x80) return 0;
+  }
+  if ((c == 0xe0 && b(1) < 0xa0) || (c == 0xed && b(1) > 0x9f) || (c == 0xf0 && b(1) < 0x90) ||
+      (c == 0xf4 && b(1) > 0x8f)) {
+    return 0;
+  }
+  return n;
+}
+
 }  // namespace
+
+// At most `max_bytes` of `s` as valid UTF-8: invalid bytes become '?', and a character is never cut.
+std::string ValidUtf8Prefix(std::string_view s, size_t max_bytes) {
+  std::string out;
+  out.reserve(std::min(s.size(), max_bytes));
+  while (!s.empty()) {
+    size_t n = Utf8SequenceLength(s);
+    if (out.size() + std::max<size_t>(n, 1) > max_bytes) break;
+    if (n == 0) {
+      out += '?';
+      n = 1;
+    } else {
+      out.append(s.data(), n);
+    }
+    s.remove_prefix(n);
+  }
+  return out;
+}
 
 void EncodeFrameHeader(const FrameHeader& header, Bytes& out) {
   ByteWriter w(out);
@@ -181,8 +220,10 @@ Result<Message> DecodeMessage(ByteSpan bytes, std::shared_ptr<const void> owner)
 Bytes EncodeStatus(const Status& status) {
   proto::CallStatus s;
   s.set_code(static_cast<uint32_t>(status.code()));
-  // Keep messages bounded; they are for humans.
-  s.set_message(status.message().substr(0, 4000));
+  // Keep messages bounded; they are for humans. The field is a protobuf string, which the peer
+  // refuses to parse unless it is valid UTF-8: a message with stray bytes, or one cut inside a
+  // character, would reach the peer as an undecodable status and lose its code.
+  s.set_message(ValidUtf8Prefix(status.message(), 4000));
   Bytes out(s.ByteSizeLong());
   s.SerializeToArray(out.data(), static_cast<int>(out.size()));
   return out;

@@ -112,6 +112,10 @@ Result<EncodedMessage> EncodeMessage(const Message& message);
 // Validates every length, count, rank, dtype and (for raw tensors) shape-vs-size consistency.
 Result<Message> DecodeMessage(ByteSpan bytes, std::shared_ptr<const void> owner);
 
+// At most `max_bytes` of `s` as valid UTF-8 (protobuf string fields must be): invalid bytes
+// become '?', and a multi-byte character is never cut.
+std::string ValidUtf8Prefix(std::string_view s, size_t max_bytes);
+
 // CallStatus payloads (also used by GOAWAY).
 Bytes EncodeStatus(const Status& status);
 // Never fails: malformed input decodes to a ProtocolError status describing it.

@@ -1,0 +1,602 @@
+// Hostile peers against a real Host over loopback sockets: garbage, truncated, replayed and
+// tampered handshakes and records, protocol violations, resource exhaustion, and a peer that
+// stops reading. After every attack the server must still serve an honest client.
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <random>
+
+#include "net/raw_peer.h"
+#include "net/test_util.h"
+
+namespace colony::net {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::AddressOf;
+using testing::AppendFrame;
+using testing::AppendMessageFrame;
+using testing::OpenPayload;
+using testing::RawPeer;
+using testing::RecordingRelay;
+using testing::RunFor;
+using testing::StartHost;
+using testing::VmRssKb;
+using testing::WaitUntil;
+
+constexpr auto kUse = asio::experimental::as_tuple(asio::use_awaitable);
+
+// ASan keeps freed memory in quarantine and maps shadow memory: RSS bounds are looser there.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr long kRssSlackKb = 600 * 1024;
+#else
+constexpr long kRssSlackKb = 200 * 1024;
+#endif
+
+HostOptions ServerOptions() {
+  HostOptions o = testing::LoopbackOptions();
+  o.default_call_timeout = 5s;
+  return o;
+}
+
+// A server with an "echo" method counting its calls.
+std::unique_ptr<Host> StartServer(HostOptions options = ServerOptions(),
+                                  std::atomic<int>* echo_calls = nullptr) {
+  auto server = StartHost(std::move(options));
+  server->RegisterUnary("echo", [echo_calls](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
+    if (echo_calls) ++*echo_calls;
+    co_return m;
+  });
+  return server;
+}
+
+// An honest client, fresh for each check, is served normally.
+void ExpectServes(Host& server) {
+  auto client = StartHost(HostOptions{});
+  auto reply = client->CallSync(AddressOf(server), "echo", Message("still serving"),
+                                CallOptions{.timeout = 5s});
+  ASSERT_TRUE(reply.ok()) << "the server stopped serving: " << reply.status().ToString();
+  EXPECT_EQ(reply->meta, "still serving");
+}
+
+// The connection slot a rejected handshake held is released.
+void ExpectNoConnections(Host& server) {
+  EXPECT_TRUE(WaitUntil([&] { return server.connection_count() == 0; }, 5s))
+      << server.connection_count() << " connections still open";
+}
+
+Bytes U32Le(uint32_t v) {
+  Bytes b;
+  ByteWriter(b).U32(v);
+  return b;
+}
+
+Bytes MagicThen(ByteSpan rest) {
+  Bytes b(kMagic, kMagic + 8);
+  b.insert(b.end(), rest.begin(), rest.end());
+  return b;
+}
+
+// Calls "echo" by hand over a raw peer's secure channel; returns the reply's meta.
+Result<std::string> RawEcho(RawPeer& r, uint32_t id, const std::string& text) {
+  Bytes plain;
+  AppendFrame(plain, FrameType::kOpen, 0, id, OpenPayload("echo", 5000));
+  AppendMessageFrame(plain, id, Message(text));
+  AppendFrame(plain, FrameType::kCloseWrite, 0, id, ByteSpan{});
+  if (!r.SendRecord(plain)) return Unavailable("could not send the call");
+  Bytes data;
+  Status final_status = Internal("no final status");
+  bool ended = r.ReadFramesUntil([&](const FrameView& f) {
+    if (f.header.stream_id != id) return false;
+    if (f.header.type == FrameType::kData) data.insert(data.end(), f.payload.begin(), f.payload.end());
+    if (f.header.type == FrameType::kStatus || f.header.type == FrameType::kReset) {
+      final_status = DecodeStatus(f.payload);
+      if (f.header.type == FrameType::kReset && final_status.ok()) final_status = Cancelled("reset");
+      return true;
+    }
+    return false;
+  });
+  if (!ended) return Unavailable("the call did not end");
+  if (!final_status.ok()) return final_status;
+  ByteReader in(data);
+  uint64_t total = in.Varint();
+  ByteSpan body = in.Rest();
+  if (!in.ok() || total != body.size()) return ProtocolError("reply DATA is malformed");
+  auto m = DecodeMessage(body, nullptr);
+  if (!m.ok()) return m.status();
+  return m->meta;
+}
+
+// A bidirectional handler that never reads and waits until it is cancelled.
+BidiStreamingHandler HoldUntilCancelled(std::atomic<int>& started, std::atomic<int>& ended) {
+  return [&started, &ended](CallContext&) -> asio::awaitable<Status> {
+    ++started;
+    asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::hours(1));
+    co_await t.async_wait(kUse);
+    ++ended;
+    co_return Cancelled("released");
+  };
+}
+
+// ---- before the handshake ---------------------------------------------------------------------
+
+TEST(Hostile, RandomBytesInsteadOfAHandshakeAreRefused) {
+  auto server = StartServer();
+  std::mt19937 rng(20240601);
+  Bytes junk(4096);
+  for (auto& b : junk) b = static_cast<uint8_t>(rng());
+  RawPeer r(AddressOf(*server));
+  ASSERT_TRUE(r.connected());
+  (void)r.SendRaw(junk, 2s);  // may fail part-way: the server is allowed to hang up early
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(r.WaitClosed(5s)) << "the server kept a garbage connection open";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  ExpectNoConnections(*server);
+  ExpectServes(*server);
+}
+
+TEST(Hostile, HugeHelloLengthIsRefusedWithoutAllocating) {
+  // The default handshake timeout (10 s) is far longer than the waits below, so a close within
+  // them means the length itself was refused.
+  auto server = StartServer();
+  const long rss_before = VmRssKb();
+  Bytes max_u32 = MagicThen(U32Le(0xffffffffu));
+  Bytes huge_u64;
+  ByteWriter(huge_u64).U64(1ull << 63);  // what a 64-bit length field of 2^63 would look like
+  huge_u64 = MagicThen(huge_u64);
+  for (const Bytes* attack : {&max_u32, &huge_u64}) {
+    RawPeer r(AddressOf(*server));
+    ASSERT_TRUE(r.connected());
+    Bytes bytes = *attack;
+    bytes.resize(bytes.size() + 1024, 0x41);  // some "Hello" bytes to go with it
+    (void)r.SendRaw(bytes, 2s);
+    auto start = std::chrono::steady_clock::now();
+    EXPECT_TRUE(r.WaitClosed(5s));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  }
+  EXPECT_LT(VmRssKb() - rss_before, 64 * 1024) << "the server allocated for a bogus length";
+  ExpectNoConnections(*server);
+  ExpectServes(*server);
+}
+
+TEST(Hostile, TruncatedHandshakeIsDroppedAtTheHandshakeTimeout) {
+  HostOptions options = ServerOptions();
+  options.connection.handshake_timeout = 500ms;
+  auto server = StartServer(options);
+  // Half a Hello: a valid prefix, then silence.
+  Bytes half = MagicThen(U32Le(100));
+  half.resize(half.size() + 50, 0x08);
+  RawPeer truncated(AddressOf(*server));
+  RawPeer silent(AddressOf(*server));  // and one that never says anything
+  ASSERT_TRUE(truncated.connected() && silent.connected());
+  ASSERT_TRUE(truncated.SendRaw(half));
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(truncated.WaitClosed(5s));
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(elapsed, 300ms) << "a valid but incomplete Hello should wait for the timeout";
+  EXPECT_LT(elapsed, 3s);
+  EXPECT_TRUE(silent.WaitClosed(5s));
+  ExpectNoConnections(*server);
+  ExpectServes(*server);
+}
+
+TEST(Hostile, ReplayedHandshakeIsRefused) {
+  std::atomic<int> echo_calls{0};
+  auto server = StartServer(ServerOptions(), &echo_calls);
+  RecordingRelay relay(AddressOf(*server));
+  ASSERT_TRUE(relay.ok());
+  {
+    auto client = StartHost(HostOptions{});
+    auto reply = client->CallSync(relay.address(), "echo", Message("original"), CallOptions{.timeout = 5s});
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    EXPECT_EQ(reply->meta, "original");
+  }  // the client shuts down, which ends the relayed session
+  ASSERT_TRUE(WaitUntil([&] { return relay.finished(); }, 5s));
+  Bytes recorded = relay.client_bytes();
+  ASSERT_GT(recorded.size(), 200u);  // Hello, Auth and at least one record with the call
+  ASSERT_TRUE(std::equal(kMagic, kMagic + 8, recorded.begin()));
+  ASSERT_EQ(echo_calls.load(), 1);
+
+  // Verbatim replay on a new connection: the server's fresh ephemeral key yields other session
+  // keys, so the recorded Auth record cannot be opened.
+  RawPeer replay(AddressOf(*server));
+  ASSERT_TRUE(replay.connected());
+  (void)replay.SendRaw(recorded, 2s);
+  EXPECT_TRUE(replay.WaitClosed(5s)) << "a replayed handshake was accepted";
+  EXPECT_EQ(echo_calls.load(), 1) << "the replayed call reached the handler";
+  ExpectServes(*server);
+}
+
+// ---- after the handshake ----------------------------------------------------------------------
+
+TEST(Hostile, RawPeerBaselineCallWorks) {
+  // The raw client itself is sound: the attacks below fail because of what they change.
+  auto server = StartServer();
+  RawPeer r(AddressOf(*server));
+  ASSERT_TRUE(r.Handshake().ok());
+  EXPECT_EQ(r.handshake().peer.peer, server->peer_id());
+  ASSERT_TRUE(r.PingPong());
+  auto reply = RawEcho(r, 1, "by hand");
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_EQ(*reply, "by hand");
+  auto again = RawEcho(r, 3, "again");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, "again");
+}
+
+TEST(Hostile, FlippedBitInARecordClosesTheConnection) {
+  std::atomic<int> echo_calls{0};
+  auto server = StartServer(ServerOptions(), &echo_calls);
+  Bytes plain;
+  AppendFrame(plain, FrameType::kOpen, 0, 1, OpenPayload("echo"));
+  AppendMessageFrame(plain, 1, Message("tampered"));
+  AppendFrame(plain, FrameType::kCloseWrite, 0, 1, ByteSpan{});
+  // Positions inside the sealed record: first ciphertext byte, the middle, the last tag byte.
+  const size_t sealed_size = 4 + plain.size() + kTagSize;
+  for (size_t pos : {size_t{4}, 4 + plain.size() / 2, sealed_size - 1}) {
+    SCOPED_TRACE("flipped byte " + std::to_string(pos));
+    RawPeer r(AddressOf(*server));
+    ASSERT_TRUE(r.Handshake().ok());
+    ASSERT_TRUE(r.PingPong());
+    Bytes record = r.Seal(plain);
+    ASSERT_EQ(record.size(), sealed_size);
+    record[pos] ^= 0x10;
+    (void)r.SendRaw(record, 2s);
+    EXPECT_TRUE(r.WaitClosed(5s)) << "a tampered record was accepted";
+  }
+  EXPECT_EQ(echo_calls.load(), 0);
+  ExpectServes(*server);
+}
+
+TEST(Hostile, FlippedBitInALargeDataRecordClosesTheConnection) {
+  // Large continuation DATA records are decrypted straight into the message buffer before their
+  // tag is checked; a forged one must still be refused, and never delivered.
+  std::atomic<int> started{0}, ended{0};
+  auto server = StartServer();
+  server->RegisterBidiStreaming("sink", HoldUntilCancelled(started, ended));
+  for (bool flip : {false, true}) {
+    SCOPED_TRACE(flip ? "tampered" : "intact");
+    RawPeer r(AddressOf(*server));
+    ASSERT_TRUE(r.Handshake().ok());
+    Bytes begin_payload;
+    ByteWriter(begin_payload).Varint(1u << 20);
+    begin_payload.resize(begin_payload.size() + 1000, 0x21);
+    Bytes first;
+    AppendFrame(first, FrameType::kOpen, 0, 1, OpenPayload("sink"));
+    AppendFrame(first, FrameType::kData, kFlagBegin, 1, begin_payload);
+    ASSERT_TRUE(r.SendRecord(first));
+    ASSERT_TRUE(r.PingPong());
+    Bytes plain;
+    AppendFrame(plain, FrameType::kData, 0, 1, Bytes(200 * 1024, 0x22));
+    Bytes record = r.Seal(plain);
+    if (flip) record[4 + plain.size() / 2] ^= 0x01;
+    (void)r.SendRaw(record, 2s);
+    if (flip) {
+      EXPECT_TRUE(r.WaitClosed(5s)) << "a tampered large record was accepted";
+    } else {
+      EXPECT_TRUE(r.PingPong()) << "an intact large record was refused";
+    }
+  }
+  ExpectServes(*server);
+}
+
+TEST(Hostile, InvalidRecordLengthClosesTheConnection) {
+  auto server = StartServer();
+  const uint32_t too_big = static_cast<uint32_t>(kMaxRecordPlaintext + kTagSize + 1);
+  for (uint32_t len : {too_big, 0xffffffffu, 0u, static_cast<uint32_t>(kTagSize - 1)}) {
+    SCOPED_TRACE("record length " + std::to_string(len));
+    RawPeer r(AddressOf(*server));
+    ASSERT_TRUE(r.Handshake().ok());
+    ASSERT_TRUE(r.PingPong());
+    Bytes bytes = U32Le(len);
+    bytes.resize(bytes.size() + 64, 0);
+    const long rss_before = VmRssKb();
+    (void)r.SendRaw(bytes, 2s);
+    EXPECT_TRUE(r.WaitClosed(5s));
+    EXPECT_LT(VmRssKb() - rss_before, 64 * 1024);
+  }
+  ExpectServes(*server);
+}
+
+TEST(Hostile, TenThousandOpenStreamsAreRefusedBeyondTheLimit) {
+  std::atomic<int> started{0}, ended{0};
+  HostOptions options = ServerOptions();
+  options.connection.limits.max_concurrent_streams = 64;
+  auto server = StartServer(options);
+  server->RegisterBidiStreaming("hold", HoldUntilCancelled(started, ended));
+  const long rss_before = VmRssKb();
+
+  RawPeer r(AddressOf(*server));
+  ASSERT_TRUE(r.Handshake().ok());
+  EXPECT_EQ(r.handshake().peer.limits.max_concurrent_streams, 64u);
+  constexpr int kStreams = 10000;
+  const Bytes open = OpenPayload("hold");
+  uint32_t id = 1;
+  for (int batch = 0; batch < kStreams / 1000; ++batch) {
+    Bytes record;
+    for (int i = 0; i < 1000; ++i, id += 2) AppendFrame(record, FrameType::kOpen, 0, id, open);
+    ASSERT_TRUE(r.SendRecord(record)) << "the server stopped reading at batch " << batch;
+  }
+  const uint32_t last_id = id - 2;
+  int resets = 0;
+  bool saw_other_code = false;
+  // RESETs leave in the order the OPENs were read; the last stream is certainly over the limit.
+  bool all = r.ReadFramesUntil(
+      [&](const FrameView& f) {
+        if (f.header.type != FrameType::kReset) return false;
+        ++resets;
+        if (DecodeStatus(f.payload).code() != StatusCode::kResourceExhausted) saw_other_code = true;
+        return f.header.stream_id == last_id;
+      },
+      10s);
+  ASSERT_TRUE(all) << "only " << resets << " RESETs arrived";
+  EXPECT_FALSE(saw_other_code);
+  const int accepted = kStreams - resets;
+  EXPECT_GE(accepted, 64) << "the server refused calls within its announced limit";
+  EXPECT_LE(accepted, 2 * 64) << "the server accepted far more calls than its limit";
+  EXPECT_TRUE(WaitUntil([&] { return started.load() == accepted; }, 5s))
+      << started.load() << " handlers for " << accepted << " accepted calls";
+  EXPECT_LT(VmRssKb() - rss_before, kRssSlackKb);
+
+  // The abusive connection may stay (nothing it did was illegal) or go; the server stays up.
+  bool usable = r.PingPong(3s);
+  if (!usable) {
+    EXPECT_TRUE(r.WaitClosed(3s));
+  }
+  ExpectServes(*server);
+  r.Close();
+  EXPECT_TRUE(WaitUntil([&] { return ended.load() == started.load(); }, 5s))
+      << ended.load() << " of " << started.load() << " held handlers were released";
+}
+
+TEST(Hostile, PeerThatStopsReadingStallsTheWriter) {
+  constexpr size_t kMsg = 1u << 20;
+  std::atomic<int> written{0};
+  std::promise<Status> finished;
+  auto finished_future = finished.get_future();
+  auto payload = std::make_shared<std::vector<uint8_t>>(kMsg, 0xab);
+  auto server = StartServer();
+  server->RegisterServerStreaming(
+      "flood", [&written, &finished, payload](CallContext& ctx, Message) -> asio::awaitable<Status> {
+        Message m("chunk");
+        TensorFrame t;
+        t.dtype = DType::kUInt8;
+        t.shape = {static_cast<int64_t>(kMsg)};
+        t.data = ByteSpan(payload->data(), payload->size());
+        t.owner = payload;
+        m.tensors.push_back(t);
+        for (;;) {
+          Status st = co_await ctx.stream().Write(m);
+          if (!st.ok()) {
+            finished.set_value(st);
+            co_return st;
+          }
+          ++written;
+        }
+      });
+
+  RawPeer r(AddressOf(*server));
+  const PeerLimits limits;  // announces a 4 MiB stream window
+  ASSERT_TRUE(r.Handshake(limits).ok());
+  const long rss_before = VmRssKb();
+  Bytes call;
+  AppendFrame(call, FrameType::kOpen, 0, 1, OpenPayload("flood"));
+  AppendMessageFrame(call, 1, Message("go"));
+  AppendFrame(call, FrameType::kCloseWrite, 0, 1, ByteSpan{});
+  ASSERT_TRUE(r.SendRecord(call));
+  // From here on the client reads nothing and grants no credit.
+  const int bound = static_cast<int>(limits.stream_window / kMsg) + 1;
+  ASSERT_TRUE(WaitUntil([&] { return written.load() >= 2; }, 5s)) << "the handler never got going";
+  // Watch for a second: the handler must stay blocked on flow control.
+  auto until = std::chrono::steady_clock::now() + 1s;
+  while (std::chrono::steady_clock::now() < until) {
+    ASSERT_LE(written.load(), bound) << "the handler wrote past the stream window";
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_LT(VmRssKb() - rss_before, kRssSlackKb);
+  r.Close();
+  ASSERT_EQ(finished_future.wait_for(5s), std::future_status::ready)
+      << "the blocked handler did not finish after its peer left";
+  EXPECT_FALSE(finished_future.get().ok());
+  ExpectServes(*server);
+}
+
+TEST(Hostile, HandlerThrowingMidStreamFailsOnlyThatCall) {
+  auto server = StartServer();
+  server->RegisterServerStreaming("three_then_throw", [](CallContext& ctx, Message) -> asio::awaitable<Status> {
+    for (int i = 0; i < 3; ++i) {
+      COLONY_CO_RETURN_IF_ERROR(co_await ctx.stream().Write(Message(std::to_string(i))));
+    }
+    throw std::runtime_error("boom after three");
+  });
+  auto client = StartHost(HostOptions{});
+  auto got = RunFor(*client, [&]() -> asio::awaitable<Result<int>> {
+    auto s = co_await client->OpenStream(AddressOf(*server), "three_then_throw", CallOptions{.timeout = 5s});
+    if (!s.ok()) co_return s.status();
+    COLONY_CO_RETURN_IF_ERROR(co_await (*s)->Write(Message("go")));
+    COLONY_CO_RETURN_IF_ERROR(co_await (*s)->CloseWrite());
+    int n = 0;
+    for (;;) {
+      auto m = co_await (*s)->Read();
+      if (!m.ok()) {
+        if (n != 3) co_return Internal("error after " + std::to_string(n) + " messages: " + m.status().ToString());
+        co_return m.status();
+      }
+      if (!m->has_value()) co_return Internal("the stream ended cleanly");
+      if ((*m)->meta != std::to_string(n)) co_return Internal("unexpected message " + (*m)->meta);
+      ++n;
+    }
+  }());
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kInternal) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("boom after three"), std::string::npos) << got.status().ToString();
+  ExpectServes(*server);
+  // The same client connection still works.
+  auto again = client->CallSync(AddressOf(*server), "echo", Message("same connection"), CallOptions{.timeout = 5s});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(client->connection_count(), 1u);
+}
+
+TEST(Hostile, DataBeyondTheStreamWindowClosesTheConnection) {
+  std::atomic<int> started{0}, ended{0};
+  HostOptions options = ServerOptions();
+  options.connection.limits.stream_window = 256 * 1024;
+  auto server = StartServer(options);
+  server->RegisterBidiStreaming("sink", HoldUntilCancelled(started, ended));
+  // Small continuation records (decrypted in place), then a large one (decrypted straight into
+  // the message being assembled): both must be held to the window.
+  for (size_t overflow_chunk : {size_t{40} * 1024, size_t{100} * 1024}) {
+    SCOPED_TRACE("overflowing DATA of " + std::to_string(overflow_chunk) + " bytes");
+    const int before = started.load();
+    RawPeer r(AddressOf(*server));
+    ASSERT_TRUE(r.Handshake().ok());
+    EXPECT_EQ(r.handshake().peer.limits.stream_window, 256u * 1024);
+    Bytes begin_payload;
+    ByteWriter(begin_payload).Varint(1u << 20);  // a message larger than the window
+    begin_payload.resize(begin_payload.size() + 200 * 1024, 0x5a);
+    Bytes first;
+    AppendFrame(first, FrameType::kOpen, 0, 1, OpenPayload("sink"));
+    AppendFrame(first, FrameType::kData, kFlagBegin, 1, begin_payload);
+    ASSERT_TRUE(r.SendRecord(first));
+    if (overflow_chunk < 56 * 1024) {
+      Bytes within;
+      AppendFrame(within, FrameType::kData, 0, 1, Bytes(40 * 1024, 0x5b));
+      ASSERT_TRUE(r.SendRecord(within));
+    }
+    ASSERT_TRUE(r.PingPong()) << "DATA within the window must be accepted";
+    ASSERT_TRUE(WaitUntil([&] { return started.load() == before + 1; }, 5s));
+    Bytes over;
+    AppendFrame(over, FrameType::kData, 0, 1, Bytes(overflow_chunk, 0x5c));
+    (void)r.SendRecord(over, 2s);
+    EXPECT_TRUE(r.WaitClosed(5s)) << "DATA beyond the flow-control window was accepted";
+    EXPECT_TRUE(WaitUntil([&] { return ended.load() == before + 1; }, 5s)) << "the handler was not cancelled";
+  }
+  ExpectServes(*server);
+}
+
+TEST(Hostile, DataForANeverOpenedStreamClosesTheConnection) {
+  auto server = StartServer();
+  RawPeer r(AddressOf(*server));
+  ASSERT_TRUE(r.Handshake().ok());
+  ASSERT_TRUE(r.PingPong());
+  Bytes record;
+  AppendMessageFrame(record, 101, Message("nobody asked"));
+  (void)r.SendRecord(record, 2s);
+  EXPECT_TRUE(r.WaitClosed(5s));
+  ExpectServes(*server);
+}
+
+TEST(Hostile, UnknownFrameTypeClosesTheConnection) {
+  auto server = StartServer();
+  for (uint8_t type : {uint8_t{0}, uint8_t{9}, uint8_t{0xff}}) {
+    SCOPED_TRACE("frame type " + std::to_string(type));
+    RawPeer r(AddressOf(*server));
+    ASSERT_TRUE(r.Handshake().ok());
+    ASSERT_TRUE(r.PingPong());
+    Bytes record = {type, 0, 1, 2, 'h', 'i'};  // type, flags, stream 1, 2-byte payload
+    (void)r.SendRecord(record, 2s);
+    EXPECT_TRUE(r.WaitClosed(5s));
+  }
+  ExpectServes(*server);
+}
+
+TEST(Hostile, OversizedMessageResetsOnlyItsStream) {
+  std::atomic<int> started{0}, ended{0};
+  HostOptions options = ServerOptions();
+  options.connection.limits.max_message_bytes = 1u << 20;
+  auto server = StartServer(options);
+  server->RegisterBidiStreaming("sink", HoldUntilCancelled(started, ended));
+  RawPeer r(AddressOf(*server));
+  ASSERT_TRUE(r.Handshake().ok());
+  Bytes payload;
+  ByteWriter(payload).Varint(2u << 20);  // twice the limit
+  payload.resize(payload.size() + 100, 0x11);
+  Bytes record;
+  AppendFrame(record, FrameType::kOpen, 0, 1, OpenPayload("sink"));
+  AppendFrame(record, FrameType::kData, kFlagBegin, 1, payload);
+  ASSERT_TRUE(r.SendRecord(record));
+  Status reset;
+  ASSERT_TRUE(r.ReadFramesUntil([&](const FrameView& f) {
+    if (f.header.type != FrameType::kReset || f.header.stream_id != 1) return false;
+    reset = DecodeStatus(f.payload);
+    return true;
+  })) << "no RESET for the oversized message";
+  EXPECT_EQ(reset.code(), StatusCode::kResourceExhausted) << reset.ToString();
+  EXPECT_NE(reset.message().find(std::to_string(1u << 20)), std::string::npos) << reset.ToString();
+  // The handler of the refused call is cancelled, not left waiting.
+  EXPECT_TRUE(WaitUntil([&] { return started.load() == 1 && ended.load() == 1; }, 5s))
+      << started.load() << " handler(s) started, " << ended.load() << " ended";
+  // The connection itself is fine.
+  ASSERT_TRUE(r.PingPong());
+  auto reply = RawEcho(r, 3, "after the reset");
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_EQ(*reply, "after the reset");
+  ExpectServes(*server);
+}
+
+TEST(Hostile, HandlerErrorWithArbitraryBytesKeepsItsCode) {
+  // Error messages travel in a protobuf string field, which must be valid UTF-8. A message with
+  // stray bytes (e.g. from an exception's what()) or one cut inside a character by the length cap
+  // must still reach the caller with its code, not as an undecodable status.
+  std::string long_text;
+  while (long_text.size() < 5000) long_text += "\xe2\x82\xac";  // U+20AC, 3 bytes: the cap cuts one
+  auto server = StartServer();
+  server->RegisterUnary("fail", [long_text](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
+    if (m.meta == "binary") co_return NotFound("no key \xff\xfe\x80 here");
+    co_return NotFound(long_text);
+  });
+  auto client = StartHost(HostOptions{});
+  auto binary = client->CallSync(AddressOf(*server), "fail", Message("binary"), CallOptions{.timeout = 5s});
+  ASSERT_FALSE(binary.ok());
+  EXPECT_EQ(binary.status().code(), StatusCode::kNotFound) << binary.status().ToString();
+  EXPECT_NE(binary.status().message().find("no key"), std::string::npos) << binary.status().ToString();
+  auto long_reply = client->CallSync(AddressOf(*server), "fail", Message("long"), CallOptions{.timeout = 5s});
+  ASSERT_FALSE(long_reply.ok());
+  EXPECT_EQ(long_reply.status().code(), StatusCode::kNotFound) << long_reply.status().ToString().substr(0, 200);
+  EXPECT_GT(long_reply.status().message().size(), 3000u);
+  EXPECT_LE(long_reply.status().message().size(), 4000u);
+  EXPECT_EQ(long_reply.status().message(), long_text.substr(0, long_reply.status().message().size()));
+  ExpectServes(*server);
+}
+
+// ---- identity and version checks --------------------------------------------------------------
+
+TEST(Hostile, ProtocolVersionMismatchNamesBothVersions) {
+  HostOptions options = ServerOptions();
+  options.protocol_major = 2;
+  auto server = StartServer(options);
+  auto client = StartHost(HostOptions{});
+  auto reply = client->CallSync(AddressOf(*server), "echo", Message("hi"), CallOptions{.timeout = 5s});
+  ASSERT_FALSE(reply.ok());
+  EXPECT_EQ(reply.status().code(), StatusCode::kFailedPrecondition) << reply.status().ToString();
+  EXPECT_NE(reply.status().message().find("2.0"), std::string::npos) << reply.status().ToString();
+  EXPECT_NE(reply.status().message().find("1.0"), std::string::npos) << reply.status().ToString();
+  auto ping = client->PingSync(AddressOf(*server), 5s);
+  ASSERT_FALSE(ping.ok());
+  EXPECT_EQ(ping.status().code(), StatusCode::kFailedPrecondition) << ping.status().ToString();
+  EXPECT_NE(ping.status().message().find("2.0"), std::string::npos) << ping.status().ToString();
+  EXPECT_NE(ping.status().message().find("1.0"), std::string::npos) << ping.status().ToString();
+  EXPECT_EQ(client->connection_count(), 0u);
+}
+
+TEST(Hostile, WrongExpectedPeerIdIsUnauthenticated) {
+  auto server = StartServer();
+  const PeerId other = KeyPair::Generate().peer_id();
+  auto client = StartHost(HostOptions{});
+  auto reply = client->CallSync(AddressOf(*server).WithPeerId(other), "echo", Message("hi"),
+                                CallOptions{.timeout = 5s});
+  ASSERT_FALSE(reply.ok());
+  EXPECT_EQ(reply.status().code(), StatusCode::kUnauthenticated) << reply.status().ToString();
+  EXPECT_NE(reply.status().message().find(server->peer_id().ToString()), std::string::npos)
+      << reply.status().ToString();
+  EXPECT_NE(reply.status().message().find(other.ToString()), std::string::npos) << reply.status().ToString();
+  EXPECT_EQ(client->connection_count(), 0u);
+  ExpectServes(*server);
+}
+
+}  // namespace
+}  // namespace colony::net
