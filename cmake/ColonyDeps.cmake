@@ -11,7 +11,11 @@ pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
 find_path(ASIO_INCLUDE_DIR asio.hpp REQUIRED)
 add_library(colony_asio INTERFACE)
 target_include_directories(colony_asio SYSTEM INTERFACE ${ASIO_INCLUDE_DIR})
-target_compile_definitions(colony_asio INTERFACE ASIO_STANDALONE ASIO_NO_DEPRECATED)
+# ASIO_DISABLE_STD_ALIGNED_ALLOC: asio 1.22 picks aligned_alloc()/free() or operator new/delete
+# depending on whether a libstdc++ header was included before its config, so translation units
+# disagreed on how recycled memory is freed (an ODR violation; ASan: alloc-dealloc-mismatch).
+target_compile_definitions(colony_asio INTERFACE ASIO_STANDALONE ASIO_NO_DEPRECATED
+  ASIO_DISABLE_STD_ALIGNED_ALLOC)
 target_link_libraries(colony_asio INTERFACE Threads::Threads)
 
 find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)

@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,35 +20,36 @@ Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
   if (argv.empty()) return InvalidArgument("no program to run");
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return Internal(std::string("pipe: ") + std::strerror(errno));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  if (!stderr_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderr_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  }
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid = -1;
-  // The child starts with default signal dispositions and an empty mask (a parent that blocks
-  // SIGTERM for sigwait must not pass that on).
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t empty, all;
-  sigemptyset(&empty);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &empty);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), environ);
-  posix_spawnattr_destroy(&attr);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(fds[1]);
-  if (rc != 0) {
+  // fork + exec rather than posix_spawn, to set PR_SET_PDEATHSIG: a child (a test's peer, the
+  // demo's swarm) dies with its parent even when the parent crashes or is killed. Between fork
+  // and exec the child calls only async-signal-safe functions.
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int err = errno;
     ::close(fds[0]);
-    return Unavailable("cannot start " + argv[0] + ": " + std::strerror(rc));
+    ::close(fds[1]);
+    return Unavailable("cannot start " + argv[0] + ": " + std::strerror(err));
   }
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
+    sigset_t empty;
+    sigemptyset(&empty);
+    ::sigprocmask(SIG_SETMASK, &empty, nullptr);
+    for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
+    ::dup2(fds[1], STDOUT_FILENO);
+    if (!stderr_path.empty()) {
+      int fd = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd >= 0) ::dup2(fd, STDERR_FILENO);
+    }
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
   Subprocess p;
   p.pid_ = pid;
   p.stdout_fd_ = fds[0];

@@ -16,7 +16,8 @@ namespace colony {
 class Subprocess {
  public:
   // Starts `argv[0]` (a path) with the given arguments. stdout is captured; stderr is inherited
-  // unless `stderr_path` names a file to write it to.
+  // unless `stderr_path` names a file to write it to. The child is killed (SIGKILL) when the thread
+  // that started it exits, so no peer process outlives a crashed test or demo.
   static Result<Subprocess> Spawn(const std::vector<std::string>& argv,
                                   const std::string& stderr_path = {});
   Subprocess(Subprocess&& other) noexcept;

@@ -26,6 +26,8 @@ constexpr size_t kInitialReadBuffer = 64u << 10;
 // Room for several large records, so compaction (moving a partial record to the front) is rare.
 constexpr size_t kMaxReadBuffer = 8 * (kMaxRecordPlaintext + kTagSize + 4);
 constexpr size_t kDirectDecryptMin = 64u << 10;
+// Buffers above this size are released once traffic is small again.
+constexpr size_t kShrinkAbove = 512u << 10;
 constexpr size_t kControlFrameCost = 16;          // backlog accounting per queued control frame
 constexpr uint64_t kMaxCredit = 1ull << 40;
 
@@ -385,8 +387,8 @@ void Connection::SendReset(uint32_t id, const Status& status) {
 }
 
 asio::awaitable<void> Connection::WriterLoop() {
+  // Grows with bulk transfers and is released after them: an idle connection holds little.
   RawBuffer wbuf;
-  wbuf.reserve(kWriteBatch + kMaxRecordPlaintext + 64);
   Bytes headers;
   std::vector<size_t> header_ends;
   for (;;) {
@@ -457,6 +459,7 @@ asio::awaitable<void> Connection::WriterLoop() {
       break;
     }
     bytes_sent_ += n;
+    if (wbuf.capacity() > kShrinkAbove && wbuf.size() < kShrinkAbove / 4) RawBuffer().swap(wbuf);
     backlog_drained_.Notify();
   }
   writer_idle_.Notify();
@@ -468,6 +471,7 @@ asio::awaitable<void> Connection::WriterLoop() {
 asio::awaitable<void> Connection::ReaderLoop() {
   RawBuffer buf(kInitialReadBuffer);
   size_t begin = 0, end = 0;
+  int small_records = 0;
   // Reads until at least `need` bytes are buffered past `begin`. False when the connection ended.
   auto fill = [&](size_t need) -> asio::awaitable<bool> {
     while (end - begin < need) {
@@ -513,7 +517,14 @@ asio::awaitable<void> Connection::ReaderLoop() {
     MutableByteSpan sealed(buf.data() + begin + 4, sealed_len);
     Status st = OpenAndHandleRecord(ByteSpan(buf.data() + begin, 4), sealed);
     begin += 4 + sealed_len;
-    if (begin == end) begin = end = 0;
+    small_records = sealed_len < (16u << 10) ? small_records + 1 : 0;
+    if (begin == end) {
+      begin = end = 0;
+      // Back to a small buffer after a bulk transfer, once records are small again.
+      if (buf.size() > kShrinkAbove && small_records > 64) {
+        RawBuffer(kInitialReadBuffer).swap(buf);
+      }
+    }
     if (!st.ok()) {
       if (!closed_) {
         COLONY_LOG_WARN("closing connection to {}: {}", Describe(), st.ToString());
