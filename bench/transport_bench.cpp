@@ -12,10 +12,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
-
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -93,7 +92,8 @@ double ColonySeconds(net::Host& client, const Multiaddr& server, size_t total, s
   net::Message msg("chunk");
   msg.tensors.push_back(t);
   auto run = [&]() -> asio::awaitable<Result<net::Message>> {
-    auto s = co_await client.OpenStream(server, "sink", net::CallOptions{.timeout = std::chrono::minutes(5)});
+    auto s = co_await client.OpenStream(server, "sink",
+                                        net::CallOptions{.timeout = std::chrono::minutes(5)});
     if (!s.ok()) co_return s.status();
     for (size_t sent = 0; sent < total; sent += chunk) {
       COLONY_CO_RETURN_IF_ERROR(co_await (*s)->Write(msg));
@@ -129,7 +129,8 @@ std::pair<double, double> RecordCipherGbps(size_t total) {
     sealer.Update(plain, out);
     sealer.Finish(out);
   }
-  double seal = static_cast<double>(total) / std::chrono::duration<double>(SteadyClock::now() - t0).count() / 1e9;
+  double seal = static_cast<double>(total) /
+                std::chrono::duration<double>(SteadyClock::now() - t0).count() / 1e9;
   // Open a fresh sequence of records (the opener checks record order).
   net::RecordSealer sealer2(key);
   std::vector<RawBuffer> records(64);
@@ -141,10 +142,12 @@ std::pair<double, double> RecordCipherGbps(size_t total) {
   auto t1 = SteadyClock::now();
   size_t opened = 0;
   for (auto& r : records) {
-    if (!opener.Open(ByteSpan(r.data(), 4), MutableByteSpan(r.data() + 4, r.size() - 4)).ok()) std::exit(1);
+    if (!opener.Open(ByteSpan(r.data(), 4), MutableByteSpan(r.data() + 4, r.size() - 4)).ok())
+      std::exit(1);
     opened += n;
   }
-  double open = static_cast<double>(opened) / std::chrono::duration<double>(SteadyClock::now() - t1).count() / 1e9;
+  double open = static_cast<double>(opened) /
+                std::chrono::duration<double>(SteadyClock::now() - t1).count() / 1e9;
   return {seal, open};
 }
 
@@ -158,7 +161,8 @@ int main(int argc, char** argv) {
   int callers = 64;
   bool skip_tcp = false;
   app.add_option("--gib", gib, "GiB moved one way per throughput run")->capture_default_str();
-  app.add_option("--repeats", repeats, "throughput runs per transport (median reported)")->capture_default_str();
+  app.add_option("--repeats", repeats, "throughput runs per transport (median reported)")
+      ->capture_default_str();
   app.add_option("--seconds", seconds, "duration of the unary-call run")->capture_default_str();
   app.add_option("--callers", callers, "concurrent unary callers")->capture_default_str();
   app.add_flag("--skip-tcp", skip_tcp, "do not measure the plain-TCP reference (for profiling)");
@@ -172,22 +176,25 @@ int main(int argc, char** argv) {
   server_options.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
   if (const char* w = std::getenv("BENCH_WINDOW_MIB")) {
     server_options.connection.limits.stream_window = static_cast<uint32_t>(std::atoi(w)) << 20;
-    server_options.connection.limits.connection_window = 4ull * (static_cast<uint64_t>(std::atoi(w)) << 20);
+    server_options.connection.limits.connection_window =
+        4ull * (static_cast<uint64_t>(std::atoi(w)) << 20);
   }
   net::Host server(KeyPair::Generate(), server_options);
-  server.RegisterClientStreaming("sink", [](net::CallContext& ctx) -> asio::awaitable<Result<net::Message>> {
-    size_t bytes = 0;
-    for (;;) {
-      auto m = co_await ctx.stream().Read();
-      if (!m.ok()) co_return m.status();
-      if (!m->has_value()) break;
-      for (const auto& t : (*m)->tensors) bytes += t.data.size();
-    }
-    co_return net::Message(std::to_string(bytes));
-  });
-  server.RegisterUnary("echo", [](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
-    co_return m;
-  });
+  server.RegisterClientStreaming(
+      "sink", [](net::CallContext& ctx) -> asio::awaitable<Result<net::Message>> {
+        size_t bytes = 0;
+        for (;;) {
+          auto m = co_await ctx.stream().Read();
+          if (!m.ok()) co_return m.status();
+          if (!m->has_value()) break;
+          for (const auto& t : (*m)->tensors) bytes += t.data.size();
+        }
+        co_return net::Message(std::to_string(bytes));
+      });
+  server.RegisterUnary(
+      "echo", [](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
+        co_return m;
+      });
   if (auto st = server.Start(); !st.ok()) {
     std::fprintf(stderr, "%s\n", st.ToString().c_str());
     return 1;
@@ -200,11 +207,14 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  std::printf("transport benchmark on loopback: %.2f GiB one way in 4 MiB messages, %d runs each\n", gib, repeats);
+  std::printf("transport benchmark on loopback: %.2f GiB one way in 4 MiB messages, %d runs each\n",
+              gib, repeats);
   std::vector<double> tcp, colony_runs;
   for (int i = 0; i < repeats; ++i) {
-    tcp.push_back(skip_tcp ? 1.0 : static_cast<double>(total) / PlainTcpSeconds(total, chunk) / 1e9);
-    colony_runs.push_back(static_cast<double>(total) / ColonySeconds(client, addr, total, chunk) / 1e9);
+    tcp.push_back(skip_tcp ? 1.0
+                           : static_cast<double>(total) / PlainTcpSeconds(total, chunk) / 1e9);
+    colony_runs.push_back(static_cast<double>(total) / ColonySeconds(client, addr, total, chunk) /
+                          1e9);
     std::printf("  run %d: plain TCP %.2f GB/s, Colony encrypted %.2f GB/s\n", i + 1, tcp.back(),
                 colony_runs.back());
     std::fflush(stdout);
@@ -216,9 +226,10 @@ int main(int argc, char** argv) {
   // single-core seal/open speeds, an encrypted stream can reach at most 2 / (2/T + 1/S + 1/O).
   auto [seal_gbs, open_gbs] = RecordCipherGbps(std::min<size_t>(total, 512u << 20));
   double ceiling = 2.0 / (2.0 / tcp_gbs + 1.0 / seal_gbs + 1.0 / open_gbs);
-  std::printf("  AES-256-GCM on one core: seal %.2f GB/s, open %.2f GB/s -> encrypted ceiling on 2 cores "
-              "%.2f GB/s (%.2f of TCP); Colony reaches %.0f%% of that ceiling\n",
-              seal_gbs, open_gbs, ceiling, ceiling / tcp_gbs, 100.0 * colony_gbs / ceiling);
+  std::printf(
+      "  AES-256-GCM on one core: seal %.2f GB/s, open %.2f GB/s -> encrypted ceiling on 2 cores "
+      "%.2f GB/s (%.2f of TCP); Colony reaches %.0f%% of that ceiling\n",
+      seal_gbs, open_gbs, ceiling, ceiling / tcp_gbs, 100.0 * colony_gbs / ceiling);
 
   // Unary calls: `callers` coroutines call "echo" back to back for `seconds`.
   std::printf("unary calls: %d concurrent callers, 64-byte requests, %.1f s\n", callers, seconds);
@@ -253,8 +264,8 @@ int main(int argc, char** argv) {
   double rps = static_cast<double>(all.size()) / elapsed;
   double p50 = all.empty() ? 0 : all[all.size() / 2];
   double p99 = all.empty() ? 0 : all[all.size() * 99 / 100];
-  std::printf("  %zu calls in %.2f s: %.0f calls/s, p50 %.0f us, p99 %.0f us, %d failures\n", all.size(),
-              elapsed, rps, p50, p99, failures.load());
+  std::printf("  %zu calls in %.2f s: %.0f calls/s, p50 %.0f us, p99 %.0f us, %d failures\n",
+              all.size(), elapsed, rps, p50, p99, failures.load());
 
   client.Shutdown();
   server.Shutdown();

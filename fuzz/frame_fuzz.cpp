@@ -7,8 +7,8 @@
 
 #include "net/wire.h"
 
-using colony::Bytes;
 using colony::ByteReader;
+using colony::Bytes;
 using colony::ByteSpan;
 using namespace colony::net;
 
@@ -39,8 +39,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto again = DecodeFrameHeader(r);
       if (!again.ok() || again->type != f.header.type || again->flags != f.header.flags ||
           again->stream_id != f.header.stream_id ||
-          again->payload_length != f.header.payload_length ||
-          r.position() != header_size || r.remaining() != f.payload.size()) {
+          again->payload_length != f.header.payload_length || r.position() != header_size ||
+          r.remaining() != f.payload.size()) {
         __builtin_trap();
       }
     }

@@ -4,11 +4,11 @@
 // accepts a signature over another transcript, and that RecordOpener under a fixed key opens
 // nothing but a record genuinely sealed under that key (re-sealing its plaintext must reproduce
 // the input byte for byte), with Open and the stepwise OpenBegin/OpenUpdate/OpenFinish agreeing.
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-
-#include <google/protobuf/stubs/logging.h>
 
 #include "net/crypto.h"
 #include "net/handshake_messages.h"
@@ -42,8 +42,8 @@ void CheckHello(ByteSpan in) {
     return;
   }
   if (hello->version_major != kProtocolMajor || hello->agent.size() > 128) __builtin_trap();
-  Bytes again = EncodeHello(hello->ephemeral_key, hello->version_major, hello->version_minor,
-                            hello->agent);
+  Bytes again =
+      EncodeHello(hello->ephemeral_key, hello->version_major, hello->version_minor, hello->agent);
   auto back = DecodeHello(again, kProtocolMajor, kProtocolMinor);
   if (!back.ok() || back->ephemeral_key != hello->ephemeral_key ||
       back->version_minor != hello->version_minor || back->agent != hello->agent) {

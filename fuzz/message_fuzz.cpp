@@ -49,7 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (m->tensors.size() > kMaxTensorsPerMessage) __builtin_trap();
   for (const TensorFrame& t : m->tensors) {
     const uint8_t* p = t.data.data();
-    if (!t.data.empty() && (p < data || p > data + size || t.data.size() > static_cast<size_t>(data + size - p))) {
+    if (!t.data.empty() &&
+        (p < data || p > data + size || t.data.size() > static_cast<size_t>(data + size - p))) {
       __builtin_trap();
     }
     if (t.shape.size() > colony::kMaxTensorRank) __builtin_trap();

@@ -44,9 +44,15 @@ int main(int argc, char** argv) {
       int edits = 1 + static_cast<int>(rng() % 4);
       for (int e = 0; e < edits && !buf.empty(); ++e) {
         switch (rng() % 4) {
-          case 0: buf[rng() % buf.size()] ^= static_cast<uint8_t>(1u << (rng() % 8)); break;
-          case 1: buf.resize(rng() % buf.size()); break;
-          case 2: buf[rng() % buf.size()] = static_cast<uint8_t>(rng()); break;
+          case 0:
+            buf[rng() % buf.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+            break;
+          case 1:
+            buf.resize(rng() % buf.size());
+            break;
+          case 2:
+            buf[rng() % buf.size()] = static_cast<uint8_t>(rng());
+            break;
           case 3: {
             const auto& other = corpus[rng() % corpus.size()];
             if (!other.empty()) {
@@ -61,7 +67,7 @@ int main(int argc, char** argv) {
     }
     LLVMFuzzerTestOneInput(buf.data(), buf.size());
   }
-  std::printf("fuzz smoke: %zu corpus inputs and %ld generated inputs, no failure\n",
-              corpus.size(), iterations);
+  std::printf("fuzz smoke: %zu corpus inputs and %ld generated inputs, no failure\n", corpus.size(),
+              iterations);
   return 0;
 }

@@ -4,11 +4,11 @@
 //    survives EncodeStatus -> DecodeStatus (code always; message while within the 4000 bytes kept).
 //  - Any status, whatever bytes its message holds, reaches the peer with its code intact (the
 //    message is a protobuf string: bytes that are not UTF-8 must not make the payload undecodable).
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
-
-#include <google/protobuf/stubs/logging.h>
 
 #include "net/wire.h"
 
@@ -33,7 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   if (size == 0) return 0;
-  const auto code = static_cast<StatusCode>(1 + data[0] % static_cast<int>(StatusCode::kProtocolError));
+  const auto code =
+      static_cast<StatusCode>(1 + data[0] % static_cast<int>(StatusCode::kProtocolError));
   std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
   Status sent(code, text);
   Status got = DecodeStatus(EncodeStatus(sent));

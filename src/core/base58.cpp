@@ -51,7 +51,7 @@ Result<Bytes> Base58Decode(std::string_view text) {
     int digit = c < 128 ? kIndex[c] : -1;
     if (digit < 0) {
       std::string shown = c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c))
-                                                 : "\\x" + HexEncode(ByteSpan(&c, 1));
+                                                : "\\x" + HexEncode(ByteSpan(&c, 1));
       return InvalidArgument("invalid base58 character '" + shown + "' at position " +
                              std::to_string(i));
     }

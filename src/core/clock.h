@@ -15,7 +15,8 @@ class Clock {
   virtual ~Clock() = default;
   // Monotonic time, for deadlines and intervals.
   virtual SteadyTime Now() const = 0;
-  // Wall-clock seconds since the Unix epoch (fractional), for record expirations shared between peers.
+  // Wall-clock seconds since the Unix epoch (fractional), for record expirations shared between
+  // peers.
   virtual double WallSeconds() const = 0;
 };
 
@@ -31,7 +32,8 @@ class SystemClock final : public Clock {
 // A clock that moves only when told to. Thread-safe.
 class ManualClock final : public Clock {
  public:
-  explicit ManualClock(double wall_seconds = 1.7e9) : wall_ns_(static_cast<int64_t>(wall_seconds * 1e9)) {}
+  explicit ManualClock(double wall_seconds = 1.7e9)
+      : wall_ns_(static_cast<int64_t>(wall_seconds * 1e9)) {}
   SteadyTime Now() const override { return SteadyTime(Duration(steady_ns_.load())); }
   double WallSeconds() const override { return static_cast<double>(wall_ns_.load()) / 1e9; }
   void Advance(Duration d) {

@@ -198,8 +198,10 @@ Result<KeyPair> KeyPair::Load(const std::string& path) {
     std::string name = line.substr(0, colon);
     std::string value = line.substr(colon + 1);
     while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.erase(0, 1);
-    if (name == "peer_id") peer_id_text = value;
-    else if (name == "ed25519_seed") seed_hex = value;
+    if (name == "peer_id")
+      peer_id_text = value;
+    else if (name == "ed25519_seed")
+      seed_hex = value;
   }
   if (seed_hex.size() != 64) {
     return InvalidArgument("identity file " + path +

@@ -41,11 +41,16 @@ bool ValidDnsName(std::string_view name) {
 
 const char* KindName(Multiaddr::HostKind kind) {
   switch (kind) {
-    case Multiaddr::HostKind::kIp4: return "ip4";
-    case Multiaddr::HostKind::kIp6: return "ip6";
-    case Multiaddr::HostKind::kDns: return "dns";
-    case Multiaddr::HostKind::kDns4: return "dns4";
-    case Multiaddr::HostKind::kDns6: return "dns6";
+    case Multiaddr::HostKind::kIp4:
+      return "ip4";
+    case Multiaddr::HostKind::kIp6:
+      return "ip6";
+    case Multiaddr::HostKind::kDns:
+      return "dns";
+    case Multiaddr::HostKind::kDns4:
+      return "dns4";
+    case Multiaddr::HostKind::kDns6:
+      return "dns6";
   }
   return "ip4";
 }

@@ -65,17 +65,29 @@ class [[nodiscard]] Status {
 
 // Convenience constructors.
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
-inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
+inline Status DeadlineExceeded(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
-inline Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
-inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
-inline Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+inline Status PermissionDenied(std::string m) {
+  return {StatusCode::kPermissionDenied, std::move(m)};
+}
+inline Status ResourceExhausted(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
+inline Status FailedPrecondition(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
 inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
-inline Status Unauthenticated(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
+inline Status Unauthenticated(std::string m) {
+  return {StatusCode::kUnauthenticated, std::move(m)};
+}
 inline Status Closed(std::string m) { return {StatusCode::kClosed, std::move(m)}; }
 inline Status ProtocolError(std::string m) { return {StatusCode::kProtocolError, std::move(m)}; }
 
@@ -86,7 +98,7 @@ class [[nodiscard]] Result {
   // An "unset" error result; exists so Result can travel through APIs (asio's co_spawn) that
   // need default-constructible values.
   Result() : v_(Status(StatusCode::kUnknown, "result was never set")) {}
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(v_).ok() && "Result constructed from an OK status");
   }
@@ -98,9 +110,18 @@ class [[nodiscard]] Result {
     static const Status kOk;
     return ok() ? kOk : std::get<Status>(v_);
   }
-  T& value() & { assert(ok()); return std::get<T>(v_); }
-  const T& value() const& { assert(ok()); return std::get<T>(v_); }
-  T&& value() && { assert(ok()); return std::get<T>(std::move(v_)); }
+  T& value() & {
+    assert(ok());
+    return std::get<T>(v_);
+  }
+  const T& value() const& {
+    assert(ok());
+    return std::get<T>(v_);
+  }
+  T&& value() && {
+    assert(ok());
+    return std::get<T>(std::move(v_));
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -113,17 +134,17 @@ class [[nodiscard]] Result {
 }  // namespace colony
 
 // Propagates a non-OK Status from an expression returning Status.
-#define COLONY_RETURN_IF_ERROR(expr)        \
-  do {                                      \
-    ::colony::Status _st = (expr);          \
-    if (!_st.ok()) return _st;              \
+#define COLONY_RETURN_IF_ERROR(expr) \
+  do {                               \
+    ::colony::Status _st = (expr);   \
+    if (!_st.ok()) return _st;       \
   } while (0)
 
 // The same inside a coroutine.
-#define COLONY_CO_RETURN_IF_ERROR(expr)     \
-  do {                                      \
-    ::colony::Status _st = (expr);          \
-    if (!_st.ok()) co_return _st;           \
+#define COLONY_CO_RETURN_IF_ERROR(expr) \
+  do {                                  \
+    ::colony::Status _st = (expr);      \
+    if (!_st.ok()) co_return _st;       \
   } while (0)
 
 #define COLONY_CONCAT_INNER(a, b) a##b

@@ -57,7 +57,10 @@ Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
 }
 
 Subprocess::Subprocess(Subprocess&& o) noexcept
-    : pid_(o.pid_), stdout_fd_(o.stdout_fd_), buffer_(std::move(o.buffer_)), exit_code_(o.exit_code_) {
+    : pid_(o.pid_),
+      stdout_fd_(o.stdout_fd_),
+      buffer_(std::move(o.buffer_)),
+      exit_code_(o.exit_code_) {
   o.pid_ = -1;
   o.stdout_fd_ = -1;
 }
@@ -89,7 +92,8 @@ Result<std::string> Subprocess::ReadLine(std::chrono::milliseconds timeout) {
       return line;
     }
     if (stdout_fd_ < 0) return NotFound("process " + std::to_string(pid_) + " closed its output");
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       return DeadlineExceeded("process " + std::to_string(pid_) + " printed no line within " +
                               std::to_string(timeout.count()) + " ms");

@@ -4,26 +4,46 @@ namespace colony {
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kUInt8: case DType::kInt8: case DType::kBool: return 1;
-    case DType::kInt16: case DType::kFloat16: case DType::kBFloat16: return 2;
-    case DType::kInt32: case DType::kFloat32: return 4;
-    case DType::kInt64: case DType::kFloat64: return 8;
+    case DType::kUInt8:
+    case DType::kInt8:
+    case DType::kBool:
+      return 1;
+    case DType::kInt16:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+    case DType::kInt32:
+    case DType::kFloat32:
+      return 4;
+    case DType::kInt64:
+    case DType::kFloat64:
+      return 8;
   }
   return 0;
 }
 
 std::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kUInt8: return "uint8";
-    case DType::kInt8: return "int8";
-    case DType::kInt16: return "int16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kBool: return "bool";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kInt8:
+      return "int8";
+    case DType::kInt16:
+      return "int16";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kBool:
+      return "bool";
   }
   return "unknown";
 }

@@ -1,16 +1,15 @@
 #include "net/connection.h"
 
-#include <asio/experimental/as_tuple.hpp>
+#include <algorithm>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/bind_executor.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
-
-#include <algorithm>
 #include <cstring>
 
 #include "core/log.h"
@@ -21,14 +20,14 @@ namespace colony::net {
 namespace {
 
 constexpr auto kUse = asio::experimental::as_tuple(asio::use_awaitable);
-constexpr size_t kWriteBatch = 1u << 20;          // bytes sealed before one socket write
+constexpr size_t kWriteBatch = 1u << 20;  // bytes sealed before one socket write
 constexpr size_t kInitialReadBuffer = 64u << 10;
 // Room for several large records, so compaction (moving a partial record to the front) is rare.
 constexpr size_t kMaxReadBuffer = 8 * (kMaxRecordPlaintext + kTagSize + 4);
 constexpr size_t kDirectDecryptMin = 64u << 10;
 // Buffers above this size are released once traffic is small again.
 constexpr size_t kShrinkAbove = 512u << 10;
-constexpr size_t kControlFrameCost = 16;          // backlog accounting per queued control frame
+constexpr size_t kControlFrameCost = 16;  // backlog accounting per queued control frame
 constexpr uint64_t kMaxCredit = 1ull << 40;
 
 size_t VarintLength(uint64_t v) {
@@ -165,7 +164,8 @@ asio::awaitable<Status> Stream::WriteOnStrand(const Message& message) {
   auto cs = co_await asio::this_coro::cancellation_state;
   if (!error_.ok()) co_return error_;
   if (local_done_) {
-    co_return FailedPrecondition("write to call '" + method_ + "' after its sending side was closed");
+    co_return FailedPrecondition("write to call '" + method_ +
+                                 "' after its sending side was closed");
   }
   if (!registered_ || (outbound_ && remote_done_)) {
     if (!remote_status_.ok()) co_return remote_status_;
@@ -291,21 +291,22 @@ std::shared_ptr<Connection> Connection::Start(asio::ip::tcp::socket socket, Stra
   std::shared_ptr<Connection> c(new Connection(std::move(socket), strand, role,
                                                std::move(handshake), std::move(remote), options,
                                                std::move(handlers), std::move(on_closed)));
-  asio::co_spawn(c->strand_, [c]() -> asio::awaitable<void> { co_await c->ReaderLoop(); },
-                 asio::detached);
-  asio::co_spawn(c->strand_, [c]() -> asio::awaitable<void> { co_await c->WriterLoop(); },
-                 asio::detached);
-  asio::co_spawn(c->strand_, [c]() -> asio::awaitable<void> { co_await c->TickerLoop(); },
-                 asio::detached);
+  asio::co_spawn(
+      c->strand_, [c]() -> asio::awaitable<void> { co_await c->ReaderLoop(); }, asio::detached);
+  asio::co_spawn(
+      c->strand_, [c]() -> asio::awaitable<void> { co_await c->WriterLoop(); }, asio::detached);
+  asio::co_spawn(
+      c->strand_, [c]() -> asio::awaitable<void> { co_await c->TickerLoop(); }, asio::detached);
   return c;
 }
 
-std::string Connection::Describe() const { return "peer " + peer_.ToString() + " at " + remote_.WithoutPeerId().ToString(); }
+std::string Connection::Describe() const {
+  return "peer " + peer_.ToString() + " at " + remote_.WithoutPeerId().ToString();
+}
 
 void Connection::CloseAsync(Status status) {
-  asio::dispatch(strand_, [self = shared_from_this(), status = std::move(status)] {
-    self->Close(status);
-  });
+  asio::dispatch(strand_,
+                 [self = shared_from_this(), status = std::move(status)] { self->Close(status); });
 }
 
 void Connection::Shutdown(std::string reason) {
@@ -485,8 +486,8 @@ asio::awaitable<void> Connection::ReaderLoop() {
           begin = 0;
         }
       }
-      auto [ec, n] = co_await socket_.async_read_some(
-          asio::buffer(buf.data() + end, buf.size() - end), kUse);
+      auto [ec, n] =
+          co_await socket_.async_read_some(asio::buffer(buf.data() + end, buf.size() - end), kUse);
       if (ec) {
         if (!closed_) {
           if (ec == asio::error::eof || ec == asio::error::connection_reset) {
@@ -589,13 +590,27 @@ Status Connection::HandleRecord(ByteSpan plaintext) {
     ByteSpan payload = in.Raw(h->payload_length);
     Status st;
     switch (h->type) {
-      case FrameType::kOpen: st = HandleOpen(h->stream_id, payload); break;
-      case FrameType::kData: st = HandleData(*h, payload); break;
-      case FrameType::kCloseWrite: HandleCloseWrite(h->stream_id); break;
-      case FrameType::kStatus: HandleStatus(h->stream_id, payload); break;
-      case FrameType::kReset: HandleReset(h->stream_id, payload); break;
-      case FrameType::kWindow: st = HandleWindow(h->stream_id, payload); break;
-      case FrameType::kPing: HandlePing(h->flags, payload); break;
+      case FrameType::kOpen:
+        st = HandleOpen(h->stream_id, payload);
+        break;
+      case FrameType::kData:
+        st = HandleData(*h, payload);
+        break;
+      case FrameType::kCloseWrite:
+        HandleCloseWrite(h->stream_id);
+        break;
+      case FrameType::kStatus:
+        HandleStatus(h->stream_id, payload);
+        break;
+      case FrameType::kReset:
+        HandleReset(h->stream_id, payload);
+        break;
+      case FrameType::kWindow:
+        st = HandleWindow(h->stream_id, payload);
+        break;
+      case FrameType::kPing:
+        HandlePing(h->flags, payload);
+        break;
       case FrameType::kGoAway: {
         Status why = DecodeStatus(payload);
         Close(Closed(Describe() + " closed the connection: " + why.message()));
@@ -624,8 +639,8 @@ Status Connection::HandleOpen(uint32_t id, ByteSpan payload) {
   }
   // Honest callers queue at the limit we announced (see OpenStream); the slack covers streams a
   // caller already considers closed while its RESET is still on the way to us.
-  if (peer_open_streams_ >= options_.limits.max_concurrent_streams +
-                                options_.limits.max_concurrent_streams / 4 + 4) {
+  if (peer_open_streams_ >=
+      options_.limits.max_concurrent_streams + options_.limits.max_concurrent_streams / 4 + 4) {
     SendReset(id, ResourceExhausted("too many concurrent calls on one connection (limit " +
                                     std::to_string(options_.limits.max_concurrent_streams) +
                                     "); wait for earlier calls to finish"));
@@ -643,7 +658,8 @@ Status Connection::HandleOpen(uint32_t id, ByteSpan payload) {
     if (ec) return;
     if (auto st = w.lock()) {
       st->Cancel(DeadlineExceeded("call '" + st->method() + "' from peer " + st->peer().Short() +
-                                  " exceeded its deadline of " + std::to_string(timeout_ms) + " ms"));
+                                  " exceeded its deadline of " + std::to_string(timeout_ms) +
+                                  " ms"));
     }
   });
   StreamHandler handler = handlers_ ? handlers_(header.method()) : StreamHandler();
@@ -714,10 +730,12 @@ Status Connection::HandleData(const FrameHeader& h, ByteSpan payload, bool place
     if (!r.ok() || total == 0) return ProtocolError("message start without a valid length");
     Status refuse;
     if (total > options_.limits.max_message_bytes) {
-      refuse = ResourceExhausted("message of " + std::to_string(total) + " bytes exceeds the limit of " +
-                                 std::to_string(options_.limits.max_message_bytes) + " bytes");
+      refuse =
+          ResourceExhausted("message of " + std::to_string(total) + " bytes exceeds the limit of " +
+                            std::to_string(options_.limits.max_message_bytes) + " bytes");
     } else if (assembling_bytes_ + total > options_.max_assembling_bytes) {
-      refuse = ResourceExhausted("too many large messages in flight on this connection; retry later");
+      refuse =
+          ResourceExhausted("too many large messages in flight on this connection; retry later");
     }
     if (!refuse.ok()) {
       SendReset(s.id_, refuse);
@@ -898,95 +916,97 @@ void Connection::HandlePing(uint8_t flags, ByteSpan payload) {
 asio::awaitable<Result<std::shared_ptr<Stream>>> Connection::OpenStream(
     std::string method, std::chrono::milliseconds timeout) {
   auto self = shared_from_this();
-  auto fn = [self, method = std::move(method), timeout]()
-                   -> asio::awaitable<Result<std::shared_ptr<Stream>>> {
-        if (self->closed_) co_return self->close_status_;
-        if (self->goaway_sent_) co_return Unavailable("connection to " + self->Describe() + " is closing");
-        if (method.empty() || method.size() > 256 || ValidUtf8Prefix(method, 256) != method) {
-          co_return InvalidArgument("method name must be 1 to 256 bytes of valid UTF-8");
+  auto fn = [self, method = std::move(method),
+             timeout]() -> asio::awaitable<Result<std::shared_ptr<Stream>>> {
+    if (self->closed_) co_return self->close_status_;
+    if (self->goaway_sent_)
+      co_return Unavailable("connection to " + self->Describe() + " is closing");
+    if (method.empty() || method.size() > 256 || ValidUtf8Prefix(method, 256) != method) {
+      co_return InvalidArgument("method name must be 1 to 256 bytes of valid UTF-8");
+    }
+    auto ms = std::clamp(timeout, std::chrono::milliseconds(1), self->options_.max_call_timeout);
+    auto deadline = std::chrono::steady_clock::now() + ms;
+    // Respect the peer's limit on concurrent calls by waiting for a free slot.
+    if (self->my_open_streams_ >= self->peer_limits_.max_concurrent_streams) {
+      asio::steady_timer timer(self->strand_, deadline);
+      timer.async_wait([self](std::error_code ec) {
+        if (!ec) self->stream_slot_freed_.Notify();
+      });
+      while (!self->closed_ &&
+             self->my_open_streams_ >= self->peer_limits_.max_concurrent_streams) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          co_return DeadlineExceeded("call '" + method + "' to " + self->Describe() + " waited " +
+                                     std::to_string(ms.count()) + " ms for a free stream slot");
         }
-        auto ms = std::clamp(timeout, std::chrono::milliseconds(1), self->options_.max_call_timeout);
-        auto deadline = std::chrono::steady_clock::now() + ms;
-        // Respect the peer's limit on concurrent calls by waiting for a free slot.
-        if (self->my_open_streams_ >= self->peer_limits_.max_concurrent_streams) {
-          asio::steady_timer timer(self->strand_, deadline);
-          timer.async_wait([self](std::error_code ec) {
-            if (!ec) self->stream_slot_freed_.Notify();
-          });
-          while (!self->closed_ && self->my_open_streams_ >= self->peer_limits_.max_concurrent_streams) {
-            if (std::chrono::steady_clock::now() >= deadline) {
-              co_return DeadlineExceeded("call '" + method + "' to " + self->Describe() +
-                                         " waited " + std::to_string(ms.count()) +
-                                         " ms for a free stream slot");
-            }
-            co_await self->stream_slot_freed_.Wait();
-          }
-          timer.cancel();
-          if (self->closed_) co_return self->close_status_;
-        }
-        if (self->next_stream_id_ > UINT32_MAX - 2) {
-          co_return ResourceExhausted("connection to " + self->Describe() + " ran out of stream ids");
-        }
-        uint32_t id = self->next_stream_id_;
-        self->next_stream_id_ += 2;
-        std::shared_ptr<Stream> s(new Stream(self, id, true, method, deadline));
-        ++self->my_open_streams_;
-        s->send_credit_ = self->peer_limits_.stream_window;
-        self->streams_[id] = s;
-        s->deadline_timer_.expires_at(deadline);
-        s->deadline_timer_.async_wait([w = std::weak_ptr<Stream>(s), ms](std::error_code ec) {
-          if (ec) return;
-          if (auto st = w.lock()) {
-            st->Cancel(DeadlineExceeded("call '" + st->method() + "' to peer " + st->peer().Short() +
-                                        " did not complete within " + std::to_string(ms.count()) +
-                                        " ms"));
-          }
-        });
-        proto::CallHeader header;
-        header.set_method(method);
-        header.set_timeout_ms(static_cast<uint64_t>(ms.count()));
-        Bytes payload(header.ByteSizeLong());
-        header.SerializeToArray(payload.data(), static_cast<int>(payload.size()));
-        self->EnqueueControl(FrameType::kOpen, id, std::move(payload));
-        co_return s;
-      };
+        co_await self->stream_slot_freed_.Wait();
+      }
+      timer.cancel();
+      if (self->closed_) co_return self->close_status_;
+    }
+    if (self->next_stream_id_ > UINT32_MAX - 2) {
+      co_return ResourceExhausted("connection to " + self->Describe() + " ran out of stream ids");
+    }
+    uint32_t id = self->next_stream_id_;
+    self->next_stream_id_ += 2;
+    std::shared_ptr<Stream> s(new Stream(self, id, true, method, deadline));
+    ++self->my_open_streams_;
+    s->send_credit_ = self->peer_limits_.stream_window;
+    self->streams_[id] = s;
+    s->deadline_timer_.expires_at(deadline);
+    s->deadline_timer_.async_wait([w = std::weak_ptr<Stream>(s), ms](std::error_code ec) {
+      if (ec) return;
+      if (auto st = w.lock()) {
+        st->Cancel(DeadlineExceeded("call '" + st->method() + "' to peer " + st->peer().Short() +
+                                    " did not complete within " + std::to_string(ms.count()) +
+                                    " ms"));
+      }
+    });
+    proto::CallHeader header;
+    header.set_method(method);
+    header.set_timeout_ms(static_cast<uint64_t>(ms.count()));
+    Bytes payload(header.ByteSizeLong());
+    header.SerializeToArray(payload.data(), static_cast<int>(payload.size()));
+    self->EnqueueControl(FrameType::kOpen, id, std::move(payload));
+    co_return s;
+  };
   // (A named lambda: g++ 12 destroys a temporary closure passed to a coroutine twice.)
   co_return co_await RunOnStrand<Result<std::shared_ptr<Stream>>>(strand_, std::move(fn));
 }
 
-asio::awaitable<Result<std::chrono::nanoseconds>> Connection::Ping(std::chrono::milliseconds timeout) {
+asio::awaitable<Result<std::chrono::nanoseconds>> Connection::Ping(
+    std::chrono::milliseconds timeout) {
   auto self = shared_from_this();
   auto fn = [self, timeout]() -> asio::awaitable<Result<std::chrono::nanoseconds>> {
-        if (self->closed_) co_return self->close_status_;
-        uint64_t nonce = self->next_ping_++;
-        auto done = std::make_shared<Notifier>(self->strand_);
-        self->pings_[nonce] = {std::chrono::steady_clock::now(), std::nullopt, done};
-        Bytes payload;
-        ByteWriter(payload).U64(nonce);
-        self->EnqueueControl(FrameType::kPing, 0, std::move(payload));
-        asio::steady_timer timer(self->strand_, timeout);
-        timer.async_wait([done](std::error_code ec) {
-          if (!ec) done->Notify();
-        });
-        auto deadline = std::chrono::steady_clock::now() + timeout;
-        while (!self->closed_ && !self->pings_[nonce].rtt &&
-               std::chrono::steady_clock::now() < deadline) {
-          co_await done->Wait();
-        }
-        timer.cancel();
-        auto rtt = self->pings_[nonce].rtt;
-        self->pings_.erase(nonce);
-        if (rtt) co_return *rtt;
-        if (self->closed_) co_return self->close_status_;
-        co_return DeadlineExceeded(self->Describe() + " did not answer a ping within " + Ms(timeout));
-      };
+    if (self->closed_) co_return self->close_status_;
+    uint64_t nonce = self->next_ping_++;
+    auto done = std::make_shared<Notifier>(self->strand_);
+    self->pings_[nonce] = {std::chrono::steady_clock::now(), std::nullopt, done};
+    Bytes payload;
+    ByteWriter(payload).U64(nonce);
+    self->EnqueueControl(FrameType::kPing, 0, std::move(payload));
+    asio::steady_timer timer(self->strand_, timeout);
+    timer.async_wait([done](std::error_code ec) {
+      if (!ec) done->Notify();
+    });
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!self->closed_ && !self->pings_[nonce].rtt &&
+           std::chrono::steady_clock::now() < deadline) {
+      co_await done->Wait();
+    }
+    timer.cancel();
+    auto rtt = self->pings_[nonce].rtt;
+    self->pings_.erase(nonce);
+    if (rtt) co_return *rtt;
+    if (self->closed_) co_return self->close_status_;
+    co_return DeadlineExceeded(self->Describe() + " did not answer a ping within " + Ms(timeout));
+  };
   co_return co_await RunOnStrand<Result<std::chrono::nanoseconds>>(strand_, std::move(fn));
 }
 
 asio::awaitable<void> Connection::TickerLoop() {
   using namespace std::chrono;
-  auto tick = std::max(milliseconds(10),
-                       std::min(options_.keepalive_interval, options_.idle_timeout) / 4);
+  auto tick =
+      std::max(milliseconds(10), std::min(options_.keepalive_interval, options_.idle_timeout) / 4);
   while (!closed_) {
     ticker_.expires_after(tick);
     co_await ticker_.async_wait(kUse);

@@ -23,7 +23,6 @@
 #include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -57,7 +56,7 @@ struct ConnectionOptions {
   // Queued control frames (resets, window updates, pongs) beyond which we stop reading.
   size_t max_outgoing_backlog = 4u << 20;
   std::chrono::milliseconds handshake_timeout{10'000};
-  std::chrono::milliseconds idle_timeout{120'000};      // close after this long with no stream
+  std::chrono::milliseconds idle_timeout{120'000};       // close after this long with no stream
   std::chrono::milliseconds keepalive_interval{15'000};  // ping when nothing was received
   std::chrono::milliseconds keepalive_timeout{45'000};   // close when nothing was received
   // Upper bound for a handler's deadline (and the deadline of calls that give none).
@@ -113,10 +112,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     FrameType type;
     uint8_t flags = 0;
     uint32_t stream_id = 0;
-    Bytes payload;                           // control payloads; the BEGIN prefix of DATA
-    std::shared_ptr<OutgoingMessage> data;   // DATA body source
-    std::shared_ptr<Stream> stream;          // DATA: notified when sealed
-    size_t offset = 0, length = 0;           // DATA body range within data->encoded
+    Bytes payload;                          // control payloads; the BEGIN prefix of DATA
+    std::shared_ptr<OutgoingMessage> data;  // DATA body source
+    std::shared_ptr<Stream> stream;         // DATA: notified when sealed
+    size_t offset = 0, length = 0;          // DATA body range within data->encoded
   };
   struct PendingPing {
     SteadyTime sent;

@@ -104,7 +104,8 @@ void RecordSealer::Update(ByteSpan plaintext, RawBuffer& out) {
   out.resize(at + plaintext.size());
   int outl = 0;
   Check(EVP_EncryptUpdate(ctx_, out.data() + at, &outl, plaintext.data(),
-                          static_cast<int>(plaintext.size())), "update");
+                          static_cast<int>(plaintext.size())),
+        "update");
   // GCM is a stream mode: OpenSSL emits exactly as many bytes as it is given.
   seen_ += plaintext.size();
 }

@@ -1,13 +1,11 @@
 #include "net/handshake.h"
 
-#include <asio/experimental/as_tuple.hpp>
 #include <asio/buffer.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/read.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
-
 #include <cstring>
-
 
 namespace colony::net {
 namespace {
@@ -19,7 +17,6 @@ std::string Printable(ByteSpan b) {
   for (uint8_t c : b) s += (c >= 0x20 && c < 0x7f) ? static_cast<char>(c) : '.';
   return s;
 }
-
 
 }  // namespace
 
@@ -34,13 +31,13 @@ asio::awaitable<Result<HandshakeResult>> RunHandshake(asio::ip::tcp::socket& soc
     if (ec == asio::error::operation_aborted) {
       return DeadlineExceeded(peer_desc + " did not complete the handshake in time (" + what + ")");
     }
-    return Unavailable(std::string("handshake with ") + peer_desc + " failed while " + what +
-                       ": " + ec.message());
+    return Unavailable(std::string("handshake with ") + peer_desc + " failed while " + what + ": " +
+                       ec.message());
   };
 
   EphemeralKeyPair eph = EphemeralKeyPair::Generate();
-  Bytes my_hello = EncodeHello(eph.public_key, options.version_major, options.version_minor,
-                               options.agent);
+  Bytes my_hello =
+      EncodeHello(eph.public_key, options.version_major, options.version_minor, options.agent);
   {
     Bytes out(kMagic, kMagic + 8);
     ByteWriter w(out);
@@ -56,7 +53,8 @@ asio::awaitable<Result<HandshakeResult>> RunHandshake(asio::ip::tcp::socket& soc
     if (ec) co_return io_error("reading Hello", ec);
   }
   if (std::memcmp(head, kMagic, 8) != 0) {
-    co_return ProtocolError(peer_desc + " does not speak the Colony protocol (its first bytes were '" +
+    co_return ProtocolError(peer_desc +
+                            " does not speak the Colony protocol (its first bytes were '" +
                             Printable(ByteSpan(head, 8)) + "'); check the address and port");
   }
   ByteReader lr(ByteSpan(head + 8, 4));
@@ -76,8 +74,8 @@ asio::awaitable<Result<HandshakeResult>> RunHandshake(asio::ip::tcp::socket& soc
   auto shared = KeyAgreement(eph.secret_key, peer_hello->ephemeral_key);
   if (!shared.ok()) co_return shared.status().WithContext(peer_desc);
   const bool initiator = options.role == Role::kInitiator;
-  Key32 transcript = initiator ? Hash256({my_hello, peer_hello_bytes})
-                               : Hash256({peer_hello_bytes, my_hello});
+  Key32 transcript =
+      initiator ? Hash256({my_hello, peer_hello_bytes}) : Hash256({peer_hello_bytes, my_hello});
   SessionKeys keys = DeriveSessionKeys(*shared, transcript);
   HandshakeResult result;
   result.sealer = std::make_unique<RecordSealer>(initiator ? keys.initiator_to_responder
@@ -121,9 +119,10 @@ asio::awaitable<Result<HandshakeResult>> RunHandshake(asio::ip::tcp::socket& soc
   auto auth = DecodeAuth(ByteSpan(sealed.data(), sealed_len - kTagSize), peer_role, transcript);
   if (!auth.ok()) co_return auth.status().WithContext(peer_desc);
   if (options.expected_peer && auth->peer != *options.expected_peer) {
-    co_return Unauthenticated(peer_desc + " is peer " + auth->peer.ToString() + ", not the expected " +
-                              options.expected_peer->ToString() +
-                              "; the address may now belong to another peer — check /p2p/ in the address");
+    co_return Unauthenticated(
+        peer_desc + " is peer " + auth->peer.ToString() + ", not the expected " +
+        options.expected_peer->ToString() +
+        "; the address may now belong to another peer — check /p2p/ in the address");
   }
   result.peer = std::move(*auth);
   result.peer_hello = std::move(*peer_hello);

@@ -15,7 +15,6 @@
 
 #include <asio/awaitable.hpp>
 #include <asio/ip/tcp.hpp>
-
 #include <memory>
 #include <optional>
 #include <string>

@@ -3,10 +3,10 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 
-#include <asio/experimental/as_tuple.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
 #include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/ip/address.hpp>
 #include <asio/ip/v6_only.hpp>
 #include <asio/post.hpp>
@@ -41,13 +41,16 @@ std::vector<std::string> InterfaceAddresses(bool v6) {
     int family = i->ifa_addr->sa_family;
     if (family != (v6 ? AF_INET6 : AF_INET)) continue;
     char buf[INET6_ADDRSTRLEN] = {};
-    const void* src = v6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr)
-                         : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr);
+    const void* src =
+        v6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr)
+           : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr);
     if (!inet_ntop(family, src, buf, sizeof(buf))) continue;
     std::string s = buf;
     if (v6 && s.rfind("fe80", 0) == 0) continue;  // link-local needs a scope id; skip
-    if (i->ifa_flags & IFF_LOOPBACK) out.insert(out.begin(), s);
-    else out.push_back(s);
+    if (i->ifa_flags & IFF_LOOPBACK)
+      out.insert(out.begin(), s);
+    else
+      out.push_back(s);
   }
   freeifaddrs(list);
   return out;
@@ -72,7 +75,9 @@ struct Host::PendingDial {
 };
 
 Host::Host(KeyPair identity, HostOptions options)
-    : identity_(std::move(identity)), options_(std::move(options)), dial_strand_(asio::make_strand(io_)) {
+    : identity_(std::move(identity)),
+      options_(std::move(options)),
+      dial_strand_(asio::make_strand(io_)) {
   if (options_.io_threads == 0) options_.io_threads = 1;
 }
 
@@ -99,9 +104,10 @@ Status Host::Start() {
     if (!ec) acceptor->bind(ep, ec);
     if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      std::string hint = ec == asio::error::address_in_use
-                             ? "; another process uses that port: choose another, or 0 for any free port"
-                             : "";
+      std::string hint =
+          ec == asio::error::address_in_use
+              ? "; another process uses that port: choose another, or 0 for any free port"
+              : "";
       return Unavailable("cannot listen on " + addr.ToString() + ": " + ec.message() + hint);
     }
     auto bound = acceptor->local_endpoint(ec);
@@ -189,31 +195,36 @@ StreamHandler Host::LookupHandler(const std::string& method) const {
 }
 
 void Host::RegisterUnary(const std::string& method, UnaryHandler handler) {
-  RegisterStream(method, [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
-    auto request = co_await ctx.stream().Read();
-    if (!request.ok()) co_return request.status();
-    if (!request->has_value()) co_return InvalidArgument("call '" + ctx.method() + "' carried no request");
-    auto response = co_await handler(ctx, std::move(**request));
-    if (!response.ok()) co_return response.status();
-    co_return co_await ctx.stream().Write(*response);
-  });
+  RegisterStream(method,
+                 [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
+                   auto request = co_await ctx.stream().Read();
+                   if (!request.ok()) co_return request.status();
+                   if (!request->has_value())
+                     co_return InvalidArgument("call '" + ctx.method() + "' carried no request");
+                   auto response = co_await handler(ctx, std::move(**request));
+                   if (!response.ok()) co_return response.status();
+                   co_return co_await ctx.stream().Write(*response);
+                 });
 }
 
 void Host::RegisterServerStreaming(const std::string& method, ServerStreamingHandler handler) {
-  RegisterStream(method, [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
-    auto request = co_await ctx.stream().Read();
-    if (!request.ok()) co_return request.status();
-    if (!request->has_value()) co_return InvalidArgument("call '" + ctx.method() + "' carried no request");
-    co_return co_await handler(ctx, std::move(**request));
-  });
+  RegisterStream(method,
+                 [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
+                   auto request = co_await ctx.stream().Read();
+                   if (!request.ok()) co_return request.status();
+                   if (!request->has_value())
+                     co_return InvalidArgument("call '" + ctx.method() + "' carried no request");
+                   co_return co_await handler(ctx, std::move(**request));
+                 });
 }
 
 void Host::RegisterClientStreaming(const std::string& method, ClientStreamingHandler handler) {
-  RegisterStream(method, [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
-    auto response = co_await handler(ctx);
-    if (!response.ok()) co_return response.status();
-    co_return co_await ctx.stream().Write(*response);
-  });
+  RegisterStream(method,
+                 [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
+                   auto response = co_await handler(ctx);
+                   if (!response.ok()) co_return response.status();
+                   co_return co_await ctx.stream().Write(*response);
+                 });
 }
 
 void Host::RegisterBidiStreaming(const std::string& method, BidiStreamingHandler handler) {
@@ -243,10 +254,12 @@ void Host::AddConnection(const std::shared_ptr<Connection>& conn, size_t lane) {
     lanes[lane] = conn;
   } else {
     // Lane taken by a concurrent dial or accept: keep this one in the first free lane.
-    auto free = std::find_if(lanes.begin(), lanes.end(),
-                             [](const auto& c) { return !c || c->closing(); });
-    if (free != lanes.end()) *free = conn;
-    else lanes.push_back(conn);
+    auto free =
+        std::find_if(lanes.begin(), lanes.end(), [](const auto& c) { return !c || c->closing(); });
+    if (free != lanes.end())
+      *free = conn;
+    else
+      lanes.push_back(conn);
   }
 }
 
@@ -336,8 +349,9 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
       socket.close(ignored);
     }
   });
-  auto hs = co_await RunHandshake(socket, MakeHandshakeOptions(Role::kResponder, std::nullopt, remote.ToString()),
-                                  "incoming connection from " + remote.ToString());
+  auto hs = co_await RunHandshake(
+      socket, MakeHandshakeOptions(Role::kResponder, std::nullopt, remote.ToString()),
+      "incoming connection from " + remote.ToString());
   *finished = true;
   timer.cancel();
   if (!hs.ok()) {
@@ -358,10 +372,10 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
       for (auto& c : it->second) lanes_in_use += c && !c->closed();
     }
   }
-  auto conn = Connection::Start(std::move(socket), strand, Role::kResponder, std::move(*hs), remote,
-                                options_.connection,
-                                [this](const std::string& m) { return LookupHandler(m); },
-                                [this](Connection* c) { OnConnectionClosed(c); });
+  auto conn = Connection::Start(
+      std::move(socket), strand, Role::kResponder, std::move(*hs), remote, options_.connection,
+      [this](const std::string& m) { return LookupHandler(m); },
+      [this](Connection* c) { OnConnectionClosed(c); });
   AddConnection(conn, 0);
   if (lanes_in_use >= options_.max_connections_per_peer) {
     conn->Shutdown("too many connections from one peer (limit " +
@@ -378,15 +392,18 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Connect(Multiaddr add
     if (shut_down_) co_return Closed("host is shut down");
     if (!started_) co_return FailedPrecondition("host not started; call Start() first");
     if (lane >= options_.max_connections_per_peer) {
-      co_return InvalidArgument("lane " + std::to_string(lane) + " exceeds the per-peer connection limit");
+      co_return InvalidArgument("lane " + std::to_string(lane) +
+                                " exceeds the per-peer connection limit");
     }
   }
-  auto fn = [this, address = std::move(address), lane] { return ConnectOnDialStrand(address, lane); };
+  auto fn = [this, address = std::move(address), lane] {
+    return ConnectOnDialStrand(address, lane);
+  };
   co_return co_await RunOnStrand<Result<std::shared_ptr<Connection>>>(dial_strand_, std::move(fn));
 }
 
 asio::awaitable<Result<std::shared_ptr<Connection>>> Host::ConnectOnDialStrand(Multiaddr address,
-                                                                                size_t lane) {
+                                                                               size_t lane) {
   std::optional<PeerId> peer = address.peer_id();
   if (!peer) {
     std::lock_guard lock(mu_);
@@ -436,17 +453,21 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
     timer.async_wait([&resolver, resolved](std::error_code e) {
       if (!e && !*resolved) resolver.cancel();
     });
-    auto [ec, results] = co_await resolver.async_resolve(address.host(), std::to_string(address.port()), kUse);
+    auto [ec, results] =
+        co_await resolver.async_resolve(address.host(), std::to_string(address.port()), kUse);
     *resolved = true;
     timer.cancel();
-    if (ec) co_return Unavailable("cannot resolve " + address.host() + " (in " + desc + "): " + ec.message());
+    if (ec)
+      co_return Unavailable("cannot resolve " + address.host() + " (in " + desc +
+                            "): " + ec.message());
     for (const auto& r : results) {
       bool v4 = r.endpoint().address().is_v4();
       if (address.kind() == Multiaddr::HostKind::kDns4 && !v4) continue;
       if (address.kind() == Multiaddr::HostKind::kDns6 && v4) continue;
       endpoints.push_back(r.endpoint());
     }
-    if (endpoints.empty()) co_return Unavailable("no usable address for " + address.host() + " in " + desc);
+    if (endpoints.empty())
+      co_return Unavailable("no usable address for " + address.host() + " in " + desc);
   }
 
   asio::ip::tcp::socket socket(strand);
@@ -483,7 +504,8 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
     ++connection_count_;
   }
   auto hs = co_await RunHandshake(
-      socket, MakeHandshakeOptions(Role::kInitiator, address.peer_id(), FromEndpoint(ep).ToString()),
+      socket,
+      MakeHandshakeOptions(Role::kInitiator, address.peer_id(), FromEndpoint(ep).ToString()),
       "peer " + desc);
   state->finished = true;
   timer.cancel();
@@ -501,10 +523,10 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
     }
     co_return hs.status();
   }
-  auto conn = Connection::Start(std::move(socket), strand, Role::kInitiator, std::move(*hs), address,
-                                options_.connection,
-                                [this](const std::string& m) { return LookupHandler(m); },
-                                [this](Connection* c) { OnConnectionClosed(c); });
+  auto conn = Connection::Start(
+      std::move(socket), strand, Role::kInitiator, std::move(*hs), address, options_.connection,
+      [this](const std::string& m) { return LookupHandler(m); },
+      [this](Connection* c) { OnConnectionClosed(c); });
   AddConnection(conn, lane);
   co_return conn;
 }
@@ -520,16 +542,17 @@ asio::awaitable<Result<Message>> Host::Call(Multiaddr address, std::string metho
   if (!opened.ok()) co_return opened.status();
   auto stream = *opened;
   auto fn = [stream, request = std::move(request)]() -> asio::awaitable<Result<Message>> {
-        Status st = co_await stream->Write(request);
-        if (!st.ok()) co_return st;
-        st = co_await stream->CloseWrite();
-        if (!st.ok()) co_return st;
-        co_return co_await stream->ReadFinal();
-      };
+    Status st = co_await stream->Write(request);
+    if (!st.ok()) co_return st;
+    st = co_await stream->CloseWrite();
+    if (!st.ok()) co_return st;
+    co_return co_await stream->ReadFinal();
+  };
   co_return co_await RunOnStrand<Result<Message>>(stream->strand(), std::move(fn));
 }
 
-asio::awaitable<Result<std::shared_ptr<Stream>>> Host::OpenStream(Multiaddr address, std::string method,
+asio::awaitable<Result<std::shared_ptr<Stream>>> Host::OpenStream(Multiaddr address,
+                                                                  std::string method,
                                                                   CallOptions options) {
   // A pooled connection may start closing (idle timeout, peer shutdown) just as we pick it; then
   // dial once more rather than fail the call.
@@ -541,7 +564,8 @@ asio::awaitable<Result<std::shared_ptr<Stream>>> Host::OpenStream(Multiaddr addr
   }
 }
 
-asio::awaitable<Result<PingResult>> Host::Ping(Multiaddr address, std::chrono::milliseconds timeout) {
+asio::awaitable<Result<PingResult>> Host::Ping(Multiaddr address,
+                                               std::chrono::milliseconds timeout) {
   auto conn = co_await Connect(address, 0);
   if (!conn.ok()) co_return conn.status();
   auto rtt = co_await (*conn)->Ping(timeout);
@@ -558,7 +582,8 @@ asio::awaitable<Result<PingResult>> Host::Ping(Multiaddr address, std::chrono::m
 
 Result<Message> Host::CallSync(const Multiaddr& address, const std::string& method, Message request,
                                CallOptions options) {
-  return asio::co_spawn(io_, Call(address, method, std::move(request), options), asio::use_future).get();
+  return asio::co_spawn(io_, Call(address, method, std::move(request), options), asio::use_future)
+      .get();
 }
 
 Result<PingResult> Host::PingSync(const Multiaddr& address, std::chrono::milliseconds timeout) {

@@ -1,8 +1,9 @@
 // Host: a peer's presence on the network. It listens, dials, authenticates, keeps a pool of
 // connections (one per peer by default, more on request), and serves registered RPC methods.
 //
-//   colony::net::Host host(KeyPair::Generate(), {.listen = {*Multiaddr::Parse("/ip4/0.0.0.0/tcp/0")}});
-//   host.RegisterUnary("echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
+//   colony::net::Host host(KeyPair::Generate(), {.listen =
+//   {*Multiaddr::Parse("/ip4/0.0.0.0/tcp/0")}}); host.RegisterUnary("echo", [](CallContext&,
+//   Message m) -> asio::awaitable<Result<Message>> {
 //     co_return m;
 //   });
 //   COLONY_RETURN_IF_ERROR(host.Start());
@@ -16,11 +17,10 @@
 #include <asio/awaitable.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
-
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -113,8 +113,8 @@ class Host {
                                         CallOptions options = {});
   asio::awaitable<Result<std::shared_ptr<Stream>>> OpenStream(Multiaddr address, std::string method,
                                                               CallOptions options = {});
-  asio::awaitable<Result<PingResult>> Ping(Multiaddr address,
-                                           std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  asio::awaitable<Result<PingResult>> Ping(
+      Multiaddr address, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
   // Coroutine parameters are taken by value so that a call may outlive its arguments.
   // Blocking conveniences. Never call them from the host's own threads.

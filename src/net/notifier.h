@@ -5,8 +5,8 @@
 // before Wait() cannot change before the wait is registered, so no wake-up is lost.
 #pragma once
 
-#include <asio/experimental/as_tuple.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 

@@ -19,10 +19,9 @@
 
 #include <asio/awaitable.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
-#include <asio/io_context.hpp>
-
 #include <deque>
 #include <memory>
 #include <optional>
@@ -97,19 +96,19 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // Receive side.
   std::deque<Inbound> inbound_;
   std::optional<Assembly> partial_;
-  uint64_t recv_unacked_ = 0;  // bytes received and not yet credited (<= our stream window)
+  uint64_t recv_unacked_ = 0;    // bytes received and not yet credited (<= our stream window)
   uint64_t pending_credit_ = 0;  // credited but not yet announced in a WINDOW frame
   bool reader_waiting_ = false;
-  bool remote_done_ = false;   // peer sent CLOSE_WRITE or STATUS
-  Status remote_status_;       // the handler's final status (caller side)
+  bool remote_done_ = false;  // peer sent CLOSE_WRITE or STATUS
+  Status remote_status_;      // the handler's final status (caller side)
 
   // Send side.
   int64_t send_credit_ = 0;
-  bool local_done_ = false;    // we sent CLOSE_WRITE or STATUS
+  bool local_done_ = false;  // we sent CLOSE_WRITE or STATUS
   std::shared_ptr<OutgoingMessage> last_write_;
 
-  Status error_;               // non-OK once the stream is dead
-  bool registered_ = true;     // still in the connection's stream table
+  Status error_;            // non-OK once the stream is dead
+  bool registered_ = true;  // still in the connection's stream table
   Notifier notifier_;
   asio::steady_timer deadline_timer_;
   asio::cancellation_signal handler_cancel_;

@@ -20,7 +20,10 @@ size_t Utf8SequenceLength(std::string_view s) {
   const auto b = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
   const uint8_t c = b(0);
   if (c < 0x80) return 1;
-  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  size_t n = c >= 0xc2 && c <= 0xdf   ? 2
+             : c >= 0xe0 && c <= 0xef ? 3
+             : c >= 0xf0 && c <= 0xf4 ? 4
+                                      : 0;
   if (n == 0 || s.size() < n) return 0;
   for (size_t i = 1; i < n; ++i) {
     if ((b(i) & 0xc0) != 0x80) return 0;
@@ -34,7 +37,8 @@ size_t Utf8SequenceLength(std::string_view s) {
 
 }  // namespace
 
-// At most `max_bytes` of `s` as valid UTF-8: invalid bytes become '?', and a character is never cut.
+// At most `max_bytes` of `s` as valid UTF-8: invalid bytes become '?', and a character is never
+// cut.
 std::string ValidUtf8Prefix(std::string_view s, size_t max_bytes) {
   std::string out;
   out.reserve(std::min(s.size(), max_bytes));
@@ -67,7 +71,8 @@ Result<FrameHeader> DecodeFrameHeader(ByteReader& in) {
   uint64_t length = in.Varint();
   if (!in.ok()) return Malformed("truncated frame header");
   if (!KnownFrameType(type)) return Malformed("unknown frame type " + std::to_string(type));
-  if (stream_id > UINT32_MAX) return Malformed("stream id " + std::to_string(stream_id) + " out of range");
+  if (stream_id > UINT32_MAX)
+    return Malformed("stream id " + std::to_string(stream_id) + " out of range");
   if (length > kMaxFramePayload) {
     return Malformed("payload length " + std::to_string(length) + " exceeds " +
                      std::to_string(kMaxFramePayload));
@@ -115,7 +120,8 @@ Result<std::vector<FrameView>> SplitFrames(ByteSpan record) {
 Result<EncodedMessage> EncodeMessage(const Message& message) {
   if (message.tensors.size() > kMaxTensorsPerMessage) {
     return InvalidArgument("message has " + std::to_string(message.tensors.size()) +
-                           " tensors; at most " + std::to_string(kMaxTensorsPerMessage) + " allowed");
+                           " tensors; at most " + std::to_string(kMaxTensorsPerMessage) +
+                           " allowed");
   }
   EncodedMessage em;
   // First pass: build all small headers, remembering where each one ends so the pieces can be
@@ -135,7 +141,8 @@ Result<EncodedMessage> EncodeMessage(const Message& message) {
       auto n = TensorView::NumElements(t.shape);
       if (!n || *n * DTypeSize(t.dtype) != t.data.size()) {
         return InvalidArgument("raw " + std::string(DTypeName(t.dtype)) + " tensor has " +
-                               std::to_string(t.data.size()) + " bytes, which does not match its shape");
+                               std::to_string(t.data.size()) +
+                               " bytes, which does not match its shape");
       }
     }
     w.U8(static_cast<uint8_t>(t.dtype));
@@ -171,14 +178,17 @@ Result<Message> DecodeMessage(ByteSpan bytes, std::shared_ptr<const void> owner)
   Message m;
   uint64_t meta_len = in.Varint();
   if (!in.ok()) return bad("truncated meta length");
-  if (meta_len > in.remaining()) return bad("meta length " + std::to_string(meta_len) + " runs past the end");
+  if (meta_len > in.remaining())
+    return bad("meta length " + std::to_string(meta_len) + " runs past the end");
   m.meta.assign(AsStringView(in.Raw(meta_len)));
   uint64_t count = in.Varint();
   if (!in.ok()) return bad("truncated tensor count");
-  if (count > kMaxTensorsPerMessage) return bad("tensor count " + std::to_string(count) + " exceeds limit");
+  if (count > kMaxTensorsPerMessage)
+    return bad("tensor count " + std::to_string(count) + " exceeds limit");
   // Each tensor header takes at least 4 bytes: reject counts the remaining bytes cannot hold
   // before reserving anything.
-  if (count * 4 > in.remaining()) return bad("tensor count " + std::to_string(count) + " exceeds the message");
+  if (count * 4 > in.remaining())
+    return bad("tensor count " + std::to_string(count) + " exceeds the message");
   m.tensors.reserve(count);
   for (uint64_t i = 0; i < count; ++i) {
     TensorFrame t;
@@ -187,9 +197,12 @@ Result<Message> DecodeMessage(ByteSpan bytes, std::shared_ptr<const void> owner)
     uint8_t rank = in.U8();
     if (!in.ok()) return bad("truncated tensor header");
     auto dt = DTypeFromWire(dtype);
-    if (!dt) return bad("unknown dtype " + std::to_string(dtype) + " in tensor " + std::to_string(i));
+    if (!dt)
+      return bad("unknown dtype " + std::to_string(dtype) + " in tensor " + std::to_string(i));
     t.dtype = *dt;
-    if (rank > kMaxTensorRank) return bad("tensor rank " + std::to_string(rank) + " exceeds " + std::to_string(kMaxTensorRank));
+    if (rank > kMaxTensorRank)
+      return bad("tensor rank " + std::to_string(rank) + " exceeds " +
+                 std::to_string(kMaxTensorRank));
     t.shape.resize(rank);
     for (auto& d : t.shape) {
       uint64_t v = in.Varint();

@@ -24,11 +24,14 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     int tensor_mib = 16;
   };
   auto args = std::make_shared<DemoArgs>();
-  auto* demo = app.add_subcommand("demo", "run a local swarm of peer processes that find and ping each other");
-  demo->add_option("--peers", args->peers, "number of peer processes")->check(CLI::Range(2, 32))
+  auto* demo = app.add_subcommand(
+      "demo", "run a local swarm of peer processes that find and ping each other");
+  demo->add_option("--peers", args->peers, "number of peer processes")
+      ->check(CLI::Range(2, 32))
       ->capture_default_str();
   demo->add_option("--tensor-mib", args->tensor_mib, "size of the tensor echoed by each peer (MiB)")
-      ->check(CLI::Range(1, 256))->capture_default_str();
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   commands.emplace_back(demo, [args]() -> int {
     using namespace std::chrono;
     const auto t0 = steady_clock::now();
@@ -40,8 +43,8 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     std::string bootstrap;
     int found = 0, expected_found = 0;
     for (int i = 0; i < args->peers; ++i) {
-      std::vector<std::string> argv = {self, "--log-level", "warn", "listen", "--listen",
-                                      "/ip4/127.0.0.1/tcp/0"};
+      std::vector<std::string> argv = {self,     "--log-level", "warn",
+                                       "listen", "--listen",    "/ip4/127.0.0.1/tcp/0"};
       if (i > 0) {
         argv.push_back("--bootstrap");
         argv.push_back(bootstrap);
@@ -49,7 +52,8 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
       auto p = Subprocess::Spawn(argv);
       if (!p.ok()) return Fail(p.status());
       auto line = p->ReadLine(seconds(10));
-      if (!line.ok()) return Fail(line.status().WithContext("peer " + std::to_string(i) + " did not start"));
+      if (!line.ok())
+        return Fail(line.status().WithContext("peer " + std::to_string(i) + " did not start"));
       auto addr = Multiaddr::Parse(*line);
       if (!addr.ok()) return Fail(addr.status());
       std::printf("  peer %d  %s\n", i, line->c_str());
@@ -68,8 +72,9 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     std::fflush(stdout);
 
     // Exchange a tensor with every peer: it is encrypted, echoed and checked byte for byte.
-    std::printf("\nEchoing a %d MiB float32 tensor through every peer (authenticated, AES-256-GCM):\n",
-                args->tensor_mib);
+    std::printf(
+        "\nEchoing a %d MiB float32 tensor through every peer (authenticated, AES-256-GCM):\n",
+        args->tensor_mib);
     net::Host host(KeyPair::Generate(), net::HostOptions{});
     if (Status st = host.Start(); !st.ok()) return Fail(st);
     std::vector<float> data(static_cast<size_t>(args->tensor_mib) << 18);
@@ -106,14 +111,18 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
       auto code = peers[i].Wait(seconds(10));
       bool ok = code.ok() && *code == 0;
       clean += ok;
-      std::printf("  peer %zu  %s\n", i, ok ? "exited cleanly" : (code.ok() ? ("exit code " + std::to_string(*code)).c_str() : code.status().ToString().c_str()));
+      std::printf("  peer %zu  %s\n", i,
+                  ok ? "exited cleanly"
+                     : (code.ok() ? ("exit code " + std::to_string(*code)).c_str()
+                                  : code.status().ToString().c_str()));
     }
     double total = duration<double>(steady_clock::now() - t0).count();
-    std::printf("\nSummary: %d peers; %d of %d discovery pings answered; %d of %zu tensor echoes verified; "
-                "%.1f MB sent, %.1f MB received by the demo; %d of %zu peers shut down cleanly; %.1f s\n",
-                args->peers, found, expected_found, ok_echoes, addrs.size(),
-                static_cast<double>(stats.bytes_sent) / 1e6, static_cast<double>(stats.bytes_received) / 1e6,
-                clean, peers.size(), total);
+    std::printf(
+        "\nSummary: %d peers; %d of %d discovery pings answered; %d of %zu tensor echoes verified; "
+        "%.1f MB sent, %.1f MB received by the demo; %d of %zu peers shut down cleanly; %.1f s\n",
+        args->peers, found, expected_found, ok_echoes, addrs.size(),
+        static_cast<double>(stats.bytes_sent) / 1e6,
+        static_cast<double>(stats.bytes_received) / 1e6, clean, peers.size(), total);
     bool success = found == expected_found && ok_echoes == static_cast<int>(addrs.size()) &&
                    clean == static_cast<int>(peers.size());
     if (!success) return Fail("demo finished with failures (see above)");

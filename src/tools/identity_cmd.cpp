@@ -10,7 +10,8 @@
 namespace colony::cli {
 
 void AddIdentityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
-  auto* identity = app.add_subcommand("identity", "create or inspect a peer identity (Ed25519 key)");
+  auto* identity =
+      app.add_subcommand("identity", "create or inspect a peer identity (Ed25519 key)");
   identity->require_subcommand(1);
 
   struct NewArgs {
@@ -36,7 +37,7 @@ void AddIdentityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command
   commands.emplace_back(show, [show_path] {
     auto kp = KeyPair::Load(*show_path);
     if (!kp.ok()) return Fail(kp.status());
-    struct stat st{};
+    struct stat st {};
     if (::stat(show_path->c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
       std::fprintf(stderr, "colony: warning: %s is readable by other users; run 'chmod 600 %s'\n",
                    show_path->c_str(), show_path->c_str());

@@ -8,7 +8,9 @@
 
 namespace colony::cli {
 
-int Fail(const Status& status) { return Fail(status.message().empty() ? status.ToString() : status.message()); }
+int Fail(const Status& status) {
+  return Fail(status.message().empty() ? status.ToString() : status.message());
+}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "colony: error: %s\n", message.c_str());
@@ -37,13 +39,15 @@ std::string WaitForTerminationSignal() {
 
 int main(int argc, char** argv) {
   using namespace colony::cli;
-  CLI::App app{"Colony: train and run large neural networks together over the Internet.\n"
-               "Peers find each other, authenticate, and exchange tensors over encrypted connections."};
+  CLI::App app{
+      "Colony: train and run large neural networks together over the Internet.\n"
+      "Peers find each other, authenticate, and exchange tensors over encrypted connections."};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("colony ") + COLONY_VERSION_STRING);
   std::string log_level;
-  app.add_option("--log-level", log_level,
-                 "log level: trace, debug, info, warn, error, critical, off (default: $COLONY_LOG or info)");
+  app.add_option(
+      "--log-level", log_level,
+      "log level: trace, debug, info, warn, error, critical, off (default: $COLONY_LOG or info)");
 
   std::vector<std::pair<CLI::App*, Command>> commands;
   AddIdentityCommands(app, commands);

@@ -38,21 +38,22 @@ constexpr char kAnnounceMethod[] = "colony.directory.announce";
 void RegisterDirectory(net::Host& host, const std::string& self) {
   auto known = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
   known->second.insert(self);
-  host.RegisterUnary(kAnnounceMethod,
-                     [known](net::CallContext& ctx, net::Message req) -> asio::awaitable<Result<net::Message>> {
-                       auto addr = Multiaddr::Parse(req.meta);
-                       if (!addr.ok()) co_return addr.status();
-                       if (!addr->peer_id() || *addr->peer_id() != ctx.peer()) {
-                         co_return PermissionDenied("a peer may only announce its own address");
-                       }
-                       std::string all;
-                       {
-                         std::lock_guard lock(known->first);
-                         if (known->second.size() < 10'000) known->second.insert(addr->ToString());
-                         for (const auto& a : known->second) all += a + "\n";
-                       }
-                       co_return net::Message(std::move(all));
-                     });
+  host.RegisterUnary(
+      kAnnounceMethod,
+      [known](net::CallContext& ctx, net::Message req) -> asio::awaitable<Result<net::Message>> {
+        auto addr = Multiaddr::Parse(req.meta);
+        if (!addr.ok()) co_return addr.status();
+        if (!addr->peer_id() || *addr->peer_id() != ctx.peer()) {
+          co_return PermissionDenied("a peer may only announce its own address");
+        }
+        std::string all;
+        {
+          std::lock_guard lock(known->first);
+          if (known->second.size() < 10'000) known->second.insert(addr->ToString());
+          for (const auto& a : known->second) all += a + "\n";
+        }
+        co_return net::Message(std::move(all));
+      });
 }
 
 }  // namespace
@@ -69,8 +70,9 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
       "run a peer: print the addresses others can dial (one per line), serve until SIGINT/SIGTERM");
   listen->add_option("--listen", la->listen, "address to listen on (repeatable; port 0 = any)")
       ->capture_default_str();
-  listen->add_option("--bootstrap", la->bootstrap,
-                     "peer to announce ourselves to; we then ping every peer it knows (repeatable)");
+  listen->add_option(
+      "--bootstrap", la->bootstrap,
+      "peer to announce ourselves to; we then ping every peer it knows (repeatable)");
   listen->add_option("--identity", la->identity, "identity file (default: a new random identity)");
   commands.emplace_back(listen, [la]() -> int {
     auto listen_addrs = ParseAll(la->listen);
@@ -84,9 +86,11 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
     net::HostOptions options;
     options.listen = *listen_addrs;
     net::Host host(std::move(*identity), options);
-    host.RegisterUnary("colony.echo", [](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
-      co_return m;
-    });
+    host.RegisterUnary(
+        "colony.echo",
+        [](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
+          co_return m;
+        });
     if (Status st = host.Start(); !st.ok()) return Fail(st);
     if (host.ListenAddresses().empty()) return Fail("no usable listen address");
     RegisterDirectory(host, host.ListenAddresses().front().ToString());
@@ -115,7 +119,8 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
           std::printf("found %s: rtt %.3f ms, protocol %u.%u\n", ping->peer.ToString().c_str(),
                       Millis(ping->rtt), ping->version_major, ping->version_minor);
         } else {
-          std::printf("found %s: unreachable: %s\n", line.c_str(), ping.status().ToString().c_str());
+          std::printf("found %s: unreachable: %s\n", line.c_str(),
+                      ping.status().ToString().c_str());
         }
         std::fflush(stdout);
       }
@@ -132,13 +137,17 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
     double timeout = 5;
   };
   auto pa = std::make_shared<PingArgs>();
-  auto* ping = app.add_subcommand("ping", "dial a peer, authenticate it, and measure the round-trip time");
-  ping->add_option("address", pa->address, "peer address, e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...")
+  auto* ping =
+      app.add_subcommand("ping", "dial a peer, authenticate it, and measure the round-trip time");
+  ping->add_option("address", pa->address,
+                   "peer address, e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...")
       ->required();
-  ping->add_option("-c,--count", pa->count, "number of pings")->check(CLI::Range(1, 1000))
+  ping->add_option("-c,--count", pa->count, "number of pings")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   ping->add_option("--timeout", pa->timeout, "seconds to wait for the peer")
-      ->check(CLI::Range(0.001, 3600.0))->capture_default_str();
+      ->check(CLI::Range(0.001, 3600.0))
+      ->capture_default_str();
   commands.emplace_back(ping, [pa]() -> int {
     auto addr = Multiaddr::Parse(pa->address);
     if (!addr.ok()) return Fail(addr.status());

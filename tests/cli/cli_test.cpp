@@ -51,9 +51,7 @@ void WriteFile(const std::string& path, const std::string& text) {
   out << text;
 }
 
-bool StartsWith(const std::string& s, const std::string& prefix) {
-  return s.rfind(prefix, 0) == 0;
-}
+bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -185,8 +183,7 @@ class CliTest : public ::testing::Test {
     }
     auto line = p->ReadLine(seconds(10));
     if (!line.ok()) {
-      ADD_FAILURE() << "listener printed no address: " << line.status().ToString()
-                    << "\nstderr:\n"
+      ADD_FAILURE() << "listener printed no address: " << line.status().ToString() << "\nstderr:\n"
                     << ReadFile(err_path);
       return std::nullopt;
     }
@@ -330,7 +327,7 @@ TEST_F(CliTest, IdentityNewCreatesPrivateFileAndShowPrintsSameId) {
   const std::string id = r.out[0];
   EXPECT_TRUE(StartsWith(id, kPeerIdPrefix)) << id;
 
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(file.c_str(), &st), 0) << file;
   EXPECT_EQ(st.st_mode & 0777, 0600u) << std::oct << (st.st_mode & 0777);
 
@@ -364,7 +361,7 @@ TEST_F(CliTest, IdentityNewRefusesToOverwriteUnlessForced) {
   ASSERT_EQ(show.out.size(), 1u) << show.Describe();
   EXPECT_EQ(show.out[0], forced.out[0]);
 
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(file.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }

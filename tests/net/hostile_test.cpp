@@ -1,12 +1,11 @@
 // Hostile peers against a real Host over loopback sockets: garbage, truncated, replayed and
 // tampered handshakes and records, protocol violations, resource exhaustion, and a peer that
 // stops reading. After every attack the server must still serve an honest client.
+#include <algorithm>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
-
-#include <algorithm>
 #include <atomic>
 #include <random>
 
@@ -47,10 +46,11 @@ HostOptions ServerOptions() {
 std::unique_ptr<Host> StartServer(HostOptions options = ServerOptions(),
                                   std::atomic<int>* echo_calls = nullptr) {
   auto server = StartHost(std::move(options));
-  server->RegisterUnary("echo", [echo_calls](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
-    if (echo_calls) ++*echo_calls;
-    co_return m;
-  });
+  server->RegisterUnary("echo",
+                        [echo_calls](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
+                          if (echo_calls) ++*echo_calls;
+                          co_return m;
+                        });
   return server;
 }
 
@@ -92,10 +92,12 @@ Result<std::string> RawEcho(RawPeer& r, uint32_t id, const std::string& text) {
   Status final_status = Internal("no final status");
   bool ended = r.ReadFramesUntil([&](const FrameView& f) {
     if (f.header.stream_id != id) return false;
-    if (f.header.type == FrameType::kData) data.insert(data.end(), f.payload.begin(), f.payload.end());
+    if (f.header.type == FrameType::kData)
+      data.insert(data.end(), f.payload.begin(), f.payload.end());
     if (f.header.type == FrameType::kStatus || f.header.type == FrameType::kReset) {
       final_status = DecodeStatus(f.payload);
-      if (f.header.type == FrameType::kReset && final_status.ok()) final_status = Cancelled("reset");
+      if (f.header.type == FrameType::kReset && final_status.ok())
+        final_status = Cancelled("reset");
       return true;
     }
     return false;
@@ -191,7 +193,8 @@ TEST(Hostile, ReplayedHandshakeIsRefused) {
   ASSERT_TRUE(relay.ok());
   {
     auto client = StartHost(HostOptions{});
-    auto reply = client->CallSync(relay.address(), "echo", Message("original"), CallOptions{.timeout = 5s});
+    auto reply =
+        client->CallSync(relay.address(), "echo", Message("original"), CallOptions{.timeout = 5s});
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
     EXPECT_EQ(reply->meta, "original");
   }  // the client shuts down, which ends the relayed session
@@ -361,7 +364,8 @@ TEST(Hostile, PeerThatStopsReadingStallsTheWriter) {
   auto payload = std::make_shared<std::vector<uint8_t>>(kMsg, 0xab);
   auto server = StartServer();
   server->RegisterServerStreaming(
-      "flood", [&written, &finished, payload](CallContext& ctx, Message) -> asio::awaitable<Status> {
+      "flood",
+      [&written, &finished, payload](CallContext& ctx, Message) -> asio::awaitable<Status> {
         Message m("chunk");
         TensorFrame t;
         t.dtype = DType::kUInt8;
@@ -407,15 +411,17 @@ TEST(Hostile, PeerThatStopsReadingStallsTheWriter) {
 
 TEST(Hostile, HandlerThrowingMidStreamFailsOnlyThatCall) {
   auto server = StartServer();
-  server->RegisterServerStreaming("three_then_throw", [](CallContext& ctx, Message) -> asio::awaitable<Status> {
-    for (int i = 0; i < 3; ++i) {
-      COLONY_CO_RETURN_IF_ERROR(co_await ctx.stream().Write(Message(std::to_string(i))));
-    }
-    throw std::runtime_error("boom after three");
-  });
+  server->RegisterServerStreaming(
+      "three_then_throw", [](CallContext& ctx, Message) -> asio::awaitable<Status> {
+        for (int i = 0; i < 3; ++i) {
+          COLONY_CO_RETURN_IF_ERROR(co_await ctx.stream().Write(Message(std::to_string(i))));
+        }
+        throw std::runtime_error("boom after three");
+      });
   auto client = StartHost(HostOptions{});
   auto got = RunFor(*client, [&]() -> asio::awaitable<Result<int>> {
-    auto s = co_await client->OpenStream(AddressOf(*server), "three_then_throw", CallOptions{.timeout = 5s});
+    auto s = co_await client->OpenStream(AddressOf(*server), "three_then_throw",
+                                         CallOptions{.timeout = 5s});
     if (!s.ok()) co_return s.status();
     COLONY_CO_RETURN_IF_ERROR(co_await (*s)->Write(Message("go")));
     COLONY_CO_RETURN_IF_ERROR(co_await (*s)->CloseWrite());
@@ -423,7 +429,9 @@ TEST(Hostile, HandlerThrowingMidStreamFailsOnlyThatCall) {
     for (;;) {
       auto m = co_await (*s)->Read();
       if (!m.ok()) {
-        if (n != 3) co_return Internal("error after " + std::to_string(n) + " messages: " + m.status().ToString());
+        if (n != 3)
+          co_return Internal("error after " + std::to_string(n) +
+                             " messages: " + m.status().ToString());
         co_return m.status();
       }
       if (!m->has_value()) co_return Internal("the stream ended cleanly");
@@ -433,10 +441,12 @@ TEST(Hostile, HandlerThrowingMidStreamFailsOnlyThatCall) {
   }());
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::kInternal) << got.status().ToString();
-  EXPECT_NE(got.status().message().find("boom after three"), std::string::npos) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("boom after three"), std::string::npos)
+      << got.status().ToString();
   ExpectServes(*server);
   // The same client connection still works.
-  auto again = client->CallSync(AddressOf(*server), "echo", Message("same connection"), CallOptions{.timeout = 5s});
+  auto again = client->CallSync(AddressOf(*server), "echo", Message("same connection"),
+                                CallOptions{.timeout = 5s});
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(client->connection_count(), 1u);
 }
@@ -473,7 +483,8 @@ TEST(Hostile, DataBeyondTheStreamWindowClosesTheConnection) {
     AppendFrame(over, FrameType::kData, 0, 1, Bytes(overflow_chunk, 0x5c));
     (void)r.SendRecord(over, 2s);
     EXPECT_TRUE(r.WaitClosed(5s)) << "DATA beyond the flow-control window was accepted";
-    EXPECT_TRUE(WaitUntil([&] { return ended.load() == before + 1; }, 5s)) << "the handler was not cancelled";
+    EXPECT_TRUE(WaitUntil([&] { return ended.load() == before + 1; }, 5s))
+        << "the handler was not cancelled";
   }
   ExpectServes(*server);
 }
@@ -545,21 +556,27 @@ TEST(Hostile, HandlerErrorWithArbitraryBytesKeepsItsCode) {
   std::string long_text;
   while (long_text.size() < 5000) long_text += "\xe2\x82\xac";  // U+20AC, 3 bytes: the cap cuts one
   auto server = StartServer();
-  server->RegisterUnary("fail", [long_text](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
-    if (m.meta == "binary") co_return NotFound("no key \xff\xfe\x80 here");
-    co_return NotFound(long_text);
-  });
+  server->RegisterUnary("fail",
+                        [long_text](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
+                          if (m.meta == "binary") co_return NotFound("no key \xff\xfe\x80 here");
+                          co_return NotFound(long_text);
+                        });
   auto client = StartHost(HostOptions{});
-  auto binary = client->CallSync(AddressOf(*server), "fail", Message("binary"), CallOptions{.timeout = 5s});
+  auto binary =
+      client->CallSync(AddressOf(*server), "fail", Message("binary"), CallOptions{.timeout = 5s});
   ASSERT_FALSE(binary.ok());
   EXPECT_EQ(binary.status().code(), StatusCode::kNotFound) << binary.status().ToString();
-  EXPECT_NE(binary.status().message().find("no key"), std::string::npos) << binary.status().ToString();
-  auto long_reply = client->CallSync(AddressOf(*server), "fail", Message("long"), CallOptions{.timeout = 5s});
+  EXPECT_NE(binary.status().message().find("no key"), std::string::npos)
+      << binary.status().ToString();
+  auto long_reply =
+      client->CallSync(AddressOf(*server), "fail", Message("long"), CallOptions{.timeout = 5s});
   ASSERT_FALSE(long_reply.ok());
-  EXPECT_EQ(long_reply.status().code(), StatusCode::kNotFound) << long_reply.status().ToString().substr(0, 200);
+  EXPECT_EQ(long_reply.status().code(), StatusCode::kNotFound)
+      << long_reply.status().ToString().substr(0, 200);
   EXPECT_GT(long_reply.status().message().size(), 3000u);
   EXPECT_LE(long_reply.status().message().size(), 4000u);
-  EXPECT_EQ(long_reply.status().message(), long_text.substr(0, long_reply.status().message().size()));
+  EXPECT_EQ(long_reply.status().message(),
+            long_text.substr(0, long_reply.status().message().size()));
   ExpectServes(*server);
 }
 
@@ -570,7 +587,8 @@ TEST(Hostile, ProtocolVersionMismatchNamesBothVersions) {
   options.protocol_major = 2;
   auto server = StartServer(options);
   auto client = StartHost(HostOptions{});
-  auto reply = client->CallSync(AddressOf(*server), "echo", Message("hi"), CallOptions{.timeout = 5s});
+  auto reply =
+      client->CallSync(AddressOf(*server), "echo", Message("hi"), CallOptions{.timeout = 5s});
   ASSERT_FALSE(reply.ok());
   EXPECT_EQ(reply.status().code(), StatusCode::kFailedPrecondition) << reply.status().ToString();
   EXPECT_NE(reply.status().message().find("2.0"), std::string::npos) << reply.status().ToString();
@@ -593,7 +611,8 @@ TEST(Hostile, WrongExpectedPeerIdIsUnauthenticated) {
   EXPECT_EQ(reply.status().code(), StatusCode::kUnauthenticated) << reply.status().ToString();
   EXPECT_NE(reply.status().message().find(server->peer_id().ToString()), std::string::npos)
       << reply.status().ToString();
-  EXPECT_NE(reply.status().message().find(other.ToString()), std::string::npos) << reply.status().ToString();
+  EXPECT_NE(reply.status().message().find(other.ToString()), std::string::npos)
+      << reply.status().ToString();
   EXPECT_EQ(client->connection_count(), 0u);
   ExpectServes(*server);
 }

@@ -37,7 +37,8 @@ TEST(Liveness, IdleConnectionIsClosed) {
   HostOptions opts = testing::LoopbackOptions();
   opts.connection.idle_timeout = 200ms;
   auto server = StartHost(opts);
-  server->RegisterUnary("echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
+  server->RegisterUnary(
+      "echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
   HostOptions client_opts;
   client_opts.connection.idle_timeout = 200ms;
   auto client = StartHost(client_opts);
@@ -88,7 +89,8 @@ TEST(Liveness, FrozenPeerProcessIsDetectedByKeepalive) {
   peer->Signal(SIGCONT);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("stopped responding"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("stopped responding"), std::string::npos)
+      << r.status().ToString();
   EXPECT_LT(waited, 10s) << "keepalive should notice long before the 30 s call deadline";
 }
 

@@ -1,7 +1,6 @@
 // RPC over real loopback sockets: unary and streaming calls, errors, deadlines, cancellation.
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
-
 #include <atomic>
 #include <numeric>
 
@@ -34,9 +33,10 @@ TEST(Rpc, UnaryEcho) {
 
 TEST(Rpc, HandlerSeesCallerIdentity) {
   auto server = StartHost();
-  server->RegisterUnary("whoami", [](CallContext& ctx, Message) -> asio::awaitable<Result<Message>> {
-    co_return Message(ctx.peer().ToString());
-  });
+  server->RegisterUnary("whoami",
+                        [](CallContext& ctx, Message) -> asio::awaitable<Result<Message>> {
+                          co_return Message(ctx.peer().ToString());
+                        });
   auto client = StartHost();
   auto reply = client->CallSync(AddressOf(*server), "whoami", Message());
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
@@ -109,7 +109,8 @@ TEST(Rpc, HandlerThatThrowsGivesInternalErrorAndServerKeepsServing) {
     throw std::runtime_error("boom");
     co_return Message();
   });
-  server->RegisterUnary("ok", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
+  server->RegisterUnary(
+      "ok", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
   auto client = StartHost();
   auto reply = client->CallSync(AddressOf(*server), "throw", Message());
   ASSERT_FALSE(reply.ok());
@@ -131,14 +132,15 @@ TEST(Rpc, UnknownMethodIsUnimplemented) {
 
 TEST(Rpc, ServerStreaming) {
   auto server = StartHost();
-  server->RegisterServerStreaming("count", [](CallContext& ctx, Message m) -> asio::awaitable<Status> {
-    int n = std::stoi(m.meta);
-    for (int i = 0; i < n; ++i) {
-      Status st = co_await ctx.stream().Write(Message(std::to_string(i)));
-      if (!st.ok()) co_return st;
-    }
-    co_return Status::Ok();
-  });
+  server->RegisterServerStreaming(
+      "count", [](CallContext& ctx, Message m) -> asio::awaitable<Status> {
+        int n = std::stoi(m.meta);
+        for (int i = 0; i < n; ++i) {
+          Status st = co_await ctx.stream().Write(Message(std::to_string(i)));
+          if (!st.ok()) co_return st;
+        }
+        co_return Status::Ok();
+      });
   auto client = StartHost();
   auto got = RunFor(*client, [&]() -> asio::awaitable<Result<int>> {
     auto s = co_await client->OpenStream(AddressOf(*server), "count");
@@ -161,21 +163,23 @@ TEST(Rpc, ServerStreaming) {
 
 TEST(Rpc, ClientStreaming) {
   auto server = StartHost();
-  server->RegisterClientStreaming("total", [](CallContext& ctx) -> asio::awaitable<Result<Message>> {
-    long total = 0;
-    for (;;) {
-      auto m = co_await ctx.stream().Read();
-      if (!m.ok()) co_return m.status();
-      if (!m->has_value()) break;
-      total += std::stol((*m)->meta);
-    }
-    co_return Message(std::to_string(total));
-  });
+  server->RegisterClientStreaming("total",
+                                  [](CallContext& ctx) -> asio::awaitable<Result<Message>> {
+                                    long total = 0;
+                                    for (;;) {
+                                      auto m = co_await ctx.stream().Read();
+                                      if (!m.ok()) co_return m.status();
+                                      if (!m->has_value()) break;
+                                      total += std::stol((*m)->meta);
+                                    }
+                                    co_return Message(std::to_string(total));
+                                  });
   auto client = StartHost();
   auto got = RunFor(*client, [&]() -> asio::awaitable<Result<Message>> {
     auto s = co_await client->OpenStream(AddressOf(*server), "total");
     if (!s.ok()) co_return s.status();
-    for (int i = 1; i <= 1000; ++i) COLONY_CO_RETURN_IF_ERROR(co_await (*s)->Write(Message(std::to_string(i))));
+    for (int i = 1; i <= 1000; ++i)
+      COLONY_CO_RETURN_IF_ERROR(co_await (*s)->Write(Message(std::to_string(i))));
     COLONY_CO_RETURN_IF_ERROR(co_await (*s)->CloseWrite());
     co_return co_await (*s)->ReadFinal();
   }());
@@ -190,7 +194,8 @@ TEST(Rpc, BidirectionalPingPong) {
       auto m = co_await ctx.stream().Read();
       if (!m.ok()) co_return m.status();
       if (!m->has_value()) co_return Status::Ok();
-      COLONY_CO_RETURN_IF_ERROR(co_await ctx.stream().Write(Message(std::to_string(2 * std::stoi((*m)->meta)))));
+      COLONY_CO_RETURN_IF_ERROR(
+          co_await ctx.stream().Write(Message(std::to_string(2 * std::stoi((*m)->meta)))));
     }
   });
   auto client = StartHost();
@@ -243,7 +248,8 @@ TEST(Rpc, DeadlineReachesCallerAndHandler) {
   ASSERT_EQ(fut.wait_for(10s), std::future_status::ready) << "handler never saw the deadline";
   Status hs = fut.get();
   EXPECT_FALSE(hs.ok());
-  EXPECT_TRUE(hs.code() == StatusCode::kDeadlineExceeded || hs.code() == StatusCode::kCancelled) << hs.ToString();
+  EXPECT_TRUE(hs.code() == StatusCode::kDeadlineExceeded || hs.code() == StatusCode::kCancelled)
+      << hs.ToString();
 }
 
 TEST(Rpc, CancellationReachesHandler) {
@@ -274,12 +280,13 @@ TEST(Rpc, CallerCoroutineCancellationCancelsTheCall) {
   using namespace asio::experimental::awaitable_operators;
   auto server = StartHost();
   std::promise<void> handler_cancelled;
-  server->RegisterUnary("forever", [&](CallContext& ctx, Message) -> asio::awaitable<Result<Message>> {
-    asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::hours(1));
-    co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
-    if (ctx.cancelled()) handler_cancelled.set_value();
-    co_return Message();
-  });
+  server->RegisterUnary(
+      "forever", [&](CallContext& ctx, Message) -> asio::awaitable<Result<Message>> {
+        asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::hours(1));
+        co_await t.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        if (ctx.cancelled()) handler_cancelled.set_value();
+        co_return Message();
+      });
   auto client = StartHost();
   auto result = RunFor(*client, [&]() -> asio::awaitable<int> {
     asio::steady_timer t(co_await asio::this_coro::executor, 200ms);
@@ -302,7 +309,8 @@ TEST(Rpc, ManyConcurrentCalls) {
   auto addr = AddressOf(*server);
   std::vector<std::future<Result<Message>>> futs;
   for (int i = 0; i < 500; ++i) {
-    futs.push_back(asio::co_spawn(client->io_context(), client->Call(addr, "inc", Message(std::to_string(i))),
+    futs.push_back(asio::co_spawn(client->io_context(),
+                                  client->Call(addr, "inc", Message(std::to_string(i))),
                                   asio::use_future));
   }
   for (int i = 0; i < 500; ++i) {
@@ -323,8 +331,8 @@ TEST(Rpc, ShutdownFailsInFlightCallsWithClosed) {
     co_return Message();
   });
   auto client = StartHost();
-  auto fut = asio::co_spawn(client->io_context(), client->Call(AddressOf(*server), "block", Message()),
-                            asio::use_future);
+  auto fut = asio::co_spawn(client->io_context(),
+                            client->Call(AddressOf(*server), "block", Message()), asio::use_future);
   ASSERT_EQ(started.get_future().wait_for(10s), std::future_status::ready);
   server->Shutdown();
   ASSERT_EQ(fut.wait_for(10s), std::future_status::ready);
@@ -351,15 +359,16 @@ TEST(Rpc, ServerCanCallBackOverTheSameConnection) {
     co_return Message("from the client");
   });
   std::promise<Result<Message>> back;
-  server->RegisterUnary("callback", [&](CallContext& ctx, Message) -> asio::awaitable<Result<Message>> {
-    auto conn = server->FindConnection(ctx.peer());
-    if (!conn) co_return Internal("no connection");
-    auto s = co_await conn->OpenStream("hello", 5000ms);
-    if (!s.ok()) co_return s.status();
-    COLONY_CO_RETURN_IF_ERROR(co_await (*s)->Write(Message()));
-    COLONY_CO_RETURN_IF_ERROR(co_await (*s)->CloseWrite());
-    co_return co_await (*s)->ReadFinal();
-  });
+  server->RegisterUnary("callback",
+                        [&](CallContext& ctx, Message) -> asio::awaitable<Result<Message>> {
+                          auto conn = server->FindConnection(ctx.peer());
+                          if (!conn) co_return Internal("no connection");
+                          auto s = co_await conn->OpenStream("hello", 5000ms);
+                          if (!s.ok()) co_return s.status();
+                          COLONY_CO_RETURN_IF_ERROR(co_await (*s)->Write(Message()));
+                          COLONY_CO_RETURN_IF_ERROR(co_await (*s)->CloseWrite());
+                          co_return co_await (*s)->ReadFinal();
+                        });
   auto r = client->CallSync(AddressOf(*server), "callback", Message());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->meta, "from the client");
@@ -367,7 +376,8 @@ TEST(Rpc, ServerCanCallBackOverTheSameConnection) {
 
 TEST(Rpc, LanesOpenSeparateConnections) {
   auto server = StartHost();
-  server->RegisterUnary("echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
+  server->RegisterUnary(
+      "echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
   auto client = StartHost();
   for (size_t lane = 0; lane < 3; ++lane) {
     auto r = client->CallSync(AddressOf(*server), "echo", Message("x"), CallOptions{.lane = lane});

@@ -5,7 +5,6 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
-
 #include <chrono>
 #include <future>
 #include <memory>
