@@ -36,7 +36,6 @@
 namespace colony::net {
 
 class Connection;
-struct OutgoingMessage;
 
 class Stream : public std::enable_shared_from_this<Stream> {
  public:
@@ -105,7 +104,6 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // Send side.
   int64_t send_credit_ = 0;
   bool local_done_ = false;  // we sent CLOSE_WRITE or STATUS
-  std::shared_ptr<OutgoingMessage> last_write_;
 
   Status error_;            // non-OK once the stream is dead
   bool registered_ = true;  // still in the connection's stream table

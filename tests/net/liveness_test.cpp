@@ -3,6 +3,8 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include "core/subprocess.h"
 #include "net/test_util.h"
@@ -23,6 +25,14 @@ bool WaitUntil(F cond, std::chrono::milliseconds limit) {
     std::this_thread::sleep_for(5ms);
   }
   return true;
+}
+
+// The state letter of a process from /proc/<pid>/stat ('T' when stopped), or '?'.
+char ProcessState(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');  // the command name may contain spaces and parentheses
+  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
 }
 
 // The colony binary: $COLONY_BIN (set by ctest), else next to this test binary.
@@ -83,6 +93,9 @@ TEST(Liveness, FrozenPeerProcessIsDetectedByKeepalive) {
   ASSERT_TRUE(ping.ok()) << ping.status().ToString();
 
   peer->Signal(SIGSTOP);  // the process is alive and its socket open, but it answers nothing
+  // Signals are delivered asynchronously: wait until the kernel reports the process stopped.
+  ASSERT_TRUE(WaitUntil([&] { return ProcessState(peer->pid()) == 'T'; }, 5000ms))
+      << "peer process did not stop";
   auto start = std::chrono::steady_clock::now();
   auto r = client->CallSync(*addr, "colony.echo", Message("hello?"), CallOptions{.timeout = 30s});
   auto waited = std::chrono::steady_clock::now() - start;
