@@ -56,6 +56,16 @@ std::vector<std::string> InterfaceAddresses(bool v6) {
   return out;
 }
 
+// The one request of a unary or server-streaming call.
+asio::awaitable<Result<Message>> ReadRequest(CallContext& ctx) {
+  auto request = co_await ctx.stream().Read();
+  if (!request.ok()) co_return request.status();
+  if (!request->has_value()) {
+    co_return InvalidArgument("call '" + ctx.method() + "' carried no request");
+  }
+  co_return std::move(**request);
+}
+
 std::string ConnectErrorText(const std::error_code& ec) {
   if (ec == asio::error::connection_refused) {
     return "connection refused; is the peer running and listening on that port?";
@@ -197,11 +207,9 @@ StreamHandler Host::LookupHandler(const std::string& method) const {
 void Host::RegisterUnary(const std::string& method, UnaryHandler handler) {
   RegisterStream(method,
                  [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
-                   auto request = co_await ctx.stream().Read();
+                   auto request = co_await ReadRequest(ctx);
                    if (!request.ok()) co_return request.status();
-                   if (!request->has_value())
-                     co_return InvalidArgument("call '" + ctx.method() + "' carried no request");
-                   auto response = co_await handler(ctx, std::move(**request));
+                   auto response = co_await handler(ctx, std::move(*request));
                    if (!response.ok()) co_return response.status();
                    co_return co_await ctx.stream().Write(*response);
                  });
@@ -210,11 +218,9 @@ void Host::RegisterUnary(const std::string& method, UnaryHandler handler) {
 void Host::RegisterServerStreaming(const std::string& method, ServerStreamingHandler handler) {
   RegisterStream(method,
                  [handler = std::move(handler)](CallContext& ctx) -> asio::awaitable<Status> {
-                   auto request = co_await ctx.stream().Read();
+                   auto request = co_await ReadRequest(ctx);
                    if (!request.ok()) co_return request.status();
-                   if (!request->has_value())
-                     co_return InvalidArgument("call '" + ctx.method() + "' carried no request");
-                   co_return co_await handler(ctx, std::move(**request));
+                   co_return co_await handler(ctx, std::move(*request));
                  });
 }
 
