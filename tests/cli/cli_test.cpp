@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/subprocess.h"
+#include "test_support.h"
 
 namespace colony {
 namespace {
@@ -31,25 +32,11 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using std::chrono::steady_clock;
 
+using test::ColonyBinary;
+using test::ReadFile;
+using test::WriteFile;
+
 constexpr char kPeerIdPrefix[] = "12D3KooW";
-
-std::string ColonyBinary() {
-  const char* env = std::getenv("COLONY_BIN");
-  if (env != nullptr && *env != '\0') return env;
-  return (fs::path(SelfExecutable()).parent_path() / "colony").string();
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-}
 
 bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 

@@ -16,11 +16,14 @@
 #include <vector>
 
 #include "core/base58.h"
+#include "test_support.h"
 
 namespace colony {
 namespace {
 
 namespace fs = std::filesystem;
+using test::ReadFile;
+using test::WriteFile;
 
 Bytes FromHex(std::string_view hex) {
   Bytes out;
@@ -61,18 +64,6 @@ class TempDir {
  private:
   fs::path path_;
 };
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-}
 
 TEST(KeyPairTest, GenerateSignVerify) {
   KeyPair kp = KeyPair::Generate();

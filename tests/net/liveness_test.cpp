@@ -8,11 +8,13 @@
 
 #include "core/subprocess.h"
 #include "net/test_util.h"
+#include "test_support.h"
 
 namespace colony::net {
 namespace {
 
 using namespace std::chrono_literals;
+using test::ColonyBinary;
 using testing::AddressOf;
 using testing::StartHost;
 
@@ -33,14 +35,6 @@ char ProcessState(pid_t pid) {
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto close = stat.rfind(')');  // the command name may contain spaces and parentheses
   return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
-}
-
-// The colony binary: $COLONY_BIN (set by ctest), else next to this test binary.
-std::string ColonyBinary() {
-  const char* bin = std::getenv("COLONY_BIN");
-  if (bin && *bin) return bin;
-  std::string self = SelfExecutable();
-  return self.substr(0, self.rfind('/') + 1) + "colony";
 }
 
 TEST(Liveness, IdleConnectionIsClosed) {
