@@ -4,6 +4,7 @@ find_package(PkgConfig REQUIRED)
 find_package(OpenSSL 3 REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(fmt REQUIRED)
+find_package(nlohmann_json REQUIRED)
 find_package(Protobuf REQUIRED)
 pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
 

@@ -1,0 +1,852 @@
+#include "dht/protocol.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "core/log.h"
+
+namespace colony::dht {
+namespace {
+
+std::vector<StoreItem> Entries(const std::string& key, const Record& record) {
+  std::vector<StoreItem> out;
+  if (record.is_dict) {
+    for (const auto& [sub, v] : record.subkeys) out.push_back({key, sub, v.value, v.expiration});
+  } else if (record.value.expiration != 0) {
+    out.push_back({key, std::nullopt, record.value.value, record.value.expiration});
+  }
+  return out;
+}
+
+// Collects one result per part and calls `done` once all parts have reported.
+template <typename T>
+struct Join {
+  std::vector<T> results;
+  size_t remaining;
+  std::function<void(std::vector<T>)> done;
+  Join(size_t n, std::function<void(std::vector<T>)> d)
+      : results(n), remaining(n), done(std::move(d)) {}
+  void Set(size_t i, T value) {
+    results[i] = std::move(value);
+    if (--remaining == 0) done(std::move(results));
+  }
+};
+
+}  // namespace
+
+struct DhtCore::Lookup {
+  enum class State { kNew, kInFlight, kDone, kFailed };
+  struct Candidate {
+    Contact contact;
+    State state = State::kNew;
+    size_t depth = 1;
+    bool had_value = false;
+    bool probe = false;  // asked whatever its distance (random probe)
+  };
+  DhtId target;
+  std::optional<std::string> key;
+  bool want_value = false;
+  bool latest = false;
+  std::map<DhtId, Candidate> candidates;  // by XOR distance to target
+  size_t in_flight = 0;
+  bool finished = false;
+  std::optional<Record> found;
+  size_t found_depth = 0;
+  std::function<void(Lookup&)> on_done;
+
+  // Responded candidates, nearest first.
+  std::vector<const Candidate*> Responded(size_t limit) const {
+    std::vector<const Candidate*> out;
+    for (const auto& [_, c] : candidates) {
+      if (out.size() >= limit) break;
+      if (c.state == State::kDone) out.push_back(&c);
+    }
+    return out;
+  }
+};
+
+struct DhtCore::GetOp {
+  std::string key;
+  DhtId id;
+  bool latest = false;
+  std::vector<std::function<void(Result<Record>)>> waiters;
+};
+
+std::shared_ptr<DhtCore> DhtCore::Create(const KeyPair& identity, std::vector<std::string> addrs,
+                                         DhtOptions options, Environment& env) {
+  return std::shared_ptr<DhtCore>(new DhtCore(identity, std::move(addrs), options, env));
+}
+
+DhtCore::DhtCore(const KeyPair& identity, std::vector<std::string> addrs, DhtOptions options,
+                 Environment& env)
+    : self_{identity.peer_id(), DhtId::ForPeer(identity.peer_id()), std::move(addrs)},
+      options_(options),
+      env_(env),
+      routing_(self_.id, options.bucket_size),
+      storage_(options.storage),
+      cache_([&] {
+        StorageLimits l = options.storage;
+        l.capacity_bytes = options.cache_capacity_bytes;
+        l.per_peer_quota_bytes = std::min(l.per_peer_quota_bytes, options.cache_capacity_bytes / 4);
+        return l;
+      }()),
+      rng_([&] {
+        uint64_t seed = 0;
+        std::memcpy(&seed, self_.id.bytes().data(), sizeof(seed));
+        return seed;
+      }()) {
+  if (options_.client_mode) self_.addrs.clear();
+  validators_.Add(std::make_shared<OwnerValidator>(&identity));
+}
+
+void DhtCore::AddValidator(std::shared_ptr<const RecordValidator> validator) {
+  validators_.Add(std::move(validator));
+}
+
+NodeHeader DhtCore::Header() const { return {options_.client_mode, self_.addrs}; }
+
+// ---------------------------------------------------------------------------------------------
+// Bootstrap and maintenance
+
+void DhtCore::Bootstrap(std::vector<std::string> initial_peers, Callback<size_t> done) {
+  if (initial_peers.empty()) {
+    StartMaintenance();
+    done(size_t{0});
+    return;
+  }
+  struct Outcome {
+    std::string address;
+    Status status;
+  };
+  const size_t n = initial_peers.size();
+  auto weak = weak_from_this();
+  auto join = std::make_shared<Join<Outcome>>(n, [weak, done](std::vector<Outcome> outcomes) {
+    auto self = weak.lock();
+    if (!self || self->stopped_) {
+      done(Closed("DHT node shut down during bootstrap"));
+      return;
+    }
+    std::string why;
+    size_t ok = 0;
+    for (const Outcome& o : outcomes) {
+      if (o.status.ok()) {
+        ++ok;
+      } else {
+        why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", o.address, o.status.message());
+      }
+    }
+    if (ok == 0) {
+      done(Unavailable(fmt::format(
+          "none of the {} initial peers could be used ({}); check the addresses, that the peers "
+          "run, and firewalls",
+          outcomes.size(), why)));
+      return;
+    }
+    if (!why.empty()) COLONY_LOG_WARN("DHT bootstrap: some initial peers failed: {}", why);
+    self->StartMaintenance();
+    // Fill the routing table: our own neighbourhood first, then one random id per bucket.
+    auto refreshed = [weak, done] {
+      auto me = weak.lock();
+      if (!me || me->stopped_) {
+        done(Closed("DHT node shut down during bootstrap"));
+      } else {
+        done(me->routing_.size());
+      }
+    };
+    self->FindNodes(self->self_.id, [weak, done, refreshed](Result<std::vector<Contact>>) {
+      auto me = weak.lock();
+      if (!me || me->stopped_) {
+        done(Closed("DHT node shut down during bootstrap"));
+        return;
+      }
+      const SteadyTime all = me->Now() + std::chrono::hours(1);
+      me->RefreshBuckets(me->routing_.StaleBuckets(all, all), refreshed);
+    });
+  });
+  for (size_t i = 0; i < n; ++i) {
+    Contact c{PeerId(), DhtId(), {initial_peers[i]}};
+    const std::string addr = initial_peers[i];
+    const double sent_at = Wall();
+    env_.Ping(c, {Header(), sent_at}, options_.request_timeout,
+              [weak, join, i, addr, sent_at](Result<PingResponse> r) {
+                auto self = weak.lock();
+                if (!self) {
+                  join->Set(i, {addr, Closed("shut down")});
+                  return;
+                }
+                if (!r.ok()) {
+                  join->Set(i, {addr, r.status()});
+                  return;
+                }
+                // The peer read its clock somewhere between our send and this reply.
+                const double now = self->Wall();
+                const double skew = r->wall_time - (sent_at + now) / 2;
+                const double slack = (now - sent_at) / 2 + self->options_.max_clock_skew_seconds;
+                if (std::abs(skew) > slack || !std::isfinite(skew)) {
+                  join->Set(i, {addr, FailedPrecondition(fmt::format(
+                                          "its clock differs from ours by {:.1f} s (at most "
+                                          "{:.1f} s allowed); synchronize clocks (NTP)",
+                                          skew, self->options_.max_clock_skew_seconds))});
+                  return;
+                }
+                if (r->client_mode) {
+                  join->Set(i, {addr, FailedPrecondition("it is in client mode and serves no "
+                                                         "DHT requests")});
+                  return;
+                }
+                self->OnSuccess({r->peer, DhtId::ForPeer(r->peer), {addr}}, false);
+                join->Set(i, {addr, Status::Ok()});
+              });
+  }
+}
+
+void DhtCore::StartMaintenance() {
+  if (maintenance_started_) return;
+  maintenance_started_ = true;
+  auto weak = weak_from_this();
+  env_.Schedule(options_.join_refresh_delay, [weak] {
+    if (auto self = weak.lock()) self->Maintain();
+  });
+}
+
+void DhtCore::Maintain() {
+  if (stopped_) return;
+  const double wall = Wall();
+  storage_.Purge(wall);
+  cache_.Purge(wall);
+  const SteadyTime now = Now();
+  std::erase_if(backoff_, [&](const auto& kv) {
+    return kv.second.until + options_.backoff_max < now;
+  });
+  std::erase_if(rate_, [&](const auto& kv) { return now - kv.second.last > std::chrono::minutes(1); });
+  if (!options_.client_mode || routing_.size() > 0) {
+    // The first round after joining refreshes every sparse bucket: peers that joined at the
+    // same moment as us were not there to be found during our own join.
+    const SteadyTime sparse_before =
+        joined_refresh_done_ ? now - options_.sparse_bucket_refresh_interval : now;
+    joined_refresh_done_ = true;
+    RefreshBuckets(routing_.StaleBuckets(now - options_.bucket_refresh_interval, sparse_before),
+                   [] {});
+  }
+  auto weak = weak_from_this();
+  env_.Schedule(options_.maintenance_interval, [weak] {
+    if (auto self = weak.lock()) self->Maintain();
+  });
+}
+
+void DhtCore::RefreshBuckets(std::vector<size_t> buckets, std::function<void()> done) {
+  if (buckets.empty() || routing_.size() == 0) {
+    done();
+    return;
+  }
+  auto join = std::make_shared<Join<int>>(buckets.size(), [done](std::vector<int>) { done(); });
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    routing_.MarkRefreshed(buckets[i], Now());
+    const DhtId target = DhtId::RandomInBucket(self_.id, buckets[i], rng_);
+    StartLookup(target, std::nullopt, false, false, [join, i](Lookup&) { join->Set(i, 0); },
+                options_.alpha);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peer bookkeeping
+
+bool DhtCore::BackedOff(const PeerId& peer) const {
+  auto it = backoff_.find(peer);
+  return it != backoff_.end() && it->second.until > Now();
+}
+
+void DhtCore::OnSuccess(const Contact& contact, bool client_mode) {
+  if (!contact.peer.valid()) return;
+  backoff_.erase(contact.peer);
+  if (!client_mode && !contact.addrs.empty()) routing_.Seen(contact, Now());
+}
+
+void DhtCore::OnFailure(const Contact& contact) {
+  ++stats_.requests_failed;
+  if (!contact.peer.valid()) return;
+  routing_.Failed(contact.peer);
+  Backoff& b = backoff_[contact.peer];
+  ++b.failures;
+  Duration wait = options_.backoff_base;
+  for (size_t i = 1; i < b.failures && wait < options_.backoff_max; ++i) wait *= 2;
+  b.until = Now() + std::min(wait, options_.backoff_max);
+}
+
+bool DhtCore::RateLimited(const PeerId& peer) {
+  const SteadyTime now = Now();
+  const double burst = 2 * options_.max_requests_per_second;
+  auto [it, fresh] = rate_.try_emplace(peer, Bucket{burst, now});
+  Bucket& b = it->second;
+  if (!fresh) {
+    const double dt = std::chrono::duration<double>(now - b.last).count();
+    b.tokens = std::min(burst, b.tokens + dt * options_.max_requests_per_second);
+    b.last = now;
+  }
+  if (b.tokens < 1) {
+    ++stats_.requests_refused;
+    return true;
+  }
+  b.tokens -= 1;
+  return false;
+}
+
+void DhtCore::NoteSender(const PeerId& from, const NodeHeader& header) {
+  if (header.client_mode || header.addrs.empty()) return;
+  OnSuccess({from, DhtId::ForPeer(from), header.addrs}, false);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lookups
+
+void DhtCore::StartLookup(DhtId target, std::optional<std::string> key, bool want_value,
+                          bool latest, std::function<void(Lookup&)> on_done,
+                          size_t random_probes) {
+  auto lookup = std::make_shared<Lookup>();
+  lookup->target = target;
+  lookup->key = std::move(key);
+  lookup->want_value = want_value;
+  lookup->latest = latest;
+  lookup->on_done = std::move(on_done);
+  for (Contact& c : routing_.Nearest(target, options_.beam_size)) {
+    const DhtId d = c.id ^ target;
+    lookup->candidates.emplace(d, Lookup::Candidate{std::move(c)});
+  }
+  if (random_probes > 0) {
+    std::vector<Contact> all = routing_.All();
+    std::shuffle(all.begin(), all.end(), rng_);
+    for (Contact& c : all) {
+      if (random_probes == 0) break;
+      auto [it, fresh] = lookup->candidates.try_emplace(c.id ^ target, Lookup::Candidate{c});
+      if (fresh) {
+        it->second.probe = true;
+        --random_probes;
+      }
+    }
+  }
+  Step(lookup);
+}
+
+void DhtCore::Step(const std::shared_ptr<Lookup>& lookup) {
+  Lookup& l = *lookup;
+  if (l.finished) return;
+  if (stopped_ || (l.want_value && !l.latest && l.found)) {
+    FinishLookup(lookup);
+    return;
+  }
+  bool settled = true;  // every probe and each of the beam_size nearest live candidates answered
+  for (auto& [_, c] : l.candidates) {
+    if (!c.probe || c.state == Lookup::State::kDone || c.state == Lookup::State::kFailed) continue;
+    settled = false;
+    if (c.state == Lookup::State::kNew && l.in_flight < options_.alpha) {
+      c.state = Lookup::State::kInFlight;
+      ++l.in_flight;
+      SendFind(lookup, c.contact, c.depth);
+    }
+  }
+  size_t considered = 0;
+  for (auto& [_, c] : l.candidates) {
+    if (considered >= options_.beam_size) break;
+    if (c.state == Lookup::State::kFailed) continue;
+    if (c.state == Lookup::State::kNew && BackedOff(c.contact.peer)) {
+      c.state = Lookup::State::kFailed;
+      continue;
+    }
+    ++considered;
+    if (c.state == Lookup::State::kDone) continue;
+    settled = false;
+    if (c.state == Lookup::State::kNew && l.in_flight < options_.alpha) {
+      c.state = Lookup::State::kInFlight;
+      ++l.in_flight;
+      SendFind(lookup, c.contact, c.depth);
+    }
+  }
+  if (settled) FinishLookup(lookup);
+}
+
+void DhtCore::SendFind(const std::shared_ptr<Lookup>& lookup, const Contact& contact,
+                       size_t depth) {
+  ++stats_.requests_sent;
+  auto weak = weak_from_this();
+  env_.Find(contact, {Header(), {lookup->target}}, options_.request_timeout,
+            [weak, lookup, contact, depth](Result<FindResponse> reply) {
+              if (auto self = weak.lock()) {
+                self->OnFindReply(lookup, contact, depth, std::move(reply));
+              }
+            });
+}
+
+void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& contact,
+                          size_t depth, Result<FindResponse> reply) {
+  Lookup& l = *lookup;
+  --l.in_flight;
+  auto it = l.candidates.find(contact.id ^ l.target);
+  if (reply.ok() && reply->results.size() != 1) {
+    reply = ProtocolError(fmt::format("find reply has {} results for 1 id", reply->results.size()));
+  }
+  if (!reply.ok()) {
+    COLONY_LOG_DEBUG("DHT find to {} failed: {}", contact.peer.Short(), reply.status().ToString());
+    OnFailure(contact);
+    if (it != l.candidates.end()) it->second.state = Lookup::State::kFailed;
+    Step(lookup);
+    return;
+  }
+  OnSuccess(contact, false);
+  if (stopped_) {
+    Step(lookup);
+    return;
+  }
+  FindResult& result = reply->results[0];
+  bool had_value = false;
+  if (l.want_value && l.key && result.record) {
+    // Keep only entries that validate and have not expired; merge with what we have.
+    Record& r = *result.record;
+    const double now = Wall();
+    auto valid = [&](std::optional<std::string_view> sub, const ValueEntry& v) {
+      return v.expiration > now &&
+             validators_.ValidateAndStrip({*l.key, sub, v.value, v.expiration}).ok();
+    };
+    if (r.is_dict) {
+      std::erase_if(r.subkeys, [&](const auto& kv) { return !valid(kv.first, kv.second); });
+      had_value = !r.subkeys.empty();
+    } else {
+      had_value = valid(std::nullopt, r.value);
+    }
+    if (had_value) {
+      if (!l.found) {
+        l.found = std::move(r);
+        l.found_depth = depth;
+      } else {
+        MergeRecord(*l.found, r);
+      }
+    }
+  }
+  if (it != l.candidates.end()) {
+    it->second.state = Lookup::State::kDone;
+    it->second.had_value = had_value;
+  }
+  if (!l.finished) {
+    for (Contact& c : result.nearest) {
+      if (!c.peer.valid() || c.peer == self_.peer || c.addrs.empty()) continue;
+      c.id = DhtId::ForPeer(c.peer);  // never trust a claimed id
+      l.candidates.try_emplace(c.id ^ l.target, Lookup::Candidate{std::move(c), Lookup::State::kNew,
+                                                                 depth + 1});
+    }
+    // Bound the candidate set: far candidates that were never contacted are dropped.
+    const size_t cap = 4 * options_.beam_size;
+    if (l.candidates.size() > cap) {
+      auto victim = std::prev(l.candidates.end());
+      while (l.candidates.size() > cap && victim != l.candidates.begin()) {
+        auto prev = std::prev(victim);
+        if (victim->second.state == Lookup::State::kNew && !victim->second.probe) {
+          l.candidates.erase(victim);
+        }
+        victim = prev;
+      }
+    }
+  }
+  Step(lookup);
+}
+
+void DhtCore::FinishLookup(const std::shared_ptr<Lookup>& lookup) {
+  Lookup& l = *lookup;
+  if (l.finished) return;
+  l.finished = true;
+  ++stats_.lookups;
+  size_t hops = l.found ? l.found_depth : 0;
+  if (!l.found) {
+    for (const auto* c : l.Responded(options_.num_replicas)) hops = std::max(hops, c->depth);
+  }
+  stats_.lookup_hops += hops;
+  auto on_done = std::move(l.on_done);
+  if (on_done) on_done(l);
+}
+
+void DhtCore::FindNodes(DhtId target, Callback<std::vector<Contact>> done) {
+  StartLookup(target, std::nullopt, false, false, [done](Lookup& l) {
+    std::vector<Contact> out;
+    for (const auto* c : l.Responded(l.candidates.size())) out.push_back(c->contact);
+    done(std::move(out));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Store
+
+Result<std::string> DhtCore::PrepareValue(const StoreItem& item) const {
+  RecordView view{item.key, item.subkey, item.value, item.expiration};
+  COLONY_ASSIGN_OR_RETURN(std::string signed_value, validators_.Sign(view));
+  view.value = signed_value;
+  COLONY_RETURN_IF_ERROR(validators_.ValidateAndStrip(view).status());
+  return signed_value;
+}
+
+Result<Record> DhtCore::ValidateAndStrip(const std::string& key, const Record& record) const {
+  Record out = record;
+  Status last = NotFound("no value for key '" + key + "'");
+  auto strip = [&](std::optional<std::string_view> sub, ValueEntry& v) {
+    auto r = validators_.ValidateAndStrip({key, sub, v.value, v.expiration});
+    if (!r.ok()) {
+      last = r.status();
+      return false;
+    }
+    v.value = std::move(*r);
+    return true;
+  };
+  if (out.is_dict) {
+    for (auto it = out.subkeys.begin(); it != out.subkeys.end();) {
+      it = strip(it->first, it->second) ? std::next(it) : out.subkeys.erase(it);
+    }
+    if (out.subkeys.empty()) return last;
+  } else if (out.value.expiration == 0 || !strip(std::nullopt, out.value)) {
+    return last;
+  }
+  return out;
+}
+
+void DhtCore::Store(std::vector<StoreItem> items, std::function<void(std::vector<Status>)> done) {
+  const size_t n = items.size();
+  if (n == 0) {
+    done({});
+    return;
+  }
+  auto join = std::make_shared<Join<Status>>(n, std::move(done));
+  // Group valid items by key; each key needs one lookup.
+  std::map<std::string, std::vector<std::pair<size_t, StoreItem>>> by_key;
+  for (size_t i = 0; i < n; ++i) {
+    Status st = stopped_ ? Closed("DHT node is shut down") : CheckItem(items[i], options_.storage, Wall());
+    if (st.ok()) {
+      auto signed_value = PrepareValue(items[i]);
+      if (signed_value.ok()) {
+        items[i].value = std::move(*signed_value);
+        by_key[items[i].key].emplace_back(i, std::move(items[i]));
+        continue;
+      }
+      st = signed_value.status();
+    }
+    join->Set(i, st);
+  }
+  for (auto& [key, group] : by_key) {
+    std::vector<size_t> indices;
+    std::vector<StoreItem> group_items;
+    for (auto& [i, item] : group) {
+      indices.push_back(i);
+      group_items.push_back(std::move(item));
+    }
+    StoreKey(key, std::move(group_items), [join, indices](std::vector<Status> results) {
+      for (size_t j = 0; j < indices.size(); ++j) join->Set(indices[j], std::move(results[j]));
+    });
+  }
+}
+
+void DhtCore::StoreKey(std::string key, std::vector<StoreItem> items,
+                       std::function<void(std::vector<Status>)> done) {
+  const DhtId id = DhtId::ForKey(key);
+  auto weak = weak_from_this();
+  StartLookup(id, std::nullopt, false, false, [weak, id, key, items = std::move(items),
+                                               done = std::move(done)](Lookup& l) mutable {
+    auto self = weak.lock();
+    const size_t n = items.size();
+    if (!self || self->stopped_) {
+      done(std::vector<Status>(n, Closed("DHT node is shut down")));
+      return;
+    }
+    // The num_replicas nearest of: nodes that answered, and us (unless we are a client).
+    std::vector<const Contact*> replicas;
+    for (const auto* c : l.Responded(self->options_.num_replicas)) replicas.push_back(&c->contact);
+    if (!self->options_.client_mode) {
+      replicas.push_back(&self->self_);
+      std::stable_sort(replicas.begin(), replicas.end(), [&](const Contact* a, const Contact* b) {
+        return Closer(id, a->id, b->id);
+      });
+      if (replicas.size() > self->options_.num_replicas) replicas.pop_back();
+    }
+    if (replicas.empty()) {
+      done(std::vector<Status>(
+          n, Unavailable("no DHT node to store on: this node knows no peers (bootstrap from "
+                         "initial peers first)")));
+      return;
+    }
+    struct Tally {
+      std::vector<bool> stored;
+      std::vector<Status> first_error;
+      size_t remaining;
+    };
+    auto tally = std::make_shared<Tally>(
+        Tally{std::vector<bool>(n, false), std::vector<Status>(n), replicas.size()});
+    auto finish = [tally, done, n]() {
+      std::vector<Status> out(n);
+      for (size_t i = 0; i < n; ++i) {
+        if (tally->stored[i]) continue;
+        out[i] = tally->first_error[i].ok()
+                     ? Unavailable("no replica accepted the record")
+                     : tally->first_error[i];
+      }
+      done(std::move(out));
+    };
+    auto note = [tally](size_t i, const Status& st) {
+      if (st.ok()) {
+        tally->stored[i] = true;
+      } else if (tally->first_error[i].ok()) {
+        tally->first_error[i] = st;
+      }
+    };
+    for (const Contact* replica : replicas) {
+      if (replica == &self->self_) {
+        for (size_t i = 0; i < n; ++i) {
+          note(i, self->storage_.Store(id, items[i], self->self_.peer, self->Wall(), false));
+        }
+        if (--tally->remaining == 0) finish();
+        continue;
+      }
+      StoreRequest request{self->Header(), {}};
+      for (const StoreItem& item : items) request.items.push_back({item, false});
+      ++self->stats_.requests_sent;
+      const Contact contact = *replica;
+      self->env_.Store(contact, std::move(request), self->options_.request_timeout,
+                       [weak, contact, tally, note, finish, n](Result<StoreResponse> r) {
+                         auto me = weak.lock();
+                         if (r.ok() && r->results.size() != n) {
+                           r = ProtocolError("store reply has the wrong number of results");
+                         }
+                         if (!r.ok()) {
+                           if (me) me->OnFailure(contact);
+                           for (size_t i = 0; i < n; ++i) {
+                             note(i, r.status().WithContext("replica " + contact.peer.Short()));
+                           }
+                         } else {
+                           if (me) me->OnSuccess(contact, false);
+                           for (size_t i = 0; i < n; ++i) note(i, r->results[i]);
+                         }
+                         if (--tally->remaining == 0) finish();
+                       });
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Get
+
+std::optional<Record> DhtCore::LocalRecord(const DhtId& id, bool* from_cache) {
+  const double now = Wall();
+  std::optional<Record> out;
+  if (const Record* r = storage_.Get(id, now)) out = *r;
+  if (const Record* c = cache_.Get(id, now)) {
+    if (from_cache) *from_cache = true;
+    if (out) {
+      MergeRecord(*out, *c);
+    } else {
+      out = *c;
+    }
+  }
+  return out;
+}
+
+void DhtCore::Get(std::vector<std::string> keys, bool latest,
+                  std::function<void(std::vector<Result<Record>>)> done) {
+  if (keys.empty()) {
+    done({});
+    return;
+  }
+  auto join = std::make_shared<Join<Result<Record>>>(keys.size(), std::move(done));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    GetOne(std::move(keys[i]), latest, [join, i](Result<Record> r) { join->Set(i, std::move(r)); });
+  }
+}
+
+void DhtCore::GetOne(std::string key, bool latest, std::function<void(Result<Record>)> done) {
+  if (stopped_) {
+    done(Closed("DHT node is shut down"));
+    return;
+  }
+  if (key.empty() || key.size() > options_.storage.max_key_bytes) {
+    done(InvalidArgument(fmt::format("DHT key must be 1 to {} bytes, got {}",
+                                     options_.storage.max_key_bytes, key.size())));
+    return;
+  }
+  const DhtId id = DhtId::ForKey(key);
+  if (!latest) {
+    bool from_cache = false;
+    if (auto local = LocalRecord(id, &from_cache)) {
+      if (from_cache) cache_read_[id] = true;
+      done(ValidateAndStrip(key, *local));
+      return;
+    }
+  }
+  auto slot = std::make_pair(id, latest);
+  if (auto it = gets_in_flight_.find(slot); it != gets_in_flight_.end()) {
+    ++stats_.shared_gets;
+    it->second->waiters.push_back(std::move(done));
+    return;
+  }
+  auto op = std::make_shared<GetOp>();
+  op->key = key;
+  op->id = id;
+  op->latest = latest;
+  op->waiters.push_back(std::move(done));
+  gets_in_flight_[slot] = op;
+  auto weak = weak_from_this();
+  StartLookup(id, key, true, latest, [weak, op](Lookup& l) {
+    if (auto self = weak.lock()) {
+      self->FinishGet(op, l);
+    } else {
+      for (auto& w : op->waiters) w(Closed("DHT node is shut down"));
+    }
+  });
+}
+
+void DhtCore::FinishGet(const std::shared_ptr<GetOp>& op, Lookup& l) {
+  gets_in_flight_.erase({op->id, op->latest});
+  std::optional<Record> merged = LocalRecord(op->id, nullptr);
+  if (l.found) {
+    if (merged) {
+      MergeRecord(*merged, *l.found);
+    } else {
+      merged = *l.found;
+    }
+    if (!stopped_) {
+      if (options_.cache_locally && !storage_.Get(op->id, Wall())) {
+        CacheLocally(op->id, op->key, *l.found);
+      }
+      // Cache on the nearest node that answered without the value, to spread hot keys' load.
+      if (options_.cache_on_nearest) {
+        for (const auto* c : l.Responded(options_.beam_size)) {
+          if (c->had_value) continue;
+          StoreRequest request{Header(), {}};
+          for (StoreItem& item : Entries(op->key, *l.found)) {
+            if (request.items.size() >= kMaxStoreItems) break;
+            request.items.push_back({std::move(item), true});
+          }
+          ++stats_.requests_sent;
+          env_.Store(c->contact, std::move(request), options_.request_timeout,
+                     [](Result<StoreResponse>) {});
+          break;
+        }
+      }
+    }
+  }
+  Result<Record> result =
+      stopped_ ? Result<Record>(Closed("DHT node is shut down"))
+      : merged ? ValidateAndStrip(op->key, *merged)
+               : Result<Record>(NotFound(fmt::format(
+                     "no value for key '{}' on the nearest DHT nodes", op->key)));
+  for (auto& w : op->waiters) w(result);
+}
+
+void DhtCore::CacheLocally(const DhtId& id, const std::string& key, const Record& record) {
+  const double now = Wall();
+  size_t bytes = 0;
+  const auto entries = Entries(key, record);
+  for (const StoreItem& e : entries) bytes += key.size() + e.value.size() + 64;
+  cache_.MakeRoom(bytes, now);
+  for (const StoreItem& e : entries) (void)cache_.Store(id, e, self_.peer, now, false);
+  cache_read_[id] = false;
+  ScheduleCacheRefresh(id, record.Expiration());
+}
+
+void DhtCore::ScheduleCacheRefresh(const DhtId& id, double expiration) {
+  const double delay = expiration - options_.cache_refresh_before_seconds - Wall();
+  if (!(delay > 0)) return;
+  auto weak = weak_from_this();
+  env_.Schedule(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(delay)),
+                [weak, id] {
+                  auto self = weak.lock();
+                  if (!self || self->stopped_) return;
+                  auto read = self->cache_read_.find(id);
+                  const std::string* key = self->cache_.KeyOf(id);
+                  if (read == self->cache_read_.end() || !read->second || key == nullptr) {
+                    self->cache_read_.erase(id);
+                    return;
+                  }
+                  // Someone used this cached value: fetch a fresh copy before it expires.
+                  std::string k = *key;
+                  self->StartLookup(id, k, true, false, [weak, id, k](Lookup& l) {
+                    auto me = weak.lock();
+                    if (!me || me->stopped_ || !l.found) return;
+                    me->CacheLocally(id, k, *l.found);
+                  });
+                });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving
+
+Result<PingResponse> DhtCore::HandlePing(const PeerId& from, const PingRequest& request) {
+  if (options_.client_mode || stopped_) {
+    return Unavailable("this DHT node is in client mode and serves no requests");
+  }
+  if (RateLimited(from)) return ResourceExhausted("too many DHT requests; slow down");
+  ++stats_.requests_served;
+  const double skew = request.wall_time - Wall();
+  if (!std::isfinite(skew) || std::abs(skew) > options_.max_clock_skew_seconds + 1.0) {
+    return FailedPrecondition(fmt::format(
+        "your clock differs from this node's by {:.1f} s (at most {:.1f} s allowed); "
+        "synchronize clocks (NTP)",
+        skew, options_.max_clock_skew_seconds));
+  }
+  NoteSender(from, request.sender);
+  return PingResponse{self_.peer, Wall(), options_.client_mode};
+}
+
+Result<StoreResponse> DhtCore::HandleStore(const PeerId& from, const StoreRequest& request) {
+  if (options_.client_mode || stopped_) {
+    return Unavailable("this DHT node is in client mode and serves no requests");
+  }
+  if (RateLimited(from)) return ResourceExhausted("too many DHT requests; slow down");
+  ++stats_.requests_served;
+  NoteSender(from, request.sender);
+  StoreResponse response;
+  const double now = Wall();
+  for (const StoreRequestItem& ri : request.items) {
+    const StoreItem& item = ri.item;
+    Status st = CheckItem(item, options_.storage, now);
+    if (st.ok()) {
+      st = validators_.ValidateAndStrip({item.key, item.subkey, item.value, item.expiration})
+               .status();
+    }
+    if (st.ok()) {
+      const DhtId id = DhtId::ForKey(item.key);
+      if (ri.in_cache) {
+        if (storage_.Get(id, now) == nullptr) {
+          st = cache_.Store(id, item, from, now, true);
+        }
+      } else {
+        st = storage_.Store(id, item, from, now, true);
+      }
+    }
+    response.results.push_back(std::move(st));
+  }
+  return response;
+}
+
+Result<FindResponse> DhtCore::HandleFind(const PeerId& from, const FindRequest& request) {
+  if (options_.client_mode || stopped_) {
+    return Unavailable("this DHT node is in client mode and serves no requests");
+  }
+  if (RateLimited(from)) return ResourceExhausted("too many DHT requests; slow down");
+  ++stats_.requests_served;
+  NoteSender(from, request.sender);
+  FindResponse response;
+  for (const DhtId& id : request.ids) {
+    FindResult result;
+    bool from_cache = false;
+    result.record = LocalRecord(id, &from_cache);
+    if (from_cache) cache_read_[id] = true;
+    result.nearest = routing_.Nearest(id, options_.bucket_size, &from);
+    response.results.push_back(std::move(result));
+  }
+  return response;
+}
+
+void DhtCore::Shutdown() {
+  stopped_ = true;
+  auto gets = std::move(gets_in_flight_);
+  gets_in_flight_.clear();
+  for (auto& [_, op] : gets) {
+    for (auto& w : op->waiters) w(Closed("DHT node is shut down"));
+    op->waiters.clear();
+  }
+}
+
+}  // namespace colony::dht

@@ -1,0 +1,204 @@
+// The DHT protocol core: Kademlia lookups, replication, caching, validation and abuse limits,
+// with no I/O of its own. It runs on one thread, talks to the world through an Environment
+// (requests to other nodes, timers, a clock), and is driven either by the runner over `net`
+// (dht/node.h) or by the in-memory simulation (dht/simulation.h), which runs thousands of nodes
+// deterministically in one process.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/identity.h"
+#include "core/status.h"
+#include "dht/id.h"
+#include "dht/messages.h"
+#include "dht/record.h"
+#include "dht/routing.h"
+#include "dht/validation.h"
+
+namespace colony::dht {
+
+template <typename T>
+using Callback = std::function<void(Result<T>)>;
+
+// What the core needs from its surroundings. Every callback must be invoked exactly once, later
+// (never from inside the call that received it), on the core's thread; a request that gets no
+// answer within `timeout` fails with DeadlineExceeded.
+class Environment {
+ public:
+  virtual ~Environment() = default;
+  virtual const Clock& clock() const = 0;
+  // `to.peer` may be invalid when only an address is known (bootstrap); the response names the
+  // peer that answered.
+  virtual void Ping(const Contact& to, PingRequest request, Duration timeout,
+                    Callback<PingResponse> done) = 0;
+  virtual void Store(const Contact& to, StoreRequest request, Duration timeout,
+                     Callback<StoreResponse> done) = 0;
+  virtual void Find(const Contact& to, FindRequest request, Duration timeout,
+                    Callback<FindResponse> done) = 0;
+  virtual void Schedule(Duration delay, std::function<void()> fn) = 0;
+};
+
+struct DhtOptions {
+  size_t bucket_size = 20;   // k
+  size_t num_replicas = 5;   // nodes that hold each record
+  size_t alpha = 3;          // requests in flight per lookup
+  size_t beam_size = 20;     // closest candidates a lookup must have heard from to finish
+  // Client mode: stores and gets, serves nothing, stays out of others' routing tables.
+  bool client_mode = false;
+  Duration request_timeout = std::chrono::seconds(3);
+  double max_clock_skew_seconds = 5.0;
+  // Caching: keep found values locally, and on the nearest node that lacked them.
+  bool cache_locally = true;
+  bool cache_on_nearest = true;
+  size_t cache_capacity_bytes = 64u << 20;
+  // Cached values that were read are fetched again this long before they expire.
+  double cache_refresh_before_seconds = 5.0;
+  // Unresponsive peers are skipped for backoff_base, doubling per failure up to backoff_max.
+  Duration backoff_base = std::chrono::seconds(1);
+  Duration backoff_max = std::chrono::seconds(60);
+  // Requests served per peer per second (token bucket of twice this size).
+  double max_requests_per_second = 500;
+  // Buckets not refreshed for this long are refreshed by a lookup of a random id in them.
+  Duration bucket_refresh_interval = std::chrono::minutes(10);
+  // Buckets with fewer than k contacts are refreshed more often, and once shortly after
+  // joining, so that peers that joined at the same moment find each other.
+  Duration sparse_bucket_refresh_interval = std::chrono::minutes(5);
+  Duration join_refresh_delay = std::chrono::seconds(2);
+  Duration maintenance_interval = std::chrono::seconds(15);
+  StorageLimits storage;
+};
+
+struct DhtStats {
+  uint64_t lookups = 0;
+  uint64_t lookup_hops = 0;        // sum over lookups of the rounds to the answer
+  uint64_t requests_sent = 0;
+  uint64_t requests_failed = 0;
+  uint64_t requests_served = 0;
+  uint64_t requests_refused = 0;   // rate-limited or malformed
+  uint64_t shared_gets = 0;        // gets that joined a lookup already running for their key
+};
+
+class DhtCore : public std::enable_shared_from_this<DhtCore> {
+ public:
+  // `self.addrs` are the addresses others may dial (empty in client mode). The key pair signs
+  // owner-protected records and must outlive the core.
+  static std::shared_ptr<DhtCore> Create(const KeyPair& identity, std::vector<std::string> addrs,
+                                         DhtOptions options, Environment& env);
+
+  // Validators beyond the built-in OwnerValidator. Call before Bootstrap.
+  void AddValidator(std::shared_ptr<const RecordValidator> validator);
+
+  // Pings the initial peers, refuses those whose clocks differ by more than
+  // max_clock_skew_seconds, then looks up our own id (and one random id per farther bucket) to
+  // fill the routing table. Fails naming every address and why when none answers usefully.
+  // An empty list starts a new swarm.
+  void Bootstrap(std::vector<std::string> initial_peers, Callback<size_t> done);
+
+  // Stores each item on the num_replicas nodes nearest to its key (this node among them when it
+  // is one of the nearest and not a client). One Status per item: OK when at least one replica
+  // accepted it, otherwise the replicas' reason.
+  void Store(std::vector<StoreItem> items, std::function<void(std::vector<Status>)> done);
+  // Gets each key: the record with signatures stripped, or NotFound. Without `latest` a get may
+  // be answered by the first unexpired copy (local or cached); with it, the lookup visits the
+  // nearest nodes and returns the newest.
+  void Get(std::vector<std::string> keys, bool latest,
+           std::function<void(std::vector<Result<Record>>)> done);
+  // Nearest known live nodes to `target` after a network lookup.
+  void FindNodes(DhtId target, Callback<std::vector<Contact>> done);
+
+  // Request handlers (the sender's PeerId is authenticated by the transport).
+  Result<PingResponse> HandlePing(const PeerId& from, const PingRequest& request);
+  Result<StoreResponse> HandleStore(const PeerId& from, const StoreRequest& request);
+  Result<FindResponse> HandleFind(const PeerId& from, const FindRequest& request);
+
+  // Stops timers and lookups; pending operations fail with Closed. Idempotent.
+  void Shutdown();
+
+  const PeerId& peer_id() const { return self_.peer; }
+  const DhtId& id() const { return self_.id; }
+  const Contact& self() const { return self_; }
+  const RoutingTable& routing_table() const { return routing_; }
+  const Storage& storage() const { return storage_; }
+  const Storage& cache() const { return cache_; }
+  const DhtStats& stats() const { return stats_; }
+  const DhtOptions& options() const { return options_; }
+  // Signs (for owner records naming us) and validates a record as a store would.
+  Result<std::string> PrepareValue(const StoreItem& item) const;
+  // The value without signatures, after validating it; errors say why it is invalid.
+  Result<Record> ValidateAndStrip(const std::string& key, const Record& record) const;
+
+ private:
+  struct Lookup;
+  struct GetOp;
+  struct StoreOp;
+  friend struct Lookup;
+
+  DhtCore(const KeyPair& identity, std::vector<std::string> addrs, DhtOptions options,
+          Environment& env);
+  double Wall() const { return env_.clock().WallSeconds(); }
+  SteadyTime Now() const { return env_.clock().Now(); }
+  NodeHeader Header() const;
+  void StartMaintenance();
+  void Maintain();
+  void RefreshBuckets(std::vector<size_t> buckets, std::function<void()> done);
+  bool RateLimited(const PeerId& peer);
+  void NoteSender(const PeerId& from, const NodeHeader& header);
+  bool BackedOff(const PeerId& peer) const;
+  void OnSuccess(const Contact& contact, bool client_mode);
+  void OnFailure(const Contact& contact);
+  // `random_probes`: also ask this many random contacts from anywhere in the table, so that a
+  // refresh can escape a neighbourhood whose members all lack the same bucket.
+  void StartLookup(DhtId target, std::optional<std::string> key, bool want_value, bool latest,
+                   std::function<void(Lookup&)> on_done, size_t random_probes = 0);
+  void Step(const std::shared_ptr<Lookup>& lookup);
+  void SendFind(const std::shared_ptr<Lookup>& lookup, const Contact& contact, size_t depth);
+  void OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& contact, size_t depth,
+                   Result<FindResponse> reply);
+  void FinishLookup(const std::shared_ptr<Lookup>& lookup);
+  void GetOne(std::string key, bool latest, std::function<void(Result<Record>)> done);
+  void FinishGet(const std::shared_ptr<GetOp>& op, Lookup& lookup);
+  std::optional<Record> LocalRecord(const DhtId& id, bool* from_cache);
+  void CacheLocally(const DhtId& id, const std::string& key, const Record& record);
+  void StoreKey(std::string key, std::vector<StoreItem> items,
+                std::function<void(std::vector<Status>)> done);
+  void ScheduleCacheRefresh(const DhtId& id, double expiration);
+
+  Contact self_;
+  DhtOptions options_;
+  Environment& env_;
+  ValidatorChain validators_;
+  RoutingTable routing_;
+  Storage storage_;
+  Storage cache_;
+  DhtStats stats_;
+  std::mt19937_64 rng_;
+  bool stopped_ = false;
+  bool maintenance_started_ = false;
+  bool joined_refresh_done_ = false;
+
+  struct Backoff {
+    size_t failures = 0;
+    SteadyTime until;
+  };
+  std::unordered_map<PeerId, Backoff> backoff_;
+  struct Bucket {
+    double tokens = 0;
+    SteadyTime last;
+  };
+  std::unordered_map<PeerId, Bucket> rate_;
+  // Gets in flight, so that concurrent gets of one key share one lookup.
+  std::map<std::pair<DhtId, bool>, std::shared_ptr<GetOp>> gets_in_flight_;
+  // Cached ids read since they were cached (refreshed before expiry).
+  std::unordered_map<DhtId, bool> cache_read_;
+};
+
+}  // namespace colony::dht

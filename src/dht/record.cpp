@@ -1,0 +1,294 @@
+#include "dht/record.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <limits>
+
+namespace colony::dht {
+namespace {
+
+// Per-entry bookkeeping overhead charged on top of the bytes themselves.
+constexpr size_t kEntryOverhead = 64;
+
+// True when `a` replaces `b`: newer expiration, ties broken by the larger value.
+bool Wins(const ValueEntry& a, const ValueEntry& b) {
+  if (a.expiration != b.expiration) return a.expiration > b.expiration;
+  return a.value > b.value;
+}
+
+bool Empty(const Record& r) { return r.is_dict ? r.subkeys.empty() : r.value.expiration == 0; }
+
+}  // namespace
+
+double Record::Expiration() const {
+  if (!is_dict) return value.expiration;
+  double e = 0;
+  for (const auto& [_, v] : subkeys) e = std::max(e, v.expiration);
+  return e;
+}
+
+void MergeRecord(Record& into, const Record& other) {
+  if (Empty(other)) return;
+  if (Empty(into)) {
+    into = other;
+    return;
+  }
+  if (into.is_dict && other.is_dict) {
+    for (const auto& [sub, v] : other.subkeys) {
+      auto it = into.subkeys.find(sub);
+      if (it == into.subkeys.end()) {
+        into.subkeys.emplace(sub, v);
+      } else if (Wins(v, it->second)) {
+        it->second = v;
+      }
+    }
+  } else if (!into.is_dict && !other.is_dict) {
+    if (Wins(other.value, into.value)) into.value = other.value;
+  } else if (other.is_dict ? other.Expiration() >= into.Expiration()
+                           : other.Expiration() > into.Expiration()) {
+    into = other;  // between kinds, the dictionary wins ties
+  }
+}
+
+bool DropExpired(Record& record, double now) {
+  if (record.is_dict) {
+    std::erase_if(record.subkeys, [&](const auto& kv) { return kv.second.expiration <= now; });
+    return !record.subkeys.empty();
+  }
+  return record.value.expiration > now;
+}
+
+Status CheckItem(const StoreItem& item, const StorageLimits& limits, double now) {
+  if (item.key.empty()) return InvalidArgument("DHT key is empty");
+  if (item.key.size() > limits.max_key_bytes) {
+    return InvalidArgument(fmt::format("DHT key is {} bytes; the limit is {}", item.key.size(),
+                                       limits.max_key_bytes));
+  }
+  if (item.subkey && item.subkey->size() > limits.max_subkey_bytes) {
+    return InvalidArgument(fmt::format("DHT subkey is {} bytes; the limit is {}",
+                                       item.subkey->size(), limits.max_subkey_bytes));
+  }
+  if (item.value.size() > limits.max_value_bytes) {
+    return InvalidArgument(fmt::format("DHT value is {} bytes; the limit is {}",
+                                       item.value.size(), limits.max_value_bytes));
+  }
+  if (!std::isfinite(item.expiration)) return InvalidArgument("DHT expiration is not finite");
+  if (item.expiration <= now) {
+    return InvalidArgument(fmt::format(
+        "DHT expiration {:.3f} is not in the future (now {:.3f}); use a positive ttl",
+        item.expiration, now));
+  }
+  return Status::Ok();
+}
+
+size_t Storage::usage_of(const PeerId& peer) const {
+  auto it = usage_.find(peer);
+  return it == usage_.end() ? 0 : it->second;
+}
+
+void Storage::Acquire(const Charge& c) {
+  total_bytes_ += c.bytes;
+  usage_[c.writer] += c.bytes;
+}
+
+void Storage::Release(const Charge& c) {
+  total_bytes_ -= c.bytes;
+  auto it = usage_.find(c.writer);
+  if (it != usage_.end()) {
+    it->second -= std::min(it->second, c.bytes);
+    if (it->second == 0) usage_.erase(it);
+  }
+}
+
+bool Storage::PruneSlot(Slot& slot, double now) {
+  Record& r = slot.record;
+  if (!r.is_dict) {
+    if (r.value.expiration != 0 && slot.value_charge.drop_at <= now) {
+      Release(slot.value_charge);
+      r.value = {};
+      slot.value_charge = {};
+    }
+    return r.value.expiration != 0;
+  }
+  for (auto it = slot.charges.begin(); it != slot.charges.end();) {
+    if (it->second.drop_at <= now) {
+      Release(it->second);
+      r.subkeys.erase(it->first);
+      it = slot.charges.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return !r.subkeys.empty();
+}
+
+void Storage::Erase(std::unordered_map<DhtId, Slot>::iterator it) {
+  Slot& slot = it->second;
+  if (slot.record.is_dict) {
+    for (const auto& [_, c] : slot.charges) Release(c);
+  } else if (slot.record.value.expiration != 0) {
+    Release(slot.value_charge);
+  }
+  records_.erase(it);
+}
+
+Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writer, double now,
+                      bool charge) {
+  COLONY_RETURN_IF_ERROR(CheckItem(item, limits_, now));
+  auto it = records_.find(id);
+  if (it != records_.end() && !PruneSlot(it->second, now)) {
+    Erase(it);
+    it = records_.end();
+  }
+  if (it != records_.end() && it->second.key != item.key) {
+    // Two keys hashing to one id: astronomically unlikely unless forged; keep the first.
+    return InvalidArgument("another key is stored under this key's DHT id");
+  }
+
+  Charge fresh{writer,
+               item.key.size() + (item.subkey ? item.subkey->size() : 0) + item.value.size() +
+                   kEntryOverhead,
+               std::min(item.expiration, now + limits_.max_hold_seconds)};
+  const ValueEntry entry{item.value, item.expiration};
+
+  // What the store would free, to check quotas against the state after it.
+  std::vector<const Charge*> freed;
+  if (it != records_.end()) {
+    const Slot& slot = it->second;
+    const Record& r = slot.record;
+    if (!item.subkey) {
+      if (r.is_dict ? !(item.expiration > r.Expiration()) : !Wins(entry, r.value)) {
+        if (!r.is_dict && r.value == entry) return Status::Ok();
+        return AlreadyExists(fmt::format(
+            "a value with a newer expiration ({:.3f}) is stored under key '{}'", r.Expiration(),
+            item.key));
+      }
+      if (r.is_dict) {
+        for (const auto& [_, c] : slot.charges) freed.push_back(&c);
+      } else {
+        freed.push_back(&slot.value_charge);
+      }
+    } else if (!r.is_dict) {
+      if (item.expiration < r.value.expiration) {
+        return AlreadyExists(fmt::format(
+            "a plain value with a newer expiration ({:.3f}) is stored under key '{}'",
+            r.value.expiration, item.key));
+      }
+      freed.push_back(&slot.value_charge);
+    } else {
+      auto sub = r.subkeys.find(*item.subkey);
+      if (sub != r.subkeys.end()) {
+        if (sub->second == entry) return Status::Ok();
+        if (!Wins(entry, sub->second)) {
+          return AlreadyExists(fmt::format(
+              "subkey '{}' of key '{}' holds a value with a newer expiration ({:.3f})",
+              *item.subkey, item.key, sub->second.expiration));
+        }
+        freed.push_back(&slot.charges.at(*item.subkey));
+      } else if (r.subkeys.size() >= limits_.max_subkeys) {
+        return ResourceExhausted(fmt::format("key '{}' already has the maximum of {} subkeys",
+                                             item.key, limits_.max_subkeys));
+      }
+      size_t record_bytes = fresh.bytes;
+      for (const auto& [s, c] : slot.charges) {
+        if (s != *item.subkey) record_bytes += c.bytes;
+      }
+      if (record_bytes > limits_.max_record_bytes) {
+        return ResourceExhausted(fmt::format("key '{}' would hold {} bytes; the limit is {}",
+                                             item.key, record_bytes, limits_.max_record_bytes));
+      }
+    }
+  }
+
+  size_t freed_total = 0, freed_by_writer = 0;
+  for (const Charge* c : freed) {
+    freed_total += c->bytes;
+    if (c->writer == writer) freed_by_writer += c->bytes;
+  }
+  if (charge && usage_of(writer) - freed_by_writer + fresh.bytes > limits_.per_peer_quota_bytes) {
+    return ResourceExhausted(fmt::format(
+        "peer {} has used its storage quota of {} bytes on this node", writer.Short(),
+        limits_.per_peer_quota_bytes));
+  }
+  if (total_bytes_ - freed_total + fresh.bytes > limits_.capacity_bytes) {
+    return ResourceExhausted(
+        fmt::format("this node's DHT storage is full ({} bytes)", limits_.capacity_bytes));
+  }
+  if (!charge) fresh.writer = PeerId();  // uncharged entries count against nobody's quota
+
+  Slot& slot = it != records_.end() ? it->second : records_[id];
+  slot.key = item.key;
+  Record& r = slot.record;
+  if (!item.subkey) {
+    if (r.is_dict) {
+      for (const auto& [_, c] : slot.charges) Release(c);
+      slot.charges.clear();
+      r.subkeys.clear();
+    } else if (r.value.expiration != 0) {
+      Release(slot.value_charge);
+    }
+    r.is_dict = false;
+    r.value = entry;
+    slot.value_charge = fresh;
+  } else {
+    if (!r.is_dict) {
+      if (r.value.expiration != 0) Release(slot.value_charge);
+      r.value = {};
+      slot.value_charge = {};
+      r.is_dict = true;
+    }
+    auto old = slot.charges.find(*item.subkey);
+    if (old != slot.charges.end()) Release(old->second);
+    r.subkeys[*item.subkey] = entry;
+    slot.charges[*item.subkey] = fresh;
+  }
+  Acquire(fresh);
+  return Status::Ok();
+}
+
+const Record* Storage::Get(const DhtId& id, double now) {
+  auto it = records_.find(id);
+  if (it == records_.end()) return nullptr;
+  if (!PruneSlot(it->second, now)) {
+    Erase(it);
+    return nullptr;
+  }
+  return &it->second.record;
+}
+
+const Record* Storage::Peek(const DhtId& id) const {
+  auto it = records_.find(id);
+  return it == records_.end() ? nullptr : &it->second.record;
+}
+
+const std::string* Storage::KeyOf(const DhtId& id) const {
+  auto it = records_.find(id);
+  return it == records_.end() ? nullptr : &it->second.key;
+}
+
+void Storage::Purge(double now) {
+  for (auto it = records_.begin(); it != records_.end();) {
+    auto next = std::next(it);
+    if (!PruneSlot(it->second, now)) Erase(it);
+    it = next;
+  }
+}
+
+void Storage::MakeRoom(size_t bytes, double now) {
+  Purge(now);
+  while (!records_.empty() && total_bytes_ + bytes > limits_.capacity_bytes) {
+    auto victim = records_.begin();
+    double soonest = std::numeric_limits<double>::infinity();
+    for (auto it = records_.begin(); it != records_.end(); ++it) {
+      const double e = it->second.record.Expiration();
+      if (e < soonest) {
+        soonest = e;
+        victim = it;
+      }
+    }
+    Erase(victim);
+  }
+}
+
+}  // namespace colony::dht

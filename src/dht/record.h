@@ -1,0 +1,126 @@
+// Records and local storage with hivemind's semantics.
+//
+// A key holds either a plain value or a dictionary of subkeys. Every value carries an absolute
+// expiration (wall-clock seconds since the Unix epoch); the newest expiration wins and a store
+// with an older one is rejected. A dictionary's expiration is the newest of its subkeys'.
+// Equal expirations are broken by comparing the values' bytes (the larger wins), so replicas that
+// see two writers in different orders still converge.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "core/identity.h"
+#include "core/status.h"
+#include "dht/id.h"
+
+namespace colony::dht {
+
+struct ValueEntry {
+  std::string value;
+  double expiration = 0;
+  friend bool operator==(const ValueEntry&, const ValueEntry&) = default;
+};
+
+// What a key holds: a plain value, or a dictionary of subkeys.
+struct Record {
+  bool is_dict = false;
+  ValueEntry value;                           // when !is_dict
+  std::map<std::string, ValueEntry> subkeys;  // when is_dict
+  double Expiration() const;
+  friend bool operator==(const Record&, const Record&) = default;
+};
+
+// One store request.
+struct StoreItem {
+  std::string key;
+  std::optional<std::string> subkey;
+  std::string value;
+  double expiration = 0;
+};
+
+// Merges `other` into `into` with the storage rules (per subkey for two dictionaries, otherwise
+// the record with the newer expiration). Used when a get gathers copies from several replicas.
+void MergeRecord(Record& into, const Record& other);
+
+// Drops expired entries; returns false when nothing unexpired is left.
+bool DropExpired(Record& record, double now);
+
+struct StorageLimits {
+  size_t max_key_bytes = 1024;
+  size_t max_subkey_bytes = 1024;
+  size_t max_value_bytes = 1u << 20;
+  // A dictionary's total (keys, subkeys, values), so that one find reply stays bounded.
+  size_t max_record_bytes = 2u << 20;
+  size_t max_subkeys = 4096;
+  // Everything this node holds for others.
+  size_t capacity_bytes = 256u << 20;
+  // What any one remote peer may make this node hold.
+  size_t per_peer_quota_bytes = 32u << 20;
+  // A node holds a record at most this long, whatever expiration it carries (the expiration
+  // itself is kept exact, since owners sign it).
+  double max_hold_seconds = 7 * 24 * 3600.0;
+};
+
+// Checks sizes and the expiration of an item before it is signed, sent or stored.
+Status CheckItem(const StoreItem& item, const StorageLimits& limits, double now);
+
+// Records held by one node (its replicas, or its cache). Not thread-safe: the protocol core
+// owns it on its one thread.
+class Storage {
+ public:
+  explicit Storage(StorageLimits limits = {}) : limits_(limits) {}
+
+  // Stores `item` under `id`, written by `writer` (quota-charged unless `charge` is false).
+  // OK also when an identical entry is already stored. Errors: AlreadyExists ("a newer value
+  // is stored"), ResourceExhausted (quota, capacity, dictionary full), InvalidArgument (sizes,
+  // expiration in the past).
+  Status Store(const DhtId& id, const StoreItem& item, const PeerId& writer, double now,
+               bool charge = true);
+  // The unexpired record under `id`, or nullptr. Expired entries are dropped on the way.
+  const Record* Get(const DhtId& id, double now);
+  // The record under `id` as held, expired entries included (for inspection).
+  const Record* Peek(const DhtId& id) const;
+  // The original key of a stored id (for re-validation and republishing).
+  const std::string* KeyOf(const DhtId& id) const;
+  // Drops everything expired or held longer than max_hold_seconds.
+  void Purge(double now);
+  // Evicts the records that expire soonest until `bytes` more fit under capacity (caches).
+  void MakeRoom(size_t bytes, double now);
+
+  size_t size() const { return records_.size(); }
+  size_t bytes() const { return total_bytes_; }
+  size_t usage_of(const PeerId& peer) const;
+  const StorageLimits& limits() const { return limits_; }
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (const auto& [id, slot] : records_) f(id, slot.key, slot.record);
+  }
+
+ private:
+  struct Charge {
+    PeerId writer;
+    size_t bytes = 0;
+    double drop_at = 0;  // min(expiration, arrival + max_hold_seconds)
+  };
+  struct Slot {
+    std::string key;
+    Record record;
+    Charge value_charge;                     // plain value
+    std::map<std::string, Charge> charges;   // per subkey
+  };
+  void Release(const Charge& c);
+  void Acquire(const Charge& c);
+  bool PruneSlot(Slot& slot, double now);  // false when the slot is empty now
+  void Erase(std::unordered_map<DhtId, Slot>::iterator it);
+
+  StorageLimits limits_;
+  std::unordered_map<DhtId, Slot> records_;
+  std::unordered_map<PeerId, size_t> usage_;
+  size_t total_bytes_ = 0;
+};
+
+}  // namespace colony::dht

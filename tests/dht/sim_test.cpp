@@ -1,0 +1,455 @@
+// The DHT protocol core in the deterministic simulation: lookups against brute force, churn,
+// replication, record semantics across nodes, validation, client mode, caching and abuse.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "dht/simulation.h"
+
+namespace colony::dht {
+namespace {
+
+using namespace std::chrono_literals;
+
+StoreItem Item(std::string key, std::string value, double expiration,
+               std::optional<std::string> subkey = std::nullopt) {
+  return {std::move(key), std::move(subkey), std::move(value), expiration};
+}
+
+// A swarm of n nodes, each bootstrapped from a random earlier one.
+void Grow(Simulation& sim, size_t n, DhtOptions options = {}, uint64_t seed = 7) {
+  std::mt19937_64 rng(seed);
+  const size_t first = sim.size();
+  for (size_t i = 0; i < n; ++i) sim.AddNode(options);
+  for (size_t i = first; i < sim.size(); ++i) {
+    if (i == 0) {
+      ASSERT_TRUE(sim.Bootstrap(0, {}).ok());
+      continue;
+    }
+    const size_t via = std::uniform_int_distribution<size_t>(0, i - 1)(rng);
+    auto r = sim.Bootstrap(i, {sim.address(via)});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+}
+
+// Live, non-client nodes sorted by XOR distance to `target`.
+std::vector<PeerId> BruteForceNearest(Simulation& sim, const DhtId& target) {
+  std::vector<size_t> live;
+  for (size_t i = 0; i < sim.size(); ++i) {
+    if (sim.alive(i) && !sim.node(i).options().client_mode) live.push_back(i);
+  }
+  std::sort(live.begin(), live.end(), [&](size_t a, size_t b) {
+    return Closer(target, sim.node(a).id(), sim.node(b).id());
+  });
+  std::vector<PeerId> out;
+  for (size_t i : live) out.push_back(sim.node(i).peer_id());
+  return out;
+}
+
+size_t CountHolders(Simulation& sim, const std::string& key) {
+  size_t n = 0;
+  for (size_t i = 0; i < sim.size(); ++i) {
+    if (sim.alive(i) && sim.node(i).storage().KeyOf(DhtId::ForKey(key)) != nullptr) ++n;
+  }
+  return n;
+}
+
+TEST(DhtSimulation, ThousandNodesLookupsMatchBruteForceAndSurviveChurn) {
+  Simulation sim({.seed = 11});
+  Grow(sim, 1000);
+  std::mt19937_64 rng(5);
+  auto random_live = [&] {
+    for (;;) {
+      size_t i = std::uniform_int_distribution<size_t>(0, sim.size() - 1)(rng);
+      if (sim.alive(i)) return i;
+    }
+  };
+
+  // Nearest-node lookups against brute force.
+  const size_t kTargets = 200, k = 20;
+  size_t top1 = 0;
+  double jaccard_sum = 0;
+  for (size_t t = 0; t < kTargets; ++t) {
+    const DhtId target = DhtId::Random(rng);
+    std::optional<Result<std::vector<Contact>>> found;
+    sim.node(random_live()).FindNodes(target, [&](auto r) { found = std::move(r); });
+    ASSERT_TRUE(sim.RunUntil([&] { return found.has_value(); }));
+    ASSERT_TRUE(found->ok());
+    const auto truth = BruteForceNearest(sim, target);
+    std::vector<PeerId> got;
+    for (const Contact& c : **found) got.push_back(c.peer);
+    // The searching node does not list itself; brute force must skip it too only when it is
+    // among the nearest, so compare sets of the k nearest others.
+    ASSERT_FALSE(got.empty());
+    if (got[0] == truth[0] || (truth.size() > 1 && got[0] == truth[1])) ++top1;
+    std::set<PeerId> a(got.begin(), got.begin() + static_cast<long>(std::min(k, got.size())));
+    std::set<PeerId> b(truth.begin(), truth.begin() + static_cast<long>(k + 1));
+    size_t inter = 0;
+    for (const PeerId& p : a) inter += b.count(p);
+    // `b` has k+1 entries to allow for the searcher itself being among the truth.
+    jaccard_sum += static_cast<double>(inter) / static_cast<double>(a.size());
+  }
+  const double top1_accuracy = static_cast<double>(top1) / kTargets;
+  const double jaccard = jaccard_sum / kTargets;
+  RecordProperty("top1_accuracy", std::to_string(top1_accuracy));
+  RecordProperty("topk_jaccard", std::to_string(jaccard));
+  EXPECT_GE(top1_accuracy, 0.99);
+  EXPECT_GE(jaccard, 0.95);
+
+  // Store 300 keys, kill 10% of the nodes, get every key from a random survivor.
+  const double exp = sim.clock().WallSeconds() + 3600;
+  const size_t kKeys = 300;
+  for (size_t i = 0; i < kKeys; ++i) {
+    auto st = sim.Store(random_live(), Item("key" + std::to_string(i), "value" + std::to_string(i), exp));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  for (size_t i = 0; i < kKeys; ++i) {
+    EXPECT_EQ(CountHolders(sim, "key" + std::to_string(i)), 5u) << "key" << i;
+  }
+  std::vector<size_t> order(sim.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  for (size_t i = 0; i < sim.size() / 10; ++i) sim.Kill(order[i]);
+
+  size_t ok = 0;
+  for (size_t i = 0; i < kKeys; ++i) {
+    auto r = sim.Get(random_live(), "key" + std::to_string(i));
+    if (r.ok() && !r->is_dict && r->value.value == "value" + std::to_string(i) &&
+        r->value.expiration == exp) {
+      ++ok;
+    }
+  }
+  EXPECT_EQ(ok, kKeys);
+  const DhtStats& s = sim.node(random_live()).stats();
+  EXPECT_GT(s.lookups, 0u);
+}
+
+class SmallSwarm : public ::testing::Test {
+ protected:
+  void SetUp() override { Grow(sim, 30); }
+  double In(double seconds) { return sim.clock().WallSeconds() + seconds; }
+  Simulation sim{{.seed = 3}};
+};
+
+TEST_F(SmallSwarm, ReplicaCountEqualsNumReplicas) {
+  for (int i = 0; i < 20; ++i) {
+    const std::string key = "replicated" + std::to_string(i);
+    ASSERT_TRUE(sim.Store(static_cast<size_t>(i), Item(key, "v", In(60))).ok());
+    EXPECT_EQ(CountHolders(sim, key), 5u) << key;
+  }
+}
+
+TEST_F(SmallSwarm, ExactExpirationPreservedAndLatestSeesOverwrites) {
+  const double e1 = In(100.123456789);
+  ASSERT_TRUE(sim.Store(3, Item("k", "first", e1)).ok());
+  auto r = sim.Get(17, "k");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->value.value, "first");
+  EXPECT_EQ(r->value.expiration, e1);  // bit-exact
+
+  const double e2 = e1 + 1;
+  ASSERT_TRUE(sim.Store(9, Item("k", "second", e2)).ok());
+  auto latest = sim.Get(17, "k", /*latest=*/true);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->value.value, "second");
+  EXPECT_EQ(latest->value.expiration, e2);
+
+  // An older expiration is rejected by every replica.
+  auto st = sim.Store(5, Item("k", "stale", e1 - 10));
+  EXPECT_EQ(st.code(), StatusCode::kAlreadyExists) << st.ToString();
+  EXPECT_EQ(sim.Get(20, "k", true)->value.value, "second");
+}
+
+TEST_F(SmallSwarm, SubkeysFromTwoNodesMergeIntoOneDictionary) {
+  ASSERT_TRUE(sim.Store(1, Item("group", "from1", In(50), "peer1")).ok());
+  ASSERT_TRUE(sim.Store(2, Item("group", "from2", In(60), "peer2")).ok());
+  auto r = sim.Get(25, "group", true);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->is_dict);
+  ASSERT_EQ(r->subkeys.size(), 2u);
+  EXPECT_EQ(r->subkeys.at("peer1").value, "from1");
+  EXPECT_EQ(r->subkeys.at("peer2").value, "from2");
+  EXPECT_EQ(r->Expiration(), r->subkeys.at("peer2").expiration);
+
+  // An older value for an existing subkey is rejected; a newer one replaces it.
+  EXPECT_EQ(sim.Store(3, Item("group", "old", In(10), "peer1")).code(),
+            StatusCode::kAlreadyExists);
+  ASSERT_TRUE(sim.Store(3, Item("group", "newer", In(70), "peer1")).ok());
+  r = sim.Get(26, "group", true);
+  EXPECT_EQ(r->subkeys.at("peer1").value, "newer");
+}
+
+TEST_F(SmallSwarm, ExpiredRecordsDisappear) {
+  ASSERT_TRUE(sim.Store(1, Item("short", "v", In(2))).ok());
+  ASSERT_TRUE(sim.Get(8, "short", true).ok());
+  sim.RunFor(3s);
+  auto r = sim.Get(9, "short", true);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+}
+
+TEST_F(SmallSwarm, OwnerRecordsCannotBeOverwrittenEvenAfterTheOwnerLeaves) {
+  const size_t owner = 4, attacker = 12;
+  const std::string key = "profile" + OwnerMarker(sim.node(owner).peer_id());
+  ASSERT_TRUE(sim.Store(owner, Item(key, "genuine", In(100))).ok());
+  auto r = sim.Get(20, key, true);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->value.value, "genuine");  // signature stripped
+  sim.Kill(owner);
+
+  // The attacker's own node refuses to sign for someone else...
+  auto st = sim.Store(attacker, Item(key, "forged", In(200)));
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+  // ...and replicas refuse a forged signature sent directly, and a copy of the genuine
+  // signature reused with a newer expiration.
+  const Record* held = nullptr;
+  size_t replica = 0;
+  for (size_t i = 0; i < sim.size() && !held; ++i) {
+    if (sim.alive(i) && (held = sim.node(i).storage().Peek(DhtId::ForKey(key)))) replica = i;
+  }
+  ASSERT_NE(held, nullptr);
+  const std::string genuine_signed = held->value.value;
+  for (const std::string& value :
+       {std::string("forged[signature:") + std::string(88, 'A') + "]",
+        "forged" + genuine_signed.substr(genuine_signed.find("[signature:")), genuine_signed}) {
+    StoreRequest req;
+    req.items.push_back({Item(key, value, In(300)), false});
+    auto reply = sim.node(replica).HandleStore(sim.node(attacker).peer_id(), req);
+    ASSERT_TRUE(reply.ok());
+    EXPECT_EQ(reply->results[0].code(), StatusCode::kPermissionDenied)
+        << reply->results[0].ToString();
+  }
+  r = sim.Get(21, key, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->value.value, "genuine");
+}
+
+TEST_F(SmallSwarm, SchemaRejectsWrongTypes) {
+  auto schema = std::make_shared<SchemaValidator>(std::vector<ValueSchema>{
+      {"progress", JsonType::kObject,
+       {{"epoch", JsonType::kInt}, {"samples_per_second", JsonType::kNumber}},
+       true}});
+  for (size_t i = 0; i < sim.size(); ++i) sim.node(i).AddValidator(schema);
+  EXPECT_TRUE(sim.Store(2, Item("progress", R"({"epoch": 3, "samples_per_second": 12.5})",
+                                In(30), "peerA"))
+                  .ok());
+  auto st = sim.Store(2, Item("progress", R"({"epoch": 779.0, "samples_per_second": 1})",
+                              In(30), "peerB"));
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("must be int"), std::string::npos) << st.message();
+  EXPECT_EQ(sim.Store(2, Item("progress", "not json", In(30), "peerC")).code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ(sim.Store(2, Item("progress", R"({"epoch": 1, "samples_per_second": 1})", In(30)))
+                .code(),
+            StatusCode::kPermissionDenied);  // must be a dictionary
+  auto r = sim.Get(7, "progress", true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->subkeys.size(), 1u);
+}
+
+TEST_F(SmallSwarm, ClientModeNodesStoreAndGetButStayOutOfRoutingTables) {
+  DhtOptions client;
+  client.client_mode = true;
+  const size_t c = sim.AddNode(client);
+  ASSERT_TRUE(sim.Bootstrap(c, {sim.address(0)}).ok());
+  ASSERT_TRUE(sim.Store(c, Item("from-client", "hi", In(60))).ok());
+  auto r = sim.Get(c, "from-client", true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->value.value, "hi");
+  EXPECT_EQ(sim.Get(5, "from-client")->value.value, "hi");
+  for (size_t i = 0; i < c; ++i) {
+    EXPECT_FALSE(sim.node(i).routing_table().Find(sim.node(c).peer_id()).has_value()) << i;
+  }
+  EXPECT_EQ(sim.node(c).storage().size(), 0u);
+  // It serves nothing.
+  EXPECT_EQ(sim.node(c).HandleFind(sim.node(0).peer_id(), {}).status().code(),
+            StatusCode::kUnavailable);
+}
+
+TEST_F(SmallSwarm, ConcurrentGetsOfOneKeyShareOneLookup) {
+  ASSERT_TRUE(sim.Store(1, Item("hot", "v", In(60))).ok());
+  DhtCore& n = sim.node(22);
+  const uint64_t lookups = n.stats().lookups;
+  int answered = 0;
+  for (int i = 0; i < 5; ++i) {
+    n.Get({"hot"}, true, [&](std::vector<Result<Record>> r) {
+      EXPECT_TRUE(r[0].ok());
+      ++answered;
+    });
+  }
+  ASSERT_TRUE(sim.RunUntil([&] { return answered == 5; }));
+  EXPECT_EQ(n.stats().lookups, lookups + 1);
+  EXPECT_EQ(n.stats().shared_gets, 4u);
+}
+
+TEST_F(SmallSwarm, FoundValuesAreCachedLocallyAndOnTheNearestNodeThatLackedThem) {
+  ASSERT_TRUE(sim.Store(1, Item("cached", "v", In(60))).ok());
+  ASSERT_TRUE(sim.Get(23, "cached", true).ok());
+  sim.RunFor(1s);  // the copy sent to the nearest node that lacked it is on its way
+  const DhtId id = DhtId::ForKey("cached");
+  EXPECT_NE(sim.node(23).cache().KeyOf(id), nullptr);
+  size_t cachers = 0;
+  for (size_t i = 0; i < sim.size(); ++i) {
+    if (i != 23 && sim.node(i).cache().KeyOf(id) != nullptr) ++cachers;
+  }
+  EXPECT_GE(cachers, 1u);
+  // A second get is answered locally: no new lookup.
+  const uint64_t lookups = sim.node(23).stats().lookups;
+  ASSERT_TRUE(sim.Get(23, "cached").ok());
+  EXPECT_EQ(sim.node(23).stats().lookups, lookups);
+}
+
+TEST_F(SmallSwarm, UnresponsiveNodesAreBackedOffThenDropped) {
+  // A node that lists the victim looks up the victim's own id, so it must ask it.
+  const size_t victim = 6;
+  size_t asker = 0;
+  while (asker == victim || !sim.node(asker).routing_table().Find(sim.node(victim).peer_id())) {
+    ++asker;
+  }
+  const PeerId dead = sim.node(victim).peer_id();
+  const DhtId target = sim.node(victim).id();
+  sim.Kill(victim);
+  DhtCore& n = sim.node(asker);
+  auto lookup = [&] {
+    std::optional<Result<std::vector<Contact>>> r;
+    n.FindNodes(target, [&](auto x) { r = std::move(x); });
+    ASSERT_TRUE(sim.RunUntil([&] { return r.has_value(); }));
+  };
+  const uint64_t failed0 = n.stats().requests_failed;
+  lookup();
+  EXPECT_GT(n.stats().requests_failed, failed0);  // timed out once
+  EXPECT_TRUE(n.routing_table().Find(dead).has_value());  // one failure is forgiven
+  const uint64_t failed1 = n.stats().requests_failed;
+  lookup();
+  EXPECT_EQ(n.stats().requests_failed, failed1);  // backed off: not asked again
+  sim.RunFor(2s);                                 // the backoff passes
+  lookup();
+  EXPECT_GT(n.stats().requests_failed, failed1);
+  EXPECT_FALSE(n.routing_table().Find(dead).has_value());  // second failure: dropped
+  // A store still reaches exactly num_replicas live nodes.
+  ASSERT_TRUE(sim.Store(asker, Item("after-death", "v", In(60))).ok());
+  EXPECT_EQ(CountHolders(sim, "after-death"), 5u);
+}
+
+TEST_F(SmallSwarm, LimitsGiveClearErrors) {
+  std::string big(2u << 20, 'x');
+  auto st = sim.Store(1, Item("big", big, In(60)));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("limit"), std::string::npos) << st.message();
+  EXPECT_EQ(sim.Store(1, Item(std::string(5000, 'k'), "v", In(60))).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim.Store(1, Item("past", "v", In(-1))).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim.Store(1, Item("nan", "v", std::nan(""))).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim.Get(1, "").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(SmallSwarm, RateLimitRefusesFloods) {
+  DhtCore& target = sim.node(3);
+  const PeerId flooder = sim.node(4).peer_id();
+  size_t refused = 0;
+  for (int i = 0; i < 5000; ++i) {
+    if (target.HandleFind(flooder, {}).status().code() == StatusCode::kResourceExhausted) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 3000u);
+  // Another peer is unaffected.
+  EXPECT_TRUE(target.HandleFind(sim.node(5).peer_id(), {}).ok());
+}
+
+TEST_F(SmallSwarm, PerPeerQuotaBoundsWhatOnePeerCanMakeANodeHold) {
+  DhtCore& target = sim.node(3);
+  const PeerId greedy = sim.node(4).peer_id();
+  const size_t quota = target.options().storage.per_peer_quota_bytes;
+  const std::string value(512u << 10, 'v');
+  size_t accepted = 0;
+  Status last;
+  for (int i = 0; i < 100; ++i) {
+    StoreRequest req;
+    req.items.push_back({Item("fill" + std::to_string(i), value, In(60)), false});
+    auto reply = target.HandleStore(greedy, req);
+    ASSERT_TRUE(reply.ok());
+    if (reply->results[0].ok()) ++accepted;
+    last = reply->results[0];
+  }
+  EXPECT_LE(target.storage().usage_of(greedy), quota);
+  EXPECT_LT(accepted, 100u);
+  EXPECT_EQ(last.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(last.message().find("quota"), std::string::npos) << last.message();
+}
+
+TEST(DhtSimulationBootstrap, DeadInitialPeersGiveAnErrorNamingEachAddress) {
+  Simulation sim;
+  sim.AddNode();
+  sim.AddNode();
+  sim.Kill(0);
+  auto r = sim.Bootstrap(1, {sim.address(0), "sim/99"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("sim/0"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("sim/99"), std::string::npos);
+  EXPECT_NE(r.status().message().find("did not answer"), std::string::npos);
+}
+
+TEST(DhtSimulationBootstrap, PeersWithSkewedClocksAreRefused) {
+  Simulation sim;
+  sim.AddNode();
+  ASSERT_TRUE(sim.Bootstrap(0, {}).ok());
+  // A request claiming a clock 60 s ahead is refused by the node...
+  DhtCore& n = sim.node(0);
+  PingRequest ping;
+  ping.wall_time = sim.clock().WallSeconds() + 60;
+  auto r = n.HandlePing(KeyPair::Generate().peer_id(), ping);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("clock"), std::string::npos);
+}
+
+TEST(DhtSimulationBootstrap, ManyNodesStartingAtOnceFromOneBootstrapFormOneSwarm) {
+  Simulation sim({.seed = 21});
+  sim.AddNode();
+  ASSERT_TRUE(sim.Bootstrap(0, {}).ok());
+  const size_t n = 100;
+  size_t booted = 0;
+  for (size_t i = 1; i <= n; ++i) {
+    sim.AddNode();
+    sim.node(i).Bootstrap({sim.address(0)}, [&](Result<size_t> r) {
+      EXPECT_TRUE(r.ok());
+      ++booted;
+    });
+  }
+  ASSERT_TRUE(sim.RunUntil([&] { return booted == n; }));
+  // Let the swarm settle: each node refreshes its sparse buckets once shortly after joining.
+  sim.RunFor(5s);
+  // Every node publishes a record at once; then every node finds every other's.
+  size_t stored = 0;
+  const double exp = sim.clock().WallSeconds() + 600;
+  for (size_t i = 1; i <= n; ++i) {
+    sim.node(i).Store({Item("node" + std::to_string(i), std::to_string(i), exp)},
+                      [&](std::vector<Status> st) {
+                        EXPECT_TRUE(st[0].ok()) << st[0].ToString();
+                        ++stored;
+                      });
+  }
+  ASSERT_TRUE(sim.RunUntil([&] { return stored == n; }));
+  size_t found = 0, answered = 0, failures = 0;
+  for (size_t i = 1; i <= n; ++i) {
+    std::vector<std::string> keys;
+    for (size_t j = 1; j <= n; ++j) keys.push_back("node" + std::to_string(j));
+    sim.node(i).Get(keys, false, [&, i](std::vector<Result<Record>> rs) {
+      for (size_t j = 0; j < rs.size(); ++j) {
+        if (rs[j].ok() && rs[j]->value.value == std::to_string(j + 1)) {
+          ++found;
+        } else if (failures++ < 5) {
+          ADD_FAILURE() << "node " << i << " key " << j + 1 << ": " << rs[j].status().ToString();
+        }
+      }
+      ++answered;
+    });
+  }
+  ASSERT_TRUE(sim.RunUntil([&] { return answered == n; }));
+  EXPECT_EQ(found, n * n);
+}
+
+}  // namespace
+}  // namespace colony::dht

@@ -1,0 +1,244 @@
+// Unit tests of the DHT's pieces: ids and distance, storage semantics and limits, validators,
+// and the routing table.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "dht/id.h"
+#include "dht/record.h"
+#include "dht/routing.h"
+#include "dht/validation.h"
+
+namespace colony::dht {
+namespace {
+
+constexpr double kNow = 1.7e9;
+
+StoreItem Item(std::string key, std::string value, double expiration,
+               std::optional<std::string> subkey = std::nullopt) {
+  return {std::move(key), std::move(subkey), std::move(value), expiration};
+}
+
+TEST(DhtId, HashesAreStableDistinctAndXorIsAMetric) {
+  EXPECT_EQ(DhtId::ForKey("a"), DhtId::ForKey("a"));
+  EXPECT_NE(DhtId::ForKey("a"), DhtId::ForKey("b"));
+  const PeerId p = KeyPair::Generate().peer_id();
+  EXPECT_NE(DhtId::ForPeer(p), DhtId::ForKey(p.ToString()));
+  const DhtId a = DhtId::ForKey("x"), b = DhtId::ForKey("y");
+  EXPECT_EQ((a ^ a), DhtId());
+  EXPECT_EQ((a ^ b), (b ^ a));
+  EXPECT_EQ(a.CommonPrefixBits(a), kIdBits);
+  EXPECT_EQ(a.ToHex().size(), 40u);
+  EXPECT_FALSE(DhtId::FromBytes(Bytes(19)).ok());
+  EXPECT_TRUE(DhtId::FromBytes(Bytes(20)).ok());
+}
+
+TEST(DhtId, RandomInBucketSharesExactlyThePrefix) {
+  std::mt19937_64 rng(1);
+  const DhtId base = DhtId::Random(rng);
+  for (size_t bits : {0u, 1u, 7u, 8u, 63u, 159u}) {
+    for (int i = 0; i < 20; ++i) {
+      EXPECT_EQ(base.CommonPrefixBits(DhtId::RandomInBucket(base, bits, rng)), bits);
+    }
+  }
+}
+
+TEST(DhtStorage, NewestExpirationWinsAndTiesConverge) {
+  Storage s;
+  const PeerId w = KeyPair::Generate().peer_id();
+  const DhtId id = DhtId::ForKey("k");
+  ASSERT_TRUE(s.Store(id, Item("k", "a", kNow + 10), w, kNow).ok());
+  EXPECT_EQ(s.Store(id, Item("k", "b", kNow + 5), w, kNow).code(), StatusCode::kAlreadyExists);
+  EXPECT_TRUE(s.Store(id, Item("k", "a", kNow + 10), w, kNow).ok());  // identical: idempotent
+  ASSERT_TRUE(s.Store(id, Item("k", "c", kNow + 10), w, kNow).ok());  // tie: larger value wins
+  EXPECT_EQ(s.Store(id, Item("k", "b", kNow + 10), w, kNow).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(s.Get(id, kNow)->value.value, "c");
+  ASSERT_TRUE(s.Store(id, Item("k", "d", kNow + 20), w, kNow).ok());
+  EXPECT_EQ(s.Get(id, kNow)->value, (ValueEntry{"d", kNow + 20}));
+  EXPECT_EQ(s.Get(id, kNow + 20), nullptr);  // expired
+  EXPECT_EQ(s.size(), 0u);
+  EXPECT_EQ(s.bytes(), 0u);
+}
+
+TEST(DhtStorage, DictionariesAndPlainValues) {
+  Storage s;
+  const PeerId w = KeyPair::Generate().peer_id();
+  const DhtId id = DhtId::ForKey("d");
+  ASSERT_TRUE(s.Store(id, Item("d", "plain", kNow + 10), w, kNow).ok());
+  // A subkey older than the plain value is rejected; a newer one turns the key into a dict.
+  EXPECT_EQ(s.Store(id, Item("d", "x", kNow + 5, "s1"), w, kNow).code(),
+            StatusCode::kAlreadyExists);
+  ASSERT_TRUE(s.Store(id, Item("d", "x", kNow + 10, "s1"), w, kNow).ok());
+  ASSERT_TRUE(s.Store(id, Item("d", "y", kNow + 30, "s2"), w, kNow).ok());
+  const Record* r = s.Get(id, kNow);
+  ASSERT_TRUE(r && r->is_dict);
+  EXPECT_EQ(r->subkeys.size(), 2u);
+  EXPECT_EQ(r->Expiration(), kNow + 30);
+  // Subkeys expire one by one.
+  r = s.Get(id, kNow + 15);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->subkeys.size(), 1u);
+  // A plain value replaces the dict only when newer than all of it.
+  EXPECT_EQ(s.Store(id, Item("d", "p", kNow + 30), w, kNow + 15).code(),
+            StatusCode::kAlreadyExists);
+  ASSERT_TRUE(s.Store(id, Item("d", "p", kNow + 31), w, kNow + 15).ok());
+  EXPECT_FALSE(s.Get(id, kNow + 15)->is_dict);
+}
+
+TEST(DhtStorage, MergeFollowsTheSameRules) {
+  Record a{true, {}, {{"x", {"1", kNow + 5}}, {"y", {"2", kNow + 9}}}};
+  Record b{true, {}, {{"x", {"3", kNow + 7}}, {"z", {"4", kNow + 1}}}};
+  MergeRecord(a, b);
+  EXPECT_EQ(a.subkeys.size(), 3u);
+  EXPECT_EQ(a.subkeys["x"].value, "3");
+  Record plain{false, {"p", kNow + 100}, {}};
+  MergeRecord(a, plain);
+  EXPECT_FALSE(a.is_dict);
+  EXPECT_TRUE(DropExpired(a, kNow));
+  EXPECT_FALSE(DropExpired(a, kNow + 100));
+}
+
+TEST(DhtStorage, LimitsQuotaCapacityAndHoldingTime) {
+  StorageLimits limits;
+  limits.per_peer_quota_bytes = 10'000;
+  limits.capacity_bytes = 15'000;
+  limits.max_hold_seconds = 100;
+  limits.max_subkeys = 3;
+  Storage s(limits);
+  const PeerId a = KeyPair::Generate().peer_id(), b = KeyPair::Generate().peer_id();
+  const std::string v(4000, 'v');
+  ASSERT_TRUE(s.Store(DhtId::ForKey("1"), Item("1", v, kNow + 10), a, kNow).ok());
+  ASSERT_TRUE(s.Store(DhtId::ForKey("2"), Item("2", v, kNow + 10), a, kNow).ok());
+  auto st = s.Store(DhtId::ForKey("3"), Item("3", v, kNow + 10), a, kNow);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("quota"), std::string::npos);
+  // Overwriting one's own record is charged only for the difference.
+  EXPECT_TRUE(s.Store(DhtId::ForKey("2"), Item("2", v, kNow + 11), a, kNow).ok());
+  ASSERT_TRUE(s.Store(DhtId::ForKey("4"), Item("4", v, kNow + 10), b, kNow).ok());
+  st = s.Store(DhtId::ForKey("5"), Item("5", v, kNow + 10), b, kNow);
+  EXPECT_NE(st.message().find("full"), std::string::npos) << st.message();
+  // Too many subkeys.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(s.Store(DhtId::ForKey("d"), Item("d", "", kNow + 10, std::to_string(i)), b, kNow,
+                        false)
+                    .ok());
+  }
+  EXPECT_EQ(s.Store(DhtId::ForKey("d"), Item("d", "", kNow + 10, "x"), b, kNow, false).code(),
+            StatusCode::kResourceExhausted);
+  // A far expiration is kept exact but held only max_hold_seconds.
+  Storage h(limits);
+  ASSERT_TRUE(h.Store(DhtId::ForKey("far"), Item("far", "v", kNow + 1e6), a, kNow).ok());
+  EXPECT_EQ(h.Get(DhtId::ForKey("far"), kNow + 50)->value.expiration, kNow + 1e6);
+  EXPECT_EQ(h.Get(DhtId::ForKey("far"), kNow + 100), nullptr);
+  EXPECT_EQ(h.usage_of(a), 0u);
+}
+
+TEST(DhtStorage, CheckItemNamesTheProblem) {
+  StorageLimits l;
+  EXPECT_NE(CheckItem(Item("", "v", kNow + 1), l, kNow).message().find("empty"),
+            std::string::npos);
+  EXPECT_NE(CheckItem(Item("k", std::string(l.max_value_bytes + 1, 'x'), kNow + 1), l, kNow)
+                .message()
+                .find("limit"),
+            std::string::npos);
+  EXPECT_NE(CheckItem(Item("k", "v", kNow), l, kNow).message().find("future"),
+            std::string::npos);
+  EXPECT_FALSE(CheckItem(Item("k", "v", INFINITY), l, kNow).ok());
+  EXPECT_TRUE(CheckItem(Item("k", "v", kNow + 1), l, kNow).ok());
+}
+
+TEST(DhtValidation, OwnerSignaturesSignVerifyAndStrip) {
+  KeyPair owner = KeyPair::Generate(), other = KeyPair::Generate();
+  ValidatorChain chain;
+  chain.Add(std::make_shared<OwnerValidator>(&owner));
+  const std::string key = "rec" + OwnerMarker(owner.peer_id());
+  auto signed_value = chain.Sign({key, std::nullopt, "hello", kNow + 5});
+  ASSERT_TRUE(signed_value.ok());
+  EXPECT_NE(*signed_value, "hello");
+  auto stripped = chain.ValidateAndStrip({key, std::nullopt, *signed_value, kNow + 5});
+  ASSERT_TRUE(stripped.ok());
+  EXPECT_EQ(*stripped, "hello");
+  // Any change to key, value or expiration breaks the signature.
+  EXPECT_FALSE(chain.ValidateAndStrip({key, std::nullopt, *signed_value, kNow + 6}).ok());
+  EXPECT_FALSE(chain.ValidateAndStrip({key, "sub", *signed_value, kNow + 5}).ok());
+  EXPECT_FALSE(chain.ValidateAndStrip({key, std::nullopt, "x" + *signed_value, kNow + 5}).ok());
+  EXPECT_FALSE(chain.ValidateAndStrip({key, std::nullopt, "hello", kNow + 5}).ok());
+  // Someone else cannot sign for the owner.
+  ValidatorChain theirs;
+  theirs.Add(std::make_shared<OwnerValidator>(&other));
+  EXPECT_EQ(theirs.Sign({key, std::nullopt, "evil", kNow + 5}).status().code(),
+            StatusCode::kPermissionDenied);
+  // Key and subkey naming different owners are refused.
+  EXPECT_FALSE(chain.ValidateAndStrip({key, OwnerMarker(other.peer_id()), "x", kNow}).ok());
+  // Records without a marker pass untouched, even when their value looks signed.
+  auto plain = chain.ValidateAndStrip({"open", std::nullopt, *signed_value, kNow + 5});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(*plain, *signed_value);
+  // Owner in the subkey.
+  auto sub = chain.Sign({"group", OwnerMarker(owner.peer_id()), "v", kNow + 5});
+  ASSERT_TRUE(sub.ok());
+  EXPECT_TRUE(chain.ValidateAndStrip({"group", OwnerMarker(owner.peer_id()), *sub, kNow + 5}).ok());
+  EXPECT_FALSE(chain.ValidateAndStrip({"group", OwnerMarker(other.peer_id()), *sub, kNow + 5}).ok());
+  // Malformed markers.
+  EXPECT_FALSE(chain.ValidateAndStrip({"a[owner:nope]", std::nullopt, "v", kNow}).ok());
+  EXPECT_FALSE(chain.ValidateAndStrip({"a[owner:12D3", std::nullopt, "v", kNow}).ok());
+}
+
+TEST(DhtValidation, SchemaChecksTypesAndFieldsAndComposesWithOwners) {
+  KeyPair owner = KeyPair::Generate();
+  ValidatorChain chain;
+  chain.Add(std::make_shared<SchemaValidator>(
+      std::vector<ValueSchema>{{"count", JsonType::kInt, {}, false},
+                               {"peer", JsonType::kObject, {{"name", JsonType::kString}}, true}},
+      /*allow_other_keys=*/false));
+  chain.Add(std::make_shared<OwnerValidator>(&owner));
+  EXPECT_TRUE(chain.ValidateAndStrip({"count", std::nullopt, "779", kNow}).ok());
+  auto bad = chain.ValidateAndStrip({"count", std::nullopt, "779.0", kNow});
+  EXPECT_EQ(bad.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(bad.status().message().find("must be int"), std::string::npos);
+  EXPECT_FALSE(chain.ValidateAndStrip({"count", "sub", "1", kNow}).ok());
+  EXPECT_FALSE(chain.ValidateAndStrip({"other", std::nullopt, "1", kNow}).ok());
+  EXPECT_FALSE(chain.ValidateAndStrip({"peer", "s", R"({"name": 5})", kNow}).ok());
+  EXPECT_FALSE(chain.ValidateAndStrip({"peer", "s", R"({})", kNow}).ok());
+  // An owner-signed subkey: the schema sees the value without the signature.
+  const std::string sub = OwnerMarker(owner.peer_id());
+  auto s = chain.Sign({"peer", sub, R"({"name": "x"})", kNow + 1});
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto v = chain.ValidateAndStrip({"peer", sub, *s, kNow + 1});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, R"({"name": "x"})");
+}
+
+TEST(DhtRouting, BucketsNearestAndFailures) {
+  std::mt19937_64 rng(3);
+  const DhtId self = DhtId::Random(rng);
+  RoutingTable table(self, 4, 2);
+  std::vector<Contact> all;
+  for (int i = 0; i < 200; ++i) {
+    KeyPair k = KeyPair::Generate();
+    Contact c{k.peer_id(), DhtId::ForPeer(k.peer_id()), {"/ip4/127.0.0.1/tcp/1"}};
+    table.Seen(c, SteadyTime{});
+    all.push_back(c);
+  }
+  // Bucket 0 holds at most 4 of the ~100 contacts that differ in the first bit.
+  EXPECT_LT(table.size(), 60u);
+  const DhtId target = DhtId::Random(rng);
+  auto nearest = table.Nearest(target, 5);
+  ASSERT_EQ(nearest.size(), 5u);
+  for (size_t i = 1; i < nearest.size(); ++i) {
+    EXPECT_TRUE(Closer(target, nearest[i - 1].id, nearest[i].id));
+  }
+  // Every contact in the table is among those added; nearest to our own id is the deepest.
+  const Contact victim = table.Nearest(self, 1)[0];
+  table.Failed(victim.peer);
+  EXPECT_TRUE(table.Find(victim.peer).has_value());  // one failure is forgiven
+  table.Failed(victim.peer);
+  EXPECT_FALSE(table.Find(victim.peer).has_value());
+  const size_t before = table.size();
+  table.Remove(nearest[0].peer);
+  EXPECT_EQ(table.size(), before - 1);
+  EXPECT_FALSE(table.Seen({KeyPair::Generate().peer_id(), self, {}}, SteadyTime{}));
+}
+
+}  // namespace
+}  // namespace colony::dht
