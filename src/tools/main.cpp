@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<CLI::App*, Command>> commands;
   AddIdentityCommands(app, commands);
   AddPeerCommands(app, commands);
+  AddDhtCommands(app, commands);
   AddDemoCommand(app, commands);
 
   try {

@@ -1,0 +1,388 @@
+#include "dht/node.h"
+
+#include <asio/async_result.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fmt/format.h>
+#include <future>
+
+#include "core/log.h"
+#include "dht/wire.h"
+#include "net/run_on_strand.h"
+
+namespace colony::dht {
+
+double Now() { return SystemClock::Instance().WallSeconds(); }
+
+namespace {
+constexpr const char* kPing = "dht.ping";
+constexpr const char* kStore = "dht.store";
+constexpr const char* kFind = "dht.find";
+
+std::chrono::milliseconds Ms(Duration d) {
+  return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(d),
+                  std::chrono::milliseconds(1));
+}
+}  // namespace
+
+// The environment of the core on the real network; everything core-related runs on strand_.
+class Node::Impl final : public Environment, public std::enable_shared_from_this<Impl> {
+ public:
+  Impl(net::Host* host, bool client_mode)
+      : host_(host), strand_(asio::make_strand(host->io_context())), client_mode_(client_mode) {}
+
+  const Clock& clock() const override { return SystemClock::Instance(); }
+
+  void Ping(const Contact& to, PingRequest request, Duration timeout,
+            Callback<PingResponse> done) override {
+    auto self = shared_from_this();
+    auto op = [self, to, payload = EncodePingRequest(request),
+               timeout]() -> asio::awaitable<Result<PingResponse>> {
+      PeerId answered_by;
+      auto reply = co_await self->CallPeer(to, kPing, payload, timeout, &answered_by);
+      if (!reply.ok()) co_return reply.status();
+      auto r = DecodePingResponse(*reply);
+      if (r.ok()) r->peer = answered_by;
+      co_return r;
+    };
+    Spawn<PingResponse>(std::move(op), std::move(done));
+  }
+
+  void Store(const Contact& to, StoreRequest request, Duration timeout,
+             Callback<StoreResponse> done) override {
+    auto self = shared_from_this();
+    const size_t n = request.items.size();
+    auto op = [self, to, payload = EncodeStoreRequest(request), timeout,
+               n]() -> asio::awaitable<Result<StoreResponse>> {
+      auto reply = co_await self->CallPeer(to, kStore, payload, timeout, nullptr);
+      if (!reply.ok()) co_return reply.status();
+      co_return DecodeStoreResponse(*reply, n);
+    };
+    Spawn<StoreResponse>(std::move(op), std::move(done));
+  }
+
+  void Find(const Contact& to, FindRequest request, Duration timeout,
+            Callback<FindResponse> done) override {
+    auto self = shared_from_this();
+    const size_t n = request.ids.size();
+    auto op = [self, to, payload = EncodeFindRequest(request), timeout,
+               n]() -> asio::awaitable<Result<FindResponse>> {
+      auto reply = co_await self->CallPeer(to, kFind, payload, timeout, nullptr);
+      if (!reply.ok()) co_return reply.status();
+      co_return DecodeFindResponse(*reply, n);
+    };
+    Spawn<FindResponse>(std::move(op), std::move(done));
+  }
+
+  void Schedule(Duration delay, std::function<void()> fn) override {
+    auto timer = std::make_shared<asio::steady_timer>(strand_, delay);
+    timer->async_wait([timer, fn = std::move(fn)](const std::error_code& ec) {
+      if (!ec) fn();
+    });
+  }
+
+  // Calls `method` on the peer, trying its addresses in turn within one deadline.
+  asio::awaitable<Result<std::string>> CallPeer(Contact to, std::string method,
+                                                std::string payload, Duration timeout,
+                                                PeerId* answered_by) {
+    const SteadyTime deadline = SteadyTime::clock::now() + timeout;
+    Status last = Unavailable("no usable address");
+    // Errors name the peer; bootstrap errors are prefixed with the address by the core.
+    const std::string where = to.peer.valid() ? "peer " + to.peer.Short() : std::string();
+    for (const std::string& a : to.addrs) {
+      auto addr = Multiaddr::Parse(a);
+      if (!addr.ok()) {
+        last = addr.status();
+        continue;
+      }
+      if (to.peer.valid()) {
+        if (addr->peer_id() && !(*addr->peer_id() == to.peer)) continue;
+        *addr = addr->WithPeerId(to.peer);
+      }
+      const Duration left = deadline - SteadyTime::clock::now();
+      if (left <= Duration::zero()) {
+        last = DeadlineExceeded("no time left");
+        break;
+      }
+      if (answered_by != nullptr) {
+        auto conn = co_await host_->Connect(*addr);
+        if (!conn.ok()) {
+          last = conn.status();
+          continue;
+        }
+        *answered_by = (*conn)->peer();
+      }
+      auto reply = co_await host_->Call(*addr, method, net::Message(payload),
+                                        {.timeout = Ms(deadline - SteadyTime::clock::now())});
+      if (reply.ok()) co_return std::move(reply->meta);
+      last = reply.status();
+      // Try another address only when this one could not be reached.
+      if (last.code() != StatusCode::kUnavailable && last.code() != StatusCode::kClosed) break;
+    }
+    if (last.code() == StatusCode::kDeadlineExceeded) {
+      last = DeadlineExceeded(fmt::format("did not answer within {} ms", Ms(timeout).count()));
+    }
+    co_return where.empty() ? last : last.WithContext(where);
+  }
+
+  template <typename T, typename Op>
+  void Spawn(Op op, Callback<T> done) {
+    asio::co_spawn(strand_, std::move(op),
+                   [done = std::move(done)](std::exception_ptr e, Result<T> r) {
+                     if (e) r = Internal("DHT request failed with an exception");
+                     done(std::move(r));
+                   });
+  }
+
+  // Runs `start(callback)` on the strand and waits for the callback (blocking). nullopt when
+  // the node shut down before it answered.
+  template <typename T, typename Start>
+  std::optional<T> Block(Start start) {
+    auto promise = std::make_shared<std::promise<T>>();
+    auto future = promise->get_future();
+    auto self = shared_from_this();
+    asio::post(strand_, [self, start = std::move(start), promise]() mutable {
+      start([promise](T value) { promise->set_value(std::move(value)); });
+    });
+    while (future.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready) {
+      if (stopped_.load()) {
+        if (future.wait_for(std::chrono::seconds(2)) == std::future_status::ready) break;
+        return std::nullopt;
+      }
+    }
+    return future.get();
+  }
+
+  // Awaitable form of Block: the callback resumes the awaiting coroutine on its own executor.
+  template <typename T, typename Start>
+  asio::awaitable<T> Await(Start start) {
+    auto self = shared_from_this();
+    auto initiation = [self, start = std::move(start)](auto handler) mutable {
+      auto h = std::make_shared<decltype(handler)>(std::move(handler));
+      asio::post(self->strand_, [start = std::move(start), h]() mutable {
+        start([h](T value) {
+          auto ex = asio::get_associated_executor(*h);
+          asio::post(ex, [h, value = std::move(value)]() mutable { (*h)(std::move(value)); });
+        });
+      });
+    };
+    co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(T)>(
+        std::move(initiation), asio::use_awaitable);
+  }
+
+  void RegisterHandlers() {
+    std::weak_ptr<Impl> weak = weak_from_this();
+    host_->RegisterUnary(kPing, [weak](net::CallContext& ctx, net::Message m)
+                                    -> asio::awaitable<Result<net::Message>> {
+      auto req = DecodePingRequest(m.meta);
+      if (!req.ok()) co_return req.status();
+      auto serve = [from = ctx.peer(), req = std::move(*req)](DhtCore& core) -> Result<net::Message> {
+        auto r = core.HandlePing(from, req);
+        if (!r.ok()) return r.status();
+        return net::Message(EncodePingResponse(*r));
+      };
+      co_return co_await Serve(weak, std::move(serve));
+    });
+    host_->RegisterUnary(kStore, [weak](net::CallContext& ctx, net::Message m)
+                                     -> asio::awaitable<Result<net::Message>> {
+      auto req = DecodeStoreRequest(m.meta);
+      if (!req.ok()) co_return req.status();
+      auto serve = [from = ctx.peer(), req = std::move(*req)](DhtCore& core) -> Result<net::Message> {
+        auto r = core.HandleStore(from, req);
+        if (!r.ok()) return r.status();
+        return net::Message(EncodeStoreResponse(*r));
+      };
+      co_return co_await Serve(weak, std::move(serve));
+    });
+    host_->RegisterUnary(kFind, [weak](net::CallContext& ctx, net::Message m)
+                                    -> asio::awaitable<Result<net::Message>> {
+      auto req = DecodeFindRequest(m.meta);
+      if (!req.ok()) co_return req.status();
+      auto serve = [from = ctx.peer(), req = std::move(*req)](DhtCore& core) -> Result<net::Message> {
+        auto r = core.HandleFind(from, req);
+        if (!r.ok()) return r.status();
+        return net::Message(EncodeFindResponse(*r));
+      };
+      co_return co_await Serve(weak, std::move(serve));
+    });
+  }
+
+  template <typename F>
+  static asio::awaitable<Result<net::Message>> Serve(std::weak_ptr<Impl> weak, F serve) {
+    auto self = weak.lock();
+    if (!self || self->stopped_.load()) co_return Unavailable("DHT node is shutting down");
+    auto work = [self, serve = std::move(serve)]() -> asio::awaitable<Result<net::Message>> {
+      if (self->stopped_.load()) co_return Unavailable("DHT node is shutting down");
+      co_return serve(*self->core_);
+    };
+    co_return co_await net::RunOnStrand<Result<net::Message>>(self->strand_, std::move(work));
+  }
+
+  net::Host* host_;
+  net::Strand strand_;
+  bool client_mode_;
+  std::shared_ptr<DhtCore> core_;
+  std::atomic<bool> stopped_{false};
+};
+
+Node::Node(std::shared_ptr<Impl> impl, std::shared_ptr<net::Host> host)
+    : impl_(std::move(impl)), host_(std::move(host)) {}
+
+Node::~Node() { Shutdown(); }
+
+Result<std::unique_ptr<Node>> Node::Start(KeyPair identity, NodeOptions options) {
+  net::HostOptions host_options = options.host;
+  host_options.listen = options.listen;
+  host_options.dial_timeout = std::min(
+      host_options.dial_timeout, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     options.dht.request_timeout));
+  if (options.listen.empty()) options.dht.client_mode = true;
+  auto host = std::make_shared<net::Host>(std::move(identity), std::move(host_options));
+  COLONY_RETURN_IF_ERROR(host->Start());
+  auto node = Attach(host, std::move(options));
+  if (!node.ok()) {
+    host->Shutdown();
+  } else {
+    (*node)->owns_host_ = true;
+  }
+  return node;
+}
+
+Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, NodeOptions options) {
+  std::vector<std::string> addrs;
+  if (!options.dht.client_mode) {
+    for (const Multiaddr& a : host->ListenAddresses()) addrs.push_back(a.ToString());
+    if (addrs.empty()) options.dht.client_mode = true;
+  }
+  auto impl = std::make_shared<Impl>(host.get(), options.dht.client_mode);
+  impl->core_ = DhtCore::Create(host->identity(), std::move(addrs), options.dht, *impl);
+  for (auto& v : options.validators) impl->core_->AddValidator(v);
+  if (!options.dht.client_mode) impl->RegisterHandlers();
+  std::unique_ptr<Node> node(new Node(impl, host));
+  auto booted = impl->Block<Result<size_t>>(
+      [impl, peers = options.initial_peers](std::function<void(Result<size_t>)> cb) {
+        impl->core_->Bootstrap(peers, std::move(cb));
+      });
+  if (!booted) return Closed("DHT node shut down during bootstrap");
+  if (!booted->ok()) {
+    node->Shutdown();
+    return booted->status().WithContext("DHT bootstrap failed");
+  }
+  COLONY_LOG_DEBUG("DHT node {} joined; {} peers in its routing table",
+                   host->peer_id().Short(), **booted);
+  return node;
+}
+
+void Node::Shutdown() {
+  if (!impl_ || impl_->stopped_.exchange(true)) return;
+  auto impl = impl_;
+  auto done = std::make_shared<std::promise<void>>();
+  asio::post(impl->strand_, [impl, done] {
+    impl->core_->Shutdown();
+    done->set_value();
+  });
+  done->get_future().wait_for(std::chrono::seconds(5));
+  if (owns_host_) host_->Shutdown();
+}
+
+const PeerId& Node::peer_id() const { return host_->peer_id(); }
+
+bool Node::client_mode() const { return impl_->client_mode_; }
+
+std::vector<Multiaddr> Node::VisibleAddresses() const {
+  if (impl_->client_mode_) return {};
+  return host_->ListenAddresses();
+}
+
+asio::awaitable<std::vector<Status>> Node::StoreMany(std::vector<StoreItem> items) {
+  auto impl = impl_;
+  auto start = [impl, items = std::move(items)](std::function<void(std::vector<Status>)> cb) mutable {
+    impl->core_->Store(std::move(items), std::move(cb));
+  };
+  co_return co_await impl->Await<std::vector<Status>>(std::move(start));
+}
+
+asio::awaitable<Status> Node::Store(std::string key, std::string value, double expiration,
+                                    std::optional<std::string> subkey) {
+  std::vector<StoreItem> items;
+  items.push_back({std::move(key), std::move(subkey), std::move(value), expiration});
+  auto r = co_await StoreMany(std::move(items));
+  co_return r.at(0);
+}
+
+asio::awaitable<std::vector<Result<Record>>> Node::GetMany(std::vector<std::string> keys,
+                                                           bool latest) {
+  auto impl = impl_;
+  auto start = [impl, keys = std::move(keys),
+                latest](std::function<void(std::vector<Result<Record>>)> cb) mutable {
+    impl->core_->Get(std::move(keys), latest, std::move(cb));
+  };
+  co_return co_await impl->Await<std::vector<Result<Record>>>(std::move(start));
+}
+
+asio::awaitable<Result<Record>> Node::Get(std::string key, bool latest) {
+  std::vector<std::string> keys{std::move(key)};
+  auto r = co_await GetMany(std::move(keys), latest);
+  co_return std::move(r.at(0));
+}
+
+std::vector<Status> Node::StoreManySync(std::vector<StoreItem> items) {
+  const size_t n = items.size();
+  auto impl = impl_;
+  auto r = impl->Block<std::vector<Status>>(
+      [impl, items = std::move(items)](std::function<void(std::vector<Status>)> cb) mutable {
+        impl->core_->Store(std::move(items), std::move(cb));
+      });
+  return r ? std::move(*r) : std::vector<Status>(n, Closed("DHT node is shut down"));
+}
+
+Status Node::StoreSync(std::string key, std::string value, double expiration,
+                       std::optional<std::string> subkey) {
+  std::vector<StoreItem> items;
+  items.push_back({std::move(key), std::move(subkey), std::move(value), expiration});
+  return StoreManySync(std::move(items)).at(0);
+}
+
+std::vector<Result<Record>> Node::GetManySync(std::vector<std::string> keys, bool latest) {
+  const size_t n = keys.size();
+  auto impl = impl_;
+  auto r = impl->Block<std::vector<Result<Record>>>(
+      [impl, keys = std::move(keys),
+       latest](std::function<void(std::vector<Result<Record>>)> cb) mutable {
+        impl->core_->Get(std::move(keys), latest, std::move(cb));
+      });
+  return r ? std::move(*r)
+           : std::vector<Result<Record>>(n, Result<Record>(Closed("DHT node is shut down")));
+}
+
+Result<Record> Node::GetSync(std::string key, bool latest) {
+  std::vector<std::string> keys{std::move(key)};
+  return std::move(GetManySync(std::move(keys), latest).at(0));
+}
+
+DhtStats Node::Stats() const {
+  auto impl = impl_;
+  auto r = impl->Block<DhtStats>(
+      [impl](std::function<void(DhtStats)> cb) { cb(impl->core_->stats()); });
+  return r.value_or(DhtStats{});
+}
+
+size_t Node::RoutingTableSize() const {
+  auto impl = impl_;
+  auto r = impl->Block<size_t>(
+      [impl](std::function<void(size_t)> cb) { cb(impl->core_->routing_table().size()); });
+  return r.value_or(0);
+}
+
+std::vector<Contact> Node::KnownPeers() const {
+  auto impl = impl_;
+  auto r = impl->Block<std::vector<Contact>>([impl](std::function<void(std::vector<Contact>)> cb) {
+    cb(impl->core_->routing_table().All());
+  });
+  return r.value_or(std::vector<Contact>{});
+}
+
+}  // namespace colony::dht

@@ -1,0 +1,92 @@
+// dht::Node: a DHT peer on the real network — the protocol core (dht/protocol.h) driven over a
+// net::Host. It serves "dht.ping", "dht.store" and "dht.find" (unless in client mode), and
+// offers coroutine and blocking store/get.
+//
+//   auto node = dht::Node::Start(KeyPair::Generate(), {.listen = {*Multiaddr::Parse(
+//       "/ip4/0.0.0.0/tcp/0")}, .initial_peers = {"/ip4/10.0.0.5/tcp/31337/p2p/12D3KooW..."}});
+//   if (!node.ok()) ...  // names every initial peer that failed, and why
+//   (*node)->StoreSync("run1.progress", "{...}", dht::Now() + 60, "12D3KooW...");
+//   Result<dht::Record> r = (*node)->GetSync("run1.progress", /*latest=*/true);
+//
+// Every request has a deadline (DhtOptions::request_timeout), so every operation ends.
+// The blocking conveniences must not be called from the host's I/O threads.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/identity.h"
+#include "core/multiaddr.h"
+#include "core/status.h"
+#include "dht/protocol.h"
+#include "net/host.h"
+
+namespace colony::dht {
+
+struct NodeOptions {
+  // Where to listen when the node makes its own host (empty: client mode is implied).
+  std::vector<Multiaddr> listen;
+  // Peers to bootstrap from (multiaddrs; /p2p/<id> is checked when present).
+  std::vector<std::string> initial_peers;
+  DhtOptions dht;
+  // Validators added to every node's built-in owner-signature check.
+  std::vector<std::shared_ptr<const RecordValidator>> validators;
+  // For the node's own host.
+  net::HostOptions host;
+};
+
+// Wall-clock seconds since the Unix epoch (the time base of expirations).
+double Now();
+
+class Node {
+ public:
+  // Starts a host of its own, then bootstraps.
+  static Result<std::unique_ptr<Node>> Start(KeyPair identity, NodeOptions options);
+  // Runs on an already started host shared with other services (its RPC methods are added).
+  static Result<std::unique_ptr<Node>> Attach(std::shared_ptr<net::Host> host,
+                                              NodeOptions options);
+  ~Node();  // Shutdown()
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Stops serving and fails pending operations with Closed; shuts the host down if it is the
+  // node's own. Idempotent.
+  void Shutdown();
+
+  const PeerId& peer_id() const;
+  // Addresses others can use to reach this node (empty in client mode).
+  std::vector<Multiaddr> VisibleAddresses() const;
+  net::Host& host() { return *host_; }
+  bool client_mode() const;
+
+  asio::awaitable<std::vector<Status>> StoreMany(std::vector<StoreItem> items);
+  asio::awaitable<Status> Store(std::string key, std::string value, double expiration,
+                                std::optional<std::string> subkey = std::nullopt);
+  asio::awaitable<std::vector<Result<Record>>> GetMany(std::vector<std::string> keys,
+                                                       bool latest = false);
+  asio::awaitable<Result<Record>> Get(std::string key, bool latest = false);
+
+  std::vector<Status> StoreManySync(std::vector<StoreItem> items);
+  Status StoreSync(std::string key, std::string value, double expiration,
+                   std::optional<std::string> subkey = std::nullopt);
+  std::vector<Result<Record>> GetManySync(std::vector<std::string> keys, bool latest = false);
+  Result<Record> GetSync(std::string key, bool latest = false);
+
+  // Snapshots taken on the node's strand.
+  DhtStats Stats() const;
+  size_t RoutingTableSize() const;
+  std::vector<Contact> KnownPeers() const;
+
+  class Impl;
+
+ private:
+  explicit Node(std::shared_ptr<Impl> impl, std::shared_ptr<net::Host> host);
+  std::shared_ptr<Impl> impl_;
+  std::shared_ptr<net::Host> host_;
+  bool owns_host_ = false;
+};
+
+}  // namespace colony::dht

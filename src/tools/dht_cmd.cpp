@@ -1,0 +1,171 @@
+// colony dht: run a DHT node, or store and get records from the command line.
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/identity.h"
+#include "core/log.h"
+#include "core/multiaddr.h"
+#include "dht/node.h"
+#include "tools/commands.h"
+
+namespace colony::cli {
+namespace {
+
+struct CommonArgs {
+  std::vector<std::string> initial_peers;
+  std::string identity;
+  double timeout = 5;
+};
+
+void AddCommon(CLI::App* cmd, CommonArgs& a, bool peers_required) {
+  auto* opt = cmd->add_option("--initial-peers", a.initial_peers,
+                              "multiaddr of a DHT peer to join through (repeatable)");
+  if (peers_required) opt->required();
+  cmd->add_option("--identity", a.identity, "identity file (default: a new random identity)");
+  cmd->add_option("--request-timeout", a.timeout, "seconds to wait for each DHT request")
+      ->check(CLI::Range(0.01, 600.0))
+      ->capture_default_str();
+}
+
+Result<KeyPair> Identity(const std::string& path) {
+  if (path.empty()) return KeyPair::Generate();
+  return KeyPair::Load(path);
+}
+
+Status CheckAddrs(const std::vector<std::string>& addrs) {
+  for (const auto& a : addrs) {
+    auto m = Multiaddr::Parse(a);
+    if (!m.ok()) return m.status();
+  }
+  return Status::Ok();
+}
+
+// A short-lived client-mode node for one store or get.
+Result<std::unique_ptr<dht::Node>> ClientNode(const CommonArgs& a) {
+  COLONY_RETURN_IF_ERROR(CheckAddrs(a.initial_peers));
+  COLONY_ASSIGN_OR_RETURN(KeyPair identity, Identity(a.identity));
+  dht::NodeOptions options;
+  options.initial_peers = a.initial_peers;
+  options.dht.client_mode = true;
+  options.dht.request_timeout =
+      std::chrono::duration_cast<Duration>(std::chrono::duration<double>(a.timeout));
+  return dht::Node::Start(std::move(identity), std::move(options));
+}
+
+std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
+void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
+  auto* dht = app.add_subcommand(
+      "dht",
+      "run a DHT node: print the addresses others can use (one per line), serve until "
+      "SIGINT/SIGTERM; or store/get records");
+
+  // colony dht store
+  struct StoreArgs {
+    CommonArgs common;
+    std::string key, value;
+    std::optional<std::string> subkey;
+    double ttl = 600;
+  };
+  auto sa = std::make_shared<StoreArgs>();
+  auto* store = dht->add_subcommand("store", "store KEY = VALUE (or a subkey of KEY) in the DHT");
+  store->add_option("key", sa->key, "the record's key")->required();
+  store->add_option("value", sa->value, "the value (stored as given)")->required();
+  store->add_option("--subkey", sa->subkey, "store into the dictionary under KEY at this subkey");
+  store->add_option("--ttl", sa->ttl, "seconds until the record expires")
+      ->check(CLI::Range(0.001, 1e9))
+      ->capture_default_str();
+  AddCommon(store, sa->common, true);
+  commands.emplace_back(store, [sa]() -> int {
+    auto node = ClientNode(sa->common);
+    if (!node.ok()) return Fail(node.status());
+    const double expiration = dht::Now() + sa->ttl;
+    Status st = (*node)->StoreSync(sa->key, sa->value, expiration, sa->subkey);
+    if (!st.ok()) return Fail(st.WithContext("store '" + sa->key + "' failed"));
+    nlohmann::json j{{"key", sa->key}, {"stored", true}, {"expiration", expiration}};
+    if (sa->subkey) j["subkey"] = *sa->subkey;
+    std::printf("%s\n", Dump(j).c_str());
+    return 0;
+  });
+
+  // colony dht get
+  struct GetArgs {
+    CommonArgs common;
+    std::string key;
+    bool latest = false;
+  };
+  auto ga = std::make_shared<GetArgs>();
+  auto* get = dht->add_subcommand(
+      "get", "get KEY from the DHT and print it as JSON (value or dictionary, with expirations)");
+  get->add_option("key", ga->key, "the record's key")->required();
+  get->add_flag("--latest", ga->latest, "search the nearest nodes for the newest value");
+  AddCommon(get, ga->common, true);
+  commands.emplace_back(get, [ga]() -> int {
+    auto node = ClientNode(ga->common);
+    if (!node.ok()) return Fail(node.status());
+    auto r = (*node)->GetSync(ga->key, ga->latest);
+    if (!r.ok()) return Fail(r.status());
+    nlohmann::json j{{"key", ga->key}, {"expiration", r->Expiration()}};
+    if (r->is_dict) {
+      nlohmann::json subs = nlohmann::json::object();
+      for (const auto& [sub, v] : r->subkeys) {
+        subs[sub] = {{"value", v.value}, {"expiration", v.expiration}};
+      }
+      j["subkeys"] = std::move(subs);
+    } else {
+      j["value"] = r->value.value;
+    }
+    std::printf("%s\n", Dump(j).c_str());
+    return 0;
+  });
+
+  // colony dht (serve)
+  struct ServeArgs {
+    CommonArgs common;
+    std::vector<std::string> listen{"/ip4/0.0.0.0/tcp/0"};
+    bool client_mode = false;
+  };
+  auto va = std::make_shared<ServeArgs>();
+  dht->add_option("--listen", va->listen, "address to listen on (repeatable; port 0 = any)")
+      ->capture_default_str();
+  dht->add_flag("--client-mode", va->client_mode,
+                "do not accept connections: store and get only (behind NAT)");
+  AddCommon(dht, va->common, false);
+  commands.emplace_back(dht, [va]() -> int {
+    if (Status st = CheckAddrs(va->common.initial_peers); !st.ok()) return Fail(st);
+    dht::NodeOptions options;
+    if (!va->client_mode) {
+      for (const auto& l : va->listen) {
+        auto m = Multiaddr::Parse(l);
+        if (!m.ok()) return Fail(m.status());
+        options.listen.push_back(*m);
+      }
+    }
+    options.dht.client_mode = va->client_mode;
+    options.initial_peers = va->common.initial_peers;
+    options.dht.request_timeout = std::chrono::duration_cast<Duration>(
+        std::chrono::duration<double>(va->common.timeout));
+    auto identity = Identity(va->common.identity);
+    if (!identity.ok()) return Fail(identity.status());
+
+    BlockTerminationSignals();
+    auto node = dht::Node::Start(std::move(*identity), std::move(options));
+    if (!node.ok()) return Fail(node.status());
+    for (const auto& a : (*node)->VisibleAddresses()) std::printf("%s\n", a.ToString().c_str());
+    std::fflush(stdout);
+    COLONY_LOG_INFO("DHT node {} is up ({}), {} peers known", (*node)->peer_id().ToString(),
+                    (*node)->client_mode() ? "client mode" : "serving",
+                    (*node)->RoutingTableSize());
+    std::string sig = WaitForTerminationSignal();
+    COLONY_LOG_INFO("received {}, shutting down", sig);
+    (*node)->Shutdown();
+    return 0;
+  });
+}
+
+}  // namespace colony::cli

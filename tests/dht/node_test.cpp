@@ -1,0 +1,317 @@
+// DHT nodes on real sockets: in-process swarms over loopback, hostile requests, and swarms of
+// real `colony dht` processes driven through the CLI.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "dht/node.h"
+#include "dht/wire.h"
+#include "test_support.h"
+
+namespace colony::dht {
+namespace {
+
+using namespace std::chrono_literals;
+using colony::test::ColonyBinary;
+using colony::test::ReadFile;
+
+NodeOptions Opts(std::vector<std::string> initial = {}) {
+  NodeOptions o;
+  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  o.initial_peers = std::move(initial);
+  o.dht.request_timeout = 2s;
+  return o;
+}
+
+std::string AddrOf(const Node& n) { return n.VisibleAddresses().at(0).ToString(); }
+
+class TenNodes : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto first = Node::Start(KeyPair::Generate(), Opts());
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    nodes.push_back(std::move(*first));
+    for (int i = 1; i < 10; ++i) {
+      auto n = Node::Start(KeyPair::Generate(), Opts({AddrOf(*nodes[static_cast<size_t>(i) / 2])}));
+      ASSERT_TRUE(n.ok()) << n.status().ToString();
+      nodes.push_back(std::move(*n));
+    }
+  }
+  Node& Random() { return *nodes[std::uniform_int_distribution<size_t>(0, 9)(rng)]; }
+  std::vector<std::unique_ptr<Node>> nodes;
+  std::mt19937 rng{42};
+};
+
+TEST_F(TenNodes, StoreAndGetFromRandomNodes) {
+  const double exp = Now() + 60;
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(Random().StoreSync("k" + std::to_string(i), "v" + std::to_string(i), exp).ok());
+  }
+  for (int i = 0; i < 20; ++i) {
+    auto r = Random().GetSync("k" + std::to_string(i));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->value.value, "v" + std::to_string(i));
+    EXPECT_EQ(r->value.expiration, exp);
+  }
+  auto many = Random().GetManySync({"k1", "k2", "missing"});
+  ASSERT_EQ(many.size(), 3u);
+  EXPECT_TRUE(many[0].ok() && many[1].ok());
+  EXPECT_EQ(many[2].status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(TenNodes, LatestSeesOverwrites) {
+  const double t = Now();
+  ASSERT_TRUE(nodes[1]->StoreSync("epoch", "1", t + 30).ok());
+  ASSERT_EQ(nodes[7]->GetSync("epoch", true)->value.value, "1");
+  ASSERT_TRUE(nodes[4]->StoreSync("epoch", "2", t + 40).ok());
+  auto r = nodes[7]->GetSync("epoch", true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->value.value, "2");
+  EXPECT_EQ(nodes[2]->StoreSync("epoch", "0", t + 10).code(), StatusCode::kAlreadyExists);
+}
+
+TEST_F(TenNodes, SubkeysFromTwoNodesMergeAndCoroutineApiWorks) {
+  const double t = Now();
+  ASSERT_TRUE(nodes[2]->StoreSync("peers", "a", t + 30, "alice").ok());
+  // The coroutine API, awaited on an executor of our own.
+  asio::io_context io;
+  std::optional<Status> stored;
+  std::optional<Result<Record>> got;
+  Node& bob = *nodes[5];
+  Node& reader = *nodes[8];
+  auto task = [&]() -> asio::awaitable<void> {
+    stored = co_await bob.Store("peers", "b", t + 40, "bob");
+    got = co_await reader.Get("peers", true);
+  };
+  asio::co_spawn(io, task, asio::detached);
+  io.run();
+  ASSERT_TRUE(stored && stored->ok());
+  ASSERT_TRUE(got && got->ok()) << got->status().ToString();
+  ASSERT_TRUE((*got)->is_dict);
+  EXPECT_EQ((*got)->subkeys.size(), 2u);
+  EXPECT_EQ((*got)->subkeys.at("alice").value, "a");
+  EXPECT_EQ((*got)->subkeys.at("bob").value, "b");
+}
+
+TEST_F(TenNodes, MalformedRequestsGetAnErrorAndTheNodeKeepsServing) {
+  net::HostOptions ho;
+  net::Host attacker(KeyPair::Generate(), ho);
+  ASSERT_TRUE(attacker.Start().ok());
+  const Multiaddr target = nodes[3]->VisibleAddresses().at(0);
+  std::mt19937 junk(7);
+  for (const char* method : {"dht.ping", "dht.store", "dht.find"}) {
+    for (int i = 0; i < 20; ++i) {
+      std::string bytes(static_cast<size_t>(i * 7), '\0');
+      for (auto& c : bytes) c = static_cast<char>(junk());
+      auto r = attacker.CallSync(target, method, net::Message(bytes));
+      // Random bytes are occasionally a valid message (a ping whose clock is far off, an empty
+      // store); otherwise a protocol error comes back.
+      if (!r.ok()) {
+        EXPECT_TRUE(r.status().code() == StatusCode::kProtocolError ||
+                    r.status().code() == StatusCode::kFailedPrecondition)
+            << r.status().ToString();
+      }
+    }
+  }
+  // A find with too many ids, and a store with a wrong-sized id.
+  FindRequest many;
+  many.ids.assign(kMaxFindIds + 1, DhtId::ForKey("x"));
+  auto r = attacker.CallSync(target, "dht.find", net::Message(EncodeFindRequest(many)));
+  EXPECT_EQ(r.status().code(), StatusCode::kProtocolError);
+  EXPECT_NE(r.status().message().find("ids"), std::string::npos) << r.status().message();
+  attacker.Shutdown();
+  ASSERT_TRUE(nodes[3]->StoreSync("still-alive", "yes", Now() + 30).ok());
+  EXPECT_EQ(nodes[6]->GetSync("still-alive")->value.value, "yes");
+}
+
+TEST(DhtNode, DeadAndSilentBootstrapPeersGiveClearErrors) {
+  // A port nobody listens on, and a socket that accepts but never speaks.
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(::listen(silent, 8), 0);
+  socklen_t len = sizeof(sa);
+  ::getsockname(silent, reinterpret_cast<sockaddr*>(&sa), &len);
+  const std::string silent_addr = "/ip4/127.0.0.1/tcp/" + std::to_string(ntohs(sa.sin_port));
+  const std::string dead_addr = "/ip4/127.0.0.1/tcp/1";
+
+  NodeOptions o = Opts({dead_addr, silent_addr});
+  o.dht.request_timeout = 1s;
+  auto n = Node::Start(KeyPair::Generate(), o);
+  ::close(silent);
+  ASSERT_FALSE(n.ok());
+  const std::string& m = n.status().message();
+  EXPECT_EQ(n.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(m.find(dead_addr), std::string::npos) << m;
+  EXPECT_NE(m.find("refused"), std::string::npos) << m;
+  EXPECT_NE(m.find(silent_addr), std::string::npos) << m;
+}
+
+TEST(DhtNode, ClientModeNodeWorksWithoutListening) {
+  auto server = Node::Start(KeyPair::Generate(), Opts());
+  ASSERT_TRUE(server.ok());
+  NodeOptions o;
+  o.initial_peers = {AddrOf(**server)};
+  auto client = Node::Start(KeyPair::Generate(), o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  EXPECT_TRUE((*client)->client_mode());
+  EXPECT_TRUE((*client)->VisibleAddresses().empty());
+  ASSERT_TRUE((*client)->StoreSync("c", "1", Now() + 30).ok());
+  EXPECT_EQ((*server)->GetSync("c")->value.value, "1");
+  EXPECT_EQ((*server)->RoutingTableSize(), 0u);  // the client is in nobody's table
+}
+
+TEST(DhtNode, ManyNodesStartedAtOnceFromOneBootstrapPeerFormOneSwarm) {
+  auto boot = Node::Start(KeyPair::Generate(), Opts());
+  ASSERT_TRUE(boot.ok());
+  const std::string addr = AddrOf(**boot);
+  const size_t n = 24;
+  std::vector<std::unique_ptr<Node>> nodes(n);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      auto node = Node::Start(KeyPair::Generate(), Opts({addr}));
+      if (node.ok()) nodes[i] = std::move(*node);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < n; ++i) ASSERT_NE(nodes[i], nullptr) << i;
+  threads.clear();
+  // Everyone publishes at once, then everyone reads everyone's record.
+  const double exp = Now() + 120;
+  std::atomic<size_t> stored{0}, found{0};
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      if (nodes[i]->StoreSync("member." + std::to_string(i), nodes[i]->peer_id().ToString(), exp)
+              .ok()) {
+        ++stored;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(stored.load(), n);
+  threads.clear();
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      std::vector<std::string> keys;
+      for (size_t j = 0; j < n; ++j) keys.push_back("member." + std::to_string(j));
+      auto rs = nodes[i]->GetManySync(keys);
+      for (size_t j = 0; j < n; ++j) {
+        if (rs[j].ok() && rs[j]->value.value == nodes[j]->peer_id().ToString()) ++found;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(found.load(), n * n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real processes
+
+struct CliResult {
+  int code = -1;
+  std::string out, err;
+};
+
+CliResult RunCli(std::vector<std::string> args) {
+  static int counter = 0;
+  const std::string err_path =
+      ::testing::TempDir() + "/dht_cli_" + std::to_string(::getpid()) + "_" +
+      std::to_string(counter++) + ".err";
+  args.insert(args.begin(), ColonyBinary());
+  CliResult r;
+  auto p = Subprocess::Spawn(args, err_path);
+  if (!p.ok()) return r;
+  for (;;) {
+    auto line = p->ReadLine(30s);
+    if (!line.ok()) break;
+    r.out += *line + "\n";
+  }
+  auto code = p->Wait(30s);
+  r.code = code.ok() ? *code : -1;
+  r.err = ReadFile(err_path);
+  return r;
+}
+
+TEST(DhtProcesses, TwentyProcessesOnLoopback) {
+  std::vector<Subprocess> procs;
+  std::vector<std::string> addrs;
+  for (int i = 0; i < 20; ++i) {
+    std::vector<std::string> argv{ColonyBinary(), "--log-level", "warn", "dht", "--listen",
+                                  "/ip4/127.0.0.1/tcp/0"};
+    if (i > 0) {
+      argv.push_back("--initial-peers");
+      argv.push_back(addrs[static_cast<size_t>(i - 1) / 3]);
+    }
+    auto p = Subprocess::Spawn(argv);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    auto line = p->ReadLine(20s);
+    ASSERT_TRUE(line.ok()) << "process " << i << ": " << line.status().ToString();
+    ASSERT_EQ(line->rfind("/ip4/", 0), 0u) << *line;
+    addrs.push_back(*line);
+    procs.push_back(std::move(*p));
+  }
+  // Store through some processes, read through others, as a script would.
+  for (int i = 0; i < 5; ++i) {
+    auto r = RunCli({"dht", "store", "proc.key" + std::to_string(i), "value" + std::to_string(i),
+                     "--ttl", "120", "--initial-peers", addrs[static_cast<size_t>(i * 3)]});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(nlohmann::json::parse(r.out)["stored"].get<bool>());
+  }
+  ASSERT_EQ(RunCli({"dht", "store", "proc.dict", "x", "--subkey", "s1", "--initial-peers",
+                    addrs[4]})
+                .code,
+            0);
+  ASSERT_EQ(RunCli({"dht", "store", "proc.dict", "y", "--subkey", "s2", "--initial-peers",
+                    addrs[17]})
+                .code,
+            0);
+  for (int i = 0; i < 5; ++i) {
+    auto r = RunCli({"dht", "get", "proc.key" + std::to_string(i), "--initial-peers",
+                     addrs[static_cast<size_t>(19 - i * 2)]});
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["value"], "value" + std::to_string(i));
+    EXPECT_GT(j["expiration"].get<double>(), Now() + 100);
+  }
+  auto d = RunCli({"dht", "get", "proc.dict", "--latest", "--initial-peers", addrs[10]});
+  ASSERT_EQ(d.code, 0) << d.err;
+  auto j = nlohmann::json::parse(d.out);
+  EXPECT_EQ(j["subkeys"]["s1"]["value"], "x");
+  EXPECT_EQ(j["subkeys"]["s2"]["value"], "y");
+  auto missing = RunCli({"dht", "get", "proc.nothing", "--initial-peers", addrs[0]});
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.err.find("no value for key 'proc.nothing'"), std::string::npos)
+      << missing.err;
+  // SIGTERM shuts every process down cleanly.
+  for (auto& p : procs) p.Signal(SIGTERM);
+  for (auto& p : procs) {
+    auto code = p.Wait(10s);
+    ASSERT_TRUE(code.ok());
+    EXPECT_EQ(*code, 0);
+  }
+}
+
+TEST(DhtProcesses, DeadBootstrapPeerGivesAClearError) {
+  auto r = RunCli({"dht", "get", "x", "--request-timeout", "1", "--initial-peers",
+                   "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWPLrYxXf8n6itRjt4LH7G7CNH34Hzs5BmPLoqCaX8eNog"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("colony: error: DHT bootstrap failed: none of the 1 initial peers"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("/ip4/127.0.0.1/tcp/1"), std::string::npos) << r.err;
+  auto bad = RunCli({"dht", "store", "k", "v", "--initial-peers", "/ip4/nonsense"});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("colony: error:"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace colony::dht
