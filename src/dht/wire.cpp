@@ -95,10 +95,7 @@ std::string EncodeStoreResponse(const StoreResponse& m) {
   for (const Status& st : m.results) {
     pb::StoreResult* r = p.add_results();
     r->set_code(static_cast<uint32_t>(st.code()));
-    // protobuf strings must be UTF-8; messages may quote user keys.
-    std::string msg;
-    for (unsigned char c : st.message().substr(0, 1024)) msg.push_back(c < 0x80 ? static_cast<char>(c) : '?');
-    r->set_message(msg);
+    r->set_message(st.message().substr(0, 1024));
   }
   return Serialize(p);
 }
@@ -200,8 +197,12 @@ Result<StoreResponse> DecodeStoreResponse(std::string_view bytes, size_t expecte
       return ProtocolError(fmt::format("store response has unknown status code {}", r.code()));
     }
     const auto code = static_cast<StatusCode>(r.code());
-    out.results.push_back(code == StatusCode::kOk ? Status::Ok()
-                                                  : Status(code, r.message().substr(0, 1024)));
+    // A remote peer's text: keep it printable so it cannot inject terminal escapes.
+    std::string text = r.message().substr(0, 1024);
+    for (char& c : text) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    }
+    out.results.push_back(code == StatusCode::kOk ? Status::Ok() : Status(code, std::move(text)));
   }
   return out;
 }
