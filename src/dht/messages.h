@@ -56,7 +56,9 @@ struct FindRequest {
 };
 struct FindResult {
   std::optional<Record> record;   // unexpired record held for this id (replica and cache merged)
-  std::vector<Contact> nearest;   // the responder's nearest contacts to the id
+  // The responder's nearest contacts to the id. Their ids are derived from their PeerIds by
+  // the decoder (dht/wire.h), never taken from the wire.
+  std::vector<Contact> nearest;
 };
 struct FindResponse {
   std::vector<FindResult> results;  // one per id, in order

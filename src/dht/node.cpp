@@ -229,9 +229,12 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
 };
 
 Node::Node(std::shared_ptr<Impl> impl, std::shared_ptr<net::Host> host)
-    : impl_(std::move(impl)), host_(std::move(host)) {}
+    : host_(std::move(host)), impl_(std::move(impl)) {}
 
-Node::~Node() { Shutdown(); }
+Node::~Node() {
+  Shutdown();
+  impl_.reset();  // before the host (and its io_context) can go
+}
 
 Result<std::unique_ptr<Node>> Node::Start(KeyPair identity, NodeOptions options) {
   net::HostOptions host_options = options.host;

@@ -84,8 +84,9 @@ class Node {
 
  private:
   explicit Node(std::shared_ptr<Impl> impl, std::shared_ptr<net::Host> host);
-  std::shared_ptr<Impl> impl_;
+  // Declared first so that it is destroyed last: impl_ holds a strand of the host's io_context.
   std::shared_ptr<net::Host> host_;
+  std::shared_ptr<Impl> impl_;
   bool owns_host_ = false;
 };
 

@@ -429,7 +429,6 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
   if (!l.finished) {
     for (Contact& c : result.nearest) {
       if (!c.peer.valid() || c.peer == self_.peer || c.addrs.empty()) continue;
-      c.id = DhtId::ForPeer(c.peer);  // never trust a claimed id
       l.candidates.try_emplace(c.id ^ l.target, Lookup::Candidate{std::move(c), Lookup::State::kNew,
                                                                  depth + 1});
     }

@@ -68,20 +68,45 @@ void RoutingTable::Remove(const PeerId& peer) {
   std::erase_if(b.replacements, [&](const Contact& c) { return c.peer == peer; });
 }
 
+namespace {
+
+// XOR distance as big-endian words, so that sorting compares integers instead of bytes.
+struct Distance {
+  uint64_t hi, mid;
+  uint32_t lo;
+  auto operator<=>(const Distance&) const = default;
+};
+
+Distance DistanceTo(const DhtId& target, const DhtId& id) {
+  const auto& a = target.bytes();
+  const auto& b = id.bytes();
+  auto word = [&](size_t from, size_t n) {
+    uint64_t v = 0;
+    for (size_t i = from; i < from + n; ++i) v = (v << 8) | static_cast<uint8_t>(a[i] ^ b[i]);
+    return v;
+  };
+  return {word(0, 8), word(8, 8), static_cast<uint32_t>(word(16, 4))};
+}
+
+}  // namespace
+
 std::vector<Contact> RoutingTable::Nearest(const DhtId& target, size_t count,
                                            const PeerId* exclude) const {
-  std::vector<const Contact*> all;
+  std::vector<std::pair<Distance, const Contact*>> all;
+  all.reserve(size());
   for (const Bucket& b : buckets_) {
     for (const Entry& e : b.entries) {
-      if (exclude == nullptr || !(e.contact.peer == *exclude)) all.push_back(&e.contact);
+      if (exclude == nullptr || !(e.contact.peer == *exclude)) {
+        all.emplace_back(DistanceTo(target, e.contact.id), &e.contact);
+      }
     }
   }
   const size_t n = std::min(count, all.size());
   std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n), all.end(),
-                    [&](const Contact* a, const Contact* b) { return Closer(target, a->id, b->id); });
+                    [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<Contact> out;
   out.reserve(n);
-  for (size_t i = 0; i < n; ++i) out.push_back(*all[i]);
+  for (size_t i = 0; i < n; ++i) out.push_back(*all[i].second);
   return out;
 }
 
