@@ -1,8 +1,8 @@
 // colony demo: the main job, end to end on one machine.
 //
 // Until the training layers exist, the demo starts a small swarm of real peer processes on
-// loopback: a bootstrap peer, then peers that announce themselves to it, learn about each other,
-// and ping each other over authenticated, encrypted connections. The demo then exchanges tensors
+// loopback: a bootstrap peer, then peers that join the DHT through it, announce their addresses
+// there as owner-signed records, find each other's, and ping each other over authenticated, encrypted connections. The demo then exchanges tensors
 // with every peer and shuts the swarm down cleanly.
 #include <signal.h>
 

@@ -2,12 +2,11 @@
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
-#include <mutex>
-#include <set>
 
 #include "core/identity.h"
 #include "core/log.h"
 #include "core/multiaddr.h"
+#include "dht/node.h"
 #include "net/host.h"
 #include "tools/commands.h"
 
@@ -31,30 +30,10 @@ Result<std::vector<Multiaddr>> ParseAll(const std::vector<std::string>& texts) {
 
 double Millis(std::chrono::nanoseconds d) { return static_cast<double>(d.count()) / 1e6; }
 
-// A stand-in for discovery until the DHT exists: a peer started with --bootstrap announces its
-// address to the bootstrap peer, which answers with every address announced so far.
-constexpr char kAnnounceMethod[] = "colony.directory.announce";
-
-void RegisterDirectory(net::Host& host, const std::string& self) {
-  auto known = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
-  known->second.insert(self);
-  host.RegisterUnary(
-      kAnnounceMethod,
-      [known](net::CallContext& ctx, net::Message req) -> asio::awaitable<Result<net::Message>> {
-        auto addr = Multiaddr::Parse(req.meta);
-        if (!addr.ok()) co_return addr.status();
-        if (!addr->peer_id() || *addr->peer_id() != ctx.peer()) {
-          co_return PermissionDenied("a peer may only announce its own address");
-        }
-        std::string all;
-        {
-          std::lock_guard lock(known->first);
-          if (known->second.size() < 10'000) known->second.insert(addr->ToString());
-          for (const auto& a : known->second) all += a + "\n";
-        }
-        co_return net::Message(std::move(all));
-      });
-}
+// Peers announce their address in the DHT under this key, each at a subkey that names it as the
+// owner, so only that peer can write its entry (the value carries its signature).
+constexpr char kPeersKey[] = "colony.peers";
+constexpr double kAnnounceTtl = 600;
 
 }  // namespace
 
@@ -70,9 +49,9 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
       "run a peer: print the addresses others can dial (one per line), serve until SIGINT/SIGTERM");
   listen->add_option("--listen", la->listen, "address to listen on (repeatable; port 0 = any)")
       ->capture_default_str();
-  listen->add_option(
-      "--bootstrap", la->bootstrap,
-      "peer to announce ourselves to; we then ping every peer it knows (repeatable)");
+  listen->add_option("--bootstrap", la->bootstrap,
+                     "peer to join the DHT through; we announce our address there and ping every "
+                     "peer announced so far (repeatable)");
   listen->add_option("--identity", la->identity, "identity file (default: a new random identity)");
   commands.emplace_back(listen, [la]() -> int {
     auto listen_addrs = ParseAll(la->listen);
@@ -85,49 +64,56 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
     BlockTerminationSignals();
     net::HostOptions options;
     options.listen = *listen_addrs;
-    net::Host host(std::move(*identity), options);
-    host.RegisterUnary(
+    auto host = std::make_shared<net::Host>(std::move(*identity), options);
+    host->RegisterUnary(
         "colony.echo",
         [](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
           co_return m;
         });
-    if (Status st = host.Start(); !st.ok()) return Fail(st);
-    if (host.ListenAddresses().empty()) return Fail("no usable listen address");
-    RegisterDirectory(host, host.ListenAddresses().front().ToString());
-    for (const auto& a : host.ListenAddresses()) std::printf("%s\n", a.ToString().c_str());
+    if (Status st = host->Start(); !st.ok()) return Fail(st);
+    if (host->ListenAddresses().empty()) return Fail("no usable listen address");
+    for (const auto& a : host->ListenAddresses()) std::printf("%s\n", a.ToString().c_str());
     std::fflush(stdout);
 
-    for (const auto& b : *bootstrap) {
-      auto self_addr = host.ListenAddresses();
-      if (self_addr.empty()) break;
-      auto reply = host.CallSync(b, kAnnounceMethod, net::Message(self_addr.front().ToString()));
-      if (!reply.ok()) {
-        std::fprintf(stderr, "colony: warning: bootstrap peer %s: %s\n", b.ToString().c_str(),
-                     reply.status().ToString().c_str());
-        continue;
-      }
-      std::string list = reply->meta;
-      size_t pos = 0;
-      while (pos < list.size()) {
-        size_t nl = list.find('\n', pos);
-        std::string line = list.substr(pos, nl - pos);
-        pos = nl == std::string::npos ? list.size() : nl + 1;
-        auto addr = Multiaddr::Parse(line);
-        if (!addr.ok() || (addr->peer_id() && *addr->peer_id() == host.peer_id())) continue;
-        auto ping = host.PingSync(*addr);
-        if (ping.ok()) {
-          std::printf("found %s: rtt %.3f ms, protocol %u.%u\n", ping->peer.ToString().c_str(),
-                      Millis(ping->rtt), ping->version_major, ping->version_minor);
-        } else {
-          std::printf("found %s: unreachable: %s\n", line.c_str(),
-                      ping.status().ToString().c_str());
+    dht::NodeOptions dht_options;
+    for (const auto& b : *bootstrap) dht_options.initial_peers.push_back(b.ToString());
+    auto node = dht::Node::Attach(host, std::move(dht_options));
+    if (!node.ok()) {
+      host->Shutdown();
+      return Fail(node.status());
+    }
+    const std::string self = host->ListenAddresses().front().ToString();
+    if (Status st = (*node)->StoreSync(kPeersKey, self, dht::Now() + kAnnounceTtl,
+                                       dht::OwnerMarker(host->peer_id()));
+        !st.ok()) {
+      std::fprintf(stderr, "colony: warning: could not announce ourselves in the DHT: %s\n",
+                   st.ToString().c_str());
+    }
+    if (!bootstrap->empty()) {
+      auto peers = (*node)->GetSync(kPeersKey, /*latest=*/true);
+      if (!peers.ok()) {
+        std::fprintf(stderr, "colony: warning: no peers announced in the DHT: %s\n",
+                     peers.status().ToString().c_str());
+      } else {
+        for (const auto& [owner, entry] : peers->subkeys) {
+          auto addr = Multiaddr::Parse(entry.value);
+          if (!addr.ok() || (addr->peer_id() && *addr->peer_id() == host->peer_id())) continue;
+          auto ping = host->PingSync(*addr);
+          if (ping.ok()) {
+            std::printf("found %s: rtt %.3f ms, protocol %u.%u\n", ping->peer.ToString().c_str(),
+                        Millis(ping->rtt), ping->version_major, ping->version_minor);
+          } else {
+            std::printf("found %s: unreachable: %s\n", entry.value.c_str(),
+                        ping.status().ToString().c_str());
+          }
+          std::fflush(stdout);
         }
-        std::fflush(stdout);
       }
     }
     std::string sig = WaitForTerminationSignal();
     COLONY_LOG_INFO("received {}, shutting down", sig);
-    host.Shutdown();
+    (*node)->Shutdown();
+    host->Shutdown();
     return 0;
   });
 
