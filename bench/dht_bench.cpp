@@ -1,28 +1,39 @@
-// DHT benchmark: N real nodes (each its own host with encrypted connections) on loopback.
-// Stores a record per node from random nodes, shuts down 10% of the nodes, then gets every
-// record from random survivors. Reports success, store/get latency, and hops; the reference
-// measured in the same run is one encrypted RPC round trip between two of the nodes, so
-// dht_get_vs_rpc_rtt says how many round trips a get costs.
+// DHT benchmark: N real nodes on loopback, each with its own host and encrypted connections,
+// spread over worker processes of 16 nodes (one process per node would not fit 2 cores; one
+// process for all would run out of file descriptors, since each connection costs one on both
+// ends). Stores one record per node from random nodes, shuts down 10% of the nodes, then gets
+// every record from random survivors. Workers are driven over Colony RPC; latencies are measured
+// inside the workers, around the DHT call alone.
 //
-// hivemind's published figure for 1,024 peers (older script): get 100% ok, mean 6.6 ms;
-// store mean 14.9 ms.
+// Reference, measured in the same run: one encrypted RPC round trip between two nodes, so
+// dht_get_vs_rpc_rtt says how many round trips a get costs. hivemind's published figure for
+// 1,024 peers (older script): get 100% ok, mean 6.6 ms; store mean 14.9 ms.
 //
 // The last lines are RESULT key=value pairs (see scripts/bench).
+#include <sys/resource.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "core/log.h"
+#include "core/subprocess.h"
 #include "dht/node.h"
 
 using namespace colony;
 using Steady = std::chrono::steady_clock;
 
 namespace {
+
+constexpr size_t kNodesPerWorker = 16;
+constexpr char kControl[] = "bench.dht.control";
 
 double Ms(Steady::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -32,7 +43,6 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
-// Runs fn(i) for i in [0, n) on `threads` threads.
 template <typename F>
 void Parallel(size_t n, size_t threads, F fn) {
   std::atomic<size_t> next{0};
@@ -45,130 +55,263 @@ void Parallel(size_t n, size_t threads, F fn) {
   for (auto& t : ts) t.join();
 }
 
+dht::NodeOptions Options(std::vector<std::string> initial) {
+  dht::NodeOptions o;
+  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  o.initial_peers = std::move(initial);
+  o.host.io_threads = 1;
+  return o;
+}
+
+// Worker: runs `count` nodes, prints "node <addr>" for each, then serves control calls on its
+// first node's host until SIGTERM.
+int Worker(size_t count, const std::string& bootstrap) {
+  std::vector<std::unique_ptr<dht::Node>> nodes(count);
+  std::mutex mu;  // guards nodes[i] being shut down
+  // The first node's host also serves the control calls, which block on the other nodes (and
+  // on it): give it a second I/O thread.
+  dht::NodeOptions first_options =
+      Options(bootstrap.empty() ? std::vector<std::string>{} : std::vector{bootstrap});
+  first_options.host.io_threads = 2;
+  auto first = dht::Node::Start(KeyPair::Generate(), first_options);
+  if (!first.ok()) {
+    std::fprintf(stderr, "worker: %s\n", first.status().ToString().c_str());
+    return 1;
+  }
+  nodes[0] = std::move(*first);
+  const std::string via = bootstrap.empty() ? nodes[0]->VisibleAddresses().at(0).ToString()
+                                            : bootstrap;
+  std::atomic<bool> failed{false};
+  Parallel(count - 1, 2, [&](size_t i) {
+    auto n = dht::Node::Start(KeyPair::Generate(), Options({via}));
+    if (n.ok()) {
+      nodes[i + 1] = std::move(*n);
+    } else {
+      std::fprintf(stderr, "worker: %s\n", n.status().ToString().c_str());
+      failed = true;
+    }
+  });
+  if (failed) return 1;
+  std::vector<bool> dead(count, false);
+  auto control = [&](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
+    std::istringstream in(m.meta);
+    std::string op;
+    size_t idx = 0;
+    in >> op >> idx;
+    if (idx >= count) co_return InvalidArgument("no such node");
+    std::ostringstream out;
+    if (op == "kill") {
+      std::lock_guard lock(mu);
+      dead[idx] = true;
+      std::thread([n = nodes[idx].get()] { n->Shutdown(); }).join();
+      co_return net::Message("ok");
+    }
+    if (op == "stats") {
+      uint64_t lookups = 0, hops = 0;
+      std::thread([&] {
+        for (size_t i = 0; i < count; ++i) {
+          if (dead[i]) continue;
+          auto s = nodes[i]->Stats();
+          lookups += s.lookups;
+          hops += s.lookup_hops;
+        }
+      }).join();
+      out << lookups << " " << hops;
+      co_return net::Message(out.str());
+    }
+    dht::Node& node = *nodes[idx];
+    std::string key, value;
+    double expiration = 0;
+    int latest = 0;
+    if (op == "store") {
+      in >> key >> value >> expiration;
+      const auto s = Steady::now();
+      Status st = co_await node.Store(key, value, expiration);
+      out << (st.ok() ? "ok " : "err ") << Ms(Steady::now() - s);
+    } else if (op == "get") {
+      in >> key >> latest;
+      const auto s = Steady::now();
+      auto r = co_await node.Get(key, latest != 0);
+      out << (r.ok() ? "ok " : "err ") << Ms(Steady::now() - s);
+      if (r.ok() && !r->is_dict) out << " " << r->value.value << " " << r->value.expiration;
+    } else {
+      co_return InvalidArgument("unknown command");
+    }
+    co_return net::Message(out.str());
+  };
+  nodes[0]->host().RegisterUnary(kControl, control);
+  for (auto& n : nodes) std::printf("node %s\n", n->VisibleAddresses().at(0).ToString().c_str());
+  std::printf("ready\n");
+  std::fflush(stdout);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+  for (size_t i = 0; i < count; ++i) {
+    if (!dead[i]) nodes[i]->Shutdown();
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app("DHT store/get over N real nodes on loopback, with 10% of them killed");
-  size_t nodes = 256, keys = 0, clients = 8;
+  size_t nodes = 256, keys = 0, clients = 8, worker_nodes = 0;
   double kill = 0.1;
-  app.add_option("--nodes", nodes, "nodes in the swarm")->check(CLI::Range(8, 1024))
+  std::string worker_bootstrap;
+  bool worker = false;
+  app.add_option("--nodes", nodes, "nodes in the swarm")
+      ->check(CLI::Range(16, 1024))
       ->capture_default_str();
   app.add_option("--keys", keys, "records stored (default: one per node)");
   app.add_option("--kill", kill, "fraction of nodes shut down between stores and gets")
       ->check(CLI::Range(0.0, 0.5))
       ->capture_default_str();
   app.add_option("--clients", clients, "concurrent store/get callers")->capture_default_str();
+  app.add_flag("--worker", worker, "(internal) run nodes for the coordinating process");
+  app.add_option("--worker-nodes", worker_nodes, "(internal)");
+  app.add_option("--worker-bootstrap", worker_bootstrap, "(internal)");
   CLI11_PARSE(app, argc, argv);
-  if (keys == 0) keys = nodes;
   (void)InitLogging("error");
+  if (worker) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    return Worker(worker_nodes, worker_bootstrap);
+  }
+  if (keys == 0) keys = nodes;
 
-  auto options = [](std::vector<std::string> initial) {
-    dht::NodeOptions o;
-    o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-    o.initial_peers = std::move(initial);
-    o.host.io_threads = 1;
-    return o;
-  };
-  std::printf("starting %zu DHT nodes on loopback...\n", nodes);
+  // Start the workers one after another (each joins through the first worker's first node).
+  const size_t workers = (nodes + kNodesPerWorker - 1) / kNodesPerWorker;
+  std::printf("starting %zu DHT nodes on loopback in %zu worker processes...\n", nodes, workers);
   std::fflush(stdout);
   const auto t0 = Steady::now();
-  std::vector<std::unique_ptr<dht::Node>> swarm(nodes);
-  {
-    auto first = dht::Node::Start(KeyPair::Generate(), options({}));
-    if (!first.ok()) {
-      std::fprintf(stderr, "bench_dht: %s\n", first.status().ToString().c_str());
+  std::vector<Subprocess> procs;
+  std::vector<Multiaddr> control;       // per worker
+  std::vector<std::string> addresses;   // per node
+  std::vector<std::pair<size_t, size_t>> where;  // node -> (worker, local index)
+  for (size_t w = 0; w < workers; ++w) {
+    const size_t count = std::min(kNodesPerWorker, nodes - w * kNodesPerWorker);
+    std::vector<std::string> args{SelfExecutable(), "--worker", "--worker-nodes",
+                                  std::to_string(count)};
+    if (w > 0) {
+      args.push_back("--worker-bootstrap");
+      args.push_back(addresses[0]);
+    }
+    auto p = Subprocess::Spawn(args);
+    if (!p.ok()) {
+      std::fprintf(stderr, "bench_dht: %s\n", p.status().ToString().c_str());
       return 1;
     }
-    swarm[0] = std::move(*first);
-  }
-  const std::string boot = swarm[0]->VisibleAddresses().at(0).ToString();
-  std::atomic<size_t> failed_starts{0};
-  Parallel(nodes - 1, 4, [&](size_t i) {
-    auto n = dht::Node::Start(KeyPair::Generate(), options({boot}));
-    if (n.ok()) {
-      swarm[i + 1] = std::move(*n);
-    } else {
-      ++failed_starts;
+    for (size_t l = 0;; ++l) {
+      auto line = p->ReadLine(std::chrono::seconds(60));
+      if (!line.ok()) {
+        std::fprintf(stderr, "bench_dht: worker %zu: %s\n", w, line.status().ToString().c_str());
+        return 1;
+      }
+      if (*line == "ready") break;
+      addresses.push_back(line->substr(5));
+      where.emplace_back(w, l);
+      if (l == 0) control.push_back(*Multiaddr::Parse(addresses.back()));
     }
-  });
-  if (failed_starts > 0) {
-    std::fprintf(stderr, "bench_dht: %zu nodes failed to start\n", failed_starts.load());
-    return 1;
+    procs.push_back(std::move(*p));
   }
-  std::printf("swarm of %zu up in %.1f s\n", nodes, std::chrono::duration<double>(Steady::now() - t0).count());
+  std::printf("swarm of %zu up in %.1f s\n", nodes,
+              std::chrono::duration<double>(Steady::now() - t0).count());
 
-  // Reference: one encrypted RPC round trip (a DHT ping) between two nodes.
-  std::vector<double> rtt;
-  {
-    auto target = swarm[1]->VisibleAddresses().at(0);
-    for (int i = 0; i < 200; ++i) {
-      const auto s = Steady::now();
-      auto r = swarm[0]->host().PingSync(target);
-      if (r.ok()) rtt.push_back(Ms(Steady::now() - s));
+  net::Host driver(KeyPair::Generate(), net::HostOptions{});
+  if (!driver.Start().ok()) return 1;
+  auto command = [&](size_t node, const std::string& op, const std::string& args) {
+    auto [w, l] = where[node];
+    auto r = driver.CallSync(control[w], kControl,
+                             net::Message(op + " " + std::to_string(l) + " " + args),
+                             {.timeout = std::chrono::seconds(120)});
+    return r.ok() ? r->meta : "err " + r.status().ToString();
+  };
+  auto stats = [&](const std::vector<bool>& dead) {
+    uint64_t lookups = 0, hops = 0;
+    for (size_t w = 0; w < workers; ++w) {
+      auto r = driver.CallSync(control[w], kControl, net::Message("stats 0"));
+      std::istringstream in(r.ok() ? r->meta : "0 0");
+      uint64_t a = 0, b = 0;
+      in >> a >> b;
+      lookups += a;
+      hops += b;
     }
+    (void)dead;
+    return std::make_pair(lookups, hops);
+  };
+
+  // Reference: an encrypted RPC round trip from the driver to a node (connection open).
+  std::vector<double> rtt;
+  for (int i = 0; i < 200; ++i) {
+    auto r = driver.PingSync(*Multiaddr::Parse(addresses[1]));
+    if (r.ok()) rtt.push_back(static_cast<double>(r->rtt.count()) / 1e6);
   }
 
   std::mt19937 rng(1);
-  std::vector<size_t> writer(keys), reader(keys);
-  for (auto& w : writer) w = std::uniform_int_distribution<size_t>(0, nodes - 1)(rng);
   const double expiration = dht::Now() + 3600;
-  std::vector<double> store_ms(keys, -1);
-  std::atomic<size_t> stored{0};
+  std::vector<double> store_ms, get_ms, warm_ms;
+  std::mutex mu;
+  std::atomic<size_t> stored{0}, got{0};
+  auto parse_ms = [](const std::string& reply) {
+    std::istringstream in(reply);
+    std::string status;
+    double ms = -1;
+    in >> status >> ms;
+    return std::make_pair(status == "ok", ms);
+  };
+  std::vector<size_t> writer(keys);
+  for (auto& w : writer) w = std::uniform_int_distribution<size_t>(0, nodes - 1)(rng);
   Parallel(keys, clients, [&](size_t i) {
-    const auto s = Steady::now();
-    Status st = swarm[writer[i]]->StoreSync("bench.key." + std::to_string(i),
-                                            "value-" + std::to_string(i), expiration);
-    store_ms[i] = Ms(Steady::now() - s);
-    if (st.ok()) ++stored;
+    auto [ok, ms] = parse_ms(command(writer[i], "store",
+                                     "bench.key." + std::to_string(i) + " value-" +
+                                         std::to_string(i) + " " + std::to_string(expiration)));
+    std::lock_guard lock(mu);
+    store_ms.push_back(ms);
+    if (ok) ++stored;
   });
 
-  // Shut down a random 10% (never node 0, which a user would keep as the bootstrap peer).
-  std::vector<size_t> order(nodes - 1);
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i + 1;
-  std::shuffle(order.begin(), order.end(), rng);
-  const size_t killed = static_cast<size_t>(kill * static_cast<double>(nodes));
+  // Shut down a random 10% of the nodes, never a worker's first (it carries the control RPC).
+  std::vector<size_t> candidates;
+  for (size_t i = 0; i < nodes; ++i) {
+    if (where[i].second != 0) candidates.push_back(i);
+  }
+  std::shuffle(candidates.begin(), candidates.end(), rng);
+  const size_t killed =
+      std::min(candidates.size(), static_cast<size_t>(kill * static_cast<double>(nodes)));
   std::vector<bool> dead(nodes, false);
   for (size_t i = 0; i < killed; ++i) {
-    swarm[order[i]]->Shutdown();
-    dead[order[i]] = true;
+    command(candidates[i], "kill", "");
+    dead[candidates[i]] = true;
   }
   std::vector<size_t> alive;
   for (size_t i = 0; i < nodes; ++i) {
     if (!dead[i]) alive.push_back(i);
   }
+  std::vector<size_t> reader(keys);
   for (auto& r : reader) r = alive[std::uniform_int_distribution<size_t>(0, alive.size() - 1)(rng)];
 
-  uint64_t lookups0 = 0, hops0 = 0;
-  for (size_t i : alive) {
-    auto s = swarm[i]->Stats();
-    lookups0 += s.lookups;
-    hops0 += s.lookup_hops;
-  }
-  std::vector<double> get_ms(keys, -1);
-  std::atomic<size_t> got{0};
+  const auto [lookups0, hops0] = stats(dead);
+  // The stored expiration travels as decimal text through the control channel; compare values.
   Parallel(keys, clients, [&](size_t i) {
-    const auto s = Steady::now();
-    auto r = swarm[reader[i]]->GetSync("bench.key." + std::to_string(i));
-    get_ms[i] = Ms(Steady::now() - s);
-    if (r.ok() && !r->is_dict && r->value.value == "value-" + std::to_string(i) &&
-        r->value.expiration == expiration) {
-      ++got;
-    }
+    const std::string reply = command(reader[i], "get", "bench.key." + std::to_string(i) + " 0");
+    auto [ok, ms] = parse_ms(reply);
+    std::lock_guard lock(mu);
+    get_ms.push_back(ms);
+    if (ok && reply.find(" value-" + std::to_string(i) + " ") != std::string::npos) ++got;
   });
-  // The same gets again, latest=true so that they cannot be answered from a local cache: now
-  // connections between the nodes are open, as in a swarm that has been running a while.
-  std::vector<double> warm_ms(keys, -1);
+  const auto [lookups1, hops1] = stats(dead);
+  // Again with latest=true (no local or cached answers; every lookup visits the nearest nodes).
   Parallel(keys, clients, [&](size_t i) {
-    const auto s = Steady::now();
-    (void)swarm[reader[i]]->GetSync("bench.key." + std::to_string(i), /*latest=*/true);
-    warm_ms[i] = Ms(Steady::now() - s);
+    auto [ok, ms] = parse_ms(command(reader[i], "get", "bench.key." + std::to_string(i) + " 1"));
+    std::lock_guard lock(mu);
+    if (ok) warm_ms.push_back(ms);
   });
-  uint64_t lookups1 = 0, hops1 = 0;
-  for (size_t i : alive) {
-    auto s = swarm[i]->Stats();
-    lookups1 += s.lookups;
-    hops1 += s.lookup_hops;
-  }
+
   const double hops = lookups1 > lookups0 ? static_cast<double>(hops1 - hops0) /
                                                 static_cast<double>(lookups1 - lookups0)
                                           : 0;
@@ -176,23 +319,24 @@ int main(int argc, char** argv) {
   const double get_ok = static_cast<double>(got) / static_cast<double>(keys);
   const double rtt_p50 = Percentile(rtt, 0.5);
   const double get_p50 = Percentile(get_ms, 0.5);
-
   std::printf("nodes %zu, keys %zu, nodes shut down before the gets: %zu\n", nodes, keys, killed);
-  std::printf("store: %.4f ok, p50 %.2f ms, p99 %.2f ms\n", store_ok, Percentile(store_ms, 0.5),
-              Percentile(store_ms, 0.99));
-  std::printf("get:   %.4f ok, p50 %.2f ms, p99 %.2f ms, mean hops %.2f (lookups %llu)\n", get_ok,
-              get_p50, Percentile(get_ms, 0.99), hops,
+  std::printf("store:         %.4f ok, p50 %.2f ms, p99 %.2f ms\n", store_ok,
+              Percentile(store_ms, 0.5), Percentile(store_ms, 0.99));
+  std::printf("get:           %.4f ok, p50 %.2f ms, p99 %.2f ms, mean hops %.2f (%llu lookups)\n",
+              get_ok, get_p50, Percentile(get_ms, 0.99), hops,
               static_cast<unsigned long long>(lookups1 - lookups0));
-  std::printf("get --latest, connections open: p50 %.2f ms, p99 %.2f ms\n",
-              Percentile(warm_ms, 0.5), Percentile(warm_ms, 0.99));
+  std::printf("get --latest:  p50 %.2f ms, p99 %.2f ms\n", Percentile(warm_ms, 0.5),
+              Percentile(warm_ms, 0.99));
   std::printf("reference: encrypted RPC round trip p50 %.3f ms\n", rtt_p50);
   std::printf("hivemind (published, 1024 peers): get mean 6.6 ms, store mean 14.9 ms\n");
   std::fflush(stdout);
-  for (auto& n : swarm) n->Shutdown();
+  driver.Shutdown();
+  for (auto& p : procs) p.Signal(SIGTERM);
+  for (auto& p : procs) (void)p.Wait(std::chrono::seconds(20));
   std::printf("RESULT dht_store_success=%.4f\n", store_ok);
   std::printf("RESULT dht_get_success=%.4f\n", get_ok);
-  std::printf("RESULT dht_get_p50_ms=%.3f\n", get_p50);
   std::printf("RESULT dht_store_p50_ms=%.3f\n", Percentile(store_ms, 0.5));
+  std::printf("RESULT dht_get_p50_ms=%.3f\n", get_p50);
   std::printf("RESULT dht_hops_mean=%.3f\n", hops);
   std::printf("RESULT dht_get_vs_rpc_rtt=%.2f\n", rtt_p50 > 0 ? get_p50 / rtt_p50 : 0);
   return 0;

@@ -257,7 +257,9 @@ Result<std::unique_ptr<Node>> Node::Start(KeyPair identity, NodeOptions options)
 Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, NodeOptions options) {
   std::vector<std::string> addrs;
   if (!options.dht.client_mode) {
-    for (const Multiaddr& a : host->ListenAddresses()) addrs.push_back(a.ToString());
+    // Without /p2p/: the peer id travels beside the addresses, and base58-decoding it again for
+    // every address of every contact in every reply was the largest cost of a lookup.
+    for (const Multiaddr& a : host->ListenAddresses()) addrs.push_back(a.WithoutPeerId().ToString());
     if (addrs.empty()) options.dht.client_mode = true;
   }
   auto impl = std::make_shared<Impl>(host.get(), options.dht.client_mode);
