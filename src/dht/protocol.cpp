@@ -325,6 +325,7 @@ void DhtCore::StartLookup(DhtId target, std::optional<std::string> key, bool wan
       }
     }
   }
+  active_lookups_.push_back(lookup);
   Step(lookup);
 }
 
@@ -367,18 +368,69 @@ void DhtCore::Step(const std::shared_ptr<Lookup>& lookup) {
 
 void DhtCore::SendFind(const std::shared_ptr<Lookup>& lookup, const Contact& contact,
                        size_t depth) {
+  auto [it, fresh] = find_batches_.try_emplace(contact.peer, FindBatch{contact, {}});
+  it->second.queued.push_back({lookup, depth});
+  if (it->second.queued.size() >= kMaxFindIds) {
+    FlushFinds(contact.peer);
+  } else if (fresh) {
+    // Sent once the current event is over, with whatever other lookups queued meanwhile.
+    auto weak = weak_from_this();
+    env_.Schedule(Duration::zero(), [weak, peer = contact.peer] {
+      if (auto self = weak.lock()) self->FlushFinds(peer);
+    });
+  }
+}
+
+void DhtCore::FlushFinds(const PeerId& peer) {
+  auto it = find_batches_.find(peer);
+  if (it == find_batches_.end()) return;
+  FindBatch batch = std::move(it->second);
+  find_batches_.erase(it);
+  if (stopped_) {
+    for (const QueuedFind& q : batch.queued) {
+      OnFindReply(q.lookup, batch.contact, q.depth, Closed("DHT node is shut down"), false);
+    }
+    return;
+  }
+  // Piggyback other lookups that would ask this peer anyway.
+  std::erase_if(active_lookups_, [](const auto& w) {
+    auto l = w.lock();
+    return !l || l->finished;
+  });
+  for (const auto& weak_lookup : active_lookups_) {
+    if (batch.queued.size() >= kMaxFindIds) break;
+    auto other = weak_lookup.lock();
+    auto c = other->candidates.find(batch.contact.id ^ other->target);
+    if (c == other->candidates.end() || c->second.state != Lookup::State::kNew) continue;
+    c->second.state = Lookup::State::kInFlight;
+    ++other->in_flight;
+    batch.queued.push_back({other, c->second.depth});
+  }
+  FindRequest request{Header(), {}};
+  for (const QueuedFind& q : batch.queued) request.ids.push_back(q.lookup->target);
   ++stats_.requests_sent;
   auto weak = weak_from_this();
-  env_.Find(contact, {Header(), {lookup->target}}, options_.request_timeout,
-            [weak, lookup, contact, depth](Result<FindResponse> reply) {
-              if (auto self = weak.lock()) {
-                self->OnFindReply(lookup, contact, depth, std::move(reply));
+  const Contact contact = batch.contact;
+  env_.Find(contact, std::move(request), options_.request_timeout,
+            [weak, contact, queued = std::move(batch.queued)](Result<FindResponse> reply) {
+              auto self = weak.lock();
+              if (!self) return;
+              if (reply.ok() && reply->results.size() != queued.size()) {
+                reply = ProtocolError(fmt::format("find reply has {} results for {} ids",
+                                                  reply->results.size(), queued.size()));
+              }
+              for (size_t i = 0; i < queued.size(); ++i) {
+                Result<FindResponse> one =
+                    reply.ok() ? Result<FindResponse>(FindResponse{{std::move(reply->results[i])}})
+                               : Result<FindResponse>(reply.status());
+                self->OnFindReply(queued[i].lookup, contact, queued[i].depth, std::move(one),
+                                  i == 0);
               }
             });
 }
 
 void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& contact,
-                          size_t depth, Result<FindResponse> reply) {
+                          size_t depth, Result<FindResponse> reply, bool first_of_batch) {
   Lookup& l = *lookup;
   --l.in_flight;
   auto it = l.candidates.find(contact.id ^ l.target);
@@ -386,13 +438,16 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     reply = ProtocolError(fmt::format("find reply has {} results for 1 id", reply->results.size()));
   }
   if (!reply.ok()) {
-    COLONY_LOG_DEBUG("DHT find to {} failed: {}", contact.peer.Short(), reply.status().ToString());
-    OnFailure(contact);
+    if (first_of_batch) {
+      COLONY_LOG_DEBUG("DHT find to {} failed: {}", contact.peer.Short(),
+                       reply.status().ToString());
+      OnFailure(contact);
+    }
     if (it != l.candidates.end()) it->second.state = Lookup::State::kFailed;
     Step(lookup);
     return;
   }
-  OnSuccess(contact, false);
+  if (first_of_batch) OnSuccess(contact, false);
   if (stopped_) {
     Step(lookup);
     return;

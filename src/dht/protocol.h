@@ -161,8 +161,11 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
                    std::function<void(Lookup&)> on_done, size_t random_probes = 0);
   void Step(const std::shared_ptr<Lookup>& lookup);
   void SendFind(const std::shared_ptr<Lookup>& lookup, const Contact& contact, size_t depth);
+  void FlushFinds(const PeerId& peer);
+  // `first_of_batch`: whether this reply's outcome is counted for the peer (one request carries
+  // the ids of several lookups; its failure is one failure).
   void OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& contact, size_t depth,
-                   Result<FindResponse> reply);
+                   Result<FindResponse> reply, bool first_of_batch = true);
   void FinishLookup(const std::shared_ptr<Lookup>& lookup);
   void GetOne(std::string key, bool latest, std::function<void(Result<Record>)> done);
   void FinishGet(const std::shared_ptr<GetOp>& op, Lookup& lookup);
@@ -197,6 +200,20 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   std::unordered_map<PeerId, Bucket> rate_;
   // Gets in flight, so that concurrent gets of one key share one lookup.
   std::map<std::pair<DhtId, bool>, std::shared_ptr<GetOp>> gets_in_flight_;
+  // Finds queued for a peer during the current event: lookups running at the same time (a
+  // get_many, or concurrent gets) share requests, up to kMaxFindIds ids each.
+  struct QueuedFind {
+    std::shared_ptr<Lookup> lookup;
+    size_t depth;
+  };
+  struct FindBatch {
+    Contact contact;
+    std::vector<QueuedFind> queued;
+  };
+  std::unordered_map<PeerId, FindBatch> find_batches_;
+  // Lookups in progress: a request to a peer also carries the ids of other lookups that have the
+  // peer among their candidates not yet asked (hivemind's joint traversal of many keys).
+  std::vector<std::weak_ptr<Lookup>> active_lookups_;
   // Cached ids read since they were cached (refreshed before expiry).
   std::unordered_map<DhtId, bool> cache_read_;
 };

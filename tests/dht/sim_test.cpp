@@ -283,6 +283,30 @@ TEST_F(SmallSwarm, ConcurrentGetsOfOneKeyShareOneLookup) {
   EXPECT_EQ(n.stats().shared_gets, 4u);
 }
 
+TEST_F(SmallSwarm, GetManySharesFindRequestsAcrossKeys) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 16; ++i) {
+    keys.push_back("batch" + std::to_string(i));
+    ASSERT_TRUE(sim.Store(static_cast<size_t>(i), Item(keys.back(), std::to_string(i), In(60))).ok());
+  }
+  DhtCore& n = sim.node(20);
+  // One key at a time...
+  uint64_t before = n.stats().requests_sent;
+  for (const std::string& k : keys) ASSERT_TRUE(sim.Get(20, k, /*latest=*/true).ok());
+  const uint64_t one_by_one = n.stats().requests_sent - before;
+  // ...and all at once: the lookups run together and share requests to the same peers.
+  before = n.stats().requests_sent;
+  auto all = sim.Get(20, keys, /*latest=*/true);
+  const uint64_t together = n.stats().requests_sent - before;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(all[i].ok()) << all[i].status().ToString();
+    EXPECT_EQ(all[i]->value.value, std::to_string(i));
+  }
+  RecordProperty("requests_one_by_one", static_cast<int>(one_by_one));
+  RecordProperty("requests_together", static_cast<int>(together));
+  EXPECT_LT(together * 2, one_by_one) << together << " vs " << one_by_one;
+}
+
 TEST_F(SmallSwarm, FoundValuesAreCachedLocallyAndOnTheNearestNodeThatLackedThem) {
   ASSERT_TRUE(sim.Store(1, Item("cached", "v", In(60))).ok());
   ASSERT_TRUE(sim.Get(23, "cached", true).ok());
