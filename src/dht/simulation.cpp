@@ -7,8 +7,9 @@ namespace colony::dht {
 
 class Simulation::Env final : public Environment {
  public:
-  Env(Simulation& sim, size_t index) : sim_(sim), index_(index) {}
-  const Clock& clock() const override { return sim_.clock_; }
+  Env(Simulation& sim, size_t index, double offset)
+      : sim_(sim), index_(index), clock_(sim.clock_, offset) {}
+  const Clock& clock() const override { return clock_; }
 
   void Ping(const Contact& to, PingRequest request, Duration timeout,
             Callback<PingResponse> done) override {
@@ -78,8 +79,21 @@ class Simulation::Env final : public Environment {
     });
   }
 
+  // The simulation's clock, with this node's wall-clock offset.
+  class OffsetClock final : public Clock {
+   public:
+    OffsetClock(const Clock& base, double offset) : base_(base), offset_(offset) {}
+    SteadyTime Now() const override { return base_.Now(); }
+    double WallSeconds() const override { return base_.WallSeconds() + offset_; }
+
+   private:
+    const Clock& base_;
+    double offset_;
+  };
+
   Simulation& sim_;
   size_t index_;
+  OffsetClock clock_;
 };
 
 Simulation::Simulation(SimulationOptions options) : options_(options), rng_(options.seed) {}
@@ -90,7 +104,7 @@ Simulation::~Simulation() {
   }
 }
 
-size_t Simulation::AddNode(DhtOptions options) {
+size_t Simulation::AddNode(DhtOptions options, double clock_offset_seconds) {
   const size_t index = nodes_.size();
   auto node = std::make_unique<Node>();
   std::array<uint8_t, 32> seed{};
@@ -98,7 +112,7 @@ size_t Simulation::AddNode(DhtOptions options) {
   std::memcpy(seed.data(), &s, sizeof(s));
   seed[31] = 0x5a;
   node->identity = std::make_unique<KeyPair>(KeyPair::FromSeed({seed.data(), seed.size()}));
-  node->env = std::make_unique<Env>(*this, index);
+  node->env = std::make_unique<Env>(*this, index, clock_offset_seconds);
   std::vector<std::string> addrs;
   if (!options.client_mode) addrs.push_back(fmt::format("sim/{}", index));
   node->core = DhtCore::Create(*node->identity, std::move(addrs), options, *node->env);

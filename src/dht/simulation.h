@@ -31,7 +31,8 @@ class Simulation {
   Simulation& operator=(const Simulation&) = delete;
 
   // Adds a node (not bootstrapped yet); returns its index. Its address is address(index).
-  size_t AddNode(DhtOptions options = {});
+  // `clock_offset_seconds` shifts the node's wall clock (a machine whose clock is off).
+  size_t AddNode(DhtOptions options = {}, double clock_offset_seconds = 0);
   size_t size() const { return nodes_.size(); }
   DhtCore& node(size_t i) { return *nodes_[i]->core; }
   const KeyPair& identity(size_t i) const { return *nodes_[i]->identity; }

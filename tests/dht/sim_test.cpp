@@ -420,13 +420,29 @@ TEST(DhtSimulationBootstrap, PeersWithSkewedClocksAreRefused) {
   Simulation sim;
   sim.AddNode();
   ASSERT_TRUE(sim.Bootstrap(0, {}).ok());
-  // A request claiming a clock 60 s ahead is refused by the node...
-  DhtCore& n = sim.node(0);
-  PingRequest ping;
-  ping.wall_time = sim.clock().WallSeconds() + 60;
-  auto r = n.HandlePing(KeyPair::Generate().peer_id(), ping);
+  // A node whose clock is 60 s ahead cannot join through node 0: node 0 refuses its ping, and
+  // it would refuse node 0's answer.
+  const size_t ahead = sim.AddNode({}, 60);
+  auto r = sim.Bootstrap(ahead, {sim.address(0)});
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("clock"), std::string::npos);
+  EXPECT_NE(r.status().message().find("clock"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("sim/0"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(sim.node(0).routing_table().Find(sim.node(ahead).peer_id()).has_value());
+  // A node 2 s off joins (within the allowed skew).
+  const size_t close = sim.AddNode({}, 2);
+  EXPECT_TRUE(sim.Bootstrap(close, {sim.address(0)}).ok());
+  // The joiner itself refuses a bootstrap peer whose clock is off, even if that peer would
+  // answer: node 3 is 60 s behind and lenient.
+  DhtOptions lenient;
+  lenient.max_clock_skew_seconds = 1000;
+  const size_t behind = sim.AddNode(lenient, -60);
+  ASSERT_TRUE(sim.Bootstrap(behind, {}).ok());
+  const size_t joiner = sim.AddNode();
+  auto refused = sim.Bootstrap(joiner, {sim.address(behind)});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("its clock differs from ours by -60"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 TEST(DhtSimulationBootstrap, ManyNodesStartingAtOnceFromOneBootstrapFormOneSwarm) {
