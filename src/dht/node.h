@@ -8,7 +8,8 @@
 //   (*node)->StoreSync("run1.progress", "{...}", dht::Now() + 60, "12D3KooW...");
 //   Result<dht::Record> r = (*node)->GetSync("run1.progress", /*latest=*/true);
 //
-// Every request has a deadline (DhtOptions::request_timeout), so every operation ends.
+// Every request has a deadline (DhtOptions::request_timeout) and every lookup one
+// (DhtOptions::lookup_timeout), so every operation ends.
 // The blocking conveniences must not be called from the host's I/O threads.
 #pragma once
 

@@ -326,6 +326,16 @@ void DhtCore::StartLookup(DhtId target, std::optional<std::string> key, bool wan
     }
   }
   active_lookups_.push_back(lookup);
+  std::weak_ptr<Lookup> weak_lookup = lookup;
+  auto weak = weak_from_this();
+  env_.Schedule(options_.lookup_timeout, [weak, weak_lookup] {
+    auto self = weak.lock();
+    auto l = weak_lookup.lock();
+    if (self && l && !l->finished) {
+      COLONY_LOG_DEBUG("DHT lookup of {} hit its deadline", l->target.ToHex());
+      self->FinishLookup(l);
+    }
+  });
   Step(lookup);
 }
 

@@ -55,6 +55,9 @@ struct DhtOptions {
   // Client mode: stores and gets, serves nothing, stays out of others' routing tables.
   bool client_mode = false;
   Duration request_timeout = std::chrono::seconds(3);
+  // A lookup (and so any store or get) ends by this deadline with what it has found so far,
+  // however many unresponsive nodes it meets.
+  Duration lookup_timeout = std::chrono::seconds(20);
   double max_clock_skew_seconds = 5.0;
   // Caching: keep found values locally, and on the nearest node that lacked them.
   bool cache_locally = true;

@@ -356,6 +356,26 @@ TEST_F(SmallSwarm, UnresponsiveNodesAreBackedOffThenDropped) {
   EXPECT_EQ(CountHolders(sim, "after-death"), 5u);
 }
 
+TEST_F(SmallSwarm, OperationsEndByTheLookupDeadlineWhenNodesStopAnswering) {
+  ASSERT_TRUE(sim.Store(1, Item("deadline", "v", In(600))).ok());
+  DhtOptions patient;
+  patient.request_timeout = std::chrono::hours(1);  // requests alone would wait "forever"
+  patient.lookup_timeout = std::chrono::seconds(10);
+  const size_t n = sim.AddNode(patient);
+  ASSERT_TRUE(sim.Bootstrap(n, {sim.address(0)}).ok());
+  for (size_t i = 0; i < n; ++i) sim.Kill(i);
+  const SteadyTime start = sim.clock().Now();
+  auto r = sim.Get(n, "deadline", true);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+  EXPECT_LE(sim.clock().Now() - start, std::chrono::seconds(11));
+  EXPECT_GE(sim.clock().Now() - start, std::chrono::seconds(10));
+  // A store also ends by the deadline (kept on this node only: it is the nearest live one).
+  const SteadyTime store_start = sim.clock().Now();
+  EXPECT_TRUE(sim.Store(n, Item("deadline2", "v", In(600))).ok());
+  EXPECT_LE(sim.clock().Now() - store_start, std::chrono::seconds(11));
+  EXPECT_EQ(sim.node(n).storage().size(), 1u);
+}
+
 TEST_F(SmallSwarm, LimitsGiveClearErrors) {
   std::string big(2u << 20, 'x');
   auto st = sim.Store(1, Item("big", big, In(60)));
