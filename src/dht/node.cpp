@@ -174,37 +174,27 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
   }
 
   void RegisterHandlers() {
+    Register(kPing, &DecodePingRequest, &DhtCore::HandlePing, &EncodePingResponse);
+    Register(kStore, &DecodeStoreRequest, &DhtCore::HandleStore, &EncodeStoreResponse);
+    Register(kFind, &DecodeFindRequest, &DhtCore::HandleFind, &EncodeFindResponse);
+  }
+
+  // Serves `method`: decode the request, let the core handle it on the strand, encode the reply.
+  template <typename Request, typename Response>
+  void Register(const char* method, Result<Request> (*decode)(std::string_view),
+                Result<Response> (DhtCore::*handle)(const PeerId&, const Request&),
+                std::string (*encode)(const Response&)) {
     std::weak_ptr<Impl> weak = weak_from_this();
-    host_->RegisterUnary(kPing, [weak](net::CallContext& ctx, net::Message m)
-                                    -> asio::awaitable<Result<net::Message>> {
-      auto req = DecodePingRequest(m.meta);
-      if (!req.ok()) co_return req.status();
-      auto serve = [from = ctx.peer(), req = std::move(*req)](DhtCore& core) -> Result<net::Message> {
-        auto r = core.HandlePing(from, req);
-        if (!r.ok()) return r.status();
-        return net::Message(EncodePingResponse(*r));
-      };
-      co_return co_await Serve(weak, std::move(serve));
-    });
-    host_->RegisterUnary(kStore, [weak](net::CallContext& ctx, net::Message m)
+    host_->RegisterUnary(method, [weak, decode, handle, encode](net::CallContext& ctx,
+                                                                net::Message m)
                                      -> asio::awaitable<Result<net::Message>> {
-      auto req = DecodeStoreRequest(m.meta);
+      auto req = decode(m.meta);
       if (!req.ok()) co_return req.status();
-      auto serve = [from = ctx.peer(), req = std::move(*req)](DhtCore& core) -> Result<net::Message> {
-        auto r = core.HandleStore(from, req);
+      auto serve = [from = ctx.peer(), req = std::move(*req), handle,
+                    encode](DhtCore& core) -> Result<net::Message> {
+        auto r = (core.*handle)(from, req);
         if (!r.ok()) return r.status();
-        return net::Message(EncodeStoreResponse(*r));
-      };
-      co_return co_await Serve(weak, std::move(serve));
-    });
-    host_->RegisterUnary(kFind, [weak](net::CallContext& ctx, net::Message m)
-                                    -> asio::awaitable<Result<net::Message>> {
-      auto req = DecodeFindRequest(m.meta);
-      if (!req.ok()) co_return req.status();
-      auto serve = [from = ctx.peer(), req = std::move(*req)](DhtCore& core) -> Result<net::Message> {
-        auto r = core.HandleFind(from, req);
-        if (!r.ok()) return r.status();
-        return net::Message(EncodeFindResponse(*r));
+        return net::Message(encode(*r));
       };
       co_return co_await Serve(weak, std::move(serve));
     });

@@ -836,12 +836,18 @@ void DhtCore::ScheduleCacheRefresh(const DhtId& id, double expiration) {
 // ---------------------------------------------------------------------------------------------
 // Serving
 
-Result<PingResponse> DhtCore::HandlePing(const PeerId& from, const PingRequest& request) {
-  if (options_.client_mode || stopped_) {
+Status DhtCore::Admit(const PeerId& from) {
+  if (options_.client_mode) {
     return Unavailable("this DHT node is in client mode and serves no requests");
   }
+  if (stopped_) return Unavailable("this DHT node is shutting down");
   if (RateLimited(from)) return ResourceExhausted("too many DHT requests; slow down");
   ++stats_.requests_served;
+  return Status::Ok();
+}
+
+Result<PingResponse> DhtCore::HandlePing(const PeerId& from, const PingRequest& request) {
+  COLONY_RETURN_IF_ERROR(Admit(from));
   const double skew = request.wall_time - Wall();
   if (!std::isfinite(skew) || std::abs(skew) > options_.max_clock_skew_seconds + 1.0) {
     return FailedPrecondition(fmt::format(
@@ -854,11 +860,7 @@ Result<PingResponse> DhtCore::HandlePing(const PeerId& from, const PingRequest& 
 }
 
 Result<StoreResponse> DhtCore::HandleStore(const PeerId& from, const StoreRequest& request) {
-  if (options_.client_mode || stopped_) {
-    return Unavailable("this DHT node is in client mode and serves no requests");
-  }
-  if (RateLimited(from)) return ResourceExhausted("too many DHT requests; slow down");
-  ++stats_.requests_served;
+  COLONY_RETURN_IF_ERROR(Admit(from));
   NoteSender(from, request.sender);
   StoreResponse response;
   const double now = Wall();
@@ -885,11 +887,7 @@ Result<StoreResponse> DhtCore::HandleStore(const PeerId& from, const StoreReques
 }
 
 Result<FindResponse> DhtCore::HandleFind(const PeerId& from, const FindRequest& request) {
-  if (options_.client_mode || stopped_) {
-    return Unavailable("this DHT node is in client mode and serves no requests");
-  }
-  if (RateLimited(from)) return ResourceExhausted("too many DHT requests; slow down");
-  ++stats_.requests_served;
+  COLONY_RETURN_IF_ERROR(Admit(from));
   NoteSender(from, request.sender);
   FindResponse response;
   for (const DhtId& id : request.ids) {

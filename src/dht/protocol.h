@@ -154,6 +154,8 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   void Maintain();
   void RefreshBuckets(std::vector<size_t> buckets, std::function<void()> done);
   bool RateLimited(const PeerId& peer);
+  // Whether a request from `from` is served at all (client mode, shutdown, rate limit).
+  Status Admit(const PeerId& from);
   void NoteSender(const PeerId& from, const NodeHeader& header);
   bool BackedOff(const PeerId& peer) const;
   void OnSuccess(const Contact& contact, bool client_mode);
