@@ -7,6 +7,8 @@ find_package(fmt REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(Protobuf REQUIRED)
 pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
+# OpenMP for the compression kernels (optional: the loops are correct without it).
+find_package(OpenMP)
 
 # asio (standalone, header-only) with C++20 coroutines.
 find_path(ASIO_INCLUDE_DIR asio.hpp REQUIRED)

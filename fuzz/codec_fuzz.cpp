@@ -1,0 +1,63 @@
+// Fuzz target for the compression codecs, whose decoder reads tensors sent by remote peers.
+//  - PeekHeader and Decode never crash on any bytes; when Decode accepts an encoding, the header
+//    agrees with it, and every codec but the raw ones (none, fp16, bf16, scaled-fp16 and topk
+//    carry values as they are) produces finite values.
+//  - Encoding the input bytes read as floats, with a codec chosen by the first byte, always decodes
+//    again to the same number of values; finite inputs stay finite.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "compression/codec.h"
+
+using colony::Bytes;
+using colony::ByteSpan;
+using namespace colony::compression;
+
+namespace {
+
+bool CarriesRawValues(Codec c) {
+  return c == Codec::kNone || c == Codec::kFloat16 || c == Codec::kBFloat16 ||
+         c == Codec::kScaledFloat16 || c == Codec::kTopK;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const ByteSpan in(data, size);
+  auto info = PeekHeader(in);
+  if (info.ok() && info->count <= (1u << 20)) {
+    std::vector<float> out(static_cast<size_t>(info->count));
+    colony::Status st = Decode(in, out);
+    if (st.ok() && !CarriesRawValues(info->codec)) {
+      for (float v : out)
+        if (!std::isfinite(v)) __builtin_trap();
+    }
+    // A count that differs from the output span is always refused.
+    std::vector<float> wrong(out.size() + 1);
+    if (Decode(in, wrong).ok()) __builtin_trap();
+  }
+
+  if (size == 0) return 0;
+  const auto codec = static_cast<Codec>(data[0] % (kMaxCodecId + 1));
+  std::vector<float> values((size - 1) / sizeof(float));
+  if (!values.empty()) std::memcpy(values.data(), data + 1, values.size() * sizeof(float));
+  bool finite = true;
+  for (float v : values) finite = finite && std::isfinite(v);
+  CodecOptions options;
+  options.block_size = 16 + (size > 1 ? data[1] % 48 : 0);  // odd sizes too
+  options.topk_fraction = size > 2 ? (1 + data[2] % 100) / 100.0 : 0.01;
+  Bytes enc;
+  if (!Encode(codec, values, enc, options).ok()) __builtin_trap();
+  if (enc.size() > MaxEncodedSize(codec, values.size(), options)) __builtin_trap();
+  std::vector<float> back(values.size());
+  if (!Decode(enc, back).ok()) __builtin_trap();
+  // Saturating codecs keep finite inputs finite (topk copies values as they are).
+  if (finite) {
+    for (float v : back)
+      if (!std::isfinite(v)) __builtin_trap();
+  }
+  return 0;
+}
