@@ -6,7 +6,7 @@ target_compile_options(colony_flags INTERFACE -Wall -Wextra -Wpedantic -Wshadow 
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # g++ 12 reports false positives inside asio/libstdc++ coroutine frames at -O2.
   target_compile_options(colony_flags INTERFACE -Wno-maybe-uninitialized -Wno-dangling-pointer
-    -Wno-array-bounds -Wno-stringop-overflow -Wno-null-dereference)
+    -Wno-array-bounds -Wno-stringop-overflow -Wno-null-dereference -Wno-mismatched-new-delete)
 endif()
 if(COLONY_WERROR)
   target_compile_options(colony_flags INTERFACE -Werror)

@@ -15,6 +15,7 @@ using Command = std::function<int()>;
 void AddIdentityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
+void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 
 // Prints "colony: error: <message>" on stderr (one line) and returns exit code 1.

@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   AddIdentityCommands(app, commands);
   AddPeerCommands(app, commands);
   AddDhtCommands(app, commands);
+  AddAverageCommand(app, commands);
   AddDemoCommand(app, commands);
 
   try {

@@ -1,0 +1,584 @@
+// Butterfly all-reduce inside a formed group, with fault tolerance.
+//
+// The flattened tensors (N values) are cut into one contiguous span per member (GroupInfo::span,
+// sized by bandwidth; clients own none), and each span into parts of part_size values. Every
+// sender (a member with data: node or client mode, weight > 0) opens one "avg.reduce" stream to
+// each other reducer and writes a hello (group id, its index, its weight) followed by its parts of
+// that reducer's span, each compressed with the configured codec. The reducer decodes each part,
+// rejects non-finite values, and accumulates the weighted sum (or keeps the inputs for
+// CenteredClip). Part k is final once every sender still in the round has delivered part k; the
+// reducer then computes the mean, encodes it once and writes it back on every sender's stream
+// with the list of members whose data it contains. Senders write results straight into their
+// tensors as they arrive, so communication, decoding and reduction overlap part by part.
+//
+// Faults. A reducer excludes a sender that delivers no part for part_timeout (it never
+// connected, died, froze or slowed down), that breaks the stream, or that sends malformed or
+// non-finite data: the parts not yet final are reduced without it, and it gets no more results.
+// A sender whose reducer returns no part for 2 x part_timeout (or whose stream fails) keeps its
+// local values for the rest of that span. At the step's deadline everything still open is
+// finalised with what has arrived. So every surviving member finishes, and each part of its
+// result is exactly the weighted mean of the members listed for it (its PartReport).
+//
+// Threading: a run's state lives on its own strand of the compute pool; stream reads and writes
+// hop to their connections' strands; decoding and encoding run anywhere on the pool.
+#include "averaging/allreduce.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <csignal>
+
+#include "averaging/reduce.h"
+
+namespace colony::averaging {
+
+std::vector<uint64_t> SpanBegins(const GroupInfo& group) {
+  std::vector<uint64_t> begins;
+  uint64_t at = 0;
+  for (const auto& m : group.members) {
+    begins.push_back(at);
+    at += m.span;
+  }
+  return begins;
+}
+
+AllReduceRun::AllReduceRun(std::shared_ptr<Averager::Impl> impl, GroupInfo group, uint32_t self,
+                           double weight, SteadyTime deadline)
+    : impl_(std::move(impl)),
+      group_(std::move(group)),
+      self_(self),
+      weight_(weight),
+      deadline_(deadline),
+      strand_(asio::make_strand(PoolExecutor())),
+      changed_(strand_),
+      begins_(SpanBegins(group_)),
+      part_size_(group_.part_size) {
+  const Mode mode = group_.members[self_].mode;
+  wants_results_ = mode != Mode::kAux;
+  sends_ = mode != Mode::kAux && weight_ > 0;
+}
+
+size_t AllReduceRun::PartsOf(uint32_t member) const {
+  return static_cast<size_t>((group_.members[member].span + part_size_ - 1) / part_size_);
+}
+
+std::pair<uint64_t, uint64_t> AllReduceRun::PartRange(uint32_t member, size_t k) const {
+  const uint64_t b = begins_[member] + k * part_size_;
+  const uint64_t e = std::min(b + part_size_, begins_[member] + group_.members[member].span);
+  return {b, e};
+}
+
+void AllReduceRun::MaybeFault(Fault when) {
+  if (impl_->options_.fault != when || fault_fired_) return;
+  fault_fired_ = true;
+  COLONY_LOG_WARN("averaging: injecting fault {} (tests only)", static_cast<int>(when));
+  switch (when) {
+    case Fault::kKillBeforeSending:
+    case Fault::kKillWhileSending:
+    case Fault::kKillWhileReducing:
+      std::raise(SIGKILL);
+      break;
+    case Fault::kStopWhileSending:
+    case Fault::kStopWhileReducing:
+      std::raise(SIGSTOP);
+      break;
+    case Fault::kCancelWhileSending:
+      impl_->cancel_requested_ = true;
+      Abort(Cancelled("the step was cancelled (injected fault)"));
+      break;
+    case Fault::kNone:
+      break;
+  }
+}
+
+void AllReduceRun::Abort(Status reason) {
+  if (!abort_reason_.ok()) return;
+  abort_reason_ = std::move(reason);
+  for (auto& s : out_streams_) s->Cancel(abort_reason_);
+  for (uint32_t i = 0; i < senders_.size(); ++i) Exclude(i, abort_reason_.message());
+  changed_.Notify();
+}
+
+void AllReduceRun::Cancel(Status reason) {
+  auto self = shared_from_this();
+  asio::post(strand_,
+             [self, reason = std::move(reason)]() mutable { self->Abort(std::move(reason)); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reducer side.
+
+void AllReduceRun::Exclude(uint32_t s, const std::string& why) {
+  Sender& sender = senders_[s];
+  if (!sender.expected || sender.excluded || sender.received >= my_parts_) return;
+  sender.excluded = true;
+  if (abort_reason_.ok()) {
+    COLONY_LOG_WARN("averaging: excluded {} from the rest of group {}: {}",
+                    group_.members[s].peer.ToString(),
+                    HexEncode(AsBytes(group_.group_id)).substr(0, 8), why);
+  }
+  if (sender.stream)
+    sender.stream->Cancel(Status(StatusCode::kAborted, "excluded from the all-reduce: " + why));
+  CheckParts();
+  changed_.Notify();
+}
+
+void AllReduceRun::Accumulate(uint32_t s, size_t k, std::vector<float> values) {
+  Reduced& part = parts_[k];
+  const double w = senders_[s].weight;
+  if (impl_->options_.centered_clip) {
+    part.inputs.push_back(std::move(values));
+    part.input_weights.push_back(w);
+  } else {
+    if (part.acc.empty()) part.acc.assign(values.size(), 0.0f);
+    AddScaled(part.acc, values, static_cast<float>(w));
+  }
+  part.weight += w;
+  part.contributors.push_back(s);
+}
+
+void AllReduceRun::CheckParts() {
+  while (parts_done_ < my_parts_) {
+    const size_t k = parts_done_;
+    for (const Sender& s : senders_) {
+      if (s.expected && !s.excluded && s.received <= k) return;
+    }
+    Finalize(k);
+    ++parts_done_;
+    changed_.Notify();
+  }
+}
+
+void AllReduceRun::Finalize(size_t k) {
+  Reduced& part = parts_[k];
+  const auto [b, e] = PartRange(self_, k);
+  std::sort(part.contributors.begin(), part.contributors.end());
+  if (part.weight > 0) {
+    std::vector<float> mean(e - b);
+    if (impl_->options_.centered_clip) {
+      std::vector<std::span<const float>> views(part.inputs.begin(), part.inputs.end());
+      CenteredClip(views, part.input_weights, *impl_->options_.centered_clip, mean);
+    } else {
+      mean = std::move(part.acc);
+      Scale(mean, static_cast<float>(1.0 / part.weight));
+    }
+    auto encoded = std::make_shared<Bytes>();
+    Status st =
+        compression::Encode(impl_->options_.codec, mean, *encoded, impl_->options_.codec_options);
+    if (!st.ok()) {
+      COLONY_LOG_ERROR("averaging: encoding a reduced part failed: {}", st.ToString());
+      part.contributors.clear();
+    } else {
+      part.encoded = std::move(encoded);
+    }
+    if (wants_results_ && !part.contributors.empty()) {
+      impl_->Scatter(b, mean);
+      reports_.push_back({b, e, part.contributors});
+    }
+  }
+  if (part.contributors.empty() || part.weight <= 0) {
+    part.contributors.clear();
+    if (wants_results_) {
+      reports_.push_back({b, e, sends_ ? std::vector<uint32_t>{self_} : std::vector<uint32_t>{}});
+    }
+  }
+  part.acc = {};
+  part.inputs = {};
+  part.input_weights = {};
+}
+
+asio::awaitable<void> AllReduceRun::SenderWatchdog() {
+  const auto timeout = impl_->options_.part_timeout;
+  while (parts_done_ < my_parts_) {
+    const SteadyTime now = SteadyNow();
+    SteadyTime next = deadline_;
+    if (now >= deadline_) {
+      for (uint32_t s = 0; s < senders_.size(); ++s) {
+        Exclude(s, "the step's deadline passed");
+      }
+      break;
+    }
+    for (uint32_t s = 0; s < senders_.size(); ++s) {
+      Sender& sender = senders_[s];
+      if (!sender.expected || sender.excluded || sender.received >= my_parts_) continue;
+      if (now - sender.last_progress >= timeout) {
+        Exclude(s, fmt::format("it delivered no part for {:.1f} s ({} of {} parts received)",
+                               Seconds(timeout), sender.received, my_parts_));
+      } else {
+        next = std::min(next, sender.last_progress + timeout);
+      }
+    }
+    if (parts_done_ >= my_parts_) break;
+    co_await changed_.WaitUntil(next);
+  }
+}
+
+asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> stream,
+                                                  ReduceHello hello) {
+  const uint32_t s = hello.sender_index;
+  if (s >= group_.members.size() || group_.members[s].peer != stream->peer()) {
+    co_return PermissionDenied("the sender index does not match the authenticated peer");
+  }
+  if (my_parts_ == 0) co_return FailedPrecondition("this peer reduces no span in this group");
+  Sender& sender = senders_[s];
+  if (!sender.expected) co_return FailedPrecondition("this member sends no data");
+  if (sender.connected) co_return AlreadyExists("this sender is already connected");
+  if (sender.excluded)
+    co_return Status(StatusCode::kAborted, "this sender was excluded from the all-reduce");
+  sender.connected = true;
+  sender.stream = stream;
+  sender.weight = hello.weight;
+  sender.last_progress = SteadyNow();
+  if (hello.weight == 0) {
+    sender.received = my_parts_;  // nothing to send; it only wants the results
+    CheckParts();
+  }
+  ++active_writers_;
+  auto self = shared_from_this();
+  auto writer = [self, s, stream]() -> asio::awaitable<void> {
+    co_await self->WriteResults(s, stream);
+    --self->active_writers_;
+    self->changed_.Notify();
+  };
+  asio::co_spawn(strand_, std::move(writer), asio::detached);
+
+  const auto codec_limit = compression::MaxEncodedSize(compression::Codec::kNone, part_size_) +
+                           compression::MaxEncodedSize(compression::Codec::kTopK, part_size_) +
+                           4096;
+  while (sender.received < my_parts_ && !sender.excluded) {
+    auto msg = co_await stream->Read();
+    if (sender.excluded) break;
+    if (!msg.ok()) {
+      Exclude(s, "its stream failed: " + msg.status().ToString());
+      break;
+    }
+    if (!msg->has_value()) {
+      Exclude(s, "it closed its stream early");
+      break;
+    }
+    net::Message& m = **msg;
+    auto header = DecodePartHeader(m.meta, group_.members.size());
+    const size_t k = sender.received;
+    if (!header.ok() || header->index != k || m.tensors.size() != 1 ||
+        m.tensors[0].data.size() > codec_limit) {
+      Exclude(s, "it sent a malformed part");
+      break;
+    }
+    const auto [b, e] = PartRange(self_, k);
+    net::TensorFrame frame = std::move(m.tensors[0]);
+    auto decode = [frame, n = e - b]() -> Result<std::vector<float>> {
+      std::vector<float> values(n);
+      COLONY_RETURN_IF_ERROR(compression::Decode(frame.data, values));
+      if (!AllFinite(values)) return InvalidArgument("it sent non-finite values (NaN or Inf)");
+      return values;
+    };
+    auto values = co_await RunOn<Result<std::vector<float>>>(PoolExecutor(), std::move(decode));
+    if (sender.excluded) break;
+    if (!values.ok()) {
+      Exclude(s, values.status().message());
+      break;
+    }
+    Accumulate(s, k, std::move(*values));
+    ++sender.received;
+    sender.last_progress = SteadyNow();
+    CheckParts();
+  }
+  // The writer ends once every result is written or the sender is excluded.
+  while (!sender.excluded && sender.results_written < my_parts_) {
+    co_await changed_.WaitUntil(deadline_ + impl_->options_.part_timeout);
+    if (SteadyNow() >= deadline_ + impl_->options_.part_timeout) break;
+  }
+  co_return sender.excluded ? Status(StatusCode::kAborted, "excluded from the all-reduce")
+                            : Status();
+}
+
+asio::awaitable<void> AllReduceRun::WriteResults(uint32_t s, std::shared_ptr<net::Stream> stream) {
+  Sender& sender = senders_[s];
+  for (size_t k = 0; k < my_parts_; ++k) {
+    while (parts_done_ <= k && !sender.excluded) {
+      co_await changed_.WaitUntil(deadline_ + impl_->options_.part_timeout);
+      if (SteadyNow() >= deadline_ + impl_->options_.part_timeout) Exclude(s, "deadline");
+    }
+    if (sender.excluded) co_return;
+    const Reduced& part = parts_[k];
+    net::Message msg(EncodePartHeader({static_cast<uint32_t>(k), part.contributors}));
+    if (part.encoded) {
+      net::TensorFrame t;
+      t.dtype = DType::kUInt8;
+      t.codec = static_cast<uint8_t>(impl_->options_.codec);
+      t.shape = {static_cast<int64_t>(part.encoded->size())};
+      t.data = ByteSpan(part.encoded->data(), part.encoded->size());
+      t.owner = part.encoded;
+      msg.tensors.push_back(std::move(t));
+    }
+    Status st = co_await stream->Write(msg);
+    if (!st.ok()) {
+      Exclude(s, "writing its results failed: " + st.ToString());
+      co_return;
+    }
+    ++sender.results_written;
+    changed_.Notify();
+    if (sender.results_written == std::max<size_t>(1, my_parts_ / 2)) {
+      MaybeFault(Fault::kKillWhileReducing);
+      MaybeFault(Fault::kStopWhileReducing);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sender side.
+
+void AllReduceRun::KeepLocal(uint32_t r, size_t from) {
+  for (size_t k = from; k < PartsOf(r); ++k) {
+    const auto [b, e] = PartRange(r, k);
+    reports_.push_back({b, e, sends_ ? std::vector<uint32_t>{self_} : std::vector<uint32_t>{}});
+  }
+}
+
+asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
+  const MemberInfo& reducer = group_.members[r];
+  const size_t n = PartsOf(r);
+  auto addr = Status();
+  std::optional<Multiaddr> dial;
+  for (const auto& a : reducer.addrs) {
+    auto m = Multiaddr::Parse(a);
+    if (m.ok() && m->peer_id() == reducer.peer) {
+      dial = *m;
+      break;
+    }
+  }
+  if (!dial) {
+    COLONY_LOG_WARN("averaging: reducer {} announced no usable address; keeping local values",
+                    reducer.peer.ToString());
+    KeepLocal(r, 0);
+    co_return;
+  }
+  std::string method = impl_->MethodName("reduce");
+  net::CallOptions call_options{.timeout = MsUntil(deadline_)};
+  auto opened = co_await impl_->host_.OpenStream(*dial, std::move(method), call_options);
+  if (!opened.ok() || !abort_reason_.ok()) {
+    if (!opened.ok()) {
+      COLONY_LOG_WARN(
+          "averaging: could not reach reducer {}: {}; keeping local values for its span",
+          reducer.peer.ToString(), opened.status().ToString());
+    } else {
+      (*opened)->Cancel(abort_reason_);
+    }
+    KeepLocal(r, 0);
+    co_return;
+  }
+  auto stream = *opened;
+  out_streams_.push_back(stream);
+  // Temporaries never appear inside co_await expressions (g++ 12 destroys them twice).
+  const net::Message hello(EncodeReduceHello({group_.group_id, self_, sends_ ? weight_ : 0.0}));
+  Status st = co_await stream->Write(hello);
+
+  // Results arrive while we keep sending.
+  auto self = shared_from_this();
+  auto state = std::make_shared<ReaderState>();
+  auto reader = [self, r, stream, state]() -> asio::awaitable<void> {
+    co_await self->ReadResults(r, stream, state);
+    state->done = true;
+    self->changed_.Notify();
+  };
+  auto watchdog = [self, r, stream, state]() -> asio::awaitable<void> {
+    const auto limit = 2 * self->impl_->options_.part_timeout;
+    while (!state->done) {
+      const SteadyTime due = state->last_result + limit;
+      if (SteadyNow() >= due) {
+        COLONY_LOG_WARN("averaging: reducer {} returned no part for {:.1f} s; keeping local values",
+                        self->group_.members[r].peer.ToString(), Seconds(limit));
+        stream->Cancel(DeadlineExceeded("the reducer returned no part in time"));
+        break;
+      }
+      co_await self->changed_.WaitUntil(std::min(due, self->deadline_));
+      if (SteadyNow() >= self->deadline_ && !state->done) {
+        stream->Cancel(DeadlineExceeded("the step's deadline passed"));
+        break;
+      }
+    }
+  };
+  state->last_result = SteadyNow();
+  asio::co_spawn(strand_, std::move(reader), asio::detached);
+  asio::co_spawn(strand_, std::move(watchdog), asio::detached);
+
+  const auto& options = impl_->options_;
+  for (size_t k = 0; st.ok() && sends_ && k < n && abort_reason_.ok(); ++k) {
+    const auto [b, e] = PartRange(r, k);
+    auto encode = [self, b = b, e = e]() -> Result<std::shared_ptr<Bytes>> {
+      auto out = std::make_shared<Bytes>();
+      std::span<const float> values(self->input_.data() + b, e - b);
+      COLONY_RETURN_IF_ERROR(compression::Encode(self->impl_->options_.codec, values, *out,
+                                                 self->impl_->options_.codec_options));
+      return out;
+    };
+    auto encoded =
+        co_await RunOn<Result<std::shared_ptr<Bytes>>>(PoolExecutor(), std::move(encode));
+    if (!encoded.ok()) {
+      st = encoded.status();
+      break;
+    }
+    if (options.max_send_rate > 0) {  // pace: reserve this part's airtime on a shared schedule
+      const SteadyTime start = std::max(SteadyNow(), next_send_);
+      next_send_ =
+          start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(static_cast<double>((*encoded)->size()) /
+                                                    options.max_send_rate));
+      while (SteadyNow() < start && abort_reason_.ok()) co_await changed_.WaitUntil(start);
+    }
+    net::Message msg(EncodePartHeader({static_cast<uint32_t>(k), {}}));
+    net::TensorFrame t;
+    t.dtype = DType::kUInt8;
+    t.codec = static_cast<uint8_t>(options.codec);
+    t.shape = {static_cast<int64_t>((*encoded)->size())};
+    t.data = ByteSpan((*encoded)->data(), (*encoded)->size());
+    t.owner = *encoded;
+    msg.tensors.push_back(std::move(t));
+    st = co_await stream->Write(msg);
+    if (st.ok() && k + 1 == std::max<size_t>(1, n / 2)) {
+      MaybeFault(Fault::kKillWhileSending);
+      MaybeFault(Fault::kStopWhileSending);
+      MaybeFault(Fault::kCancelWhileSending);
+    }
+  }
+  if (st.ok() && abort_reason_.ok()) st = co_await stream->CloseWrite();
+  if (!st.ok() && abort_reason_.ok()) {
+    COLONY_LOG_DEBUG("averaging: sending to {} stopped: {}", reducer.peer.Short(), st.ToString());
+    stream->Cancel(st);
+  }
+  while (!state->done) co_await changed_.WaitUntil(deadline_ + options.part_timeout);
+}
+
+asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net::Stream> stream,
+                                                std::shared_ptr<ReaderState> state) {
+  const size_t n = PartsOf(r);
+  size_t next = 0;
+  while (next < n) {
+    auto msg = co_await stream->Read();
+    if (!msg.ok() || !msg->has_value()) {
+      if (abort_reason_.ok()) {
+        COLONY_LOG_DEBUG("averaging: results from {} ended after {} of {} parts: {}",
+                         group_.members[r].peer.Short(), next, n,
+                         msg.ok() ? "end of stream" : msg.status().ToString());
+      }
+      break;
+    }
+    net::Message& m = **msg;
+    auto header = DecodePartHeader(m.meta, group_.members.size());
+    if (!header.ok() || header->index != next ||
+        m.tensors.size() != (header->contributors.empty() ? 0u : 1u)) {
+      COLONY_LOG_WARN("averaging: reducer {} sent a malformed result; keeping local values",
+                      group_.members[r].peer.ToString());
+      stream->Cancel(ProtocolError("malformed result part"));
+      break;
+    }
+    const auto [b, e] = PartRange(r, next);
+    if (header->contributors.empty()) {
+      reports_.push_back({b, e, sends_ ? std::vector<uint32_t>{self_} : std::vector<uint32_t>{}});
+    } else {
+      net::TensorFrame frame = std::move(m.tensors[0]);
+      auto self = shared_from_this();
+      auto decode = [self, frame, b = b, e = e]() -> Status {
+        std::vector<float> values(e - b);
+        COLONY_RETURN_IF_ERROR(compression::Decode(frame.data, values));
+        if (!AllFinite(values)) return InvalidArgument("the reducer sent non-finite values");
+        self->impl_->Scatter(b, values);
+        return {};
+      };
+      Status st = co_await RunOn<Status>(PoolExecutor(), std::move(decode));
+      if (!st.ok()) {
+        COLONY_LOG_WARN("averaging: bad result from reducer {}: {}; keeping local values",
+                        group_.members[r].peer.ToString(), st.ToString());
+        stream->Cancel(ProtocolError(st.message()));
+        break;
+      }
+      reports_.push_back({b, e, std::move(header->contributors)});
+    }
+    ++next;
+    state->last_result = SteadyNow();
+    changed_.Notify();
+  }
+  KeepLocal(r, next);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
+  const SteadyTime started = SteadyNow();
+  MaybeFault(Fault::kKillBeforeSending);
+  if (sends_) {
+    input_.resize(group_.total);
+    impl_->Gather(input_);
+  }
+  my_parts_ = PartsOf(self_);
+  senders_.assign(group_.members.size(), {});
+  parts_.assign(my_parts_, {});
+  for (uint32_t m = 0; m < group_.members.size(); ++m) {
+    senders_[m].expected = my_parts_ > 0 && group_.members[m].mode != Mode::kAux;
+    senders_[m].last_progress = started;
+  }
+  if (my_parts_ > 0 && senders_[self_].expected) {
+    Sender& me = senders_[self_];
+    me.connected = true;
+    me.weight = sends_ ? weight_ : 0;
+    if (sends_) {
+      for (size_t k = 0; k < my_parts_; ++k) {
+        const auto [b, e] = PartRange(self_, k);
+        Accumulate(self_, k,
+                   std::vector<float>(input_.begin() + static_cast<ptrdiff_t>(b),
+                                      input_.begin() + static_cast<ptrdiff_t>(e)));
+      }
+    }
+    me.received = my_parts_;
+  }
+  CheckParts();
+
+  auto self = shared_from_this();
+  size_t tasks = 0;
+  auto spawn = [&](auto fn) {
+    ++tasks;
+    auto wrapped = [self, fn = std::move(fn)]() mutable -> asio::awaitable<void> {
+      co_await fn();
+      --self->pending_tasks_;
+      self->changed_.Notify();
+    };
+    asio::co_spawn(strand_, std::move(wrapped), asio::detached);
+  };
+  pending_tasks_ = 0;
+  if (wants_results_) {
+    for (uint32_t r = 0; r < group_.members.size(); ++r) {
+      if (r == self_ || group_.members[r].span == 0) continue;
+      spawn([self, r]() { return self->SendTo(r); });
+    }
+  }
+  if (my_parts_ > 0) spawn([self]() { return self->SenderWatchdog(); });
+  pending_tasks_ = tasks;
+
+  while (pending_tasks_ > 0 || parts_done_ < my_parts_) {
+    if (SteadyNow() >= deadline_ + impl_->options_.part_timeout) {
+      Abort(DeadlineExceeded("the step's deadline passed during the all-reduce"));
+      break;
+    }
+    co_await changed_.WaitUntil(deadline_ + impl_->options_.part_timeout);
+  }
+  // Let our reducer's result writers finish (bounded) before reporting.
+  while (active_writers_ > 0 && SteadyNow() < deadline_ + impl_->options_.part_timeout) {
+    co_await changed_.WaitUntil(deadline_ + impl_->options_.part_timeout);
+  }
+  for (auto& s : out_streams_) s->Cancel(Cancelled("the all-reduce is over"));
+  out_streams_.clear();
+  if (impl_->cancel_requested_) co_return Cancelled("the averaging step was cancelled");
+  if (abort_reason_.code() == StatusCode::kCancelled) co_return abort_reason_;
+
+  StepResult result;
+  result.group_id = group_.group_id;
+  result.self_index = self_;
+  for (const auto& m : group_.members) result.members.push_back({m.peer, m.mode, m.gathered});
+  std::sort(reports_.begin(), reports_.end(),
+            [](const PartReport& a, const PartReport& b) { return a.begin < b.begin; });
+  result.parts = std::move(reports_);
+  result.allreduce_seconds = Seconds(SteadyNow() - started);
+  co_return result;
+}
+
+}  // namespace colony::averaging

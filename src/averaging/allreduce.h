@@ -1,0 +1,93 @@
+// One butterfly all-reduce of a formed group, as seen by one member (internal; the algorithm is
+// described at the top of allreduce.cpp).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "averaging/internal.h"
+
+namespace colony::averaging {
+
+class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
+ public:
+  AllReduceRun(std::shared_ptr<Averager::Impl> impl, GroupInfo group, uint32_t self, double weight,
+               SteadyTime deadline);
+
+  // Runs this member's part of the all-reduce; on strand().
+  asio::awaitable<Result<StepResult>> Run();
+  // Serves one sender's "avg.reduce" stream after its hello was read; on strand().
+  asio::awaitable<Status> ServeSender(std::shared_ptr<net::Stream> stream, ReduceHello hello);
+  // Stops everything; the run reports `reason` if it is Cancelled. Thread-safe.
+  void Cancel(Status reason);
+
+  const PoolStrand& strand() const { return strand_; }
+  const GroupInfo& group() const { return group_; }
+
+ private:
+  struct Sender {
+    bool expected = false;   // we reduce a span and this member sends data
+    bool connected = false;  // its stream arrived (or it is us)
+    bool excluded = false;
+    double weight = 0;
+    size_t received = 0;         // parts delivered
+    size_t results_written = 0;  // averaged parts sent back
+    SteadyTime last_progress;
+    std::shared_ptr<net::Stream> stream;
+  };
+  struct Reduced {
+    std::vector<float> acc;                  // weighted sum (mean reduction)
+    std::vector<std::vector<float>> inputs;  // CenteredClip keeps every input
+    std::vector<double> input_weights;
+    double weight = 0;
+    std::vector<uint32_t> contributors;
+    std::shared_ptr<Bytes> encoded;  // the final part, encoded; null when nobody contributed
+  };
+  struct ReaderState {
+    bool done = false;
+    SteadyTime last_result;
+  };
+
+  size_t PartsOf(uint32_t member) const;
+  std::pair<uint64_t, uint64_t> PartRange(uint32_t member, size_t k) const;
+  void MaybeFault(Fault when);
+  void Abort(Status reason);
+  void Exclude(uint32_t sender, const std::string& why);
+  void Accumulate(uint32_t sender, size_t k, std::vector<float> values);
+  void CheckParts();
+  void Finalize(size_t k);
+  void KeepLocal(uint32_t reducer, size_t from);
+  asio::awaitable<void> SenderWatchdog();
+  asio::awaitable<void> WriteResults(uint32_t sender, std::shared_ptr<net::Stream> stream);
+  asio::awaitable<void> SendTo(uint32_t reducer);
+  asio::awaitable<void> ReadResults(uint32_t reducer, std::shared_ptr<net::Stream> stream,
+                                    std::shared_ptr<ReaderState> state);
+
+  std::shared_ptr<Averager::Impl> impl_;
+  const GroupInfo group_;
+  const uint32_t self_;
+  const double weight_;
+  const SteadyTime deadline_;
+  PoolStrand strand_;
+  Event changed_;  // any progress: parts, exclusions, tasks ending
+  const std::vector<uint64_t> begins_;
+  const uint64_t part_size_;
+  bool wants_results_ = true;  // not an aux peer
+  bool sends_ = true;          // has data with a positive weight
+
+  // Everything below lives on strand_.
+  std::vector<float> input_;  // snapshot of our flattened tensors
+  size_t my_parts_ = 0;
+  std::vector<Sender> senders_;
+  std::vector<Reduced> parts_;
+  size_t parts_done_ = 0;
+  size_t pending_tasks_ = 0;
+  size_t active_writers_ = 0;
+  std::vector<PartReport> reports_;
+  std::vector<std::shared_ptr<net::Stream>> out_streams_;
+  SteadyTime next_send_{};
+  Status abort_reason_;
+  bool fault_fired_ = false;
+};
+
+}  // namespace colony::averaging

@@ -1,0 +1,178 @@
+// Averager: decentralized averaging of a list of float32 tensors with peers found in the DHT.
+//
+// Each Step() finds a group of peers that average the same tensors under the same key prefix
+// (matchmaking, docs/averaging.md), then runs a butterfly all-reduce inside the group: the
+// flattened tensors are cut into one span per reducing peer, sized by bandwidth; every sender
+// streams each span (compressed, in parts) to its owner, who reduces it (weighted mean, or
+// CenteredClip) and streams the result back. Peers that fail, stall or send garbage are excluded
+// from the parts not yet reduced; the rest finish by the deadline. The tensors are averaged in
+// place; the returned StepResult says which peers' data went into each part of the result.
+//
+//   auto node = dht::Node::Start(KeyPair::Generate(), {...});
+//   std::vector<float> grads(1 << 20);
+//   auto avg = averaging::Averager::Create(**node, {grads}, {.prefix = "run1.grads"});
+//   Result<StepResult> r = (*avg)->StepSync({.weight = samples, .timeout = 30s});
+//
+// Threading: the averager runs on a strand of the node's host; codecs and reductions run on a
+// process-wide compute pool (one thread per core), never on I/O threads.
+// Step() and LoadStateFromPeers() may be awaited from any executor; the *Sync conveniences block
+// and must not be called from the host's I/O threads. One Step() runs at a time. The caller must
+// not touch the tensors while a step runs.
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "averaging/mode.h"
+#include "averaging/reduce.h"
+#include "compression/codec.h"
+#include "core/identity.h"
+#include "core/status.h"
+#include "dht/node.h"
+
+namespace colony::averaging {
+
+// Test-only fault injection: the averager harms itself at a precise moment, so that tests can
+// check that the *other* peers finish. kKill* raise SIGKILL, kStop* raise SIGSTOP (the process
+// freezes with its sockets open), kCancel cancels the step from inside.
+enum class Fault : uint8_t {
+  kNone = 0,
+  kKillBeforeSending,   // after the group is formed, before any data is sent
+  kKillWhileSending,    // after sending half of its parts to every reducer
+  kStopWhileSending,    // the same moment, frozen instead of killed
+  kKillWhileReducing,   // after returning half of its span's averaged parts
+  kStopWhileReducing,   // the same moment, frozen
+  kCancelWhileSending,  // cancels its own step after sending half of its parts
+};
+Result<Fault> ParseFault(std::string_view name);
+
+struct AveragerOptions {
+  // DHT key prefix shared by the peers that average together ("run1.grads").
+  std::string prefix;
+  Mode mode = Mode::kNode;
+  // Matchmaking: a leader starts as soon as it has target_group_size peers, or at its
+  // deadline (matchmaking_time after it declared itself) with at least min_group_size.
+  size_t target_group_size = 16;
+  size_t min_group_size = 2;
+  std::chrono::milliseconds matchmaking_time{5'000};
+  // Moshpit: the initial group key bits ("" or e.g. "0110"); after each round they are redrawn
+  // from a seed shared by the group so that group mates scatter (set moshpit = false to keep).
+  std::string group_bits;
+  bool moshpit = true;
+  // All-reduce.
+  compression::Codec codec = compression::Codec::kNone;
+  compression::CodecOptions codec_options;
+  size_t part_size_bytes = 512 * 1024;  // of raw float32 data per part
+  // Upload bandwidth in bytes/s announced for load balancing (spans are sized by it).
+  double bandwidth = 100e6;
+  // Paces this peer's sends to this rate (bytes/s of compressed data); 0: unlimited.
+  double max_send_rate = 0;
+  // A sender that delivers no part for this long is excluded from the parts not yet reduced; a
+  // reducer that returns no part for twice this long leaves its span at the local values.
+  std::chrono::milliseconds part_timeout{5'000};
+  // Robust aggregation per part instead of the weighted mean.
+  std::optional<CenteredClipOptions> centered_clip;
+  // State sharing: donors advertise themselves under "<prefix>.state" every
+  // state_advert_period; at most max_concurrent_state_transfers downloads are served at once
+  // (others are told to try another donor).
+  std::chrono::milliseconds state_advert_period{10'000};
+  size_t max_concurrent_state_transfers = 2;
+  size_t state_chunk_bytes = 1 << 20;
+  Fault fault = Fault::kNone;  // tests only
+};
+
+struct StepOptions {
+  double weight = 1.0;  // this peer's weight in the mean (e.g. its sample count); ignored for kAux
+  std::string gather;   // metadata delivered to every group member (at most 64 KiB)
+  // The step (matchmaking, all-reduce and retries) ends by this deadline.
+  std::chrono::milliseconds timeout{60'000};
+  // Try matchmaking again (until the deadline) when no group formed in one attempt.
+  bool allow_retries = true;
+};
+
+struct GroupMember {
+  PeerId peer;
+  Mode mode = Mode::kNode;
+  std::string gathered;
+};
+
+// Which peers' data made it into one contiguous part of the flattened result.
+struct PartReport {
+  uint64_t begin = 0, end = 0;         // element range in the flattened tensors
+  std::vector<uint32_t> contributors;  // indices into StepResult::members
+};
+
+struct StepResult {
+  std::string group_id;  // random, 16 bytes
+  std::vector<GroupMember> members;
+  uint32_t self_index = 0;
+  std::vector<PartReport> parts;  // ascending, covering all elements
+  std::string next_group_bits;    // the key bits of the next round (Moshpit)
+  double matchmaking_seconds = 0;
+  double allreduce_seconds = 0;
+  int attempts = 0;
+};
+
+// A snapshot of state offered to newcomers (e.g. model parameters and optimizer statistics).
+struct SharedState {
+  std::string metadata;  // e.g. epoch and optimizer hyper-parameters, at most 1 MiB
+  std::vector<std::vector<float>> tensors;
+};
+// Returns the state to send to a newcomer; called on the compute pool, once per download.
+using StateProvider = std::function<Result<SharedState>()>;
+
+class Averager {
+ public:
+  // `tensors` must stay valid (and not be resized) for the averager's lifetime. The node must
+  // outlive the averager.
+  static Result<std::unique_ptr<Averager>> Create(dht::Node& node,
+                                                  std::vector<std::span<float>> tensors,
+                                                  AveragerOptions options);
+  ~Averager();  // Shutdown()
+  Averager(const Averager&) = delete;
+  Averager& operator=(const Averager&) = delete;
+
+  // Stops serving; a running step fails with Closed. Idempotent.
+  void Shutdown();
+
+  // Averages the tensors in place with a group. On error the tensors are unchanged, except
+  // when the error came after the all-reduce began, in which case they are partly averaged
+  // (StepResult would have said which parts); errors name what failed and what to do.
+  asio::awaitable<Result<StepResult>> Step(StepOptions options);
+  Result<StepResult> StepSync(StepOptions options);
+  // Cancels a running step (it ends with Cancelled); thread-safe.
+  void CancelStep();
+
+  // State sharing: serve the provider's snapshots to newcomers with this priority (higher is
+  // preferred, e.g. the epoch); nullptr stops serving.
+  void ShareState(StateProvider provider, double priority);
+  void SetStatePriority(double priority);
+  // Downloads state from the donor with the highest priority (ties: a random one, so newcomers
+  // spread over donors), falling back to the next donor when one fails mid-transfer.
+  asio::awaitable<Result<SharedState>> LoadStateFromPeers(std::chrono::milliseconds timeout);
+  Result<SharedState> LoadStateFromPeersSync(std::chrono::milliseconds timeout);
+
+  const std::string& group_bits() const;
+  const PeerId& peer_id() const;
+  uint64_t total_values() const;
+
+  class Impl;
+
+ private:
+  explicit Averager(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+  bool shut_down_ = false;
+};
+
+// Deterministic pseudo-random values in [-1, 1) for tests, benchmarks and `colony average`:
+// value i of stream `seed` is the same in every process.
+void SyntheticValues(uint64_t seed, uint64_t first_index, std::span<float> out);
+
+}  // namespace colony::averaging

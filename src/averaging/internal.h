@@ -1,0 +1,175 @@
+// Internals shared by the averager's files (matchmaking.cpp, allreduce.cpp, state_sharing.cpp,
+// averager.cpp). Not part of the public API.
+#pragma once
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "averaging/averager.h"
+#include "averaging/wire.h"
+#include "core/log.h"
+#include "net/host.h"
+
+namespace colony::averaging {
+
+using IoStrand = asio::strand<asio::io_context::executor_type>;
+using PoolStrand = asio::strand<asio::thread_pool::executor_type>;
+
+inline SteadyTime SteadyNow() { return std::chrono::steady_clock::now(); }
+
+inline std::chrono::milliseconds MsUntil(SteadyTime t) {
+  auto d = std::chrono::duration_cast<std::chrono::milliseconds>(t - SteadyNow());
+  return std::max(d, std::chrono::milliseconds(1));
+}
+
+inline double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// Coroutines on one strand wait until Notify() or a deadline. Waiters re-check their condition
+// after every wake-up; since waiters and notifiers share the strand, no wake-up is lost between a
+// check and the wait.
+class Event {
+ public:
+  explicit Event(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+  asio::awaitable<void> WaitUntil(SteadyTime deadline) {
+    auto timer = std::make_shared<asio::steady_timer>(ex_, deadline);
+    waiters_.push_back(timer);
+    co_await timer->async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+    std::erase(waiters_, timer);
+  }
+  void Notify() {
+    for (auto& t : waiters_) t->cancel();
+  }
+
+ private:
+  asio::any_io_executor ex_;
+  std::vector<std::shared_ptr<asio::steady_timer>> waiters_;
+};
+
+// True when the awaiting coroutine was asked to stop (e.g. its RPC was reset).
+inline asio::awaitable<bool> CoroCancelled() {
+  auto cs = co_await asio::this_coro::cancellation_state;
+  co_return cs.cancelled() != asio::cancellation_type::none;
+}
+
+// Runs `fn` (a plain function) on `ex` and returns its result to the awaiting coroutine.
+template <typename T, typename Executor, typename F>
+asio::awaitable<T> RunOn(const Executor& ex, F fn) {
+  auto job = [fn = std::move(fn)]() mutable -> asio::awaitable<T> { co_return fn(); };
+  co_return co_await asio::co_spawn(ex, std::move(job), asio::use_awaitable);
+}
+
+// The process-wide pool for codecs and reductions (never the hosts' I/O threads). It lives until
+// the process exits, so that work still queued when an averager is destroyed stays valid.
+asio::thread_pool& ComputePool();
+// Its executor, as a long-lived object (never a temporary inside a co_await expression).
+const asio::thread_pool::executor_type& PoolExecutor();
+
+// Where each member's span starts in the flattened tensors.
+std::vector<uint64_t> SpanBegins(const GroupInfo& group);
+
+class AllReduceRun;
+
+class Averager::Impl : public std::enable_shared_from_this<Impl> {
+ public:
+  Impl(dht::Node& node, std::vector<std::span<float>> tensors, AveragerOptions options);
+  Status Init();
+  void Shutdown();
+
+  asio::awaitable<Result<StepResult>> Step(StepOptions options);
+  void CancelStep();
+
+  // ---- matchmaking (matchmaking.cpp); all on strand_.
+  struct Candidate {
+    PeerId peer;
+    std::vector<std::string> addrs;
+    double expiration = 0;
+  };
+  struct PendingFollower {
+    PeerId peer;
+    JoinRequest request;
+    std::optional<JoinResponse> outcome;
+  };
+  struct Looking {
+    std::string group_key;
+    double expiration = 0;  // wall clock (declared)
+    SteadyTime deadline;    // the same moment on the steady clock
+    std::string gathered;
+    std::vector<std::shared_ptr<PendingFollower>> followers;
+    std::optional<Candidate> requesting;  // the leader we are asking to join
+  };
+  asio::awaitable<Result<GroupInfo>> Matchmake(SteadyTime step_deadline, std::string gathered,
+                                               std::vector<std::string>& reasons);
+  asio::awaitable<Result<net::Message>> HandleJoin(PeerId from, net::Message request);
+  asio::awaitable<Status> Declare(const std::string& key, double expiration, bool looking);
+  asio::awaitable<std::vector<Candidate>> FetchCandidates(const std::string& key);
+  asio::awaitable<Result<JoinResponse>> RequestJoin(const Candidate& leader, SteadyTime deadline,
+                                                    const std::string& gathered);
+  Result<GroupInfo> FormGroup();
+  void ResolveFollowers(const JoinResponse& response);
+  JoinRequest OwnJoinRequest(const std::string& key, const std::string& gathered) const;
+  std::vector<std::string> OwnAddrs() const;
+
+  // ---- all-reduce (allreduce.cpp)
+  asio::awaitable<Status> HandleReduce(net::CallContext& ctx);
+
+  // ---- state sharing (state_sharing.cpp)
+  void ShareState(StateProvider provider, double priority);
+  void SetStatePriority(double priority);
+  asio::awaitable<Status> HandleStateRequest(net::CallContext& ctx, net::Message request);
+  asio::awaitable<Result<SharedState>> LoadState(std::chrono::milliseconds timeout);
+  asio::awaitable<void> AdvertiseLoop();
+
+  // Flattened access to the tensors.
+  void Gather(std::span<float> out) const;  // all tensors, concatenated
+  void Scatter(uint64_t begin, std::span<const float> values);
+
+  std::string MethodName(std::string_view what) const {
+    return "avg." + std::string(what) + "/" + options_.prefix;
+  }
+
+  dht::Node& node_;
+  net::Host& host_;
+  AveragerOptions options_;
+  std::vector<std::span<float>> tensors_;
+  std::vector<uint64_t> tensor_begins_;
+  uint64_t total_ = 0;
+  std::string schema_hash_;
+  IoStrand strand_;
+
+  // Guarded by strand_.
+  std::string group_bits_;
+  bool shut_down_ = false;
+  std::optional<Looking> looking_;
+  Event looking_changed_;
+  std::map<std::string, std::shared_ptr<AllReduceRun>> runs_;
+  Event runs_changed_;
+  std::shared_ptr<AllReduceRun> current_run_;
+
+  std::atomic<bool> step_running_{false};
+  std::atomic<bool> cancel_requested_{false};
+
+  // State sharing; guarded by state_mu_.
+  std::mutex state_mu_;
+  StateProvider provider_;
+  double priority_ = 0;
+  size_t transfers_in_flight_ = 0;
+  bool advertising_ = false;
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+}  // namespace colony::averaging

@@ -1,0 +1,29 @@
+// Reductions run by the owner of a span: the weighted mean and CenteredClip (robust aggregation,
+// as in BTARD). Pure functions over float spans; callers run them on a compute pool.
+#pragma once
+
+#include <span>
+#include <vector>
+
+namespace colony::averaging {
+
+struct CenteredClipOptions {
+  double tau = 1.0;     // clipping radius: the L2 norm of a sender's deviation, per part
+  int iterations = 20;  // fixed-point iterations
+};
+
+// acc[i] += w * x[i]
+void AddScaled(std::span<float> acc, std::span<const float> x, float w);
+// x[i] *= w
+void Scale(std::span<float> x, float w);
+// True when no value is NaN or infinite.
+bool AllFinite(std::span<const float> x);
+
+// CenteredClip: starting from the coordinate-wise median v, repeats
+//   v <- v + sum_i w_i * min(1, tau / |x_i - v|) * (x_i - v) / sum_i w_i
+// so that a sender far from the others moves v by at most tau * w_i / sum(w) per iteration,
+// however large its values. `out` receives v. Weights must be positive.
+void CenteredClip(std::span<const std::span<const float>> xs, std::span<const double> weights,
+                  const CenteredClipOptions& options, std::span<float> out);
+
+}  // namespace colony::averaging

@@ -1,0 +1,250 @@
+// State sharing: newcomers download the current state (e.g. parameters and optimizer
+// statistics) from peers that already have it.
+//
+// A donor advertises itself under "<prefix>.state" (subkey: its owner marker; value: its
+// addresses and a priority such as its epoch), refreshing the advert while it shares. A newcomer
+// reads the adverts, orders donors by priority (highest first; equal priorities in random order,
+// so that many newcomers spread over many donors rather than all hitting one — hivemind#169), and
+// asks them one at a time over a server-streaming "avg.state" call: a header (metadata, tensor
+// sizes) and then the values in chunks of state_chunk_bytes. A donor serves at most
+// max_concurrent_state_transfers downloads at once and refuses more, so the newcomer moves on to
+// the next donor; a donor that fails mid-transfer is skipped the same way. Every size is checked
+// against the header before any value is copied.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "averaging/internal.h"
+#include "dht/validation.h"
+
+namespace colony::averaging {
+
+namespace {
+
+constexpr std::string_view kOwnerPrefix = "[owner:";
+
+std::string StateKey(const std::string& prefix) { return prefix + ".state"; }
+
+struct Donor {
+  PeerId peer;
+  Multiaddr addr;
+  double priority = 0;
+};
+
+}  // namespace
+
+void Averager::Impl::ShareState(StateProvider provider, double priority) {
+  bool start = false;
+  {
+    std::lock_guard lock(state_mu_);
+    provider_ = std::move(provider);
+    priority_ = priority;
+    start = provider_ && !advertising_;
+    if (start) advertising_ = true;
+  }
+  if (start) {
+    auto self = shared_from_this();
+    auto loop = [self]() -> asio::awaitable<void> { co_await self->AdvertiseLoop(); };
+    asio::co_spawn(strand_, std::move(loop), asio::detached);
+  } else {
+    // Re-advertise at once with the new priority.
+    looking_changed_.Notify();
+  }
+}
+
+void Averager::Impl::SetStatePriority(double priority) {
+  std::lock_guard lock(state_mu_);
+  priority_ = priority;
+}
+
+asio::awaitable<void> Averager::Impl::AdvertiseLoop() {
+  asio::steady_timer timer(strand_);
+  for (;;) {
+    double priority = 0;
+    {
+      std::lock_guard lock(state_mu_);
+      if (!provider_ || shut_down_) {
+        advertising_ = false;
+        co_return;
+      }
+      priority = priority_;
+    }
+    StateAdvert advert;
+    for (const auto& a : node_.VisibleAddresses()) {
+      if (advert.addrs.size() < kMaxAddrs) advert.addrs.push_back(a.ToString());
+    }
+    advert.priority = priority;
+    if (!advert.addrs.empty()) {
+      const double ttl = 2.5 * Seconds(options_.state_advert_period);
+      std::string key = StateKey(options_.prefix), value = EncodeStateAdvert(advert);
+      std::optional<std::string> subkey = dht::OwnerMarker(host_.peer_id());
+      Status st = co_await node_.Store(std::move(key), std::move(value), dht::Now() + ttl,
+                                       std::move(subkey));
+      if (!st.ok()) COLONY_LOG_DEBUG("averaging: state advert failed: {}", st.ToString());
+    }
+    if (shut_down_) {
+      std::lock_guard lock(state_mu_);
+      advertising_ = false;
+      co_return;
+    }
+    timer.expires_after(options_.state_advert_period);
+    co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+  }
+}
+
+asio::awaitable<Status> Averager::Impl::HandleStateRequest(net::CallContext& ctx,
+                                                           net::Message request) {
+  auto prefix = DecodeStateRequest(request.meta);
+  if (!prefix.ok()) co_return prefix.status();
+  if (*prefix != options_.prefix) co_return NotFound("no state is shared under " + *prefix);
+  StateProvider provider;
+  {
+    std::lock_guard lock(state_mu_);
+    if (!provider_) co_return Unavailable("this peer does not share its state");
+    if (transfers_in_flight_ >= options_.max_concurrent_state_transfers) {
+      co_return Unavailable(fmt::format(
+          "this donor is busy ({} downloads in flight); try another donor", transfers_in_flight_));
+    }
+    ++transfers_in_flight_;
+    provider = provider_;
+  }
+  struct Release {
+    Impl* impl;
+    ~Release() {
+      std::lock_guard lock(impl->state_mu_);
+      --impl->transfers_in_flight_;
+    }
+  } release{this};
+
+  auto take = [provider]() { return provider(); };
+  auto snapshot = co_await RunOn<Result<SharedState>>(PoolExecutor(), std::move(take));
+  if (!snapshot.ok()) co_return snapshot.status().WithContext("taking a state snapshot");
+  StateHeader header;
+  header.metadata = snapshot->metadata;
+  if (header.metadata.size() > kMaxStateMetadataBytes) {
+    co_return Internal("the state's metadata exceeds 1 MiB");
+  }
+  for (const auto& t : snapshot->tensors) header.tensor_sizes.push_back(t.size());
+  const net::Message header_message(EncodeStateHeader(header));
+  Status st = co_await ctx.stream().Write(header_message);
+  if (!st.ok()) co_return st;
+  // Chunks of float32 values that may span tensors; the state stays alive until written.
+  auto state = std::make_shared<SharedState>(std::move(*snapshot));
+  const size_t chunk_values = std::max<size_t>(1, options_.state_chunk_bytes / sizeof(float));
+  for (const auto& t : state->tensors) {
+    for (size_t at = 0; at < t.size(); at += chunk_values) {
+      const size_t n = std::min(chunk_values, t.size() - at);
+      net::Message m;
+      net::TensorFrame f;
+      f.dtype = DType::kFloat32;
+      f.shape = {static_cast<int64_t>(n)};
+      f.data = ByteSpan(reinterpret_cast<const uint8_t*>(t.data() + at), n * sizeof(float));
+      f.owner = state;
+      m.tensors.push_back(std::move(f));
+      st = co_await ctx.stream().Write(m);
+      if (!st.ok()) co_return st;
+    }
+  }
+  co_return Status();
+}
+
+asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(std::chrono::milliseconds timeout) {
+  const SteadyTime deadline = SteadyNow() + timeout;
+  auto record = co_await node_.Get(StateKey(options_.prefix), /*latest=*/true);
+  if (!record.ok() || !record->is_dict) {
+    co_return NotFound("no peer shares state under " + StateKey(options_.prefix) +
+                       "; is a peer with the current state running with the same prefix?");
+  }
+  std::vector<Donor> donors;
+  const double now = dht::Now();
+  for (const auto& [subkey, entry] : record->subkeys) {
+    if (entry.expiration <= now || !subkey.starts_with(kOwnerPrefix) || !subkey.ends_with("]")) {
+      continue;
+    }
+    auto peer = PeerId::Parse(std::string_view(subkey).substr(
+        kOwnerPrefix.size(), subkey.size() - kOwnerPrefix.size() - 1));
+    if (!peer.ok() || *peer == host_.peer_id()) continue;
+    auto advert = DecodeStateAdvert(entry.value);
+    if (!advert.ok()) continue;
+    for (const auto& a : advert->addrs) {
+      auto m = Multiaddr::Parse(a);
+      if (m.ok() && m->peer_id() == *peer) {
+        donors.push_back({*peer, *m, advert->priority});
+        break;
+      }
+    }
+  }
+  if (donors.empty()) {
+    co_return NotFound("no other peer shares state under " + StateKey(options_.prefix));
+  }
+  {
+    std::lock_guard lock(state_mu_);
+    std::shuffle(donors.begin(), donors.end(), rng_);
+  }
+  std::stable_sort(donors.begin(), donors.end(),
+                   [](const Donor& a, const Donor& b) { return a.priority > b.priority; });
+
+  std::vector<std::string> failures;
+  for (const Donor& donor : donors) {
+    if (SteadyNow() >= deadline) break;
+    std::string method = MethodName("state");
+    net::CallOptions call_options{.timeout = MsUntil(deadline)};
+    auto stream = co_await host_.OpenStream(donor.addr, std::move(method), call_options);
+    auto attempt = [&]() -> asio::awaitable<Result<SharedState>> {
+      if (!stream.ok()) co_return stream.status();
+      auto s = *stream;
+      const net::Message request(EncodeStateRequest(options_.prefix));
+      COLONY_CO_RETURN_IF_ERROR(co_await s->Write(request));
+      COLONY_CO_RETURN_IF_ERROR(co_await s->CloseWrite());
+      auto first = co_await s->Read();
+      if (!first.ok()) co_return first.status();
+      if (!first->has_value()) co_return ProtocolError("the donor sent no state header");
+      auto header = DecodeStateHeader((*first)->meta);
+      if (!header.ok()) co_return header.status();
+      SharedState state;
+      state.metadata = std::move(header->metadata);
+      for (uint64_t size : header->tensor_sizes) {
+        std::vector<float> t;
+        t.reserve(static_cast<size_t>(std::min<uint64_t>(size, 1u << 24)));
+        while (t.size() < size) {
+          auto chunk = co_await s->Read();
+          if (!chunk.ok()) co_return chunk.status();
+          if (!chunk->has_value()) co_return ProtocolError("the state ended early");
+          const auto& tensors = (*chunk)->tensors;
+          if (tensors.size() != 1 || tensors[0].dtype != DType::kFloat32 || tensors[0].codec != 0) {
+            co_return ProtocolError("a state chunk must be one raw float32 tensor");
+          }
+          const size_t n = tensors[0].data.size() / sizeof(float);
+          if (n == 0 || n > size - t.size()) {
+            co_return ProtocolError("a state chunk does not fit the announced tensor sizes");
+          }
+          const size_t at = t.size();
+          t.resize(at + n);
+          std::memcpy(t.data() + at, tensors[0].data.data(), n * sizeof(float));
+        }
+        state.tensors.push_back(std::move(t));
+      }
+      auto end = co_await s->Read();
+      if (!end.ok()) co_return end.status();
+      if (end->has_value()) co_return ProtocolError("the donor sent more than it announced");
+      co_return state;
+    };
+    auto result = co_await attempt();
+    if (result.ok()) {
+      COLONY_LOG_INFO("averaging: loaded state from {} (priority {})", donor.peer.ToString(),
+                      donor.priority);
+      co_return result;
+    }
+    if (stream.ok()) (*stream)->Cancel(result.status());
+    COLONY_LOG_WARN("averaging: loading state from {} failed: {}; trying the next donor",
+                    donor.peer.ToString(), result.status().ToString());
+    failures.push_back(donor.peer.Short() + ": " + result.status().ToString());
+  }
+  co_return Unavailable(fmt::format("could not load state from any of {} donor(s) under {}: {}",
+                                    donors.size(), StateKey(options_.prefix),
+                                    fmt::join(failures, "; ")));
+}
+
+}  // namespace colony::averaging

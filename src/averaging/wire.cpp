@@ -1,0 +1,333 @@
+#include "averaging/wire.h"
+
+#include <cmath>
+#include <set>
+
+#include "averaging/averaging.pb.h"
+
+namespace colony::averaging {
+namespace {
+
+template <typename Proto>
+Result<Proto> Parse(std::string_view bytes, const char* what) {
+  Proto p;
+  if (!p.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return ProtocolError(std::string("malformed averaging ") + what + " (" +
+                         std::to_string(bytes.size()) + " bytes)");
+  }
+  return p;
+}
+
+template <typename Repeated>
+Result<std::vector<std::string>> Addrs(const Repeated& in, const char* what) {
+  if (static_cast<size_t>(in.size()) > kMaxAddrs) {
+    return ProtocolError(std::string(what) + " lists " + std::to_string(in.size()) +
+                         " addresses; at most " + std::to_string(kMaxAddrs) + " are allowed");
+  }
+  std::vector<std::string> out;
+  for (const auto& a : in) {
+    if (a.empty() || a.size() > kMaxAddrBytes) {
+      return ProtocolError(std::string(what) + " carries an address of " +
+                           std::to_string(a.size()) + " bytes");
+    }
+    out.push_back(a);
+  }
+  return out;
+}
+
+Result<Mode> ModeFromWire(uint32_t v) {
+  if (v > static_cast<uint32_t>(Mode::kAux)) {
+    return ProtocolError("unknown averaging mode " + std::to_string(v));
+  }
+  return static_cast<Mode>(v);
+}
+
+Status CheckBytes(const std::string& s, size_t max, const char* what) {
+  if (s.size() > max) {
+    return ProtocolError(std::string(what) + " is " + std::to_string(s.size()) +
+                         " bytes; at most " + std::to_string(max) + " are allowed");
+  }
+  return {};
+}
+
+bool PositiveFinite(double v) { return std::isfinite(v) && v > 0; }
+
+}  // namespace
+
+std::string PeerBytes(const PeerId& peer) {
+  const Bytes b = peer.ToBytes();
+  return std::string(b.begin(), b.end());
+}
+
+std::string_view ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kNode:
+      return "node";
+    case Mode::kClient:
+      return "client";
+    case Mode::kAux:
+      return "aux";
+  }
+  return "unknown";
+}
+
+Result<Mode> ParseMode(std::string_view name) {
+  if (name == "node") return Mode::kNode;
+  if (name == "client") return Mode::kClient;
+  if (name == "aux") return Mode::kAux;
+  return InvalidArgument("unknown averaging mode '" + std::string(name) +
+                         "'; use node, client or aux");
+}
+
+std::string EncodeDeclaration(const Declaration& d) {
+  pb::Declaration p;
+  for (const auto& a : d.addrs) p.add_addrs(a);
+  p.set_looking(d.looking);
+  p.set_schema_hash(d.schema_hash);
+  return p.SerializeAsString();
+}
+
+Result<Declaration> DecodeDeclaration(std::string_view bytes) {
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::Declaration>(bytes, "declaration"));
+  Declaration d;
+  COLONY_ASSIGN_OR_RETURN(d.addrs, Addrs(p.addrs(), "a declaration"));
+  d.looking = p.looking();
+  COLONY_RETURN_IF_ERROR(CheckBytes(p.schema_hash(), kMaxSchemaHashBytes, "a schema hash"));
+  d.schema_hash = p.schema_hash();
+  return d;
+}
+
+std::string EncodeJoinRequest(const JoinRequest& r) {
+  pb::JoinRequest p;
+  p.set_group_key(r.group_key);
+  p.set_schema_hash(r.schema_hash);
+  p.set_mode(static_cast<uint32_t>(r.mode));
+  p.set_bandwidth(r.bandwidth);
+  p.set_gathered(r.gathered);
+  for (const auto& a : r.addrs) p.add_addrs(a);
+  return p.SerializeAsString();
+}
+
+Result<JoinRequest> DecodeJoinRequest(std::string_view bytes) {
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::JoinRequest>(bytes, "join request"));
+  JoinRequest r;
+  COLONY_RETURN_IF_ERROR(CheckBytes(p.group_key(), 2048, "a group key"));
+  COLONY_RETURN_IF_ERROR(CheckBytes(p.schema_hash(), kMaxSchemaHashBytes, "a schema hash"));
+  COLONY_RETURN_IF_ERROR(CheckBytes(p.gathered(), kMaxGatheredBytes, "gathered metadata"));
+  r.group_key = p.group_key();
+  r.schema_hash = p.schema_hash();
+  COLONY_ASSIGN_OR_RETURN(r.mode, ModeFromWire(p.mode()));
+  if (!PositiveFinite(p.bandwidth())) {
+    return ProtocolError("a join request announces a bandwidth that is not positive and finite");
+  }
+  r.bandwidth = p.bandwidth();
+  r.gathered = p.gathered();
+  COLONY_ASSIGN_OR_RETURN(r.addrs, Addrs(p.addrs(), "a join request"));
+  return r;
+}
+
+Status CheckGroup(const GroupInfo& g) {
+  if (g.group_id.size() < 8 || g.group_id.size() > kMaxGroupIdBytes) {
+    return ProtocolError("a group id must be 8 to 64 bytes, got " +
+                         std::to_string(g.group_id.size()));
+  }
+  if (g.members.empty() || g.members.size() > kMaxGroupSize) {
+    return ProtocolError("a group must have 1 to " + std::to_string(kMaxGroupSize) +
+                         " members, got " + std::to_string(g.members.size()));
+  }
+  if (g.part_size == 0 || g.part_size > kMaxPartSize) {
+    return ProtocolError("a part size of " + std::to_string(g.part_size) +
+                         " values is out of range");
+  }
+  if (g.total > kMaxTotalValues) return ProtocolError("a group averages too many values");
+  std::set<std::string> seen;
+  uint64_t sum = 0;
+  for (const MemberInfo& m : g.members) {
+    if (!seen.insert(PeerBytes(m.peer)).second) {
+      return ProtocolError("peer " + m.peer.ToString() + " appears twice in a group");
+    }
+    if (m.mode == Mode::kClient && m.span != 0) {
+      return ProtocolError("client peer " + m.peer.ToString() + " was given a span to reduce");
+    }
+    if (m.span > g.total - sum) return ProtocolError("the group's spans exceed its total");
+    sum += m.span;
+  }
+  if (sum != g.total) {
+    return ProtocolError("the group's spans sum to " + std::to_string(sum) + ", not " +
+                         std::to_string(g.total));
+  }
+  return {};
+}
+
+namespace {
+
+void ToProto(const GroupInfo& g, pb::GroupInfo& p) {
+  p.set_group_id(g.group_id);
+  p.set_part_size(g.part_size);
+  p.set_total(g.total);
+  for (const MemberInfo& m : g.members) {
+    auto* pm = p.add_members();
+    pm->set_peer_id(PeerBytes(m.peer));
+    for (const auto& a : m.addrs) pm->add_addrs(a);
+    pm->set_mode(static_cast<uint32_t>(m.mode));
+    pm->set_bandwidth(m.bandwidth);
+    pm->set_gathered(m.gathered);
+    pm->set_span(m.span);
+  }
+}
+
+Result<GroupInfo> FromProto(const pb::GroupInfo& p) {
+  GroupInfo g;
+  g.group_id = p.group_id();
+  g.part_size = p.part_size();
+  g.total = p.total();
+  if (static_cast<size_t>(p.members_size()) > kMaxGroupSize) {
+    return ProtocolError("a group has " + std::to_string(p.members_size()) + " members; at most " +
+                         std::to_string(kMaxGroupSize) + " are allowed");
+  }
+  for (const auto& pm : p.members()) {
+    MemberInfo m;
+    COLONY_ASSIGN_OR_RETURN(m.peer, PeerId::FromBytes(AsBytes(pm.peer_id())));
+    COLONY_ASSIGN_OR_RETURN(m.addrs, Addrs(pm.addrs(), "a group member"));
+    COLONY_ASSIGN_OR_RETURN(m.mode, ModeFromWire(pm.mode()));
+    if (!PositiveFinite(pm.bandwidth())) {
+      return ProtocolError("a group member's bandwidth is not positive and finite");
+    }
+    m.bandwidth = pm.bandwidth();
+    COLONY_RETURN_IF_ERROR(CheckBytes(pm.gathered(), kMaxGatheredBytes, "gathered metadata"));
+    m.gathered = pm.gathered();
+    m.span = pm.span();
+    g.members.push_back(std::move(m));
+  }
+  COLONY_RETURN_IF_ERROR(CheckGroup(g));
+  return g;
+}
+
+}  // namespace
+
+std::string EncodeJoinResponse(const JoinResponse& r) {
+  pb::JoinResponse p;
+  p.set_code(static_cast<pb::JoinResponse::Code>(r.code));
+  p.set_reason(r.reason);
+  if (r.leader) p.set_leader_peer(PeerBytes(*r.leader));
+  for (const auto& a : r.leader_addrs) p.add_leader_addrs(a);
+  if (r.code == JoinResponse::Code::kBegin) ToProto(r.group, *p.mutable_group());
+  return p.SerializeAsString();
+}
+
+Result<JoinResponse> DecodeJoinResponse(std::string_view bytes) {
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::JoinResponse>(bytes, "join response"));
+  JoinResponse r;
+  const int code = static_cast<int>(p.code());
+  if (code < 1 || code > 4)
+    return ProtocolError("unknown join response code " + std::to_string(code));
+  r.code = static_cast<JoinResponse::Code>(code);
+  COLONY_RETURN_IF_ERROR(CheckBytes(p.reason(), kMaxReasonBytes, "a join response reason"));
+  r.reason = p.reason();
+  if (!p.leader_peer().empty()) {
+    COLONY_ASSIGN_OR_RETURN(r.leader, PeerId::FromBytes(AsBytes(p.leader_peer())));
+  }
+  COLONY_ASSIGN_OR_RETURN(r.leader_addrs, Addrs(p.leader_addrs(), "a redirect"));
+  if (r.code == JoinResponse::Code::kRedirect && (!r.leader || r.leader_addrs.empty())) {
+    return ProtocolError("a redirect must name a leader and its addresses");
+  }
+  if (r.code == JoinResponse::Code::kBegin) {
+    COLONY_ASSIGN_OR_RETURN(r.group, FromProto(p.group()));
+  }
+  return r;
+}
+
+std::string EncodeReduceHello(const ReduceHello& h) {
+  pb::ReduceHello p;
+  p.set_group_id(h.group_id);
+  p.set_sender_index(h.sender_index);
+  p.set_weight(h.weight);
+  return p.SerializeAsString();
+}
+
+Result<ReduceHello> DecodeReduceHello(std::string_view bytes) {
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::ReduceHello>(bytes, "reduce hello"));
+  COLONY_RETURN_IF_ERROR(CheckBytes(p.group_id(), kMaxGroupIdBytes, "a group id"));
+  if (!std::isfinite(p.weight()) || p.weight() < 0) {
+    return ProtocolError("a sender's weight must be finite and not negative");
+  }
+  return ReduceHello{p.group_id(), p.sender_index(), p.weight()};
+}
+
+std::string EncodePartHeader(const PartHeader& h) {
+  pb::Part p;
+  p.set_index(h.index);
+  for (uint32_t c : h.contributors) p.add_contributors(c);
+  return p.SerializeAsString();
+}
+
+Result<PartHeader> DecodePartHeader(std::string_view bytes, size_t group_size) {
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::Part>(bytes, "part header"));
+  PartHeader h;
+  h.index = p.index();
+  if (static_cast<size_t>(p.contributors_size()) > group_size) {
+    return ProtocolError("a part names more contributors than the group has members");
+  }
+  for (uint32_t c : p.contributors()) {
+    if (c >= group_size || (!h.contributors.empty() && c <= h.contributors.back())) {
+      return ProtocolError("a part's contributors must be increasing member indices");
+    }
+    h.contributors.push_back(c);
+  }
+  return h;
+}
+
+std::string EncodeStateAdvert(const StateAdvert& a) {
+  pb::StateAdvert p;
+  for (const auto& s : a.addrs) p.add_addrs(s);
+  p.set_priority(a.priority);
+  return p.SerializeAsString();
+}
+
+Result<StateAdvert> DecodeStateAdvert(std::string_view bytes) {
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::StateAdvert>(bytes, "state advert"));
+  StateAdvert a;
+  COLONY_ASSIGN_OR_RETURN(a.addrs, Addrs(p.addrs(), "a state advert"));
+  if (a.addrs.empty()) return ProtocolError("a state advert lists no address");
+  if (!std::isfinite(p.priority())) return ProtocolError("a state advert's priority is not finite");
+  a.priority = p.priority();
+  return a;
+}
+
+std::string EncodeStateRequest(std::string_view prefix) {
+  pb::StateRequest p;
+  p.set_prefix(std::string(prefix));
+  return p.SerializeAsString();
+}
+
+Result<std::string> DecodeStateRequest(std::string_view bytes) {
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::StateRequest>(bytes, "state request"));
+  COLONY_RETURN_IF_ERROR(CheckBytes(p.prefix(), 1024, "a key prefix"));
+  return p.prefix();
+}
+
+std::string EncodeStateHeader(const StateHeader& h) {
+  pb::StateHeader p;
+  p.set_metadata(h.metadata);
+  for (uint64_t s : h.tensor_sizes) p.add_tensor_sizes(s);
+  return p.SerializeAsString();
+}
+
+Result<StateHeader> DecodeStateHeader(std::string_view bytes) {
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::StateHeader>(bytes, "state header"));
+  COLONY_RETURN_IF_ERROR(CheckBytes(p.metadata(), kMaxStateMetadataBytes, "state metadata"));
+  if (static_cast<size_t>(p.tensor_sizes_size()) > kMaxStateTensors) {
+    return ProtocolError("a state lists too many tensors");
+  }
+  StateHeader h;
+  h.metadata = p.metadata();
+  uint64_t total = 0;
+  for (uint64_t s : p.tensor_sizes()) {
+    if (s > kMaxTotalValues - total) return ProtocolError("a state holds too many values");
+    total += s;
+    h.tensor_sizes.push_back(s);
+  }
+  return h;
+}
+
+}  // namespace colony::averaging

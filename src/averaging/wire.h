@@ -1,0 +1,119 @@
+// Encoding and validation of averaging messages (averaging.proto). Everything decoded here comes
+// from other peers: every decoder checks sizes, counts, ids and numbers, and fails with a
+// ProtocolError naming the problem. Pure functions; fuzzed by fuzz/averaging_fuzz.cpp.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "averaging/mode.h"
+#include "core/identity.h"
+#include "core/status.h"
+
+namespace colony::averaging {
+
+inline constexpr size_t kMaxGroupSize = 256;
+inline constexpr size_t kMaxAddrs = 16;
+inline constexpr size_t kMaxAddrBytes = 256;
+inline constexpr size_t kMaxGatheredBytes = 64 * 1024;
+inline constexpr size_t kMaxGroupIdBytes = 64;
+inline constexpr size_t kMaxSchemaHashBytes = 64;
+inline constexpr size_t kMaxReasonBytes = 1024;
+inline constexpr size_t kMaxStateMetadataBytes = 1 << 20;
+inline constexpr size_t kMaxStateTensors = 1 << 16;
+// Values per message part: at most 16 Mi values (64 MiB of float32).
+inline constexpr uint64_t kMaxPartSize = uint64_t{1} << 24;
+// At most 2^40 values are averaged at once (4 TiB of float32).
+inline constexpr uint64_t kMaxTotalValues = uint64_t{1} << 40;
+
+struct Declaration {
+  std::vector<std::string> addrs;
+  bool looking = true;
+  std::string schema_hash;
+};
+
+struct JoinRequest {
+  std::string group_key;
+  std::string schema_hash;
+  Mode mode = Mode::kNode;
+  double bandwidth = 0;
+  std::string gathered;
+  std::vector<std::string> addrs;
+};
+
+struct MemberInfo {
+  PeerId peer;
+  std::vector<std::string> addrs;
+  Mode mode = Mode::kNode;
+  double bandwidth = 0;
+  std::string gathered;
+  uint64_t span = 0;
+};
+
+struct GroupInfo {
+  std::string group_id;
+  std::vector<MemberInfo> members;
+  uint64_t part_size = 0;
+  uint64_t total = 0;
+};
+
+struct JoinResponse {
+  enum class Code : uint8_t { kBegin = 1, kRejected = 2, kRedirect = 3, kDisbanded = 4 };
+  Code code = Code::kRejected;
+  std::string reason;
+  std::optional<PeerId> leader;  // kRedirect
+  std::vector<std::string> leader_addrs;
+  GroupInfo group;  // kBegin
+};
+
+struct ReduceHello {
+  std::string group_id;
+  uint32_t sender_index = 0;
+  double weight = 0;
+};
+
+struct PartHeader {
+  uint32_t index = 0;
+  std::vector<uint32_t> contributors;
+};
+
+struct StateAdvert {
+  std::vector<std::string> addrs;
+  double priority = 0;
+};
+
+struct StateHeader {
+  std::string metadata;
+  std::vector<uint64_t> tensor_sizes;
+};
+
+// The binary form of a peer id, as a string (protobuf bytes fields, map keys).
+std::string PeerBytes(const PeerId& peer);
+
+std::string EncodeDeclaration(const Declaration& d);
+Result<Declaration> DecodeDeclaration(std::string_view bytes);
+std::string EncodeJoinRequest(const JoinRequest& r);
+Result<JoinRequest> DecodeJoinRequest(std::string_view bytes);
+std::string EncodeJoinResponse(const JoinResponse& r);
+// For kBegin also validates the group (see CheckGroup).
+Result<JoinResponse> DecodeJoinResponse(std::string_view bytes);
+std::string EncodeReduceHello(const ReduceHello& h);
+Result<ReduceHello> DecodeReduceHello(std::string_view bytes);
+std::string EncodePartHeader(const PartHeader& p);
+// Contributors must be strictly increasing and below `group_size`.
+Result<PartHeader> DecodePartHeader(std::string_view bytes, size_t group_size);
+std::string EncodeStateAdvert(const StateAdvert& a);
+Result<StateAdvert> DecodeStateAdvert(std::string_view bytes);
+std::string EncodeStateRequest(std::string_view prefix);
+Result<std::string> DecodeStateRequest(std::string_view bytes);
+std::string EncodeStateHeader(const StateHeader& h);
+Result<StateHeader> DecodeStateHeader(std::string_view bytes);
+
+// A group is consistent: 1..kMaxGroupSize distinct members, spans sum to total, clients own
+// no span, part_size in [1, kMaxPartSize], total <= kMaxTotalValues, a group id of 8..64 bytes.
+Status CheckGroup(const GroupInfo& g);
+
+}  // namespace colony::averaging

@@ -1,0 +1,262 @@
+// Averaging between real `colony average` processes on loopback: each fault kind injected into
+// one peer (SIGKILL, SIGSTOP or a self-cancel at a precise moment) while the survivors must
+// finish with a result that is exactly the weighted mean of the peers whose data they report;
+// Moshpit rounds of 16 peers reaching the global mean; state download surviving a killed donor.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "averaging/averager.h"
+#include "core/subprocess.h"
+#include "dht/node.h"
+#include "test_support.h"
+
+namespace colony::averaging {
+namespace {
+
+using namespace std::chrono_literals;
+using colony::test::ColonyBinary;
+using nlohmann::json;
+
+std::string TempPath(const std::string& name) {
+  static int counter = 0;
+  return ::testing::TempDir() + "/avg_" + std::to_string(::getpid()) + "_" +
+         std::to_string(counter++) + "_" + name;
+}
+
+std::vector<float> ReadFloats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+struct PeerProcess {
+  std::optional<Subprocess> process;
+  std::string output;
+  uint64_t seed = 0;
+  double weight = 1;
+};
+
+class ProcessSwarm {
+ public:
+  ProcessSwarm() {
+    auto boot = Subprocess::Spawn(
+        {ColonyBinary(), "--log-level", "warn", "dht", "--listen", "/ip4/127.0.0.1/tcp/0"});
+    EXPECT_TRUE(boot.ok());
+    bootstrap_ = std::make_unique<Subprocess>(std::move(*boot));
+    auto line = bootstrap_->ReadLine(20s);
+    EXPECT_TRUE(line.ok()) << line.status().ToString();
+    bootstrap_addr_ = line.ok() ? *line : "";
+  }
+
+  // Starts a peer; `seed` names its data (SyntheticValues) and is sent as its gathered metadata.
+  void Add(uint64_t seed, std::vector<std::string> args, double weight = 1.0) {
+    PeerProcess p;
+    p.seed = seed;
+    p.weight = weight;
+    p.output = TempPath("peer" + std::to_string(seed) + ".bin");
+    std::vector<std::string> argv = {ColonyBinary(),
+                                     "--log-level",
+                                     "warn",
+                                     "average",
+                                     "--initial-peers",
+                                     bootstrap_addr_,
+                                     "--seed",
+                                     std::to_string(seed),
+                                     "--gather",
+                                     std::to_string(seed),
+                                     "--weight",
+                                     std::to_string(weight),
+                                     "--output",
+                                     p.output};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto proc = Subprocess::Spawn(argv, TempPath("peer" + std::to_string(seed) + ".err"));
+    ASSERT_TRUE(proc.ok()) << proc.status().ToString();
+    p.process.emplace(std::move(*proc));
+    auto ready = p.process->ReadLine(30s);
+    ASSERT_TRUE(ready.ok()) << "peer " << seed << ": " << ready.status().ToString();
+    ASSERT_EQ(json::parse(*ready)["event"], "ready") << *ready;
+    peers_.push_back(std::move(p));
+  }
+
+  // The next "round" (or "state") line of peer i.
+  Result<json> NextEvent(size_t i, std::chrono::milliseconds timeout = 90s) {
+    for (;;) {
+      auto line = peers_[i].process->ReadLine(timeout);
+      if (!line.ok()) return line.status();
+      auto j = json::parse(*line, nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j["event"] == "round" || j["event"] == "state") return j;
+    }
+  }
+
+  // Checks that peer i's output equals, part by part, the weighted mean of the data of the
+  // members its round reports as contributors.
+  void ExpectConsistent(size_t i, const json& round, size_t values, float atol = 1e-5f) {
+    ASSERT_TRUE(round["ok"].get<bool>()) << round.dump();
+    const auto out = ReadFloats(peers_[i].output);
+    ASSERT_EQ(out.size(), values);
+    std::vector<uint64_t> member_seed;
+    for (const auto& m : round["members"])
+      member_seed.push_back(std::stoull(m["gathered"].get<std::string>()));
+    std::map<uint64_t, double> weight_of;
+    for (const auto& p : peers_) weight_of[p.seed] = p.weight;
+    uint64_t covered = 0;
+    for (const auto& part : round["parts"]) {
+      const uint64_t b = part[0], e = part[1];
+      ASSERT_EQ(b, covered);
+      covered = e;
+      std::vector<double> expect(e - b, 0.0);
+      double total = 0;
+      std::vector<float> v(e - b);
+      for (uint32_t c : part[2]) {
+        const uint64_t seed = member_seed.at(c);
+        SyntheticValues(seed, b, v);
+        for (size_t k = 0; k < v.size(); ++k) expect[k] += weight_of[seed] * v[k];
+        total += weight_of[seed];
+      }
+      ASSERT_GT(total, 0) << "a part with no contributors: " << part.dump();
+      for (size_t k = 0; k < v.size(); ++k) {
+        ASSERT_NEAR(out[b + k], expect[k] / total, atol)
+            << "peer " << peers_[i].seed << " value " << b + k << " contributors " << part[2];
+      }
+    }
+    EXPECT_EQ(covered, values);
+  }
+
+  PeerProcess& peer(size_t i) { return peers_[i]; }
+  size_t size() const { return peers_.size(); }
+
+ private:
+  std::unique_ptr<Subprocess> bootstrap_;
+  std::string bootstrap_addr_;
+  std::vector<PeerProcess> peers_;
+};
+
+std::string StartAt(double seconds_from_now) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.3f", dht::Now() + seconds_from_now);
+  return buf;
+}
+
+constexpr size_t kValues = 200'000;
+
+std::vector<std::string> FaultArgs(const std::string& start_at) {
+  return {"--values",
+          std::to_string(kValues),
+          "--target-group-size",
+          "4",
+          "--min-group-size",
+          "4",
+          "--part-size-kib",
+          "64",
+          "--part-timeout",
+          "2",
+          "--timeout",
+          "40",
+          "--start-at",
+          start_at};
+}
+
+// Runs 4 peers where peer 3 injects `fault`; returns the survivors' rounds.
+void RunFault(const std::string& fault, bool faulty_reports, bool faulty_absent) {
+  ProcessSwarm swarm;
+  const std::string start = StartAt(3);
+  const std::vector<double> weights = {1, 2, 3, 4};
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto args = FaultArgs(start);
+    if (i == 3) {
+      args.push_back("--inject-fault");
+      args.push_back(fault);
+    }
+    swarm.Add(i, args, weights[i]);
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    auto round = swarm.NextEvent(i);
+    ASSERT_TRUE(round.ok()) << "peer " << i << ": " << round.status().ToString();
+    // Survivors finish well before the step's deadline.
+    EXPECT_LT((*round)["allreduce_s"].get<double>(), 20.0);
+    swarm.ExpectConsistent(i, *round, kValues);
+    if (faulty_absent) {
+      for (const auto& part : (*round)["parts"]) {
+        for (uint32_t c : part[2]) {
+          EXPECT_NE((*round)["members"][c]["gathered"], "3") << "the faulty peer's data was used";
+        }
+      }
+    }
+  }
+  auto faulty = swarm.NextEvent(3, faulty_reports ? 60s : 2s);
+  if (faulty_reports) {
+    ASSERT_TRUE(faulty.ok()) << faulty.status().ToString();
+    EXPECT_FALSE((*faulty)["ok"].get<bool>());
+    EXPECT_NE((*faulty)["error"].get<std::string>().find("cancel"), std::string::npos);
+  } else {
+    EXPECT_FALSE(faulty.ok());
+  }
+}
+
+TEST(AveragingFaults, PeerKilledBeforeSending) { RunFault("kill-before-sending", false, true); }
+TEST(AveragingFaults, PeerKilledWhileSending) { RunFault("kill-while-sending", false, false); }
+TEST(AveragingFaults, PeerFrozenWhileSending) { RunFault("stop-while-sending", false, false); }
+TEST(AveragingFaults, PeerKilledWhileReducing) { RunFault("kill-while-reducing", false, false); }
+TEST(AveragingFaults, PeerFrozenWhileReducing) { RunFault("stop-while-reducing", false, false); }
+TEST(AveragingFaults, PeerCancelsWhileSending) { RunFault("cancel-while-sending", true, false); }
+
+TEST(AveragingProcesses, SixteenPeersReachTheGlobalMeanInTwoMoshpitRounds) {
+  ProcessSwarm swarm;
+  const size_t n = 20'000;
+  const std::string start = StartAt(8);
+  for (uint64_t i = 0; i < 16; ++i) {
+    const std::string bits = std::string(1, '0' + static_cast<char>((i >> 1) & 1)) +
+                             std::string(1, '0' + static_cast<char>(i & 1));
+    swarm.Add(i, {"--values", std::to_string(n), "--target-group-size", "4", "--min-group-size",
+                  "4", "--group-bits", bits, "--rounds", "2", "--matchmaking-time", "10",
+                  "--timeout", "60", "--part-size-kib", "16", "--start-at", start});
+  }
+  std::vector<double> mean(n, 0.0);
+  std::vector<float> v(n);
+  for (uint64_t i = 0; i < 16; ++i) {
+    SyntheticValues(i, 0, v);
+    for (size_t k = 0; k < n; ++k) mean[k] += v[k] / 16.0;
+  }
+  for (size_t i = 0; i < 16; ++i) {
+    for (int r = 0; r < 2; ++r) {
+      auto round = swarm.NextEvent(i);
+      ASSERT_TRUE(round.ok()) << "peer " << i << ": " << round.status().ToString();
+      ASSERT_TRUE((*round)["ok"].get<bool>()) << round->dump();
+      EXPECT_EQ((*round)["group_size"], 4) << "peer " << i << " round " << r;
+    }
+  }
+  for (size_t i = 0; i < 16; ++i) {
+    ASSERT_TRUE(swarm.peer(i).process->Wait(30s).ok());
+    const auto out = ReadFloats(swarm.peer(i).output);
+    ASSERT_EQ(out.size(), n);
+    for (size_t k = 0; k < n; ++k) ASSERT_NEAR(out[k], mean[k], 1e-6) << "peer " << i;
+  }
+}
+
+TEST(AveragingProcesses, StateDownloadSurvivesADonorKilledMidTransfer) {
+  ProcessSwarm swarm;
+  // Two donors with the same data; the first, with the higher priority, is killed while the
+  // newcomer downloads (the download is paced by small chunks of a large state).
+  const std::string values = "20000000";  // 80 MB
+  swarm.Add(7, {"--values", values, "--share-state", "10", "--rounds", "0", "--linger", "120"});
+  swarm.Add(7, {"--values", values, "--share-state", "1", "--rounds", "0", "--linger", "120"});
+  // Wait until both adverts are visible, then start the newcomer and kill the best donor as
+  // soon as its download has begun (the donor's connection count is not observable from here,
+  // so kill it after the newcomer reports it is ready: the transfer of 80 MB takes longer).
+  swarm.Add(7, {"--values", values, "--load-state", "--rounds", "0", "--timeout", "60"});
+  swarm.peer(0).process->Signal(SIGKILL);
+  auto state = swarm.NextEvent(2);
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  EXPECT_TRUE((*state)["ok"].get<bool>()) << state->dump();
+  EXPECT_EQ((*state)["values"], 20'000'000);
+}
+
+}  // namespace
+}  // namespace colony::averaging

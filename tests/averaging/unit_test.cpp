@@ -1,0 +1,165 @@
+// Unit tests of the averaging layer's pure parts: load balancing, group keys, reductions and
+// the wire decoders.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "averaging/group_key.h"
+#include "averaging/load_balance.h"
+#include "averaging/reduce.h"
+#include "averaging/wire.h"
+
+namespace colony::averaging {
+namespace {
+
+uint64_t Sum(const std::vector<uint64_t>& v) { return std::accumulate(v.begin(), v.end(), 0ull); }
+
+TEST(LoadBalance, EqualPeersGetEqualSpans) {
+  std::vector<PeerLoad> peers(4, PeerLoad{100, true, true});
+  auto spans = LoadBalance(1000, peers);
+  ASSERT_TRUE(spans.ok());
+  for (uint64_t s : *spans) EXPECT_EQ(s, 250u);
+}
+
+TEST(LoadBalance, ClientsOwnNothingAndFasterPeersOwnMore) {
+  std::vector<PeerLoad> peers = {
+      {100, true, true}, {400, true, true}, {100, true, false}, {100, false, true}};
+  auto spans = LoadBalance(1'000'003, peers);
+  ASSERT_TRUE(spans.ok());
+  EXPECT_EQ(Sum(*spans), 1'000'003u);
+  EXPECT_EQ((*spans)[2], 0u);
+  EXPECT_GT((*spans)[1], (*spans)[0]);
+  // The allocation is no worse than an even split over the reducers.
+  std::vector<uint64_t> even = {333'334, 333'334, 0, 333'335};
+  EXPECT_LE(MaxTransferTime(1'000'003, peers, *spans),
+            MaxTransferTime(1'000'003, peers, even) * 1.0001);
+}
+
+TEST(LoadBalance, OptimalForTwoSpeeds) {
+  // 3 senders: a node's time is (N + x) / b. With b = 1 and 3, the optimum equalises
+  // (N + x1) / 1 = (N + x2) / 3 with x1 + x2 = N ... but x1 >= 0 binds: x1 = 0 gives N vs 2N/3,
+  // so the slow peer gets nothing and the fast one everything.
+  std::vector<PeerLoad> peers = {{1, true, true}, {3, true, true}, {1, true, false}};
+  auto spans = LoadBalance(900, peers);
+  ASSERT_TRUE(spans.ok());
+  EXPECT_EQ((*spans)[0], 0u);
+  EXPECT_EQ((*spans)[1], 900u);
+}
+
+TEST(LoadBalance, ErrorsAreClear) {
+  std::vector<PeerLoad> clients(3, PeerLoad{100, true, false});
+  auto r = LoadBalance(10, clients);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("node or aux"), std::string::npos);
+  std::vector<PeerLoad> bad = {{0, true, true}};
+  EXPECT_FALSE(LoadBalance(10, bad).ok());
+  std::vector<PeerLoad> one = {{5, true, true}};
+  EXPECT_EQ((*LoadBalance(0, one))[0], 0u);
+}
+
+TEST(GroupKey, NextBitsScatterGroupMates) {
+  EXPECT_EQ(GroupKey("run", "01"), "run.0b01");
+  EXPECT_TRUE(CheckGroupBits("0101").ok());
+  EXPECT_FALSE(CheckGroupBits("012").ok());
+  EXPECT_EQ(NextGroupBits("", "gid", 3), "");
+  // The four members of one group land in four different buckets, and every member computes
+  // the same permutation.
+  for (std::string gid : {"group-a-0123456", "group-b-0123456", "zzzzzzzzzzzzzzzz"}) {
+    std::set<std::string> buckets;
+    for (size_t i = 0; i < 4; ++i) buckets.insert(NextGroupBits("10", gid, i));
+    EXPECT_EQ(buckets.size(), 4u);
+    EXPECT_EQ(NextGroupBits("10", gid, 2), NextGroupBits("01", gid, 2));
+  }
+}
+
+TEST(Reduce, AllFiniteAndAddScaled) {
+  std::vector<float> a = {1, 2, 3}, b = {1, 1, 1};
+  AddScaled(a, b, 2);
+  EXPECT_EQ(a, (std::vector<float>{3, 4, 5}));
+  EXPECT_TRUE(AllFinite(a));
+  a[1] = NAN;
+  EXPECT_FALSE(AllFinite(a));
+  a[1] = -INFINITY;
+  EXPECT_FALSE(AllFinite(a));
+}
+
+TEST(Reduce, CenteredClipBoundsAnOutlier) {
+  const size_t n = 64;
+  std::vector<std::vector<float>> inputs(4, std::vector<float>(n));
+  for (size_t k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < n; ++i) inputs[k][i] = 0.01f * static_cast<float>(k) + 1.0f;
+  }
+  std::fill(inputs[3].begin(), inputs[3].end(), 1e6f);  // the attacker
+  std::vector<std::span<const float>> views(inputs.begin(), inputs.end());
+  std::vector<double> weights(4, 1.0);
+  std::vector<float> out(n);
+  CenteredClipOptions opt{.tau = 1.0, .iterations = 50};
+  CenteredClip(views, weights, opt, out);
+  // Honest mean is 1.01 everywhere and the honest deviations (L2 0.08) stay within tau. At the
+  // fixed point 3 (mean_honest - v) + tau * u = 0 with |u| = 1, so |v - mean_honest| = tau / 3.
+  double dist2 = 0;
+  for (float v : out) dist2 += (v - 1.01) * (v - 1.01);
+  EXPECT_LT(std::sqrt(dist2), opt.tau / 3 + 0.01) << out[0];
+  // Without an attacker CenteredClip is the mean.
+  std::vector<std::span<const float>> honest(views.begin(), views.begin() + 3);
+  CenteredClip(honest, std::vector<double>(3, 1.0), opt, out);
+  for (float v : out) EXPECT_NEAR(v, 1.01, 1e-6);
+}
+
+TEST(Wire, RoundTripsAndRejectsHostileMessages) {
+  GroupInfo g;
+  g.group_id = std::string(16, 'g');
+  g.part_size = 100;
+  g.total = 10;
+  MemberInfo a, b;
+  a.peer = KeyPair::Generate().peer_id();
+  a.addrs = {"/ip4/127.0.0.1/tcp/1"};
+  a.bandwidth = 1;
+  a.span = 10;
+  b.peer = KeyPair::Generate().peer_id();
+  b.mode = Mode::kClient;
+  b.bandwidth = 1;
+  g.members = {a, b};
+  JoinResponse r;
+  r.code = JoinResponse::Code::kBegin;
+  r.group = g;
+  auto back = DecodeJoinResponse(EncodeJoinResponse(r));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->group.members.size(), 2u);
+  EXPECT_EQ(back->group.members[1].mode, Mode::kClient);
+
+  // A client given a span, spans not summing to the total, duplicate members: refused.
+  auto bad = r;
+  bad.group.members[1].span = 1;
+  EXPECT_FALSE(DecodeJoinResponse(EncodeJoinResponse(bad)).ok());
+  bad = r;
+  bad.group.total = 11;
+  EXPECT_FALSE(DecodeJoinResponse(EncodeJoinResponse(bad)).ok());
+  bad = r;
+  bad.group.members[1] = bad.group.members[0];
+  bad.group.members[1].span = 0;
+  bad.group.total = 10;
+  EXPECT_FALSE(DecodeJoinResponse(EncodeJoinResponse(bad)).ok());
+  bad = r;
+  bad.group.part_size = 0;
+  EXPECT_FALSE(DecodeJoinResponse(EncodeJoinResponse(bad)).ok());
+
+  EXPECT_FALSE(DecodeJoinResponse("\xff\xff\xff").ok());
+  EXPECT_FALSE(DecodePartHeader(EncodePartHeader({0, {2, 1}}), 4).ok());  // not increasing
+  EXPECT_FALSE(DecodePartHeader(EncodePartHeader({0, {5}}), 4).ok());     // out of range
+  EXPECT_TRUE(DecodePartHeader(EncodePartHeader({3, {0, 2}}), 4).ok());
+  EXPECT_FALSE(DecodeReduceHello(EncodeReduceHello({"gid", 0, -1.0})).ok());
+  EXPECT_FALSE(DecodeReduceHello(EncodeReduceHello({"gid", 0, NAN})).ok());
+  JoinRequest jr;
+  jr.bandwidth = 0;
+  EXPECT_FALSE(DecodeJoinRequest(EncodeJoinRequest(jr)).ok());
+  EXPECT_FALSE(DecodeStateAdvert(EncodeStateAdvert({{}, 1.0})).ok());
+  StateHeader h;
+  h.tensor_sizes = {kMaxTotalValues, 1};
+  EXPECT_FALSE(DecodeStateHeader(EncodeStateHeader(h)).ok());
+}
+
+}  // namespace
+}  // namespace colony::averaging
