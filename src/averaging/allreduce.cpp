@@ -561,9 +561,17 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     }
     co_await changed_.WaitUntil(deadline_ + impl_->options_.part_timeout);
   }
-  // Let our reducer's result writers finish (bounded) before reporting.
-  while (active_writers_ > 0 && SteadyNow() < deadline_ + impl_->options_.part_timeout) {
-    co_await changed_.WaitUntil(deadline_ + impl_->options_.part_timeout);
+  // Let our reducer's result writers deliver the last parts (a process may exit right after
+  // its step), but not wait on a sender that stopped reading.
+  const SteadyTime writers_until =
+      std::min(deadline_, SteadyNow() + 2 * impl_->options_.part_timeout);
+  while (active_writers_ > 0 && SteadyNow() < writers_until) {
+    co_await changed_.WaitUntil(writers_until);
+  }
+  for (Sender& s : senders_) {
+    if (s.stream && s.results_written < my_parts_) {
+      s.stream->Cancel(DeadlineExceeded("the sender did not take its results in time"));
+    }
   }
   for (auto& s : out_streams_) s->Cancel(Cancelled("the all-reduce is over"));
   out_streams_.clear();

@@ -202,10 +202,13 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
     const std::string key = GroupKey(options_.prefix, group_bits_);
     auto group = co_await Matchmake(deadline, o.gather, reasons);
     if (options_.mode != Mode::kClient && !shut_down_) {
-      // Withdraw the declaration so nobody asks us again (fire and forget).
+      // Withdraw the declaration so nobody asks us again (fire and forget). The withdrawal
+      // must win over the declaration (newest expiration wins) but lose to our next one, which
+      // is declared at least a DHT round trip later with the same matchmaking time.
       auto self = shared_from_this();
-      auto withdraw = [self, key]() -> asio::awaitable<void> {
-        (void)co_await self->Declare(key, dht::Now() + 1.0, false);
+      const double expiration = declared_expiration_ + 1e-3;
+      auto withdraw = [self, key, expiration]() -> asio::awaitable<void> {
+        (void)co_await self->Declare(key, expiration, false);
       };
       asio::co_spawn(strand_, std::move(withdraw), asio::detached);
     }
@@ -254,16 +257,16 @@ void Averager::Impl::CancelStep() {
 }
 
 void Averager::Impl::Shutdown() {
-  std::promise<void> done;
+  auto done = std::make_shared<std::promise<void>>();
   auto self = shared_from_this();
-  asio::post(strand_, [self, &done]() {
+  asio::post(strand_, [self, done]() {
     self->shut_down_ = true;
     self->looking_changed_.Notify();
     self->runs_changed_.Notify();
     if (self->current_run_) self->current_run_->Cancel(Closed("the averager was shut down"));
-    done.set_value();
+    done->set_value();
   });
-  done.get_future().wait_for(std::chrono::seconds(5));
+  done->get_future().wait_for(std::chrono::seconds(5));
   {
     std::lock_guard lock(state_mu_);
     provider_ = nullptr;

@@ -72,7 +72,8 @@ struct AveragerOptions {
   size_t part_size_bytes = 512 * 1024;  // of raw float32 data per part
   // Upload bandwidth in bytes/s announced for load balancing (spans are sized by it).
   double bandwidth = 100e6;
-  // Paces this peer's sends to this rate (bytes/s of compressed data); 0: unlimited.
+  // Paces this peer's all-reduce sends and state uploads to this rate (bytes/s of encoded
+  // data); 0: unlimited.
   double max_send_rate = 0;
   // A sender that delivers no part for this long is excluded from the parts not yet reduced; a
   // reducer that returns no part for twice this long leaves its span at the local values.

@@ -155,6 +155,7 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   std::string group_bits_;
   bool shut_down_ = false;
   std::optional<Looking> looking_;
+  double declared_expiration_ = 0;  // of our last declaration (withdrawn just after it)
   Event looking_changed_;
   std::map<std::string, std::shared_ptr<AllReduceRun>> runs_;
   Event runs_changed_;

@@ -182,6 +182,7 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
   looking_->expiration = dht::Now() + Seconds(mm_time);
   looking_->gathered = gathered;
   if (can_lead) {
+    declared_expiration_ = looking_->expiration;
     Status st = co_await Declare(key, looking_->expiration, true);
     if (!st.ok()) {
       looking_.reset();

@@ -133,9 +133,23 @@ asio::awaitable<Status> Averager::Impl::HandleStateRequest(net::CallContext& ctx
   // Chunks of float32 values that may span tensors; the state stays alive until written.
   auto state = std::make_shared<SharedState>(std::move(*snapshot));
   const size_t chunk_values = std::max<size_t>(1, options_.state_chunk_bytes / sizeof(float));
+  // Uploads are paced like the all-reduce's (max_send_rate), so a volunteer's link stays usable.
+  asio::steady_timer pace(co_await asio::this_coro::executor);
+  SteadyTime next_send = SteadyNow();
   for (const auto& t : state->tensors) {
     for (size_t at = 0; at < t.size(); at += chunk_values) {
       const size_t n = std::min(chunk_values, t.size() - at);
+      if (options_.max_send_rate > 0) {
+        if (next_send > SteadyNow()) {
+          pace.expires_at(next_send);
+          co_await pace.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+          if (co_await CoroCancelled()) co_return Cancelled("the download was cancelled");
+        }
+        next_send = std::max(next_send, SteadyNow()) +
+                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                        std::chrono::duration<double>(static_cast<double>(n * sizeof(float)) /
+                                                      options_.max_send_rate));
+      }
       net::Message m;
       net::TensorFrame f;
       f.dtype = DType::kFloat32;

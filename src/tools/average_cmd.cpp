@@ -127,6 +127,7 @@ int Run(const AverageArgs& a) {
 
   if (a.share_state >= 0) {
     auto snapshot = [&storage]() -> Result<averaging::SharedState> {
+      Emit({{"event", "serving_state"}});
       averaging::SharedState s;
       s.metadata = "synthetic";
       s.tensors = storage;
@@ -153,6 +154,7 @@ int Run(const AverageArgs& a) {
         n += t.size();
       }
       j["values"] = n;
+      j["matches_seed"] = same;
       j["metadata"] = state->metadata;
       j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } else {
