@@ -53,6 +53,7 @@ AllReduceRun::AllReduceRun(std::shared_ptr<Averager::Impl> impl, GroupInfo group
       changed_(strand_),
       begins_(SpanBegins(group_)),
       part_size_(group_.part_size) {
+  ++impl_->live_runs_;
   const Mode mode = group_.members[self_].mode;
   wants_results_ = mode != Mode::kAux;
   sends_ = mode != Mode::kAux && weight_ > 0;
@@ -129,12 +130,50 @@ void AllReduceRun::Accumulate(uint32_t s, size_t k, std::vector<float> values) {
   if (impl_->options_.centered_clip) {
     part.inputs.push_back(std::move(values));
     part.input_weights.push_back(w);
+  } else if (part.acc.empty()) {
+    Scale(values, static_cast<float>(w));
+    part.acc = std::move(values);
   } else {
-    if (part.acc.empty()) part.acc.assign(values.size(), 0.0f);
     AddScaled(part.acc, values, static_cast<float>(w));
   }
   part.weight += w;
   part.contributors.push_back(s);
+}
+
+void AllReduceRun::AccumulateRaw(uint32_t s, size_t k, ByteSpan values) {
+  Reduced& part = parts_[k];
+  const double w = senders_[s].weight;
+  const size_t n = values.size() / sizeof(float);
+  if (impl_->options_.centered_clip) {
+    std::vector<float> copy(n);
+    CopyScaledBytes(copy, values, 1.0f);
+    part.inputs.push_back(std::move(copy));
+    part.input_weights.push_back(w);
+  } else if (part.acc.empty()) {
+    part.acc.resize(n);
+    CopyScaledBytes(part.acc, values, static_cast<float>(w));
+  } else {
+    AddScaledBytes(part.acc, values, static_cast<float>(w));
+  }
+  part.weight += w;
+  part.contributors.push_back(s);
+}
+
+net::TensorFrame AllReduceRun::PartFrame(std::shared_ptr<const void> owner, ByteSpan bytes,
+                                         bool raw_values) const {
+  net::TensorFrame t;
+  if (raw_values) {
+    t.dtype = DType::kFloat32;
+    t.codec = 0;
+    t.shape = {static_cast<int64_t>(bytes.size() / sizeof(float))};
+  } else {
+    t.dtype = DType::kUInt8;
+    t.codec = static_cast<uint8_t>(impl_->options_.codec);
+    t.shape = {static_cast<int64_t>(bytes.size())};
+  }
+  t.data = bytes;
+  t.owner = std::move(owner);
+  return t;
 }
 
 void AllReduceRun::CheckParts() {
@@ -154,25 +193,33 @@ void AllReduceRun::Finalize(size_t k) {
   const auto [b, e] = PartRange(self_, k);
   std::sort(part.contributors.begin(), part.contributors.end());
   if (part.weight > 0) {
-    std::vector<float> mean(e - b);
+    auto mean = std::make_shared<std::vector<float>>();
     if (impl_->options_.centered_clip) {
+      mean->resize(e - b);
       std::vector<std::span<const float>> views(part.inputs.begin(), part.inputs.end());
-      CenteredClip(views, part.input_weights, *impl_->options_.centered_clip, mean);
+      CenteredClip(views, part.input_weights, *impl_->options_.centered_clip, *mean);
     } else {
-      mean = std::move(part.acc);
-      Scale(mean, static_cast<float>(1.0 / part.weight));
+      *mean = std::move(part.acc);
+      Scale(*mean, static_cast<float>(1.0 / part.weight));
     }
-    auto encoded = std::make_shared<Bytes>();
-    Status st =
-        compression::Encode(impl_->options_.codec, mean, *encoded, impl_->options_.codec_options);
-    if (!st.ok()) {
-      COLONY_LOG_ERROR("averaging: encoding a reduced part failed: {}", st.ToString());
-      part.contributors.clear();
+    if (raw()) {
+      part.result_bytes =
+          ByteSpan(reinterpret_cast<const uint8_t*>(mean->data()), mean->size() * sizeof(float));
+      part.result_owner = mean;
     } else {
-      part.encoded = std::move(encoded);
+      auto encoded = std::make_shared<Bytes>();
+      Status st = compression::Encode(impl_->options_.codec, *mean, *encoded,
+                                      impl_->options_.codec_options);
+      if (!st.ok()) {
+        COLONY_LOG_ERROR("averaging: encoding a reduced part failed: {}", st.ToString());
+        part.contributors.clear();
+      } else {
+        part.result_bytes = ByteSpan(encoded->data(), encoded->size());
+        part.result_owner = std::move(encoded);
+      }
     }
     if (wants_results_ && !part.contributors.empty()) {
-      impl_->Scatter(b, mean);
+      impl_->Scatter(b, *mean);
       reports_.push_back({b, e, part.contributors});
     }
   }
@@ -266,6 +313,21 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
     }
     const auto [b, e] = PartRange(self_, k);
     net::TensorFrame frame = std::move(m.tensors[0]);
+    if (frame.codec == 0) {  // raw float32: checked and reduced straight from the receive buffer
+      if (frame.dtype != DType::kFloat32 || frame.data.size() != (e - b) * sizeof(float)) {
+        Exclude(s, "it sent a part of the wrong size");
+        break;
+      }
+      if (!AllFiniteBytes(frame.data)) {
+        Exclude(s, "it sent non-finite values (NaN or Inf)");
+        break;
+      }
+      AccumulateRaw(s, k, frame.data);
+      ++sender.received;
+      sender.last_progress = SteadyNow();
+      CheckParts();
+      continue;
+    }
     auto decode = [frame, n = e - b]() -> Result<std::vector<float>> {
       std::vector<float> values(n);
       COLONY_RETURN_IF_ERROR(compression::Decode(frame.data, values));
@@ -302,15 +364,8 @@ asio::awaitable<void> AllReduceRun::WriteResults(uint32_t s, std::shared_ptr<net
     if (sender.excluded) co_return;
     const Reduced& part = parts_[k];
     net::Message msg(EncodePartHeader({static_cast<uint32_t>(k), part.contributors}));
-    if (part.encoded) {
-      net::TensorFrame t;
-      t.dtype = DType::kUInt8;
-      t.codec = static_cast<uint8_t>(impl_->options_.codec);
-      t.shape = {static_cast<int64_t>(part.encoded->size())};
-      t.data = ByteSpan(part.encoded->data(), part.encoded->size());
-      t.owner = part.encoded;
-      msg.tensors.push_back(std::move(t));
-    }
+    if (part.result_owner)
+      msg.tensors.push_back(PartFrame(part.result_owner, part.result_bytes, raw()));
     Status st = co_await stream->Write(msg);
     if (!st.ok()) {
       Exclude(s, "writing its results failed: " + st.ToString());
@@ -405,35 +460,35 @@ asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
   const auto& options = impl_->options_;
   for (size_t k = 0; st.ok() && sends_ && k < n && abort_reason_.ok(); ++k) {
     const auto [b, e] = PartRange(r, k);
-    auto encode = [self, b = b, e = e]() -> Result<std::shared_ptr<Bytes>> {
-      auto out = std::make_shared<Bytes>();
-      std::span<const float> values(self->input_.data() + b, e - b);
-      COLONY_RETURN_IF_ERROR(compression::Encode(self->impl_->options_.codec, values, *out,
-                                                 self->impl_->options_.codec_options));
-      return out;
-    };
-    auto encoded =
-        co_await RunOn<Result<std::shared_ptr<Bytes>>>(PoolExecutor(), std::move(encode));
-    if (!encoded.ok()) {
-      st = encoded.status();
-      break;
+    // Uncompressed parts go out straight from the snapshot (the run keeps it alive).
+    std::shared_ptr<const void> owner = self;
+    ByteSpan bytes(reinterpret_cast<const uint8_t*>(input_.data() + b), (e - b) * sizeof(float));
+    if (!raw()) {
+      auto encode = [self, b = b, e = e]() -> Result<std::shared_ptr<Bytes>> {
+        auto out = std::make_shared<Bytes>();
+        std::span<const float> values(self->input_.data() + b, e - b);
+        COLONY_RETURN_IF_ERROR(compression::Encode(self->impl_->options_.codec, values, *out,
+                                                   self->impl_->options_.codec_options));
+        return out;
+      };
+      auto encoded =
+          co_await RunOn<Result<std::shared_ptr<Bytes>>>(PoolExecutor(), std::move(encode));
+      if (!encoded.ok()) {
+        st = encoded.status();
+        break;
+      }
+      bytes = ByteSpan((*encoded)->data(), (*encoded)->size());
+      owner = std::move(*encoded);
     }
     if (options.max_send_rate > 0) {  // pace: reserve this part's airtime on a shared schedule
       const SteadyTime start = std::max(SteadyNow(), next_send_);
-      next_send_ =
-          start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(static_cast<double>((*encoded)->size()) /
-                                                    options.max_send_rate));
+      next_send_ = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(static_cast<double>(bytes.size()) /
+                                                             options.max_send_rate));
       while (SteadyNow() < start && abort_reason_.ok()) co_await changed_.WaitUntil(start);
     }
     net::Message msg(EncodePartHeader({static_cast<uint32_t>(k), {}}));
-    net::TensorFrame t;
-    t.dtype = DType::kUInt8;
-    t.codec = static_cast<uint8_t>(options.codec);
-    t.shape = {static_cast<int64_t>((*encoded)->size())};
-    t.data = ByteSpan((*encoded)->data(), (*encoded)->size());
-    t.owner = *encoded;
-    msg.tensors.push_back(std::move(t));
+    msg.tensors.push_back(PartFrame(std::move(owner), bytes, raw()));
     st = co_await stream->Write(msg);
     if (st.ok() && k + 1 == std::max<size_t>(1, n / 2)) {
       MaybeFault(Fault::kKillWhileSending);
@@ -479,6 +534,16 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
       net::TensorFrame frame = std::move(m.tensors[0]);
       auto self = shared_from_this();
       auto decode = [self, frame, b = b, e = e]() -> Status {
+        if (frame.codec == 0) {  // raw float32: checked, then copied straight into the tensors
+          if (frame.dtype != DType::kFloat32 || frame.data.size() != (e - b) * sizeof(float)) {
+            return InvalidArgument("the reducer sent a part of the wrong size");
+          }
+          if (!AllFiniteBytes(frame.data)) {
+            return InvalidArgument("the reducer sent non-finite values");
+          }
+          self->impl_->ScatterBytes(b, frame.data);
+          return {};
+        }
         std::vector<float> values(e - b);
         COLONY_RETURN_IF_ERROR(compression::Decode(frame.data, values));
         if (!AllFinite(values)) return InvalidArgument("the reducer sent non-finite values");

@@ -13,6 +13,7 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
  public:
   AllReduceRun(std::shared_ptr<Averager::Impl> impl, GroupInfo group, uint32_t self, double weight,
                SteadyTime deadline);
+  ~AllReduceRun() { --impl_->live_runs_; }
 
   // Runs this member's part of the all-reduce; on strand().
   asio::awaitable<Result<StepResult>> Run();
@@ -41,7 +42,10 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
     std::vector<double> input_weights;
     double weight = 0;
     std::vector<uint32_t> contributors;
-    std::shared_ptr<Bytes> encoded;  // the final part, encoded; null when nobody contributed
+    // The final part as it goes on the wire (null when nobody contributed): raw float32 when
+    // the codec is none, else the encoded bytes.
+    std::shared_ptr<const void> result_owner;
+    ByteSpan result_bytes;
   };
   struct ReaderState {
     bool done = false;
@@ -54,6 +58,11 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   void Abort(Status reason);
   void Exclude(uint32_t sender, const std::string& why);
   void Accumulate(uint32_t sender, size_t k, std::vector<float> values);
+  // The same from a received raw float32 frame (no copy for the weighted mean).
+  void AccumulateRaw(uint32_t sender, size_t k, ByteSpan values);
+  // The wire form of a part: a raw float32 tensor frame (codec none) or the encoded bytes.
+  net::TensorFrame PartFrame(std::shared_ptr<const void> owner, ByteSpan bytes, bool raw) const;
+  bool raw() const { return impl_->options_.codec == compression::Codec::kNone; }
   void CheckParts();
   void Finalize(size_t k);
   void KeepLocal(uint32_t reducer, size_t from);

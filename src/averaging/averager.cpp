@@ -5,13 +5,13 @@
 #include <fmt/format.h>
 
 #include <asio/post.hpp>
+#include <cstring>
 #include <future>
 #include <thread>
 
 #include "averaging/allreduce.h"
 #include "averaging/group_key.h"
 #include "averaging/internal.h"
-#include "net/run_on_strand.h"
 
 namespace colony::averaging {
 
@@ -114,7 +114,7 @@ Status Averager::Impl::Init() {
                    m = std::move(m)]() -> asio::awaitable<Result<net::Message>> {
           co_return co_await self->HandleJoin(from, m);
         };
-        co_return co_await net::RunOnStrand<Result<net::Message>>(self->strand_, std::move(fn));
+        co_return co_await OnStrand<Result<net::Message>>(self->strand_, std::move(fn));
       });
   host_.RegisterBidiStreaming(MethodName("reduce"),
                               [weak](net::CallContext& ctx) -> asio::awaitable<Status> {
@@ -146,16 +146,16 @@ asio::awaitable<Status> Averager::Impl::HandleReduce(net::CallContext& ctx) {
     for (;;) {
       auto it = self->runs_.find(id);
       if (it != self->runs_.end()) co_return it->second;
-      if (self->shut_down_ || SteadyNow() >= until || co_await CoroCancelled()) co_return nullptr;
+      if (self->shut_down_ || SteadyNow() >= until) co_return nullptr;
       co_await self->runs_changed_.WaitUntil(until);
     }
   };
-  auto run = co_await net::RunOnStrand<std::shared_ptr<AllReduceRun>>(strand_, std::move(find));
+  auto run = co_await OnStrand<std::shared_ptr<AllReduceRun>>(strand_, std::move(find));
   if (!run) co_return NotFound("no all-reduce of that group is running here");
   auto serve = [run, stream, hello = std::move(*hello)]() -> asio::awaitable<Status> {
     co_return co_await run->ServeSender(stream, hello);
   };
-  co_return co_await asio::co_spawn(run->strand(), std::move(serve), asio::use_awaitable);
+  co_return co_await OnStrand<Status>(run->strand(), std::move(serve));
 }
 
 void Averager::Impl::Gather(std::span<float> out) const {
@@ -166,16 +166,22 @@ void Averager::Impl::Gather(std::span<float> out) const {
 }
 
 void Averager::Impl::Scatter(uint64_t begin, std::span<const float> values) {
+  ScatterBytes(begin, ByteSpan(reinterpret_cast<const uint8_t*>(values.data()),
+                               values.size() * sizeof(float)));
+}
+
+void Averager::Impl::ScatterBytes(uint64_t begin, ByteSpan bytes) {
   // The tensor holding `begin`, then onwards.
   auto it = std::upper_bound(tensor_begins_.begin(), tensor_begins_.end(), begin);
   size_t t = static_cast<size_t>(it - tensor_begins_.begin()) - 1;
   uint64_t at = begin;
+  const size_t count = bytes.size() / sizeof(float);
   size_t done = 0;
-  while (done < values.size() && t < tensors_.size()) {
+  while (done < count && t < tensors_.size()) {
     const uint64_t offset = at - tensor_begins_[t];
-    const size_t n = std::min<size_t>(values.size() - done, tensors_[t].size() - offset);
-    std::copy_n(values.begin() + static_cast<ptrdiff_t>(done), n,
-                tensors_[t].begin() + static_cast<ptrdiff_t>(offset));
+    const size_t n = std::min<size_t>(count - done, tensors_[t].size() - offset);
+    std::memcpy(tensors_[t].data() + offset, bytes.data() + done * sizeof(float),
+                n * sizeof(float));
     done += n;
     at += n;
     ++t;
@@ -231,7 +237,7 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
     COLONY_LOG_DEBUG("averaging: group {} formed with {} peers",
                      HexEncode(AsBytes(group->group_id)).substr(0, 8), group->members.size());
     auto go = [run]() -> asio::awaitable<Result<StepResult>> { co_return co_await run->Run(); };
-    outcome = co_await asio::co_spawn(run->strand(), std::move(go), asio::use_awaitable);
+    outcome = co_await OnStrand<Result<StepResult>>(run->strand(), std::move(go));
     runs_.erase(group->group_id);
     current_run_.reset();
     if (outcome.ok()) {
@@ -273,8 +279,13 @@ void Averager::Impl::Shutdown() {
   }
   // Let a running step observe the shutdown (it ends within a part timeout).
   const SteadyTime until = SteadyNow() + options_.part_timeout + std::chrono::seconds(2);
-  while (step_running_ && SteadyNow() < until) {
+  // Then let every run's coroutines end (their streams are cancelled), so that none touches the
+  // host or the tensors after we return.
+  while ((step_running_ || live_runs_ > 0) && SteadyNow() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (live_runs_ > 0) {
+    COLONY_LOG_WARN("averaging: {} all-reduce run(s) still active at shutdown", live_runs_.load());
   }
 }
 
@@ -304,7 +315,7 @@ asio::awaitable<Result<StepResult>> Averager::Step(StepOptions options) {
   auto fn = [impl, options]() -> asio::awaitable<Result<StepResult>> {
     co_return co_await impl->Step(options);
   };
-  co_return co_await net::RunOnStrand<Result<StepResult>>(impl->strand_, std::move(fn));
+  co_return co_await OnStrand<Result<StepResult>>(impl->strand_, std::move(fn));
 }
 
 Result<StepResult> Averager::StepSync(StepOptions options) {
@@ -325,7 +336,7 @@ asio::awaitable<Result<SharedState>> Averager::LoadStateFromPeers(
   auto fn = [impl, timeout]() -> asio::awaitable<Result<SharedState>> {
     co_return co_await impl->LoadState(timeout);
   };
-  co_return co_await net::RunOnStrand<Result<SharedState>>(impl->strand_, std::move(fn));
+  co_return co_await OnStrand<Result<SharedState>>(impl->strand_, std::move(fn));
 }
 
 Result<SharedState> Averager::LoadStateFromPeersSync(std::chrono::milliseconds timeout) {

@@ -2,6 +2,7 @@
 // averager.cpp). Not part of the public API.
 #pragma once
 
+#include <asio/bind_cancellation_slot.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -59,6 +60,18 @@ class Event {
   asio::any_io_executor ex_;
   std::vector<std::shared_ptr<asio::steady_timer>> waiters_;
 };
+
+// Awaits `fn` spawned on `ex` *without* forwarding the awaiting coroutine's cancellation.
+// asio's per-operation cancellation is not thread-safe: a signal emitted on one strand (say, a
+// connection's, when a stream is reset) must not reach an operation pending on another strand
+// (a timer on the averager's). Work on our strands learns of failures from stream errors and
+// deadlines instead.
+template <typename T, typename Executor, typename F>
+asio::awaitable<T> OnStrand(const Executor& ex, F fn) {
+  co_return co_await asio::co_spawn(
+      ex, std::move(fn),
+      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+}
 
 // True when the awaiting coroutine was asked to stop (e.g. its RPC was reset).
 inline asio::awaitable<bool> CoroCancelled() {
@@ -137,6 +150,8 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   // Flattened access to the tensors.
   void Gather(std::span<float> out) const;  // all tensors, concatenated
   void Scatter(uint64_t begin, std::span<const float> values);
+  // The same from little-endian float32 bytes at any alignment.
+  void ScatterBytes(uint64_t begin, ByteSpan bytes);
 
   std::string MethodName(std::string_view what) const {
     return "avg." + std::string(what) + "/" + options_.prefix;
@@ -162,6 +177,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   std::shared_ptr<AllReduceRun> current_run_;
 
   std::atomic<bool> step_running_{false};
+  // AllReduceRun objects alive (their coroutines may still touch the host and the tensors):
+  // Shutdown waits for them to end.
+  std::atomic<int> live_runs_{0};
   std::atomic<bool> cancel_requested_{false};
 
   // State sharing; guarded by state_mu_.

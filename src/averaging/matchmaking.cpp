@@ -378,8 +378,10 @@ asio::awaitable<Result<net::Message>> Averager::Impl::HandleJoin(PeerId from,
   looking_changed_.Notify();
   const SteadyTime give_up = looking_->deadline + std::chrono::seconds(2);
   while (!follower->outcome) {
-    if (co_await CoroCancelled() || SteadyNow() >= give_up) {
-      // The requester gave up (or we are stuck): forget it so it is not put into a group.
+    if (SteadyNow() >= give_up) {
+      // No outcome by our deadline (we are stuck): forget the requester. A requester that gave
+      // up earlier (it died, or its call timed out) may still be put into the group; the
+      // all-reduce then excludes it like any failed peer.
       if (looking_) {
         std::erase(looking_->followers, follower);
         looking_changed_.Notify();

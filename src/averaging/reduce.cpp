@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace colony::averaging {
 
@@ -17,12 +18,48 @@ void Scale(std::span<float> x, float w) {
   for (size_t i = 0; i < x.size(); ++i) a[i] *= w;
 }
 
+namespace {
+
+inline float LoadFloat(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof(v));  // any alignment; compiles to an unaligned load
+  return v;
+}
+
+// Integer test on the bits, so the loop vectorizes (a float reduction would not without
+// -ffast-math): an all-ones exponent plus one carries into bit 31.
+bool AllFiniteBits(const uint8_t* p, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, p + 4 * i, sizeof(b));
+    bad |= (b & 0x7f800000u) + 0x00800000u;
+  }
+  return (bad & 0x80000000u) == 0;
+}
+
+}  // namespace
+
 bool AllFinite(std::span<const float> x) {
-  // Branch-free accumulation so the loop vectorizes: x - x is 0 for finite x and NaN otherwise.
-  float bad = 0;
-  const float* __restrict v = x.data();
-  for (size_t i = 0; i < x.size(); ++i) bad += v[i] - v[i];
-  return bad == 0;
+  return AllFiniteBits(reinterpret_cast<const uint8_t*>(x.data()), x.size());
+}
+
+bool AllFiniteBytes(std::span<const uint8_t> x) {
+  return AllFiniteBits(x.data(), x.size() / sizeof(float));
+}
+
+void AddScaledBytes(std::span<float> acc, std::span<const uint8_t> x, float w) {
+  float* __restrict a = acc.data();
+  const uint8_t* __restrict v = x.data();
+  const size_t n = std::min(acc.size(), x.size() / sizeof(float));
+  for (size_t i = 0; i < n; ++i) a[i] += w * LoadFloat(v + 4 * i);
+}
+
+void CopyScaledBytes(std::span<float> out, std::span<const uint8_t> x, float w) {
+  float* __restrict a = out.data();
+  const uint8_t* __restrict v = x.data();
+  const size_t n = std::min(out.size(), x.size() / sizeof(float));
+  for (size_t i = 0; i < n; ++i) a[i] = w * LoadFloat(v + 4 * i);
 }
 
 void CenteredClip(std::span<const std::span<const float>> xs, std::span<const double> weights,

@@ -2,6 +2,7 @@
 // as in BTARD). Pure functions over float spans; callers run them on a compute pool.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,13 @@ void AddScaled(std::span<float> acc, std::span<const float> x, float w);
 void Scale(std::span<float> x, float w);
 // True when no value is NaN or infinite.
 bool AllFinite(std::span<const float> x);
+
+// The same over little-endian float32 bytes at any alignment (a received raw tensor frame);
+// `x` holds exactly 4 * acc.size() bytes.
+void AddScaledBytes(std::span<float> acc, std::span<const uint8_t> x, float w);
+// out[i] = w * x[i]
+void CopyScaledBytes(std::span<float> out, std::span<const uint8_t> x, float w);
+bool AllFiniteBytes(std::span<const uint8_t> x);
 
 // CenteredClip: starting from the coordinate-wise median v, repeats
 //   v <- v + sum_i w_i * min(1, tau / |x_i - v|) * (x_i - v) / sum_i w_i
