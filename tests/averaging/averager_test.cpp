@@ -261,10 +261,17 @@ TEST(Averager, MemoryStaysFlatOverManyRoundsAtLimitedBandwidth) {
     if (round == 20) after_warmup = RssKiB();
   }
   const size_t end = RssKiB();
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan holds freed memory in quarantine (up to 256 MB), so RSS says nothing here; this build
+  // checks the same 200 rounds for leaks (LeakSanitizer) and use-after-free instead.
+  (void)end;
+  (void)after_warmup;
+#else
   // Each round moves ~1.6 MB through the process; a leak of even one buffer per round would
   // add > 30 MB over 180 rounds.
   EXPECT_LT(end, after_warmup + 16 * 1024)
       << "RSS grew from " << after_warmup << " KiB to " << end << " KiB";
+#endif
 }
 
 }  // namespace
