@@ -462,11 +462,11 @@ asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
     const auto [b, e] = PartRange(r, k);
     // Uncompressed parts go out straight from the snapshot (the run keeps it alive).
     std::shared_ptr<const void> owner = self;
-    ByteSpan bytes(reinterpret_cast<const uint8_t*>(input_.data() + b), (e - b) * sizeof(float));
+    ByteSpan bytes(reinterpret_cast<const uint8_t*>(input_->data() + b), (e - b) * sizeof(float));
     if (!raw()) {
       auto encode = [self, b = b, e = e]() -> Result<std::shared_ptr<Bytes>> {
         auto out = std::make_shared<Bytes>();
-        std::span<const float> values(self->input_.data() + b, e - b);
+        std::span<const float> values(self->input_->data() + b, e - b);
         COLONY_RETURN_IF_ERROR(compression::Encode(self->impl_->options_.codec, values, *out,
                                                    self->impl_->options_.codec_options));
         return out;
@@ -572,8 +572,15 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   const SteadyTime started = SteadyNow();
   MaybeFault(Fault::kKillBeforeSending);
   if (sends_) {
-    input_.resize(group_.total);
-    impl_->Gather(input_);
+    // One step runs at a time, so only a finished run (still winding down) may share it.
+    if (impl_->snapshot_ && impl_->snapshot_.use_count() == 1) {
+      input_ = impl_->snapshot_;
+    } else {
+      input_ = std::make_shared<std::vector<float>>();
+      impl_->snapshot_ = input_;
+    }
+    input_->resize(group_.total);
+    impl_->Gather(*input_);
   }
   my_parts_ = PartsOf(self_);
   senders_.assign(group_.members.size(), {});
@@ -589,9 +596,9 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     if (sends_) {
       for (size_t k = 0; k < my_parts_; ++k) {
         const auto [b, e] = PartRange(self_, k);
-        Accumulate(self_, k,
-                   std::vector<float>(input_.begin() + static_cast<ptrdiff_t>(b),
-                                      input_.begin() + static_cast<ptrdiff_t>(e)));
+        AccumulateRaw(self_, k,
+                      ByteSpan(reinterpret_cast<const uint8_t*>(input_->data() + b),
+                               (e - b) * sizeof(float)));
       }
     }
     me.received = my_parts_;

@@ -85,7 +85,9 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   bool sends_ = true;          // has data with a positive weight
 
   // Everything below lives on strand_.
-  std::vector<float> input_;  // snapshot of our flattened tensors
+  // Snapshot of our flattened tensors (results overwrite the tensors while we still send).
+  // Reused from step to step (Averager::Impl::snapshot_) to avoid a large allocation per step.
+  std::shared_ptr<std::vector<float>> input_;
   size_t my_parts_ = 0;
   std::vector<Sender> senders_;
   std::vector<Reduced> parts_;

@@ -175,6 +175,8 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   std::map<std::string, std::shared_ptr<AllReduceRun>> runs_;
   Event runs_changed_;
   std::shared_ptr<AllReduceRun> current_run_;
+  // The last step's snapshot buffer, reused when no run holds it any more.
+  std::shared_ptr<std::vector<float>> snapshot_;
 
   std::atomic<bool> step_running_{false};
   // AllReduceRun objects alive (their coroutines may still touch the host and the tensors):
