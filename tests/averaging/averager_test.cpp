@@ -10,6 +10,7 @@
 #include <future>
 #include <thread>
 
+#include "averaging/wire.h"
 #include "dht/node.h"
 
 namespace colony::averaging {
@@ -234,6 +235,46 @@ TEST(Averager, LoadStatePicksTheHighestPriorityDonor) {
   EXPECT_EQ(state->metadata, "donor1");
   ASSERT_EQ(state->tensors.size(), 1u);
   EXPECT_EQ(state->tensors[0], Synthetic(11, n));
+}
+
+TEST(Averager, HostileRequestsGetErrorsAndTheAveragerKeepsWorking) {
+  const size_t n = 5000;
+  Swarm swarm(n);
+  auto o = Options(2);
+  o.part_timeout = 500ms;
+  Peer& victim = swarm.Add(0, o);
+  swarm.Add(1, o);
+  net::Host attacker(KeyPair::Generate(), net::HostOptions{});
+  ASSERT_TRUE(attacker.Start().ok());
+  const Multiaddr addr = victim.node->VisibleAddresses().at(0);
+  // Garbage, and well-formed requests that lie.
+  auto join = attacker.CallSync(addr, "avg.join/test.avg", net::Message("\xff\xff garbage"));
+  ASSERT_FALSE(join.ok());
+  EXPECT_EQ(join.status().code(), StatusCode::kProtocolError) << join.status().ToString();
+  JoinRequest lie;
+  lie.group_key = "test.avg.0b";
+  lie.schema_hash = "not-ours";
+  lie.bandwidth = 1;
+  auto refused = attacker.CallSync(addr, "avg.join/test.avg", net::Message(EncodeJoinRequest(lie)));
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  auto answer = DecodeJoinResponse(refused->meta);
+  ASSERT_TRUE(answer.ok());
+  EXPECT_EQ(answer->code, JoinResponse::Code::kRejected);
+  EXPECT_NE(answer->reason.find("schema mismatch"), std::string::npos) << answer->reason;
+  // A reduce stream for a group that does not exist, and one whose hello is garbage.
+  for (const std::string& hello :
+       {EncodeReduceHello({std::string(16, 'x'), 0, 1.0}), std::string("\x01\x02\x03")}) {
+    auto stream = attacker.CallSync(addr, "avg.reduce/test.avg", net::Message(hello));
+    EXPECT_FALSE(stream.ok());
+  }
+  auto state = attacker.CallSync(addr, "avg.state/test.avg", net::Message("\xff"));
+  EXPECT_FALSE(state.ok());
+  attacker.Shutdown();
+  // The averager still averages.
+  auto results = swarm.StepAll();
+  for (auto& r : results) ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto a = Synthetic(0, n), b = Synthetic(1, n);
+  for (size_t k = 0; k < n; ++k) ASSERT_NEAR(victim.data[k], (a[k] + b[k]) / 2, 1e-6);
 }
 
 size_t RssKiB() {
