@@ -393,7 +393,6 @@ void AllReduceRun::KeepLocal(uint32_t r, size_t from) {
 asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
   const MemberInfo& reducer = group_.members[r];
   const size_t n = PartsOf(r);
-  auto addr = Status();
   std::optional<Multiaddr> dial;
   for (const auto& a : reducer.addrs) {
     auto m = Multiaddr::Parse(a);

@@ -196,7 +196,8 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
   const auto refetch_max = std::clamp<std::chrono::steady_clock::duration>(
       options_.matchmaking_time / 8, std::chrono::milliseconds(100), std::chrono::seconds(1));
   int fetches = 0;
-  auto finish = [this](bool) {
+  // Ends this attempt: no longer looking (waiting followers were resolved just before).
+  auto finish = [this]() {
     looking_.reset();
     looking_changed_.Notify();
   };
@@ -204,13 +205,13 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
   for (;;) {
     if (shut_down_) {
       ResolveFollowers({JoinResponse::Code::kDisbanded, "the leader is shutting down", {}, {}, {}});
-      finish(false);
+      finish();
       co_return Closed("the averager was shut down");
     }
     if (cancel_requested_) {
       ResolveFollowers(
           {JoinResponse::Code::kDisbanded, "the leader cancelled its step", {}, {}, {}});
-      finish(false);
+      finish();
       co_return Cancelled("the averaging step was cancelled");
     }
     const size_t size = looking_->followers.size() + 1;
@@ -220,14 +221,14 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
       auto group = FormGroup();
       if (!group.ok()) {
         ResolveFollowers({JoinResponse::Code::kDisbanded, group.status().ToString(), {}, {}, {}});
-        finish(false);
+        finish();
         co_return group.status();
       }
       JoinResponse begin;
       begin.code = JoinResponse::Code::kBegin;
       begin.group = *group;
       ResolveFollowers(begin);
-      finish(false);
+      finish();
       co_return *group;
     }
     if (out_of_time) {
@@ -237,7 +238,7 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
                         {},
                         {},
                         {}});
-      finish(false);
+      finish();
       co_return NotFound(fmt::format(
           "no group formed under {} within {:.1f} s ({} peer(s) found, {} needed){}", key,
           Seconds(mm_time), size, options_.min_group_size,
@@ -311,7 +312,7 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
                           leader->peer,
                           leader->addrs,
                           {}});
-        finish(false);
+        finish();
         co_return std::move(answer->group);
       }
       case JoinResponse::Code::kRedirect:
