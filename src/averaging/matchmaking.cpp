@@ -30,17 +30,6 @@ namespace colony::averaging {
 
 namespace {
 
-constexpr std::string_view kOwnerPrefix = "[owner:";
-
-std::optional<PeerId> PeerFromSubkey(std::string_view subkey) {
-  if (!subkey.starts_with(kOwnerPrefix) || !subkey.ends_with("]")) return std::nullopt;
-  subkey.remove_prefix(kOwnerPrefix.size());
-  subkey.remove_suffix(1);
-  auto p = PeerId::Parse(subkey);
-  if (!p.ok()) return std::nullopt;
-  return *p;
-}
-
 bool Before(double exp_a, const PeerId& a, double exp_b, const PeerId& b) {
   return exp_a != exp_b ? exp_a < exp_b : a < b;
 }
@@ -102,7 +91,7 @@ asio::awaitable<std::vector<Averager::Impl::Candidate>> Averager::Impl::FetchCan
   const double now = dht::Now();
   for (const auto& [subkey, entry] : record->subkeys) {
     if (entry.expiration <= now) continue;
-    auto peer = PeerFromSubkey(subkey);
+    auto peer = dht::ParseOwnerMarker(subkey);
     if (!peer || *peer == host_.peer_id()) continue;
     auto d = DecodeDeclaration(entry.value);
     if (!d.ok() || !d->looking || d->addrs.empty()) continue;
@@ -316,8 +305,17 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
         co_return std::move(answer->group);
       }
       case JoinResponse::Code::kRedirect:
-        if (answer->leader && *answer->leader != host_.peer_id()) {
+        // The leader is busy asking another peer. Follow it there, and do not write the leader
+        // off: its request may fail and it may lead again (writing it off split groups under
+        // load). When the target was already tried, pause briefly instead of spinning.
+        tried.erase({leader->peer, leader->expiration});
+        if (answer->leader && *answer->leader != host_.peer_id() &&
+            !tried.count({*answer->leader, 0})) {
           redirect = Candidate{*answer->leader, answer->leader_addrs, 0};
+        } else {
+          co_await looking_changed_.WaitUntil(
+              std::min(looking_->deadline, SteadyNow() + std::chrono::milliseconds(100)));
+          if (!looking_) co_return Closed("the averager was shut down");
         }
         continue;
       case JoinResponse::Code::kRejected:

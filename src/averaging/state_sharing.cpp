@@ -23,8 +23,6 @@ namespace colony::averaging {
 
 namespace {
 
-constexpr std::string_view kOwnerPrefix = "[owner:";
-
 std::string StateKey(const std::string& prefix) { return prefix + ".state"; }
 
 struct Donor {
@@ -174,12 +172,9 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(std::chrono::mill
   std::vector<Donor> donors;
   const double now = dht::Now();
   for (const auto& [subkey, entry] : record->subkeys) {
-    if (entry.expiration <= now || !subkey.starts_with(kOwnerPrefix) || !subkey.ends_with("]")) {
-      continue;
-    }
-    auto peer = PeerId::Parse(std::string_view(subkey).substr(
-        kOwnerPrefix.size(), subkey.size() - kOwnerPrefix.size() - 1));
-    if (!peer.ok() || *peer == host_.peer_id()) continue;
+    if (entry.expiration <= now) continue;
+    auto peer = dht::ParseOwnerMarker(subkey);
+    if (!peer || *peer == host_.peer_id()) continue;
     auto advert = DecodeStateAdvert(entry.value);
     if (!advert.ok()) continue;
     for (const auto& a : advert->addrs) {

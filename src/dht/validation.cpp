@@ -1,11 +1,11 @@
 #include "dht/validation.h"
 
+#include <fmt/format.h>
 #include <sodium.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/bytes.h"
@@ -27,8 +27,8 @@ Status FindOwners(std::string_view s, std::vector<PeerId>& owners) {
       return PermissionDenied("owner marker without closing ']'");
     }
     auto id = PeerId::Parse(s.substr(start, end - start));
-    if (!id.ok()) return PermissionDenied("owner marker names no valid peer id: " +
-                                          id.status().message());
+    if (!id.ok())
+      return PermissionDenied("owner marker names no valid peer id: " + id.status().message());
     owners.push_back(*id);
     pos = end;
   }
@@ -42,8 +42,8 @@ Result<std::optional<PeerId>> OwnerOf(const RecordView& r) {
   if (owners.empty()) return std::optional<PeerId>();
   for (const PeerId& o : owners) {
     if (!(o == owners[0])) {
-      return PermissionDenied("key and subkey name different owners (" + owners[0].Short() +
-                              ", " + o.Short() + ")");
+      return PermissionDenied("key and subkey name different owners (" + owners[0].Short() + ", " +
+                              o.Short() + ")");
     }
   }
   return std::optional<PeerId>(owners[0]);
@@ -110,6 +110,14 @@ std::string OwnerMarker(const PeerId& peer) {
   return std::string(kOwnerPrefix) + peer.ToString() + "]";
 }
 
+std::optional<PeerId> ParseOwnerMarker(std::string_view text) {
+  if (!text.starts_with(kOwnerPrefix) || !text.ends_with("]")) return std::nullopt;
+  auto peer =
+      PeerId::Parse(text.substr(kOwnerPrefix.size(), text.size() - kOwnerPrefix.size() - 1));
+  if (!peer.ok()) return std::nullopt;
+  return *peer;
+}
+
 Status OwnerValidator::Validate(const RecordView& record) const {
   COLONY_ASSIGN_OR_RETURN(std::optional<PeerId> owner, OwnerOf(record));
   if (!owner) return Status::Ok();
@@ -128,8 +136,7 @@ Result<std::string> OwnerValidator::Sign(const RecordView& record) const {
   COLONY_ASSIGN_OR_RETURN(std::optional<PeerId> owner, OwnerOf(record));
   if (!owner) return record.value;
   if (signer_ == nullptr || !(signer_->peer_id() == *owner)) {
-    return PermissionDenied("record names owner " + owner->Short() +
-                            ", but this node is " +
+    return PermissionDenied("record names owner " + owner->Short() + ", but this node is " +
                             (signer_ ? signer_->peer_id().Short() : std::string("anonymous")) +
                             " and cannot sign for it");
   }
@@ -148,14 +155,22 @@ std::string OwnerValidator::Strip(const RecordView& record) const {
 
 std::string_view JsonTypeName(JsonType type) {
   switch (type) {
-    case JsonType::kAny: return "any";
-    case JsonType::kNull: return "null";
-    case JsonType::kBool: return "bool";
-    case JsonType::kInt: return "int";
-    case JsonType::kNumber: return "number";
-    case JsonType::kString: return "string";
-    case JsonType::kArray: return "array";
-    case JsonType::kObject: return "object";
+    case JsonType::kAny:
+      return "any";
+    case JsonType::kNull:
+      return "null";
+    case JsonType::kBool:
+      return "bool";
+    case JsonType::kInt:
+      return "int";
+    case JsonType::kNumber:
+      return "number";
+    case JsonType::kString:
+      return "string";
+    case JsonType::kArray:
+      return "array";
+    case JsonType::kObject:
+      return "object";
   }
   return "?";
 }
@@ -164,14 +179,22 @@ namespace {
 
 bool Matches(const nlohmann::json& j, JsonType type) {
   switch (type) {
-    case JsonType::kAny: return true;
-    case JsonType::kNull: return j.is_null();
-    case JsonType::kBool: return j.is_boolean();
-    case JsonType::kInt: return j.is_number_integer();
-    case JsonType::kNumber: return j.is_number();
-    case JsonType::kString: return j.is_string();
-    case JsonType::kArray: return j.is_array();
-    case JsonType::kObject: return j.is_object();
+    case JsonType::kAny:
+      return true;
+    case JsonType::kNull:
+      return j.is_null();
+    case JsonType::kBool:
+      return j.is_boolean();
+    case JsonType::kInt:
+      return j.is_number_integer();
+    case JsonType::kNumber:
+      return j.is_number();
+    case JsonType::kString:
+      return j.is_string();
+    case JsonType::kArray:
+      return j.is_array();
+    case JsonType::kObject:
+      return j.is_object();
   }
   return false;
 }
@@ -218,9 +241,8 @@ Status SchemaValidator::Validate(const RecordView& record) const {
         continue;
       }
       if (!Matches(*field, f.type)) {
-        return PermissionDenied(fmt::format("field '{}' under key '{}' must be {}, got {}",
-                                            f.name, record.key, JsonTypeName(f.type),
-                                            Describe(*field)));
+        return PermissionDenied(fmt::format("field '{}' under key '{}' must be {}, got {}", f.name,
+                                            record.key, JsonTypeName(f.type), Describe(*field)));
       }
     }
   }

@@ -54,6 +54,9 @@ class ValidatorChain {
 // nobody else can write it, even after the owner has left. The signature travels appended to
 // the value and is stripped before values are returned.
 std::string OwnerMarker(const PeerId& peer);
+// The peer named by `text` when it is exactly one owner marker (e.g. the subkey a peer stored
+// its own entry under), else nullopt.
+std::optional<PeerId> ParseOwnerMarker(std::string_view text);
 
 class OwnerValidator final : public RecordValidator {
  public:

@@ -119,9 +119,9 @@ TEST(DhtStorage, LimitsQuotaCapacityAndHoldingTime) {
   EXPECT_NE(st.message().find("full"), std::string::npos) << st.message();
   // Too many subkeys.
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(s.Store(DhtId::ForKey("d"), Item("d", "", kNow + 10, std::to_string(i)), b, kNow,
-                        false)
-                    .ok());
+    ASSERT_TRUE(
+        s.Store(DhtId::ForKey("d"), Item("d", "", kNow + 10, std::to_string(i)), b, kNow, false)
+            .ok());
   }
   EXPECT_EQ(s.Store(DhtId::ForKey("d"), Item("d", "", kNow + 10, "x"), b, kNow, false).code(),
             StatusCode::kResourceExhausted);
@@ -135,14 +135,12 @@ TEST(DhtStorage, LimitsQuotaCapacityAndHoldingTime) {
 
 TEST(DhtStorage, CheckItemNamesTheProblem) {
   StorageLimits l;
-  EXPECT_NE(CheckItem(Item("", "v", kNow + 1), l, kNow).message().find("empty"),
-            std::string::npos);
+  EXPECT_NE(CheckItem(Item("", "v", kNow + 1), l, kNow).message().find("empty"), std::string::npos);
   EXPECT_NE(CheckItem(Item("k", std::string(l.max_value_bytes + 1, 'x'), kNow + 1), l, kNow)
                 .message()
                 .find("limit"),
             std::string::npos);
-  EXPECT_NE(CheckItem(Item("k", "v", kNow), l, kNow).message().find("future"),
-            std::string::npos);
+  EXPECT_NE(CheckItem(Item("k", "v", kNow), l, kNow).message().find("future"), std::string::npos);
   EXPECT_FALSE(CheckItem(Item("k", "v", INFINITY), l, kNow).ok());
   EXPECT_TRUE(CheckItem(Item("k", "v", kNow + 1), l, kNow).ok());
 }
@@ -178,10 +176,22 @@ TEST(DhtValidation, OwnerSignaturesSignVerifyAndStrip) {
   auto sub = chain.Sign({"group", OwnerMarker(owner.peer_id()), "v", kNow + 5});
   ASSERT_TRUE(sub.ok());
   EXPECT_TRUE(chain.ValidateAndStrip({"group", OwnerMarker(owner.peer_id()), *sub, kNow + 5}).ok());
-  EXPECT_FALSE(chain.ValidateAndStrip({"group", OwnerMarker(other.peer_id()), *sub, kNow + 5}).ok());
+  EXPECT_FALSE(
+      chain.ValidateAndStrip({"group", OwnerMarker(other.peer_id()), *sub, kNow + 5}).ok());
   // Malformed markers.
   EXPECT_FALSE(chain.ValidateAndStrip({"a[owner:nope]", std::nullopt, "v", kNow}).ok());
   EXPECT_FALSE(chain.ValidateAndStrip({"a[owner:12D3", std::nullopt, "v", kNow}).ok());
+}
+
+TEST(DhtValidation, OwnerMarkersParseBackToTheirPeer) {
+  KeyPair owner = KeyPair::Generate();
+  auto parsed = ParseOwnerMarker(OwnerMarker(owner.peer_id()));
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(*parsed, owner.peer_id());
+  EXPECT_FALSE(ParseOwnerMarker("x" + OwnerMarker(owner.peer_id())).has_value());
+  EXPECT_FALSE(ParseOwnerMarker("[owner:not-a-peer]").has_value());
+  EXPECT_FALSE(ParseOwnerMarker("[owner:").has_value());
+  EXPECT_FALSE(ParseOwnerMarker("").has_value());
 }
 
 TEST(DhtValidation, SchemaChecksTypesAndFieldsAndComposesWithOwners) {
