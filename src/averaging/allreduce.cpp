@@ -393,17 +393,10 @@ void AllReduceRun::KeepLocal(uint32_t r, size_t from) {
 asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
   const MemberInfo& reducer = group_.members[r];
   const size_t n = PartsOf(r);
-  std::optional<Multiaddr> dial;
-  for (const auto& a : reducer.addrs) {
-    auto m = Multiaddr::Parse(a);
-    if (m.ok() && m->peer_id() == reducer.peer) {
-      dial = *m;
-      break;
-    }
-  }
-  if (!dial) {
-    COLONY_LOG_WARN("averaging: reducer {} announced no usable address; keeping local values",
-                    reducer.peer.ToString());
+  auto dial = DialAddress(reducer.addrs, reducer.peer);
+  if (!dial.ok()) {
+    COLONY_LOG_WARN("averaging: reducer {} cannot be dialed ({}); keeping local values",
+                    reducer.peer.ToString(), dial.status().message());
     KeepLocal(r, 0);
     co_return;
   }

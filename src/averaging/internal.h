@@ -92,6 +92,10 @@ asio::thread_pool& ComputePool();
 // Its executor, as a long-lived object (never a temporary inside a co_await expression).
 const asio::thread_pool::executor_type& PoolExecutor();
 
+// The first of a peer's announced addresses that parses and names that peer (/p2p/ is added
+// when missing, so the connection still authenticates it); an error naming the problem if none.
+Result<Multiaddr> DialAddress(const std::vector<std::string>& addrs, const PeerId& peer);
+
 // Where each member's span starts in the flattened tensors.
 std::vector<uint64_t> SpanBegins(const GroupInfo& group);
 

@@ -34,6 +34,8 @@ bool Before(double exp_a, const PeerId& a, double exp_b, const PeerId& b) {
   return exp_a != exp_b ? exp_a < exp_b : a < b;
 }
 
+}  // namespace
+
 Result<Multiaddr> DialAddress(const std::vector<std::string>& addrs, const PeerId& peer) {
   Status last = InvalidArgument("peer " + peer.ToString() + " announced no address");
   for (const auto& a : addrs) {
@@ -48,8 +50,6 @@ Result<Multiaddr> DialAddress(const std::vector<std::string>& addrs, const PeerI
   }
   return last;
 }
-
-}  // namespace
 
 std::vector<std::string> Averager::Impl::OwnAddrs() const {
   std::vector<std::string> out;

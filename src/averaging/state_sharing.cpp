@@ -177,13 +177,8 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(std::chrono::mill
     if (!peer || *peer == host_.peer_id()) continue;
     auto advert = DecodeStateAdvert(entry.value);
     if (!advert.ok()) continue;
-    for (const auto& a : advert->addrs) {
-      auto m = Multiaddr::Parse(a);
-      if (m.ok() && m->peer_id() == *peer) {
-        donors.push_back({*peer, *m, advert->priority});
-        break;
-      }
-    }
+    auto addr = DialAddress(advert->addrs, *peer);
+    if (addr.ok()) donors.push_back({*peer, *addr, advert->priority});
   }
   if (donors.empty()) {
     co_return NotFound("no other peer shares state under " + StateKey(options_.prefix));

@@ -54,10 +54,6 @@ struct AverageArgs {
   double linger = 0;
 };
 
-std::string Dump(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
 void Emit(const nlohmann::json& j) {
   std::printf("%s\n", Dump(j).c_str());
   std::fflush(stdout);

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/status.h"
@@ -17,6 +18,11 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
 void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
+
+// One-line JSON as the CLI prints it (invalid UTF-8 in values is replaced, never thrown on).
+inline std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 // Prints "colony: error: <message>" on stderr (one line) and returns exit code 1.
 int Fail(const Status& status);

@@ -53,10 +53,6 @@ Result<std::unique_ptr<dht::Node>> ClientNode(const CommonArgs& a) {
   return dht::Node::Start(std::move(identity), std::move(options));
 }
 
-std::string Dump(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
 }  // namespace
 
 void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
@@ -148,8 +144,8 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     }
     options.dht.client_mode = va->client_mode;
     options.initial_peers = va->common.initial_peers;
-    options.dht.request_timeout = std::chrono::duration_cast<Duration>(
-        std::chrono::duration<double>(va->common.timeout));
+    options.dht.request_timeout =
+        std::chrono::duration_cast<Duration>(std::chrono::duration<double>(va->common.timeout));
     auto identity = Identity(va->common.identity);
     if (!identity.ok()) return Fail(identity.status());
 
