@@ -26,3 +26,13 @@ find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
 if(COLONY_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+
+# LibTorch (Debian's libtorch-dev, CPU) for the model, train and serve layers: an interface target
+# with SYSTEM includes so that our warning flags do not apply to its headers.
+find_package(Torch REQUIRED)
+add_library(colony_torch INTERFACE)
+target_include_directories(colony_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+target_link_libraries(colony_torch INTERFACE ${TORCH_LIBRARIES})
+# Tokenizers (sentencepiece) and gzip'd datasets (zlib).
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+find_package(ZLIB REQUIRED)
