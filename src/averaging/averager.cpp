@@ -196,7 +196,11 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
   if (!std::isfinite(o.weight) || o.weight < 0) {
     co_return InvalidArgument("the step's weight must be finite and not negative");
   }
+  if (o.group_bits) {
+    if (Status st = CheckGroupBits(*o.group_bits); !st.ok()) co_return st;
+  }
   if (step_running_.exchange(true)) co_return FailedPrecondition("a step is already running");
+  if (o.group_bits) group_bits_ = *o.group_bits;
   cancel_requested_ = false;
   const SteadyTime start = SteadyNow();
   const SteadyTime deadline = start + o.timeout;
@@ -206,7 +210,7 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
   while (SteadyNow() < deadline) {
     ++attempts;
     const std::string key = GroupKey(options_.prefix, group_bits_);
-    auto group = co_await Matchmake(deadline, o.gather, reasons);
+    auto group = co_await Matchmake(deadline, o.gather, o.expected_group_size, reasons);
     if (options_.mode != Mode::kClient && !shut_down_) {
       // Withdraw the declaration so nobody asks us again (fire and forget). The withdrawal
       // must win over the declaration (newest expiration wins) but lose to our next one, which

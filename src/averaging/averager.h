@@ -101,6 +101,13 @@ struct StepOptions {
   std::chrono::milliseconds timeout{60'000};
   // Try matchmaking again (until the deadline) when no group formed in one attempt.
   bool allow_retries = true;
+  // When > 0, a leader starts as soon as it has this many peers (at most target_group_size),
+  // e.g. the number of peers that a progress tracker saw at this epoch, so that a known swarm
+  // does not wait for matchmaking_time each round.
+  size_t expected_group_size = 0;
+  // When set, this step (and later ones) use these group key bits instead of the current ones,
+  // e.g. bits derived from a training epoch so that only peers at the same epoch meet.
+  std::optional<std::string> group_bits;
 };
 
 struct GroupMember {

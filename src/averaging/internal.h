@@ -126,10 +126,12 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
     double expiration = 0;  // wall clock (declared)
     SteadyTime deadline;    // the same moment on the steady clock
     std::string gathered;
+    size_t start_size = 0;  // the leader starts at this many members
     std::vector<std::shared_ptr<PendingFollower>> followers;
     std::optional<Candidate> requesting;  // the leader we are asking to join
   };
   asio::awaitable<Result<GroupInfo>> Matchmake(SteadyTime step_deadline, std::string gathered,
+                                               size_t expected_group_size,
                                                std::vector<std::string>& reasons);
   asio::awaitable<Result<net::Message>> HandleJoin(PeerId from, net::Message request);
   asio::awaitable<Status> Declare(const std::string& key, double expiration, bool looking);

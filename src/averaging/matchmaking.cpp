@@ -160,6 +160,7 @@ Result<GroupInfo> Averager::Impl::FormGroup() {
 
 asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_deadline,
                                                              std::string gathered,
+                                                             size_t expected_group_size,
                                                              std::vector<std::string>& reasons) {
   const std::string key = GroupKey(options_.prefix, group_bits_);
   const bool can_lead = options_.mode != Mode::kClient;
@@ -170,6 +171,11 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
   looking_->deadline = SteadyNow() + mm_time;
   looking_->expiration = dht::Now() + Seconds(mm_time);
   looking_->gathered = gathered;
+  looking_->start_size = std::min(options_.target_group_size, kMaxGroupSize);
+  if (expected_group_size > 0) {
+    looking_->start_size =
+        std::max(std::min(looking_->start_size, expected_group_size), options_.min_group_size);
+  }
   if (can_lead) {
     declared_expiration_ = looking_->expiration;
     Status st = co_await Declare(key, looking_->expiration, true);
@@ -206,7 +212,7 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
     const size_t size = looking_->followers.size() + 1;
     const bool out_of_time = SteadyNow() >= looking_->deadline;
     if (can_lead &&
-        (size >= options_.target_group_size || (out_of_time && size >= options_.min_group_size))) {
+        (size >= looking_->start_size || (out_of_time && size >= options_.min_group_size))) {
       auto group = FormGroup();
       if (!group.ok()) {
         ResolveFollowers({JoinResponse::Code::kDisbanded, group.status().ToString(), {}, {}, {}});
