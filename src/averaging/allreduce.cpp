@@ -585,7 +585,19 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     Sender& me = senders_[self_];
     me.connected = true;
     me.weight = sends_ ? weight_ : 0;
-    if (sends_) {
+    // This peer's own data is held to the same rule as everyone else's: when it is not finite
+    // (a diverged peer), the span is reduced without it rather than poisoned for the group.
+    bool own_finite = true;
+    for (size_t k = 0; sends_ && k < my_parts_; ++k) {
+      const auto [b, e] = PartRange(self_, k);
+      own_finite = own_finite && AllFinite(std::span<const float>(input_->data() + b, e - b));
+    }
+    if (!own_finite) {
+      COLONY_LOG_WARN(
+          "averaging: this peer's own values are not finite; its span is reduced "
+          "without them");
+    }
+    if (sends_ && own_finite) {
       for (size_t k = 0; k < my_parts_; ++k) {
         const auto [b, e] = PartRange(self_, k);
         AccumulateRaw(self_, k,

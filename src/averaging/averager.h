@@ -107,7 +107,7 @@ struct StepOptions {
   size_t expected_group_size = 0;
   // When set, this step (and later ones) use these group key bits instead of the current ones,
   // e.g. bits derived from a training epoch so that only peers at the same epoch meet.
-  std::optional<std::string> group_bits;
+  std::optional<std::string> group_bits = std::nullopt;
 };
 
 struct GroupMember {

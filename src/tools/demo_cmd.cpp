@@ -1,11 +1,14 @@
 // colony demo: the main job, end to end on one machine.
 //
-// Until the training layers exist, the demo starts a small swarm of real peer processes on
-// loopback: a bootstrap peer, then peers that join the DHT through it, announce their addresses
-// there as owner-signed records, find each other's, and ping each other over authenticated,
-// encrypted connections. The demo then exchanges tensors with every peer, lets as many new peer
-// processes average a tensor each in one group (checking the exact mean), and shuts the swarm
-// down cleanly.
+// The demo starts a small swarm of real peer processes on loopback: a bootstrap peer, then peers
+// that join the DHT through it, announce their addresses there as owner-signed records, find
+// each other's, and ping each other over authenticated, encrypted connections. It exchanges
+// tensors with every peer and lets as many new peer processes average a tensor each in one group
+// (checking the exact mean). Then the main job: that many `colony train` processes train a
+// Llama-style language model together on the Linux kernel's documentation (collaborative
+// optimizer, target global batch), with live progress; the demo plots the loss curve to a PNG,
+// prints text sampled from the trained model, and shuts the swarm down cleanly.
+#include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,26 +25,267 @@
 #include "core/multiaddr.h"
 #include "core/subprocess.h"
 #include "dht/node.h"
+#include "model/corpus.h"
+#include "model/tokenizer.h"
 #include "net/host.h"
 #include "tools/commands.h"
 
 namespace colony::cli {
 
+namespace {
+
+struct DemoArgs {
+  int peers = 4;
+  int tensor_mib = 4;
+  bool quick = false;
+  double train_seconds = 0;  // 0: 300 (30 with --quick)
+  std::string out_dir = "colony-demo";
+  std::string cache_dir;
+  std::string model_size = "tiny";
+};
+
+std::string Fixed(double v, int digits = 3) {
+  return std::isfinite(v) ? fmt::format("{:.{}f}", v, digits) : std::string("-");
+}
+
+// Plots loss and held-out loss against samples seen (gnuplot's PNG terminal).
+Status PlotLoss(const std::filesystem::path& metrics, const std::filesystem::path& png,
+                double initial_eval) {
+  std::ifstream in(metrics);
+  const auto data = png.parent_path() / "loss.dat";
+  std::ofstream out(data);
+  out << "# epoch samples_seen loss eval_loss\n";
+  if (std::isfinite(initial_eval)) out << "0 0 NaN " << initial_eval << "\n";
+  std::string line;
+  int rows = 0;
+  int64_t seen = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || j.value("event", "") != "step") continue;
+    seen += j.value("realized_batch", int64_t{0});
+    const auto num = [&](const char* k) {
+      return j.contains(k) && j[k].is_number() ? fmt::format("{}", j[k].get<double>())
+                                               : std::string("NaN");
+    };
+    out << j.value("epoch", 0) << " " << seen << " " << num("loss") << " " << num("eval_loss")
+        << "\n";
+    ++rows;
+  }
+  out.close();
+  if (rows == 0) return NotFound("no training steps were recorded in " + metrics.string());
+  const std::string script = fmt::format(
+      "set terminal png size 900,540; set output '{}'; set title 'colony demo: collaborative "
+      "training of a Llama-style LM on linux-doc'; set xlabel 'samples seen by the swarm'; "
+      "set ylabel 'cross-entropy (nats/token)'; set grid; set key top right; set datafile "
+      "missing 'NaN'; plot '{}' using 2:3 with lines lw 2 title 'training loss (peer 0)', '' "
+      "using 2:4 with linespoints pt 7 title 'held-out loss'",
+      png.string(), data.string());
+  auto plot = Subprocess::Spawn({"/usr/bin/gnuplot", "-e", script});
+  if (!plot.ok()) return plot.status().WithContext("starting gnuplot (install gnuplot-nox)");
+  auto code = plot->Wait(std::chrono::seconds(30));
+  if (!code.ok() || *code != 0) return Internal("gnuplot failed to draw " + png.string());
+  return Status::Ok();
+}
+
+// The main job: `peers` processes train one language model together.
+Result<std::string> TrainTogether(const DemoArgs& a, const std::string& self,
+                                  const std::string& bootstrap) {
+  using namespace std::chrono;
+  const bool quick = a.quick;
+  const double seconds_budget = a.train_seconds > 0 ? a.train_seconds : (quick ? 30 : 300);
+  const uint64_t corpus_bytes = quick ? 3'000'000 : 0;
+  const int vocab = quick ? 1024 : 4096;
+  const std::filesystem::path out = std::filesystem::absolute(a.out_dir);
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return Internal("cannot create " + out.string() + ": " + ec.message());
+
+  std::printf("\nTraining a language model together (%d peer processes, %s):\n", a.peers,
+              quick ? "quick" : "full");
+  // Prepare the data once here, so the peers find it cached.
+  const auto t0 = steady_clock::now();
+  model::CorpusOptions co;
+  if (!a.cache_dir.empty()) co.cache_dir = a.cache_dir;
+  co.max_bytes = corpus_bytes;
+  std::printf("  corpus: the Linux kernel's documentation (linux-doc-6.1)%s\n",
+              quick ? ", first 3 MB" : "");
+  std::fflush(stdout);
+  COLONY_ASSIGN_OR_RETURN(auto corpus, model::PrepareCorpus(co));
+  const auto cache =
+      a.cache_dir.empty() ? model::DefaultCacheDir() : std::filesystem::path(a.cache_dir);
+  std::printf("  tokenizer: sentencepiece BPE, %d tokens (trained once, cached in %s)\n", vocab,
+              cache.c_str());
+  std::fflush(stdout);
+  COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::TrainOrLoad(corpus, cache, vocab));
+  COLONY_ASSIGN_OR_RETURN(auto shards,
+                          model::PrepareTokenShards(corpus, tok, cache / ("shards-" + tok.hash())));
+  COLONY_ASSIGN_OR_RETURN(auto manifest, model::ReadShardManifest(shards));
+  std::printf("  data ready in %.1f s: %llu training tokens in %zu shards\n",
+              duration<double>(steady_clock::now() - t0).count(),
+              static_cast<unsigned long long>(manifest.train_tokens), manifest.shard_files.size());
+
+  const int64_t batch = 8, seq = 64;
+  const int64_t target = batch * 4 * a.peers;  // about 4 local batches per peer per step
+  const double stop_at = dht::Now() + seconds_budget + 3;
+  const std::string run_id = fmt::format("demo-{}", ::getpid());
+  std::vector<Subprocess> trainers;
+  for (int i = 0; i < a.peers; ++i) {
+    std::filesystem::remove(out / fmt::format("peer{}.jsonl", i), ec);
+    std::vector<std::string> argv = {self,
+                                     "--log-level",
+                                     "warn",
+                                     "train",
+                                     "--task",
+                                     "lm",
+                                     "--run-id",
+                                     run_id,
+                                     "--initial-peers",
+                                     bootstrap,
+                                     "--cache-dir",
+                                     cache.string(),
+                                     "--corpus-bytes",
+                                     std::to_string(corpus_bytes),
+                                     "--vocab-size",
+                                     std::to_string(vocab),
+                                     "--model-size",
+                                     a.model_size,
+                                     "--seq-len",
+                                     std::to_string(seq),
+                                     "--batch-size",
+                                     std::to_string(batch),
+                                     "--target-batch-size",
+                                     std::to_string(target),
+                                     "--optimizer",
+                                     "adam",
+                                     "--lr",
+                                     "3e-3",
+                                     "--seed",
+                                     std::to_string(i),
+                                     "--stop-at",
+                                     fmt::format("{:.3f}", stop_at),
+                                     "--matchmaking-time",
+                                     "3",
+                                     "--eval-every",
+                                     quick ? "5" : "20",
+                                     "--metrics",
+                                     (out / fmt::format("peer{}.jsonl", i)).string()};
+    if (i == 0) {
+      for (const char* arg : {"--json", "--sample", "The kernel", "--save-model"}) {
+        argv.push_back(arg);
+      }
+      argv.push_back((out / "model").string());
+    }
+    auto p = Subprocess::Spawn(argv, (out / fmt::format("peer{}.log", i)).string());
+    if (!p.ok()) return p.status();
+    trainers.push_back(std::move(*p));
+  }
+  std::printf(
+      "  %d peers, global batch %lld sequences of %lld tokens, training for %.0f s; "
+      "logs in %s\n",
+      a.peers, static_cast<long long>(target), static_cast<long long>(seq), seconds_budget,
+      out.c_str());
+  std::fflush(stdout);
+
+  // Peer 0 reports every global step; print a line every few seconds.
+  double initial_eval = std::nan(""), eval = std::nan(""), loss = std::nan("");
+  int64_t epoch = 0, peers_seen = 0, seen = 0;
+  std::string sample;
+  bool done = false;
+  auto last_print = steady_clock::now() - seconds(10);
+  const double print_every = quick ? 3 : 10;
+  while (!done) {
+    auto line = trainers[0].ReadLine(seconds(static_cast<int64_t>(seconds_budget) + 120));
+    if (!line.ok()) {
+      return line.status().WithContext("training peer 0 (see " + (out / "peer0.log").string() +
+                                       ")");
+    }
+    auto j = nlohmann::json::parse(*line, nullptr, false);
+    if (!j.is_object()) continue;
+    const std::string event = j.value("event", "");
+    if (event == "ready") {
+      std::printf("  model: %s parameters (Llama-style: RMSNorm, rotary, SwiGLU, GQA)\n",
+                  j["model"].value("parameters", nlohmann::json(0)).dump().c_str());
+    } else if (event == "eval") {
+      initial_eval = j.value("eval_loss", std::nan(""));
+      std::printf("  initial held-out loss %.3f (ln %d = %.3f)\n", initial_eval, vocab,
+                  std::log(vocab));
+    } else if (event == "step") {
+      epoch = j.value("epoch", int64_t{0});
+      seen += j.value("realized_batch", int64_t{0});
+      peers_seen = j.value("peers", int64_t{0});
+      if (j.contains("loss") && j["loss"].is_number()) loss = j["loss"].get<double>();
+      if (j.contains("eval_loss")) eval = j["eval_loss"].get<double>();
+      if (duration<double>(steady_clock::now() - last_print).count() >= print_every) {
+        last_print = steady_clock::now();
+        std::printf(
+            "  epoch %4lld | loss %s | held-out %s | %lld peers | %5.0f samples/s in the swarm "
+            "| last step: %lld samples from %lld peers | sent %.1f MB | %.0f s left\n",
+            static_cast<long long>(epoch), Fixed(loss).c_str(), Fixed(eval).c_str(),
+            static_cast<long long>(peers_seen), j.value("swarm_samples_per_second", 0.0),
+            static_cast<long long>(j.value("realized_batch", int64_t{0})),
+            static_cast<long long>(j.value("group_size", int64_t{0})),
+            static_cast<double>(j.value("bytes_sent", uint64_t{0})) / 1e6,
+            std::max(0.0, stop_at - dht::Now()));
+        std::fflush(stdout);
+      }
+    } else if (event == "done") {
+      eval = j.value("eval_loss", std::nan(""));
+      sample = j.value("sample", std::string());
+      done = true;
+    }
+  }
+  int clean = 0;
+  for (auto& t : trainers) {
+    auto code = t.Wait(seconds(60));
+    clean += code.ok() && *code == 0;
+  }
+  const auto png = out / "loss.png";
+  Status plotted = PlotLoss(out / "peer0.jsonl", png, initial_eval);
+  std::printf(
+      "  final held-out loss %s after %lld global steps (%lld samples); %d of %d "
+      "trainers exited cleanly\n",
+      Fixed(eval).c_str(), static_cast<long long>(epoch), static_cast<long long>(seen), clean,
+      a.peers);
+  std::printf("  loss curve: %s\n", plotted.ok() ? png.c_str() : plotted.ToString().c_str());
+  std::printf("  trained model: %s (Hugging Face Llama format)\n", (out / "model").c_str());
+  std::printf("  sample from the trained model:\n\n    %s\n", sample.c_str());
+  std::fflush(stdout);
+  if (clean != a.peers)
+    return Internal("some training peers failed; see their logs in " + out.string());
+  if (!(eval < initial_eval - 0.5)) {
+    return Internal(fmt::format("the model did not learn (held-out loss {} -> {})",
+                                Fixed(initial_eval), Fixed(eval)));
+  }
+  if (!plotted.ok()) return plotted;
+  return fmt::format("LM trained by {} peers for {} steps, held-out loss {} -> {}", a.peers, epoch,
+                     Fixed(initial_eval), Fixed(eval));
+}
+
+}  // namespace
+
 void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
-  struct DemoArgs {
-    int peers = 4;
-    int tensor_mib = 16;
-  };
   auto args = std::make_shared<DemoArgs>();
   auto* demo = app.add_subcommand(
       "demo",
-      "run a local swarm of peer processes that find and ping each other, exchange tensors and "
-      "average them");
+      "run a local swarm of peer processes that find each other, exchange and average tensors, "
+      "then train a language model together (loss curve PNG and sampled text in --out-dir)");
   demo->add_option("--peers", args->peers, "number of peer processes")
       ->check(CLI::Range(2, 32))
       ->capture_default_str();
   demo->add_option("--tensor-mib", args->tensor_mib, "size of the tensor echoed by each peer (MiB)")
       ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  demo->add_flag("--quick", args->quick,
+                 "a one-minute version: less text, a smaller vocabulary, 30 s of training");
+  demo->add_option("--train-seconds", args->train_seconds,
+                   "seconds of collaborative training (default 300, 30 with --quick)");
+  demo->add_option("--out-dir", args->out_dir,
+                   "where the loss curve, metrics, logs and the trained model are written")
+      ->capture_default_str();
+  demo->add_option("--cache-dir", args->cache_dir,
+                   "corpus/tokenizer cache (default: $COLONY_CACHE_DIR or ~/.cache/colony)");
+  demo->add_option("--model-size", args->model_size, "tiny, small or base")
+      ->check(CLI::IsMember({"tiny", "small", "base"}))
       ->capture_default_str();
   commands.emplace_back(demo, [args]() -> int {
     using namespace std::chrono;
@@ -185,6 +429,8 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     }
     for (auto& a : averagers) (void)a.Wait(seconds(10));
 
+    auto trained = TrainTogether(*args, self, bootstrap);
+
     std::printf("\nStopping the swarm (SIGTERM):\n");
     int clean = 0;
     for (size_t i = 0; i < peers.size(); ++i) peers[i].Signal(SIGTERM);
@@ -200,13 +446,15 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     double total = duration<double>(steady_clock::now() - t0).count();
     std::printf(
         "\nSummary: %d peers; %d of %d discovery pings answered; %d of %zu tensor echoes verified; "
-        "%d of %d averaged tensors exact; "
+        "%d of %d averaged tensors exact; %s; "
         "%.1f MB sent, %.1f MB received by the demo; %d of %zu peers shut down cleanly; %.1f s\n",
         args->peers, found, expected_found, ok_echoes, addrs.size(), averaged, args->peers,
+        trained.ok() ? trained->c_str() : trained.status().ToString().c_str(),
         static_cast<double>(stats.bytes_sent) / 1e6,
         static_cast<double>(stats.bytes_received) / 1e6, clean, peers.size(), total);
     bool success = found == expected_found && ok_echoes == static_cast<int>(addrs.size()) &&
-                   averaged == args->peers && clean == static_cast<int>(peers.size());
+                   averaged == args->peers && clean == static_cast<int>(peers.size()) &&
+                   trained.ok();
     if (!success) return Fail("demo finished with failures (see above)");
     std::printf("Demo finished successfully.\n");
     return 0;

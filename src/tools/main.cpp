@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   AddPeerCommands(app, commands);
   AddDhtCommands(app, commands);
   AddAverageCommand(app, commands);
+  AddTrainCommand(app, commands);
   AddDemoCommand(app, commands);
 
   try {

@@ -1,0 +1,257 @@
+// The collaborative optimizer with several peers in one process, on real sockets: each peer has
+// its own DHT node and averager, and trains on its own thread. Gradients are set by hand so that
+// the expected result of every global step is known exactly.
+#include "train/collaborative.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "train/optimizers.h"
+
+namespace colony::train {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int64_t kSize = 64;
+
+struct Peer {
+  std::unique_ptr<dht::Node> node;
+  at::Tensor w;
+  std::shared_ptr<torch::optim::Optimizer> opt;
+  std::unique_ptr<CollaborativeOptimizer> co;
+};
+
+class Swarm {
+ public:
+  Swarm() {
+    dht::NodeOptions o;
+    o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+    auto boot = dht::Node::Start(KeyPair::Generate(), o);
+    EXPECT_TRUE(boot.ok()) << boot.status().ToString();
+    bootstrap_ = std::move(*boot);
+  }
+
+  Peer& Add(CollaborativeOptions options, bool adam = false) {
+    auto p = std::make_unique<Peer>();
+    dht::NodeOptions o;
+    o.initial_peers = {bootstrap_->VisibleAddresses()[0].ToString()};
+    o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+    auto node = dht::Node::Start(KeyPair::Generate(), o);
+    EXPECT_TRUE(node.ok()) << node.status().ToString();
+    p->node = std::move(*node);
+    p->w = at::zeros({kSize}).set_requires_grad(true);
+    if (adam) {
+      p->opt = std::make_shared<torch::optim::Adam>(std::vector<at::Tensor>{p->w},
+                                                    torch::optim::AdamOptions(0.1));
+    } else {
+      p->opt = std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{p->w},
+                                                   torch::optim::SGDOptions(1.0));
+    }
+    options.run_id = "test.run";
+    options.progress_min_refresh = 50ms;
+    options.progress_max_refresh = 500ms;
+    options.matchmaking_time = 5s;
+    options.averaging_timeout = 30s;
+    auto co = CollaborativeOptimizer::Create(*p->node, {p->w}, p->opt, options);
+    EXPECT_TRUE(co.ok()) << co.status().ToString();
+    p->co = std::move(*co);
+    peers_.push_back(std::move(p));
+    return *peers_.back();
+  }
+
+  std::vector<std::unique_ptr<Peer>>& peers() { return peers_; }
+
+ private:
+  std::unique_ptr<dht::Node> bootstrap_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+};
+
+// Peer i's constant gradient.
+at::Tensor Gradient(int i) {
+  return at::arange(kSize, at::kFloat).add(1).mul(0.01f * static_cast<float>(i + 1));
+}
+
+// Trains until `epochs` global steps happened (or a bound on batches), one batch per `compute`
+// (an emulated forward/backward pass). Returns the reports of the steps.
+std::vector<StepReport> Train(Peer& p, const at::Tensor& grad, int64_t batch, int epochs,
+                              std::chrono::milliseconds compute = 20ms) {
+  std::vector<StepReport> steps;
+  for (int b = 0; b < 5000 && static_cast<int>(steps.size()) < epochs; ++b) {
+    std::this_thread::sleep_for(compute);
+    p.w.mutable_grad() = grad.clone();
+    auto r = p.co->Step(batch);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) break;
+    if (r->stepped) steps.push_back(*r);
+  }
+  return steps;
+}
+
+TEST(CollaborativeTest, AveragedGradientIsTheSampleWeightedMean) {
+  Swarm swarm;
+  const int64_t target = 1000;
+  for (int i = 0; i < 4; ++i) swarm.Add({.target_batch_size = target});
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (int i = 0; i < 4; ++i) {
+    runs.push_back(std::async(std::launch::async, [&, i] {
+      return Train(*swarm.peers()[i], Gradient(i), /*batch=*/i + 1, /*epochs=*/1);
+    }));
+  }
+  std::vector<StepReport> reports;
+  for (auto& r : runs) {
+    auto steps = r.get();
+    ASSERT_EQ(steps.size(), 1u);
+    reports.push_back(steps[0]);
+  }
+  // Expected: w = -sum(s_i g_i) / sum(s_i), with s_i the samples each peer contributed.
+  at::Tensor num = at::zeros({kSize});
+  int64_t total = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int64_t s = swarm.peers()[i]->co->counters().local_samples;
+    num += Gradient(i) * static_cast<float>(s);
+    total += s;
+  }
+  const at::Tensor expected = -num / static_cast<float>(total);
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(reports[i].averaged) << reports[i].note;
+    EXPECT_EQ(reports[i].group_size, 4u);
+    EXPECT_EQ(reports[i].realized_batch, total);
+    EXPECT_TRUE(at::allclose(swarm.peers()[i]->w.detach(), expected, 1e-5, 1e-6));
+    EXPECT_EQ(swarm.peers()[i]->co->local_epoch(), 1);
+  }
+  // The realized global batch stays close to the target: peers learn within a refresh
+  // (50 ms here, about 2.5 batches of each peer) that the swarm is ready.
+  EXPECT_GE(total, target);
+  EXPECT_LE(static_cast<double>(total), 1.2 * static_cast<double>(target));
+}
+
+TEST(CollaborativeTest, PeerSendingNonFiniteGradientsDoesNotDerailTheSwarm) {
+  Swarm swarm;
+  for (int i = 0; i < 3; ++i) swarm.Add({.target_batch_size = 300});
+  swarm.Add({.target_batch_size = 300, .unchecked_local_gradients = true});
+  at::Tensor nan_grad = Gradient(3);
+  nan_grad[5] = std::numeric_limits<float>::quiet_NaN();
+  nan_grad[9] = std::numeric_limits<float>::infinity();
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (int i = 0; i < 4; ++i) {
+    runs.push_back(std::async(std::launch::async, [&, i] {
+      return Train(*swarm.peers()[i], i == 3 ? nan_grad : Gradient(i), 4, 2);
+    }));
+  }
+  for (auto& r : runs) EXPECT_EQ(r.get().size(), 2u);
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(at::isfinite(swarm.peers()[i]->w.detach()).all().item<bool>());
+  }
+  // The honest peers moved by the mean of the honest gradients only (equal batch sizes give
+  // equal weights only approximately, so bound it by the honest range).
+  const at::Tensor w0 = swarm.peers()[0]->w.detach();
+  for (int i = 1; i < 3; ++i) EXPECT_TRUE(at::allclose(swarm.peers()[i]->w.detach(), w0));
+  const at::Tensor lo = -2 * Gradient(2), hi = -2 * Gradient(0);
+  EXPECT_TRUE((w0 >= lo - 1e-5).all().item<bool>() && (w0 <= hi + 1e-5).all().item<bool>()) << w0;
+}
+
+TEST(CollaborativeTest, LocallyNonFiniteBatchesAreSkipped) {
+  Swarm swarm;
+  Peer& p = swarm.Add({.target_batch_size = 8});
+  at::Tensor bad = Gradient(0);
+  bad[0] = std::numeric_limits<float>::quiet_NaN();
+  p.w.mutable_grad() = bad;
+  auto r = p.co->Step(4);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->skipped_nonfinite);
+  EXPECT_FALSE(r->stepped);
+  EXPECT_EQ(p.co->counters().skipped_batches, 1);
+  EXPECT_EQ(p.co->counters().local_samples, 0);
+  // A lone peer then steps on its own once it has the target batch.
+  auto steps = Train(p, Gradient(0), 4, 1, 0ms);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].group_size, 1u);
+  EXPECT_TRUE(at::allclose(p.w.detach(), -Gradient(0)));
+}
+
+TEST(CollaborativeTest, NewcomerDownloadsParametersOptimizerStateAndEpoch) {
+  Swarm swarm;
+  for (int i = 0; i < 2; ++i) swarm.Add({.target_batch_size = 100}, /*adam=*/true);
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (int i = 0; i < 2; ++i) {
+    runs.push_back(std::async(std::launch::async,
+                              [&, i] { return Train(*swarm.peers()[i], Gradient(i), 5, 3, 5ms); }));
+  }
+  for (auto& r : runs) ASSERT_EQ(r.get().size(), 3u);
+  Peer& late = swarm.Add({.target_batch_size = 100}, /*adam=*/true);
+  ASSERT_TRUE(late.co->LoadStateFromPeers().ok());
+  EXPECT_EQ(late.co->local_epoch(), 3);
+  EXPECT_TRUE(at::equal(late.w.detach(), swarm.peers()[0]->w.detach()));
+  auto mine = ExportOptimizerState(*late.opt);
+  auto theirs = ExportOptimizerState(*swarm.peers()[0]->opt);
+  ASSERT_EQ(mine.size(), theirs.size());
+  ASSERT_FALSE(mine.empty());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    EXPECT_EQ(mine[i].first, theirs[i].first);
+    EXPECT_TRUE(at::equal(mine[i].second, theirs[i].second)) << mine[i].first;
+  }
+}
+
+TEST(CollaborativeTest, DilocoAppliesNesterovToTheAveragedPseudoGradient) {
+  Swarm swarm;
+  CollaborativeOptions o{.target_batch_size = 1,
+                         .diloco_inner_steps = 2,
+                         .outer_lr = 0.5,
+                         .outer_momentum = 0.9,
+                         .diloco_codec = compression::Codec::kNone};
+  for (int i = 0; i < 2; ++i) swarm.Add(o);
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (int i = 0; i < 2; ++i) {
+    runs.push_back(std::async(std::launch::async,
+                              [&, i] { return Train(*swarm.peers()[i], Gradient(i), 3, 1, 5ms); }));
+  }
+  for (auto& r : runs) {
+    auto steps = r.get();
+    ASSERT_EQ(steps.size(), 1u);
+    EXPECT_TRUE(steps[0].averaged) << steps[0].note;
+  }
+  // Inner SGD (lr 1) for 2 steps: delta_i = 2 g_i; equal weights; m = delta;
+  // Nesterov step = delta + 0.9 m; w = 0 - 0.5 * 1.9 * mean(delta).
+  const at::Tensor delta = (2 * Gradient(0) + 2 * Gradient(1)) / 2;
+  const at::Tensor expected = -0.5 * 1.9 * delta;
+  for (auto& p : swarm.peers()) {
+    EXPECT_TRUE(at::allclose(p->w.detach(), expected, 1e-5, 1e-6)) << p->w;
+    EXPECT_EQ(p->co->local_epoch(), 1);
+  }
+}
+
+TEST(CollaborativeTest, CheckpointRoundTrip) {
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("colony-ckpt-" + std::to_string(::getpid()) + ".safetensors");
+  Swarm swarm;
+  Peer& a = swarm.Add({.target_batch_size = 4}, /*adam=*/true);
+  ASSERT_EQ(Train(a, Gradient(0), 4, 2, 0ms).size(), 2u);
+  ASSERT_TRUE(a.co->SaveCheckpoint(file).ok());
+  Swarm other;
+  Peer& b = other.Add({.target_batch_size = 4}, /*adam=*/true);
+  Status st = b.co->LoadCheckpoint(file);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(b.co->local_epoch(), 2);
+  EXPECT_TRUE(at::equal(a.w.detach(), b.w.detach()));
+  // Both continue identically.
+  Train(a, Gradient(1), 4, 1, 0ms);
+  Train(b, Gradient(1), 4, 1, 0ms);
+  EXPECT_TRUE(at::equal(a.w.detach(), b.w.detach()));
+  // Garbage is refused with a message.
+  { std::ofstream(file) << "not a checkpoint"; }
+  EXPECT_FALSE(b.co->LoadCheckpoint(file).ok());
+  std::filesystem::remove(file);
+}
+
+}  // namespace
+}  // namespace colony::train

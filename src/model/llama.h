@@ -1,0 +1,193 @@
+// A Llama-style decoder in LibTorch, laid out like Hugging Face's LlamaForCausalLM so that its
+// checkpoints load both ways (checkpoint.h): RMSNorm pre-norm blocks with grouped-query attention
+// and rotary embeddings (HF "rotate_half" convention), a SwiGLU MLP, and an optionally tied
+// lm_head. Blocks are separate modules with a KV cache argument so that a server can run a range
+// of blocks for many inference sessions, and a trainer can run the whole model.
+//
+//   torch::manual_seed(0);
+//   LlamaModel model(LlamaConfig{.vocab_size = 512, .hidden_size = 64});
+//   torch::Tensor logits = model->forward(tokens);          // [B, T] int64 -> [B, T, V]
+//   torch::Tensor loss = LanguageModelLoss(logits.narrow(1, 0, T - 1), tokens.narrow(1, 1, T - 1));
+//   std::vector<int64_t> out = Generate(model, prompt, {.max_new_tokens = 16});
+//
+// Modules throw c10::Error (as LibTorch does) on tensors of the wrong shape; validate configs with
+// LlamaConfig::Validate() before building models from untrusted input.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+
+namespace colony::model {
+
+struct LlamaConfig {
+  int64_t vocab_size = 4096;
+  int64_t hidden_size = 256;
+  int64_t intermediate_size = 704;
+  int64_t num_layers = 4;
+  int64_t num_heads = 8;
+  int64_t num_kv_heads = 4;
+  int64_t max_seq_len = 512;
+  double rope_theta = 10000;
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = true;
+
+  int64_t head_dim() const { return hidden_size / num_heads; }
+  // Hugging Face config.json (model_type "llama", the field names of transformers' LlamaConfig).
+  nlohmann::json ToJson() const;
+  // Reads an HF config.json; missing optional fields take HF's defaults (num_key_value_heads =
+  // num_attention_heads, max_position_embeddings 2048, rope_theta 10000, rms_norm_eps 1e-6,
+  // tie_word_embeddings false). Features Colony lacks (rope_scaling, attention_bias, hidden_act
+  // other than silu) are refused rather than silently ignored. The result is Validate()d.
+  static Result<LlamaConfig> FromJson(const nlohmann::json& json);
+  Status Validate() const;
+  int64_t NumParameters() const;
+
+  friend bool operator==(const LlamaConfig&, const LlamaConfig&) = default;
+};
+
+// Keys and values of one block for the positions seen so far, after rotary embedding.
+struct KVCache {
+  torch::Tensor k, v;  // [B, num_kv_heads, length, head_dim]; undefined while empty
+  int64_t length = 0;
+
+  // Keeps batch rows `index` ([B'] int64), in that order (beam search).
+  void Reorder(const torch::Tensor& index);
+  void Clear();
+};
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  // Normalizes in float32 (as HF does) and returns x's dtype.
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, int64_t position_offset, KVCache* cache);
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+  double rope_theta_;
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  explicit LlamaMLPImpl(const LlamaConfig& config);
+  // down(silu(gate(x)) * up(x))
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMLP);
+
+// One decoder layer: h = x + attn(norm(x)); out = h + mlp(norm(h)).
+class LlamaBlockImpl : public torch::nn::Module {
+ public:
+  explicit LlamaBlockImpl(const LlamaConfig& config);
+  // x: [B, T, hidden]; x[:, t] is at position position_offset + t (rotary phase). Without a
+  // cache, attention is causal within x. With a cache, x's keys and values are appended to it
+  // and x attends to all cached positions plus its own causal prefix; position_offset should then
+  // be cache->length. Appending copies the cache (torch::cat), fine for the lengths served here.
+  torch::Tensor forward(const torch::Tensor& x, int64_t position_offset = 0,
+                        KVCache* cache = nullptr);
+
+  // Parameters under their HF names within a layer: "self_attn.q_proj.weight", ...
+  RMSNorm input_layernorm{nullptr};
+  LlamaAttention self_attn{nullptr};
+  RMSNorm post_attention_layernorm{nullptr};
+  LlamaMLP mlp{nullptr};
+};
+TORCH_MODULE(LlamaBlock);
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// The HF names of block `layer`'s parameters ("model.layers.3.mlp.up_proj.weight", ...).
+NamedTensors BlockParametersHF(LlamaBlock& block, int64_t layer);
+
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  // Config must be Validate()d. Weights ~ normal(0, 0.02) (norms 1), deterministic under
+  // torch::manual_seed.
+  explicit LlamaModelImpl(const LlamaConfig& config);
+
+  const LlamaConfig& config() const { return config_; }
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  LlamaBlock block(int64_t i) const { return blocks_.at(static_cast<size_t>(i)); }
+
+  // tokens [B, T] int64 -> logits [B, T, vocab] (positions 0..T-1, causal).
+  torch::Tensor forward(const torch::Tensor& tokens);
+  // tokens [B, T] -> hidden [B, T, H].
+  torch::Tensor Embed(const torch::Tensor& tokens);
+  // hidden [..., H] -> logits [..., V]: final norm, then lm_head.
+  torch::Tensor Head(const torch::Tensor& hidden);
+  // Incremental decoding: runs tokens [B, T] at positions caches[0].length.. and appends to the
+  // caches (resized to num_blocks() when empty). Returns logits [B, T, V].
+  torch::Tensor ForwardWithCache(const torch::Tensor& tokens, std::vector<KVCache>& caches);
+
+  // All parameters under Hugging Face LlamaForCausalLM names, in HF order; "lm_head.weight" is
+  // omitted when the embeddings are tied. The tensors alias the parameters.
+  NamedTensors NamedParametersHF();
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tied
+
+ private:
+  LlamaConfig config_;
+  std::vector<LlamaBlock> blocks_;
+};
+TORCH_MODULE(LlamaModel);
+
+// Mean cross-entropy of logits [..., V] against int64 targets [...]; targets of -100 are
+// ignored (the HF convention for padding).
+torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+struct SamplingOptions {
+  int64_t max_new_tokens = 32;
+  double temperature = 0;  // 0: greedy
+  int64_t top_k = 0;       // 0: off
+  double top_p = 1.0;      // 1: off (nucleus sampling)
+  double repetition_penalty =
+      1.0;  // 1: off (HF/CTRL rule: divide positive logits, multiply negative)
+  uint64_t seed = 0;
+};
+
+// Picks the next token from logits [V] (any float dtype), given every token so far (for the
+// repetition penalty): penalty, then greedy argmax (temperature 0; lowest index on ties) or
+// temperature, top-k, top-p (as HF's warpers) and a draw from `rng`. Runs in float64 on the CPU
+// with the standard's mt19937_64, so a seed gives the same tokens on every machine; a remote
+// client reuses this to sample from logits computed by a swarm.
+int64_t SampleNextToken(const torch::Tensor& logits, const std::vector<int64_t>& history,
+                        const SamplingOptions& options, std::mt19937_64& rng);
+
+// Generates up to max_new_tokens after `prompt` (non-empty) with the KV cache, stopping after
+// eos_id (included in the result) or at max_seq_len total tokens. Returns the new tokens only.
+// The RNG is seeded with options.seed.
+std::vector<int64_t> Generate(LlamaModel& model, const std::vector<int64_t>& prompt,
+                              const SamplingOptions& options, int64_t eos_id = -1);
+
+}  // namespace colony::model

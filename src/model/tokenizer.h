@@ -1,0 +1,108 @@
+// Tokenizer: a SentencePiece model (BPE trained on the local corpus, or a Llama tokenizer.model).
+//
+//   auto tok = model::Tokenizer::TrainOrLoad(*corpus, model::DefaultCacheDir(), 4096);
+//   std::vector<int32_t> ids = tok->Encode("Hello, kernel.");
+//   std::string text = tok->Decode(ids);  // == "Hello, kernel."
+//
+// Models trained here use identity normalization, no dummy prefix and byte fallback, so that
+// Decode(Encode(s)) == s for any valid UTF-8 string (newlines and indentation included) and the
+// encodings of consecutive chunks of a text concatenate to the encoding of a valid split of it.
+//
+// Threading: a Tokenizer is cheap to copy (copies share one immutable processor); Encode and
+// Decode are const and safe to call from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}  // namespace sentencepiece
+
+namespace colony::model {
+
+class Tokenizer {
+ public:
+  // Loads a SentencePiece model file (ours, or e.g. a Llama `tokenizer.model`).
+  static Result<Tokenizer> Load(const std::filesystem::path& model_file);
+
+  // Returns the cached model `<cache_dir>/tokenizer-<vocab_size>-<corpus hash>.model`, training
+  // it first (BPE on a sample of the corpus lines, seeded so that the result is reproducible)
+  // when it is missing. Safe when several processes or threads call it at once: one trains while
+  // the others wait on a lock file, then load its result.
+  static Result<Tokenizer> TrainOrLoad(const std::filesystem::path& corpus,
+                                       const std::filesystem::path& cache_dir,
+                                       int vocab_size = 4096);
+
+  // Ids are in [0, vocab_size()). An empty string encodes to no ids.
+  std::vector<int32_t> Encode(std::string_view text) const;
+  // Ids out of range are dropped rather than failing (the text is for humans).
+  std::string Decode(std::span<const int32_t> ids) const;
+
+  int vocab_size() const;
+  int bos_id() const;  // -1 when the model defines none
+  int eos_id() const;
+  int pad_id() const;
+  int unk_id() const;
+  // 16 hex digits identifying the model's contents (a hash of the serialized model).
+  const std::string& hash() const { return hash_; }
+  // Writes the sentencepiece model (loadable with Load()), atomically.
+  Status Save(const std::filesystem::path& file) const;
+
+ private:
+  // `origin` names the model's source in error messages.
+  static Result<Tokenizer> FromSerialized(const std::string& serialized, const std::string& origin);
+  Tokenizer(std::shared_ptr<const sentencepiece::SentencePieceProcessor> processor,
+            std::string hash)
+      : processor_(std::move(processor)), hash_(std::move(hash)) {}
+
+  std::shared_ptr<const sentencepiece::SentencePieceProcessor> processor_;
+  std::string hash_;
+};
+
+// Helpers shared by the data files (tokenizer, corpus); not part of the model API proper.
+namespace data_internal {
+
+// 64-bit FNV-1a, chainable through `state`.
+uint64_t Fnv1a64(std::string_view bytes, uint64_t state = 0xcbf29ce484222325ULL);
+std::string Hex64(uint64_t v);  // 16 lowercase hex digits
+// Hash of a file's contents (FNV-1a), as 16 hex digits.
+Result<std::string> HashFile(const std::filesystem::path& file);
+
+// An exclusive advisory lock (flock) on `path` (created if missing), held until destruction.
+// It serializes both processes and threads of one process (each lock opens its own file).
+class FileLock {
+ public:
+  static Result<FileLock> Acquire(const std::filesystem::path& path);
+  FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileLock& operator=(FileLock&& other) noexcept;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock();
+
+ private:
+  explicit FileLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+// A path next to `final_path` that no other process or thread will pick:
+// "<final_path>.tmp-<pid>-<counter>".
+std::filesystem::path UniqueTempPath(const std::filesystem::path& final_path);
+// Removes "<final_path>.tmp-*" left by crashed processes; call it while holding the lock that
+// guards the creation of `final_path` (then no live process is writing such a file).
+void RemoveStaleTemps(const std::filesystem::path& final_path);
+// Writes `data` to a temporary file next to `path` and renames it into place, so that readers
+// see either no file or the whole file.
+Status WriteFileAtomically(const std::filesystem::path& path, std::string_view data);
+
+}  // namespace data_internal
+
+}  // namespace colony::model

@@ -1,0 +1,156 @@
+// CollaborativeOptimizer: trains one model with a swarm of peers (DeDLOC / hivemind.Optimizer,
+// and DiLoCo), wrapping any LibTorch optimizer.
+//
+// Synchronous mode (default). Each peer computes gradients at its own pace and calls Step() after
+// every backward pass; Step() accumulates them (weighted by the batch's sample count) and reports
+// progress to the DHT. When the swarm has accumulated the target global batch, the peers at this
+// epoch form a group, average their mean gradients weighted by their sample counts (so the result
+// is exactly the gradient of the whole global batch), and every peer applies the same optimizer
+// step: the model evolves as if one machine trained with batch = target_batch_size.
+//   - delay_grad_averaging: the averaging runs in the background while the next batch is
+//     computed, and its result is applied at the following Step() (one batch of staleness).
+//   - local_updates: every peer steps its optimizer on each local batch, and parameters are
+//     averaged when the swarm reaches the target batch.
+//   - average_state_every = k: parameters are also averaged every k epochs, which re-aligns peers
+//     that drifted (e.g. after a failed round where they stepped with local gradients).
+// DiLoCo mode (diloco_inner_steps = H > 0). Every peer takes H local steps of the inner optimizer,
+// then the peers average their pseudo-gradients (the parameters at the last sync minus the
+// current ones), compressed to 8 or 4 bits, and apply an outer Nesterov-momentum SGD step. With
+// diloco_fragments = F > 1 the parameters are split into F fragments synced in turn, every H/F
+// inner steps (streaming DiLoCo), which spreads the traffic over time.
+//
+// Peers that fall behind the swarm (they joined late, or a round failed) download the newest
+// parameters and optimizer state from a peer that has them. Non-finite gradients, local or
+// averaged, are skipped and logged, never applied.
+//
+//   auto opt = train::CollaborativeOptimizer::Create(node, model->parameters(),
+//       std::make_shared<torch::optim::Adam>(model->parameters(), 1e-3),
+//       {.run_id = "run1", .target_batch_size = 4096});
+//   for (auto& batch : data) {
+//     auto loss = model->forward(batch); loss.backward();
+//     auto report = (*opt)->Step(batch.size(0));   // zeroes the gradients
+//   }
+//
+// Threading: call Step() from one thread. The state provider (serving newcomers) and background
+// averaging run on other threads and take the state lock while they read the parameters.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "averaging/averager.h"
+#include "core/status.h"
+#include "dht/node.h"
+#include "train/progress.h"
+
+namespace at {
+class Tensor;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace colony::train {
+
+struct CollaborativeOptions {
+  std::string run_id = {};
+  int64_t target_batch_size = 4096;
+  // kClient: cannot accept connections (behind NAT); kAux: see RunAuxiliary().
+  averaging::Mode mode = averaging::Mode::kNode;
+
+  // Averaging rounds.
+  std::chrono::milliseconds matchmaking_time{5'000};
+  std::chrono::milliseconds averaging_timeout{60'000};
+  size_t target_group_size = 64;
+  size_t min_group_size = 2;
+  compression::Codec grad_codec = compression::Codec::kNone;
+  compression::Codec state_codec = compression::Codec::kNone;
+  double bandwidth = 100e6;     // announced upload bandwidth (bytes/s) for load balancing
+  double max_send_rate = 0;     // cap on this peer's sending rate (bytes/s); 0: none
+  int average_state_every = 0;  // epochs between parameter averaging; 0: never
+  bool delay_grad_averaging = false;
+  bool local_updates = false;
+  // Clips the averaged gradient's global L2 norm before the optimizer step (0: no clipping).
+  double max_grad_norm = 0;
+
+  // DiLoCo.
+  int diloco_inner_steps = 0;  // H; 0: synchronous mode
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  bool outer_nesterov = true;
+  compression::Codec diloco_codec = compression::Codec::kBlockwise8;
+  int diloco_fragments = 1;
+
+  // State sharing and progress.
+  std::chrono::milliseconds load_state_timeout{60'000};
+  std::chrono::milliseconds progress_min_refresh{100};
+  std::chrono::milliseconds progress_max_refresh{3'000};
+  averaging::Fault fault = averaging::Fault::kNone;  // tests only
+  // Tests only: emulate a broken peer that sends its non-finite gradients to the group.
+  bool unchecked_local_gradients = false;
+};
+
+struct StepReport {
+  bool stepped = false;        // a global step (epoch) happened in this call
+  int64_t epoch = 0;           // local epoch after the call
+  int64_t realized_batch = 0;  // samples that went into the step (the group's sum)
+  size_t group_size = 0;       // peers whose data was averaged (1: local gradients only)
+  bool averaged = false;       // a group averaged (false: this peer was alone or the round failed)
+  bool skipped_nonfinite = false;  // the batch's (or the average's) gradients were not finite
+  bool loaded_state = false;       // this peer was behind and downloaded the swarm's state
+  double averaging_seconds = 0;
+  std::string note;  // why a round failed, when it did
+};
+
+struct TrainingCounters {
+  int64_t local_samples = 0;  // samples this peer trained on
+  int64_t local_batches = 0;
+  int64_t global_steps = 0;  // epochs this peer took part in
+  int64_t skipped_batches = 0;
+  int64_t failed_rounds = 0;  // rounds that fell back to local gradients
+  int64_t state_loads = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;  // the host's transport counters
+};
+
+class CollaborativeOptimizer {
+ public:
+  // `params` are the model's parameters (float32, contiguous, on the CPU); `optimizer` steps
+  // them (its param groups must hold the same tensors). The node must outlive the optimizer.
+  static Result<std::unique_ptr<CollaborativeOptimizer>> Create(
+      dht::Node& node, std::vector<at::Tensor> params,
+      std::shared_ptr<torch::optim::Optimizer> optimizer, CollaborativeOptions options);
+  ~CollaborativeOptimizer();
+  CollaborativeOptimizer(const CollaborativeOptimizer&) = delete;
+  CollaborativeOptimizer& operator=(const CollaborativeOptimizer&) = delete;
+
+  // Call after backward() on a batch of `batch_size` samples; consumes and zeroes the gradients.
+  Result<StepReport> Step(int64_t batch_size);
+  // Downloads parameters, optimizer state and epoch from the most advanced peer. Call it when
+  // joining a running swarm; Step() also calls it when this peer is behind.
+  Status LoadStateFromPeers();
+  // An auxiliary peer (mode kAux) trains nothing: it joins every averaging round of the swarm
+  // and lends its bandwidth. Runs until `stop` returns true.
+  Status RunAuxiliary(const std::function<bool()>& stop);
+
+  // Checkpoints (safetensors: parameters, optimizer state and epoch). On resume, call
+  // LoadCheckpoint() and then LoadStateFromPeers() only if the swarm is ahead (newest wins).
+  Status SaveCheckpoint(const std::filesystem::path& file);
+  Status LoadCheckpoint(const std::filesystem::path& file);
+
+  int64_t local_epoch() const;
+  GlobalProgress global() const;
+  TrainingCounters counters() const;
+  double samples_per_second() const;
+
+  class Impl;
+
+ private:
+  explicit CollaborativeOptimizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace colony::train
