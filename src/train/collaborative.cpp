@@ -236,7 +236,9 @@ class CollaborativeOptimizer::Impl {
           pending_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
         ApplyPending(report);
       }
-      if (local_samples_ > 0 && tracker_->ReadyToUpdateEpoch(epoch_)) {
+      // A peer with no samples this epoch (it skipped non-finite batches) still joins the round,
+      // with weight 0, so that the others need not wait for it.
+      if (tracker_->ReadyToUpdateEpoch(epoch_)) {
         COLONY_RETURN_IF_ERROR(Round(report));
       }
     }
@@ -253,7 +255,7 @@ class CollaborativeOptimizer::Impl {
       AverageParams(samples, expected, report);
     } else {
       if (pending_.valid()) ApplyPending(report);  // one round in flight at a time
-      const float inv = 1.0f / static_cast<float>(samples);
+      const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
       for (size_t i = 0; i < total_; ++i) buf_[i] = acc_[i] * inv;
       std::fill(acc_.begin(), acc_.end(), 0.0f);
       if (options_.delay_grad_averaging && expected > 1) {
@@ -345,6 +347,7 @@ class CollaborativeOptimizer::Impl {
     report.group_size = o.group;
     report.averaging_seconds = o.seconds;
     report.note = o.note;
+    if (!o.averaged && o.realized == 0) return;  // nothing to apply: no samples, no group
     if (!o.averaged && !o.note.empty()) {
       counters_.failed_rounds++;
       COLONY_LOG_WARN("train: averaging at epoch {} failed, stepping with local gradients: {}",
@@ -766,9 +769,8 @@ class CollaborativeOptimizer::Impl {
 
   // ---- helpers -------------------------------------------------------------------------------
 
-  // The group to expect at `epoch`: the peers there that will join a round (in synchronous
-  // mode, those with samples to contribute, and auxiliaries; a peer that only skipped
-  // non-finite batches has nothing to send and would make the leader wait).
+  // The group to expect at `epoch`: the live peers there (all of them join the round; those
+  // without samples join with weight 0).
   size_t PeersAtEpoch(int64_t epoch) const {
     size_t n = CountPeersAtEpoch(epoch, tracker_->Global());
     // Before concluding that it is alone (and stepping without a group), a peer makes sure its
@@ -778,12 +780,8 @@ class CollaborativeOptimizer::Impl {
   }
 
   size_t CountPeersAtEpoch(int64_t epoch, const GlobalProgress& g) const {
-    const bool sync = options_.diloco_inner_steps == 0;
     size_t n = 0;
-    for (const auto& p : g.peers) {
-      if (p.epoch != epoch) continue;
-      if (!sync || p.aux || p.samples > 0 || p.peer == node_.peer_id()) ++n;
-    }
+    for (const auto& p : g.peers) n += p.epoch == epoch;
     return n;
   }
 
