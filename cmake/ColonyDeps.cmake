@@ -33,6 +33,5 @@ find_package(Torch REQUIRED)
 add_library(colony_torch INTERFACE)
 target_include_directories(colony_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 target_link_libraries(colony_torch INTERFACE ${TORCH_LIBRARIES})
-# Tokenizers (sentencepiece) and gzip'd datasets (zlib).
-pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# Gzip'd datasets (zlib). Tokenizers are native (sentencepiece-compatible; spm_train trains them).
 find_package(ZLIB REQUIRED)

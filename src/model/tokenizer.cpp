@@ -1,21 +1,29 @@
 #include "model/tokenizer.h"
 
 #include <fcntl.h>
-#include <sentencepiece_processor.h>
-#include <sentencepiece_trainer.h>
+#include <spawn.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <queue>
 #include <system_error>
 #include <unordered_map>
 
 #include "core/log.h"
+
+extern char** environ;
 
 namespace colony::model {
 
@@ -121,6 +129,60 @@ Status WriteFileAtomically(const std::filesystem::path& path, std::string_view d
 
 }  // namespace data_internal
 
+// ---- The model -------------------------------------------------------------------------------
+
+// A parsed SentencePiece ModelProto, reduced to what encoding and decoding need. String views in
+// the maps point into `pieces`, so a Model is built in place and never moved.
+struct Tokenizer::Model {
+  // ModelProto.SentencePiece.Type
+  enum Type : int {
+    kNormal = 1,
+    kUnknown = 2,
+    kControl = 3,
+    kUserDefined = 4,
+    kUnused = 5,
+    kByte = 6
+  };
+  struct Piece {
+    std::string text;
+    float score = 0;
+    int type = kNormal;
+  };
+
+  std::string serialized;
+  std::vector<Piece> pieces;
+  // NORMAL, USER_DEFINED and UNUSED pieces (those BPE merges into), and the others.
+  std::unordered_map<std::string_view, int> normal;
+  std::unordered_map<std::string_view, int> reserved;
+  std::vector<std::string_view> user_defined;  // sorted, for longest-prefix matching
+  size_t max_user_defined = 0;                 // longest user-defined piece, bytes
+  std::array<int, 256> byte_ids{};             // with byte_fallback
+  int unk = -1, bos = -1, eos = -1, pad = -1;
+
+  // TrainerSpec and NormalizerSpec fields (proto2 defaults).
+  int model_type = 1;  // UNIGRAM
+  bool byte_fallback = false;
+  bool treat_whitespace_as_suffix = false;
+  std::string unk_surface = " \xE2\x81\x87 ";
+  std::string unk_piece = "<unk>", bos_piece = "<s>", eos_piece = "</s>", pad_piece = "<pad>";
+  std::string normalizer_name;
+  bool has_charsmap = false;
+  bool add_dummy_prefix = true;
+  bool remove_extra_whitespaces = true;
+  bool escape_whitespaces = true;
+
+  // sentencepiece's ModelInterface::PieceToId: reserved pieces first, unknown strings -> unk.
+  int PieceToId(std::string_view piece) const {
+    if (auto it = reserved.find(piece); it != reserved.end()) return it->second;
+    if (auto it = normal.find(piece); it != normal.end()) return it->second;
+    return unk;
+  }
+  // Length of the longest user-defined piece that `text` starts with, or 0.
+  size_t MatchUserDefined(std::string_view text) const;
+  std::string Normalize(std::string_view text) const;
+  std::vector<int32_t> EncodeBpe(std::string_view normalized) const;
+};
+
 namespace {
 
 using data_internal::FileLock;
@@ -134,31 +196,519 @@ constexpr unsigned kTrainSeed = 20240601;
 // third of them gives nearly the same merges and keeps BPE training to seconds on one core.
 constexpr int kTrainSentences = 250'000;
 
+// Limits on untrusted model files (Llama's tokenizer.model is 500 KB with 32000 pieces).
+constexpr size_t kMaxModelBytes = 64 << 20;
+constexpr size_t kMaxPieces = 1'000'000;
+
+constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";      // U+2581
+constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
+
+// ---- UTF-8 (sentencepiece's string_util rules) ---------------------------------------------
+
+// Length of the UTF-8 character that starts with byte `c`, from its lead byte alone.
+inline size_t OneCharLen(unsigned char c) {
+  static constexpr unsigned char kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+  return kLen[c >> 4];
+}
+
+inline bool IsTrailByte(unsigned char c) { return (c & 0xC0) == 0x80; }
+inline bool IsValidCodepoint(uint32_t c) { return c < 0xD800 || (c >= 0xE000 && c <= 0x10FFFF); }
+
+// Length of the valid UTF-8 character at the start of `s` (non-empty), or 0 when it is malformed.
+size_t ValidCharLen(std::string_view s) {
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  if (b[0] < 0x80) return 1;
+  if (n >= 2 && (b[0] & 0xE0) == 0xC0) {
+    const uint32_t cp = ((b[0] & 0x1Fu) << 6) | (b[1] & 0x3Fu);
+    if (IsTrailByte(b[1]) && cp >= 0x80 && IsValidCodepoint(cp)) return 2;
+  } else if (n >= 3 && (b[0] & 0xF0) == 0xE0) {
+    const uint32_t cp = ((b[0] & 0x0Fu) << 12) | ((b[1] & 0x3Fu) << 6) | (b[2] & 0x3Fu);
+    if (IsTrailByte(b[1]) && IsTrailByte(b[2]) && cp >= 0x800 && IsValidCodepoint(cp)) return 3;
+  } else if (n >= 4 && (b[0] & 0xF8) == 0xF0) {
+    const uint32_t cp =
+        ((b[0] & 0x07u) << 18) | ((b[1] & 0x3Fu) << 12) | ((b[2] & 0x3Fu) << 6) | (b[3] & 0x3Fu);
+    if (IsTrailByte(b[1]) && IsTrailByte(b[2]) && IsTrailByte(b[3]) && cp >= 0x10000 &&
+        IsValidCodepoint(cp)) {
+      return 4;
+    }
+  }
+  return 0;
+}
+
+bool IsValidUtf8(std::string_view s) {
+  while (!s.empty()) {
+    const size_t len = ValidCharLen(s);
+    if (len == 0) return false;
+    s.remove_prefix(len);
+  }
+  return true;
+}
+
+// Appends `bytes` decoded as UTF-8, each byte of a malformed sequence becoming U+FFFD (as
+// sentencepiece decodes byte-fallback pieces).
+void AppendBytesAsUtf8(std::string_view bytes, std::string& out) {
+  while (!bytes.empty()) {
+    const size_t len = ValidCharLen(bytes);
+    if (len == 0) {
+      out += kReplacementChar;
+      bytes.remove_prefix(1);
+    } else {
+      out += bytes.substr(0, len);
+      bytes.remove_prefix(len);
+    }
+  }
+}
+
+// The byte of a "<0xAB>" piece (upper-case hex, as sentencepiece writes them), or -1.
+int PieceToByte(std::string_view piece) {
+  if (piece.size() != 6 || !piece.starts_with("<0x") || piece[5] != '>') return -1;
+  int v = 0;
+  for (char c : piece.substr(3, 2)) {
+    if (c >= '0' && c <= '9') {
+      v = v * 16 + (c - '0');
+    } else if (c >= 'A' && c <= 'F') {
+      v = v * 16 + (c - 'A' + 10);
+    } else {
+      return -1;
+    }
+  }
+  return v;
+}
+
+// ---- Protobuf wire format ------------------------------------------------------------------
+
+enum WireType : int { kVarint = 0, kFixed64 = 1, kLen = 2, kFixed32 = 5 };
+
+// A reader of protobuf wire format over untrusted bytes: every read is bounds-checked.
+class WireReader {
+ public:
+  WireReader(std::string_view data, std::string_view what) : data_(data), what_(what) {}
+  bool done() const { return pos_ >= data_.size(); }
+  size_t pos() const { return pos_; }
+
+  Status Varint(uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos_ >= data_.size()) return Error("truncated varint");
+      const auto b = static_cast<unsigned char>(data_[pos_++]);
+      v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if ((b & 0x80) == 0) return Status::Ok();
+    }
+    return Error("varint longer than 10 bytes");
+  }
+  Status Tag(uint32_t& field, int& wire_type) {
+    uint64_t tag = 0;
+    COLONY_RETURN_IF_ERROR(Varint(tag));
+    field = static_cast<uint32_t>(tag >> 3);
+    wire_type = static_cast<int>(tag & 7);
+    if (field == 0 || tag >> 3 > 0x1FFFFFFF) return Error("invalid field number");
+    return Status::Ok();
+  }
+  Status Fixed32(uint32_t& v) {
+    if (data_.size() - pos_ < 4) return Error("truncated fixed32");
+    v = 0;
+    for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(data_[pos_ + i]);
+    pos_ += 4;
+    return Status::Ok();
+  }
+  Status Bytes(std::string_view& v) {
+    uint64_t len = 0;
+    COLONY_RETURN_IF_ERROR(Varint(len));
+    if (len > data_.size() - pos_) {
+      return Error("length " + std::to_string(len) + " runs past the end of the data");
+    }
+    v = data_.substr(pos_, static_cast<size_t>(len));
+    pos_ += static_cast<size_t>(len);
+    return Status::Ok();
+  }
+  Status Skip(int wire_type) {
+    switch (wire_type) {
+      case kVarint: {
+        uint64_t v;
+        return Varint(v);
+      }
+      case kFixed64:
+        if (data_.size() - pos_ < 8) return Error("truncated fixed64");
+        pos_ += 8;
+        return Status::Ok();
+      case kLen: {
+        std::string_view v;
+        return Bytes(v);
+      }
+      case kFixed32: {
+        uint32_t v;
+        return Fixed32(v);
+      }
+      default:
+        return Error("unsupported wire type " + std::to_string(wire_type));
+    }
+  }
+  Status Error(const std::string& message) const {
+    return InvalidArgument(std::string(what_) + ": " + message + " at byte " +
+                           std::to_string(pos_));
+  }
+
+ private:
+  std::string_view data_;
+  std::string_view what_;
+  size_t pos_ = 0;
+};
+
+// Reads a field's value into a variable of the matching kind; fields of an unexpected wire type
+// are skipped like unknown fields.
+Status ReadBool(WireReader& r, int wire_type, bool& out) {
+  if (wire_type != kVarint) return r.Skip(wire_type);
+  uint64_t v = 0;
+  COLONY_RETURN_IF_ERROR(r.Varint(v));
+  out = v != 0;
+  return Status::Ok();
+}
+Status ReadInt(WireReader& r, int wire_type, int64_t& out) {
+  if (wire_type != kVarint) return r.Skip(wire_type);
+  uint64_t v = 0;
+  COLONY_RETURN_IF_ERROR(r.Varint(v));
+  out = static_cast<int64_t>(v);
+  return Status::Ok();
+}
+Status ReadString(WireReader& r, int wire_type, std::string& out) {
+  if (wire_type != kLen) return r.Skip(wire_type);
+  std::string_view v;
+  COLONY_RETURN_IF_ERROR(r.Bytes(v));
+  out.assign(v);
+  return Status::Ok();
+}
+
+Status ParsePiece(std::string_view data, Tokenizer::Model::Piece& piece) {
+  WireReader r(data, "SentencePiece");
+  while (!r.done()) {
+    uint32_t field;
+    int wt;
+    COLONY_RETURN_IF_ERROR(r.Tag(field, wt));
+    if (field == 1) {
+      COLONY_RETURN_IF_ERROR(ReadString(r, wt, piece.text));
+    } else if (field == 2 && wt == kFixed32) {
+      uint32_t bits;
+      COLONY_RETURN_IF_ERROR(r.Fixed32(bits));
+      piece.score = std::bit_cast<float>(bits);
+    } else if (field == 3) {
+      int64_t type = piece.type;
+      COLONY_RETURN_IF_ERROR(ReadInt(r, wt, type));
+      if (type < Tokenizer::Model::kNormal || type > Tokenizer::Model::kByte) {
+        return r.Error("invalid piece type " + std::to_string(type));
+      }
+      piece.type = static_cast<int>(type);
+    } else {
+      COLONY_RETURN_IF_ERROR(r.Skip(wt));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ParseTrainerSpec(std::string_view data, Tokenizer::Model& m) {
+  WireReader r(data, "TrainerSpec");
+  while (!r.done()) {
+    uint32_t field;
+    int wt;
+    COLONY_RETURN_IF_ERROR(r.Tag(field, wt));
+    int64_t v = 0;
+    switch (field) {
+      case 3:
+        v = m.model_type;
+        COLONY_RETURN_IF_ERROR(ReadInt(r, wt, v));
+        m.model_type = static_cast<int>(std::clamp<int64_t>(v, -1, 1000));
+        break;
+      case 24:
+        COLONY_RETURN_IF_ERROR(ReadBool(r, wt, m.treat_whitespace_as_suffix));
+        break;
+      case 35:
+        COLONY_RETURN_IF_ERROR(ReadBool(r, wt, m.byte_fallback));
+        break;
+      case 44:
+        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.unk_surface));
+        break;
+      case 45:
+        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.unk_piece));
+        break;
+      case 46:
+        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.bos_piece));
+        break;
+      case 47:
+        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.eos_piece));
+        break;
+      case 48:
+        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.pad_piece));
+        break;
+      default:
+        COLONY_RETURN_IF_ERROR(r.Skip(wt));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ParseNormalizerSpec(std::string_view data, Tokenizer::Model& m) {
+  WireReader r(data, "NormalizerSpec");
+  while (!r.done()) {
+    uint32_t field;
+    int wt;
+    COLONY_RETURN_IF_ERROR(r.Tag(field, wt));
+    switch (field) {
+      case 1:
+        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.normalizer_name));
+        break;
+      case 2:
+        if (wt == kLen) {
+          std::string_view charsmap;
+          COLONY_RETURN_IF_ERROR(r.Bytes(charsmap));
+          m.has_charsmap = !charsmap.empty();
+        } else {
+          COLONY_RETURN_IF_ERROR(r.Skip(wt));
+        }
+        break;
+      case 3:
+        COLONY_RETURN_IF_ERROR(ReadBool(r, wt, m.add_dummy_prefix));
+        break;
+      case 4:
+        COLONY_RETURN_IF_ERROR(ReadBool(r, wt, m.remove_extra_whitespaces));
+        break;
+      case 5:
+        COLONY_RETURN_IF_ERROR(ReadBool(r, wt, m.escape_whitespaces));
+        break;
+      default:
+        COLONY_RETURN_IF_ERROR(r.Skip(wt));
+    }
+  }
+  return Status::Ok();
+}
+
+// Parses `m.serialized` into `m` and checks it the way sentencepiece's loader does.
+Status ParseModel(Tokenizer::Model& m) {
+  using Model = Tokenizer::Model;
+  if (m.serialized.size() > kMaxModelBytes) {
+    return ResourceExhausted("model of " + std::to_string(m.serialized.size()) +
+                             " bytes is over the limit of " + std::to_string(kMaxModelBytes));
+  }
+  WireReader r(m.serialized, "ModelProto");
+  while (!r.done()) {
+    uint32_t field;
+    int wt;
+    COLONY_RETURN_IF_ERROR(r.Tag(field, wt));
+    if (wt != kLen || field > 3) {
+      COLONY_RETURN_IF_ERROR(r.Skip(wt));
+      continue;
+    }
+    std::string_view sub;
+    COLONY_RETURN_IF_ERROR(r.Bytes(sub));
+    if (field == 1) {
+      if (m.pieces.size() >= kMaxPieces) {
+        return ResourceExhausted("more than " + std::to_string(kMaxPieces) + " pieces");
+      }
+      COLONY_RETURN_IF_ERROR(ParsePiece(sub, m.pieces.emplace_back()));
+    } else if (field == 2) {
+      COLONY_RETURN_IF_ERROR(ParseTrainerSpec(sub, m));
+    } else {
+      COLONY_RETURN_IF_ERROR(ParseNormalizerSpec(sub, m));
+    }
+  }
+
+  if (m.pieces.empty()) return InvalidArgument("the model has no pieces");
+  if (m.model_type != 2) {
+    const std::string type = m.model_type == 1   ? "unigram"
+                             : m.model_type == 3 ? "word"
+                             : m.model_type == 4 ? "char"
+                                                 : "type " + std::to_string(m.model_type);
+    return Unimplemented("only BPE SentencePiece models are supported, this one is " + type);
+  }
+  if (m.has_charsmap) {
+    return Unimplemented("SentencePiece normalization \"" + m.normalizer_name +
+                         "\" (a precompiled charsmap) is not supported; train with "
+                         "normalization_rule_name=identity");
+  }
+  if (m.treat_whitespace_as_suffix) {
+    return Unimplemented("treat_whitespace_as_suffix models are not supported");
+  }
+
+  std::array<bool, 256> byte_found{};
+  m.normal.reserve(m.pieces.size());
+  for (size_t i = 0; i < m.pieces.size(); ++i) {
+    const Model::Piece& p = m.pieces[i];
+    const std::string where = "piece " + std::to_string(i);
+    if (p.text.empty()) return InvalidArgument(where + " is empty");
+    if (!IsValidUtf8(p.text)) return InvalidArgument(where + " is not valid UTF-8");
+    const bool is_normal =
+        p.type == Model::kNormal || p.type == Model::kUserDefined || p.type == Model::kUnused;
+    if (!(is_normal ? m.normal : m.reserved).emplace(p.text, static_cast<int>(i)).second) {
+      return InvalidArgument(where + " \"" + p.text + "\" is defined twice");
+    }
+    if (p.type == Model::kUserDefined) {
+      m.user_defined.push_back(p.text);
+      m.max_user_defined = std::max(m.max_user_defined, p.text.size());
+    }
+    if (p.type == Model::kUnknown) {
+      if (m.unk >= 0) return InvalidArgument(where + ": a second unknown piece");
+      m.unk = static_cast<int>(i);
+    }
+    if (p.type == Model::kByte) {
+      if (!m.byte_fallback) {
+        return InvalidArgument(where + " is a byte piece although byte_fallback is false");
+      }
+      const int b = PieceToByte(p.text);
+      if (b < 0) return InvalidArgument(where + " \"" + p.text + "\" is not a valid byte piece");
+      byte_found[static_cast<size_t>(b)] = true;
+      m.byte_ids[static_cast<size_t>(b)] = static_cast<int>(i);
+    }
+  }
+  if (m.unk < 0) return InvalidArgument("the model defines no unknown piece");
+  if (m.byte_fallback &&
+      std::find(byte_found.begin(), byte_found.end(), false) != byte_found.end()) {
+    return InvalidArgument("byte_fallback is set but the model lacks some of the 256 byte pieces");
+  }
+  std::sort(m.user_defined.begin(), m.user_defined.end());
+
+  auto special = [&](const std::string& piece, int type) {
+    const int id = m.PieceToId(piece);
+    return m.pieces[static_cast<size_t>(id)].type == type ? id : -1;
+  };
+  m.bos = special(m.bos_piece, Model::kControl);
+  m.eos = special(m.eos_piece, Model::kControl);
+  m.pad = special(m.pad_piece, Model::kControl);
+  return Status::Ok();
+}
+
+// The model with the trainer's input and output paths removed from its TrainerSpec, so that
+// peers that train on the same corpus from different directories get byte-identical models.
+Result<std::string> StripTrainingPaths(std::string_view serialized) {
+  std::string out;
+  WireReader r(serialized, "ModelProto");
+  auto append_varint = [](std::string& s, uint64_t v) {
+    while (v >= 0x80) {
+      s += static_cast<char>((v & 0x7F) | 0x80);
+      v >>= 7;
+    }
+    s += static_cast<char>(v);
+  };
+  while (!r.done()) {
+    const size_t start = r.pos();
+    uint32_t field;
+    int wt;
+    COLONY_RETURN_IF_ERROR(r.Tag(field, wt));
+    if (field != 2 || wt != kLen) {
+      COLONY_RETURN_IF_ERROR(r.Skip(wt));
+      out += serialized.substr(start, r.pos() - start);
+      continue;
+    }
+    std::string_view spec;
+    COLONY_RETURN_IF_ERROR(r.Bytes(spec));
+    std::string kept;
+    WireReader sr(spec, "TrainerSpec");
+    while (!sr.done()) {
+      const size_t fstart = sr.pos();
+      uint32_t f;
+      int fwt;
+      COLONY_RETURN_IF_ERROR(sr.Tag(f, fwt));
+      COLONY_RETURN_IF_ERROR(sr.Skip(fwt));
+      if (f != 1 && f != 2) kept += spec.substr(fstart, sr.pos() - fstart);
+    }
+    append_varint(out, (2 << 3) | kLen);
+    append_varint(out, kept.size());
+    out += kept;
+  }
+  return out;
+}
+
+// ---- Training with spm_train -------------------------------------------------------------
+
+std::string FindProgram(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr && *path != '\0' ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t pos = 0;
+  while (pos <= dirs.size()) {
+    size_t end = dirs.find(':', pos);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = end > pos ? dirs.substr(pos, end - pos) : ".";
+    const std::string candidate = dir + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    pos = end + 1;
+  }
+  return {};
+}
+
+std::string FileTail(const std::filesystem::path& file, size_t max_bytes) {
+  std::ifstream in(file, std::ios::binary);
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (text.size() > max_bytes) text = "..." + text.substr(text.size() - max_bytes);
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+// Runs `argv` with stdin from /dev/null and stdout and stderr to `log_file`; returns its exit
+// status (128 + signal when killed).
+Result<int> RunProgram(const std::vector<std::string>& argv, const std::filesystem::path& log) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return Internal("cannot start " + argv[0] + ": " + std::strerror(rc));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return Internal("waitpid: " + std::string(std::strerror(errno)));
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
 }  // namespace
 
+// ---- Loading ---------------------------------------------------------------------------------
+
 Result<Tokenizer> Tokenizer::Load(const std::filesystem::path& model_file) {
-  std::ifstream in(model_file, std::ios::binary);
+  std::ifstream in(model_file, std::ios::binary | std::ios::ate);
   if (!in) {
     return NotFound("cannot open tokenizer model " + model_file.string() + ": " +
                     std::strerror(errno));
   }
-  std::string serialized{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (in.bad()) return DataLoss("error reading tokenizer model " + model_file.string());
+  const std::streamoff size = in.tellg();
+  if (size < 0) return DataLoss("error reading tokenizer model " + model_file.string());
+  if (static_cast<uint64_t>(size) > kMaxModelBytes) {
+    return ResourceExhausted("tokenizer model " + model_file.string() + " is " +
+                             std::to_string(size) + " bytes, over the limit of " +
+                             std::to_string(kMaxModelBytes));
+  }
+  std::string serialized(static_cast<size_t>(size), '\0');
+  in.seekg(0);
+  in.read(serialized.data(), size);
+  if (!in) return DataLoss("error reading tokenizer model " + model_file.string());
   return FromSerialized(serialized, model_file.string());
 }
 
-Result<Tokenizer> Tokenizer::FromSerialized(const std::string& serialized,
-                                            const std::string& origin) {
-  auto processor = std::make_shared<sentencepiece::SentencePieceProcessor>();
-  auto st = processor->LoadFromSerializedProto(serialized);
-  if (!st.ok()) {
-    return InvalidArgument("not a SentencePiece model: " + origin + ": " + st.ToString());
-  }
-  if (processor->GetPieceSize() <= 0) {
-    return InvalidArgument("SentencePiece model " + origin + " has no pieces");
-  }
-  return Tokenizer(std::move(processor), Hex64(Fnv1a64(serialized)));
+Result<Tokenizer> Tokenizer::FromBytes(std::string_view serialized) {
+  return FromSerialized(serialized, "<memory>");
 }
+
+Result<Tokenizer> Tokenizer::FromSerialized(std::string_view serialized,
+                                            const std::string& origin) {
+  if (serialized.size() > kMaxModelBytes) {
+    return ResourceExhausted("tokenizer model " + origin + " is over the limit of " +
+                             std::to_string(kMaxModelBytes) + " bytes");
+  }
+  auto model = std::make_shared<Model>();  // built in place: its maps point into its pieces
+  model->serialized.assign(serialized);
+  Status st = ParseModel(*model);
+  if (!st.ok()) {
+    return Status(st.code(), "not a usable SentencePiece model: " + origin + ": " + st.message());
+  }
+  std::string hash = Hex64(Fnv1a64(model->serialized));
+  return Tokenizer(std::move(model), std::move(hash));
+}
+
+// ---- Training --------------------------------------------------------------------------------
 
 Result<Tokenizer> Tokenizer::TrainOrLoad(const std::filesystem::path& corpus,
                                          const std::filesystem::path& cache_dir, int vocab_size) {
@@ -185,78 +735,274 @@ Result<Tokenizer> Tokenizer::TrainOrLoad(const std::filesystem::path& corpus,
   if (std::filesystem::exists(model_file, ec)) return Load(model_file);
   data_internal::RemoveStaleTemps(model_file);
 
-  const std::unordered_map<std::string, std::string> args = {
-      {"input", corpus.string()},
-      {"model_type", "bpe"},
-      {"vocab_size", std::to_string(vocab_size)},
-      {"input_sentence_size", std::to_string(kTrainSentences)},
-      {"shuffle_input_sentence", "true"},
-      {"num_threads", "2"},
-      {"character_coverage", "0.9999"},
-      {"byte_fallback", "true"},
-      {"unk_id", "0"},
-      {"bos_id", "1"},
-      {"eos_id", "2"},
-      {"pad_id", "3"},
+  const std::string spm_train = FindProgram("spm_train");
+  if (spm_train.empty()) {
+    return FailedPrecondition(
+        "spm_train not found in PATH: install the sentencepiece package (scripts/setup)");
+  }
+  // spm_train writes <prefix>.model and <prefix>.vocab: into a private temporary directory.
+  const std::filesystem::path work = data_internal::UniqueTempPath(model_file);
+  std::filesystem::create_directories(work, ec);
+  if (ec) return PermissionDenied("cannot create " + work.string() + ": " + ec.message());
+  struct RemoveDir {
+    std::filesystem::path dir;
+    ~RemoveDir() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } cleanup{work};
+  const std::filesystem::path log = work / "spm_train.log";
+  const std::vector<std::string> argv = {
+      spm_train, "--input=" + std::filesystem::absolute(corpus, ec).string(),
+      "--model_prefix=" + (work / "spm").string(), "--model_type=bpe",
+      "--vocab_size=" + std::to_string(vocab_size),
+      "--input_sentence_size=" + std::to_string(kTrainSentences), "--shuffle_input_sentence=true",
+      "--random_seed=" + std::to_string(kTrainSeed), "--num_threads=2",
+      "--character_coverage=0.9999", "--byte_fallback=true", "--unk_id=0", "--bos_id=1",
+      "--eos_id=2", "--pad_id=3",
       // Lossless: no NFKC, whitespace kept as is, no space invented at the start of a text.
-      {"normalization_rule_name", "identity"},
-      {"remove_extra_whitespaces", "false"},
-      {"add_dummy_prefix", "false"},
+      "--normalization_rule_name=identity", "--remove_extra_whitespaces=false",
+      "--add_dummy_prefix=false",
       // Training sentences are lines, so "\n" would otherwise only exist as a fallback byte.
-      {"user_defined_symbols", "\n"},
+      "--user_defined_symbols=\n",
       // Indentation (code blocks, tables) is common in the docs.
-      {"allow_whitespace_only_pieces", "true"},
-      {"split_digits", "true"},
-      {"max_sentence_length", "8192"},
-      {"minloglevel", "2"},  // SentencePiece logs every merge at INFO
+      "--allow_whitespace_only_pieces=true", "--split_digits=true", "--max_sentence_length=8192",
+      "--minloglevel=2",  // SentencePiece logs every merge at INFO
   };
-  sentencepiece::SetRandomGeneratorSeed(kTrainSeed);
-  std::string serialized;
   const auto start = std::chrono::steady_clock::now();
-  auto st = sentencepiece::SentencePieceTrainer::Train(args, nullptr, &serialized);
+  COLONY_ASSIGN_OR_RETURN(int exit_code, RunProgram(argv, log));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!st.ok()) {
-    return Internal("training the tokenizer on " + corpus.string() + " failed: " + st.ToString());
+  if (exit_code != 0) {
+    return Internal("training the tokenizer on " + corpus.string() + " failed: spm_train exited " +
+                    "with status " + std::to_string(exit_code) + ": " + FileTail(log, 2000));
   }
+  std::ifstream in(work / "spm.model", std::ios::binary);
+  std::string trained{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (!in.is_open() || in.bad() || trained.empty()) {
+    return Internal("spm_train wrote no model to " + (work / "spm.model").string() + ": " +
+                    FileTail(log, 2000));
+  }
+  COLONY_ASSIGN_OR_RETURN(std::string serialized, StripTrainingPaths(trained));
+  COLONY_ASSIGN_OR_RETURN(Tokenizer tok, FromSerialized(serialized, model_file.string()));
   COLONY_LOG_INFO("trained a {}-piece BPE tokenizer on {} in {:.1f} s -> {}", vocab_size,
                   corpus.string(), seconds, model_file.string());
   COLONY_RETURN_IF_ERROR(data_internal::WriteFileAtomically(model_file, serialized));
-  return FromSerialized(serialized, model_file.string());
+  return tok;
+}
+
+// ---- Encoding --------------------------------------------------------------------------------
+
+size_t Tokenizer::Model::MatchUserDefined(std::string_view text) const {
+  if (user_defined.empty()) return 0;
+  // Longest match: extend the prefix while some user-defined piece starts with it.
+  size_t best = 0;
+  auto lo = user_defined.begin();
+  const size_t limit = std::min(text.size(), max_user_defined);
+  for (size_t len = 1; len <= limit; ++len) {
+    const std::string_view prefix = text.substr(0, len);
+    lo = std::lower_bound(lo, user_defined.end(), prefix);
+    if (lo == user_defined.end() || !lo->starts_with(prefix)) break;
+    if (lo->size() == len) best = len;
+  }
+  return best;
+}
+
+// sentencepiece's Normalizer::Normalize without a charsmap.
+std::string Tokenizer::Model::Normalize(std::string_view input) const {
+  std::string out;
+  // The next normalized unit of `in` and the number of input bytes it consumes.
+  auto next = [this](std::string_view in) -> std::pair<std::string_view, size_t> {
+    if (const size_t n = MatchUserDefined(in); n > 0) return {in.substr(0, n), n};
+    const size_t n = ValidCharLen(in);
+    if (n == 0) return {kReplacementChar, 1};
+    return {in.substr(0, n), n};
+  };
+  if (remove_extra_whitespaces) {
+    while (!input.empty()) {
+      const auto [unit, consumed] = next(input);
+      if (unit != " ") break;
+      input.remove_prefix(consumed);
+    }
+  }
+  if (input.empty()) return out;
+  out.reserve(input.size() + input.size() / 2 + 3);
+  const std::string_view space = escape_whitespaces ? kSpaceSymbol : " ";
+  if (add_dummy_prefix) out += space;
+  bool is_prev_space = remove_extra_whitespaces;
+  while (!input.empty()) {
+    auto [unit, consumed] = next(input);
+    while (is_prev_space && unit.starts_with(' ')) unit.remove_prefix(1);
+    if (!unit.empty()) {
+      for (char c : unit) {
+        if (c == ' ' && escape_whitespaces) {
+          out += kSpaceSymbol;
+        } else {
+          out += c;
+        }
+      }
+      is_prev_space = unit.back() == ' ';
+    }
+    input.remove_prefix(consumed);
+    if (!remove_extra_whitespaces) is_prev_space = false;
+  }
+  if (remove_extra_whitespaces) {
+    while (out.ends_with(space)) out.resize(out.size() - space.size());
+  }
+  return out;
+}
+
+// sentencepiece's bpe::Model::Encode plus the id mapping of SentencePieceProcessor::Encode:
+// symbols are characters (or user-defined pieces, which never merge) in a linked list; a
+// priority queue holds the adjacent pairs whose concatenation is a piece, best score first
+// (ties: leftmost); stale entries are recognized by their length and skipped.
+std::vector<int32_t> Tokenizer::Model::EncodeBpe(std::string_view text) const {
+  std::vector<int32_t> ids;
+  if (text.empty()) return ids;
+  struct Symbol {
+    int prev;
+    int next;
+    bool freeze;
+    uint32_t begin;
+    uint32_t size;  // 0 once merged into its left neighbour
+  };
+  struct Pair {
+    float score;
+    int left;
+    int right;
+    uint32_t size;
+  };
+  struct Worse {
+    bool operator()(const Pair& a, const Pair& b) const {
+      return a.score < b.score || (a.score == b.score && a.left > b.left);
+    }
+  };
+  std::vector<Symbol> symbols;
+  symbols.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    size_t len = MatchUserDefined(text.substr(pos));
+    const bool freeze = len > 0;
+    if (!freeze) {
+      len = std::min(text.size() - pos, OneCharLen(static_cast<unsigned char>(text[pos])));
+    }
+    const int index = static_cast<int>(symbols.size());
+    pos += len;
+    symbols.push_back({index - 1, pos < text.size() ? index + 1 : -1, freeze,
+                       static_cast<uint32_t>(pos - len), static_cast<uint32_t>(len)});
+  }
+
+  std::vector<Pair> heap;
+  heap.reserve(symbols.size());
+  std::priority_queue<Pair, std::vector<Pair>, Worse> agenda(Worse{}, std::move(heap));
+  // Merged UNUSED pieces and what they were merged from (split again at the end).
+  std::unordered_map<std::string_view, std::pair<std::string_view, std::string_view>> rev_merge;
+  auto piece_of = [&](const Symbol& s) { return text.substr(s.begin, s.size); };
+  auto maybe_add = [&](int left, int right) {
+    if (left < 0 || right < 0) return;
+    const Symbol& l = symbols[static_cast<size_t>(left)];
+    const Symbol& r = symbols[static_cast<size_t>(right)];
+    if (l.freeze || r.freeze) return;
+    const std::string_view merged = text.substr(l.begin, l.size + r.size);
+    const auto it = normal.find(merged);
+    if (it == normal.end()) return;
+    const Piece& p = pieces[static_cast<size_t>(it->second)];
+    agenda.push({p.score, left, right, static_cast<uint32_t>(merged.size())});
+    if (p.type == kUnused) rev_merge[merged] = {piece_of(l), piece_of(r)};
+  };
+  for (size_t i = 1; i < symbols.size(); ++i)
+    maybe_add(static_cast<int>(i - 1), static_cast<int>(i));
+
+  while (!agenda.empty()) {
+    const Pair top = agenda.top();
+    agenda.pop();
+    Symbol& l = symbols[static_cast<size_t>(top.left)];
+    Symbol& r = symbols[static_cast<size_t>(top.right)];
+    if (l.size == 0 || r.size == 0 || l.size + r.size != top.size) continue;  // stale
+    l.size += r.size;
+    l.next = r.next;
+    if (r.next >= 0) symbols[static_cast<size_t>(r.next)].prev = top.left;
+    r.size = 0;
+    maybe_add(l.prev, top.left);
+    maybe_add(top.left, l.next);
+  }
+
+  ids.reserve(symbols.size());
+  bool prev_unk = false;
+  std::vector<std::string_view> stack;
+  for (int index = 0; index != -1; index = symbols[static_cast<size_t>(index)].next) {
+    stack.push_back(piece_of(symbols[static_cast<size_t>(index)]));
+    while (!stack.empty()) {
+      const std::string_view w = stack.back();
+      stack.pop_back();
+      const int id = PieceToId(w);
+      const int type = pieces[static_cast<size_t>(id)].type;
+      if (type == kUnused) {
+        if (auto it = rev_merge.find(w); it != rev_merge.end()) {
+          stack.push_back(it->second.second);
+          stack.push_back(it->second.first);
+          continue;
+        }
+      }
+      const bool is_unk = type == kUnknown;
+      if (is_unk && byte_fallback) {
+        for (char c : w) ids.push_back(byte_ids[static_cast<unsigned char>(c)]);
+      } else if (!(is_unk && prev_unk)) {  // runs of unknown pieces give one unk id
+        ids.push_back(id);
+      }
+      prev_unk = is_unk;
+    }
+  }
+  return ids;
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text) const {
-  std::vector<int> ids;
-  auto st = processor_->Encode(text, &ids);
-  if (!st.ok()) {
-    // Only happens for an unloaded model, which Load() rules out.
-    COLONY_LOG_ERROR("tokenizer encode failed: {}", st.ToString());
-    return {};
-  }
-  return std::vector<int32_t>(ids.begin(), ids.end());
+  return model_->EncodeBpe(model_->Normalize(text));
 }
 
 std::string Tokenizer::Decode(std::span<const int32_t> ids) const {
-  const int n = processor_->GetPieceSize();
-  std::vector<int> valid;
-  valid.reserve(ids.size());
+  const Model& m = *model_;
+  std::string text, bytes;
   for (int32_t id : ids) {
-    if (id >= 0 && id < n) valid.push_back(id);
+    if (id < 0 || static_cast<size_t>(id) >= m.pieces.size()) continue;
+    const Model::Piece& p = m.pieces[static_cast<size_t>(id)];
+    if (p.type == Model::kByte) {
+      bytes += static_cast<char>(PieceToByte(p.text));
+      continue;
+    }
+    AppendBytesAsUtf8(bytes, text);
+    bytes.clear();
+    if (p.type == Model::kControl) continue;  // <s>, </s>, <pad>: invisible
+    if (p.type == Model::kUnknown) {
+      text += m.unk_surface;
+      continue;
+    }
+    std::string_view piece = p.text;
+    // The space that the normalizer added (or kept) at the start of the text.
+    if (text.empty() && (m.add_dummy_prefix || m.remove_extra_whitespaces) &&
+        piece.starts_with(kSpaceSymbol)) {
+      piece.remove_prefix(kSpaceSymbol.size());
+    }
+    for (size_t pos = 0; pos < piece.size();) {
+      if (piece.substr(pos).starts_with(kSpaceSymbol)) {
+        text += ' ';
+        pos += kSpaceSymbol.size();
+      } else {
+        text += piece[pos++];
+      }
+    }
   }
-  std::string text;
-  auto st = processor_->Decode(valid, &text);
-  if (!st.ok()) COLONY_LOG_ERROR("tokenizer decode failed: {}", st.ToString());
+  AppendBytesAsUtf8(bytes, text);
   return text;
 }
 
-int Tokenizer::vocab_size() const { return processor_->GetPieceSize(); }
-int Tokenizer::bos_id() const { return processor_->bos_id(); }
-int Tokenizer::eos_id() const { return processor_->eos_id(); }
-int Tokenizer::pad_id() const { return processor_->pad_id(); }
-int Tokenizer::unk_id() const { return processor_->unk_id(); }
+int Tokenizer::vocab_size() const { return static_cast<int>(model_->pieces.size()); }
+int Tokenizer::bos_id() const { return model_->bos; }
+int Tokenizer::eos_id() const { return model_->eos; }
+int Tokenizer::pad_id() const { return model_->pad; }
+int Tokenizer::unk_id() const { return model_->unk; }
 
 Status Tokenizer::Save(const std::filesystem::path& file) const {
-  return data_internal::WriteFileAtomically(file, processor_->serialized_model_proto());
+  return data_internal::WriteFileAtomically(file, model_->serialized);
 }
 
 }  // namespace colony::model

@@ -1,4 +1,8 @@
 // Tokenizer: a SentencePiece model (BPE trained on the local corpus, or a Llama tokenizer.model).
+// Native: models are trained by running Debian's `spm_train` program and parsed and applied by
+// this code (libsentencepiece bundles its own protobuf, which clashes with ours). Encodings equal
+// sentencepiece's for BPE models with no precompiled normalization charsmap (identity
+// normalization, as ours and Llama's use); other models are refused at load time.
 //
 //   auto tok = model::Tokenizer::TrainOrLoad(*corpus, model::DefaultCacheDir(), 4096);
 //   std::vector<int32_t> ids = tok->Encode("Hello, kernel.");
@@ -8,7 +12,7 @@
 // Decode(Encode(s)) == s for any valid UTF-8 string (newlines and indentation included) and the
 // encodings of consecutive chunks of a text concatenate to the encoding of a valid split of it.
 //
-// Threading: a Tokenizer is cheap to copy (copies share one immutable processor); Encode and
+// Threading: a Tokenizer is cheap to copy (copies share one immutable parsed model); Encode and
 // Decode are const and safe to call from several threads at once.
 #pragma once
 
@@ -23,16 +27,15 @@
 
 #include "core/status.h"
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}  // namespace sentencepiece
-
 namespace colony::model {
 
 class Tokenizer {
  public:
   // Loads a SentencePiece model file (ours, or e.g. a Llama `tokenizer.model`).
   static Result<Tokenizer> Load(const std::filesystem::path& model_file);
+  // Parses a serialized SentencePiece ModelProto (the contents of a model file). The bytes are
+  // untrusted: anything malformed, oversized or unsupported gives an error.
+  static Result<Tokenizer> FromBytes(std::string_view serialized);
 
   // Returns the cached model `<cache_dir>/tokenizer-<vocab_size>-<corpus hash>.model`, training
   // it first (BPE on a sample of the corpus lines, seeded so that the result is reproducible)
@@ -57,14 +60,15 @@ class Tokenizer {
   // Writes the sentencepiece model (loadable with Load()), atomically.
   Status Save(const std::filesystem::path& file) const;
 
+  struct Model;  // the parsed model (tokenizer.cpp)
+
  private:
   // `origin` names the model's source in error messages.
-  static Result<Tokenizer> FromSerialized(const std::string& serialized, const std::string& origin);
-  Tokenizer(std::shared_ptr<const sentencepiece::SentencePieceProcessor> processor,
-            std::string hash)
-      : processor_(std::move(processor)), hash_(std::move(hash)) {}
+  static Result<Tokenizer> FromSerialized(std::string_view serialized, const std::string& origin);
+  Tokenizer(std::shared_ptr<const Model> model, std::string hash)
+      : model_(std::move(model)), hash_(std::move(hash)) {}
 
-  std::shared_ptr<const sentencepiece::SentencePieceProcessor> processor_;
+  std::shared_ptr<const Model> model_;
   std::string hash_;
 };
 

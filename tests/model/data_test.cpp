@@ -9,15 +9,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/subprocess.h"
 #include "model/corpus.h"
 #include "model/fashion_mnist.h"
 #include "model/tokenizer.h"
@@ -249,6 +252,351 @@ TEST(TokenizerTest, LoadRejectsGarbage) {
   EXPECT_FALSE(r.ok());
   EXPECT_FALSE(Tokenizer::Load(DefaultCacheDir() / "missing.model").ok());
   EXPECT_FALSE(Tokenizer::TrainOrLoad(SmallCorpus(), DefaultCacheDir(), 10).ok());
+}
+
+// ---- Native tokenizer vs. sentencepiece's own tools ----------------------------------------
+
+// Runs a program to completion (stderr to `log`), returning its stdout lines.
+std::vector<std::string> RunLines(const std::vector<std::string>& argv, const fs::path& log) {
+  auto p = Subprocess::Spawn(argv, log.string());
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  if (!p.ok()) return {};
+  std::vector<std::string> lines;
+  for (;;) {
+    auto line = p->ReadLine(std::chrono::seconds(300));
+    if (!line.ok()) {
+      EXPECT_EQ(line.status().code(), StatusCode::kNotFound) << line.status().ToString();
+      break;
+    }
+    lines.push_back(*line);
+  }
+  auto rc = p->Wait(std::chrono::seconds(60));
+  EXPECT_TRUE(rc.ok() && *rc == 0) << argv[0] << " failed: " << ReadAll(log);
+  return lines;
+}
+
+std::string Join(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(id);
+  }
+  return s;
+}
+
+// A few hundred lines of varied text without newlines: corpus lines, code, Unicode, emoji,
+// odd whitespace and some invalid UTF-8.
+std::vector<std::string> VariedLines() {
+  std::vector<std::string> lines = {
+      "",
+      " ",
+      "   ",
+      "\t",
+      "The kernel schedules tasks on every CPU.",
+      "  Leading spaces, trailing spaces  ",
+      "multiple   inner    spaces and 1234567890 digits",
+      "\tindented with a tab\tand\ttabs  \t ",
+      "static int foo(struct device *dev) { return -ENODEV; }  /* 0x1f */",
+      "for (i = 0; i < n; i++) x[i] = y[i] << 2 | z->w;",
+      "    if (ret < 0)  goto out_unlock;",
+      "#define FOO(x) ((x) & ~0xFFFF0000UL)",
+      "Unicode: naïve café – “quotes” 日本語 🐧",
+      "Ελληνικά, русский текст, עברית, العربية, हिन्दी, 한국어",
+      "emoji: 👩‍👩‍👧‍👦 🇫🇷 ✔️ 🚀🚀🚀 😀😃😄",
+      "combining: e\xcc\x81 a\xcc\x8a, fullwidth ＡＢＣ１２３, ligature ﬁ",
+      "\xe2\x96\x81 already has the space symbol \xe2\x96\x81\xe2\x96\x81 twice",
+      "<s> </s> <unk> <pad> <0x41> look like special pieces",
+      "invalid \xff\xfe bytes \xc3 and \xe2\x82 truncated \xf0\x9f\x90 sequences \x80",
+      "nul-free control chars \x01\x02\x1b[0m and DEL \x7f",
+      "a",
+      "ab",
+      " a",
+      "a ",
+      "??????????????????????????????????????????????????????",
+      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+      "             lots of spaces before",
+      "URL https://www.kernel.org/doc/html/latest/process/howto.html?x=1&y=2#frag",
+      "CONFIG_DEBUG_KERNEL=y CONFIG_LOCKDEP=y # CONFIG_KASAN is not set",
+      "0x7fffffff 3.14159 -42 1e-9 007 ８９",
+  };
+  // Lines of the corpus, spread over it.
+  const std::string text = ReadAll(SmallCorpus());
+  size_t pos = 0;
+  for (int i = 0; i < 300 && pos < text.size(); ++i) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(pos, end - pos));
+    pos = text.find('\n', pos + text.size() / 300);
+    if (pos == std::string::npos) break;
+    ++pos;
+  }
+  // Some mixes of the above.
+  const size_t n = lines.size();
+  for (size_t i = 0; i + 1 < n; i += 9) lines.push_back(lines[i] + "  " + lines[n - 1 - i] + " ");
+  return lines;
+}
+
+bool IsValidUtf8ForTest(const std::string& s) {
+  // Round trips are exact only for valid UTF-8 (sentencepiece maps bad bytes to U+FFFD).
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80             ? 1
+                 : (c & 0xE0) == 0xC0 ? 2
+                 : (c & 0xF0) == 0xE0 ? 3
+                 : (c & 0xF8) == 0xF0 ? 4
+                                      : 0;
+    if (len == 0 || i + len > s.size() || (len == 2 && c < 0xC2)) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+// Spaces collapsed and stripped, as remove_extra_whitespaces does.
+std::string CollapseSpaces(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == ' ' && (out.empty() || out.back() == ' ')) continue;
+    out += c;
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+// Checks that Encode equals spm_encode and Decode equals spm_decode on VariedLines().
+void ExpectSameAsSentencepiece(const Tokenizer& tok, const fs::path& model, bool collapses) {
+  const std::vector<std::string> lines = VariedLines();
+  ASSERT_GE(lines.size(), 300u);
+  const fs::path dir = DefaultCacheDir() / ("spm-compare-" + model.stem().string());
+  fs::create_directories(dir);
+  {
+    std::ofstream out(dir / "input.txt", std::ios::binary);
+    for (const std::string& l : lines) out << l << '\n';
+  }
+  const std::vector<std::string> expected =
+      RunLines({"/usr/bin/spm_encode", "--model=" + model.string(), "--output_format=id",
+                "--input=" + (dir / "input.txt").string()},
+               dir / "encode.log");
+  ASSERT_EQ(expected.size(), lines.size());
+  std::ofstream ids_file(dir / "ids.txt", std::ios::binary);
+  int mismatches = 0;
+  std::vector<std::vector<int32_t>> encoded;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    encoded.push_back(tok.Encode(lines[i]));
+    const std::string got = Join(encoded.back());
+    if (got != expected[i] && ++mismatches <= 5) {
+      ADD_FAILURE() << "line " << i << " \"" << lines[i] << "\"\n ours: " << got
+                    << "\n  spm: " << expected[i];
+    }
+    ids_file << expected[i] << '\n';
+    for (int32_t id : encoded.back()) ASSERT_TRUE(id >= 0 && id < tok.vocab_size());
+  }
+  ids_file.close();
+  EXPECT_EQ(mismatches, 0);
+
+  const std::vector<std::string> decoded =
+      RunLines({"/usr/bin/spm_decode", "--model=" + model.string(), "--input_format=id",
+                "--input=" + (dir / "ids.txt").string()},
+               dir / "decode.log");
+  ASSERT_EQ(decoded.size(), lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string ours = tok.Decode(encoded[i]);
+    EXPECT_EQ(ours, decoded[i]) << "line " << i;
+    // Exact for valid UTF-8 without literal U+2581 (which decodes to a space, as in
+    // sentencepiece).
+    if (IsValidUtf8ForTest(lines[i]) && lines[i].find("\xe2\x96\x81") == std::string::npos) {
+      EXPECT_EQ(ours, collapses ? CollapseSpaces(lines[i]) : lines[i]) << "line " << i;
+    }
+  }
+}
+
+fs::path SmallModelFile() {
+  return DefaultCacheDir() / ("tokenizer-" + std::to_string(kVocab) + "-" +
+                              *data_internal::HashFile(SmallCorpus()) + ".model");
+}
+
+TEST(TokenizerTest, EncodesLikeSentencepiece) {
+  SmallTokenizer();
+  ExpectSameAsSentencepiece(SmallTokenizer(), SmallModelFile(), /*collapses=*/false);
+  // "\n" is a user-defined piece of its own.
+  const std::vector<int32_t> ids = SmallTokenizer().Encode("a\n\nb\n");
+  EXPECT_EQ(ids.size(), 5u);
+  EXPECT_EQ(SmallTokenizer().Decode(ids), "a\n\nb\n");
+}
+
+// A model with Llama's settings: dummy prefix, whitespace collapsing, byte fallback.
+const fs::path& LlamaStyleModel() {
+  static const fs::path model = [] {
+    const fs::path dir = DefaultCacheDir() / "llama-style";
+    fs::create_directories(dir);
+    RunLines({"/usr/bin/spm_train", "--input=" + SmallCorpus().string(),
+              "--model_prefix=" + (dir / "llama").string(), "--model_type=bpe", "--vocab_size=1000",
+              "--byte_fallback=true", "--add_dummy_prefix=true", "--remove_extra_whitespaces=true",
+              "--normalization_rule_name=identity", "--input_sentence_size=40000",
+              "--shuffle_input_sentence=true", "--character_coverage=0.9995", "--split_digits=true",
+              "--num_threads=2", "--minloglevel=2"},
+             dir / "train.log");
+    return dir / "llama.model";
+  }();
+  return model;
+}
+
+TEST(TokenizerTest, LlamaStyleModelEncodesLikeSentencepiece) {
+  auto tok = Tokenizer::Load(LlamaStyleModel());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  EXPECT_EQ(tok->vocab_size(), 1000);
+  EXPECT_EQ(tok->unk_id(), 0);
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+  EXPECT_EQ(tok->pad_id(), -1);
+  ExpectSameAsSentencepiece(*tok, LlamaStyleModel(), /*collapses=*/true);
+  // Control ids are invisible, out-of-range ids dropped; the dummy prefix is removed.
+  std::vector<int32_t> ids = tok->Encode("Hello world");
+  ids.insert(ids.begin(), {tok->bos_id(), -5, 1'000'000});
+  ids.push_back(tok->eos_id());
+  EXPECT_EQ(tok->Decode(ids), "Hello world");
+  EXPECT_TRUE(tok->Encode("   ").empty());
+}
+
+TEST(TokenizerTest, SaveWritesALoadableCopy) {
+  const fs::path copy = DefaultCacheDir() / "saved-copy.model";
+  ASSERT_TRUE(SmallTokenizer().Save(copy).ok());
+  EXPECT_EQ(ReadAll(copy), ReadAll(SmallModelFile()));
+  auto again = Tokenizer::Load(copy);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->hash(), SmallTokenizer().hash());
+}
+
+// ---- Hostile model files --------------------------------------------------------------------
+
+std::string Varint(uint64_t v) {
+  std::string s;
+  while (v >= 0x80) {
+    s += static_cast<char>((v & 0x7F) | 0x80);
+    v >>= 7;
+  }
+  s += static_cast<char>(v);
+  return s;
+}
+std::string LenField(int field, const std::string& bytes) {
+  return Varint(static_cast<uint64_t>(field) << 3 | 2) + Varint(bytes.size()) + bytes;
+}
+std::string VarintField(int field, uint64_t v) {
+  return Varint(static_cast<uint64_t>(field) << 3) + Varint(v);
+}
+std::string Piece(const std::string& text, float score, int type = 1) {
+  std::string s = LenField(1, text);
+  uint32_t bits;
+  std::memcpy(&bits, &score, 4);
+  s += static_cast<char>(2 << 3 | 5);
+  for (int i = 0; i < 4; ++i) s += static_cast<char>(bits >> (8 * i));
+  return LenField(1, s + VarintField(3, static_cast<uint64_t>(type)));
+}
+// A tiny BPE model: <unk>, a, b, c, ab (best), bc, abc; identity normalization.
+std::string TinyModel(int model_type = 2, const std::string& extra_piece = {},
+                      const std::string& charsmap = {}) {
+  std::string m = Piece("<unk>", 0, 2) + Piece("a", -1) + Piece("b", -2) + Piece("c", -3) +
+                  Piece("ab", 5) + Piece("bc", 4) + Piece("abc", 3) + extra_piece;
+  m += LenField(2, VarintField(3, static_cast<uint64_t>(model_type)) + VarintField(4, 7));
+  m += LenField(3, LenField(1, "identity") + (charsmap.empty() ? "" : LenField(2, charsmap)) +
+                       VarintField(3, 0) + VarintField(4, 0));
+  return m;
+}
+
+TEST(TokenizerTest, ParsesAHandBuiltModel) {
+  auto tok = Tokenizer::FromBytes(TinyModel());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  EXPECT_EQ(tok->vocab_size(), 7);
+  EXPECT_EQ(tok->bos_id(), -1);
+  // "abc": ab (5) beats bc (4), then ab+c = abc.
+  EXPECT_EQ(tok->Encode("abc"), (std::vector<int32_t>{6}));
+  EXPECT_EQ(tok->Encode("bcab"), (std::vector<int32_t>{5, 4}));
+  // No byte fallback: runs of unknown characters give one unk id.
+  EXPECT_EQ(tok->Encode("xyza"), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(tok->Decode(std::vector<int32_t>{0, 1}), " \xE2\x81\x87 a");
+}
+
+TEST(TokenizerTest, HostileModelsGiveErrors) {
+  auto expect_error = [](const std::string& bytes, const std::string& what,
+                         StatusCode code = StatusCode::kInvalidArgument) {
+    auto r = Tokenizer::FromBytes(bytes);
+    EXPECT_FALSE(r.ok()) << what;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), code) << what << ": " << r.status().ToString();
+      EXPECT_FALSE(r.status().message().empty());
+    }
+  };
+  expect_error("", "empty");
+  expect_error("this is not a protobuf", "garbage");
+  expect_error(std::string(100, '\xff'), "endless varint");
+  expect_error("\x0a\xff\xff\xff\xff\x0f" + std::string(10, 'x'), "huge length");
+  expect_error(TinyModel().substr(0, TinyModel().size() - 3), "truncated");
+  expect_error(TinyModel(1), "unigram", StatusCode::kUnimplemented);
+  expect_error(TinyModel(3), "word", StatusCode::kUnimplemented);
+  expect_error(TinyModel(2, {}, "\x01\x02\x03\x04"), "charsmap", StatusCode::kUnimplemented);
+  expect_error(TinyModel(2, Piece("\xff\xfe", 0)), "bad UTF-8 piece");
+  expect_error(TinyModel(2, Piece("", 0)), "empty piece");
+  expect_error(TinyModel(2, Piece("ab", 0)), "duplicate piece");
+  expect_error(TinyModel(2, Piece("<u2>", 0, 2)), "second unk");
+  expect_error(TinyModel(2, Piece("<0x41>", 0, 6)), "byte piece without byte_fallback");
+  expect_error(TinyModel(2, Piece("x", 0, 99)), "bad type");
+  expect_error(TinyModel(2, "\x0b"), "group wire type");
+  expect_error(Piece("a", 0) + LenField(2, VarintField(3, 2)), "no unk");
+
+  // Every prefix of a real model, and bit flips: errors or a usable model, never a crash.
+  const std::string real = ReadAll(SmallModelFile());
+  ASSERT_GT(real.size(), 1000u);
+  for (size_t len = 0; len < real.size(); len += 1 + len / 50) {
+    auto r = Tokenizer::FromBytes(std::string_view(real).substr(0, len));
+    if (r.ok()) r->Encode("some text");
+  }
+  std::mt19937 rng(5);
+  for (int i = 0; i < 300; ++i) {
+    std::string bad = real;
+    for (int k = 0; k < 3; ++k) bad[rng() % bad.size()] ^= static_cast<char>(1 << (rng() % 8));
+    auto r = Tokenizer::FromBytes(bad);
+    if (r.ok()) {
+      for (int32_t id : r->Encode("The kernel, café 🐧")) ASSERT_LT(id, r->vocab_size());
+    }
+  }
+  // An oversized file is refused before parsing.
+  const fs::path huge = DefaultCacheDir() / "huge.model";
+  {
+    std::ofstream out(huge, std::ios::binary);
+    out.seekp(65 << 20);
+    out << 'x';
+  }
+  auto r = Tokenizer::Load(huge);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  fs::remove(huge);
+}
+
+TEST(TokenizerTest, EncodeSpeed) {
+  const std::string text = ReadAll(SmallCorpus());
+  const auto start = std::chrono::steady_clock::now();
+  size_t tokens = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', std::min(text.size(), pos + 2048));
+    end = end == std::string::npos ? text.size() : end + 1;
+    tokens += SmallTokenizer().Encode(std::string_view(text).substr(pos, end - pos)).size();
+    pos = end;
+  }
+  const double ours =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto spm_start = std::chrono::steady_clock::now();
+  const std::vector<std::string> spm =
+      RunLines({"/usr/bin/spm_encode", "--model=" + SmallModelFile().string(), "--output_format=id",
+                "--input=" + SmallCorpus().string()},
+               DefaultCacheDir() / "speed.log");
+  const double theirs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - spm_start).count();
+  const double mb = static_cast<double>(text.size()) / 1e6;
+  std::printf("encode speed: native %.1f MB/s (%zu tokens), spm_encode %.1f MB/s (%zu lines)\n",
+              mb / ours, tokens, mb / theirs, spm.size());
+  EXPECT_GT(tokens, text.size() / 8);
 }
 
 // ---- Token shards --------------------------------------------------------------------------
