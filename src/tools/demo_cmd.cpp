@@ -125,7 +125,7 @@ Result<std::string> TrainTogether(const DemoArgs& a, const std::string& self,
               static_cast<unsigned long long>(manifest.train_tokens), manifest.shard_files.size());
 
   const int64_t batch = 8, seq = 64;
-  const int64_t target = batch * 4 * a.peers;  // about 4 local batches per peer per step
+  const int64_t target = batch * 8 * a.peers;  // about 8 local batches per peer per step
   const double stop_at = dht::Now() + seconds_budget + 3;
   const std::string run_id = fmt::format("demo-{}", ::getpid());
   std::vector<Subprocess> trainers;

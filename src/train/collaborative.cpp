@@ -622,10 +622,7 @@ class CollaborativeOptimizer::Impl {
   }
 
   Status LoadStateFromPeers() {
-    if (pending_.valid()) {
-      StepReport ignored;
-      ApplyPending(ignored);
-    }
+    FinishPendingStep();
     auto s = grad_avg_[0]->LoadStateFromPeersSync(options_.load_state_timeout);
     if (!s.ok()) return s.status();
     auto meta = Json::parse(s->metadata, nullptr, false);
@@ -674,7 +671,14 @@ class CollaborativeOptimizer::Impl {
     return Status::Ok();
   }
 
+  void FinishPendingStep() {
+    if (!pending_.valid()) return;
+    StepReport ignored;
+    ApplyPending(ignored);
+  }
+
   Status SaveCheckpoint(const std::filesystem::path& file) {
+    FinishPendingStep();
     NamedTensors named;
     Json meta;
     {
@@ -780,8 +784,11 @@ class CollaborativeOptimizer::Impl {
   }
 
   size_t CountPeersAtEpoch(int64_t epoch, const GlobalProgress& g) const {
+    // With delayed averaging a peer reports the next epoch as soon as its round starts, so the
+    // peers one epoch ahead may still be in this epoch's round.
+    const bool delayed = options_.delay_grad_averaging && options_.diloco_inner_steps == 0;
     size_t n = 0;
-    for (const auto& p : g.peers) n += p.epoch == epoch;
+    for (const auto& p : g.peers) n += p.epoch == epoch || (delayed && p.epoch == epoch + 1);
     return n;
   }
 
@@ -910,6 +917,7 @@ Result<StepReport> CollaborativeOptimizer::Step(int64_t batch_size) {
   return impl_->Step(batch_size);
 }
 Status CollaborativeOptimizer::LoadStateFromPeers() { return impl_->LoadStateFromPeers(); }
+void CollaborativeOptimizer::FinishPendingStep() { impl_->FinishPendingStep(); }
 Status CollaborativeOptimizer::RunAuxiliary(const std::function<bool()>& stop) {
   return impl_->RunAuxiliary(stop);
 }

@@ -129,6 +129,9 @@ class CollaborativeOptimizer {
 
   // Call after backward() on a batch of `batch_size` samples; consumes and zeroes the gradients.
   Result<StepReport> Step(int64_t batch_size);
+  // With delay_grad_averaging: waits for the round running in the background and applies it
+  // (Step() does this by itself a batch later). Call before reading the parameters at the end.
+  void FinishPendingStep();
   // Downloads parameters, optimizer state and epoch from the most advanced peer. Call it when
   // joining a running swarm; Step() also calls it when this peer is behind.
   Status LoadStateFromPeers();

@@ -134,6 +134,29 @@ TEST(CollaborativeTest, AveragedGradientIsTheSampleWeightedMean) {
   EXPECT_LE(static_cast<double>(total), 1.2 * static_cast<double>(target));
 }
 
+// Delayed updates: each round runs in the background during the next batch and is applied a
+// batch later; the peers still apply the same averaged gradients.
+TEST(CollaborativeTest, DelayedAveragingAppliesTheSameStepsOnEveryPeer) {
+  Swarm swarm;
+  for (int i = 0; i < 2; ++i) swarm.Add({.target_batch_size = 200, .delay_grad_averaging = true});
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (int i = 0; i < 2; ++i) {
+    runs.push_back(std::async(std::launch::async, [&, i] {
+      auto steps = Train(*swarm.peers()[i], Gradient(i), 4, 3);
+      swarm.peers()[i]->co->FinishPendingStep();
+      return steps;
+    }));
+  }
+  for (auto& r : runs) ASSERT_EQ(r.get().size(), 3u);
+  const at::Tensor w0 = swarm.peers()[0]->w.detach(), w1 = swarm.peers()[1]->w.detach();
+  EXPECT_TRUE(at::allclose(w0, w1, 1e-5, 1e-6));
+  // Three SGD steps (lr 1) of the equal-weight mean of g0 and g1 (both peers use batch 4, so
+  // their sample counts differ by at most a few batches: bound by the two gradients).
+  EXPECT_TRUE((w0 <= -3 * Gradient(0) + 1e-4).all().item<bool>());
+  EXPECT_TRUE((w0 >= -3 * Gradient(1) - 1e-4).all().item<bool>());
+  EXPECT_EQ(swarm.peers()[0]->co->counters().failed_rounds, 0);
+}
+
 TEST(CollaborativeTest, PeerSendingNonFiniteGradientsDoesNotDerailTheSwarm) {
   Swarm swarm;
   for (int i = 0; i < 3; ++i) swarm.Add({.target_batch_size = 300});
