@@ -196,6 +196,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   double priority_ = 0;
   size_t transfers_in_flight_ = 0;
   bool advertising_ = false;
+  // The advert loop's timer (strand only); cancelled to re-advertise at once.
+  asio::steady_timer* advert_timer_ = nullptr;
+  void ReadvertiseSoon();
   std::mt19937_64 rng_{std::random_device{}()};
 };
 

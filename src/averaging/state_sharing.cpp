@@ -47,18 +47,35 @@ void Averager::Impl::ShareState(StateProvider provider, double priority) {
     auto loop = [self]() -> asio::awaitable<void> { co_await self->AdvertiseLoop(); };
     asio::co_spawn(strand_, std::move(loop), asio::detached);
   } else {
-    // Re-advertise at once with the new priority.
-    looking_changed_.Notify();
+    ReadvertiseSoon();  // with the new priority
   }
 }
 
 void Averager::Impl::SetStatePriority(double priority) {
-  std::lock_guard lock(state_mu_);
-  priority_ = priority;
+  {
+    std::lock_guard lock(state_mu_);
+    if (priority_ == priority) return;
+    priority_ = priority;
+  }
+  ReadvertiseSoon();
+}
+
+void Averager::Impl::ReadvertiseSoon() {
+  // The timer belongs to the strand: cancel it there, so newcomers see the new priority now
+  // rather than a state_advert_period later.
+  auto self = shared_from_this();
+  asio::post(strand_, [self] {
+    if (self->advert_timer_ != nullptr) self->advert_timer_->cancel();
+  });
 }
 
 asio::awaitable<void> Averager::Impl::AdvertiseLoop() {
   asio::steady_timer timer(strand_);
+  advert_timer_ = &timer;
+  struct Reset {
+    asio::steady_timer*& timer;
+    ~Reset() { timer = nullptr; }
+  } reset{advert_timer_};
   for (;;) {
     double priority = 0;
     {

@@ -317,6 +317,9 @@ int Run(const TrainTaskArgs& a) {
   auto fault = averaging::ParseFault(a.fault);
   if (!fault.ok()) return Fail(fault.status());
 
+  if (mode != averaging::Mode::kNode && a.initial_peers.empty()) {
+    return Fail("--client-mode and --aux peers join an existing swarm: give --initial-peers");
+  }
   const auto t0 = Clock::now();
   auto task = MakeTask(a);
   if (!task.ok()) return Fail(task.status().WithContext("preparing the task"));

@@ -179,7 +179,12 @@ class CollaborativeOptimizer::Impl {
     po.run_id = options_.run_id;
     po.target_batch_size = options_.target_batch_size;
     po.min_refresh = options_.progress_min_refresh;
-    po.max_refresh = std::max(options_.progress_max_refresh, options_.progress_min_refresh);
+    if (diloco) {
+      // Syncs are H steps apart and a lone peer refreshes before deciding: no need to poll the
+      // DHT ten times a second (that traffic would rival the compressed syncs).
+      po.min_refresh = std::max<std::chrono::milliseconds>(po.min_refresh, std::chrono::seconds(1));
+    }
+    po.max_refresh = std::max(options_.progress_max_refresh, po.min_refresh);
     po.client = options_.mode == averaging::Mode::kClient;
     po.aux = options_.mode == averaging::Mode::kAux;
     COLONY_ASSIGN_OR_RETURN(tracker_, ProgressTracker::Create(node_, po));
@@ -248,6 +253,20 @@ class CollaborativeOptimizer::Impl {
 
   // One global step in synchronous or local-updates mode.
   Status Round(StepReport& report) {
+    // Behind the swarm: the rounds this peer could have joined are over (with delayed averaging,
+    // the peers one epoch ahead are still in this epoch's round). Take the swarm's state rather
+    // than step alone and diverge.
+    const int64_t lag = options_.delay_grad_averaging ? 1 : 0;
+    if (tracker_->Global().epoch > epoch_ + lag) {
+      Status st = LoadStateFromPeers();
+      if (st.ok()) {
+        report.loaded_state = true;
+        return Status::Ok();
+      }
+      COLONY_LOG_WARN("train: behind the swarm and could not download its state ({}); stepping "
+                      "with local gradients",
+                      st.ToString());
+    }
     const int64_t samples = local_samples_;
     const int64_t round_epoch = epoch_;
     const size_t expected = PeersAtEpoch(round_epoch);
@@ -267,8 +286,12 @@ class CollaborativeOptimizer::Impl {
         auto outcome =
             expected > 1
                 ? AverageGrads(samples, round_epoch, expected)
-                : Outcome{
-                      .averaged = false, .realized = samples, .group = 1, .seconds = 0, .note = {}};
+                : Outcome{.epoch = round_epoch,
+                          .averaged = false,
+                          .realized = samples,
+                          .group = 1,
+                          .seconds = 0,
+                          .note = {}};
         ApplyOutcome(outcome, report);
       }
     }
@@ -282,11 +305,22 @@ class CollaborativeOptimizer::Impl {
       AverageParams(1, PeersAtEpoch(round_epoch), ignored);
     }
     tracker_->Report(epoch_, 0, sps_);
-    grad_avg_[0]->SetStatePriority(static_cast<double>(epoch_));
+    UpdatePriority();
     return CatchUp(report);
   }
 
+  // Donors are ranked by how recent their parameters are.
+  void UpdatePriority() {
+    int64_t e;
+    {
+      std::lock_guard lock(state_mu_);
+      e = params_epoch_;
+    }
+    grad_avg_[0]->SetStatePriority(static_cast<double>(e));
+  }
+
   struct Outcome {
+    int64_t epoch = 0;  // of the round
     bool averaged = false;
     int64_t realized = 0;
     size_t group = 1;
@@ -297,11 +331,13 @@ class CollaborativeOptimizer::Impl {
   // Averages buf_ (this peer's mean gradient) with the peers at `epoch`.
   Outcome AverageGrads(int64_t samples, int64_t epoch, size_t expected) {
     Outcome out;
+    out.epoch = epoch;
     out.realized = samples;
     averaging::StepOptions so;
     so.weight = static_cast<double>(samples);
     so.gather = Json{{"samples", samples}}.dump();
     so.timeout = options_.averaging_timeout;
+    so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
     so.expected_group_size = expected;
     so.group_bits = EpochBits(epoch);
     std::vector<float> local(buf_);  // restored if the round fails before the all-reduce
@@ -338,6 +374,7 @@ class CollaborativeOptimizer::Impl {
   void ApplyPending(StepReport& report) {
     Outcome outcome = pending_.get();
     ApplyOutcome(outcome, report);
+    UpdatePriority();
   }
 
   // Writes buf_ into the gradients and steps the optimizer (unless buf_ is not finite).
@@ -347,7 +384,11 @@ class CollaborativeOptimizer::Impl {
     report.group_size = o.group;
     report.averaging_seconds = o.seconds;
     report.note = o.note;
-    if (!o.averaged && o.realized == 0) return;  // nothing to apply: no samples, no group
+    if (!o.averaged && o.realized == 0) {  // nothing to apply: no samples, no group
+      std::lock_guard lock(state_mu_);
+      params_epoch_ = o.epoch + 1;
+      return;
+    }
     if (!o.averaged && !o.note.empty()) {
       counters_.failed_rounds++;
       COLONY_LOG_WARN("train: averaging at epoch {} failed, stepping with local gradients: {}",
@@ -379,6 +420,7 @@ class CollaborativeOptimizer::Impl {
       }
     }
     optimizer_->step();
+    params_epoch_ = o.epoch + 1;
     for (auto& p : params_) {
       if (p.grad().defined()) p.mutable_grad().zero_();
     }
@@ -389,6 +431,7 @@ class CollaborativeOptimizer::Impl {
     averaging::StepOptions so;
     so.weight = static_cast<double>(weight);
     so.timeout = options_.averaging_timeout;
+    so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
     so.expected_group_size = expected;
     so.group_bits = EpochBits(epoch_);
     {
@@ -434,10 +477,14 @@ class CollaborativeOptimizer::Impl {
     }
     if (inner_step_ % h == 0) {
       epoch_ = inner_step_ / h;
+      {
+        std::lock_guard lock(state_mu_);
+        params_epoch_ = epoch_;
+      }
       counters_.global_steps++;
       report.stepped = true;
       tracker_->Report(epoch_, 0, sps_);
-      grad_avg_[0]->SetStatePriority(static_cast<double>(epoch_));
+      UpdatePriority();
       return CatchUp(report);
     }
     return Status::Ok();
@@ -458,6 +505,7 @@ class CollaborativeOptimizer::Impl {
       averaging::StepOptions so;
       so.weight = static_cast<double>(std::max<int64_t>(local_samples_, 1));
       so.timeout = options_.averaging_timeout;
+      so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
       so.expected_group_size = expected;
       so.group_bits = EpochBits(round, static_cast<int>(f));
       std::vector<float> local(buf_.begin() + static_cast<std::ptrdiff_t>(begin),
@@ -499,9 +547,17 @@ class CollaborativeOptimizer::Impl {
 
   Status CatchUp(StepReport& report) {
     const GlobalProgress g = tracker_->Global();
-    if (g.epoch <= epoch_) return Status::Ok();
-    COLONY_LOG_INFO("train: this peer is at epoch {} and the swarm at {}; downloading its state",
-                    epoch_, g.epoch);
+    int64_t params_epoch;
+    {
+      std::lock_guard lock(state_mu_);
+      params_epoch = params_epoch_;
+    }
+    // Stale parameters: a step was skipped (its averaged gradients were not finite).
+    const bool stale = params_epoch < epoch_ - (pending_.valid() ? 1 : 0);
+    if (g.epoch <= epoch_ && !stale) return Status::Ok();
+    COLONY_LOG_INFO(
+        "train: this peer's parameters are at epoch {} and the swarm at {}; downloading its state",
+        params_epoch, g.epoch);
     Status st = LoadStateFromPeers();
     if (st.ok()) {
       report.loaded_state = true;
@@ -538,7 +594,7 @@ class CollaborativeOptimizer::Impl {
       tensors.push_back(
           {{"name", name}, {"dtype", at::toString(t.scalar_type())}, {"shape", t.sizes().vec()}});
     }
-    return Json{{"epoch", epoch_},
+    return Json{{"epoch", params_epoch_},
                 {"inner_step", inner_step_},
                 {"run_id", options_.run_id},
                 {"tensors", tensors}};
@@ -613,6 +669,7 @@ class CollaborativeOptimizer::Impl {
       }
     }
     epoch_ = epoch;
+    params_epoch_ = epoch;
     inner_step_ = options_.diloco_inner_steps > 0
                       ? std::max(inner_step, epoch * options_.diloco_inner_steps)
                       : inner_step;
@@ -663,10 +720,19 @@ class CollaborativeOptimizer::Impl {
     const int64_t inner = meta.contains("inner_step") && meta["inner_step"].is_number_integer()
                               ? meta["inner_step"].get<int64_t>()
                               : 0;
-    COLONY_RETURN_IF_ERROR(ApplyState(named, meta["epoch"].get<int64_t>(), inner));
+    const int64_t donor_epoch = meta["epoch"].get<int64_t>();
+    {
+      std::lock_guard lock(state_mu_);
+      if (donor_epoch < params_epoch_) {
+        return FailedPrecondition(fmt::format(
+            "the best donor's state is at epoch {}, older than this peer's ({}); keeping ours",
+            donor_epoch, params_epoch_));
+      }
+    }
+    COLONY_RETURN_IF_ERROR(ApplyState(named, donor_epoch, inner));
     counters_.state_loads++;
     tracker_->Report(epoch_, 0, sps_);
-    grad_avg_[0]->SetStatePriority(static_cast<double>(epoch_));
+    UpdatePriority();
     COLONY_LOG_INFO("train: loaded the swarm's state at epoch {}", epoch_);
     return Status::Ok();
   }
@@ -697,7 +763,7 @@ class CollaborativeOptimizer::Impl {
           info, std::span<const uint8_t>(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes()));
     }
     std::map<std::string, std::string> metadata = {{"format", "colony-train-state"},
-                                                   {"epoch", std::to_string(epoch_)},
+                                                   {"epoch", std::to_string(params_epoch_)},
                                                    {"inner_step", std::to_string(inner_step_)},
                                                    {"run_id", options_.run_id}};
     return model::WriteSafetensors(file, items, metadata);
@@ -734,7 +800,7 @@ class CollaborativeOptimizer::Impl {
     }
     COLONY_RETURN_IF_ERROR(ApplyState(named, epoch, inner));
     if (options_.diloco_inner_steps == 0) tracker_->Report(epoch_, 0, sps_);
-    grad_avg_[0]->SetStatePriority(static_cast<double>(epoch_));
+    UpdatePriority();
     return Status::Ok();
   }
 
@@ -757,6 +823,7 @@ class CollaborativeOptimizer::Impl {
       averaging::StepOptions so;
       so.weight = 0;
       so.timeout = options_.averaging_timeout;
+      so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
       so.expected_group_size = g.num_peers_at_epoch;
       so.group_bits = EpochBits(g.epoch);
       auto r = grad_avg_[0]->StepSync(so);
@@ -869,7 +936,8 @@ class CollaborativeOptimizer::Impl {
   std::mutex state_mu_;  // parameters and optimizer state vs. the state provider
   std::future<Outcome> pending_;
   int64_t pending_samples_ = 0;
-  int64_t epoch_ = 0;
+  int64_t epoch_ = 0;         // rounds this peer has been through (what it reports)
+  int64_t params_epoch_ = 0;  // the epoch its parameters are at (guarded by state_mu_)
   int64_t inner_step_ = 0;
   int64_t local_samples_ = 0;
   double sps_ = 0;

@@ -95,18 +95,22 @@ class ProgressTracker::Impl {
   }
 
   void Report(int64_t epoch, int64_t samples, double sps) {
-    bool urgent = false;
+    bool wake = false;
     {
       std::lock_guard lock(mu_);
-      urgent = epoch != self_.epoch;
+      const bool urgent = epoch != self_.epoch;
+      // Wake the thread when there is news to publish: at once for a new epoch, otherwise at
+      // most every min_refresh (it sleeps until the next keepalive when nothing changed).
+      wake = urgent || !dirty_;
       self_.epoch = epoch;
       self_.samples = samples;
       self_.samples_per_second = sps;
       self_.time = dht::Now();
       dirty_ = true;
       if (urgent) publish_now_ = true;
+      if (wake) wake_ = true;
     }
-    if (urgent) cv_.notify_all();
+    if (wake) cv_.notify_all();
   }
 
   GlobalProgress Global() const {
@@ -166,7 +170,8 @@ class ProgressTracker::Impl {
       const bool fetch = fetch_now_ || now >= next_fetch;
       if (!publish && !fetch) {
         auto wake = std::min(next_fetch, dirty_ ? next_publish : next_publish + Keepalive());
-        cv_.wait_until(lock, wake, [&] { return stop_ || publish_now_ || fetch_now_; });
+        wake_ = false;
+        cv_.wait_until(lock, wake, [&] { return stop_ || publish_now_ || fetch_now_ || wake_; });
         continue;
       }
       if (publish) {
@@ -207,7 +212,8 @@ class ProgressTracker::Impl {
         fetched_at_ = dht::Now();
         ++fetches_;
         const GlobalProgress g = Merge();
-        const double half_eta = std::isfinite(g.eta_seconds) ? g.eta_seconds / 2 : 1e9;
+        // Until the swarm's throughput is known, look often (peers report within min_refresh).
+        const double half_eta = std::isfinite(g.eta_seconds) ? g.eta_seconds / 2 : 0;
         const auto wait = std::clamp(
             std::chrono::milliseconds(static_cast<int64_t>(std::min(half_eta, 1e6) * 1000)),
             options_.min_refresh, options_.max_refresh);
@@ -234,6 +240,7 @@ class ProgressTracker::Impl {
   bool dirty_ = true;
   bool publish_now_ = true;
   bool fetch_now_ = true;
+  bool wake_ = false;
   bool stop_ = false;
   std::thread thread_;
 };

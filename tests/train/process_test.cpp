@@ -1,0 +1,558 @@
+// Collaborative training between real `colony train --task fashion-mnist` processes on loopback:
+// a 4-peer swarm against one process with the same global batch, a peer SIGKILLed mid-run, a peer
+// joining a run in progress, DiLoCo's traffic against synchronous training, and a peer that sends
+// NaN gradients. Every wait is for a JSON event of the processes (--json), with a deadline.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/subprocess.h"
+#include "test_support.h"
+
+namespace colony::train {
+namespace {
+
+using namespace std::chrono_literals;
+using colony::test::ColonyBinary;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::string TempPath(const std::string& name) {
+  static int counter = 0;
+  return ::testing::TempDir() + "/train_" + std::to_string(::getpid()) + "_" +
+         std::to_string(counter++) + "_" + name;
+}
+
+// The last `max_chars` characters of a file (a peer's stderr), for failure messages.
+std::string Tail(const std::string& path, size_t max_chars = 3000) {
+  const std::string text = colony::test::ReadFile(path);
+  return text.size() <= max_chars ? text : text.substr(text.size() - max_chars);
+}
+
+std::string RunId(const std::string& test) {
+  return "train-process-" + test + "-" + std::to_string(::getpid());
+}
+
+// TRAIN_PROCESS_TEST_VERBOSE=1 prints every event of every trainer.
+bool Verbose() {
+  const char* v = std::getenv("TRAIN_PROCESS_TEST_VERBOSE");
+  return v != nullptr && *v != '\0' && *v != '0';
+}
+
+struct Trainer {
+  std::string label;
+  std::string stderr_path;
+  std::optional<Subprocess> process;
+  json ready;
+  std::optional<double> initial_eval;  // the "eval" event printed before training
+  std::vector<json> steps;             // every "step" event read so far
+  std::optional<json> done;
+};
+
+// A DHT bootstrap (`colony dht`) and trainers that join through it, all on loopback.
+class TrainSwarm {
+ public:
+  explicit TrainSwarm(std::string run_id) : run_id_(std::move(run_id)) {
+    boot_err_ = TempPath("boot.err");
+    auto boot = Subprocess::Spawn(
+        {ColonyBinary(), "--log-level", "warn", "dht", "--listen", "/ip4/127.0.0.1/tcp/0"},
+        boot_err_);
+    EXPECT_TRUE(boot.ok()) << boot.status().ToString();
+    if (!boot.ok()) return;
+    bootstrap_.emplace(std::move(*boot));
+    auto line = bootstrap_->ReadLine(20s);
+    EXPECT_TRUE(line.ok()) << line.status().ToString() << "\n" << Tail(boot_err_);
+    if (line.ok()) bootstrap_addr_ = *line;
+  }
+
+  bool ok() const { return !bootstrap_addr_.empty(); }
+
+  // Arguments every trainer of these tests shares; `args` adds to (and may repeat) them.
+  std::vector<std::string> Argv(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv = {ColonyBinary(), "--log-level", "warn", "train", "--task",
+                                     "fashion-mnist", "--json", "--threads", "1", "--run-id",
+                                     run_id_, "--initial-peers", bootstrap_addr_, "--init-seed",
+                                     "7", "--eval-batch-size",
+                                     "64",  // 512 test images
+                                     "--eval-every",
+                                     "1000000",  // only the initial evaluation
+                                     "--matchmaking-time", "2",
+                                     // A failed round costs at most this (default: 60 s).
+                                     "--averaging-timeout", "20", "--progress-interval", "0"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+
+  // Starts a trainer without waiting for it (see WaitReady); returns its index.
+  size_t Spawn(const std::string& label, const std::vector<std::string>& args) {
+    Trainer t;
+    t.label = label;
+    t.stderr_path = TempPath(label + ".err");
+    auto p = Subprocess::Spawn(Argv(args), t.stderr_path);
+    EXPECT_TRUE(p.ok()) << label << ": " << p.status().ToString();
+    if (p.ok()) t.process.emplace(std::move(*p));
+    trainers_.push_back(std::move(t));
+    return trainers_.size() - 1;
+  }
+
+  // Reads trainer i's events until one satisfies `pred`, recording what it reads; an error at
+  // the deadline or when the process exits first.
+  Result<json> WaitFor(size_t i, const std::function<bool(const json&)>& pred,
+                       std::chrono::milliseconds timeout) {
+    Trainer& t = trainers_[i];
+    if (!t.process) return FailedPrecondition(t.label + " was not started");
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left <= 0ms) return DeadlineExceeded(t.label + ": no such event in time");
+      auto line = t.process->ReadLine(left);
+      if (!line.ok()) return line.status().WithContext(t.label);
+      if (Verbose()) std::printf("[%s] %s\n", t.label.c_str(), line->c_str());
+      json j = json::parse(*line, nullptr, false);
+      if (!j.is_object() || !j.contains("event") || !j["event"].is_string()) continue;
+      const std::string event = j["event"];
+      if (event == "ready") t.ready = j;
+      if (event == "eval" && !t.initial_eval) t.initial_eval = j["eval_loss"].get<double>();
+      if (event == "step") t.steps.push_back(j);
+      if (event == "done") t.done = j;
+      if (pred(j)) return j;
+    }
+  }
+
+  Status WaitReady(size_t i, std::chrono::milliseconds timeout = 60s) {
+    auto r = WaitFor(
+        i, [](const json& j) { return j["event"] == "ready"; }, timeout);
+    return r.ok() ? Status::Ok() : r.status();
+  }
+
+  // The first "step" event of trainer i at `epoch` or later.
+  Result<json> WaitEpoch(size_t i, int64_t epoch, std::chrono::milliseconds timeout) {
+    return WaitFor(
+        i,
+        [epoch](const json& j) {
+          return j["event"] == "step" && j["epoch"].get<int64_t>() >= epoch;
+        },
+        timeout);
+  }
+
+  // Waits for trainer i's "done" event and its exit; returns the event (the exit code is checked
+  // to be 0).
+  Result<json> WaitDone(size_t i, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    auto done = WaitFor(
+        i, [](const json& j) { return j["event"] == "done"; }, timeout);
+    if (!done.ok()) return done.status();
+    const auto left = std::max<std::chrono::milliseconds>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()), 5s);
+    auto code = trainers_[i].process->Wait(left);
+    if (!code.ok()) return code.status().WithContext(trainers_[i].label + " did not exit");
+    if (*code != 0) {
+      return Internal(trainers_[i].label + " exited with code " + std::to_string(*code));
+    }
+    return done;
+  }
+
+  Trainer& trainer(size_t i) { return trainers_[i]; }
+  size_t size() const { return trainers_.size(); }
+
+  // Stderr of every trainer, for failure messages.
+  std::string Logs() const {
+    std::string out;
+    for (const auto& t : trainers_) out += "---- " + t.label + " stderr:\n" + Tail(t.stderr_path);
+    return out;
+  }
+
+ private:
+  std::string run_id_;
+  std::string boot_err_;
+  std::optional<Subprocess> bootstrap_;
+  std::string bootstrap_addr_;
+  std::vector<Trainer> trainers_;
+};
+
+double EvalLoss(const json& done) { return done["eval_loss"].get<double>(); }
+
+// The synchronous runs: local batches of 16 and a global batch of 512, so 8 local batches per
+// peer per epoch in a swarm of 4 (about 0.3-0.5 s on a loaded 2-core machine). With much smaller
+// targets (the example, 64) an epoch takes ~50 ms, shorter than the progress tracker's
+// minimum refresh period (100 ms): peers then never see each other at the same epoch and every
+// step is taken alone (measured: 0 averaged rounds among ~130 steps of 4 peers).
+constexpr int64_t kBatch = 16;
+constexpr int64_t kTarget = 512;
+
+std::vector<std::string> SyncArgs(int64_t epochs) {
+  return {"--batch-size",          std::to_string(kBatch), "--target-batch-size",
+          std::to_string(kTarget), "--max-epochs",         std::to_string(epochs)};
+}
+
+// Starts `n` peers at once (so that none trains long alone before the others are up), each with
+// `args` plus its own --seed (first_seed + i), and waits until all are ready.
+void StartPeers(TrainSwarm& swarm, int n, const std::vector<std::string>& args,
+                uint64_t first_seed = 1) {
+  for (int i = 0; i < n; ++i) {
+    auto a = args;
+    a.insert(a.end(), {"--seed", std::to_string(first_seed + static_cast<uint64_t>(i))});
+    swarm.Spawn("peer" + std::to_string(swarm.size()), a);
+  }
+  for (size_t i = swarm.size() - static_cast<size_t>(n); i < swarm.size(); ++i) {
+    Status st = swarm.WaitReady(i);
+    ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << swarm.Logs();
+  }
+}
+
+// Waits for every trainer in [begin, end) to finish; their "done" events.
+std::vector<json> AllDone(TrainSwarm& swarm, size_t begin, size_t end,
+                          std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::vector<json> out;
+  for (size_t i = begin; i < end; ++i) {
+    const auto left = std::max<std::chrono::milliseconds>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()), 1s);
+    auto d = swarm.WaitDone(i, left);
+    EXPECT_TRUE(d.ok()) << d.status().ToString() << "\n" << swarm.Logs();
+    if (!d.ok()) return {};
+    out.push_back(*d);
+  }
+  return out;
+}
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// ---- 1. four peers train like one process with the same global batch ---------------------------
+
+TEST(TrainProcesses, FourPeersMatchOneProcessWithTheSameGlobalBatch) {
+  const auto t0 = Clock::now();
+  constexpr int kEpochs = 40;
+  std::vector<json> swarm_done;
+  TrainSwarm swarm(RunId("parity-swarm"));
+  ASSERT_TRUE(swarm.ok());
+  ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 4, SyncArgs(kEpochs)));
+  swarm_done = AllDone(swarm, 0, 4, 60s);
+  ASSERT_EQ(swarm_done.size(), 4u);
+  const double swarm_seconds = Seconds(t0);
+
+  TrainSwarm single(RunId("parity-single"));
+  ASSERT_TRUE(single.ok());
+  ASSERT_NO_FATAL_FAILURE(
+      StartPeers(single, 1,
+                 {"--batch-size", std::to_string(kTarget), "--target-batch-size",
+                  std::to_string(kTarget), "--max-epochs", std::to_string(kEpochs)},
+                 /*first_seed=*/100));
+  auto single_done = AllDone(single, 0, 1, 30s);
+  ASSERT_EQ(single_done.size(), 1u);
+
+  // Every peer applied the same averaged gradients to the same initial weights: the same model.
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(swarm_done[i]["epoch"], kEpochs) << swarm.trainer(i).label;
+    EXPECT_NEAR(EvalLoss(swarm_done[i]), EvalLoss(swarm_done[0]), 1e-5)
+        << swarm.trainer(i).label << " diverged from peer0";
+  }
+  // The realized global batch: within [1.0, 1.2] x the target on average, for every peer. And
+  // the swarm really trained together: the peers start a few seconds apart on a loaded machine
+  // (the first ones may train alone or in pairs, the last ones then download their state), but
+  // once all 4 met in a round, (nearly) every later round had all 4.
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& steps = swarm.trainer(i).steps;
+    ASSERT_FALSE(steps.empty()) << swarm.trainer(i).label;
+    double sum = 0;
+    int64_t lo = INT64_MAX, hi = 0, first_full = -1, full = 0, after = 0;
+    for (const auto& s : steps) {
+      const int64_t r = s["realized_batch"].get<int64_t>();
+      sum += static_cast<double>(r);
+      lo = std::min(lo, r);
+      hi = std::max(hi, r);
+      const bool all4 = s["averaged"].get<bool>() && s["group_size"].get<int64_t>() == 4;
+      if (all4 && first_full < 0) first_full = s["epoch"].get<int64_t>();
+      if (first_full >= 0) {
+        ++after;
+        full += all4;
+      }
+    }
+    const double ratio = sum / static_cast<double>(steps.size()) / static_cast<double>(kTarget);
+    std::printf(
+        "[parity] %s: %zu steps, the first of all 4 peers at epoch %lld, then %lld of "
+        "%lld by all 4; realized batch %.1f on average (%.3fx the target; min %lld, max "
+        "%lld), eval loss %.6f\n",
+        swarm.trainer(i).label.c_str(), steps.size(), static_cast<long long>(first_full),
+        static_cast<long long>(full), static_cast<long long>(after), ratio * kTarget, ratio,
+        static_cast<long long>(lo), static_cast<long long>(hi), EvalLoss(swarm_done[i]));
+    EXPECT_GE(first_full, 1) << swarm.trainer(i).label << ": never averaged with all 4 peers";
+    EXPECT_LE(first_full, kEpochs / 2) << swarm.trainer(i).label;
+    EXPECT_GE(static_cast<double>(full), 0.9 * static_cast<double>(after))
+        << swarm.trainer(i).label << ": rounds without all 4 peers";
+    EXPECT_GE(ratio, 1.0) << swarm.trainer(i).label;
+    EXPECT_LE(ratio, 1.2) << swarm.trainer(i).label;
+  }
+
+  // Tolerance. Single processes (batch 512, 40 epochs, init seed 7) differing only in --seed
+  // ended at eval losses 0.689, 0.700, 0.684, 0.701, 0.702, 0.694, 0.680, 0.668, 0.702, 0.686
+  // (mean 0.691, standard deviation 0.011, range 0.035). The swarm's data order is one more
+  // such draw, so the two runs differ by about the range at worst; 0.1 is about 2.9x that. A
+  // swarm that averaged wrongly (a sum, an unweighted mean, local gradients only, no step) lands
+  // far outside: the initial loss is 2.31.
+  constexpr double kTolerance = 0.1;
+  const double swarm_loss = EvalLoss(swarm_done[0]);
+  const double single_loss = EvalLoss(single_done[0]);
+  std::printf(
+      "[parity] swarm eval loss %.4f in %.1f s, single process %.4f, |diff| %.4f "
+      "(tolerance %.2f)\n",
+      swarm_loss, swarm_seconds, single_loss, std::fabs(swarm_loss - single_loss), kTolerance);
+  RecordProperty("swarm_eval_loss", std::to_string(swarm_loss));
+  RecordProperty("single_eval_loss", std::to_string(single_loss));
+  EXPECT_NEAR(swarm_loss, single_loss, kTolerance);
+  EXPECT_TRUE(std::isfinite(swarm_loss));
+}
+
+// ---- 2. a peer SIGKILLed mid-run ---------------------------------------------------------------
+
+TEST(TrainProcesses, SurvivorsFinishAfterAPeerIsKilled) {
+  constexpr int kEpochs = 30;
+  TrainSwarm swarm(RunId("sigkill"));
+  ASSERT_TRUE(swarm.ok());
+  ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 4, SyncArgs(kEpochs)));
+  const size_t victim = 3;  // the bootstrap is the separate `colony dht` process
+  auto at5 = swarm.WaitEpoch(victim, 5, 60s);
+  ASSERT_TRUE(at5.ok()) << at5.status().ToString() << "\n" << swarm.Logs();
+  ASSERT_TRUE(swarm.trainer(victim).process->running());
+  swarm.trainer(victim).process->Signal(SIGKILL);
+  const auto killed_at = Clock::now();
+  const int64_t kill_epoch = (*at5)["epoch"].get<int64_t>();
+  std::printf("[sigkill] killed %s at epoch %lld\n", swarm.trainer(victim).label.c_str(),
+              static_cast<long long>(kill_epoch));
+  auto code = swarm.trainer(victim).process->Wait(10s);
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 128 + SIGKILL);
+
+  auto done = AllDone(swarm, 0, 3, 60s);
+  ASSERT_EQ(done.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& t = swarm.trainer(i);
+    ASSERT_TRUE(t.initial_eval.has_value()) << t.label;
+    const double loss = EvalLoss(done[i]);
+    std::printf(
+        "[sigkill] %s: epoch %lld, eval loss %.4f (initial %.4f), %lld failed rounds, "
+        "%lld state loads, finished %.1f s after the kill\n",
+        t.label.c_str(), static_cast<long long>(done[i]["epoch"].get<int64_t>()), loss,
+        *t.initial_eval, static_cast<long long>(done[i]["failed_rounds"].get<int64_t>()),
+        static_cast<long long>(done[i]["state_loads"].get<int64_t>()), Seconds(killed_at));
+    EXPECT_EQ(done[i]["epoch"], kEpochs) << t.label;
+    EXPECT_TRUE(std::isfinite(loss)) << t.label;
+    EXPECT_LT(loss, *t.initial_eval) << t.label;
+    // The survivors went on training together: after the round that lost the victim, (nearly)
+    // every step averaged the three of them (not a peer stepping alone to max-epochs).
+    int64_t together = 0, later = 0;
+    for (const auto& s : t.steps) {
+      if (s["epoch"].get<int64_t>() <= kill_epoch + 1) continue;
+      ++later;
+      if (s["averaged"].get<bool>() && s["group_size"].get<int64_t>() == 3) ++together;
+    }
+    std::printf(
+        "[sigkill] %s: %lld of its %lld steps after epoch %lld averaged by the 3 "
+        "survivors\n",
+        t.label.c_str(), static_cast<long long>(together), static_cast<long long>(later),
+        static_cast<long long>(kill_epoch + 1));
+    EXPECT_GE(together, (kEpochs - kill_epoch - 1) * 3 / 4) << t.label;
+  }
+}
+
+// ---- 3. a peer joins a run in progress --------------------------------------------------------
+
+TEST(TrainProcesses, LatePeerDownloadsTheStateAndEndsWithTheSameModel) {
+  // 50 epochs, not 30: the newcomer needs 2-6 s on a loaded machine to load its data, while
+  // the swarm of 3 takes 0.25-0.35 s per epoch; with 30 it sometimes arrived after the others had
+  // finished (and then, finding no donor, stepped alone once per batch up to epoch 30).
+  constexpr int kEpochs = 50;
+  constexpr int64_t kJoinAt = 10;
+  const std::vector<std::string> args = SyncArgs(kEpochs);
+  TrainSwarm swarm(RunId("join"));
+  ASSERT_TRUE(swarm.ok());
+  ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 3, args));
+  for (size_t i = 0; i < 3; ++i) {
+    auto r = swarm.WaitEpoch(i, kJoinAt, 60s);
+    ASSERT_TRUE(r.ok()) << r.status().ToString() << "\n" << swarm.Logs();
+  }
+  ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 1, args, /*first_seed=*/4));
+  const size_t late = 3;
+  auto first = swarm.WaitFor(
+      late, [](const json& j) { return j["event"] == "step"; }, 60s);
+  ASSERT_TRUE(first.ok()) << first.status().ToString() << "\n" << swarm.Logs();
+  std::printf("[join] the late peer's first step event: %s\n", first->dump().c_str());
+  EXPECT_GT((*first)["epoch"].get<int64_t>(), kJoinAt) << first->dump();
+
+  auto done = AllDone(swarm, 0, 4, 60s);
+  ASSERT_EQ(done.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    std::printf("[join] %s: epoch %lld, eval loss %.6f, %lld state loads, %lld failed rounds\n",
+                swarm.trainer(i).label.c_str(),
+                static_cast<long long>(done[i]["epoch"].get<int64_t>()), EvalLoss(done[i]),
+                static_cast<long long>(done[i]["state_loads"].get<int64_t>()),
+                static_cast<long long>(done[i]["failed_rounds"].get<int64_t>()));
+    EXPECT_EQ(done[i]["epoch"], kEpochs) << swarm.trainer(i).label;
+  }
+  EXPECT_GE(done[late]["state_loads"].get<int64_t>(), 1);
+  int64_t with_swarm = 0;
+  for (const auto& s : swarm.trainer(late).steps) {
+    with_swarm += s["averaged"].get<bool>() && s["group_size"].get<int64_t>() == 4;
+  }
+  std::printf("[join] the late peer took %zu steps, %lld of them averaged by all 4 peers\n",
+              swarm.trainer(late).steps.size(), static_cast<long long>(with_swarm));
+  EXPECT_GE(with_swarm, 1) << "the late peer never trained with the swarm";
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(EvalLoss(done[late]), EvalLoss(done[i]), 1e-5)
+        << "the late peer's model differs from " << swarm.trainer(i).label;
+  }
+}
+
+// ---- 4. DiLoCo sends far less than synchronous training ---------------------------------------
+
+struct RunSummary {
+  uint64_t bytes_sent = 0;
+  double eval_loss = 0;  // peer 0's
+  double max_loss_spread = 0;
+  int64_t samples = 0;  // summed over peers
+  double seconds = 0;
+};
+
+void RunFourPeers(const std::string& name, const std::vector<std::string>& args, RunSummary& out) {
+  const auto t0 = Clock::now();
+  TrainSwarm swarm(RunId(name));
+  ASSERT_TRUE(swarm.ok());
+  ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 4, args));
+  auto done = AllDone(swarm, 0, 4, 60s);
+  ASSERT_EQ(done.size(), 4u);
+  out.seconds = Seconds(t0);
+  out.eval_loss = EvalLoss(done[0]);
+  for (size_t i = 0; i < 4; ++i) {
+    out.bytes_sent += done[i]["bytes_sent"].get<uint64_t>();
+    out.samples += done[i]["samples"].get<int64_t>();
+    out.max_loss_spread =
+        std::max(out.max_loss_spread, std::fabs(EvalLoss(done[i]) - out.eval_loss));
+    std::printf(
+        "[%s] %s: epoch %lld, %lld samples, sent %llu bytes, eval loss %.4f, %lld failed "
+        "rounds, %lld state loads\n",
+        name.c_str(), swarm.trainer(i).label.c_str(),
+        static_cast<long long>(done[i]["epoch"].get<int64_t>()),
+        static_cast<long long>(done[i]["samples"].get<int64_t>()),
+        static_cast<unsigned long long>(done[i]["bytes_sent"].get<uint64_t>()), EvalLoss(done[i]),
+        static_cast<long long>(done[i]["failed_rounds"].get<int64_t>()),
+        static_cast<long long>(done[i]["state_loads"].get<int64_t>()));
+  }
+}
+
+TEST(TrainProcesses, DilocoSendsTenTimesLessForTheSameSamples) {
+  // Synchronous: 20 global steps of 512 samples (batches of 32; the target of 128 would
+  // be one batch per peer per epoch, too fast for the progress tracker, see kTarget), about
+  // 20 x 512 / 4 = 2560 samples per peer. DiLoCo: an epoch is 20 inner steps of 32 samples per
+  // peer (640 samples), so 4 epochs give each peer the same 2560 samples.
+  constexpr int kPeers = 4;
+  constexpr int64_t kDilocoBatch = 32;
+  constexpr int kSyncEpochs = 20;
+  constexpr int kInner = 20;
+  constexpr int kDilocoEpochs =
+      static_cast<int>(kSyncEpochs * kTarget / kPeers / (kInner * kDilocoBatch));
+  static_assert(kDilocoEpochs == 4);
+  RunSummary sync, diloco;
+  ASSERT_NO_FATAL_FAILURE(
+      RunFourPeers("sync",
+                   {"--batch-size", std::to_string(kDilocoBatch), "--target-batch-size",
+                    std::to_string(kTarget), "--max-epochs", std::to_string(kSyncEpochs)},
+                   sync));
+  ASSERT_NO_FATAL_FAILURE(
+      RunFourPeers("diloco",
+                   {"--batch-size", std::to_string(kDilocoBatch), "--target-batch-size",
+                    std::to_string(kTarget), "--max-epochs", std::to_string(kDilocoEpochs),
+                    "--diloco-inner-steps", std::to_string(kInner), "--diloco-codec", "blockwise8"},
+                   diloco));
+  const double ratio = static_cast<double>(sync.bytes_sent) /
+                       static_cast<double>(std::max<uint64_t>(diloco.bytes_sent, 1));
+  for (const auto* r : {&sync, &diloco}) {
+    std::printf(
+        "[diloco] %-11s %llu bytes sent, %lld samples, eval loss %.4f (peers within %.1e), "
+        "%.1f s\n",
+        r == &sync ? "synchronous" : "DiLoCo", static_cast<unsigned long long>(r->bytes_sent),
+        static_cast<long long>(r->samples), r->eval_loss, r->max_loss_spread, r->seconds);
+  }
+  std::printf("[diloco] %.1fx fewer bytes with DiLoCo\n", ratio);
+  RecordProperty("sync_bytes_sent", std::to_string(sync.bytes_sent));
+  RecordProperty("diloco_bytes_sent", std::to_string(diloco.bytes_sent));
+  RecordProperty("bytes_ratio", std::to_string(ratio));
+  RecordProperty("sync_eval_loss", std::to_string(sync.eval_loss));
+  RecordProperty("diloco_eval_loss", std::to_string(diloco.eval_loss));
+  // Both runs saw about the same data (more for the synchronous run when its realized batch
+  // overshoots the target).
+  const double sample_ratio =
+      static_cast<double>(sync.samples) / static_cast<double>(std::max<int64_t>(diloco.samples, 1));
+  std::printf("[diloco] the synchronous run trained on %.2fx the samples of the DiLoCo run\n",
+              sample_ratio);
+  EXPECT_GT(sample_ratio, 0.5);
+  EXPECT_LT(sample_ratio, 3.0);  // loose: the realized batch is checked by the parity test
+  EXPECT_GE(ratio, 10.0);
+  // Tolerance. Measured: synchronous 0.978 and 0.971, DiLoCo 0.701 and 0.697 (peer 0, two runs
+  // each; the DiLoCo peers agree within 1e-3, its averaging is lossy); single processes with
+  // batch 512 differ by up to 0.035 across data orders. DiLoCo takes 4x more optimizer steps in
+  // all and lands far below the synchronous run; 0.05 (about 1.5x the data-order range) only
+  // absorbs noise if both ever end close together.
+  constexpr double kTolerance = 0.05;
+  EXPECT_LE(diloco.eval_loss, sync.eval_loss + kTolerance);
+  EXPECT_TRUE(std::isfinite(diloco.eval_loss));
+}
+
+// ---- 5. a peer that sends NaN gradients --------------------------------------------------------
+
+TEST(TrainProcesses, HonestPeersIgnoreAPeerSendingNanGradients) {
+  constexpr int kEpochs = 30;
+  const std::vector<std::string> args = SyncArgs(kEpochs);
+  TrainSwarm swarm(RunId("nan"));
+  ASSERT_TRUE(swarm.ok());
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    a.insert(a.end(), {"--seed", std::to_string(i + 1)});
+    if (i == 3) a.insert(a.end(), {"--nan-gradients-every", "1"});
+    swarm.Spawn(i == 3 ? "nan-peer" : "peer" + std::to_string(i), a);
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    Status st = swarm.WaitReady(i);
+    ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << swarm.Logs();
+  }
+  auto done = AllDone(swarm, 0, 3, 60s);
+  ASSERT_EQ(done.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& t = swarm.trainer(i);
+    ASSERT_TRUE(t.initial_eval.has_value()) << t.label;
+    const double loss = EvalLoss(done[i]);
+    std::printf(
+        "[nan] %s: epoch %lld, eval loss %.6f (initial %.4f), %lld skipped batches, %lld "
+        "failed rounds, %lld state loads\n",
+        t.label.c_str(), static_cast<long long>(done[i]["epoch"].get<int64_t>()), loss,
+        *t.initial_eval, static_cast<long long>(done[i]["skipped_batches"].get<int64_t>()),
+        static_cast<long long>(done[i]["failed_rounds"].get<int64_t>()),
+        static_cast<long long>(done[i]["state_loads"].get<int64_t>()));
+    EXPECT_EQ(done[i]["epoch"], kEpochs) << t.label;
+    EXPECT_TRUE(std::isfinite(loss)) << t.label;
+    EXPECT_LT(loss, *t.initial_eval) << t.label;
+    EXPECT_NEAR(loss, EvalLoss(done[0]), 1e-5) << t.label << " differs from peer0";
+  }
+  // The broken peer's own end, for the log (it is not required to finish).
+  auto nan_done = swarm.WaitDone(3, 20s);
+  if (nan_done.ok()) {
+    std::printf("[nan] nan-peer: %s\n", nan_done->dump().c_str());
+  } else {
+    std::printf("[nan] nan-peer did not finish: %s\n", nan_done.status().ToString().c_str());
+  }
+}
+
+}  // namespace
+}  // namespace colony::train
