@@ -105,6 +105,7 @@ struct TrainTaskArgs {
   double bandwidth_mbps = 1000;
   double max_send_mbps = 0;
   // run
+  int min_peers = 0;
   int64_t max_epochs = 0;
   double max_seconds = 0;
   double stop_at = 0;
@@ -404,6 +405,21 @@ int Run(const TrainTaskArgs& a) {
     return st.ok() ? 0 : Fail(st);
   }
 
+  if (a.min_peers > 1) {
+    // Wait (bounded) until the swarm has the peers asked for, so that a run starts together.
+    const auto deadline = Clock::now() + std::chrono::seconds(120);
+    size_t seen = opt.global().num_peers;
+    while (seen < static_cast<size_t>(a.min_peers) && !g_stop && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the tracker refreshes
+      seen = opt.global().num_peers;
+    }
+    if (seen < static_cast<size_t>(a.min_peers)) {
+      return Fail(fmt::format(
+          "only {} of the {} peers asked for by --min-peers joined run '{}' within 120 s; check "
+          "that the others use the same --run-id and --initial-peers",
+          seen, a.min_peers, a.run_id));
+    }
+  }
   {
     // Join a run in progress: wait briefly for the swarm's view, then catch up.
     const auto g = [&] {
@@ -654,6 +670,9 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
   cmd->add_option("--bandwidth-mbps", a->bandwidth_mbps, "announced upload bandwidth")
       ->capture_default_str();
   cmd->add_option("--max-send-mbps", a->max_send_mbps, "cap on this peer's sending rate")
+      ->capture_default_str();
+  cmd->add_option("--min-peers", a->min_peers,
+                  "wait until this many peers (this one included) are in the run before training")
       ->capture_default_str();
   cmd->add_option("--max-epochs", a->max_epochs, "stop at this global epoch (0: no limit)")
       ->capture_default_str();

@@ -263,12 +263,14 @@ class CollaborativeOptimizer::Impl {
         report.loaded_state = true;
         return Status::Ok();
       }
-      COLONY_LOG_WARN("train: behind the swarm and could not download its state ({}); stepping "
-                      "with local gradients",
-                      st.ToString());
+      COLONY_LOG_WARN(
+          "train: behind the swarm and could not download its state ({}); stepping "
+          "with local gradients",
+          st.ToString());
     }
     const int64_t samples = local_samples_;
     const int64_t round_epoch = epoch_;
+    tracker_->Report(epoch_, samples, sps_, /*in_round=*/true);
     const size_t expected = PeersAtEpoch(round_epoch);
     if (options_.local_updates) {
       AverageParams(samples, expected, report);
@@ -283,15 +285,13 @@ class CollaborativeOptimizer::Impl {
           return AverageGrads(samples, round_epoch, expected);
         });
       } else {
-        auto outcome =
-            expected > 1
-                ? AverageGrads(samples, round_epoch, expected)
-                : Outcome{.epoch = round_epoch,
-                          .averaged = false,
-                          .realized = samples,
-                          .group = 1,
-                          .seconds = 0,
-                          .note = {}};
+        auto outcome = expected > 1 ? AverageGrads(samples, round_epoch, expected)
+                                    : Outcome{.epoch = round_epoch,
+                                              .averaged = false,
+                                              .realized = samples,
+                                              .group = 1,
+                                              .seconds = 0,
+                                              .note = {}};
         ApplyOutcome(outcome, report);
       }
     }
@@ -316,7 +316,8 @@ class CollaborativeOptimizer::Impl {
       std::lock_guard lock(state_mu_);
       e = params_epoch_;
     }
-    grad_avg_[0]->SetStatePriority(static_cast<double>(e));
+    // Among donors at the same epoch, those that averaged with the swarm come first.
+    grad_avg_[0]->SetStatePriority(static_cast<double>(e) + (diverged_ ? 0.0 : 0.5));
   }
 
   struct Outcome {
@@ -335,7 +336,7 @@ class CollaborativeOptimizer::Impl {
     out.realized = samples;
     averaging::StepOptions so;
     so.weight = static_cast<double>(samples);
-    so.gather = Json{{"samples", samples}}.dump();
+    so.gather = Json{{"samples", samples}, {"sps", sps_}}.dump();
     so.timeout = options_.averaging_timeout;
     so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
     so.expected_group_size = expected;
@@ -360,14 +361,21 @@ class CollaborativeOptimizer::Impl {
     }
     out.realized = 0;
     out.group = 0;
+    std::vector<std::pair<PeerId, double>> rates;
     for (size_t i = 0; i < r->members.size(); ++i) {
-      if (!in_all[i] || r->members[i].mode == averaging::Mode::kAux) continue;
       auto j = Json::parse(r->members[i].gathered, nullptr, false);
+      if (j.is_object() && j.contains("sps") && j["sps"].is_number()) {
+        const double sps = j["sps"].get<double>();
+        if (std::isfinite(sps) && sps >= 0 && sps < 1e12)
+          rates.emplace_back(r->members[i].peer, sps);
+      }
+      if (!in_all[i] || r->members[i].mode == averaging::Mode::kAux) continue;
       if (j.is_object() && j.contains("samples") && j["samples"].is_number_integer()) {
         out.realized += std::clamp<int64_t>(j["samples"].get<int64_t>(), 0, int64_t{1} << 40);
       }
       ++out.group;
     }
+    tracker_->NoteRoundEnd(epoch + 1, rates);
     return out;
   }
 
@@ -390,6 +398,9 @@ class CollaborativeOptimizer::Impl {
       return;
     }
     if (!o.averaged && !o.note.empty()) {
+      // Others stepped without this peer: after stepping alone it differs from the swarm and
+      // takes the swarm's state at the next opportunity.
+      diverged_ = true;
       counters_.failed_rounds++;
       COLONY_LOG_WARN("train: averaging at epoch {} failed, stepping with local gradients: {}",
                       epoch_, o.note);
@@ -554,7 +565,8 @@ class CollaborativeOptimizer::Impl {
     }
     // Stale parameters: a step was skipped (its averaged gradients were not finite).
     const bool stale = params_epoch < epoch_ - (pending_.valid() ? 1 : 0);
-    if (g.epoch <= epoch_ && !stale) return Status::Ok();
+    const bool others = g.num_peers > 1;
+    if (g.epoch <= epoch_ && !stale && !(diverged_ && others)) return Status::Ok();
     COLONY_LOG_INFO(
         "train: this peer's parameters are at epoch {} and the swarm at {}; downloading its state",
         params_epoch, g.epoch);
@@ -670,6 +682,7 @@ class CollaborativeOptimizer::Impl {
     }
     epoch_ = epoch;
     params_epoch_ = epoch;
+    diverged_ = false;
     inner_step_ = options_.diloco_inner_steps > 0
                       ? std::max(inner_step, epoch * options_.diloco_inner_steps)
                       : inner_step;
@@ -938,6 +951,7 @@ class CollaborativeOptimizer::Impl {
   int64_t pending_samples_ = 0;
   int64_t epoch_ = 0;         // rounds this peer has been through (what it reports)
   int64_t params_epoch_ = 0;  // the epoch its parameters are at (guarded by state_mu_)
+  bool diverged_ = false;     // stepped alone while others stepped together
   int64_t inner_step_ = 0;
   int64_t local_samples_ = 0;
   double sps_ = 0;

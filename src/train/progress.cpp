@@ -24,8 +24,9 @@ constexpr size_t kMaxRecordBytes = 1024;
 }  // namespace
 
 std::string ProgressTracker::EncodeRecord(const PeerProgress& p) {
-  nlohmann::json j = {{"epoch", p.epoch}, {"samples", p.samples}, {"sps", p.samples_per_second},
-                      {"time", p.time},   {"client", p.client},   {"aux", p.aux}};
+  nlohmann::json j = {{"epoch", p.epoch},   {"samples", p.samples}, {"sps", p.samples_per_second},
+                      {"time", p.time},     {"client", p.client},   {"aux", p.aux},
+                      {"round", p.in_round}};
   return j.dump();
 }
 
@@ -65,6 +66,7 @@ Result<PeerProgress> ProgressTracker::ParseRecord(const PeerId& peer, std::strin
   };
   p.client = flag("client");
   p.aux = flag("aux");
+  p.in_round = flag("round");
   return p;
 }
 
@@ -94,11 +96,12 @@ class ProgressTracker::Impl {
     (void)st;  // best effort: the record expires by itself anyway
   }
 
-  void Report(int64_t epoch, int64_t samples, double sps) {
+  void Report(int64_t epoch, int64_t samples, double sps, bool in_round) {
     bool wake = false;
     {
       std::lock_guard lock(mu_);
-      const bool urgent = epoch != self_.epoch;
+      const bool urgent = epoch != self_.epoch || in_round != self_.in_round;
+      self_.in_round = in_round;
       // Wake the thread when there is news to publish: at once for a new epoch, otherwise at
       // most every min_refresh (it sleeps until the next keepalive when nothing changed).
       wake = urgent || !dirty_;
@@ -116,6 +119,29 @@ class ProgressTracker::Impl {
   GlobalProgress Global() const {
     std::lock_guard lock(mu_);
     return Merge();
+  }
+
+  void NoteRoundEnd(int64_t epoch, const std::vector<std::pair<PeerId, double>>& members) {
+    std::lock_guard lock(mu_);
+    const double now = dht::Now();
+    for (const auto& [peer, sps] : members) {
+      if (peer == self_.peer) continue;
+      auto it = std::find_if(others_.begin(), others_.end(),
+                             [&](const PeerProgress& p) { return p.peer == peer; });
+      if (it != others_.end() && it->epoch >= epoch) continue;  // a newer report already
+      PeerProgress p;
+      p.peer = peer;
+      p.epoch = epoch;
+      p.samples = 0;
+      p.samples_per_second = sps;
+      p.time = now;
+      if (it != others_.end()) {
+        p.client = it->client;
+        *it = p;
+      } else {
+        others_.push_back(p);
+      }
+    }
   }
 
   GlobalProgress Refresh(std::chrono::milliseconds timeout) {
@@ -142,13 +168,25 @@ class ProgressTracker::Impl {
     }
     all.push_back(self_);
     for (const auto& p : all) g.epoch = std::max(g.epoch, p.epoch);
+    // Others' counts are extrapolated from their reported rate to now (at most one refresh
+    // period, which bounds the effect of clock skew): every peer then sees the target reached at
+    // about the same moment without waiting for the others' next reports, which is what keeps
+    // the realized batch close to the target when batches are faster than a DHT round trip.
+    const double now = dht::Now();
+    const double horizon =
+        std::min(1.0, 2 * std::chrono::duration<double>(options_.min_refresh).count());
     for (const auto& p : all) {
       ++g.num_peers;
       if (p.client) ++g.num_clients;
       if (!p.aux) g.samples_per_second += p.samples_per_second;
       if (p.epoch == g.epoch) {
         ++g.num_peers_at_epoch;
-        if (!p.aux) g.samples_accumulated += p.samples;
+        if (p.aux) continue;
+        double samples = static_cast<double>(p.samples);
+        if (p.peer != self_.peer && !p.in_round) {
+          samples += p.samples_per_second * std::clamp(now - p.time, 0.0, horizon);
+        }
+        g.samples_accumulated += static_cast<int64_t>(samples);
       }
     }
     const int64_t left = std::max<int64_t>(0, g.target_batch_size - g.samples_accumulated);
@@ -262,13 +300,17 @@ Result<std::unique_ptr<ProgressTracker>> ProgressTracker::Create(dht::Node& node
 ProgressTracker::ProgressTracker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProgressTracker::~ProgressTracker() = default;
 
-void ProgressTracker::Report(int64_t epoch, int64_t samples_accumulated,
-                             double samples_per_second) {
-  impl_->Report(epoch, samples_accumulated, samples_per_second);
+void ProgressTracker::Report(int64_t epoch, int64_t samples_accumulated, double samples_per_second,
+                             bool in_round) {
+  impl_->Report(epoch, samples_accumulated, samples_per_second, in_round);
 }
 GlobalProgress ProgressTracker::Global() const { return impl_->Global(); }
 GlobalProgress ProgressTracker::Refresh(std::chrono::milliseconds timeout) {
   return impl_->Refresh(timeout);
+}
+void ProgressTracker::NoteRoundEnd(int64_t epoch,
+                                   const std::vector<std::pair<PeerId, double>>& members) {
+  impl_->NoteRoundEnd(epoch, members);
 }
 bool ProgressTracker::ReadyToUpdateEpoch(int64_t local_epoch) const {
   const GlobalProgress g = Global();

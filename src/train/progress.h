@@ -37,6 +37,7 @@ struct PeerProgress {
   double time = 0;  // wall clock of the report
   bool client = false;
   bool aux = false;
+  bool in_round = false;  // averaging this epoch's samples: its count no longer grows
 };
 
 struct GlobalProgress {
@@ -72,12 +73,18 @@ class ProgressTracker {
   ProgressTracker(const ProgressTracker&) = delete;
   ProgressTracker& operator=(const ProgressTracker&) = delete;
 
-  // This peer's progress; published soon after (at once when the epoch changed).
-  void Report(int64_t epoch, int64_t samples_accumulated, double samples_per_second);
+  // This peer's progress; published soon after (at once when the epoch changed, or when it
+  // enters a round: others stop extrapolating its count then).
+  void Report(int64_t epoch, int64_t samples_accumulated, double samples_per_second,
+              bool in_round = false);
   // The latest view of the swarm, with this peer's own report merged in exactly.
   GlobalProgress Global() const;
   // Fetches now and waits (at most `timeout`) for a view newer than the call.
   GlobalProgress Refresh(std::chrono::milliseconds timeout);
+  // A round at `epoch` - 1 just ended with these peers (and their samples/s): count them at
+  // `epoch` from now on, without waiting for their next records. Lets every member extrapolate
+  // the swarm's progress right after a step, even when steps are faster than a DHT fetch.
+  void NoteRoundEnd(int64_t epoch, const std::vector<std::pair<PeerId, double>>& members);
   // True when the swarm has accumulated the target batch at `local_epoch`, or has moved past it.
   bool ReadyToUpdateEpoch(int64_t local_epoch) const;
 
