@@ -546,6 +546,7 @@ TEST(TokenizerTest, HostileModelsGiveErrors) {
   expect_error(Piece("a", 0) + LenField(2, VarintField(3, 2)), "no unk");
 
   // Every prefix of a real model, and bit flips: errors or a usable model, never a crash.
+  SmallTokenizer();  // trains the model when this test runs on its own (ctest: one per process)
   const std::string real = ReadAll(SmallModelFile());
   ASSERT_GT(real.size(), 1000u);
   for (size_t len = 0; len < real.size(); len += 1 + len / 50) {
