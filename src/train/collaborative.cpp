@@ -274,6 +274,8 @@ class CollaborativeOptimizer::Impl {
     const size_t expected = PeersAtEpoch(round_epoch);
     if (options_.local_updates) {
       AverageParams(samples, expected, report);
+      std::lock_guard lock(state_mu_);
+      params_epoch_ = round_epoch + 1;  // stepped on every batch; now averaged (or alone)
     } else {
       if (pending_.valid()) ApplyPending(report);  // one round in flight at a time
       const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;

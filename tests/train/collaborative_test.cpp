@@ -157,6 +157,30 @@ TEST(CollaborativeTest, DelayedAveragingAppliesTheSameStepsOnEveryPeer) {
   EXPECT_EQ(swarm.peers()[0]->co->counters().failed_rounds, 0);
 }
 
+// Local updates: every peer steps on each of its batches, and the parameters are averaged
+// (weighted by samples) when the swarm reaches the target batch.
+TEST(CollaborativeTest, LocalUpdatesAverageParametersAtEachEpoch) {
+  Swarm swarm;
+  for (int i = 0; i < 2; ++i) swarm.Add({.target_batch_size = 200, .local_updates = true});
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (int i = 0; i < 2; ++i) {
+    runs.push_back(std::async(std::launch::async,
+                              [&, i] { return Train(*swarm.peers()[i], Gradient(i), 4, 2); }));
+  }
+  for (auto& r : runs) {
+    auto steps = r.get();
+    ASSERT_EQ(steps.size(), 2u);
+    EXPECT_TRUE(steps[1].averaged) << steps[1].note;
+  }
+  const at::Tensor w0 = swarm.peers()[0]->w.detach(), w1 = swarm.peers()[1]->w.detach();
+  EXPECT_TRUE(at::allclose(w0, w1, 1e-5, 1e-6));
+  // Each local SGD step (lr 1) moves by -g_i; the average lies between the two peers' paths.
+  const int64_t batches = swarm.peers()[0]->co->counters().local_batches;
+  EXPECT_TRUE((w0 < 0).all().item<bool>());
+  EXPECT_TRUE((w0 >= -static_cast<float>(batches + 50) * Gradient(1)).all().item<bool>());
+  EXPECT_EQ(swarm.peers()[0]->co->counters().state_loads, 0);
+}
+
 TEST(CollaborativeTest, PeerSendingNonFiniteGradientsDoesNotDerailTheSwarm) {
   Swarm swarm;
   for (int i = 0; i < 3; ++i) swarm.Add({.target_batch_size = 300});
