@@ -1,11 +1,17 @@
 // colony: the command-line interface. `colony --help` lists the subcommands.
 #include <malloc.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
+#include <string_view>
 
 #include "core/log.h"
+#include "core/subprocess.h"
 #include "tools/commands.h"
 
 namespace colony::cli {
@@ -37,10 +43,38 @@ std::string WaitForTerminationSignal() {
   return sig == SIGINT ? "SIGINT" : "SIGTERM";
 }
 
+#ifndef COLONY_WITH_TRAIN
+// `colony train` runs in the colony-train program next to this one: only it links LibTorch, so
+// every other command starts in milliseconds instead of loading LibTorch (about a second of CPU
+// per process, which a swarm of 16 peer processes on 2 cores felt).
+int ExecTrain(char** argv) {
+  const std::string path =
+      (std::filesystem::path(colony::SelfExecutable()).parent_path() / "colony-train").string();
+  argv[0] = const_cast<char*>(path.c_str());
+  ::execv(path.c_str(), argv);
+  return Fail(
+      fmt::format("cannot run {}: {}; build it (cmake --build build --target "
+                  "colony-train) or install it next to colony",
+                  path, std::strerror(errno)));
+}
+#endif
+
 }  // namespace colony::cli
 
 int main(int argc, char** argv) {
   using namespace colony::cli;
+#ifndef COLONY_WITH_TRAIN
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--log-level") {
+      ++i;
+      continue;
+    }
+    if (arg.starts_with("-")) continue;
+    if (arg == "train") return ExecTrain(argv);
+    break;
+  }
+#endif
   // Peers move large buffers of the same sizes every round (messages, parts, snapshots). By
   // default glibc hands each freed one back to the kernel (mmap above 128 KiB, heap trimming)
   // and faults it in again on the next round, which cost a third of an all-reduce's time here.
@@ -58,12 +92,19 @@ int main(int argc, char** argv) {
       "log level: trace, debug, info, warn, error, critical, off (default: $COLONY_LOG or info)");
 
   std::vector<std::pair<CLI::App*, Command>> commands;
+#ifdef COLONY_WITH_TRAIN
+  AddTrainCommand(app, commands);
+#else
   AddIdentityCommands(app, commands);
   AddPeerCommands(app, commands);
   AddDhtCommands(app, commands);
   AddAverageCommand(app, commands);
-  AddTrainCommand(app, commands);
+  // Listed for --help; main() hands `colony train ...` to colony-train before parsing.
+  app.add_subcommand("train",
+                     "train a model together with peers found in the DHT (runs colony-train; "
+                     "see 'colony train --help')");
   AddDemoCommand(app, commands);
+#endif
 
   try {
     app.parse(argc, argv);
