@@ -19,59 +19,6 @@ namespace {
 constexpr std::string_view kConfigFileName = "config.json";
 constexpr uint64_t kMaxConfigFileSize = 1 << 20;
 
-std::optional<DType> ToDType(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kF32;
-    case at::kHalf:
-      return DType::kF16;
-    case at::kBFloat16:
-      return DType::kBF16;
-    case at::kDouble:
-      return DType::kF64;
-    case at::kLong:
-      return DType::kI64;
-    case at::kInt:
-      return DType::kI32;
-    case at::kShort:
-      return DType::kI16;
-    case at::kChar:
-      return DType::kI8;
-    case at::kByte:
-      return DType::kU8;
-    case at::kBool:
-      return DType::kBool;
-    default:
-      return std::nullopt;
-  }
-}
-
-at::ScalarType ToScalarType(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return at::kFloat;
-    case DType::kF16:
-      return at::kHalf;
-    case DType::kBF16:
-      return at::kBFloat16;
-    case DType::kF64:
-      return at::kDouble;
-    case DType::kI64:
-      return at::kLong;
-    case DType::kI32:
-      return at::kInt;
-    case DType::kI16:
-      return at::kShort;
-    case DType::kI8:
-      return at::kChar;
-    case DType::kU8:
-      return at::kByte;
-    case DType::kBool:
-      return at::kBool;
-  }
-  return at::kFloat;
-}
-
 bool IsFloat(DType d) {
   return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kF64;
 }
@@ -133,6 +80,59 @@ Status WriteFileAtomically(const std::filesystem::path& path, const std::string&
 }
 
 }  // namespace
+
+std::optional<DType> ToDType(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return DType::kF32;
+    case at::kHalf:
+      return DType::kF16;
+    case at::kBFloat16:
+      return DType::kBF16;
+    case at::kDouble:
+      return DType::kF64;
+    case at::kLong:
+      return DType::kI64;
+    case at::kInt:
+      return DType::kI32;
+    case at::kShort:
+      return DType::kI16;
+    case at::kChar:
+      return DType::kI8;
+    case at::kByte:
+      return DType::kU8;
+    case at::kBool:
+      return DType::kBool;
+    default:
+      return std::nullopt;
+  }
+}
+
+at::ScalarType ToScalarType(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kF64:
+      return at::kDouble;
+    case DType::kI64:
+      return at::kLong;
+    case DType::kI32:
+      return at::kInt;
+    case DType::kI16:
+      return at::kShort;
+    case DType::kI8:
+      return at::kChar;
+    case DType::kU8:
+      return at::kByte;
+    case DType::kBool:
+      return at::kBool;
+  }
+  return at::kFloat;
+}
 
 NamedTensors NamedParametersOf(const torch::nn::Module& module) {
   NamedTensors out;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,10 @@ namespace colony::model {
 
 // The named parameters of any module, aliasing them (for SaveModule / LoadModule).
 NamedTensors NamedParametersOf(const torch::nn::Module& module);
+
+// The safetensors dtype of a torch scalar type (nullopt for types safetensors lacks), and back.
+std::optional<DType> ToDType(at::ScalarType t);
+at::ScalarType ToScalarType(DType d);
 
 // Writes the tensors (any device; CPU copies are made as needed) atomically to one file.
 Status SaveModule(const std::filesystem::path& file, const NamedTensors& named,

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "core/log.h"
+#include "model/checkpoint.h"
 #include "model/safetensors.h"
 #include "train/optimizers.h"
 
@@ -38,59 +39,6 @@ bool AllFinite(const float* p, size_t n) {
   float s = 0;
   for (size_t i = 0; i < n; ++i) s += p[i] * 0.0f;
   return s == 0.0f;
-}
-
-Result<model::DType> ToDType(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return model::DType::kF32;
-    case at::kDouble:
-      return model::DType::kF64;
-    case at::kHalf:
-      return model::DType::kF16;
-    case at::kBFloat16:
-      return model::DType::kBF16;
-    case at::kLong:
-      return model::DType::kI64;
-    case at::kInt:
-      return model::DType::kI32;
-    case at::kShort:
-      return model::DType::kI16;
-    case at::kChar:
-      return model::DType::kI8;
-    case at::kByte:
-      return model::DType::kU8;
-    case at::kBool:
-      return model::DType::kBool;
-    default:
-      return InvalidArgument(fmt::format("no safetensors dtype for {}", at::toString(t)));
-  }
-}
-
-at::ScalarType FromDType(model::DType t) {
-  switch (t) {
-    case model::DType::kF32:
-      return at::kFloat;
-    case model::DType::kF64:
-      return at::kDouble;
-    case model::DType::kF16:
-      return at::kHalf;
-    case model::DType::kBF16:
-      return at::kBFloat16;
-    case model::DType::kI64:
-      return at::kLong;
-    case model::DType::kI32:
-      return at::kInt;
-    case model::DType::kI16:
-      return at::kShort;
-    case model::DType::kI8:
-      return at::kChar;
-    case model::DType::kU8:
-      return at::kByte;
-    case model::DType::kBool:
-      return at::kBool;
-  }
-  return at::kFloat;
 }
 
 Result<at::ScalarType> ParseScalarType(const std::string& name) {
@@ -772,7 +720,12 @@ class CollaborativeOptimizer::Impl {
       t = t.contiguous();
       model::TensorInfo info;
       info.name = name;
-      COLONY_ASSIGN_OR_RETURN(info.dtype, ToDType(t.scalar_type()));
+      const auto dtype = model::ToDType(t.scalar_type());
+      if (!dtype) {
+        return InvalidArgument(
+            fmt::format("no safetensors dtype for {}", at::toString(t.scalar_type())));
+      }
+      info.dtype = *dtype;
       info.shape = t.sizes().vec();
       items.emplace_back(
           info, std::span<const uint8_t>(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes()));
@@ -806,7 +759,8 @@ class CollaborativeOptimizer::Impl {
     NamedTensors named;
     for (const auto& info : h.tensors) {
       COLONY_ASSIGN_OR_RETURN(auto raw, f.ReadRaw(info.name));
-      at::Tensor t = at::empty(info.shape, at::TensorOptions().dtype(FromDType(info.dtype)));
+      at::Tensor t =
+          at::empty(info.shape, at::TensorOptions().dtype(model::ToScalarType(info.dtype)));
       if (static_cast<size_t>(t.nbytes()) != raw.size()) {
         return DataLoss(fmt::format("{}: tensor {} has the wrong size", file.string(), info.name));
       }
