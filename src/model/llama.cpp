@@ -201,6 +201,17 @@ void KVCache::Reorder(const torch::Tensor& index) {
   v = v.index_select(0, idx);
 }
 
+void KVCache::Truncate(int64_t new_length) {
+  if (new_length >= length) return;
+  if (new_length <= 0) {
+    Clear();
+    return;
+  }
+  k = k.narrow(2, 0, new_length);
+  v = v.narrow(2, 0, new_length);
+  length = new_length;
+}
+
 void KVCache::Clear() {
   k = torch::Tensor();
   v = torch::Tensor();

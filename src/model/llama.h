@@ -64,6 +64,8 @@ struct KVCache {
 
   // Keeps batch rows `index` ([B'] int64), in that order (beam search).
   void Reorder(const torch::Tensor& index);
+  // Keeps the first `new_length` positions (<= length): rolls a session back.
+  void Truncate(int64_t new_length);
   void Clear();
 };
 

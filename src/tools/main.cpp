@@ -43,18 +43,19 @@ std::string WaitForTerminationSignal() {
   return sig == SIGINT ? "SIGINT" : "SIGTERM";
 }
 
-#ifndef COLONY_WITH_TRAIN
-// `colony train` runs in the colony-train program next to this one: only it links LibTorch, so
-// every other command starts in milliseconds instead of loading LibTorch (about a second of CPU
-// per process, which a swarm of 16 peer processes on 2 cores felt).
-int ExecTrain(char** argv) {
+#ifndef COLONY_WITH_TORCH
+// Commands that run models (train, serve, generate, finetune) run in the colony-torch program next
+// to this one: only it links LibTorch, so every other command starts in milliseconds instead of
+// loading LibTorch (about a second of CPU per process, which a swarm of 16 peer processes on 2
+// cores felt).
+int ExecTorch(char** argv) {
   const std::string path =
-      (std::filesystem::path(colony::SelfExecutable()).parent_path() / "colony-train").string();
+      (std::filesystem::path(colony::SelfExecutable()).parent_path() / "colony-torch").string();
   argv[0] = const_cast<char*>(path.c_str());
   ::execv(path.c_str(), argv);
   return Fail(
       fmt::format("cannot run {}: {}; build it (cmake --build build --target "
-                  "colony-train) or install it next to colony",
+                  "colony-torch) or install it next to colony",
                   path, std::strerror(errno)));
 }
 #endif
@@ -63,7 +64,7 @@ int ExecTrain(char** argv) {
 
 int main(int argc, char** argv) {
   using namespace colony::cli;
-#ifndef COLONY_WITH_TRAIN
+#ifndef COLONY_WITH_TORCH
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--log-level") {
@@ -71,7 +72,9 @@ int main(int argc, char** argv) {
       continue;
     }
     if (arg.starts_with("-")) continue;
-    if (arg == "train") return ExecTrain(argv);
+    if (arg == "train" || arg == "serve" || arg == "generate" || arg == "finetune") {
+      return ExecTorch(argv);
+    }
     break;
   }
 #endif
@@ -92,17 +95,27 @@ int main(int argc, char** argv) {
       "log level: trace, debug, info, warn, error, critical, off (default: $COLONY_LOG or info)");
 
   std::vector<std::pair<CLI::App*, Command>> commands;
-#ifdef COLONY_WITH_TRAIN
+#ifdef COLONY_WITH_TORCH
   AddTrainCommand(app, commands);
+  AddServeCommands(app, commands);
 #else
   AddIdentityCommands(app, commands);
   AddPeerCommands(app, commands);
   AddDhtCommands(app, commands);
   AddAverageCommand(app, commands);
-  // Listed for --help; main() hands `colony train ...` to colony-train before parsing.
+  // Listed for --help; main() hands these to colony-torch before parsing.
   app.add_subcommand("train",
-                     "train a model together with peers found in the DHT (runs colony-train; "
+                     "train a model together with peers found in the DHT (runs colony-torch; "
                      "see 'colony train --help')");
+  app.add_subcommand("serve",
+                     "host a range of a model's transformer blocks for the swarm (Petals-style; "
+                     "see 'colony serve --help')");
+  app.add_subcommand("generate",
+                     "generate text with a model whose blocks are served by the swarm (see "
+                     "'colony generate --help')");
+  app.add_subcommand("finetune",
+                     "prompt-tune a model through the swarm's frozen blocks (see 'colony "
+                     "finetune --help')");
   AddDemoCommand(app, commands);
 #endif
 

@@ -1,0 +1,93 @@
+#include "runtime/tensor_io.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace colony::runtime {
+
+std::optional<DType> WireDType(at::ScalarType type) {
+  switch (type) {
+    case at::kByte: return DType::kUInt8;
+    case at::kChar: return DType::kInt8;
+    case at::kShort: return DType::kInt16;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kBool: return DType::kBool;
+    default: return std::nullopt;
+  }
+}
+
+at::ScalarType TorchDType(DType dtype) {
+  switch (dtype) {
+    case DType::kUInt8: return at::kByte;
+    case DType::kInt8: return at::kChar;
+    case DType::kInt16: return at::kShort;
+    case DType::kInt32: return at::kInt;
+    case DType::kInt64: return at::kLong;
+    case DType::kFloat16: return at::kHalf;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kFloat32: return at::kFloat;
+    case DType::kFloat64: return at::kDouble;
+    case DType::kBool: return at::kBool;
+  }
+  return at::kFloat;
+}
+
+Result<net::TensorFrame> ToFrame(const at::Tensor& tensor) {
+  if (!tensor.defined()) return InvalidArgument("cannot send an undefined tensor");
+  auto dtype = WireDType(tensor.scalar_type());
+  if (!dtype) {
+    return InvalidArgument(
+        fmt::format("tensors of type {} cannot be sent", c10::toString(tensor.scalar_type())));
+  }
+  if (tensor.dim() > static_cast<int64_t>(kMaxTensorRank)) {
+    return InvalidArgument(fmt::format("tensor rank {} exceeds {}", tensor.dim(), kMaxTensorRank));
+  }
+  auto owned = std::make_shared<at::Tensor>(tensor.detach().to(at::kCPU).contiguous());
+  net::TensorFrame frame;
+  frame.dtype = *dtype;
+  frame.shape.assign(owned->sizes().begin(), owned->sizes().end());
+  frame.data = ByteSpan(static_cast<const uint8_t*>(owned->data_ptr()), owned->nbytes());
+  frame.owner = owned;
+  return frame;
+}
+
+Result<at::Tensor> FromFrame(const net::TensorFrame& frame, const FrameLimits& limits) {
+  if (frame.codec != 0) {
+    return InvalidArgument(fmt::format("tensor uses codec {}; only raw tensors are accepted here",
+                                       frame.codec));
+  }
+  if (!limits.allowed_dtypes.empty() &&
+      std::find(limits.allowed_dtypes.begin(), limits.allowed_dtypes.end(), frame.dtype) ==
+          limits.allowed_dtypes.end()) {
+    return InvalidArgument(
+        fmt::format("tensor dtype {} is not accepted here", DTypeName(frame.dtype)));
+  }
+  if (limits.rank >= 0 && frame.shape.size() != static_cast<size_t>(limits.rank)) {
+    return InvalidArgument(
+        fmt::format("expected a tensor of rank {}, got rank {}", limits.rank, frame.shape.size()));
+  }
+  auto n = TensorView::NumElements(frame.shape);
+  if (!n) return InvalidArgument("tensor shape has a negative or overflowing dimension");
+  if (*n > limits.max_elements) {
+    return ResourceExhausted(
+        fmt::format("tensor of {} elements exceeds the limit of {}", *n, limits.max_elements));
+  }
+  const size_t size = DTypeSize(frame.dtype);
+  if (size == 0 || frame.data.size() != *n * size) {
+    return InvalidArgument(fmt::format("tensor has {} bytes, expected {}", frame.data.size(),
+                                       *n * size));
+  }
+  at::Tensor t = at::empty(frame.shape, at::TensorOptions().dtype(TorchDType(frame.dtype)));
+  if (!frame.data.empty()) std::memcpy(t.data_ptr(), frame.data.data(), frame.data.size());
+  return t;
+}
+
+}  // namespace colony::runtime

@@ -1,0 +1,780 @@
+#include "serve/client.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <sodium.h>
+#include <torch/autograd.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/use_future.hpp>
+#include <cmath>
+#include <future>
+#include <limits>
+#include <set>
+#include <thread>
+
+#include "core/log.h"
+#include "dht/validation.h"
+#include "net/host.h"
+#include "runtime/tensor_io.h"
+#include "serve/serve.pb.h"
+
+namespace colony::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+const std::vector<DType> kFloatDTypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+
+// Runs a coroutine on the host's threads and waits for it for at most `timeout`; on timeout
+// `on_timeout` runs (e.g. cancels a stream, which makes the coroutine finish) and the result
+// is still awaited.
+template <typename T>
+Result<T> RunSync(net::Host& host, asio::awaitable<Result<T>> op, std::chrono::milliseconds timeout,
+                  const std::function<void()>& on_timeout) {
+  auto future = asio::co_spawn(host.io_context(), std::move(op), asio::use_future);
+  if (future.wait_for(timeout) == std::future_status::timeout && on_timeout) on_timeout();
+  try {
+    return future.get();
+  } catch (const std::exception& e) {
+    return Internal(std::string("client operation failed: ") + e.what());
+  }
+}
+
+// Errors that are the caller's fault: retrying on another server cannot help.
+bool IsClientError(const Status& st) { return st.code() == StatusCode::kInvalidArgument; }
+
+Result<Multiaddr> AddressOf(const ServerRecord& r) {
+  if (r.addresses.empty()) {
+    return Unavailable(fmt::format("server {} announced no address", r.peer.ToString()));
+  }
+  return Multiaddr::Parse(r.addresses.front());
+}
+
+std::string RandomId() {
+  std::string id(16, '\0');
+  randombytes_buf(id.data(), id.size());
+  return id;
+}
+
+Result<at::Tensor> HiddenFrom(const net::Message& m, size_t index, at::IntArrayRef shape) {
+  if (m.tensors.size() <= index) return ProtocolError("the server's reply lacks a tensor");
+  uint64_t n = 1;
+  for (auto d : shape) n *= static_cast<uint64_t>(d);
+  COLONY_ASSIGN_OR_RETURN(
+      at::Tensor t, runtime::FromFrame(m.tensors[index], {.max_elements = n,
+                                                          .allowed_dtypes = kFloatDTypes,
+                                                          .rank = static_cast<int>(shape.size())}));
+  if (!t.sizes().equals(shape)) {
+    return ProtocolError(fmt::format("the server replied with shape {}, expected {}",
+                                     fmt::join(t.sizes(), "x"), fmt::join(shape, "x")));
+  }
+  if (!at::isfinite(t).all().item<bool>()) {
+    return ProtocolError("the server replied with NaN or infinite values");
+  }
+  return t;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- SequenceManager
+
+SequenceManager::SequenceManager(dht::Node& node, ClientOptions options)
+    : node_(node), options_(std::move(options)) {}
+
+Status SequenceManager::Refresh() {
+  std::vector<std::string> keys;
+  for (int64_t b = 0; b < options_.num_blocks; ++b) keys.push_back(BlockKey(options_.model_name, b));
+  auto results = node_.GetManySync(keys, /*latest=*/true);
+  std::map<PeerId, ServerRecord> by_peer;
+  const double now = dht::Now();
+  Status last_error;
+  for (auto& r : results) {
+    if (!r.ok()) {
+      if (r.status().code() != StatusCode::kNotFound) last_error = r.status();
+      continue;
+    }
+    if (!r->is_dict) continue;
+    for (auto& [subkey, entry] : r->subkeys) {
+      auto peer = dht::ParseOwnerMarker(subkey);
+      if (!peer || entry.expiration < now) continue;
+      auto rec = ParseServerRecord(*peer, entry.value, options_.num_blocks);
+      if (!rec.ok()) {
+        COLONY_LOG_DEBUG("serve: ignoring {}'s record: {}", peer->ToString(),
+                         rec.status().ToString());
+        continue;
+      }
+      if (rec->state != ServerState::kOnline) continue;
+      by_peer[*peer] = std::move(*rec);
+    }
+  }
+  std::lock_guard lock(mu_);
+  servers_.clear();
+  for (auto& [peer, rec] : by_peer) servers_.push_back(std::move(rec));
+  refreshed_ = Clock::now();
+  ever_refreshed_ = true;
+  if (servers_.empty() && !last_error.ok()) return last_error;
+  return Status();
+}
+
+std::vector<ServerRecord> SequenceManager::Servers() const {
+  std::lock_guard lock(mu_);
+  return servers_;
+}
+
+bool SequenceManager::IsBanned(const PeerId& peer) const {
+  std::lock_guard lock(mu_);
+  auto it = bans_.find(peer);
+  return it != bans_.end() && it->second.until > Clock::now();
+}
+
+void SequenceManager::Ban(const PeerId& peer, const Status& why) {
+  std::lock_guard lock(mu_);
+  auto& b = bans_[peer];
+  ++b.failures;
+  auto duration = options_.ban_base * (int64_t{1} << std::min(b.failures - 1, 16));
+  if (duration > options_.ban_max) duration = options_.ban_max;
+  b.until = Clock::now() + duration;
+  rtt_.erase(peer);
+  COLONY_LOG_WARN("server {} failed ({}); avoiding it for {:.1f} s", peer.ToString(),
+                  why.ToString(), std::chrono::duration<double>(duration).count());
+}
+
+void SequenceManager::ReportSuccess(const PeerId& peer) {
+  std::lock_guard lock(mu_);
+  auto it = bans_.find(peer);
+  if (it != bans_.end() && it->second.until <= Clock::now()) bans_.erase(it);
+}
+
+double SequenceManager::RttSeconds(const ServerRecord& server) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = rtt_.find(server.peer);
+    if (it != rtt_.end()) return it->second;
+  }
+  double rtt = 1.0;  // unreachable servers look slow rather than absent
+  auto addr = AddressOf(server);
+  if (addr.ok()) {
+    auto ping = node_.host().PingSync(*addr, std::chrono::seconds(2));
+    if (ping.ok()) rtt = std::chrono::duration<double>(ping->rtt).count();
+  }
+  std::lock_guard lock(mu_);
+  rtt_[server.peer] = rtt;
+  return rtt;
+}
+
+Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t end,
+                                                          RoutingMode mode) {
+  if (start < 0 || end > options_.num_blocks || start >= end) {
+    return InvalidArgument(fmt::format("blocks [{}, {}) are not a range of the model's {} blocks",
+                                       start, end, options_.num_blocks));
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    bool stale;
+    {
+      std::lock_guard lock(mu_);
+      stale = !ever_refreshed_ || Clock::now() - refreshed_ > options_.refresh_period;
+    }
+    if (stale || pass == 1) {
+      Status st = Refresh();
+      if (!st.ok()) COLONY_LOG_DEBUG("serve: refreshing servers failed: {}", st.ToString());
+    }
+    std::vector<ServerRecord> candidates;
+    {
+      std::lock_guard lock(mu_);
+      const auto now = Clock::now();
+      for (const auto& r : servers_) {
+        auto b = bans_.find(r.peer);
+        if (b != bans_.end() && b->second.until > now) continue;
+        if (r.end <= start || r.start >= end || r.addresses.empty()) continue;
+        candidates.push_back(r);
+      }
+    }
+    std::vector<double> rtt(candidates.size());
+    for (size_t i = 0; i < candidates.size(); ++i) rtt[i] = RttSeconds(candidates[i]);
+    // Shortest path over block positions (a DAG: every edge moves forward).
+    const double inf = std::numeric_limits<double>::infinity();
+    const size_t n = static_cast<size_t>(end - start);
+    std::vector<double> dist(n + 1, inf);
+    std::vector<std::pair<size_t, size_t>> prev(n + 1, {0, 0});  // (from position, server)
+    dist[0] = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (dist[i] == inf) continue;
+      const int64_t block = start + static_cast<int64_t>(i);
+      for (size_t s = 0; s < candidates.size(); ++s) {
+        const auto& r = candidates[s];
+        if (r.start > block || r.end <= block) continue;
+        const size_t j = static_cast<size_t>(std::min(r.end, end) - start);
+        const double blocks = static_cast<double>(j - i);
+        const double cost =
+            mode == RoutingMode::kMinLatency
+                ? rtt[s] + blocks / std::max(r.inference_rps, 1e-9)
+                : blocks / std::max(r.throughput, 1e-9) + 0.1 * rtt[s];
+        if (dist[i] + cost < dist[j]) {
+          dist[j] = dist[i] + cost;
+          prev[j] = {i, s};
+        }
+      }
+    }
+    if (dist[n] < inf) {
+      std::vector<RouteSpan> route;
+      for (size_t j = n; j > 0;) {
+        auto [i, s] = prev[j];
+        route.push_back({candidates[s], start + static_cast<int64_t>(i),
+                         start + static_cast<int64_t>(j)});
+        j = i;
+      }
+      std::reverse(route.begin(), route.end());
+      return route;
+    }
+    if (pass == 1) {
+      // Name the first block that no usable server holds.
+      int64_t missing = start;
+      for (int64_t b = start; b < end; ++b) {
+        bool covered = false;
+        for (const auto& r : candidates) covered = covered || (r.start <= b && b < r.end);
+        if (!covered) {
+          missing = b;
+          break;
+        }
+      }
+      size_t known, banned = 0;
+      {
+        std::lock_guard lock(mu_);
+        known = servers_.size();
+        for (auto& [p, b] : bans_) banned += b.until > Clock::now();
+      }
+      return Unavailable(fmt::format(
+          "no reachable online server holds block {} of model '{}' ({} servers known, {} "
+          "temporarily banned); start one with 'colony serve --blocks {}:{}' or wait",
+          missing, options_.model_name, known, banned, missing, missing + 1));
+    }
+  }
+  return Unavailable("routing failed");
+}
+
+// ---------------------------------------------------------------- forward / backward
+
+namespace {
+
+Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span, const std::string& method,
+                                std::vector<at::Tensor> tensors, int64_t prompt_length) {
+  COLONY_ASSIGN_OR_RETURN(Multiaddr addr, AddressOf(span.server));
+  wire::BlockRequest req;
+  req.set_start(static_cast<uint32_t>(span.start));
+  req.set_end(static_cast<uint32_t>(span.end));
+  req.set_prompt_length(static_cast<uint32_t>(prompt_length));
+  net::Message msg(req.SerializeAsString());
+  for (auto& t : tensors) {
+    COLONY_ASSIGN_OR_RETURN(auto f, runtime::ToFrame(t));
+    msg.tensors.push_back(std::move(f));
+  }
+  auto r = m.host().CallSync(addr, method, std::move(msg), {.timeout = m.options().request_timeout});
+  if (!r.ok()) {
+    return r.status().WithContext(fmt::format("{} of blocks [{}, {}) on {}", method, span.start,
+                                              span.end, span.server.peer.ToString()));
+  }
+  return r;
+}
+
+at::Tensor PromptSlice(const at::Tensor& prompts, int64_t offset, const RouteSpan& span) {
+  if (!prompts.defined()) return {};
+  return prompts.narrow(0, span.start - offset, span.end - span.start);
+}
+
+void Backoff(SequenceManager& m, int attempt) {
+  std::this_thread::sleep_for(m.options().retry_backoff * std::min(attempt, 8));
+}
+
+}  // namespace
+
+Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_t end,
+                                 const at::Tensor& hidden, const at::Tensor& prompts,
+                                 std::vector<SpanInput>* inputs) {
+  const int64_t p = prompts.defined() ? prompts.size(2) : 0;
+  at::Tensor x = hidden.detach().contiguous();
+  int64_t pos = start;
+  int attempts = 0;
+  Status last;
+  while (pos < end) {
+    auto route = manager.MakeRoute(pos, end, RoutingMode::kMaxThroughput);
+    if (!route.ok()) {
+      last = route.status();
+      if (IsClientError(last) || ++attempts >= manager.options().max_attempts) break;
+      Backoff(manager, attempts);
+      continue;
+    }
+    for (const auto& span : *route) {
+      std::vector<at::Tensor> tensors{x};
+      if (p > 0) tensors.push_back(PromptSlice(prompts, start, span).contiguous());
+      auto reply = CallBlocks(manager, span, "serve.forward", std::move(tensors), p);
+      Result<at::Tensor> out = reply.ok() ? HiddenFrom(*reply, 0, x.sizes()) : reply.status();
+      if (!out.ok()) {
+        last = out.status();
+        if (IsClientError(last)) return last;
+        manager.Ban(span.server.peer, last);
+        ++attempts;
+        break;
+      }
+      manager.ReportSuccess(span.server.peer);
+      if (inputs) inputs->push_back({span.start, span.end, x});
+      x = out->to(hidden.scalar_type());
+      pos = span.end;
+    }
+    if (attempts >= manager.options().max_attempts) break;
+  }
+  if (pos < end) {
+    return last.WithContext(fmt::format("forward through blocks [{}, {}) failed after {} attempts",
+                                        start, end, attempts));
+  }
+  return x;
+}
+
+Result<std::pair<at::Tensor, at::Tensor>> RemoteBackward(SequenceManager& manager, int64_t start,
+                                                         int64_t end, const at::Tensor& hidden,
+                                                         const at::Tensor& grad_output,
+                                                         const at::Tensor& prompts) {
+  const int64_t p = prompts.defined() ? prompts.size(2) : 0;
+  Status last;
+  for (int attempt = 1; attempt <= manager.options().max_attempts; ++attempt) {
+    auto route = manager.MakeRoute(start, end, RoutingMode::kMaxThroughput);
+    if (!route.ok()) {
+      last = route.status();
+      if (IsClientError(last)) return last;
+      Backoff(manager, attempt);
+      continue;
+    }
+    // A span served in pieces needs the pieces' inputs: recompute them forward first.
+    std::vector<at::Tensor> xs{hidden.detach().contiguous()};
+    bool failed = false;
+    for (size_t i = 0; i + 1 < route->size() && !failed; ++i) {
+      std::vector<at::Tensor> tensors{xs.back()};
+      if (p > 0) tensors.push_back(PromptSlice(prompts, start, (*route)[i]).contiguous());
+      auto reply = CallBlocks(manager, (*route)[i], "serve.forward", std::move(tensors), p);
+      Result<at::Tensor> out = reply.ok() ? HiddenFrom(*reply, 0, hidden.sizes()) : reply.status();
+      if (!out.ok()) {
+        last = out.status();
+        if (IsClientError(last)) return last;
+        manager.Ban((*route)[i].server.peer, last);
+        failed = true;
+        break;
+      }
+      xs.push_back(out->to(hidden.scalar_type()));
+    }
+    if (failed) continue;
+    at::Tensor g = grad_output.detach().contiguous().to(hidden.scalar_type());
+    std::vector<at::Tensor> prompt_grads(route->size());
+    for (size_t i = route->size(); i-- > 0;) {
+      const auto& span = (*route)[i];
+      std::vector<at::Tensor> tensors{xs[i], g};
+      if (p > 0) tensors.push_back(PromptSlice(prompts, start, span).contiguous());
+      auto reply = CallBlocks(manager, span, "serve.backward", std::move(tensors), p);
+      Result<at::Tensor> gin = reply.ok() ? HiddenFrom(*reply, 0, hidden.sizes()) : reply.status();
+      if (gin.ok() && p > 0) {
+        auto gp = HiddenFrom(*reply, 1, {span.end - span.start, prompts.size(1), p, prompts.size(3)});
+        if (!gp.ok()) {
+          gin = gp.status();
+        } else {
+          prompt_grads[i] = gp->to(prompts.scalar_type());
+        }
+      }
+      if (!gin.ok()) {
+        last = gin.status();
+        if (IsClientError(last)) return last;
+        manager.Ban(span.server.peer, last);
+        failed = true;
+        break;
+      }
+      manager.ReportSuccess(span.server.peer);
+      g = gin->to(hidden.scalar_type());
+    }
+    if (failed) continue;
+    at::Tensor gp;
+    if (p > 0) gp = at::cat(prompt_grads, 0);
+    return std::make_pair(g, gp);
+  }
+  return last.WithContext(fmt::format("backward through blocks [{}, {}) failed", start, end));
+}
+
+namespace {
+
+class RemoteFunction : public torch::autograd::Function<RemoteFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor hidden,
+                            at::Tensor prompts, int64_t manager, int64_t start, int64_t end) {
+    auto* m = reinterpret_cast<SequenceManager*>(manager);
+    if (prompts.numel() == 0) prompts = at::Tensor();
+    std::vector<SpanInput> inputs;
+    auto out = RemoteForward(*m, start, end, hidden, prompts, &inputs);
+    if (!out.ok()) throw std::runtime_error(out.status().ToString());
+    std::vector<at::Tensor> xs;
+    std::vector<int64_t> bounds;
+    for (auto& s : inputs) {
+      xs.push_back(s.input);
+      bounds.push_back(s.start);
+      bounds.push_back(s.end);
+    }
+    ctx->saved_data["inputs"] = xs;
+    ctx->saved_data["bounds"] = bounds;
+    ctx->saved_data["manager"] = manager;
+    ctx->saved_data["start"] = start;
+    ctx->saved_data["prompts"] = prompts.defined() ? prompts.detach() : at::empty({0});
+    return *out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* m = reinterpret_cast<SequenceManager*>(ctx->saved_data["manager"].toInt());
+    const auto xs = ctx->saved_data["inputs"].toTensorVector();
+    const auto bounds = ctx->saved_data["bounds"].toIntVector();
+    const int64_t start = ctx->saved_data["start"].toInt();
+    at::Tensor prompts = ctx->saved_data["prompts"].toTensor();
+    if (prompts.numel() == 0) prompts = at::Tensor();
+    at::Tensor g = grads[0];
+    std::vector<at::Tensor> prompt_grads(xs.size());
+    for (size_t i = xs.size(); i-- > 0;) {
+      const int64_t s = bounds[2 * i], e = bounds[2 * i + 1];
+      at::Tensor pr = prompts.defined() ? prompts.narrow(0, s - start, e - s) : at::Tensor();
+      auto r = RemoteBackward(*m, s, e, xs[i], g, pr);
+      if (!r.ok()) throw std::runtime_error(r.status().ToString());
+      g = r->first;
+      prompt_grads[i] = r->second;
+    }
+    at::Tensor gp;
+    if (prompts.defined()) gp = at::cat(prompt_grads, 0);
+    return {g, gp, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+RemoteSequential::RemoteSequential(std::shared_ptr<SequenceManager> manager, int64_t start,
+                                   int64_t end)
+    : manager_(std::move(manager)),
+      start_(start),
+      end_(end < 0 ? manager_->options().num_blocks : end) {}
+
+at::Tensor RemoteSequential::forward(const at::Tensor& hidden, const at::Tensor& prompts) {
+  // Autograd functions take no undefined tensors: an empty one stands for "no prompts".
+  return RemoteFunction::apply(hidden, prompts.defined() ? prompts : at::empty({0}),
+                               reinterpret_cast<int64_t>(manager_.get()), start_, end_);
+}
+
+Result<at::Tensor> RemoteSequential::Forward(const at::Tensor& hidden, const at::Tensor& prompts) {
+  return RemoteForward(*manager_, start_, end_, hidden, prompts, nullptr);
+}
+
+std::unique_ptr<InferenceSession> RemoteSequential::OpenSession(SessionOptions options) {
+  return std::make_unique<InferenceSession>(manager_, start_, end_, options);
+}
+
+// ---------------------------------------------------------------- InferenceSession
+
+struct InferenceSession::Link {
+  RouteSpan span;
+  Multiaddr address;
+  std::string session_id = RandomId();
+  std::shared_ptr<net::Stream> stream;
+  at::Tensor history;  // every input this span's cache holds, [B, length, H]
+};
+
+InferenceSession::InferenceSession(std::shared_ptr<SequenceManager> manager, int64_t start,
+                                   int64_t end, SessionOptions options)
+    : manager_(std::move(manager)), start_(start), end_(end), options_(options) {}
+
+InferenceSession::~InferenceSession() { Close(); }
+
+void InferenceSession::Close() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& link : chain_) {
+    if (!link.stream) continue;
+    auto stream = link.stream;
+    auto r = RunSync<bool>(
+        manager_->host(),
+        [stream]() -> asio::awaitable<Result<bool>> {
+          Status st = co_await stream->CloseWrite();
+          if (!st.ok()) co_return st;
+          co_return true;
+        }(),
+        std::chrono::seconds(2), [stream] { stream->Cancel(); });
+    (void)r;  // best effort: the server's idle timeout frees the cache anyway
+    stream->Cancel(Cancelled("the client closed the session"));
+  }
+  chain_.clear();
+}
+
+Status InferenceSession::OpenLink(Link& link, const Link* next) {
+  COLONY_ASSIGN_OR_RETURN(link.address, AddressOf(link.span.server));
+  wire::OpenSession open;
+  open.set_session_id(link.session_id);
+  open.set_start(static_cast<uint32_t>(link.span.start));
+  open.set_end(static_cast<uint32_t>(link.span.end));
+  open.set_max_length(static_cast<uint32_t>(options_.max_length));
+  open.set_batch_size(static_cast<uint32_t>(options_.batch_size));
+  if (next && manager_->options().use_push) {
+    open.mutable_next()->set_address(next->address.ToString());
+    open.mutable_next()->set_session_id(next->session_id);
+  }
+  auto& host = manager_->host();
+  const auto lifetime = manager_->options().session_lifetime;
+  std::shared_ptr<std::shared_ptr<net::Stream>> holder = std::make_shared<std::shared_ptr<net::Stream>>();
+  const net::Message open_message(open.SerializeAsString());
+  auto r = RunSync<bool>(
+      host,
+      [&host, holder, addr = link.address, open_message,
+       lifetime]() -> asio::awaitable<Result<bool>> {
+        auto stream = co_await host.OpenStream(addr, "serve.inference", {.timeout = lifetime});
+        if (!stream.ok()) co_return stream.status();
+        *holder = *stream;
+        Status st = co_await (*stream)->Write(open_message);
+        if (!st.ok()) co_return st;
+        auto reply = co_await (*stream)->Read();
+        if (!reply.ok()) co_return reply.status();
+        if (!*reply) co_return ProtocolError("the server ended the session before opening it");
+        wire::SessionOpened opened;
+        if (!opened.ParseFromString((*reply)->meta)) co_return ProtocolError("malformed SessionOpened");
+        co_return true;
+      }(),
+      manager_->options().step_timeout, [holder] {
+        if (*holder) (*holder)->Cancel(DeadlineExceeded("opening the session timed out"));
+      });
+  if (!r.ok()) {
+    if (*holder) (*holder)->Cancel();
+    return r.status().WithContext(fmt::format("opening a session for blocks [{}, {}) on {}",
+                                              link.span.start, link.span.end,
+                                              link.span.server.peer.ToString()));
+  }
+  link.stream = *holder;
+  return Status();
+}
+
+Status InferenceSession::OpenChain(int64_t start, int64_t end, std::vector<Link>& out) {
+  COLONY_ASSIGN_OR_RETURN(auto route, manager_->MakeRoute(start, end, RoutingMode::kMinLatency));
+  std::vector<Link> links(route.size());
+  for (size_t i = 0; i < route.size(); ++i) {
+    links[i].span = route[i];
+    auto addr = AddressOf(route[i].server);
+    if (addr.ok()) links[i].address = *addr;
+  }
+  // Open back to front so that each OpenSession can name its successor's session.
+  for (size_t i = links.size(); i-- > 0;) {
+    const Link* next = i + 1 < links.size() ? &links[i + 1] : nullptr;
+    Status st = OpenLink(links[i], next);
+    if (!st.ok()) {
+      if (!IsClientError(st)) manager_->Ban(links[i].span.server.peer, st);
+      for (auto& l : links) {
+        if (l.stream) l.stream->Cancel();
+      }
+      return st;
+    }
+  }
+  out = std::move(links);
+  return Status();
+}
+
+Status InferenceSession::SendStep(Link& link, uint64_t step_id, int64_t position,
+                                  const at::Tensor& x, const at::Tensor& hypo_ids,
+                                  const Link* next) {
+  wire::Step step;
+  step.set_step_id(step_id);
+  step.set_position(position);
+  step.set_has_hypo_ids(hypo_ids.defined());
+  if (manager_->options().use_push) {
+    if (next) {
+      step.mutable_next()->set_address(next->address.ToString());
+      step.mutable_next()->set_session_id(next->session_id);
+    } else {
+      step.mutable_next();  // present and empty: no push
+    }
+  }
+  net::Message msg(step.SerializeAsString());
+  COLONY_ASSIGN_OR_RETURN(auto f, runtime::ToFrame(x));
+  msg.tensors.push_back(std::move(f));
+  if (hypo_ids.defined()) {
+    COLONY_ASSIGN_OR_RETURN(auto h, runtime::ToFrame(hypo_ids.to(at::kLong)));
+    msg.tensors.push_back(std::move(h));
+  }
+  auto stream = link.stream;
+  auto r = RunSync<bool>(
+      manager_->host(),
+      [stream, msg = std::move(msg)]() -> asio::awaitable<Result<bool>> {
+        Status st = co_await stream->Write(msg);
+        if (!st.ok()) co_return st;
+        co_return true;
+      }(),
+      manager_->options().step_timeout,
+      [stream] { stream->Cancel(DeadlineExceeded("sending a step timed out")); });
+  return r.ok() ? Status() : r.status();
+}
+
+Result<at::Tensor> InferenceSession::ReadResult(Link& link, uint64_t step_id,
+                                                at::IntArrayRef shape) {
+  auto stream = link.stream;
+  const auto timeout = manager_->options().step_timeout;
+  auto r = RunSync<net::Message>(
+      manager_->host(),
+      [stream]() -> asio::awaitable<Result<net::Message>> {
+        auto m = co_await stream->Read();
+        if (!m.ok()) co_return m.status();
+        if (!*m) co_return Closed("the server ended the session");
+        co_return std::move(**m);
+      }(),
+      timeout, [stream, timeout] {
+        stream->Cancel(DeadlineExceeded(
+            fmt::format("no step result within {} ms", timeout.count())));
+      });
+  if (!r.ok()) return r.status();
+  wire::StepResult result;
+  if (!result.ParseFromString(r->meta)) return ProtocolError("malformed StepResult");
+  if (result.step_id() != step_id) {
+    return ProtocolError(fmt::format("the server answered step {} while step {} was expected",
+                                     result.step_id(), step_id));
+  }
+  return HiddenFrom(*r, 0, shape);
+}
+
+namespace {
+
+// The inputs a server's cache holds after a step: roll back to `position`, reorder rows by
+// hypo_ids, append x (the same order the server applies them).
+at::Tensor AdvanceHistory(const at::Tensor& history, int64_t position, const at::Tensor& hypo_ids,
+                          const at::Tensor& x) {
+  if (!history.defined() || position == 0) return x.clone();
+  at::Tensor h = history.narrow(1, 0, position);
+  if (hypo_ids.defined()) h = h.index_select(0, hypo_ids.to(at::kLong));
+  return at::cat({h, x}, 1);
+}
+
+}  // namespace
+
+Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Tensor& hypo_ids,
+                                          int64_t position) {
+  if (closed_) return FailedPrecondition("the inference session is closed");
+  if (position < 0) position = position_;
+  if (hidden.dim() != 3 || hidden.size(0) != options_.batch_size || hidden.size(1) < 1) {
+    return InvalidArgument(fmt::format("a step takes hidden states [{}, T, H], got [{}]",
+                                       options_.batch_size, fmt::join(hidden.sizes(), ", ")));
+  }
+  if (position > position_) {
+    return InvalidArgument(fmt::format("position {} is past the session's {} tokens", position,
+                                       position_));
+  }
+  if (position + hidden.size(1) > options_.max_length) {
+    return InvalidArgument(fmt::format("the session's max_length {} would be exceeded ({} + {})",
+                                       options_.max_length, position, hidden.size(1)));
+  }
+  if (hypo_ids.defined() && (hypo_ids.dim() != 1 || hypo_ids.size(0) != options_.batch_size)) {
+    return InvalidArgument(fmt::format("hypo_ids must have shape [{}]", options_.batch_size));
+  }
+  const int max_attempts = manager_->options().max_attempts;
+  int attempts = 0;
+  Status last;
+  while (chain_.empty()) {
+    Status st = OpenChain(start_, end_, chain_);
+    if (st.ok()) break;
+    last = st;
+    if (IsClientError(st) || ++attempts >= max_attempts) {
+      return st.WithContext("opening the inference session");
+    }
+    Backoff(*manager_, attempts);
+  }
+  // Step ids go up by two: a replacement server gets its replayed history as step id - 1.
+  step_id_ += 2;
+  const uint64_t id = step_id_;
+  at::Tensor x = hidden.detach().contiguous();
+  const at::Tensor hypo = hypo_ids.defined() ? hypo_ids.to(at::kLong).contiguous() : at::Tensor();
+  for (size_t k = 0; k < chain_.size();) {
+    const Link* next = k + 1 < chain_.size() ? &chain_[k + 1] : nullptr;
+    Status st = SendStep(chain_[k], id, position, x, hypo, next);
+    Result<at::Tensor> out = st.ok() ? ReadResult(chain_[k], id, x.sizes()) : Result<at::Tensor>(st);
+    if (!out.ok()) {
+      last = out.status();
+      if (IsClientError(last)) return last;
+      if (++attempts >= max_attempts) {
+        return last.WithContext(fmt::format("inference step failed after {} attempts", attempts));
+      }
+      Status rec = Recover(k, last);
+      if (!rec.ok()) return rec.WithContext("replacing a failed server");
+      continue;
+    }
+    manager_->ReportSuccess(chain_[k].span.server.peer);
+    chain_[k].history = AdvanceHistory(chain_[k].history, position, hypo, x);
+    x = out->to(hidden.scalar_type());
+    ++k;
+  }
+  position_ = position + hidden.size(1);
+  stats_.route.clear();
+  for (auto& l : chain_) stats_.route.push_back(l.span);
+  return x;
+}
+
+Status InferenceSession::Recover(size_t k, const Status& why) {
+  Link old = std::move(chain_[k]);
+  if (old.stream) old.stream->Cancel(Cancelled("the client replaced this server"));
+  manager_->Ban(old.span.server.peer, why);
+  COLONY_LOG_WARN("inference: server {} (blocks [{}, {})) failed: {}; replaying {} tokens to a "
+                  "replacement",
+                  old.span.server.peer.ToString(), old.span.start, old.span.end, why.ToString(),
+                  old.history.defined() ? old.history.size(1) : 0);
+  const int max_attempts = manager_->options().max_attempts;
+  Status last = why;
+  for (int attempt = 1; attempt <= max_attempts; ++attempt) {
+    auto route = manager_->MakeRoute(old.span.start, old.span.end, RoutingMode::kMinLatency);
+    if (!route.ok()) {
+      last = route.status();
+      Backoff(*manager_, attempt);
+      continue;
+    }
+    std::vector<Link> links(route->size());
+    for (size_t i = 0; i < route->size(); ++i) {
+      links[i].span = (*route)[i];
+      auto addr = AddressOf((*route)[i].server);
+      if (addr.ok()) links[i].address = *addr;
+    }
+    const Link* after = k + 1 < chain_.size() ? &chain_[k + 1] : nullptr;
+    bool failed = false;
+    for (size_t i = links.size(); i-- > 0 && !failed;) {
+      Status st = OpenLink(links[i], i + 1 < links.size() ? &links[i + 1] : after);
+      if (!st.ok()) {
+        last = st;
+        manager_->Ban(links[i].span.server.peer, st);
+        failed = true;
+      }
+    }
+    // Rebuild the replacements' caches: the old server's inputs, chained through them.
+    at::Tensor h = old.history;
+    for (size_t i = 0; i < links.size() && !failed; ++i) {
+      if (!h.defined() || h.size(1) == 0) break;
+      const Link* next = i + 1 < links.size() ? &links[i + 1] : after;
+      Status st = SendStep(links[i], step_id_ - 1, 0, h, {}, next);
+      Result<at::Tensor> out = st.ok() ? ReadResult(links[i], step_id_ - 1, h.sizes()) : Result<at::Tensor>(st);
+      if (!out.ok()) {
+        last = out.status();
+        manager_->Ban(links[i].span.server.peer, last);
+        failed = true;
+        break;
+      }
+      links[i].history = h;
+      stats_.replayed_tokens += h.size(1);
+      h = *out;
+    }
+    if (failed) {
+      for (auto& l : links) {
+        if (l.stream) l.stream->Cancel();
+      }
+      Backoff(*manager_, attempt);
+      continue;
+    }
+    chain_.erase(chain_.begin() + static_cast<std::ptrdiff_t>(k));
+    chain_.insert(chain_.begin() + static_cast<std::ptrdiff_t>(k),
+                  std::make_move_iterator(links.begin()), std::make_move_iterator(links.end()));
+    ++stats_.failovers;
+    return Status();
+  }
+  // Put nothing back: the session cannot continue without these blocks.
+  chain_.erase(chain_.begin() + static_cast<std::ptrdiff_t>(k));
+  closed_ = true;
+  return last;
+}
+
+}  // namespace colony::serve

@@ -1,0 +1,174 @@
+#include "serve/generation.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "model/checkpoint.h"
+
+namespace colony::serve {
+
+ClientModelImpl::ClientModelImpl(const model::LlamaConfig& config) : config_(config) {
+  embed_tokens = register_module(
+      "embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  norm = register_module("norm", model::RMSNorm(config.hidden_size, config.rms_norm_eps));
+  if (!config.tie_word_embeddings) {
+    lm_head = register_module(
+        "lm_head",
+        torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.vocab_size)
+                              .bias(false)));
+  }
+}
+
+at::Tensor ClientModelImpl::Embed(const at::Tensor& tokens) { return embed_tokens(tokens); }
+
+at::Tensor ClientModelImpl::Head(const at::Tensor& hidden) {
+  auto h = norm(hidden);
+  return lm_head ? lm_head(h) : at::linear(h, embed_tokens->weight);
+}
+
+model::NamedTensors ClientModelImpl::NamedParametersHF() {
+  model::NamedTensors out{{"model.embed_tokens.weight", embed_tokens->weight},
+                          {"model.norm.weight", norm->weight}};
+  if (lm_head) out.emplace_back("lm_head.weight", lm_head->weight);
+  return out;
+}
+
+Result<ClientModel> LoadClientModel(const std::filesystem::path& dir) {
+  COLONY_ASSIGN_OR_RETURN(model::LlamaConfig config, model::LoadLlamaConfig(dir));
+  ClientModel m(config);
+  COLONY_RETURN_IF_ERROR(model::LoadLlamaTensors(dir, m->NamedParametersHF()));
+  m->eval();
+  return m;
+}
+
+// ---------------------------------------------------------------- backends
+
+LocalBackend::LocalBackend(model::LlamaModel model) : model_(std::move(model)) {
+  caches_.resize(static_cast<size_t>(model_->num_blocks()));
+}
+
+Result<at::Tensor> LocalBackend::Step(const at::Tensor& tokens, int64_t position,
+                                      const at::Tensor& hypo_ids) {
+  if (position > position_ || position < 0) {
+    return InvalidArgument(fmt::format("position {} is outside [0, {}]", position, position_));
+  }
+  at::NoGradGuard no_grad;
+  for (auto& c : caches_) {
+    c.Truncate(position);
+    if (hypo_ids.defined()) c.Reorder(hypo_ids);
+  }
+  at::Tensor logits = model_->ForwardWithCache(tokens, caches_);
+  position_ = position + tokens.size(1);
+  return logits.to(at::kFloat);
+}
+
+RemoteBackend::RemoteBackend(ClientModel head, InferenceSession& session, int64_t max_length)
+    : head_(std::move(head)), session_(session), max_length_(max_length) {}
+
+Result<at::Tensor> RemoteBackend::Step(const at::Tensor& tokens, int64_t position,
+                                       const at::Tensor& hypo_ids) {
+  at::NoGradGuard no_grad;
+  at::Tensor h = head_->Embed(tokens);
+  COLONY_ASSIGN_OR_RETURN(at::Tensor out, session_.Step(h, hypo_ids, position));
+  return head_->Head(out).to(at::kFloat);
+}
+
+// ---------------------------------------------------------------- decoding
+
+Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
+                                          const std::vector<int64_t>& prompt,
+                                          const model::SamplingOptions& options, int64_t eos_id,
+                                          const std::function<void(int64_t)>& on_token) {
+  std::vector<int64_t> out;
+  if (prompt.empty()) return InvalidArgument("the prompt is empty");
+  if (options.max_new_tokens <= 0) return out;
+  std::mt19937_64 rng(options.seed);
+  std::vector<int64_t> history = prompt;
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  at::Tensor input = at::tensor(prompt, long_opts).unsqueeze(0);
+  const auto max_len = static_cast<size_t>(backend.max_length());
+  if (prompt.size() >= max_len) {
+    return InvalidArgument(fmt::format("the prompt has {} tokens; the limit is {}", prompt.size(),
+                                       max_len - 1));
+  }
+  while (true) {
+    COLONY_ASSIGN_OR_RETURN(at::Tensor logits, backend.Step(input, backend.position(), {}));
+    const int64_t next = model::SampleNextToken(logits[0][-1], history, options, rng);
+    out.push_back(next);
+    history.push_back(next);
+    if (on_token) on_token(next);
+    if (next == eos_id || static_cast<int64_t>(out.size()) >= options.max_new_tokens ||
+        history.size() >= max_len) {
+      break;
+    }
+    input = at::full({1, 1}, next, long_opts);
+  }
+  return out;
+}
+
+Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<int64_t>& prompt,
+                                     int64_t num_beams, int64_t max_new_tokens, int64_t eos_id,
+                                     double length_penalty) {
+  if (prompt.empty()) return InvalidArgument("the prompt is empty");
+  if (num_beams < 1) return InvalidArgument("num_beams must be at least 1");
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  const int64_t max_total = backend.max_length();
+  max_new_tokens = std::min<int64_t>(max_new_tokens, max_total - static_cast<int64_t>(prompt.size()));
+  if (max_new_tokens <= 0) return InvalidArgument("the prompt leaves no room for new tokens");
+  at::Tensor input = at::tensor(prompt, long_opts).unsqueeze(0).repeat({num_beams, 1});
+  COLONY_ASSIGN_OR_RETURN(at::Tensor logits, backend.Step(input, 0, {}));
+  std::vector<Beam> alive(static_cast<size_t>(num_beams)), finished;
+  auto rank = [&](const Beam& b) {
+    return b.log_prob / std::pow(static_cast<double>(std::max<size_t>(b.tokens.size(), 1)),
+                                 length_penalty);
+  };
+  for (int64_t step = 0; step < max_new_tokens; ++step) {
+    at::Tensor logp = at::log_softmax(logits.select(1, -1).to(at::kDouble), -1);  // [B, V]
+    const int64_t vocab = logp.size(1);
+    // At the first step every row holds the same prompt: expand row 0 only.
+    const int64_t rows = step == 0 ? 1 : num_beams;
+    std::vector<double> base(static_cast<size_t>(rows));
+    for (int64_t b = 0; b < rows; ++b) base[static_cast<size_t>(b)] = alive[static_cast<size_t>(b)].log_prob;
+    at::Tensor scores = logp.narrow(0, 0, rows) +
+                        at::tensor(base, at::TensorOptions().dtype(at::kDouble)).unsqueeze(1);
+    const int64_t k = std::min<int64_t>(2 * num_beams, rows * vocab);
+    auto [top_scores, top_idx] = scores.reshape({-1}).topk(k);
+    std::vector<Beam> next;
+    std::vector<int64_t> sources, tokens;
+    for (int64_t i = 0; i < k && static_cast<int64_t>(next.size()) < num_beams; ++i) {
+      const int64_t flat = top_idx[i].item<int64_t>();
+      const int64_t src = flat / vocab, token = flat % vocab;
+      Beam b = alive[static_cast<size_t>(src)];
+      b.tokens.push_back(token);
+      b.log_prob = top_scores[i].item<double>();
+      if (token == eos_id) {
+        b.finished = true;
+        if (static_cast<int64_t>(finished.size()) < num_beams) finished.push_back(std::move(b));
+        continue;
+      }
+      next.push_back(std::move(b));
+      sources.push_back(src);
+      tokens.push_back(token);
+    }
+    alive = std::move(next);
+    const bool last = step + 1 == max_new_tokens;
+    if (static_cast<int64_t>(finished.size()) >= num_beams || last ||
+        static_cast<int64_t>(alive.size()) < num_beams) {
+      break;
+    }
+    at::Tensor hypo = at::tensor(sources, long_opts);
+    at::Tensor step_tokens = at::tensor(tokens, long_opts).unsqueeze(1);
+    COLONY_ASSIGN_OR_RETURN(logits, backend.Step(step_tokens, backend.position(), hypo));
+  }
+  for (auto& b : alive) finished.push_back(std::move(b));
+  std::stable_sort(finished.begin(), finished.end(),
+                   [&](const Beam& a, const Beam& b) { return rank(a) > rank(b); });
+  if (static_cast<int64_t>(finished.size()) > num_beams) finished.resize(static_cast<size_t>(num_beams));
+  return finished;
+}
+
+}  // namespace colony::serve

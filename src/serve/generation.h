@@ -1,0 +1,112 @@
+// Generation over a model whose blocks run locally or in the swarm: the client's local part of a
+// model (embeddings, final norm, LM head), a backend interface that steps a decoder with a KV
+// cache (local, or a remote InferenceSession), and the decoding algorithms on top of it
+// (greedy/sampling as model::Generate does, beam search, rollback).
+//
+//   auto head = LoadClientModel("llama-dir");             // reads only 3 tensors
+//   auto session = remote.OpenSession({.max_length = 256});
+//   RemoteBackend backend(*head, *session);
+//   auto tokens = GenerateWith(backend, prompt, {.max_new_tokens = 32}, eos,
+//                              [](int64_t t) { /* stream it */ });
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <filesystem>
+#include <functional>
+#include <vector>
+
+#include "core/status.h"
+#include "model/llama.h"
+#include "serve/client.h"
+
+namespace colony::serve {
+
+// Embeddings, final norm and LM head of a Llama model (HF parameter names).
+class ClientModelImpl : public torch::nn::Module {
+ public:
+  explicit ClientModelImpl(const model::LlamaConfig& config);
+  at::Tensor Embed(const at::Tensor& tokens);  // [B, T] int64 -> [B, T, H]
+  at::Tensor Head(const at::Tensor& hidden);   // [..., H] -> logits [..., V]
+  const model::LlamaConfig& config() const { return config_; }
+  model::NamedTensors NamedParametersHF();
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  model::RMSNorm norm{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tied to the embeddings
+
+ private:
+  model::LlamaConfig config_;
+};
+TORCH_MODULE(ClientModel);
+
+// Reads config.json and only the embedding, norm and LM head tensors of a checkpoint.
+Result<ClientModel> LoadClientModel(const std::filesystem::path& dir);
+
+// A decoder with a KV cache, stepped by the decoding algorithms.
+class DecoderBackend {
+ public:
+  virtual ~DecoderBackend() = default;
+  // Runs tokens [B, T] at positions position.. (position <= this->position(); smaller rolls
+  // back), after reordering the cached rows by hypo_ids [B] when defined. Returns float32
+  // logits [B, T, V].
+  virtual Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position,
+                                  const at::Tensor& hypo_ids) = 0;
+  virtual int64_t position() const = 0;
+  virtual int64_t max_length() const = 0;
+};
+
+// The whole model in this process (the reference that remote generation must equal).
+class LocalBackend : public DecoderBackend {
+ public:
+  explicit LocalBackend(model::LlamaModel model);
+  Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position,
+                          const at::Tensor& hypo_ids) override;
+  int64_t position() const override { return position_; }
+  int64_t max_length() const override { return model_->config().max_seq_len; }
+
+ private:
+  model::LlamaModel model_;
+  std::vector<model::KVCache> caches_;
+  int64_t position_ = 0;
+};
+
+// Embeddings and head here, blocks in the swarm through an inference session.
+class RemoteBackend : public DecoderBackend {
+ public:
+  RemoteBackend(ClientModel head, InferenceSession& session, int64_t max_length);
+  Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position,
+                          const at::Tensor& hypo_ids) override;
+  int64_t position() const override { return session_.position(); }
+  int64_t max_length() const override { return max_length_; }
+
+ private:
+  ClientModel head_;
+  InferenceSession& session_;
+  int64_t max_length_;
+};
+
+// Greedy or seeded sampling, token for token what model::Generate produces for the same model
+// and options: the prompt in one step, then one token per step, stopping after eos_id or at the
+// backend's max_length. on_token (optional) sees each token as it is chosen.
+Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
+                                          const std::vector<int64_t>& prompt,
+                                          const model::SamplingOptions& options,
+                                          int64_t eos_id = -1,
+                                          const std::function<void(int64_t)>& on_token = {});
+
+struct Beam {
+  std::vector<int64_t> tokens;  // generated tokens (prompt excluded)
+  double log_prob = 0;          // sum of token log-probabilities
+  bool finished = false;        // ended with eos
+};
+// Beam search with num_beams rows in the backend (reordered with hypo_ids each step). Returns
+// the final beams, best first (ranked by log_prob / length^length_penalty).
+Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<int64_t>& prompt,
+                                     int64_t num_beams, int64_t max_new_tokens,
+                                     int64_t eos_id = -1, double length_penalty = 1.0);
+
+}  // namespace colony::serve

@@ -1,0 +1,85 @@
+#include "serve/records.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace colony::serve {
+
+std::string_view StateName(ServerState state) {
+  switch (state) {
+    case ServerState::kJoining: return "joining";
+    case ServerState::kOnline: return "online";
+    case ServerState::kOffline: return "offline";
+  }
+  return "unknown";
+}
+
+std::string BlockKey(const std::string& model, int64_t block) {
+  return fmt::format("{}.block.{}", model, block);
+}
+
+std::string EncodeServerRecord(const ServerRecord& r) {
+  nlohmann::json j = {{"state", StateName(r.state)},
+                      {"start", r.start},
+                      {"end", r.end},
+                      {"throughput", r.throughput},
+                      {"inference_rps", r.inference_rps},
+                      {"cache_tokens_left", r.cache_tokens_left},
+                      {"addresses", r.addresses},
+                      {"version", r.version},
+                      {"dtype", r.dtype}};
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view value,
+                                       int64_t num_blocks) {
+  if (value.size() > 8192) return InvalidArgument("server record longer than 8 KiB");
+  nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return InvalidArgument("server record is not a JSON object");
+  ServerRecord r;
+  r.peer = peer;
+  try {
+    const std::string state = j.at("state").get<std::string>();
+    if (state == "joining") {
+      r.state = ServerState::kJoining;
+    } else if (state == "online") {
+      r.state = ServerState::kOnline;
+    } else if (state == "offline") {
+      r.state = ServerState::kOffline;
+    } else {
+      return InvalidArgument(fmt::format("unknown server state '{}'", state.substr(0, 32)));
+    }
+    r.start = j.at("start").get<int64_t>();
+    r.end = j.at("end").get<int64_t>();
+    r.throughput = j.value("throughput", 0.0);
+    r.inference_rps = j.value("inference_rps", 0.0);
+    r.cache_tokens_left = j.value("cache_tokens_left", int64_t{0});
+    r.version = j.value("version", std::string());
+    r.dtype = j.value("dtype", std::string());
+    if (j.contains("addresses")) {
+      const auto& a = j.at("addresses");
+      if (!a.is_array() || a.size() > 16) {
+        return InvalidArgument("server record: addresses must be an array of at most 16");
+      }
+      for (const auto& s : a) r.addresses.push_back(s.get<std::string>());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(std::string("malformed server record: ") + e.what());
+  }
+  if (r.start < 0 || r.end <= r.start || r.end > num_blocks) {
+    return InvalidArgument(fmt::format("server record spans blocks [{}, {}), outside [0, {})",
+                                       r.start, r.end, num_blocks));
+  }
+  if (!std::isfinite(r.throughput) || r.throughput < 0 || !std::isfinite(r.inference_rps) ||
+      r.inference_rps < 0) {
+    return InvalidArgument("server record has a negative or non-finite throughput");
+  }
+  if (r.version.size() > 64 || r.dtype.size() > 16) {
+    return InvalidArgument("server record has an overlong version or dtype");
+  }
+  return r;
+}
+
+}  // namespace colony::serve

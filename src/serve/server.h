@@ -1,0 +1,113 @@
+// BlockServer: hosts a range of a Llama-family model's transformer blocks for the swarm (Petals'
+// server). It loads only its blocks' tensors from a Hugging Face checkpoint, measures its
+// throughput, announces itself per block in the DHT, and serves:
+//   serve.info       what it hosts and how loaded it is
+//   serve.forward    hidden states through blocks [start, end) (training, prompt tuning)
+//   serve.backward   gradients w.r.t. the inputs (and deep prompts), recomputing the forward
+//   serve.inference  a bidirectional stream: one session with a server-side KV cache per stream
+//   serve.push       a previous server's output for a session step (saves a client round trip)
+//
+//   auto node = dht::Node::Start(KeyPair::Generate(), {...});
+//   auto server = BlockServer::Start(**node, {.model_dir = "llama", .first_block = 0,
+//                                             .last_block = 4});
+//
+// Limits (every byte from the network is untrusted): batch, length and element caps per request,
+// a KV-cache memory budget reserved per session up front (waiting up to alloc_timeout for room),
+// a cap on sessions, an idle timeout per session, and a bounded compute queue in which inference
+// steps run before training requests.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/status.h"
+#include "dht/node.h"
+#include "model/checkpoint.h"
+#include "runtime/task_pool.h"
+#include "serve/records.h"
+
+namespace colony::serve {
+
+struct ServerOptions {
+  std::filesystem::path model_dir;
+  // DHT prefix shared by the model's servers and clients (default: the directory's name).
+  std::string model_name;
+  // Blocks [first_block, last_block) when pinned; otherwise num_blocks blocks where the swarm
+  // is weakest.
+  int64_t first_block = -1;
+  int64_t last_block = -1;
+  int64_t num_blocks = 0;
+  std::string dtype = "float32";  // float32 or bfloat16 (weights and compute)
+  int64_t max_batch = 64;
+  int64_t max_length = 0;        // tokens per session (0: the model's max_seq_len)
+  int64_t cache_bytes = int64_t{512} << 20;
+  std::chrono::milliseconds alloc_timeout{5'000};
+  std::chrono::milliseconds session_idle_timeout{60'000};
+  size_t max_sessions = 128;
+  // Elements (batch x tokens x hidden) per forward/backward request.
+  int64_t max_request_elements = int64_t{1} << 24;
+  size_t max_queued_tasks = 256;
+  int torch_threads = 0;  // 0: LibTorch's default
+  std::chrono::milliseconds announce_period{5'000};
+  double record_ttl_seconds = 20;
+  // Throughput to announce instead of measuring it (tests that need a fixed routing).
+  double throughput_override = 0;
+  // Rebalance (move to weaker blocks) when not pinned; checked every announce_period x 6.
+  bool rebalance = true;
+  double balance_quality = 0.75;
+};
+
+struct ServerStats {
+  int64_t first = 0, last = 0;
+  ServerState state = ServerState::kJoining;
+  double throughput = 0;
+  double inference_rps = 0;
+  int64_t cache_bytes_total = 0;
+  int64_t cache_bytes_used = 0;
+  size_t sessions = 0;
+  uint64_t steps = 0;
+  uint64_t pushes_used = 0;     // steps whose input came by push
+  uint64_t duplicates = 0;      // step messages dropped as already processed
+  uint64_t forwards = 0, backwards = 0;
+};
+
+class BlockServer {
+ public:
+  // Loads the blocks, measures throughput, registers the RPCs on the node's host and announces
+  // the blocks. The node must outlive the server.
+  static Result<std::unique_ptr<BlockServer>> Start(dht::Node& node, ServerOptions options);
+  ~BlockServer();  // Shutdown()
+  BlockServer(const BlockServer&) = delete;
+  BlockServer& operator=(const BlockServer&) = delete;
+
+  // Announces OFFLINE, ends sessions, stops the compute pool. Idempotent.
+  void Shutdown();
+
+  ServerStats Stats() const;
+  const model::LlamaConfig& config() const;
+  const std::string& model_name() const;
+
+  class Impl;
+
+ private:
+  explicit BlockServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+// Bytes of KV cache one token takes in one block at this dtype.
+int64_t CacheBytesPerToken(const model::LlamaConfig& config, at::ScalarType dtype);
+
+// The block range a new server of `num_blocks` blocks should take, given the swarm's records:
+// the window whose weakest block has the least announced throughput (ties: least total, then
+// lowest index).
+int64_t ChooseBestStart(const std::vector<ServerRecord>& records, int64_t total_blocks,
+                        int64_t num_blocks);
+
+}  // namespace colony::serve

@@ -1,0 +1,45 @@
+// Fine-tuning through a swarm of frozen remote blocks (Petals' prompt tuning), trained on the
+// client: trainable prompt embeddings prepended to the input ("shallow"), or also added to the
+// first positions before every remote block ("deep"; the servers return their gradients).
+//
+//   PromptTuned model(head, remote, {.prompt_length = 8, .deep = true});
+//   torch::optim::Adam opt(model->TrainableParameters(), 1e-2);
+//   at::Tensor loss = model->Loss(tokens);  // next-token loss on tokens [B, T]
+//   loss.backward(); opt.step();
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "serve/client.h"
+#include "serve/generation.h"
+
+namespace colony::serve {
+
+struct PromptTuningOptions {
+  int64_t prompt_length = 8;
+  bool deep = false;
+  double init_std = 0.02;
+};
+
+class PromptTunedImpl : public torch::nn::Module {
+ public:
+  PromptTunedImpl(ClientModel head, std::shared_ptr<RemoteSequential> remote,
+                  PromptTuningOptions options);
+  // tokens [B, T] -> logits [B, T, V] at the tokens' positions (the prompt's are dropped).
+  at::Tensor forward(const at::Tensor& tokens);
+  // Mean next-token cross-entropy over tokens [B, T].
+  at::Tensor Loss(const at::Tensor& tokens);
+  std::vector<at::Tensor> TrainableParameters();
+
+  at::Tensor prompts;       // [P, H]
+  at::Tensor deep_prompts;  // [blocks, P, H] (deep tuning only)
+
+ private:
+  ClientModel head_;
+  std::shared_ptr<RemoteSequential> remote_;
+  PromptTuningOptions options_;
+};
+TORCH_MODULE(PromptTuned);
+
+}  // namespace colony::serve

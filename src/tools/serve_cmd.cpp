@@ -1,0 +1,500 @@
+// colony serve | generate | finetune: running a model together (Petals-style). Part of
+// colony-torch.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/optim/adam.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "core/log.h"
+#include "dht/node.h"
+#include "model/checkpoint.h"
+#include "model/tokenizer.h"
+#include "serve/client.h"
+#include "serve/generation.h"
+#include "serve/server.h"
+#include "serve/tuning.h"
+#include "tools/commands.h"
+
+namespace colony::cli {
+namespace {
+
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct SwarmArgs {
+  std::string model;
+  std::string model_name;
+  std::vector<std::string> initial_peers;
+  int threads = 0;
+};
+
+void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a) {
+  cmd->add_option("--model", a.model,
+                  "Hugging Face-format Llama checkpoint directory (config.json + safetensors)")
+      ->required();
+  cmd->add_option("--model-name", a.model_name,
+                  "name of the model in the DHT, shared by its servers and clients (default: the "
+                  "directory's name)");
+  cmd->add_option("--initial-peers", a.initial_peers,
+                  "multiaddr of a peer in the swarm (repeatable)");
+  cmd->add_option("--threads", a.threads, "LibTorch threads (0: default)");
+}
+
+std::string ModelName(const SwarmArgs& a) {
+  if (!a.model_name.empty()) return a.model_name;
+  auto p = std::filesystem::absolute(a.model);
+  return p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
+}
+
+struct Client {
+  std::unique_ptr<dht::Node> node;
+  std::shared_ptr<serve::SequenceManager> manager;
+  serve::ClientModel head{nullptr};
+  std::optional<model::Tokenizer> tokenizer;
+};
+
+Result<Client> StartClient(const SwarmArgs& a) {
+  if (a.initial_peers.empty()) {
+    return InvalidArgument("give --initial-peers: the address of any peer of the swarm (a server "
+                           "prints its address when it starts)");
+  }
+  Client c;
+  COLONY_ASSIGN_OR_RETURN(c.head, serve::LoadClientModel(a.model));
+  auto tok_path = std::filesystem::path(a.model) / "tokenizer.model";
+  if (std::filesystem::exists(tok_path)) {
+    COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::Load(tok_path));
+    c.tokenizer = std::move(tok);
+  }
+  dht::NodeOptions options;
+  options.initial_peers = a.initial_peers;
+  options.dht.client_mode = true;
+  COLONY_ASSIGN_OR_RETURN(c.node, dht::Node::Start(KeyPair::Generate(), options));
+  c.manager = std::make_shared<serve::SequenceManager>(
+      *c.node, serve::ClientOptions{.model_name = ModelName(a),
+                                    .num_blocks = c.head->config().num_layers});
+  return c;
+}
+
+Result<std::vector<int64_t>> ParseTokens(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      out.push_back(std::stoll(item));
+    } catch (const std::exception&) {
+      return InvalidArgument(fmt::format("--tokens: '{}' is not a token id", item));
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- serve
+
+struct ServeArgs {
+  SwarmArgs swarm;
+  std::string blocks;
+  int64_t num_blocks = 0;
+  std::string listen = "/ip4/0.0.0.0/tcp/0";
+  std::string dtype = "float32";
+  int64_t cache_mib = 512;
+  int64_t max_batch = 64;
+  int64_t max_length = 0;
+  double throughput = 0;
+  double idle_timeout = 60;
+  bool no_rebalance = false;
+};
+
+int RunServe(const ServeArgs& a) {
+  serve::ServerOptions o;
+  o.model_dir = a.swarm.model;
+  o.model_name = ModelName(a.swarm);
+  if (!a.blocks.empty()) {
+    auto colon = a.blocks.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      o.first_block = std::stoll(a.blocks.substr(0, colon));
+      o.last_block = std::stoll(a.blocks.substr(colon + 1));
+    } catch (const std::exception&) {
+      return Fail(fmt::format("--blocks {}: expected A:B (blocks A..B-1), e.g. 0:4", a.blocks));
+    }
+  } else if (a.num_blocks <= 0) {
+    return Fail("give --blocks A:B or --num-blocks N");
+  }
+  o.num_blocks = a.num_blocks;
+  o.dtype = a.dtype;
+  o.cache_bytes = a.cache_mib << 20;
+  o.max_batch = a.max_batch;
+  o.max_length = a.max_length;
+  o.torch_threads = a.swarm.threads;
+  o.throughput_override = a.throughput;
+  o.session_idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.idle_timeout * 1000));
+  o.rebalance = !a.no_rebalance;
+  if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
+
+  BlockTerminationSignals();
+  dht::NodeOptions node_options;
+  node_options.initial_peers = a.swarm.initial_peers;
+  auto listen = Multiaddr::Parse(a.listen);
+  if (!listen.ok()) return Fail(listen.status());
+  node_options.listen = {*listen};
+  auto node = dht::Node::Start(KeyPair::Generate(), node_options);
+  if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
+  auto server = serve::BlockServer::Start(**node, o);
+  if (!server.ok()) return Fail(server.status().WithContext("starting the server"));
+  auto stats = (*server)->Stats();
+  for (const auto& m : (*node)->VisibleAddresses()) std::printf("%s\n", m.ToString().c_str());
+  std::fflush(stdout);
+  std::fprintf(stderr,
+               "serving blocks [%lld, %lld) of '%s': %.0f tokens/s per block forward, %.1f "
+               "inference steps/s per block, %lld MiB KV cache\n",
+               static_cast<long long>(stats.first), static_cast<long long>(stats.last),
+               (*server)->model_name().c_str(), stats.throughput, stats.inference_rps,
+               static_cast<long long>(a.cache_mib));
+  std::string sig = WaitForTerminationSignal();
+  COLONY_LOG_INFO("received {}, announcing offline and shutting down", sig);
+  (*server)->Shutdown();
+  (*node)->Shutdown();
+  return 0;
+}
+
+// ---------------------------------------------------------------- generate
+
+struct GenerateArgs {
+  SwarmArgs swarm;
+  std::string prompt;
+  std::string tokens;
+  int64_t max_new_tokens = 32;
+  double temperature = 0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  double repetition_penalty = 1.0;
+  uint64_t seed = 0;
+  int64_t num_beams = 1;
+  int64_t max_length = 0;
+  bool json = false;
+};
+
+int RunGenerate(const GenerateArgs& a) {
+  if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
+  auto client = StartClient(a.swarm);
+  if (!client.ok()) return Fail(client.status());
+  const auto& config = client->head->config();
+  std::vector<int64_t> prompt;
+  if (!a.tokens.empty()) {
+    auto t = ParseTokens(a.tokens);
+    if (!t.ok()) return Fail(t.status());
+    prompt = *t;
+  } else {
+    if (!client->tokenizer) {
+      return Fail(fmt::format("{} has no tokenizer.model: give the prompt as --tokens 1,2,3",
+                              a.swarm.model));
+    }
+    if (client->tokenizer->bos_id() >= 0) prompt.push_back(client->tokenizer->bos_id());
+    for (int32_t id : client->tokenizer->Encode(a.prompt)) prompt.push_back(id);
+  }
+  if (prompt.empty()) return Fail("the prompt is empty");
+  for (int64_t t : prompt) {
+    if (t < 0 || t >= config.vocab_size) {
+      return Fail(fmt::format("token {} is outside the vocabulary [0, {})", t, config.vocab_size));
+    }
+  }
+  const int64_t max_length =
+      a.max_length > 0 ? a.max_length
+                       : std::min<int64_t>(config.max_seq_len,
+                                           static_cast<int64_t>(prompt.size()) + a.max_new_tokens);
+  serve::RemoteSequential remote(client->manager);
+  auto session = remote.OpenSession({.max_length = max_length, .batch_size = a.num_beams});
+  serve::RemoteBackend backend(client->head, *session, max_length);
+  const int eos = client->tokenizer ? client->tokenizer->eos_id() : -1;
+  std::vector<int64_t> out;
+  const auto t0 = Clock::now();
+  if (!a.json && client->tokenizer) std::printf("%s", a.prompt.c_str());
+  if (a.num_beams > 1) {
+    auto beams = serve::BeamSearch(backend, prompt, a.num_beams, a.max_new_tokens, eos);
+    if (!beams.ok()) return Fail(beams.status().WithContext("beam search"));
+    out = beams->front().tokens;
+    if (!a.json) {
+      if (client->tokenizer) {
+        std::vector<int32_t> ids(out.begin(), out.end());
+        std::printf("%s", client->tokenizer->Decode(ids).c_str());
+      } else {
+        for (int64_t t : out) std::printf("%lld ", static_cast<long long>(t));
+      }
+    }
+  } else {
+    model::SamplingOptions so{.max_new_tokens = a.max_new_tokens,
+                              .temperature = a.temperature,
+                              .top_k = a.top_k,
+                              .top_p = a.top_p,
+                              .repetition_penalty = a.repetition_penalty,
+                              .seed = a.seed};
+    std::vector<int32_t> decoded;
+    std::string printed;
+    auto r = serve::GenerateWith(backend, prompt, so, eos, [&](int64_t t) {
+      if (a.json) return;
+      if (client->tokenizer) {
+        // Print the text as it grows (pieces can merge with the next token's bytes).
+        decoded.push_back(static_cast<int32_t>(t));
+        std::string text = client->tokenizer->Decode(decoded);
+        if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
+          std::printf("%s", text.substr(printed.size()).c_str());
+          printed = text;
+        }
+      } else {
+        std::printf("%lld ", static_cast<long long>(t));
+      }
+      std::fflush(stdout);
+    });
+    if (!r.ok()) return Fail(r.status().WithContext("generating"));
+    out = *r;
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto& stats = session->stats();
+  if (a.json) {
+    Json j = {{"tokens", out},
+              {"prompt_tokens", prompt},
+              {"seconds", secs},
+              {"failovers", stats.failovers},
+              {"replayed_tokens", stats.replayed_tokens}};
+    if (client->tokenizer) {
+      std::vector<int32_t> ids(out.begin(), out.end());
+      j["text"] = client->tokenizer->Decode(ids);
+    }
+    Json route = Json::array();
+    for (const auto& s : stats.route) {
+      route.push_back({{"peer", s.server.peer.ToString()}, {"start", s.start}, {"end", s.end}});
+    }
+    j["route"] = route;
+    std::printf("%s\n", Dump(j).c_str());
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr, "%zu tokens in %.2f s (%.2f tokens/s) through %zu servers; %lld failovers\n",
+                 out.size(), secs, out.size() / std::max(secs, 1e-9), stats.route.size(),
+                 static_cast<long long>(stats.failovers));
+  }
+  session->Close();
+  client->node->Shutdown();
+  return 0;
+}
+
+// ---------------------------------------------------------------- finetune
+
+struct FinetuneArgs {
+  SwarmArgs swarm;
+  int64_t prompt_length = 8;
+  bool deep = false;
+  int64_t steps = 30;
+  double lr = 0.05;
+  int64_t batch_size = 4;
+  std::string data;
+  std::string save;
+  uint64_t seed = 0;
+};
+
+// The demonstration task: learn, through prompts alone, to predict a small set of sequences
+// (lines of a text file, or fixed synthetic token patterns when the model has no tokenizer).
+Result<std::vector<std::vector<int64_t>>> TaskData(const FinetuneArgs& a, const Client& c) {
+  std::vector<std::vector<int64_t>> seqs;
+  const int64_t vocab = c.head->config().vocab_size;
+  if (!c.tokenizer) {
+    std::mt19937_64 rng(1234);
+    for (int i = 0; i < 8; ++i) {
+      std::vector<int64_t> s;
+      const int64_t base = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+      for (int t = 0; t < 16; ++t) s.push_back((base + 3 * t) % vocab);
+      seqs.push_back(std::move(s));
+    }
+    return seqs;
+  }
+  std::vector<std::string> lines;
+  if (!a.data.empty()) {
+    std::ifstream in(a.data);
+    if (!in) return NotFound(fmt::format("cannot read --data {}", a.data));
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) lines.push_back(line);
+    }
+  } else {
+    lines = {"Colony peers find each other through a distributed hash table.",
+             "Servers host ranges of transformer blocks for the swarm.",
+             "Clients route inference sessions through chains of servers.",
+             "When a server dies, the client replays its inputs to a replacement.",
+             "Gradients are averaged in groups with compressed all-reduce.",
+             "Every connection is authenticated and encrypted."};
+  }
+  for (const auto& l : lines) {
+    std::vector<int64_t> s;
+    if (c.tokenizer->bos_id() >= 0) s.push_back(c.tokenizer->bos_id());
+    for (int32_t id : c.tokenizer->Encode(l)) s.push_back(id);
+    if (s.size() >= 2) seqs.push_back(std::move(s));
+  }
+  if (seqs.empty()) return InvalidArgument("the fine-tuning data has no usable lines");
+  return seqs;
+}
+
+int RunFinetune(const FinetuneArgs& a) {
+  if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
+  at::manual_seed(a.seed);
+  auto client = StartClient(a.swarm);
+  if (!client.ok()) return Fail(client.status());
+  auto data = TaskData(a, *client);
+  if (!data.ok()) return Fail(data.status());
+  auto remote = std::make_shared<serve::RemoteSequential>(client->manager);
+  serve::PromptTuningOptions tuning;
+  tuning.prompt_length = a.prompt_length;
+  tuning.deep = a.deep;
+  serve::PromptTuned tuned(client->head, remote, tuning);
+  torch::optim::Adam opt(tuned->TrainableParameters(), torch::optim::AdamOptions(a.lr));
+  // Pad the sequences to one length with -100 targets (ignored by the loss).
+  size_t len = 0;
+  for (const auto& s : *data) len = std::max(len, s.size());
+  auto batch_of = [&](size_t first, size_t count) {
+    at::Tensor tokens = at::zeros({static_cast<int64_t>(count), static_cast<int64_t>(len)}, at::kLong);
+    at::Tensor targets = at::full({static_cast<int64_t>(count), static_cast<int64_t>(len)}, -100, at::kLong);
+    for (size_t i = 0; i < count; ++i) {
+      const auto& s = (*data)[(first + i) % data->size()];
+      for (size_t t = 0; t < s.size(); ++t) {
+        tokens[static_cast<int64_t>(i)][static_cast<int64_t>(t)] = s[t];
+        targets[static_cast<int64_t>(i)][static_cast<int64_t>(t)] = s[t];
+      }
+    }
+    return std::make_pair(tokens, targets);
+  };
+  auto loss_on = [&](const at::Tensor& tokens, const at::Tensor& targets) {
+    const int64_t t = tokens.size(1);
+    at::Tensor logits = tuned->forward(tokens.narrow(1, 0, t - 1));
+    return model::LanguageModelLoss(logits, targets.narrow(1, 1, t - 1));
+  };
+  auto [all_tokens, all_targets] = batch_of(0, data->size());
+  double initial = 0;
+  try {
+    at::NoGradGuard no_grad;
+    initial = loss_on(all_tokens, all_targets).item<double>();
+  } catch (const std::exception& e) {
+    return Fail(std::string("evaluating through the swarm failed: ") + e.what());
+  }
+  std::fprintf(stderr, "prompt tuning (%s, %lld prompt tokens) on %zu sequences; loss %.4f\n",
+               a.deep ? "deep" : "shallow", static_cast<long long>(a.prompt_length), data->size(),
+               initial);
+  const auto t0 = Clock::now();
+  for (int64_t step = 0; step < a.steps; ++step) {
+    auto [tokens, targets] = batch_of(static_cast<size_t>(step * a.batch_size),
+                                      static_cast<size_t>(std::min<int64_t>(a.batch_size, static_cast<int64_t>(data->size()))));
+    try {
+      opt.zero_grad();
+      at::Tensor loss = loss_on(tokens, targets);
+      loss.backward();
+      opt.step();
+      if (step % 5 == 0 || step + 1 == a.steps) {
+        std::fprintf(stderr, "step %lld/%lld  loss %.4f  %.1f steps/s\n",
+                     static_cast<long long>(step + 1), static_cast<long long>(a.steps),
+                     loss.item<double>(),
+                     (step + 1) / std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    } catch (const std::exception& e) {
+      return Fail(std::string("training step failed: ") + e.what());
+    }
+  }
+  double final_loss = 0;
+  try {
+    at::NoGradGuard no_grad;
+    final_loss = loss_on(all_tokens, all_targets).item<double>();
+  } catch (const std::exception& e) {
+    return Fail(std::string("evaluating through the swarm failed: ") + e.what());
+  }
+  if (!a.save.empty()) {
+    model::NamedTensors named{{"prompts", tuned->prompts}};
+    if (tuned->deep_prompts.defined()) named.emplace_back("deep_prompts", tuned->deep_prompts);
+    Status st = model::SaveModule(a.save, named);
+    if (!st.ok()) return Fail(st);
+  }
+  Json j = {{"initial_loss", initial}, {"final_loss", final_loss}, {"steps", a.steps},
+            {"deep", a.deep}};
+  std::printf("%s\n", Dump(j).c_str());
+  std::fprintf(stderr, "loss %.4f -> %.4f\n", initial, final_loss);
+  client->node->Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
+  {
+    auto a = std::make_shared<ServeArgs>();
+    auto* cmd = app.add_subcommand(
+        "serve", "host a range of a model's transformer blocks for the swarm (Petals-style)");
+    AddSwarmOptions(cmd, a->swarm);
+    cmd->add_option("--blocks", a->blocks, "serve blocks A..B-1, as A:B");
+    cmd->add_option("--num-blocks", a->num_blocks,
+                    "serve this many blocks where the swarm is weakest (instead of --blocks)");
+    cmd->add_option("--listen", a->listen, "address to listen on")->capture_default_str();
+    cmd->add_option("--dtype", a->dtype, "weights and compute: float32 or bfloat16")
+        ->check(CLI::IsMember({"float32", "bfloat16"}))
+        ->capture_default_str();
+    cmd->add_option("--cache-mib", a->cache_mib, "KV cache budget in MiB")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+        ->capture_default_str();
+    cmd->add_option("--max-batch", a->max_batch, "largest batch per request")
+        ->capture_default_str();
+    cmd->add_option("--max-length", a->max_length,
+                    "longest inference session in tokens (0: the model's limit)");
+    cmd->add_option("--throughput", a->throughput,
+                    "announce this throughput (tokens/s per block) instead of measuring it");
+    cmd->add_option("--idle-timeout", a->idle_timeout,
+                    "seconds an inference session may stay idle")
+        ->capture_default_str();
+    cmd->add_flag("--no-rebalance", a->no_rebalance,
+                  "with --num-blocks: keep the first choice of blocks");
+    commands.emplace_back(cmd, [a] { return RunServe(*a); });
+  }
+  {
+    auto a = std::make_shared<GenerateArgs>();
+    auto* cmd = app.add_subcommand(
+        "generate", "generate text with a model whose blocks are served by the swarm");
+    AddSwarmOptions(cmd, a->swarm);
+    cmd->add_option("--prompt", a->prompt, "text to continue (needs tokenizer.model)");
+    cmd->add_option("--tokens", a->tokens, "the prompt as token ids: 1,2,3");
+    cmd->add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate")
+        ->capture_default_str();
+    cmd->add_option("--temperature", a->temperature, "0: greedy")->capture_default_str();
+    cmd->add_option("--top-k", a->top_k, "sample among the k likeliest (0: off)");
+    cmd->add_option("--top-p", a->top_p, "nucleus sampling (1: off)");
+    cmd->add_option("--repetition-penalty", a->repetition_penalty, "1: off");
+    cmd->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
+    cmd->add_option("--num-beams", a->num_beams, "beam search with this many beams")
+        ->check(CLI::Range(int64_t{1}, int64_t{64}));
+    cmd->add_option("--max-length", a->max_length,
+                    "tokens to reserve in the servers' caches (default: prompt + new tokens)");
+    cmd->add_flag("--json", a->json, "print one JSON object instead of streaming text");
+    commands.emplace_back(cmd, [a] {
+      if (a->prompt.empty() == a->tokens.empty()) return Fail("give --prompt or --tokens");
+      return RunGenerate(*a);
+    });
+  }
+  {
+    auto a = std::make_shared<FinetuneArgs>();
+    auto* cmd = app.add_subcommand(
+        "finetune",
+        "prompt-tune a model through the swarm's frozen blocks (demonstration task: learn a "
+        "few sentences, or --data FILE with one per line)");
+    AddSwarmOptions(cmd, a->swarm);
+    cmd->add_option("--prompt-length", a->prompt_length, "trainable prompt tokens")
+        ->capture_default_str();
+    cmd->add_flag("--deep", a->deep, "deep prompt tuning: prompts before every block");
+    cmd->add_option("--steps", a->steps, "optimizer steps")->capture_default_str();
+    cmd->add_option("--lr", a->lr, "Adam learning rate")->capture_default_str();
+    cmd->add_option("--batch-size", a->batch_size, "sequences per step")->capture_default_str();
+    cmd->add_option("--data", a->data, "text file, one training sequence per line");
+    cmd->add_option("--save", a->save, "write the trained prompts here (safetensors)");
+    cmd->add_option("--seed", a->seed, "initialization seed")->capture_default_str();
+    commands.emplace_back(cmd, [a] { return RunFinetune(*a); });
+  }
+}
+
+}  // namespace colony::cli
