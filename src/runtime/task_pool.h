@@ -3,8 +3,10 @@
 // forward) that is still waiting.
 //
 //   TaskPool pool({.threads = 1, .max_queued = 256});
+//   auto work = [block, x]() -> Result<at::Tensor> { return block->forward(x); };
 //   Result<at::Tensor> out = co_await RunOnPool<at::Tensor>(pool, kPriorityInference,
-//       [&]() -> Result<at::Tensor> { return block->forward(x); });
+//                                                           std::move(work));
+// (Name the lambda first: g++ 12 destroys a temporary closure inside co_await twice.)
 //
 // Lower priority values run first; equal priorities run in submission order. A full queue
 // refuses work at once (ResourceExhausted) instead of growing: a client flooding a server

@@ -523,7 +523,9 @@ Status InferenceSession::OpenLink(Link& link, const Link* next) {
       host,
       [&host, holder, addr = link.address, open_message,
        lifetime]() -> asio::awaitable<Result<bool>> {
-        auto stream = co_await host.OpenStream(addr, "serve.inference", {.timeout = lifetime});
+        const std::string method = "serve.inference";
+        const net::CallOptions call{.timeout = lifetime};
+        auto stream = co_await host.OpenStream(addr, method, call);
         if (!stream.ok()) co_return stream.status();
         *holder = *stream;
         Status st = co_await (*stream)->Write(open_message);
@@ -611,26 +613,32 @@ Result<at::Tensor> InferenceSession::ReadResult(Link& link, uint64_t step_id,
                                                 at::IntArrayRef shape) {
   auto stream = link.stream;
   const auto timeout = manager_->options().step_timeout;
-  auto r = RunSync<net::Message>(
-      manager_->host(),
-      [stream]() -> asio::awaitable<Result<net::Message>> {
-        auto m = co_await stream->Read();
-        if (!m.ok()) co_return m.status();
-        if (!*m) co_return Closed("the server ended the session");
-        co_return std::move(**m);
-      }(),
-      timeout, [stream, timeout] {
-        stream->Cancel(DeadlineExceeded(
-            fmt::format("no step result within {} ms", timeout.count())));
-      });
-  if (!r.ok()) return r.status();
-  wire::StepResult result;
-  if (!result.ParseFromString(r->meta)) return ProtocolError("malformed StepResult");
-  if (result.step_id() != step_id) {
-    return ProtocolError(fmt::format("the server answered step {} while step {} was expected",
-                                     result.step_id(), step_id));
+  // A result for an older step (e.g. a replay pushed by a replacement) is skipped; a step runs
+  // at most once per server, so only a bounded number can be queued.
+  for (int skipped = 0; skipped < 4; ++skipped) {
+    auto r = RunSync<net::Message>(
+        manager_->host(),
+        [stream]() -> asio::awaitable<Result<net::Message>> {
+          auto m = co_await stream->Read();
+          if (!m.ok()) co_return m.status();
+          if (!*m) co_return Closed("the server ended the session");
+          co_return std::move(**m);
+        }(),
+        timeout, [stream, timeout] {
+          stream->Cancel(DeadlineExceeded(
+              fmt::format("no step result within {} ms", timeout.count())));
+        });
+    if (!r.ok()) return r.status();
+    wire::StepResult result;
+    if (!result.ParseFromString(r->meta)) return ProtocolError("malformed StepResult");
+    if (result.step_id() < step_id) continue;
+    if (result.step_id() != step_id) {
+      return ProtocolError(fmt::format("the server answered step {} while step {} was expected",
+                                       result.step_id(), step_id));
+    }
+    return HiddenFrom(*r, 0, shape);
   }
-  return HiddenFrom(*r, 0, shape);
+  return ProtocolError("the server sent too many results for old steps");
 }
 
 namespace {
@@ -745,7 +753,9 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
     at::Tensor h = old.history;
     for (size_t i = 0; i < links.size() && !failed; ++i) {
       if (!h.defined() || h.size(1) == 0) break;
-      const Link* next = i + 1 < links.size() ? &links[i + 1] : after;
+      // The replay is pushed only within the replacements: the server after them already holds
+      // these positions (the next real step re-points the push target to it).
+      const Link* next = i + 1 < links.size() ? &links[i + 1] : nullptr;
       Status st = SendStep(links[i], step_id_ - 1, 0, h, {}, next);
       Result<at::Tensor> out = st.ok() ? ReadResult(links[i], step_id_ - 1, h.sizes()) : Result<at::Tensor>(st);
       if (!out.ok()) {

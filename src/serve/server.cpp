@@ -597,8 +597,9 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
 
   static asio::awaitable<void> SendPush(std::shared_ptr<Impl> self, Multiaddr addr,
                                         net::Message message) {
-    auto r = co_await self->node_.host().Call(addr, "serve.push", std::move(message),
-                                              {.timeout = std::chrono::seconds(5)});
+    const std::string method = "serve.push";
+    const net::CallOptions call{.timeout = std::chrono::seconds(5)};
+    auto r = co_await self->node_.host().Call(addr, method, std::move(message), call);
     if (!r.ok()) COLONY_LOG_DEBUG("serve: push failed: {}", r.status().ToString());
   }
 

@@ -20,6 +20,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <thread>
 
 #include "averaging/averager.h"
 #include "core/multiaddr.h"
@@ -263,6 +264,133 @@ Result<std::string> TrainTogether(const DemoArgs& a, const std::string& self,
                      Fixed(initial_eval), Fixed(eval));
 }
 
+
+// Then run the trained model together (Petals-style): block servers host its layers and a client
+// generates text through them; then the server it used for the last blocks is killed and the
+// client generates again through the replacement, which must give the same (seeded) text.
+Result<std::string> ServeTrained(const DemoArgs& a, const std::string& self) {
+  using namespace std::chrono;
+  const std::filesystem::path out = std::filesystem::absolute(a.out_dir);
+  const std::string model = (out / "model").string();
+  std::ifstream cfg(out / "model" / "config.json");
+  auto config = nlohmann::json::parse(cfg, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.value("num_hidden_layers", 0)) {
+    return DataLoss("the trained model's config.json is unreadable");
+  }
+  const int64_t layers = config["num_hidden_layers"].get<int64_t>();
+  const int64_t split = std::max<int64_t>(1, layers / 2);
+  std::printf("\nRunning the trained model together (Petals-style block servers):\n");
+  std::vector<Subprocess> servers;
+  std::vector<std::string> addrs;
+  struct Span {
+    int64_t first, last;
+  };
+  // Blocks [0, split) on one server; [split, layers) on two (a replacement for failover).
+  for (const Span span : {Span{0, split}, Span{split, layers}, Span{split, layers}}) {
+    std::vector<std::string> argv = {self, "serve", "--model", model, "--model-name", "demo-lm",
+                                     "--blocks", fmt::format("{}:{}", span.first, span.last),
+                                     "--listen", "/ip4/127.0.0.1/tcp/0", "--threads", "1",
+                                     "--cache-mib", "64"};
+    if (!addrs.empty()) {
+      argv.push_back("--initial-peers");
+      argv.push_back(addrs.front());
+    }
+    auto p = Subprocess::Spawn(
+        argv, (out / fmt::format("server{}.log", servers.size())).string());
+    if (!p.ok()) return p.status();
+    auto line = p->ReadLine(seconds(60));
+    if (!line.ok()) {
+      return line.status().WithContext(fmt::format(
+          "block server {} did not start; see {}", servers.size(),
+          (out / fmt::format("server{}.log", servers.size())).string()));
+    }
+    std::printf("  server %zu  blocks %lld:%lld  %s\n", servers.size(),
+                static_cast<long long>(span.first), static_cast<long long>(span.last),
+                line->c_str());
+    addrs.push_back(*line);
+    servers.push_back(std::move(*p));
+  }
+  std::fflush(stdout);
+  auto run = [&](std::vector<std::string> argv) -> Result<std::string> {
+    argv.insert(argv.begin(), self);
+    COLONY_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Spawn(argv, (out / "client.log").string()));
+    std::string text;
+    while (true) {
+      auto line = p.ReadLine(seconds(120));
+      if (!line.ok()) break;
+      text += *line + "\n";
+    }
+    COLONY_ASSIGN_OR_RETURN(int code, p.Wait(seconds(30)));
+    if (code != 0) {
+      return Internal(fmt::format("'colony {}' failed (exit code {}); see {}", argv[1], code,
+                                  (out / "client.log").string()));
+    }
+    return text;
+  };
+  // Wait until the client sees every server in the DHT.
+  std::string table;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    COLONY_ASSIGN_OR_RETURN(table, run({"servers", "--model", model, "--model-name", "demo-lm",
+                                        "--initial-peers", addrs.front()}));
+    if (table.find("3 servers") != std::string::npos) break;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  std::printf("%s", table.c_str());
+  COLONY_ASSIGN_OR_RETURN(
+      std::string generated,
+      run({"generate", "--model", model, "--model-name", "demo-lm", "--initial-peers",
+           addrs.front(), "--prompt", "The kernel", "--max-new-tokens", "32", "--threads", "1",
+           "--temperature", "0.8", "--top-k", "40", "--seed", "1", "--json"}));
+  auto j = nlohmann::json::parse(generated, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Internal("colony generate printed no result");
+  auto one_line = [](std::string t) {
+    for (char& c : t) {
+      if (c == '\n' || c == '\t' || c == '\r') c = ' ';
+    }
+    return t;
+  };
+  const std::string text = one_line(j.value("text", std::string()));
+  std::printf("  generated through %zu servers: The kernel%s\n", j["route"].size(), text.c_str());
+  // Kill (SIGKILL) the server that held the last blocks; the replacement takes over.
+  size_t victim = 0;
+  for (size_t i = 1; i < addrs.size(); ++i) {
+    for (const auto& hop : j["route"]) {
+      if (addrs[i].ends_with(hop.value("peer", std::string("?")))) victim = i;
+    }
+  }
+  if (victim == 0) return Internal("the route used none of the servers of the last blocks");
+  servers[victim].Signal(SIGKILL);
+  (void)servers[victim].Wait(seconds(10));
+  std::printf("  killed server %zu (SIGKILL); generating again:\n", victim);
+  std::fflush(stdout);
+  COLONY_ASSIGN_OR_RETURN(
+      std::string again,
+      run({"generate", "--model", model, "--model-name", "demo-lm", "--initial-peers",
+           addrs.front(), "--prompt", "The kernel", "--max-new-tokens", "32", "--threads", "1",
+           "--temperature", "0.8", "--top-k", "40", "--seed", "1", "--json"}));
+  auto j2 = nlohmann::json::parse(again, nullptr, /*allow_exceptions=*/false);
+  if (!j2.is_object()) return Internal("colony generate printed no result");
+  std::printf("  generated through the replacement: The kernel%s\n",
+              one_line(j2.value("text", std::string())).c_str());
+  std::fflush(stdout);
+  int clean = 0;
+  for (size_t i = 0; i < servers.size(); ++i) {
+    if (i == victim) continue;
+    servers[i].Signal(SIGTERM);
+    auto code = servers[i].Wait(seconds(20));
+    clean += code.ok() && *code == 0;
+  }
+  if (clean != static_cast<int>(servers.size()) - 1) {
+    return Internal("some block servers did not shut down cleanly; see server*.log in " +
+                    out.string());
+  }
+  if (j2["tokens"] != j["tokens"]) {
+    return Internal("generation through the replacement server differs from the first run");
+  }
+  return fmt::format("{} tokens generated through {} block servers, the same after one was killed",
+                     j["tokens"].size(), j["route"].size());
+}
+
 }  // namespace
 
 void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
@@ -432,6 +560,8 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     for (auto& a : averagers) (void)a.Wait(seconds(10));
 
     auto trained = TrainTogether(*args, self, bootstrap);
+    Result<std::string> served = Unavailable("not run: training failed");
+    if (trained.ok()) served = ServeTrained(*args, self);
 
     std::printf("\nStopping the swarm (SIGTERM):\n");
     int clean = 0;
@@ -448,15 +578,16 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     double total = duration<double>(steady_clock::now() - t0).count();
     std::printf(
         "\nSummary: %d peers; %d of %d discovery pings answered; %d of %zu tensor echoes verified; "
-        "%d of %d averaged tensors exact; %s; "
+        "%d of %d averaged tensors exact; %s; %s; "
         "%.1f MB sent, %.1f MB received by the demo; %d of %zu peers shut down cleanly; %.1f s\n",
         args->peers, found, expected_found, ok_echoes, addrs.size(), averaged, args->peers,
         trained.ok() ? trained->c_str() : trained.status().ToString().c_str(),
+        served.ok() ? served->c_str() : served.status().ToString().c_str(),
         static_cast<double>(stats.bytes_sent) / 1e6,
         static_cast<double>(stats.bytes_received) / 1e6, clean, peers.size(), total);
     bool success = found == expected_found && ok_echoes == static_cast<int>(addrs.size()) &&
                    averaged == args->peers && clean == static_cast<int>(peers.size()) &&
-                   trained.ok();
+                   trained.ok() && served.ok();
     if (!success) return Fail("demo finished with failures (see above)");
     std::printf("Demo finished successfully.\n");
     return 0;

@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
   app.add_subcommand("finetune",
                      "prompt-tune a model through the swarm's frozen blocks (see 'colony "
                      "finetune --help')");
+  AddServersCommand(app, commands);
   AddDemoCommand(app, commands);
 #endif
 

@@ -275,6 +275,7 @@ int RunGenerate(const GenerateArgs& a) {
     std::printf("%s\n", Dump(j).c_str());
   } else {
     std::printf("\n");
+    std::fflush(stdout);
     std::fprintf(stderr, "%zu tokens in %.2f s (%.2f tokens/s) through %zu servers; %lld failovers\n",
                  out.size(), secs, out.size() / std::max(secs, 1e-9), stats.route.size(),
                  static_cast<long long>(stats.failovers));
