@@ -243,12 +243,63 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config)
   o_proj = register_module("o_proj", MakeLinear(num_heads_ * head_dim_, h));
 }
 
+LoraAdapter* BlockAdapters::Find(const std::string& name) {
+  if (name == "q_proj") return &q_proj;
+  if (name == "k_proj") return &k_proj;
+  if (name == "v_proj") return &v_proj;
+  if (name == "o_proj") return &o_proj;
+  if (name == "gate_proj") return &gate_proj;
+  if (name == "up_proj") return &up_proj;
+  if (name == "down_proj") return &down_proj;
+  return nullptr;
+}
+
+torch::Tensor Project(torch::nn::Linear& linear, const torch::Tensor& x,
+                      const LoraAdapter* adapter) {
+  torch::Tensor y;
+  if (linear->weight.scalar_type() == at::kChar) {
+    const auto buffers = linear->named_buffers(/*recurse=*/false);
+    const torch::Tensor scale = *buffers.find("weight_scale");
+    y = at::linear(x, linear->weight.to(x.scalar_type()) * scale.to(x.scalar_type()).unsqueeze(1));
+  } else {
+    y = linear(x);
+  }
+  if (adapter != nullptr && adapter->defined()) {
+    y = y + at::linear(at::linear(x, adapter->a.to(x.scalar_type())),
+                       adapter->b.to(x.scalar_type())) *
+                adapter->scale;
+  }
+  return y;
+}
+
+void QuantizeInt8(torch::nn::Linear& linear) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor w = linear->weight.detach().to(at::kFloat);
+  const torch::Tensor scale = w.abs().amax(1).clamp_min(1e-12) / 127.0;
+  const torch::Tensor codes = (w / scale.unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
+  linear->weight.set_requires_grad(false);
+  linear->weight.set_data(codes);
+  linear->register_buffer("weight_scale", scale);
+}
+
+namespace {
+const LoraAdapter* AdapterOf(const BlockAdapters* adapters, LoraAdapter BlockAdapters::*member) {
+  return adapters == nullptr ? nullptr : &(adapters->*member);
+}
+}  // namespace
+
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t position_offset,
-                                          KVCache* cache) {
+                                          KVCache* cache, const BlockAdapters* adapters) {
   const int64_t b = x.size(0), t = x.size(1);
-  auto q = q_proj(x).view({b, t, num_heads_, head_dim_}).transpose(1, 2);
-  auto k = k_proj(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
-  auto v = v_proj(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+  auto q = Project(q_proj, x, AdapterOf(adapters, &BlockAdapters::q_proj))
+               .view({b, t, num_heads_, head_dim_})
+               .transpose(1, 2);
+  auto k = Project(k_proj, x, AdapterOf(adapters, &BlockAdapters::k_proj))
+               .view({b, t, num_kv_heads_, head_dim_})
+               .transpose(1, 2);
+  auto v = Project(v_proj, x, AdapterOf(adapters, &BlockAdapters::v_proj))
+               .view({b, t, num_kv_heads_, head_dim_})
+               .transpose(1, 2);
 
   auto [cos, sin] = RotaryTables(t, position_offset, head_dim_, rope_theta_, q.options());
   q = q * cos + RotateHalf(q) * sin;
@@ -284,7 +335,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t positi
   }
   auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
   auto out = at::matmul(probs, v).transpose(1, 2).reshape({b, t, num_heads_ * head_dim_});
-  return o_proj(out);
+  return Project(o_proj, out, AdapterOf(adapters, &BlockAdapters::o_proj));
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& config) {
@@ -295,8 +346,10 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& config) {
       register_module("down_proj", MakeLinear(config.intermediate_size, config.hidden_size));
 }
 
-torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x, const BlockAdapters* adapters) {
+  auto gate = Project(gate_proj, x, AdapterOf(adapters, &BlockAdapters::gate_proj));
+  auto up = Project(up_proj, x, AdapterOf(adapters, &BlockAdapters::up_proj));
+  return Project(down_proj, at::silu(gate) * up, AdapterOf(adapters, &BlockAdapters::down_proj));
 }
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config) {
@@ -310,9 +363,16 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config) {
 }
 
 torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, int64_t position_offset,
-                                      KVCache* cache) {
-  auto h = x + self_attn(input_layernorm(x), position_offset, cache);
-  return h + mlp(post_attention_layernorm(h));
+                                      KVCache* cache, const BlockAdapters* adapters) {
+  auto h = x + self_attn->forward(input_layernorm(x), position_offset, cache, adapters);
+  return h + mlp->forward(post_attention_layernorm(h), adapters);
+}
+
+void LlamaBlockImpl::QuantizeInt8() {
+  for (auto* l : {&self_attn->q_proj, &self_attn->k_proj, &self_attn->v_proj, &self_attn->o_proj,
+                  &mlp->gate_proj, &mlp->up_proj, &mlp->down_proj}) {
+    model::QuantizeInt8(*l);
+  }
 }
 
 NamedTensors BlockParametersHF(LlamaBlock& block, int64_t layer) {

@@ -69,6 +69,29 @@ struct KVCache {
   void Clear();
 };
 
+// A low-rank adapter (LoRA) on one projection: y = W x + scale * B (A x), A [rank, in],
+// B [out, rank]. Undefined tensors: no adapter.
+struct LoraAdapter {
+  torch::Tensor a, b;
+  double scale = 1.0;
+  bool defined() const { return a.defined() && b.defined(); }
+};
+// Adapters for the projections of one block (any subset). A server applies adapters a client
+// sends, so that clients can train LoRA through frozen remote blocks.
+struct BlockAdapters {
+  LoraAdapter q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+  // The adapter for a projection by name ("q_proj", ...); null for an unknown name.
+  LoraAdapter* Find(const std::string& name);
+};
+
+// x W^T (+ the adapter's term). W may be int8 codes with per-row scales (QuantizeInt8), which are
+// dequantized to x's dtype for the product.
+torch::Tensor Project(torch::nn::Linear& linear, const torch::Tensor& x,
+                      const LoraAdapter* adapter);
+// Stores the linear's weight as int8 codes with per-output-row absmax scales (buffer
+// "weight_scale"): 4x less memory than float32. The weight must not require grad.
+void QuantizeInt8(torch::nn::Linear& linear);
+
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps);
@@ -85,7 +108,8 @@ TORCH_MODULE(RMSNorm);
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& config);
-  torch::Tensor forward(const torch::Tensor& x, int64_t position_offset, KVCache* cache);
+  torch::Tensor forward(const torch::Tensor& x, int64_t position_offset, KVCache* cache,
+                        const BlockAdapters* adapters = nullptr);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
@@ -99,7 +123,7 @@ class LlamaMLPImpl : public torch::nn::Module {
  public:
   explicit LlamaMLPImpl(const LlamaConfig& config);
   // down(silu(gate(x)) * up(x))
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const BlockAdapters* adapters = nullptr);
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -113,8 +137,11 @@ class LlamaBlockImpl : public torch::nn::Module {
   // cache, attention is causal within x. With a cache, x's keys and values are appended to it
   // and x attends to all cached positions plus its own causal prefix; position_offset should then
   // be cache->length. Appending copies the cache (torch::cat), fine for the lengths served here.
+  // Adapters (optional) add LoRA terms to the projections.
   torch::Tensor forward(const torch::Tensor& x, int64_t position_offset = 0,
-                        KVCache* cache = nullptr);
+                        KVCache* cache = nullptr, const BlockAdapters* adapters = nullptr);
+  // Quantizes every projection to int8 (QuantizeInt8); norms stay in their dtype.
+  void QuantizeInt8();
 
   // Parameters under their HF names within a layer: "self_attn.q_proj.weight", ...
   RMSNorm input_layernorm{nullptr};

@@ -257,12 +257,18 @@ Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t
 namespace {
 
 Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span, const std::string& method,
-                                std::vector<at::Tensor> tensors, int64_t prompt_length) {
+                                std::vector<at::Tensor> tensors, int64_t prompt_length,
+                                const LoraSpec& lora) {
   COLONY_ASSIGN_OR_RETURN(Multiaddr addr, AddressOf(span.server));
   wire::BlockRequest req;
   req.set_start(static_cast<uint32_t>(span.start));
   req.set_end(static_cast<uint32_t>(span.end));
   req.set_prompt_length(static_cast<uint32_t>(prompt_length));
+  if (lora.rank > 0) {
+    req.set_lora_rank(static_cast<uint32_t>(lora.rank));
+    for (const auto& t : lora.targets) req.add_lora_targets(t);
+    req.set_lora_scale(lora.scale);
+  }
   net::Message msg(req.SerializeAsString());
   for (auto& t : tensors) {
     COLONY_ASSIGN_OR_RETURN(auto f, runtime::ToFrame(t));
@@ -276,9 +282,31 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span, const
   return r;
 }
 
-at::Tensor PromptSlice(const at::Tensor& prompts, int64_t offset, const RouteSpan& span) {
-  if (!prompts.defined()) return {};
-  return prompts.narrow(0, span.start - offset, span.end - span.start);
+// The request tensors of a span besides hidden (and grad): its deep prompts and its adapters.
+void AppendSpanInputs(std::vector<at::Tensor>& tensors, int64_t offset, const RouteSpan& span,
+                      const at::Tensor& prompts, const LoraSpec& lora,
+                      const std::vector<at::Tensor>& adapters) {
+  if (prompts.defined()) {
+    tensors.push_back(prompts.narrow(0, span.start - offset, span.end - span.start).contiguous());
+  }
+  if (lora.rank > 0) {
+    const size_t per_block = 2 * lora.targets.size();
+    for (size_t i = static_cast<size_t>(span.start - offset) * per_block;
+         i < static_cast<size_t>(span.end - offset) * per_block; ++i) {
+      tensors.push_back(adapters[i].detach().contiguous());
+    }
+  }
+}
+
+Status CheckLora(int64_t start, int64_t end, const LoraSpec& lora,
+                 const std::vector<at::Tensor>& adapters) {
+  const size_t want =
+      lora.rank > 0 ? 2 * lora.targets.size() * static_cast<size_t>(end - start) : 0;
+  if (adapters.size() != want) {
+    return InvalidArgument(fmt::format("expected {} LoRA tensors for blocks [{}, {}), got {}",
+                                       want, start, end, adapters.size()));
+  }
+  return Status();
 }
 
 void Backoff(SequenceManager& m, int attempt) {
@@ -289,7 +317,9 @@ void Backoff(SequenceManager& m, int attempt) {
 
 Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_t end,
                                  const at::Tensor& hidden, const at::Tensor& prompts,
-                                 std::vector<SpanInput>* inputs) {
+                                 std::vector<SpanInput>* inputs, const LoraSpec& lora,
+                                 const std::vector<at::Tensor>& adapters) {
+  COLONY_RETURN_IF_ERROR(CheckLora(start, end, lora, adapters));
   const int64_t p = prompts.defined() ? prompts.size(2) : 0;
   at::Tensor x = hidden.detach().contiguous();
   int64_t pos = start;
@@ -305,8 +335,8 @@ Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_
     }
     for (const auto& span : *route) {
       std::vector<at::Tensor> tensors{x};
-      if (p > 0) tensors.push_back(PromptSlice(prompts, start, span).contiguous());
-      auto reply = CallBlocks(manager, span, "serve.forward", std::move(tensors), p);
+      AppendSpanInputs(tensors, start, span, prompts, lora, adapters);
+      auto reply = CallBlocks(manager, span, "serve.forward", std::move(tensors), p, lora);
       Result<at::Tensor> out = reply.ok() ? HiddenFrom(*reply, 0, x.sizes()) : reply.status();
       if (!out.ok()) {
         last = out.status();
@@ -329,11 +359,13 @@ Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_
   return x;
 }
 
-Result<std::pair<at::Tensor, at::Tensor>> RemoteBackward(SequenceManager& manager, int64_t start,
-                                                         int64_t end, const at::Tensor& hidden,
-                                                         const at::Tensor& grad_output,
-                                                         const at::Tensor& prompts) {
+Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, int64_t end,
+                                       const at::Tensor& hidden, const at::Tensor& grad_output,
+                                       const at::Tensor& prompts, const LoraSpec& lora,
+                                       const std::vector<at::Tensor>& adapters) {
+  COLONY_RETURN_IF_ERROR(CheckLora(start, end, lora, adapters));
   const int64_t p = prompts.defined() ? prompts.size(2) : 0;
+  const size_t per_block = lora.rank > 0 ? 2 * lora.targets.size() : 0;
   Status last;
   for (int attempt = 1; attempt <= manager.options().max_attempts; ++attempt) {
     auto route = manager.MakeRoute(start, end, RoutingMode::kMaxThroughput);
@@ -348,8 +380,8 @@ Result<std::pair<at::Tensor, at::Tensor>> RemoteBackward(SequenceManager& manage
     bool failed = false;
     for (size_t i = 0; i + 1 < route->size() && !failed; ++i) {
       std::vector<at::Tensor> tensors{xs.back()};
-      if (p > 0) tensors.push_back(PromptSlice(prompts, start, (*route)[i]).contiguous());
-      auto reply = CallBlocks(manager, (*route)[i], "serve.forward", std::move(tensors), p);
+      AppendSpanInputs(tensors, start, (*route)[i], prompts, lora, adapters);
+      auto reply = CallBlocks(manager, (*route)[i], "serve.forward", std::move(tensors), p, lora);
       Result<at::Tensor> out = reply.ok() ? HiddenFrom(*reply, 0, hidden.sizes()) : reply.status();
       if (!out.ok()) {
         last = out.status();
@@ -362,19 +394,33 @@ Result<std::pair<at::Tensor, at::Tensor>> RemoteBackward(SequenceManager& manage
     }
     if (failed) continue;
     at::Tensor g = grad_output.detach().contiguous().to(hidden.scalar_type());
+    RemoteGradients result;
     std::vector<at::Tensor> prompt_grads(route->size());
+    result.adapters.resize(adapters.size());
     for (size_t i = route->size(); i-- > 0;) {
       const auto& span = (*route)[i];
       std::vector<at::Tensor> tensors{xs[i], g};
-      if (p > 0) tensors.push_back(PromptSlice(prompts, start, span).contiguous());
-      auto reply = CallBlocks(manager, span, "serve.backward", std::move(tensors), p);
+      AppendSpanInputs(tensors, start, span, prompts, lora, adapters);
+      auto reply = CallBlocks(manager, span, "serve.backward", std::move(tensors), p, lora);
       Result<at::Tensor> gin = reply.ok() ? HiddenFrom(*reply, 0, hidden.sizes()) : reply.status();
+      size_t next = 1;
       if (gin.ok() && p > 0) {
-        auto gp = HiddenFrom(*reply, 1, {span.end - span.start, prompts.size(1), p, prompts.size(3)});
+        auto gp = HiddenFrom(*reply, next++,
+                             {span.end - span.start, prompts.size(1), p, prompts.size(3)});
         if (!gp.ok()) {
           gin = gp.status();
         } else {
           prompt_grads[i] = gp->to(prompts.scalar_type());
+        }
+      }
+      const size_t first = static_cast<size_t>(span.start - start) * per_block;
+      for (size_t k = first; gin.ok() && k < static_cast<size_t>(span.end - start) * per_block;
+           ++k) {
+        auto ga = HiddenFrom(*reply, next++, adapters[k].sizes());
+        if (!ga.ok()) {
+          gin = ga.status();
+        } else {
+          result.adapters[k] = ga->to(adapters[k].scalar_type());
         }
       }
       if (!gin.ok()) {
@@ -388,23 +434,37 @@ Result<std::pair<at::Tensor, at::Tensor>> RemoteBackward(SequenceManager& manage
       g = gin->to(hidden.scalar_type());
     }
     if (failed) continue;
-    at::Tensor gp;
-    if (p > 0) gp = at::cat(prompt_grads, 0);
-    return std::make_pair(g, gp);
+    result.hidden = g;
+    if (p > 0) result.prompts = at::cat(prompt_grads, 0);
+    return result;
   }
   return last.WithContext(fmt::format("backward through blocks [{}, {}) failed", start, end));
 }
 
 namespace {
 
+LoraSpec LoraFromSaved(torch::autograd::AutogradContext* ctx) {
+  LoraSpec lora;
+  lora.rank = ctx->saved_data["lora_rank"].toInt();
+  lora.scale = ctx->saved_data["lora_scale"].toDouble();
+  for (const auto& t : ctx->saved_data["lora_targets"].toList()) {
+    lora.targets.push_back(t.get().toStringRef());
+  }
+  return lora;
+}
+
 class RemoteFunction : public torch::autograd::Function<RemoteFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor hidden,
-                            at::Tensor prompts, int64_t manager, int64_t start, int64_t end) {
+                            at::Tensor prompts, at::TensorList adapters, int64_t manager,
+                            int64_t start, int64_t end, int64_t lora_rank, double lora_scale,
+                            std::vector<std::string> lora_targets) {
     auto* m = reinterpret_cast<SequenceManager*>(manager);
     if (prompts.numel() == 0) prompts = at::Tensor();
+    const LoraSpec lora{lora_rank, lora_targets, lora_scale};
+    const std::vector<at::Tensor> adapter_list(adapters.begin(), adapters.end());
     std::vector<SpanInput> inputs;
-    auto out = RemoteForward(*m, start, end, hidden, prompts, &inputs);
+    auto out = RemoteForward(*m, start, end, hidden, prompts, &inputs, lora, adapter_list);
     if (!out.ok()) throw std::runtime_error(out.status().ToString());
     std::vector<at::Tensor> xs;
     std::vector<int64_t> bounds;
@@ -418,6 +478,14 @@ class RemoteFunction : public torch::autograd::Function<RemoteFunction> {
     ctx->saved_data["manager"] = manager;
     ctx->saved_data["start"] = start;
     ctx->saved_data["prompts"] = prompts.defined() ? prompts.detach() : at::empty({0});
+    std::vector<at::Tensor> detached;
+    for (const auto& a : adapter_list) detached.push_back(a.detach());
+    ctx->saved_data["adapters"] = detached;
+    ctx->saved_data["lora_rank"] = lora_rank;
+    ctx->saved_data["lora_scale"] = lora_scale;
+    c10::List<std::string> names;
+    for (const auto& t : lora_targets) names.push_back(t);
+    ctx->saved_data["lora_targets"] = names;
     return *out;
   }
 
@@ -429,19 +497,30 @@ class RemoteFunction : public torch::autograd::Function<RemoteFunction> {
     const int64_t start = ctx->saved_data["start"].toInt();
     at::Tensor prompts = ctx->saved_data["prompts"].toTensor();
     if (prompts.numel() == 0) prompts = at::Tensor();
+    const auto adapters = ctx->saved_data["adapters"].toTensorVector();
+    const LoraSpec lora = LoraFromSaved(ctx);
+    const size_t per_block = lora.rank > 0 ? 2 * lora.targets.size() : 0;
     at::Tensor g = grads[0];
     std::vector<at::Tensor> prompt_grads(xs.size());
+    std::vector<at::Tensor> adapter_grads(adapters.size());
     for (size_t i = xs.size(); i-- > 0;) {
       const int64_t s = bounds[2 * i], e = bounds[2 * i + 1];
       at::Tensor pr = prompts.defined() ? prompts.narrow(0, s - start, e - s) : at::Tensor();
-      auto r = RemoteBackward(*m, s, e, xs[i], g, pr);
+      const size_t first = static_cast<size_t>(s - start) * per_block;
+      const size_t last = static_cast<size_t>(e - start) * per_block;
+      std::vector<at::Tensor> span_adapters(adapters.begin() + static_cast<std::ptrdiff_t>(first),
+                                            adapters.begin() + static_cast<std::ptrdiff_t>(last));
+      auto r = RemoteBackward(*m, s, e, xs[i], g, pr, lora, span_adapters);
       if (!r.ok()) throw std::runtime_error(r.status().ToString());
-      g = r->first;
-      prompt_grads[i] = r->second;
+      g = r->hidden;
+      prompt_grads[i] = r->prompts;
+      for (size_t k = first; k < last; ++k) adapter_grads[k] = r->adapters[k - first];
     }
-    at::Tensor gp;
-    if (prompts.defined()) gp = at::cat(prompt_grads, 0);
-    return {g, gp, at::Tensor(), at::Tensor(), at::Tensor()};
+    torch::autograd::variable_list out{g};
+    out.push_back(prompts.defined() ? at::cat(prompt_grads, 0) : at::Tensor());
+    for (auto& ga : adapter_grads) out.push_back(ga);
+    for (int i = 0; i < 6; ++i) out.push_back(at::Tensor());  // the non-tensor arguments
+    return out;
   }
 };
 
@@ -453,14 +532,18 @@ RemoteSequential::RemoteSequential(std::shared_ptr<SequenceManager> manager, int
       start_(start),
       end_(end < 0 ? manager_->options().num_blocks : end) {}
 
-at::Tensor RemoteSequential::forward(const at::Tensor& hidden, const at::Tensor& prompts) {
+at::Tensor RemoteSequential::forward(const at::Tensor& hidden, const at::Tensor& prompts,
+                                     const LoraSpec& lora, const std::vector<at::Tensor>& adapters) {
   // Autograd functions take no undefined tensors: an empty one stands for "no prompts".
   return RemoteFunction::apply(hidden, prompts.defined() ? prompts : at::empty({0}),
-                               reinterpret_cast<int64_t>(manager_.get()), start_, end_);
+                               at::TensorList(adapters), reinterpret_cast<int64_t>(manager_.get()),
+                               start_, end_, lora.rank, lora.scale, lora.targets);
 }
 
-Result<at::Tensor> RemoteSequential::Forward(const at::Tensor& hidden, const at::Tensor& prompts) {
-  return RemoteForward(*manager_, start_, end_, hidden, prompts, nullptr);
+Result<at::Tensor> RemoteSequential::Forward(const at::Tensor& hidden, const at::Tensor& prompts,
+                                             const LoraSpec& lora,
+                                             const std::vector<at::Tensor>& adapters) {
+  return RemoteForward(*manager_, start_, end_, hidden, prompts, nullptr, lora, adapters);
 }
 
 std::unique_ptr<InferenceSession> RemoteSequential::OpenSession(SessionOptions options) {

@@ -156,6 +156,14 @@ class InferenceSession {
   bool closed_ = false;
 };
 
+// LoRA adapters trained by a client on frozen remote blocks: for each block and each target
+// projection (in `targets` order), A [rank, in] and B [out, rank], flattened in that order.
+struct LoraSpec {
+  int64_t rank = 0;  // 0: no adapters
+  std::vector<std::string> targets;  // "q_proj", "v_proj", ...
+  double scale = 1.0;
+};
+
 // Blocks [start, end) of a model served by the swarm, as one differentiable module.
 class RemoteSequential {
  public:
@@ -166,9 +174,13 @@ class RemoteSequential {
   // to the first P positions before each block. Differentiable w.r.t. hidden and prompts: the
   // backward pass asks the servers for gradients. Throws std::runtime_error when the swarm
   // cannot serve the request after every retry (as LibTorch modules throw).
-  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& prompts = {});
+  // LoRA adapters (flat, see LoraSpec) are applied by the servers and differentiable too.
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& prompts = {},
+                     const LoraSpec& lora = {}, const std::vector<at::Tensor>& adapters = {});
   // The same without autograd, reporting failures as a Status.
-  Result<at::Tensor> Forward(const at::Tensor& hidden, const at::Tensor& prompts = {});
+  Result<at::Tensor> Forward(const at::Tensor& hidden, const at::Tensor& prompts = {},
+                             const LoraSpec& lora = {},
+                             const std::vector<at::Tensor>& adapters = {});
 
   std::unique_ptr<InferenceSession> OpenSession(SessionOptions options);
 
@@ -191,11 +203,17 @@ struct SpanInput {
 // RemoteSequential's autograd function). `inputs`, when given, receives each span's input.
 Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_t end,
                                  const at::Tensor& hidden, const at::Tensor& prompts,
-                                 std::vector<SpanInput>* inputs);
-// Gradients w.r.t. hidden (and prompts, when defined) of blocks [start, end) at `hidden`.
-Result<std::pair<at::Tensor, at::Tensor>> RemoteBackward(SequenceManager& manager, int64_t start,
-                                                         int64_t end, const at::Tensor& hidden,
-                                                         const at::Tensor& grad_output,
-                                                         const at::Tensor& prompts);
+                                 std::vector<SpanInput>* inputs, const LoraSpec& lora = {},
+                                 const std::vector<at::Tensor>& adapters = {});
+struct RemoteGradients {
+  at::Tensor hidden;
+  at::Tensor prompts;               // when prompts were given
+  std::vector<at::Tensor> adapters;  // when adapters were given (flat, as given)
+};
+// Gradients w.r.t. hidden (and prompts and adapters, when given) of blocks [start, end).
+Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, int64_t end,
+                                       const at::Tensor& hidden, const at::Tensor& grad_output,
+                                       const at::Tensor& prompts, const LoraSpec& lora = {},
+                                       const std::vector<at::Tensor>& adapters = {});
 
 }  // namespace colony::serve

@@ -12,8 +12,10 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <algorithm>
+#include <cmath>
 #include <future>
 #include <limits>
+#include <optional>
 
 #include "core/log.h"
 #include "dht/validation.h"
@@ -112,6 +114,10 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
 
   Status Init() {
     COLONY_ASSIGN_OR_RETURN(dtype_, ParseDType(options_.dtype));
+    if (options_.quantize != "none" && options_.quantize != "int8") {
+      return InvalidArgument(
+          fmt::format("unknown quantization '{}'; use none or int8", options_.quantize));
+    }
     COLONY_ASSIGN_OR_RETURN(config_, model::LoadLlamaConfig(options_.model_dir));
     if (options_.model_name.empty()) {
       options_.model_name = std::filesystem::absolute(options_.model_dir).filename().string();
@@ -179,6 +185,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     s.state = state_;
     s.throughput = throughput_;
     s.inference_rps = inference_rps_;
+    s.weight_bytes = weight_bytes_;
     s.cache_bytes_total = options_.cache_bytes;
     s.cache_bytes_used = cache_used_;
     s.sessions = sessions_.size();
@@ -199,18 +206,25 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   Status LoadBlocks(int64_t first, int64_t last) {
     COLONY_ASSIGN_OR_RETURN(model::LlamaBlockRange range,
                             model::LoadLlamaBlocks(options_.model_dir, first, last));
+    int64_t bytes = 0;
     for (auto& b : range.blocks) {
       b->eval();
       for (auto& p : b->parameters()) p.set_requires_grad(false);
       b->to(dtype_);
+      if (options_.quantize == "int8") b->QuantizeInt8();
+      for (const auto& p : b->parameters()) bytes += static_cast<int64_t>(p.nbytes());
+      for (const auto& p : b->buffers()) bytes += static_cast<int64_t>(p.nbytes());
     }
     blocks_ = std::move(range.blocks);
+    std::lock_guard lock(mu_);
+    weight_bytes_ = bytes;
     return Status();
   }
 
   // Hidden states through blocks [start, end) (absolute indices within ours).
   at::Tensor RunBlocks(int64_t start, int64_t end, at::Tensor h, int64_t offset,
-                       std::vector<model::KVCache>* caches, const at::Tensor& prompts) {
+                       std::vector<model::KVCache>* caches, const at::Tensor& prompts,
+                       const std::vector<model::BlockAdapters>* adapters = nullptr) {
     for (int64_t i = start; i < end; ++i) {
       if (prompts.defined()) {
         const int64_t p = prompts.size(2);
@@ -218,7 +232,8 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
         h = at::cat({h.narrow(1, 0, p) + pr, h.narrow(1, p, h.size(1) - p)}, 1);
       }
       h = blocks_[static_cast<size_t>(i - first_)]->forward(
-          h, offset, caches ? &(*caches)[static_cast<size_t>(i - start)] : nullptr);
+          h, offset, caches ? &(*caches)[static_cast<size_t>(i - start)] : nullptr,
+          adapters ? &(*adapters)[static_cast<size_t>(i - start)] : nullptr);
     }
     return h;
   }
@@ -433,9 +448,11 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
       info.set_cache_tokens_left(static_cast<uint64_t>(CacheTokensLeftLocked()));
       info.set_cache_bytes_left(static_cast<uint64_t>(options_.cache_bytes - cache_used_));
       info.set_active_sessions(static_cast<uint32_t>(sessions_.size()));
+      info.set_weight_bytes(static_cast<uint64_t>(weight_bytes_));
     }
     info.set_version(COLONY_VERSION_STRING);
     info.set_dtype(DTypeLabel(dtype_));
+    info.set_quantization(options_.quantize);
     info.set_max_batch(static_cast<uint32_t>(options_.max_batch));
     info.set_max_length(static_cast<uint32_t>(max_length_));
     info.set_hidden_size(static_cast<uint32_t>(config_.hidden_size));
@@ -464,15 +481,35 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     return h;
   }
 
+  // The input and output sizes of a block projection, by name.
+  std::optional<std::pair<int64_t, int64_t>> ProjectionShape(const std::string& name) const {
+    const int64_t h = config_.hidden_size, kv = config_.num_kv_heads * config_.head_dim();
+    const int64_t inter = config_.intermediate_size;
+    if (name == "q_proj" || name == "o_proj") return std::make_pair(h, h);
+    if (name == "k_proj" || name == "v_proj") return std::make_pair(h, kv);
+    if (name == "gate_proj" || name == "up_proj") return std::make_pair(h, inter);
+    if (name == "down_proj") return std::make_pair(inter, h);
+    return std::nullopt;
+  }
+
   asio::awaitable<Result<net::Message>> Forward(net::Message m, bool backward) {
     COLONY_CO_RETURN_IF_ERROR(CheckServing());
     wire::BlockRequest req;
     if (!req.ParseFromString(m.meta)) co_return InvalidArgument("malformed BlockRequest");
     const int64_t start = req.start(), end = req.end(), p = req.prompt_length();
     COLONY_CO_RETURN_IF_ERROR(CheckRange(start, end));
-    const size_t want = (backward ? 2 : 1) + (p > 0 ? 1 : 0);
-    if (m.tensors.size() != want) {
-      co_return InvalidArgument(fmt::format("expected {} tensors, got {}", want, m.tensors.size()));
+    const int64_t rank = req.lora_rank();
+    const auto targets = req.lora_targets();
+    if (rank > 256 || (rank > 0 && (targets.empty() || targets.size() > 7)) ||
+        (rank == 0 && !targets.empty()) || !std::isfinite(req.lora_scale())) {
+      co_return InvalidArgument("LoRA: rank must be in [1, 256] with 1 to 7 target projections");
+    }
+    const size_t base = (backward ? 2 : 1) + (p > 0 ? 1 : 0);
+    const size_t lora_count =
+        rank > 0 ? 2 * static_cast<size_t>(end - start) * static_cast<size_t>(targets.size()) : 0;
+    if (m.tensors.size() != base + lora_count) {
+      co_return InvalidArgument(
+          fmt::format("expected {} tensors, got {}", base + lora_count, m.tensors.size()));
     }
     auto x = ReadHidden(m.tensors[0], options_.max_request_elements);
     if (!x.ok()) co_return x.status();
@@ -486,7 +523,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
       grad_out = *g;
     }
     if (p > 0) {
-      auto pr = runtime::FromFrame(m.tensors.back(),
+      auto pr = runtime::FromFrame(m.tensors[base - 1],
                                    {.max_elements = static_cast<uint64_t>(options_.max_request_elements),
                                     .allowed_dtypes = kFloatDTypes,
                                     .rank = 4});
@@ -499,32 +536,77 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
       }
       prompts = *pr;
     }
+    const std::vector<std::string> target_names(targets.begin(), targets.end());
+    for (size_t i = 0; i < target_names.size(); ++i) {
+      if (!ProjectionShape(target_names[i])) {
+        co_return InvalidArgument(
+            fmt::format("LoRA: unknown projection '{}'", target_names[i].substr(0, 32)));
+      }
+      if (std::count(target_names.begin(), target_names.end(), target_names[i]) > 1) {
+        co_return InvalidArgument(fmt::format("LoRA: projection '{}' listed twice", target_names[i]));
+      }
+    }
+    std::vector<at::Tensor> lora;  // flat: block, target, (A, B)
+    for (size_t i = 0; i < lora_count; ++i) {
+      const std::string& target = target_names[(i / 2) % target_names.size()];
+      const auto shape = ProjectionShape(target);
+      auto t = runtime::FromFrame(m.tensors[base + i],
+                                  {.max_elements = static_cast<uint64_t>(options_.max_request_elements),
+                                   .allowed_dtypes = kFloatDTypes,
+                                   .rank = 2});
+      if (!t.ok()) co_return t.status();
+      const bool is_a = i % 2 == 0;
+      const int64_t rows = is_a ? rank : shape->second, cols = is_a ? shape->first : rank;
+      if (t->size(0) != rows || t->size(1) != cols) {
+        co_return InvalidArgument(fmt::format("LoRA {} for {} must have shape [{}, {}]",
+                                              is_a ? "A" : "B", target, rows, cols));
+      }
+      lora.push_back(*t);
+    }
+    const double lora_scale = req.lora_scale() == 0 ? 1.0 : req.lora_scale();
     const at::ScalarType client_dtype = x->scalar_type();
     auto self = shared_from_this();
     // Named first: g++ 12 mishandles temporaries (lambdas) inside co_await expressions.
-    auto work = [self, start, end, x = *x, grad_out, prompts, backward,
-                 client_dtype]() -> Result<std::vector<at::Tensor>> {
-          if (!at::isfinite(x).all().item<bool>() ||
-              (grad_out.defined() && !at::isfinite(grad_out).all().item<bool>()) ||
-              (prompts.defined() && !at::isfinite(prompts).all().item<bool>())) {
-            return InvalidArgument("inputs contain NaN or infinity");
-          }
-          if (!backward) {
-            at::NoGradGuard no_grad;
-            at::Tensor out =
-                self->RunBlocks(start, end, x.to(self->dtype_), 0, nullptr, prompts);
-            return std::vector<at::Tensor>{out.to(client_dtype)};
-          }
-          at::AutoGradMode grad_mode(true);
-          at::Tensor xin = x.to(self->dtype_).detach().requires_grad_(true);
+    auto work = [self, start, end, x = *x, grad_out, prompts, backward, client_dtype, lora,
+                 target_names, lora_scale]() -> Result<std::vector<at::Tensor>> {
+          bool finite = at::isfinite(x).all().item<bool>() &&
+                        (!grad_out.defined() || at::isfinite(grad_out).all().item<bool>()) &&
+                        (!prompts.defined() || at::isfinite(prompts).all().item<bool>());
+          for (const auto& t : lora) finite = finite && at::isfinite(t).all().item<bool>();
+          if (!finite) return InvalidArgument("inputs contain NaN or infinity");
+          at::AutoGradMode grad_mode(backward);
+          at::Tensor xin = x.to(self->dtype_).detach().requires_grad_(backward);
           at::Tensor pin;
-          if (prompts.defined()) pin = prompts.to(self->dtype_).detach().requires_grad_(true);
-          at::Tensor out = self->RunBlocks(start, end, xin, 0, nullptr, pin);
+          if (prompts.defined()) pin = prompts.to(self->dtype_).detach().requires_grad_(backward);
+          std::vector<at::Tensor> lin;
+          for (const auto& t : lora) lin.push_back(t.to(self->dtype_).detach().requires_grad_(backward));
+          std::vector<model::BlockAdapters> adapters;
+          if (!lin.empty()) {
+            adapters.resize(static_cast<size_t>(end - start));
+            size_t k = 0;
+            for (auto& block : adapters) {
+              for (const auto& name : target_names) {
+                model::LoraAdapter* a = block.Find(name);
+                a->a = lin[k++];
+                a->b = lin[k++];
+                a->scale = lora_scale;
+              }
+            }
+          }
+          at::Tensor out = self->RunBlocks(start, end, xin, 0, nullptr, pin,
+                                           adapters.empty() ? nullptr : &adapters);
+          if (!backward) return std::vector<at::Tensor>{out.to(client_dtype)};
           std::vector<at::Tensor> inputs{xin};
           if (pin.defined()) inputs.push_back(pin);
-          auto grads = torch::autograd::grad({out}, inputs, {grad_out.to(out.scalar_type())});
-          std::vector<at::Tensor> res{grads[0].to(client_dtype)};
-          if (pin.defined()) res.push_back(grads[1].to(client_dtype));
+          for (const auto& t : lin) inputs.push_back(t);
+          auto grads = torch::autograd::grad({out}, inputs, {grad_out.to(out.scalar_type())},
+                                             /*retain_graph=*/false, /*create_graph=*/false,
+                                             /*allow_unused=*/true);
+          std::vector<at::Tensor> res;
+          for (size_t i = 0; i < grads.size(); ++i) {
+            at::Tensor g = grads[i].defined() ? grads[i] : at::zeros_like(inputs[i]);
+            res.push_back(g.to(client_dtype));
+          }
           return res;
         };
     auto result = co_await runtime::RunOnPool<std::vector<at::Tensor>>(
@@ -844,6 +926,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   ServerState state_ = ServerState::kJoining;
   double throughput_ = 0, inference_rps_ = 0;
   int64_t cache_used_ = 0;
+  int64_t weight_bytes_ = 0;
   std::map<std::string, std::shared_ptr<Session>> sessions_;
   uint64_t steps_ = 0, pushes_used_ = 0, duplicates_ = 0, forwards_ = 0, backwards_ = 0;
 };

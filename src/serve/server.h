@@ -45,6 +45,9 @@ struct ServerOptions {
   int64_t last_block = -1;
   int64_t num_blocks = 0;
   std::string dtype = "float32";  // float32 or bfloat16 (weights and compute)
+  // "int8": projections stored as int8 codes with per-row scales (4x less memory than float32,
+  // dequantized per product); "none": as loaded.
+  std::string quantize = "none";
   int64_t max_batch = 64;
   int64_t max_length = 0;        // tokens per session (0: the model's max_seq_len)
   int64_t cache_bytes = int64_t{512} << 20;
@@ -69,6 +72,7 @@ struct ServerStats {
   ServerState state = ServerState::kJoining;
   double throughput = 0;
   double inference_rps = 0;
+  int64_t weight_bytes = 0;
   int64_t cache_bytes_total = 0;
   int64_t cache_bytes_used = 0;
   size_t sessions = 0;

@@ -42,4 +42,32 @@ class PromptTunedImpl : public torch::nn::Module {
 };
 TORCH_MODULE(PromptTuned);
 
+struct LoraTuningOptions {
+  int64_t rank = 4;
+  std::vector<std::string> targets = {"q_proj", "v_proj"};
+  double scale = 1.0;
+};
+
+// LoRA adapters for every remote block, held and trained by the client; the servers apply them
+// to their frozen weights for each request and return their gradients (Petals cannot: its
+// adapters must live on the servers).
+class LoraTunedImpl : public torch::nn::Module {
+ public:
+  LoraTunedImpl(ClientModel head, std::shared_ptr<RemoteSequential> remote,
+                LoraTuningOptions options);
+  at::Tensor forward(const at::Tensor& tokens);  // [B, T] -> logits [B, T, V]
+  at::Tensor Loss(const at::Tensor& tokens);
+  std::vector<at::Tensor> TrainableParameters() { return adapters; }
+  // The adapters of block `block` (absolute index) as model::BlockAdapters (for a local model).
+  model::BlockAdapters AdaptersOf(int64_t block) const;
+
+  LoraSpec spec;
+  std::vector<at::Tensor> adapters;  // flat: block, target, (A [rank, in], B [out, rank])
+
+ private:
+  ClientModel head_;
+  std::shared_ptr<RemoteSequential> remote_;
+};
+TORCH_MODULE(LoraTuned);
+
 }  // namespace colony::serve

@@ -103,6 +103,7 @@ struct ServeArgs {
   int64_t num_blocks = 0;
   std::string listen = "/ip4/0.0.0.0/tcp/0";
   std::string dtype = "float32";
+  std::string quantize = "none";
   int64_t cache_mib = 512;
   int64_t max_batch = 64;
   int64_t max_length = 0;
@@ -129,6 +130,7 @@ int RunServe(const ServeArgs& a) {
   }
   o.num_blocks = a.num_blocks;
   o.dtype = a.dtype;
+  o.quantize = a.quantize;
   o.cache_bytes = a.cache_mib << 20;
   o.max_batch = a.max_batch;
   o.max_length = a.max_length;
@@ -153,10 +155,10 @@ int RunServe(const ServeArgs& a) {
   std::fflush(stdout);
   std::fprintf(stderr,
                "serving blocks [%lld, %lld) of '%s': %.0f tokens/s per block forward, %.1f "
-               "inference steps/s per block, %lld MiB KV cache\n",
+               "inference steps/s per block, %.1f MiB of weights, %lld MiB KV cache\n",
                static_cast<long long>(stats.first), static_cast<long long>(stats.last),
                (*server)->model_name().c_str(), stats.throughput, stats.inference_rps,
-               static_cast<long long>(a.cache_mib));
+               stats.weight_bytes / 1048576.0, static_cast<long long>(a.cache_mib));
   std::string sig = WaitForTerminationSignal();
   COLONY_LOG_INFO("received {}, announcing offline and shutting down", sig);
   (*server)->Shutdown();
@@ -291,6 +293,7 @@ struct FinetuneArgs {
   SwarmArgs swarm;
   int64_t prompt_length = 8;
   bool deep = false;
+  int64_t lora_rank = 0;
   int64_t steps = 30;
   double lr = 0.05;
   int64_t batch_size = 4;
@@ -351,7 +354,12 @@ int RunFinetune(const FinetuneArgs& a) {
   tuning.prompt_length = a.prompt_length;
   tuning.deep = a.deep;
   serve::PromptTuned tuned(client->head, remote, tuning);
-  torch::optim::Adam opt(tuned->TrainableParameters(), torch::optim::AdamOptions(a.lr));
+  serve::LoraTuningOptions lora_options;
+  lora_options.rank = a.lora_rank > 0 ? a.lora_rank : 1;
+  serve::LoraTuned lora(client->head, remote, lora_options);
+  const bool use_lora = a.lora_rank > 0;
+  torch::optim::Adam opt(use_lora ? lora->TrainableParameters() : tuned->TrainableParameters(),
+                         torch::optim::AdamOptions(a.lr));
   // Pad the sequences to one length with -100 targets (ignored by the loss).
   size_t len = 0;
   for (const auto& s : *data) len = std::max(len, s.size());
@@ -369,7 +377,8 @@ int RunFinetune(const FinetuneArgs& a) {
   };
   auto loss_on = [&](const at::Tensor& tokens, const at::Tensor& targets) {
     const int64_t t = tokens.size(1);
-    at::Tensor logits = tuned->forward(tokens.narrow(1, 0, t - 1));
+    at::Tensor input = tokens.narrow(1, 0, t - 1);
+    at::Tensor logits = use_lora ? lora->forward(input) : tuned->forward(input);
     return model::LanguageModelLoss(logits, targets.narrow(1, 1, t - 1));
   };
   auto [all_tokens, all_targets] = batch_of(0, data->size());
@@ -380,9 +389,15 @@ int RunFinetune(const FinetuneArgs& a) {
   } catch (const std::exception& e) {
     return Fail(std::string("evaluating through the swarm failed: ") + e.what());
   }
-  std::fprintf(stderr, "prompt tuning (%s, %lld prompt tokens) on %zu sequences; loss %.4f\n",
-               a.deep ? "deep" : "shallow", static_cast<long long>(a.prompt_length), data->size(),
-               initial);
+  if (use_lora) {
+    std::fprintf(stderr, "LoRA (rank %lld on q_proj, v_proj of every remote block) on %zu "
+                 "sequences; loss %.4f\n", static_cast<long long>(a.lora_rank), data->size(),
+                 initial);
+  } else {
+    std::fprintf(stderr, "prompt tuning (%s, %lld prompt tokens) on %zu sequences; loss %.4f\n",
+                 a.deep ? "deep" : "shallow", static_cast<long long>(a.prompt_length),
+                 data->size(), initial);
+  }
   const auto t0 = Clock::now();
   for (int64_t step = 0; step < a.steps; ++step) {
     auto [tokens, targets] = batch_of(static_cast<size_t>(step * a.batch_size),
@@ -410,13 +425,18 @@ int RunFinetune(const FinetuneArgs& a) {
     return Fail(std::string("evaluating through the swarm failed: ") + e.what());
   }
   if (!a.save.empty()) {
-    model::NamedTensors named{{"prompts", tuned->prompts}};
-    if (tuned->deep_prompts.defined()) named.emplace_back("deep_prompts", tuned->deep_prompts);
+    model::NamedTensors named;
+    if (use_lora) {
+      for (const auto& item : lora->named_parameters()) named.emplace_back(item.key(), item.value());
+    } else {
+      named.emplace_back("prompts", tuned->prompts);
+      if (tuned->deep_prompts.defined()) named.emplace_back("deep_prompts", tuned->deep_prompts);
+    }
     Status st = model::SaveModule(a.save, named);
     if (!st.ok()) return Fail(st);
   }
   Json j = {{"initial_loss", initial}, {"final_loss", final_loss}, {"steps", a.steps},
-            {"deep", a.deep}};
+            {"method", use_lora ? "lora" : (a.deep ? "deep-prompt" : "prompt")}};
   std::printf("%s\n", Dump(j).c_str());
   std::fprintf(stderr, "loss %.4f -> %.4f\n", initial, final_loss);
   client->node->Shutdown();
@@ -437,6 +457,10 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
     cmd->add_option("--listen", a->listen, "address to listen on")->capture_default_str();
     cmd->add_option("--dtype", a->dtype, "weights and compute: float32 or bfloat16")
         ->check(CLI::IsMember({"float32", "bfloat16"}))
+        ->capture_default_str();
+    cmd->add_option("--quantize", a->quantize,
+                    "int8: store the blocks' projections as int8 (4x less memory than float32)")
+        ->check(CLI::IsMember({"none", "int8"}))
         ->capture_default_str();
     cmd->add_option("--cache-mib", a->cache_mib, "KV cache budget in MiB")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
@@ -482,12 +506,15 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
     auto a = std::make_shared<FinetuneArgs>();
     auto* cmd = app.add_subcommand(
         "finetune",
-        "prompt-tune a model through the swarm's frozen blocks (demonstration task: learn a "
-        "few sentences, or --data FILE with one per line)");
+        "prompt-tune (or LoRA-tune) a model through the swarm's frozen blocks (demonstration "
+        "task: learn a few sentences, or --data FILE with one per line)");
     AddSwarmOptions(cmd, a->swarm);
     cmd->add_option("--prompt-length", a->prompt_length, "trainable prompt tokens")
         ->capture_default_str();
     cmd->add_flag("--deep", a->deep, "deep prompt tuning: prompts before every block");
+    cmd->add_option("--lora", a->lora_rank,
+                    "train LoRA adapters of this rank (on q_proj and v_proj of every remote "
+                    "block; the servers apply them) instead of prompts");
     cmd->add_option("--steps", a->steps, "optimizer steps")->capture_default_str();
     cmd->add_option("--lr", a->lr, "Adam learning rate")->capture_default_str();
     cmd->add_option("--batch-size", a->batch_size, "sequences per step")->capture_default_str();

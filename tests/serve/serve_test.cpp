@@ -595,6 +595,115 @@ TEST_F(ServeTest, PromptTuningThroughTheSwarmLowersTheLoss) {
   }
 }
 
+TEST_F(ServeTest, LoraThroughTheSwarmEqualsLocalAndLearns) {
+  AddServer(0, 1);
+  AddServer(1, 4);
+  Connect(2);
+  auto remote = std::make_shared<RemoteSequential>(manager_);
+  at::manual_seed(5);
+  LoraTuningOptions lo;
+  lo.rank = 2;
+  lo.targets = {"q_proj", "v_proj", "down_proj"};
+  lo.scale = 2.0;
+  LoraTuned lora(Head(), remote, lo);
+  // Non-zero B so that the adapters change the output.
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 1; i < lora->adapters.size(); i += 2) lora->adapters[i].normal_(0, 0.05);
+  }
+  // Forward and gradients equal the same adapters applied to the local blocks.
+  at::Tensor x = at::randn({2, 5, config_.hidden_size}).requires_grad_();
+  at::Tensor target = at::randn({2, 5, config_.hidden_size});
+  at::Tensor out = remote->forward(x, {}, lora->spec, lora->adapters);
+  (out - target).pow(2).sum().backward();
+  std::vector<at::Tensor> remote_grads;
+  for (auto& a : lora->adapters) remote_grads.push_back(a.grad().clone());
+
+  std::vector<at::Tensor> copies;
+  for (auto& a : lora->adapters) copies.push_back(a.detach().clone().requires_grad_());
+  at::Tensor x2 = x.detach().clone().requires_grad_();
+  at::Tensor h = x2;
+  size_t k = 0;
+  for (int64_t b = 0; b < 4; ++b) {
+    model::BlockAdapters ad;
+    for (const auto& name : lo.targets) {
+      ad.Find(name)->a = copies[k++];
+      ad.Find(name)->b = copies[k++];
+      ad.Find(name)->scale = lo.scale;
+    }
+    h = local_->block(b)->forward(h, 0, nullptr, &ad);
+  }
+  (h - target).pow(2).sum().backward();
+  EXPECT_TRUE(at::allclose(out, h, 0, 1e-4));
+  EXPECT_TRUE(at::allclose(x.grad(), x2.grad(), 1e-4, 1e-4));
+  for (size_t i = 0; i < copies.size(); ++i) {
+    EXPECT_TRUE(at::allclose(remote_grads[i], copies[i].grad(), 1e-3, 1e-4)) << "adapter " << i;
+  }
+  // Training the adapters on the demonstration task lowers the loss.
+  const at::Tensor tokens =
+      at::tensor({3, 6, 9, 12, 15, 18, 21, 24, 7, 7, 7, 7, 7, 7, 7, 7}, at::kLong).reshape({2, 8});
+  torch::optim::Adam opt(lora->TrainableParameters(), torch::optim::AdamOptions(0.05));
+  double first = 0;
+  for (int step = 0; step < 20; ++step) {
+    opt.zero_grad();
+    at::Tensor loss = lora->Loss(tokens);
+    loss.backward();
+    opt.step();
+    if (step == 0) first = loss.item<double>();
+  }
+  at::NoGradGuard no_grad;
+  const double last = lora->Loss(tokens).item<double>();
+  EXPECT_LT(last, first - 0.3) << first << " -> " << last;
+  // The servers' weights are untouched.
+  at::Tensor y = at::randn({1, 3, config_.hidden_size});
+  auto plain = remote->Forward(y);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(at::allclose(*plain, LocalBlocks(y, 0, 4), 0, 1e-4));
+}
+
+TEST_F(ServeTest, LoraRequestsAreValidated) {
+  AddServer(0, 4);
+  Connect(1);
+  RemoteSequential remote(manager_);
+  at::Tensor x = at::randn({1, 3, config_.hidden_size});
+  LoraSpec spec{2, {"q_proj"}, 1.0};
+  std::vector<at::Tensor> wrong(8, at::zeros({2, 3}));
+  auto r = remote.Forward(x, {}, spec, wrong);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  LoraSpec unknown{2, {"x_proj"}, 1.0};
+  std::vector<at::Tensor> ok_shapes;
+  for (int b = 0; b < 4; ++b) {
+    ok_shapes.push_back(at::zeros({2, config_.hidden_size}));
+    ok_shapes.push_back(at::zeros({config_.hidden_size, 2}));
+  }
+  r = remote.Forward(x, {}, unknown, ok_shapes);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  r = remote.Forward(x, {}, spec, ok_shapes);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+}
+
+TEST_F(ServeTest, Int8ServerUsesAQuarterOfTheMemoryAndStaysClose) {
+  auto& fp32 = AddServer(0, 4, 100);
+  ServerOptions o;
+  o.quantize = "int8";
+  auto& int8 = AddServer(0, 4, 1000, o);  // preferred by routing
+  Connect(2);
+  const auto full = fp32.Stats().weight_bytes, quantized = int8.Stats().weight_bytes;
+  EXPECT_LT(quantized, full / 3);  // projections at 1 byte per weight, norms and scales in fp32
+  RemoteSequential remote(manager_);
+  at::Tensor x = at::randn({2, 6, config_.hidden_size});
+  auto out = remote.Forward(x);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(int8.Stats().forwards, 1u);
+  at::NoGradGuard no_grad;
+  at::Tensor ref = LocalBlocks(x, 0, 4);
+  const double rel = ((*out - ref).norm() / (ref - x).norm()).item<double>();
+  std::printf("int8: %lld -> %lld weight bytes; relative error of the blocks' update %.4f\n",
+              static_cast<long long>(full), static_cast<long long>(quantized), rel);
+  EXPECT_LT(rel, 0.02);
+  EXPECT_GT(rel, 0.0);
+}
+
 TEST_F(ServeTest, BFloat16ServerStaysCloseToFloat32) {
   ServerOptions o;
   o.dtype = "bfloat16";
