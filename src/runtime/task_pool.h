@@ -40,7 +40,7 @@ struct TaskPoolOptions {
   // Queued (not yet running) tasks beyond which Submit() refuses work.
   size_t max_queued = 1024;
   // Called on each compute thread before it takes work (e.g. to set LibTorch's thread count).
-  std::function<void()> thread_init;
+  std::function<void()> thread_init = {};
 };
 
 class TaskPool {

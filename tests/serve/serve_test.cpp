@@ -6,13 +6,17 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
+#include <atomic>
 #include <chrono>
+#include <future>
+#include <mutex>
 #include <filesystem>
 #include <thread>
 
 #include "dht/node.h"
 #include "model/checkpoint.h"
 #include "net/host.h"
+#include "runtime/task_pool.h"
 #include "runtime/tensor_io.h"
 #include "serve/client.h"
 #include "serve/generation.h"
@@ -719,6 +723,113 @@ TEST_F(ServeTest, BFloat16ServerStaysCloseToFloat32) {
   const double rel = ((*out - ref).norm() / ref.norm()).item<double>();
   EXPECT_LT(rel, 0.05);
   EXPECT_GT(rel, 0.0);  // it really ran in bfloat16
+}
+
+}  // namespace
+}  // namespace colony::serve
+
+namespace colony::serve {
+namespace {
+
+TEST(TaskPool, RunsHigherPriorityFirstAndBoundsItsQueue) {
+  runtime::TaskPool pool({.threads = 1, .max_queued = 4});
+  std::mutex mu;
+  std::vector<int> order;
+  std::promise<void> release;
+  auto gate = release.get_future().share();
+  // Block the only thread, then queue training work before inference work.
+  ASSERT_TRUE(pool.Submit(runtime::kPriorityTraining, [gate](bool) { gate.wait(); }));
+  const auto started = Clock::now() + 5s;
+  while (pool.running() != 1 && Clock::now() < started) std::this_thread::yield();
+  ASSERT_EQ(pool.running(), 1u);
+  auto record = [&](int v) {
+    return [&, v](bool ok) {
+      std::lock_guard lock(mu);
+      order.push_back(ok ? v : -v);
+    };
+  };
+  ASSERT_TRUE(pool.Submit(runtime::kPriorityTraining, record(1)));
+  ASSERT_TRUE(pool.Submit(runtime::kPriorityTraining, record(2)));
+  ASSERT_TRUE(pool.Submit(runtime::kPriorityInference, record(3)));
+  ASSERT_TRUE(pool.Submit(runtime::kPriorityInference, record(4)));
+  EXPECT_FALSE(pool.Submit(runtime::kPriorityInference, record(5)));  // queue full
+  release.set_value();
+  const auto deadline = Clock::now() + 5s;
+  while (Clock::now() < deadline) {
+    {
+      std::lock_guard lock(mu);
+      if (order.size() == 4) break;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  std::lock_guard lock(mu);
+  EXPECT_EQ(order, (std::vector<int>{3, 4, 1, 2}));
+}
+
+TEST(TaskPool, QueuedTasksCompleteWithClosedAtShutdown) {
+  runtime::TaskPool pool({.threads = 1, .max_queued = size_t{1} << 20});
+  std::promise<void> release;
+  auto gate = release.get_future().share();
+  std::atomic<int> cancelled{0}, ran{0};
+  ASSERT_TRUE(pool.Submit(0, [gate](bool) { gate.wait(); }));
+  auto task = [&](bool ok) { (ok ? ran : cancelled) += 1; };
+  int submitted = 0;
+  for (int i = 0; i < 3; ++i) submitted += pool.Submit(0, task);
+  std::thread stopper([&] { pool.Shutdown(); });
+  // Submit succeeds until Shutdown has begun; only then let the running task finish.
+  while (pool.Submit(0, task)) ++submitted;
+  release.set_value();
+  stopper.join();
+  EXPECT_EQ(cancelled.load() + ran.load(), submitted);
+  EXPECT_GE(cancelled.load(), 3);
+  EXPECT_FALSE(pool.Submit(0, [](bool) {}));
+}
+
+TEST_F(ServeTest, ShutdownAnnouncesOfflineAtOnce) {
+  AddServer(0, 4);
+  AddServer(0, 4);
+  Connect(2);
+  servers_[0]->Shutdown();
+  // The record says "offline" right away (not after its TTL): clients stop routing there.
+  ASSERT_TRUE(manager_->Refresh().ok());
+  ASSERT_EQ(manager_->Servers().size(), 1u);
+  EXPECT_EQ(manager_->Servers()[0].peer, nodes_[1]->peer_id());
+}
+
+TEST_F(ServeTest, AnUnpinnedServerMovesToUncoveredBlocks) {
+  ServerOptions o;
+  o.announce_period = 50ms;  // rebalancing is checked every 6 announcements
+  o.num_blocks = 2;
+  dht::NodeOptions no;
+  no.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  no.initial_peers = {BootstrapAddress()};
+  auto node = dht::Node::Start(KeyPair::Generate(), no);
+  ASSERT_TRUE(node.ok());
+  o.model_dir = dir_;
+  o.model_name = "tiny";
+  o.throughput_override = 100;
+  auto mover = BlockServer::Start(**node, o);
+  ASSERT_TRUE(mover.ok()) << mover.status().ToString();
+  EXPECT_EQ((*mover)->Stats().first, 0);  // an empty swarm: the first window
+  // A pinned server takes the same blocks: blocks 2..4 are now uncovered, 0..2 doubly covered.
+  AddServer(0, 2, 100);
+  const auto deadline = Clock::now() + 10s;
+  while ((*mover)->Stats().first != 2 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ((*mover)->Stats().first, 2);
+  EXPECT_EQ((*mover)->Stats().last, 4);
+  EXPECT_EQ((*mover)->Stats().state, ServerState::kOnline);
+  // Now the swarm is balanced: it stays (checked over several rebalancing rounds).
+  Connect(2);
+  RemoteSequential remote(manager_);
+  at::Tensor x = at::randn({1, 3, config_.hidden_size});
+  auto out = remote.Forward(x);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::allclose(*out, LocalBlocks(x, 0, 4), 0, 1e-4));
+  (*mover)->Shutdown();
+  (*node)->Shutdown();
 }
 
 }  // namespace
