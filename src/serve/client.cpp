@@ -10,6 +10,7 @@
 #include <cmath>
 #include <future>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -600,7 +601,20 @@ Status InferenceSession::OpenLink(Link& link, const Link* next) {
   }
   auto& host = manager_->host();
   const auto lifetime = manager_->options().session_lifetime;
-  std::shared_ptr<std::shared_ptr<net::Stream>> holder = std::make_shared<std::shared_ptr<net::Stream>>();
+  // Written by the opening coroutine, read by the timeout callback on this thread.
+  struct Slot {
+    std::mutex mu;
+    std::shared_ptr<net::Stream> stream;
+    void Set(std::shared_ptr<net::Stream> s) {
+      std::lock_guard lock(mu);
+      stream = std::move(s);
+    }
+    std::shared_ptr<net::Stream> Get() {
+      std::lock_guard lock(mu);
+      return stream;
+    }
+  };
+  auto holder = std::make_shared<Slot>();
   const net::Message open_message(open.SerializeAsString());
   auto r = RunSync<bool>(
       host,
@@ -610,7 +624,7 @@ Status InferenceSession::OpenLink(Link& link, const Link* next) {
         const net::CallOptions call{.timeout = lifetime};
         auto stream = co_await host.OpenStream(addr, method, call);
         if (!stream.ok()) co_return stream.status();
-        *holder = *stream;
+        holder->Set(*stream);
         Status st = co_await (*stream)->Write(open_message);
         if (!st.ok()) co_return st;
         auto reply = co_await (*stream)->Read();
@@ -621,15 +635,15 @@ Status InferenceSession::OpenLink(Link& link, const Link* next) {
         co_return true;
       }(),
       manager_->options().step_timeout, [holder] {
-        if (*holder) (*holder)->Cancel(DeadlineExceeded("opening the session timed out"));
+        if (auto s = holder->Get()) s->Cancel(DeadlineExceeded("opening the session timed out"));
       });
   if (!r.ok()) {
-    if (*holder) (*holder)->Cancel();
+    if (auto s = holder->Get()) s->Cancel();
     return r.status().WithContext(fmt::format("opening a session for blocks [{}, {}) on {}",
                                               link.span.start, link.span.end,
                                               link.span.server.peer.ToString()));
   }
-  link.stream = *holder;
+  link.stream = holder->Get();
   return Status();
 }
 

@@ -144,11 +144,11 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
           "0 <= A < B <= {}",
           first_, last_, n, n));
     }
-    state_ = ServerState::kJoining;
+    SetState(ServerState::kJoining);
     Announce();
     COLONY_RETURN_IF_ERROR(LoadBlocks(first_, last_));
     MeasureThroughput();
-    state_ = ServerState::kOnline;
+    SetState(ServerState::kOnline);
     Announce();
     RegisterHandlers();
     announcer_ = std::thread([this] { AnnounceLoop(); });
@@ -166,7 +166,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     }
     cv_.notify_all();
     if (announcer_.joinable()) announcer_.join();
-    state_ = ServerState::kOffline;
+    SetState(ServerState::kOffline);
     Announce();
     std::vector<std::shared_ptr<Session>> sessions;
     {
@@ -201,6 +201,11 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   const std::string& model_name() const { return options_.model_name; }
 
  private:
+  void SetState(ServerState state) {
+    std::lock_guard lock(mu_);
+    state_ = state;
+  }
+
   // ---- blocks and compute (compute runs only on the pool's single thread) ----
 
   Status LoadBlocks(int64_t first, int64_t last) {
@@ -361,10 +366,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
                     "goes from {:.0f} to {:.0f} tokens/s",
                     first_, last_, best, best + count, now_min, new_min);
     // Withdraw the old span, then swap blocks on the compute thread (no step runs meanwhile).
-    {
-      std::lock_guard lock(mu_);
-      state_ = ServerState::kOffline;
-    }
+    SetState(ServerState::kOffline);
     Announce();
     std::promise<Status> done;
     auto future = done.get_future();
@@ -372,6 +374,14 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
       if (!ok) {
         done.set_value(Closed("shutting down"));
         return;
+      }
+      {
+        // A session may have opened between the check above and going offline: keep it.
+        std::lock_guard lock(mu_);
+        if (!sessions_.empty()) {
+          done.set_value(FailedPrecondition("an inference session opened meanwhile"));
+          return;
+        }
       }
       Status st = LoadBlocks(best, best + count);
       if (st.ok()) {
@@ -383,10 +393,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     });
     Status st = queued ? future.get() : ResourceExhausted("compute queue full");
     if (!st.ok()) COLONY_LOG_WARN("serve: rebalancing failed, staying: {}", st.ToString());
-    {
-      std::lock_guard lock(mu_);
-      state_ = ServerState::kOnline;
-    }
+    SetState(ServerState::kOnline);
     Announce();
   }
 
@@ -426,11 +433,25 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     return Status();
   }
 
-  Status CheckRange(int64_t start, int64_t end) const {
+  // Checked again on the compute thread: the blocks may have moved since the request arrived.
+  bool Holds(int64_t start, int64_t end) const {
     std::lock_guard lock(mu_);
-    if (start < first_ || end > last_ || start >= end) {
-      return InvalidArgument(fmt::format(
-          "blocks [{}, {}) requested; this server holds [{}, {})", start, end, first_, last_));
+    return first_ <= start && end <= last_;
+  }
+  Status MovedError() const {
+    return Unavailable("this server moved to other blocks (rebalancing); route the request again");
+  }
+
+  Status CheckRange(int64_t start, int64_t end) const {
+    if (start >= end) {
+      return InvalidArgument(fmt::format("blocks [{}, {}) is an empty range", start, end));
+    }
+    std::lock_guard lock(mu_);
+    if (start < first_ || end > last_) {
+      // Unavailable, not InvalidArgument: the client may have routed on a stale record.
+      return Unavailable(fmt::format(
+          "blocks [{}, {}) requested; this server holds [{}, {}); route again", start, end,
+          first_, last_));
     }
     return Status();
   }
@@ -574,6 +595,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
                         (!prompts.defined() || at::isfinite(prompts).all().item<bool>());
           for (const auto& t : lora) finite = finite && at::isfinite(t).all().item<bool>();
           if (!finite) return InvalidArgument("inputs contain NaN or infinity");
+          if (!self->Holds(start, end)) return self->MovedError();
           at::AutoGradMode grad_mode(backward);
           at::Tensor xin = x.to(self->dtype_).detach().requires_grad_(backward);
           at::Tensor pin;
@@ -865,6 +887,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
           if (!at::isfinite(x).all().item<bool>()) {
             return InvalidArgument("inputs contain NaN or infinity");
           }
+          if (!self->Holds(sp->start, sp->end)) return self->MovedError();
           at::NoGradGuard no_grad;
           for (auto& c : sp->caches) {
             c.Truncate(position);

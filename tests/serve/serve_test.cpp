@@ -485,7 +485,8 @@ TEST_F(ServeTest, HostileRequestsGetErrorsAndTheServerKeepsServing) {
   auto nan_result = forward(nan);
   EXPECT_EQ(nan_result.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(nan_result.status().message().find("NaN"), std::string::npos);
-  EXPECT_EQ(forward(at::randn({1, 4, 64}), 2, 6).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(forward(at::randn({1, 4, 64}), 2, 6).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(forward(at::randn({1, 4, 64}), 3, 3).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(forward(at::randn({1, 4, 64}).to(at::kLong)).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_FALSE(call("serve.forward", net::Message("\xff\xff garbage")).ok());
