@@ -398,7 +398,8 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
   auto* demo = app.add_subcommand(
       "demo",
       "run a local swarm of peer processes that find each other, exchange and average tensors, "
-      "then train a language model together (loss curve PNG and sampled text in --out-dir)");
+      "then train a language model together (loss curve PNG and sampled text in --out-dir) and "
+      "serve it from block servers, surviving a killed server");
   demo->add_option("--peers", args->peers, "number of peer processes")
       ->check(CLI::Range(2, 32))
       ->capture_default_str();

@@ -86,7 +86,9 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   CLI::App app{
       "Colony: train and run large neural networks together over the Internet.\n"
-      "Peers find each other, authenticate, and exchange tensors over encrypted connections."};
+      "Peers find each other, authenticate, and exchange tensors over encrypted connections.",
+      // Usage lines say "colony" also when colony-torch runs a command handed over to it.
+      "colony"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("colony ") + COLONY_VERSION_STRING);
   std::string log_level;
@@ -114,8 +116,8 @@ int main(int argc, char** argv) {
                      "generate text with a model whose blocks are served by the swarm (see "
                      "'colony generate --help')");
   app.add_subcommand("finetune",
-                     "prompt-tune a model through the swarm's frozen blocks (see 'colony "
-                     "finetune --help')");
+                     "prompt-tune or LoRA-tune a model through the swarm's frozen blocks (see "
+                     "'colony finetune --help')");
   AddServersCommand(app, commands);
   AddDemoCommand(app, commands);
 #endif
