@@ -341,15 +341,18 @@ TEST_F(ServeTest, PushedStepsAreProcessedExactlyOnce) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_TRUE(at::allclose(*r, ref.narrow(1, t, 1), 0, 1e-3));
   }
+  // Exactly once: every step ran once on each server, whichever copy arrived first.
   EXPECT_EQ(first.Stats().steps, static_cast<uint64_t>(steps));
   EXPECT_EQ(second.Stats().steps, static_cast<uint64_t>(steps));
-  // Every step reached the second server twice (push and client): one ran, one was dropped,
-  // except when the client's copy arrived first and the push found the step done.
   EXPECT_GT(second.Stats().pushes_used, 0u);
-  EXPECT_EQ(second.Stats().duplicates + (steps - second.Stats().pushes_used),
-            static_cast<uint64_t>(steps))
-      << "pushes used " << second.Stats().pushes_used << ", duplicates "
-      << second.Stats().duplicates;
+  // The client sends every step too: for each step that ran from a push, the client's copy
+  // arrives later and is dropped (the last one may still be in flight: wait for it).
+  const auto deadline = Clock::now() + 5s;
+  while (second.Stats().duplicates < second.Stats().pushes_used && Clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_GE(second.Stats().duplicates, second.Stats().pushes_used);
+  EXPECT_EQ(second.Stats().steps, static_cast<uint64_t>(steps));
 }
 
 TEST_F(ServeTest, FailoverToAReplacementKeepsGenerationIdentical) {
