@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_support.h"
 #include "core/subprocess.h"
 
 using namespace colony;
@@ -46,6 +47,10 @@ namespace fs = std::filesystem;
 using Steady = std::chrono::steady_clock;
 
 namespace {
+
+using colony::bench::ColonyBinary;
+using colony::bench::Median;
+using colony::bench::Tail;
 
 double WallNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -55,20 +60,7 @@ std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(std::max(0.0, seconds) * 1000));
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 std::string BinDir() { return fs::path(SelfExecutable()).parent_path().string(); }
-
-std::string ColonyBinary() {
-  const char* env = std::getenv("COLONY_BIN");
-  if (env != nullptr && *env != '\0') return env;
-  return (fs::path(BinDir()) / "colony").string();
-}
 
 // execv does not search PATH: find `name` in it.
 std::string FindInPath(const std::string& name) {
@@ -80,20 +72,6 @@ std::string FindInPath(const std::string& name) {
     if (::access(p.c_str(), X_OK) == 0) return p.string();
   }
   return {};
-}
-
-// Last `max_lines` lines of a file (a child's stderr), indented, for error messages.
-std::string Tail(const std::string& path, size_t max_lines = 6) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string l; std::getline(in, l);) {
-    if (!l.empty()) lines.push_back(l);
-  }
-  std::string out;
-  for (size_t i = lines.size() > max_lines ? lines.size() - max_lines : 0; i < lines.size(); ++i) {
-    out += "\n      | " + lines[i];
-  }
-  return out;
 }
 
 std::string Fixed(double v, int digits = 3) {

@@ -42,6 +42,7 @@
 
 #include "core/identity.h"
 #include "core/log.h"
+#include "bench_support.h"
 #include "core/subprocess.h"
 #include "dht/node.h"
 #include "model/checkpoint.h"
@@ -54,6 +55,10 @@ namespace fs = std::filesystem;
 using Steady = std::chrono::steady_clock;
 
 namespace {
+
+using colony::bench::ColonyBinary;
+using colony::bench::Median;
+using colony::bench::Tail;
 
 struct Args {
   int64_t hidden = 768, layers = 12, heads = 12, kv_heads = 4, intermediate = 2048, vocab = 8192;
@@ -71,34 +76,7 @@ struct Args {
   uint64_t seed = 0;
 };
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 double Seconds(Steady::duration d) { return std::chrono::duration<double>(d).count(); }
-
-std::string ColonyBinary() {
-  const char* env = std::getenv("COLONY_BIN");
-  if (env != nullptr && *env != '\0') return env;
-  return (fs::path(SelfExecutable()).parent_path() / "colony").string();
-}
-
-// The last lines of a child's stderr, indented, for error messages.
-std::string Tail(const std::string& path, size_t max_lines = 8) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string l; std::getline(in, l);) {
-    if (!l.empty()) lines.push_back(l);
-  }
-  std::string out;
-  for (size_t i = lines.size() > max_lines ? lines.size() - max_lines : 0; i < lines.size(); ++i) {
-    out += "\n    | " + lines[i];
-  }
-  return out;
-}
 
 [[noreturn]] void Die(const std::string& message) {
   std::fprintf(stderr, "bench_inference: %s\n", message.c_str());

@@ -26,6 +26,7 @@
 #include "model/llama.h"
 #include "serve/client.h"
 #include "serve/generation.h"
+#include "small_model.h"
 #include "test_support.h"
 
 namespace colony::serve {
@@ -36,17 +37,7 @@ using colony::test::ColonyBinary;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-model::LlamaConfig SmallConfig() {
-  model::LlamaConfig c;
-  c.vocab_size = 256;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.max_seq_len = 128;
-  return c;
-}
+model::LlamaConfig SmallConfig() { return test::SmallLlamaConfig(/*tie_word_embeddings=*/true); }
 
 // The last `max_chars` characters of a server's stderr, for failure messages.
 std::string Tail(const std::string& path, size_t max_chars = 2000) {

@@ -23,6 +23,7 @@
 #include "serve/serve.pb.h"
 #include "serve/server.h"
 #include "serve/tuning.h"
+#include "small_model.h"
 
 namespace colony::serve {
 namespace {
@@ -30,18 +31,8 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-model::LlamaConfig SmallConfig() {
-  model::LlamaConfig c;
-  c.vocab_size = 256;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.max_seq_len = 128;
-  c.tie_word_embeddings = false;
-  return c;
-}
+// Untied embeddings: the client model then loads a separate LM head.
+model::LlamaConfig SmallConfig() { return test::SmallLlamaConfig(/*tie_word_embeddings=*/false); }
 
 class ServeTest : public ::testing::Test {
  protected:

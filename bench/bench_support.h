@@ -1,0 +1,44 @@
+// Helpers shared by the benchmarks that run `colony` processes.
+#pragma once
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/subprocess.h"
+
+namespace colony::bench {
+
+// Median of the values (0 when empty).
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+// The colony binary: $COLONY_BIN, else the one next to this benchmark.
+inline std::string ColonyBinary() {
+  const char* env = std::getenv("COLONY_BIN");
+  if (env != nullptr && *env != '\0') return env;
+  return (std::filesystem::path(SelfExecutable()).parent_path() / "colony").string();
+}
+
+// The last `max_lines` non-empty lines of a file (a child's stderr), indented, for error messages.
+inline std::string Tail(const std::string& path, size_t max_lines = 6) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) {
+    if (!l.empty()) lines.push_back(l);
+  }
+  std::string out;
+  for (size_t i = lines.size() > max_lines ? lines.size() - max_lines : 0; i < lines.size(); ++i) {
+    out += "\n    | " + lines[i];
+  }
+  return out;
+}
+
+}  // namespace colony::bench
