@@ -336,13 +336,18 @@ Result<std::string> ServeTrained(const DemoArgs& a, const std::string& self) {
     std::this_thread::sleep_for(milliseconds(200));
   }
   std::printf("%s", table.c_str());
-  COLONY_ASSIGN_OR_RETURN(
-      std::string generated,
-      run({"generate", "--model", model, "--model-name", "demo-lm", "--initial-peers",
-           addrs.front(), "--prompt", "The kernel", "--max-new-tokens", "32", "--threads", "1",
-           "--temperature", "0.8", "--top-k", "40", "--seed", "1", "--json"}));
-  auto j = nlohmann::json::parse(generated, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return Internal("colony generate printed no result");
+  // Seeded sampling: the same text on every run through any servers.
+  auto generate = [&]() -> Result<nlohmann::json> {
+    COLONY_ASSIGN_OR_RETURN(
+        std::string printed,
+        run({"generate", "--model", model, "--model-name", "demo-lm", "--initial-peers",
+             addrs.front(), "--prompt", "The kernel", "--max-new-tokens", "32", "--threads", "1",
+             "--temperature", "0.8", "--top-k", "40", "--seed", "1", "--json"}));
+    auto j = nlohmann::json::parse(printed, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return Internal("colony generate printed no result");
+    return j;
+  };
+  COLONY_ASSIGN_OR_RETURN(nlohmann::json j, generate());
   auto one_line = [](std::string t) {
     for (char& c : t) {
       if (c == '\n' || c == '\t' || c == '\r') c = ' ';
@@ -363,13 +368,7 @@ Result<std::string> ServeTrained(const DemoArgs& a, const std::string& self) {
   (void)servers[victim].Wait(seconds(10));
   std::printf("  killed server %zu (SIGKILL); generating again:\n", victim);
   std::fflush(stdout);
-  COLONY_ASSIGN_OR_RETURN(
-      std::string again,
-      run({"generate", "--model", model, "--model-name", "demo-lm", "--initial-peers",
-           addrs.front(), "--prompt", "The kernel", "--max-new-tokens", "32", "--threads", "1",
-           "--temperature", "0.8", "--top-k", "40", "--seed", "1", "--json"}));
-  auto j2 = nlohmann::json::parse(again, nullptr, /*allow_exceptions=*/false);
-  if (!j2.is_object()) return Internal("colony generate printed no result");
+  COLONY_ASSIGN_OR_RETURN(nlohmann::json j2, generate());
   std::printf("  generated through the replacement: The kernel%s\n",
               one_line(j2.value("text", std::string())).c_str());
   std::fflush(stdout);
