@@ -461,16 +461,19 @@ void RunFourPeers(const std::string& name, const std::vector<std::string>& args,
 TEST(TrainProcesses, DilocoSendsTenTimesLessForTheSameSamples) {
   // Synchronous: 20 global steps of 512 samples (batches of 32; the target of 128 would
   // be one batch per peer per epoch, too fast for the progress tracker, see kSyncTarget), about
-  // 20 x 512 / 4 = 2560 samples per peer. DiLoCo: an epoch is 20 inner steps of 32 samples per
-  // peer (640 samples), so 4 epochs give each peer the same 2560 samples.
+  // 20 x 512 / 4 = 2560 samples per peer. DiLoCo: an epoch is 40 inner steps of 32 samples per
+  // peer (1280 samples), so 2 epochs give each peer the same 2560 samples. 10x fewer rounds and
+  // 8-bit codes instead of fp32 leave room for the traffic that does not shrink (DHT, progress
+  // records, matchmaking; about 130 KB per peer and run): with 20 inner steps (5x fewer rounds)
+  // the ratio was 10.6 when every synchronous round succeeded and 9.8 when one failed.
   constexpr int kPeers = 4;
   constexpr int64_t kSyncTarget = 512;
   constexpr int64_t kDilocoBatch = 32;
   constexpr int kSyncEpochs = 20;
-  constexpr int kInner = 20;
+  constexpr int kInner = 40;
   constexpr int kDilocoEpochs =
       static_cast<int>(kSyncEpochs * kSyncTarget / kPeers / (kInner * kDilocoBatch));
-  static_assert(kDilocoEpochs == 4);
+  static_assert(kDilocoEpochs == 2);
   RunSummary sync, diloco;
   ASSERT_NO_FATAL_FAILURE(
       RunFourPeers("sync",
@@ -507,8 +510,8 @@ TEST(TrainProcesses, DilocoSendsTenTimesLessForTheSameSamples) {
   EXPECT_GT(sample_ratio, 0.5);
   EXPECT_LT(sample_ratio, 3.0);  // loose: the realized batch is checked by the parity test
   EXPECT_GE(ratio, 10.0);
-  // Tolerance. Measured: synchronous 0.978 and 0.971, DiLoCo 0.701 and 0.697 (peer 0, two runs
-  // each; the DiLoCo peers agree within 1e-3, its averaging is lossy); single processes with
+  // Tolerance. Measured: synchronous 1.005, 1.034 and 1.015, DiLoCo 0.766, 0.765 and 0.765 (peer
+  // 0, three runs each; the DiLoCo peers agree within 1e-3, its averaging is lossy); single processes with
   // batch 512 differ by up to 0.035 across data orders. DiLoCo takes 4x more optimizer steps in
   // all and lands far below the synchronous run; 0.05 (about 1.5x the data-order range) only
   // absorbs noise if both ever end close together.
