@@ -284,6 +284,13 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
   auto self = shared_from_this();
   auto writer = [self, s, stream]() -> asio::awaitable<void> {
     co_await self->WriteResults(s, stream);
+    // Done when the sender confirms that it read every result (see ServeSender), so that a
+    // reducer that exits right after its step does not cut results off in flight.
+    Sender& me = self->senders_[s];
+    while (!me.done_reading && !me.excluded && self->abort_reason_.ok()) {
+      co_await self->changed_.WaitUntil(self->deadline_ + self->impl_->options_.part_timeout);
+      if (SteadyNow() >= self->deadline_ + self->impl_->options_.part_timeout) break;
+    }
     --self->active_writers_;
     self->changed_.Notify();
   };
@@ -345,6 +352,17 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
     sender.last_progress = SteadyNow();
     CheckParts();
   }
+  // The sender half-closes its stream once it has read every result: that end of stream is
+  // its receipt. Anything else ends the wait too (Run cancels streams that owe one too long).
+  if (!sender.excluded) {
+    auto end = co_await stream->Read();
+    if (end.ok() && end->has_value()) {
+      COLONY_LOG_WARN("averaging: sender {} sent more than its parts", stream->peer().Short());
+      stream->Cancel(ProtocolError("unexpected message after the last part"));
+    }
+  }
+  sender.done_reading = true;
+  changed_.Notify();
   // The writer ends once every result is written or the sender is excluded.
   while (!sender.excluded && sender.results_written < my_parts_) {
     co_await changed_.WaitUntil(deadline_ + impl_->options_.part_timeout);
@@ -488,12 +506,14 @@ asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
       MaybeFault(Fault::kCancelWhileSending);
     }
   }
-  if (st.ok() && abort_reason_.ok()) st = co_await stream->CloseWrite();
   if (!st.ok() && abort_reason_.ok()) {
     COLONY_LOG_DEBUG("averaging: sending to {} stopped: {}", reducer.peer.Short(), st.ToString());
     stream->Cancel(st);
   }
   while (!state->done) co_await changed_.WaitUntil(deadline_ + options.part_timeout);
+  // Half-close only now: the reducer takes the end of this stream as the receipt for its
+  // results and may exit once it has one.
+  if (st.ok() && abort_reason_.ok()) (void)co_await stream->CloseWrite();
 }
 
 asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net::Stream> stream,
@@ -645,7 +665,7 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     co_await changed_.WaitUntil(writers_until);
   }
   for (Sender& s : senders_) {
-    if (s.stream && s.results_written < my_parts_) {
+    if (s.stream && (s.results_written < my_parts_ || !s.done_reading)) {
       s.stream->Cancel(DeadlineExceeded("the sender did not take its results in time"));
     }
   }

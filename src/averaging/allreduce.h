@@ -33,6 +33,9 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
     double weight = 0;
     size_t received = 0;         // parts delivered
     size_t results_written = 0;  // averaged parts sent back
+    // The sender half-closed its stream after reading every result (or the stream ended): the
+    // results are delivered, not just queued, so this process may exit.
+    bool done_reading = false;
     SteadyTime last_progress;
     std::shared_ptr<net::Stream> stream;
   };
