@@ -95,9 +95,10 @@ Status Averager::Impl::Init() {
     return InvalidArgument("part_size_bytes must hold at least one value");
   }
   if (total_ > kMaxTotalValues) return InvalidArgument("too many values to average");
-  if (options_.mode != Mode::kClient && node_.client_mode()) {
+  if (options_.mode != Mode::kClient && node_.VisibleAddresses().empty()) {
     return InvalidArgument(
-        "a DHT node in client mode cannot accept connections; use averaging mode 'client'");
+        "this peer cannot accept connections (a DHT client without a relay reservation); use "
+        "averaging mode 'client', or reserve a slot at a relay");
   }
   {
     Bytes probe;

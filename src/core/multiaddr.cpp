@@ -147,18 +147,30 @@ Result<Multiaddr> Multiaddr::Parse(std::string_view text) {
   addr.port_ = static_cast<uint16_t>(port);
 
   size_t i = 4;
-  if (i < parts.size()) {
+  auto peer_part = [&](std::optional<PeerId>& out) -> Status {
     if (parts[i] != "p2p" && parts[i] != "ipfs") {
       return bad("unexpected component '/" + std::string(parts[i]) +
-                 "' after the port (only /p2p/<peer id> may follow)");
+                 "' after the port (only /p2p/<peer id> or /p2p-circuit may follow)");
     }
     if (i + 1 >= parts.size() || parts[i + 1].empty()) {
       return bad("/p2p/ must be followed by a peer id");
     }
     auto id = PeerId::Parse(parts[i + 1]);
     if (!id.ok()) return bad(id.status().message());
-    addr.peer_ = *id;
+    out = *id;
     i += 2;
+    return {};
+  };
+  if (i < parts.size() && parts[i] != "p2p-circuit") {
+    COLONY_RETURN_IF_ERROR(peer_part(addr.peer_));
+  }
+  if (i < parts.size() && parts[i] == "p2p-circuit") {
+    ++i;
+    if (i >= parts.size()) return bad("/p2p-circuit must be followed by /p2p/<peer id>");
+    addr.relayed_ = true;
+    addr.relay_ = addr.peer_;
+    addr.peer_.reset();
+    COLONY_RETURN_IF_ERROR(peer_part(addr.peer_));
   }
   if (i < parts.size()) {
     return bad("unexpected trailing component '/" + std::string(parts[i]) + "'");
@@ -173,6 +185,13 @@ std::string Multiaddr::ToString() const {
   s += host_;
   s += "/tcp/";
   s += std::to_string(port_);
+  if (relayed_) {
+    if (relay_) {
+      s += "/p2p/";
+      s += relay_->ToString();
+    }
+    s += "/p2p-circuit";
+  }
   if (peer_) {
     s += "/p2p/";
     s += peer_->ToString();

@@ -268,6 +268,33 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
   }
   COLONY_LOG_DEBUG("DHT node {} joined; {} peers in its routing table",
                    host->peer_id().Short(), **booted);
+  if (options.relay_service) {
+    auto relay = net::Relay::Start(*host, *options.relay_service);
+    if (!relay.ok()) {
+      node->Shutdown();
+      return relay.status();
+    }
+    node->relay_ = std::move(*relay);
+  }
+  std::vector<std::string> refused;
+  for (const auto& text : options.relays) {
+    auto addr = Multiaddr::Parse(text);
+    Result<std::unique_ptr<net::RelayReservation>> r =
+        addr.ok() ? net::RelayReservation::Start(*host, *addr) : addr.status();
+    if (r.ok()) {
+      node->reservations_.push_back(std::move(*r));
+    } else {
+      COLONY_LOG_WARN("relay {} refused a reservation: {}", text, r.status().ToString());
+      refused.push_back(r.status().ToString());
+    }
+  }
+  if (!options.relays.empty() && node->reservations_.empty()) {
+    node->Shutdown();
+    std::string why;
+    for (const auto& r : refused) why += (why.empty() ? "" : "; ") + r;
+    return Unavailable("no relay granted a reservation (" + why +
+                       "); without one, peers behind NAT cannot be reached");
+  }
   return node;
 }
 
@@ -280,6 +307,8 @@ void Node::Shutdown() {
     done->set_value();
   });
   done->get_future().wait_for(std::chrono::seconds(5));
+  reservations_.clear();
+  relay_.reset();
   if (owns_host_) host_->Shutdown();
 }
 
@@ -288,8 +317,12 @@ const PeerId& Node::peer_id() const { return host_->peer_id(); }
 bool Node::client_mode() const { return impl_->client_mode_; }
 
 std::vector<Multiaddr> Node::VisibleAddresses() const {
-  if (impl_->client_mode_) return {};
-  return host_->ListenAddresses();
+  if (!impl_->client_mode_) return host_->ListenAddresses();
+  std::vector<Multiaddr> out;
+  for (const auto& r : reservations_) {
+    if (r->active()) out.push_back(r->address());
+  }
+  return out;
 }
 
 asio::awaitable<std::vector<Status>> Node::StoreMany(std::vector<StoreItem> items) {

@@ -24,6 +24,7 @@
 #include "core/status.h"
 #include "dht/protocol.h"
 #include "net/host.h"
+#include "net/relay.h"
 
 namespace colony::dht {
 
@@ -37,6 +38,13 @@ struct NodeOptions {
   std::vector<std::shared_ptr<const RecordValidator>> validators;
   // For the node's own host.
   net::HostOptions host;
+  // Run a circuit relay for peers behind NAT (net/relay.h), with circuits on relay->listen.
+  std::optional<net::RelayOptions> relay_service;
+  // Relays (multiaddrs with /p2p/) to hold reservations with. A node without listen addresses
+  // is then reachable through them: VisibleAddresses() lists the relayed addresses, so that its
+  // RPC services (averaging, serving blocks) accept calls. Its DHT stays in client mode (nobody
+  // routes DHT traffic through a relay).
+  std::vector<std::string> relays;
 };
 
 // Wall-clock seconds since the Unix epoch (the time base of expirations).
@@ -58,8 +66,11 @@ class Node {
   void Shutdown();
 
   const PeerId& peer_id() const;
-  // Addresses others can use to reach this node (empty in client mode).
+  // Addresses others can use to reach this node: its listen addresses, or in client mode the
+  // relayed addresses of its active relay reservations (empty without any).
   std::vector<Multiaddr> VisibleAddresses() const;
+  // The relay this node runs (null without NodeOptions::relay_service).
+  const net::Relay* relay() const { return relay_.get(); }
   net::Host& host() { return *host_; }
   bool client_mode() const;
 
@@ -89,6 +100,8 @@ class Node {
   std::shared_ptr<net::Host> host_;
   std::shared_ptr<Impl> impl_;
   bool owns_host_ = false;
+  std::unique_ptr<net::Relay> relay_;
+  std::vector<std::unique_ptr<net::RelayReservation>> reservations_;
 };
 
 }  // namespace colony::dht

@@ -15,6 +15,7 @@
 #include <asio/use_future.hpp>
 
 #include "core/log.h"
+#include "net/relay.h"
 #include "net/run_on_strand.h"
 
 namespace colony::net {
@@ -340,6 +341,19 @@ asio::awaitable<void> Host::AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> 
   }
 }
 
+void Host::AdoptIncoming(asio::ip::tcp::socket socket, Strand strand) {
+  {
+    std::lock_guard lock(mu_);
+    if (shut_down_ || connection_count_ >= options_.max_connections) {
+      std::error_code ignored;
+      socket.close(ignored);
+      return;
+    }
+    ++connection_count_;  // reserved during the handshake
+  }
+  asio::co_spawn(strand, HandleIncoming(std::move(socket), strand), asio::detached);
+}
+
 asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand strand) {
   std::error_code ec;
   auto remote_ep = socket.remote_endpoint(ec);
@@ -509,9 +523,30 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
     }
     ++connection_count_;
   }
+  if (address.is_relayed()) {
+    // Through a relay: ask it for the peer first; the handshake then runs end to end.
+    const PeerId& target = *address.peer_id();
+    Status relayed = co_await RequestCircuit(socket, target, desc);
+    if (!relayed.ok()) {
+      state->finished = true;
+      timer.cancel();
+      std::error_code ignored;
+      socket.close(ignored);
+      {
+        std::lock_guard lock(mu_);
+        --connection_count_;
+        all_closed_.notify_all();
+      }
+      if (state->timed_out) {
+        co_return DeadlineExceeded("relay " + desc + " did not connect us within " +
+                                   timeout_text + "; is the peer still reserved there?");
+      }
+      co_return relayed;
+    }
+  }
+  const std::string observed = address.is_relayed() ? std::string() : FromEndpoint(ep).ToString();
   auto hs = co_await RunHandshake(
-      socket,
-      MakeHandshakeOptions(Role::kInitiator, address.peer_id(), FromEndpoint(ep).ToString()),
+      socket, MakeHandshakeOptions(Role::kInitiator, address.peer_id(), observed),
       "peer " + desc);
   state->finished = true;
   timer.cancel();

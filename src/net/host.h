@@ -123,6 +123,11 @@ class Host {
   Result<PingResult> PingSync(const Multiaddr& address,
                               std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
+  // Takes a TCP connection whose setup happened elsewhere (a circuit through a relay, see
+  // relay.h) and treats it as an incoming connection: the handshake runs as responder, with the
+  // same limits as for accepted sockets. `strand` is the socket's executor.
+  void AdoptIncoming(asio::ip::tcp::socket socket, Strand strand);
+
   asio::io_context& io_context() { return io_; }
   size_t connection_count() const;
   // Bytes sent/received over all connections, open and closed.

@@ -52,6 +52,8 @@ struct AverageArgs {
   double share_state = -1;
   bool load_state = false;
   double linger = 0;
+  std::vector<std::string> relays;
+  std::string relay_listen;
 };
 
 void Emit(const nlohmann::json& j) {
@@ -73,7 +75,15 @@ int Run(const AverageArgs& a) {
 
   dht::NodeOptions node_options;
   node_options.initial_peers = a.initial_peers;
-  if (*mode == averaging::Mode::kClient) {
+  node_options.relays = a.relays;
+  if (!a.relay_listen.empty()) {
+    auto relay_listen = Multiaddr::Parse(a.relay_listen);
+    if (!relay_listen.ok()) return Fail(relay_listen.status());
+    node_options.relay_service = net::RelayOptions{};
+    node_options.relay_service->listen = *relay_listen;
+  }
+  if (*mode == averaging::Mode::kClient || !a.relays.empty()) {
+    // Behind NAT: a DHT client, reachable (when not a client averager) through its relays.
     node_options.dht.client_mode = true;
   } else {
     auto listen = Multiaddr::Parse(a.listen);
@@ -255,6 +265,11 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
   cmd->add_option("--centered-clip-tau", a->clip_tau, "reduce with CenteredClip (0: mean)");
   cmd->add_option("--centered-clip-iterations", a->clip_iterations, "CenteredClip iterations")
       ->capture_default_str();
+  cmd->add_option("--relay", a->relays,
+                  "behind NAT: accept connections through this relay peer (its multiaddr; "
+                  "repeatable)");
+  cmd->add_option("--relay-listen", a->relay_listen,
+                  "run a relay for peers behind NAT, with circuits on this address");
   cmd->add_option("--start-at", a->start_at, "wall-clock time (Unix seconds) to start at");
   cmd->add_option("--gather", a->gather, "metadata sent to the group (default: the peer id)");
   cmd->add_option("--output", a->output, "write the averaged values (raw float32) to this file");

@@ -125,16 +125,32 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     CommonArgs common;
     std::vector<std::string> listen{"/ip4/0.0.0.0/tcp/0"};
     bool client_mode = false;
+    std::vector<std::string> relays;
+    std::string relay_listen;
   };
   auto va = std::make_shared<ServeArgs>();
   dht->add_option("--listen", va->listen, "address to listen on (repeatable; port 0 = any)")
       ->capture_default_str();
   dht->add_flag("--client-mode", va->client_mode,
                 "do not accept connections: store and get only (behind NAT)");
+  dht->add_option("--relay", va->relays,
+                  "behind NAT: be reachable through this relay peer (its multiaddr; repeatable; "
+                  "implies --client-mode)");
+  dht->add_option("--relay-listen", va->relay_listen,
+                  "also run a relay for peers behind NAT, with circuits on this address");
   AddCommon(dht, va->common, false);
   commands.emplace_back(dht, [va]() -> int {
     if (Status st = CheckAddrs(va->common.initial_peers); !st.ok()) return Fail(st);
+    if (Status st = CheckAddrs(va->relays); !st.ok()) return Fail(st);
     dht::NodeOptions options;
+    options.relays = va->relays;
+    if (!va->relays.empty()) va->client_mode = true;
+    if (!va->relay_listen.empty()) {
+      auto relay_listen = Multiaddr::Parse(va->relay_listen);
+      if (!relay_listen.ok()) return Fail(relay_listen.status());
+      options.relay_service = net::RelayOptions{};
+      options.relay_service->listen = *relay_listen;
+    }
     if (!va->client_mode) {
       for (const auto& l : va->listen) {
         auto m = Multiaddr::Parse(l);
@@ -154,6 +170,11 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     if (!node.ok()) return Fail(node.status());
     for (const auto& a : (*node)->VisibleAddresses()) std::printf("%s\n", a.ToString().c_str());
     std::fflush(stdout);
+    if ((*node)->relay() != nullptr) {
+      COLONY_LOG_INFO("relaying for peers behind NAT: circuits on {}; they reserve with --relay "
+                      "<this node's address>",
+                      (*node)->relay()->address().ToString());
+    }
     COLONY_LOG_INFO("DHT node {} is up ({}), {} peers known", (*node)->peer_id().ToString(),
                     (*node)->client_mode() ? "client mode" : "serving",
                     (*node)->RoutingTableSize());

@@ -284,6 +284,37 @@ TEST(MultiaddrTest, FromIpRejectsNonIps) {
   EXPECT_FALSE(nul.ok());
 }
 
+TEST(MultiaddrTest, RelayedAddressesRoundTrip) {
+  const PeerId relay = TestPeer(7);
+  const PeerId peer = TestPeer(9);
+  const std::string text =
+      "/ip4/1.2.3.4/tcp/4002/p2p/" + relay.ToString() + "/p2p-circuit/p2p/" + peer.ToString();
+  Multiaddr a = MustParse(text);
+  EXPECT_TRUE(a.is_relayed());
+  EXPECT_EQ(a.relay_id(), relay);
+  EXPECT_EQ(a.peer_id(), peer);
+  EXPECT_EQ(a.host(), "1.2.3.4");
+  EXPECT_EQ(a.port(), 4002);
+  EXPECT_EQ(a.ToString(), text);
+  // Built from the relay's address, the same.
+  EXPECT_EQ(MustParse("/ip4/1.2.3.4/tcp/4002/p2p/" + relay.ToString()).Relaying(peer), a);
+  // Without the relay's id.
+  Multiaddr anonymous = MustParse("/ip4/1.2.3.4/tcp/4002/p2p-circuit/p2p/" + peer.ToString());
+  EXPECT_TRUE(anonymous.is_relayed());
+  EXPECT_FALSE(anonymous.relay_id().has_value());
+  EXPECT_EQ(anonymous.peer_id(), peer);
+  EXPECT_NE(anonymous, a);
+  EXPECT_FALSE(MustParse("/ip4/1.2.3.4/tcp/4002/p2p/" + peer.ToString()).is_relayed());
+  // The peer behind the relay is required; nothing may follow it.
+  for (const std::string& bad :
+       {std::string("/ip4/1.2.3.4/tcp/4002/p2p-circuit"),
+        "/ip4/1.2.3.4/tcp/4002/p2p/" + relay.ToString() + "/p2p-circuit",
+        "/ip4/1.2.3.4/tcp/4002/p2p-circuit/p2p-circuit/p2p/" + peer.ToString(),
+        "/ip4/1.2.3.4/tcp/4002/p2p-circuit/p2p/" + peer.ToString() + "/p2p-circuit"}) {
+    EXPECT_FALSE(Multiaddr::Parse(bad).ok()) << bad;
+  }
+}
+
 TEST(MultiaddrTest, DefaultAddress) {
   Multiaddr a;
   EXPECT_EQ(a.ToString(), "/ip4/0.0.0.0/tcp/0");

@@ -196,6 +196,7 @@ struct AveragePeer {
   std::optional<Subprocess> process;
   std::string output, err;
   uint64_t seed = 0;
+  json ready;  // its "ready" event
 };
 
 void StartAveragePeer(const Lab& lab, const std::string& host, uint64_t seed,
@@ -214,7 +215,8 @@ void StartAveragePeer(const Lab& lab, const std::string& host, uint64_t seed,
   auto ready = peer.process->ReadLine(30s);
   ASSERT_TRUE(ready.ok()) << host << ": " << ready.status().ToString() << "\n"
                           << test::ReadFile(peer.err);
-  ASSERT_EQ(json::parse(*ready)["event"], "ready") << *ready;
+  peer.ready = json::parse(*ready);
+  ASSERT_EQ(peer.ready["event"], "ready") << *ready;
 }
 
 Result<json> NextRound(AveragePeer& peer, std::chrono::milliseconds timeout) {
@@ -360,6 +362,47 @@ TEST(LabWan, TwoPeersBehindNatsUseTheDhtAndAverage) {
                             << test::ReadFile(p->err);
     ASSERT_TRUE((*round)["ok"].get<bool>()) << round->dump();
     EXPECT_EQ((*round)["group_size"].get<int>(), 3);
+    ASSERT_NO_FATAL_FAILURE(ExpectMeanOf(*p, {1, 2}, kValues)) << round->dump();
+  }
+}
+
+// The same two NATed peers without any public averager: each holds a reservation with the relay
+// that the bootstrap peer runs, announces its relayed address, and they average with each other
+// through it, end-to-end encrypted.
+TEST(LabWan, TwoPeersBehindNatsAverageThroughARelay) {
+  SKIP_WITHOUT_LAB();
+  Lab lab(test::ReadFile(std::string(COLONY_SOURCE_DIR) + "/lab/nat2.lab"));
+  ASSERT_TRUE(lab.error().empty()) << lab.error();
+  std::optional<Subprocess> boot;
+  boot.emplace(StartColony(lab, "boot",
+                           {"dht", "--listen", "/ip4/" + lab.addr("boot") + "/tcp/4001",
+                            "--relay-listen", "/ip4/" + lab.addr("boot") + "/tcp/4002"},
+                           TempPath("boot.err")));
+  auto bootstrap = boot->ReadLine(20s);
+  ASSERT_TRUE(bootstrap.ok()) << bootstrap.status().ToString();
+
+  constexpr size_t kValues = 1 << 20;
+  const std::vector<std::string> args = {"--values",         std::to_string(kValues),
+                                         "--target-group-size", "2",
+                                         "--min-group-size", "2",
+                                         "--timeout",        "60",
+                                         "--relay",          *bootstrap,
+                                         "--start-at",       StartAt(4)};
+  AveragePeer a, b;
+  ASSERT_NO_FATAL_FAILURE(StartAveragePeer(lab, "a", 1, *bootstrap, args, a));
+  ASSERT_NO_FATAL_FAILURE(StartAveragePeer(lab, "b", 2, *bootstrap, args, b));
+  for (AveragePeer* p : {&a, &b}) {
+    ASSERT_EQ(p->ready["addrs"].size(), 1u) << p->ready.dump();
+    EXPECT_NE(p->ready["addrs"][0].get<std::string>().find("/p2p-circuit/"), std::string::npos)
+        << p->ready.dump();
+  }
+  for (AveragePeer* p : {&a, &b}) {
+    auto round = NextRound(*p, 90s);
+    ASSERT_TRUE(round.ok()) << "peer " << p->seed << ": " << round.status().ToString() << "\n"
+                            << test::ReadFile(p->err);
+    ASSERT_TRUE((*round)["ok"].get<bool>()) << round->dump();
+    EXPECT_EQ((*round)["group_size"].get<int>(), 2);
+    for (const auto& m : (*round)["members"]) EXPECT_EQ(m["mode"], "node") << round->dump();
     ASSERT_NO_FATAL_FAILURE(ExpectMeanOf(*p, {1, 2}, kValues)) << round->dump();
   }
 }

@@ -1,0 +1,38 @@
+// Fuzz target for the circuit relay's preamble lines (net/relay_wire.h), which a relay reads from
+// anyone who connects to its circuit port and a dialer reads back from the relay. Checks that
+// parsing never crashes, that every error says what is wrong, that accepted requests print back
+// to the same line, and that tokens are exactly lowercase hex of the fixed length.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "net/relay_wire.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using colony::net::RelayRequest;
+  std::string_view line(reinterpret_cast<const char*>(data), size);
+  auto request = colony::net::ParseRelayRequest(line);
+  if (!request.ok()) {
+    if (request.status().message().empty()) __builtin_trap();
+  } else {
+    std::string printed = colony::net::FormatRelayRequest(*request);
+    if (printed.empty() || printed.back() != '\n') __builtin_trap();
+    printed.pop_back();
+    if (printed != line) __builtin_trap();  // one canonical form
+    if (request->kind == RelayRequest::Kind::kAccept &&
+        request->token.size() != colony::net::kRelayTokenHexLength) {
+      __builtin_trap();
+    }
+  }
+  const colony::Status reply = colony::net::ParseRelayReply(line);
+  if (!reply.ok() && reply.message().empty()) __builtin_trap();
+  if (reply.ok() && line != "OK") __builtin_trap();
+  // What a relay sends back stays one line of printable text, whatever the error said.
+  const std::string echoed = colony::net::FormatRelayReply(colony::Unavailable(std::string(line)));
+  if (echoed.size() > colony::net::kMaxRelayLine || echoed.back() != '\n') __builtin_trap();
+  for (size_t i = 0; i + 1 < echoed.size(); ++i) {
+    if (echoed[i] < 0x20 || echoed[i] == 0x7f) __builtin_trap();
+  }
+  return 0;
+}

@@ -1,0 +1,94 @@
+#include "net/relay_wire.h"
+
+#include <charconv>
+#include <vector>
+
+namespace colony::net {
+namespace {
+
+constexpr std::string_view kMagic = "COLONY-RELAY/1";
+
+std::vector<std::string_view> Words(std::string_view line) {
+  std::vector<std::string_view> out;
+  size_t pos = 0;
+  while (pos < line.size() && out.size() < 8) {
+    size_t next = line.find(' ', pos);
+    if (next == std::string_view::npos) next = line.size();
+    out.push_back(line.substr(pos, next - pos));
+    pos = next + 1;
+  }
+  return out;
+}
+
+bool IsLowerHex(std::string_view s) {
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// Printable ASCII only, for messages that end up in logs and errors.
+std::string Printable(std::string_view s) {
+  std::string out;
+  for (char c : s.substr(0, 200)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return out;
+}
+
+}  // namespace
+
+Result<RelayRequest> ParseRelayRequest(std::string_view line) {
+  if (line.size() >= kMaxRelayLine) return ProtocolError("relay request line too long");
+  const auto words = Words(line);
+  if (words.empty() || words[0] != kMagic) {
+    return ProtocolError("not a relay request (expected " + std::string(kMagic) +
+                         "); is this a Colony relay's circuit port?");
+  }
+  RelayRequest r;
+  if (words.size() == 3 && words[1] == "CONNECT") {
+    auto id = PeerId::Parse(words[2]);
+    if (!id.ok()) return ProtocolError("relay CONNECT: " + id.status().message());
+    r.kind = RelayRequest::Kind::kConnect;
+    r.target = *id;
+    return r;
+  }
+  if (words.size() == 4 && words[1] == "ACCEPT") {
+    const std::string_view n = words[2];
+    auto [ptr, ec] = std::from_chars(n.data(), n.data() + n.size(), r.circuit);
+    if (n.empty() || ec != std::errc() || ptr != n.data() + n.size() ||
+        (n.size() > 1 && n[0] == '0')) {
+      return ProtocolError("relay ACCEPT: bad circuit id");
+    }
+    if (words[3].size() != kRelayTokenHexLength || !IsLowerHex(words[3])) {
+      return ProtocolError("relay ACCEPT: bad token");
+    }
+    r.kind = RelayRequest::Kind::kAccept;
+    r.token = std::string(words[3]);
+    return r;
+  }
+  return ProtocolError("unknown relay request '" + Printable(line) + "'");
+}
+
+std::string FormatRelayRequest(const RelayRequest& request) {
+  std::string s(kMagic);
+  if (request.kind == RelayRequest::Kind::kConnect) {
+    s += " CONNECT " + request.target.ToString();
+  } else {
+    s += " ACCEPT " + std::to_string(request.circuit) + " " + request.token;
+  }
+  return s + "\n";
+}
+
+Status ParseRelayReply(std::string_view line) {
+  if (line == "OK") return {};
+  if (line.rfind("ERR ", 0) == 0) return Unavailable("relay: " + Printable(line.substr(4)));
+  return ProtocolError("the relay answered '" + Printable(line) + "', not OK or ERR");
+}
+
+std::string FormatRelayReply(const Status& status) {
+  if (status.ok()) return "OK\n";
+  std::string msg = Printable(status.message());
+  if (msg.size() > kMaxRelayLine - 8) msg.resize(kMaxRelayLine - 8);
+  return "ERR " + msg + "\n";
+}
+
+}  // namespace colony::net

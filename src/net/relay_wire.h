@@ -1,0 +1,43 @@
+// The circuit relay's preamble: one plaintext line each way on a fresh TCP connection to a
+// relay's circuit port, before the secure handshake runs end to end through the relay.
+//
+//   dialer -> relay:          COLONY-RELAY/1 CONNECT <peer id>\n
+//   peer behind NAT -> relay: COLONY-RELAY/1 ACCEPT <circuit id> <token>\n
+//   relay -> each:            OK\n   or   ERR <message>\n
+//
+// The relay learns only who is asked for; everything after the preamble is the two peers'
+// encrypted, authenticated connection, which the relay can neither read nor forge. I/O-free, so
+// the fuzz target covers exactly what parses bytes from the network.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/identity.h"
+#include "core/status.h"
+
+namespace colony::net {
+
+// Longest line either side accepts, newline included.
+inline constexpr size_t kMaxRelayLine = 256;
+// The reserved peer's secret for accepting one circuit (hex, 32 characters).
+inline constexpr size_t kRelayTokenHexLength = 32;
+
+struct RelayRequest {
+  enum class Kind { kConnect, kAccept };
+  Kind kind = Kind::kConnect;
+  PeerId target;           // kConnect: the peer to reach
+  uint64_t circuit = 0;    // kAccept
+  std::string token;       // kAccept: lowercase hex
+};
+
+// `line` without its newline.
+Result<RelayRequest> ParseRelayRequest(std::string_view line);
+// With the newline.
+std::string FormatRelayRequest(const RelayRequest& request);
+// OK, or the relay's error (Unavailable with its message).
+Status ParseRelayReply(std::string_view line);
+std::string FormatRelayReply(const Status& status);
+
+}  // namespace colony::net

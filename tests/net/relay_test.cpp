@@ -1,0 +1,270 @@
+// Circuit relays over real loopback sockets: a host that does not listen at all (as behind NAT)
+// serves calls through a relay it holds a reservation with; the connection is authenticated end
+// to end (a relay that splices to someone else is caught); limits on reservations, circuits and
+// rate; garbage on the circuit port.
+#include <gtest/gtest.h>
+
+#include <asio/connect.hpp>
+#include <asio/read_until.hpp>
+#include <asio/write.hpp>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "net/relay.h"
+#include "net/relay_wire.h"
+#include "test_util.h"
+
+namespace colony::net {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::AddressOf;
+using testing::StartHost;
+
+// A host that only dials out: it cannot accept connections (client mode, as behind NAT).
+std::unique_ptr<Host> StartClientHost() { return StartHost(HostOptions{}); }
+
+RelayOptions LoopbackRelay() {
+  RelayOptions o;
+  o.listen = *Multiaddr::Parse("/ip4/127.0.0.1/tcp/0");
+  return o;
+}
+
+void RegisterWhoAmI(Host& h) {
+  h.RegisterUnary("whoami", [](CallContext& ctx, Message m) -> asio::awaitable<Result<Message>> {
+    co_return Message(ctx.peer().ToString() + " " + m.meta);
+  });
+}
+
+TEST(Relay, APeerWithoutAListenerIsReachedThroughItsRelay) {
+  auto relay_host = StartHost();
+  auto relay = Relay::Start(*relay_host, LoopbackRelay());
+  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+
+  auto behind = StartClientHost();
+  ASSERT_TRUE(behind->ListenAddresses().empty());
+  RegisterWhoAmI(*behind);
+  auto reservation = RelayReservation::Start(*behind, AddressOf(*relay_host));
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  const Multiaddr via = (*reservation)->address();
+  EXPECT_TRUE(via.is_relayed());
+  EXPECT_EQ(via.peer_id(), behind->peer_id());
+  EXPECT_EQ(via.relay_id(), relay_host->peer_id());
+  EXPECT_TRUE((*reservation)->active());
+
+  auto caller = StartClientHost();
+  auto reply = caller->CallSync(via, "whoami", Message("hello"));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  // The peer behind the relay saw the caller's authenticated identity.
+  EXPECT_EQ(reply->meta, caller->peer_id().ToString() + " hello");
+  // The connection is reused: a second call opens no second circuit.
+  auto again = caller->CallSync(via, "whoami", Message("again"));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  const RelayStats s = (*relay)->stats();
+  EXPECT_EQ(s.reservations, 1u);
+  EXPECT_EQ(s.circuits_total, 1u);
+  EXPECT_EQ(s.circuits, 1u);
+  EXPECT_GT(s.bytes_relayed, 0u);
+  EXPECT_EQ((*reservation)->circuits_accepted(), 1u);
+}
+
+TEST(Relay, UnknownPeerGetsAClearError) {
+  auto relay_host = StartHost();
+  auto relay = Relay::Start(*relay_host, LoopbackRelay());
+  ASSERT_TRUE(relay.ok());
+  auto caller = StartClientHost();
+  const PeerId nobody = KeyPair::Generate().peer_id();
+  auto reply = caller->CallSync((*relay)->address().Relaying(nobody), "whoami", Message());
+  ASSERT_FALSE(reply.ok());
+  EXPECT_NE(reply.status().message().find("no reservation for " + nobody.ToString()),
+            std::string::npos)
+      << reply.status().ToString();
+  EXPECT_EQ((*relay)->stats().rejected, 1u);
+}
+
+// A "relay" that answers OK and splices the dialer to some other peer: the end-to-end handshake
+// notices that the peer is not the one asked for.
+TEST(Relay, ARelayCannotImpersonateThePeerBehindIt) {
+  auto impostor = StartHost();
+  RegisterWhoAmI(*impostor);
+  const Multiaddr impostor_addr = AddressOf(*impostor);
+
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  const uint16_t port = acceptor.local_endpoint().port();
+  std::thread fake([&] {
+    asio::ip::tcp::socket in(io);
+    acceptor.accept(in);
+    std::string line;
+    asio::read_until(in, asio::dynamic_buffer(line, 512), '\n');
+    asio::write(in, asio::buffer(std::string("OK\n")));
+    asio::ip::tcp::socket out(io);
+    out.connect({asio::ip::make_address("127.0.0.1"), impostor_addr.port()});
+    // Copy both ways until either side closes.
+    std::thread back([&] {
+      std::error_code ec;
+      char buf[4096];
+      for (;;) {
+        size_t n = out.read_some(asio::buffer(buf), ec);
+        if (ec) break;
+        asio::write(in, asio::buffer(buf, n), ec);
+        if (ec) break;
+      }
+      in.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+    });
+    std::error_code ec;
+    char buf[4096];
+    for (;;) {
+      size_t n = in.read_some(asio::buffer(buf), ec);
+      if (ec) break;
+      asio::write(out, asio::buffer(buf, n), ec);
+      if (ec) break;
+    }
+    out.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+    back.join();
+  });
+
+  auto caller = StartClientHost();
+  const PeerId wanted = KeyPair::Generate().peer_id();
+  const Multiaddr via = *Multiaddr::Parse("/ip4/127.0.0.1/tcp/" + std::to_string(port) +
+                                          "/p2p-circuit/p2p/" + wanted.ToString());
+  auto reply = caller->CallSync(via, "whoami", Message());
+  ASSERT_FALSE(reply.ok()) << "a relay impersonated the peer behind it";
+  EXPECT_NE(reply.status().ToString().find(wanted.ToString()), std::string::npos)
+      << reply.status().ToString();
+  caller.reset();
+  impostor.reset();
+  fake.join();
+}
+
+TEST(Relay, LimitsOnReservationsAndCircuits) {
+  auto relay_host = StartHost();
+  RelayOptions o = LoopbackRelay();
+  o.max_reservations = 1;
+  o.max_circuits_per_peer = 1;
+  auto relay = Relay::Start(*relay_host, o);
+  ASSERT_TRUE(relay.ok());
+
+  auto first = StartClientHost();
+  RegisterWhoAmI(*first);
+  auto r1 = RelayReservation::Start(*first, AddressOf(*relay_host));
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  auto second = StartClientHost();
+  auto r2 = RelayReservation::Start(*second, AddressOf(*relay_host), 5s);
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status().message().find("reservations (its limit)"), std::string::npos)
+      << r2.status().ToString();
+
+  // One circuit to `first` at a time: a second caller is refused while the first holds it.
+  auto caller1 = StartClientHost();
+  ASSERT_TRUE(caller1->CallSync((*r1)->address(), "whoami", Message()).ok());
+  auto caller2 = StartClientHost();
+  auto refused = caller2->CallSync((*r1)->address(), "whoami", Message());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("circuits through this relay (its limit)"),
+            std::string::npos)
+      << refused.status().ToString();
+  // When the first caller goes away, its circuit closes and the slot is free again.
+  caller1.reset();
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  Result<Message> later = Unavailable("not tried");
+  while (std::chrono::steady_clock::now() < deadline) {
+    later = caller2->CallSync((*r1)->address(), "whoami", Message());
+    if (later.ok()) break;
+    std::this_thread::sleep_for(50ms);  // polling a condition with a deadline
+  }
+  EXPECT_TRUE(later.ok()) << later.status().ToString();
+}
+
+TEST(Relay, RateLimitHoldsPerCircuit) {
+  auto relay_host = StartHost();
+  RelayOptions o = LoopbackRelay();
+  o.max_circuit_rate = 2e6;  // 2 MB/s
+  auto relay = Relay::Start(*relay_host, o);
+  ASSERT_TRUE(relay.ok());
+  auto behind = StartClientHost();
+  behind->RegisterUnary("size", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
+    co_return Message(std::to_string(m.meta.size()));
+  });
+  auto reservation = RelayReservation::Start(*behind, AddressOf(*relay_host));
+  ASSERT_TRUE(reservation.ok());
+  auto caller = StartClientHost();
+  ASSERT_TRUE(caller->CallSync((*reservation)->address(), "size", Message("warm")).ok());
+  const std::string payload(4'000'000, 'x');
+  const auto t0 = std::chrono::steady_clock::now();
+  auto reply = caller->CallSync((*reservation)->address(), "size", Message(payload));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_EQ(reply->meta, "4000000");
+  // 4 MB at 2 MB/s: at least 2 s, less the relay's first buffer.
+  EXPECT_GE(seconds, 1.8) << "the relay did not hold its rate limit";
+}
+
+TEST(Relay, GarbageOnTheCircuitPortIsRefusedAndTheRelayKeepsWorking) {
+  auto relay_host = StartHost();
+  auto relay = Relay::Start(*relay_host, LoopbackRelay());
+  ASSERT_TRUE(relay.ok());
+  const Multiaddr port = (*relay)->address();
+  for (const std::string& junk :
+       {std::string("GET / HTTP/1.1\r\n\r\n"), std::string(1000, 'A'),
+        std::string("COLONY-RELAY/1 ACCEPT 12 00000000000000000000000000000000\n"),
+        std::string("COLONY-RELAY/1 CONNECT notapeer\n")}) {
+    asio::io_context io;
+    asio::ip::tcp::socket s(io);
+    s.connect({asio::ip::make_address(port.host()), port.port()});
+    asio::write(s, asio::buffer(junk));
+    std::string reply;
+    std::error_code ec;
+    asio::read_until(s, asio::dynamic_buffer(reply, 512), '\n', ec);
+    // Either an ERR line or a closed connection; never OK.
+    EXPECT_EQ(reply.rfind("OK", 0), std::string::npos) << junk;
+  }
+  auto behind = StartClientHost();
+  RegisterWhoAmI(*behind);
+  auto reservation = RelayReservation::Start(*behind, AddressOf(*relay_host));
+  ASSERT_TRUE(reservation.ok());
+  auto caller = StartClientHost();
+  EXPECT_TRUE(caller->CallSync((*reservation)->address(), "whoami", Message()).ok());
+  EXPECT_GE((*relay)->stats().rejected, 3u);
+}
+
+TEST(RelayWire, RequestsAndRepliesRoundTrip) {
+  RelayRequest c;
+  c.kind = RelayRequest::Kind::kConnect;
+  c.target = KeyPair::Generate().peer_id();
+  std::string line = FormatRelayRequest(c);
+  ASSERT_EQ(line.back(), '\n');
+  line.pop_back();
+  auto parsed = ParseRelayRequest(line);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->target, c.target);
+
+  RelayRequest a;
+  a.kind = RelayRequest::Kind::kAccept;
+  a.circuit = 18446744073709551615ull;
+  a.token = std::string(kRelayTokenHexLength, 'f');
+  line = FormatRelayRequest(a);
+  line.pop_back();
+  parsed = ParseRelayRequest(line);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->circuit, a.circuit);
+  EXPECT_EQ(parsed->token, a.token);
+
+  EXPECT_TRUE(ParseRelayReply("OK").ok());
+  const Status err = ParseRelayReply("ERR no reservation");
+  EXPECT_EQ(err.code(), StatusCode::kUnavailable);
+  EXPECT_NE(err.message().find("no reservation"), std::string::npos);
+  for (std::string_view bad : {"", "OK ", "COLONY-RELAY/1", "COLONY-RELAY/1 CONNECT",
+                               "COLONY-RELAY/2 CONNECT x", "COLONY-RELAY/1 ACCEPT x y",
+                               "COLONY-RELAY/1 ACCEPT 1 ABCDEF00000000000000000000000000",
+                               "COLONY-RELAY/1 ACCEPT -1 00000000000000000000000000000000",
+                               "COLONY-RELAY/1 ACCEPT 07 00000000000000000000000000000000"}) {
+    EXPECT_FALSE(ParseRelayRequest(bad).ok()) << bad;
+  }
+  EXPECT_FALSE(ParseRelayReply("maybe").ok());
+}
+
+}  // namespace
+}  // namespace colony::net
