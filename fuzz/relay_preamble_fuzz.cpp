@@ -1,7 +1,8 @@
 // Fuzz target for the circuit relay's preamble lines (net/relay_wire.h), which a relay reads from
 // anyone who connects to its circuit port and a dialer reads back from the relay. Checks that
 // parsing never crashes, that every error says what is wrong, that accepted requests print back
-// to the same line, and that tokens are exactly lowercase hex of the fixed length.
+// to the same line, and that tokens are exactly lowercase hex of the fixed length; and the
+// dial-back request's port list (Host::CheckReachability), read by every host.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -33,6 +34,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (echoed.size() > colony::net::kMaxRelayLine || echoed.back() != '\n') __builtin_trap();
   for (size_t i = 0; i + 1 < echoed.size(); ++i) {
     if (echoed[i] < 0x20 || echoed[i] == 0x7f) __builtin_trap();
+  }
+  // The dial-back request's port list: accepted lists print back identically.
+  auto ports = colony::net::ParseDialbackPorts(line);
+  if (ports.ok()) {
+    if (ports->empty() || ports->size() > colony::net::kMaxDialbackPorts) __builtin_trap();
+    if (colony::net::FormatDialbackPorts(*ports) != line) __builtin_trap();
+  } else if (ports.status().message().empty()) {
+    __builtin_trap();
   }
   return 0;
 }

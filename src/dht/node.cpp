@@ -2,11 +2,14 @@
 
 #include <asio/async_result.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
 #include <asio/use_awaitable.hpp>
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <future>
 
 #include "core/log.h"
@@ -244,7 +247,48 @@ Result<std::unique_ptr<Node>> Node::Start(KeyPair identity, NodeOptions options)
   return node;
 }
 
+namespace {
+
+bool IsLoopback(const Multiaddr& a) {
+  return a.host() == "::1" || a.host().rfind("127.", 0) == 0 || a.host() == "localhost";
+}
+
+// Asks the initial peers to dial us back; false only when one answered that it could not (an
+// unanswered question leaves the node public).
+bool DialBackSaysPublic(net::Host& host, const std::vector<std::string>& initial_peers) {
+  size_t asked = 0;
+  for (const auto& text : initial_peers) {
+    auto addr = Multiaddr::Parse(text);
+    if (!addr.ok() || !addr->peer_id() || addr->is_relayed()) continue;
+    auto r = host.CheckReachabilitySync(*addr);
+    if (!r.ok()) {
+      COLONY_LOG_DEBUG("dial-back through {} failed: {}", text, r.status().ToString());
+      continue;
+    }
+    if (*r) return true;
+    if (++asked >= 2) break;  // two peers that could not reach us are enough
+  }
+  return asked == 0;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, NodeOptions options) {
+  bool publicly_reachable = !options.dht.client_mode && !host->ListenAddresses().empty();
+  if (publicly_reachable && options.reachability == NodeOptions::Reachability::kPrivate) {
+    publicly_reachable = false;
+  } else if (publicly_reachable && options.reachability == NodeOptions::Reachability::kAuto &&
+             !options.initial_peers.empty()) {
+    const auto listen = host->ListenAddresses();
+    const bool loopback_only = std::all_of(listen.begin(), listen.end(), IsLoopback);
+    if (!loopback_only && !DialBackSaysPublic(*host, options.initial_peers)) {
+      COLONY_LOG_INFO(
+          "peers cannot dial this node back (behind NAT or a firewall): running as a DHT client "
+          "reachable through a relay");
+      publicly_reachable = false;
+    }
+  }
+  if (!publicly_reachable) options.dht.client_mode = true;
   std::vector<std::string> addrs;
   if (!options.dht.client_mode) {
     // Without /p2p/: the peer id travels beside the addresses, and base58-decoding it again for
@@ -268,6 +312,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
   }
   COLONY_LOG_DEBUG("DHT node {} joined; {} peers in its routing table",
                    host->peer_id().Short(), **booted);
+  node->publicly_reachable_ = publicly_reachable;
   if (options.relay_service) {
     auto relay = net::Relay::Start(*host, *options.relay_service);
     if (!relay.ok()) {
@@ -275,9 +320,21 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
       return relay.status();
     }
     node->relay_ = std::move(*relay);
+    node->AnnounceRelay();
+  }
+  // Behind NAT without a relay named: one announced in the DHT, else the initial peers.
+  const bool find_relay = !publicly_reachable && options.relays.empty() &&
+                          !host->ListenAddresses().empty();
+  if (find_relay) {
+    auto announced = node->GetSync(kRelaysKey);
+    if (announced.ok() && announced->is_dict) {
+      for (const auto& [peer, v] : announced->subkeys) options.relays.push_back(v.value);
+    }
+    for (const auto& p : options.initial_peers) options.relays.push_back(p);
   }
   std::vector<std::string> refused;
   for (const auto& text : options.relays) {
+    if (find_relay && !node->reservations_.empty()) break;  // one found relay is enough
     auto addr = Multiaddr::Parse(text);
     Result<std::unique_ptr<net::RelayReservation>> r =
         addr.ok() ? net::RelayReservation::Start(*host, *addr) : addr.status();
@@ -288,7 +345,11 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
       refused.push_back(r.status().ToString());
     }
   }
-  if (!options.relays.empty() && node->reservations_.empty()) {
+  if (find_relay && node->reservations_.empty()) {
+    COLONY_LOG_WARN(
+        "this node is behind NAT and no relay granted a reservation: it can call others but "
+        "nobody can call it (run a relay: colony dht --relay-listen ADDR on a public peer)");
+  } else if (!options.relays.empty() && node->reservations_.empty()) {
     node->Shutdown();
     std::string why;
     for (const auto& r : refused) why += (why.empty() ? "" : "; ") + r;
@@ -296,6 +357,40 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
                        "); without one, peers behind NAT cannot be reached");
   }
   return node;
+}
+
+void Node::AnnounceRelay() {
+  // Stored now and every 2 minutes, valid for 5, until shutdown.
+  std::weak_ptr<Impl> weak = impl_;
+  // The first address others can use: not loopback (a wildcard bind lists loopback first).
+  std::optional<Multiaddr> chosen;
+  for (const Multiaddr& a : host_->ListenAddresses()) {
+    if (!chosen || (IsLoopback(*chosen) && !IsLoopback(a))) chosen = a;
+  }
+  const std::string value = chosen ? chosen->ToString() : std::string();
+  const std::string subkey = host_->peer_id().ToString();
+  auto loop = [weak, value, subkey]() -> asio::awaitable<void> {
+    for (;;) {
+      auto impl = weak.lock();
+      if (!impl || impl->stopped_.load()) co_return;
+      std::vector<StoreItem> items;
+      items.push_back({kRelaysKey, subkey, value, Now() + 300});
+      auto start = [impl, items = std::move(items)](
+                       std::function<void(std::vector<Status>)> cb) mutable {
+        impl->core_->Store(std::move(items), std::move(cb));
+      };
+      auto stored = co_await impl->Await<std::vector<Status>>(std::move(start));
+      if (stored.empty() || !stored[0].ok()) {
+        COLONY_LOG_DEBUG("announcing the relay in the DHT failed");
+      }
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (std::chrono::steady_clock::now() < until && !impl->stopped_.load()) {
+        asio::steady_timer t(impl->strand_, std::chrono::milliseconds(200));
+        co_await t.async_wait(asio::use_awaitable);
+      }
+    }
+  };
+  asio::co_spawn(impl_->strand_, std::move(loop), asio::detached);
 }
 
 void Node::Shutdown() {

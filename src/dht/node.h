@@ -45,7 +45,16 @@ struct NodeOptions {
   // RPC services (averaging, serving blocks) accept calls. Its DHT stays in client mode (nobody
   // routes DHT traffic through a relay).
   std::vector<std::string> relays;
+  // Whether others can dial this node. kAuto: a listening node asks its initial peers to dial it
+  // back (Host::CheckReachability) and, when they cannot, runs as a DHT client reachable through
+  // a relay: one from `relays`, else one announced in the DHT (kRelaysKey), else an initial peer
+  // that runs one. Nodes that listen on loopback only skip the check (a local swarm).
+  enum class Reachability { kAuto, kPublic, kPrivate };
+  Reachability reachability = Reachability::kAuto;
 };
+
+// Relays announce themselves under this key (subkey: peer id, value: the relay's host address).
+inline constexpr char kRelaysKey[] = "_colony.relays";
 
 // Wall-clock seconds since the Unix epoch (the time base of expirations).
 double Now();
@@ -71,6 +80,8 @@ class Node {
   std::vector<Multiaddr> VisibleAddresses() const;
   // The relay this node runs (null without NodeOptions::relay_service).
   const net::Relay* relay() const { return relay_.get(); }
+  // False when the node found (or was told) that others cannot dial it directly.
+  bool publicly_reachable() const { return publicly_reachable_; }
   net::Host& host() { return *host_; }
   bool client_mode() const;
 
@@ -96,10 +107,13 @@ class Node {
 
  private:
   explicit Node(std::shared_ptr<Impl> impl, std::shared_ptr<net::Host> host);
+  // Keeps this node's relay listed under kRelaysKey until shutdown.
+  void AnnounceRelay();
   // Declared first so that it is destroyed last: impl_ holds a strand of the host's io_context.
   std::shared_ptr<net::Host> host_;
   std::shared_ptr<Impl> impl_;
   bool owns_host_ = false;
+  bool publicly_reachable_ = true;
   std::unique_ptr<net::Relay> relay_;
   std::vector<std::unique_ptr<net::RelayReservation>> reservations_;
 };

@@ -72,6 +72,7 @@ Stream::Stream(std::shared_ptr<Connection> conn, uint32_t id, bool outbound, std
 Stream::~Stream() = default;
 
 const Strand& Stream::strand() const { return conn_->strand(); }
+Multiaddr Stream::remote_address() const { return conn_->remote_address(); }
 
 asio::awaitable<Result<std::optional<Message>>> Stream::Read() {
   auto self = shared_from_this();

@@ -3,6 +3,9 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 
+#include <algorithm>
+#include <limits>
+
 #include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
 #include <asio/detached.hpp>
@@ -16,12 +19,18 @@
 
 #include "core/log.h"
 #include "net/relay.h"
+#include "net/relay_wire.h"
 #include "net/run_on_strand.h"
 
 namespace colony::net {
 namespace {
 
 constexpr auto kUse = asio::experimental::as_tuple(asio::use_awaitable);
+constexpr char kDialbackMethod[] = "net.dialback";
+// Dial() with this lane makes a connection that is not pooled (reachability probes).
+constexpr size_t kProbeLane = std::numeric_limits<size_t>::max();
+// Dial-back probes one host runs at once for others.
+constexpr size_t kMaxDialbacks = 4;
 
 Multiaddr FromEndpoint(const asio::ip::tcp::endpoint& ep) {
   auto addr = ep.address();
@@ -90,6 +99,9 @@ Host::Host(KeyPair identity, HostOptions options)
       options_(std::move(options)),
       dial_strand_(asio::make_strand(io_)) {
   if (options_.io_threads == 0) options_.io_threads = 1;
+  RegisterUnary(kDialbackMethod, [this](CallContext& ctx, Message request) {
+    return ServeDialback(ctx, std::move(request));
+  });
 }
 
 Host::~Host() { Shutdown(); }
@@ -568,8 +580,78 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
       std::move(socket), strand, Role::kInitiator, std::move(*hs), address, options_.connection,
       [this](const std::string& m) { return LookupHandler(m); },
       [this](Connection* c) { OnConnectionClosed(c); });
-  AddConnection(conn, lane);
+  if (lane != kProbeLane) AddConnection(conn, lane);
   co_return conn;
+}
+
+asio::awaitable<Status> Host::Probe(Multiaddr address) {
+  if (!address.peer_id()) co_return InvalidArgument("a probe needs the peer's id: " + address.ToString());
+  Strand strand = asio::make_strand(io_);
+  auto dial = Dial(std::move(address), kProbeLane);
+  auto result = co_await asio::co_spawn(strand, std::move(dial), asio::use_awaitable);
+  if (!result.ok()) co_return result.status();
+  (*result)->Shutdown("reachability probe done");
+  co_return Status();
+}
+
+asio::awaitable<Result<Message>> Host::ServeDialback(CallContext& ctx, Message request) {
+  auto ports = ParseDialbackPorts(request.meta);
+  if (!ports.ok()) co_return ports.status();
+  const Multiaddr seen = ctx.remote_address();
+  if (!seen.is_ip() || seen.port() == 0) {
+    co_return FailedPrecondition("cannot tell where this call comes from");
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (dialbacks_in_flight_ >= kMaxDialbacks) {
+      co_return ResourceExhausted("this peer is busy dialing others back; ask another");
+    }
+    ++dialbacks_in_flight_;
+  }
+  // Only the caller's own IP is dialed (never a third party's), at the ports it names.
+  Status last = Unavailable("no port given");
+  std::string reached;
+  for (uint16_t port : *ports) {
+    Multiaddr target = Multiaddr(seen.kind(), seen.host(), port).WithPeerId(ctx.peer());
+    const std::string text = target.ToString();
+    last = co_await Probe(std::move(target));
+    if (last.ok()) {
+      reached = text;
+      break;
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    --dialbacks_in_flight_;
+  }
+  if (!reached.empty()) co_return Message("reachable " + reached);
+  co_return Message("unreachable " + last.ToString());
+}
+
+asio::awaitable<Result<bool>> Host::CheckReachability(Multiaddr helper) {
+  std::vector<uint16_t> ports;
+  for (const Multiaddr& a : ListenAddresses()) {
+    if (std::find(ports.begin(), ports.end(), a.port()) == ports.end()) ports.push_back(a.port());
+  }
+  if (ports.empty()) co_return false;  // not listening: nobody can dial in
+  if (ports.size() > kMaxDialbackPorts) ports.resize(kMaxDialbackPorts);
+  // Dialing back takes the helper up to its dial timeout per port.
+  CallOptions options{.timeout = options_.dial_timeout * static_cast<int64_t>(ports.size() + 1)};
+  std::string method = kDialbackMethod;
+  Message request(FormatDialbackPorts(ports));
+  auto reply = co_await Call(std::move(helper), std::move(method), std::move(request), options);
+  if (!reply.ok()) co_return reply.status();
+  if (reply->meta.rfind("reachable ", 0) == 0) co_return true;
+  if (reply->meta.rfind("unreachable", 0) == 0) {
+    COLONY_LOG_DEBUG("dial-back failed: {}", reply->meta);
+    co_return false;
+  }
+  co_return ProtocolError("malformed dial-back reply");
+}
+
+Result<bool> Host::CheckReachabilitySync(const Multiaddr& helper) {
+  auto fut = asio::co_spawn(io_, CheckReachability(helper), asio::use_future);
+  return fut.get();
 }
 
 std::chrono::milliseconds Host::TimeoutFor(const CallOptions& options) const {

@@ -116,6 +116,16 @@ class Host {
   asio::awaitable<Result<PingResult>> Ping(
       Multiaddr address, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
+  // Reachability. Probe dials `address` afresh (never a pooled connection), completes the
+  // handshake (so the peer there is the one named) and hangs up: OK when it got through.
+  asio::awaitable<Status> Probe(Multiaddr address);
+  // Asks the peer at `helper` to dial this host back (the "net.dialback" RPC every host serves):
+  // it dials the IP it sees our connection come from, at each of our listen ports. True when it
+  // got through (we accept connections from the Internet), false when it did not (we are behind
+  // NAT or a firewall), an error when the question could not be asked.
+  asio::awaitable<Result<bool>> CheckReachability(Multiaddr helper);
+  Result<bool> CheckReachabilitySync(const Multiaddr& helper);
+
   // Coroutine parameters are taken by value so that a call may outlive its arguments.
   // Blocking conveniences. Never call them from the host's own threads.
   Result<Message> CallSync(const Multiaddr& address, const std::string& method, Message request,
@@ -144,6 +154,7 @@ class Host {
   void AddConnection(const std::shared_ptr<Connection>& conn, size_t lane);
   void OnConnectionClosed(Connection* conn);
   StreamHandler LookupHandler(const std::string& method) const;
+  asio::awaitable<Result<Message>> ServeDialback(CallContext& ctx, Message request);
   void RegisterStream(const std::string& method, StreamHandler handler);
   std::chrono::milliseconds TimeoutFor(const CallOptions& options) const;
 
@@ -171,6 +182,7 @@ class Host {
   std::set<std::string> observed_;
   size_t connection_count_ = 0;
   std::condition_variable all_closed_;
+  size_t dialbacks_in_flight_ = 0;  // net.dialback probes running (guarded by mu_)
   uint64_t closed_bytes_sent_ = 0, closed_bytes_received_ = 0;
 };
 

@@ -534,6 +534,11 @@ asio::awaitable<void> RelayReservation::Impl::Run() {
       if (!addr.ok()) {
         failure = addr.status().WithContext("reserving a slot at relay " + desc);
       } else {
+        // The relay may not know its public address (a wildcard bind): the circuit port is at
+        // the host we reached it at.
+        *addr = Multiaddr(relay.kind(), relay.host(), addr->port())
+                    .WithPeerId(*relay.peer_id())
+                    .Relaying(host.peer_id());
         {
           std::lock_guard lock(mu);
           address = *addr;

@@ -91,4 +91,36 @@ std::string FormatRelayReply(const Status& status) {
   return "ERR " + msg + "\n";
 }
 
+Result<std::vector<uint16_t>> ParseDialbackPorts(std::string_view text) {
+  std::vector<uint16_t> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t next = text.find(' ', pos);
+    if (next == std::string_view::npos) next = text.size();
+    const std::string_view word = text.substr(pos, next - pos);
+    unsigned port = 0;
+    auto [ptr, ec] = std::from_chars(word.data(), word.data() + word.size(), port);
+    if (word.empty() || ec != std::errc() || ptr != word.data() + word.size() || port == 0 ||
+        port > 65535 || word[0] == '0') {
+      return ProtocolError("dial-back request: bad port list");
+    }
+    if (out.size() == kMaxDialbackPorts) {
+      return ProtocolError("dial-back request: more than " + std::to_string(kMaxDialbackPorts) +
+                           " ports");
+    }
+    out.push_back(static_cast<uint16_t>(port));
+    pos = next + 1;
+  }
+  return out;
+}
+
+std::string FormatDialbackPorts(const std::vector<uint16_t>& ports) {
+  std::string s;
+  for (size_t i = 0; i < ports.size() && i < kMaxDialbackPorts; ++i) {
+    if (i > 0) s += ' ';
+    s += std::to_string(ports[i]);
+  }
+  return s;
+}
+
 }  // namespace colony::net

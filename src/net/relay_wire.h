@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/identity.h"
 #include "core/status.h"
@@ -39,5 +40,11 @@ std::string FormatRelayRequest(const RelayRequest& request);
 // OK, or the relay's error (Unavailable with its message).
 Status ParseRelayReply(std::string_view line);
 std::string FormatRelayReply(const Status& status);
+
+// The "net.dialback" request (Host::CheckReachability): the ports to dial back, as decimal
+// numbers separated by single spaces, 1 to kMaxDialbackPorts of them, none zero.
+inline constexpr size_t kMaxDialbackPorts = 4;
+Result<std::vector<uint16_t>> ParseDialbackPorts(std::string_view text);
+std::string FormatDialbackPorts(const std::vector<uint16_t>& ports);
 
 }  // namespace colony::net

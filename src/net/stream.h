@@ -29,6 +29,7 @@
 
 #include "core/clock.h"
 #include "core/identity.h"
+#include "core/multiaddr.h"
 #include "core/status.h"
 #include "net/notifier.h"
 #include "net/wire.h"
@@ -58,6 +59,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   uint32_t id() const { return id_; }
   // The strand of the stream's connection (where its state lives).
   const asio::strand<asio::io_context::executor_type>& strand() const;
+  // The other end's address as this side sees it (for incoming calls: its IP and source port).
+  Multiaddr remote_address() const;
   SteadyTime deadline() const { return deadline_; }
   // True once the stream was reset, cancelled, timed out or its connection closed.
   bool cancelled() const { return !error_.ok(); }
@@ -121,6 +124,7 @@ class CallContext {
   const std::string& method() const { return stream_->method(); }
   SteadyTime deadline() const { return stream_->deadline(); }
   bool cancelled() const { return stream_->cancelled(); }
+  Multiaddr remote_address() const { return stream_->remote_address(); }
 
  private:
   std::shared_ptr<Stream> stream_;

@@ -102,6 +102,7 @@ struct ServeArgs {
   std::string blocks;
   int64_t num_blocks = 0;
   std::string listen = "/ip4/0.0.0.0/tcp/0";
+  std::vector<std::string> relays;
   std::string dtype = "float32";
   std::string quantize = "none";
   int64_t cache_mib = 512;
@@ -143,9 +144,12 @@ int RunServe(const ServeArgs& a) {
   BlockTerminationSignals();
   dht::NodeOptions node_options;
   node_options.initial_peers = a.swarm.initial_peers;
-  auto listen = Multiaddr::Parse(a.listen);
-  if (!listen.ok()) return Fail(listen.status());
-  node_options.listen = {*listen};
+  node_options.relays = a.relays;
+  if (a.relays.empty()) {
+    auto listen = Multiaddr::Parse(a.listen);
+    if (!listen.ok()) return Fail(listen.status());
+    node_options.listen = {*listen};
+  }
   auto node = dht::Node::Start(KeyPair::Generate(), node_options);
   if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
   auto server = serve::BlockServer::Start(**node, o);
@@ -455,6 +459,9 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
     cmd->add_option("--num-blocks", a->num_blocks,
                     "serve this many blocks where the swarm is weakest (instead of --blocks)");
     cmd->add_option("--listen", a->listen, "address to listen on")->capture_default_str();
+    cmd->add_option("--relay", a->relays,
+                    "behind NAT: serve through this relay peer (repeatable); without it a server "
+                    "that others cannot dial back picks a relay by itself");
     cmd->add_option("--dtype", a->dtype, "weights and compute: float32 or bfloat16")
         ->check(CLI::IsMember({"float32", "bfloat16"}))
         ->capture_default_str();

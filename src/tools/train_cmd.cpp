@@ -71,6 +71,7 @@ struct TrainTaskArgs {
   std::vector<std::string> initial_peers;
   std::string listen = "/ip4/127.0.0.1/tcp/0";
   bool client_mode = false;
+  std::vector<std::string> relays;
   bool aux = false;
   // data and model
   std::string cache_dir;
@@ -328,7 +329,8 @@ int Run(const TrainTaskArgs& a) {
 
   dht::NodeOptions node_options;
   node_options.initial_peers = a.initial_peers;
-  if (mode == averaging::Mode::kClient) {
+  node_options.relays = a.relays;
+  if (mode == averaging::Mode::kClient || !a.relays.empty()) {
     node_options.dht.client_mode = true;
   } else {
     auto listen = Multiaddr::Parse(a.listen);
@@ -596,6 +598,9 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
   cmd->add_option("--listen", a->listen, "address to listen on")->capture_default_str();
   cmd->add_flag("--client-mode", a->client_mode,
                 "accept no connections (behind NAT): average as a client peer");
+  cmd->add_option("--relay", a->relays,
+                  "behind NAT: accept connections through this relay peer (repeatable); "
+                  "without it a peer that others cannot dial back picks a relay by itself");
   cmd->add_flag("--aux", a->aux, "auxiliary peer: lend bandwidth to averaging, train nothing");
   cmd->add_option("--cache-dir", a->cache_dir,
                   "where the corpus, tokenizer and token shards are cached (default: "

@@ -407,6 +407,69 @@ TEST(LabWan, TwoPeersBehindNatsAverageThroughARelay) {
   }
 }
 
+// Nobody tells the NATed peers that they are behind NAT or which relay to use: each asks the
+// bootstrap peer to dial it back, learns that it cannot, looks up the relays announced in the DHT,
+// reserves a slot with one (on a public host of its own, not the bootstrap), and announces its
+// relayed address; a public peer asked the same question stays public.
+TEST(LabWan, PeersBehindNatFindOutAndPickARelayByThemselves) {
+  SKIP_WITHOUT_LAB();
+  Lab lab(
+      "host boot rate 100mbit delay 5ms\n"
+      "host relay rate 100mbit delay 5ms\n"
+      "nat homea rate 100mbit delay 5ms\n"
+      "nat homeb rate 100mbit delay 5ms\n"
+      "host a behind homea\n"
+      "host b behind homeb\n");
+  ASSERT_TRUE(lab.error().empty()) << lab.error();
+  std::optional<Subprocess> boot, relay;
+  const std::string bootstrap = StartBootstrap(lab, "boot", boot);
+  ASSERT_FALSE(bootstrap.empty());
+  const std::string relay_err = TempPath("relay.err");
+  relay.emplace(StartColony(lab, "relay",
+                            {"dht", "--listen",
+                             "/ip4/" + lab.addr("relay") + "/tcp/4001", "--relay-listen",
+                             "/ip4/" + lab.addr("relay") + "/tcp/4002", "--initial-peers",
+                             bootstrap},
+                            relay_err));
+  auto relay_addr = relay->ReadLine(30s);
+  ASSERT_TRUE(relay_addr.ok()) << relay_addr.status().ToString() << test::ReadFile(relay_err);
+  // The relay's host is public: it printed its own address, not a relayed one.
+  EXPECT_EQ(relay_addr->find("/p2p-circuit/"), std::string::npos) << *relay_addr;
+  // Wait until the relay's announcement is in the DHT.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  bool announced = false;
+  while (!announced && std::chrono::steady_clock::now() < deadline) {
+    auto get = RunCommand(lab.In("boot", {ColonyBinary(), "--log-level", "error", "dht", "get",
+                                          dht::kRelaysKey, "--initial-peers", bootstrap}),
+                          30s);
+    for (const auto& l : get.lines) announced = announced || l.find(lab.addr("relay")) != l.npos;
+  }
+  ASSERT_TRUE(announced) << "the relay never appeared under " << dht::kRelaysKey;
+
+  constexpr size_t kValues = 1 << 18;
+  const std::vector<std::string> args = {"--values",         std::to_string(kValues),
+                                         "--target-group-size", "2",
+                                         "--min-group-size", "2",
+                                         "--timeout",        "60",
+                                         "--start-at",       StartAt(6)};
+  AveragePeer a, b;
+  ASSERT_NO_FATAL_FAILURE(StartAveragePeer(lab, "a", 1, bootstrap, args, a));
+  ASSERT_NO_FATAL_FAILURE(StartAveragePeer(lab, "b", 2, bootstrap, args, b));
+  for (AveragePeer* p : {&a, &b}) {
+    ASSERT_EQ(p->ready["addrs"].size(), 1u) << p->ready.dump() << test::ReadFile(p->err);
+    const std::string addr = p->ready["addrs"][0];
+    EXPECT_NE(addr.find("/p2p-circuit/"), std::string::npos) << addr;
+    EXPECT_EQ(addr.rfind("/ip4/" + lab.addr("relay") + "/tcp/4002/", 0), 0u) << addr;
+  }
+  for (AveragePeer* p : {&a, &b}) {
+    auto round = NextRound(*p, 90s);
+    ASSERT_TRUE(round.ok()) << "peer " << p->seed << ": " << round.status().ToString() << "\n"
+                            << test::ReadFile(p->err);
+    ASSERT_TRUE((*round)["ok"].get<bool>()) << round->dump();
+    ASSERT_NO_FATAL_FAILURE(ExpectMeanOf(*p, {1, 2}, kValues)) << round->dump();
+  }
+}
+
 std::string StarTopology(int peers, const std::string& rate, const std::string& delay,
                          const std::string& lossy_peer_loss = {}) {
   std::string t = "host boot rate " + rate + " delay " + delay + "\n";

@@ -1,7 +1,7 @@
 // Circuit relays over real loopback sockets: a host that does not listen at all (as behind NAT)
 // serves calls through a relay it holds a reservation with; the connection is authenticated end
 // to end (a relay that splices to someone else is caught); limits on reservations, circuits and
-// rate; garbage on the circuit port.
+// rate; garbage on the circuit port. Reachability checks by dial-back.
 #include <gtest/gtest.h>
 
 #include <asio/connect.hpp>
@@ -230,6 +230,43 @@ TEST(Relay, GarbageOnTheCircuitPortIsRefusedAndTheRelayKeepsWorking) {
   EXPECT_GE((*relay)->stats().rejected, 3u);
 }
 
+TEST(Reachability, DialBackTellsPublicFromUnreachable) {
+  auto helper = StartHost();
+  // Listening where the helper sees our connections come from: reachable.
+  auto open = StartHost();
+  auto r = open->CheckReachabilitySync(AddressOf(*helper));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(*r);
+  // Not listening at all: nobody can dial in (no question asked).
+  auto client = StartClientHost();
+  r = client->CheckReachabilitySync(AddressOf(*helper));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(*r);
+  // Listening on 127.0.0.2 while our connections come from 127.0.0.1: the helper dials the
+  // address it sees (never one we claim), finds nothing there, and says so.
+  HostOptions elsewhere;
+  elsewhere.listen = {*Multiaddr::Parse("/ip4/127.0.0.2/tcp/0")};
+  auto hidden = StartHost(elsewhere);
+  r = hidden->CheckReachabilitySync(AddressOf(*helper));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(*r);
+}
+
+TEST(Reachability, MalformedDialBackRequestsAreRefused) {
+  auto helper = StartHost();
+  auto caller = StartClientHost();
+  for (const std::string& junk : {std::string(), std::string("0"), std::string("1 2 3 4 5"),
+                                  std::string("65536"), std::string(1000, '9')}) {
+    auto reply = caller->CallSync(AddressOf(*helper), "net.dialback", Message(junk));
+    EXPECT_FALSE(reply.ok()) << "'" << junk.substr(0, 20) << "' was accepted";
+  }
+  // The helper still answers properly.
+  auto open = StartHost();
+  auto r = open->CheckReachabilitySync(AddressOf(*helper));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(*r);
+}
+
 TEST(RelayWire, RequestsAndRepliesRoundTrip) {
   RelayRequest c;
   c.kind = RelayRequest::Kind::kConnect;
@@ -264,6 +301,13 @@ TEST(RelayWire, RequestsAndRepliesRoundTrip) {
     EXPECT_FALSE(ParseRelayRequest(bad).ok()) << bad;
   }
   EXPECT_FALSE(ParseRelayReply("maybe").ok());
+  auto ports = ParseDialbackPorts("4001 31337");
+  ASSERT_TRUE(ports.ok());
+  EXPECT_EQ(*ports, (std::vector<uint16_t>{4001, 31337}));
+  EXPECT_EQ(FormatDialbackPorts(*ports), "4001 31337");
+  for (std::string_view bad : {"", " ", "1  2", "01", "x", "1 2 3 4 5", "70000", "1 "}) {
+    EXPECT_FALSE(ParseDialbackPorts(bad).ok()) << bad;
+  }
 }
 
 }  // namespace
