@@ -1,6 +1,9 @@
 #include "net/relay.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sodium.h>
+#include <sys/socket.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -79,6 +82,19 @@ SteadyTime Pace(SteadyTime next, size_t bytes, double rate) {
                      std::chrono::duration<double>(static_cast<double>(bytes) / rate));
 }
 
+// A circuit's sockets notice a vanished peer (no FIN, no RST) within about a minute.
+void KeepAlive(tcp::socket& socket) {
+  const int fd = socket.native_handle();
+  const int on = 1, idle = 30, interval = 10, count = 3;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+}
+
+// Connections to the circuit port that have not sent their request line yet.
+constexpr size_t kMaxUnidentified = 256;
+
 Multiaddr FromEndpoint(const tcp::endpoint& ep) {
   auto addr = ep.address();
   if (addr.is_v6() && addr.to_v6().is_v4_mapped()) {
@@ -151,7 +167,8 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   // On strand.
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending;
   std::set<std::shared_ptr<Circuit>> circuits;
-  size_t setting_up = 0;  // CONNECTs accepted but not yet spliced or refused
+  size_t setting_up = 0;    // CONNECTs accepted but not yet spliced or refused
+  size_t unidentified = 0;  // sockets still sending their request line
   SteadyTime total_next{};
 
   std::atomic<uint64_t> circuits_total{0}, rejected{0}, bytes_relayed{0};
@@ -226,7 +243,12 @@ asio::awaitable<void> Relay::Impl::AcceptLoop() {
 }
 
 asio::awaitable<void> Relay::Impl::HandleCircuitSocket(tcp::socket socket) {
+  if (unidentified >= kMaxUnidentified) {
+    ++rejected;
+    co_return;  // closes the socket
+  }
   // The request line must come in time.
+  ++unidentified;
   auto socket_ptr = &socket;
   auto done = std::make_shared<bool>(false);
   asio::steady_timer timer(strand, options.accept_timeout);
@@ -239,6 +261,7 @@ asio::awaitable<void> Relay::Impl::HandleCircuitSocket(tcp::socket socket) {
   auto line = co_await ReadLine(socket);
   *done = true;
   timer.cancel();
+  --unidentified;
   if (!line.ok()) {
     ++rejected;
     co_return;
@@ -299,9 +322,17 @@ asio::awaitable<void> Relay::Impl::Connect(tcp::socket socket, PeerId target) {
   p->token = RandomToken();
   p->timer = std::make_shared<asio::steady_timer>(strand, options.accept_timeout);
   pending[id] = p;
-  // Tell the reserved peer; it dials back with the id and token.
+  // Tell the reserved peer; it dials back with the id and token. A holder that does not even read
+  // the notice in time loses its reservation (it would hold circuit slots forever).
+  auto notified = std::make_shared<bool>(false);
+  p->timer->async_wait([stream = res->stream, notified](std::error_code ec) {
+    if (!ec && !*notified) {
+      stream->Cancel(DeadlineExceeded("the reservation holder does not read its circuit notices"));
+    }
+  });
   const Message call(std::to_string(id) + " " + p->token);
   Status st = co_await res->stream->Write(call);
+  *notified = true;
   if (st.ok()) {
     auto [ec] = co_await p->timer->async_wait(kUse);
     (void)ec;  // cancelled when the ACCEPT arrives; expired otherwise
@@ -334,6 +365,8 @@ asio::awaitable<void> Relay::Impl::Connect(tcp::socket socket, PeerId target) {
       co_return;
     }
   }
+  KeepAlive(socket);
+  KeepAlive(*other);
   auto c = std::make_shared<Circuit>(std::move(socket), std::move(*other), res);
   circuits.insert(c);
   ++circuits_total;
