@@ -292,7 +292,9 @@ TEST(Lab, DelayRateAndNatAreAsConfiguredAndTeardownLeavesNothing) {
   const double rtt = Median(rtts);
   std::printf("[lab] laptop -> server: median RTT %.2f ms (configured 40 ms)\n", rtt);
   EXPECT_GE(rtt, 40.0);
-  EXPECT_LE(rtt, 44.0);  // the relays are about 1 ms late at most per crossing
+  // The relays are about 1 ms late at most per crossing; ping's own processing is slower under
+  // the sanitizers.
+  EXPECT_LE(rtt, kSanitized ? 48.0 : 44.0);
 
   // NAT: the laptop reaches the server, but nothing reaches the laptop from outside: neither its
   // private address nor its router's public address.
@@ -546,8 +548,9 @@ TEST(LabWan, EightPeersAverageNearTheBandwidthFloor) {
               kPeers, kMbit, round.allreduce_s, must_send / 1e6,
               static_cast<double>(round.bytes_sent) / 1e6, floor_s, ratio);
   RecordProperty("ratio_to_floor", std::to_string(ratio));
-  // Framing and encryption add about 0.1% to the bytes.
-  EXPECT_LT(static_cast<double>(round.bytes_sent), must_send * 1.01);
+  // Framing and encryption add about 0.1% to the bytes, the DHT and keepalives a little more the
+  // longer the round takes (0.9% under ASan).
+  EXPECT_LT(static_cast<double>(round.bytes_sent), must_send * 1.02);
   if (kSanitized) {
     std::printf("[lab] sanitizer build: the time is not checked\n");
   } else {
