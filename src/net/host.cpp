@@ -535,20 +535,22 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
     }
     ++connection_count_;
   }
+  // A dial that fails after the TCP connection: stop the timer, close, release the slot.
+  auto abandon = [&] {
+    state->finished = true;
+    timer.cancel();
+    std::error_code ignored;
+    socket.close(ignored);
+    std::lock_guard lock(mu_);
+    --connection_count_;
+    all_closed_.notify_all();
+  };
   if (address.is_relayed()) {
     // Through a relay: ask it for the peer first; the handshake then runs end to end.
     const PeerId& target = *address.peer_id();
     Status relayed = co_await RequestCircuit(socket, target, desc);
     if (!relayed.ok()) {
-      state->finished = true;
-      timer.cancel();
-      std::error_code ignored;
-      socket.close(ignored);
-      {
-        std::lock_guard lock(mu_);
-        --connection_count_;
-        all_closed_.notify_all();
-      }
+      abandon();
       if (state->timed_out) {
         co_return DeadlineExceeded("relay " + desc + " did not connect us within " +
                                    timeout_text + "; is the peer still reserved there?");
@@ -560,22 +562,16 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
   auto hs = co_await RunHandshake(
       socket, MakeHandshakeOptions(Role::kInitiator, address.peer_id(), observed),
       "peer " + desc);
-  state->finished = true;
-  timer.cancel();
   if (!hs.ok()) {
-    std::error_code ignored;
-    socket.close(ignored);
-    {
-      std::lock_guard lock(mu_);
-      --connection_count_;
-      all_closed_.notify_all();
-    }
+    abandon();
     if (state->timed_out) {
       co_return DeadlineExceeded("peer " + desc + " did not complete the handshake within " +
                                  timeout_text + "; is it a Colony peer?");
     }
     co_return hs.status();
   }
+  state->finished = true;
+  timer.cancel();
   auto conn = Connection::Start(
       std::move(socket), strand, Role::kInitiator, std::move(*hs), address, options_.connection,
       [this](const std::string& m) { return LookupHandler(m); },
