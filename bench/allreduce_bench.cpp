@@ -49,16 +49,12 @@ using Steady = std::chrono::steady_clock;
 namespace {
 
 using colony::bench::ColonyBinary;
+using colony::bench::Fixed;
+using colony::bench::Millis;
+using colony::bench::ReadUntil;
+using colony::bench::WallNow;
 using colony::bench::Median;
 using colony::bench::Tail;
-
-double WallNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::chrono::milliseconds Millis(double seconds) {
-  return std::chrono::milliseconds(static_cast<long long>(std::max(0.0, seconds) * 1000));
-}
 
 std::string BinDir() { return fs::path(SelfExecutable()).parent_path().string(); }
 
@@ -72,12 +68,6 @@ std::string FindInPath(const std::string& name) {
     if (::access(p.c_str(), X_OK) == 0) return p.string();
   }
   return {};
-}
-
-std::string Fixed(double v, int digits = 3) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
 }
 
 // A measurement: the median over timed rounds of the slowest peer's time, or an error.
@@ -95,18 +85,6 @@ Measure Fail(std::string error) {
   Measure m;
   m.error = std::move(error);
   return m;
-}
-
-// Reads lines from `p` until `stop(line)` returns true, EOF, or `deadline`.
-template <typename F>
-Status ReadUntil(Subprocess& p, Steady::time_point deadline, F stop) {
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Steady::now());
-    if (left.count() <= 0) return DeadlineExceeded("timed out");
-    auto line = p.ReadLine(left);
-    if (!line.ok()) return line.status();
-    if (stop(*line)) return Status::Ok();
-  }
 }
 
 // Stops a child that may have its own children (mpirun): SIGTERM first, then SIGKILL.

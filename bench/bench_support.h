@@ -2,12 +2,15 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "core/subprocess.h"
 
 namespace colony::bench {
@@ -39,6 +42,35 @@ inline std::string Tail(const std::string& path, size_t max_lines = 6) {
     out += "\n    | " + lines[i];
   }
   return out;
+}
+
+// Wall-clock seconds since the Unix epoch (the time base of `colony average --start-at`).
+inline double WallNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+inline std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<long long>(std::max(0.0, seconds) * 1000));
+}
+
+// `v` with `digits` decimals.
+inline std::string Fixed(double v, int digits = 3) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+// Reads lines of `p` until `stop(line)` returns true, EOF (NotFound) or `deadline`.
+template <typename F>
+Status ReadUntil(Subprocess& p, std::chrono::steady_clock::time_point deadline, F stop) {
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return DeadlineExceeded("timed out");
+    auto line = p.ReadLine(left);
+    if (!line.ok()) return line.status();
+    if (stop(*line)) return Status::Ok();
+  }
 }
 
 }  // namespace colony::bench

@@ -75,29 +75,19 @@ using Steady = std::chrono::steady_clock;
 namespace {
 
 using colony::bench::ColonyBinary;
+using colony::bench::Fixed;
+using colony::bench::Millis;
+using colony::bench::ReadUntil;
+using colony::bench::WallNow;
 using colony::bench::Median;
 using colony::bench::Tail;
 
 constexpr int kSkipExit = 77;   // "cannot run here", as ctest's SKIP_RETURN_CODE
 constexpr int kRawPort = 4100;  // the raw TCP reference's port on every peer host
 
-double WallNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 void SleepUntilWall(double t) {
   const double left = t - WallNow();
   if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
-}
-
-std::chrono::milliseconds Millis(double seconds) {
-  return std::chrono::milliseconds(static_cast<long long>(std::max(0.0, seconds) * 1000));
-}
-
-std::string Fixed(double v, int digits = 3) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
 }
 
 std::string Join(const std::vector<std::string>& v, const std::string& sep) {
@@ -509,18 +499,6 @@ Measure Fail(std::string error) {
   Measure m;
   m.error = std::move(error);
   return m;
-}
-
-// Reads lines of `p` until `stop(line)` says so, EOF (NotFound) or `deadline`.
-template <typename F>
-Status ReadUntil(Subprocess& p, Steady::time_point deadline, F stop) {
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Steady::now());
-    if (left.count() <= 0) return DeadlineExceeded("timed out");
-    auto line = p.ReadLine(left);
-    if (!line.ok()) return line.status();
-    if (stop(*line)) return Status::Ok();
-  }
 }
 
 // ---- raw TCP all-to-all ---------------------------------------------------------------------
