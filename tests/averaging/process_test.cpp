@@ -19,20 +19,13 @@ namespace {
 
 using namespace std::chrono_literals;
 using colony::test::ColonyBinary;
+using colony::test::ReadFloats;
 using nlohmann::json;
 
 std::string TempPath(const std::string& name) {
   static int counter = 0;
   return ::testing::TempDir() + "/avg_" + std::to_string(::getpid()) + "_" +
          std::to_string(counter++) + "_" + name;
-}
-
-std::vector<float> ReadFloats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> out(bytes.size() / sizeof(float));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
-  return out;
 }
 
 struct PeerProcess {

@@ -33,6 +33,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using colony::test::ColonyBinary;
+using colony::test::ReadFloats;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -181,14 +182,6 @@ std::string StartBootstrap(const Lab& lab, const std::string& host,
   auto line = process->ReadLine(20s);
   EXPECT_TRUE(line.ok()) << line.status().ToString();
   return line.ok() ? *line : std::string();
-}
-
-std::vector<float> ReadFloats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> out(bytes.size() / sizeof(float));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
-  return out;
 }
 
 // Averaging peers (`colony average`) in a lab.
