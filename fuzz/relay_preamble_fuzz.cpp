@@ -2,7 +2,8 @@
 // anyone who connects to its circuit port and a dialer reads back from the relay. Checks that
 // parsing never crashes, that every error says what is wrong, that accepted requests print back
 // to the same line, and that tokens are exactly lowercase hex of the fixed length; and the
-// dial-back request's port list (Host::CheckReachability), read by every host.
+// dial-back request's port list (Host::CheckReachability), read by every host; and the hole
+// punching messages, read by every host from peers on relayed connections.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -41,6 +42,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (ports->empty() || ports->size() > colony::net::kMaxDialbackPorts) __builtin_trap();
     if (colony::net::FormatDialbackPorts(*ports) != line) __builtin_trap();
   } else if (ports.status().message().empty()) {
+    __builtin_trap();
+  }
+  // Hole punching: accepted messages print to a form that parses back to the same message.
+  auto punch = colony::net::ParsePunchMessage(line);
+  if (punch.ok()) {
+    if (punch->addresses.size() > colony::net::kMaxPunchAddresses) __builtin_trap();
+    const std::string printed = colony::net::FormatPunchMessage(*punch);
+    auto again = colony::net::ParsePunchMessage(printed);
+    if (!again.ok() || again->kind != punch->kind || again->addresses != punch->addresses) {
+      __builtin_trap();
+    }
+    for (const auto& a : punch->addresses) {
+      if (!a.is_ip() || a.port() == 0 || a.peer_id()) __builtin_trap();
+    }
+  } else if (punch.status().message().empty()) {
     __builtin_trap();
   }
   return 0;

@@ -333,6 +333,18 @@ void Connection::Shutdown(std::string reason) {
   });
 }
 
+void Connection::Retire(std::string reason, std::chrono::milliseconds grace) {
+  asio::dispatch(strand_, [self = shared_from_this(), reason = std::move(reason), grace] {
+    if (self->closed_ || self->goaway_sent_) return;
+    self->retire_grace_ = grace;
+    self->retire_reason_ = reason;
+    // The grace period counts from now, also when no stream is open.
+    if (self->streams_.empty()) self->idle_since_ = std::chrono::steady_clock::now();
+    // Check sooner than the next keepalive tick would.
+    self->ticker_.expires_after(std::min(grace, std::chrono::milliseconds(1000)));
+  });
+}
+
 void Connection::Close(const Status& status) {
   if (closed_) return;
   closed_ = true;
@@ -1023,6 +1035,10 @@ asio::awaitable<void> Connection::TickerLoop() {
       Bytes payload;
       ByteWriter(payload).U64(0);  // keepalive pings carry nonce 0 and are not tracked
       EnqueueControl(FrameType::kPing, 0, std::move(payload));
+    }
+    if (streams_.empty() && retire_grace_ && now - idle_since_ >= *retire_grace_) {
+      Shutdown(retire_reason_);
+      break;
     }
     if (streams_.empty() && now - idle_since_ > options_.idle_timeout) {
       Shutdown("idle for " + Ms(now - idle_since_));

@@ -29,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -92,6 +93,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Shutdown(std::string reason);
   // Closes immediately with `status` (thread-safe).
   void CloseAsync(Status status);
+  // Shuts down (as Shutdown(reason)) once no stream has been open for `grace`, instead of the
+  // idle timeout: for a connection that a better one replaced (a relayed one after a hole
+  // punch). Streams still open finish first. Thread-safe.
+  void Retire(std::string reason, std::chrono::milliseconds grace);
 
   const PeerId& peer() const { return peer_; }
   const Multiaddr& remote_address() const { return remote_; }
@@ -195,6 +200,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   SteadyTime last_received_;
   SteadyTime idle_since_;
   asio::steady_timer ticker_;
+  std::optional<std::chrono::milliseconds> retire_grace_;  // set by Retire()
+  std::string retire_reason_;
 
   bool closed_ = false;
   bool goaway_sent_ = false;

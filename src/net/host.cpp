@@ -102,6 +102,7 @@ Host::Host(KeyPair identity, HostOptions options)
   RegisterUnary(kDialbackMethod, [this](CallContext& ctx, Message request) {
     return ServeDialback(ctx, std::move(request));
   });
+  RegisterBidiStreaming(kPunchMethod, [this](CallContext& ctx) { return ServePunch(ctx); });
 }
 
 Host::~Host() { Shutdown(); }
@@ -271,6 +272,11 @@ void Host::AddConnection(const std::shared_ptr<Connection>& conn, size_t lane) {
   if (lane >= lanes.size()) lanes.resize(lane + 1);
   if (!lanes[lane] || lanes[lane]->closing()) {
     lanes[lane] = conn;
+  } else if (lanes[lane]->remote_address().is_relayed() && !conn->remote_address().is_relayed()) {
+    // A direct connection (a hole punched) replaces a relayed one for new streams; the relayed
+    // one leaves the pool and closes when its streams are done.
+    lanes[lane]->Retire("replaced by a direct connection", std::chrono::seconds(2));
+    lanes[lane] = conn;
   } else {
     // Lane taken by a concurrent dial or accept: keep this one in the first free lane.
     auto free =
@@ -349,11 +355,12 @@ asio::awaitable<void> Host::AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> 
       }
       ++connection_count_;  // reserved during the handshake
     }
-    asio::co_spawn(strand, HandleIncoming(std::move(socket), strand), asio::detached);
+    auto handle = HandleIncoming(std::move(socket), strand, std::nullopt);
+    asio::co_spawn(strand, std::move(handle), asio::detached);
   }
 }
 
-void Host::AdoptIncoming(asio::ip::tcp::socket socket, Strand strand) {
+void Host::AdoptRelayed(asio::ip::tcp::socket socket, Strand strand, Multiaddr relay) {
   {
     std::lock_guard lock(mu_);
     if (shut_down_ || connection_count_ >= options_.max_connections) {
@@ -363,13 +370,18 @@ void Host::AdoptIncoming(asio::ip::tcp::socket socket, Strand strand) {
     }
     ++connection_count_;  // reserved during the handshake
   }
-  asio::co_spawn(strand, HandleIncoming(std::move(socket), strand), asio::detached);
+  auto handle = HandleIncoming(std::move(socket), strand, std::move(relay));
+  asio::co_spawn(strand, std::move(handle), asio::detached);
 }
 
-asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand strand) {
+asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand strand,
+                                           std::optional<Multiaddr> relay) {
   std::error_code ec;
   auto remote_ep = socket.remote_endpoint(ec);
   Multiaddr remote = ec ? Multiaddr() : FromEndpoint(remote_ep);
+  // Through a relay, the socket's far end is the relay: it cannot tell us our address.
+  const std::string observed = relay ? std::string() : remote.ToString();
+  if (relay) remote = *relay;
   // The handshake must finish in time; closing the socket aborts it.
   // `finished` keeps a late timer callback (queued just as the handshake completed) from touching
   // the socket after it has moved into the connection.
@@ -381,9 +393,9 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
       socket.close(ignored);
     }
   });
-  auto hs = co_await RunHandshake(
-      socket, MakeHandshakeOptions(Role::kResponder, std::nullopt, remote.ToString()),
-      "incoming connection from " + remote.ToString());
+  const HandshakeOptions options = MakeHandshakeOptions(Role::kResponder, std::nullopt, observed);
+  const std::string desc = "incoming connection from " + remote.ToString();
+  auto hs = co_await RunHandshake(socket, options, desc);
   *finished = true;
   timer.cancel();
   if (!hs.ok()) {
@@ -396,6 +408,7 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
     co_return;
   }
   PeerId peer = hs->peer.peer;
+  if (relay) remote = relay->Relaying(peer);
   size_t lanes_in_use = 0;
   {
     std::lock_guard lock(mu_);
@@ -412,6 +425,9 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
   if (lanes_in_use >= options_.max_connections_per_peer) {
     conn->Shutdown("too many connections from one peer (limit " +
                    std::to_string(options_.max_connections_per_peer) + ")");
+  } else if (relay && options_.hole_punching) {
+    auto punch = PunchThroughRelay(conn);
+    asio::co_spawn(io_, std::move(punch), asio::detached);
   }
 }
 

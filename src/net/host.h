@@ -27,6 +27,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/identity.h"
@@ -49,6 +50,11 @@ struct HostOptions {
   size_t max_connections = 1024;
   size_t max_connections_per_peer = 8;
   std::string agent = "colony/" COLONY_VERSION_STRING;
+  // Hole punching: when a peer reaches us through a relay (AdoptRelayed), try to replace the
+  // relayed connection with a direct one (TCP simultaneous open through both NATs, timed over
+  // the relay); and take part when a peer we reached through a relay asks. When it fails, the
+  // relayed connection simply stays. See docs/nat.md.
+  bool hole_punching = true;
   // For tests of version negotiation only: advertise this major version instead of ours.
   uint32_t protocol_major = kProtocolMajor;
 };
@@ -133,10 +139,12 @@ class Host {
   Result<PingResult> PingSync(const Multiaddr& address,
                               std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
-  // Takes a TCP connection whose setup happened elsewhere (a circuit through a relay, see
-  // relay.h) and treats it as an incoming connection: the handshake runs as responder, with the
-  // same limits as for accepted sockets. `strand` is the socket's executor.
-  void AdoptIncoming(asio::ip::tcp::socket socket, Strand strand);
+  // Takes a TCP connection that a relay set up (a circuit, see relay.h) and treats it as an
+  // incoming connection: the handshake runs as responder, with the same limits as for accepted
+  // sockets. `strand` is the socket's executor; `relay` the relay's circuit port with its id (the
+  // connection's remote address becomes relay.Relaying(peer)). With hole_punching on, this host
+  // then tries to reach the peer directly.
+  void AdoptRelayed(asio::ip::tcp::socket socket, Strand strand, Multiaddr relay);
 
   asio::io_context& io_context() { return io_; }
   size_t connection_count() const;
@@ -145,7 +153,8 @@ class Host {
 
  private:
   asio::awaitable<void> AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> acceptor);
-  asio::awaitable<void> HandleIncoming(asio::ip::tcp::socket socket, Strand strand);
+  asio::awaitable<void> HandleIncoming(asio::ip::tcp::socket socket, Strand strand,
+                                       std::optional<Multiaddr> relay);
   asio::awaitable<Result<std::shared_ptr<Connection>>> ConnectOnDialStrand(Multiaddr address,
                                                                            size_t lane);
   asio::awaitable<Result<std::shared_ptr<Connection>>> Dial(Multiaddr address, size_t lane);
@@ -156,6 +165,17 @@ class Host {
   StreamHandler LookupHandler(const std::string& method) const;
   asio::awaitable<Result<Message>> ServeDialback(CallContext& ctx, Message request);
   void RegisterStream(const std::string& method, StreamHandler handler);
+  // Hole punching (punch.cpp): the side that a relayed connection reached starts it; the side
+  // that dialed through the relay serves "net.punch". Both end in FinishPunch (on the port's
+  // strand), which connects, runs the handshake and pools the direct connection.
+  asio::awaitable<void> PunchThroughRelay(std::shared_ptr<Connection> relayed);
+  asio::awaitable<Status> ServePunch(CallContext& ctx);
+  struct PunchPort;
+  asio::awaitable<void> FinishPunch(std::shared_ptr<PunchPort> port,
+                                    asio::ip::tcp::endpoint target, Role role, PeerId peer);
+  // Marks `peer` as being punched to; false when a punch to it is already running.
+  bool BeginPunch(const PeerId& peer);
+  void EndPunch(const PeerId& peer);
   std::chrono::milliseconds TimeoutFor(const CallOptions& options) const;
 
   KeyPair identity_;
@@ -183,6 +203,7 @@ class Host {
   size_t connection_count_ = 0;
   std::condition_variable all_closed_;
   size_t dialbacks_in_flight_ = 0;  // net.dialback probes running (guarded by mu_)
+  std::unordered_set<PeerId> punching_;  // peers a hole punch runs to (guarded by mu_)
   uint64_t closed_bytes_sent_ = 0, closed_bytes_received_ = 0;
 };
 

@@ -661,7 +661,7 @@ asio::awaitable<void> RelayReservation::Impl::AcceptCircuit(uint64_t id, std::st
     co_return;
   }
   ++accepted;
-  host.AdoptIncoming(std::move(socket), strand);
+  host.AdoptRelayed(std::move(socket), strand, std::move(circuit_port));
 }
 
 Result<std::unique_ptr<RelayReservation>> RelayReservation::Start(Host& host, Multiaddr relay,

@@ -123,4 +123,42 @@ std::string FormatDialbackPorts(const std::vector<uint16_t>& ports) {
   return s;
 }
 
+Result<PunchMessage> ParsePunchMessage(std::string_view text) {
+  if (text == "sync") return PunchMessage{.kind = PunchMessage::Kind::kSync};
+  constexpr std::string_view kConnect = "connect";
+  if (text.substr(0, kConnect.size()) != kConnect ||
+      (text.size() > kConnect.size() && text[kConnect.size()] != ' ')) {
+    return ProtocolError("hole punching: expected 'connect' or 'sync'");
+  }
+  PunchMessage out;
+  size_t pos = kConnect.size() + 1;
+  while (pos <= text.size() && text.size() > kConnect.size()) {
+    size_t next = text.find(' ', pos);
+    if (next == std::string_view::npos) next = text.size();
+    if (out.addresses.size() == kMaxPunchAddresses) {
+      return ProtocolError("hole punching: more than " + std::to_string(kMaxPunchAddresses) +
+                           " addresses");
+    }
+    auto addr = Multiaddr::Parse(text.substr(pos, next - pos));
+    if (!addr.ok()) return ProtocolError("hole punching: " + addr.status().message());
+    if (!addr->is_ip() || addr->port() == 0 || addr->peer_id() || addr->is_relayed()) {
+      return ProtocolError("hole punching: " + addr->ToString() +
+                           " is not a plain IP address with a port");
+    }
+    out.addresses.push_back(std::move(*addr));
+    pos = next + 1;
+  }
+  return out;
+}
+
+std::string FormatPunchMessage(const PunchMessage& message) {
+  if (message.kind == PunchMessage::Kind::kSync) return "sync";
+  std::string s = "connect";
+  for (size_t i = 0; i < message.addresses.size() && i < kMaxPunchAddresses; ++i) {
+    s += ' ';
+    s += message.addresses[i].ToString();
+  }
+  return s;
+}
+
 }  // namespace colony::net

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/identity.h"
+#include "core/multiaddr.h"
 #include "core/status.h"
 
 namespace colony::net {
@@ -46,5 +47,20 @@ std::string FormatRelayReply(const Status& status);
 inline constexpr size_t kMaxDialbackPorts = 4;
 Result<std::vector<uint16_t>> ParseDialbackPorts(std::string_view text);
 std::string FormatDialbackPorts(const std::vector<uint16_t>& ports);
+
+// Hole punching ("net.punch", Host): two messages over a relayed connection, as message text.
+//   connect <addr> [<addr>...]   the sender's public addresses for the punch (plain /ip4/ or
+//                                /ip6/ addresses with a port, 0 to kMaxPunchAddresses of them;
+//                                none: the sender cannot punch)
+//   sync                         the initiator starts its connect now; so does the receiver
+inline constexpr char kPunchMethod[] = "net.punch";
+inline constexpr size_t kMaxPunchAddresses = 4;
+struct PunchMessage {
+  enum class Kind { kConnect, kSync };
+  Kind kind = Kind::kConnect;
+  std::vector<Multiaddr> addresses = {};  // kConnect
+};
+Result<PunchMessage> ParsePunchMessage(std::string_view text);
+std::string FormatPunchMessage(const PunchMessage& message);
 
 }  // namespace colony::net

@@ -54,6 +54,7 @@ struct AverageArgs {
   double linger = 0;
   std::vector<std::string> relays;
   std::string relay_listen;
+  bool no_hole_punching = false;
 };
 
 void Emit(const nlohmann::json& j) {
@@ -76,6 +77,7 @@ int Run(const AverageArgs& a) {
   dht::NodeOptions node_options;
   node_options.initial_peers = a.initial_peers;
   node_options.relays = a.relays;
+  node_options.host.hole_punching = !a.no_hole_punching;
   if (!a.relay_listen.empty()) {
     auto relay_listen = Multiaddr::Parse(a.relay_listen);
     if (!relay_listen.ok()) return Fail(relay_listen.status());
@@ -270,6 +272,8 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
                   "repeatable)");
   cmd->add_option("--relay-listen", a->relay_listen,
                   "run a relay for peers behind NAT, with circuits on this address");
+  cmd->add_flag("--no-hole-punching", a->no_hole_punching,
+                "keep relayed connections instead of trying to replace them with direct ones");
   cmd->add_option("--start-at", a->start_at, "wall-clock time (Unix seconds) to start at");
   cmd->add_option("--gather", a->gather, "metadata sent to the group (default: the peer id)");
   cmd->add_option("--output", a->output, "write the averaged values (raw float32) to this file");

@@ -127,6 +127,7 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     bool client_mode = false;
     std::vector<std::string> relays;
     std::string relay_listen;
+    bool no_hole_punching = false;
   };
   auto va = std::make_shared<ServeArgs>();
   dht->add_option("--listen", va->listen, "address to listen on (repeatable; port 0 = any)")
@@ -138,12 +139,15 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
                   "implies --client-mode)");
   dht->add_option("--relay-listen", va->relay_listen,
                   "also run a relay for peers behind NAT, with circuits on this address");
+  dht->add_flag("--no-hole-punching", va->no_hole_punching,
+                "keep relayed connections instead of trying to replace them with direct ones");
   AddCommon(dht, va->common, false);
   commands.emplace_back(dht, [va]() -> int {
     if (Status st = CheckAddrs(va->common.initial_peers); !st.ok()) return Fail(st);
     if (Status st = CheckAddrs(va->relays); !st.ok()) return Fail(st);
     dht::NodeOptions options;
     options.relays = va->relays;
+    options.host.hole_punching = !va->no_hole_punching;
     if (!va->relays.empty()) va->client_mode = true;
     if (!va->relay_listen.empty()) {
       auto relay_listen = Multiaddr::Parse(va->relay_listen);

@@ -69,6 +69,102 @@ TEST(Relay, APeerWithoutAListenerIsReachedThroughItsRelay) {
   EXPECT_EQ((*reservation)->circuits_accepted(), 1u);
 }
 
+// Polls `cond` until it holds or `limit` passes.
+template <typename F>
+bool WaitFor(F cond, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+bool DirectlyConnected(const Host& from, const PeerId& to) {
+  auto c = from.FindConnection(to);
+  return c && !c->remote_address().is_relayed();
+}
+
+// Both peers dial out only, as behind NAT. After the first call through the relay they punch a
+// hole (here: simultaneous open on loopback): both move to a direct connection, later calls use
+// it, and the relayed connection closes, freeing the relay's circuit.
+TEST(HolePunching, ARelayedConnectionIsReplacedByADirectOne) {
+  auto relay_host = StartHost();
+  auto relay = Relay::Start(*relay_host, LoopbackRelay());
+  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+  auto behind = StartClientHost();
+  RegisterWhoAmI(*behind);
+  auto reservation = RelayReservation::Start(*behind, AddressOf(*relay_host));
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+
+  auto caller = StartClientHost();
+  // The caller learns the address it is seen at from an ordinary connection (as peers do from
+  // the DHT); without one it could not name an address to punch to.
+  ASSERT_TRUE(caller->PingSync(AddressOf(*relay_host)).ok());
+  ASSERT_FALSE(caller->ObservedAddresses().empty());
+  auto reply = caller->CallSync((*reservation)->address(), "whoami", Message("first"));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_EQ((*relay)->stats().circuits_total, 1u);
+
+  ASSERT_TRUE(WaitFor([&] { return DirectlyConnected(*caller, behind->peer_id()); }, 15s))
+      << "the caller never got a direct connection";
+  ASSERT_TRUE(WaitFor([&] { return DirectlyConnected(*behind, caller->peer_id()); }, 15s))
+      << "the peer behind the relay never got a direct connection";
+  // Calls to the relayed address now go straight to the peer, still authenticated end to end.
+  auto again = caller->CallSync((*reservation)->address(), "whoami", Message("second"));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->meta, caller->peer_id().ToString() + " second");
+  const auto relayed_before = (*relay)->stats().bytes_relayed;
+  ASSERT_TRUE(WaitFor([&] { return (*relay)->stats().circuits == 0; }, 15s))
+      << "the relayed connection was not closed after the direct one replaced it";
+  auto third = caller->CallSync((*reservation)->address(), "whoami", Message("third"));
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  EXPECT_EQ((*relay)->stats().circuits_total, 1u);  // no new circuit: the direct one is used
+  EXPECT_LE((*relay)->stats().bytes_relayed, relayed_before + 256);  // at most the goodbye
+}
+
+// With hole punching turned off on the dialing side, the peer's request is refused with a reason
+// and the relayed connection keeps working.
+TEST(HolePunching, RefusedPunchKeepsTheRelayedConnection) {
+  auto relay_host = StartHost();
+  auto relay = Relay::Start(*relay_host, LoopbackRelay());
+  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+  auto behind = StartClientHost();
+  RegisterWhoAmI(*behind);
+  auto reservation = RelayReservation::Start(*behind, AddressOf(*relay_host));
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  HostOptions no_punch;
+  no_punch.hole_punching = false;
+  auto caller = StartHost(no_punch);
+  ASSERT_TRUE(caller->PingSync(AddressOf(*relay_host)).ok());
+  auto reply = caller->CallSync((*reservation)->address(), "whoami", Message("first"));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  // Ask for a punch the way a peer would, on the relayed connection: refused, with the reason.
+  auto conn = caller->FindConnection(behind->peer_id());
+  ASSERT_TRUE(conn && conn->remote_address().is_relayed());
+  auto asked = behind->CallSync(conn->remote_address().WithPeerId(caller->peer_id()),
+                                kPunchMethod, Message("connect /ip4/127.0.0.1/tcp/9"));
+  // (The call goes over the pooled relayed connection from `behind`'s side.)
+  ASSERT_FALSE(asked.ok());
+  EXPECT_NE(asked.status().message().find("hole punching is turned off"), std::string::npos)
+      << asked.status().ToString();
+  auto again = caller->CallSync((*reservation)->address(), "whoami", Message("second"));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(caller->FindConnection(behind->peer_id())->remote_address().is_relayed());
+}
+
+// A punch request over a direct connection is refused: a peer must not make us send SYNs to
+// addresses of its choosing unless a relay stands between us.
+TEST(HolePunching, OnlyOfferedOverRelayedConnections) {
+  auto a = StartHost();
+  auto b = StartHost();
+  auto asked = b->CallSync(AddressOf(*a), kPunchMethod, Message("connect /ip4/127.0.0.1/tcp/9"));
+  ASSERT_FALSE(asked.ok());
+  EXPECT_NE(asked.status().message().find("only for connections through a relay"),
+            std::string::npos)
+      << asked.status().ToString();
+}
+
 TEST(Relay, UnknownPeerGetsAClearError) {
   auto relay_host = StartHost();
   auto relay = Relay::Start(*relay_host, LoopbackRelay());
@@ -265,6 +361,31 @@ TEST(Reachability, MalformedDialBackRequestsAreRefused) {
   auto r = open->CheckReachabilitySync(AddressOf(*helper));
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(*r);
+}
+
+TEST(RelayWire, PunchMessages) {
+  auto connect = ParsePunchMessage("connect /ip4/198.18.2.2/tcp/40000 /ip6/2001:db8::1/tcp/5");
+  ASSERT_TRUE(connect.ok()) << connect.status().ToString();
+  EXPECT_EQ(connect->kind, PunchMessage::Kind::kConnect);
+  ASSERT_EQ(connect->addresses.size(), 2u);
+  EXPECT_EQ(connect->addresses[0].port(), 40000);
+  EXPECT_EQ(FormatPunchMessage(*connect), "connect /ip4/198.18.2.2/tcp/40000 /ip6/2001:db8::1/tcp/5");
+  auto none = ParsePunchMessage("connect");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->addresses.empty());
+  auto sync = ParsePunchMessage("sync");
+  ASSERT_TRUE(sync.ok());
+  EXPECT_EQ(sync->kind, PunchMessage::Kind::kSync);
+  for (const char* bad : {"", "sync ", "connectx", "connect ", "connect /ip4/1.2.3.4/tcp/0",
+                          "connect /dns/example.com/tcp/5", "connect /ip4/1.2.3.4/tcp/5/p2p/x",
+                          "connect /ip4/1.1.1.1/tcp/1 /ip4/1.1.1.1/tcp/2 /ip4/1.1.1.1/tcp/3 "
+                          "/ip4/1.1.1.1/tcp/4 /ip4/1.1.1.1/tcp/5"}) {
+    auto r = ParsePunchMessage(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_FALSE(r.status().message().empty());
+    }
+  }
 }
 
 TEST(RelayWire, RequestsAndRepliesRoundTrip) {
