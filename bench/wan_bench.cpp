@@ -55,9 +55,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -67,6 +65,7 @@
 
 #include "bench_support.h"
 #include "core/subprocess.h"
+#include "lab_support.h"
 
 using namespace colony;
 namespace fs = std::filesystem;
@@ -74,8 +73,10 @@ using Steady = std::chrono::steady_clock;
 
 namespace {
 
+using colony::bench::CannotRunLab;
 using colony::bench::ColonyBinary;
 using colony::bench::Fixed;
+using colony::bench::Lab;
 using colony::bench::Millis;
 using colony::bench::ReadUntil;
 using colony::bench::WallNow;
@@ -306,160 +307,6 @@ int RunRawPeer(int self, const std::vector<std::string>& addrs, uint64_t bytes, 
   std::printf("RAW_DONE\n");
   std::fflush(stdout);
   return 0;
-}
-
-// =============================================================================================
-// The lab.
-
-std::string LabScript() { return std::string(COLONY_SOURCE_DIR) + "/scripts/lab"; }
-
-std::string IpBinary() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (::access(p, X_OK) == 0) return p;
-  }
-  return "ip";
-}
-
-struct CommandResult {
-  int code = -1;
-  std::vector<std::string> lines;  // stdout
-};
-
-// Runs argv to completion (stdout captured, stderr into `err_path` when given).
-CommandResult RunCommand(const std::vector<std::string>& argv, std::chrono::seconds timeout,
-                         const std::string& err_path = {}) {
-  CommandResult r;
-  auto p = Subprocess::Spawn(argv, err_path);
-  if (!p.ok()) return r;
-  const auto deadline = Steady::now() + timeout;
-  for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Steady::now());
-    if (left.count() <= 0) break;
-    auto line = p->ReadLine(left);
-    if (!line.ok()) break;
-    r.lines.push_back(*line);
-  }
-  auto code = p->Wait(std::chrono::seconds(5));
-  r.code = code.ok() ? *code : -1;
-  return r;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The lab that is up now, for the signal handler thread.
-std::mutex g_lab_mutex;
-std::string g_lab_up;       // guarded by g_lab_mutex
-std::string g_scratch_dir;  // removed on a signal too (set once, before any lab)
-
-void LabDown(const std::string& name) {
-  RunCommand({"/bin/bash", LabScript(), "down", name}, std::chrono::seconds(60));
-}
-
-// Tears down the current lab on SIGINT, SIGTERM or SIGHUP, then exits. The signals are blocked
-// in every thread (main blocks them before starting any), so this thread receives them.
-void StartSignalThread() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
-  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread([set] {
-    int sig = 0;
-    if (::sigwait(&set, &sig) != 0) return;
-    // The main thread's runs fail as their processes die: silence its reports.
-    const int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (null_fd >= 0) ::dup2(null_fd, STDOUT_FILENO);
-    std::lock_guard<std::mutex> lock(g_lab_mutex);
-    std::fprintf(stderr, "\nbench_wan: interrupted (signal %d)%s%s\n", sig,
-                 g_lab_up.empty() ? "" : "; tearing down lab ", g_lab_up.c_str());
-    if (!g_lab_up.empty()) LabDown(g_lab_up);
-    std::error_code ec;
-    if (!g_scratch_dir.empty()) fs::remove_all(g_scratch_dir, ec);
-    std::_Exit(128 + sig);  // the children die with us (PR_SET_PDEATHSIG)
-  }).detach();
-}
-
-// One lab, built from a topology in Up and torn down in the destructor (unless kept).
-class Lab {
- public:
-  Lab(std::string name, std::string dir, bool keep)
-      : name_(std::move(name)), dir_(std::move(dir)), keep_(keep) {}
-  ~Lab() { Down(); }
-  Lab(const Lab&) = delete;
-  Lab& operator=(const Lab&) = delete;
-
-  // Builds the topology; the error (with the script's stderr) if it fails.
-  std::string Up(const std::string& topology) {
-    const std::string file = dir_ + "/" + name_ + ".lab";
-    std::ofstream(file) << topology;
-    const std::string err = dir_ + "/" + name_ + ".up.err";
-    if (!keep_) {
-      std::lock_guard<std::mutex> lock(g_lab_mutex);
-      g_lab_up = name_;
-    }
-    up_ = true;
-    auto r =
-        RunCommand({"/bin/bash", LabScript(), "up", file, name_}, std::chrono::seconds(120), err);
-    if (r.code != 0) {
-      return "scripts/lab up failed (exit " + std::to_string(r.code) + "): " + ReadFile(err);
-    }
-    for (const auto& line : r.lines) {
-      const auto space = line.find(' ');
-      if (space != std::string::npos) addr_[line.substr(0, space)] = line.substr(space + 1);
-    }
-    return {};
-  }
-
-  void Down() {
-    if (!up_) return;
-    up_ = false;
-    std::lock_guard<std::mutex> lock(g_lab_mutex);
-    g_lab_up.clear();
-    if (keep_) {
-      std::printf("lab %s kept (--keep-lab); remove it with: scripts/lab down %s\n", name_.c_str(),
-                  name_.c_str());
-      return;
-    }
-    LabDown(name_);
-  }
-
-  const std::string& name() const { return name_; }
-  std::string addr(const std::string& host) const {
-    auto it = addr_.find(host);
-    return it == addr_.end() ? std::string() : it->second;
-  }
-  // argv run inside `host`.
-  std::vector<std::string> In(const std::string& host, std::vector<std::string> argv) const {
-    std::vector<std::string> out = {IpBinary(), "netns", "exec", "cl-" + name_ + "-" + host};
-    out.insert(out.end(), argv.begin(), argv.end());
-    return out;
-  }
-
- private:
-  std::string name_, dir_;
-  bool keep_ = false, up_ = false;
-  std::map<std::string, std::string> addr_;
-};
-
-// Why this machine cannot run the lab, or empty.
-std::string CannotRunLab(const std::string& dir) {
-  if (::geteuid() != 0)
-    return "the network lab needs root (network namespaces, veth, tc, iptables)";
-  const std::string err = dir + "/check.err";
-  auto r = RunCommand({"/bin/bash", LabScript(), "check"}, std::chrono::seconds(30), err);
-  if (r.code != 0) return "the network lab cannot run here: " + ReadFile(err);
-  const std::string bin_dir = fs::path(ColonyBinary()).parent_path().string();
-  for (const std::string& bin : {ColonyBinary(), bin_dir + "/colony-lab-link"}) {
-    if (::access(bin.c_str(), X_OK) != 0) return bin + " not found (build the colony target)";
-  }
-  return {};
 }
 
 // =============================================================================================
@@ -884,7 +731,7 @@ int main(int argc, char** argv) {
   if (raw_peer >= 0)
     return RunRawPeer(raw_peer, raw_addrs, raw_bytes, raw_rounds, start_at, raw_gap);
 
-  StartSignalThread();
+  colony::bench::StartSignalThread("bench_wan");
   c.codecs.erase(std::remove(c.codecs.begin(), c.codecs.end(), std::string()), c.codecs.end());
   std::sort(c.peers.begin(), c.peers.end());
   c.peers.erase(std::unique(c.peers.begin(), c.peers.end()), c.peers.end());
@@ -909,18 +756,13 @@ int main(int argc, char** argv) {
       }
     }
   } cleanup{c.dir, c.keep_logs};
-  {
-    std::lock_guard<std::mutex> lock(g_lab_mutex);
-    if (!c.keep_logs) g_scratch_dir = c.dir;
-  }
+  if (!c.keep_logs) colony::bench::SetScratchDir(c.dir);
 
   if (const std::string why = CannotRunLab(c.dir); !why.empty()) {
     std::fprintf(stderr, "bench_wan: cannot run: %s\n", why.c_str());
     return kSkipExit;
   }
-  // scripts/lab finds the relay in build/bin; point it at the one next to this binary.
-  ::setenv("COLONY_LAB_LINK", (fs::path(ColonyBinary()).parent_path() / "colony-lab-link").c_str(),
-           1);
+  colony::bench::UseLabLinkNextToColony();
 
   std::printf(
       "WAN all-reduce: %.1f MiB float32 per peer (%zu values), peers %s, %s Mbit/s per uplink, "
