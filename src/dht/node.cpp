@@ -325,31 +325,25 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
   // Behind NAT without a relay named: one announced in the DHT, else the initial peers.
   const bool find_relay = !publicly_reachable && options.relays.empty() &&
                           !host->ListenAddresses().empty();
-  if (find_relay) {
-    auto announced = node->GetSync(kRelaysKey);
-    if (announced.ok() && announced->is_dict) {
-      for (const auto& [peer, v] : announced->subkeys) options.relays.push_back(v.value);
-    }
-    for (const auto& p : options.initial_peers) options.relays.push_back(p);
-  }
   std::vector<std::string> refused;
-  for (const auto& text : options.relays) {
-    if (find_relay && !node->reservations_.empty()) break;  // one found relay is enough
-    auto addr = Multiaddr::Parse(text);
-    Result<std::unique_ptr<net::RelayReservation>> r =
-        addr.ok() ? net::RelayReservation::Start(*host, *addr) : addr.status();
-    if (r.ok()) {
-      node->reservations_.push_back(std::move(*r));
-    } else {
-      COLONY_LOG_WARN("relay {} refused a reservation: {}", text, r.status().ToString());
-      refused.push_back(r.status().ToString());
+  if (find_relay) {
+    const std::vector<std::string> candidates = node->FindRelays(options.initial_peers);
+    if (!node->ReserveWithOneOf(candidates, {}, &refused)) {
+      COLONY_LOG_WARN(
+          "this node is behind NAT and no relay granted a reservation: it can call others but "
+          "nobody can call it (run a relay: colony dht --relay-listen ADDR on a public peer)");
     }
+    node->relay_watcher_ = std::thread([n = node.get(), fallback = options.initial_peers,
+                                        failover = options.relay_failover] {
+      n->WatchRelay(fallback, failover);
+    });
+    return node;
   }
-  if (find_relay && node->reservations_.empty()) {
-    COLONY_LOG_WARN(
-        "this node is behind NAT and no relay granted a reservation: it can call others but "
-        "nobody can call it (run a relay: colony dht --relay-listen ADDR on a public peer)");
-  } else if (!options.relays.empty() && node->reservations_.empty()) {
+  for (const auto& text : options.relays) {
+    const std::vector<std::string> one = {text};
+    node->ReserveWithOneOf(one, {}, &refused);
+  }
+  if (!options.relays.empty() && refused.size() == options.relays.size()) {
     node->Shutdown();
     std::string why;
     for (const auto& r : refused) why += (why.empty() ? "" : "; ") + r;
@@ -357,6 +351,90 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
                        "); without one, peers behind NAT cannot be reached");
   }
   return node;
+}
+
+std::vector<std::string> Node::FindRelays(const std::vector<std::string>& fallback) {
+  std::vector<std::string> out;
+  auto announced = GetSync(kRelaysKey, /*latest=*/true);  // not a cached, older list
+  if (announced.ok() && announced->is_dict) {
+    for (const auto& [peer, v] : announced->subkeys) out.push_back(v.value);
+  }
+  out.insert(out.end(), fallback.begin(), fallback.end());
+  return out;
+}
+
+std::optional<Multiaddr> Node::ReserveWithOneOf(const std::vector<std::string>& candidates,
+                                                const std::vector<PeerId>& avoid,
+                                                std::vector<std::string>* refusals) {
+  for (const auto& text : candidates) {
+    {
+      std::lock_guard lock(reservations_mu_);
+      if (watcher_stop_) break;
+    }
+    auto addr = Multiaddr::Parse(text);
+    if (addr.ok() && addr->peer_id() &&
+        std::find(avoid.begin(), avoid.end(), *addr->peer_id()) != avoid.end()) {
+      continue;
+    }
+    Result<std::unique_ptr<net::RelayReservation>> r =
+        addr.ok() ? net::RelayReservation::Start(*host_, *addr) : addr.status();
+    if (r.ok()) {
+      const Multiaddr via = (*r)->address();
+      std::lock_guard lock(reservations_mu_);
+      reservations_.push_back(std::move(*r));
+      return via;
+    }
+    if (refusals) {
+      COLONY_LOG_WARN("relay {} refused a reservation: {}", text, r.status().ToString());
+      refusals->push_back(r.status().ToString());
+    } else {
+      COLONY_LOG_DEBUG("relay {} refused a reservation: {}", text, r.status().ToString());
+    }
+  }
+  return std::nullopt;
+}
+
+void Node::WatchRelay(std::vector<std::string> fallback, std::chrono::milliseconds failover) {
+  using Clock = std::chrono::steady_clock;
+  const auto tick = std::clamp(failover / 4, std::chrono::milliseconds(100),
+                               std::chrono::milliseconds(5000));
+  std::optional<Clock::time_point> lost_since;
+  std::unique_lock lock(reservations_mu_);
+  while (!watcher_wake_.wait_for(lock, tick, [this] { return watcher_stop_; })) {
+    bool active = false;
+    std::vector<PeerId> current;
+    for (const auto& r : reservations_) {
+      active = active || r->active();
+      if (r->address().relay_id()) current.push_back(*r->address().relay_id());
+    }
+    if (active) {
+      lost_since.reset();
+      continue;
+    }
+    if (!lost_since) lost_since = Clock::now();
+    if (Clock::now() - *lost_since < failover) continue;
+    // Look for another relay without holding the lock (lookups and reservations take time).
+    lock.unlock();
+    const std::vector<std::string> candidates = FindRelays(fallback);
+    std::vector<std::unique_ptr<net::RelayReservation>> old;
+    {
+      std::lock_guard guard(reservations_mu_);
+      old.swap(reservations_);  // the reservations to dead relays are dropped below
+    }
+    const std::optional<Multiaddr> moved = ReserveWithOneOf(candidates, current, nullptr);
+    if (moved) {
+      COLONY_LOG_INFO("lost the relay reservation for {:.0f} s; now reachable through {}",
+                      failover.count() / 1000.0, moved->ToString());
+      old.clear();
+      lost_since.reset();
+    } else {
+      // Keep the old ones retrying (the relay may come back) and ask again later.
+      std::lock_guard guard(reservations_mu_);
+      for (auto& r : old) reservations_.push_back(std::move(r));
+      lost_since = Clock::now();
+    }
+    lock.lock();
+  }
 }
 
 void Node::AnnounceRelay() {
@@ -402,7 +480,16 @@ void Node::Shutdown() {
     done->set_value();
   });
   done->get_future().wait_for(std::chrono::seconds(5));
-  reservations_.clear();
+  {
+    std::lock_guard lock(reservations_mu_);
+    watcher_stop_ = true;
+  }
+  watcher_wake_.notify_all();
+  if (relay_watcher_.joinable()) relay_watcher_.join();
+  {
+    std::lock_guard lock(reservations_mu_);
+    reservations_.clear();
+  }
   relay_.reset();
   if (owns_host_) host_->Shutdown();
 }
@@ -414,6 +501,7 @@ bool Node::client_mode() const { return impl_->client_mode_; }
 std::vector<Multiaddr> Node::VisibleAddresses() const {
   if (!impl_->client_mode_) return host_->ListenAddresses();
   std::vector<Multiaddr> out;
+  std::lock_guard lock(reservations_mu_);
   for (const auto& r : reservations_) {
     if (r->active()) out.push_back(r->address());
   }

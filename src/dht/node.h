@@ -14,9 +14,13 @@
 #pragma once
 
 #include <asio/awaitable.hpp>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/identity.h"
@@ -51,6 +55,9 @@ struct NodeOptions {
   // that runs one. Nodes that listen on loopback only skip the check (a local swarm).
   enum class Reachability { kAuto, kPublic, kPrivate };
   Reachability reachability = Reachability::kAuto;
+  // A node that picked its relay by itself (none in `relays`) moves to another one when it has
+  // held no reservation for this long (the relay died or stopped relaying).
+  std::chrono::milliseconds relay_failover{20'000};
 };
 
 // Relays announce themselves under this key (subkey: peer id, value: the relay's host address).
@@ -109,13 +116,27 @@ class Node {
   explicit Node(std::shared_ptr<Impl> impl, std::shared_ptr<net::Host> host);
   // Keeps this node's relay listed under kRelaysKey until shutdown.
   void AnnounceRelay();
+  // Relays to try when picking one by itself: those announced in the DHT, then `fallback`.
+  std::vector<std::string> FindRelays(const std::vector<std::string>& fallback);
+  // Reserves with the first of `candidates` that grants a reservation, skipping relays whose
+  // id is in `avoid`; the reservation is added to reservations_ and its address returned.
+  // Refusals are logged as warnings and collected when `refusals` is given.
+  std::optional<Multiaddr> ReserveWithOneOf(const std::vector<std::string>& candidates,
+                                            const std::vector<PeerId>& avoid,
+                                            std::vector<std::string>* refusals);
+  // The thread behind NodeOptions::relay_failover.
+  void WatchRelay(std::vector<std::string> fallback, std::chrono::milliseconds failover);
   // Declared first so that it is destroyed last: impl_ holds a strand of the host's io_context.
   std::shared_ptr<net::Host> host_;
   std::shared_ptr<Impl> impl_;
   bool owns_host_ = false;
   bool publicly_reachable_ = true;
   std::unique_ptr<net::Relay> relay_;
-  std::vector<std::unique_ptr<net::RelayReservation>> reservations_;
+  mutable std::mutex reservations_mu_;
+  std::vector<std::unique_ptr<net::RelayReservation>> reservations_;  // guarded by the mutex
+  std::thread relay_watcher_;
+  std::condition_variable watcher_wake_;
+  bool watcher_stop_ = false;  // guarded by reservations_mu_
 };
 
 }  // namespace colony::dht

@@ -169,6 +169,63 @@ TEST(DhtNode, ClientModeNodeWorksWithoutListening) {
   EXPECT_EQ((*server)->RoutingTableSize(), 0u);  // the client is in nobody's table
 }
 
+// A node behind NAT (here: told it is private) that picked a relay announced in the DHT moves to
+// another announced relay when its relay goes away, and is reachable through the new one.
+TEST(DhtNode, APrivateNodeMovesToAnotherRelayWhenItsRelayDies) {
+  auto boot = Node::Start(KeyPair::Generate(), Opts());
+  ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+  std::vector<std::unique_ptr<Node>> relays;
+  for (int i = 0; i < 2; ++i) {
+    NodeOptions o = Opts({AddrOf(**boot)});
+    o.relay_service = net::RelayOptions{};
+    o.relay_service->listen = *Multiaddr::Parse("/ip4/127.0.0.1/tcp/0");
+    auto r = Node::Start(KeyPair::Generate(), o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    relays.push_back(std::move(*r));
+  }
+  // Both relays are announced before the private node looks.
+  const auto announced_by = std::chrono::steady_clock::now() + 20s;
+  for (;;) {
+    auto got = (*boot)->GetSync(kRelaysKey);
+    if (got.ok() && got->is_dict && got->subkeys.size() == 2) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), announced_by) << "the relays were not announced";
+    std::this_thread::sleep_for(50ms);
+  }
+  NodeOptions po = Opts({AddrOf(**boot)});
+  po.reachability = NodeOptions::Reachability::kPrivate;
+  po.relay_failover = 1s;
+  auto priv = Node::Start(KeyPair::Generate(), po);
+  ASSERT_TRUE(priv.ok()) << priv.status().ToString();
+  (*priv)->host().RegisterUnary(
+      "hello", [](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
+        co_return m;
+      });
+  ASSERT_EQ((*priv)->VisibleAddresses().size(), 1u);
+  const Multiaddr first = (*priv)->VisibleAddresses()[0];
+  ASSERT_TRUE(first.is_relayed() && first.relay_id());
+  size_t dead = relays[0]->peer_id() == *first.relay_id() ? 0 : 1;
+  ASSERT_EQ(relays[dead]->peer_id(), *first.relay_id());
+  relays[dead]->Shutdown();
+
+  const PeerId other = relays[1 - dead]->peer_id();
+  const auto moved_by = std::chrono::steady_clock::now() + 30s;
+  std::optional<Multiaddr> now;
+  while (std::chrono::steady_clock::now() < moved_by) {
+    auto v = (*priv)->VisibleAddresses();
+    if (v.size() == 1 && v[0].relay_id() == other) {
+      now = v[0];
+      break;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(now.has_value()) << "the node did not move to the other relay";
+  net::Host caller(KeyPair::Generate(), net::HostOptions{});
+  ASSERT_TRUE(caller.Start().ok());
+  auto reply = caller.CallSync(*now, "hello", net::Message("through the new relay"));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_EQ(reply->meta, "through the new relay");
+}
+
 TEST(DhtNode, ManyNodesStartedAtOnceFromOneBootstrapPeerFormOneSwarm) {
   auto boot = Node::Start(KeyPair::Generate(), Opts());
   ASSERT_TRUE(boot.ok());
