@@ -279,6 +279,9 @@ asio::awaitable<void> Host::PunchThroughRelay(std::shared_ptr<Connection> relaye
   const PeerId peer = relayed->peer();
   std::error_code ec;
   const asio::ip::address relay = RelayIp(relayed->remote_address(), ec);
+  if (auto existing = FindConnection(peer); existing && !existing->remote_address().is_relayed()) {
+    co_return;  // already connected directly
+  }
   if (ec || !BeginPunch(peer)) co_return;
   auto port = std::make_shared<PunchPort>(asio::make_strand(io_));
   std::optional<tcp::endpoint> target;
