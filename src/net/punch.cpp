@@ -90,6 +90,18 @@ std::optional<tcp::endpoint> PickTarget(const std::vector<Multiaddr>& theirs,
   return std::nullopt;
 }
 
+// The next message on a punch stream, which must be of `kind`.
+asio::awaitable<Result<PunchMessage>> ReadPunch(Stream& stream, PunchMessage::Kind kind) {
+  const std::string name = kind == PunchMessage::Kind::kConnect ? "connect" : "sync";
+  auto msg = co_await stream.Read();
+  if (!msg.ok()) co_return msg.status();
+  if (!msg->has_value()) co_return InvalidArgument("hole punching: no " + name + " message");
+  auto parsed = ParsePunchMessage((*msg)->meta);
+  if (!parsed.ok()) co_return parsed.status();
+  if (parsed->kind != kind) co_return ProtocolError("hole punching: expected " + name);
+  co_return std::move(*parsed);
+}
+
 using ReusePort = asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>;
 
 }  // namespace
@@ -299,13 +311,9 @@ asio::awaitable<void> Host::PunchThroughRelay(std::shared_ptr<Connection> relaye
     const Message connect(FormatPunchMessage(ours));
     Status st = co_await stream->Write(connect);
     if (!st.ok()) co_return st;
-    auto reply = co_await stream->Read();
-    if (!reply.ok()) co_return reply.status();
-    if (!reply->has_value()) co_return ProtocolError("the peer ended the exchange");
-    const auto rtt = std::chrono::steady_clock::now() - sent;
-    auto theirs = ParsePunchMessage((*reply)->meta);
+    auto theirs = co_await ReadPunch(*stream, PunchMessage::Kind::kConnect);
     if (!theirs.ok()) co_return theirs.status();
-    if (theirs->kind != PunchMessage::Kind::kConnect) co_return ProtocolError("expected connect");
+    const auto rtt = std::chrono::steady_clock::now() - sent;
     if (theirs->addresses.empty()) co_return FailedPrecondition("the peer cannot punch");
     target = PickTarget(theirs->addresses, relay);
     if (!target) co_return FailedPrecondition("the peer named no address we can try");
@@ -344,14 +352,8 @@ asio::awaitable<Status> Host::ServePunch(CallContext& ctx) {
   auto port = std::make_shared<PunchPort>(asio::make_strand(io_));
   std::optional<tcp::endpoint> target;
   auto exchange = [&]() -> asio::awaitable<Status> {
-    auto first = co_await ctx.stream().Read();
-    if (!first.ok()) co_return first.status();
-    if (!first->has_value()) co_return InvalidArgument("hole punching: no connect message");
-    auto theirs = ParsePunchMessage((*first)->meta);
+    auto theirs = co_await ReadPunch(ctx.stream(), PunchMessage::Kind::kConnect);
     if (!theirs.ok()) co_return theirs.status();
-    if (theirs->kind != PunchMessage::Kind::kConnect) {
-      co_return ProtocolError("hole punching: expected connect first");
-    }
     target = PickTarget(theirs->addresses, relay);
     PunchMessage ours;
     if (target) {
@@ -366,15 +368,8 @@ asio::awaitable<Status> Host::ServePunch(CallContext& ctx) {
       co_return FailedPrecondition(target ? "no public address of ours is known"
                                           : "the peer named no address we can try");
     }
-    auto sync = co_await ctx.stream().Read();
-    if (!sync.ok()) co_return sync.status();
-    if (!sync->has_value()) co_return InvalidArgument("hole punching: no sync message");
-    auto parsed = ParsePunchMessage((*sync)->meta);
-    if (!parsed.ok()) co_return parsed.status();
-    if (parsed->kind != PunchMessage::Kind::kSync) {
-      co_return ProtocolError("hole punching: expected sync");
-    }
-    co_return Status();
+    auto sync = co_await ReadPunch(ctx.stream(), PunchMessage::Kind::kSync);
+    co_return sync.status();
   };
   Status st = co_await exchange();
   if (!st.ok()) {

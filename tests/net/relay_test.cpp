@@ -88,56 +88,67 @@ bool DirectlyConnected(const Host& from, const PeerId& to) {
 // Both peers dial out only, as behind NAT. After the first call through the relay they punch a
 // hole (here: simultaneous open on loopback): both move to a direct connection, later calls use
 // it, and the relayed connection closes, freeing the relay's circuit.
-TEST(HolePunching, ARelayedConnectionIsReplacedByADirectOne) {
-  auto relay_host = StartHost();
-  auto relay = Relay::Start(*relay_host, LoopbackRelay());
+// A relay on loopback and a peer without a listener that holds a reservation with it.
+struct RelayedPeer {
+  std::unique_ptr<Host> relay_host, behind;
+  std::unique_ptr<Relay> relay;
+  std::unique_ptr<RelayReservation> reservation;
+};
+
+void StartRelayedPeer(RelayedPeer& p) {
+  p.relay_host = StartHost();
+  auto relay = Relay::Start(*p.relay_host, LoopbackRelay());
   ASSERT_TRUE(relay.ok()) << relay.status().ToString();
-  auto behind = StartClientHost();
-  RegisterWhoAmI(*behind);
-  auto reservation = RelayReservation::Start(*behind, AddressOf(*relay_host));
+  p.relay = std::move(*relay);
+  p.behind = StartClientHost();
+  RegisterWhoAmI(*p.behind);
+  auto reservation = RelayReservation::Start(*p.behind, AddressOf(*p.relay_host));
   ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  p.reservation = std::move(*reservation);
+}
+
+TEST(HolePunching, ARelayedConnectionIsReplacedByADirectOne) {
+  RelayedPeer p;
+  ASSERT_NO_FATAL_FAILURE(StartRelayedPeer(p));
+  auto& [relay_host, behind, relay, reservation] = p;
 
   auto caller = StartClientHost();
   // The caller learns the address it is seen at from an ordinary connection (as peers do from
   // the DHT); without one it could not name an address to punch to.
   ASSERT_TRUE(caller->PingSync(AddressOf(*relay_host)).ok());
   ASSERT_FALSE(caller->ObservedAddresses().empty());
-  auto reply = caller->CallSync((*reservation)->address(), "whoami", Message("first"));
+  auto reply = caller->CallSync(reservation->address(), "whoami", Message("first"));
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
-  EXPECT_EQ((*relay)->stats().circuits_total, 1u);
+  EXPECT_EQ(relay->stats().circuits_total, 1u);
 
   ASSERT_TRUE(WaitFor([&] { return DirectlyConnected(*caller, behind->peer_id()); }, 15s))
       << "the caller never got a direct connection";
   ASSERT_TRUE(WaitFor([&] { return DirectlyConnected(*behind, caller->peer_id()); }, 15s))
       << "the peer behind the relay never got a direct connection";
   // Calls to the relayed address now go straight to the peer, still authenticated end to end.
-  auto again = caller->CallSync((*reservation)->address(), "whoami", Message("second"));
+  auto again = caller->CallSync(reservation->address(), "whoami", Message("second"));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->meta, caller->peer_id().ToString() + " second");
-  const auto relayed_before = (*relay)->stats().bytes_relayed;
-  ASSERT_TRUE(WaitFor([&] { return (*relay)->stats().circuits == 0; }, 15s))
+  const auto relayed_before = relay->stats().bytes_relayed;
+  ASSERT_TRUE(WaitFor([&] { return relay->stats().circuits == 0; }, 15s))
       << "the relayed connection was not closed after the direct one replaced it";
-  auto third = caller->CallSync((*reservation)->address(), "whoami", Message("third"));
+  auto third = caller->CallSync(reservation->address(), "whoami", Message("third"));
   ASSERT_TRUE(third.ok()) << third.status().ToString();
-  EXPECT_EQ((*relay)->stats().circuits_total, 1u);  // no new circuit: the direct one is used
-  EXPECT_LE((*relay)->stats().bytes_relayed, relayed_before + 256);  // at most the goodbye
+  EXPECT_EQ(relay->stats().circuits_total, 1u);  // no new circuit: the direct one is used
+  EXPECT_LE(relay->stats().bytes_relayed, relayed_before + 256);  // at most the goodbye
 }
 
 // With hole punching turned off on the dialing side, the peer's request is refused with a reason
 // and the relayed connection keeps working.
 TEST(HolePunching, RefusedPunchKeepsTheRelayedConnection) {
-  auto relay_host = StartHost();
-  auto relay = Relay::Start(*relay_host, LoopbackRelay());
-  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
-  auto behind = StartClientHost();
-  RegisterWhoAmI(*behind);
-  auto reservation = RelayReservation::Start(*behind, AddressOf(*relay_host));
-  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  RelayedPeer p;
+  ASSERT_NO_FATAL_FAILURE(StartRelayedPeer(p));
+  auto& [relay_host, behind, relay, reservation] = p;
   HostOptions no_punch;
   no_punch.hole_punching = false;
   auto caller = StartHost(no_punch);
   ASSERT_TRUE(caller->PingSync(AddressOf(*relay_host)).ok());
-  auto reply = caller->CallSync((*reservation)->address(), "whoami", Message("first"));
+  auto reply = caller->CallSync(reservation->address(), "whoami", Message("first"));
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
   // Ask for a punch the way a peer would, on the relayed connection: refused, with the reason.
   auto conn = caller->FindConnection(behind->peer_id());
@@ -148,7 +159,7 @@ TEST(HolePunching, RefusedPunchKeepsTheRelayedConnection) {
   ASSERT_FALSE(asked.ok());
   EXPECT_NE(asked.status().message().find("hole punching is turned off"), std::string::npos)
       << asked.status().ToString();
-  auto again = caller->CallSync((*reservation)->address(), "whoami", Message("second"));
+  auto again = caller->CallSync(reservation->address(), "whoami", Message("second"));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_TRUE(caller->FindConnection(behind->peer_id())->remote_address().is_relayed());
 }
