@@ -257,6 +257,17 @@ Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t
 
 namespace {
 
+// The tuning metadata of a BlockRequest or an OpenSession (their fields are named alike).
+template <typename Message>
+void SetTuningFields(Message& m, int64_t prompt_length, const LoraSpec& lora) {
+  m.set_prompt_length(static_cast<uint32_t>(prompt_length));
+  if (lora.rank > 0) {
+    m.set_lora_rank(static_cast<uint32_t>(lora.rank));
+    for (const auto& t : lora.targets) m.add_lora_targets(t);
+    m.set_lora_scale(lora.scale);
+  }
+}
+
 Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span, const std::string& method,
                                 std::vector<at::Tensor> tensors, int64_t prompt_length,
                                 const LoraSpec& lora) {
@@ -264,12 +275,7 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span, const
   wire::BlockRequest req;
   req.set_start(static_cast<uint32_t>(span.start));
   req.set_end(static_cast<uint32_t>(span.end));
-  req.set_prompt_length(static_cast<uint32_t>(prompt_length));
-  if (lora.rank > 0) {
-    req.set_lora_rank(static_cast<uint32_t>(lora.rank));
-    for (const auto& t : lora.targets) req.add_lora_targets(t);
-    req.set_lora_scale(lora.scale);
-  }
+  SetTuningFields(req, prompt_length, lora);
   net::Message msg(req.SerializeAsString());
   for (auto& t : tensors) {
     COLONY_ASSIGN_OR_RETURN(auto f, runtime::ToFrame(t));
@@ -283,13 +289,17 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span, const
   return r;
 }
 
+// The deep prompts of a span's blocks, from prompts of the blocks from `offset` on.
+at::Tensor PromptsOf(const at::Tensor& prompts, int64_t offset, const RouteSpan& span) {
+  if (!prompts.defined()) return {};
+  return prompts.narrow(0, span.start - offset, span.end - span.start).detach().contiguous();
+}
+
 // The request tensors of a span besides hidden (and grad): its deep prompts and its adapters.
 void AppendSpanInputs(std::vector<at::Tensor>& tensors, int64_t offset, const RouteSpan& span,
                       const at::Tensor& prompts, const LoraSpec& lora,
                       const std::vector<at::Tensor>& adapters) {
-  if (prompts.defined()) {
-    tensors.push_back(prompts.narrow(0, span.start - offset, span.end - span.start).contiguous());
-  }
+  if (prompts.defined()) tensors.push_back(PromptsOf(prompts, offset, span));
   if (lora.rank > 0) {
     const size_t per_block = 2 * lora.targets.size();
     for (size_t i = static_cast<size_t>(span.start - offset) * per_block;
@@ -559,6 +569,7 @@ struct InferenceSession::Link {
   std::string session_id = RandomId();
   std::shared_ptr<net::Stream> stream;
   at::Tensor history;  // every input this span's cache holds, [B, length, H]
+  at::Tensor prompts;  // this span's deep prompts, rows in the order of the cached rows
 };
 
 InferenceSession::InferenceSession(std::shared_ptr<SequenceManager> manager, int64_t start,
@@ -587,6 +598,19 @@ void InferenceSession::Close() {
   chain_.clear();
 }
 
+Status InferenceSession::CheckTuning() const {
+  COLONY_RETURN_IF_ERROR(CheckLora(start_, end_, options_.lora, options_.adapters));
+  const at::Tensor& p = options_.prompts;
+  if (p.defined() && (p.dim() != 4 || p.size(0) != end_ - start_ ||
+                      (p.size(1) != 1 && p.size(1) != options_.batch_size) || p.size(2) < 1 ||
+                      !p.is_floating_point())) {
+    return InvalidArgument(fmt::format(
+        "deep prompts must be floating point [{}, {} or 1, P, H] for blocks [{}, {}), got [{}]",
+        end_ - start_, options_.batch_size, start_, end_, fmt::join(p.sizes(), ", ")));
+  }
+  return Status();
+}
+
 Status InferenceSession::OpenLink(Link& link, const Link* next) {
   COLONY_ASSIGN_OR_RETURN(link.address, AddressOf(link.span.server));
   wire::OpenSession open;
@@ -598,6 +622,16 @@ Status InferenceSession::OpenLink(Link& link, const Link* next) {
   if (next && manager_->options().use_push) {
     open.mutable_next()->set_address(next->address.ToString());
     open.mutable_next()->set_session_id(next->session_id);
+  }
+  SetTuningFields(open, link.prompts.defined() ? link.prompts.size(2) : 0, options_.lora);
+  // The span's prompts (already its slice), then its blocks' adapters.
+  std::vector<at::Tensor> tensors;
+  if (link.prompts.defined()) tensors.push_back(link.prompts);
+  AppendSpanInputs(tensors, start_, link.span, {}, options_.lora, options_.adapters);
+  net::Message open_message(open.SerializeAsString());
+  for (const auto& t : tensors) {
+    COLONY_ASSIGN_OR_RETURN(auto f, runtime::ToFrame(t));
+    open_message.tensors.push_back(std::move(f));
   }
   auto& host = manager_->host();
   const auto lifetime = manager_->options().session_lifetime;
@@ -615,7 +649,6 @@ Status InferenceSession::OpenLink(Link& link, const Link* next) {
     }
   };
   auto holder = std::make_shared<Slot>();
-  const net::Message open_message(open.SerializeAsString());
   auto r = RunSync<bool>(
       host,
       [&host, holder, addr = link.address, open_message,
@@ -654,6 +687,7 @@ Status InferenceSession::OpenChain(int64_t start, int64_t end, std::vector<Link>
     links[i].span = route[i];
     auto addr = AddressOf(route[i].server);
     if (addr.ok()) links[i].address = *addr;
+    links[i].prompts = PromptsOf(options_.prompts, start_, route[i]);
   }
   // Open back to front so that each OpenSession can name its successor's session.
   for (size_t i = links.size(); i-- > 0;) {
@@ -774,6 +808,7 @@ Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Te
   const int max_attempts = manager_->options().max_attempts;
   int attempts = 0;
   Status last;
+  if (chain_.empty()) COLONY_RETURN_IF_ERROR(CheckTuning());
   while (chain_.empty()) {
     Status st = OpenChain(start_, end_, chain_);
     if (st.ok()) break;
@@ -804,6 +839,10 @@ Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Te
     }
     manager_->ReportSuccess(chain_[k].span.server.peer);
     chain_[k].history = AdvanceHistory(chain_[k].history, position, hypo, x);
+    // Per-row prompts moved with their rows on the server.
+    if (hypo.defined() && chain_[k].prompts.defined() && chain_[k].prompts.size(1) > 1) {
+      chain_[k].prompts = chain_[k].prompts.index_select(1, hypo);
+    }
     x = out->to(hidden.scalar_type());
     ++k;
   }
@@ -835,6 +874,8 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
       links[i].span = (*route)[i];
       auto addr = AddressOf((*route)[i].server);
       if (addr.ok()) links[i].address = *addr;
+      // The replacements continue with the old server's prompts (in its current row order).
+      links[i].prompts = PromptsOf(old.prompts, old.span.start, (*route)[i]);
     }
     const Link* after = k + 1 < chain_.size() ? &chain_[k + 1] : nullptr;
     bool failed = false;

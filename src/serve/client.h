@@ -104,9 +104,24 @@ class SequenceManager {
   std::map<PeerId, double> rtt_;
 };
 
+// LoRA adapters trained by a client on frozen remote blocks: for each block and each target
+// projection (in `targets` order), A [rank, in] and B [out, rank], flattened in that order.
+struct LoraSpec {
+  int64_t rank = 0;  // 0: no adapters
+  std::vector<std::string> targets;  // "q_proj", "v_proj", ...
+  double scale = 1.0;
+};
+
 struct SessionOptions {
   int64_t max_length = 128;
   int64_t batch_size = 1;
+  // A tuned model (e.g. PromptTuned's deep prompts or LoraTuned's adapters), applied by the
+  // servers on every step. Deep prompts [end-start, batch_size or 1, P, H] are added before each
+  // block to the hidden states of positions < P (per-row prompts follow hypo_ids); adapters are
+  // flat as in LoraSpec, for blocks [start, end). Each server gets its blocks' slice.
+  at::Tensor prompts{};
+  LoraSpec lora{};
+  std::vector<at::Tensor> adapters{};
 };
 
 struct SessionStats {
@@ -139,6 +154,7 @@ class InferenceSession {
   struct Link;
 
  private:
+  Status CheckTuning() const;
   Status OpenChain(int64_t start, int64_t end, std::vector<Link>& out);
   Status OpenLink(Link& link, const Link* next);
   Status Recover(size_t k, const Status& why);
@@ -154,14 +170,6 @@ class InferenceSession {
   uint64_t step_id_ = 0;
   SessionStats stats_;
   bool closed_ = false;
-};
-
-// LoRA adapters trained by a client on frozen remote blocks: for each block and each target
-// projection (in `targets` order), A [rank, in] and B [out, rank], flattened in that order.
-struct LoraSpec {
-  int64_t rank = 0;  // 0: no adapters
-  std::vector<std::string> targets;  // "q_proj", "v_proj", ...
-  double scale = 1.0;
 };
 
 // Blocks [start, end) of a model served by the swarm, as one differentiable module.

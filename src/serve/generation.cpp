@@ -66,14 +66,35 @@ Result<at::Tensor> LocalBackend::Step(const at::Tensor& tokens, int64_t position
   return logits.to(at::kFloat);
 }
 
-RemoteBackend::RemoteBackend(ClientModel head, InferenceSession& session, int64_t max_length)
-    : head_(std::move(head)), session_(session), max_length_(max_length) {}
+RemoteBackend::RemoteBackend(ClientModel head, InferenceSession& session, int64_t max_length,
+                             at::Tensor prompts)
+    : head_(std::move(head)),
+      session_(session),
+      max_length_(max_length),
+      prompts_(prompts.defined() ? prompts.detach() : prompts) {}
 
 Result<at::Tensor> RemoteBackend::Step(const at::Tensor& tokens, int64_t position,
                                        const at::Tensor& hypo_ids) {
   at::NoGradGuard no_grad;
+  const int64_t p = prompt_length();
+  if (p > 0 && (prompts_.dim() != 2 || prompts_.size(1) != head_->config().hidden_size)) {
+    return InvalidArgument(fmt::format("shallow prompts must have shape [P, {}], got [{}]",
+                                       head_->config().hidden_size,
+                                       fmt::join(prompts_.sizes(), ", ")));
+  }
+  if (position < 0 || position > this->position()) {
+    return InvalidArgument(
+        fmt::format("position {} is outside [0, {}]", position, this->position()));
+  }
   at::Tensor h = head_->Embed(tokens);
-  COLONY_ASSIGN_OR_RETURN(at::Tensor out, session_.Step(h, hypo_ids, position));
+  if (p > 0 && position == 0) {
+    at::Tensor prompts = prompts_.to(h.scalar_type()).unsqueeze(0).expand({h.size(0), -1, -1});
+    h = at::cat({prompts, h}, 1);
+  }
+  // Past the prompt the session's positions are the tokens' shifted by P.
+  const int64_t session_position = position == 0 ? 0 : position + p;
+  COLONY_ASSIGN_OR_RETURN(at::Tensor out, session_.Step(h, hypo_ids, session_position));
+  if (p > 0 && position == 0) out = out.narrow(1, p, tokens.size(1));
   return head_->Head(out).to(at::kFloat);
 }
 

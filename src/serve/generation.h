@@ -15,6 +15,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <vector>
@@ -74,19 +75,29 @@ class LocalBackend : public DecoderBackend {
   int64_t position_ = 0;
 };
 
-// Embeddings and head here, blocks in the swarm through an inference session.
+// Embeddings and head here, blocks in the swarm through an inference session (max_length: the
+// session's). Shallow prompts [P, H] (optional, e.g. PromptTuned::prompts) are prepended to the
+// tokens of the first step (and of a rollback to 0): the session's positions are the tokens'
+// shifted by P, and position(), max_length() and Step() count tokens only, so the decoding
+// algorithms run unchanged; the prompt positions' logits are dropped.
 class RemoteBackend : public DecoderBackend {
  public:
-  RemoteBackend(ClientModel head, InferenceSession& session, int64_t max_length);
+  RemoteBackend(ClientModel head, InferenceSession& session, int64_t max_length,
+                at::Tensor prompts = {});
   Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position,
                           const at::Tensor& hypo_ids) override;
-  int64_t position() const override { return session_.position(); }
-  int64_t max_length() const override { return max_length_; }
+  int64_t position() const override {
+    return std::max<int64_t>(0, session_.position() - prompt_length());
+  }
+  int64_t max_length() const override { return max_length_ - prompt_length(); }
 
  private:
+  int64_t prompt_length() const { return prompts_.defined() ? prompts_.size(0) : 0; }
+
   ClientModel head_;
   InferenceSession& session_;
   int64_t max_length_;
+  at::Tensor prompts_;
 };
 
 // Greedy or seeded sampling, token for token what model::Generate produces for the same model

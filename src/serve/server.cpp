@@ -45,6 +45,10 @@ struct Session {
   int64_t length = 0;
   uint64_t last_step = 0;
   wire::PushTarget next;  // set by the client (open or any step); empty address: no push
+  // Tuning for every step (at open): deep prompts [blocks, batch or 1, P, H] in the server's
+  // dtype (per-row ones follow hypo_ids) and LoRA adapters per block.
+  at::Tensor prompts;
+  std::vector<model::BlockAdapters> adapters;
   std::unique_ptr<Channel> channel;
   std::unique_ptr<asio::steady_timer> idle_timer;
   Clock::time_point idle_deadline;
@@ -61,6 +65,50 @@ Result<at::ScalarType> ParseDType(const std::string& name) {
 std::string DTypeLabel(at::ScalarType t) { return t == at::kBFloat16 ? "bfloat16" : "float32"; }
 
 const std::vector<DType> kFloatDTypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+
+// Deep prompts and LoRA adapters that a forward/backward request or an inference session
+// carries (the metadata fields are named alike in BlockRequest and OpenSession).
+struct TuningSpec {
+  int64_t prompt_length = 0;
+  int64_t rank = 0;
+  std::vector<std::string> targets;
+  double scale = 1.0;
+};
+template <typename Message>
+TuningSpec TuningSpecOf(const Message& m) {
+  return {m.prompt_length(), m.lora_rank(),
+          std::vector<std::string>(m.lora_targets().begin(), m.lora_targets().end()),
+          m.lora_scale() == 0 ? 1.0 : m.lora_scale()};
+}
+struct Tuning {
+  at::Tensor prompts;             // [blocks, B or 1, P, H], as sent
+  std::vector<at::Tensor> lora;   // flat: block, target, (A, B), as sent
+};
+
+bool AllFinite(const Tuning& t) {
+  bool finite = !t.prompts.defined() || at::isfinite(t.prompts).all().item<bool>();
+  for (const auto& a : t.lora) finite = finite && at::isfinite(a).all().item<bool>();
+  return finite;
+}
+
+// The adapters of `blocks` blocks as model::BlockAdapters, from flat tensors (block, target,
+// (A, B)).
+std::vector<model::BlockAdapters> MakeAdapters(const std::vector<at::Tensor>& flat,
+                                               int64_t blocks, const TuningSpec& spec) {
+  std::vector<model::BlockAdapters> out;
+  if (flat.empty()) return out;
+  out.resize(static_cast<size_t>(blocks));
+  size_t k = 0;
+  for (auto& block : out) {
+    for (const auto& name : spec.targets) {
+      model::LoraAdapter* a = block.Find(name);
+      a->a = flat[k++];
+      a->b = flat[k++];
+      a->scale = spec.scale;
+    }
+  }
+  return out;
+}
 
 std::string Hex(std::string_view bytes) {
   std::string out;
@@ -226,15 +274,16 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     return Status();
   }
 
-  // Hidden states through blocks [start, end) (absolute indices within ours).
+  // Hidden states of positions offset.. through blocks [start, end) (absolute indices within
+  // ours). Deep prompts [end-start, B or 1, P, H] are added to the positions < P before each block.
   at::Tensor RunBlocks(int64_t start, int64_t end, at::Tensor h, int64_t offset,
                        std::vector<model::KVCache>* caches, const at::Tensor& prompts,
                        const std::vector<model::BlockAdapters>* adapters = nullptr) {
     for (int64_t i = start; i < end; ++i) {
-      if (prompts.defined()) {
-        const int64_t p = prompts.size(2);
-        at::Tensor pr = prompts[i - start].to(h.scalar_type());
-        h = at::cat({h.narrow(1, 0, p) + pr, h.narrow(1, p, h.size(1) - p)}, 1);
+      if (prompts.defined() && offset < prompts.size(2)) {
+        const int64_t n = std::min(prompts.size(2) - offset, h.size(1));
+        at::Tensor pr = prompts[i - start].narrow(1, offset, n).to(h.scalar_type());
+        h = at::cat({h.narrow(1, 0, n) + pr, h.narrow(1, n, h.size(1) - n)}, 1);
       }
       h = blocks_[static_cast<size_t>(i - first_)]->forward(
           h, offset, caches ? &(*caches)[static_cast<size_t>(i - start)] : nullptr,
@@ -513,28 +562,83 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     return std::nullopt;
   }
 
+  // Checks a tuning's metadata and reads its tensors, tensors[first..] (deep prompts when
+  // prompt_length > 0, then the LoRA adapters of blocks [start, end)); they must be the last.
+  // Prompts have `batch` or 1 rows and at most max_prompt positions.
+  Result<Tuning> ReadTuning(const std::vector<net::TensorFrame>& tensors, size_t first,
+                            int64_t start, int64_t end, const TuningSpec& spec, int64_t batch,
+                            int64_t max_prompt) const {
+    const int64_t p = spec.prompt_length, rank = spec.rank;
+    const auto& targets = spec.targets;
+    if (rank > 256 || (rank > 0 && (targets.empty() || targets.size() > 7)) ||
+        (rank == 0 && !targets.empty()) || !std::isfinite(spec.scale)) {
+      return InvalidArgument("LoRA: rank must be in [1, 256] with 1 to 7 target projections");
+    }
+    for (size_t i = 0; i < targets.size(); ++i) {
+      if (!ProjectionShape(targets[i])) {
+        return InvalidArgument(
+            fmt::format("LoRA: unknown projection '{}'", targets[i].substr(0, 32)));
+      }
+      if (std::count(targets.begin(), targets.end(), targets[i]) > 1) {
+        return InvalidArgument(fmt::format("LoRA: projection '{}' listed twice", targets[i]));
+      }
+    }
+    const size_t lora_count =
+        rank > 0 ? 2 * static_cast<size_t>(end - start) * targets.size() : 0;
+    const size_t want = first + (p > 0 ? 1 : 0) + lora_count;
+    if (tensors.size() != want) {
+      return InvalidArgument(fmt::format("expected {} tensors, got {}", want, tensors.size()));
+    }
+    const auto max_elements = static_cast<uint64_t>(options_.max_request_elements);
+    Tuning out;
+    size_t next = first;
+    if (p > 0) {
+      COLONY_ASSIGN_OR_RETURN(out.prompts,
+                              runtime::FromFrame(tensors[next++], {.max_elements = max_elements,
+                                                                   .allowed_dtypes = kFloatDTypes,
+                                                                   .rank = 4}));
+      const auto& pr = out.prompts;
+      if (pr.size(0) != end - start || (pr.size(1) != batch && pr.size(1) != 1) ||
+          pr.size(2) != p || pr.size(3) != config_.hidden_size || p > max_prompt) {
+        return InvalidArgument(fmt::format(
+            "deep prompts must have shape [{}, {} or 1, {}, {}] with {} <= {} tokens, got [{}]",
+            end - start, batch, p, config_.hidden_size, p, max_prompt,
+            fmt::join(pr.sizes(), ", ")));
+      }
+    }
+    for (size_t i = 0; i < lora_count; ++i) {
+      const std::string& target = targets[(i / 2) % targets.size()];
+      const auto shape = ProjectionShape(target);
+      COLONY_ASSIGN_OR_RETURN(at::Tensor t,
+                              runtime::FromFrame(tensors[next++], {.max_elements = max_elements,
+                                                                   .allowed_dtypes = kFloatDTypes,
+                                                                   .rank = 2}));
+      const bool is_a = i % 2 == 0;
+      const int64_t rows = is_a ? rank : shape->second, cols = is_a ? shape->first : rank;
+      if (t.size(0) != rows || t.size(1) != cols) {
+        return InvalidArgument(fmt::format("LoRA {} for {} must have shape [{}, {}]",
+                                           is_a ? "A" : "B", target, rows, cols));
+      }
+      out.lora.push_back(t);
+    }
+    return out;
+  }
+
   asio::awaitable<Result<net::Message>> Forward(net::Message m, bool backward) {
     COLONY_CO_RETURN_IF_ERROR(CheckServing());
     wire::BlockRequest req;
     if (!req.ParseFromString(m.meta)) co_return InvalidArgument("malformed BlockRequest");
-    const int64_t start = req.start(), end = req.end(), p = req.prompt_length();
+    const int64_t start = req.start(), end = req.end();
     COLONY_CO_RETURN_IF_ERROR(CheckRange(start, end));
-    const int64_t rank = req.lora_rank();
-    const auto targets = req.lora_targets();
-    if (rank > 256 || (rank > 0 && (targets.empty() || targets.size() > 7)) ||
-        (rank == 0 && !targets.empty()) || !std::isfinite(req.lora_scale())) {
-      co_return InvalidArgument("LoRA: rank must be in [1, 256] with 1 to 7 target projections");
-    }
-    const size_t base = (backward ? 2 : 1) + (p > 0 ? 1 : 0);
-    const size_t lora_count =
-        rank > 0 ? 2 * static_cast<size_t>(end - start) * static_cast<size_t>(targets.size()) : 0;
-    if (m.tensors.size() != base + lora_count) {
-      co_return InvalidArgument(
-          fmt::format("expected {} tensors, got {}", base + lora_count, m.tensors.size()));
+    const TuningSpec spec = TuningSpecOf(req);
+    const size_t base = backward ? 2 : 1;
+    if (m.tensors.size() < base) {
+      co_return InvalidArgument(fmt::format("expected at least {} tensors, got {}", base,
+                                            m.tensors.size()));
     }
     auto x = ReadHidden(m.tensors[0], options_.max_request_elements);
     if (!x.ok()) co_return x.status();
-    at::Tensor grad_out, prompts;
+    at::Tensor grad_out;
     if (backward) {
       auto g = ReadHidden(m.tensors[1], options_.max_request_elements);
       if (!g.ok()) co_return g.status();
@@ -543,78 +647,29 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
       }
       grad_out = *g;
     }
-    if (p > 0) {
-      auto pr = runtime::FromFrame(m.tensors[base - 1],
-                                   {.max_elements = static_cast<uint64_t>(options_.max_request_elements),
-                                    .allowed_dtypes = kFloatDTypes,
-                                    .rank = 4});
-      if (!pr.ok()) co_return pr.status();
-      if (pr->size(0) != end - start || pr->size(1) != x->size(0) || pr->size(2) != p ||
-          pr->size(3) != config_.hidden_size || p > x->size(1)) {
-        co_return InvalidArgument(fmt::format(
-            "deep prompts must have shape [{}, {}, {}, {}] with {} <= {} tokens", end - start,
-            x->size(0), p, config_.hidden_size, p, x->size(1)));
-      }
-      prompts = *pr;
-    }
-    const std::vector<std::string> target_names(targets.begin(), targets.end());
-    for (size_t i = 0; i < target_names.size(); ++i) {
-      if (!ProjectionShape(target_names[i])) {
-        co_return InvalidArgument(
-            fmt::format("LoRA: unknown projection '{}'", target_names[i].substr(0, 32)));
-      }
-      if (std::count(target_names.begin(), target_names.end(), target_names[i]) > 1) {
-        co_return InvalidArgument(fmt::format("LoRA: projection '{}' listed twice", target_names[i]));
-      }
-    }
-    std::vector<at::Tensor> lora;  // flat: block, target, (A, B)
-    for (size_t i = 0; i < lora_count; ++i) {
-      const std::string& target = target_names[(i / 2) % target_names.size()];
-      const auto shape = ProjectionShape(target);
-      auto t = runtime::FromFrame(m.tensors[base + i],
-                                  {.max_elements = static_cast<uint64_t>(options_.max_request_elements),
-                                   .allowed_dtypes = kFloatDTypes,
-                                   .rank = 2});
-      if (!t.ok()) co_return t.status();
-      const bool is_a = i % 2 == 0;
-      const int64_t rows = is_a ? rank : shape->second, cols = is_a ? shape->first : rank;
-      if (t->size(0) != rows || t->size(1) != cols) {
-        co_return InvalidArgument(fmt::format("LoRA {} for {} must have shape [{}, {}]",
-                                              is_a ? "A" : "B", target, rows, cols));
-      }
-      lora.push_back(*t);
-    }
-    const double lora_scale = req.lora_scale() == 0 ? 1.0 : req.lora_scale();
+    auto tuning = ReadTuning(m.tensors, base, start, end, spec, x->size(0), x->size(1));
+    if (!tuning.ok()) co_return tuning.status();
     const at::ScalarType client_dtype = x->scalar_type();
     auto self = shared_from_this();
     // Named first: g++ 12 mishandles temporaries (lambdas) inside co_await expressions.
-    auto work = [self, start, end, x = *x, grad_out, prompts, backward, client_dtype, lora,
-                 target_names, lora_scale]() -> Result<std::vector<at::Tensor>> {
-          bool finite = at::isfinite(x).all().item<bool>() &&
-                        (!grad_out.defined() || at::isfinite(grad_out).all().item<bool>()) &&
-                        (!prompts.defined() || at::isfinite(prompts).all().item<bool>());
-          for (const auto& t : lora) finite = finite && at::isfinite(t).all().item<bool>();
+    auto work = [self, start, end, x = *x, grad_out, backward, client_dtype,
+                 tuning = std::move(*tuning), spec]() -> Result<std::vector<at::Tensor>> {
+          const bool finite = at::isfinite(x).all().item<bool>() &&
+                              (!grad_out.defined() || at::isfinite(grad_out).all().item<bool>()) &&
+                              AllFinite(tuning);
           if (!finite) return InvalidArgument("inputs contain NaN or infinity");
           if (!self->Holds(start, end)) return self->MovedError();
           at::AutoGradMode grad_mode(backward);
           at::Tensor xin = x.to(self->dtype_).detach().requires_grad_(backward);
           at::Tensor pin;
-          if (prompts.defined()) pin = prompts.to(self->dtype_).detach().requires_grad_(backward);
-          std::vector<at::Tensor> lin;
-          for (const auto& t : lora) lin.push_back(t.to(self->dtype_).detach().requires_grad_(backward));
-          std::vector<model::BlockAdapters> adapters;
-          if (!lin.empty()) {
-            adapters.resize(static_cast<size_t>(end - start));
-            size_t k = 0;
-            for (auto& block : adapters) {
-              for (const auto& name : target_names) {
-                model::LoraAdapter* a = block.Find(name);
-                a->a = lin[k++];
-                a->b = lin[k++];
-                a->scale = lora_scale;
-              }
-            }
+          if (tuning.prompts.defined()) {
+            pin = tuning.prompts.to(self->dtype_).detach().requires_grad_(backward);
           }
+          std::vector<at::Tensor> lin;
+          for (const auto& t : tuning.lora) {
+            lin.push_back(t.to(self->dtype_).detach().requires_grad_(backward));
+          }
+          const std::vector<model::BlockAdapters> adapters = MakeAdapters(lin, end - start, spec);
           at::Tensor out = self->RunBlocks(start, end, xin, 0, nullptr, pin,
                                            adapters.empty() ? nullptr : &adapters);
           if (!backward) return std::vector<at::Tensor>{out.to(client_dtype)};
@@ -764,6 +819,13 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
       co_return InvalidArgument(fmt::format("batch size {} is outside [1, {}]", open.batch_size(),
                                             options_.max_batch));
     }
+    const TuningSpec spec = TuningSpecOf(open);
+    auto tuning = ReadTuning((*first)->tensors, 0, open.start(), open.end(), spec,
+                             open.batch_size(), open.max_length());
+    if (!tuning.ok()) co_return tuning.status();
+    if (!AllFinite(*tuning)) {
+      co_return InvalidArgument("deep prompts or LoRA adapters contain NaN or infinity");
+    }
     auto s = std::make_shared<Session>();
     s->id = open.session_id();
     s->start = open.start();
@@ -772,6 +834,18 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     s->batch = open.batch_size();
     s->next = open.next();
     s->caches.resize(static_cast<size_t>(s->end - s->start));
+    // Kept in the server's dtype and counted in the session's reservation with its cache.
+    int64_t tuning_bytes = 0;
+    if (tuning->prompts.defined()) {
+      s->prompts = tuning->prompts.to(dtype_).contiguous();
+      tuning_bytes += static_cast<int64_t>(s->prompts.nbytes());
+    }
+    std::vector<at::Tensor> lora;
+    for (const auto& t : tuning->lora) {
+      lora.push_back(t.to(dtype_).contiguous());
+      tuning_bytes += static_cast<int64_t>(lora.back().nbytes());
+    }
+    s->adapters = MakeAdapters(lora, s->end - s->start, spec);
     const auto ex = co_await asio::this_coro::executor;
     s->channel = std::make_unique<Channel>(ex, 4);
     s->idle_timer = std::make_unique<asio::steady_timer>(ex);
@@ -799,11 +873,14 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
       }
     } cleanup{this, s};
     const int64_t bytes = s->batch * s->max_length * (s->end - s->start) *
-                          CacheBytesPerToken(config_, dtype_);
+                              CacheBytesPerToken(config_, dtype_) +
+                          tuning_bytes;
     COLONY_CO_RETURN_IF_ERROR(co_await ReserveCache(ctx, bytes));
     s->reserved = bytes;
-    COLONY_LOG_DEBUG("serve: session {} opened: blocks [{}, {}), batch {}, max_length {}",
-                     Hex(s->id), s->start, s->end, s->batch, s->max_length);
+    COLONY_LOG_DEBUG("serve: session {} opened: blocks [{}, {}), batch {}, max_length {}, "
+                     "{} prompt tokens, LoRA rank {}",
+                     Hex(s->id), s->start, s->end, s->batch, s->max_length, spec.prompt_length,
+                     spec.rank);
     wire::SessionOpened opened;
     {
       std::lock_guard lock(mu_);
@@ -893,8 +970,13 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
             c.Truncate(position);
             if (hypo.defined()) c.Reorder(hypo);
           }
+          // Per-row prompts belong to their rows: they move with them.
+          if (hypo.defined() && sp->prompts.defined() && sp->prompts.size(1) > 1) {
+            sp->prompts = sp->prompts.index_select(1, hypo);
+          }
           at::Tensor h = self->RunBlocks(sp->start, sp->end, x.to(self->dtype_), position,
-                                         &sp->caches, {});
+                                         &sp->caches, sp->prompts,
+                                         sp->adapters.empty() ? nullptr : &sp->adapters);
           return h.to(client_dtype);
         };
     auto out = co_await runtime::RunOnPool<at::Tensor>(pool_, runtime::kPriorityInference,

@@ -8,6 +8,7 @@
 //   loss.backward(); opt.step();
 #pragma once
 
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -69,5 +70,23 @@ class LoraTunedImpl : public torch::nn::Module {
   std::shared_ptr<RemoteSequential> remote_;
 };
 TORCH_MODULE(LoraTuned);
+
+// What `colony finetune --save` writes (safetensors, metadata "colony.tuning" = "prompt",
+// "deep-prompt" or "lora"): a tuned model's trained tensors, usable for generation through an
+// inference session (deep prompts and adapters: SessionOptions; shallow prompts: RemoteBackend).
+struct TunedWeights {
+  at::Tensor prompts;       // shallow [P, H] (prompt tuning)
+  at::Tensor deep_prompts;  // [blocks, P, H] (deep prompt tuning)
+  LoraSpec lora;
+  std::vector<at::Tensor> adapters;  // flat (see LoraSpec), for every block of the remote range
+  // Session options carrying the deep prompts (broadcast to every row) and the adapters.
+  SessionOptions Session(int64_t max_length, int64_t batch_size) const;
+};
+// Trained for blocks [remote.start(), remote.end()) of the model the remote sequence serves.
+Status SaveTuned(const std::filesystem::path& file, PromptTunedImpl& tuned);
+Status SaveTuned(const std::filesystem::path& file, LoraTunedImpl& tuned);
+// Reads a file written by SaveTuned (or by earlier versions, without metadata) for a model of
+// this configuration whose blocks are all remote, checking every shape.
+Result<TunedWeights> LoadTuned(const std::filesystem::path& file, const model::LlamaConfig& config);
 
 }  // namespace colony::serve

@@ -184,6 +184,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   int64_t num_beams = 1;
   int64_t max_length = 0;
+  std::string tuned;
   bool json = false;
 };
 
@@ -211,13 +212,22 @@ int RunGenerate(const GenerateArgs& a) {
       return Fail(fmt::format("token {} is outside the vocabulary [0, {})", t, config.vocab_size));
     }
   }
+  serve::TunedWeights tuned;
+  if (!a.tuned.empty()) {
+    auto t = serve::LoadTuned(a.tuned, config);
+    if (!t.ok()) return Fail(t.status().WithContext("--tuned"));
+    tuned = std::move(*t);
+  }
+  // The servers' caches also hold the shallow prompt's positions.
+  const int64_t prompt_tokens = tuned.prompts.defined() ? tuned.prompts.size(0) : 0;
   const int64_t max_length =
-      a.max_length > 0 ? a.max_length
-                       : std::min<int64_t>(config.max_seq_len,
-                                           static_cast<int64_t>(prompt.size()) + a.max_new_tokens);
+      prompt_tokens + (a.max_length > 0 ? a.max_length
+                                        : std::min<int64_t>(config.max_seq_len - prompt_tokens,
+                                                            static_cast<int64_t>(prompt.size()) +
+                                                                a.max_new_tokens));
   serve::RemoteSequential remote(client->manager);
-  auto session = remote.OpenSession({.max_length = max_length, .batch_size = a.num_beams});
-  serve::RemoteBackend backend(client->head, *session, max_length);
+  auto session = remote.OpenSession(tuned.Session(max_length, a.num_beams));
+  serve::RemoteBackend backend(client->head, *session, max_length, tuned.prompts);
   const int eos = client->tokenizer ? client->tokenizer->eos_id() : -1;
   std::vector<int64_t> out;
   const auto t0 = Clock::now();
@@ -429,14 +439,7 @@ int RunFinetune(const FinetuneArgs& a) {
     return Fail(std::string("evaluating through the swarm failed: ") + e.what());
   }
   if (!a.save.empty()) {
-    model::NamedTensors named;
-    if (use_lora) {
-      for (const auto& item : lora->named_parameters()) named.emplace_back(item.key(), item.value());
-    } else {
-      named.emplace_back("prompts", tuned->prompts);
-      if (tuned->deep_prompts.defined()) named.emplace_back("deep_prompts", tuned->deep_prompts);
-    }
-    Status st = model::SaveModule(a.save, named);
+    Status st = use_lora ? serve::SaveTuned(a.save, *lora) : serve::SaveTuned(a.save, *tuned);
     if (!st.ok()) return Fail(st);
   }
   Json j = {{"initial_loss", initial}, {"final_loss", final_loss}, {"steps", a.steps},
@@ -503,6 +506,9 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
         ->check(CLI::Range(int64_t{1}, int64_t{64}));
     cmd->add_option("--max-length", a->max_length,
                     "tokens to reserve in the servers' caches (default: prompt + new tokens)");
+    cmd->add_option("--tuned", a->tuned,
+                    "generate with a tuned model: what 'colony finetune --save' wrote (shallow "
+                    "or deep prompts, or LoRA adapters that the servers apply)");
     cmd->add_flag("--json", a->json, "print one JSON object instead of streaming text");
     commands.emplace_back(cmd, [a] {
       if (a->prompt.empty() == a->tokens.empty()) return Fail("give --prompt or --tokens");
@@ -526,7 +532,9 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
     cmd->add_option("--lr", a->lr, "Adam learning rate")->capture_default_str();
     cmd->add_option("--batch-size", a->batch_size, "sequences per step")->capture_default_str();
     cmd->add_option("--data", a->data, "text file, one training sequence per line");
-    cmd->add_option("--save", a->save, "write the trained prompts here (safetensors)");
+    cmd->add_option("--save", a->save,
+                    "write the trained prompts or adapters here (safetensors; 'colony generate "
+                    "--tuned' reads it)");
     cmd->add_option("--seed", a->seed, "initialization seed")->capture_default_str();
     commands.emplace_back(cmd, [a] { return RunFinetune(*a); });
   }

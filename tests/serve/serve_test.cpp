@@ -131,6 +131,75 @@ class ServeTest : public ::testing::Test {
 
   Multiaddr ServerAddress(size_t i) { return nodes_.at(i)->VisibleAddresses().at(0); }
 
+  // Shuts down the server that holds the span starting at block `start` in the session's route
+  // (mid-generation); returns its id.
+  PeerId KillServerAt(const InferenceSession& session, int64_t start) {
+    PeerId killed;
+    for (const auto& span : session.stats().route) {
+      if (span.start != start) continue;
+      killed = span.server.peer;
+      for (size_t i = 0; i < nodes_.size(); ++i) {
+        if (nodes_[i]->peer_id() == killed) {
+          servers_[i]->Shutdown();
+          nodes_[i]->Shutdown();
+        }
+      }
+    }
+    return killed;
+  }
+
+  // Greedy decoding of a tuned model without sessions: every step runs the whole sequence
+  // through `forward` (tokens [1, T] -> logits [1, T, V], the RemoteSequential forward path).
+  // Returns the generated tokens; `logits`, when given, gets each step's logits.
+  static std::vector<int64_t> ReferenceGreedy(
+      const std::function<at::Tensor(const at::Tensor&)>& forward, std::vector<int64_t> tokens,
+      int64_t new_tokens, std::vector<at::Tensor>* logits = nullptr) {
+    at::NoGradGuard no_grad;
+    std::vector<int64_t> out;
+    for (int64_t i = 0; i < new_tokens; ++i) {
+      at::Tensor l = forward(at::tensor(tokens, at::kLong).unsqueeze(0));
+      if (logits) logits->push_back(l);
+      out.push_back(l[0][-1].argmax().item<int64_t>());
+      tokens.push_back(out.back());
+    }
+    return out;
+  }
+
+  // Greedy generation through an inference session tuned by `options` (and shallow prompts)
+  // equals the reference token for token, and its logits equal the reference's (atol 1e-3)
+  // position by position. Returns the tokens.
+  std::vector<int64_t> ExpectSessionEqualsReference(
+      RemoteSequential& remote, const std::function<at::Tensor(const at::Tensor&)>& forward,
+      const SessionOptions& options, const at::Tensor& shallow, const std::vector<int64_t>& prompt,
+      int64_t new_tokens) {
+    std::vector<at::Tensor> ref_logits;
+    const auto expected = ReferenceGreedy(forward, prompt, new_tokens, &ref_logits);
+    {
+      auto session = remote.OpenSession(options);
+      RemoteBackend backend(Head(), *session, options.max_length, shallow);
+      at::Tensor input = at::tensor(prompt, at::kLong).unsqueeze(0);
+      for (int64_t i = 0; i < new_tokens; ++i) {
+        auto logits = backend.Step(input, backend.position(), {});
+        EXPECT_TRUE(logits.ok()) << logits.status().ToString();
+        if (!logits.ok()) return {};
+        const at::Tensor& ref = ref_logits[static_cast<size_t>(i)];
+        const at::Tensor want = ref.narrow(1, ref.size(1) - input.size(1), input.size(1));
+        EXPECT_TRUE(at::allclose(*logits, want, 0, 1e-3))
+            << "step " << i << ": max difference " << (*logits - want).abs().max().item<double>();
+        input = at::full({1, 1}, expected[static_cast<size_t>(i)], at::kLong);
+      }
+      EXPECT_EQ(backend.position(), static_cast<int64_t>(prompt.size()) + new_tokens - 1);
+    }
+    auto session = remote.OpenSession(options);
+    RemoteBackend backend(Head(), *session, options.max_length, shallow);
+    auto got = GenerateWith(backend, prompt, {.max_new_tokens = new_tokens});
+    EXPECT_TRUE(got.ok()) << got.status().ToString();
+    if (got.ok()) {
+      EXPECT_EQ(*got, expected);
+    }
+    return expected;
+  }
+
   std::filesystem::path dir_;
   model::LlamaConfig config_;
   model::LlamaModel local_{nullptr};
@@ -360,18 +429,8 @@ TEST_F(ServeTest, FailoverToAReplacementKeepsGenerationIdentical) {
   int produced = 0;
   PeerId killed;
   auto got = GenerateWith(backend, prompt, so, -1, [&](int64_t) {
-    if (++produced != 5) return;
     // Take down the server holding blocks 2..4 in the session's route, mid-generation.
-    for (const auto& span : session->stats().route) {
-      if (span.start != 2) continue;
-      killed = span.server.peer;
-      for (size_t i = 0; i < nodes_.size(); ++i) {
-        if (nodes_[i]->peer_id() == killed) {
-          servers_[i]->Shutdown();
-          nodes_[i]->Shutdown();
-        }
-      }
-    }
+    if (++produced == 5) killed = KillServerAt(*session, 2);
   });
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(*got, expected);
@@ -419,8 +478,10 @@ TEST(ChooseBestStart, PicksTheWeakestWindow) {
 
 // Opens a raw inference stream (what a hostile client controls fully).
 Result<std::shared_ptr<net::Stream>> RawSession(net::Host& host, const Multiaddr& addr,
-                                                const wire::OpenSession& open) {
-  const net::Message m(open.SerializeAsString());
+                                                const wire::OpenSession& open,
+                                                const std::vector<at::Tensor>& tensors = {}) {
+  net::Message m(open.SerializeAsString());
+  for (const auto& t : tensors) m.tensors.push_back(*runtime::ToFrame(t));
   auto fut = asio::co_spawn(
       host.io_context(),
       [&host, addr, m]() -> asio::awaitable<Result<std::shared_ptr<net::Stream>>> {
@@ -825,6 +886,284 @@ TEST_F(ServeTest, AnUnpinnedServerMovesToUncoveredBlocks) {
   EXPECT_TRUE(at::allclose(*out, LocalBlocks(x, 0, 4), 0, 1e-4));
   (*mover)->Shutdown();
   (*node)->Shutdown();
+}
+
+}  // namespace
+}  // namespace colony::serve
+
+namespace colony::serve {
+namespace {
+
+TEST_F(ServeTest, DeepPromptTunedGenerationThroughASessionEqualsTheForwardPath) {
+  AddServer(0, 2);
+  AddServer(2, 4);
+  Connect(2);
+  auto remote = std::make_shared<RemoteSequential>(manager_);
+  at::manual_seed(7);
+  const PromptTuningOptions po{.prompt_length = 3, .deep = true};
+  PromptTuned tuned(Head(), remote, po);
+  {
+    at::NoGradGuard no_grad;  // large random prompts, so that they matter
+    tuned->prompts.normal_(0, 0.5);
+    tuned->deep_prompts.normal_(0, 0.5);
+  }
+  const std::vector<int64_t> prompt = {5, 17, 99, 3};
+  const int64_t n = 12, max_length = 3 + 4 + n;
+  auto forward = [&](const at::Tensor& tokens) { return tuned->forward(tokens); };
+  SessionOptions options{.max_length = max_length, .batch_size = 1};
+  options.prompts = tuned->deep_prompts.unsqueeze(1);  // [blocks, 1, P, H]
+  const auto tokens = ExpectSessionEqualsReference(*remote, forward, options, tuned->prompts,
+                                                   prompt, n);
+  // The tuning matters: the untuned model generates something else.
+  EXPECT_NE(tokens, model::Generate(local_, prompt, {.max_new_tokens = n}));
+  // Per-row prompts [blocks, B, P, H] too: a batch of two different tunings equals each alone.
+  at::Tensor deep2 = at::stack({tuned->deep_prompts, at::zeros_like(tuned->deep_prompts)}, 1);
+  SessionOptions batched{.max_length = max_length, .batch_size = 2};
+  batched.prompts = deep2;
+  auto session = remote->OpenSession(batched);
+  RemoteBackend backend(Head(), *session, max_length, tuned->prompts);
+  at::Tensor input = at::tensor(prompt, at::kLong).unsqueeze(0).expand({2, -1}).contiguous();
+  auto first = backend.Step(input, 0, {});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  std::vector<at::Tensor> ref;
+  ReferenceGreedy(forward, prompt, 1, &ref);
+  EXPECT_TRUE(at::allclose((*first)[0], ref[0][0], 0, 1e-3));
+  EXPECT_FALSE(at::allclose((*first)[1], ref[0][0], 0, 1e-2));
+  // Swap the rows (beam search's reorder): row 1 continues with the tuned prompts.
+  const at::Tensor swap = at::tensor({1, 0}, at::kLong);
+  const at::Tensor next = at::full({2, 1}, tokens[0], at::kLong);
+  auto second = backend.Step(next, backend.position(), swap);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ReferenceGreedy(forward, prompt, 2, &ref);
+  EXPECT_TRUE(at::allclose((*second)[1][0], ref.back()[0][-1], 0, 1e-3));
+  EXPECT_FALSE(at::allclose((*second)[0][0], ref.back()[0][-1], 0, 1e-2));
+  // A rollback to the start prepends the shallow prompts again.
+  auto again = backend.Step(input, 0, {});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(at::allclose((*again)[1], ref[0][0], 0, 1e-3));
+}
+
+TEST_F(ServeTest, PerRowDeepPromptsFollowBeamReorders) {
+  AddServer(0, 2);
+  AddServer(2, 4);
+  Connect(2);
+  RemoteSequential remote(manager_);
+  const int64_t h = config_.hidden_size;
+  const at::Tensor prompts = at::randn({4, 2, 2, h});  // two rows, two prompt positions
+  SessionOptions options{.max_length = 8, .batch_size = 2};
+  options.prompts = prompts;
+  auto session = remote.OpenSession(options);
+  const at::Tensor x1 = at::randn({2, 1, h}), x2 = at::randn({2, 1, h});
+  ASSERT_TRUE(session->Step(x1).ok());
+  // Swap the rows, then a step at position 1 (< P): each row keeps its own prompts.
+  const at::Tensor swap = at::tensor({1, 0}, at::kLong);
+  auto out = session->Step(x2, swap);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  auto ref = remote.Forward(at::cat({x1.index_select(0, swap), x2}, 1),
+                            prompts.index_select(1, swap));
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  EXPECT_TRUE(at::allclose(*out, ref->narrow(1, 1, 1), 0, 1e-4));
+  // A rollback after the reorder recomputes with the reordered prompts too.
+  out = session->Step(x2, {}, 1);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_TRUE(at::allclose(*out, ref->narrow(1, 1, 1), 0, 1e-4));
+}
+
+TEST_F(ServeTest, LoraTunedGenerationThroughASessionEqualsTheForwardPath) {
+  AddServer(0, 1);
+  AddServer(1, 4);
+  Connect(2);
+  auto remote = std::make_shared<RemoteSequential>(manager_);
+  at::manual_seed(5);
+  LoraTuningOptions lo;
+  lo.rank = 2;
+  lo.targets = {"q_proj", "v_proj", "down_proj"};
+  lo.scale = 2.0;
+  LoraTuned lora(Head(), remote, lo);
+  {
+    at::NoGradGuard no_grad;  // non-zero B: the adapters change the output
+    for (size_t i = 1; i < lora->adapters.size(); i += 2) lora->adapters[i].normal_(0, 0.3);
+  }
+  const std::vector<int64_t> prompt = {9, 8, 7, 200};
+  const int64_t n = 12;
+  auto forward = [&](const at::Tensor& tokens) { return lora->forward(tokens); };
+  SessionOptions options{.max_length = 4 + n, .batch_size = 1};
+  options.lora = lora->spec;
+  options.adapters = lora->adapters;
+  const auto tokens = ExpectSessionEqualsReference(*remote, forward, options, {}, prompt, n);
+  // A server that ignored the adapters would produce the untuned model's tokens.
+  EXPECT_NE(tokens, model::Generate(local_, prompt, {.max_new_tokens = n}));
+}
+
+TEST_F(ServeTest, FailoverKeepsTunedGenerationIdentical) {
+  AddServer(0, 2, 100);
+  AddServer(2, 4, 1000);  // preferred: fastest
+  AddServer(2, 4, 100);   // the first replacement
+  AddServer(2, 4, 10);    // the second
+  Connect(4);
+  auto remote = std::make_shared<RemoteSequential>(manager_);
+  at::manual_seed(9);
+  const PromptTuningOptions po{.prompt_length = 2, .deep = true};
+  PromptTuned tuned(Head(), remote, po);
+  const LoraTuningOptions lo{.rank = 2};
+  LoraTuned lora(Head(), remote, lo);
+  {
+    at::NoGradGuard no_grad;
+    tuned->prompts.normal_(0, 0.5);
+    tuned->deep_prompts.normal_(0, 0.5);
+    for (size_t i = 1; i < lora->adapters.size(); i += 2) lora->adapters[i].normal_(0, 0.3);
+  }
+  const std::vector<int64_t> prompt = {9, 8, 7};
+  const int64_t n = 12, max_length = 2 + 3 + n;
+  for (bool use_lora : {false, true}) {
+    SessionOptions options{.max_length = max_length, .batch_size = 1};
+    at::Tensor shallow;
+    std::function<at::Tensor(const at::Tensor&)> forward;
+    if (use_lora) {
+      options.lora = lora->spec;
+      options.adapters = lora->adapters;
+      forward = [&](const at::Tensor& t) { return lora->forward(t); };
+    } else {
+      options.prompts = tuned->deep_prompts.unsqueeze(1);
+      shallow = tuned->prompts;
+      forward = [&](const at::Tensor& t) { return tuned->forward(t); };
+    }
+    const auto expected = ReferenceGreedy(forward, prompt, n);
+    auto session = remote->OpenSession(options);
+    RemoteBackend backend(Head(), *session, max_length, shallow);
+    int produced = 0;
+    PeerId killed;
+    auto got = GenerateWith(backend, prompt, {.max_new_tokens = n}, -1, [&](int64_t) {
+      if (++produced == 5) killed = KillServerAt(*session, 2);
+    });
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, expected) << (use_lora ? "LoRA" : "deep prompts");
+    EXPECT_EQ(session->stats().failovers, 1);
+    EXPECT_GT(session->stats().replayed_tokens, 0);
+    for (const auto& span : session->stats().route) EXPECT_NE(span.server.peer, killed);
+  }
+}
+
+TEST_F(ServeTest, HostileTunedSessionsGetErrorsAndTheServerKeepsServing) {
+  ServerOptions so;
+  so.max_length = 64;
+  auto& server = AddServer(0, 4, 100, so);
+  Connect(1);
+  net::Host& host = client_->host();
+  const Multiaddr addr = ServerAddress(0);
+  const int64_t h = config_.hidden_size;
+  auto open = [&](int64_t prompt_length, const std::vector<at::Tensor>& tensors,
+                  int64_t rank = 0) {
+    wire::OpenSession o = MakeOpen(8, 1);
+    o.set_prompt_length(static_cast<uint32_t>(prompt_length));
+    if (rank > 0) {
+      o.set_lora_rank(static_cast<uint32_t>(rank));
+      o.add_lora_targets("q_proj");
+    }
+    return RawSession(host, addr, o, tensors);
+  };
+  at::Tensor nan = at::randn({4, 1, 2, h});
+  nan[1][0][1][5] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<at::Tensor> adapters;  // rank 2 on q_proj of 4 blocks
+  for (int b = 0; b < 4; ++b) {
+    adapters.push_back(at::randn({2, h}));
+    adapters.push_back(at::randn({h, 2}));
+  }
+  std::vector<at::Tensor> wrong_adapters = adapters;
+  wrong_adapters[3] = at::randn({h + 1, 2});
+  const std::vector<std::pair<std::string, Result<std::shared_ptr<net::Stream>>>> bad = {
+      {"no prompt tensor", open(2, {})},
+      {"prompt length disagrees", open(3, {at::randn({4, 1, 2, h})})},
+      {"wrong hidden size", open(2, {at::randn({4, 1, 2, h + 1})})},
+      {"wrong block count", open(2, {at::randn({3, 1, 2, h})})},
+      {"wrong batch", open(2, {at::randn({4, 2, 2, h})})},
+      {"longer than the session", open(9, {at::randn({4, 1, 9, h})})},
+      {"integer prompts", open(2, {at::ones({4, 1, 2, h}, at::kLong)})},
+      {"NaN prompts", open(2, {nan})},
+      {"adapters of the wrong size", open(0, wrong_adapters, 2)},
+      {"too few adapters", open(0, {adapters[0], adapters[1]}, 2)},
+      {"rank without targets", RawSession(host, addr, [] {
+         wire::OpenSession o = MakeOpen(8, 1);
+         o.set_lora_rank(2);
+         return o;
+       }())},
+  };
+  for (const auto& [what, r] : bad) {
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << what << ": " << r.status().ToString();
+  }
+  EXPECT_EQ(server.Stats().sessions, 0u);
+  EXPECT_EQ(server.Stats().cache_bytes_used, 0);
+  // A tuned session reserves its prompts' and adapters' memory with its cache.
+  at::Tensor prompts = at::randn({4, 1, 2, h});
+  std::vector<at::Tensor> tensors = {prompts};
+  tensors.insert(tensors.end(), adapters.begin(), adapters.end());
+  auto good = open(2, tensors, 2);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  const int64_t lora_bytes = 4 * 2 * (2 * h) * 4;
+  EXPECT_EQ(server.Stats().cache_bytes_used,
+            8 * 4 * CacheBytesPerToken(config_, at::kFloat) + prompts.nbytes() + lora_bytes);
+  (*good)->Cancel();
+  // Through the client: NaN prompts and wrong adapters are the caller's errors.
+  RemoteSequential remote(manager_);
+  SessionOptions o{.max_length = 16, .batch_size = 1};
+  o.prompts = nan;
+  auto r = remote.OpenSession(o)->Step(at::randn({1, 3, h}));
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  o.prompts = at::randn({4, 3, 2, h});  // batch 3 in a session of 1
+  r = remote.OpenSession(o)->Step(at::randn({1, 3, h}));
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  o.prompts = at::Tensor();
+  o.lora = {2, {"q_proj"}, 1.0};
+  o.adapters = wrong_adapters;
+  r = remote.OpenSession(o)->Step(at::randn({1, 3, h}));
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  EXPECT_FALSE(manager_->IsBanned(nodes_[0]->peer_id()));  // the caller's fault, not the server's
+  // And the server still serves a well-formed tuned session.
+  o.adapters = adapters;
+  o.prompts = prompts;
+  r = remote.OpenSession(o)->Step(at::randn({1, 3, h}));
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  const auto deadline = Clock::now() + 5s;
+  while (server.Stats().sessions != 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server.Stats().sessions, 0u);
+  EXPECT_EQ(server.Stats().cache_bytes_used, 0);
+}
+
+TEST_F(ServeTest, TunedFilesRoundTrip) {
+  AddServer(0, 4);
+  Connect(1);
+  auto remote = std::make_shared<RemoteSequential>(manager_);
+  const auto file = dir_ / "tuned.safetensors";
+  const PromptTuningOptions po{.prompt_length = 3, .deep = true};
+  PromptTuned tuned(Head(), remote, po);
+  ASSERT_TRUE(SaveTuned(file, *tuned).ok());
+  auto p = LoadTuned(file, config_);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(at::equal(p->prompts, tuned->prompts));
+  EXPECT_TRUE(at::equal(p->deep_prompts, tuned->deep_prompts));
+  EXPECT_EQ(p->lora.rank, 0);
+  const LoraTuningOptions lo{.rank = 3, .targets = {"v_proj", "up_proj"}, .scale = 0.5};
+  LoraTuned lora(Head(), remote, lo);
+  ASSERT_TRUE(SaveTuned(file, *lora).ok());
+  auto l = LoadTuned(file, config_);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_FALSE(l->prompts.defined());
+  EXPECT_EQ(l->lora.rank, 3);
+  EXPECT_EQ(l->lora.targets, lora->spec.targets);
+  EXPECT_EQ(l->lora.scale, 0.5);
+  ASSERT_EQ(l->adapters.size(), lora->adapters.size());
+  for (size_t i = 0; i < l->adapters.size(); ++i) EXPECT_TRUE(at::equal(l->adapters[i], lora->adapters[i]));
+  // Files without metadata (older versions) still load; other models' files do not.
+  model::NamedTensors named;
+  for (const auto& item : lora->named_parameters()) named.emplace_back(item.key(), item.value());
+  ASSERT_TRUE(model::SaveModule(file, named).ok());
+  auto old = LoadTuned(file, config_);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(old->lora.targets, lora->spec.targets);
+  EXPECT_EQ(old->lora.scale, 1.0);
+  auto other = config_;
+  other.num_layers = 5;
+  EXPECT_EQ(LoadTuned(file, other).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
