@@ -118,6 +118,20 @@ class ServeTest : public ::testing::Test {
     return *head;
   }
 
+  // Seeded LoRA adapters (rank 2, scale 2) on q_proj, v_proj and down_proj, with B drawn from
+  // N(0, b_std) instead of zeros so that they change the output.
+  LoraTuned RandomLora(std::shared_ptr<RemoteSequential> remote, double b_std) {
+    at::manual_seed(5);
+    LoraTuningOptions lo;
+    lo.rank = 2;
+    lo.targets = {"q_proj", "v_proj", "down_proj"};
+    lo.scale = 2.0;
+    LoraTuned lora(Head(), std::move(remote), lo);
+    at::NoGradGuard no_grad;
+    for (size_t i = 1; i < lora->adapters.size(); i += 2) lora->adapters[i].normal_(0, b_std);
+    return lora;
+  }
+
   at::Tensor LocalBlocks(at::Tensor h, int64_t first, int64_t last, const at::Tensor& prompts = {}) {
     for (int64_t i = first; i < last; ++i) {
       if (prompts.defined()) {
@@ -660,17 +674,8 @@ TEST_F(ServeTest, LoraThroughTheSwarmEqualsLocalAndLearns) {
   AddServer(1, 4);
   Connect(2);
   auto remote = std::make_shared<RemoteSequential>(manager_);
-  at::manual_seed(5);
-  LoraTuningOptions lo;
-  lo.rank = 2;
-  lo.targets = {"q_proj", "v_proj", "down_proj"};
-  lo.scale = 2.0;
-  LoraTuned lora(Head(), remote, lo);
-  // Non-zero B so that the adapters change the output.
-  {
-    at::NoGradGuard no_grad;
-    for (size_t i = 1; i < lora->adapters.size(); i += 2) lora->adapters[i].normal_(0, 0.05);
-  }
+  LoraTuned lora = RandomLora(remote, 0.05);
+  const LoraSpec& lo = lora->spec;
   // Forward and gradients equal the same adapters applied to the local blocks.
   at::Tensor x = at::randn({2, 5, config_.hidden_size}).requires_grad_();
   at::Tensor target = at::randn({2, 5, config_.hidden_size});
@@ -974,16 +979,7 @@ TEST_F(ServeTest, LoraTunedGenerationThroughASessionEqualsTheForwardPath) {
   AddServer(1, 4);
   Connect(2);
   auto remote = std::make_shared<RemoteSequential>(manager_);
-  at::manual_seed(5);
-  LoraTuningOptions lo;
-  lo.rank = 2;
-  lo.targets = {"q_proj", "v_proj", "down_proj"};
-  lo.scale = 2.0;
-  LoraTuned lora(Head(), remote, lo);
-  {
-    at::NoGradGuard no_grad;  // non-zero B: the adapters change the output
-    for (size_t i = 1; i < lora->adapters.size(); i += 2) lora->adapters[i].normal_(0, 0.3);
-  }
+  LoraTuned lora = RandomLora(remote, 0.3);
   const std::vector<int64_t> prompt = {9, 8, 7, 200};
   const int64_t n = 12;
   auto forward = [&](const at::Tensor& tokens) { return lora->forward(tokens); };
