@@ -1,6 +1,7 @@
 // The network lab (scripts/lab) for the benchmarks that run in it (bench_wan, bench_inference's
-// WAN phase): building and tearing down a topology, running commands inside its hosts, tearing
-// it down on SIGINT/SIGTERM/SIGHUP, and saying why this machine cannot run it.
+// WAN phase) and for the lab tests (tests/lab): building and tearing down a topology, running
+// commands inside its hosts, tearing it down on SIGINT/SIGTERM/SIGHUP (benchmarks), and saying
+// why this machine cannot run it.
 //
 // Needs COLONY_SOURCE_DIR (the repository, for scripts/lab) defined by the build.
 #pragma once
@@ -167,6 +168,15 @@ class Lab {
     out.insert(out.end(), argv.begin(), argv.end());
     return out;
   }
+  // Namespaces of this lab that exist now.
+  std::vector<std::string> Namespaces() const {
+    auto r = RunCommand({IpBinary(), "netns", "list"}, std::chrono::seconds(10));
+    std::vector<std::string> out;
+    for (const auto& line : r.lines) {
+      if (line.rfind("cl-" + name_ + "-", 0) == 0) out.push_back(line.substr(0, line.find(' ')));
+    }
+    return out;
+  }
 
  private:
   std::string name_, dir_;
@@ -174,13 +184,20 @@ class Lab {
   std::map<std::string, std::string> addr_;
 };
 
-// Why this machine cannot run the lab, or empty. `dir`: where to put the check's stderr.
-inline std::string CannotRunLab(const std::string& dir) {
+// Why this machine cannot build labs (no root, no network namespaces, ...), or empty. `dir`:
+// where to put the check's stderr.
+inline std::string LabUnavailable(const std::string& dir) {
   if (::geteuid() != 0)
     return "the network lab needs root (network namespaces, veth, tc, iptables)";
   const std::string err = dir + "/check.err";
   auto r = RunCommand({"/bin/bash", LabScript(), "check"}, std::chrono::seconds(30), err);
   if (r.code != 0) return "the network lab cannot run here: " + ReadFile(err);
+  return {};
+}
+
+// The same, and also when the binaries that run in it are not built.
+inline std::string CannotRunLab(const std::string& dir) {
+  if (std::string why = LabUnavailable(dir); !why.empty()) return why;
   const std::string bin_dir = std::filesystem::path(ColonyBinary()).parent_path().string();
   for (const std::string& bin : {ColonyBinary(), bin_dir + "/colony-lab-link"}) {
     if (::access(bin.c_str(), X_OK) != 0) return bin + " not found (build the colony target)";

@@ -1,6 +1,7 @@
 // Small helpers shared by test suites: files and the colony binary under test.
 #pragma once
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include <sstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/subprocess.h"
@@ -40,6 +42,18 @@ inline std::string ColonyBinary() {
   const char* env = std::getenv("COLONY_BIN");
   if (env != nullptr && *env != '\0') return env;
   return (std::filesystem::path(SelfExecutable()).parent_path() / "colony").string();
+}
+
+// Polls `cond` until it holds or `limit` passes; returns its last value. For conditions that
+// another thread or process makes true, so that tests wait for them instead of sleeping.
+template <typename F>
+bool WaitUntil(F cond, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (cond()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return cond();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 }  // namespace colony::test

@@ -26,6 +26,7 @@
 #include "averaging/averager.h"
 #include "core/subprocess.h"
 #include "dht/node.h"
+#include "lab_support.h"
 #include "test_support.h"
 
 namespace colony {
@@ -49,39 +50,9 @@ constexpr bool kSanitized = false;
 constexpr bool kSanitized = false;
 #endif
 
-std::string LabScript() { return std::string(COLONY_SOURCE_DIR) + "/scripts/lab"; }
-
-std::string IpBinary() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (::access(p, X_OK) == 0) return p;
-  }
-  return "ip";
-}
-
-struct CommandResult {
-  int code = -1;
-  std::vector<std::string> lines;  // stdout
-};
-
-// Runs argv to completion (stdout captured, stderr into `err_path` when given).
-CommandResult RunCommand(const std::vector<std::string>& argv, std::chrono::seconds timeout,
-                         const std::string& err_path = {}) {
-  CommandResult r;
-  auto p = Subprocess::Spawn(argv, err_path);
-  if (!p.ok()) return r;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left <= 0ms) break;
-    auto line = p->ReadLine(left);
-    if (!line.ok()) break;
-    r.lines.push_back(*line);
-  }
-  auto code = p->Wait(5s);
-  r.code = code.ok() ? *code : -1;
-  return r;
-}
+using bench::IpBinary;
+using bench::LabScript;
+using bench::RunCommand;
 
 std::string TempPath(const std::string& name) {
   static int counter = 0;
@@ -90,13 +61,7 @@ std::string TempPath(const std::string& name) {
 }
 
 // Why this machine cannot run the lab, or empty.
-std::string CannotRunLab() {
-  if (::geteuid() != 0) return "the network lab needs root (network namespaces, veth, tc, iptables)";
-  const std::string err = TempPath("check.err");
-  auto r = RunCommand({"/bin/bash", LabScript(), "check"}, 30s, err);
-  if (r.code != 0) return "the network lab cannot run here: " + test::ReadFile(err);
-  return {};
-}
+std::string CannotRunLab() { return bench::LabUnavailable(::testing::TempDir()); }
 
 #define SKIP_WITHOUT_LAB()                              \
   do {                                                  \
@@ -106,62 +71,21 @@ std::string CannotRunLab() {
 
 // One lab, built from a topology in the constructor and torn down in the destructor (also when
 // the test fails: every process in its namespaces is killed and the namespaces deleted).
-class Lab {
+class Lab : public bench::Lab {
  public:
-  Lab(const std::string& topology_text) {
-    static int counter = 0;
-    name_ = "t" + std::to_string(::getpid() % 100000) + "x" + std::to_string(counter++);
-    const std::string file = TempPath(name_ + ".lab");
-    test::WriteFile(file, topology_text);
-    ::setenv("COLONY_LAB_LINK",
-             (fs::path(ColonyBinary()).parent_path() / "colony-lab-link").c_str(), 1);
-    const std::string err = TempPath(name_ + ".err");
-    auto r = RunCommand({"/bin/bash", LabScript(), "up", file, name_}, 60s, err);
-    if (r.code != 0) {
-      error_ = "scripts/lab up failed (" + std::to_string(r.code) + "): " + test::ReadFile(err);
-      return;
-    }
-    for (const auto& line : r.lines) {
-      const auto space = line.find(' ');
-      if (space != std::string::npos) addr_[line.substr(0, space)] = line.substr(space + 1);
-    }
+  explicit Lab(const std::string& topology_text)
+      : bench::Lab(UniqueName(), ::testing::TempDir(), /*keep=*/false) {
+    bench::UseLabLinkNextToColony();
+    error_ = Up(topology_text);
   }
-  ~Lab() { Down(); }
-  Lab(const Lab&) = delete;
-  Lab& operator=(const Lab&) = delete;
-
-  void Down() {
-    if (down_) return;
-    down_ = true;
-    RunCommand({"/bin/bash", LabScript(), "down", name_}, 60s);
-  }
-
   const std::string& error() const { return error_; }
-  const std::string& name() const { return name_; }
-  std::string addr(const std::string& host) const {
-    auto it = addr_.find(host);
-    return it == addr_.end() ? std::string() : it->second;
-  }
-  // argv run inside `host`.
-  std::vector<std::string> In(const std::string& host, std::vector<std::string> argv) const {
-    std::vector<std::string> out = {IpBinary(), "netns", "exec", "cl-" + name_ + "-" + host};
-    out.insert(out.end(), argv.begin(), argv.end());
-    return out;
-  }
-  // Namespaces of this lab that exist now.
-  std::vector<std::string> Namespaces() const {
-    auto r = RunCommand({IpBinary(), "netns", "list"}, 10s);
-    std::vector<std::string> out;
-    for (const auto& line : r.lines) {
-      if (line.rfind("cl-" + name_ + "-", 0) == 0) out.push_back(line.substr(0, line.find(' ')));
-    }
-    return out;
-  }
 
  private:
-  std::string name_, error_;
-  std::map<std::string, std::string> addr_;
-  bool down_ = false;
+  static std::string UniqueName() {
+    static int counter = 0;
+    return "t" + std::to_string(::getpid() % 100000) + "x" + std::to_string(counter++);
+  }
+  std::string error_;
 };
 
 // `colony <args>` in `host`, stdout captured.

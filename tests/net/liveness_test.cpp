@@ -15,19 +15,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::ColonyBinary;
+using test::WaitUntil;
 using testing::AddressOf;
 using testing::StartHost;
-
-// Polls `cond` until it holds or `limit` passes.
-template <typename F>
-bool WaitUntil(F cond, std::chrono::milliseconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 // The state letter of a process from /proc/<pid>/stat ('T' when stopped), or '?'.
 char ProcessState(pid_t pid) {

@@ -36,6 +36,7 @@
 #include "net/handshake.h"
 #include "net/protocol.pb.h"
 #include "net/wire.h"
+#include "test_support.h"
 
 namespace colony::net::testing {
 
@@ -51,15 +52,7 @@ inline long VmRssKb() {
   return 0;
 }
 
-// Polls `pred` until it holds or `limit` passes; returns its last value.
-inline bool WaitUntil(const std::function<bool()>& pred, std::chrono::milliseconds limit) {
-  auto deadline = RawClock::now() + limit;
-  for (;;) {
-    if (pred()) return true;
-    if (RawClock::now() >= deadline) return pred();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
+using colony::test::WaitUntil;
 
 // ---- building frames by hand ----------------------------------------------------------------
 

@@ -13,12 +13,14 @@
 
 #include "net/relay.h"
 #include "net/relay_wire.h"
+#include "test_support.h"
 #include "test_util.h"
 
 namespace colony::net {
 namespace {
 
 using namespace std::chrono_literals;
+using test::WaitUntil;
 using testing::AddressOf;
 using testing::StartHost;
 
@@ -69,17 +71,6 @@ TEST(Relay, APeerWithoutAListenerIsReachedThroughItsRelay) {
   EXPECT_EQ((*reservation)->circuits_accepted(), 1u);
 }
 
-// Polls `cond` until it holds or `limit` passes.
-template <typename F>
-bool WaitFor(F cond, std::chrono::milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
-
 bool DirectlyConnected(const Host& from, const PeerId& to) {
   auto c = from.FindConnection(to);
   return c && !c->remote_address().is_relayed();
@@ -121,16 +112,16 @@ TEST(HolePunching, ARelayedConnectionIsReplacedByADirectOne) {
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
   EXPECT_EQ(relay->stats().circuits_total, 1u);
 
-  ASSERT_TRUE(WaitFor([&] { return DirectlyConnected(*caller, behind->peer_id()); }, 15s))
+  ASSERT_TRUE(WaitUntil([&] { return DirectlyConnected(*caller, behind->peer_id()); }, 15s))
       << "the caller never got a direct connection";
-  ASSERT_TRUE(WaitFor([&] { return DirectlyConnected(*behind, caller->peer_id()); }, 15s))
+  ASSERT_TRUE(WaitUntil([&] { return DirectlyConnected(*behind, caller->peer_id()); }, 15s))
       << "the peer behind the relay never got a direct connection";
   // Calls to the relayed address now go straight to the peer, still authenticated end to end.
   auto again = caller->CallSync(reservation->address(), "whoami", Message("second"));
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->meta, caller->peer_id().ToString() + " second");
   const auto relayed_before = relay->stats().bytes_relayed;
-  ASSERT_TRUE(WaitFor([&] { return relay->stats().circuits == 0; }, 15s))
+  ASSERT_TRUE(WaitUntil([&] { return relay->stats().circuits == 0; }, 15s))
       << "the relayed connection was not closed after the direct one replaced it";
   auto third = caller->CallSync(reservation->address(), "whoami", Message("third"));
   ASSERT_TRUE(third.ok()) << third.status().ToString();
@@ -274,13 +265,13 @@ TEST(Relay, LimitsOnReservationsAndCircuits) {
       << refused.status().ToString();
   // When the first caller goes away, its circuit closes and the slot is free again.
   caller1.reset();
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
   Result<Message> later = Unavailable("not tried");
-  while (std::chrono::steady_clock::now() < deadline) {
-    later = caller2->CallSync((*r1)->address(), "whoami", Message());
-    if (later.ok()) break;
-    std::this_thread::sleep_for(50ms);  // polling a condition with a deadline
-  }
+  WaitUntil(
+      [&] {
+        later = caller2->CallSync((*r1)->address(), "whoami", Message());
+        return later.ok();
+      },
+      10s);
   EXPECT_TRUE(later.ok()) << later.status().ToString();
 }
 

@@ -24,6 +24,7 @@
 #include "serve/server.h"
 #include "serve/tuning.h"
 #include "small_model.h"
+#include "test_support.h"
 
 namespace colony::serve {
 namespace {
@@ -102,12 +103,15 @@ class ServeTest : public ::testing::Test {
     co.request_timeout = 10s;
     co.retry_backoff = 50ms;
     manager_ = std::make_shared<SequenceManager>(*client_, co);
-    const auto deadline = Clock::now() + 15s;
-    while (Clock::now() < deadline) {
-      ASSERT_TRUE(manager_->Refresh().ok());
-      if (manager_->Servers().size() >= expected) return;
-      std::this_thread::sleep_for(50ms);
-    }
+    bool refreshed = true;
+    const bool seen = colony::test::WaitUntil(
+        [&] {
+          refreshed = refreshed && manager_->Refresh().ok();
+          return !refreshed || manager_->Servers().size() >= expected;
+        },
+        15s);
+    ASSERT_TRUE(refreshed);
+    if (seen) return;
     FAIL() << "the client saw " << manager_->Servers().size() << " of " << expected
            << " servers within 15 s";
   }
@@ -384,15 +388,10 @@ TEST_F(ServeTest, CacheAccountingIsExactPerSession) {
   EXPECT_EQ(server.Stats().cache_bytes_used, (3 * 20 * 4 + 10 * 2) * per_token);
   EXPECT_EQ(server.Stats().sessions, 2u);
   s1->Close();
-  const auto deadline = Clock::now() + 5s;
-  while (server.Stats().cache_bytes_used != 10 * 2 * per_token && Clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
-  }
+  colony::test::WaitUntil([&] { return server.Stats().cache_bytes_used == 10 * 2 * per_token; }, 5s);
   EXPECT_EQ(server.Stats().cache_bytes_used, 10 * 2 * per_token);
   s2->Close();
-  while (server.Stats().cache_bytes_used != 0 && Clock::now() < deadline + 5s) {
-    std::this_thread::sleep_for(10ms);
-  }
+  colony::test::WaitUntil([&] { return server.Stats().cache_bytes_used == 0; }, 5s);
   EXPECT_EQ(server.Stats().cache_bytes_used, 0);
   EXPECT_EQ(server.Stats().sessions, 0u);
 }
@@ -421,10 +420,8 @@ TEST_F(ServeTest, PushedStepsAreProcessedExactlyOnce) {
   EXPECT_GT(second.Stats().pushes_used, 0u);
   // The client sends every step too: for each step that ran from a push, the client's copy
   // arrives later and is dropped (the last one may still be in flight: wait for it).
-  const auto deadline = Clock::now() + 5s;
-  while (second.Stats().duplicates < second.Stats().pushes_used && Clock::now() < deadline) {
-    std::this_thread::sleep_for(5ms);
-  }
+  colony::test::WaitUntil(
+      [&] { return second.Stats().duplicates >= second.Stats().pushes_used; }, 5s);
   EXPECT_GE(second.Stats().duplicates, second.Stats().pushes_used);
   EXPECT_EQ(second.Stats().steps, static_cast<uint64_t>(steps));
 }
@@ -609,8 +606,7 @@ TEST_F(ServeTest, HostileRequestsGetErrorsAndTheServerKeepsServing) {
   }
   for (auto& s : held) s->Cancel();
   held.clear();
-  const auto deadline = Clock::now() + 5s;
-  while (server.Stats().sessions != 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  colony::test::WaitUntil([&] { return server.Stats().sessions == 0; }, 5s);
   EXPECT_EQ(server.Stats().sessions, 0u);
   EXPECT_EQ(server.Stats().cache_bytes_used, 0);
   // And a well-behaved session works afterwards.
@@ -628,8 +624,7 @@ TEST_F(ServeTest, IdleSessionsAreClosedByTheServer) {
   auto s = RawSession(client_->host(), ServerAddress(0), MakeOpen(8, 1));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(server.Stats().sessions, 1u);
-  const auto deadline = Clock::now() + 5s;
-  while (server.Stats().sessions != 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  colony::test::WaitUntil([&] { return server.Stats().sessions == 0; }, 5s);
   EXPECT_EQ(server.Stats().sessions, 0u);
   EXPECT_EQ(server.Stats().cache_bytes_used, 0);
 }
@@ -815,14 +810,12 @@ TEST(TaskPool, RunsHigherPriorityFirstAndBoundsItsQueue) {
   ASSERT_TRUE(pool.Submit(runtime::kPriorityInference, record(4)));
   EXPECT_FALSE(pool.Submit(runtime::kPriorityInference, record(5)));  // queue full
   release.set_value();
-  const auto deadline = Clock::now() + 5s;
-  while (Clock::now() < deadline) {
-    {
-      std::lock_guard lock(mu);
-      if (order.size() == 4) break;
-    }
-    std::this_thread::sleep_for(1ms);
-  }
+  colony::test::WaitUntil(
+      [&] {
+        std::lock_guard lock(mu);
+        return order.size() == 4;
+      },
+      5s);
   std::lock_guard lock(mu);
   EXPECT_EQ(order, (std::vector<int>{3, 4, 1, 2}));
 }
@@ -874,10 +867,7 @@ TEST_F(ServeTest, AnUnpinnedServerMovesToUncoveredBlocks) {
   EXPECT_EQ((*mover)->Stats().first, 0);  // an empty swarm: the first window
   // A pinned server takes the same blocks: blocks 2..4 are now uncovered, 0..2 doubly covered.
   AddServer(0, 2, 100);
-  const auto deadline = Clock::now() + 10s;
-  while ((*mover)->Stats().first != 2 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);
-  }
+  colony::test::WaitUntil([&] { return (*mover)->Stats().first == 2; }, 10s);
   EXPECT_EQ((*mover)->Stats().first, 2);
   EXPECT_EQ((*mover)->Stats().last, 4);
   EXPECT_EQ((*mover)->Stats().state, ServerState::kOnline);
@@ -1119,8 +1109,7 @@ TEST_F(ServeTest, HostileTunedSessionsGetErrorsAndTheServerKeepsServing) {
   o.prompts = prompts;
   r = remote.OpenSession(o)->Step(at::randn({1, 3, h}));
   EXPECT_TRUE(r.ok()) << r.status().ToString();
-  const auto deadline = Clock::now() + 5s;
-  while (server.Stats().sessions != 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  colony::test::WaitUntil([&] { return server.Stats().sessions == 0; }, 5s);
   EXPECT_EQ(server.Stats().sessions, 0u);
   EXPECT_EQ(server.Stats().cache_bytes_used, 0);
 }
