@@ -8,13 +8,15 @@ namespace {
 
 constexpr std::string_view kMagic = "COLONY-RELAY/1";
 
+// The words between single spaces. A leading, trailing or doubled space makes an empty word,
+// which no request accepts: every accepted line has one canonical form (what Format prints).
 std::vector<std::string_view> Words(std::string_view line) {
   std::vector<std::string_view> out;
   size_t pos = 0;
-  while (pos < line.size() && out.size() < 8) {
-    size_t next = line.find(' ', pos);
-    if (next == std::string_view::npos) next = line.size();
-    out.push_back(line.substr(pos, next - pos));
+  while (out.size() < 8) {
+    const size_t next = line.find(' ', pos);
+    out.push_back(line.substr(pos, next == std::string_view::npos ? next : next - pos));
+    if (next == std::string_view::npos) break;
     pos = next + 1;
   }
   return out;

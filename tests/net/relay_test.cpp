@@ -2,6 +2,8 @@
 // serves calls through a relay it holds a reservation with; the connection is authenticated end
 // to end (a relay that splices to someone else is caught); limits on reservations, circuits and
 // rate; garbage on the circuit port. Reachability checks by dial-back.
+#include "net/relay.h"
+
 #include <gtest/gtest.h>
 
 #include <asio/connect.hpp>
@@ -11,7 +13,6 @@
 #include <string>
 #include <thread>
 
-#include "net/relay.h"
 #include "net/relay_wire.h"
 #include "test_support.h"
 #include "test_util.h"
@@ -144,8 +145,8 @@ TEST(HolePunching, RefusedPunchKeepsTheRelayedConnection) {
   // Ask for a punch the way a peer would, on the relayed connection: refused, with the reason.
   auto conn = caller->FindConnection(behind->peer_id());
   ASSERT_TRUE(conn && conn->remote_address().is_relayed());
-  auto asked = behind->CallSync(conn->remote_address().WithPeerId(caller->peer_id()),
-                                kPunchMethod, Message("connect /ip4/127.0.0.1/tcp/9"));
+  auto asked = behind->CallSync(conn->remote_address().WithPeerId(caller->peer_id()), kPunchMethod,
+                                Message("connect /ip4/127.0.0.1/tcp/9"));
   // (The call goes over the pooled relayed connection from `behind`'s side.)
   ASSERT_FALSE(asked.ok());
   EXPECT_NE(asked.status().message().find("hole punching is turned off"), std::string::npos)
@@ -371,7 +372,8 @@ TEST(RelayWire, PunchMessages) {
   EXPECT_EQ(connect->kind, PunchMessage::Kind::kConnect);
   ASSERT_EQ(connect->addresses.size(), 2u);
   EXPECT_EQ(connect->addresses[0].port(), 40000);
-  EXPECT_EQ(FormatPunchMessage(*connect), "connect /ip4/198.18.2.2/tcp/40000 /ip6/2001:db8::1/tcp/5");
+  EXPECT_EQ(FormatPunchMessage(*connect),
+            "connect /ip4/198.18.2.2/tcp/40000 /ip6/2001:db8::1/tcp/5");
   auto none = ParsePunchMessage("connect");
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->addresses.empty());
@@ -416,11 +418,21 @@ TEST(RelayWire, RequestsAndRepliesRoundTrip) {
   const Status err = ParseRelayReply("ERR no reservation");
   EXPECT_EQ(err.code(), StatusCode::kUnavailable);
   EXPECT_NE(err.message().find("no reservation"), std::string::npos);
-  for (std::string_view bad : {"", "OK ", "COLONY-RELAY/1", "COLONY-RELAY/1 CONNECT",
-                               "COLONY-RELAY/2 CONNECT x", "COLONY-RELAY/1 ACCEPT x y",
-                               "COLONY-RELAY/1 ACCEPT 1 ABCDEF00000000000000000000000000",
-                               "COLONY-RELAY/1 ACCEPT -1 00000000000000000000000000000000",
-                               "COLONY-RELAY/1 ACCEPT 07 00000000000000000000000000000000"}) {
+  // Only the canonical form is accepted: no stray spaces (the fuzzer found a trailing one that
+  // parsed and printed back differently).
+  const std::string canonical = FormatRelayRequest(c);
+  const std::string connect = canonical.substr(0, canonical.size() - 1);
+  for (const std::string& bad :
+       {connect + " ", " " + connect, "COLONY-RELAY/1  CONNECT " + c.target.ToString(),
+        "COLONY-RELAY/1 CONNECT  " + c.target.ToString(),
+        "COLONY-RELAY/1 ACCEPT 1 " + std::string(kRelayTokenHexLength, '0') + " "}) {
+    EXPECT_FALSE(ParseRelayRequest(bad).ok()) << "'" << bad << "'";
+  }
+  for (std::string_view bad :
+       {"", "OK ", "COLONY-RELAY/1", "COLONY-RELAY/1 CONNECT", "COLONY-RELAY/2 CONNECT x",
+        "COLONY-RELAY/1 ACCEPT x y", "COLONY-RELAY/1 ACCEPT 1 ABCDEF00000000000000000000000000",
+        "COLONY-RELAY/1 ACCEPT -1 00000000000000000000000000000000",
+        "COLONY-RELAY/1 ACCEPT 07 00000000000000000000000000000000"}) {
     EXPECT_FALSE(ParseRelayRequest(bad).ok()) << bad;
   }
   EXPECT_FALSE(ParseRelayReply("maybe").ok());
