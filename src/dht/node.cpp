@@ -1,5 +1,8 @@
 #include "dht/node.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <asio/async_result.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -7,9 +10,6 @@
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
 #include <asio/use_awaitable.hpp>
-#include <fmt/format.h>
-
-#include <algorithm>
 #include <future>
 
 #include "core/log.h"
@@ -88,9 +88,8 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
   }
 
   // Calls `method` on the peer, trying its addresses in turn within one deadline.
-  asio::awaitable<Result<std::string>> CallPeer(Contact to, std::string method,
-                                                std::string payload, Duration timeout,
-                                                PeerId* answered_by) {
+  asio::awaitable<Result<std::string>> CallPeer(Contact to, std::string method, std::string payload,
+                                                Duration timeout, PeerId* answered_by) {
     const SteadyTime deadline = SteadyTime::clock::now() + timeout;
     Status last = Unavailable("no usable address");
     // Errors name the peer; bootstrap errors are prefixed with the address by the core.
@@ -188,19 +187,20 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
                 Result<Response> (DhtCore::*handle)(const PeerId&, const Request&),
                 std::string (*encode)(const Response&)) {
     std::weak_ptr<Impl> weak = weak_from_this();
-    host_->RegisterUnary(method, [weak, decode, handle, encode](net::CallContext& ctx,
-                                                                net::Message m)
-                                     -> asio::awaitable<Result<net::Message>> {
-      auto req = decode(m.meta);
-      if (!req.ok()) co_return req.status();
-      auto serve = [from = ctx.peer(), req = std::move(*req), handle,
-                    encode](DhtCore& core) -> Result<net::Message> {
-        auto r = (core.*handle)(from, req);
-        if (!r.ok()) return r.status();
-        return net::Message(encode(*r));
-      };
-      co_return co_await Serve(weak, std::move(serve));
-    });
+    host_->RegisterUnary(
+        method,
+        [weak, decode, handle, encode](net::CallContext& ctx,
+                                       net::Message m) -> asio::awaitable<Result<net::Message>> {
+          auto req = decode(m.meta);
+          if (!req.ok()) co_return req.status();
+          auto serve = [from = ctx.peer(), req = std::move(*req), handle,
+                        encode](DhtCore& core) -> Result<net::Message> {
+            auto r = (core.*handle)(from, req);
+            if (!r.ok()) return r.status();
+            return net::Message(encode(*r));
+          };
+          co_return co_await Serve(weak, std::move(serve));
+        });
   }
 
   template <typename F>
@@ -232,9 +232,9 @@ Node::~Node() {
 Result<std::unique_ptr<Node>> Node::Start(KeyPair identity, NodeOptions options) {
   net::HostOptions host_options = options.host;
   host_options.listen = options.listen;
-  host_options.dial_timeout = std::min(
-      host_options.dial_timeout, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     options.dht.request_timeout));
+  host_options.dial_timeout =
+      std::min(host_options.dial_timeout,
+               std::chrono::duration_cast<std::chrono::milliseconds>(options.dht.request_timeout));
   if (options.listen.empty()) options.dht.client_mode = true;
   auto host = std::make_shared<net::Host>(std::move(identity), std::move(host_options));
   COLONY_RETURN_IF_ERROR(host->Start());
@@ -293,7 +293,8 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
   if (!options.dht.client_mode) {
     // Without /p2p/: the peer id travels beside the addresses, and base58-decoding it again for
     // every address of every contact in every reply was the largest cost of a lookup.
-    for (const Multiaddr& a : host->ListenAddresses()) addrs.push_back(a.WithoutPeerId().ToString());
+    for (const Multiaddr& a : host->ListenAddresses())
+      addrs.push_back(a.WithoutPeerId().ToString());
     if (addrs.empty()) options.dht.client_mode = true;
   }
   auto impl = std::make_shared<Impl>(host.get(), options.dht.client_mode);
@@ -310,8 +311,9 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     node->Shutdown();
     return booted->status().WithContext("DHT bootstrap failed");
   }
-  COLONY_LOG_DEBUG("DHT node {} joined; {} peers in its routing table",
-                   host->peer_id().Short(), **booted);
+  COLONY_LOG_DEBUG("DHT node {} joined; {} peers in its routing table", host->peer_id().Short(),
+                   **booted);
+  node->initial_peers_ = options.initial_peers;
   node->publicly_reachable_ = publicly_reachable;
   if (options.relay_service) {
     auto relay = net::Relay::Start(*host, *options.relay_service);
@@ -323,8 +325,8 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     node->AnnounceRelay();
   }
   // Behind NAT without a relay named: one announced in the DHT, else the initial peers.
-  const bool find_relay = !publicly_reachable && options.relays.empty() &&
-                          !host->ListenAddresses().empty();
+  const bool find_relay =
+      !publicly_reachable && options.relays.empty() && !host->ListenAddresses().empty();
   std::vector<std::string> refused;
   if (find_relay) {
     const std::vector<std::string> candidates = node->FindRelays(options.initial_peers);
@@ -333,10 +335,9 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
           "this node is behind NAT and no relay granted a reservation: it can call others but "
           "nobody can call it (run a relay: colony dht --relay-listen ADDR on a public peer)");
     }
-    node->relay_watcher_ = std::thread([n = node.get(), fallback = options.initial_peers,
-                                        failover = options.relay_failover] {
-      n->WatchRelay(fallback, failover);
-    });
+    node->relay_watcher_ =
+        std::thread([n = node.get(), fallback = options.initial_peers,
+                     failover = options.relay_failover] { n->WatchRelay(fallback, failover); });
     return node;
   }
   for (const auto& text : options.relays) {
@@ -396,8 +397,8 @@ std::optional<Multiaddr> Node::ReserveWithOneOf(const std::vector<std::string>& 
 
 void Node::WatchRelay(std::vector<std::string> fallback, std::chrono::milliseconds failover) {
   using Clock = std::chrono::steady_clock;
-  const auto tick = std::clamp(failover / 4, std::chrono::milliseconds(100),
-                               std::chrono::milliseconds(5000));
+  const auto tick =
+      std::clamp(failover / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(5000));
   std::optional<Clock::time_point> lost_since;
   std::unique_lock lock(reservations_mu_);
   while (!watcher_wake_.wait_for(lock, tick, [this] { return watcher_stop_; })) {
@@ -453,8 +454,8 @@ void Node::AnnounceRelay() {
       if (!impl || impl->stopped_.load()) co_return;
       std::vector<StoreItem> items;
       items.push_back({kRelaysKey, subkey, value, Now() + 300});
-      auto start = [impl, items = std::move(items)](
-                       std::function<void(std::vector<Status>)> cb) mutable {
+      auto start = [impl,
+                    items = std::move(items)](std::function<void(std::vector<Status>)> cb) mutable {
         impl->core_->Store(std::move(items), std::move(cb));
       };
       auto stored = co_await impl->Await<std::vector<Status>>(std::move(start));
@@ -510,7 +511,8 @@ std::vector<Multiaddr> Node::VisibleAddresses() const {
 
 asio::awaitable<std::vector<Status>> Node::StoreMany(std::vector<StoreItem> items) {
   auto impl = impl_;
-  auto start = [impl, items = std::move(items)](std::function<void(std::vector<Status>)> cb) mutable {
+  auto start = [impl,
+                items = std::move(items)](std::function<void(std::vector<Status>)> cb) mutable {
     impl->core_->Store(std::move(items), std::move(cb));
   };
   co_return co_await impl->Await<std::vector<Status>>(std::move(start));
@@ -574,10 +576,23 @@ Result<Record> Node::GetSync(std::string key, bool latest) {
   return std::move(GetManySync(std::move(keys), latest).at(0));
 }
 
+Result<size_t> Node::Rejoin() {
+  if (initial_peers_.empty()) {
+    return FailedPrecondition("this DHT node started without initial peers: nothing to rejoin");
+  }
+  auto impl = impl_;
+  auto r = impl->Block<Result<size_t>>(
+      [impl, peers = initial_peers_](std::function<void(Result<size_t>)> cb) {
+        impl->core_->Bootstrap(peers, std::move(cb));
+      });
+  if (!r) return Closed("DHT node is shut down");
+  return std::move(*r);
+}
+
 DhtStats Node::Stats() const {
   auto impl = impl_;
-  auto r = impl->Block<DhtStats>(
-      [impl](std::function<void(DhtStats)> cb) { cb(impl->core_->stats()); });
+  auto r =
+      impl->Block<DhtStats>([impl](std::function<void(DhtStats)> cb) { cb(impl->core_->stats()); });
   return r.value_or(DhtStats{});
 }
 

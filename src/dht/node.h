@@ -71,8 +71,7 @@ class Node {
   // Starts a host of its own, then bootstraps.
   static Result<std::unique_ptr<Node>> Start(KeyPair identity, NodeOptions options);
   // Runs on an already started host shared with other services (its RPC methods are added).
-  static Result<std::unique_ptr<Node>> Attach(std::shared_ptr<net::Host> host,
-                                              NodeOptions options);
+  static Result<std::unique_ptr<Node>> Attach(std::shared_ptr<net::Host> host, NodeOptions options);
   ~Node();  // Shutdown()
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -105,6 +104,11 @@ class Node {
   std::vector<Result<Record>> GetManySync(std::vector<std::string> keys, bool latest = false);
   Result<Record> GetSync(std::string key, bool latest = false);
 
+  // Bootstraps again from the initial peers it started with (e.g. after seeing nobody for a
+  // while: they may have restarted); returns the routing table's size. FailedPrecondition when
+  // the node started without initial peers. Blocking: not from the host's I/O threads.
+  Result<size_t> Rejoin();
+
   // Snapshots taken on the node's strand.
   DhtStats Stats() const;
   size_t RoutingTableSize() const;
@@ -131,6 +135,7 @@ class Node {
   std::shared_ptr<Impl> impl_;
   bool owns_host_ = false;
   bool publicly_reachable_ = true;
+  std::vector<std::string> initial_peers_;
   std::unique_ptr<net::Relay> relay_;
   mutable std::mutex reservations_mu_;
   std::vector<std::unique_ptr<net::RelayReservation>> reservations_;  // guarded by the mutex

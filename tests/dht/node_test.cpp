@@ -1,16 +1,18 @@
 // DHT nodes on real sockets: in-process swarms over loopback, hostile requests, and swarms of
 // real `colony dht` processes driven through the CLI.
+#include "dht/node.h"
+
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
-#include "dht/node.h"
 #include "dht/wire.h"
 #include "test_support.h"
 
@@ -155,6 +157,38 @@ TEST(DhtNode, DeadAndSilentBootstrapPeersGiveClearErrors) {
   EXPECT_NE(m.find(silent_addr), std::string::npos) << m;
 }
 
+// A node whose only contact (its bootstrap peer) died has nobody left to ask; when the
+// bootstrap peer comes back at the same address, Rejoin() finds it and the swarm behind it.
+TEST(DhtNode, RejoinFindsARestartedBootstrapPeer) {
+  const std::array<uint8_t, 32> seed{7};
+  auto boot = Node::Start(KeyPair::FromSeed(seed), Opts());
+  ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+  const std::string boot_addr = AddrOf(**boot);
+  auto x = Node::Start(KeyPair::Generate(), Opts({boot_addr}));
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  (*boot)->Shutdown();
+  boot->reset();
+  EXPECT_FALSE((*x)->GetSync("after-restart").ok());  // its only contact fails
+
+  NodeOptions again = Opts();
+  again.listen = {Multiaddr::Parse(boot_addr)->WithoutPeerId()};
+  auto restarted = Node::Start(KeyPair::FromSeed(seed), again);
+  ASSERT_TRUE(restarted.ok()) << restarted.status().ToString();
+  auto y = Node::Start(KeyPair::Generate(), Opts({boot_addr}));
+  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  ASSERT_TRUE((*y)->StoreSync("after-restart", "found", Now() + 60).ok());
+
+  auto rejoined = (*x)->Rejoin();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status().ToString();
+  EXPECT_GE(*rejoined, 1u);
+  auto got = (*x)->GetSync("after-restart");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value.value, "found");
+  // A node that started a swarm has nothing to rejoin: the error says so.
+  auto first = (*restarted)->Rejoin();
+  EXPECT_EQ(first.status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST(DhtNode, ClientModeNodeWorksWithoutListening) {
   auto server = Node::Start(KeyPair::Generate(), Opts());
   ASSERT_TRUE(server.ok());
@@ -245,7 +279,8 @@ TEST(DhtNode, ManyNodesStartedAtOnceFromOneBootstrapPeerFormOneSwarm) {
   std::atomic<size_t> stored{0}, found{0};
   for (size_t i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      if (nodes[i]->StoreSync("member." + std::to_string(i), nodes[i]->peer_id().ToString(), exp)
+      if (nodes[i]
+              ->StoreSync("member." + std::to_string(i), nodes[i]->peer_id().ToString(), exp)
               .ok()) {
         ++stored;
       }
@@ -278,9 +313,8 @@ struct CliResult {
 
 CliResult RunCli(std::vector<std::string> args) {
   static int counter = 0;
-  const std::string err_path =
-      ::testing::TempDir() + "/dht_cli_" + std::to_string(::getpid()) + "_" +
-      std::to_string(counter++) + ".err";
+  const std::string err_path = ::testing::TempDir() + "/dht_cli_" + std::to_string(::getpid()) +
+                               "_" + std::to_string(counter++) + ".err";
   args.insert(args.begin(), ColonyBinary());
   CliResult r;
   auto p = Subprocess::Spawn(args, err_path);
@@ -300,8 +334,8 @@ TEST(DhtProcesses, TwentyProcessesOnLoopback) {
   std::vector<Subprocess> procs;
   std::vector<std::string> addrs;
   for (int i = 0; i < 20; ++i) {
-    std::vector<std::string> argv{ColonyBinary(), "--log-level", "warn", "dht", "--listen",
-                                  "/ip4/127.0.0.1/tcp/0"};
+    std::vector<std::string> argv{ColonyBinary(), "--log-level", "warn",
+                                  "dht",          "--listen",    "/ip4/127.0.0.1/tcp/0"};
     if (i > 0) {
       argv.push_back("--initial-peers");
       argv.push_back(addrs[static_cast<size_t>(i - 1) / 3]);
@@ -321,14 +355,14 @@ TEST(DhtProcesses, TwentyProcessesOnLoopback) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_TRUE(nlohmann::json::parse(r.out)["stored"].get<bool>());
   }
-  ASSERT_EQ(RunCli({"dht", "store", "proc.dict", "x", "--subkey", "s1", "--initial-peers",
-                    addrs[4]})
-                .code,
-            0);
-  ASSERT_EQ(RunCli({"dht", "store", "proc.dict", "y", "--subkey", "s2", "--initial-peers",
-                    addrs[17]})
-                .code,
-            0);
+  ASSERT_EQ(
+      RunCli({"dht", "store", "proc.dict", "x", "--subkey", "s1", "--initial-peers", addrs[4]})
+          .code,
+      0);
+  ASSERT_EQ(
+      RunCli({"dht", "store", "proc.dict", "y", "--subkey", "s2", "--initial-peers", addrs[17]})
+          .code,
+      0);
   for (int i = 0; i < 5; ++i) {
     auto r = RunCli({"dht", "get", "proc.key" + std::to_string(i), "--initial-peers",
                      addrs[static_cast<size_t>(19 - i * 2)]});
@@ -344,8 +378,7 @@ TEST(DhtProcesses, TwentyProcessesOnLoopback) {
   EXPECT_EQ(j["subkeys"]["s2"]["value"], "y");
   auto missing = RunCli({"dht", "get", "proc.nothing", "--initial-peers", addrs[0]});
   EXPECT_EQ(missing.code, 1);
-  EXPECT_NE(missing.err.find("no value for key 'proc.nothing'"), std::string::npos)
-      << missing.err;
+  EXPECT_NE(missing.err.find("no value for key 'proc.nothing'"), std::string::npos) << missing.err;
   // SIGTERM shuts every process down cleanly.
   for (auto& p : procs) p.Signal(SIGTERM);
   for (auto& p : procs) {
@@ -356,8 +389,9 @@ TEST(DhtProcesses, TwentyProcessesOnLoopback) {
 }
 
 TEST(DhtProcesses, DeadBootstrapPeerGivesAClearError) {
-  auto r = RunCli({"dht", "get", "x", "--request-timeout", "1", "--initial-peers",
-                   "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWPLrYxXf8n6itRjt4LH7G7CNH34Hzs5BmPLoqCaX8eNog"});
+  auto r =
+      RunCli({"dht", "get", "x", "--request-timeout", "1", "--initial-peers",
+              "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWPLrYxXf8n6itRjt4LH7G7CNH34Hzs5BmPLoqCaX8eNog"});
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("colony: error: DHT bootstrap failed: none of the 1 initial peers"),
             std::string::npos)
