@@ -335,17 +335,16 @@ void Averager::ShareState(StateProvider provider, double priority) {
 
 void Averager::SetStatePriority(double priority) { impl_->SetStatePriority(priority); }
 
-asio::awaitable<Result<SharedState>> Averager::LoadStateFromPeers(
-    std::chrono::milliseconds timeout) {
+asio::awaitable<Result<SharedState>> Averager::LoadStateFromPeers(LoadStateOptions options) {
   auto impl = impl_;
-  auto fn = [impl, timeout]() -> asio::awaitable<Result<SharedState>> {
-    co_return co_await impl->LoadState(timeout);
+  auto fn = [impl, options]() -> asio::awaitable<Result<SharedState>> {
+    co_return co_await impl->LoadState(options);
   };
   co_return co_await OnStrand<Result<SharedState>>(impl->strand_, std::move(fn));
 }
 
-Result<SharedState> Averager::LoadStateFromPeersSync(std::chrono::milliseconds timeout) {
-  return asio::co_spawn(impl_->strand_, LoadStateFromPeers(timeout), asio::use_future).get();
+Result<SharedState> Averager::LoadStateFromPeersSync(LoadStateOptions options) {
+  return asio::co_spawn(impl_->strand_, LoadStateFromPeers(options), asio::use_future).get();
 }
 
 const std::string& Averager::group_bits() const { return impl_->group_bits_; }

@@ -141,6 +141,14 @@ struct SharedState {
 // Returns the state to send to a newcomer; called on the compute pool, once per download.
 using StateProvider = std::function<Result<SharedState>()>;
 
+struct LoadStateOptions {
+  // The download (every donor tried) ends by this deadline.
+  std::chrono::milliseconds timeout{60'000};
+  // Only donors whose current priority is at least this serve the state (a donor checks its own
+  // priority when asked, so a stale advert does not matter); e.g. the epoch the loader needs.
+  std::optional<double> min_priority = std::nullopt;
+};
+
 class Averager {
  public:
   // `tensors` must stay valid (and not be resized) for the averager's lifetime. The node must
@@ -167,10 +175,11 @@ class Averager {
   // preferred, e.g. the epoch); nullptr stops serving.
   void ShareState(StateProvider provider, double priority);
   void SetStatePriority(double priority);
-  // Downloads state from the donor with the highest priority (ties: a random one, so newcomers
-  // spread over donors), falling back to the next donor when one fails mid-transfer.
-  asio::awaitable<Result<SharedState>> LoadStateFromPeers(std::chrono::milliseconds timeout);
-  Result<SharedState> LoadStateFromPeersSync(std::chrono::milliseconds timeout);
+  // Downloads state from the donor with the highest advertised priority (ties: a random one,
+  // so newcomers spread over donors), falling back to the next donor when one refuses (busy,
+  // below options.min_priority) or fails mid-transfer.
+  asio::awaitable<Result<SharedState>> LoadStateFromPeers(LoadStateOptions options);
+  Result<SharedState> LoadStateFromPeersSync(LoadStateOptions options);
 
   const std::string& group_bits() const;
   const PeerId& peer_id() const;

@@ -150,7 +150,7 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   void ShareState(StateProvider provider, double priority);
   void SetStatePriority(double priority);
   asio::awaitable<Status> HandleStateRequest(net::CallContext& ctx, net::Message request);
-  asio::awaitable<Result<SharedState>> LoadState(std::chrono::milliseconds timeout);
+  asio::awaitable<Result<SharedState>> LoadState(LoadStateOptions options);
   asio::awaitable<void> AdvertiseLoop();
 
   // Flattened access to the tensors.

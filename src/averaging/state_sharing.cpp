@@ -111,13 +111,18 @@ asio::awaitable<void> Averager::Impl::AdvertiseLoop() {
 
 asio::awaitable<Status> Averager::Impl::HandleStateRequest(net::CallContext& ctx,
                                                            net::Message request) {
-  auto prefix = DecodeStateRequest(request.meta);
-  if (!prefix.ok()) co_return prefix.status();
-  if (*prefix != options_.prefix) co_return NotFound("no state is shared under " + *prefix);
+  auto req = DecodeStateRequest(request.meta);
+  if (!req.ok()) co_return req.status();
+  if (req->prefix != options_.prefix) co_return NotFound("no state is shared under " + req->prefix);
   StateProvider provider;
   {
     std::lock_guard lock(state_mu_);
     if (!provider_) co_return Unavailable("this peer does not share its state");
+    if (req->min_priority && priority_ < *req->min_priority) {
+      co_return Unavailable(
+          fmt::format("this donor's state has priority {}, below the {} asked for", priority_,
+                      *req->min_priority));
+    }
     if (transfers_in_flight_ >= options_.max_concurrent_state_transfers) {
       co_return Unavailable(fmt::format(
           "this donor is busy ({} downloads in flight); try another donor", transfers_in_flight_));
@@ -179,8 +184,8 @@ asio::awaitable<Status> Averager::Impl::HandleStateRequest(net::CallContext& ctx
   co_return Status();
 }
 
-asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(std::chrono::milliseconds timeout) {
-  const SteadyTime deadline = SteadyNow() + timeout;
+asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(LoadStateOptions options) {
+  const SteadyTime deadline = SteadyNow() + options.timeout;
   auto record = co_await node_.Get(StateKey(options_.prefix), /*latest=*/true);
   if (!record.ok() || !record->is_dict) {
     co_return NotFound("no peer shares state under " + StateKey(options_.prefix) +
@@ -216,7 +221,7 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(std::chrono::mill
     auto attempt = [&]() -> asio::awaitable<Result<SharedState>> {
       if (!stream.ok()) co_return stream.status();
       auto s = *stream;
-      const net::Message request(EncodeStateRequest(options_.prefix));
+      const net::Message request(EncodeStateRequest({options_.prefix, options.min_priority}));
       COLONY_CO_RETURN_IF_ERROR(co_await s->Write(request));
       COLONY_CO_RETURN_IF_ERROR(co_await s->CloseWrite());
       auto first = co_await s->Read();
@@ -259,8 +264,13 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(std::chrono::mill
       co_return result;
     }
     if (stream.ok()) (*stream)->Cancel(result.status());
-    COLONY_LOG_WARN("averaging: loading state from {} failed: {}; trying the next donor",
-                    donor.peer.ToString(), result.status().ToString());
+    if (result.status().code() == StatusCode::kUnavailable) {  // busy, or older than asked for
+      COLONY_LOG_DEBUG("averaging: donor {} refused: {}; trying the next donor",
+                       donor.peer.ToString(), result.status().ToString());
+    } else {
+      COLONY_LOG_WARN("averaging: loading state from {} failed: {}; trying the next donor",
+                      donor.peer.ToString(), result.status().ToString());
+    }
     failures.push_back(donor.peer.Short() + ": " + result.status().ToString());
   }
   co_return Unavailable(fmt::format("could not load state from any of {} donor(s) under {}: {}",

@@ -294,16 +294,25 @@ Result<StateAdvert> DecodeStateAdvert(std::string_view bytes) {
   return a;
 }
 
-std::string EncodeStateRequest(std::string_view prefix) {
+std::string EncodeStateRequest(const StateRequest& r) {
   pb::StateRequest p;
-  p.set_prefix(std::string(prefix));
+  p.set_prefix(r.prefix);
+  if (r.min_priority) p.set_min_priority(*r.min_priority);
   return p.SerializeAsString();
 }
 
-Result<std::string> DecodeStateRequest(std::string_view bytes) {
+Result<StateRequest> DecodeStateRequest(std::string_view bytes) {
   COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::StateRequest>(bytes, "state request"));
   COLONY_RETURN_IF_ERROR(CheckBytes(p.prefix(), 1024, "a key prefix"));
-  return p.prefix();
+  StateRequest r;
+  r.prefix = p.prefix();
+  if (p.has_min_priority()) {
+    if (!std::isfinite(p.min_priority())) {
+      return ProtocolError("a state request's minimum priority is not finite");
+    }
+    r.min_priority = p.min_priority();
+  }
+  return r;
 }
 
 std::string EncodeStateHeader(const StateHeader& h) {

@@ -107,8 +107,12 @@ std::string EncodePartHeader(const PartHeader& p);
 Result<PartHeader> DecodePartHeader(std::string_view bytes, size_t group_size);
 std::string EncodeStateAdvert(const StateAdvert& a);
 Result<StateAdvert> DecodeStateAdvert(std::string_view bytes);
-std::string EncodeStateRequest(std::string_view prefix);
-Result<std::string> DecodeStateRequest(std::string_view bytes);
+struct StateRequest {
+  std::string prefix;
+  std::optional<double> min_priority;
+};
+std::string EncodeStateRequest(const StateRequest& r);
+Result<StateRequest> DecodeStateRequest(std::string_view bytes);
 std::string EncodeStateHeader(const StateHeader& h);
 Result<StateHeader> DecodeStateHeader(std::string_view bytes);
 

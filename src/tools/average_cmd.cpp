@@ -149,7 +149,7 @@ int Run(const AverageArgs& a) {
   }
   if (a.load_state) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto state = (*averager)->LoadStateFromPeersSync(Ms(a.timeout));
+    auto state = (*averager)->LoadStateFromPeersSync({.timeout = Ms(a.timeout)});
     nlohmann::json j{{"event", "state"}, {"ok", state.ok()}};
     if (state.ok()) {
       uint64_t n = 0;

@@ -228,13 +228,44 @@ TEST(Averager, LoadStatePicksTheHighestPriorityDonor) {
   // Adverts reach the DHT asynchronously: retry until one is visible (bounded).
   const auto until = std::chrono::steady_clock::now() + 20s;
   while (std::chrono::steady_clock::now() < until) {
-    state = newcomer.averager->LoadStateFromPeersSync(10s);
+    state = newcomer.averager->LoadStateFromPeersSync({.timeout = 10s});
     if (state.ok() && state->metadata == "donor1") break;
   }
   ASSERT_TRUE(state.ok()) << state.status().ToString();
   EXPECT_EQ(state->metadata, "donor1");
   ASSERT_EQ(state->tensors.size(), 1u);
   EXPECT_EQ(state->tensors[0], Synthetic(11, n));
+}
+
+// A loader that needs state of a given priority (a training epoch) is refused by donors below it,
+// whatever their adverts say: the donor checks its current priority when asked.
+TEST(Averager, LoadStateWithAMinimumPriorityIsRefusedByOlderDonors) {
+  const size_t n = 1000;
+  Swarm swarm(n);
+  auto o = Options(2);
+  Peer& donor = swarm.Add(10, o);
+  auto copy = donor.data;
+  donor.averager->ShareState(
+      [copy]() -> Result<SharedState> {
+        return SharedState{"donor", {copy}};
+      },
+      3.0);
+  Peer& newcomer = swarm.Add(99, o);
+  Result<SharedState> state = NotFound("not tried");
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (!state.ok() && std::chrono::steady_clock::now() < until) {
+    state = newcomer.averager->LoadStateFromPeersSync({.timeout = 10s});  // the advert is visible
+  }
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  auto refused = newcomer.averager->LoadStateFromPeersSync({.timeout = 10s, .min_priority = 5.0});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("priority 3, below the 5 asked for"), std::string::npos)
+      << refused.status().ToString();
+  // The donor moves on; its advert may still say 3, but it now serves the request.
+  donor.averager->SetStatePriority(6.0);
+  auto served = newcomer.averager->LoadStateFromPeersSync({.timeout = 10s, .min_priority = 5.0});
+  ASSERT_TRUE(served.ok()) << served.status().ToString();
+  EXPECT_EQ(served->tensors.at(0), Synthetic(10, n));
 }
 
 TEST(Averager, HostileRequestsGetErrorsAndTheAveragerKeepsWorking) {
