@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <thread>
 
 #include "core/log.h"
@@ -78,6 +79,7 @@ struct TrainTaskArgs {
   uint64_t corpus_bytes = 0;
   int vocab_size = 4096;
   std::string model_size = "tiny";
+  std::string classifier = "cnn";
   int64_t hidden_size = 0, layers = 0, heads = 0, kv_heads = 0;
   int64_t seq_len = 128;
   int64_t batch_size = 16;
@@ -85,6 +87,7 @@ struct TrainTaskArgs {
   uint64_t seed = 0;
   uint64_t init_seed = 0;
   int threads = 1;
+  double batch_delay_ms = 0;
   // optimization
   std::string optimizer = "adam";
   double lr = 1e-3;
@@ -107,6 +110,8 @@ struct TrainTaskArgs {
   double max_send_mbps = 0;
   // run
   int min_peers = 0;
+  int64_t join_at_epoch = 0;
+  double rejoin_after = 30;
   int64_t max_epochs = 0;
   double max_seconds = 0;
   double stop_at = 0;
@@ -260,7 +265,9 @@ class FashionTask final : public Task {
     t->test_images_ = torch::from_blob(test.images.data(), {n, 1, 28, 28}, torch::kFloat).clone();
     t->test_labels_ = torch::from_blob(test.labels.data(), {n}, torch::kInt64).clone();
     torch::manual_seed(a.init_seed);
-    t->model_ = model::FashionClassifier();
+    t->model_ =
+        model::FashionClassifier(a.classifier == "linear" ? model::FashionArchitecture::kLinear
+                                                          : model::FashionArchitecture::kCnn);
     return t;
   }
 
@@ -285,7 +292,11 @@ class FashionTask final : public Task {
   Json Describe() override {
     int64_t n = 0;
     for (auto& p : model_->parameters()) n += p.numel();
-    return {{"task", "fashion-mnist"}, {"parameters", n}, {"accuracy", accuracy_}};
+    return {{"task", "fashion-mnist"},
+            {"classifier",
+             model_->architecture == model::FashionArchitecture::kLinear ? "linear" : "cnn"},
+            {"parameters", n},
+            {"accuracy", accuracy_}};
   }
 
  private:
@@ -306,6 +317,18 @@ Result<std::unique_ptr<Task>> MakeTask(const TrainTaskArgs& a) {
     return std::unique_ptr<Task>(std::move(t));
   }
   return InvalidArgument(fmt::format("unknown task '{}'; use lm or fashion-mnist", a.task));
+}
+
+// FNV-1a over the parameters' bytes: peers of a run that end at the same epoch print the same
+// hash exactly when they hold bit-identical models.
+std::string ParamsHash(const std::vector<at::Tensor>& params) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& p : params) {
+    const at::Tensor c = p.detach().contiguous();
+    const auto* bytes = static_cast<const uint8_t*>(c.data_ptr());
+    for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
 }
 
 int Run(const TrainTaskArgs& a) {
@@ -370,6 +393,8 @@ int Run(const TrainTaskArgs& a) {
   o.max_send_rate = a.max_send_mbps * 1e6 / 8;
   o.fault = *fault;
   o.unchecked_local_gradients = a.nan_gradients_every > 0;
+  o.interrupt = &g_stop;
+  o.rejoin_after = Ms(a.rejoin_after);
   auto co = train::CollaborativeOptimizer::Create(**node, params, optimizer, o);
   if (!co.ok()) return Fail(co.status());
   auto& opt = **co;
@@ -409,17 +434,23 @@ int Run(const TrainTaskArgs& a) {
 
   if (a.min_peers > 1) {
     // Wait (bounded) until the swarm has the peers asked for, so that a run starts together.
-    const auto deadline = Clock::now() + std::chrono::seconds(120);
-    size_t seen = opt.global().num_peers;
-    while (seen < static_cast<size_t>(a.min_peers) && !g_stop && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the tracker refreshes
-      seen = opt.global().num_peers;
+    Status st = opt.WaitForPeers(static_cast<size_t>(a.min_peers), std::chrono::seconds(120));
+    if (!st.ok() && !g_stop) {
+      return Fail(
+          fmt::format("{} within 120 s (--min-peers); check that the others use the same "
+                      "--run-id and --initial-peers",
+                      st.message()));
     }
-    if (seen < static_cast<size_t>(a.min_peers)) {
-      return Fail(fmt::format(
-          "only {} of the {} peers asked for by --min-peers joined run '{}' within 120 s; check "
-          "that the others use the same --run-id and --initial-peers",
-          seen, a.min_peers, a.run_id));
+  }
+  if (a.join_at_epoch > 0) {
+    // Stand by (training nothing) until the swarm reaches the epoch asked for, then join it.
+    const auto deadline = Clock::now() + std::chrono::minutes(30);
+    while (opt.global().epoch < a.join_at_epoch && !g_stop && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the tracker refreshes
+    }
+    if (opt.global().epoch < a.join_at_epoch && !g_stop) {
+      return Fail(fmt::format("run '{}' did not reach epoch {} (--join-at-epoch) within 30 min",
+                              a.run_id, a.join_at_epoch));
     }
   }
   {
@@ -466,6 +497,10 @@ int Run(const TrainTaskArgs& a) {
   while (!done()) {
     auto [loss, n] = (*task)->TrainBatch();
     ++batches;
+    if (a.batch_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(
+          static_cast<int64_t>(a.batch_delay_ms * 1000)));  // --batch-delay: a slower device
+    }
     if (a.nan_gradients_every > 0 && batches % a.nan_gradients_every == 0) {
       for (auto& p : params) {
         if (p.grad().defined()) p.mutable_grad().fill_(std::numeric_limits<float>::quiet_NaN());
@@ -502,6 +537,8 @@ int Run(const TrainTaskArgs& a) {
                 {"swarm_samples_per_second", g.samples_per_second},
                 {"peers", g.num_peers},
                 {"skipped_batches", c.skipped_batches},
+                {"missed_rounds", c.missed_rounds},
+                {"state_loads", c.state_loads},
                 {"bytes_sent", c.bytes_sent},
                 {"bytes_received", c.bytes_received}};
       if (eval) j["eval_loss"] = last_eval;
@@ -549,9 +586,12 @@ int Run(const TrainTaskArgs& a) {
                   {"eval_loss", final_eval},
                   {"skipped_batches", c.skipped_batches},
                   {"failed_rounds", c.failed_rounds},
+                  {"missed_rounds", c.missed_rounds},
+                  {"dropped_samples", c.dropped_samples},
                   {"state_loads", c.state_loads},
                   {"bytes_sent", c.bytes_sent},
                   {"bytes_received", c.bytes_received},
+                  {"params_hash", ParamsHash(params)},
                   {"model", (*task)->Describe()}};
   if (!a.checkpoint.empty()) {
     Status st = opt.SaveCheckpoint(a.checkpoint);
@@ -579,6 +619,22 @@ int Run(const TrainTaskArgs& a) {
     }
   }
   return 0;
+}
+
+// Options that only one task reads are errors with the other (rather than silently ignored).
+Status CheckTaskOptions(const CLI::App& cmd, const std::string& task) {
+  static const char* kLmOnly[] = {"--corpus-bytes", "--vocab-size",   "--model-size",
+                                  "--hidden-size",  "--layers",       "--heads",
+                                  "--kv-heads",     "--seq-len",      "--save-model",
+                                  "--sample",       "--sample-tokens"};
+  static const char* kFashionOnly[] = {"--classifier"};
+  for (const char* name : task == "lm" ? std::span<const char* const>(kFashionOnly)
+                                       : std::span<const char* const>(kLmOnly)) {
+    if (cmd.count(name) > 0) {
+      return InvalidArgument(fmt::format("{} does not apply to --task {}", name, task));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -613,6 +669,10 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
   cmd->add_option("--model-size", a->model_size, "lm: tiny (0.4M), small (3M) or base (25M)")
       ->check(CLI::IsMember({"tiny", "small", "base"}))
       ->capture_default_str();
+  cmd->add_option("--classifier", a->classifier,
+                  "fashion-mnist: cnn (19k parameters) or linear (logistic regression, 7.9k)")
+      ->check(CLI::IsMember({"cnn", "linear"}))
+      ->capture_default_str();
   cmd->add_option("--hidden-size", a->hidden_size, "lm: override the hidden size");
   cmd->add_option("--layers", a->layers, "lm: override the number of blocks");
   cmd->add_option("--heads", a->heads, "lm: override the attention heads");
@@ -628,6 +688,11 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "this peer's data order")->capture_default_str();
   cmd->add_option("--init-seed", a->init_seed, "initial weights (the same on every peer of a run)")
+      ->capture_default_str();
+  cmd->add_option("--batch-delay", a->batch_delay_ms,
+                  "milliseconds to pause after each batch, as a slower device would (tests use it "
+                  "to set a pace that does not depend on the machine)")
+      ->check(CLI::Range(0.0, 600'000.0))
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "LibTorch intra-op threads")
       ->check(CLI::Range(1, 256))
@@ -679,6 +744,15 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
   cmd->add_option("--min-peers", a->min_peers,
                   "wait until this many peers (this one included) are in the run before training")
       ->capture_default_str();
+  cmd->add_option("--join-at-epoch", a->join_at_epoch,
+                  "stand by until the swarm reaches this epoch, then join it (0: at once)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--rejoin-after", a->rejoin_after,
+                  "seconds without seeing another peer of the run before bootstrapping the DHT "
+                  "again (0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--max-epochs", a->max_epochs, "stop at this global epoch (0: no limit)")
       ->capture_default_str();
   cmd->add_option("--max-seconds", a->max_seconds, "stop after this long (0: no limit)")
@@ -703,7 +777,10 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
   cmd->add_option("--inject-fault", a->fault, "tests: an averaging fault (see colony average)");
   cmd->add_option("--nan-gradients-every", a->nan_gradients_every,
                   "tests: every Nth batch, send NaN gradients to the group (unchecked)");
-  commands.emplace_back(cmd, [a]() { return Run(*a); });
+  commands.emplace_back(cmd, [a, cmd]() {
+    Status st = CheckTaskOptions(*cmd, a->task);
+    return st.ok() ? Run(*a) : Fail(st);
+  });
 }
 
 }  // namespace colony::cli

@@ -26,6 +26,13 @@ namespace {
 
 using Json = nlohmann::json;
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kPollTimeout = std::chrono::seconds(2);
+// Attempts at an epoch's round before a peer whose group never formed steps alone.
+constexpr int kRoundAttempts = 2;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Only peers at the same epoch meet: the epoch picks the group key bits.
 std::string EpochBits(int64_t epoch, int fragment = 0) {
@@ -133,6 +140,8 @@ class CollaborativeOptimizer::Impl {
       po.min_refresh = std::max<std::chrono::milliseconds>(po.min_refresh, std::chrono::seconds(1));
     }
     po.max_refresh = std::max(options_.progress_max_refresh, po.min_refresh);
+    po.rejoin_after = options_.rejoin_after;
+    po.follow_target = !diloco;
     po.client = options_.mode == averaging::Mode::kClient;
     po.aux = options_.mode == averaging::Mode::kAux;
     COLONY_ASSIGN_OR_RETURN(tracker_, ProgressTracker::Create(node_, po));
@@ -140,7 +149,6 @@ class CollaborativeOptimizer::Impl {
     if (options_.mode != averaging::Mode::kAux) {
       grad_avg_[0]->ShareState([this] { return ProvideState(); }, 0);
     }
-    last_step_time_ = std::chrono::steady_clock::now();
     return Status::Ok();
   }
 
@@ -159,6 +167,7 @@ class CollaborativeOptimizer::Impl {
       return FailedPrecondition("an auxiliary peer trains nothing: call RunAuxiliary()");
     }
     UpdateThroughput(batch_size);
+    last_batch_ = batch_size;
     StepReport report;
     const bool finite = options_.unchecked_local_gradients || GradsFinite();
     counters_.local_batches++;
@@ -184,44 +193,126 @@ class CollaborativeOptimizer::Impl {
       counters_.local_samples += batch_size;
     }
     if (options_.diloco_inner_steps == 0) {
-      tracker_->Report(epoch_, local_samples_, sps_);
       if (pending_.valid() &&
           pending_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
         ApplyPending(report);
       }
-      // A peer with no samples this epoch (it skipped non-finite batches) still joins the round,
-      // with weight 0, so that the others need not wait for it.
-      if (tracker_->ReadyToUpdateEpoch(epoch_)) {
-        COLONY_RETURN_IF_ERROR(Round(report));
-      }
+      quota_left_ = std::max<int64_t>(0, quota_left_ - batch_size);
+      COLONY_RETURN_IF_ERROR(Advance(report));
     }
     report.epoch = epoch_;
+    last_step_end_ = Clock::now();  // the next batch's compute time starts now
     return report;
   }
 
-  // One global step in synchronous or local-updates mode.
-  Status Round(StepReport& report) {
-    // Behind the swarm: the rounds this peer could have joined are over (with delayed averaging,
-    // the peers one epoch ahead are still in this epoch's round). Take the swarm's state rather
-    // than step alone and diverge.
-    const int64_t lag = options_.delay_grad_averaging ? 1 : 0;
-    if (tracker_->Global().epoch > epoch_ + lag) {
-      Status st = LoadStateFromPeers();
-      if (st.ok()) {
-        report.loaded_state = true;
+  // With delayed averaging the swarm reports the next epoch while its round for this one runs.
+  int64_t Lag() const {
+    return options_.delay_grad_averaging && options_.diloco_inner_steps == 0 ? 1 : 0;
+  }
+
+  bool Interrupted() const {
+    return options_.interrupt != nullptr && options_.interrupt->load(std::memory_order_relaxed);
+  }
+
+  // The phase of a peer between batches: kIdle until it first calls Step(), then kTrain.
+  Phase Active() const { return phase_ == Phase::kIdle ? Phase::kIdle : Phase::kTrain; }
+
+  void Publish(Phase phase) {
+    phase_ = phase;
+    tracker_->Report({.epoch = epoch_,
+                      .samples = local_samples_,
+                      .samples_per_second = sps_,
+                      .batch = last_batch_,
+                      .phase = phase});
+  }
+
+  // A fresh view of the swarm. Waiting peers poll the DHT, and a swarm of them must not flood
+  // it: polls are the tracker's PollSpacing() apart at first, then a tenth of the time waited so
+  // far (a long wait is a wait for something slow), at most min_refresh.
+  GlobalProgress Poll(Clock::duration waited = {}) {
+    const Clock::duration least = tracker_->PollSpacing();
+    const auto gap = std::clamp<Clock::duration>(
+        waited / 10, least, std::max<Clock::duration>(least, options_.progress_min_refresh));
+    const auto since = Clock::now() - last_poll_;
+    if (since < gap) std::this_thread::sleep_for(gap - since);
+    last_poll_ = Clock::now();
+    return tracker_->Refresh(kPollTimeout);
+  }
+
+  // After a batch (synchronous and local-updates modes): what the swarm's progress means for
+  // this peer (progress.h, DecideEpoch). It computes on, or stops and polls until the reports
+  // confirm that the swarm has the target batch (then it averages) or refute it (then it
+  // computes on), or it catches up when the swarm averaged this epoch without it.
+  Status Advance(StepReport& report) {
+    bool waiting = false;
+    GlobalProgress g;
+    if (quota_active_) {
+      // Filling its share of a shortfall: compute on without re-estimating, then wait.
+      if (quota_left_ > 0) {
+        Publish(Phase::kTrain);
         return Status::Ok();
       }
-      COLONY_LOG_WARN(
-          "train: behind the swarm and could not download its state ({}); stepping "
-          "with local gradients",
-          st.ToString());
+      quota_active_ = false;
+      waiting = true;
+      Publish(Phase::kWait);
+      g = Poll();
+    } else {
+      Publish(Phase::kTrain);
+      g = tracker_->Global();
     }
+    const auto wait_start = Clock::now();
+    for (;;) {
+      const EpochDecision d = DecideEpoch(g, epoch_, Lag(), waiting);
+      switch (d.action) {
+        case EpochAction::kCatchUp:
+          return CatchUp(report, /*quiet=*/true);
+        case EpochAction::kAverage:
+          return Round(report);
+        case EpochAction::kTrain:
+          if (waiting) {
+            if (d.quota > 0) {
+              quota_active_ = true;
+              quota_left_ = d.quota;
+            }
+            Publish(Phase::kTrain);
+          }
+          return Status::Ok();
+        case EpochAction::kWait:
+          if (!waiting) {
+            waiting = true;
+            Publish(Phase::kWait);
+          }
+          if (Interrupted()) return Status::Ok();
+          if (Clock::now() - wait_start > options_.averaging_timeout) {
+            COLONY_LOG_WARN(
+                "train: waited {:.0f} s at epoch {} for the swarm's reports to reach the target "
+                "batch ({} of {} reported, {} expected); computing on",
+                Seconds(Clock::now() - wait_start), epoch_, g.samples_reported, g.target_batch_size,
+                g.samples_expected);
+            Publish(Phase::kTrain);
+            return Status::Ok();
+          }
+          g = Poll(Clock::now() - wait_start);
+          break;
+      }
+    }
+  }
+
+  // One global step in synchronous or local-updates mode: the peers at this epoch average their
+  // contributions and every one of them steps.
+  Status Round(StepReport& report) {
     const int64_t samples = local_samples_;
     const int64_t round_epoch = epoch_;
-    tracker_->Report(epoch_, samples, sps_, /*in_round=*/true);
+    quota_active_ = false;
+    quota_left_ = 0;
+    Publish(Phase::kRound);
     const size_t expected = PeersAtEpoch(round_epoch);
     if (options_.local_updates) {
-      AverageParams(samples, expected, report);
+      report.realized_batch = samples;
+      if (!AverageParams(samples, expected, report) && expected > 1) {
+        diverged_ = true;  // stepped on its own batches only: take the swarm's parameters
+        counters_.failed_rounds++;
+      }
       std::lock_guard lock(state_mu_);
       params_epoch_ = round_epoch + 1;  // stepped on every batch; now averaged (or alone)
     } else {
@@ -235,13 +326,31 @@ class CollaborativeOptimizer::Impl {
           return AverageGrads(samples, round_epoch, expected);
         });
       } else {
-        auto outcome = expected > 1 ? AverageGrads(samples, round_epoch, expected)
-                                    : Outcome{.epoch = round_epoch,
-                                              .averaged = false,
-                                              .realized = samples,
-                                              .group = 1,
-                                              .seconds = 0,
-                                              .note = {}};
+        Outcome outcome = expected > 1 ? AverageGrads(samples, round_epoch, expected)
+                                       : Outcome{.epoch = round_epoch,
+                                                 .averaged = false,
+                                                 .realized = samples,
+                                                 .group = 1,
+                                                 .seconds = 0,
+                                                 .note = {}};
+        // A round that failed (nobody came in time, or the all-reduce broke for everyone): if
+        // the swarm stepped without this peer, take its state; if peers are still at this
+        // epoch, they failed too, so try once more together before anyone steps alone.
+        for (int attempt = 1; !outcome.averaged && expected > 1 && attempt < kRoundAttempts;
+             ++attempt) {
+          const GlobalProgress g = tracker_->Refresh(kPollTimeout);
+          if (g.epoch > round_epoch) {
+            counters_.missed_rounds++;
+            COLONY_LOG_INFO(
+                "train: the swarm averaged epoch {} without this peer ({}); "
+                "catching up",
+                round_epoch, outcome.note);
+            return CatchUp(report, /*quiet=*/true);
+          }
+          const size_t again = CountPeersAtEpoch(round_epoch, g);
+          if (again <= 1) break;
+          outcome = AverageGrads(samples, round_epoch, again);
+        }
         ApplyOutcome(outcome, report);
       }
     }
@@ -254,9 +363,9 @@ class CollaborativeOptimizer::Impl {
       StepReport ignored;
       AverageParams(1, PeersAtEpoch(round_epoch), ignored);
     }
-    tracker_->Report(epoch_, 0, sps_);
+    Publish(Phase::kTrain);
     UpdatePriority();
-    return CatchUp(report);
+    return Resync(report);
   }
 
   // Donors are ranked by how recent their parameters are.
@@ -300,33 +409,43 @@ class CollaborativeOptimizer::Impl {
     }
     out.averaged = true;
     out.seconds = r->matchmaking_seconds + r->allreduce_seconds;
-    // The realized batch: the samples of the members whose data is in every part.
-    std::vector<int> in_all(r->members.size(), 1);
-    for (const auto& part : r->parts) {
-      std::vector<int> here(r->members.size(), 0);
+    const Membership m = CountMembers(*r);
+    out.realized = m.realized;
+    out.group = m.group;
+    tracker_->NoteRoundEnd(epoch + 1, m.rates);
+    return out;
+  }
+
+  struct Membership {
+    int64_t realized = 0;  // samples of the members whose data is in every part of the result
+    size_t group = 0;      // those members (auxiliary peers excluded)
+    std::vector<std::pair<PeerId, double>> rates;  // every member's samples/s
+  };
+  // Reads a round's members from its result (their gathered metadata is untrusted).
+  static Membership CountMembers(const averaging::StepResult& r) {
+    std::vector<int> in_all(r.members.size(), 1);
+    for (const auto& part : r.parts) {
+      std::vector<int> here(r.members.size(), 0);
       for (uint32_t c : part.contributors) {
         if (c < here.size()) here[c] = 1;
       }
       for (size_t i = 0; i < in_all.size(); ++i) in_all[i] &= here[i];
     }
-    out.realized = 0;
-    out.group = 0;
-    std::vector<std::pair<PeerId, double>> rates;
-    for (size_t i = 0; i < r->members.size(); ++i) {
-      auto j = Json::parse(r->members[i].gathered, nullptr, false);
+    Membership m;
+    for (size_t i = 0; i < r.members.size(); ++i) {
+      auto j = Json::parse(r.members[i].gathered, nullptr, false);
       if (j.is_object() && j.contains("sps") && j["sps"].is_number()) {
         const double sps = j["sps"].get<double>();
         if (std::isfinite(sps) && sps >= 0 && sps < 1e12)
-          rates.emplace_back(r->members[i].peer, sps);
+          m.rates.emplace_back(r.members[i].peer, sps);
       }
-      if (!in_all[i] || r->members[i].mode == averaging::Mode::kAux) continue;
+      if (!in_all[i] || r.members[i].mode == averaging::Mode::kAux) continue;
       if (j.is_object() && j.contains("samples") && j["samples"].is_number_integer()) {
-        out.realized += std::clamp<int64_t>(j["samples"].get<int64_t>(), 0, int64_t{1} << 40);
+        m.realized += std::clamp<int64_t>(j["samples"].get<int64_t>(), 0, int64_t{1} << 40);
       }
-      ++out.group;
+      ++m.group;
     }
-    tracker_->NoteRoundEnd(epoch + 1, rates);
-    return out;
+    return m;
   }
 
   void ApplyPending(StepReport& report) {
@@ -387,10 +506,13 @@ class CollaborativeOptimizer::Impl {
     }
   }
 
-  void AverageParams(int64_t weight, size_t expected, StepReport& report) {
-    if (!state_avg_ || expected <= 1) return;
+  // Averages the parameters with the peers at this epoch, weighted by `weight`; true when a
+  // group averaged them.
+  bool AverageParams(int64_t weight, size_t expected, StepReport& report) {
+    if (!state_avg_ || expected <= 1) return false;
     averaging::StepOptions so;
     so.weight = static_cast<double>(weight);
+    so.gather = Json{{"samples", weight}, {"sps", sps_}}.dump();
     so.timeout = options_.averaging_timeout;
     so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
     so.expected_group_size = expected;
@@ -403,17 +525,22 @@ class CollaborativeOptimizer::Impl {
     if (!r.ok()) {
       report.note = r.status().ToString();
       COLONY_LOG_WARN("train: parameter averaging at epoch {} failed: {}", epoch_, report.note);
-      return;
+      return false;
     }
+    const Membership m = CountMembers(*r);
+    if (options_.local_updates) tracker_->NoteRoundEnd(epoch_ + 1, m.rates);
     report.averaged = true;
-    report.group_size = r->members.size();
+    report.group_size = m.group;
+    report.realized_batch = m.realized;
+    report.averaging_seconds = r->matchmaking_seconds + r->allreduce_seconds;
     // Guard against a round that went wrong in a way the averager could not see.
     if (!AllFinite(pbuf_.data(), pbuf_.size())) {
       COLONY_LOG_WARN("train: averaged parameters are not finite; keeping the local ones");
-      return;
+      return false;
     }
     std::lock_guard lock(state_mu_);
     CopyToParams(pbuf_.data());
+    return true;
   }
 
   // ---- DiLoCo ------------------------------------------------------------------------------
@@ -429,7 +556,7 @@ class CollaborativeOptimizer::Impl {
     counters_.local_samples += batch_size;
     const int64_t h = options_.diloco_inner_steps;
     const int64_t f_count = static_cast<int64_t>(fragments_.size());
-    tracker_->Report(epoch_, inner_step_ % h, sps_);
+    Publish(Phase::kTrain);
     for (int64_t f = 0; f < f_count; ++f) {
       // Fragment f syncs at inner steps h * (k + 1) - f * h / F: staggered evenly.
       const int64_t offset = f * h / f_count;
@@ -444,9 +571,9 @@ class CollaborativeOptimizer::Impl {
       }
       counters_.global_steps++;
       report.stepped = true;
-      tracker_->Report(epoch_, 0, sps_);
+      Publish(Phase::kTrain);
       UpdatePriority();
-      return CatchUp(report);
+      return Resync(report);
     }
     return Status::Ok();
   }
@@ -506,21 +633,80 @@ class CollaborativeOptimizer::Impl {
 
   // ---- catching up, state sharing, checkpoints ----------------------------------------------
 
-  Status CatchUp(StepReport& report) {
+  // This peer missed the swarm's round for its epoch (it joined late, fell behind, or the group
+  // formed without it): its samples are dropped and it takes the swarm's state. It first
+  // announces itself at the swarm's epoch (phase kLoad), so that the swarm counts it in that
+  // epoch's round, and asks only donors whose parameters are at that epoch or newer, so one
+  // download normally suffices; it downloads again only if the swarm moved on meanwhile. Gives
+  // up after load_state_timeout (an error unless `quiet`; the next Step tries again later).
+  Status CatchUp(StepReport& report, bool quiet) {
+    FinishPendingStep();
+    DropAccumulated();
+    if (Clock::now() < next_catch_up_) {
+      Publish(Active());
+      return quiet ? Status::Ok() : Unavailable("catching up was tried moments ago");
+    }
+    const auto deadline = Clock::now() + options_.load_state_timeout;
+    auto backoff = std::chrono::milliseconds(50);
+    Status last = Status::Ok();
+    for (int downloads = 0;;) {
+      const GlobalProgress g = tracker_->Refresh(kPollTimeout);
+      if (DecideEpoch(g, epoch_, Lag(), false).action != EpochAction::kCatchUp) break;
+      const int64_t want = g.epoch - Lag();  // the epoch of the parameters to take
+      if (downloads > 0 || !last.ok()) {
+        COLONY_LOG_INFO("train: the swarm is at epoch {}, this peer at {}; loading again", g.epoch,
+                        epoch_);
+      }
+      tracker_->Report({.epoch = g.epoch,
+                        .samples = 0,
+                        .samples_per_second = sps_,
+                        .batch = last_batch_,
+                        .phase = Phase::kLoad});
+      last = DownloadState(static_cast<double>(want));
+      if (last.ok()) {
+        ++downloads;
+        report.loaded_state = true;
+        continue;
+      }
+      if (Interrupted() || Clock::now() + backoff >= deadline) {
+        next_catch_up_ = Clock::now() + std::chrono::seconds(1);
+        Publish(Active());
+        last = last.WithContext(
+            fmt::format("this peer is at epoch {} and the swarm at {}, and no peer gave its state",
+                        epoch_, g.epoch));
+        if (quiet) {
+          COLONY_LOG_WARN("train: {}; trying again later", last.ToString());
+          return Status::Ok();
+        }
+        return last;
+      }
+      std::this_thread::sleep_for(backoff);  // donors advertise and step; ask again shortly
+      backoff = std::min<std::chrono::milliseconds>(2 * backoff, std::chrono::seconds(1));
+    }
+    Publish(Active());
+    return Status::Ok();
+  }
+
+  // After a step: a peer whose parameters left the swarm's (it stepped alone when a round
+  // failed, or skipped a non-finite step) takes the state of its epoch from a peer that
+  // averaged it; a peer that is behind catches up.
+  Status Resync(StepReport& report) {
     const GlobalProgress g = tracker_->Global();
+    if (DecideEpoch(g, epoch_, Lag(), false).action == EpochAction::kCatchUp) {
+      return CatchUp(report, /*quiet=*/true);
+    }
     int64_t params_epoch;
     {
       std::lock_guard lock(state_mu_);
       params_epoch = params_epoch_;
     }
-    // Stale parameters: a step was skipped (its averaged gradients were not finite).
     const bool stale = params_epoch < epoch_ - (pending_.valid() ? 1 : 0);
-    const bool others = g.num_peers > 1;
-    if (g.epoch <= epoch_ && !stale && !(diverged_ && others)) return Status::Ok();
+    if (!stale && !(diverged_ && g.num_peers > 1)) return Status::Ok();
     COLONY_LOG_INFO(
-        "train: this peer's parameters are at epoch {} and the swarm at {}; downloading its state",
-        params_epoch, g.epoch);
-    Status st = LoadStateFromPeers();
+        "train: this peer's parameters (epoch {}) differ from the swarm's; downloading its state",
+        params_epoch);
+    // A donor that averaged this epoch advertises epoch + 0.5 (UpdatePriority).
+    Status st = DownloadState(static_cast<double>(epoch_ - (pending_.valid() ? 1 : 0)) + 0.5);
     if (st.ok()) {
       report.loaded_state = true;
     } else {
@@ -528,6 +714,15 @@ class CollaborativeOptimizer::Impl {
                       st.ToString(), epoch_);
     }
     return Status::Ok();
+  }
+
+  // This epoch's samples did not make it into the swarm's step: forget them.
+  void DropAccumulated() {
+    if (local_samples_ > 0) counters_.dropped_samples += local_samples_;
+    local_samples_ = 0;
+    quota_active_ = false;
+    quota_left_ = 0;
+    if (!acc_.empty()) std::fill(acc_.begin(), acc_.end(), 0.0f);
   }
 
   // Everything a peer needs to continue where the swarm is, as named tensors (clones).
@@ -641,9 +836,12 @@ class CollaborativeOptimizer::Impl {
     return Status::Ok();
   }
 
-  Status LoadStateFromPeers() {
+  // Downloads and installs the state of a donor whose priority (parameter epoch, + 0.5 when it
+  // averaged with the swarm) is at least `min_priority`.
+  Status DownloadState(std::optional<double> min_priority) {
     FinishPendingStep();
-    auto s = grad_avg_[0]->LoadStateFromPeersSync(options_.load_state_timeout);
+    auto s = grad_avg_[0]->LoadStateFromPeersSync(
+        {.timeout = options_.load_state_timeout, .min_priority = min_priority});
     if (!s.ok()) return s.status();
     auto meta = Json::parse(s->metadata, nullptr, false);
     if (!meta.is_object() || !meta.contains("tensors") || !meta["tensors"].is_array() ||
@@ -694,10 +892,22 @@ class CollaborativeOptimizer::Impl {
     }
     COLONY_RETURN_IF_ERROR(ApplyState(named, donor_epoch, inner));
     counters_.state_loads++;
-    tracker_->Report(epoch_, 0, sps_);
+    Publish(Active());
     UpdatePriority();
     COLONY_LOG_INFO("train: loaded the swarm's state at epoch {}", epoch_);
     return Status::Ok();
+  }
+
+  Status LoadStateFromPeers() {
+    StepReport ignored;
+    if (options_.mode == averaging::Mode::kAux) return Status::Ok();
+    if (options_.diloco_inner_steps > 0) {
+      // DiLoCo peers sync every H steps: the newest state is the one to take.
+      const GlobalProgress g = tracker_->Refresh(kPollTimeout);
+      if (g.epoch <= epoch_) return Status::Ok();
+      return DownloadState(static_cast<double>(g.epoch));
+    }
+    return CatchUp(ignored, /*quiet=*/false);
   }
 
   void FinishPendingStep() {
@@ -768,25 +978,64 @@ class CollaborativeOptimizer::Impl {
       named.emplace_back(info.name, std::move(t));
     }
     COLONY_RETURN_IF_ERROR(ApplyState(named, epoch, inner));
-    if (options_.diloco_inner_steps == 0) tracker_->Report(epoch_, 0, sps_);
+    Publish(Active());
     UpdatePriority();
     return Status::Ok();
   }
 
   // ---- auxiliary peers -----------------------------------------------------------------------
 
+  // A start barrier: every peer that sees `n` peers reports itself ready (phase kWait, no
+  // samples); once `n` peers are ready (or training already), each starts at the same wall-clock
+  // moment, a grace period after the last of them became ready, so that the first epoch begins
+  // together rather than staggered by each peer's polling.
+  Status WaitForPeers(size_t n, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    auto time_left = [&] { return Clock::now() < deadline && !Interrupted(); };
+    GlobalProgress g = tracker_->Global();
+    while (g.num_peers < n && time_left()) g = Poll(std::chrono::milliseconds(200));
+    if (g.num_peers < n) {
+      return DeadlineExceeded(fmt::format("only {} of the {} peers asked for joined run '{}'",
+                                          g.num_peers, n, options_.run_id));
+    }
+    Publish(Phase::kWait);  // ready: this peer sees them all
+    auto ready = [](const GlobalProgress& v) {
+      std::vector<double> times;
+      for (const auto& p : v.peers) {
+        if (p.phase != Phase::kIdle) times.push_back(p.time);
+      }
+      return times;
+    };
+    std::vector<double> times = ready(g);
+    while (times.size() < n && time_left()) {
+      g = Poll(std::chrono::milliseconds(200));
+      times = ready(g);
+    }
+    if (times.size() < n) {
+      return DeadlineExceeded(fmt::format("only {} of the {} peers of run '{}' became ready",
+                                          times.size(), n, options_.run_id));
+    }
+    // The last ready report reaches every peer within a few polls; the wait is bounded in case
+    // a peer's clock runs ahead.
+    const auto grace = 2 * options_.progress_min_refresh + 3 * tracker_->PollSpacing();
+    const double start_at = *std::max_element(times.begin(), times.end()) + Seconds(grace);
+    const double wait = std::clamp(start_at - dht::Now(), 0.0, 2 * Seconds(grace));
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    return Status::Ok();
+  }
+
   Status RunAuxiliary(const std::function<bool()>& stop) {
     if (options_.mode != averaging::Mode::kAux) {
       return FailedPrecondition("RunAuxiliary() needs mode kAux");
     }
     int64_t last_round = -1;
-    while (!stop()) {
-      const GlobalProgress g = tracker_->Refresh(std::chrono::seconds(2));
+    auto idle_since = Clock::now();
+    while (!stop() && !Interrupted()) {
+      const GlobalProgress g = Poll(Clock::now() - idle_since);
       epoch_ = g.epoch;
-      tracker_->Report(epoch_, 0, 0);
-      if (g.epoch == last_round || g.samples_accumulated < g.target_batch_size ||
-          g.num_peers_at_epoch <= 1) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // poll period of a helper
+      tracker_->Report({.epoch = epoch_, .phase = Phase::kWait});
+      if (g.epoch == last_round || g.num_peers_at_epoch <= 1 ||
+          DecideEpoch(g, g.epoch, 0, true).action != EpochAction::kAverage) {
         continue;
       }
       averaging::StepOptions so;
@@ -795,8 +1044,10 @@ class CollaborativeOptimizer::Impl {
       so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
       so.expected_group_size = g.num_peers_at_epoch;
       so.group_bits = EpochBits(g.epoch);
+      tracker_->Report({.epoch = epoch_, .phase = Phase::kRound});
       auto r = grad_avg_[0]->StepSync(so);
       last_round = g.epoch;
+      idle_since = Clock::now();
       if (r.ok()) {
         counters_.global_steps++;
       } else {
@@ -878,14 +1129,15 @@ class CollaborativeOptimizer::Impl {
     }
   }
 
+  // Samples/s while computing: the time between the end of one Step() and the next call, so
+  // that waiting and averaging inside Step() do not count (the first batch's start is unknown).
   void UpdateThroughput(int64_t batch_size) {
-    const auto now = std::chrono::steady_clock::now();
-    const double dt = std::chrono::duration<double>(now - last_step_time_).count();
-    last_step_time_ = now;
+    const auto now = Clock::now();
+    if (last_step_end_ == Clock::time_point{}) return;
+    const double dt = Seconds(now - last_step_end_);
     if (dt <= 0) return;
     const double rate = static_cast<double>(batch_size) / dt;
-    // The first interval includes start-up; later ones are averaged with a short memory.
-    sps_ = counters_.local_batches == 0 ? rate : 0.8 * sps_ + 0.2 * rate;
+    sps_ = sps_ == 0 ? rate : 0.8 * sps_ + 0.2 * rate;
   }
 
   dht::Node& node_;
@@ -911,7 +1163,13 @@ class CollaborativeOptimizer::Impl {
   int64_t inner_step_ = 0;
   int64_t local_samples_ = 0;
   double sps_ = 0;
-  std::chrono::steady_clock::time_point last_step_time_;
+  Clock::time_point last_step_end_{};  // when Step() last returned
+  Clock::time_point last_poll_{};
+  Clock::time_point next_catch_up_{};
+  Phase phase_ = Phase::kIdle;  // what this peer last reported (kIdle: not computing yet)
+  int64_t last_batch_ = 0;
+  bool quota_active_ = false;  // computing a share of a shortfall (DecideEpoch's quota)
+  int64_t quota_left_ = 0;
   TrainingCounters counters_;
 
   friend class CollaborativeOptimizer;
@@ -956,6 +1214,9 @@ Result<StepReport> CollaborativeOptimizer::Step(int64_t batch_size) {
 }
 Status CollaborativeOptimizer::LoadStateFromPeers() { return impl_->LoadStateFromPeers(); }
 void CollaborativeOptimizer::FinishPendingStep() { impl_->FinishPendingStep(); }
+Status CollaborativeOptimizer::WaitForPeers(size_t n, std::chrono::milliseconds timeout) {
+  return impl_->WaitForPeers(n, timeout);
+}
 Status CollaborativeOptimizer::RunAuxiliary(const std::function<bool()>& stop) {
   return impl_->RunAuxiliary(stop);
 }

@@ -3,10 +3,14 @@
 //
 // Synchronous mode (default). Each peer computes gradients at its own pace and calls Step() after
 // every backward pass; Step() accumulates them (weighted by the batch's sample count) and reports
-// progress to the DHT. When the swarm has accumulated the target global batch, the peers at this
-// epoch form a group, average their mean gradients weighted by their sample counts (so the result
-// is exactly the gradient of the whole global batch), and every peer applies the same optimizer
-// step: the model evolves as if one machine trained with batch = target_batch_size.
+// progress to the DHT. When the swarm's *reported* samples reach the target global batch, the
+// peers at this epoch form a group, average their mean gradients weighted by their sample counts
+// (so the result is exactly the gradient of the whole global batch), and every peer applies the
+// same optimizer step: the model evolves as if one machine trained with batch = target_batch_size.
+// A peer whose estimate of the swarm's samples reaches the target stops computing inside Step()
+// until the reports confirm or refute it (train/progress.h, DecideEpoch), so the realized batch
+// neither undershoots the target nor overshoots it by more than about a batch per peer, however
+// short an epoch is.
 //   - delay_grad_averaging: the averaging runs in the background while the next batch is
 //     computed, and its result is applied at the following Step() (one batch of staleness).
 //   - local_updates: every peer steps its optimizer on each local batch, and parameters are
@@ -19,8 +23,9 @@
 // diloco_fragments = F > 1 the parameters are split into F fragments synced in turn, every H/F
 // inner steps (streaming DiLoCo), which spreads the traffic over time.
 //
-// Peers that fall behind the swarm (they joined late, or a round failed) download the newest
-// parameters and optimizer state from a peer that has them. Non-finite gradients, local or
+// Peers that fall behind the swarm (they joined late, or the swarm averaged an epoch without them)
+// announce themselves at the swarm's epoch and download its parameters and optimizer state from
+// a peer at that epoch, then take part in its rounds. Non-finite gradients, local or
 // averaged, are skipped and logged, never applied.
 //
 //   auto opt = train::CollaborativeOptimizer::Create(node, model->parameters(),
@@ -35,6 +40,7 @@
 // averaging run on other threads and take the state lock while they read the parameters.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -89,6 +95,11 @@ struct CollaborativeOptions {
   std::chrono::milliseconds load_state_timeout{60'000};
   std::chrono::milliseconds progress_min_refresh{100};
   std::chrono::milliseconds progress_max_refresh{3'000};
+  // A peer that has seen no other peer of the run for this long bootstraps its DHT node again.
+  std::chrono::milliseconds rejoin_after{30'000};
+  // When set and true, Step() stops waiting for the swarm and returns (without a step), and
+  // RunAuxiliary() returns: e.g. a flag that a signal handler sets.
+  const std::atomic<bool>* interrupt = nullptr;
   averaging::Fault fault = averaging::Fault::kNone;  // tests only
   // Tests only: emulate a broken peer that sends its non-finite gradients to the group.
   bool unchecked_local_gradients = false;
@@ -111,7 +122,9 @@ struct TrainingCounters {
   int64_t local_batches = 0;
   int64_t global_steps = 0;  // epochs this peer took part in
   int64_t skipped_batches = 0;
-  int64_t failed_rounds = 0;  // rounds that fell back to local gradients
+  int64_t failed_rounds = 0;    // rounds that fell back to local gradients
+  int64_t missed_rounds = 0;    // rounds the swarm took without this peer (it then caught up)
+  int64_t dropped_samples = 0;  // samples of epochs the swarm stepped without this peer
   int64_t state_loads = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;  // the host's transport counters
 };
@@ -132,12 +145,18 @@ class CollaborativeOptimizer {
   // With delay_grad_averaging: waits for the round running in the background and applies it
   // (Step() does this by itself a batch later). Call before reading the parameters at the end.
   void FinishPendingStep();
-  // Downloads parameters, optimizer state and epoch from the most advanced peer. Call it when
-  // joining a running swarm; Step() also calls it when this peer is behind.
+  // Catches up with the swarm when it is ahead: announces this peer at the swarm's epoch (so
+  // that its round expects this peer) and downloads parameters, optimizer state and epoch from
+  // a peer at that epoch, again if the swarm moved on meanwhile. OK when this peer is then at
+  // the swarm's epoch (or was already). Call it when joining a running swarm; Step() does the
+  // same by itself when the swarm averaged an epoch without this peer.
   Status LoadStateFromPeers();
   // An auxiliary peer (mode kAux) trains nothing: it joins every averaging round of the swarm
   // and lends its bandwidth. Runs until `stop` returns true.
   Status RunAuxiliary(const std::function<bool()>& stop);
+  // Waits (at most `timeout`) until `n` peers, this one included, take part in the run, and
+  // then until a start moment common to them all, so that a run's first epoch starts together.
+  Status WaitForPeers(size_t n, std::chrono::milliseconds timeout);
 
   // Checkpoints (safetensors: parameters, optimizer state and epoch). On resume, call
   // LoadCheckpoint() and then LoadStateFromPeers() only if the swarm is ahead (newest wins).

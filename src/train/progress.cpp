@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "core/log.h"
@@ -15,60 +16,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Sanity bounds for values read from the DHT (anyone in the swarm may write their own record).
-constexpr int64_t kMaxEpoch = int64_t{1} << 40;
-constexpr int64_t kMaxSamples = int64_t{1} << 50;
-constexpr double kMaxSamplesPerSecond = 1e12;
-constexpr size_t kMaxRecordBytes = 1024;
+// A peer's report period is at most this long for extrapolation (a batch that takes longer is
+// extrapolated as if it reported every 10 minutes).
+constexpr double kMaxReportPeriodSeconds = 600;
+
+// The least spacing of a peer's reports and fetches: this, plus kPollSpacingPerPeer for every
+// live peer, so that the nodes holding the progress key serve about a thousand requests a second
+// however large the swarm (and each peer stays under the DHT's per-peer request limit).
+constexpr auto kMinPollSpacing = std::chrono::milliseconds(10);
+constexpr auto kPollSpacingPerPeer = std::chrono::milliseconds(1);
+
+double Seconds(std::chrono::milliseconds d) { return std::chrono::duration<double>(d).count(); }
 
 }  // namespace
-
-std::string ProgressTracker::EncodeRecord(const PeerProgress& p) {
-  nlohmann::json j = {{"epoch", p.epoch},   {"samples", p.samples}, {"sps", p.samples_per_second},
-                      {"time", p.time},     {"client", p.client},   {"aux", p.aux},
-                      {"round", p.in_round}};
-  return j.dump();
-}
-
-Result<PeerProgress> ProgressTracker::ParseRecord(const PeerId& peer, std::string_view value) {
-  if (value.size() > kMaxRecordBytes) return InvalidArgument("progress record is too large");
-  auto j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return InvalidArgument("progress record is not a JSON object");
-  PeerProgress p;
-  p.peer = peer;
-  auto get_int = [&](const char* name, int64_t max, int64_t& out) -> Status {
-    auto it = j.find(name);
-    if (it == j.end() || !it->is_number_integer()) {
-      return InvalidArgument(fmt::format("progress record lacks integer '{}'", name));
-    }
-    out = it->get<int64_t>();
-    if (out < 0 || out > max) {
-      return InvalidArgument(fmt::format("progress record's '{}' is out of range", name));
-    }
-    return Status::Ok();
-  };
-  COLONY_RETURN_IF_ERROR(get_int("epoch", kMaxEpoch, p.epoch));
-  COLONY_RETURN_IF_ERROR(get_int("samples", kMaxSamples, p.samples));
-  auto sps = j.find("sps");
-  auto time = j.find("time");
-  if (sps == j.end() || !sps->is_number() || time == j.end() || !time->is_number()) {
-    return InvalidArgument("progress record lacks 'sps' or 'time'");
-  }
-  p.samples_per_second = sps->get<double>();
-  p.time = time->get<double>();
-  if (!std::isfinite(p.samples_per_second) || p.samples_per_second < 0 ||
-      p.samples_per_second > kMaxSamplesPerSecond || !std::isfinite(p.time)) {
-    return InvalidArgument("progress record's 'sps' or 'time' is out of range");
-  }
-  auto flag = [&](const char* name) {
-    auto it = j.find(name);
-    return it != j.end() && it->is_boolean() && it->get<bool>();
-  };
-  p.client = flag("client");
-  p.aux = flag("aux");
-  p.in_round = flag("round");
-  return p;
-}
 
 class ProgressTracker::Impl {
  public:
@@ -77,7 +37,9 @@ class ProgressTracker::Impl {
     self_.peer = node_.peer_id();
     self_.client = options_.client;
     self_.aux = options_.aux;
+    self_.phase = options_.aux ? Phase::kWait : Phase::kIdle;
     self_.time = dht::Now();
+    last_seen_others_ = Clock::now();
     thread_ = std::thread([this] { Run(); });
   }
 
@@ -91,23 +53,28 @@ class ProgressTracker::Impl {
     // Withdraw: a record that expires now (newer than our last one) replaces it everywhere.
     PeerProgress gone = self_;
     gone.time = dht::Now();
-    Status st = node_.StoreSync(key_, EncodeRecord(gone), dht::Now() + 0.5,
+    Status st = node_.StoreSync(key_, EncodeProgressRecord(gone), dht::Now() + 0.5,
                                 dht::OwnerMarker(node_.peer_id()));
     (void)st;  // best effort: the record expires by itself anyway
   }
 
-  void Report(int64_t epoch, int64_t samples, double sps, bool in_round) {
+  void Report(const LocalProgress& r) {
     bool wake = false;
     {
       std::lock_guard lock(mu_);
-      const bool urgent = epoch != self_.epoch || in_round != self_.in_round;
-      self_.in_round = in_round;
-      // Wake the thread when there is news to publish: at once for a new epoch, otherwise at
-      // most every min_refresh (it sleeps until the next keepalive when nothing changed).
+      const bool urgent = r.epoch != self_.epoch || r.phase != self_.phase;
+      // Starting (or resuming) to compute: look at the swarm at once, others may have started
+      // just before.
+      if (self_.phase != Phase::kTrain && r.phase == Phase::kTrain) fetch_now_ = true;
+      // Wake the thread when there is news to publish: at once for a new epoch or phase,
+      // otherwise at most every min_refresh (it sleeps until the next keepalive when nothing
+      // changed).
       wake = urgent || !dirty_;
-      self_.epoch = epoch;
-      self_.samples = samples;
-      self_.samples_per_second = sps;
+      self_.epoch = r.epoch;
+      self_.samples = options_.aux ? 0 : r.samples;
+      self_.samples_per_second = r.samples_per_second;
+      if (r.batch > 0) self_.batch = r.batch;
+      self_.phase = r.phase;
       self_.time = dht::Now();
       dirty_ = true;
       if (urgent) publish_now_ = true;
@@ -126,22 +93,31 @@ class ProgressTracker::Impl {
     const double now = dht::Now();
     for (const auto& [peer, sps] : members) {
       if (peer == self_.peer) continue;
-      auto it = std::find_if(others_.begin(), others_.end(),
-                             [&](const PeerProgress& p) { return p.peer == peer; });
-      if (it != others_.end() && it->epoch >= epoch) continue;  // a newer report already
-      PeerProgress p;
-      p.peer = peer;
-      p.epoch = epoch;
-      p.samples = 0;
-      p.samples_per_second = sps;
-      p.time = now;
+      auto it = others_.find(peer);
+      if (it != others_.end() && it->second.p.epoch >= epoch) continue;  // a newer report already
+      Seen s;
+      s.p.peer = peer;
+      s.p.epoch = epoch;
+      s.p.samples = 0;
+      s.p.samples_per_second = sps;
+      s.p.time = now;
+      s.p.phase = Phase::kTrain;
       if (it != others_.end()) {
-        p.client = it->client;
-        *it = p;
-      } else {
-        others_.push_back(p);
+        s.p.client = it->second.p.client;
+        s.p.aux = it->second.p.aux;
+        s.p.batch = it->second.p.batch;
+        if (s.p.aux) s.p.phase = Phase::kWait;
       }
+      s.at = now;
+      s.fetched_at = now;
+      s.noted = true;
+      others_[peer] = s;
     }
+  }
+
+  std::chrono::milliseconds PollSpacingMs() const {
+    std::lock_guard lock(mu_);
+    return std::chrono::duration_cast<std::chrono::milliseconds>(PollSpacing());
   }
 
   GlobalProgress Refresh(std::chrono::milliseconds timeout) {
@@ -156,58 +132,134 @@ class ProgressTracker::Impl {
   }
 
  private:
+  // Another peer's record as this peer knows it.
+  struct Seen {
+    PeerProgress p;
+    double at = 0;          // when it reported, on this peer's clock (skew bounded by fetches)
+    double fetched_at = 0;  // when this peer last read it (or learnt it from a round)
+    bool noted = false;     // from NoteRoundEnd, not yet confirmed by a record
+  };
+
   // Called with mu_ held: the last fetched view plus this peer's exact report.
   GlobalProgress Merge() const {
     GlobalProgress g;
     g.target_batch_size = options_.target_batch_size;
     g.fetched_at = fetched_at_;
-    std::vector<PeerProgress> all;
-    all.reserve(others_.size() + 1);
-    for (const auto& p : others_) {
-      if (p.peer != self_.peer) all.push_back(p);
-    }
-    all.push_back(self_);
-    for (const auto& p : all) g.epoch = std::max(g.epoch, p.epoch);
-    // Others' counts are extrapolated from their reported rate to now (at most one refresh
-    // period, which bounds the effect of clock skew): every peer then sees the target reached at
-    // about the same moment without waiting for the others' next reports, which is what keeps
-    // the realized batch close to the target when batches are faster than a DHT round trip.
+    g.own_samples_per_second = self_.samples_per_second;
+    g.own_batch = self_.batch;
     const double now = dht::Now();
-    const double horizon =
-        std::min(1.0, 2 * std::chrono::duration<double>(options_.min_refresh).count());
-    for (const auto& p : all) {
+    const double min_period = Seconds(options_.min_refresh);
+    // The epoch: the newest any live peer trains at (loading peers announce the epoch they are
+    // joining; they do not move the swarm).
+    bool any = false;
+    auto consider = [&](const PeerProgress& p) {
+      if (p.phase == Phase::kLoad) return;
+      g.epoch = any ? std::max(g.epoch, p.epoch) : p.epoch;
+      any = true;
+    };
+    consider(self_);
+    for (const auto& [peer, s] : others_) consider(s.p);
+    if (!any) g.epoch = self_.epoch;
+
+    g.peers.reserve(others_.size() + 1);
+    auto count = [&](const PeerProgress& p) {
       ++g.num_peers;
       if (p.client) ++g.num_clients;
       if (!p.aux) g.samples_per_second += p.samples_per_second;
-      if (p.epoch == g.epoch) {
-        ++g.num_peers_at_epoch;
-        if (p.aux) continue;
-        double samples = static_cast<double>(p.samples);
-        if (p.peer != self_.peer && !p.in_round) {
-          samples += p.samples_per_second * std::clamp(now - p.time, 0.0, horizon);
-        }
-        g.samples_accumulated += static_cast<int64_t>(samples);
+      if (p.epoch != g.epoch) return;
+      ++g.num_peers_at_epoch;
+      if (p.aux) return;
+      g.samples_reported += p.samples;
+      g.samples_expected += p.samples;
+      g.samples_per_second_at_epoch += p.samples_per_second;
+    };
+    count(self_);
+    g.peers.push_back(self_);
+    for (const auto& [peer, s] : others_) {
+      const PeerProgress& p = s.p;
+      g.peers.push_back(p);
+      if (p.epoch != g.epoch || p.aux || p.phase != Phase::kTrain) {
+        count(p);
+        if (p.epoch == g.epoch && p.phase == Phase::kRound) g.round_started = true;
+        continue;
       }
+      // A peer that computes is extrapolated from its rate (this peer's own while it has none
+      // yet: it just started), over at most twice its report period past this peer's last read.
+      // A peer whose report was overdue when last read stalled, paused or died: it is not
+      // extrapolated (it is still expected in the round: a pause ends, and a dead peer stays at
+      // its epoch).
+      count(p);
+      const double rate =
+          p.samples_per_second > 0 ? p.samples_per_second : self_.samples_per_second;
+      // DecideEpoch shares a shortfall by these rates: count a new peer at the assumed one.
+      if (p.samples_per_second <= 0) g.samples_per_second_at_epoch += rate;
+      double period = min_period;
+      if (p.batch > 0 && rate > 0) {
+        period = std::max(period,
+                          std::min(static_cast<double>(p.batch) / rate, kMaxReportPeriodSeconds));
+      }
+      const double horizon = 2 * period;
+      if (s.fetched_at - s.at > 2 * horizon) continue;
+      ++g.num_growing_at_epoch;
+      const double age = std::max(0.0, now - s.at);
+      g.samples_expected +=
+          static_cast<int64_t>(rate * std::min(age, horizon + std::max(0.0, now - s.fetched_at)));
     }
-    const int64_t left = std::max<int64_t>(0, g.target_batch_size - g.samples_accumulated);
-    g.eta_seconds = left == 0                  ? 0
-                    : g.samples_per_second > 0 ? static_cast<double>(left) / g.samples_per_second
-                                               : std::numeric_limits<double>::infinity();
-    g.peers = std::move(all);
+    // The ETA counts the peers at the epoch only: those behind add nothing to it.
+    const int64_t left = std::max<int64_t>(0, g.target_batch_size - g.samples_expected);
+    const double rate = g.samples_per_second_at_epoch;
+    g.eta_seconds = left == 0  ? 0
+                    : rate > 0 ? static_cast<double>(left) / rate
+                               : std::numeric_limits<double>::infinity();
     return g;
   }
 
+  // Called with mu_ held: folds a fetch (records read between fetch_start and fetch_end, both on
+  // this peer's wall clock) into others_.
+  void Absorb(std::vector<PeerProgress> peers, double fetch_start, double fetch_end) {
+    std::map<PeerId, Seen> next;
+    for (auto& p : peers) {
+      if (p.peer == self_.peer) continue;
+      Seen s;
+      auto it = others_.find(p.peer);
+      if (it != others_.end() && it->second.noted && it->second.p.epoch > p.epoch) {
+        next[p.peer] = it->second;  // the round's end is newer than its last record
+        next[p.peer].fetched_at = fetch_end;
+        continue;
+      }
+      s.fetched_at = fetch_end;
+      if (it != others_.end() && !it->second.noted && it->second.p.time == p.time) {
+        s.at = it->second.at;  // the same report as before
+      } else {
+        // A report not seen before was published after the previous fetch began (at least
+        // roughly) and before this one ended: that bounds the effect of clock skew.
+        const double lower = previous_fetch_start_ > 0 ? previous_fetch_start_
+                                                       : fetch_end - options_.record_ttl_seconds;
+        s.at = std::clamp(p.time, lower, fetch_end);
+      }
+      s.p = std::move(p);
+      next[s.p.peer] = std::move(s);
+    }
+    others_ = std::move(next);
+    previous_fetch_start_ = fetch_start;
+  }
+
   void Run() {
-    auto next_publish = Clock::now();
-    auto next_fetch = Clock::now();
+    Clock::time_point last_publish{}, last_fetch{};
     std::unique_lock lock(mu_);
     while (!stop_) {
+      // Due times follow the view: as the swarm nears the target, reports and fetches come
+      // closer together (ReportGap, FetchGap).
       const auto now = Clock::now();
-      const bool publish =
-          publish_now_ || (dirty_ && now >= next_publish) || now >= next_publish + Keepalive();
-      const bool fetch = fetch_now_ || now >= next_fetch;
+      const auto publish_due = last_publish + ReportGap();
+      const auto keepalive_due = last_publish + Keepalive();
+      const auto fetch_due = last_fetch + FetchGap();
+      const bool publish = publish_now_ || (dirty_ && now >= publish_due) || now >= keepalive_due;
+      const bool fetch = fetch_now_ || now >= fetch_due;
       if (!publish && !fetch) {
-        auto wake = std::min(next_fetch, dirty_ ? next_publish : next_publish + Keepalive());
+        // Woken early by reports; at least every min_refresh to follow the view.
+        const auto wake =
+            std::min({fetch_due, dirty_ ? publish_due : keepalive_due, now + options_.min_refresh});
         wake_ = false;
         cv_.wait_until(lock, wake, [&] { return stop_ || publish_now_ || fetch_now_ || wake_; });
         continue;
@@ -217,25 +269,28 @@ class ProgressTracker::Impl {
         publish_now_ = false;
         dirty_ = false;
         lock.unlock();
-        Status st = node_.StoreSync(key_, EncodeRecord(p), dht::Now() + options_.record_ttl_seconds,
-                                    dht::OwnerMarker(node_.peer_id()));
+        Status st =
+            node_.StoreSync(key_, EncodeProgressRecord(p), dht::Now() + options_.record_ttl_seconds,
+                            dht::OwnerMarker(node_.peer_id()));
         if (!st.ok())
           COLONY_LOG_DEBUG("progress: publishing under {} failed: {}", key_, st.ToString());
         lock.lock();
-        next_publish = Clock::now() + options_.min_refresh;
+        last_publish = Clock::now();
       }
       if (fetch) {
         fetch_now_ = false;
         fetch_running_ = true;
         lock.unlock();
+        MaybeRejoin();
+        const double fetch_start = dht::Now();
         auto record = node_.GetSync(key_, /*latest=*/true);
+        const double fetch_end = dht::Now();
         std::vector<PeerProgress> peers;
         if (record.ok() && record->is_dict) {
-          const double now_wall = dht::Now();
           for (const auto& [subkey, entry] : record->subkeys) {
             auto peer = dht::ParseOwnerMarker(subkey);
-            if (!peer || entry.expiration < now_wall) continue;
-            auto p = ParseRecord(*peer, entry.value);
+            if (!peer || entry.expiration < fetch_end) continue;
+            auto p = ParseProgressRecord(*peer, entry.value);
             if (!p.ok()) {
               COLONY_LOG_DEBUG("progress: ignoring {}'s record: {}", peer->ToString(),
                                p.status().ToString());
@@ -246,19 +301,83 @@ class ProgressTracker::Impl {
         }
         lock.lock();
         fetch_running_ = false;
-        if (record.ok() || record.status().code() == StatusCode::kNotFound) others_ = peers;
-        fetched_at_ = dht::Now();
+        if (record.ok() || record.status().code() == StatusCode::kNotFound) {
+          Absorb(std::move(peers), fetch_start, fetch_end);
+          if (!others_.empty()) last_seen_others_ = Clock::now();
+        }
+        fetched_at_ = fetch_end;
         ++fetches_;
-        const GlobalProgress g = Merge();
-        // Until the swarm's throughput is known, look often (peers report within min_refresh).
-        const double half_eta = std::isfinite(g.eta_seconds) ? g.eta_seconds / 2 : 0;
-        const auto wait = std::clamp(
-            std::chrono::milliseconds(static_cast<int64_t>(std::min(half_eta, 1e6) * 1000)),
-            options_.min_refresh, options_.max_refresh);
-        next_fetch = Clock::now() + wait;
+        last_fetch = Clock::now();
         cv_.notify_all();
       }
     }
+  }
+
+  // Called without mu_: a peer that has seen nobody for rejoin_after bootstraps its node again.
+  void MaybeRejoin() {
+    Clock::time_point since;
+    {
+      std::lock_guard lock(mu_);
+      since = last_seen_others_;
+    }
+    if (options_.rejoin_after.count() <= 0 || Clock::now() - since < options_.rejoin_after) return;
+    auto r = node_.Rejoin();
+    if (r.ok()) {
+      COLONY_LOG_INFO(
+          "progress: no peer of run '{}' seen for {:.0f} s; bootstrapped the DHT "
+          "again ({} peers known)",
+          options_.run_id, Seconds(options_.rejoin_after), *r);
+    } else if (r.status().code() != StatusCode::kFailedPrecondition) {
+      COLONY_LOG_WARN(
+          "progress: no peer of run '{}' seen for {:.0f} s, and bootstrapping the DHT "
+          "again failed: {}",
+          options_.run_id, Seconds(options_.rejoin_after), r.status().ToString());
+    }
+    std::lock_guard lock(mu_);
+    last_seen_others_ = Clock::now();  // try again after another rejoin_after
+  }
+
+  // Called with mu_ held. Half the time the swarm needs to reach the target; nullopt while its
+  // throughput is unknown.
+  std::optional<Clock::duration> HalfEta() const {
+    const double eta = Merge().eta_seconds;
+    if (!std::isfinite(eta)) return std::nullopt;
+    return std::chrono::microseconds(static_cast<int64_t>(std::min(eta, 1e6) / 2 * 1e6));
+  }
+
+  // Called with mu_ held.
+  Clock::duration PollSpacing() const {
+    return kMinPollSpacing + kPollSpacingPerPeer * static_cast<int64_t>(others_.size() + 1);
+  }
+
+  // Called with mu_ held: the time between this peer's reports while it computes: a quarter of
+  // the time the swarm needs to reach the target, within [PollSpacing(), min_refresh]. An epoch
+  // that is short against min_refresh is then reported several times by every peer; a long one
+  // costs no more traffic than min_refresh allows.
+  Clock::duration ReportGap() const {
+    const auto half = HalfEta();
+    if (!options_.follow_target || self_.phase != Phase::kTrain || self_.aux || !half) {
+      return options_.min_refresh;
+    }
+    return std::clamp<Clock::duration>(
+        *half / 2, std::min<Clock::duration>(PollSpacing(), options_.min_refresh),
+        options_.min_refresh);
+  }
+
+  // Called with mu_ held: the time between fetches. While this peer computes, a quarter of the
+  // time the swarm needs to reach the target (so that an underestimate corrects itself well
+  // before the target), at least PollSpacing(); otherwise half of it, at least min_refresh (a
+  // waiting peer polls by itself). At most max_refresh; min_refresh while the swarm's
+  // throughput is unknown.
+  Clock::duration FetchGap() const {
+    const auto half = HalfEta();
+    if (!half) return options_.min_refresh;
+    if (options_.follow_target && self_.phase == Phase::kTrain && !self_.aux) {
+      return std::clamp<Clock::duration>(
+          *half / 2, std::min<Clock::duration>(PollSpacing(), options_.min_refresh),
+          options_.max_refresh);
+    }
+    return std::clamp<Clock::duration>(*half, options_.min_refresh, options_.max_refresh);
   }
 
   Clock::duration Keepalive() const {
@@ -271,8 +390,10 @@ class ProgressTracker::Impl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   PeerProgress self_;
-  std::vector<PeerProgress> others_;
+  std::map<PeerId, Seen> others_;
   double fetched_at_ = 0;
+  double previous_fetch_start_ = 0;
+  Clock::time_point last_seen_others_;
   uint64_t fetches_ = 0;
   bool fetch_running_ = false;
   bool dirty_ = true;
@@ -290,8 +411,8 @@ Result<std::unique_ptr<ProgressTracker>> ProgressTracker::Create(dht::Node& node
     return InvalidArgument("the target batch size must be positive");
   }
   if (options.min_refresh.count() <= 0 || options.max_refresh < options.min_refresh ||
-      !(options.record_ttl_seconds >= 1)) {
-    return InvalidArgument("progress refresh periods or record TTL are invalid");
+      !(options.record_ttl_seconds >= 1) || options.rejoin_after.count() < 0) {
+    return InvalidArgument("progress refresh periods, record TTL or rejoin period are invalid");
   }
   return std::unique_ptr<ProgressTracker>(
       new ProgressTracker(std::make_unique<Impl>(node, std::move(options))));
@@ -300,21 +421,15 @@ Result<std::unique_ptr<ProgressTracker>> ProgressTracker::Create(dht::Node& node
 ProgressTracker::ProgressTracker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProgressTracker::~ProgressTracker() = default;
 
-void ProgressTracker::Report(int64_t epoch, int64_t samples_accumulated, double samples_per_second,
-                             bool in_round) {
-  impl_->Report(epoch, samples_accumulated, samples_per_second, in_round);
-}
+void ProgressTracker::Report(const LocalProgress& progress) { impl_->Report(progress); }
 GlobalProgress ProgressTracker::Global() const { return impl_->Global(); }
 GlobalProgress ProgressTracker::Refresh(std::chrono::milliseconds timeout) {
   return impl_->Refresh(timeout);
 }
+std::chrono::milliseconds ProgressTracker::PollSpacing() const { return impl_->PollSpacingMs(); }
 void ProgressTracker::NoteRoundEnd(int64_t epoch,
                                    const std::vector<std::pair<PeerId, double>>& members) {
   impl_->NoteRoundEnd(epoch, members);
-}
-bool ProgressTracker::ReadyToUpdateEpoch(int64_t local_epoch) const {
-  const GlobalProgress g = Global();
-  return g.epoch > local_epoch || g.samples_accumulated >= g.target_batch_size;
 }
 
 }  // namespace colony::train

@@ -1,11 +1,16 @@
 // Collaborative training between real `colony train --task fashion-mnist` processes on loopback:
-// a 4-peer swarm against one process with the same global batch, a peer SIGKILLed mid-run, a peer
-// joining a run in progress, DiLoCo's traffic against synchronous training, and a peer that sends
-// NaN gradients. Every wait is for a JSON event of the processes (--json), with a deadline.
+// a 4-peer swarm against one process with the same global batch; swarms whose epochs last ~10 ms,
+// ~0.3 s and ~1 s, and one whose peers differ 10x in speed; a peer SIGKILLed mid-run; peers
+// joining a run in progress early and near its end; DiLoCo's traffic against synchronous
+// training; and a peer that sends NaN gradients. Every wait is for a JSON event of the processes
+// (--json), with a deadline. Paces are set by the tests (--batch-delay, --classifier linear), not
+// by how fast this machine trains; every synchronous step's realized batch must be within
+// [1.0, 1.2] x the target, and peers that end a run together must hold bit-identical models.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +18,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -183,11 +189,41 @@ class TrainSwarm {
 
 double EvalLoss(const json& done) { return done["eval_loss"].get<double>(); }
 
-// The synchronous runs: local batches of 16 and a global batch of 2048, so 32 local batches per
-// peer per epoch in a swarm of 4 (about 0.25 s; Fashion-MNIST batches take ~2 ms). Epochs must
-// be longer than the progress tracker's refresh period (100 ms): with a global batch of 512
-// (epochs of ~60 ms) rounds sometimes formed without a peer that had not yet seen the others'
-// counts, and the swarm split; with 64 (the example) every step was taken alone.
+// Checks every step event of a trainer: the realized global batch of each averaged step is within
+// [1.0, 1.2] x the target (hivemind's bound), and every step was averaged by a group whose size
+// `group(epoch)` gives (the epoch after the step). Events of a peer catching up (state loaded, no
+// step) are skipped. Returns the number of averaged steps.
+int64_t ExpectStepsTogether(const Trainer& t, int64_t target,
+                            const std::function<size_t(int64_t)>& group) {
+  int64_t averaged = 0;
+  for (const auto& s : t.steps) {
+    if (s["loaded_state"].get<bool>() && !s["averaged"].get<bool>()) continue;
+    const int64_t epoch = s["epoch"].get<int64_t>();
+    const int64_t realized = s["realized_batch"].get<int64_t>();
+    EXPECT_TRUE(s["averaged"].get<bool>()) << t.label << " stepped alone: " << s.dump();
+    EXPECT_EQ(s["group_size"].get<size_t>(), group(epoch)) << t.label << ": " << s.dump();
+    EXPECT_GE(realized, target) << t.label << " at epoch " << epoch;
+    EXPECT_LE(static_cast<double>(realized), 1.2 * static_cast<double>(target))
+        << t.label << " at epoch " << epoch;
+    ++averaged;
+  }
+  return averaged;
+}
+
+// The realized batches of a trainer's averaged steps, for the log.
+std::string RealizedBatches(const Trainer& t) {
+  std::string out;
+  for (const auto& s : t.steps) {
+    if (!s["averaged"].get<bool>()) continue;
+    out += (out.empty() ? "" : " ") + std::to_string(s["realized_batch"].get<int64_t>());
+  }
+  return out;
+}
+
+// The CNN runs: local batches of 16 and a global batch of 2048, so 32 local batches per peer per
+// epoch in a swarm of 4 (0.2-0.4 s here). A batch is atomic, so a step can overshoot the target
+// by up to one batch per peer: 4 x 16 is 3% of 2048, leaving the [1.0, 1.2] bound to the
+// readiness protocol. The paces below cover epochs much shorter and much longer than that.
 constexpr int64_t kBatch = 16;
 constexpr int64_t kTarget = 2048;
 
@@ -255,52 +291,17 @@ TEST(TrainProcesses, FourPeersMatchOneProcessWithTheSameGlobalBatch) {
   auto single_done = AllDone(single, 0, 1, 30s);
   ASSERT_EQ(single_done.size(), 1u);
 
-  // Every peer applied the same averaged gradients to the same initial weights: the same model.
+  // Every peer applied the same averaged gradients to the same initial weights: the same model,
+  // bit for bit. The peers start together (--min-peers), so every step has all 4, and its
+  // realized batch is within [1.0, 1.2] x the target.
   for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(swarm_done[i]["epoch"], kEpochs) << swarm.trainer(i).label;
-    EXPECT_NEAR(EvalLoss(swarm_done[i]), EvalLoss(swarm_done[0]), 1e-5)
-        << swarm.trainer(i).label << " diverged from peer0";
-  }
-  // The realized global batch: within [1.0, 1.2] x the target on average, for every peer. And
-  // the swarm really trained together: the peers start a few seconds apart on a loaded machine
-  // (the first ones may train alone or in pairs, the last ones then download their state), but
-  // once all 4 met in a round, (nearly) every later round had all 4.
-  for (size_t i = 0; i < 4; ++i) {
-    const auto& steps = swarm.trainer(i).steps;
-    ASSERT_FALSE(steps.empty()) << swarm.trainer(i).label;
-    double sum = 0;
-    int64_t lo = INT64_MAX, hi = 0, first_full = -1, full = 0, after = 0;
-    for (const auto& s : steps) {
-      const int64_t r = s["realized_batch"].get<int64_t>();
-      sum += static_cast<double>(r);
-      lo = std::min(lo, r);
-      hi = std::max(hi, r);
-      const bool all4 = s["averaged"].get<bool>() && s["group_size"].get<int64_t>() == 4;
-      if (all4 && first_full < 0) first_full = s["epoch"].get<int64_t>();
-      if (first_full >= 0) {
-        ++after;
-        full += all4;
-      }
-    }
-    const double ratio = sum / static_cast<double>(steps.size()) / static_cast<double>(kTarget);
-    std::printf(
-        "[parity] %s: %zu steps, the first of all 4 peers at epoch %lld, then %lld of "
-        "%lld by all 4; realized batch %.1f on average (%.3fx the target; min %lld, max "
-        "%lld), eval loss %.6f\n",
-        swarm.trainer(i).label.c_str(), steps.size(), static_cast<long long>(first_full),
-        static_cast<long long>(full), static_cast<long long>(after), ratio * kTarget, ratio,
-        static_cast<long long>(lo), static_cast<long long>(hi), EvalLoss(swarm_done[i]));
-    EXPECT_GE(first_full, 1) << swarm.trainer(i).label << ": never averaged with all 4 peers";
-    EXPECT_LE(first_full, kEpochs / 2) << swarm.trainer(i).label;
-    EXPECT_GE(static_cast<double>(full), 0.9 * static_cast<double>(after))
-        << swarm.trainer(i).label << ": rounds without all 4 peers";
-    // Epochs here last ~0.25 s, a few progress refreshes (100 ms), and readiness partly rests
-    // on the others' extrapolated counts, so single rounds vary (measured: mean 1.13x, the
-    // first epoch up to 3.2x while the peers start). The issue's [1.0, 1.2] per-round bound is
-    // checked where epochs are long against a refresh (collaborative_test:
-    // AveragedGradientIsTheSampleWeightedMean); here the mean must stay within [0.95, 1.25].
-    EXPECT_GE(ratio, 0.95) << swarm.trainer(i).label;
-    EXPECT_LE(ratio, 1.25) << swarm.trainer(i).label;
+    const auto& t = swarm.trainer(i);
+    EXPECT_EQ(swarm_done[i]["epoch"], kEpochs) << t.label;
+    EXPECT_EQ(swarm_done[i]["params_hash"], swarm_done[0]["params_hash"])
+        << t.label << " diverged from peer0";
+    EXPECT_EQ(ExpectStepsTogether(t, kTarget, [](int64_t) { return 4; }), kEpochs) << t.label;
+    std::printf("[parity] %s: realized batches %s; eval loss %.6f\n", t.label.c_str(),
+                RealizedBatches(t).c_str(), EvalLoss(swarm_done[i]));
   }
 
   // Tolerance. Single processes (batch 512, 40 epochs, init seed 7) differing only in --seed
@@ -322,7 +323,81 @@ TEST(TrainProcesses, FourPeersMatchOneProcessWithTheSameGlobalBatch) {
   EXPECT_TRUE(std::isfinite(swarm_loss));
 }
 
-// ---- 2. a peer SIGKILLed mid-run ---------------------------------------------------------------
+// ---- 2. the same promises at other paces --------------------------------------------------------
+
+// A swarm of 4 whose pace the test sets, whatever this machine's speed: the model, local batch,
+// target, and per-peer --batch-delay (a slower device). Each case keeps 4 local batches within a
+// tenth of the target (a batch is atomic), so that the [1.0, 1.2] bound tests the protocol.
+struct Pace {
+  std::string name;
+  std::vector<std::string> args;  // shared by the 4 peers
+  std::vector<double> delays_ms;  // --batch-delay of each peer
+  int64_t target = 0;
+  int epochs = 0;
+};
+
+void PrintTo(const Pace& pace, std::ostream* os) { *os << pace.name; }
+
+class TrainPaces : public ::testing::TestWithParam<Pace> {};
+
+TEST_P(TrainPaces, EveryStepMeetsTheTargetAndThePeersEndWithOneModel) {
+  const Pace& pace = GetParam();
+  TrainSwarm swarm(RunId("pace-" + pace.name));
+  ASSERT_TRUE(swarm.ok());
+  for (size_t i = 0; i < pace.delays_ms.size(); ++i) {
+    auto a = pace.args;
+    a.insert(a.end(), {"--target-batch-size", std::to_string(pace.target), "--max-epochs",
+                       std::to_string(pace.epochs), "--batch-delay",
+                       std::to_string(pace.delays_ms[i]), "--seed", std::to_string(i + 1),
+                       "--min-peers", std::to_string(pace.delays_ms.size())});
+    swarm.Spawn("peer" + std::to_string(i), a);
+  }
+  const size_t n = pace.delays_ms.size();
+  for (size_t i = 0; i < n; ++i) {
+    Status st = swarm.WaitReady(i);
+    ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << swarm.Logs();
+  }
+  auto done = AllDone(swarm, 0, n, 120s);
+  ASSERT_EQ(done.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto& t = swarm.trainer(i);
+    const auto& steps = t.steps;
+    const double seconds =
+        steps.size() > 1
+            ? (steps.back()["elapsed"].get<double>() - steps.front()["elapsed"].get<double>()) /
+                  static_cast<double>(steps.size() - 1)
+            : 0;
+    std::printf("[%s] %s: %zu steps, %.0f ms per epoch, %.0f samples/s; realized batches %s\n",
+                pace.name.c_str(), t.label.c_str(), steps.size(), seconds * 1000,
+                steps.empty() ? 0.0 : steps.back()["samples_per_second"].get<double>(),
+                RealizedBatches(t).c_str());
+    EXPECT_EQ(done[i]["epoch"], pace.epochs) << t.label;
+    EXPECT_EQ(done[i]["params_hash"], done[0]["params_hash"]) << t.label << " differs from peer0";
+    EXPECT_EQ(done[i]["state_loads"], 0) << t.label;
+    EXPECT_EQ(ExpectStepsTogether(t, pace.target, [n](int64_t) { return n; }), pace.epochs)
+        << t.label;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Speeds, TrainPaces,
+    ::testing::Values(
+        // Logistic regression, batches of 8 every ~0.5 ms: the computing part of an epoch lasts
+        // ~10 ms, a tenth of the progress refresh period (GPUs step this fast).
+        Pace{
+            "tiny", {"--classifier", "linear", "--batch-size", "8"}, {0.5, 0.5, 0.5, 0.5}, 512, 30},
+        // The CNN slowed to ~50 ms per batch: epochs of ~0.8 s, each peer's report period (a
+        // batch) longer than the refresh period.
+        Pace{"throttled", {"--batch-size", "16"}, {50, 50, 50, 50}, 1024, 6},
+        // One peer 10x faster than the other three (1 ms vs 10 ms per batch of 8).
+        Pace{"heterogeneous",
+             {"--classifier", "linear", "--batch-size", "8"},
+             {1, 10, 10, 10},
+             1024,
+             20}),
+    [](const ::testing::TestParamInfo<Pace>& p) { return p.param.name; });
+
+// ---- 3. a peer SIGKILLed mid-run ---------------------------------------------------------------
 
 TEST(TrainProcesses, SurvivorsFinishAfterAPeerIsKilled) {
   constexpr int kEpochs = 30;
@@ -374,55 +449,66 @@ TEST(TrainProcesses, SurvivorsFinishAfterAPeerIsKilled) {
   }
 }
 
-// ---- 3. a peer joins a run in progress --------------------------------------------------------
+// ---- 4. a peer joins a run in progress --------------------------------------------------------
 
-TEST(TrainProcesses, LatePeerDownloadsTheStateAndEndsWithTheSameModel) {
-  // 50 epochs, not 30: the newcomer needs 2-6 s on a loaded machine to load its data, while
-  // the swarm of 3 takes 0.25-0.35 s per epoch; with 30 it sometimes arrived after the others had
-  // finished (and then, finding no donor, stepped alone once per batch up to epoch 30).
+// Three peers train 30 epochs; a fourth starts with them but stands by (--join-at-epoch) until the
+// swarm reaches epoch 10 (early) or 28 (two epochs before the end), then joins.
+class LatePeer : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(LatePeer, DownloadsTheStateOnceTrainsWithTheSwarmAndEndsWithTheSameModel) {
   constexpr int kEpochs = 30;
-  constexpr int64_t kJoinAt = 10;
+  const int64_t join_at = GetParam();
   const std::vector<std::string> args = SyncArgs(kEpochs);
-  TrainSwarm swarm(RunId("join"));
+  TrainSwarm swarm(RunId("join" + std::to_string(join_at)));
   ASSERT_TRUE(swarm.ok());
+  auto late_args = args;
+  late_args.insert(late_args.end(), {"--seed", "4", "--join-at-epoch", std::to_string(join_at)});
+  const size_t late = swarm.Spawn("late", late_args);
   ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 3, args));
-  for (size_t i = 0; i < 3; ++i) {
-    auto r = swarm.WaitEpoch(i, kJoinAt, 60s);
-    ASSERT_TRUE(r.ok()) << r.status().ToString() << "\n" << swarm.Logs();
-  }
-  ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 1, args, /*first_seed=*/4));
-  const size_t late = 3;
-  auto first = swarm.WaitFor(
-      late, [](const json& j) { return j["event"] == "step"; }, 60s);
-  ASSERT_TRUE(first.ok()) << first.status().ToString() << "\n" << swarm.Logs();
-  std::printf("[join] the late peer's first step event: %s\n", first->dump().c_str());
-  EXPECT_GT((*first)["epoch"].get<int64_t>(), kJoinAt) << first->dump();
-
-  auto done = AllDone(swarm, 0, 4, 60s);
+  ASSERT_TRUE(swarm.WaitReady(late).ok()) << swarm.Logs();
+  auto done = AllDone(swarm, 0, 4, 90s);
   ASSERT_EQ(done.size(), 4u);
+  const Trainer& l = swarm.trainer(late);
+  auto averaged = std::find_if(l.steps.begin(), l.steps.end(),
+                               [](const json& s) { return s["averaged"].get<bool>(); });
+  ASSERT_NE(averaged, l.steps.end()) << "the late peer never averaged\n" << swarm.Logs();
+  const int64_t first = (*averaged)["epoch"].get<int64_t>();
+  std::printf("[join %lld] the late peer's first averaged step: %s\n",
+              static_cast<long long>(join_at), averaged->dump().c_str());
   for (size_t i = 0; i < 4; ++i) {
-    std::printf("[join] %s: epoch %lld, eval loss %.6f, %lld state loads, %lld failed rounds\n",
-                swarm.trainer(i).label.c_str(),
-                static_cast<long long>(done[i]["epoch"].get<int64_t>()), EvalLoss(done[i]),
-                static_cast<long long>(done[i]["state_loads"].get<int64_t>()),
-                static_cast<long long>(done[i]["failed_rounds"].get<int64_t>()));
-    EXPECT_EQ(done[i]["epoch"], kEpochs) << swarm.trainer(i).label;
+    const auto& t = swarm.trainer(i);
+    std::printf(
+        "[join %lld] %s: epoch %lld, %zu steps, %lld state loads, %lld samples dropped, "
+        "realized batches %s\n",
+        static_cast<long long>(join_at), t.label.c_str(),
+        static_cast<long long>(done[i]["epoch"].get<int64_t>()), t.steps.size(),
+        static_cast<long long>(done[i]["state_loads"].get<int64_t>()),
+        static_cast<long long>(done[i]["dropped_samples"].get<int64_t>()),
+        RealizedBatches(t).c_str());
+    EXPECT_EQ(done[i]["epoch"], kEpochs) << t.label;
+    EXPECT_EQ(done[i]["params_hash"], done[0]["params_hash"]) << t.label << " differs from peer0";
   }
-  EXPECT_GE(done[late]["state_loads"].get<int64_t>(), 1);
-  int64_t with_swarm = 0;
-  for (const auto& s : swarm.trainer(late).steps) {
-    with_swarm += s["averaged"].get<bool>() && s["group_size"].get<int64_t>() == 4;
-  }
-  std::printf("[join] the late peer took %zu steps, %lld of them averaged by all 4 peers\n",
-              swarm.trainer(late).steps.size(), static_cast<long long>(with_swarm));
-  EXPECT_GE(with_swarm, 1) << "the late peer never trained with the swarm";
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_NEAR(EvalLoss(done[late]), EvalLoss(done[i]), 1e-5)
-        << "the late peer's model differs from " << swarm.trainer(i).label;
+  // Catching up cost one download, and from then on the late peer took every step with the
+  // swarm: groups of 3 before it arrived, of 4 from its first step on.
+  EXPECT_EQ(done[late]["state_loads"], 1);
+  EXPECT_GE(first, join_at + 1);
+  EXPECT_LE(first, join_at + 3) << "the late peer took long to join";
+  auto group = [first](int64_t epoch) -> size_t { return epoch < first ? 3 : 4; };
+  EXPECT_EQ(ExpectStepsTogether(l, kTarget, group), kEpochs - first + 1);
+  for (size_t i = 0; i < 4; ++i) {
+    if (i == late) continue;
+    EXPECT_EQ(ExpectStepsTogether(swarm.trainer(i), kTarget, group), kEpochs)
+        << swarm.trainer(i).label;
+    EXPECT_EQ(done[i]["state_loads"], 0) << swarm.trainer(i).label;
   }
 }
 
-// ---- 4. DiLoCo sends far less than synchronous training ---------------------------------------
+INSTANTIATE_TEST_SUITE_P(Epochs, LatePeer, ::testing::Values(10, 28),
+                         [](const ::testing::TestParamInfo<int64_t>& p) {
+                           return "AtEpoch" + std::to_string(p.param);
+                         });
+
+// ---- 5. DiLoCo sends far less than synchronous training ---------------------------------------
 
 struct RunSummary {
   uint64_t bytes_sent = 0;
@@ -511,16 +597,16 @@ TEST(TrainProcesses, DilocoSendsTenTimesLessForTheSameSamples) {
   EXPECT_LT(sample_ratio, 3.0);  // loose: the realized batch is checked by the parity test
   EXPECT_GE(ratio, 10.0);
   // Tolerance. Measured: synchronous 1.005, 1.034 and 1.015, DiLoCo 0.766, 0.765 and 0.765 (peer
-  // 0, three runs each; the DiLoCo peers agree within 1e-3, its averaging is lossy); single processes with
-  // batch 512 differ by up to 0.035 across data orders. DiLoCo takes 4x more optimizer steps in
-  // all and lands far below the synchronous run; 0.05 (about 1.5x the data-order range) only
-  // absorbs noise if both ever end close together.
+  // 0, three runs each; the DiLoCo peers agree within 1e-3, its averaging is lossy); single
+  // processes with batch 512 differ by up to 0.035 across data orders. DiLoCo takes 4x more
+  // optimizer steps in all and lands far below the synchronous run; 0.05 (about 1.5x the data-order
+  // range) only absorbs noise if both ever end close together.
   constexpr double kTolerance = 0.05;
   EXPECT_LE(diloco.eval_loss, sync.eval_loss + kTolerance);
   EXPECT_TRUE(std::isfinite(diloco.eval_loss));
 }
 
-// ---- 5. a peer that sends NaN gradients --------------------------------------------------------
+// ---- 6. a peer that sends NaN gradients --------------------------------------------------------
 
 TEST(TrainProcesses, HonestPeersIgnoreAPeerSendingNanGradients) {
   constexpr int kEpochs = 30;

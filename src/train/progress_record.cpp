@@ -1,0 +1,139 @@
+#include "train/progress_record.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace colony::train {
+namespace {
+
+// Sanity bounds for values read from the DHT (anyone in the swarm may write their own record).
+constexpr int64_t kMaxEpoch = int64_t{1} << 40;
+constexpr int64_t kMaxSamples = int64_t{1} << 50;
+constexpr double kMaxSamplesPerSecond = 1e12;
+constexpr size_t kMaxRecordBytes = 1024;
+
+}  // namespace
+
+std::string_view PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kIdle:
+      return "idle";
+    case Phase::kTrain:
+      return "train";
+    case Phase::kWait:
+      return "wait";
+    case Phase::kRound:
+      return "round";
+    case Phase::kLoad:
+      return "load";
+  }
+  return "?";
+}
+
+std::string EncodeProgressRecord(const PeerProgress& p) {
+  nlohmann::json j = {{"epoch", p.epoch},
+                      {"samples", p.samples},
+                      {"sps", p.samples_per_second},
+                      {"batch", p.batch},
+                      {"time", p.time},
+                      {"client", p.client},
+                      {"aux", p.aux},
+                      {"phase", PhaseName(p.phase)}};
+  return j.dump();
+}
+
+Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view value) {
+  if (value.size() > kMaxRecordBytes) return InvalidArgument("progress record is too large");
+  auto j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return InvalidArgument("progress record is not a JSON object");
+  for (const auto& [key, unused] : j.items()) {
+    static constexpr std::string_view kKnown[] = {"epoch", "samples", "sps", "batch",
+                                                  "time",  "client",  "aux", "phase"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
+      return InvalidArgument(fmt::format("progress record has an unknown field '{}'", key));
+    }
+  }
+  PeerProgress p;
+  p.peer = peer;
+  auto get_int = [&](const char* name, int64_t max, int64_t& out) -> Status {
+    auto it = j.find(name);
+    if (it == j.end() || !it->is_number_integer()) {
+      return InvalidArgument(fmt::format("progress record lacks integer '{}'", name));
+    }
+    out = it->get<int64_t>();
+    if (out < 0 || out > max) {
+      return InvalidArgument(fmt::format("progress record's '{}' is out of range", name));
+    }
+    return Status::Ok();
+  };
+  COLONY_RETURN_IF_ERROR(get_int("epoch", kMaxEpoch, p.epoch));
+  COLONY_RETURN_IF_ERROR(get_int("samples", kMaxSamples, p.samples));
+  COLONY_RETURN_IF_ERROR(get_int("batch", kMaxSamples, p.batch));
+  auto sps = j.find("sps");
+  auto time = j.find("time");
+  if (sps == j.end() || !sps->is_number() || time == j.end() || !time->is_number()) {
+    return InvalidArgument("progress record lacks 'sps' or 'time'");
+  }
+  p.samples_per_second = sps->get<double>();
+  p.time = time->get<double>();
+  if (!std::isfinite(p.samples_per_second) || p.samples_per_second < 0 ||
+      p.samples_per_second > kMaxSamplesPerSecond || !std::isfinite(p.time)) {
+    return InvalidArgument("progress record's 'sps' or 'time' is out of range");
+  }
+  auto flag = [&](const char* name, bool& out) -> Status {
+    auto it = j.find(name);
+    if (it == j.end() || !it->is_boolean()) {
+      return InvalidArgument(fmt::format("progress record lacks boolean '{}'", name));
+    }
+    out = it->get<bool>();
+    return Status::Ok();
+  };
+  COLONY_RETURN_IF_ERROR(flag("client", p.client));
+  COLONY_RETURN_IF_ERROR(flag("aux", p.aux));
+  auto phase = j.find("phase");
+  if (phase == j.end() || !phase->is_string()) {
+    return InvalidArgument("progress record lacks string 'phase'");
+  }
+  const auto& name = phase->get_ref<const std::string&>();
+  bool known = false;
+  for (Phase ph : {Phase::kIdle, Phase::kTrain, Phase::kWait, Phase::kRound, Phase::kLoad}) {
+    if (name == PhaseName(ph)) {
+      p.phase = ph;
+      known = true;
+    }
+  }
+  if (!known) {
+    return InvalidArgument(
+        fmt::format("progress record has an unknown phase '{}'", name.substr(0, 32)));
+  }
+  if (p.aux && p.samples != 0) return InvalidArgument("an auxiliary peer reports no samples");
+  return p;
+}
+
+EpochDecision DecideEpoch(const GlobalProgress& g, int64_t local_epoch, int64_t lag, bool waiting) {
+  if (g.epoch > local_epoch + lag) return {EpochAction::kCatchUp};
+  if (g.epoch > local_epoch) return {EpochAction::kAverage};
+  if (g.epoch == local_epoch && (g.round_started || g.samples_reported >= g.target_batch_size)) {
+    return {EpochAction::kAverage};
+  }
+  // Stop when the next batch would more likely overshoot the target than not.
+  if (g.samples_expected + g.own_batch / 2 >= g.target_batch_size) return {EpochAction::kWait};
+  if (waiting && g.num_growing_at_epoch == 0) {
+    // Every peer at the epoch stopped, short of the target (rates overstated, or a peer left):
+    // each computes its share of the shortfall, by throughput, and then waits again without
+    // re-estimating, so that they do not each fill the whole gap.
+    const int64_t shortfall = g.target_batch_size - g.samples_reported;
+    const double total = g.samples_per_second_at_epoch;
+    const double share = total > 0 && g.own_samples_per_second > 0
+                             ? g.own_samples_per_second / total
+                             : 1.0 / static_cast<double>(std::max<size_t>(1, g.num_peers_at_epoch));
+    const auto quota = static_cast<int64_t>(std::ceil(static_cast<double>(shortfall) * share));
+    return {EpochAction::kTrain, std::max<int64_t>(1, quota)};
+  }
+  return {EpochAction::kTrain};
+}
+
+}  // namespace colony::train
