@@ -50,11 +50,11 @@ namespace {
 
 using colony::bench::ColonyBinary;
 using colony::bench::Fixed;
+using colony::bench::Median;
 using colony::bench::Millis;
 using colony::bench::ReadUntil;
-using colony::bench::WallNow;
-using colony::bench::Median;
 using colony::bench::Tail;
+using colony::bench::WallNow;
 
 std::string BinDir() { return fs::path(SelfExecutable()).parent_path().string(); }
 

@@ -79,8 +79,8 @@ int Worker(size_t count, const std::string& bootstrap) {
     return 1;
   }
   nodes[0] = std::move(*first);
-  const std::string via = bootstrap.empty() ? nodes[0]->VisibleAddresses().at(0).ToString()
-                                            : bootstrap;
+  const std::string via =
+      bootstrap.empty() ? nodes[0]->VisibleAddresses().at(0).ToString() : bootstrap;
   std::atomic<bool> failed{false};
   Parallel(count - 1, 2, [&](size_t i) {
     auto n = dht::Node::Start(KeyPair::Generate(), Options({via}));
@@ -190,8 +190,8 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   const auto t0 = Steady::now();
   std::vector<Subprocess> procs;
-  std::vector<Multiaddr> control;       // per worker
-  std::vector<std::string> addresses;   // per node
+  std::vector<Multiaddr> control;                // per worker
+  std::vector<std::string> addresses;            // per node
   std::vector<std::pair<size_t, size_t>> where;  // node -> (worker, local index)
   for (size_t w = 0; w < workers; ++w) {
     const size_t count = std::min(kNodesPerWorker, nodes - w * kNodesPerWorker);

@@ -156,10 +156,14 @@ std::vector<Server> MakeServers(int n, int64_t layers, F label) {
 std::vector<std::string> ServeArgv(const Args& a, const fs::path& model_dir,
                                    const std::string& model_name, const Server& s,
                                    const std::string& listen, const std::string& bootstrap) {
-  std::vector<std::string> args = {ColonyBinary(), "--log-level", "warn", "serve", "--model",
-                                   model_dir.string(), "--model-name", model_name, "--blocks",
-                                   std::to_string(s.first) + ":" + std::to_string(s.last),
-                                   "--listen", listen, "--threads", std::to_string(a.threads)};
+  std::vector<std::string> args = {
+      ColonyBinary(), "--log-level",
+      "warn",         "serve",
+      "--model",      model_dir.string(),
+      "--model-name", model_name,
+      "--blocks",     std::to_string(s.first) + ":" + std::to_string(s.last),
+      "--listen",     listen,
+      "--threads",    std::to_string(a.threads)};
   if (!bootstrap.empty()) {
     args.push_back("--initial-peers");
     args.push_back(bootstrap);
@@ -377,32 +381,35 @@ void RunLoopback(const Args& a, const fs::path& model_dir, const std::string& mo
   const auto& stats = session->stats();
   session->Close();
   const double local_step = d.local_s, remote_step = d.remote[0].step_s;
-  std::printf("decode, 1 token per step after a %d-token prompt (median of %d steps after %d "
-              "warm-up; embeddings and LM head included in both):\n",
-              a.prompt, a.steps, a.warmup);
+  std::printf(
+      "decode, 1 token per step after a %d-token prompt (median of %d steps after %d "
+      "warm-up; embeddings and LM head included in both):\n",
+      a.prompt, a.steps, a.warmup);
   std::printf("  local (LocalBackend, whole model):         %8.2f ms/step  (%.1f tokens/s)\n",
               local_step * 1e3, 1 / local_step);
   std::printf("  distributed (RemoteBackend, %zu servers):    %8.2f ms/step  (%.1f tokens/s)\n",
               stats.route.size(), remote_step * 1e3, 1 / remote_step);
-  std::printf("  overhead per step %.2f ms; max |logit difference| %.2e; greedy mismatches %lld; "
-              "failovers %lld\n",
-              (remote_step - local_step) * 1e3, d.remote[0].max_diff,
-              static_cast<long long>(d.remote[0].mismatches),
-              static_cast<long long>(stats.failovers));
+  std::printf(
+      "  overhead per step %.2f ms; max |logit difference| %.2e; greedy mismatches %lld; "
+      "failovers %lld\n",
+      (remote_step - local_step) * 1e3, d.remote[0].max_diff,
+      static_cast<long long>(d.remote[0].mismatches), static_cast<long long>(stats.failovers));
 
   // ---- (b) forward throughput through all blocks (no embeddings, no head, no cache).
-  std::printf("forward, hidden states through all %lld blocks (blocks only), %lld tokens per "
-              "sequence (median of %d after 1 warm-up):\n",
-              static_cast<long long>(a.layers), static_cast<long long>(a.seq), a.forward_reps);
+  std::printf(
+      "forward, hidden states through all %lld blocks (blocks only), %lld tokens per "
+      "sequence (median of %d after 1 warm-up):\n",
+      static_cast<long long>(a.layers), static_cast<long long>(a.seq), a.forward_reps);
   std::vector<std::pair<int64_t, ForwardResult>> forwards;
   for (int64_t b : {int64_t{1}, a.batch}) {
     const int reps = b == 1 ? std::max(a.forward_reps, 8) : a.forward_reps;
     ForwardResult f = MeasureForward(*local, remote, b, a.seq, reps);
     const double tokens = static_cast<double>(b * a.seq);
-    std::printf("  batch %3lld: local %9.1f tokens/s (%.3f s), distributed %9.1f tokens/s "
-                "(%.3f s); max |difference| %.2e\n",
-                static_cast<long long>(b), tokens / f.local_s, f.local_s, tokens / f.remote_s,
-                f.remote_s, f.max_diff);
+    std::printf(
+        "  batch %3lld: local %9.1f tokens/s (%.3f s), distributed %9.1f tokens/s "
+        "(%.3f s); max |difference| %.2e\n",
+        static_cast<long long>(b), tokens / f.local_s, f.local_s, tokens / f.remote_s, f.remote_s,
+        f.max_diff);
     forwards.emplace_back(b, f);
   }
 
@@ -467,9 +474,10 @@ int RunWanClient(const Args& a) {
     per_server += (per_server.empty() ? "" : ", ") + s.label + " " + Fixed(Median(mine) * 1e3, 1);
   }
   const double measured_rtt = Median(rtts);
-  std::printf("  measured RTT client <-> servers (5 pings each over the connections): median "
-              "%.1f ms (%s ms)\n",
-              measured_rtt * 1e3, per_server.c_str());
+  std::printf(
+      "  measured RTT client <-> servers (5 pings each over the connections): median "
+      "%.1f ms (%s ms)\n",
+      measured_rtt * 1e3, per_server.c_str());
   std::fflush(stdout);
 
   const int64_t max_length = a.prompt + a.warmup + a.steps;
@@ -496,26 +504,27 @@ int RunWanClient(const Args& a) {
   const double floor_s = d.local_s + hops * a.wan_rtt_ms / 1e3 / 2;
   const double nopush_floor_s =
       d.local_s + 2 * static_cast<double>(push_stats.route.size()) * a.wan_rtt_ms / 1e3 / 2;
-  std::printf("  decode, 1 token per step after a %d-token prompt (median of %d steps after %d "
-              "warm-up), stepped alternately in the client host:\n",
-              a.prompt, a.steps, a.warmup);
+  std::printf(
+      "  decode, 1 token per step after a %d-token prompt (median of %d steps after %d "
+      "warm-up), stepped alternately in the client host:\n",
+      a.prompt, a.steps, a.warmup);
   std::printf("    local compute (LocalBackend, whole model): %8.2f ms/step  (%6.2f steps/s)\n",
               d.local_s * 1e3, 1 / d.local_s);
-  auto show = [&](const std::string& name, const RemoteDecode& r,
-                  const serve::SessionStats& st) {
-    std::printf("    %-41s %8.2f ms/step  (%6.2f steps/s); %.2f x floor; max |logit difference| "
-                "%.2e; greedy mismatches %lld; %zu servers; failovers %lld\n",
-                (name + ":").c_str(), r.step_s * 1e3, 1 / r.step_s, r.step_s / floor_s,
-                r.max_diff, static_cast<long long>(r.mismatches), st.route.size(),
-                static_cast<long long>(st.failovers));
+  auto show = [&](const std::string& name, const RemoteDecode& r, const serve::SessionStats& st) {
+    std::printf(
+        "    %-41s %8.2f ms/step  (%6.2f steps/s); %.2f x floor; max |logit difference| "
+        "%.2e; greedy mismatches %lld; %zu servers; failovers %lld\n",
+        (name + ":").c_str(), r.step_s * 1e3, 1 / r.step_s, r.step_s / floor_s, r.max_diff,
+        static_cast<long long>(r.mismatches), st.route.size(),
+        static_cast<long long>(st.failovers));
   };
   show("distributed, push", d.remote[0], push_stats);
   if (d.remote.size() > 1) show("distributed, no push", d.remote[1], nopush_stats);
-  std::printf("    floor = compute + (servers + 1) x RTT/2 = %.2f + %.0f x %.1f = %.2f ms/step "
-              "(%.2f steps/s); without push a step needs at least %.2f ms (2 x servers x "
-              "RTT/2)\n",
-              d.local_s * 1e3, hops, a.wan_rtt_ms / 2, floor_s * 1e3, 1 / floor_s,
-              nopush_floor_s * 1e3);
+  std::printf(
+      "    floor = compute + (servers + 1) x RTT/2 = %.2f + %.0f x %.1f = %.2f ms/step "
+      "(%.2f steps/s); without push a step needs at least %.2f ms (2 x servers x "
+      "RTT/2)\n",
+      d.local_s * 1e3, hops, a.wan_rtt_ms / 2, floor_s * 1e3, 1 / floor_s, nopush_floor_s * 1e3);
   std::printf("    push saves %.2f ms per step (%.1f RTT/2; ideal: %.0f)\n",
               d.remote.size() > 1 ? (d.remote[1].step_s - d.remote[0].step_s) * 1e3 : 0.0,
               d.remote.size() > 1
@@ -537,10 +546,11 @@ int RunWanClient(const Args& a) {
 // 0 when it ran or was skipped, 1 when it failed.
 int RunWan(const Args& a, const fs::path& model_dir, const std::string& model_name,
            const fs::path& dir) {
-  std::printf("\nWAN: %d servers and the client on separate lab hosts, every uplink %s Mbit/s "
-              "and %s ms one way (%s ms RTT between any two hosts)\n",
-              a.servers, Fixed(a.wan_rate_mbit, 1).c_str(), Fixed(a.wan_rtt_ms / 4, 2).c_str(),
-              Fixed(a.wan_rtt_ms, 1).c_str());
+  std::printf(
+      "\nWAN: %d servers and the client on separate lab hosts, every uplink %s Mbit/s "
+      "and %s ms one way (%s ms RTT between any two hosts)\n",
+      a.servers, Fixed(a.wan_rate_mbit, 1).c_str(), Fixed(a.wan_rtt_ms / 4, 2).c_str(),
+      Fixed(a.wan_rtt_ms, 1).c_str());
   std::fflush(stdout);
   auto unavailable = [](const std::string& why) {
     std::printf("(RESULT inference_wan_vs_floor not available: %s)\n", why.c_str());
@@ -554,8 +564,8 @@ int RunWan(const Args& a, const fs::path& model_dir, const std::string& model_na
   colony::bench::UseLabLinkNextToColony();
 
   const std::string name = "inf" + std::to_string(::getpid() % 100000);
-  const std::string link = " rate " + Fixed(a.wan_rate_mbit, 3) + "mbit delay " +
-                           Fixed(a.wan_rtt_ms / 4, 3) + "ms\n";
+  const std::string link =
+      " rate " + Fixed(a.wan_rate_mbit, 3) + "mbit delay " + Fixed(a.wan_rtt_ms / 4, 3) + "ms\n";
   std::string topology = "# bench_inference: the client and " + std::to_string(a.servers) +
                          " servers\nhost client" + link;
   for (int i = 1; i <= a.servers; ++i) topology += "host s" + std::to_string(i) + link;
@@ -582,8 +592,8 @@ int RunWan(const Args& a, const fs::path& model_dir, const std::string& model_na
     const auto deadline = Steady::now() + Millis(a.timeout);
     auto listen = [&](const Server& s) { return "/ip4/" + lab.addr(s.label) + "/tcp/0"; };
     auto start = [&](Server& s, const std::string& bootstrap) {
-      return Spawn(s, lab.In(s.label, ServeArgv(a, model_dir, model_name, s, listen(s),
-                                                bootstrap)));
+      return Spawn(s,
+                   lab.In(s.label, ServeArgv(a, model_dir, model_name, s, listen(s), bootstrap)));
     };
     const auto t_start = Steady::now();
     error = start(servers[0], "");
@@ -607,14 +617,16 @@ int RunWan(const Args& a, const fs::path& model_dir, const std::string& model_na
 
       std::string joined;
       for (const auto& s : addresses) joined += (joined.empty() ? "" : ",") + s;
-      std::vector<std::string> argv = {SelfExecutable(), "--wan-client", "--wan-model-dir",
-                                       model_dir.string(), "--wan-model-name", model_name,
-                                       "--wan-servers", joined, "--threads",
-                                       std::to_string(a.threads), "--prompt",
-                                       std::to_string(a.prompt), "--warmup",
-                                       std::to_string(a.warmup), "--steps",
-                                       std::to_string(a.steps), "--timeout", Fixed(a.timeout),
-                                       "--wan-rtt-ms", Fixed(a.wan_rtt_ms, 3)};
+      std::vector<std::string> argv = {SelfExecutable(),   "--wan-client",
+                                       "--wan-model-dir",  model_dir.string(),
+                                       "--wan-model-name", model_name,
+                                       "--wan-servers",    joined,
+                                       "--threads",        std::to_string(a.threads),
+                                       "--prompt",         std::to_string(a.prompt),
+                                       "--warmup",         std::to_string(a.warmup),
+                                       "--steps",          std::to_string(a.steps),
+                                       "--timeout",        Fixed(a.timeout),
+                                       "--wan-rtt-ms",     Fixed(a.wan_rtt_ms, 3)};
       if (a.wan_skip_nopush) argv.push_back("--wan-skip-nopush");
       const std::string client_err = (dir / "wan-client.err").string();
       auto client = Subprocess::Spawn(lab.In("client", argv), client_err);
@@ -624,7 +636,8 @@ int RunWan(const Args& a, const fs::path& model_dir, const std::string& model_na
         // Generous: the servers' visibility, then every step at 20x the floor.
         const double floor_guess = 0.2 + (a.servers + 1) * a.wan_rtt_ms / 2e3;
         const auto client_deadline =
-            Steady::now() + Millis(a.timeout + 60 + (a.warmup + a.steps + 2) * 3 * 20 * floor_guess);
+            Steady::now() +
+            Millis(a.timeout + 60 + (a.warmup + a.steps + 2) * 3 * 20 * floor_guess);
         Status st = colony::bench::ReadUntil(*client, client_deadline, [&](const std::string& l) {
           if (l.starts_with("RESULT ")) {
             results.push_back(l);
@@ -651,7 +664,8 @@ int RunWan(const Args& a, const fs::path& model_dir, const std::string& model_na
   for (const auto& l : results) std::printf("%s\n", l.c_str());
   const bool headline =
       !results.empty() && results.back().starts_with("RESULT inference_wan_vs_floor=");
-  if (!headline) unavailable(error.empty() ? "the client printed no result" : "the WAN phase failed");
+  if (!headline)
+    unavailable(error.empty() ? "the client printed no result" : "the WAN phase failed");
   std::fflush(stdout);
   return headline && error.empty() ? 0 : 1;
 }
@@ -660,8 +674,9 @@ int RunWan(const Args& a, const fs::path& model_dir, const std::string& model_na
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"Inference through `colony serve` processes (3 by default) vs the same model "
-               "locally, on loopback and in the network lab (WAN)"};
+  CLI::App app{
+      "Inference through `colony serve` processes (3 by default) vs the same model "
+      "locally, on loopback and in the network lab (WAN)"};
   app.add_option("--hidden", a.hidden, "hidden size")->capture_default_str();
   app.add_option("--layers", a.layers, "transformer blocks")->capture_default_str();
   app.add_option("--heads", a.heads, "attention heads")->capture_default_str();
@@ -754,12 +769,13 @@ int main(int argc, char** argv) {
     at::manual_seed(a.seed);
     model::LlamaModel m(config);
     if (Status st = model::SaveLlama(model_dir, m); !st.ok()) Die(st.ToString());
-    std::printf("model: hidden %lld, %lld layers, %lld heads (%lld KV), intermediate %lld, vocab "
-                "%lld: %.1fM parameters (%.2f s to create and save)\n",
-                static_cast<long long>(a.hidden), static_cast<long long>(a.layers),
-                static_cast<long long>(a.heads), static_cast<long long>(a.kv_heads),
-                static_cast<long long>(a.intermediate), static_cast<long long>(a.vocab),
-                static_cast<double>(config.NumParameters()) / 1e6, Seconds(Steady::now() - t0));
+    std::printf(
+        "model: hidden %lld, %lld layers, %lld heads (%lld KV), intermediate %lld, vocab "
+        "%lld: %.1fM parameters (%.2f s to create and save)\n",
+        static_cast<long long>(a.hidden), static_cast<long long>(a.layers),
+        static_cast<long long>(a.heads), static_cast<long long>(a.kv_heads),
+        static_cast<long long>(a.intermediate), static_cast<long long>(a.vocab),
+        static_cast<double>(config.NumParameters()) / 1e6, Seconds(Steady::now() - t0));
   }
 
   RunLoopback(a, model_dir, model_name, tmp.path);

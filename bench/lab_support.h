@@ -44,8 +44,8 @@ struct CommandResult {
 };
 
 // Runs argv to completion (stdout captured, stderr into `err_path` when given).
-inline CommandResult RunCommand(const std::vector<std::string>& argv,
-                                std::chrono::seconds timeout, const std::string& err_path = {}) {
+inline CommandResult RunCommand(const std::vector<std::string>& argv, std::chrono::seconds timeout,
+                                const std::string& err_path = {}) {
   CommandResult r;
   auto p = Subprocess::Spawn(argv, err_path);
   if (!p.ok()) return r;

@@ -77,11 +77,11 @@ using colony::bench::CannotRunLab;
 using colony::bench::ColonyBinary;
 using colony::bench::Fixed;
 using colony::bench::Lab;
+using colony::bench::Median;
 using colony::bench::Millis;
 using colony::bench::ReadUntil;
-using colony::bench::WallNow;
-using colony::bench::Median;
 using colony::bench::Tail;
+using colony::bench::WallNow;
 
 constexpr int kSkipExit = 77;   // "cannot run here", as ctest's SKIP_RETURN_CODE
 constexpr int kRawPort = 4100;  // the raw TCP reference's port on every peer host

@@ -25,8 +25,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!std::isfinite(r->throughput) || r->throughput < 0) __builtin_trap();
   if (r->addresses.size() > 16) __builtin_trap();
   auto again = ParseServerRecord(peer, EncodeServerRecord(*r), 16);
-  if (!again.ok() || again->start != r->start || again->end != r->end ||
-      again->state != r->state || again->addresses != r->addresses) {
+  if (!again.ok() || again->start != r->start || again->end != r->end || again->state != r->state ||
+      again->addresses != r->addresses) {
     __builtin_trap();
   }
   return 0;

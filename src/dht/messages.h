@@ -24,8 +24,8 @@ inline constexpr size_t kMaxAddrBytes = 256;
 // About the sender of a request. Its PeerId comes from the authenticated connection, never
 // from the message.
 struct NodeHeader {
-  bool client_mode = false;         // never put client-mode peers in routing tables
-  std::vector<std::string> addrs;   // where the sender accepts connections
+  bool client_mode = false;        // never put client-mode peers in routing tables
+  std::vector<std::string> addrs;  // where the sender accepts connections
 };
 
 struct PingRequest {
@@ -55,7 +55,7 @@ struct FindRequest {
   std::vector<DhtId> ids;
 };
 struct FindResult {
-  std::optional<Record> record;   // unexpired record held for this id (replica and cache merged)
+  std::optional<Record> record;  // unexpired record held for this id (replica and cache merged)
   // The responder's nearest contacts to the id. Their ids are derived from their PeerIds by
   // the decoder (dht/wire.h), never taken from the wire.
   std::vector<Contact> nearest;

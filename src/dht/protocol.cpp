@@ -1,8 +1,9 @@
 #include "dht/protocol.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
 
 #include "core/log.h"
 
@@ -216,10 +217,10 @@ void DhtCore::Maintain() {
   storage_.Purge(wall);
   cache_.Purge(wall);
   const SteadyTime now = Now();
-  std::erase_if(backoff_, [&](const auto& kv) {
-    return kv.second.until + options_.backoff_max < now;
-  });
-  std::erase_if(rate_, [&](const auto& kv) { return now - kv.second.last > std::chrono::minutes(1); });
+  std::erase_if(backoff_,
+                [&](const auto& kv) { return kv.second.until + options_.backoff_max < now; });
+  std::erase_if(rate_,
+                [&](const auto& kv) { return now - kv.second.last > std::chrono::minutes(1); });
   if (!options_.client_mode || routing_.size() > 0) {
     // The first round after joining refreshes every sparse bucket: peers that joined at the
     // same moment as us were not there to be found during our own join.
@@ -244,8 +245,9 @@ void DhtCore::RefreshBuckets(std::vector<size_t> buckets, std::function<void()> 
   for (size_t i = 0; i < buckets.size(); ++i) {
     routing_.MarkRefreshed(buckets[i], Now());
     const DhtId target = DhtId::RandomInBucket(self_.id, buckets[i], rng_);
-    StartLookup(target, std::nullopt, false, false, [join, i](Lookup&) { join->Set(i, 0); },
-                options_.alpha);
+    StartLookup(
+        target, std::nullopt, false, false, [join, i](Lookup&) { join->Set(i, 0); },
+        options_.alpha);
   }
 }
 
@@ -301,8 +303,7 @@ void DhtCore::NoteSender(const PeerId& from, const NodeHeader& header) {
 // Lookups
 
 void DhtCore::StartLookup(DhtId target, std::optional<std::string> key, bool want_value,
-                          bool latest, std::function<void(Lookup&)> on_done,
-                          size_t random_probes) {
+                          bool latest, std::function<void(Lookup&)> on_done, size_t random_probes) {
   auto lookup = std::make_shared<Lookup>();
   lookup->target = target;
   lookup->key = std::move(key);
@@ -494,8 +495,8 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
   if (!l.finished) {
     for (Contact& c : result.nearest) {
       if (!c.peer.valid() || c.peer == self_.peer || c.addrs.empty()) continue;
-      l.candidates.try_emplace(c.id ^ l.target, Lookup::Candidate{std::move(c), Lookup::State::kNew,
-                                                                 depth + 1});
+      l.candidates.try_emplace(c.id ^ l.target,
+                               Lookup::Candidate{std::move(c), Lookup::State::kNew, depth + 1});
     }
     // Bound the candidate set: far candidates that were never contacted are dropped.
     const size_t cap = 4 * options_.beam_size;
@@ -579,7 +580,8 @@ void DhtCore::Store(std::vector<StoreItem> items, std::function<void(std::vector
   // Group valid items by key; each key needs one lookup.
   std::map<std::string, std::vector<std::pair<size_t, StoreItem>>> by_key;
   for (size_t i = 0; i < n; ++i) {
-    Status st = stopped_ ? Closed("DHT node is shut down") : CheckItem(items[i], options_.storage, Wall());
+    Status st =
+        stopped_ ? Closed("DHT node is shut down") : CheckItem(items[i], options_.storage, Wall());
     if (st.ok()) {
       auto signed_value = PrepareValue(items[i]);
       if (signed_value.ok()) {
@@ -608,85 +610,86 @@ void DhtCore::StoreKey(std::string key, std::vector<StoreItem> items,
                        std::function<void(std::vector<Status>)> done) {
   const DhtId id = DhtId::ForKey(key);
   auto weak = weak_from_this();
-  StartLookup(id, std::nullopt, false, false, [weak, id, key, items = std::move(items),
-                                               done = std::move(done)](Lookup& l) mutable {
-    auto self = weak.lock();
-    const size_t n = items.size();
-    if (!self || self->stopped_) {
-      done(std::vector<Status>(n, Closed("DHT node is shut down")));
-      return;
-    }
-    // The num_replicas nearest of: nodes that answered, and us (unless we are a client).
-    std::vector<const Contact*> replicas;
-    for (const auto* c : l.Responded(self->options_.num_replicas)) replicas.push_back(&c->contact);
-    if (!self->options_.client_mode) {
-      replicas.push_back(&self->self_);
-      std::stable_sort(replicas.begin(), replicas.end(), [&](const Contact* a, const Contact* b) {
-        return Closer(id, a->id, b->id);
-      });
-      if (replicas.size() > self->options_.num_replicas) replicas.pop_back();
-    }
-    if (replicas.empty()) {
-      done(std::vector<Status>(
-          n, Unavailable("no DHT node to store on: this node knows no peers (bootstrap from "
-                         "initial peers first)")));
-      return;
-    }
-    struct Tally {
-      std::vector<bool> stored;
-      std::vector<Status> first_error;
-      size_t remaining;
-    };
-    auto tally = std::make_shared<Tally>(
-        Tally{std::vector<bool>(n, false), std::vector<Status>(n), replicas.size()});
-    auto finish = [tally, done, n]() {
-      std::vector<Status> out(n);
-      for (size_t i = 0; i < n; ++i) {
-        if (tally->stored[i]) continue;
-        out[i] = tally->first_error[i].ok()
-                     ? Unavailable("no replica accepted the record")
-                     : tally->first_error[i];
-      }
-      done(std::move(out));
-    };
-    auto note = [tally](size_t i, const Status& st) {
-      if (st.ok()) {
-        tally->stored[i] = true;
-      } else if (tally->first_error[i].ok()) {
-        tally->first_error[i] = st;
-      }
-    };
-    for (const Contact* replica : replicas) {
-      if (replica == &self->self_) {
-        for (size_t i = 0; i < n; ++i) {
-          note(i, self->storage_.Store(id, items[i], self->self_.peer, self->Wall(), false));
+  StartLookup(
+      id, std::nullopt, false, false,
+      [weak, id, key, items = std::move(items), done = std::move(done)](Lookup& l) mutable {
+        auto self = weak.lock();
+        const size_t n = items.size();
+        if (!self || self->stopped_) {
+          done(std::vector<Status>(n, Closed("DHT node is shut down")));
+          return;
         }
-        if (--tally->remaining == 0) finish();
-        continue;
-      }
-      StoreRequest request{self->Header(), {}};
-      for (const StoreItem& item : items) request.items.push_back({item, false});
-      ++self->stats_.requests_sent;
-      const Contact contact = *replica;
-      self->env_.Store(contact, std::move(request), self->options_.request_timeout,
-                       [weak, contact, tally, note, finish, n](Result<StoreResponse> r) {
-                         auto me = weak.lock();
-                         if (r.ok() && r->results.size() != n) {
-                           r = ProtocolError("store reply has the wrong number of results");
-                         }
-                         if (!r.ok()) {
-                           if (me) me->OnFailure(contact);
-                           for (size_t i = 0; i < n; ++i) {
-                             note(i, r.status().WithContext("replica " + contact.peer.Short()));
-                           }
-                         } else {
-                           if (me) me->OnSuccess(contact, false);
-                           for (size_t i = 0; i < n; ++i) note(i, r->results[i]);
-                         }
-                         if (--tally->remaining == 0) finish();
-                       });
-    }
-  });
+        // The num_replicas nearest of: nodes that answered, and us (unless we are a client).
+        std::vector<const Contact*> replicas;
+        for (const auto* c : l.Responded(self->options_.num_replicas))
+          replicas.push_back(&c->contact);
+        if (!self->options_.client_mode) {
+          replicas.push_back(&self->self_);
+          std::stable_sort(
+              replicas.begin(), replicas.end(),
+              [&](const Contact* a, const Contact* b) { return Closer(id, a->id, b->id); });
+          if (replicas.size() > self->options_.num_replicas) replicas.pop_back();
+        }
+        if (replicas.empty()) {
+          done(std::vector<Status>(
+              n, Unavailable("no DHT node to store on: this node knows no peers (bootstrap from "
+                             "initial peers first)")));
+          return;
+        }
+        struct Tally {
+          std::vector<bool> stored;
+          std::vector<Status> first_error;
+          size_t remaining;
+        };
+        auto tally = std::make_shared<Tally>(
+            Tally{std::vector<bool>(n, false), std::vector<Status>(n), replicas.size()});
+        auto finish = [tally, done, n]() {
+          std::vector<Status> out(n);
+          for (size_t i = 0; i < n; ++i) {
+            if (tally->stored[i]) continue;
+            out[i] = tally->first_error[i].ok() ? Unavailable("no replica accepted the record")
+                                                : tally->first_error[i];
+          }
+          done(std::move(out));
+        };
+        auto note = [tally](size_t i, const Status& st) {
+          if (st.ok()) {
+            tally->stored[i] = true;
+          } else if (tally->first_error[i].ok()) {
+            tally->first_error[i] = st;
+          }
+        };
+        for (const Contact* replica : replicas) {
+          if (replica == &self->self_) {
+            for (size_t i = 0; i < n; ++i) {
+              note(i, self->storage_.Store(id, items[i], self->self_.peer, self->Wall(), false));
+            }
+            if (--tally->remaining == 0) finish();
+            continue;
+          }
+          StoreRequest request{self->Header(), {}};
+          for (const StoreItem& item : items) request.items.push_back({item, false});
+          ++self->stats_.requests_sent;
+          const Contact contact = *replica;
+          self->env_.Store(contact, std::move(request), self->options_.request_timeout,
+                           [weak, contact, tally, note, finish, n](Result<StoreResponse> r) {
+                             auto me = weak.lock();
+                             if (r.ok() && r->results.size() != n) {
+                               r = ProtocolError("store reply has the wrong number of results");
+                             }
+                             if (!r.ok()) {
+                               if (me) me->OnFailure(contact);
+                               for (size_t i = 0; i < n; ++i) {
+                                 note(i, r.status().WithContext("replica " + contact.peer.Short()));
+                               }
+                             } else {
+                               if (me) me->OnSuccess(contact, false);
+                               for (size_t i = 0; i < n; ++i) note(i, r->results[i]);
+                             }
+                             if (--tally->remaining == 0) finish();
+                           });
+        }
+      });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -790,11 +793,11 @@ void DhtCore::FinishGet(const std::shared_ptr<GetOp>& op, Lookup& l) {
       }
     }
   }
-  Result<Record> result =
-      stopped_ ? Result<Record>(Closed("DHT node is shut down"))
-      : merged ? ValidateAndStrip(op->key, *merged)
-               : Result<Record>(NotFound(fmt::format(
-                     "no value for key '{}' on the nearest DHT nodes", op->key)));
+  Result<Record> result = stopped_ ? Result<Record>(Closed("DHT node is shut down"))
+                          : merged
+                              ? ValidateAndStrip(op->key, *merged)
+                              : Result<Record>(NotFound(fmt::format(
+                                    "no value for key '{}' on the nearest DHT nodes", op->key)));
   for (auto& w : op->waiters) w(result);
 }
 
@@ -850,10 +853,10 @@ Result<PingResponse> DhtCore::HandlePing(const PeerId& from, const PingRequest& 
   COLONY_RETURN_IF_ERROR(Admit(from));
   const double skew = request.wall_time - Wall();
   if (!std::isfinite(skew) || std::abs(skew) > options_.max_clock_skew_seconds + 1.0) {
-    return FailedPrecondition(fmt::format(
-        "your clock differs from this node's by {:.1f} s (at most {:.1f} s allowed); "
-        "synchronize clocks (NTP)",
-        skew, options_.max_clock_skew_seconds));
+    return FailedPrecondition(
+        fmt::format("your clock differs from this node's by {:.1f} s (at most {:.1f} s allowed); "
+                    "synchronize clocks (NTP)",
+                    skew, options_.max_clock_skew_seconds));
   }
   NoteSender(from, request.sender);
   return PingResponse{self_.peer, Wall(), options_.client_mode};

@@ -48,10 +48,10 @@ class Environment {
 };
 
 struct DhtOptions {
-  size_t bucket_size = 20;   // k
-  size_t num_replicas = 5;   // nodes that hold each record
-  size_t alpha = 3;          // requests in flight per lookup
-  size_t beam_size = 20;     // closest candidates a lookup must have heard from to finish
+  size_t bucket_size = 20;  // k
+  size_t num_replicas = 5;  // nodes that hold each record
+  size_t alpha = 3;         // requests in flight per lookup
+  size_t beam_size = 20;    // closest candidates a lookup must have heard from to finish
   // Client mode: stores and gets, serves nothing, stays out of others' routing tables.
   bool client_mode = false;
   Duration request_timeout = std::chrono::seconds(3);
@@ -82,12 +82,12 @@ struct DhtOptions {
 
 struct DhtStats {
   uint64_t lookups = 0;
-  uint64_t lookup_hops = 0;        // sum over lookups of the rounds to the answer
+  uint64_t lookup_hops = 0;  // sum over lookups of the rounds to the answer
   uint64_t requests_sent = 0;
   uint64_t requests_failed = 0;
   uint64_t requests_served = 0;
-  uint64_t requests_refused = 0;   // rate-limited or malformed
-  uint64_t shared_gets = 0;        // gets that joined a lookup already running for their key
+  uint64_t requests_refused = 0;  // rate-limited or malformed
+  uint64_t shared_gets = 0;       // gets that joined a lookup already running for their key
 };
 
 class DhtCore : public std::enable_shared_from_this<DhtCore> {

@@ -1,8 +1,9 @@
 #include "dht/record.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
 #include <limits>
 
 namespace colony::dht {
@@ -62,22 +63,22 @@ bool DropExpired(Record& record, double now) {
 Status CheckItem(const StoreItem& item, const StorageLimits& limits, double now) {
   if (item.key.empty()) return InvalidArgument("DHT key is empty");
   if (item.key.size() > limits.max_key_bytes) {
-    return InvalidArgument(fmt::format("DHT key is {} bytes; the limit is {}", item.key.size(),
-                                       limits.max_key_bytes));
+    return InvalidArgument(
+        fmt::format("DHT key is {} bytes; the limit is {}", item.key.size(), limits.max_key_bytes));
   }
   if (item.subkey && item.subkey->size() > limits.max_subkey_bytes) {
     return InvalidArgument(fmt::format("DHT subkey is {} bytes; the limit is {}",
                                        item.subkey->size(), limits.max_subkey_bytes));
   }
   if (item.value.size() > limits.max_value_bytes) {
-    return InvalidArgument(fmt::format("DHT value is {} bytes; the limit is {}",
-                                       item.value.size(), limits.max_value_bytes));
+    return InvalidArgument(fmt::format("DHT value is {} bytes; the limit is {}", item.value.size(),
+                                       limits.max_value_bytes));
   }
   if (!std::isfinite(item.expiration)) return InvalidArgument("DHT expiration is not finite");
   if (item.expiration <= now) {
-    return InvalidArgument(fmt::format(
-        "DHT expiration {:.3f} is not in the future (now {:.3f}); use a positive ttl",
-        item.expiration, now));
+    return InvalidArgument(
+        fmt::format("DHT expiration {:.3f} is not in the future (now {:.3f}); use a positive ttl",
+                    item.expiration, now));
   }
   return Status::Ok();
 }
@@ -160,9 +161,9 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
     if (!item.subkey) {
       if (r.is_dict ? !(item.expiration > r.Expiration()) : !Wins(entry, r.value)) {
         if (!r.is_dict && r.value == entry) return Status::Ok();
-        return AlreadyExists(fmt::format(
-            "a value with a newer expiration ({:.3f}) is stored under key '{}'", r.Expiration(),
-            item.key));
+        return AlreadyExists(
+            fmt::format("a value with a newer expiration ({:.3f}) is stored under key '{}'",
+                        r.Expiration(), item.key));
       }
       if (r.is_dict) {
         for (const auto& [_, c] : slot.charges) freed.push_back(&c);
@@ -171,9 +172,9 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
       }
     } else if (!r.is_dict) {
       if (item.expiration < r.value.expiration) {
-        return AlreadyExists(fmt::format(
-            "a plain value with a newer expiration ({:.3f}) is stored under key '{}'",
-            r.value.expiration, item.key));
+        return AlreadyExists(
+            fmt::format("a plain value with a newer expiration ({:.3f}) is stored under key '{}'",
+                        r.value.expiration, item.key));
       }
       freed.push_back(&slot.value_charge);
     } else {
@@ -181,9 +182,9 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
       if (sub != r.subkeys.end()) {
         if (sub->second == entry) return Status::Ok();
         if (!Wins(entry, sub->second)) {
-          return AlreadyExists(fmt::format(
-              "subkey '{}' of key '{}' holds a value with a newer expiration ({:.3f})",
-              *item.subkey, item.key, sub->second.expiration));
+          return AlreadyExists(
+              fmt::format("subkey '{}' of key '{}' holds a value with a newer expiration ({:.3f})",
+                          *item.subkey, item.key, sub->second.expiration));
         }
         freed.push_back(&slot.charges.at(*item.subkey));
       } else if (r.subkeys.size() >= limits_.max_subkeys) {
@@ -207,9 +208,9 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
     if (c->writer == writer) freed_by_writer += c->bytes;
   }
   if (charge && usage_of(writer) - freed_by_writer + fresh.bytes > limits_.per_peer_quota_bytes) {
-    return ResourceExhausted(fmt::format(
-        "peer {} has used its storage quota of {} bytes on this node", writer.Short(),
-        limits_.per_peer_quota_bytes));
+    return ResourceExhausted(
+        fmt::format("peer {} has used its storage quota of {} bytes on this node", writer.Short(),
+                    limits_.per_peer_quota_bytes));
   }
   if (total_bytes_ - freed_total + fresh.bytes > limits_.capacity_bytes) {
     return ResourceExhausted(

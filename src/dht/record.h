@@ -109,8 +109,8 @@ class Storage {
   struct Slot {
     std::string key;
     Record record;
-    Charge value_charge;                     // plain value
-    std::map<std::string, Charge> charges;   // per subkey
+    Charge value_charge;                    // plain value
+    std::map<std::string, Charge> charges;  // per subkey
   };
   void Release(const Charge& c);
   void Acquire(const Charge& c);

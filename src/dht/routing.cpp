@@ -124,8 +124,7 @@ size_t RoutingTable::size() const {
   return n;
 }
 
-std::vector<size_t> RoutingTable::StaleBuckets(SteadyTime before,
-                                               SteadyTime sparse_before) const {
+std::vector<size_t> RoutingTable::StaleBuckets(SteadyTime before, SteadyTime sparse_before) const {
   size_t deepest = 0;
   for (size_t i = 0; i < buckets_.size(); ++i) {
     if (!buckets_[i].entries.empty()) deepest = i;

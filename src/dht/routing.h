@@ -3,7 +3,6 @@
 // dropped after `max_failures` consecutive failures and replaced by the freshest replacement.
 #pragma once
 
-#include <vector>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,7 +49,7 @@ class RoutingTable {
     size_t failures = 0;
   };
   struct Bucket {
-    std::vector<Entry> entries;      // least recently seen first
+    std::vector<Entry> entries;         // least recently seen first
     std::vector<Contact> replacements;  // most recent last
     SteadyTime refreshed{};
   };

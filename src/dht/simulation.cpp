@@ -1,7 +1,8 @@
 #include "dht/simulation.h"
 
-#include <charconv>
 #include <fmt/format.h>
+
+#include <charconv>
 
 namespace colony::dht {
 
@@ -50,10 +51,9 @@ class Simulation::Env final : public Environment {
     const long target = sim.Resolve(to);
     auto timed_out = [&sim, from, done, to, timeout]() {
       if (!sim.alive(from)) return;
-      done(DeadlineExceeded(fmt::format("{} did not answer within {} ms",
-                                        to.addrs.empty() ? to.peer.Short() : to.addrs[0],
-                                        std::chrono::duration_cast<std::chrono::milliseconds>(
-                                            timeout).count())));
+      done(DeadlineExceeded(fmt::format(
+          "{} did not answer within {} ms", to.addrs.empty() ? to.peer.Short() : to.addrs[0],
+          std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count())));
     };
     const Duration there = sim.Latency();
     const Duration back = sim.Latency();
@@ -61,15 +61,15 @@ class Simulation::Env final : public Environment {
       sim.Schedule(timeout, std::move(timed_out));
       return;
     }
-    sim.Schedule(there, [&sim, from, target, done, handler = std::move(handler), back,
-                         timed_out, timeout, there]() mutable {
+    sim.Schedule(there, [&sim, from, target, done, handler = std::move(handler), back, timed_out,
+                         timeout, there]() mutable {
       if (!sim.alive(static_cast<size_t>(target))) {
         sim.Schedule(timeout - there, std::move(timed_out));
         return;
       }
       ++sim.messages_;
-      Result<Resp> reply = handler(sim.node(static_cast<size_t>(target)),
-                                   sim.identity(from).peer_id());
+      Result<Resp> reply =
+          handler(sim.node(static_cast<size_t>(target)), sim.identity(from).peer_id());
       if constexpr (std::is_same_v<Resp, PingResponse>) {
         if (reply.ok()) reply->peer = sim.identity(static_cast<size_t>(target)).peer_id();
       }
@@ -199,8 +199,7 @@ Status Simulation::Store(size_t i, StoreItem item) {
   return Store(i, std::move(items)).at(0);
 }
 
-std::vector<Result<Record>> Simulation::Get(size_t i, std::vector<std::string> keys,
-                                            bool latest) {
+std::vector<Result<Record>> Simulation::Get(size_t i, std::vector<std::string> keys, bool latest) {
   std::optional<std::vector<Result<Record>>> out;
   const size_t n = keys.size();
   node(i).Get(std::move(keys), latest, [&](std::vector<Result<Record>> r) { out = std::move(r); });

@@ -19,7 +19,7 @@ namespace colony::dht {
 
 struct SimulationOptions {
   uint64_t seed = 1;
-  Duration min_latency = std::chrono::milliseconds(5);   // one way
+  Duration min_latency = std::chrono::milliseconds(5);  // one way
   Duration max_latency = std::chrono::milliseconds(40);
 };
 

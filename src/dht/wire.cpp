@@ -1,7 +1,8 @@
 #include "dht/wire.h"
 
-#include <cmath>
 #include <fmt/format.h>
+
+#include <cmath>
 
 #include "core/multiaddr.h"
 #include "dht/dht.pb.h"
@@ -32,10 +33,11 @@ void EncodeHeader(const NodeHeader& h, pb::NodeHeader* out) {
   for (const std::string& a : h.addrs) out->add_addrs(a);
 }
 
-Result<std::vector<std::string>> DecodeAddrs(const google::protobuf::RepeatedPtrField<std::string>& in) {
+Result<std::vector<std::string>> DecodeAddrs(
+    const google::protobuf::RepeatedPtrField<std::string>& in) {
   if (static_cast<size_t>(in.size()) > kMaxAddrsPerContact) {
-    return ProtocolError(fmt::format("{} addresses for one peer (at most {})", in.size(),
-                                     kMaxAddrsPerContact));
+    return ProtocolError(
+        fmt::format("{} addresses for one peer (at most {})", in.size(), kMaxAddrsPerContact));
   }
   std::vector<std::string> out;
   for (const std::string& a : in) {
@@ -159,8 +161,8 @@ Result<StoreRequest> DecodeStoreRequest(std::string_view bytes) {
   pb::StoreRequest p;
   COLONY_RETURN_IF_ERROR(Parse(p, bytes, "store request"));
   if (static_cast<size_t>(p.items_size()) > kMaxStoreItems) {
-    return ProtocolError(fmt::format("store request has {} items (at most {})", p.items_size(),
-                                     kMaxStoreItems));
+    return ProtocolError(
+        fmt::format("store request has {} items (at most {})", p.items_size(), kMaxStoreItems));
   }
   StoreRequest out;
   COLONY_ASSIGN_OR_RETURN(out.sender, DecodeHeader(p.sender()));
@@ -188,8 +190,8 @@ Result<StoreResponse> DecodeStoreResponse(std::string_view bytes, size_t expecte
   pb::StoreResponse p;
   COLONY_RETURN_IF_ERROR(Parse(p, bytes, "store response"));
   if (static_cast<size_t>(p.results_size()) != expected_results) {
-    return ProtocolError(fmt::format("store response has {} results for {} items",
-                                     p.results_size(), expected_results));
+    return ProtocolError(fmt::format("store response has {} results for {} items", p.results_size(),
+                                     expected_results));
   }
   StoreResponse out;
   for (const pb::StoreResult& r : p.results()) {
@@ -211,8 +213,8 @@ Result<FindRequest> DecodeFindRequest(std::string_view bytes) {
   pb::FindRequest p;
   COLONY_RETURN_IF_ERROR(Parse(p, bytes, "find request"));
   if (p.ids_size() == 0 || static_cast<size_t>(p.ids_size()) > kMaxFindIds) {
-    return ProtocolError(fmt::format("find request has {} ids (1 to {})", p.ids_size(),
-                                     kMaxFindIds));
+    return ProtocolError(
+        fmt::format("find request has {} ids (1 to {})", p.ids_size(), kMaxFindIds));
   }
   FindRequest out;
   COLONY_ASSIGN_OR_RETURN(out.sender, DecodeHeader(p.sender()));
@@ -228,8 +230,8 @@ Result<FindResponse> DecodeFindResponse(std::string_view bytes, size_t expected_
   pb::FindResponse p;
   COLONY_RETURN_IF_ERROR(Parse(p, bytes, "find response"));
   if (static_cast<size_t>(p.results_size()) != expected_results) {
-    return ProtocolError(fmt::format("find response has {} results for {} ids", p.results_size(),
-                                     expected_results));
+    return ProtocolError(
+        fmt::format("find response has {} results for {} ids", p.results_size(), expected_results));
   }
   FindResponse out;
   for (const pb::FindResult& r : p.results()) {
@@ -260,8 +262,8 @@ Result<FindResponse> DecodeFindResponse(std::string_view bytes, size_t expected_
       result.record = std::move(record);
     }
     if (static_cast<size_t>(r.nearest_size()) > kMaxContactsPerResult) {
-      return ProtocolError(fmt::format("find result lists {} peers (at most {})",
-                                       r.nearest_size(), kMaxContactsPerResult));
+      return ProtocolError(fmt::format("find result lists {} peers (at most {})", r.nearest_size(),
+                                       kMaxContactsPerResult));
     }
     for (const pb::Contact& c : r.nearest()) {
       auto peer = PeerId::FromBytes(AsBytes(c.peer_id()));

@@ -265,9 +265,9 @@ torch::Tensor Project(torch::nn::Linear& linear, const torch::Tensor& x,
     y = linear(x);
   }
   if (adapter != nullptr && adapter->defined()) {
-    y = y + at::linear(at::linear(x, adapter->a.to(x.scalar_type())),
-                       adapter->b.to(x.scalar_type())) *
-                adapter->scale;
+    y = y +
+        at::linear(at::linear(x, adapter->a.to(x.scalar_type())), adapter->b.to(x.scalar_type())) *
+            adapter->scale;
   }
   return y;
 }

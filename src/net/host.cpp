@@ -4,8 +4,6 @@
 #include <net/if.h>
 
 #include <algorithm>
-#include <limits>
-
 #include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
 #include <asio/detached.hpp>
@@ -16,6 +14,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
+#include <limits>
 
 #include "core/log.h"
 #include "net/relay.h"
@@ -568,16 +567,15 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
     if (!relayed.ok()) {
       abandon();
       if (state->timed_out) {
-        co_return DeadlineExceeded("relay " + desc + " did not connect us within " +
-                                   timeout_text + "; is the peer still reserved there?");
+        co_return DeadlineExceeded("relay " + desc + " did not connect us within " + timeout_text +
+                                   "; is the peer still reserved there?");
       }
       co_return relayed;
     }
   }
   const std::string observed = address.is_relayed() ? std::string() : FromEndpoint(ep).ToString();
   auto hs = co_await RunHandshake(
-      socket, MakeHandshakeOptions(Role::kInitiator, address.peer_id(), observed),
-      "peer " + desc);
+      socket, MakeHandshakeOptions(Role::kInitiator, address.peer_id(), observed), "peer " + desc);
   if (!hs.ok()) {
     abandon();
     if (state->timed_out) {
@@ -597,7 +595,8 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
 }
 
 asio::awaitable<Status> Host::Probe(Multiaddr address) {
-  if (!address.peer_id()) co_return InvalidArgument("a probe needs the peer's id: " + address.ToString());
+  if (!address.peer_id())
+    co_return InvalidArgument("a probe needs the peer's id: " + address.ToString());
   Strand strand = asio::make_strand(io_);
   auto dial = Dial(std::move(address), kProbeLane);
   auto result = co_await asio::co_spawn(strand, std::move(dial), asio::use_awaitable);

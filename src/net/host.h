@@ -171,8 +171,8 @@ class Host {
   asio::awaitable<void> PunchThroughRelay(std::shared_ptr<Connection> relayed);
   asio::awaitable<Status> ServePunch(CallContext& ctx);
   struct PunchPort;
-  asio::awaitable<void> FinishPunch(std::shared_ptr<PunchPort> port,
-                                    asio::ip::tcp::endpoint target, Role role, PeerId peer);
+  asio::awaitable<void> FinishPunch(std::shared_ptr<PunchPort> port, asio::ip::tcp::endpoint target,
+                                    Role role, PeerId peer);
   // Marks `peer` as being punched to; false when a punch to it is already running.
   bool BeginPunch(const PeerId& peer);
   void EndPunch(const PeerId& peer);
@@ -202,7 +202,7 @@ class Host {
   std::set<std::string> observed_;
   size_t connection_count_ = 0;
   std::condition_variable all_closed_;
-  size_t dialbacks_in_flight_ = 0;  // net.dialback probes running (guarded by mu_)
+  size_t dialbacks_in_flight_ = 0;       // net.dialback probes running (guarded by mu_)
   std::unordered_set<PeerId> punching_;  // peers a hole punch runs to (guarded by mu_)
   uint64_t closed_bytes_sent_ = 0, closed_bytes_received_ = 0;
 };

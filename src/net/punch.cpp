@@ -18,7 +18,6 @@
 // initiator, B as responder, each expecting the other's id), and the direct connection takes
 // the relayed one's place in the pool; the relayed one closes when its streams are done.
 #include <algorithm>
-
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -374,8 +373,8 @@ asio::awaitable<Status> Host::ServePunch(CallContext& ctx) {
   Status st = co_await exchange();
   if (!st.ok()) {
     EndPunch(peer);
-    COLONY_LOG_INFO("hole punching with {} not tried, staying on the relay: {}",
-                    peer.ToString(), st.ToString());
+    COLONY_LOG_INFO("hole punching with {} not tried, staying on the relay: {}", peer.ToString(),
+                    st.ToString());
     co_return st;
   }
   // Connect at once, outside this call (whose deadline the peer set).

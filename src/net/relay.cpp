@@ -39,8 +39,9 @@ asio::awaitable<Result<std::string>> ReadLine(tcp::socket& socket) {
   char c = 0;
   while (line.size() < kMaxRelayLine) {
     auto [ec, n] = co_await asio::async_read(socket, asio::buffer(&c, 1), kUse);
-    if (ec) co_return Unavailable("the connection closed during the relay preamble (" +
-                                  ec.message() + ")");
+    if (ec)
+      co_return Unavailable("the connection closed during the relay preamble (" + ec.message() +
+                            ")");
     if (c == '\n') co_return line;
     line += c;
   }
@@ -152,7 +153,8 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
     }
   };
 
-  Impl(Host& h, RelayOptions o) : host(h), options(std::move(o)), strand(asio::make_strand(h.io_context())) {}
+  Impl(Host& h, RelayOptions o)
+      : host(h), options(std::move(o)), strand(asio::make_strand(h.io_context())) {}
 
   Host& host;
   RelayOptions options;
@@ -304,9 +306,9 @@ asio::awaitable<void> Relay::Impl::Connect(tcp::socket socket, PeerId target) {
     refuse = ResourceExhausted("the relay carries " + std::to_string(options.max_circuits) +
                                " circuits (its limit)");
   } else if (res->circuits >= options.max_circuits_per_peer) {
-    refuse = ResourceExhausted(target.Short() + " has " +
-                               std::to_string(options.max_circuits_per_peer) +
-                               " circuits through this relay (its limit)");
+    refuse =
+        ResourceExhausted(target.Short() + " has " + std::to_string(options.max_circuits_per_peer) +
+                          " circuits through this relay (its limit)");
   }
   if (!refuse.ok()) {
     ++rejected;
@@ -343,9 +345,9 @@ asio::awaitable<void> Relay::Impl::Connect(tcp::socket socket, PeerId target) {
   if (!other) {
     --res->circuits;
     ++rejected;
-    const Status why =
-        st.ok() ? DeadlineExceeded(target.Short() + " did not take the circuit in time")
-                : Unavailable(target.Short() + "'s reservation is gone");
+    const Status why = st.ok()
+                           ? DeadlineExceeded(target.Short() + " did not take the circuit in time")
+                           : Unavailable(target.Short() + "'s reservation is gone");
     const std::string reply = FormatRelayReply(why);
     (void)co_await WriteText(socket, reply);
     co_return;
@@ -464,15 +466,17 @@ Result<std::unique_ptr<Relay>> Relay::Start(Host& host, RelayOptions options) {
                        impl->options.listen.ToString() + ": " + ec.message());
   }
   Multiaddr bound = FromEndpoint(impl->acceptor->local_endpoint());
-  if (bound.host() == "0.0.0.0") bound = Multiaddr(Multiaddr::HostKind::kIp4, "127.0.0.1", bound.port());
+  if (bound.host() == "0.0.0.0")
+    bound = Multiaddr(Multiaddr::HostKind::kIp4, "127.0.0.1", bound.port());
   if (bound.host() == "::") bound = Multiaddr(Multiaddr::HostKind::kIp6, "::1", bound.port());
   impl->address = bound.WithPeerId(host.peer_id());
   std::weak_ptr<Impl> weak = impl;
-  host.RegisterBidiStreaming(kRelayReserveMethod, [weak](CallContext& ctx) -> asio::awaitable<Status> {
-    auto self = weak.lock();
-    if (!self) co_return Unavailable("this peer no longer runs a relay");
-    co_return co_await self->Serve(ctx);
-  });
+  host.RegisterBidiStreaming(kRelayReserveMethod,
+                             [weak](CallContext& ctx) -> asio::awaitable<Status> {
+                               auto self = weak.lock();
+                               if (!self) co_return Unavailable("this peer no longer runs a relay");
+                               co_return co_await self->Serve(ctx);
+                             });
   auto loop = [impl]() -> asio::awaitable<void> { co_await impl->AcceptLoop(); };
   asio::co_spawn(impl->strand, std::move(loop), asio::detached);
   COLONY_LOG_INFO("relay: circuits on {}", impl->address.ToString());
@@ -560,8 +564,8 @@ asio::awaitable<void> RelayReservation::Impl::Run() {
       } else if (first->has_value()) {
         addr = Multiaddr::Parse((*first)->meta);
         if (addr.ok() && (!addr->is_relayed() || addr->peer_id() != host.peer_id())) {
-          addr = ProtocolError("the relay granted an address for someone else: " +
-                               addr->ToString());
+          addr =
+              ProtocolError("the relay granted an address for someone else: " + addr->ToString());
         }
       }
       if (!addr.ok()) {
@@ -640,8 +644,8 @@ asio::awaitable<void> RelayReservation::Impl::AcceptCircuit(uint64_t id, std::st
     }
   });
   auto [cec] = co_await socket.async_connect(ep, kUse);
-  Status st = cec ? Unavailable("cannot reach the relay's circuit port: " + cec.message())
-                  : Status();
+  Status st =
+      cec ? Unavailable("cannot reach the relay's circuit port: " + cec.message()) : Status();
   if (st.ok()) {
     RelayRequest request;
     request.kind = RelayRequest::Kind::kAccept;
@@ -664,8 +668,8 @@ asio::awaitable<void> RelayReservation::Impl::AcceptCircuit(uint64_t id, std::st
   host.AdoptRelayed(std::move(socket), strand, std::move(circuit_port));
 }
 
-Result<std::unique_ptr<RelayReservation>> RelayReservation::Start(Host& host, Multiaddr relay,
-                                                                  std::chrono::milliseconds timeout) {
+Result<std::unique_ptr<RelayReservation>> RelayReservation::Start(
+    Host& host, Multiaddr relay, std::chrono::milliseconds timeout) {
   if (!relay.peer_id()) {
     return InvalidArgument("the relay's address needs /p2p/<peer id>: " + relay.ToString());
   }

@@ -42,8 +42,8 @@ struct RelayOptions {
   size_t max_reservations = 128;
   size_t max_circuits = 64;          // open or being set up, in all
   size_t max_circuits_per_peer = 8;  // per reserved peer
-  double max_circuit_rate = 0;  // bytes per second per circuit and direction (0: unlimited)
-  double max_total_rate = 0;    // bytes per second over every circuit (0: unlimited)
+  double max_circuit_rate = 0;       // bytes per second per circuit and direction (0: unlimited)
+  double max_total_rate = 0;         // bytes per second over every circuit (0: unlimited)
   // How long a reserved peer may take to come for a circuit, and a dialer to send its request.
   std::chrono::milliseconds accept_timeout{10'000};
   // A reservation lasts this long; holders renew it (RelayReservation does).
@@ -52,9 +52,9 @@ struct RelayOptions {
 
 struct RelayStats {
   size_t reservations = 0;
-  size_t circuits = 0;         // open now
+  size_t circuits = 0;          // open now
   uint64_t circuits_total = 0;  // established since start
-  uint64_t rejected = 0;       // requests refused (no reservation, limits, bad token, timeouts)
+  uint64_t rejected = 0;        // requests refused (no reservation, limits, bad token, timeouts)
   uint64_t bytes_relayed = 0;
 };
 

@@ -29,9 +29,9 @@ inline constexpr size_t kRelayTokenHexLength = 32;
 struct RelayRequest {
   enum class Kind { kConnect, kAccept };
   Kind kind = Kind::kConnect;
-  PeerId target;           // kConnect: the peer to reach
-  uint64_t circuit = 0;    // kAccept
-  std::string token;       // kAccept: lowercase hex
+  PeerId target;         // kConnect: the peer to reach
+  uint64_t circuit = 0;  // kAccept
+  std::string token;     // kAccept: lowercase hex
 };
 
 // `line` without its newline.

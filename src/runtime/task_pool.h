@@ -92,9 +92,8 @@ asio::awaitable<Result<T>> RunOnPool(TaskPool& pool, int priority, F fn) {
         }
       }
       auto ex = asio::get_associated_executor(*shared);
-      asio::post(ex, [shared, result = std::move(result)]() mutable {
-        (*shared)(std::move(result));
-      });
+      asio::post(ex,
+                 [shared, result = std::move(result)]() mutable { (*shared)(std::move(result)); });
     };
     if (!pool.Submit(priority, std::move(task))) {
       auto ex = asio::get_associated_executor(*shared);

@@ -10,32 +10,53 @@ namespace colony::runtime {
 
 std::optional<DType> WireDType(at::ScalarType type) {
   switch (type) {
-    case at::kByte: return DType::kUInt8;
-    case at::kChar: return DType::kInt8;
-    case at::kShort: return DType::kInt16;
-    case at::kInt: return DType::kInt32;
-    case at::kLong: return DType::kInt64;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kFloat: return DType::kFloat32;
-    case at::kDouble: return DType::kFloat64;
-    case at::kBool: return DType::kBool;
-    default: return std::nullopt;
+    case at::kByte:
+      return DType::kUInt8;
+    case at::kChar:
+      return DType::kInt8;
+    case at::kShort:
+      return DType::kInt16;
+    case at::kInt:
+      return DType::kInt32;
+    case at::kLong:
+      return DType::kInt64;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kBool:
+      return DType::kBool;
+    default:
+      return std::nullopt;
   }
 }
 
 at::ScalarType TorchDType(DType dtype) {
   switch (dtype) {
-    case DType::kUInt8: return at::kByte;
-    case DType::kInt8: return at::kChar;
-    case DType::kInt16: return at::kShort;
-    case DType::kInt32: return at::kInt;
-    case DType::kInt64: return at::kLong;
-    case DType::kFloat16: return at::kHalf;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kFloat32: return at::kFloat;
-    case DType::kFloat64: return at::kDouble;
-    case DType::kBool: return at::kBool;
+    case DType::kUInt8:
+      return at::kByte;
+    case DType::kInt8:
+      return at::kChar;
+    case DType::kInt16:
+      return at::kShort;
+    case DType::kInt32:
+      return at::kInt;
+    case DType::kInt64:
+      return at::kLong;
+    case DType::kFloat16:
+      return at::kHalf;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kFloat64:
+      return at::kDouble;
+    case DType::kBool:
+      return at::kBool;
   }
   return at::kFloat;
 }
@@ -61,8 +82,8 @@ Result<net::TensorFrame> ToFrame(const at::Tensor& tensor) {
 
 Result<at::Tensor> FromFrame(const net::TensorFrame& frame, const FrameLimits& limits) {
   if (frame.codec != 0) {
-    return InvalidArgument(fmt::format("tensor uses codec {}; only raw tensors are accepted here",
-                                       frame.codec));
+    return InvalidArgument(
+        fmt::format("tensor uses codec {}; only raw tensors are accepted here", frame.codec));
   }
   if (!limits.allowed_dtypes.empty() &&
       std::find(limits.allowed_dtypes.begin(), limits.allowed_dtypes.end(), frame.dtype) ==
@@ -82,8 +103,8 @@ Result<at::Tensor> FromFrame(const net::TensorFrame& frame, const FrameLimits& l
   }
   const size_t size = DTypeSize(frame.dtype);
   if (size == 0 || frame.data.size() != *n * size) {
-    return InvalidArgument(fmt::format("tensor has {} bytes, expected {}", frame.data.size(),
-                                       *n * size));
+    return InvalidArgument(
+        fmt::format("tensor has {} bytes, expected {}", frame.data.size(), *n * size));
   }
   at::Tensor t = at::empty(frame.shape, at::TensorOptions().dtype(TorchDType(frame.dtype)));
   if (!frame.data.empty()) std::memcpy(t.data_ptr(), frame.data.data(), frame.data.size());

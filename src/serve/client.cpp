@@ -84,7 +84,8 @@ SequenceManager::SequenceManager(dht::Node& node, ClientOptions options)
 
 Status SequenceManager::Refresh() {
   std::vector<std::string> keys;
-  for (int64_t b = 0; b < options_.num_blocks; ++b) keys.push_back(BlockKey(options_.model_name, b));
+  for (int64_t b = 0; b < options_.num_blocks; ++b)
+    keys.push_back(BlockKey(options_.model_name, b));
   auto results = node_.GetManySync(keys, /*latest=*/true);
   std::map<PeerId, ServerRecord> by_peer;
   const double now = dht::Now();
@@ -206,10 +207,9 @@ Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t
         if (r.start > block || r.end <= block) continue;
         const size_t j = static_cast<size_t>(std::min(r.end, end) - start);
         const double blocks = static_cast<double>(j - i);
-        const double cost =
-            mode == RoutingMode::kMinLatency
-                ? rtt[s] + blocks / std::max(r.inference_rps, 1e-9)
-                : blocks / std::max(r.throughput, 1e-9) + 0.1 * rtt[s];
+        const double cost = mode == RoutingMode::kMinLatency
+                                ? rtt[s] + blocks / std::max(r.inference_rps, 1e-9)
+                                : blocks / std::max(r.throughput, 1e-9) + 0.1 * rtt[s];
         if (dist[i] + cost < dist[j]) {
           dist[j] = dist[i] + cost;
           prev[j] = {i, s};
@@ -220,8 +220,8 @@ Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t
       std::vector<RouteSpan> route;
       for (size_t j = n; j > 0;) {
         auto [i, s] = prev[j];
-        route.push_back({candidates[s], start + static_cast<int64_t>(i),
-                         start + static_cast<int64_t>(j)});
+        route.push_back(
+            {candidates[s], start + static_cast<int64_t>(i), start + static_cast<int64_t>(j)});
         j = i;
       }
       std::reverse(route.begin(), route.end());
@@ -268,9 +268,9 @@ void SetTuningFields(Message& m, int64_t prompt_length, const LoraSpec& lora) {
   }
 }
 
-Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span, const std::string& method,
-                                std::vector<at::Tensor> tensors, int64_t prompt_length,
-                                const LoraSpec& lora) {
+Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
+                                const std::string& method, std::vector<at::Tensor> tensors,
+                                int64_t prompt_length, const LoraSpec& lora) {
   COLONY_ASSIGN_OR_RETURN(Multiaddr addr, AddressOf(span.server));
   wire::BlockRequest req;
   req.set_start(static_cast<uint32_t>(span.start));
@@ -281,7 +281,8 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span, const
     COLONY_ASSIGN_OR_RETURN(auto f, runtime::ToFrame(t));
     msg.tensors.push_back(std::move(f));
   }
-  auto r = m.host().CallSync(addr, method, std::move(msg), {.timeout = m.options().request_timeout});
+  auto r =
+      m.host().CallSync(addr, method, std::move(msg), {.timeout = m.options().request_timeout});
   if (!r.ok()) {
     return r.status().WithContext(fmt::format("{} of blocks [{}, {}) on {}", method, span.start,
                                               span.end, span.server.peer.ToString()));
@@ -314,8 +315,8 @@ Status CheckLora(int64_t start, int64_t end, const LoraSpec& lora,
   const size_t want =
       lora.rank > 0 ? 2 * lora.targets.size() * static_cast<size_t>(end - start) : 0;
   if (adapters.size() != want) {
-    return InvalidArgument(fmt::format("expected {} LoRA tensors for blocks [{}, {}), got {}",
-                                       want, start, end, adapters.size()));
+    return InvalidArgument(fmt::format("expected {} LoRA tensors for blocks [{}, {}), got {}", want,
+                                       start, end, adapters.size()));
   }
   return Status();
 }
@@ -544,7 +545,8 @@ RemoteSequential::RemoteSequential(std::shared_ptr<SequenceManager> manager, int
       end_(end < 0 ? manager_->options().num_blocks : end) {}
 
 at::Tensor RemoteSequential::forward(const at::Tensor& hidden, const at::Tensor& prompts,
-                                     const LoraSpec& lora, const std::vector<at::Tensor>& adapters) {
+                                     const LoraSpec& lora,
+                                     const std::vector<at::Tensor>& adapters) {
   // Autograd functions take no undefined tensors: an empty one stands for "no prompts".
   return RemoteFunction::apply(hidden, prompts.defined() ? prompts : at::empty({0}),
                                at::TensorList(adapters), reinterpret_cast<int64_t>(manager_.get()),
@@ -664,10 +666,12 @@ Status InferenceSession::OpenLink(Link& link, const Link* next) {
         if (!reply.ok()) co_return reply.status();
         if (!*reply) co_return ProtocolError("the server ended the session before opening it");
         wire::SessionOpened opened;
-        if (!opened.ParseFromString((*reply)->meta)) co_return ProtocolError("malformed SessionOpened");
+        if (!opened.ParseFromString((*reply)->meta))
+          co_return ProtocolError("malformed SessionOpened");
         co_return true;
       }(),
-      manager_->options().step_timeout, [holder] {
+      manager_->options().step_timeout,
+      [holder] {
         if (auto s = holder->Get()) s->Cancel(DeadlineExceeded("opening the session timed out"));
       });
   if (!r.ok()) {
@@ -755,9 +759,10 @@ Result<at::Tensor> InferenceSession::ReadResult(Link& link, uint64_t step_id,
           if (!*m) co_return Closed("the server ended the session");
           co_return std::move(**m);
         }(),
-        timeout, [stream, timeout] {
-          stream->Cancel(DeadlineExceeded(
-              fmt::format("no step result within {} ms", timeout.count())));
+        timeout,
+        [stream, timeout] {
+          stream->Cancel(
+              DeadlineExceeded(fmt::format("no step result within {} ms", timeout.count())));
         });
     if (!r.ok()) return r.status();
     wire::StepResult result;
@@ -795,8 +800,8 @@ Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Te
                                        options_.batch_size, fmt::join(hidden.sizes(), ", ")));
   }
   if (position > position_) {
-    return InvalidArgument(fmt::format("position {} is past the session's {} tokens", position,
-                                       position_));
+    return InvalidArgument(
+        fmt::format("position {} is past the session's {} tokens", position, position_));
   }
   if (position + hidden.size(1) > options_.max_length) {
     return InvalidArgument(fmt::format("the session's max_length {} would be exceeded ({} + {})",
@@ -826,7 +831,8 @@ Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Te
   for (size_t k = 0; k < chain_.size();) {
     const Link* next = k + 1 < chain_.size() ? &chain_[k + 1] : nullptr;
     Status st = SendStep(chain_[k], id, position, x, hypo, next);
-    Result<at::Tensor> out = st.ok() ? ReadResult(chain_[k], id, x.sizes()) : Result<at::Tensor>(st);
+    Result<at::Tensor> out =
+        st.ok() ? ReadResult(chain_[k], id, x.sizes()) : Result<at::Tensor>(st);
     if (!out.ok()) {
       last = out.status();
       if (IsClientError(last)) return last;
@@ -856,10 +862,11 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
   Link old = std::move(chain_[k]);
   if (old.stream) old.stream->Cancel(Cancelled("the client replaced this server"));
   manager_->Ban(old.span.server.peer, why);
-  COLONY_LOG_WARN("inference: server {} (blocks [{}, {})) failed: {}; replaying {} tokens to a "
-                  "replacement",
-                  old.span.server.peer.ToString(), old.span.start, old.span.end, why.ToString(),
-                  old.history.defined() ? old.history.size(1) : 0);
+  COLONY_LOG_WARN(
+      "inference: server {} (blocks [{}, {})) failed: {}; replaying {} tokens to a "
+      "replacement",
+      old.span.server.peer.ToString(), old.span.start, old.span.end, why.ToString(),
+      old.history.defined() ? old.history.size(1) : 0);
   const int max_attempts = manager_->options().max_attempts;
   Status last = why;
   for (int attempt = 1; attempt <= max_attempts; ++attempt) {
@@ -895,7 +902,8 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
       // these positions (the next real step re-points the push target to it).
       const Link* next = i + 1 < links.size() ? &links[i + 1] : nullptr;
       Status st = SendStep(links[i], step_id_ - 1, 0, h, {}, next);
-      Result<at::Tensor> out = st.ok() ? ReadResult(links[i], step_id_ - 1, h.sizes()) : Result<at::Tensor>(st);
+      Result<at::Tensor> out =
+          st.ok() ? ReadResult(links[i], step_id_ - 1, h.sizes()) : Result<at::Tensor>(st);
       if (!out.ok()) {
         last = out.status();
         manager_->Ban(links[i].span.server.peer, last);

@@ -39,7 +39,7 @@ namespace colony::serve {
 
 struct ClientOptions {
   std::string model_name;
-  int64_t num_blocks = 0;  // blocks in the whole model
+  int64_t num_blocks = 0;                             // blocks in the whole model
   std::chrono::milliseconds request_timeout{60'000};  // one forward or backward call
   std::chrono::milliseconds step_timeout{30'000};     // one inference step on one server
   std::chrono::milliseconds session_lifetime{3'600'000};
@@ -107,7 +107,7 @@ class SequenceManager {
 // LoRA adapters trained by a client on frozen remote blocks: for each block and each target
 // projection (in `targets` order), A [rank, in] and B [out, rank], flattened in that order.
 struct LoraSpec {
-  int64_t rank = 0;  // 0: no adapters
+  int64_t rank = 0;                  // 0: no adapters
   std::vector<std::string> targets;  // "q_proj", "v_proj", ...
   double scale = 1.0;
 };
@@ -215,7 +215,7 @@ Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_
                                  const std::vector<at::Tensor>& adapters = {});
 struct RemoteGradients {
   at::Tensor hidden;
-  at::Tensor prompts;               // when prompts were given
+  at::Tensor prompts;                // when prompts were given
   std::vector<at::Tensor> adapters;  // when adapters were given (flat, as given)
 };
 // Gradients w.r.t. hidden (and prompts and adapters, when given) of blocks [start, end).

@@ -12,14 +12,14 @@
 namespace colony::serve {
 
 ClientModelImpl::ClientModelImpl(const model::LlamaConfig& config) : config_(config) {
-  embed_tokens = register_module(
-      "embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  embed_tokens =
+      register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
   norm = register_module("norm", model::RMSNorm(config.hidden_size, config.rms_norm_eps));
   if (!config.tie_word_embeddings) {
     lm_head = register_module(
         "lm_head",
-        torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.vocab_size)
-                              .bias(false)));
+        torch::nn::Linear(
+            torch::nn::LinearOptions(config.hidden_size, config.vocab_size).bias(false)));
   }
 }
 
@@ -113,8 +113,8 @@ Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
   at::Tensor input = at::tensor(prompt, long_opts).unsqueeze(0);
   const auto max_len = static_cast<size_t>(backend.max_length());
   if (prompt.size() >= max_len) {
-    return InvalidArgument(fmt::format("the prompt has {} tokens; the limit is {}", prompt.size(),
-                                       max_len - 1));
+    return InvalidArgument(
+        fmt::format("the prompt has {} tokens; the limit is {}", prompt.size(), max_len - 1));
   }
   while (true) {
     COLONY_ASSIGN_OR_RETURN(at::Tensor logits, backend.Step(input, backend.position(), {}));
@@ -138,14 +138,15 @@ Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<
   if (num_beams < 1) return InvalidArgument("num_beams must be at least 1");
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   const int64_t max_total = backend.max_length();
-  max_new_tokens = std::min<int64_t>(max_new_tokens, max_total - static_cast<int64_t>(prompt.size()));
+  max_new_tokens =
+      std::min<int64_t>(max_new_tokens, max_total - static_cast<int64_t>(prompt.size()));
   if (max_new_tokens <= 0) return InvalidArgument("the prompt leaves no room for new tokens");
   at::Tensor input = at::tensor(prompt, long_opts).unsqueeze(0).repeat({num_beams, 1});
   COLONY_ASSIGN_OR_RETURN(at::Tensor logits, backend.Step(input, 0, {}));
   std::vector<Beam> alive(static_cast<size_t>(num_beams)), finished;
   auto rank = [&](const Beam& b) {
-    return b.log_prob / std::pow(static_cast<double>(std::max<size_t>(b.tokens.size(), 1)),
-                                 length_penalty);
+    return b.log_prob /
+           std::pow(static_cast<double>(std::max<size_t>(b.tokens.size(), 1)), length_penalty);
   };
   for (int64_t step = 0; step < max_new_tokens; ++step) {
     at::Tensor logp = at::log_softmax(logits.select(1, -1).to(at::kDouble), -1);  // [B, V]
@@ -153,7 +154,8 @@ Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<
     // At the first step every row holds the same prompt: expand row 0 only.
     const int64_t rows = step == 0 ? 1 : num_beams;
     std::vector<double> base(static_cast<size_t>(rows));
-    for (int64_t b = 0; b < rows; ++b) base[static_cast<size_t>(b)] = alive[static_cast<size_t>(b)].log_prob;
+    for (int64_t b = 0; b < rows; ++b)
+      base[static_cast<size_t>(b)] = alive[static_cast<size_t>(b)].log_prob;
     at::Tensor scores = logp.narrow(0, 0, rows) +
                         at::tensor(base, at::TensorOptions().dtype(at::kDouble)).unsqueeze(1);
     const int64_t k = std::min<int64_t>(2 * num_beams, rows * vocab);
@@ -188,7 +190,8 @@ Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<
   for (auto& b : alive) finished.push_back(std::move(b));
   std::stable_sort(finished.begin(), finished.end(),
                    [&](const Beam& a, const Beam& b) { return rank(a) > rank(b); });
-  if (static_cast<int64_t>(finished.size()) > num_beams) finished.resize(static_cast<size_t>(num_beams));
+  if (static_cast<int64_t>(finished.size()) > num_beams)
+    finished.resize(static_cast<size_t>(num_beams));
   return finished;
 }
 

@@ -117,7 +117,7 @@ struct Beam {
 // Beam search with num_beams rows in the backend (reordered with hypo_ids each step). Returns
 // the final beams, best first (ranked by log_prob / length^length_penalty).
 Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<int64_t>& prompt,
-                                     int64_t num_beams, int64_t max_new_tokens,
-                                     int64_t eos_id = -1, double length_penalty = 1.0);
+                                     int64_t num_beams, int64_t max_new_tokens, int64_t eos_id = -1,
+                                     double length_penalty = 1.0);
 
 }  // namespace colony::serve

@@ -9,9 +9,12 @@ namespace colony::serve {
 
 std::string_view StateName(ServerState state) {
   switch (state) {
-    case ServerState::kJoining: return "joining";
-    case ServerState::kOnline: return "online";
-    case ServerState::kOffline: return "offline";
+    case ServerState::kJoining:
+      return "joining";
+    case ServerState::kOnline:
+      return "online";
+    case ServerState::kOffline:
+      return "offline";
   }
   return "unknown";
 }

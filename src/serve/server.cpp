@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -11,7 +12,6 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
-#include <algorithm>
 #include <cmath>
 #include <future>
 #include <limits>
@@ -58,8 +58,8 @@ struct Session {
 Result<at::ScalarType> ParseDType(const std::string& name) {
   if (name == "float32" || name == "fp32") return at::kFloat;
   if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
-  return InvalidArgument(fmt::format("unsupported server dtype '{}'; use float32 or bfloat16",
-                                     name));
+  return InvalidArgument(
+      fmt::format("unsupported server dtype '{}'; use float32 or bfloat16", name));
 }
 
 std::string DTypeLabel(at::ScalarType t) { return t == at::kBFloat16 ? "bfloat16" : "float32"; }
@@ -81,8 +81,8 @@ TuningSpec TuningSpecOf(const Message& m) {
           m.lora_scale() == 0 ? 1.0 : m.lora_scale()};
 }
 struct Tuning {
-  at::Tensor prompts;             // [blocks, B or 1, P, H], as sent
-  std::vector<at::Tensor> lora;   // flat: block, target, (A, B), as sent
+  at::Tensor prompts;            // [blocks, B or 1, P, H], as sent
+  std::vector<at::Tensor> lora;  // flat: block, target, (A, B), as sent
 };
 
 bool AllFinite(const Tuning& t) {
@@ -93,8 +93,8 @@ bool AllFinite(const Tuning& t) {
 
 // The adapters of `blocks` blocks as model::BlockAdapters, from flat tensors (block, target,
 // (A, B)).
-std::vector<model::BlockAdapters> MakeAdapters(const std::vector<at::Tensor>& flat,
-                                               int64_t blocks, const TuningSpec& spec) {
+std::vector<model::BlockAdapters> MakeAdapters(const std::vector<at::Tensor>& flat, int64_t blocks,
+                                               const TuningSpec& spec) {
   std::vector<model::BlockAdapters> out;
   if (flat.empty()) return out;
   out.resize(static_cast<size_t>(blocks));
@@ -200,8 +200,8 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     Announce();
     RegisterHandlers();
     announcer_ = std::thread([this] { AnnounceLoop(); });
-    COLONY_LOG_INFO("serving blocks [{}, {}) of {} ({}, {:.0f} tokens/s per block) as {}",
-                    first_, last_, options_.model_name, DTypeLabel(dtype_), throughput_,
+    COLONY_LOG_INFO("serving blocks [{}, {}) of {} ({}, {:.0f} tokens/s per block) as {}", first_,
+                    last_, options_.model_name, DTypeLabel(dtype_), throughput_,
                     node_.peer_id().ToString());
     return Status();
   }
@@ -322,7 +322,8 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
 
   std::vector<ServerRecord> FetchRecords() {
     std::vector<std::string> keys;
-    for (int64_t b = 0; b < config_.num_layers; ++b) keys.push_back(BlockKey(options_.model_name, b));
+    for (int64_t b = 0; b < config_.num_layers; ++b)
+      keys.push_back(BlockKey(options_.model_name, b));
     auto results = node_.GetManySync(keys, /*latest=*/true);
     std::map<std::string, ServerRecord> by_peer;
     const double now = dht::Now();
@@ -411,9 +412,10 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
       std::lock_guard lock(mu_);
       if (!sessions_.empty()) return;
     }
-    COLONY_LOG_INFO("serve: moving from blocks [{}, {}) to [{}, {}): the swarm's weakest block "
-                    "goes from {:.0f} to {:.0f} tokens/s",
-                    first_, last_, best, best + count, now_min, new_min);
+    COLONY_LOG_INFO(
+        "serve: moving from blocks [{}, {}) to [{}, {}): the swarm's weakest block "
+        "goes from {:.0f} to {:.0f} tokens/s",
+        first_, last_, best, best + count, now_min, new_min);
     // Withdraw the old span, then swap blocks on the compute thread (no step runs meanwhile).
     SetState(ServerState::kOffline);
     Announce();
@@ -456,18 +458,16 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   void RegisterHandlers() {
     auto self = shared_from_this();
     auto& host = node_.host();
-    host.RegisterUnary("serve.info", [self](net::CallContext&, net::Message) {
-      return self->Info();
-    });
+    host.RegisterUnary("serve.info",
+                       [self](net::CallContext&, net::Message) { return self->Info(); });
     host.RegisterUnary("serve.forward", [self](net::CallContext&, net::Message m) {
       return self->Forward(std::move(m), /*backward=*/false);
     });
     host.RegisterUnary("serve.backward", [self](net::CallContext&, net::Message m) {
       return self->Forward(std::move(m), /*backward=*/true);
     });
-    host.RegisterBidiStreaming("serve.inference", [self](net::CallContext& ctx) {
-      return self->Inference(ctx);
-    });
+    host.RegisterBidiStreaming("serve.inference",
+                               [self](net::CallContext& ctx) { return self->Inference(ctx); });
     host.RegisterUnary("serve.push", [self](net::CallContext&, net::Message m) {
       return self->Push(std::move(m));
     });
@@ -498,9 +498,9 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     std::lock_guard lock(mu_);
     if (start < first_ || end > last_) {
       // Unavailable, not InvalidArgument: the client may have routed on a stale record.
-      return Unavailable(fmt::format(
-          "blocks [{}, {}) requested; this server holds [{}, {}); route again", start, end,
-          first_, last_));
+      return Unavailable(
+          fmt::format("blocks [{}, {}) requested; this server holds [{}, {}); route again", start,
+                      end, first_, last_));
     }
     return Status();
   }
@@ -532,13 +532,15 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   // Validates a hidden-state tensor [B, T, H] from a client.
   Result<at::Tensor> ReadHidden(const net::TensorFrame& frame, int64_t max_elements) const {
     COLONY_ASSIGN_OR_RETURN(
-        at::Tensor h, runtime::FromFrame(frame, {.max_elements = static_cast<uint64_t>(max_elements),
-                                                 .allowed_dtypes = kFloatDTypes,
-                                                 .rank = 3}));
+        at::Tensor h,
+        runtime::FromFrame(frame, {.max_elements = static_cast<uint64_t>(max_elements),
+                                   .allowed_dtypes = kFloatDTypes,
+                                   .rank = 3}));
     if (h.size(2) != config_.hidden_size) {
-      return InvalidArgument(fmt::format("hidden states have size {} in the last dimension; this "
-                                         "model's hidden size is {}",
-                                         h.size(2), config_.hidden_size));
+      return InvalidArgument(
+          fmt::format("hidden states have size {} in the last dimension; this "
+                      "model's hidden size is {}",
+                      h.size(2), config_.hidden_size));
     }
     if (h.size(0) < 1 || h.size(0) > options_.max_batch) {
       return InvalidArgument(
@@ -583,8 +585,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
         return InvalidArgument(fmt::format("LoRA: projection '{}' listed twice", targets[i]));
       }
     }
-    const size_t lora_count =
-        rank > 0 ? 2 * static_cast<size_t>(end - start) * targets.size() : 0;
+    const size_t lora_count = rank > 0 ? 2 * static_cast<size_t>(end - start) * targets.size() : 0;
     const size_t want = first + (p > 0 ? 1 : 0) + lora_count;
     if (tensors.size() != want) {
       return InvalidArgument(fmt::format("expected {} tensors, got {}", want, tensors.size()));
@@ -633,8 +634,8 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     const TuningSpec spec = TuningSpecOf(req);
     const size_t base = backward ? 2 : 1;
     if (m.tensors.size() < base) {
-      co_return InvalidArgument(fmt::format("expected at least {} tensors, got {}", base,
-                                            m.tensors.size()));
+      co_return InvalidArgument(
+          fmt::format("expected at least {} tensors, got {}", base, m.tensors.size()));
     }
     auto x = ReadHidden(m.tensors[0], options_.max_request_elements);
     if (!x.ok()) co_return x.status();
@@ -654,38 +655,38 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     // Named first: g++ 12 mishandles temporaries (lambdas) inside co_await expressions.
     auto work = [self, start, end, x = *x, grad_out, backward, client_dtype,
                  tuning = std::move(*tuning), spec]() -> Result<std::vector<at::Tensor>> {
-          const bool finite = at::isfinite(x).all().item<bool>() &&
-                              (!grad_out.defined() || at::isfinite(grad_out).all().item<bool>()) &&
-                              AllFinite(tuning);
-          if (!finite) return InvalidArgument("inputs contain NaN or infinity");
-          if (!self->Holds(start, end)) return self->MovedError();
-          at::AutoGradMode grad_mode(backward);
-          at::Tensor xin = x.to(self->dtype_).detach().requires_grad_(backward);
-          at::Tensor pin;
-          if (tuning.prompts.defined()) {
-            pin = tuning.prompts.to(self->dtype_).detach().requires_grad_(backward);
-          }
-          std::vector<at::Tensor> lin;
-          for (const auto& t : tuning.lora) {
-            lin.push_back(t.to(self->dtype_).detach().requires_grad_(backward));
-          }
-          const std::vector<model::BlockAdapters> adapters = MakeAdapters(lin, end - start, spec);
-          at::Tensor out = self->RunBlocks(start, end, xin, 0, nullptr, pin,
-                                           adapters.empty() ? nullptr : &adapters);
-          if (!backward) return std::vector<at::Tensor>{out.to(client_dtype)};
-          std::vector<at::Tensor> inputs{xin};
-          if (pin.defined()) inputs.push_back(pin);
-          for (const auto& t : lin) inputs.push_back(t);
-          auto grads = torch::autograd::grad({out}, inputs, {grad_out.to(out.scalar_type())},
-                                             /*retain_graph=*/false, /*create_graph=*/false,
-                                             /*allow_unused=*/true);
-          std::vector<at::Tensor> res;
-          for (size_t i = 0; i < grads.size(); ++i) {
-            at::Tensor g = grads[i].defined() ? grads[i] : at::zeros_like(inputs[i]);
-            res.push_back(g.to(client_dtype));
-          }
-          return res;
-        };
+      const bool finite = at::isfinite(x).all().item<bool>() &&
+                          (!grad_out.defined() || at::isfinite(grad_out).all().item<bool>()) &&
+                          AllFinite(tuning);
+      if (!finite) return InvalidArgument("inputs contain NaN or infinity");
+      if (!self->Holds(start, end)) return self->MovedError();
+      at::AutoGradMode grad_mode(backward);
+      at::Tensor xin = x.to(self->dtype_).detach().requires_grad_(backward);
+      at::Tensor pin;
+      if (tuning.prompts.defined()) {
+        pin = tuning.prompts.to(self->dtype_).detach().requires_grad_(backward);
+      }
+      std::vector<at::Tensor> lin;
+      for (const auto& t : tuning.lora) {
+        lin.push_back(t.to(self->dtype_).detach().requires_grad_(backward));
+      }
+      const std::vector<model::BlockAdapters> adapters = MakeAdapters(lin, end - start, spec);
+      at::Tensor out =
+          self->RunBlocks(start, end, xin, 0, nullptr, pin, adapters.empty() ? nullptr : &adapters);
+      if (!backward) return std::vector<at::Tensor>{out.to(client_dtype)};
+      std::vector<at::Tensor> inputs{xin};
+      if (pin.defined()) inputs.push_back(pin);
+      for (const auto& t : lin) inputs.push_back(t);
+      auto grads = torch::autograd::grad({out}, inputs, {grad_out.to(out.scalar_type())},
+                                         /*retain_graph=*/false, /*create_graph=*/false,
+                                         /*allow_unused=*/true);
+      std::vector<at::Tensor> res;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        at::Tensor g = grads[i].defined() ? grads[i] : at::zeros_like(inputs[i]);
+        res.push_back(g.to(client_dtype));
+      }
+      return res;
+    };
     auto result = co_await runtime::RunOnPool<std::vector<at::Tensor>>(
         pool_, runtime::kPriorityTraining, std::move(work));
     if (!result.ok()) co_return result.status();
@@ -711,7 +712,8 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
       auto it = sessions_.find(req.session_id());
       if (it != sessions_.end()) s = it->second;
     }
-    if (!s) co_return NotFound("no such inference session on this server (it ended or never began)");
+    if (!s)
+      co_return NotFound("no such inference session on this server (it ended or never began)");
     auto input = std::make_shared<Input>();
     input->step = req.step();
     input->step.clear_next();  // the pusher does not choose our next hop: the client does
@@ -777,7 +779,8 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
         }
       }
       // A null input ends the session (clean end of stream or an error).
-      auto [ec] = co_await s->channel->async_send(asio::error_code{}, input, as_tuple(use_awaitable));
+      auto [ec] =
+          co_await s->channel->async_send(asio::error_code{}, input, as_tuple(use_awaitable));
       if (ec || !input) co_return;
     }
   }
@@ -790,8 +793,8 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
       co_await s->idle_timer->async_wait(as_tuple(use_awaitable));
       if (s->done) break;
       if (Clock::now() >= s->idle_deadline) {
-        stream->Cancel(DeadlineExceeded(fmt::format(
-            "inference session idle for {} ms; the server closed it", idle.count())));
+        stream->Cancel(DeadlineExceeded(
+            fmt::format("inference session idle for {} ms; the server closed it", idle.count())));
         break;
       }
     }
@@ -812,12 +815,13 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     }
     COLONY_CO_RETURN_IF_ERROR(CheckRange(open.start(), open.end()));
     if (open.max_length() < 1 || open.max_length() > max_length_) {
-      co_return InvalidArgument(fmt::format(
-          "max_length {} is outside [1, {}] (this server's limit)", open.max_length(), max_length_));
+      co_return InvalidArgument(
+          fmt::format("max_length {} is outside [1, {}] (this server's limit)", open.max_length(),
+                      max_length_));
     }
     if (open.batch_size() < 1 || open.batch_size() > options_.max_batch) {
-      co_return InvalidArgument(fmt::format("batch size {} is outside [1, {}]", open.batch_size(),
-                                            options_.max_batch));
+      co_return InvalidArgument(
+          fmt::format("batch size {} is outside [1, {}]", open.batch_size(), options_.max_batch));
     }
     const TuningSpec spec = TuningSpecOf(open);
     auto tuning = ReadTuning((*first)->tensors, 0, open.start(), open.end(), spec,
@@ -872,15 +876,15 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
         impl->cache_used_ -= s->reserved;
       }
     } cleanup{this, s};
-    const int64_t bytes = s->batch * s->max_length * (s->end - s->start) *
-                              CacheBytesPerToken(config_, dtype_) +
-                          tuning_bytes;
+    const int64_t bytes =
+        s->batch * s->max_length * (s->end - s->start) * CacheBytesPerToken(config_, dtype_) +
+        tuning_bytes;
     COLONY_CO_RETURN_IF_ERROR(co_await ReserveCache(ctx, bytes));
     s->reserved = bytes;
-    COLONY_LOG_DEBUG("serve: session {} opened: blocks [{}, {}), batch {}, max_length {}, "
-                     "{} prompt tokens, LoRA rank {}",
-                     Hex(s->id), s->start, s->end, s->batch, s->max_length, spec.prompt_length,
-                     spec.rank);
+    COLONY_LOG_DEBUG(
+        "serve: session {} opened: blocks [{}, {}), batch {}, max_length {}, "
+        "{} prompt tokens, LoRA rank {}",
+        Hex(s->id), s->start, s->end, s->batch, s->max_length, spec.prompt_length, spec.rank);
     wire::SessionOpened opened;
     {
       std::lock_guard lock(mu_);
@@ -929,8 +933,10 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     auto x = ReadHidden(input.tensors[0], s.batch * s.max_length * config_.hidden_size);
     if (!x.ok()) co_return x.status();
     if (x->size(0) != s.batch) {
-      co_return InvalidArgument(fmt::format("the session was opened for a batch of {}, the step "
-                                            "has {}", s.batch, x->size(0)));
+      co_return InvalidArgument(
+          fmt::format("the session was opened for a batch of {}, the step "
+                      "has {}",
+                      s.batch, x->size(0)));
     }
     const int64_t position = step.position(), tokens = x->size(1);
     if (position < 0 || position > s.length) {
@@ -945,10 +951,9 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     }
     at::Tensor hypo;
     if (step.has_hypo_ids()) {
-      auto h = runtime::FromFrame(input.tensors[1],
-                                  {.max_elements = static_cast<uint64_t>(s.batch),
-                                   .allowed_dtypes = {DType::kInt64},
-                                   .rank = 1});
+      auto h = runtime::FromFrame(input.tensors[1], {.max_elements = static_cast<uint64_t>(s.batch),
+                                                     .allowed_dtypes = {DType::kInt64},
+                                                     .rank = 1});
       if (!h.ok()) co_return h.status();
       if (h->size(0) != s.batch || (h->numel() > 0 && (h->min().item<int64_t>() < 0 ||
                                                        h->max().item<int64_t>() >= s.batch))) {
@@ -961,24 +966,23 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     auto self = shared_from_this();
     Session* sp = &s;
     auto work = [self, sp, x = *x, hypo, position, client_dtype]() -> Result<at::Tensor> {
-          if (!at::isfinite(x).all().item<bool>()) {
-            return InvalidArgument("inputs contain NaN or infinity");
-          }
-          if (!self->Holds(sp->start, sp->end)) return self->MovedError();
-          at::NoGradGuard no_grad;
-          for (auto& c : sp->caches) {
-            c.Truncate(position);
-            if (hypo.defined()) c.Reorder(hypo);
-          }
-          // Per-row prompts belong to their rows: they move with them.
-          if (hypo.defined() && sp->prompts.defined() && sp->prompts.size(1) > 1) {
-            sp->prompts = sp->prompts.index_select(1, hypo);
-          }
-          at::Tensor h = self->RunBlocks(sp->start, sp->end, x.to(self->dtype_), position,
-                                         &sp->caches, sp->prompts,
-                                         sp->adapters.empty() ? nullptr : &sp->adapters);
-          return h.to(client_dtype);
-        };
+      if (!at::isfinite(x).all().item<bool>()) {
+        return InvalidArgument("inputs contain NaN or infinity");
+      }
+      if (!self->Holds(sp->start, sp->end)) return self->MovedError();
+      at::NoGradGuard no_grad;
+      for (auto& c : sp->caches) {
+        c.Truncate(position);
+        if (hypo.defined()) c.Reorder(hypo);
+      }
+      // Per-row prompts belong to their rows: they move with them.
+      if (hypo.defined() && sp->prompts.defined() && sp->prompts.size(1) > 1) {
+        sp->prompts = sp->prompts.index_select(1, hypo);
+      }
+      at::Tensor h = self->RunBlocks(sp->start, sp->end, x.to(self->dtype_), position, &sp->caches,
+                                     sp->prompts, sp->adapters.empty() ? nullptr : &sp->adapters);
+      return h.to(client_dtype);
+    };
     auto out = co_await runtime::RunOnPool<at::Tensor>(pool_, runtime::kPriorityInference,
                                                        std::move(work));
     if (!out.ok()) co_return out.status();

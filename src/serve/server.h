@@ -49,7 +49,7 @@ struct ServerOptions {
   // dequantized per product); "none": as loaded.
   std::string quantize = "none";
   int64_t max_batch = 64;
-  int64_t max_length = 0;        // tokens per session (0: the model's max_seq_len)
+  int64_t max_length = 0;  // tokens per session (0: the model's max_seq_len)
   int64_t cache_bytes = int64_t{512} << 20;
   std::chrono::milliseconds alloc_timeout{5'000};
   std::chrono::milliseconds session_idle_timeout{60'000};
@@ -77,8 +77,8 @@ struct ServerStats {
   int64_t cache_bytes_used = 0;
   size_t sessions = 0;
   uint64_t steps = 0;
-  uint64_t pushes_used = 0;     // steps whose input came by push
-  uint64_t duplicates = 0;      // step messages dropped as already processed
+  uint64_t pushes_used = 0;  // steps whose input came by push
+  uint64_t duplicates = 0;   // step messages dropped as already processed
   uint64_t forwards = 0, backwards = 0;
 };
 

@@ -128,8 +128,8 @@ SessionOptions TunedWeights::Session(int64_t max_length, int64_t batch_size) con
 Status SaveTuned(const std::filesystem::path& file, PromptTunedImpl& tuned) {
   model::NamedTensors named{{"prompts", tuned.prompts}};
   if (tuned.deep_prompts.defined()) named.emplace_back("deep_prompts", tuned.deep_prompts);
-  return model::SaveModule(
-      file, named, {{kTuningKey, tuned.deep_prompts.defined() ? "deep-prompt" : "prompt"}});
+  return model::SaveModule(file, named,
+                           {{kTuningKey, tuned.deep_prompts.defined() ? "deep-prompt" : "prompt"}});
 }
 
 Status SaveTuned(const std::filesystem::path& file, LoraTunedImpl& tuned) {
@@ -158,14 +158,15 @@ Result<TunedWeights> LoadTuned(const std::filesystem::path& file,
   COLONY_RETURN_IF_ERROR(model::LoadModule(file, named));
   const auto& meta = f.header().metadata;
   const auto kind_it = meta.find(kTuningKey);
-  const std::string kind = kind_it != meta.end() ? kind_it->second
+  const std::string kind = kind_it != meta.end()         ? kind_it->second
                            : by_name.contains("prompts") ? "prompt"
                                                          : "lora";
   const int64_t h = config.hidden_size, blocks = config.num_layers;
   auto bad = [&](const std::string& why) {
-    return InvalidArgument(fmt::format("{} is not a tuned model of this one ({} blocks, hidden "
-                                       "size {}): {}",
-                                       file.string(), blocks, h, why));
+    return InvalidArgument(
+        fmt::format("{} is not a tuned model of this one ({} blocks, hidden "
+                    "size {}): {}",
+                    file.string(), blocks, h, why));
   };
   TunedWeights out;
   if (kind == "prompt" || kind == "deep-prompt") {
@@ -178,8 +179,8 @@ Result<TunedWeights> LoadTuned(const std::filesystem::path& file,
     if (d != by_name.end()) {
       if (d->second.dim() != 3 || d->second.size(0) != blocks ||
           d->second.size(1) != out.prompts.size(0) || d->second.size(2) != h) {
-        return bad(fmt::format("'deep_prompts' must be [{}, {}, {}]", blocks,
-                               out.prompts.size(0), h));
+        return bad(
+            fmt::format("'deep_prompts' must be [{}, {}, {}]", blocks, out.prompts.size(0), h));
       }
       out.deep_prompts = d->second;
     }

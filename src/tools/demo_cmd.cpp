@@ -264,7 +264,6 @@ Result<std::string> TrainTogether(const DemoArgs& a, const std::string& self,
                      Fixed(initial_eval), Fixed(eval));
 }
 
-
 // Then run the trained model together (Petals-style): block servers host its layers and a client
 // generates text through them; then the server it used for the last blocks is killed and the
 // client generates again through the replacement, which must give the same (seeded) text.
@@ -287,22 +286,24 @@ Result<std::string> ServeTrained(const DemoArgs& a, const std::string& self) {
   };
   // Blocks [0, split) on one server; [split, layers) on two (a replacement for failover).
   for (const Span span : {Span{0, split}, Span{split, layers}, Span{split, layers}}) {
-    std::vector<std::string> argv = {self, "serve", "--model", model, "--model-name", "demo-lm",
-                                     "--blocks", fmt::format("{}:{}", span.first, span.last),
-                                     "--listen", "/ip4/127.0.0.1/tcp/0", "--threads", "1",
-                                     "--cache-mib", "64"};
+    std::vector<std::string> argv = {self,           "serve",
+                                     "--model",      model,
+                                     "--model-name", "demo-lm",
+                                     "--blocks",     fmt::format("{}:{}", span.first, span.last),
+                                     "--listen",     "/ip4/127.0.0.1/tcp/0",
+                                     "--threads",    "1",
+                                     "--cache-mib",  "64"};
     if (!addrs.empty()) {
       argv.push_back("--initial-peers");
       argv.push_back(addrs.front());
     }
-    auto p = Subprocess::Spawn(
-        argv, (out / fmt::format("server{}.log", servers.size())).string());
+    auto p = Subprocess::Spawn(argv, (out / fmt::format("server{}.log", servers.size())).string());
     if (!p.ok()) return p.status();
     auto line = p->ReadLine(seconds(60));
     if (!line.ok()) {
-      return line.status().WithContext(fmt::format(
-          "block server {} did not start; see {}", servers.size(),
-          (out / fmt::format("server{}.log", servers.size())).string()));
+      return line.status().WithContext(
+          fmt::format("block server {} did not start; see {}", servers.size(),
+                      (out / fmt::format("server{}.log", servers.size())).string()));
     }
     std::printf("  server %zu  blocks %lld:%lld  %s\n", servers.size(),
                 static_cast<long long>(span.first), static_cast<long long>(span.last),
@@ -338,11 +339,12 @@ Result<std::string> ServeTrained(const DemoArgs& a, const std::string& self) {
   std::printf("%s", table.c_str());
   // Seeded sampling: the same text on every run through any servers.
   auto generate = [&]() -> Result<nlohmann::json> {
-    COLONY_ASSIGN_OR_RETURN(
-        std::string printed,
-        run({"generate", "--model", model, "--model-name", "demo-lm", "--initial-peers",
-             addrs.front(), "--prompt", "The kernel", "--max-new-tokens", "32", "--threads", "1",
-             "--temperature", "0.8", "--top-k", "40", "--seed", "1", "--json"}));
+    COLONY_ASSIGN_OR_RETURN(std::string printed,
+                            run({"generate",   "--model",          model,         "--model-name",
+                                 "demo-lm",    "--initial-peers",  addrs.front(), "--prompt",
+                                 "The kernel", "--max-new-tokens", "32",          "--threads",
+                                 "1",          "--temperature",    "0.8",         "--top-k",
+                                 "40",         "--seed",           "1",           "--json"}));
     auto j = nlohmann::json::parse(printed, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object()) return Internal("colony generate printed no result");
     return j;

@@ -175,9 +175,10 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     for (const auto& a : (*node)->VisibleAddresses()) std::printf("%s\n", a.ToString().c_str());
     std::fflush(stdout);
     if ((*node)->relay() != nullptr) {
-      COLONY_LOG_INFO("relaying for peers behind NAT: circuits on {}; they reserve with --relay "
-                      "<this node's address>",
-                      (*node)->relay()->address().ToString());
+      COLONY_LOG_INFO(
+          "relaying for peers behind NAT: circuits on {}; they reserve with --relay "
+          "<this node's address>",
+          (*node)->relay()->address().ToString());
     }
     COLONY_LOG_INFO("DHT node {} is up ({}), {} peers known", (*node)->peer_id().ToString(),
                     (*node)->client_mode() ? "client mode" : "serving",

@@ -16,13 +16,13 @@
 // Output: one line "ready" on stdout once both sockets are bound; counters on stderr at exit
 // (SIGINT/SIGTERM).
 #include <arpa/inet.h>
-#include <linux/if_packet.h>
-#include <net/ethernet.h>
 #include <linux/ethtool.h>
+#include <linux/if_packet.h>
 #include <linux/sockios.h>
+#include <net/ethernet.h>
 #include <net/if.h>
-#include <sys/ioctl.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -96,8 +96,8 @@ void EnableGro(int fd, const std::string& ifname) {
 int OpenPacketSocket(const std::string& ifname) {
   const unsigned index = ::if_nametoindex(ifname.c_str());
   if (index == 0) {
-    std::fprintf(stderr, "colony-lab-link: no interface %s in this namespace: %s\n",
-                 ifname.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "colony-lab-link: no interface %s in this namespace: %s\n", ifname.c_str(),
+                 std::strerror(errno));
     return -1;
   }
   const int fd = ::socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, htons(ETH_P_ALL));
@@ -268,17 +268,16 @@ int main(int argc, char** argv) {
     }
   }
   for (const auto& d : dirs) {
-    std::fprintf(stderr,
-                 "colony-lab-link: %s: %llu frames, %llu bytes, %llu dropped (queue full), %llu "
-                 "errors, frames %.3f ms late on average and %.2f ms at most, %zu still queued\n",
-                 d.name.c_str(), static_cast<unsigned long long>(d.frames),
-                 static_cast<unsigned long long>(d.bytes),
-                 static_cast<unsigned long long>(d.dropped),
-                 static_cast<unsigned long long>(d.send_errors),
-                 d.frames > 0 ? static_cast<double>(d.total_late_ns) / 1e6 /
-                                    static_cast<double>(d.frames)
-                              : 0.0,
-                 static_cast<double>(d.max_late_ns) / 1e6, d.queue.size());
+    std::fprintf(
+        stderr,
+        "colony-lab-link: %s: %llu frames, %llu bytes, %llu dropped (queue full), %llu "
+        "errors, frames %.3f ms late on average and %.2f ms at most, %zu still queued\n",
+        d.name.c_str(), static_cast<unsigned long long>(d.frames),
+        static_cast<unsigned long long>(d.bytes), static_cast<unsigned long long>(d.dropped),
+        static_cast<unsigned long long>(d.send_errors),
+        d.frames > 0 ? static_cast<double>(d.total_late_ns) / 1e6 / static_cast<double>(d.frames)
+                     : 0.0,
+        static_cast<double>(d.max_late_ns) / 1e6, d.queue.size());
   }
   ::close(fa);
   ::close(fb);

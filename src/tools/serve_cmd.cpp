@@ -61,8 +61,9 @@ struct Client {
 
 Result<Client> StartClient(const SwarmArgs& a) {
   if (a.initial_peers.empty()) {
-    return InvalidArgument("give --initial-peers: the address of any peer of the swarm (a server "
-                           "prints its address when it starts)");
+    return InvalidArgument(
+        "give --initial-peers: the address of any peer of the swarm (a server "
+        "prints its address when it starts)");
   }
   Client c;
   COLONY_ASSIGN_OR_RETURN(c.head, serve::LoadClientModel(a.model));
@@ -76,8 +77,8 @@ Result<Client> StartClient(const SwarmArgs& a) {
   options.dht.client_mode = true;
   COLONY_ASSIGN_OR_RETURN(c.node, dht::Node::Start(KeyPair::Generate(), options));
   c.manager = std::make_shared<serve::SequenceManager>(
-      *c.node, serve::ClientOptions{.model_name = ModelName(a),
-                                    .num_blocks = c.head->config().num_layers});
+      *c.node,
+      serve::ClientOptions{.model_name = ModelName(a), .num_blocks = c.head->config().num_layers});
   return c;
 }
 
@@ -292,7 +293,8 @@ int RunGenerate(const GenerateArgs& a) {
   } else {
     std::printf("\n");
     std::fflush(stdout);
-    std::fprintf(stderr, "%zu tokens in %.2f s (%.2f tokens/s) through %zu servers; %lld failovers\n",
+    std::fprintf(stderr,
+                 "%zu tokens in %.2f s (%.2f tokens/s) through %zu servers; %lld failovers\n",
                  out.size(), secs, out.size() / std::max(secs, 1e-9), stats.route.size(),
                  static_cast<long long>(stats.failovers));
   }
@@ -378,8 +380,10 @@ int RunFinetune(const FinetuneArgs& a) {
   size_t len = 0;
   for (const auto& s : *data) len = std::max(len, s.size());
   auto batch_of = [&](size_t first, size_t count) {
-    at::Tensor tokens = at::zeros({static_cast<int64_t>(count), static_cast<int64_t>(len)}, at::kLong);
-    at::Tensor targets = at::full({static_cast<int64_t>(count), static_cast<int64_t>(len)}, -100, at::kLong);
+    at::Tensor tokens =
+        at::zeros({static_cast<int64_t>(count), static_cast<int64_t>(len)}, at::kLong);
+    at::Tensor targets =
+        at::full({static_cast<int64_t>(count), static_cast<int64_t>(len)}, -100, at::kLong);
     for (size_t i = 0; i < count; ++i) {
       const auto& s = (*data)[(first + i) % data->size()];
       for (size_t t = 0; t < s.size(); ++t) {
@@ -404,18 +408,20 @@ int RunFinetune(const FinetuneArgs& a) {
     return Fail(std::string("evaluating through the swarm failed: ") + e.what());
   }
   if (use_lora) {
-    std::fprintf(stderr, "LoRA (rank %lld on q_proj, v_proj of every remote block) on %zu "
-                 "sequences; loss %.4f\n", static_cast<long long>(a.lora_rank), data->size(),
-                 initial);
+    std::fprintf(stderr,
+                 "LoRA (rank %lld on q_proj, v_proj of every remote block) on %zu "
+                 "sequences; loss %.4f\n",
+                 static_cast<long long>(a.lora_rank), data->size(), initial);
   } else {
     std::fprintf(stderr, "prompt tuning (%s, %lld prompt tokens) on %zu sequences; loss %.4f\n",
-                 a.deep ? "deep" : "shallow", static_cast<long long>(a.prompt_length),
-                 data->size(), initial);
+                 a.deep ? "deep" : "shallow", static_cast<long long>(a.prompt_length), data->size(),
+                 initial);
   }
   const auto t0 = Clock::now();
   for (int64_t step = 0; step < a.steps; ++step) {
-    auto [tokens, targets] = batch_of(static_cast<size_t>(step * a.batch_size),
-                                      static_cast<size_t>(std::min<int64_t>(a.batch_size, static_cast<int64_t>(data->size()))));
+    auto [tokens, targets] = batch_of(
+        static_cast<size_t>(step * a.batch_size),
+        static_cast<size_t>(std::min<int64_t>(a.batch_size, static_cast<int64_t>(data->size()))));
     try {
       opt.zero_grad();
       at::Tensor loss = loss_on(tokens, targets);
@@ -442,7 +448,9 @@ int RunFinetune(const FinetuneArgs& a) {
     Status st = use_lora ? serve::SaveTuned(a.save, *lora) : serve::SaveTuned(a.save, *tuned);
     if (!st.ok()) return Fail(st);
   }
-  Json j = {{"initial_loss", initial}, {"final_loss", final_loss}, {"steps", a.steps},
+  Json j = {{"initial_loss", initial},
+            {"final_loss", final_loss},
+            {"steps", a.steps},
             {"method", use_lora ? "lora" : (a.deep ? "deep-prompt" : "prompt")}};
   std::printf("%s\n", Dump(j).c_str());
   std::fprintf(stderr, "loss %.4f -> %.4f\n", initial, final_loss);
@@ -481,8 +489,7 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
                     "longest inference session in tokens (0: the model's limit)");
     cmd->add_option("--throughput", a->throughput,
                     "announce this throughput (tokens/s per block) instead of measuring it");
-    cmd->add_option("--idle-timeout", a->idle_timeout,
-                    "seconds an inference session may stay idle")
+    cmd->add_option("--idle-timeout", a->idle_timeout, "seconds an inference session may stay idle")
         ->capture_default_str();
     cmd->add_flag("--no-rebalance", a->no_rebalance,
                   "with --num-blocks: keep the first choice of blocks");

@@ -27,7 +27,8 @@ Result<int64_t> BlocksFromConfig(const std::string& dir) {
   std::ifstream in(std::filesystem::path(dir) / "config.json");
   if (!in) return NotFound(fmt::format("cannot read {}/config.json", dir));
   auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("num_hidden_layers") || !j["num_hidden_layers"].is_number_integer()) {
+  if (!j.is_object() || !j.contains("num_hidden_layers") ||
+      !j["num_hidden_layers"].is_number_integer()) {
     return InvalidArgument(fmt::format("{}/config.json has no num_hidden_layers", dir));
   }
   return j["num_hidden_layers"].get<int64_t>();

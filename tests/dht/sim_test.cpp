@@ -40,9 +40,8 @@ std::vector<PeerId> BruteForceNearest(Simulation& sim, const DhtId& target) {
   for (size_t i = 0; i < sim.size(); ++i) {
     if (sim.alive(i) && !sim.node(i).options().client_mode) live.push_back(i);
   }
-  std::sort(live.begin(), live.end(), [&](size_t a, size_t b) {
-    return Closer(target, sim.node(a).id(), sim.node(b).id());
-  });
+  std::sort(live.begin(), live.end(),
+            [&](size_t a, size_t b) { return Closer(target, sim.node(a).id(), sim.node(b).id()); });
   std::vector<PeerId> out;
   for (size_t i : live) out.push_back(sim.node(i).peer_id());
   return out;
@@ -102,7 +101,8 @@ TEST(DhtSimulation, ThousandNodesLookupsMatchBruteForceAndSurviveChurn) {
   const double exp = sim.clock().WallSeconds() + 3600;
   const size_t kKeys = 300;
   for (size_t i = 0; i < kKeys; ++i) {
-    auto st = sim.Store(random_live(), Item("key" + std::to_string(i), "value" + std::to_string(i), exp));
+    auto st =
+        sim.Store(random_live(), Item("key" + std::to_string(i), "value" + std::to_string(i), exp));
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
   for (size_t i = 0; i < kKeys; ++i) {
@@ -174,8 +174,7 @@ TEST_F(SmallSwarm, SubkeysFromTwoNodesMergeIntoOneDictionary) {
   EXPECT_EQ(r->Expiration(), r->subkeys.at("peer2").expiration);
 
   // An older value for an existing subkey is rejected; a newer one replaces it.
-  EXPECT_EQ(sim.Store(3, Item("group", "old", In(10), "peer1")).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_EQ(sim.Store(3, Item("group", "old", In(10), "peer1")).code(), StatusCode::kAlreadyExists);
   ASSERT_TRUE(sim.Store(3, Item("group", "newer", In(70), "peer1")).ok());
   r = sim.Get(26, "group", true);
   EXPECT_EQ(r->subkeys.at("peer1").value, "newer");
@@ -227,22 +226,23 @@ TEST_F(SmallSwarm, OwnerRecordsCannotBeOverwrittenEvenAfterTheOwnerLeaves) {
 
 TEST_F(SmallSwarm, SchemaRejectsWrongTypes) {
   auto schema = std::make_shared<SchemaValidator>(std::vector<ValueSchema>{
-      {"progress", JsonType::kObject,
+      {"progress",
+       JsonType::kObject,
        {{"epoch", JsonType::kInt}, {"samples_per_second", JsonType::kNumber}},
        true}});
   for (size_t i = 0; i < sim.size(); ++i) sim.node(i).AddValidator(schema);
-  EXPECT_TRUE(sim.Store(2, Item("progress", R"({"epoch": 3, "samples_per_second": 12.5})",
-                                In(30), "peerA"))
-                  .ok());
-  auto st = sim.Store(2, Item("progress", R"({"epoch": 779.0, "samples_per_second": 1})",
-                              In(30), "peerB"));
+  EXPECT_TRUE(
+      sim.Store(2, Item("progress", R"({"epoch": 3, "samples_per_second": 12.5})", In(30), "peerA"))
+          .ok());
+  auto st = sim.Store(
+      2, Item("progress", R"({"epoch": 779.0, "samples_per_second": 1})", In(30), "peerB"));
   EXPECT_EQ(st.code(), StatusCode::kPermissionDenied);
   EXPECT_NE(st.message().find("must be int"), std::string::npos) << st.message();
   EXPECT_EQ(sim.Store(2, Item("progress", "not json", In(30), "peerC")).code(),
             StatusCode::kPermissionDenied);
-  EXPECT_EQ(sim.Store(2, Item("progress", R"({"epoch": 1, "samples_per_second": 1})", In(30)))
-                .code(),
-            StatusCode::kPermissionDenied);  // must be a dictionary
+  EXPECT_EQ(
+      sim.Store(2, Item("progress", R"({"epoch": 1, "samples_per_second": 1})", In(30))).code(),
+      StatusCode::kPermissionDenied);  // must be a dictionary
   auto r = sim.Get(7, "progress", true);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->subkeys.size(), 1u);
@@ -287,7 +287,8 @@ TEST_F(SmallSwarm, GetManySharesFindRequestsAcrossKeys) {
   std::vector<std::string> keys;
   for (int i = 0; i < 16; ++i) {
     keys.push_back("batch" + std::to_string(i));
-    ASSERT_TRUE(sim.Store(static_cast<size_t>(i), Item(keys.back(), std::to_string(i), In(60))).ok());
+    ASSERT_TRUE(
+        sim.Store(static_cast<size_t>(i), Item(keys.back(), std::to_string(i), In(60))).ok());
   }
   DhtCore& n = sim.node(20);
   // One key at a time...
@@ -342,7 +343,7 @@ TEST_F(SmallSwarm, UnresponsiveNodesAreBackedOffThenDropped) {
   };
   const uint64_t failed0 = n.stats().requests_failed;
   lookup();
-  EXPECT_GT(n.stats().requests_failed, failed0);  // timed out once
+  EXPECT_GT(n.stats().requests_failed, failed0);          // timed out once
   EXPECT_TRUE(n.routing_table().Find(dead).has_value());  // one failure is forgiven
   const uint64_t failed1 = n.stats().requests_failed;
   lookup();

@@ -1,9 +1,10 @@
 // The DHT wire codec: round trips, bounds, and the fuzz corpus seeds being valid messages.
+#include "dht/wire.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
-#include "dht/wire.h"
 #include "test_support.h"
 
 namespace colony::dht {
@@ -16,7 +17,8 @@ Contact SomeContact() {
 
 TEST(DhtWire, RoundTrips) {
   StoreRequest store{{false, {"/ip4/1.2.3.4/tcp/5"}}, {}};
-  store.items.push_back({{"key", std::string("sub\0x", 5), std::string("v\0\xff", 3), 1.7e9 + 0.125}, true});
+  store.items.push_back(
+      {{"key", std::string("sub\0x", 5), std::string("v\0\xff", 3), 1.7e9 + 0.125}, true});
   store.items.push_back({{"k2", std::nullopt, "", 1.7e9}, false});
   auto s = DecodeStoreRequest(EncodeStoreRequest(store));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -61,7 +63,8 @@ TEST(DhtWire, RejectsWhatIsOutOfBounds) {
   many.items.resize(kMaxStoreItems + 1);
   EXPECT_FALSE(DecodeStoreRequest(EncodeStoreRequest(many)).ok());
   StoreRequest bad_exp;
-  bad_exp.items.push_back({{"k", std::nullopt, "v", std::numeric_limits<double>::infinity()}, false});
+  bad_exp.items.push_back(
+      {{"k", std::nullopt, "v", std::numeric_limits<double>::infinity()}, false});
   EXPECT_FALSE(DecodeStoreRequest(EncodeStoreRequest(bad_exp)).ok());
   FindRequest bad_addr{{false, {"/not/an/address"}}, {DhtId()}};
   EXPECT_FALSE(DecodeFindRequest(EncodeFindRequest(bad_addr)).ok());
@@ -89,9 +92,9 @@ TEST(DhtWire, FuzzCorpusSeedsAreValidMessages) {
         ok = name.starts_with("req") ? DecodeStoreRequest(bytes).ok()
                                      : DecodeStoreResponse(bytes, 3).ok();
       } else {
-        ok = name.starts_with("req")    ? DecodeFindRequest(bytes).ok()
-             : name == "resp2"           ? DecodeFindResponse(bytes, 2).ok()
-                                         : DecodeFindResponse(bytes, 1).ok();
+        ok = name.starts_with("req") ? DecodeFindRequest(bytes).ok()
+             : name == "resp2"       ? DecodeFindResponse(bytes, 2).ok()
+                                     : DecodeFindResponse(bytes, 1).ok();
       }
       EXPECT_TRUE(ok) << dir << "/" << name;
       ++decoded;

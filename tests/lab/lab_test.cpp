@@ -63,10 +63,10 @@ std::string TempPath(const std::string& name) {
 // Why this machine cannot run the lab, or empty.
 std::string CannotRunLab() { return bench::LabUnavailable(::testing::TempDir()); }
 
-#define SKIP_WITHOUT_LAB()                              \
-  do {                                                  \
-    const std::string why = CannotRunLab();             \
-    if (!why.empty()) GTEST_SKIP() << why;              \
+#define SKIP_WITHOUT_LAB()                  \
+  do {                                      \
+    const std::string why = CannotRunLab(); \
+    if (!why.empty()) GTEST_SKIP() << why;  \
   } while (0)
 
 // One lab, built from a topology in the constructor and torn down in the destructor (also when
@@ -101,8 +101,9 @@ Subprocess StartColony(const Lab& lab, const std::string& host, std::vector<std:
 // A DHT bootstrap peer on `host`; returns its address.
 std::string StartBootstrap(const Lab& lab, const std::string& host,
                            std::optional<Subprocess>& process) {
-  process.emplace(StartColony(
-      lab, host, {"dht", "--listen", "/ip4/" + lab.addr(host) + "/tcp/4001"}, TempPath("boot.err")));
+  process.emplace(StartColony(lab, host,
+                              {"dht", "--listen", "/ip4/" + lab.addr(host) + "/tcp/4001"},
+                              TempPath("boot.err")));
   auto line = process->ReadLine(20s);
   EXPECT_TRUE(line.ok()) << line.status().ToString();
   return line.ok() ? *line : std::string();
@@ -122,11 +123,9 @@ void StartAveragePeer(const Lab& lab, const std::string& host, uint64_t seed,
   peer.seed = seed;
   peer.output = TempPath(host + ".out");
   peer.err = TempPath(host + ".err");
-  std::vector<std::string> args = {"average",  "--initial-peers",
-                                   bootstrap,  "--listen",
-                                   "/ip4/" + lab.addr(host) + "/tcp/0",
-                                   "--seed",   std::to_string(seed),
-                                   "--output", peer.output};
+  std::vector<std::string> args = {
+      "average", "--initial-peers",    bootstrap,  "--listen", "/ip4/" + lab.addr(host) + "/tcp/0",
+      "--seed",  std::to_string(seed), "--output", peer.output};
   args.insert(args.end(), extra.begin(), extra.end());
   peer.process.emplace(StartColony(lab, host, args, peer.err));
   auto ready = peer.process->ReadLine(30s);
@@ -196,8 +195,8 @@ TEST(Lab, DelayRateAndNatAreAsConfiguredAndTeardownLeavesNothing) {
                              TempPath("server.err")));
   auto server_addr = server->ReadLine(20s);
   ASSERT_TRUE(server_addr.ok()) << server_addr.status().ToString();
-  auto ping = RunCommand(
-      lab->In("laptop", {ColonyBinary(), "ping", "--count", "7", *server_addr}), 60s);
+  auto ping =
+      RunCommand(lab->In("laptop", {ColonyBinary(), "ping", "--count", "7", *server_addr}), 60s);
   ASSERT_EQ(ping.code, 0);
   std::vector<double> rtts;
   std::regex rtt_line(R"(rtt ([0-9.]+) ms)");
@@ -223,10 +222,10 @@ TEST(Lab, DelayRateAndNatAreAsConfiguredAndTeardownLeavesNothing) {
   ASSERT_TRUE(laptop_addr.ok());
   auto direct = RunCommand(lab->In("server", {ColonyBinary(), "ping", *laptop_addr}), 30s);
   EXPECT_NE(direct.code, 0) << "the server reached a peer behind NAT directly";
-  const std::string via_router = std::regex_replace(
-      *laptop_addr, std::regex(lab->addr("laptop")), lab->addr("home"));
-  auto through = RunCommand(
-      lab->In("server", {ColonyBinary(), "ping", "--timeout", "3", via_router}), 30s);
+  const std::string via_router =
+      std::regex_replace(*laptop_addr, std::regex(lab->addr("laptop")), lab->addr("home"));
+  auto through =
+      RunCommand(lab->In("server", {ColonyBinary(), "ping", "--timeout", "3", via_router}), 30s);
   EXPECT_NE(through.code, 0) << "the NAT forwarded an inbound connection";
 
   // Teardown: every namespace (and with it every link) and every process is gone.
@@ -254,10 +253,10 @@ TEST(LabWan, TwoPeersBehindNatsUseTheDhtAndAverage) {
   const std::string bootstrap = StartBootstrap(lab, "boot", boot);
   ASSERT_FALSE(bootstrap.empty());
 
-  auto store = RunCommand(lab.In("a", {ColonyBinary(), "--log-level", "warn", "dht", "store",
-                                       "lab.greeting", "hello from behind a NAT",
-                                       "--initial-peers", bootstrap}),
-                          60s);
+  auto store =
+      RunCommand(lab.In("a", {ColonyBinary(), "--log-level", "warn", "dht", "store", "lab.greeting",
+                              "hello from behind a NAT", "--initial-peers", bootstrap}),
+                 60s);
   ASSERT_EQ(store.code, 0);
   auto get = RunCommand(lab.In("b", {ColonyBinary(), "--log-level", "warn", "dht", "get",
                                      "lab.greeting", "--initial-peers", bootstrap}),
@@ -268,12 +267,18 @@ TEST(LabWan, TwoPeersBehindNatsUseTheDhtAndAverage) {
   EXPECT_NE(got.find("hello from behind a NAT"), std::string::npos) << got;
 
   constexpr size_t kValues = 1 << 20;  // 4 MiB of float32
-  const std::vector<std::string> common = {"--values",         std::to_string(kValues),
-                                           "--target-group-size", "3",
-                                           "--min-group-size", "3",
-                                           "--timeout",        "60",
-                                           "--part-timeout",   kPartTimeout,
-                                           "--start-at",       StartAt(4)};
+  const std::vector<std::string> common = {"--values",
+                                           std::to_string(kValues),
+                                           "--target-group-size",
+                                           "3",
+                                           "--min-group-size",
+                                           "3",
+                                           "--timeout",
+                                           "60",
+                                           "--part-timeout",
+                                           kPartTimeout,
+                                           "--start-at",
+                                           StartAt(4)};
   AveragePeer aux, a, b;
   auto aux_args = common;
   aux_args.insert(aux_args.end(), {"--mode", "aux"});
@@ -322,14 +327,22 @@ void AverageBehindTwoNats(bool hole_punching) {
   ASSERT_TRUE(bootstrap.ok()) << bootstrap.status().ToString();
 
   constexpr size_t kValues = 1 << 20;  // 4 MiB per peer
-  std::vector<std::string> args = {"--values",         std::to_string(kValues),
-                                   "--target-group-size", "2",
-                                   "--min-group-size", "2",
-                                   "--timeout",        "60",
-                                   "--part-timeout",   kPartTimeout,
-                                   "--rounds",         "2",
-                                   "--relay",          *bootstrap,
-                                   "--start-at",       StartAt(4)};
+  std::vector<std::string> args = {"--values",
+                                   std::to_string(kValues),
+                                   "--target-group-size",
+                                   "2",
+                                   "--min-group-size",
+                                   "2",
+                                   "--timeout",
+                                   "60",
+                                   "--part-timeout",
+                                   kPartTimeout,
+                                   "--rounds",
+                                   "2",
+                                   "--relay",
+                                   *bootstrap,
+                                   "--start-at",
+                                   StartAt(4)};
   if (!hole_punching) args.push_back("--no-hole-punching");
   AveragePeer a, b;
   ASSERT_NO_FATAL_FAILURE(StartAveragePeer(lab, "a", 1, *bootstrap, args, a));
@@ -395,12 +408,11 @@ TEST(LabWan, PeersBehindNatFindOutAndPickARelayByThemselves) {
   const std::string bootstrap = StartBootstrap(lab, "boot", boot);
   ASSERT_FALSE(bootstrap.empty());
   const std::string relay_err = TempPath("relay.err");
-  relay.emplace(StartColony(lab, "relay",
-                            {"dht", "--listen",
-                             "/ip4/" + lab.addr("relay") + "/tcp/4001", "--relay-listen",
-                             "/ip4/" + lab.addr("relay") + "/tcp/4002", "--initial-peers",
-                             bootstrap},
-                            relay_err));
+  relay.emplace(
+      StartColony(lab, "relay",
+                  {"dht", "--listen", "/ip4/" + lab.addr("relay") + "/tcp/4001", "--relay-listen",
+                   "/ip4/" + lab.addr("relay") + "/tcp/4002", "--initial-peers", bootstrap},
+                  relay_err));
   auto relay_addr = relay->ReadLine(30s);
   ASSERT_TRUE(relay_addr.ok()) << relay_addr.status().ToString() << test::ReadFile(relay_err);
   // The relay's host is public: it printed its own address, not a relayed one.
@@ -417,12 +429,18 @@ TEST(LabWan, PeersBehindNatFindOutAndPickARelayByThemselves) {
   ASSERT_TRUE(announced) << "the relay never appeared under " << dht::kRelaysKey;
 
   constexpr size_t kValues = 1 << 18;
-  const std::vector<std::string> args = {"--values",         std::to_string(kValues),
-                                         "--target-group-size", "2",
-                                         "--min-group-size", "2",
-                                         "--timeout",        "60",
-                                         "--part-timeout",   kPartTimeout,
-                                         "--start-at",       StartAt(6)};
+  const std::vector<std::string> args = {"--values",
+                                         std::to_string(kValues),
+                                         "--target-group-size",
+                                         "2",
+                                         "--min-group-size",
+                                         "2",
+                                         "--timeout",
+                                         "60",
+                                         "--part-timeout",
+                                         kPartTimeout,
+                                         "--start-at",
+                                         StartAt(6)};
   AveragePeer a, b;
   ASSERT_NO_FATAL_FAILURE(StartAveragePeer(lab, "a", 1, bootstrap, args, a));
   ASSERT_NO_FATAL_FAILURE(StartAveragePeer(lab, "b", 2, bootstrap, args, b));
@@ -453,7 +471,7 @@ std::string StarTopology(int peers, const std::string& rate, const std::string& 
 }
 
 struct WanRound {
-  double allreduce_s = 0;  // the slowest peer's
+  double allreduce_s = 0;   // the slowest peer's
   uint64_t bytes_sent = 0;  // the most any peer sent
 };
 
@@ -467,12 +485,12 @@ void AverageInLab(Lab& lab, int n, size_t values, WanRound& out) {
   std::vector<uint64_t> seeds;
   for (int i = 0; i < n; ++i) {
     seeds.push_back(static_cast<uint64_t>(i + 1));
-    ASSERT_NO_FATAL_FAILURE(StartAveragePeer(
-        lab, "p" + std::to_string(i + 1), seeds.back(), bootstrap,
-        {"--values", std::to_string(values), "--target-group-size", std::to_string(n),
-         "--min-group-size", std::to_string(n), "--timeout", "120", "--part-timeout",
-         kPartTimeout, "--start-at", start},
-        peers[static_cast<size_t>(i)]));
+    ASSERT_NO_FATAL_FAILURE(
+        StartAveragePeer(lab, "p" + std::to_string(i + 1), seeds.back(), bootstrap,
+                         {"--values", std::to_string(values), "--target-group-size",
+                          std::to_string(n), "--min-group-size", std::to_string(n), "--timeout",
+                          "120", "--part-timeout", kPartTimeout, "--start-at", start},
+                         peers[static_cast<size_t>(i)]));
   }
   for (auto& p : peers) {
     auto round = NextRound(p, 150s);
@@ -504,10 +522,11 @@ TEST(LabWan, EightPeersAverageNearTheBandwidthFloor) {
   const double must_send = 2.0 * (kPeers - 1) / kPeers * kValues * sizeof(float);
   const double floor_s = must_send * 8 / (kMbit * 1e6);
   const double ratio = round.allreduce_s / floor_s;
-  std::printf("[lab] %d peers, %.0f Mbit/s, 50 ms RTT: %.2f s for %.1f MB each (sent at most %.1f "
-              "MB), floor %.2f s, %.2fx the floor\n",
-              kPeers, kMbit, round.allreduce_s, must_send / 1e6,
-              static_cast<double>(round.bytes_sent) / 1e6, floor_s, ratio);
+  std::printf(
+      "[lab] %d peers, %.0f Mbit/s, 50 ms RTT: %.2f s for %.1f MB each (sent at most %.1f "
+      "MB), floor %.2f s, %.2fx the floor\n",
+      kPeers, kMbit, round.allreduce_s, must_send / 1e6,
+      static_cast<double>(round.bytes_sent) / 1e6, floor_s, ratio);
   RecordProperty("ratio_to_floor", std::to_string(ratio));
   // Framing and encryption add about 0.1% to the bytes, the DHT and keepalives a little more the
   // longer the round takes (0.9% under ASan).

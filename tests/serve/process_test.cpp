@@ -97,10 +97,14 @@ class ServeProcessTest : public ::testing::Test {
     s.first = first;
     s.last = last;
     s.stderr_path = (dir_ / (label + ".err")).string();
-    std::vector<std::string> argv = {ColonyBinary(), "--log-level", "info", "serve", "--model",
-                                     model_dir_.string(), "--model-name", model_name_,
-                                     "--blocks", std::to_string(first) + ":" + std::to_string(last),
-                                     "--listen", "/ip4/127.0.0.1/tcp/0", "--threads", "1"};
+    std::vector<std::string> argv = {
+        ColonyBinary(), "--log-level",
+        "info",         "serve",
+        "--model",      model_dir_.string(),
+        "--model-name", model_name_,
+        "--blocks",     std::to_string(first) + ":" + std::to_string(last),
+        "--listen",     "/ip4/127.0.0.1/tcp/0",
+        "--threads",    "1"};
     if (!servers_.empty()) {
       argv.push_back("--initial-peers");
       argv.push_back(servers_.front().address);
@@ -182,7 +186,8 @@ class ServeProcessTest : public ::testing::Test {
   };
   // A serves 0:2 and is the bootstrap; B and C (last in the chain) both serve 2:4.
   static Layout LastHopLayout() {
-    return {.servers = {{"A", 0, 2}, {"B", 2, 4}, {"C", 2, 4}}, .victim_first = 2, .victim_last = 4};
+    return {
+        .servers = {{"A", 0, 2}, {"B", 2, 4}, {"C", 2, 4}}, .victim_first = 2, .victim_last = 4};
   }
 
   // Generates through the swarm, SIGKILLing whichever of B and C the session routes through

@@ -1,7 +1,8 @@
+#include "serve/records.h"
+
 #include <gtest/gtest.h>
 
 #include "core/identity.h"
-#include "serve/records.h"
 
 namespace colony::serve {
 namespace {

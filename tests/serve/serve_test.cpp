@@ -8,9 +8,9 @@
 #include <asio/use_future.hpp>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <mutex>
-#include <filesystem>
 #include <thread>
 
 #include "dht/node.h"
@@ -136,7 +136,8 @@ class ServeTest : public ::testing::Test {
     return lora;
   }
 
-  at::Tensor LocalBlocks(at::Tensor h, int64_t first, int64_t last, const at::Tensor& prompts = {}) {
+  at::Tensor LocalBlocks(at::Tensor h, int64_t first, int64_t last,
+                         const at::Tensor& prompts = {}) {
     for (int64_t i = first; i < last; ++i) {
       if (prompts.defined()) {
         const int64_t p = prompts.size(2);
@@ -311,8 +312,12 @@ TEST_F(ServeTest, GreedyAndSampledGenerationEqualLocal) {
   RemoteSequential remote(manager_);
   const std::vector<int64_t> prompt = {5, 17, 99, 3};
   for (double temperature : {0.0, 0.9}) {
-    model::SamplingOptions so{.max_new_tokens = 20, .temperature = temperature, .top_k = 40,
-                              .top_p = 0.95, .repetition_penalty = 1.1, .seed = 11};
+    model::SamplingOptions so{.max_new_tokens = 20,
+                              .temperature = temperature,
+                              .top_k = 40,
+                              .top_p = 0.95,
+                              .repetition_penalty = 1.1,
+                              .seed = 11};
     const auto expected = model::Generate(local_, prompt, so);
     auto session = remote.OpenSession({.max_length = 64, .batch_size = 1});
     RemoteBackend backend(Head(), *session, 64);
@@ -388,7 +393,8 @@ TEST_F(ServeTest, CacheAccountingIsExactPerSession) {
   EXPECT_EQ(server.Stats().cache_bytes_used, (3 * 20 * 4 + 10 * 2) * per_token);
   EXPECT_EQ(server.Stats().sessions, 2u);
   s1->Close();
-  colony::test::WaitUntil([&] { return server.Stats().cache_bytes_used == 10 * 2 * per_token; }, 5s);
+  colony::test::WaitUntil([&] { return server.Stats().cache_bytes_used == 10 * 2 * per_token; },
+                          5s);
   EXPECT_EQ(server.Stats().cache_bytes_used, 10 * 2 * per_token);
   s2->Close();
   colony::test::WaitUntil([&] { return server.Stats().cache_bytes_used == 0; }, 5s);
@@ -420,8 +426,8 @@ TEST_F(ServeTest, PushedStepsAreProcessedExactlyOnce) {
   EXPECT_GT(second.Stats().pushes_used, 0u);
   // The client sends every step too: for each step that ran from a push, the client's copy
   // arrives later and is dropped (the last one may still be in flight: wait for it).
-  colony::test::WaitUntil(
-      [&] { return second.Stats().duplicates >= second.Stats().pushes_used; }, 5s);
+  colony::test::WaitUntil([&] { return second.Stats().duplicates >= second.Stats().pushes_used; },
+                          5s);
   EXPECT_GE(second.Stats().duplicates, second.Stats().pushes_used);
   EXPECT_EQ(second.Stats().steps, static_cast<uint64_t>(steps));
 }
@@ -907,8 +913,8 @@ TEST_F(ServeTest, DeepPromptTunedGenerationThroughASessionEqualsTheForwardPath) 
   auto forward = [&](const at::Tensor& tokens) { return tuned->forward(tokens); };
   SessionOptions options{.max_length = max_length, .batch_size = 1};
   options.prompts = tuned->deep_prompts.unsqueeze(1);  // [blocks, 1, P, H]
-  const auto tokens = ExpectSessionEqualsReference(*remote, forward, options, tuned->prompts,
-                                                   prompt, n);
+  const auto tokens =
+      ExpectSessionEqualsReference(*remote, forward, options, tuned->prompts, prompt, n);
   // The tuning matters: the untuned model generates something else.
   EXPECT_NE(tokens, model::Generate(local_, prompt, {.max_new_tokens = n}));
   // Per-row prompts [blocks, B, P, H] too: a batch of two different tunings equals each alone.
@@ -954,8 +960,8 @@ TEST_F(ServeTest, PerRowDeepPromptsFollowBeamReorders) {
   const at::Tensor swap = at::tensor({1, 0}, at::kLong);
   auto out = session->Step(x2, swap);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
-  auto ref = remote.Forward(at::cat({x1.index_select(0, swap), x2}, 1),
-                            prompts.index_select(1, swap));
+  auto ref =
+      remote.Forward(at::cat({x1.index_select(0, swap), x2}, 1), prompts.index_select(1, swap));
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   EXPECT_TRUE(at::allclose(*out, ref->narrow(1, 1, 1), 0, 1e-4));
   // A rollback after the reorder recomputes with the reordered prompts too.
@@ -1038,8 +1044,7 @@ TEST_F(ServeTest, HostileTunedSessionsGetErrorsAndTheServerKeepsServing) {
   net::Host& host = client_->host();
   const Multiaddr addr = ServerAddress(0);
   const int64_t h = config_.hidden_size;
-  auto open = [&](int64_t prompt_length, const std::vector<at::Tensor>& tensors,
-                  int64_t rank = 0) {
+  auto open = [&](int64_t prompt_length, const std::vector<at::Tensor>& tensors, int64_t rank = 0) {
     wire::OpenSession o = MakeOpen(8, 1);
     o.set_prompt_length(static_cast<uint32_t>(prompt_length));
     if (rank > 0) {
@@ -1068,14 +1073,16 @@ TEST_F(ServeTest, HostileTunedSessionsGetErrorsAndTheServerKeepsServing) {
       {"NaN prompts", open(2, {nan})},
       {"adapters of the wrong size", open(0, wrong_adapters, 2)},
       {"too few adapters", open(0, {adapters[0], adapters[1]}, 2)},
-      {"rank without targets", RawSession(host, addr, [] {
-         wire::OpenSession o = MakeOpen(8, 1);
-         o.set_lora_rank(2);
-         return o;
-       }())},
+      {"rank without targets", RawSession(host, addr,
+                                          [] {
+                                            wire::OpenSession o = MakeOpen(8, 1);
+                                            o.set_lora_rank(2);
+                                            return o;
+                                          }())},
   };
   for (const auto& [what, r] : bad) {
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << what << ": " << r.status().ToString();
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument)
+        << what << ": " << r.status().ToString();
   }
   EXPECT_EQ(server.Stats().sessions, 0u);
   EXPECT_EQ(server.Stats().cache_bytes_used, 0);
@@ -1137,7 +1144,8 @@ TEST_F(ServeTest, TunedFilesRoundTrip) {
   EXPECT_EQ(l->lora.targets, lora->spec.targets);
   EXPECT_EQ(l->lora.scale, 0.5);
   ASSERT_EQ(l->adapters.size(), lora->adapters.size());
-  for (size_t i = 0; i < l->adapters.size(); ++i) EXPECT_TRUE(at::equal(l->adapters[i], lora->adapters[i]));
+  for (size_t i = 0; i < l->adapters.size(); ++i)
+    EXPECT_TRUE(at::equal(l->adapters[i], lora->adapters[i]));
   // Files without metadata (older versions) still load; other models' files do not.
   model::NamedTensors named;
   for (const auto& item : lora->named_parameters()) named.emplace_back(item.key(), item.value());
