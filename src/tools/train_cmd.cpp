@@ -391,8 +391,8 @@ int Run(const TrainTaskArgs& a) {
   o.load_state_timeout = Ms(a.averaging_timeout);
   o.bandwidth = a.bandwidth_mbps * 1e6 / 8;
   o.max_send_rate = a.max_send_mbps * 1e6 / 8;
-  o.fault = *fault;
-  o.unchecked_local_gradients = a.nan_gradients_every > 0;
+  o.testing.fault = *fault;
+  o.testing.unchecked_local_gradients = a.nan_gradients_every > 0;
   o.interrupt = &g_stop;
   o.rejoin_after = Ms(a.rejoin_after);
   auto co = train::CollaborativeOptimizer::Create(**node, params, optimizer, o);

@@ -100,9 +100,13 @@ struct CollaborativeOptions {
   // When set and true, Step() stops waiting for the swarm and returns (without a step), and
   // RunAuxiliary() returns: e.g. a flag that a signal handler sets.
   const std::atomic<bool>* interrupt = nullptr;
-  averaging::Fault fault = averaging::Fault::kNone;  // tests only
-  // Tests only: emulate a broken peer that sends its non-finite gradients to the group.
-  bool unchecked_local_gradients = false;
+
+  // Test hooks: how a test makes this peer misbehave.
+  struct Testing {
+    averaging::Fault fault = averaging::Fault::kNone;  // injected into its averagers
+    // A broken peer: it sends its non-finite gradients to the group instead of skipping them.
+    bool unchecked_local_gradients = false;
+  } testing = {};
 };
 
 struct StepReport {

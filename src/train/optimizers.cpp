@@ -1,7 +1,6 @@
 #include "train/optimizers.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/string_utils.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/serialize.h>
@@ -17,6 +16,8 @@
 #include <map>
 #include <set>
 
+#include "train/param_key.h"
+
 namespace colony::train {
 namespace {
 
@@ -24,8 +25,6 @@ using torch::Tensor;
 using torch::optim::OptimizerParamState;
 
 std::atomic<bool> g_force_tensor_kernel{false};
-
-std::string ParamKey(const Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 // Runs the closure (if any) with gradients enabled, as torch's optimizers do.
 Tensor RunClosure(const torch::optim::Optimizer::LossClosure& closure) {
@@ -233,15 +232,9 @@ void TensorKernel(const Tensor& p_flat, const Tensor& g_flat, Adam8bitParamState
   }
 }
 
-torch::Device StateDevice(const Adam8bitOptions& o, const Tensor& p) {
-  return o.state_on_cpu() ? torch::Device(torch::kCPU) : p.device();
-}
-
-bool Uses8bit(const Adam8bitOptions& o, const Tensor& p) { return p.numel() >= o.min_8bit_size(); }
-
-int64_t NumBlocks(const Adam8bitOptions& o, const Tensor& p) {
-  return (p.numel() + o.block_size() - 1) / o.block_size();
-}
+torch::Device StateDevice(const Adam8bitOptions& o, const Tensor& p) { return o.state_device(p); }
+bool Uses8bit(const Adam8bitOptions& o, const Tensor& p) { return o.uses_8bit(p); }
+int64_t NumBlocks(const Adam8bitOptions& o, const Tensor& p) { return o.num_blocks(p); }
 
 // Makes a loaded or imported state usable by the kernels: right device, right sizes.
 void PrepareState8bit(Adam8bitParamState& s, const Tensor& p, const Adam8bitOptions& o) {
@@ -398,6 +391,13 @@ void LambParamState::serialize(torch::serialize::InputArchive& archive) {
 }
 
 Adam8bitOptions::Adam8bitOptions(double lr) : lr_(lr) {}
+c10::Device Adam8bitOptions::state_device(const Tensor& p) const {
+  return state_on_cpu() ? c10::Device(c10::kCPU) : p.device();
+}
+bool Adam8bitOptions::uses_8bit(const Tensor& p) const { return p.numel() >= min_8bit_size(); }
+int64_t Adam8bitOptions::num_blocks(const Tensor& p) const {
+  return (p.numel() + block_size() - 1) / block_size();
+}
 double Adam8bitOptions::get_lr() const { return lr(); }
 void Adam8bitOptions::set_lr(const double lr) { this->lr(lr); }
 
@@ -471,7 +471,7 @@ Tensor Lamb::step(LossClosure closure) {
       if (!p.grad().defined()) continue;
       const Tensor& grad = p.grad();
       TORCH_CHECK(!grad.is_sparse(), "Lamb does not support sparse gradients");
-      auto& slot = state_[ParamKey(p)];
+      auto& slot = state_[StateKey(p)];
       if (slot == nullptr) {
         auto s = std::make_unique<LambParamState>();
         s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
@@ -536,7 +536,7 @@ Tensor Adam8bit::step(LossClosure closure) {
       const Tensor& grad = p.grad();
       TORCH_CHECK(!grad.is_sparse(), "Adam8bit does not support sparse gradients");
       const bool q8 = Uses8bit(o, p);
-      auto& slot = state_[ParamKey(p)];
+      auto& slot = state_[StateKey(p)];
       if (slot == nullptr) {
         auto s = std::make_unique<Adam8bitParamState>();
         const auto dev = StateDevice(o, p);
@@ -602,306 +602,6 @@ size_t Adam8bit::StateBytes() const {
     }
   }
   return bytes;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Uniform state access
-
-namespace {
-
-enum class Kind { kSgd, kAdam, kAdamW, kLamb, kAdam8bit };
-
-std::optional<Kind> KindOf(const torch::optim::Optimizer& opt) {
-  if (dynamic_cast<const torch::optim::SGD*>(&opt) != nullptr) return Kind::kSgd;
-  if (dynamic_cast<const torch::optim::Adam*>(&opt) != nullptr) return Kind::kAdam;
-  if (dynamic_cast<const torch::optim::AdamW*>(&opt) != nullptr) return Kind::kAdamW;
-  if (dynamic_cast<const Lamb*>(&opt) != nullptr) return Kind::kLamb;
-  if (dynamic_cast<const Adam8bit*>(&opt) != nullptr) return Kind::kAdam8bit;
-  return std::nullopt;
-}
-
-// What a field of a parameter's state must look like.
-enum class FieldType {
-  kLikeParam,   // the parameter's shape and dtype
-  kFloatParam,  // the parameter's shape, float32
-  kStep,        // int64 scalar
-  kCodes,       // uint8 [numel]
-  kAbsmax,      // float32 [blocks]
-};
-
-struct FieldSpec {
-  std::string_view name;
-  FieldType type;
-};
-
-// The fields a parameter's state has under the group's options, in export order.
-std::vector<FieldSpec> Layout(Kind kind, const torch::optim::OptimizerOptions& options,
-                              const Tensor& p) {
-  switch (kind) {
-    case Kind::kSgd:
-      if (static_cast<const torch::optim::SGDOptions&>(options).momentum() == 0) return {};
-      return {{"momentum_buffer", FieldType::kLikeParam}};
-    case Kind::kAdam:
-    case Kind::kAdamW: {
-      const bool amsgrad = kind == Kind::kAdam
-                               ? static_cast<const torch::optim::AdamOptions&>(options).amsgrad()
-                               : static_cast<const torch::optim::AdamWOptions&>(options).amsgrad();
-      std::vector<FieldSpec> f{{"step", FieldType::kStep},
-                               {"exp_avg", FieldType::kLikeParam},
-                               {"exp_avg_sq", FieldType::kLikeParam}};
-      if (amsgrad) f.push_back({"max_exp_avg_sq", FieldType::kLikeParam});
-      return f;
-    }
-    case Kind::kLamb:
-      return {{"step", FieldType::kStep},
-              {"exp_avg", FieldType::kLikeParam},
-              {"exp_avg_sq", FieldType::kLikeParam}};
-    case Kind::kAdam8bit:
-      if (Uses8bit(static_cast<const Adam8bitOptions&>(options), p)) {
-        return {{"step", FieldType::kStep},
-                {"exp_avg_codes", FieldType::kCodes},
-                {"exp_avg_absmax", FieldType::kAbsmax},
-                {"exp_avg_sq_codes", FieldType::kCodes},
-                {"exp_avg_sq_absmax", FieldType::kAbsmax}};
-      }
-      return {{"step", FieldType::kStep},
-              {"exp_avg", FieldType::kFloatParam},
-              {"exp_avg_sq", FieldType::kFloatParam}};
-  }
-  return {};
-}
-
-// Mutable references into one state object: its step (if any) and its named tensors.
-struct Slots {
-  int64_t* step = nullptr;
-  std::vector<std::pair<std::string_view, Tensor*>> tensors;
-};
-
-template <typename AdamState>
-Slots AdamSlots(OptimizerParamState& st) {
-  auto& s = static_cast<AdamState&>(st);
-  return {&s.step(),
-          {{"exp_avg", &s.exp_avg()},
-           {"exp_avg_sq", &s.exp_avg_sq()},
-           {"max_exp_avg_sq", &s.max_exp_avg_sq()}}};
-}
-
-Slots BindSlots(Kind kind, OptimizerParamState& st) {
-  switch (kind) {
-    case Kind::kSgd: {
-      auto& s = static_cast<torch::optim::SGDParamState&>(st);
-      return {nullptr, {{"momentum_buffer", &s.momentum_buffer()}}};
-    }
-    case Kind::kAdam:
-      return AdamSlots<torch::optim::AdamParamState>(st);
-    case Kind::kAdamW:
-      return AdamSlots<torch::optim::AdamWParamState>(st);
-    case Kind::kLamb: {
-      auto& s = static_cast<LambParamState&>(st);
-      return {&s.step(), {{"exp_avg", &s.exp_avg()}, {"exp_avg_sq", &s.exp_avg_sq()}}};
-    }
-    case Kind::kAdam8bit: {
-      auto& s = static_cast<Adam8bitParamState&>(st);
-      return {&s.step(),
-              {{"exp_avg", &s.exp_avg()},
-               {"exp_avg_sq", &s.exp_avg_sq()},
-               {"exp_avg_codes", &s.exp_avg_codes()},
-               {"exp_avg_absmax", &s.exp_avg_absmax()},
-               {"exp_avg_sq_codes", &s.exp_avg_sq_codes()},
-               {"exp_avg_sq_absmax", &s.exp_avg_sq_absmax()}}};
-    }
-  }
-  return {};
-}
-
-std::unique_ptr<OptimizerParamState> NewState(Kind kind) {
-  switch (kind) {
-    case Kind::kSgd:
-      return std::make_unique<torch::optim::SGDParamState>();
-    case Kind::kAdam:
-      return std::make_unique<torch::optim::AdamParamState>();
-    case Kind::kAdamW:
-      return std::make_unique<torch::optim::AdamWParamState>();
-    case Kind::kLamb:
-      return std::make_unique<LambParamState>();
-    case Kind::kAdam8bit:
-      return std::make_unique<Adam8bitParamState>();
-  }
-  return nullptr;
-}
-
-std::string FieldName(size_t group, size_t param, std::string_view field) {
-  return "group" + std::to_string(group) + ".param" + std::to_string(param) + "." +
-         std::string(field);
-}
-
-// Parses "group<g>.param<i>.<field>".
-bool ParseName(std::string_view name, size_t& group, size_t& param, std::string_view& field) {
-  auto number = [&](std::string_view prefix, size_t& out) {
-    if (name.substr(0, prefix.size()) != prefix) return false;
-    name.remove_prefix(prefix.size());
-    const char* end = name.data() + name.size();
-    auto [ptr, ec] = std::from_chars(name.data(), end, out);
-    if (ec != std::errc() || ptr == name.data() || ptr == end || *ptr != '.') return false;
-    name.remove_prefix(static_cast<size_t>(ptr - name.data()) + 1);
-    return true;
-  };
-  if (!number("group", group) || !number("param", param) || name.empty()) return false;
-  field = name;
-  return true;
-}
-
-std::string Describe(c10::IntArrayRef sizes, c10::ScalarType dtype) {
-  std::string s = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-  return s + "] " + c10::toString(dtype);
-}
-
-// The device, dtype and shape an imported tensor must have.
-struct Expected {
-  std::vector<int64_t> sizes;
-  c10::ScalarType dtype;
-  torch::Device device;
-};
-
-Expected ExpectedFor(Kind kind, FieldType type, const torch::optim::OptimizerOptions& options,
-                     const Tensor& p) {
-  const torch::Device dev = kind == Kind::kAdam8bit
-                                ? StateDevice(static_cast<const Adam8bitOptions&>(options), p)
-                                : p.device();
-  switch (type) {
-    case FieldType::kLikeParam:
-      return {p.sizes().vec(), p.scalar_type(), dev};
-    case FieldType::kFloatParam:
-      return {p.sizes().vec(), torch::kFloat32, dev};
-    case FieldType::kStep:
-      return {{}, torch::kInt64, torch::kCPU};
-    case FieldType::kCodes:
-      return {{p.numel()}, torch::kUInt8, dev};
-    case FieldType::kAbsmax:
-      return {{NumBlocks(static_cast<const Adam8bitOptions&>(options), p)}, torch::kFloat32, dev};
-  }
-  return {{}, torch::kFloat32, dev};
-}
-
-}  // namespace
-
-std::vector<std::pair<std::string, Tensor>> ExportOptimizerState(
-    torch::optim::Optimizer& optimizer) {
-  std::vector<std::pair<std::string, Tensor>> out;
-  const std::optional<Kind> kind = KindOf(optimizer);
-  if (!kind) return out;
-  auto& groups = optimizer.param_groups();
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const auto& params = groups[g].params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto it = optimizer.state().find(ParamKey(params[i]));
-      if (it == optimizer.state().end() || it->second == nullptr) continue;
-      Slots slots = BindSlots(*kind, *it->second);
-      if (slots.step != nullptr) {
-        out.emplace_back(FieldName(g, i, "step"), torch::scalar_tensor(*slots.step, torch::kInt64));
-      }
-      for (const FieldSpec& f : Layout(*kind, groups[g].options(), params[i])) {
-        for (auto& [name, tensor] : slots.tensors) {
-          if (name == f.name && tensor->defined()) {
-            out.emplace_back(FieldName(g, i, name), tensor->detach());
-          }
-        }
-      }
-    }
-  }
-  return out;
-}
-
-Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
-                            const std::vector<std::pair<std::string, Tensor>>& state) {
-  const std::optional<Kind> kind = KindOf(optimizer);
-  if (!kind) {
-    return Unimplemented(
-        "ImportOptimizerState supports torch::optim::SGD, Adam, AdamW and colony's Lamb and "
-        "Adam8bit only");
-  }
-  auto& groups = optimizer.param_groups();
-  // (group, param) -> field -> tensor, validated one entry at a time.
-  std::map<std::pair<size_t, size_t>, std::map<std::string_view, const Tensor*>> by_param;
-  for (const auto& [name, tensor] : state) {
-    auto bad = [&name = name](const std::string& why) {
-      return InvalidArgument("optimizer state entry \"" + name + "\": " + why);
-    };
-    size_t g = 0, i = 0;
-    std::string_view field;
-    if (!ParseName(name, g, i, field)) {
-      return bad("not of the form group<g>.param<i>.<field>");
-    }
-    if (g >= groups.size() || i >= groups[g].params().size()) {
-      return bad("no such parameter (the optimizer has " + std::to_string(groups.size()) +
-                 " groups" +
-                 (g < groups.size() ? ", group " + std::to_string(g) + " has " +
-                                          std::to_string(groups[g].params().size()) + " parameters)"
-                                    : ")"));
-    }
-    const Tensor& p = groups[g].params()[i];
-    const std::vector<FieldSpec> layout = Layout(*kind, groups[g].options(), p);
-    auto spec = std::find_if(layout.begin(), layout.end(),
-                             [&field = field](const FieldSpec& f) { return f.name == field; });
-    if (spec == layout.end()) {
-      std::string valid;
-      for (const FieldSpec& f : layout) valid += (valid.empty() ? "" : ", ") + std::string(f.name);
-      return bad("unknown field for this optimizer and parameter (expected: " +
-                 (valid.empty() ? std::string("no state") : valid) + ")");
-    }
-    if (!tensor.defined()) return bad("undefined tensor");
-    const Expected want = ExpectedFor(*kind, spec->type, groups[g].options(), p);
-    if (tensor.sizes() != c10::IntArrayRef(want.sizes) || tensor.scalar_type() != want.dtype) {
-      return bad("expected " + Describe(want.sizes, want.dtype) + ", got " +
-                 Describe(tensor.sizes(), tensor.scalar_type()));
-    }
-    if (tensor.is_sparse() || tensor.layout() != torch::kStrided) return bad("not a dense tensor");
-    if (spec->type == FieldType::kStep && tensor.item<int64_t>() < 0) {
-      return bad("negative step " + std::to_string(tensor.item<int64_t>()));
-    }
-    if (spec->type == FieldType::kAbsmax &&
-        !tensor.isfinite().logical_and(tensor.ge(0)).all().item<bool>()) {
-      return bad("absmax values must be finite and non-negative");
-    }
-    if (!by_param[{g, i}].emplace(spec->name, &tensor).second) return bad("duplicate entry");
-  }
-  // Every parameter mentioned must come with its complete state.
-  std::map<std::string, std::unique_ptr<OptimizerParamState>> fresh;
-  for (const auto& [index, fields] : by_param) {
-    const auto [g, i] = index;
-    const Tensor& p = groups[g].params()[i];
-    const std::vector<FieldSpec> layout = Layout(*kind, groups[g].options(), p);
-    for (const FieldSpec& f : layout) {
-      if (fields.count(f.name) == 0) {
-        return InvalidArgument("optimizer state for group" + std::to_string(g) + ".param" +
-                               std::to_string(i) + " lacks \"" + std::string(f.name) + "\"");
-      }
-    }
-    auto st = NewState(*kind);
-    Slots slots = BindSlots(*kind, *st);
-    for (const FieldSpec& f : layout) {
-      const Tensor& src = *fields.at(f.name);
-      if (f.type == FieldType::kStep) {
-        *slots.step = src.item<int64_t>();
-        continue;
-      }
-      const Expected want = ExpectedFor(*kind, f.type, groups[g].options(), p);
-      for (auto& [name, slot] : slots.tensors) {
-        if (name == f.name) {
-          *slot = src.detach().to(want.device, want.dtype, /*non_blocking=*/false, /*copy=*/true,
-                                  torch::MemoryFormat::Contiguous);
-        }
-      }
-    }
-    fresh.emplace(ParamKey(p), std::move(st));
-  }
-  // Nothing fails from here on: replace the state.
-  for (auto& group : groups) {
-    for (const Tensor& p : group.params()) optimizer.state().erase(ParamKey(p));
-  }
-  for (auto& [key, st] : fresh) optimizer.state()[key] = std::move(st);
-  return Status::Ok();
 }
 
 Status SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {

@@ -1,4 +1,4 @@
-// Optimizers that fit small memory, as LibTorch optimizers, and a uniform view of optimizer state.
+// Optimizers that fit small memory, as LibTorch optimizers, and how to make one by name.
 //
 //  - Lamb: layer-wise adaptive Adam (You et al. 2019), as DeDLOC/hivemind's CPULAMB: stable at
 //    the huge, variable batch sizes of collaborative training.
@@ -8,8 +8,9 @@
 //
 //   auto opt = MakeOptimizer("lamb", model_params, {.lr = 1e-3, .weight_decay = 0.01});
 //   loss.backward(); (*opt)->step();
-//   auto named = ExportOptimizerState(**opt);       // ship to a newcomer ...
-//   Status st = ImportOptimizerState(newcomer_opt, named);  // ... which validates and adopts it
+//
+// Their state, like that of torch's SGD and Adam(W), can be exported and imported as named
+// tensors (optimizer_state.h).
 //
 // Both optimizers save()/load() their full state through torch::serialize archives like the
 // built-in ones. They are not thread-safe (like all torch optimizers): one step at a time, and
@@ -112,6 +113,12 @@ struct Adam8bitOptions : public torch::optim::OptimizerCloneableOptions<Adam8bit
   void serialize(torch::serialize::OutputArchive& archive) const override;
   double get_lr() const override;
   void set_lr(const double lr) override;
+
+  // The layout of a parameter's state under these options: where it lives, whether it is
+  // quantized (parameters of at least min_8bit_size elements), and its number of absmax blocks.
+  c10::Device state_device(const torch::Tensor& p) const;
+  bool uses_8bit(const torch::Tensor& p) const;
+  int64_t num_blocks(const torch::Tensor& p) const;
 };
 
 // Either exp_avg/exp_avg_sq (float32, the parameter's shape; small parameters) or the four
@@ -184,32 +191,6 @@ void QuantizeBlockwise(QuantMap map, std::span<const float> x, size_t block_size
                        std::span<uint8_t> codes, std::span<float> absmax);
 void DequantizeBlockwise(QuantMap map, std::span<const uint8_t> codes,
                          std::span<const float> absmax, size_t block_size, std::span<float> out);
-
-// ---------------------------------------------------------------------------------------------
-// A uniform view of the supported optimizers: torch::optim::SGD, Adam, AdamW, Lamb, Adam8bit.
-
-// The state as named tensors "group<g>.param<i>.<field>", in group and parameter order:
-//   SGD:      momentum_buffer (only with momentum, after the first step)
-//   Adam(W):  step (int64 scalar), exp_avg, exp_avg_sq, max_exp_avg_sq (with amsgrad)
-//   Lamb:     step, exp_avg, exp_avg_sq
-//   Adam8bit: step, then exp_avg, exp_avg_sq (float32, small parameters) or exp_avg_codes,
-//             exp_avg_sq_codes (flat uint8), exp_avg_absmax, exp_avg_sq_absmax (float32 per block)
-// Parameters without state (never stepped) have no entries. The tensors alias the live state
-// (no copy, since states can be most of the memory): serialize or clone them before the next
-// step. Unsupported optimizer types give an empty list.
-std::vector<std::pair<std::string, torch::Tensor>> ExportOptimizerState(
-    torch::optim::Optimizer& optimizer);
-
-// Replaces the optimizer's whole state by `state` (as exported by an optimizer of the same type
-// over parameters of the same shapes and options that decide the layout: SGD momentum, amsgrad,
-// Adam8bit's block_size and min_8bit_size). Parameters without entries end up without state;
-// tensors are copied onto the state's device. Everything is validated before anything changes
-// (the data may come from an untrusted peer): unknown names, indices out of range, duplicate or
-// missing fields, wrong shapes or dtypes, negative steps and non-finite absmaxes are errors
-// (InvalidArgument, naming the entry), and leave the optimizer untouched. Unimplemented for
-// other optimizer types.
-Status ImportOptimizerState(torch::optim::Optimizer& optimizer,
-                            const std::vector<std::pair<std::string, torch::Tensor>>& state);
 
 // Sets the learning rate of every parameter group (and of the defaults used by groups added
 // later). InvalidArgument for a negative or non-finite lr; Unimplemented when the optimizer's

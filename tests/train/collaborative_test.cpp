@@ -13,6 +13,7 @@
 #include <future>
 #include <thread>
 
+#include "train/optimizer_state.h"
 #include "train/optimizers.h"
 
 namespace colony::train {
@@ -184,7 +185,7 @@ TEST(CollaborativeTest, LocalUpdatesAverageParametersAtEachEpoch) {
 TEST(CollaborativeTest, PeerSendingNonFiniteGradientsDoesNotDerailTheSwarm) {
   Swarm swarm;
   for (int i = 0; i < 3; ++i) swarm.Add({.target_batch_size = 300});
-  swarm.Add({.target_batch_size = 300, .unchecked_local_gradients = true});
+  swarm.Add({.target_batch_size = 300, .testing = {.unchecked_local_gradients = true}});
   at::Tensor nan_grad = Gradient(3);
   nan_grad[5] = std::numeric_limits<float>::quiet_NaN();
   nan_grad[9] = std::numeric_limits<float>::infinity();

@@ -16,6 +16,8 @@
 #include <map>
 #include <sstream>
 
+#include "train/optimizer_state.h"
+
 namespace colony::train {
 namespace {
 

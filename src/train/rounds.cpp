@@ -1,0 +1,270 @@
+// Synchronous gradient rounds (DeDLOC / hivemind's Optimizer): every peer accumulates
+// batch_size x gradient over its batches; when the swarm has the target batch (target_batch.cpp)
+// the peers at the epoch average their mean gradients weighted by their sample counts, so that
+// the result is the mean gradient of the whole global batch, and every peer applies the same
+// optimizer step. With delay_grad_averaging the round runs in the background while the next
+// batch is computed and is applied a batch later. average_state_every = k also averages the
+// parameters every k epochs. Auxiliary peers join every round with weight 0 (RunAuxiliary).
+#include <algorithm>
+#include <cmath>
+#include <future>
+#include <thread>
+
+#include "core/log.h"
+#include "train/internal.h"
+
+namespace colony::train {
+namespace {
+
+// Attempts at an epoch's round before a peer whose group never formed steps alone.
+constexpr int kRoundAttempts = 2;
+
+class GradientRounds final : public TargetBatchStepping {
+ public:
+  explicit GradientRounds(CollaborativeOptimizer::Impl& peer) : TargetBatchStepping(peer) {}
+
+  Status Init() {
+    acc_.assign(peer_.total_, 0.0f);
+    mean_.assign(peer_.total_, 0.0f);
+    auto a = peer_.AveragerDefaults();
+    a.prefix = peer_.options_.run_id + ".grads";
+    a.codec = peer_.options_.grad_codec;
+    COLONY_ASSIGN_OR_RETURN(averager_, averaging::Averager::Create(peer_.node_, {mean_}, a));
+    if (peer_.options_.average_state_every > 0) {
+      COLONY_ASSIGN_OR_RETURN(params_, ParameterAveraging::Create(peer_));
+    }
+    return Status::Ok();
+  }
+
+  Status Contribute(int64_t batch_size, StepReport&) override {
+    const float w = static_cast<float>(batch_size);
+    for (size_t i = 0; i < peer_.params_.size(); ++i) {
+      const at::Tensor& g = peer_.params_[i].grad();
+      if (!g.defined()) continue;
+      at::Tensor c = g.contiguous();
+      const float* src = c.data_ptr<float>();
+      float* dst = acc_.data() + peer_.offsets_[i];
+      const size_t n = static_cast<size_t>(c.numel());
+      for (size_t k = 0; k < n; ++k) dst[k] += w * src[k];
+    }
+    peer_.ZeroGrads();
+    Counted(batch_size);
+    return Status::Ok();
+  }
+
+  Status Advance(StepReport& report) override {
+    if (pending_.valid() &&
+        pending_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+      ApplyPending(&report);
+    }
+    return TargetBatchStepping::Advance(report);
+  }
+
+  int64_t Lag() const override { return peer_.options_.delay_grad_averaging ? 1 : 0; }
+  bool HasPending() const override { return pending_.valid(); }
+  void FinishPending(StepReport* report) override {
+    if (pending_.valid()) ApplyPending(report);
+  }
+
+  void DropEpoch() override {
+    TargetBatchStepping::DropEpoch();
+    std::fill(acc_.begin(), acc_.end(), 0.0f);
+  }
+
+  void InstallState(const NamedTensors&, int64_t, int64_t) override {
+    std::fill(acc_.begin(), acc_.end(), 0.0f);
+  }
+
+  averaging::Averager& Sharing() override { return *averager_; }
+
+  Status RunAuxiliary(const std::function<bool()>& stop) override;
+
+  void Shutdown() override {
+    if (pending_.valid()) pending_.wait();
+    averager_->Shutdown();
+    if (params_) params_->Shutdown();
+  }
+
+ private:
+  // What a round at an epoch came to.
+  struct Outcome {
+    int64_t epoch = 0;
+    bool averaged = false;
+    int64_t realized = 0;
+    size_t group = 1;
+    double seconds = 0;
+    std::string note;
+  };
+
+  Status Average(StepReport& report) override {
+    const int64_t samples = peer_.local_samples_;
+    const int64_t round_epoch = peer_.epoch_;
+    const size_t expected = peer_.PeersAtEpoch(round_epoch);
+    if (pending_.valid()) ApplyPending(&report);  // one round in flight at a time
+    const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
+    for (size_t i = 0; i < peer_.total_; ++i) mean_[i] = acc_[i] * inv;
+    std::fill(acc_.begin(), acc_.end(), 0.0f);
+    if (peer_.options_.delay_grad_averaging && expected > 1) {
+      pending_ = std::async(std::launch::async, [this, samples, round_epoch, expected] {
+        return AverageGrads(samples, round_epoch, expected);
+      });
+    } else {
+      Outcome outcome = expected > 1 ? AverageGrads(samples, round_epoch, expected)
+                                     : Outcome{.epoch = round_epoch,
+                                               .averaged = false,
+                                               .realized = samples,
+                                               .group = 1,
+                                               .seconds = 0,
+                                               .note = {}};
+      // A round that failed (nobody came in time, or the all-reduce broke for everyone): if the
+      // swarm stepped without this peer, take its state; if peers are still at this epoch, they
+      // failed too, so try once more together before anyone steps alone.
+      for (int attempt = 1; !outcome.averaged && expected > 1 && attempt < kRoundAttempts;
+           ++attempt) {
+        const GlobalProgress g = peer_.tracker_->Refresh(kPollTimeout);
+        if (g.epoch > round_epoch) {
+          peer_.counters_.missed_rounds++;
+          COLONY_LOG_INFO("train: the swarm averaged epoch {} without this peer ({}); catching up",
+                          round_epoch, outcome.note);
+          return peer_.CatchUp(report, /*quiet=*/true);
+        }
+        const size_t again = peer_.CountPeersAtEpoch(round_epoch, g);
+        if (again <= 1) break;
+        outcome = AverageGrads(samples, round_epoch, again);
+      }
+      ApplyOutcome(outcome, &report);
+    }
+    NextEpoch(report);
+    const int k = peer_.options_.average_state_every;
+    if (params_ && peer_.epoch_ % k == 0) {
+      StepReport ignored;
+      params_->Average(1, peer_.epoch_, peer_.PeersAtEpoch(round_epoch), ignored);
+    }
+    return AfterRound(report);
+  }
+
+  // Averages mean_ (this peer's mean gradient) with the peers at `epoch`.
+  Outcome AverageGrads(int64_t samples, int64_t epoch, size_t expected) {
+    Outcome out;
+    out.epoch = epoch;
+    out.realized = samples;
+    averaging::StepOptions so;
+    so.weight = static_cast<double>(samples);
+    so.gather = GatherMetadata(samples, peer_.sps_);
+    so.timeout = peer_.options_.averaging_timeout;
+    so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
+    so.expected_group_size = expected;
+    so.group_bits = EpochBits(epoch);
+    std::vector<float> local(mean_);  // restored if the round fails before the all-reduce
+    auto r = averager_->StepSync(so);
+    if (!r.ok()) {
+      out.note = r.status().ToString();
+      std::copy(local.begin(), local.end(), mean_.begin());
+      return out;
+    }
+    out.averaged = true;
+    out.seconds = r->matchmaking_seconds + r->allreduce_seconds;
+    const Membership m = CountMembers(*r);
+    out.realized = m.realized;
+    out.group = m.group;
+    peer_.tracker_->NoteRoundEnd(epoch + 1, m.rates);
+    return out;
+  }
+
+  void ApplyPending(StepReport* report) {
+    Outcome outcome = pending_.get();
+    ApplyOutcome(outcome, report);
+    peer_.UpdatePriority();
+  }
+
+  // Steps the optimizer with mean_ (unless it is not finite).
+  void ApplyOutcome(const Outcome& o, StepReport* report) {
+    StepReport ignored;
+    StepReport& r = report != nullptr ? *report : ignored;
+    r.averaged = o.averaged;
+    r.realized_batch = o.realized;
+    r.group_size = o.group;
+    r.averaging_seconds = o.seconds;
+    r.note = o.note;
+    if (!o.averaged && o.realized == 0) {  // nothing to apply: no samples, no group
+      std::lock_guard lock(peer_.state_mu_);
+      peer_.params_epoch_ = o.epoch + 1;
+      return;
+    }
+    if (!o.averaged && !o.note.empty()) {
+      // Others stepped without this peer: after stepping alone it differs from the swarm and
+      // takes the swarm's state at the next opportunity.
+      peer_.diverged_ = true;
+      peer_.counters_.failed_rounds++;
+      COLONY_LOG_WARN("train: averaging at epoch {} failed, stepping with local gradients: {}",
+                      o.epoch, o.note);
+    }
+    if (!AllFinite(mean_.data(), mean_.size())) {
+      peer_.counters_.skipped_batches++;
+      r.skipped_nonfinite = true;
+      COLONY_LOG_WARN("train: the averaged gradients are not finite; step skipped");
+      return;
+    }
+    if (peer_.options_.max_grad_norm > 0) {
+      double sq = 0;
+      for (float v : mean_) sq += static_cast<double>(v) * v;
+      const double norm = std::sqrt(sq);
+      if (norm > peer_.options_.max_grad_norm) {
+        const float scale = static_cast<float>(peer_.options_.max_grad_norm / norm);
+        for (float& v : mean_) v *= scale;
+      }
+    }
+    std::lock_guard lock(peer_.state_mu_);
+    peer_.StepOptimizerWith(mean_.data());
+    peer_.params_epoch_ = o.epoch + 1;
+  }
+
+  std::vector<float> acc_;   // sum over this epoch's batches of batch_size * gradient
+  std::vector<float> mean_;  // what the round averages: this peer's mean gradient
+  std::unique_ptr<averaging::Averager> averager_;
+  std::unique_ptr<ParameterAveraging> params_;  // with average_state_every
+  std::future<Outcome> pending_;                // a delayed round
+};
+
+// An auxiliary peer trains nothing: it joins every round of the swarm with weight 0 and lends
+// its bandwidth (it reduces a span).
+Status GradientRounds::RunAuxiliary(const std::function<bool()>& stop) {
+  int64_t last_round = -1;
+  auto idle_since = Clock::now();
+  while (!stop() && !peer_.Interrupted()) {
+    const GlobalProgress g = peer_.Poll(Clock::now() - idle_since);
+    peer_.epoch_ = g.epoch;
+    peer_.tracker_->Report({.epoch = g.epoch, .phase = Phase::kWait});
+    if (g.epoch == last_round || g.num_peers_at_epoch <= 1 ||
+        DecideEpoch(g, g.epoch, 0, true).action != EpochAction::kAverage) {
+      continue;
+    }
+    averaging::StepOptions so;
+    so.weight = 0;
+    so.timeout = peer_.options_.averaging_timeout;
+    so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
+    so.expected_group_size = g.num_peers_at_epoch;
+    so.group_bits = EpochBits(g.epoch);
+    peer_.tracker_->Report({.epoch = g.epoch, .phase = Phase::kRound});
+    auto r = averager_->StepSync(so);
+    last_round = g.epoch;
+    idle_since = Clock::now();
+    if (r.ok()) {
+      peer_.counters_.global_steps++;
+    } else {
+      COLONY_LOG_INFO("train: auxiliary round at epoch {} failed: {}", g.epoch,
+                      r.status().ToString());
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::unique_ptr<Stepping> MakeGradientRounds(CollaborativeOptimizer::Impl& peer, Status& status) {
+  auto s = std::make_unique<GradientRounds>(peer);
+  status = s->Init();
+  return s;
+}
+
+}  // namespace colony::train

@@ -1,0 +1,275 @@
+// State for newcomers and for peers that fell behind: what a peer provides to others (its
+// parameters, optimizer state and whatever its way of stepping adds, e.g. DiLoCo's outer
+// parameters), how it downloads and installs a peer's state (validating everything: it comes
+// from the network), and when it does: catching up after the swarm stepped without it, and
+// re-syncing after its parameters left the swarm's.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstring>
+#include <thread>
+
+#include "core/log.h"
+#include "train/internal.h"
+#include "train/optimizer_state.h"
+
+namespace colony::train {
+namespace {
+
+Result<at::ScalarType> ParseScalarType(const std::string& name) {
+  for (auto t : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kShort,
+                 at::kChar, at::kByte, at::kBool}) {
+    if (name == at::toString(t)) return t;
+  }
+  return InvalidArgument(fmt::format("unknown tensor dtype '{}'", name));
+}
+
+}  // namespace
+
+Status CollaborativeOptimizer::Impl::LoadStateFromPeers() {
+  StepReport ignored;
+  if (options_.mode == averaging::Mode::kAux) return Status::Ok();
+  if (options_.diloco_inner_steps > 0) {
+    // DiLoCo peers sync every H steps: the newest state is the one to take.
+    const GlobalProgress g = tracker_->Refresh(kPollTimeout);
+    if (g.epoch <= epoch_) return Status::Ok();
+    return DownloadState(static_cast<double>(g.epoch));
+  }
+  return CatchUp(ignored, /*quiet=*/false);
+}
+
+// This peer missed the swarm's round for its epoch (it joined late, fell behind, or the group
+// formed without it): its samples are dropped and it takes the swarm's state. It first
+// announces itself at the swarm's epoch (phase kLoad), so that the swarm counts it in that
+// epoch's round, and asks only donors whose parameters are at that epoch or newer, so one
+// download normally suffices; it downloads again only if the swarm moved on meanwhile. Gives
+// up after load_state_timeout (an error unless `quiet`; the next Step tries again later).
+Status CollaborativeOptimizer::Impl::CatchUp(StepReport& report, bool quiet) {
+  if (stepping_->HasPending()) stepping_->FinishPending(nullptr);
+  // This epoch's samples did not make it into the swarm's step: forget them.
+  if (local_samples_ > 0) counters_.dropped_samples += local_samples_;
+  local_samples_ = 0;
+  stepping_->DropEpoch();
+  if (Clock::now() < next_catch_up_) {
+    Publish(Active());
+    return quiet ? Status::Ok() : Unavailable("catching up was tried moments ago");
+  }
+  const auto deadline = Clock::now() + options_.load_state_timeout;
+  auto backoff = std::chrono::milliseconds(50);
+  Status last = Status::Ok();
+  for (int downloads = 0;;) {
+    const GlobalProgress g = tracker_->Refresh(kPollTimeout);
+    if (DecideEpoch(g, epoch_, stepping_->Lag(), false).action != EpochAction::kCatchUp) break;
+    const int64_t want = g.epoch - stepping_->Lag();  // the epoch of the parameters to take
+    if (downloads > 0 || !last.ok()) {
+      COLONY_LOG_INFO("train: the swarm is at epoch {}, this peer at {}; loading again", g.epoch,
+                      epoch_);
+    }
+    tracker_->Report({.epoch = g.epoch,
+                      .samples = 0,
+                      .samples_per_second = sps_,
+                      .batch = last_batch_,
+                      .phase = Phase::kLoad});
+    last = DownloadState(static_cast<double>(want));
+    if (last.ok()) {
+      ++downloads;
+      report.loaded_state = true;
+      continue;
+    }
+    if (Interrupted() || Clock::now() + backoff >= deadline) {
+      next_catch_up_ = Clock::now() + std::chrono::seconds(1);
+      Publish(Active());
+      last = last.WithContext(
+          fmt::format("this peer is at epoch {} and the swarm at {}, and no peer gave its state",
+                      epoch_, g.epoch));
+      if (quiet) {
+        COLONY_LOG_WARN("train: {}; trying again later", last.ToString());
+        return Status::Ok();
+      }
+      return last;
+    }
+    std::this_thread::sleep_for(backoff);  // donors advertise and step; ask again shortly
+    backoff = std::min<std::chrono::milliseconds>(2 * backoff, std::chrono::seconds(1));
+  }
+  Publish(Active());
+  return Status::Ok();
+}
+
+// After a step: a peer whose parameters left the swarm's (it stepped alone when a round
+// failed, or skipped a non-finite step) takes the state of its epoch from a peer that
+// averaged it; a peer that is behind catches up.
+Status CollaborativeOptimizer::Impl::Resync(StepReport& report) {
+  const GlobalProgress g = tracker_->Global();
+  if (DecideEpoch(g, epoch_, stepping_->Lag(), false).action == EpochAction::kCatchUp) {
+    return CatchUp(report, /*quiet=*/true);
+  }
+  int64_t params_epoch;
+  {
+    std::lock_guard lock(state_mu_);
+    params_epoch = params_epoch_;
+  }
+  const int64_t pending = stepping_->HasPending() ? 1 : 0;
+  const bool stale = params_epoch < epoch_ - pending;
+  if (!stale && !(diverged_ && g.num_peers > 1)) return Status::Ok();
+  COLONY_LOG_INFO(
+      "train: this peer's parameters (epoch {}) differ from the swarm's; downloading its state",
+      params_epoch);
+  // A donor that averaged this epoch advertises epoch + 0.5 (UpdatePriority).
+  Status st = DownloadState(static_cast<double>(epoch_ - pending) + 0.5);
+  if (st.ok()) {
+    report.loaded_state = true;
+  } else {
+    COLONY_LOG_WARN("train: could not download the swarm's state ({}); continuing at epoch {}",
+                    st.ToString(), epoch_);
+  }
+  return Status::Ok();
+}
+
+// Downloads and installs the state of a donor whose priority (parameter epoch, + 0.5 when it
+// averaged with the swarm) is at least `min_priority`.
+Status CollaborativeOptimizer::Impl::DownloadState(std::optional<double> min_priority) {
+  if (stepping_->HasPending()) stepping_->FinishPending(nullptr);
+  auto s = stepping_->Sharing().LoadStateFromPeersSync(
+      {.timeout = options_.load_state_timeout, .min_priority = min_priority});
+  if (!s.ok()) return s.status();
+  auto meta = Json::parse(s->metadata, nullptr, false);
+  if (!meta.is_object() || !meta.contains("tensors") || !meta["tensors"].is_array() ||
+      !meta.contains("epoch") || !meta["epoch"].is_number_integer()) {
+    return ProtocolError("the donor's state metadata is malformed");
+  }
+  const auto& list = meta["tensors"];
+  if (list.size() != s->tensors.size()) {
+    return ProtocolError("the donor's state metadata does not match its tensors");
+  }
+  NamedTensors named;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const auto& e = list[i];
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("dtype") ||
+        !e["dtype"].is_string() || !e.contains("shape") || !e["shape"].is_array()) {
+      return ProtocolError("the donor's state metadata is malformed");
+    }
+    std::vector<int64_t> shape;
+    int64_t numel = 1;
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (1ll << 40)) {
+        return ProtocolError("the donor's state has a bad shape");
+      }
+      shape.push_back(d.get<int64_t>());
+      numel *= shape.back();
+      if (numel > (1ll << 40)) return ProtocolError("the donor's state has a bad shape");
+    }
+    if (static_cast<size_t>(numel) != s->tensors[i].size()) {
+      return ProtocolError(fmt::format("the donor's state tensor '{}' has {} values, not {}",
+                                       e["name"].get<std::string>(), s->tensors[i].size(), numel));
+    }
+    COLONY_ASSIGN_OR_RETURN(auto dtype, ParseScalarType(e["dtype"].get<std::string>()));
+    at::Tensor t = at::from_blob(s->tensors[i].data(), shape, at::kFloat).to(dtype).clone();
+    named.emplace_back(e["name"].get<std::string>(), std::move(t));
+  }
+  const int64_t inner = meta.contains("inner_step") && meta["inner_step"].is_number_integer()
+                            ? meta["inner_step"].get<int64_t>()
+                            : 0;
+  const int64_t donor_epoch = meta["epoch"].get<int64_t>();
+  {
+    std::lock_guard lock(state_mu_);
+    if (donor_epoch < params_epoch_) {
+      return FailedPrecondition(fmt::format(
+          "the best donor's state is at epoch {}, older than this peer's ({}); keeping ours",
+          donor_epoch, params_epoch_));
+    }
+  }
+  COLONY_RETURN_IF_ERROR(ApplyState(named, donor_epoch, inner));
+  counters_.state_loads++;
+  Publish(Active());
+  UpdatePriority();
+  COLONY_LOG_INFO("train: loaded the swarm's state at epoch {}", epoch_);
+  return Status::Ok();
+}
+
+// Everything a peer needs to continue where the swarm is, as named tensors (clones).
+NamedTensors CollaborativeOptimizer::Impl::CollectState() {
+  NamedTensors named;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    named.emplace_back(fmt::format("param.{}", i), params_[i].detach().clone());
+  }
+  for (auto& [name, t] : ExportOptimizerState(*optimizer_)) {
+    named.emplace_back("opt." + name, t.detach().contiguous().clone());
+  }
+  stepping_->CollectExtraState(named);
+  return named;
+}
+
+Json CollaborativeOptimizer::Impl::StateMetadata(const NamedTensors& named) const {
+  Json tensors = Json::array();
+  for (const auto& [name, t] : named) {
+    tensors.push_back(
+        {{"name", name}, {"dtype", at::toString(t.scalar_type())}, {"shape", t.sizes().vec()}});
+  }
+  return Json{{"epoch", params_epoch_},
+              {"inner_step", stepping_->InnerStep()},
+              {"run_id", options_.run_id},
+              {"tensors", tensors}};
+}
+
+Result<averaging::SharedState> CollaborativeOptimizer::Impl::ProvideState() {
+  averaging::SharedState s;
+  std::lock_guard lock(state_mu_);
+  NamedTensors named = CollectState();
+  s.metadata = StateMetadata(named).dump();
+  for (auto& [name, t] : named) {
+    at::Tensor f = t.to(at::kFloat).contiguous();
+    s.tensors.emplace_back(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+  }
+  return s;
+}
+
+Status CollaborativeOptimizer::Impl::ApplyState(const NamedTensors& named, int64_t epoch,
+                                                int64_t inner_step) {
+  if (epoch < 0 || inner_step < 0) return InvalidArgument("the state's epoch is negative");
+  std::vector<at::Tensor> params(params_.size());
+  NamedTensors opt, extra;
+  for (const auto& [name, t] : named) {
+    if (name.rfind("param.", 0) == 0) {
+      size_t i = 0;
+      try {
+        i = std::stoul(name.substr(6));
+      } catch (...) {
+        return InvalidArgument(fmt::format("state tensor '{}' has a bad index", name));
+      }
+      if (i >= params_.size() || params[i].defined()) {
+        return InvalidArgument(fmt::format("state tensor '{}' is unexpected", name));
+      }
+      if (!t.sizes().equals(params_[i].sizes())) {
+        return InvalidArgument(fmt::format("state tensor '{}' has shape [{}] instead of [{}]", name,
+                                           fmt::join(t.sizes().vec(), ","),
+                                           fmt::join(params_[i].sizes().vec(), ",")));
+      }
+      params[i] = t.to(at::kFloat);
+    } else if (name.rfind("opt.", 0) == 0) {
+      opt.emplace_back(name.substr(4), t);
+    } else {
+      extra.emplace_back(name, t);
+    }
+  }
+  COLONY_RETURN_IF_ERROR(stepping_->CheckExtraState(extra));
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].defined()) return InvalidArgument(fmt::format("the state lacks param.{}", i));
+    if (!AllFinite(params[i].data_ptr<float>(), static_cast<size_t>(params[i].numel()))) {
+      return InvalidArgument(fmt::format("the state's param.{} is not finite", i));
+    }
+  }
+  std::lock_guard lock(state_mu_);
+  COLONY_RETURN_IF_ERROR(ImportOptimizerState(*optimizer_, opt));
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::NoGradGuard no_grad;
+    params_[i].copy_(params[i]);
+  }
+  stepping_->InstallState(extra, epoch, inner_step);
+  epoch_ = epoch;
+  params_epoch_ = epoch;
+  diverged_ = false;
+  local_samples_ = 0;
+  return Status::Ok();
+}
+
+}  // namespace colony::train
