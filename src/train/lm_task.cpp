@@ -1,0 +1,134 @@
+// The "lm" task (task.h): a Llama-style decoder trained on the Linux kernel's documentation.
+#include <torch/utils.h>
+
+#include "model/checkpoint.h"
+#include "model/corpus.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "train/task.h"
+
+namespace colony::train {
+namespace {
+
+// The decoder of a size (tiny 0.4M, small 3M, base 25M parameters without embeddings), with
+// the options' overrides.
+Result<model::LlamaConfig> LmModelConfig(const TaskOptions& a) {
+  model::LlamaConfig c;
+  if (a.model_size == "small") {
+    c.hidden_size = 256, c.num_layers = 4, c.num_heads = 8, c.num_kv_heads = 4;
+  } else if (a.model_size == "base") {
+    c.hidden_size = 512, c.num_layers = 8, c.num_heads = 8, c.num_kv_heads = 4;
+  } else if (a.model_size == "tiny") {
+    c.hidden_size = 128, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 2;
+  } else {
+    return InvalidArgument("unknown model size '" + a.model_size + "'; use tiny, small or base");
+  }
+  if (a.hidden_size > 0) c.hidden_size = a.hidden_size;
+  if (a.layers > 0) c.num_layers = a.layers;
+  if (a.heads > 0) c.num_heads = a.heads;
+  if (a.kv_heads > 0) c.num_kv_heads = a.kv_heads;
+  // SwiGLU width: about 8/3 of the hidden size, rounded up to a multiple of 32.
+  c.intermediate_size = (c.hidden_size * 8 / 3 + 31) / 32 * 32;
+  c.max_seq_len = std::max<int64_t>(a.seq_len, 64);
+  return c;
+}
+
+class LmTask final : public Task {
+ public:
+  static Result<std::unique_ptr<LmTask>> Create(const TaskOptions& a) {
+    auto t = std::unique_ptr<LmTask>(new LmTask());
+    model::CorpusOptions co;
+    if (!a.cache_dir.empty()) co.cache_dir = a.cache_dir;
+    co.max_bytes = a.corpus_bytes;
+    COLONY_ASSIGN_OR_RETURN(auto corpus, model::PrepareCorpus(co));
+    const auto cache =
+        a.cache_dir.empty() ? model::DefaultCacheDir() : std::filesystem::path(a.cache_dir);
+    COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::TrainOrLoad(corpus, cache, a.vocab_size));
+    t->tokenizer_ = std::make_unique<model::Tokenizer>(std::move(tok));
+    const auto shard_dir = cache / ("shards-" + t->tokenizer_->hash());
+    COLONY_ASSIGN_OR_RETURN(auto shards,
+                            model::PrepareTokenShards(corpus, *t->tokenizer_, shard_dir));
+    COLONY_ASSIGN_OR_RETURN(auto stream,
+                            model::TokenStream::Open(shards, a.seed, a.batch_size, a.seq_len));
+    t->stream_ = std::make_unique<model::TokenStream>(std::move(stream));
+    COLONY_ASSIGN_OR_RETURN(
+        auto valid, model::TokenStream::ValidationBatch(shards, a.eval_batch_size, a.seq_len));
+    t->valid_ = ToTensor(valid);
+    COLONY_ASSIGN_OR_RETURN(t->config_, LmModelConfig(a));
+    t->config_.vocab_size = t->tokenizer_->vocab_size();
+    COLONY_RETURN_IF_ERROR(t->config_.Validate());
+    torch::manual_seed(a.init_seed);
+    t->model_ = model::LlamaModel(t->config_);
+    return t;
+  }
+
+  std::vector<at::Tensor> Parameters() override { return model_->parameters(); }
+
+  Batch TrainBatch() override {
+    at::Tensor batch = ToTensor(stream_->Next());
+    auto inputs = batch.slice(1, 0, batch.size(1) - 1);
+    auto targets = batch.slice(1, 1, batch.size(1));
+    auto loss = model::LanguageModelLoss(model_->forward(inputs), targets);
+    loss.backward();
+    return {loss.item<double>(), batch.size(0)};
+  }
+
+  double Evaluate() override {
+    at::NoGradGuard no_grad;
+    auto inputs = valid_.slice(1, 0, valid_.size(1) - 1);
+    auto targets = valid_.slice(1, 1, valid_.size(1));
+    return model::LanguageModelLoss(model_->forward(inputs), targets).item<double>();
+  }
+
+  nlohmann::json Describe() override {
+    return {{"task", "lm"},
+            {"parameters", config_.NumParameters()},
+            {"vocab_size", config_.vocab_size},
+            {"hidden_size", config_.hidden_size},
+            {"layers", config_.num_layers}};
+  }
+
+  Status Save(const std::filesystem::path& dir) override {
+    COLONY_RETURN_IF_ERROR(model::SaveLlama(dir, model_, config_));
+    // The tokenizer travels with the model, as Llama checkpoints carry tokenizer.model.
+    return tokenizer_->Save(dir / "tokenizer.model");
+  }
+
+  Result<std::string> Sample(const std::string& prompt, int64_t tokens) override {
+    at::NoGradGuard no_grad;
+    auto ids = tokenizer_->Encode(prompt);
+    std::vector<int64_t> p(ids.begin(), ids.end());
+    if (tokenizer_->bos_id() >= 0) p.insert(p.begin(), tokenizer_->bos_id());
+    model::SamplingOptions so;
+    so.max_new_tokens = tokens;
+    so.temperature = 0.8;
+    so.top_k = 40;
+    so.repetition_penalty = 1.1;
+    so.seed = 1;
+    auto out = model::Generate(model_, p, so, tokenizer_->eos_id());
+    std::vector<int32_t> all(out.begin(), out.end());
+    return tokenizer_->Decode(all);
+  }
+
+ private:
+  LmTask() = default;
+  static at::Tensor ToTensor(const model::TokenBatch& b) {
+    return at::from_blob(const_cast<int32_t*>(b.tokens.data()), {b.batch_size, b.seq_len + 1},
+                         at::kInt)
+        .to(at::kLong);
+  }
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::unique_ptr<model::TokenStream> stream_;
+  at::Tensor valid_;
+  model::LlamaConfig config_;
+  model::LlamaModel model_{nullptr};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Task>> MakeLmTask(const TaskOptions& options) {
+  COLONY_ASSIGN_OR_RETURN(auto t, LmTask::Create(options));
+  return std::unique_ptr<Task>(std::move(t));
+}
+
+}  // namespace colony::train

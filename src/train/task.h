@@ -1,0 +1,70 @@
+// Training tasks: a model, its data and its loss, as `colony train` and the benchmarks use them.
+//
+//   "lm":            a Llama-style decoder (model/llama.h) on the Linux kernel's documentation
+//                    (linux-doc-6.1), with a sentencepiece tokenizer trained on first use and
+//                    cached (model/corpus.h, model/tokenizer.h); sizes tiny, small, base.
+//   "fashion-mnist": a classifier (model/classifier.h: a small CNN, or logistic regression) on
+//                    Debian's dataset-fashion-mnist.
+//
+// Every peer of a run starts from the same weights (init_seed) and reads its own shuffled data
+// stream (seed).
+//
+//   auto task = Task::Create({.task = "fashion-mnist", .batch_size = 32, .seed = 1});
+//   auto [loss, samples] = (*task)->TrainBatch();  // forward and backward: gradients in place
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/classifier.h"
+
+namespace colony::train {
+
+struct TaskOptions {
+  std::string task = "lm";  // "lm" or "fashion-mnist"
+  int64_t batch_size = 16;
+  int64_t eval_batch_size = 32;  // the held-out batch (fashion-mnist: 8 of them)
+  uint64_t seed = 0;             // this peer's data order
+  uint64_t init_seed = 0;        // the initial weights (the same on every peer of a run)
+  // lm: data (the cache defaults to $COLONY_CACHE_DIR, else ~/.cache/colony) and model.
+  std::string cache_dir = {};
+  uint64_t corpus_bytes = 0;  // 0: the whole corpus
+  int vocab_size = 4096;
+  std::string model_size = "tiny";                               // tiny, small, base
+  int64_t hidden_size = 0, layers = 0, heads = 0, kv_heads = 0;  // > 0: override the size's
+  int64_t seq_len = 128;
+  // fashion-mnist
+  model::FashionArchitecture classifier = model::FashionArchitecture::kCnn;
+};
+
+class Task {
+ public:
+  // Prepares the data (downloads nothing: Debian's packages) and builds the model.
+  static Result<std::unique_ptr<Task>> Create(const TaskOptions& options);
+  virtual ~Task() = default;
+
+  virtual std::vector<at::Tensor> Parameters() = 0;
+  struct Batch {
+    double loss = 0;
+    int64_t samples = 0;
+  };
+  // One forward and backward pass on the next batch: the gradients are in the parameters.
+  virtual Batch TrainBatch() = 0;
+  // The loss on a fixed held-out batch (no gradients).
+  virtual double Evaluate() = 0;
+  // The model, for reports: task, parameter count, and task-specific facts.
+  virtual nlohmann::json Describe() = 0;
+  // lm: writes the model in Hugging Face Llama format, with its tokenizer.
+  virtual Status Save(const std::filesystem::path& dir);
+  // lm: text sampled from the model after `prompt`.
+  virtual Result<std::string> Sample(const std::string& prompt, int64_t tokens);
+};
+
+}  // namespace colony::train
