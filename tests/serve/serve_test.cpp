@@ -495,7 +495,7 @@ TEST(ChooseBestStart, PicksTheWeakestWindow) {
 
 // Opens a raw inference stream (what a hostile client controls fully).
 Result<std::shared_ptr<net::Stream>> RawSession(net::Host& host, const Multiaddr& addr,
-                                                const wire::OpenSession& open,
+                                                const pb::OpenSession& open,
                                                 const std::vector<at::Tensor>& tensors = {}) {
   net::Message m(open.SerializeAsString());
   for (const auto& t : tensors) m.tensors.push_back(*runtime::ToFrame(t));
@@ -515,9 +515,9 @@ Result<std::shared_ptr<net::Stream>> RawSession(net::Host& host, const Multiaddr
   return fut.get();
 }
 
-wire::OpenSession MakeOpen(int64_t max_length, int64_t batch) {
+pb::OpenSession MakeOpen(int64_t max_length, int64_t batch) {
   static int counter = 0;
-  wire::OpenSession o;
+  pb::OpenSession o;
   std::string id(16, 'a');
   id[0] = static_cast<char>(++counter);
   id[1] = static_cast<char>(counter >> 8);
@@ -543,7 +543,7 @@ TEST_F(ServeTest, HostileRequestsGetErrorsAndTheServerKeepsServing) {
     return host.CallSync(addr, method, std::move(m), {.timeout = 10s});
   };
   auto forward = [&](at::Tensor x, int64_t start = 0, int64_t end = 4) {
-    wire::BlockRequest req;
+    pb::BlockRequest req;
     req.set_start(static_cast<uint32_t>(start));
     req.set_end(static_cast<uint32_t>(end));
     net::Message m(req.SerializeAsString());
@@ -558,7 +558,9 @@ TEST_F(ServeTest, HostileRequestsGetErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(nan_result.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(nan_result.status().message().find("NaN"), std::string::npos);
   EXPECT_EQ(forward(at::randn({1, 4, 64}), 2, 6).status().code(), StatusCode::kUnavailable);
-  EXPECT_EQ(forward(at::randn({1, 4, 64}), 3, 3).status().code(), StatusCode::kInvalidArgument);
+  // Malformed requests (an empty range) are protocol errors; requests this server cannot serve
+  // are the caller's errors.
+  EXPECT_EQ(forward(at::randn({1, 4, 64}), 3, 3).status().code(), StatusCode::kProtocolError);
   EXPECT_EQ(forward(at::randn({1, 4, 64}).to(at::kLong)).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_FALSE(call("serve.forward", net::Message("\xff\xff garbage")).ok());
@@ -592,7 +594,7 @@ TEST_F(ServeTest, HostileRequestsGetErrorsAndTheServerKeepsServing) {
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   // A bad step kills only its own session.
   {
-    wire::Step step;
+    pb::Step step;
     step.set_step_id(2);
     step.set_position(5);  // nothing cached yet
     net::Message m(step.SerializeAsString());
@@ -1045,7 +1047,7 @@ TEST_F(ServeTest, HostileTunedSessionsGetErrorsAndTheServerKeepsServing) {
   const Multiaddr addr = ServerAddress(0);
   const int64_t h = config_.hidden_size;
   auto open = [&](int64_t prompt_length, const std::vector<at::Tensor>& tensors, int64_t rank = 0) {
-    wire::OpenSession o = MakeOpen(8, 1);
+    pb::OpenSession o = MakeOpen(8, 1);
     o.set_prompt_length(static_cast<uint32_t>(prompt_length));
     if (rank > 0) {
       o.set_lora_rank(static_cast<uint32_t>(rank));
@@ -1073,17 +1075,19 @@ TEST_F(ServeTest, HostileTunedSessionsGetErrorsAndTheServerKeepsServing) {
       {"NaN prompts", open(2, {nan})},
       {"adapters of the wrong size", open(0, wrong_adapters, 2)},
       {"too few adapters", open(0, {adapters[0], adapters[1]}, 2)},
-      {"rank without targets", RawSession(host, addr,
-                                          [] {
-                                            wire::OpenSession o = MakeOpen(8, 1);
-                                            o.set_lora_rank(2);
-                                            return o;
-                                          }())},
   };
   for (const auto& [what, r] : bad) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument)
         << what << ": " << r.status().ToString();
   }
+  // Not even a well-formed request: a protocol error.
+  auto rank_without_targets = RawSession(host, addr, [] {
+    pb::OpenSession o = MakeOpen(8, 1);
+    o.set_lora_rank(2);
+    return o;
+  }());
+  EXPECT_EQ(rank_without_targets.status().code(), StatusCode::kProtocolError)
+      << rank_without_targets.status().ToString();
   EXPECT_EQ(server.Stats().sessions, 0u);
   EXPECT_EQ(server.Stats().cache_bytes_used, 0);
   // A tuned session reserves its prompts' and adapters' memory with its cache.

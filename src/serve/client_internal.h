@@ -1,0 +1,58 @@
+// Internals shared by the client's files (routing.cpp, remote_forward.cpp,
+// remote_sequential.cpp, inference_session.cpp). Not part of the public API.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/use_future.hpp>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "net/host.h"
+#include "serve/remote_forward.h"
+#include "serve/routing.h"
+#include "serve/wire.h"
+
+namespace colony::serve {
+
+// Runs a coroutine on the host's threads and waits for it for at most `timeout`; on timeout
+// `on_timeout` runs (e.g. cancels a stream, which makes the coroutine finish) and the result
+// is still awaited.
+template <typename T>
+Result<T> RunSync(net::Host& host, asio::awaitable<Result<T>> op, std::chrono::milliseconds timeout,
+                  const std::function<void()>& on_timeout) {
+  auto future = asio::co_spawn(host.io_context(), std::move(op), asio::use_future);
+  if (future.wait_for(timeout) == std::future_status::timeout && on_timeout) on_timeout();
+  try {
+    return future.get();
+  } catch (const std::exception& e) {
+    return Internal(std::string("client operation failed: ") + e.what());
+  }
+}
+
+// Errors that are the caller's fault: retrying on another server cannot help.
+bool IsClientError(const Status& st);
+Result<Multiaddr> AddressOf(const ServerRecord& r);
+// 16 random bytes: a session id (and the capability to push into that session).
+std::string RandomId();
+// Reply tensor `index` as hidden states of exactly `shape`, finite.
+Result<at::Tensor> HiddenFrom(const net::Message& m, size_t index, at::IntArrayRef shape);
+// The tuning metadata of a BlockRequest or an OpenSession.
+TuningSpec TuningOf(int64_t prompt_length, const LoraSpec& lora);
+// The deep prompts of a span's blocks, from prompts of the blocks from `offset` on.
+at::Tensor PromptsOf(const at::Tensor& prompts, int64_t offset, const RouteSpan& span);
+// The request tensors of a span besides hidden (and grad): its deep prompts and its adapters.
+void AppendSpanInputs(std::vector<at::Tensor>& tensors, int64_t offset, const RouteSpan& span,
+                      const at::Tensor& prompts, const LoraSpec& lora,
+                      const std::vector<at::Tensor>& adapters);
+Status CheckLora(int64_t start, int64_t end, const LoraSpec& lora,
+                 const std::vector<at::Tensor>& adapters);
+// Sleeps before retry `attempt` (retry_backoff x attempt, at most 8x).
+void Backoff(SequenceManager& m, int attempt);
+
+}  // namespace colony::serve

@@ -1,0 +1,161 @@
+// Forward and backward passes of remote blocks (remote_forward.h): route the range, call each
+// span's server, and on failure ban the server, re-route the remaining blocks and retry.
+#include "serve/remote_forward.h"
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "runtime/tensor_io.h"
+#include "serve/client_internal.h"
+
+namespace colony::serve {
+namespace {
+
+Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
+                                const std::string& method, std::vector<at::Tensor> tensors,
+                                int64_t prompt_length, const LoraSpec& lora) {
+  COLONY_ASSIGN_OR_RETURN(Multiaddr addr, AddressOf(span.server));
+  net::Message msg(EncodeBlockRequest(
+      {.start = span.start, .end = span.end, .tuning = TuningOf(prompt_length, lora)}));
+  for (auto& t : tensors) {
+    COLONY_ASSIGN_OR_RETURN(auto f, runtime::ToFrame(t));
+    msg.tensors.push_back(std::move(f));
+  }
+  auto r =
+      m.host().CallSync(addr, method, std::move(msg), {.timeout = m.options().request_timeout});
+  if (!r.ok()) {
+    return r.status().WithContext(fmt::format("{} of blocks [{}, {}) on {}", method, span.start,
+                                              span.end, span.server.peer.ToString()));
+  }
+  return r;
+}
+
+}  // namespace
+
+Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_t end,
+                                 const at::Tensor& hidden, const at::Tensor& prompts,
+                                 std::vector<SpanInput>* inputs, const LoraSpec& lora,
+                                 const std::vector<at::Tensor>& adapters) {
+  COLONY_RETURN_IF_ERROR(CheckLora(start, end, lora, adapters));
+  const int64_t p = prompts.defined() ? prompts.size(2) : 0;
+  at::Tensor x = hidden.detach().contiguous();
+  int64_t pos = start;
+  int attempts = 0;
+  Status last;
+  while (pos < end) {
+    auto route = manager.MakeRoute(pos, end, RoutingMode::kMaxThroughput);
+    if (!route.ok()) {
+      last = route.status();
+      if (IsClientError(last) || ++attempts >= manager.options().max_attempts) break;
+      Backoff(manager, attempts);
+      continue;
+    }
+    for (const auto& span : *route) {
+      std::vector<at::Tensor> tensors{x};
+      AppendSpanInputs(tensors, start, span, prompts, lora, adapters);
+      auto reply = CallBlocks(manager, span, "serve.forward", std::move(tensors), p, lora);
+      Result<at::Tensor> out = reply.ok() ? HiddenFrom(*reply, 0, x.sizes()) : reply.status();
+      if (!out.ok()) {
+        last = out.status();
+        if (IsClientError(last)) return last;
+        manager.Ban(span.server.peer, last);
+        ++attempts;
+        break;
+      }
+      manager.ReportSuccess(span.server.peer);
+      if (inputs) inputs->push_back({span.start, span.end, x});
+      x = out->to(hidden.scalar_type());
+      pos = span.end;
+    }
+    if (attempts >= manager.options().max_attempts) break;
+  }
+  if (pos < end) {
+    return last.WithContext(fmt::format("forward through blocks [{}, {}) failed after {} attempts",
+                                        start, end, attempts));
+  }
+  return x;
+}
+
+Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, int64_t end,
+                                       const at::Tensor& hidden, const at::Tensor& grad_output,
+                                       const at::Tensor& prompts, const LoraSpec& lora,
+                                       const std::vector<at::Tensor>& adapters) {
+  COLONY_RETURN_IF_ERROR(CheckLora(start, end, lora, adapters));
+  const int64_t p = prompts.defined() ? prompts.size(2) : 0;
+  const size_t per_block = lora.rank > 0 ? 2 * lora.targets.size() : 0;
+  Status last;
+  for (int attempt = 1; attempt <= manager.options().max_attempts; ++attempt) {
+    auto route = manager.MakeRoute(start, end, RoutingMode::kMaxThroughput);
+    if (!route.ok()) {
+      last = route.status();
+      if (IsClientError(last)) return last;
+      Backoff(manager, attempt);
+      continue;
+    }
+    // A span served in pieces needs the pieces' inputs: recompute them forward first.
+    std::vector<at::Tensor> xs{hidden.detach().contiguous()};
+    bool failed = false;
+    for (size_t i = 0; i + 1 < route->size() && !failed; ++i) {
+      std::vector<at::Tensor> tensors{xs.back()};
+      AppendSpanInputs(tensors, start, (*route)[i], prompts, lora, adapters);
+      auto reply = CallBlocks(manager, (*route)[i], "serve.forward", std::move(tensors), p, lora);
+      Result<at::Tensor> out = reply.ok() ? HiddenFrom(*reply, 0, hidden.sizes()) : reply.status();
+      if (!out.ok()) {
+        last = out.status();
+        if (IsClientError(last)) return last;
+        manager.Ban((*route)[i].server.peer, last);
+        failed = true;
+        break;
+      }
+      xs.push_back(out->to(hidden.scalar_type()));
+    }
+    if (failed) continue;
+    at::Tensor g = grad_output.detach().contiguous().to(hidden.scalar_type());
+    RemoteGradients result;
+    std::vector<at::Tensor> prompt_grads(route->size());
+    result.adapters.resize(adapters.size());
+    for (size_t i = route->size(); i-- > 0;) {
+      const auto& span = (*route)[i];
+      std::vector<at::Tensor> tensors{xs[i], g};
+      AppendSpanInputs(tensors, start, span, prompts, lora, adapters);
+      auto reply = CallBlocks(manager, span, "serve.backward", std::move(tensors), p, lora);
+      Result<at::Tensor> gin = reply.ok() ? HiddenFrom(*reply, 0, hidden.sizes()) : reply.status();
+      size_t next = 1;
+      if (gin.ok() && p > 0) {
+        auto gp = HiddenFrom(*reply, next++,
+                             {span.end - span.start, prompts.size(1), p, prompts.size(3)});
+        if (!gp.ok()) {
+          gin = gp.status();
+        } else {
+          prompt_grads[i] = gp->to(prompts.scalar_type());
+        }
+      }
+      const size_t first = static_cast<size_t>(span.start - start) * per_block;
+      for (size_t k = first; gin.ok() && k < static_cast<size_t>(span.end - start) * per_block;
+           ++k) {
+        auto ga = HiddenFrom(*reply, next++, adapters[k].sizes());
+        if (!ga.ok()) {
+          gin = ga.status();
+        } else {
+          result.adapters[k] = ga->to(adapters[k].scalar_type());
+        }
+      }
+      if (!gin.ok()) {
+        last = gin.status();
+        if (IsClientError(last)) return last;
+        manager.Ban(span.server.peer, last);
+        failed = true;
+        break;
+      }
+      manager.ReportSuccess(span.server.peer);
+      g = gin->to(hidden.scalar_type());
+    }
+    if (failed) continue;
+    result.hidden = g;
+    if (p > 0) result.prompts = at::cat(prompt_grads, 0);
+    return result;
+  }
+  return last.WithContext(fmt::format("backward through blocks [{}, {}) failed", start, end));
+}
+
+}  // namespace colony::serve

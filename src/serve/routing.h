@@ -1,0 +1,93 @@
+// Routing for clients of a served model: the swarm's servers for each block (from the DHT), their
+// round-trip times and bans, and routes through them (Petals' sequence manager).
+//
+//   auto node = dht::Node::Start(KeyPair::Generate(), {.initial_peers = {...}});  // client mode
+//   auto manager = std::make_shared<SequenceManager>(**node, ClientOptions{
+//       .model_name = "llama", .num_blocks = 32});
+//   auto route = manager->MakeRoute(0, 32, RoutingMode::kMinLatency);
+//
+// Failure handling: a server that fails a request is banned for a while (exponential backoff)
+// and the affected blocks are routed to other servers.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "dht/node.h"
+#include "serve/records.h"
+
+namespace colony::serve {
+
+struct ClientOptions {
+  std::string model_name;
+  int64_t num_blocks = 0;                             // blocks in the whole model
+  std::chrono::milliseconds request_timeout{60'000};  // one forward or backward call
+  std::chrono::milliseconds step_timeout{30'000};     // one inference step on one server
+  std::chrono::milliseconds session_lifetime{3'600'000};
+  // Records older than this are re-read from the DHT before routing.
+  std::chrono::milliseconds refresh_period{10'000};
+  // Attempts per request before giving up (each failure bans a server or waits for one).
+  int max_attempts = 8;
+  std::chrono::milliseconds retry_backoff{300};
+  std::chrono::milliseconds ban_base{2'000};
+  std::chrono::milliseconds ban_max{120'000};
+  // Ask each server to push its step output straight to the next server (saves half a round
+  // trip per hop); the client still sends every step itself, so a lost push costs nothing.
+  bool use_push = true;
+};
+
+enum class RoutingMode {
+  kMinLatency,     // inference: least (RTT + compute) along the chain
+  kMaxThroughput,  // training: least compute time, by announced throughput
+};
+
+struct RouteSpan {
+  ServerRecord server;
+  int64_t start = 0, end = 0;
+};
+
+// Knows the swarm's servers for one model (from the DHT), their RTTs and bans. Thread-safe;
+// shared by the remote sequences and sessions of a client.
+class SequenceManager {
+ public:
+  SequenceManager(dht::Node& node, ClientOptions options);
+
+  // Re-reads every block's records from the DHT.
+  Status Refresh();
+  // Servers for blocks [start, end), refreshing first when the records are stale. Unavailable
+  // (naming the uncovered blocks) when no unbanned online server covers them.
+  Result<std::vector<RouteSpan>> MakeRoute(int64_t start, int64_t end, RoutingMode mode);
+  // Bans the server for a while (doubling with consecutive failures).
+  void Ban(const PeerId& peer, const Status& why);
+  void ReportSuccess(const PeerId& peer);
+  bool IsBanned(const PeerId& peer) const;
+  // Known online servers (from the last refresh).
+  std::vector<ServerRecord> Servers() const;
+
+  net::Host& host() { return node_.host(); }
+  dht::Node& node() { return node_; }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  double RttSeconds(const ServerRecord& server);
+
+  dht::Node& node_;
+  ClientOptions options_;
+  mutable std::mutex mu_;
+  std::vector<ServerRecord> servers_;
+  std::chrono::steady_clock::time_point refreshed_{};
+  bool ever_refreshed_ = false;
+  struct BanState {
+    std::chrono::steady_clock::time_point until{};
+    int failures = 0;
+  };
+  std::map<PeerId, BanState> bans_;
+  std::map<PeerId, double> rtt_;
+};
+
+}  // namespace colony::serve

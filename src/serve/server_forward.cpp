@@ -1,0 +1,201 @@
+// serve.forward and serve.backward: hidden states through a range of the server's blocks, and
+// gradients w.r.t. the inputs (recomputing the forward), with the client's deep prompts and LoRA
+// adapters applied for the request only.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/tensor_io.h"
+#include "serve/server_internal.h"
+
+namespace colony::serve {
+
+bool AllFinite(const Tuning& t) {
+  bool finite = !t.prompts.defined() || at::isfinite(t.prompts).all().item<bool>();
+  for (const auto& a : t.lora) finite = finite && at::isfinite(a).all().item<bool>();
+  return finite;
+}
+
+// The adapters of `blocks` blocks as model::BlockAdapters, from flat tensors (block, target,
+// (A, B)).
+std::vector<model::BlockAdapters> MakeAdapters(const std::vector<at::Tensor>& flat, int64_t blocks,
+                                               const TuningSpec& spec) {
+  std::vector<model::BlockAdapters> out;
+  if (flat.empty()) return out;
+  out.resize(static_cast<size_t>(blocks));
+  size_t k = 0;
+  for (auto& block : out) {
+    for (const auto& name : spec.lora_targets) {
+      model::LoraAdapter* a = block.Find(name);
+      a->a = flat[k++];
+      a->b = flat[k++];
+      a->scale = spec.lora_scale;
+    }
+  }
+  return out;
+}
+
+// Validates a hidden-state tensor [B, T, H] from a client.
+Result<at::Tensor> BlockServer::Impl::ReadHidden(const net::TensorFrame& frame,
+                                                 int64_t max_elements) const {
+  COLONY_ASSIGN_OR_RETURN(
+      at::Tensor h, runtime::FromFrame(frame, {.max_elements = static_cast<uint64_t>(max_elements),
+                                               .allowed_dtypes = kFloatDTypes,
+                                               .rank = 3}));
+  if (h.size(2) != config_.hidden_size) {
+    return InvalidArgument(
+        fmt::format("hidden states have size {} in the last dimension; this "
+                    "model's hidden size is {}",
+                    h.size(2), config_.hidden_size));
+  }
+  if (h.size(0) < 1 || h.size(0) > options_.max_batch) {
+    return InvalidArgument(
+        fmt::format("batch of {} outside [1, {}]", h.size(0), options_.max_batch));
+  }
+  if (h.size(1) < 1 || h.size(1) > max_length_) {
+    return InvalidArgument(
+        fmt::format("{} tokens per sequence outside [1, {}]", h.size(1), max_length_));
+  }
+  return h;
+}
+
+// The input and output sizes of a block projection, by name.
+std::optional<std::pair<int64_t, int64_t>> BlockServer::Impl::ProjectionShape(
+    const std::string& name) const {
+  const int64_t h = config_.hidden_size, kv = config_.num_kv_heads * config_.head_dim();
+  const int64_t inter = config_.intermediate_size;
+  if (name == "q_proj" || name == "o_proj") return std::make_pair(h, h);
+  if (name == "k_proj" || name == "v_proj") return std::make_pair(h, kv);
+  if (name == "gate_proj" || name == "up_proj") return std::make_pair(h, inter);
+  if (name == "down_proj") return std::make_pair(inter, h);
+  return std::nullopt;
+}
+
+Result<Tuning> BlockServer::Impl::ReadTuning(const std::vector<net::TensorFrame>& tensors,
+                                             size_t first, int64_t start, int64_t end,
+                                             const TuningSpec& spec, int64_t batch,
+                                             int64_t max_prompt) const {
+  // The spec's rank, targets and scale were checked when the request was decoded.
+  const int64_t p = spec.prompt_length, rank = spec.lora_rank;
+  const auto& targets = spec.lora_targets;
+  const size_t lora_count = rank > 0 ? 2 * static_cast<size_t>(end - start) * targets.size() : 0;
+  const size_t want = first + (p > 0 ? 1 : 0) + lora_count;
+  if (tensors.size() != want) {
+    return InvalidArgument(fmt::format("expected {} tensors, got {}", want, tensors.size()));
+  }
+  const auto max_elements = static_cast<uint64_t>(options_.max_request_elements);
+  Tuning out;
+  size_t next = first;
+  if (p > 0) {
+    COLONY_ASSIGN_OR_RETURN(out.prompts,
+                            runtime::FromFrame(tensors[next++], {.max_elements = max_elements,
+                                                                 .allowed_dtypes = kFloatDTypes,
+                                                                 .rank = 4}));
+    const auto& pr = out.prompts;
+    if (pr.size(0) != end - start || (pr.size(1) != batch && pr.size(1) != 1) || pr.size(2) != p ||
+        pr.size(3) != config_.hidden_size || p > max_prompt) {
+      return InvalidArgument(fmt::format(
+          "deep prompts must have shape [{}, {} or 1, {}, {}] with {} <= {} tokens, got [{}]",
+          end - start, batch, p, config_.hidden_size, p, max_prompt, fmt::join(pr.sizes(), ", ")));
+    }
+  }
+  for (size_t i = 0; i < lora_count; ++i) {
+    const std::string& target = targets[(i / 2) % targets.size()];
+    const auto shape = ProjectionShape(target);
+    COLONY_ASSIGN_OR_RETURN(at::Tensor t,
+                            runtime::FromFrame(tensors[next++], {.max_elements = max_elements,
+                                                                 .allowed_dtypes = kFloatDTypes,
+                                                                 .rank = 2}));
+    const bool is_a = i % 2 == 0;
+    const int64_t rows = is_a ? rank : shape->second, cols = is_a ? shape->first : rank;
+    if (t.size(0) != rows || t.size(1) != cols) {
+      return InvalidArgument(fmt::format("LoRA {} for {} must have shape [{}, {}]",
+                                         is_a ? "A" : "B", target, rows, cols));
+    }
+    out.lora.push_back(t);
+  }
+  return out;
+}
+
+asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m, bool backward) {
+  COLONY_CO_RETURN_IF_ERROR(CheckServing());
+  auto req = DecodeBlockRequest(m.meta);
+  if (!req.ok()) co_return req.status();
+  const int64_t start = req->start, end = req->end;
+  COLONY_CO_RETURN_IF_ERROR(CheckRange(start, end));
+  const TuningSpec spec = req->tuning;
+  const size_t base = backward ? 2 : 1;
+  if (m.tensors.size() < base) {
+    co_return InvalidArgument(
+        fmt::format("expected at least {} tensors, got {}", base, m.tensors.size()));
+  }
+  auto x = ReadHidden(m.tensors[0], options_.max_request_elements);
+  if (!x.ok()) co_return x.status();
+  at::Tensor grad_out;
+  if (backward) {
+    auto g = ReadHidden(m.tensors[1], options_.max_request_elements);
+    if (!g.ok()) co_return g.status();
+    if (!g->sizes().equals(x->sizes())) {
+      co_return InvalidArgument("grad_outputs and inputs have different shapes");
+    }
+    grad_out = *g;
+  }
+  auto tuning = ReadTuning(m.tensors, base, start, end, spec, x->size(0), x->size(1));
+  if (!tuning.ok()) co_return tuning.status();
+  const at::ScalarType client_dtype = x->scalar_type();
+  auto self = shared_from_this();
+  // Named first: g++ 12 mishandles temporaries (lambdas) inside co_await expressions.
+  auto work = [self, start, end, x = *x, grad_out, backward, client_dtype,
+               tuning = std::move(*tuning), spec]() -> Result<std::vector<at::Tensor>> {
+    const bool finite = at::isfinite(x).all().item<bool>() &&
+                        (!grad_out.defined() || at::isfinite(grad_out).all().item<bool>()) &&
+                        AllFinite(tuning);
+    if (!finite) return InvalidArgument("inputs contain NaN or infinity");
+    if (!self->Holds(start, end)) return self->MovedError();
+    at::AutoGradMode grad_mode(backward);
+    at::Tensor xin = x.to(self->dtype_).detach().requires_grad_(backward);
+    at::Tensor pin;
+    if (tuning.prompts.defined()) {
+      pin = tuning.prompts.to(self->dtype_).detach().requires_grad_(backward);
+    }
+    std::vector<at::Tensor> lin;
+    for (const auto& t : tuning.lora) {
+      lin.push_back(t.to(self->dtype_).detach().requires_grad_(backward));
+    }
+    const std::vector<model::BlockAdapters> adapters = MakeAdapters(lin, end - start, spec);
+    at::Tensor out =
+        self->RunBlocks(start, end, xin, 0, nullptr, pin, adapters.empty() ? nullptr : &adapters);
+    if (!backward) return std::vector<at::Tensor>{out.to(client_dtype)};
+    std::vector<at::Tensor> inputs{xin};
+    if (pin.defined()) inputs.push_back(pin);
+    for (const auto& t : lin) inputs.push_back(t);
+    auto grads = torch::autograd::grad({out}, inputs, {grad_out.to(out.scalar_type())},
+                                       /*retain_graph=*/false, /*create_graph=*/false,
+                                       /*allow_unused=*/true);
+    std::vector<at::Tensor> res;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      at::Tensor g = grads[i].defined() ? grads[i] : at::zeros_like(inputs[i]);
+      res.push_back(g.to(client_dtype));
+    }
+    return res;
+  };
+  auto result = co_await runtime::RunOnPool<std::vector<at::Tensor>>(
+      pool_, runtime::kPriorityTraining, std::move(work));
+  if (!result.ok()) co_return result.status();
+  {
+    std::lock_guard lock(mu_);
+    ++(backward ? backwards_ : forwards_);
+  }
+  net::Message reply;
+  for (auto& t : *result) {
+    auto f = runtime::ToFrame(t);
+    if (!f.ok()) co_return f.status();
+    reply.tensors.push_back(std::move(*f));
+  }
+  co_return reply;
+}
+
+}  // namespace colony::serve

@@ -1,0 +1,168 @@
+// Internals shared by the block server's files. Not part of the public API.
+//
+//   server.cpp            start, stop, stats, RPC registration, serve.info
+//   server_blocks.cpp     loading (and quantizing) the blocks, running them, measuring throughput
+//   server_placement.cpp  announcing in the DHT, choosing blocks, rebalancing
+//   server_forward.cpp    serve.forward and serve.backward, with prompts and LoRA adapters
+//   server_sessions.cpp   serve.inference sessions with the KV-cache budget, serve.push
+//
+// Requests are decoded and checked by serve/wire.h first; the checks here are the ones that
+// depend on this server (its blocks, limits and model).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <asio/awaitable.hpp>
+#include <asio/experimental/concurrent_channel.hpp>
+#include <asio/steady_timer.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/llama.h"
+#include "net/host.h"
+#include "runtime/task_pool.h"
+#include "serve/server.h"
+#include "serve/wire.h"
+
+namespace colony::serve {
+
+using Clock = std::chrono::steady_clock;
+
+// One step of an inference session, from the client or pushed by the previous server.
+struct Input {
+  StepRequest step;
+  std::vector<net::TensorFrame> tensors;
+  bool from_push = false;
+};
+using InputPtr = std::shared_ptr<Input>;
+using Channel = asio::experimental::concurrent_channel<void(asio::error_code, InputPtr)>;
+
+struct Session {
+  std::string id;
+  int64_t start = 0, end = 0, max_length = 0, batch = 0;
+  int64_t reserved = 0;
+  std::vector<model::KVCache> caches;
+  int64_t length = 0;
+  uint64_t last_step = 0;
+  PushTarget next;  // set by the client (open or any step); empty: no push
+  // Tuning for every step (at open): deep prompts [blocks, batch or 1, P, H] in the server's
+  // dtype (per-row ones follow hypo_ids) and LoRA adapters per block.
+  at::Tensor prompts;
+  std::vector<model::BlockAdapters> adapters;
+  std::unique_ptr<Channel> channel;
+  std::unique_ptr<asio::steady_timer> idle_timer;
+  Clock::time_point idle_deadline;
+  bool done = false;
+};
+
+// Deep prompts and LoRA adapters read from a request's tensors (as sent).
+struct Tuning {
+  at::Tensor prompts;            // [blocks, B or 1, P, H]
+  std::vector<at::Tensor> lora;  // flat: block, target, (A, B)
+};
+bool AllFinite(const Tuning& t);
+// The adapters of `blocks` blocks as model::BlockAdapters, from flat tensors (block, target,
+// (A, B)).
+std::vector<model::BlockAdapters> MakeAdapters(const std::vector<at::Tensor>& flat, int64_t blocks,
+                                               const TuningSpec& spec);
+
+Result<at::ScalarType> ParseDType(const std::string& name);
+std::string DTypeLabel(at::ScalarType t);
+// The dtypes a client may send hidden states, prompts and adapters in.
+extern const std::vector<DType> kFloatDTypes;
+// The first bytes of a session id, for logs.
+std::string Hex(std::string_view bytes);
+
+class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
+ public:
+  Impl(dht::Node& node, ServerOptions options);
+
+  // ---- server.cpp
+  Status Init();
+  void Shutdown();
+  ServerStats Stats() const;
+  const model::LlamaConfig& config() const { return config_; }
+  const std::string& model_name() const { return options_.model_name; }
+  void SetState(ServerState state);
+  void RegisterHandlers();
+  Status CheckServing() const;
+  // Checked again on the compute thread: the blocks may have moved since the request arrived.
+  bool Holds(int64_t start, int64_t end) const;
+  Status MovedError() const;
+  Status CheckRange(int64_t start, int64_t end) const;
+  asio::awaitable<Result<net::Message>> Info();
+
+  // ---- server_blocks.cpp (compute runs only on the pool's single thread)
+  Status LoadBlocks(int64_t first, int64_t last);
+  // Hidden states of positions offset.. through blocks [start, end) (absolute indices within
+  // ours). Deep prompts [end-start, B or 1, P, H] are added to the positions < P before each
+  // block.
+  at::Tensor RunBlocks(int64_t start, int64_t end, at::Tensor h, int64_t offset,
+                       std::vector<model::KVCache>* caches, const at::Tensor& prompts,
+                       const std::vector<model::BlockAdapters>* adapters = nullptr);
+  void MeasureThroughput();
+
+  // ---- server_placement.cpp
+  std::vector<ServerRecord> FetchRecords();
+  void Announce();
+  void AnnounceLoop();
+  // Moves to weaker blocks when the swarm's weakest block would gain clearly (Petals'
+  // balance-quality rule), and only while no session holds a cache here.
+  void MaybeRebalance();
+  int64_t CacheTokensLeftLocked() const;  // mu_ held
+
+  // ---- server_forward.cpp
+  // Validates a hidden-state tensor [B, T, H] from a client.
+  Result<at::Tensor> ReadHidden(const net::TensorFrame& frame, int64_t max_elements) const;
+  // The input and output sizes of a block projection, by name.
+  std::optional<std::pair<int64_t, int64_t>> ProjectionShape(const std::string& name) const;
+  // Reads a tuning's tensors, tensors[first..] (deep prompts when prompt_length > 0, then the
+  // LoRA adapters of blocks [start, end)); they must be the last. Prompts have `batch` or 1 rows
+  // and at most max_prompt positions.
+  Result<Tuning> ReadTuning(const std::vector<net::TensorFrame>& tensors, size_t first,
+                            int64_t start, int64_t end, const TuningSpec& spec, int64_t batch,
+                            int64_t max_prompt) const;
+  asio::awaitable<Result<net::Message>> Forward(net::Message m, bool backward);
+
+  // ---- server_sessions.cpp
+  asio::awaitable<Result<net::Message>> Push(net::Message m);
+  asio::awaitable<Status> ReserveCache(net::CallContext& ctx, int64_t bytes);
+  static asio::awaitable<void> SendPush(std::shared_ptr<Impl> self, Multiaddr addr,
+                                        net::Message message);
+  static asio::awaitable<void> ReadSteps(std::shared_ptr<net::Stream> stream,
+                                         std::shared_ptr<Session> s);
+  static asio::awaitable<void> Watchdog(std::shared_ptr<net::Stream> stream,
+                                        std::shared_ptr<Session> s, std::chrono::milliseconds idle);
+  asio::awaitable<Status> Inference(net::CallContext& ctx);
+  asio::awaitable<Status> Step(net::Stream& stream, Session& s, Input& input);
+
+  dht::Node& node_;
+  ServerOptions options_;
+  model::LlamaConfig config_;
+  at::ScalarType dtype_ = at::kFloat;
+  int64_t max_length_ = 0;
+  bool pinned_ = false;
+  std::vector<model::LlamaBlock> blocks_;
+  runtime::TaskPool pool_;
+  std::thread announcer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;
+  int64_t first_ = 0, last_ = 0;
+  ServerState state_ = ServerState::kJoining;
+  double throughput_ = 0, inference_rps_ = 0;
+  int64_t cache_used_ = 0;
+  int64_t weight_bytes_ = 0;
+  std::map<std::string, std::shared_ptr<Session>> sessions_;
+  uint64_t steps_ = 0, pushes_used_ = 0, duplicates_ = 0, forwards_ = 0, backwards_ = 0;
+};
+
+}  // namespace colony::serve

@@ -1,0 +1,173 @@
+// Where a server sits in the swarm: its per-block records in the DHT (re-announced every
+// announce_period), the blocks a new server takes (the window whose weakest block has the least
+// throughput), and moving to weaker blocks when that clearly helps the swarm.
+#include <fmt/format.h>
+
+#include <future>
+#include <limits>
+
+#include "core/log.h"
+#include "dht/validation.h"
+#include "serve/server_internal.h"
+
+namespace colony::serve {
+
+int64_t ChooseBestStart(const std::vector<ServerRecord>& records, int64_t total_blocks,
+                        int64_t num_blocks) {
+  std::vector<double> coverage(static_cast<size_t>(total_blocks), 0.0);
+  for (const auto& r : records) {
+    if (r.state == ServerState::kOffline) continue;
+    for (int64_t b = std::max<int64_t>(0, r.start); b < std::min(r.end, total_blocks); ++b) {
+      coverage[static_cast<size_t>(b)] += r.throughput;
+    }
+  }
+  int64_t best = 0;
+  double best_min = std::numeric_limits<double>::infinity(), best_sum = best_min;
+  for (int64_t s = 0; s + num_blocks <= total_blocks; ++s) {
+    double mn = std::numeric_limits<double>::infinity(), sum = 0;
+    for (int64_t b = s; b < s + num_blocks; ++b) {
+      mn = std::min(mn, coverage[static_cast<size_t>(b)]);
+      sum += coverage[static_cast<size_t>(b)];
+    }
+    if (mn < best_min || (mn == best_min && sum < best_sum)) {
+      best = s;
+      best_min = mn;
+      best_sum = sum;
+    }
+  }
+  return best;
+}
+
+std::vector<ServerRecord> BlockServer::Impl::FetchRecords() {
+  std::vector<std::string> keys;
+  for (int64_t b = 0; b < config_.num_layers; ++b) keys.push_back(BlockKey(options_.model_name, b));
+  auto results = node_.GetManySync(keys, /*latest=*/true);
+  std::map<std::string, ServerRecord> by_peer;
+  const double now = dht::Now();
+  for (auto& r : results) {
+    if (!r.ok() || !r->is_dict) continue;
+    for (auto& [subkey, entry] : r->subkeys) {
+      auto peer = dht::ParseOwnerMarker(subkey);
+      if (!peer || *peer == node_.peer_id() || entry.expiration < now) continue;
+      auto rec = ParseServerRecord(*peer, entry.value, config_.num_layers);
+      if (rec.ok()) by_peer.emplace(peer->ToString(), std::move(*rec));
+    }
+  }
+  std::vector<ServerRecord> out;
+  for (auto& [k, v] : by_peer) out.push_back(std::move(v));
+  return out;
+}
+
+void BlockServer::Impl::Announce() {
+  ServerRecord r;
+  {
+    std::lock_guard lock(mu_);
+    r.state = state_;
+    r.start = first_;
+    r.end = last_;
+    r.throughput = throughput_;
+    r.inference_rps = inference_rps_;
+    r.cache_tokens_left = CacheTokensLeftLocked();
+  }
+  for (const auto& a : node_.VisibleAddresses()) r.addresses.push_back(a.ToString());
+  r.version = COLONY_VERSION_STRING;
+  r.dtype = DTypeLabel(dtype_);
+  const std::string value = EncodeServerRecord(r);
+  const double expiration = dht::Now() + options_.record_ttl_seconds;
+  std::vector<dht::StoreItem> items;
+  for (int64_t b = r.start; b < r.end; ++b) {
+    items.push_back({.key = BlockKey(options_.model_name, b),
+                     .subkey = dht::OwnerMarker(node_.peer_id()),
+                     .value = value,
+                     .expiration = expiration});
+  }
+  auto statuses = node_.StoreManySync(items);
+  for (const auto& st : statuses) {
+    if (!st.ok()) {
+      COLONY_LOG_DEBUG("serve: announcing blocks failed: {}", st.ToString());
+      break;
+    }
+  }
+}
+
+void BlockServer::Impl::AnnounceLoop() {
+  int ticks = 0;
+  std::unique_lock lock(mu_);
+  while (!stopped_) {
+    cv_.wait_for(lock, options_.announce_period, [&] { return stopped_; });
+    if (stopped_) break;
+    lock.unlock();
+    Announce();
+    if (!pinned_ && options_.rebalance && ++ticks % 6 == 0) MaybeRebalance();
+    lock.lock();
+  }
+}
+
+// Moves to weaker blocks when the swarm's weakest block would gain clearly (Petals'
+// balance-quality rule), and only while no session holds a cache here.
+void BlockServer::Impl::MaybeRebalance() {
+  auto others = FetchRecords();
+  const int64_t n = config_.num_layers, count = last_ - first_;
+  std::vector<double> without(static_cast<size_t>(n), 0.0);
+  for (const auto& r : others) {
+    if (r.state == ServerState::kOffline) continue;
+    for (int64_t b = r.start; b < r.end; ++b) without[static_cast<size_t>(b)] += r.throughput;
+  }
+  auto swarm_min = [&](int64_t start) {
+    double mn = std::numeric_limits<double>::infinity();
+    for (int64_t b = 0; b < n; ++b) {
+      double c =
+          without[static_cast<size_t>(b)] + ((b >= start && b < start + count) ? throughput_ : 0.0);
+      mn = std::min(mn, c);
+    }
+    return mn;
+  };
+  const int64_t best = ChooseBestStart(others, n, count);
+  const double now_min = swarm_min(first_), new_min = swarm_min(best);
+  if (best == first_ || new_min * options_.balance_quality <= now_min) return;
+  {
+    std::lock_guard lock(mu_);
+    if (!sessions_.empty()) return;
+  }
+  COLONY_LOG_INFO(
+      "serve: moving from blocks [{}, {}) to [{}, {}): the swarm's weakest block "
+      "goes from {:.0f} to {:.0f} tokens/s",
+      first_, last_, best, best + count, now_min, new_min);
+  // Withdraw the old span, then swap blocks on the compute thread (no step runs meanwhile).
+  SetState(ServerState::kOffline);
+  Announce();
+  std::promise<Status> done;
+  auto future = done.get_future();
+  const bool queued = pool_.Submit(runtime::kPriorityInference, [&](bool ok) {
+    if (!ok) {
+      done.set_value(Closed("shutting down"));
+      return;
+    }
+    {
+      // A session may have opened between the check above and going offline: keep it.
+      std::lock_guard lock(mu_);
+      if (!sessions_.empty()) {
+        done.set_value(FailedPrecondition("an inference session opened meanwhile"));
+        return;
+      }
+    }
+    Status st = LoadBlocks(best, best + count);
+    if (st.ok()) {
+      std::lock_guard lock(mu_);
+      first_ = best;
+      last_ = best + count;
+    }
+    done.set_value(st);
+  });
+  Status st = queued ? future.get() : ResourceExhausted("compute queue full");
+  if (!st.ok()) COLONY_LOG_WARN("serve: rebalancing failed, staying: {}", st.ToString());
+  SetState(ServerState::kOnline);
+  Announce();
+}
+
+int64_t BlockServer::Impl::CacheTokensLeftLocked() const {
+  const int64_t per = CacheBytesPerToken(config_, dtype_) * std::max<int64_t>(1, last_ - first_);
+  return (options_.cache_bytes - cache_used_) / per;
+}
+
+}  // namespace colony::serve

@@ -1,0 +1,121 @@
+// The serve.* RPC messages (serve/wire.h): honest messages round-trip; what a hostile peer can put
+// on the wire is refused as a protocol error that says what is wrong.
+#include "serve/wire.h"
+
+#include <gtest/gtest.h>
+
+#include "serve/serve.pb.h"
+
+namespace colony::serve {
+namespace {
+
+const std::string kId(kSessionIdBytes, 'x');
+const std::string kAddr =
+    "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHPUig7ModyZZ5Fidp7253rW4mSZgx6NR2Ag91pmH6F5k";
+
+template <typename T>
+std::string Error(const Result<T>& r) {
+  if (r.ok()) return "accepted";
+  EXPECT_EQ(r.status().code(), StatusCode::kProtocolError) << r.status().ToString();
+  return r.status().message();
+}
+
+TEST(ServeWire, HonestMessagesRoundTrip) {
+  BlockRequest b{.start = 2, .end = 5};
+  b.tuning = {
+      .prompt_length = 3, .lora_rank = 4, .lora_targets = {"q_proj", "v_proj"}, .lora_scale = 0.5};
+  auto b2 = DecodeBlockRequest(EncodeBlockRequest(b));
+  ASSERT_TRUE(b2.ok()) << b2.status().ToString();
+  EXPECT_EQ(b2->start, 2);
+  EXPECT_EQ(b2->end, 5);
+  EXPECT_EQ(b2->tuning.lora_targets, b.tuning.lora_targets);
+  EXPECT_EQ(b2->tuning.lora_scale, 0.5);
+
+  OpenSessionRequest o{.session_id = kId,
+                       .start = 0,
+                       .end = 4,
+                       .max_length = 64,
+                       .batch_size = 2,
+                       .next = {kAddr, kId}};
+  auto o2 = DecodeOpenSession(EncodeOpenSession(o));
+  ASSERT_TRUE(o2.ok()) << o2.status().ToString();
+  EXPECT_EQ(o2->next.address, kAddr);
+  EXPECT_EQ(o2->tuning.lora_rank, 0);
+
+  StepRequest s{.step_id = 7, .position = 12, .has_hypo_ids = true, .next = PushTarget{}};
+  auto s2 = DecodeStep(EncodeStep(s));
+  ASSERT_TRUE(s2.ok()) << s2.status().ToString();
+  ASSERT_TRUE(s2->next.has_value());  // present and empty: stop pushing
+  EXPECT_TRUE(s2->next->empty());
+  auto p2 = DecodePush(EncodePush({.session_id = kId, .step = s}));
+  ASSERT_TRUE(p2.ok()) << p2.status().ToString();
+  EXPECT_FALSE(p2->step.next.has_value());  // a push never carries the next hop
+}
+
+TEST(ServeWire, WhatAHostilePeerSendsIsRefusedByName) {
+  pb::BlockRequest b;
+  b.set_start(3);
+  b.set_end(3);
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("not a range"),
+            std::string::npos);
+  b.set_end(4);
+  b.set_lora_rank(300);
+  b.add_lora_targets("q_proj");
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("rank 300"), std::string::npos);
+  b.set_lora_rank(2);
+  b.add_lora_targets("q_proj");
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("listed twice"),
+            std::string::npos);
+  b.clear_lora_targets();
+  b.add_lora_targets("rm_rf");
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("unknown LoRA projection"),
+            std::string::npos);
+  b.clear_lora_targets();
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("1 to 7"), std::string::npos);
+  b.set_lora_rank(0);
+  b.add_lora_targets("q_proj");
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("without a rank"),
+            std::string::npos);
+
+  pb::OpenSession o;
+  o.set_session_id("short");
+  o.set_end(4);
+  o.set_max_length(8);
+  o.set_batch_size(1);
+  EXPECT_NE(Error(DecodeOpenSession(o.SerializeAsString())).find("session ids"), std::string::npos);
+  o.set_session_id(kId);
+  o.mutable_next()->set_address("not an address");
+  o.mutable_next()->set_session_id(kId);
+  EXPECT_NE(Error(DecodeOpenSession(o.SerializeAsString())).find("not a multiaddr"),
+            std::string::npos);
+  o.mutable_next()->set_address("");
+  EXPECT_NE(Error(DecodeOpenSession(o.SerializeAsString())).find("no address"), std::string::npos);
+  o.clear_next();
+  o.set_batch_size(0);
+  EXPECT_NE(Error(DecodeOpenSession(o.SerializeAsString())).find("at least 1"), std::string::npos);
+
+  pb::Step s;
+  s.set_step_id(0);
+  EXPECT_NE(Error(DecodeStep(s.SerializeAsString())).find("start at 1"), std::string::npos);
+  s.set_step_id(1);
+  s.set_position(-5);
+  EXPECT_NE(Error(DecodeStep(s.SerializeAsString())).find("negative position"), std::string::npos);
+
+  pb::PushRequest p;
+  p.set_session_id(kId);
+  p.mutable_step()->set_step_id(1);
+  p.mutable_step()->mutable_next()->set_address(kAddr);
+  p.mutable_step()->mutable_next()->set_session_id(kId);
+  EXPECT_NE(Error(DecodePush(p.SerializeAsString())).find("does not choose the next hop"),
+            std::string::npos);
+
+  pb::InfoResponse info;
+  info.set_end(1);
+  info.set_throughput(-1);
+  EXPECT_NE(Error(DecodeInfo(info.SerializeAsString())).find("finite and non-negative"),
+            std::string::npos);
+  EXPECT_NE(Error(DecodeStep("\xff\xff\xff")).find("malformed Step"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace colony::serve
