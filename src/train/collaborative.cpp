@@ -336,10 +336,10 @@ Result<std::unique_ptr<CollaborativeOptimizer>> CollaborativeOptimizer::Create(
     return InvalidArgument("DiLoCo and local_updates are exclusive (DiLoCo already steps locally)");
   }
   if (options.mode == averaging::Mode::kAux &&
-      (options.diloco_inner_steps > 0 || options.local_updates)) {
+      (options.diloco_inner_steps > 0 || options.local_updates || options.delay_grad_averaging)) {
     return InvalidArgument(
-        "an auxiliary peer lends bandwidth to gradient rounds; DiLoCo and local updates have "
-        "none");
+        "an auxiliary peer lends bandwidth to synchronous gradient rounds only (not to DiLoCo, "
+        "local updates or delayed averaging)");
   }
   if (!(options.outer_lr > 0) || !(options.outer_momentum >= 0 && options.outer_momentum < 1)) {
     return InvalidArgument("DiLoCo needs outer_lr > 0 and 0 <= outer_momentum < 1");

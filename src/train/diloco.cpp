@@ -62,7 +62,10 @@ class Diloco final : public Stepping {
       peer_.optimizer_->step();
     }
     peer_.ZeroGrads();
-    ++inner_step_;
+    {
+      std::lock_guard lock(peer_.state_mu_);  // ProvideState reads the inner step
+      ++inner_step_;
+    }
     peer_.local_samples_ += batch_size;
     peer_.counters_.local_samples += batch_size;
     const int64_t h = peer_.options_.diloco_inner_steps;
@@ -170,16 +173,17 @@ class Diloco final : public Stepping {
       COLONY_LOG_WARN("train: the averaged pseudo-gradient is not finite; outer step skipped");
       for (size_t i = begin; i < end; ++i) delta_[i] = 0;
     }
-    // Outer Nesterov SGD on the pseudo-gradient.
+    // Outer Nesterov SGD on the pseudo-gradient (under the state lock: ProvideState reads the
+    // outer parameters and momentum).
     const float mu = static_cast<float>(peer_.options_.outer_momentum);
     const float lr = static_cast<float>(peer_.options_.outer_lr);
+    std::lock_guard lock(peer_.state_mu_);
     for (size_t i = begin; i < end; ++i) {
       momentum_[i] = mu * momentum_[i] + delta_[i];
       const float step =
           peer_.options_.outer_nesterov ? delta_[i] + mu * momentum_[i] : momentum_[i];
       outer_[i] -= lr * step;
     }
-    std::lock_guard lock(peer_.state_mu_);
     peer_.CopyToParams(outer_.data(), begin, end);
     if (f == 0) peer_.local_samples_ = 0;
   }

@@ -192,8 +192,10 @@ class CollaborativeOptimizer::Impl {
   NamedTensors CollectState();
   Json StateMetadata(const NamedTensors& named) const;
   Result<averaging::SharedState> ProvideState();
-  // Installs a state (from a peer or a checkpoint); validates everything first.
-  Status ApplyState(const NamedTensors& named, int64_t epoch, int64_t inner_step);
+  // Installs a state (from a peer or a checkpoint); validates everything first. `diverged`: the
+  // state's parameters left the swarm's (its donor stepped alone).
+  Status ApplyState(const NamedTensors& named, int64_t epoch, int64_t inner_step,
+                    bool diverged = false);
 
   // ---- checkpoints.cpp
   Status SaveCheckpoint(const std::filesystem::path& file);
@@ -218,6 +220,7 @@ class CollaborativeOptimizer::Impl {
   Clock::time_point last_step_end_{};  // when Step() last returned
   Clock::time_point last_poll_{};
   Clock::time_point next_catch_up_{};
+  int failed_catch_ups_ = 0;  // in a row, for want of a donor
   TrainingCounters counters_;
 };
 

@@ -110,9 +110,17 @@ class ProgressTracker::Impl {
       }
       s.at = now;
       s.fetched_at = now;
+      s.expiration = it != others_.end() ? std::max(it->second.expiration, now)
+                                         : now + options_.record_ttl_seconds;
       s.noted = true;
       others_[peer] = s;
     }
+  }
+
+  void DistrustEpochsFrom(int64_t epoch, std::chrono::milliseconds period) {
+    std::lock_guard lock(mu_);
+    distrusted_from_ = epoch;
+    distrust_until_ = Clock::now() + period;
   }
 
   std::chrono::milliseconds PollSpacingMs() const {
@@ -137,7 +145,12 @@ class ProgressTracker::Impl {
     PeerProgress p;
     double at = 0;          // when it reported, on this peer's clock (skew bounded by fetches)
     double fetched_at = 0;  // when this peer last read it (or learnt it from a round)
+    double expiration = 0;  // of its DHT record: it is forgotten then
     bool noted = false;     // from NoteRoundEnd, not yet confirmed by a record
+  };
+  struct Fetched {
+    PeerProgress p;
+    double expiration = 0;
   };
 
   // Called with mu_ held: the last fetched view plus this peer's exact report.
@@ -151,59 +164,68 @@ class ProgressTracker::Impl {
     const double min_period = Seconds(options_.min_refresh);
     // The epoch: the newest any live peer trains at (loading peers announce the epoch they are
     // joining; they do not move the swarm).
+    // Auxiliary peers follow the epoch rather than lead it, and epochs that no donor could
+    // serve are set aside for a while (DistrustEpochsFrom).
     bool any = false;
     auto consider = [&](const PeerProgress& p) {
-      if (p.phase == Phase::kLoad) return;
+      if (p.phase == Phase::kLoad || p.aux) return;
+      if (p.peer != self_.peer && Distrusted(p.epoch)) return;
       g.epoch = any ? std::max(g.epoch, p.epoch) : p.epoch;
       any = true;
     };
     consider(self_);
-    for (const auto& [peer, s] : others_) consider(s.p);
+    for (const auto& [peer, s] : others_) {
+      if (s.expiration >= now) consider(s.p);
+    }
     if (!any) g.epoch = self_.epoch;
 
     g.peers.reserve(others_.size() + 1);
-    auto count = [&](const PeerProgress& p) {
+    // A report counts for at most the target (sums of untrusted counts cannot overflow).
+    const int64_t cap = g.target_batch_size;
+    auto count = [&](const PeerProgress& p, bool stalled) {
       ++g.num_peers;
       if (p.client) ++g.num_clients;
       if (!p.aux) g.samples_per_second += p.samples_per_second;
       if (p.epoch != g.epoch) return;
       ++g.num_peers_at_epoch;
-      if (p.aux) return;
-      g.samples_reported += p.samples;
-      g.samples_expected += p.samples;
+      if (p.aux || stalled) return;
+      g.samples_reported += std::min(p.samples, cap);
+      g.samples_expected += std::min(p.samples, cap);
       g.samples_per_second_at_epoch += p.samples_per_second;
     };
-    count(self_);
+    count(self_, false);
     g.peers.push_back(self_);
     for (const auto& [peer, s] : others_) {
       const PeerProgress& p = s.p;
+      if (s.expiration < now) continue;
       g.peers.push_back(p);
       if (p.epoch != g.epoch || p.aux || p.phase != Phase::kTrain) {
-        count(p);
+        count(p, false);
         if (p.epoch == g.epoch && p.phase == Phase::kRound) g.round_started = true;
         continue;
       }
       // A peer that computes is extrapolated from its rate (this peer's own while it has none
       // yet: it just started), over at most twice its report period past this peer's last read.
-      // A peer whose report was overdue when last read stalled, paused or died: it is not
-      // extrapolated (it is still expected in the round: a pause ends, and a dead peer stays at
-      // its epoch).
-      count(p);
+      // A peer whose report was overdue when last read stalled, paused or died: neither its
+      // samples nor its growth count (if it died they will not be in the round; if it only
+      // paused the swarm computes a little more), but it is still expected in the round.
       const double rate =
           p.samples_per_second > 0 ? p.samples_per_second : self_.samples_per_second;
-      // DecideEpoch shares a shortfall by these rates: count a new peer at the assumed one.
-      if (p.samples_per_second <= 0) g.samples_per_second_at_epoch += rate;
       double period = min_period;
       if (p.batch > 0 && rate > 0) {
         period = std::max(period,
                           std::min(static_cast<double>(p.batch) / rate, kMaxReportPeriodSeconds));
       }
       const double horizon = 2 * period;
-      if (s.fetched_at - s.at > 2 * horizon) continue;
+      const bool stalled = s.fetched_at - s.at > 2 * horizon;
+      count(p, stalled);
+      if (stalled) continue;
+      // DecideEpoch shares a shortfall by these rates: count a new peer at the assumed one.
+      if (p.samples_per_second <= 0) g.samples_per_second_at_epoch += rate;
       ++g.num_growing_at_epoch;
       const double age = std::max(0.0, now - s.at);
-      g.samples_expected +=
-          static_cast<int64_t>(rate * std::min(age, horizon + std::max(0.0, now - s.fetched_at)));
+      const double growth = rate * std::min(age, horizon + std::max(0.0, now - s.fetched_at));
+      g.samples_expected += static_cast<int64_t>(std::min(growth, static_cast<double>(cap)));
     }
     // The ETA counts the peers at the epoch only: those behind add nothing to it.
     const int64_t left = std::max<int64_t>(0, g.target_batch_size - g.samples_expected);
@@ -216,15 +238,17 @@ class ProgressTracker::Impl {
 
   // Called with mu_ held: folds a fetch (records read between fetch_start and fetch_end, both on
   // this peer's wall clock) into others_.
-  void Absorb(std::vector<PeerProgress> peers, double fetch_start, double fetch_end) {
+  void Absorb(std::vector<Fetched> fetched, double fetch_start, double fetch_end) {
     std::map<PeerId, Seen> next;
-    for (auto& p : peers) {
+    for (auto& [p, expiration] : fetched) {
       if (p.peer == self_.peer) continue;
       Seen s;
+      s.expiration = expiration;
       auto it = others_.find(p.peer);
       if (it != others_.end() && it->second.noted && it->second.p.epoch > p.epoch) {
         next[p.peer] = it->second;  // the round's end is newer than its last record
         next[p.peer].fetched_at = fetch_end;
+        next[p.peer].expiration = expiration;
         continue;
       }
       s.fetched_at = fetch_end;
@@ -285,7 +309,7 @@ class ProgressTracker::Impl {
         const double fetch_start = dht::Now();
         auto record = node_.GetSync(key_, /*latest=*/true);
         const double fetch_end = dht::Now();
-        std::vector<PeerProgress> peers;
+        std::vector<Fetched> peers;
         if (record.ok() && record->is_dict) {
           for (const auto& [subkey, entry] : record->subkeys) {
             auto peer = dht::ParseOwnerMarker(subkey);
@@ -296,15 +320,20 @@ class ProgressTracker::Impl {
                                p.status().ToString());
               continue;
             }
-            peers.push_back(std::move(*p));
+            peers.push_back({std::move(*p), entry.expiration});
           }
         }
         lock.lock();
         fetch_running_ = false;
-        if (record.ok() || record.status().code() == StatusCode::kNotFound) {
+        if (record.ok()) {
           Absorb(std::move(peers), fetch_start, fetch_end);
-          if (!others_.empty()) last_seen_others_ = Clock::now();
+        } else {
+          // A failed lookup (NotFound included: this peer's own record is there) says nothing
+          // about the others: keep what is known until it expires.
+          std::erase_if(others_, [&](const auto& kv) { return kv.second.expiration < fetch_end; });
+          COLONY_LOG_DEBUG("progress: fetching {} failed: {}", key_, record.status().ToString());
         }
+        if (!others_.empty()) last_seen_others_ = Clock::now();
         fetched_at_ = fetch_end;
         ++fetches_;
         last_fetch = Clock::now();
@@ -335,6 +364,11 @@ class ProgressTracker::Impl {
     }
     std::lock_guard lock(mu_);
     last_seen_others_ = Clock::now();  // try again after another rejoin_after
+  }
+
+  // Called with mu_ held.
+  bool Distrusted(int64_t epoch) const {
+    return epoch >= distrusted_from_ && Clock::now() < distrust_until_;
   }
 
   // Called with mu_ held. Half the time the swarm needs to reach the target; nullopt while its
@@ -394,6 +428,8 @@ class ProgressTracker::Impl {
   double fetched_at_ = 0;
   double previous_fetch_start_ = 0;
   Clock::time_point last_seen_others_;
+  int64_t distrusted_from_ = 0;
+  Clock::time_point distrust_until_{};
   uint64_t fetches_ = 0;
   bool fetch_running_ = false;
   bool dirty_ = true;
@@ -427,6 +463,9 @@ GlobalProgress ProgressTracker::Refresh(std::chrono::milliseconds timeout) {
   return impl_->Refresh(timeout);
 }
 std::chrono::milliseconds ProgressTracker::PollSpacing() const { return impl_->PollSpacingMs(); }
+void ProgressTracker::DistrustEpochsFrom(int64_t epoch, std::chrono::milliseconds period) {
+  impl_->DistrustEpochsFrom(epoch, period);
+}
 void ProgressTracker::NoteRoundEnd(int64_t epoch,
                                    const std::vector<std::pair<PeerId, double>>& members) {
   impl_->NoteRoundEnd(epoch, members);

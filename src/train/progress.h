@@ -84,6 +84,10 @@ class ProgressTracker {
   // The least time between two fetches of one peer (10 ms plus 1 ms per live peer): peers that
   // poll (waiting for the swarm) space their Refresh() calls by at least this.
   std::chrono::milliseconds PollSpacing() const;
+  // For `period`, other peers' reports of `epoch` or later do not move the global epoch: a peer
+  // that could not find any donor of such an epoch (a record far ahead of the swarm, from a
+  // confused or hostile peer) goes on with the swarm it can join instead of trying to catch up.
+  void DistrustEpochsFrom(int64_t epoch, std::chrono::milliseconds period);
   // A round at `epoch` - 1 just ended with these peers (and their samples/s): count them at
   // `epoch` from now on, without waiting for their next records. Lets every member extrapolate
   // the swarm's progress right after a step, even when steps are faster than a DHT fetch.

@@ -119,12 +119,12 @@ EpochDecision DecideEpoch(const GlobalProgress& g, int64_t local_epoch, int64_t 
   if (g.epoch == local_epoch && (g.round_started || g.samples_reported >= g.target_batch_size)) {
     return {EpochAction::kAverage};
   }
-  // Stop when the next batch would more likely overshoot the target than not.
-  if (g.samples_expected + g.own_batch / 2 >= g.target_batch_size) return {EpochAction::kWait};
-  if (waiting && g.num_growing_at_epoch == 0) {
-    // Every peer at the epoch stopped, short of the target (rates overstated, or a peer left):
-    // each computes its share of the shortfall, by throughput, and then waits again without
-    // re-estimating, so that they do not each fill the whole gap.
+  if (g.num_growing_at_epoch == 0) {
+    // Nobody else adds samples: the reports are all there is, and they are short. A peer that
+    // computes goes on (its own count is exact); peers that all stopped (rates overstated, or a
+    // peer left) each compute their share of the shortfall, by throughput, and then stop again
+    // without re-estimating, so that they do not each fill the whole gap.
+    if (!waiting) return {EpochAction::kTrain};
     const int64_t shortfall = g.target_batch_size - g.samples_reported;
     const double total = g.samples_per_second_at_epoch;
     const double share = total > 0 && g.own_samples_per_second > 0
@@ -133,6 +133,9 @@ EpochDecision DecideEpoch(const GlobalProgress& g, int64_t local_epoch, int64_t 
     const auto quota = static_cast<int64_t>(std::ceil(static_cast<double>(shortfall) * share));
     return {EpochAction::kTrain, std::max<int64_t>(1, quota)};
   }
+  // Others still compute: stop when the next batch would more likely overshoot the target than
+  // not, and let the reports confirm.
+  if (g.samples_expected + g.own_batch / 2 >= g.target_batch_size) return {EpochAction::kWait};
   return {EpochAction::kTrain};
 }
 

@@ -62,7 +62,7 @@ struct GlobalProgress {
   int64_t own_batch = 0;                   // this peer's last batch size
   double eta_seconds = 0;  // until samples_expected reaches the target at the epoch's throughput
   double fetched_at = 0;   // wall clock of the DHT read behind this view
-  std::vector<PeerProgress> peers;
+  std::vector<PeerProgress> peers;  // this peer first
 };
 
 // Parses and validates one peer's record value (untrusted: it comes from the DHT).
@@ -87,8 +87,9 @@ struct EpochDecision {
 // `waiting`: this peer is in phase kWait. The rules, in order:
 //   swarm ahead by more than lag          -> kCatchUp
 //   swarm ahead, or a round at the epoch began, or reported samples >= target -> kAverage
+//   no other peer at the epoch computes   -> kTrain (with a quota, its share of the shortfall,
+//                                            when this peer is waiting too)
 //   expected + half a batch >= target     -> kWait (reported < target: confirm first)
-//   every peer at the epoch waits, short  -> kTrain with a quota (share of the shortfall)
 //   otherwise                             -> kTrain
 EpochDecision DecideEpoch(const GlobalProgress& g, int64_t local_epoch, int64_t lag, bool waiting);
 

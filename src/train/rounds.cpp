@@ -97,19 +97,20 @@ class GradientRounds final : public TargetBatchStepping {
   };
 
   Status Average(StepReport& report) override {
+    if (pending_.valid()) ApplyPending(&report);  // one round in flight at a time
     const int64_t samples = peer_.local_samples_;
     const int64_t round_epoch = peer_.epoch_;
     const size_t expected = peer_.PeersAtEpoch(round_epoch);
-    if (pending_.valid()) ApplyPending(&report);  // one round in flight at a time
     const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
     for (size_t i = 0; i < peer_.total_; ++i) mean_[i] = acc_[i] * inv;
     std::fill(acc_.begin(), acc_.end(), 0.0f);
     if (peer_.options_.delay_grad_averaging && expected > 1) {
-      pending_ = std::async(std::launch::async, [this, samples, round_epoch, expected] {
-        return AverageGrads(samples, round_epoch, expected);
+      const double sps = peer_.sps_;  // the round's thread must not read the optimizer's fields
+      pending_ = std::async(std::launch::async, [this, samples, round_epoch, expected, sps] {
+        return AverageGrads(samples, round_epoch, expected, sps);
       });
     } else {
-      Outcome outcome = expected > 1 ? AverageGrads(samples, round_epoch, expected)
+      Outcome outcome = expected > 1 ? AverageGrads(samples, round_epoch, expected, peer_.sps_)
                                      : Outcome{.epoch = round_epoch,
                                                .averaged = false,
                                                .realized = samples,
@@ -130,7 +131,16 @@ class GradientRounds final : public TargetBatchStepping {
         }
         const size_t again = peer_.CountPeersAtEpoch(round_epoch, g);
         if (again <= 1) break;
-        outcome = AverageGrads(samples, round_epoch, again);
+        outcome = AverageGrads(samples, round_epoch, again, peer_.sps_);
+      }
+      if (!outcome.averaged && expected > 1) {
+        // The last attempt failed too: if the swarm stepped meanwhile, take its state rather
+        // than step alone.
+        const GlobalProgress g = peer_.tracker_->Refresh(kPollTimeout);
+        if (g.epoch > round_epoch) {
+          peer_.counters_.missed_rounds++;
+          return peer_.CatchUp(report, /*quiet=*/true);
+        }
       }
       ApplyOutcome(outcome, &report);
     }
@@ -144,13 +154,13 @@ class GradientRounds final : public TargetBatchStepping {
   }
 
   // Averages mean_ (this peer's mean gradient) with the peers at `epoch`.
-  Outcome AverageGrads(int64_t samples, int64_t epoch, size_t expected) {
+  Outcome AverageGrads(int64_t samples, int64_t epoch, size_t expected, double sps) {
     Outcome out;
     out.epoch = epoch;
     out.realized = samples;
     averaging::StepOptions so;
     so.weight = static_cast<double>(samples);
-    so.gather = GatherMetadata(samples, peer_.sps_);
+    so.gather = GatherMetadata(samples, sps);
     so.timeout = peer_.options_.averaging_timeout;
     so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
     so.expected_group_size = expected;
@@ -191,6 +201,16 @@ class GradientRounds final : public TargetBatchStepping {
       peer_.params_epoch_ = o.epoch + 1;
       return;
     }
+    if (!o.averaged && !o.note.empty() && peer_.options_.delay_grad_averaging &&
+        OthersAtOrAfter(o.epoch)) {
+      // A delayed round that failed here while the swarm went on: take the state the others
+      // reach with that round (once they apply it) rather than step alone.
+      if (peer_.DownloadState(static_cast<double>(o.epoch + 1) + 0.5).ok()) {
+        peer_.counters_.missed_rounds++;
+        r.loaded_state = true;
+        return;
+      }
+    }
     if (!o.averaged && !o.note.empty()) {
       // Others stepped without this peer: after stepping alone it differs from the swarm and
       // takes the swarm's state at the next opportunity.
@@ -198,6 +218,10 @@ class GradientRounds final : public TargetBatchStepping {
       peer_.counters_.failed_rounds++;
       COLONY_LOG_WARN("train: averaging at epoch {} failed, stepping with local gradients: {}",
                       o.epoch, o.note);
+    } else if (!o.averaged && OthersAtOrAfter(o.epoch)) {
+      // Alone by its view while others are at this epoch or later (a partition, a view that
+      // missed them): its step is its own.
+      peer_.diverged_ = true;
     }
     if (!AllFinite(mean_.data(), mean_.size())) {
       peer_.counters_.skipped_batches++;
@@ -217,6 +241,15 @@ class GradientRounds final : public TargetBatchStepping {
     std::lock_guard lock(peer_.state_mu_);
     peer_.StepOptimizerWith(mean_.data());
     peer_.params_epoch_ = o.epoch + 1;
+  }
+
+  // Another live peer reports `epoch` or a later one.
+  bool OthersAtOrAfter(int64_t epoch) const {
+    const GlobalProgress g = peer_.tracker_->Global();
+    for (size_t i = 1; i < g.peers.size(); ++i) {  // peers[0] is this peer
+      if (g.peers[i].epoch >= epoch && !g.peers[i].aux) return true;
+    }
+    return false;
   }
 
   std::vector<float> acc_;   // sum over this epoch's batches of batch_size * gradient

@@ -16,6 +16,10 @@
 namespace colony::train {
 namespace {
 
+// A peer that catches up downloads at most this many states in one go (each time finding the
+// swarm moved on); then it computes a batch and tries again.
+constexpr int kMaxDownloadsPerCatchUp = 3;
+
 Result<at::ScalarType> ParseScalarType(const std::string& name) {
   for (auto t : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kShort,
                  at::kChar, at::kByte, at::kBool}) {
@@ -60,7 +64,39 @@ Status CollaborativeOptimizer::Impl::CatchUp(StepReport& report, bool quiet) {
   for (int downloads = 0;;) {
     const GlobalProgress g = tracker_->Refresh(kPollTimeout);
     if (DecideEpoch(g, epoch_, stepping_->Lag(), false).action != EpochAction::kCatchUp) break;
-    const int64_t want = g.epoch - stepping_->Lag();  // the epoch of the parameters to take
+    // The parameters to take are those of the swarm's epoch, whatever the lag: with delayed
+    // averaging a donor's parameters reach that epoch once it applies its round, and a peer
+    // that took the epoch before would have to join a round that already formed.
+    const int64_t want = g.epoch;
+    const bool give_up =
+        Interrupted() || Clock::now() + backoff >= deadline || downloads >= kMaxDownloadsPerCatchUp;
+    if (give_up) {
+      next_catch_up_ = Clock::now() + std::chrono::seconds(1);
+      Publish(Active());
+      if (downloads >= kMaxDownloadsPerCatchUp) {
+        // The swarm moves faster than this peer downloads: go on computing, try at the next
+        // batch.
+        COLONY_LOG_WARN(
+            "train: downloaded the swarm's state {} times and it moved on each time (now epoch "
+            "{}); trying again later",
+            downloads, g.epoch);
+        return Status::Ok();
+      }
+      // No donor of that epoch for a whole load_state_timeout, twice in a row: the epoch may be
+      // a confused or hostile peer's; set it aside for a while rather than chase it.
+      if (++failed_catch_ups_ >= 2) {
+        failed_catch_ups_ = 0;
+        tracker_->DistrustEpochsFrom(g.epoch, options_.load_state_timeout);
+      }
+      last = last.WithContext(
+          fmt::format("this peer is at epoch {} and the swarm at {}, and no peer gave its state",
+                      epoch_, g.epoch));
+      if (quiet) {
+        COLONY_LOG_WARN("train: {}; trying again later", last.ToString());
+        return Status::Ok();
+      }
+      return last;
+    }
     if (downloads > 0 || !last.ok()) {
       COLONY_LOG_INFO("train: the swarm is at epoch {}, this peer at {}; loading again", g.epoch,
                       epoch_);
@@ -70,23 +106,15 @@ Status CollaborativeOptimizer::Impl::CatchUp(StepReport& report, bool quiet) {
                       .samples_per_second = sps_,
                       .batch = last_batch_,
                       .phase = Phase::kLoad});
-    last = DownloadState(static_cast<double>(want));
+    // A donor that averaged that epoch with the swarm (+0.5, UpdatePriority) if there is one;
+    // else any donor of it (its parameters may have left the swarm's: this peer inherits that).
+    last = DownloadState(static_cast<double>(want) + 0.5);
+    if (!last.ok()) last = DownloadState(static_cast<double>(want));
     if (last.ok()) {
       ++downloads;
+      failed_catch_ups_ = 0;
       report.loaded_state = true;
       continue;
-    }
-    if (Interrupted() || Clock::now() + backoff >= deadline) {
-      next_catch_up_ = Clock::now() + std::chrono::seconds(1);
-      Publish(Active());
-      last = last.WithContext(
-          fmt::format("this peer is at epoch {} and the swarm at {}, and no peer gave its state",
-                      epoch_, g.epoch));
-      if (quiet) {
-        COLONY_LOG_WARN("train: {}; trying again later", last.ToString());
-        return Status::Ok();
-      }
-      return last;
     }
     std::this_thread::sleep_for(backoff);  // donors advertise and step; ask again shortly
     backoff = std::min<std::chrono::milliseconds>(2 * backoff, std::chrono::seconds(1));
@@ -134,8 +162,21 @@ Status CollaborativeOptimizer::Impl::DownloadState(std::optional<double> min_pri
   if (!s.ok()) return s.status();
   auto meta = Json::parse(s->metadata, nullptr, false);
   if (!meta.is_object() || !meta.contains("tensors") || !meta["tensors"].is_array() ||
-      !meta.contains("epoch") || !meta["epoch"].is_number_integer()) {
+      !meta.contains("epoch") || !meta["epoch"].is_number_integer() ||
+      !meta.contains("inner_step") || !meta["inner_step"].is_number_integer() ||
+      !meta.contains("diverged") || !meta["diverged"].is_boolean() || !meta.contains("run_id") ||
+      !meta["run_id"].is_string()) {
     return ProtocolError("the donor's state metadata is malformed");
+  }
+  for (const auto& [key, unused] : meta.items()) {
+    if (key != "tensors" && key != "epoch" && key != "inner_step" && key != "diverged" &&
+        key != "run_id") {
+      return ProtocolError(
+          fmt::format("the donor's state metadata has an unknown field '{}'", key.substr(0, 32)));
+    }
+  }
+  if (meta["run_id"].get_ref<const std::string&>() != options_.run_id) {
+    return ProtocolError("the donor's state belongs to another run");
   }
   const auto& list = meta["tensors"];
   if (list.size() != s->tensors.size()) {
@@ -166,10 +207,9 @@ Status CollaborativeOptimizer::Impl::DownloadState(std::optional<double> min_pri
     at::Tensor t = at::from_blob(s->tensors[i].data(), shape, at::kFloat).to(dtype).clone();
     named.emplace_back(e["name"].get<std::string>(), std::move(t));
   }
-  const int64_t inner = meta.contains("inner_step") && meta["inner_step"].is_number_integer()
-                            ? meta["inner_step"].get<int64_t>()
-                            : 0;
+  const int64_t inner = meta["inner_step"].get<int64_t>();
   const int64_t donor_epoch = meta["epoch"].get<int64_t>();
+  const bool diverged = meta["diverged"].get<bool>();
   {
     std::lock_guard lock(state_mu_);
     if (donor_epoch < params_epoch_) {
@@ -178,7 +218,7 @@ Status CollaborativeOptimizer::Impl::DownloadState(std::optional<double> min_pri
           donor_epoch, params_epoch_));
     }
   }
-  COLONY_RETURN_IF_ERROR(ApplyState(named, donor_epoch, inner));
+  COLONY_RETURN_IF_ERROR(ApplyState(named, donor_epoch, inner, diverged));
   counters_.state_loads++;
   Publish(Active());
   UpdatePriority();
@@ -207,6 +247,7 @@ Json CollaborativeOptimizer::Impl::StateMetadata(const NamedTensors& named) cons
   }
   return Json{{"epoch", params_epoch_},
               {"inner_step", stepping_->InnerStep()},
+              {"diverged", diverged_},
               {"run_id", options_.run_id},
               {"tensors", tensors}};
 }
@@ -224,7 +265,7 @@ Result<averaging::SharedState> CollaborativeOptimizer::Impl::ProvideState() {
 }
 
 Status CollaborativeOptimizer::Impl::ApplyState(const NamedTensors& named, int64_t epoch,
-                                                int64_t inner_step) {
+                                                int64_t inner_step, bool diverged) {
   if (epoch < 0 || inner_step < 0) return InvalidArgument("the state's epoch is negative");
   std::vector<at::Tensor> params(params_.size());
   NamedTensors opt, extra;
@@ -267,7 +308,7 @@ Status CollaborativeOptimizer::Impl::ApplyState(const NamedTensors& named, int64
   stepping_->InstallState(extra, epoch, inner_step);
   epoch_ = epoch;
   params_epoch_ = epoch;
-  diverged_ = false;
+  diverged_ = diverged;
   local_samples_ = 0;
   return Status::Ok();
 }

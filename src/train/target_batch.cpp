@@ -25,10 +25,18 @@ Status TargetBatchStepping::Advance(StepReport& report) {
   bool waiting = false;
   GlobalProgress g;
   if (quota_active_) {
-    // Filling its share of a shortfall: compute on without re-estimating, then wait.
+    // Filling its share of a shortfall: compute on without re-estimating (but join the round or
+    // catch up when the swarm moves), then wait.
     if (quota_left_ > 0) {
       peer_.Publish(Phase::kTrain);
-      return Status::Ok();
+      g = peer_.tracker_->Global();
+      const EpochAction a = DecideEpoch(g, peer_.epoch_, Lag(), false).action;
+      if (a == EpochAction::kCatchUp) return peer_.CatchUp(report, /*quiet=*/true);
+      if (a != EpochAction::kAverage) return Status::Ok();
+      quota_active_ = false;
+      quota_left_ = 0;
+      peer_.Publish(Phase::kRound);
+      return Average(report);
     }
     quota_active_ = false;
     waiting = true;

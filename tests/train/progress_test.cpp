@@ -144,6 +144,19 @@ TEST(DecideEpoch, PeersThatAllStoppedShortShareTheShortfallByThroughput) {
   EXPECT_EQ(DecideEpoch(g, 5, 0, true).quota, 1);
 }
 
+// Half a batch short with nobody else computing: no reason to wait for anyone (a peer alone
+// would otherwise wait out the averaging timeout every epoch).
+TEST(DecideEpoch, APeerShortOfTheTargetWithNobodyElseComputingComputesOn) {
+  GlobalProgress g = View(96, 96);
+  g.own_batch = 32;
+  g.num_growing_at_epoch = 0;
+  EXPECT_EQ(DecideEpoch(g, 5, 0, /*waiting=*/false).action, EpochAction::kTrain);
+  EXPECT_EQ(DecideEpoch(g, 5, 0, /*waiting=*/false).quota, 0);
+  // With others computing, the same view means: stop and confirm.
+  g.num_growing_at_epoch = 1;
+  EXPECT_EQ(DecideEpoch(g, 5, 0, /*waiting=*/false).action, EpochAction::kWait);
+}
+
 TEST(DecideEpoch, APeerBehindTheSwarmCatchesUpUnlessItsRoundStillRuns) {
   GlobalProgress g = View(0, 0);
   g.epoch = 7;
@@ -234,6 +247,27 @@ TEST_F(Trackers, LoadingPeersAreExpectedAtTheirEpochButDoNotMoveTheSwarm) {
   EXPECT_EQ(g.num_growing_at_epoch, 0u);
 }
 
+// Auxiliary peers follow the swarm's epoch rather than lead it (one left at an old run's epoch
+// must not hold a restarted run hostage), and an epoch that no donor could serve can be set
+// aside for a while.
+TEST_F(Trackers, AuxiliaryPeersAndDistrustedEpochsDoNotMoveTheSwarm) {
+  ProgressTracker& a = Add({.target_batch_size = 1000});
+  ProgressTracker& aux = Add({.target_batch_size = 1000, .aux = true});
+  ProgressTracker& far = Add({.target_batch_size = 1000});
+  a.Report({.epoch = 3, .samples = 10, .samples_per_second = 100, .batch = 10});
+  aux.Report({.epoch = 100, .phase = Phase::kWait});
+  GlobalProgress g = Until(a, [](const GlobalProgress& v) { return v.num_peers == 3; });
+  ASSERT_EQ(g.num_peers, 3u);
+  EXPECT_EQ(g.epoch, 3);
+  far.Report({.epoch = 50, .samples = 0, .samples_per_second = 100, .batch = 10});
+  g = Until(a, [](const GlobalProgress& v) { return v.epoch == 50; });
+  EXPECT_EQ(g.epoch, 50);
+  a.DistrustEpochsFrom(50, 10s);
+  EXPECT_EQ(a.Global().epoch, 3);
+  a.DistrustEpochsFrom(50, 0ms);  // the window ended
+  EXPECT_EQ(a.Global().epoch, 50);
+}
+
 TEST_F(Trackers, APeerThatStopsReportingIsNoLongerExtrapolated) {
   ProgressTracker& a = Add({.target_batch_size = 1'000'000, .min_refresh = 20ms});
   ProgressTracker& b = Add({.target_batch_size = 1'000'000, .min_refresh = 20ms});
@@ -242,11 +276,12 @@ TEST_F(Trackers, APeerThatStopsReportingIsNoLongerExtrapolated) {
   ASSERT_EQ(g.samples_reported, 70);
   // b never reports again (its tracker keeps the record alive, as a stalled peer's would): once
   // its report is overdue when read (twice its 20 ms report period, twice), a neither
-  // extrapolates it nor counts it as growing. Its reported samples still count, and it is still
-  // expected in the round (it may only be paused).
+  // extrapolates it nor counts its samples (a dead peer brings none to the round), but it is
+  // still expected in the round (it may only be paused).
   g = Until(a, [](const GlobalProgress& v) { return v.num_growing_at_epoch == 0; });
   EXPECT_EQ(g.num_growing_at_epoch, 0u);
-  EXPECT_EQ(g.samples_expected, 70);
+  EXPECT_EQ(g.samples_reported, 0);
+  EXPECT_EQ(g.samples_expected, 0);
   EXPECT_EQ(g.num_peers_at_epoch, 2u);
 }
 
