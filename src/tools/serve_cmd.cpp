@@ -2,7 +2,6 @@
 // colony-torch.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <torch/optim/adam.h>
 
 #include <chrono>
 #include <cstdio>
@@ -16,8 +15,10 @@
 #include "model/checkpoint.h"
 #include "model/tokenizer.h"
 #include "serve/client.h"
+#include "serve/finetune.h"
 #include "serve/generation.h"
 #include "serve/server.h"
+#include "serve/swarm_client.h"
 #include "serve/tuning.h"
 #include "tools/commands.h"
 
@@ -47,39 +48,17 @@ void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a) {
 }
 
 std::string ModelName(const SwarmArgs& a) {
-  if (!a.model_name.empty()) return a.model_name;
-  auto p = std::filesystem::absolute(a.model);
-  return p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
+  return a.model_name.empty() ? serve::DefaultModelName(a.model) : a.model_name;
 }
 
-struct Client {
-  std::unique_ptr<dht::Node> node;
-  std::shared_ptr<serve::SequenceManager> manager;
-  serve::ClientModel head{nullptr};
-  std::optional<model::Tokenizer> tokenizer;
-};
-
-Result<Client> StartClient(const SwarmArgs& a) {
+Result<std::unique_ptr<serve::SwarmClient>> StartClient(const SwarmArgs& a) {
   if (a.initial_peers.empty()) {
     return InvalidArgument(
-        "give --initial-peers: the address of any peer of the swarm (a server "
-        "prints its address when it starts)");
+        "give --initial-peers: the address of any peer of the swarm (a server prints its address "
+        "when it starts)");
   }
-  Client c;
-  COLONY_ASSIGN_OR_RETURN(c.head, serve::LoadClientModel(a.model));
-  auto tok_path = std::filesystem::path(a.model) / "tokenizer.model";
-  if (std::filesystem::exists(tok_path)) {
-    COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::Load(tok_path));
-    c.tokenizer = std::move(tok);
-  }
-  dht::NodeOptions options;
-  options.initial_peers = a.initial_peers;
-  options.dht.client_mode = true;
-  COLONY_ASSIGN_OR_RETURN(c.node, dht::Node::Start(KeyPair::Generate(), options));
-  c.manager = std::make_shared<serve::SequenceManager>(
-      *c.node,
-      serve::ClientOptions{.model_name = ModelName(a), .num_blocks = c.head->config().num_layers});
-  return c;
+  return serve::ConnectToSwarm(
+      {.model_dir = a.model, .model_name = a.model_name, .initial_peers = a.initial_peers});
 }
 
 Result<std::vector<int64_t>> ParseTokens(const std::string& text) {
@@ -191,8 +170,9 @@ struct GenerateArgs {
 
 int RunGenerate(const GenerateArgs& a) {
   if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
-  auto client = StartClient(a.swarm);
-  if (!client.ok()) return Fail(client.status());
+  auto started = StartClient(a.swarm);
+  if (!started.ok()) return Fail(started.status());
+  serve::SwarmClient* client = started->get();
   const auto& config = client->head->config();
   std::vector<int64_t> prompt;
   if (!a.tokens.empty()) {
@@ -318,143 +298,50 @@ struct FinetuneArgs {
   uint64_t seed = 0;
 };
 
-// The demonstration task: learn, through prompts alone, to predict a small set of sequences
-// (lines of a text file, or fixed synthetic token patterns when the model has no tokenizer).
-Result<std::vector<std::vector<int64_t>>> TaskData(const FinetuneArgs& a, const Client& c) {
-  std::vector<std::vector<int64_t>> seqs;
-  const int64_t vocab = c.head->config().vocab_size;
-  if (!c.tokenizer) {
-    std::mt19937_64 rng(1234);
-    for (int i = 0; i < 8; ++i) {
-      std::vector<int64_t> s;
-      const int64_t base = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
-      for (int t = 0; t < 16; ++t) s.push_back((base + 3 * t) % vocab);
-      seqs.push_back(std::move(s));
-    }
-    return seqs;
-  }
-  std::vector<std::string> lines;
-  if (!a.data.empty()) {
-    std::ifstream in(a.data);
-    if (!in) return NotFound(fmt::format("cannot read --data {}", a.data));
-    for (std::string line; std::getline(in, line);) {
-      if (!line.empty()) lines.push_back(line);
-    }
-  } else {
-    lines = {"Colony peers find each other through a distributed hash table.",
-             "Servers host ranges of transformer blocks for the swarm.",
-             "Clients route inference sessions through chains of servers.",
-             "When a server dies, the client replays its inputs to a replacement.",
-             "Gradients are averaged in groups with compressed all-reduce.",
-             "Every connection is authenticated and encrypted."};
-  }
-  for (const auto& l : lines) {
-    std::vector<int64_t> s;
-    if (c.tokenizer->bos_id() >= 0) s.push_back(c.tokenizer->bos_id());
-    for (int32_t id : c.tokenizer->Encode(l)) s.push_back(id);
-    if (s.size() >= 2) seqs.push_back(std::move(s));
-  }
-  if (seqs.empty()) return InvalidArgument("the fine-tuning data has no usable lines");
-  return seqs;
-}
-
 int RunFinetune(const FinetuneArgs& a) {
+  if (a.deep && a.lora_rank > 0) return Fail("--deep and --lora are different methods: give one");
   if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
   at::manual_seed(a.seed);
   auto client = StartClient(a.swarm);
   if (!client.ok()) return Fail(client.status());
-  auto data = TaskData(a, *client);
-  if (!data.ok()) return Fail(data.status());
-  auto remote = std::make_shared<serve::RemoteSequential>(client->manager);
-  serve::PromptTuningOptions tuning;
-  tuning.prompt_length = a.prompt_length;
-  tuning.deep = a.deep;
-  serve::PromptTuned tuned(client->head, remote, tuning);
-  serve::LoraTuningOptions lora_options;
-  lora_options.rank = a.lora_rank > 0 ? a.lora_rank : 1;
-  serve::LoraTuned lora(client->head, remote, lora_options);
-  const bool use_lora = a.lora_rank > 0;
-  torch::optim::Adam opt(use_lora ? lora->TrainableParameters() : tuned->TrainableParameters(),
-                         torch::optim::AdamOptions(a.lr));
-  // Pad the sequences to one length with -100 targets (ignored by the loss).
-  size_t len = 0;
-  for (const auto& s : *data) len = std::max(len, s.size());
-  auto batch_of = [&](size_t first, size_t count) {
-    at::Tensor tokens =
-        at::zeros({static_cast<int64_t>(count), static_cast<int64_t>(len)}, at::kLong);
-    at::Tensor targets =
-        at::full({static_cast<int64_t>(count), static_cast<int64_t>(len)}, -100, at::kLong);
-    for (size_t i = 0; i < count; ++i) {
-      const auto& s = (*data)[(first + i) % data->size()];
-      for (size_t t = 0; t < s.size(); ++t) {
-        tokens[static_cast<int64_t>(i)][static_cast<int64_t>(t)] = s[t];
-        targets[static_cast<int64_t>(i)][static_cast<int64_t>(t)] = s[t];
-      }
-    }
-    return std::make_pair(tokens, targets);
+  const auto& c = **client;
+  auto data = serve::FineTuneSequences(c.tokenizer ? &*c.tokenizer : nullptr,
+                                       c.head->config().vocab_size, a.data);
+  if (!data.ok()) return Fail(data.status().WithContext("--data"));
+  serve::FineTuneOptions o;
+  o.method = a.lora_rank > 0
+                 ? serve::FineTuneMethod::kLora
+                 : (a.deep ? serve::FineTuneMethod::kDeepPrompt : serve::FineTuneMethod::kPrompt);
+  o.prompt_length = a.prompt_length;
+  o.lora_rank = a.lora_rank;
+  o.steps = a.steps;
+  o.lr = a.lr;
+  o.batch_size = a.batch_size;
+  o.save = a.save;
+  o.on_step = [](const serve::FineTuneStep& s) {
+    std::fprintf(stderr, "step %lld/%lld  loss %.4f  %.1f steps/s\n",
+                 static_cast<long long>(s.step), static_cast<long long>(s.steps), s.loss,
+                 s.steps_per_second);
   };
-  auto loss_on = [&](const at::Tensor& tokens, const at::Tensor& targets) {
-    const int64_t t = tokens.size(1);
-    at::Tensor input = tokens.narrow(1, 0, t - 1);
-    at::Tensor logits = use_lora ? lora->forward(input) : tuned->forward(input);
-    return model::LanguageModelLoss(logits, targets.narrow(1, 1, t - 1));
-  };
-  auto [all_tokens, all_targets] = batch_of(0, data->size());
-  double initial = 0;
-  try {
-    at::NoGradGuard no_grad;
-    initial = loss_on(all_tokens, all_targets).item<double>();
-  } catch (const std::exception& e) {
-    return Fail(std::string("evaluating through the swarm failed: ") + e.what());
-  }
-  if (use_lora) {
+  if (o.method == serve::FineTuneMethod::kLora) {
     std::fprintf(stderr,
-                 "LoRA (rank %lld on q_proj, v_proj of every remote block) on %zu "
-                 "sequences; loss %.4f\n",
-                 static_cast<long long>(a.lora_rank), data->size(), initial);
+                 "LoRA (rank %lld on q_proj, v_proj of every remote block) on %zu sequences\n",
+                 static_cast<long long>(a.lora_rank), data->size());
   } else {
-    std::fprintf(stderr, "prompt tuning (%s, %lld prompt tokens) on %zu sequences; loss %.4f\n",
-                 a.deep ? "deep" : "shallow", static_cast<long long>(a.prompt_length), data->size(),
-                 initial);
+    std::fprintf(stderr, "prompt tuning (%s, %lld prompt tokens) on %zu sequences\n",
+                 a.deep ? "deep" : "shallow", static_cast<long long>(a.prompt_length),
+                 data->size());
   }
-  const auto t0 = Clock::now();
-  for (int64_t step = 0; step < a.steps; ++step) {
-    auto [tokens, targets] = batch_of(
-        static_cast<size_t>(step * a.batch_size),
-        static_cast<size_t>(std::min<int64_t>(a.batch_size, static_cast<int64_t>(data->size()))));
-    try {
-      opt.zero_grad();
-      at::Tensor loss = loss_on(tokens, targets);
-      loss.backward();
-      opt.step();
-      if (step % 5 == 0 || step + 1 == a.steps) {
-        std::fprintf(stderr, "step %lld/%lld  loss %.4f  %.1f steps/s\n",
-                     static_cast<long long>(step + 1), static_cast<long long>(a.steps),
-                     loss.item<double>(),
-                     (step + 1) / std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-    } catch (const std::exception& e) {
-      return Fail(std::string("training step failed: ") + e.what());
-    }
-  }
-  double final_loss = 0;
-  try {
-    at::NoGradGuard no_grad;
-    final_loss = loss_on(all_tokens, all_targets).item<double>();
-  } catch (const std::exception& e) {
-    return Fail(std::string("evaluating through the swarm failed: ") + e.what());
-  }
-  if (!a.save.empty()) {
-    Status st = use_lora ? serve::SaveTuned(a.save, *lora) : serve::SaveTuned(a.save, *tuned);
-    if (!st.ok()) return Fail(st);
-  }
-  Json j = {{"initial_loss", initial},
-            {"final_loss", final_loss},
-            {"steps", a.steps},
-            {"method", use_lora ? "lora" : (a.deep ? "deep-prompt" : "prompt")}};
+  auto remote = std::make_shared<serve::RemoteSequential>(c.manager);
+  auto r = serve::FineTune(c.head, remote, *data, o);
+  if (!r.ok()) return Fail(r.status());
+  Json j = {{"initial_loss", r->initial_loss},
+            {"final_loss", r->final_loss},
+            {"steps", r->steps},
+            {"method", serve::MethodName(o.method)}};
   std::printf("%s\n", Dump(j).c_str());
-  std::fprintf(stderr, "loss %.4f -> %.4f\n", initial, final_loss);
-  client->node->Shutdown();
+  std::fprintf(stderr, "loss %.4f -> %.4f\n", r->initial_loss, r->final_loss);
+  c.node->Shutdown();
   return 0;
 }
 
@@ -534,7 +421,8 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
     cmd->add_flag("--deep", a->deep, "deep prompt tuning: prompts before every block");
     cmd->add_option("--lora", a->lora_rank,
                     "train LoRA adapters of this rank (on q_proj and v_proj of every remote "
-                    "block; the servers apply them) instead of prompts");
+                    "block; the servers apply them) instead of prompts")
+        ->check(CLI::PositiveNumber);
     cmd->add_option("--steps", a->steps, "optimizer steps")->capture_default_str();
     cmd->add_option("--lr", a->lr, "Adam learning rate")->capture_default_str();
     cmd->add_option("--batch-size", a->batch_size, "sequences per step")->capture_default_str();

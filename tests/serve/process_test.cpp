@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "model/llama.h"
 #include "serve/client.h"
 #include "serve/generation.h"
+#include "serve/tuning.h"
 #include "small_model.h"
 #include "test_support.h"
 
@@ -278,6 +280,79 @@ TEST_F(ServeProcessTest, GreedyGenerationSurvivesKilledMiddleServer) {
               {.servers = {{"A", 0, 2}, {"B", 2, 3}, {"C", 2, 3}, {"D", 3, 4}},
                .victim_first = 2,
                .victim_last = 3});
+}
+
+// `colony finetune --lora --save` then `colony generate --tuned`, as a user runs them: the tokens
+// printed are the greedy continuation of the model with the saved adapters, computed here apart
+// (the adapters loaded from the file, full forward passes without a cache, argmax).
+TEST_F(ServeProcessTest, FinetuneSavesAdaptersThatGenerateTunedApplies) {
+  ASSERT_NE(StartServer("A", 0, 4), nullptr);
+  ASSERT_TRUE(StartClient());
+  ASSERT_TRUE(WaitForServers()) << "the server's record did not appear in the DHT";
+  const fs::path tuned_file = dir_ / "lora.safetensors";
+  auto run = [&](const std::string& label, std::vector<std::string> args) -> std::string {
+    std::vector<std::string> argv = {
+        ColonyBinary(), args[0],     "--model",         model_dir_.string(),
+        "--model-name", model_name_, "--initial-peers", servers_.front().address,
+        "--threads",    "1"};
+    argv.insert(argv.end(), args.begin() + 1, args.end());
+    const std::string err = (dir_ / (label + ".err")).string();
+    auto p = Subprocess::Spawn(argv, err);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return {};
+    auto line = p->ReadLine(120s);
+    auto code = p->Wait(30s);
+    EXPECT_TRUE(code.ok() && *code == 0) << label << " failed\n" << Tail(err) << ServerLogs();
+    EXPECT_TRUE(line.ok()) << label << " printed nothing\n" << Tail(err);
+    return line.ok() ? *line : std::string();
+  };
+  const std::string trained = run("finetune", {"finetune", "--lora", "2", "--steps", "6", "--lr",
+                                               "0.2", "--save", tuned_file.string()});
+  const auto report = nlohmann::json::parse(trained, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(report.is_object()) << trained;
+  EXPECT_EQ(report.value("method", ""), "lora");
+  EXPECT_EQ(report.value("steps", 0), 6);
+  EXPECT_LT(report.value("final_loss", 1e9), report.value("initial_loss", 0.0)) << trained;
+
+  const std::vector<int64_t> prompt = {1, 17, 42, 99};
+  const int64_t n = 6;
+  const std::string generated =
+      run("generate", {"generate", "--tuned", tuned_file.string(), "--tokens", "1,17,42,99",
+                       "--max-new-tokens", std::to_string(n), "--json"});
+  const auto out = nlohmann::json::parse(generated, nullptr, false);
+  ASSERT_TRUE(out.is_object() && out.contains("tokens")) << generated;
+
+  // The reference: the local model with the file's adapters on every block.
+  auto weights = LoadTuned(tuned_file, SmallConfig());
+  ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  ASSERT_FALSE(weights->adapters.empty());
+  auto local = model::LoadLlama(model_dir_);
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  (*local)->eval();
+  at::NoGradGuard no_grad;
+  const auto& spec = weights->lora;
+  std::vector<model::BlockAdapters> per_block(SmallConfig().num_layers);
+  size_t k = 0;
+  for (auto& ad : per_block) {
+    for (const auto& name : spec.targets) {
+      ad.Find(name)->a = weights->adapters[k++];
+      ad.Find(name)->b = weights->adapters[k++];
+      ad.Find(name)->scale = spec.scale;
+    }
+  }
+  std::vector<int64_t> tokens = prompt, expected;
+  for (int64_t i = 0; i < n; ++i) {
+    at::Tensor h = (*local)->Embed(at::tensor(tokens, at::kLong).unsqueeze(0));
+    for (int64_t b = 0; b < SmallConfig().num_layers; ++b) {
+      h = (*local)->block(b)->forward(h, 0, nullptr, &per_block[static_cast<size_t>(b)]);
+    }
+    const int64_t next = (*local)->Head(h)[0][-1].argmax().item<int64_t>();
+    expected.push_back(next);
+    tokens.push_back(next);
+  }
+  EXPECT_EQ(out["tokens"].get<std::vector<int64_t>>(), expected) << generated;
+  // Generation that ignored --tuned would print the untuned model's tokens.
+  EXPECT_NE(expected, model::Generate(*local, prompt, {.max_new_tokens = n}));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "runtime/task_pool.h"
 #include "runtime/tensor_io.h"
 #include "serve/client.h"
+#include "serve/finetune.h"
 #include "serve/generation.h"
 #include "serve/serve.pb.h"
 #include "serve/server.h"
@@ -672,6 +673,71 @@ TEST_F(ServeTest, PromptTuningThroughTheSwarmLowersTheLoss) {
   }
 }
 
+TEST_F(ServeTest, FineTuneLowersTheLossWithEveryMethodAndSavesWhatGenerationLoads) {
+  AddServer(0, 2);
+  AddServer(2, 4);
+  Connect(2);
+  auto remote = std::make_shared<RemoteSequential>(manager_);
+  // The demonstration task of PromptTuningThroughTheSwarmLowersTheLoss, as token sequences.
+  const std::vector<std::vector<int64_t>> data = {{3, 6, 9, 12, 15, 18, 21, 24},
+                                                  {7, 7, 7, 7, 7, 7, 7, 7}};
+  for (auto method :
+       {FineTuneMethod::kPrompt, FineTuneMethod::kDeepPrompt, FineTuneMethod::kLora}) {
+    SCOPED_TRACE(std::string(MethodName(method)));
+    at::manual_seed(5);
+    const auto file = dir_ / (std::string(MethodName(method)) + ".safetensors");
+    std::vector<FineTuneStep> reports;
+    FineTuneOptions o{.method = method,
+                      .prompt_length = 4,
+                      .lora_rank = 2,
+                      .steps = 25,
+                      .lr = 0.1,
+                      .batch_size = 2,
+                      .save = file,
+                      .on_step = [&](const FineTuneStep& s) { reports.push_back(s); },
+                      .report_every = 5};
+    auto result = FineTune(Head(), remote, data, o);
+    ASSERT_TRUE(result.ok()) << result.status().ToString();
+    EXPECT_EQ(result->steps, 25);
+    EXPECT_LT(result->final_loss, result->initial_loss - 0.3)
+        << result->initial_loss << " -> " << result->final_loss;
+    // Reported at steps 1, 6, 11, 16, 21 and after the last.
+    ASSERT_EQ(reports.size(), 6u);
+    EXPECT_EQ(reports.back().step, 25);
+    EXPECT_EQ(reports.back().steps, 25);
+    // The file holds what this method trains, with the shapes the model needs.
+    auto loaded = LoadTuned(file, config_);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    EXPECT_EQ(loaded->prompts.defined(), method != FineTuneMethod::kLora);
+    EXPECT_EQ(loaded->deep_prompts.defined(), method == FineTuneMethod::kDeepPrompt);
+    EXPECT_EQ(!loaded->adapters.empty(), method == FineTuneMethod::kLora);
+  }
+  // Options it cannot honour are errors, not defaults.
+  EXPECT_EQ(FineTune(Head(), remote, {}, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(FineTune(Head(), remote, data, {.lr = 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(FineTune(Head(), remote, data, {.batch_size = 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(FineTune(Head(), remote, data, {.prompt_length = 0}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(FineTuneSequencesTest, SyntheticDataIsDeterministicAndWithinTheVocabulary) {
+  auto a = FineTuneSequences(nullptr, 50, {});
+  auto b = FineTuneSequences(nullptr, 50, {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+  ASSERT_FALSE(a->empty());
+  for (const auto& s : *a) {
+    EXPECT_GE(s.size(), 2u);
+    for (int64_t t : s) EXPECT_TRUE(t >= 0 && t < 50) << t;
+  }
+  EXPECT_FALSE(FineTuneSequences(nullptr, 0, {}).ok());
+  // A data file cannot be tokenized without a tokenizer: an error, not synthetic data.
+  EXPECT_EQ(FineTuneSequences(nullptr, 50, "lines.txt").status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
 TEST_F(ServeTest, LoraThroughTheSwarmEqualsLocalAndLearns) {
   AddServer(0, 1);
   AddServer(1, 4);
@@ -875,7 +941,13 @@ TEST_F(ServeTest, AnUnpinnedServerMovesToUncoveredBlocks) {
   EXPECT_EQ((*mover)->Stats().first, 0);  // an empty swarm: the first window
   // A pinned server takes the same blocks: blocks 2..4 are now uncovered, 0..2 doubly covered.
   AddServer(0, 2, 100);
-  colony::test::WaitUntil([&] { return (*mover)->Stats().first == 2; }, 10s);
+  // (It loads the new blocks while offline, then announces itself online again.)
+  colony::test::WaitUntil(
+      [&] {
+        const auto s = (*mover)->Stats();
+        return s.first == 2 && s.state == ServerState::kOnline;
+      },
+      10s);
   EXPECT_EQ((*mover)->Stats().first, 2);
   EXPECT_EQ((*mover)->Stats().last, 4);
   EXPECT_EQ((*mover)->Stats().state, ServerState::kOnline);

@@ -1,0 +1,35 @@
+// Setting up a client of a served model (swarm_client.h).
+#include "serve/swarm_client.h"
+
+namespace colony::serve {
+
+std::string DefaultModelName(const std::filesystem::path& model_dir) {
+  auto p = std::filesystem::absolute(model_dir);
+  return p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
+}
+
+Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& options) {
+  if (options.initial_peers.empty()) {
+    return InvalidArgument(
+        "give the initial peers: the address of any peer of the swarm (a server prints its "
+        "address when it starts)");
+  }
+  auto c = std::make_unique<SwarmClient>();
+  COLONY_ASSIGN_OR_RETURN(c->head, LoadClientModel(options.model_dir));
+  const auto tok_path = options.model_dir / "tokenizer.model";
+  if (std::filesystem::exists(tok_path)) {
+    COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::Load(tok_path));
+    c->tokenizer = std::move(tok);
+  }
+  dht::NodeOptions node_options;
+  node_options.initial_peers = options.initial_peers;
+  node_options.dht.client_mode = true;
+  COLONY_ASSIGN_OR_RETURN(c->node, dht::Node::Start(KeyPair::Generate(), node_options));
+  const std::string name =
+      options.model_name.empty() ? DefaultModelName(options.model_dir) : options.model_name;
+  c->manager = std::make_shared<SequenceManager>(
+      *c->node, ClientOptions{.model_name = name, .num_blocks = c->head->config().num_layers});
+  return c;
+}
+
+}  // namespace colony::serve

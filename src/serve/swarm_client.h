@@ -1,0 +1,42 @@
+// SwarmClient: what a client of a served model needs, set up from a model directory and the
+// swarm's address: the model's local parts (embeddings and head, tokenizer.model when the
+// directory has one), a client-mode DHT node, and a SequenceManager routing over the swarm's
+// servers. `colony generate` and `colony finetune` start with it.
+//
+//   auto client = serve::ConnectToSwarm({.model_dir = "llama", .initial_peers = {addr}});
+//   serve::RemoteSequential remote((*client)->manager);
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "dht/node.h"
+#include "model/tokenizer.h"
+#include "serve/generation.h"
+#include "serve/routing.h"
+
+namespace colony::serve {
+
+struct SwarmClientOptions {
+  std::filesystem::path model_dir;
+  std::string model_name = {};  // in the DHT; default: DefaultModelName(model_dir)
+  std::vector<std::string> initial_peers = {};
+};
+
+struct SwarmClient {
+  std::unique_ptr<dht::Node> node;
+  std::shared_ptr<SequenceManager> manager;
+  ClientModel head{nullptr};
+  std::optional<model::Tokenizer> tokenizer;
+};
+
+// The name servers and clients of a model directory share by default: the directory's name.
+std::string DefaultModelName(const std::filesystem::path& model_dir);
+
+Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& options);
+
+}  // namespace colony::serve
