@@ -546,24 +546,12 @@ int main(int argc, char** argv) {
   const double bytes = static_cast<double>(c.values) * sizeof(float);
   c.mpirun = FindInPath("mpirun");
 
-  char dir_template[] = "/tmp/colony-bench-allreduce-XXXXXX";
-  if (::mkdtemp(dir_template) == nullptr) {
-    std::perror("bench_allreduce: mkdtemp");
-    return 1;
+  colony::test::TempDir tmp("bench-allreduce");
+  c.dir = tmp.path().string();
+  if (keep_logs) {
+    tmp.keep();
+    std::printf("logs are kept in %s\n", c.dir.c_str());
   }
-  c.dir = dir_template;
-  struct Cleanup {
-    std::string dir;
-    bool keep;
-    ~Cleanup() {
-      std::error_code ec;
-      if (keep) {
-        std::printf("logs kept in %s\n", dir.c_str());
-      } else {
-        fs::remove_all(dir, ec);
-      }
-    }
-  } cleanup{c.dir, keep_logs};
 
   std::printf(
       "all-reduce of %.1f MiB float32 per peer (%zu values), peers %s; median of %d "

@@ -1,4 +1,5 @@
-// Helpers shared by the benchmarks that run `colony` processes.
+// Helpers shared by the benchmarks that run `colony` processes (and, from tests/test_support.h,
+// those the tests use too: TempDir, TempPath, Median, ColonyBinary).
 #pragma once
 
 #include <algorithm>
@@ -12,23 +13,13 @@
 
 #include "core/status.h"
 #include "core/subprocess.h"
+#include "test_support.h"
 
 namespace colony::bench {
 
-// Median of the values (0 when empty).
-inline double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
-// The colony binary: $COLONY_BIN, else the one next to this benchmark.
-inline std::string ColonyBinary() {
-  const char* env = std::getenv("COLONY_BIN");
-  if (env != nullptr && *env != '\0') return env;
-  return (std::filesystem::path(SelfExecutable()).parent_path() / "colony").string();
-}
+using colony::test::ColonyBinary;
+using colony::test::Median;
+using colony::test::TempDir;
 
 // The last `max_lines` non-empty lines of a file (a child's stderr), indented, for error messages.
 inline std::string Tail(const std::string& path, size_t max_lines = 6) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "compression/codec.h"
+#include "test_support.h"
 
 namespace {
 
@@ -24,10 +25,7 @@ using namespace colony;
 using namespace colony::compression;
 using SteadyClock = std::chrono::steady_clock;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using colony::test::Median;
 
 // Median GB/s of `bytes` processed by fn() over `repeats` runs (after one warm-up run); before()
 // runs, untimed, ahead of each run.

@@ -113,24 +113,6 @@ double Seconds(Steady::duration d) { return std::chrono::duration<double>(d).cou
   std::exit(1);
 }
 
-// A temporary directory removed (with the checkpoint and the servers' logs) on scope exit.
-struct TempDir {
-  fs::path path;
-  bool keep = false;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "colony-inference-bench-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) Die("cannot create a temporary directory");
-    path = tmpl;
-  }
-  ~TempDir() {
-    if (keep) return;
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
-
 struct Server {
   std::string label;
   int64_t first = 0, last = 0;
@@ -759,10 +741,13 @@ int main(int argc, char** argv) {
         std::to_string(config.max_seq_len));
   }
 
-  TempDir tmp;
-  tmp.keep = a.keep;
-  if (!a.keep) colony::bench::SetScratchDir(tmp.path.string());
-  const fs::path model_dir = tmp.path / "llama";
+  colony::test::TempDir tmp("inference-bench");
+  if (a.keep) {
+    tmp.keep();
+  } else {
+    colony::bench::SetScratchDir(tmp.path().string());
+  }
+  const fs::path model_dir = tmp.path() / "llama";
   const std::string model_name = "bench-llama-" + std::to_string(::getpid());
   {
     const auto t0 = Steady::now();
@@ -778,7 +763,7 @@ int main(int argc, char** argv) {
         static_cast<double>(config.NumParameters()) / 1e6, Seconds(Steady::now() - t0));
   }
 
-  RunLoopback(a, model_dir, model_name, tmp.path);
+  RunLoopback(a, model_dir, model_name, tmp.path());
   if (a.no_wan) return 0;
-  return RunWan(a, model_dir, model_name, tmp.path);
+  return RunWan(a, model_dir, model_name, tmp.path());
 }

@@ -23,6 +23,7 @@
 #include "core/multiaddr.h"
 #include "dht/node.h"
 #include "model/llama.h"
+#include "test_support.h"
 #include "train/collaborative.h"
 
 using namespace colony;
@@ -59,10 +60,7 @@ double Loss(model::LlamaModel& m, const at::Tensor& b) {
   return loss.item<double>();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using colony::test::Median;
 
 // Seconds for --batches batches with a plain loop (gradients accumulate in .grad).
 double PlainRun(const Args& a) {

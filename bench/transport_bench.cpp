@@ -26,16 +26,14 @@
 #include "net/crypto.h"
 #include "net/host.h"
 #include "net/wire.h"
+#include "test_support.h"
 
 namespace {
 
 using namespace colony;
 using SteadyClock = std::chrono::steady_clock;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using colony::test::Median;
 
 // Plain TCP: seconds to move `total` bytes in `chunk`-byte writes.
 double PlainTcpSeconds(size_t total, size_t chunk) {

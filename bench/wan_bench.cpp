@@ -738,24 +738,12 @@ int main(int argc, char** argv) {
   c.values = std::max<size_t>(1, static_cast<size_t>(c.mib * (1 << 20) / sizeof(float)));
   c.payload = static_cast<double>(c.values) * sizeof(float);
 
-  char dir_template[] = "/tmp/colony-bench-wan-XXXXXX";
-  if (::mkdtemp(dir_template) == nullptr) {
-    std::perror("bench_wan: mkdtemp");
-    return 1;
+  colony::test::TempDir tmp("bench-wan");
+  c.dir = tmp.path().string();
+  if (c.keep_logs) {
+    tmp.keep();
+    std::printf("logs are kept in %s\n", c.dir.c_str());
   }
-  c.dir = dir_template;
-  struct Cleanup {
-    std::string dir;
-    bool keep;
-    ~Cleanup() {
-      std::error_code ec;
-      if (keep) {
-        std::printf("logs kept in %s\n", dir.c_str());
-      } else {
-        fs::remove_all(dir, ec);
-      }
-    }
-  } cleanup{c.dir, c.keep_logs};
   if (!c.keep_logs) colony::bench::SetScratchDir(c.dir);
 
   if (const std::string why = CannotRunLab(c.dir); !why.empty()) {

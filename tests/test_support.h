@@ -1,6 +1,12 @@
-// Small helpers shared by test suites: files and the colony binary under test.
+// Helpers shared by the tests (tests/) and the benchmarks (bench/): temporary files, the colony
+// binary under test, medians, waiting for a condition.
 #pragma once
 
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +21,54 @@
 #include "core/subprocess.h"
 
 namespace colony::test {
+
+// A fresh directory under the system's temporary directory ("<tmp>/colony-<name>-XXXXXX"),
+// removed with its contents on destruction unless keep() was called.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name = "test") {
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / ("colony-" + name + "-XXXXXX")).string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      throw std::filesystem::filesystem_error("mkdtemp", tmpl,
+                                              std::error_code(errno, std::generic_category()));
+    }
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    if (keep_) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  // The path of `name` inside the directory, as a string (what most APIs and argv take).
+  std::string File(const std::string& name) const { return (path_ / name).string(); }
+  void keep() { keep_ = true; }
+
+ private:
+  std::filesystem::path path_;
+  bool keep_ = false;
+};
+
+// A path in the system's temporary directory that no other process or call picks
+// ("<tmp>/colony-<name>-<pid>-<n>"); nothing is created.
+inline std::filesystem::path TempPath(const std::string& name) {
+  static std::atomic<uint64_t> counter{0};
+  return std::filesystem::temp_directory_path() /
+         ("colony-" + name + "-" + std::to_string(::getpid()) + "-" +
+          std::to_string(counter.fetch_add(1)));
+}
+
+// Median of the values (0 when empty).
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
 
 inline std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -37,7 +91,8 @@ inline std::vector<float> ReadFloats(const std::string& path) {
   return out;
 }
 
-// The colony binary: $COLONY_BIN (set by ctest), else the one next to the test binary.
+// The colony binary: $COLONY_BIN (set by ctest), else the one next to the running test or
+// benchmark.
 inline std::string ColonyBinary() {
   const char* env = std::getenv("COLONY_BIN");
   if (env != nullptr && *env != '\0') return env;

@@ -64,28 +64,7 @@ void ExpectOneErrorLine(const std::string& err, const std::vector<std::string>& 
   for (const auto& p : parts) EXPECT_TRUE(Contains(err, p)) << "missing '" << p << "' in: " << err;
 }
 
-// A fresh directory for one test, removed with everything in it afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl =
-        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/colony-cli-XXXXXX";
-    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  bool ok() const { return !path_.empty(); }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using colony::test::TempDir;
 
 struct RunResult {
   int code = -1;
@@ -112,7 +91,6 @@ class CliTest : public ::testing::Test {
     // Children inherit the environment; keep their logging at the default level.
     ::unsetenv("COLONY_LOG");
     bin_ = ColonyBinary();
-    ASSERT_TRUE(dir_.ok()) << "mkdtemp failed";
     ASSERT_EQ(::access(bin_.c_str(), X_OK), 0)
         << "colony binary not found at " << bin_ << " (set COLONY_BIN)";
   }

@@ -46,24 +46,7 @@ constexpr std::string_view kRfcSignature =
 // The libp2p text form of kRfcPublicKey, computed independently (Python, big-integer base58).
 constexpr std::string_view kRfcPeerId = "12D3KooWQK1wnefoLrcVHbbnf5tLzbopUd3K3bFAoJpA7YJgL5pV";
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "colony_identity_test_XXXXXX").string();
-    char* made = ::mkdtemp(tmpl.data());
-    EXPECT_NE(made, nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using colony::test::TempDir;
 
 TEST(KeyPairTest, GenerateSignVerify) {
   KeyPair kp = KeyPair::Generate();

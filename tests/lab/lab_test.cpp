@@ -166,10 +166,7 @@ std::string StartAt(double seconds_from_now) {
   return buf;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using colony::test::Median;
 
 // Every scenario checks that each result is the exact mean of every peer's data, so no peer may
 // be excluded for being slow: on 2 shared cores (and under the sanitizers) a peer can stall for

@@ -19,6 +19,7 @@
 #include "model/classifier.h"
 #include "model/llama.h"
 #include "model/safetensors.h"
+#include "test_support.h"
 
 namespace colony::model {
 namespace {
@@ -26,23 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() / ("colony_model_test_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(counter.fetch_add(1)));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using colony::test::TempDir;
 
 LlamaConfig TinyConfig() {
   LlamaConfig c;

@@ -60,10 +60,7 @@ class ServeProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     at::set_num_threads(1);  // as the servers (--threads 1): the same kernels, the same sums
-    dir_ = fs::temp_directory_path() /
-           ("colony-serve-process-test-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    dir_ = colony::test::TempPath("serve-process-test");
     fs::create_directories(dir_);
     servers_.reserve(8);  // StartServer hands out pointers into it
     model_dir_ = dir_ / "model";

@@ -40,10 +40,7 @@ class ServeTest : public ::testing::Test {
  protected:
   void SetUp() override {
     at::set_num_threads(1);
-    dir_ = std::filesystem::temp_directory_path() /
-           ("colony-serve-test-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
+    dir_ = colony::test::TempPath("serve-test");
     config_ = SmallConfig();
     at::manual_seed(42);
     model::LlamaModel m(config_);

@@ -13,6 +13,7 @@
 #include <future>
 #include <thread>
 
+#include "test_support.h"
 #include "train/optimizer_state.h"
 #include "train/optimizers.h"
 
@@ -279,8 +280,8 @@ TEST(CollaborativeTest, DilocoAppliesNesterovToTheAveragedPseudoGradient) {
 }
 
 TEST(CollaborativeTest, CheckpointRoundTrip) {
-  const auto file = std::filesystem::temp_directory_path() /
-                    ("colony-ckpt-" + std::to_string(::getpid()) + ".safetensors");
+  colony::test::TempDir dir("ckpt");
+  const auto file = dir.path() / "checkpoint.safetensors";
   Swarm swarm;
   Peer& a = swarm.Add({.target_batch_size = 4}, /*adam=*/true);
   ASSERT_EQ(Train(a, Gradient(0), 4, 2, 0ms).size(), 2u);
