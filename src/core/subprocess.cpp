@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -17,9 +18,38 @@ namespace colony {
 
 Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
                                      const std::string& stderr_path) {
+  return Start(argv, stderr_path, {});
+}
+
+Result<int> Subprocess::Run(const std::vector<std::string>& argv, const std::string& log_path,
+                            std::chrono::milliseconds timeout) {
+  if (log_path.empty()) return InvalidArgument("Subprocess::Run needs a log file");
+  COLONY_ASSIGN_OR_RETURN(Subprocess p, Start(argv, {}, log_path));
+  auto code = p.Wait(timeout);
+  if (!code.ok()) {
+    p.Signal(SIGKILL);
+    (void)p.Wait(std::chrono::seconds(10));
+    return DeadlineExceeded(argv[0] + " did not finish within " +
+                            std::to_string(timeout.count() / 1000) + " s (killed)");
+  }
+  return code;
+}
+
+Result<Subprocess> Subprocess::Start(const std::vector<std::string>& argv,
+                                     const std::string& stderr_path, const std::string& log_path) {
   if (argv.empty()) return InvalidArgument("no program to run");
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return Internal(std::string("pipe: ") + std::strerror(errno));
+  // Opened here, before fork, so that an unwritable log is an error of the caller's.
+  int log_fd = -1;
+  if (!log_path.empty()) {
+    log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log_fd < 0) {
+      return PermissionDenied("cannot create " + log_path + ": " + std::strerror(errno));
+    }
+  }
+  int fds[2] = {-1, -1};
+  if (log_fd < 0 && pipe2(fds, O_CLOEXEC) != 0) {
+    return Internal(std::string("pipe: ") + std::strerror(errno));
+  }
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -30,8 +60,9 @@ Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
   pid_t pid = ::fork();
   if (pid < 0) {
     int err = errno;
-    ::close(fds[0]);
-    ::close(fds[1]);
+    for (int fd : {fds[0], fds[1], log_fd}) {
+      if (fd >= 0) ::close(fd);
+    }
     return Unavailable("cannot start " + argv[0] + ": " + std::strerror(err));
   }
   if (pid == 0) {
@@ -41,15 +72,23 @@ Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
     sigemptyset(&empty);
     ::sigprocmask(SIG_SETMASK, &empty, nullptr);
     for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
-    ::dup2(fds[1], STDOUT_FILENO);
-    if (!stderr_path.empty()) {
+    if (log_fd >= 0) {
+      int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+      ::dup2(log_fd, STDOUT_FILENO);
+      ::dup2(log_fd, STDERR_FILENO);
+    } else {
+      ::dup2(fds[1], STDOUT_FILENO);
+    }
+    if (log_fd < 0 && !stderr_path.empty()) {
       int fd = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (fd >= 0) ::dup2(fd, STDERR_FILENO);
     }
     ::execv(args[0], args.data());
     ::_exit(127);
   }
-  ::close(fds[1]);
+  if (log_fd >= 0) ::close(log_fd);
+  if (fds[1] >= 0) ::close(fds[1]);
   Subprocess p;
   p.pid_ = pid;
   p.stdout_fd_ = fds[0];
@@ -154,6 +193,22 @@ std::string SelfExecutable() {
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   if (n <= 0) return {};
   return std::string(buf, static_cast<size_t>(n));
+}
+
+std::string FindProgram(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos) return {};
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path != nullptr && *path != '\0' ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t pos = 0;
+  while (pos <= dirs.size()) {
+    size_t end = dirs.find(':', pos);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = end > pos ? dirs.substr(pos, end - pos) : ".";
+    const std::string candidate = dir + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    pos = end + 1;
+  }
+  return {};
 }
 
 }  // namespace colony

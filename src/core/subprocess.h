@@ -20,6 +20,11 @@ class Subprocess {
   // that started it exits, so no peer process outlives a crashed test or demo.
   static Result<Subprocess> Spawn(const std::vector<std::string>& argv,
                                   const std::string& stderr_path = {});
+  // Runs `argv[0]` (a path) to completion with stdin from /dev/null and stdout and stderr both
+  // written to `log_path`; returns its exit code (128+signal when killed). A program still
+  // running after `timeout` is killed (SIGKILL): DeadlineExceeded.
+  static Result<int> Run(const std::vector<std::string>& argv, const std::string& log_path,
+                         std::chrono::milliseconds timeout);
   Subprocess(Subprocess&& other) noexcept;
   Subprocess& operator=(Subprocess&& other) noexcept;
   Subprocess(const Subprocess&) = delete;
@@ -37,6 +42,10 @@ class Subprocess {
 
  private:
   Subprocess() = default;
+  // stdout to a pipe (ReadLine), or with `log_path` stdout and stderr to that file and stdin
+  // from /dev/null.
+  static Result<Subprocess> Start(const std::vector<std::string>& argv,
+                                  const std::string& stderr_path, const std::string& log_path);
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   std::string buffer_;
@@ -45,5 +54,7 @@ class Subprocess {
 
 // Path of the running executable (/proc/self/exe).
 std::string SelfExecutable();
+// The first executable `name` in $PATH (/usr/local/bin:/usr/bin:/bin when unset), or empty.
+std::string FindProgram(const std::string& name);
 
 }  // namespace colony

@@ -18,14 +18,12 @@
 #include <thread>
 #include <utility>
 
+#include "core/files.h"
 #include "core/log.h"
 
 namespace colony::model {
 
 namespace fs = std::filesystem;
-using data_internal::FileLock;
-using data_internal::Fnv1a64;
-using data_internal::Hex64;
 
 namespace {
 
@@ -367,9 +365,9 @@ Result<fs::path> PrepareCorpus(const CorpusOptions& options) {
   lock_path += ".lock";
   COLONY_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(lock_path));
   if (fs::exists(corpus, ec)) return corpus;  // built by another process while we waited
-  data_internal::RemoveStaleTemps(corpus);
+  RemoveStaleTemps(corpus);
 
-  const fs::path tmp = data_internal::UniqueTempPath(corpus);
+  const fs::path tmp = UniqueTempPath(corpus);
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
   if (!out) return PermissionDenied("cannot create " + tmp.string() + ": " + std::strerror(errno));
   auto fail = [&](Status st) {
@@ -452,7 +450,7 @@ Result<fs::path> PrepareTokenShards(const fs::path& corpus, const Tokenizer& tok
     return InvalidArgument("the tokenizer has " + std::to_string(tokenizer.vocab_size()) +
                            " pieces; token shards store uint16 ids (at most 65536 pieces)");
   }
-  COLONY_ASSIGN_OR_RETURN(std::string corpus_hash, data_internal::HashFile(corpus));
+  COLONY_ASSIGN_OR_RETURN(std::string corpus_hash, HashFile(corpus));
   auto up_to_date = [&]() {
     auto m = ReadShardManifest(out_dir);
     return m.ok() && m->tokenizer_hash == tokenizer.hash() && m->corpus_hash == corpus_hash &&
@@ -470,7 +468,7 @@ Result<fs::path> PrepareTokenShards(const fs::path& corpus, const Tokenizer& tok
   lock_path += ".lock";
   COLONY_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(lock_path));
   if (up_to_date()) return out_dir;  // built by another process while we waited
-  data_internal::RemoveStaleTemps(out_dir);
+  RemoveStaleTemps(out_dir);
 
   const auto start = std::chrono::steady_clock::now();
   COLONY_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(corpus));
@@ -486,7 +484,7 @@ Result<fs::path> PrepareTokenShards(const fs::path& corpus, const Tokenizer& tok
   const uint64_t valid_count = std::max<uint64_t>(1, tokens.size() / 50);
   const uint64_t train_count = tokens.size() - valid_count;
 
-  const fs::path tmp = data_internal::UniqueTempPath(out_dir);
+  const fs::path tmp = UniqueTempPath(out_dir);
   fs::create_directories(tmp, ec);
   if (ec) return PermissionDenied("cannot create " + tmp.string() + ": " + ec.message());
   auto fail = [&](Status st) {

@@ -1,133 +1,26 @@
+// Tokenizer (tokenizer.h): parsing and checking SentencePiece model files, training models with
+// spm_train, and BPE encoding and decoding as sentencepiece does them.
 #include "model/tokenizer.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <bit>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <queue>
 #include <system_error>
 #include <unordered_map>
 
+#include "core/files.h"
 #include "core/log.h"
-
-extern char** environ;
+#include "core/subprocess.h"
+#include "model/spm_model.pb.h"
 
 namespace colony::model {
-
-namespace data_internal {
-
-uint64_t Fnv1a64(std::string_view bytes, uint64_t state) {
-  for (unsigned char c : bytes) {
-    state ^= c;
-    state *= 0x100000001b3ULL;
-  }
-  return state;
-}
-
-std::string Hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-Result<std::string> HashFile(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return NotFound("cannot open " + file.string() + ": " + std::strerror(errno));
-  uint64_t h = Fnv1a64({});
-  std::string buf(1 << 20, '\0');
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    h = Fnv1a64(std::string_view(buf.data(), static_cast<size_t>(in.gcount())), h);
-  }
-  if (in.bad()) return DataLoss("error reading " + file.string());
-  return Hex64(h);
-}
-
-Result<FileLock> FileLock::Acquire(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return PermissionDenied("cannot create lock file " + path.string() + ": " +
-                            std::strerror(errno));
-  }
-  while (::flock(fd, LOCK_EX) != 0) {
-    if (errno == EINTR) continue;
-    int err = errno;
-    ::close(fd);
-    return Internal("flock " + path.string() + ": " + std::strerror(err));
-  }
-  return FileLock(fd);
-}
-
-FileLock& FileLock::operator=(FileLock&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
-}
-
-FileLock::~FileLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
-}
-
-std::filesystem::path UniqueTempPath(const std::filesystem::path& final_path) {
-  static std::atomic<uint64_t> counter{0};
-  std::filesystem::path p = final_path;
-  p += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
-  return p;
-}
-
-void RemoveStaleTemps(const std::filesystem::path& final_path) {
-  const std::string prefix = final_path.filename().string() + ".tmp-";
-  std::error_code ec;
-  const std::filesystem::path dir =
-      final_path.has_parent_path() ? final_path.parent_path() : std::filesystem::path(".");
-  for (auto it = std::filesystem::directory_iterator(dir, ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    if (it->path().filename().string().starts_with(prefix)) {
-      std::error_code ignored;
-      std::filesystem::remove_all(it->path(), ignored);
-    }
-  }
-}
-
-Status WriteFileAtomically(const std::filesystem::path& path, std::string_view data) {
-  std::filesystem::path tmp = UniqueTempPath(path);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      return PermissionDenied("cannot create " + tmp.string() + ": " + std::strerror(errno));
-    out.write(data.data(), static_cast<std::streamsize>(data.size()));
-    out.close();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      return ResourceExhausted("cannot write " + tmp.string() + " (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    return Internal("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
-  }
-  return Status::Ok();
-}
-
-}  // namespace data_internal
 
 // ---- The model -------------------------------------------------------------------------------
 
@@ -184,10 +77,6 @@ struct Tokenizer::Model {
 };
 
 namespace {
-
-using data_internal::FileLock;
-using data_internal::Fnv1a64;
-using data_internal::Hex64;
 
 // Seed of SentencePiece's sampling of training sentences: fixed, so that every peer that trains
 // on the same corpus gets the same model (they must agree on token ids).
@@ -276,207 +165,22 @@ int PieceToByte(std::string_view piece) {
   return v;
 }
 
-// ---- Protobuf wire format ------------------------------------------------------------------
+// ---- The model file ------------------------------------------------------------------------
 
-enum WireType : int { kVarint = 0, kFixed64 = 1, kLen = 2, kFixed32 = 5 };
-
-// A reader of protobuf wire format over untrusted bytes: every read is bounds-checked.
-class WireReader {
- public:
-  WireReader(std::string_view data, std::string_view what) : data_(data), what_(what) {}
-  bool done() const { return pos_ >= data_.size(); }
-  size_t pos() const { return pos_; }
-
-  Status Varint(uint64_t& v) {
-    v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (pos_ >= data_.size()) return Error("truncated varint");
-      const auto b = static_cast<unsigned char>(data_[pos_++]);
-      v |= static_cast<uint64_t>(b & 0x7F) << shift;
-      if ((b & 0x80) == 0) return Status::Ok();
+// Counts the pieces (top-level field 1) of a serialized ModelProto without building them, so
+// that a small file cannot make the parser allocate millions of messages.
+Status CheckPieceCount(std::string_view serialized) {
+  namespace pb = google::protobuf;
+  pb::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(serialized.data()),
+                              static_cast<int>(serialized.size()));
+  constexpr uint32_t kPieceTag = (1 << 3) | 2;
+  size_t pieces = 0;
+  // A malformed tag or field ends the scan; ParseFromString then reports it.
+  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+    if (tag == kPieceTag && ++pieces > kMaxPieces) {
+      return ResourceExhausted("more than " + std::to_string(kMaxPieces) + " pieces");
     }
-    return Error("varint longer than 10 bytes");
-  }
-  Status Tag(uint32_t& field, int& wire_type) {
-    uint64_t tag = 0;
-    COLONY_RETURN_IF_ERROR(Varint(tag));
-    field = static_cast<uint32_t>(tag >> 3);
-    wire_type = static_cast<int>(tag & 7);
-    if (field == 0 || tag >> 3 > 0x1FFFFFFF) return Error("invalid field number");
-    return Status::Ok();
-  }
-  Status Fixed32(uint32_t& v) {
-    if (data_.size() - pos_ < 4) return Error("truncated fixed32");
-    v = 0;
-    for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(data_[pos_ + i]);
-    pos_ += 4;
-    return Status::Ok();
-  }
-  Status Bytes(std::string_view& v) {
-    uint64_t len = 0;
-    COLONY_RETURN_IF_ERROR(Varint(len));
-    if (len > data_.size() - pos_) {
-      return Error("length " + std::to_string(len) + " runs past the end of the data");
-    }
-    v = data_.substr(pos_, static_cast<size_t>(len));
-    pos_ += static_cast<size_t>(len);
-    return Status::Ok();
-  }
-  Status Skip(int wire_type) {
-    switch (wire_type) {
-      case kVarint: {
-        uint64_t v;
-        return Varint(v);
-      }
-      case kFixed64:
-        if (data_.size() - pos_ < 8) return Error("truncated fixed64");
-        pos_ += 8;
-        return Status::Ok();
-      case kLen: {
-        std::string_view v;
-        return Bytes(v);
-      }
-      case kFixed32: {
-        uint32_t v;
-        return Fixed32(v);
-      }
-      default:
-        return Error("unsupported wire type " + std::to_string(wire_type));
-    }
-  }
-  Status Error(const std::string& message) const {
-    return InvalidArgument(std::string(what_) + ": " + message + " at byte " +
-                           std::to_string(pos_));
-  }
-
- private:
-  std::string_view data_;
-  std::string_view what_;
-  size_t pos_ = 0;
-};
-
-// Reads a field's value into a variable of the matching kind; fields of an unexpected wire type
-// are skipped like unknown fields.
-Status ReadBool(WireReader& r, int wire_type, bool& out) {
-  if (wire_type != kVarint) return r.Skip(wire_type);
-  uint64_t v = 0;
-  COLONY_RETURN_IF_ERROR(r.Varint(v));
-  out = v != 0;
-  return Status::Ok();
-}
-Status ReadInt(WireReader& r, int wire_type, int64_t& out) {
-  if (wire_type != kVarint) return r.Skip(wire_type);
-  uint64_t v = 0;
-  COLONY_RETURN_IF_ERROR(r.Varint(v));
-  out = static_cast<int64_t>(v);
-  return Status::Ok();
-}
-Status ReadString(WireReader& r, int wire_type, std::string& out) {
-  if (wire_type != kLen) return r.Skip(wire_type);
-  std::string_view v;
-  COLONY_RETURN_IF_ERROR(r.Bytes(v));
-  out.assign(v);
-  return Status::Ok();
-}
-
-Status ParsePiece(std::string_view data, Tokenizer::Model::Piece& piece) {
-  WireReader r(data, "SentencePiece");
-  while (!r.done()) {
-    uint32_t field;
-    int wt;
-    COLONY_RETURN_IF_ERROR(r.Tag(field, wt));
-    if (field == 1) {
-      COLONY_RETURN_IF_ERROR(ReadString(r, wt, piece.text));
-    } else if (field == 2 && wt == kFixed32) {
-      uint32_t bits;
-      COLONY_RETURN_IF_ERROR(r.Fixed32(bits));
-      piece.score = std::bit_cast<float>(bits);
-    } else if (field == 3) {
-      int64_t type = piece.type;
-      COLONY_RETURN_IF_ERROR(ReadInt(r, wt, type));
-      if (type < Tokenizer::Model::kNormal || type > Tokenizer::Model::kByte) {
-        return r.Error("invalid piece type " + std::to_string(type));
-      }
-      piece.type = static_cast<int>(type);
-    } else {
-      COLONY_RETURN_IF_ERROR(r.Skip(wt));
-    }
-  }
-  return Status::Ok();
-}
-
-Status ParseTrainerSpec(std::string_view data, Tokenizer::Model& m) {
-  WireReader r(data, "TrainerSpec");
-  while (!r.done()) {
-    uint32_t field;
-    int wt;
-    COLONY_RETURN_IF_ERROR(r.Tag(field, wt));
-    int64_t v = 0;
-    switch (field) {
-      case 3:
-        v = m.model_type;
-        COLONY_RETURN_IF_ERROR(ReadInt(r, wt, v));
-        m.model_type = static_cast<int>(std::clamp<int64_t>(v, -1, 1000));
-        break;
-      case 24:
-        COLONY_RETURN_IF_ERROR(ReadBool(r, wt, m.treat_whitespace_as_suffix));
-        break;
-      case 35:
-        COLONY_RETURN_IF_ERROR(ReadBool(r, wt, m.byte_fallback));
-        break;
-      case 44:
-        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.unk_surface));
-        break;
-      case 45:
-        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.unk_piece));
-        break;
-      case 46:
-        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.bos_piece));
-        break;
-      case 47:
-        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.eos_piece));
-        break;
-      case 48:
-        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.pad_piece));
-        break;
-      default:
-        COLONY_RETURN_IF_ERROR(r.Skip(wt));
-    }
-  }
-  return Status::Ok();
-}
-
-Status ParseNormalizerSpec(std::string_view data, Tokenizer::Model& m) {
-  WireReader r(data, "NormalizerSpec");
-  while (!r.done()) {
-    uint32_t field;
-    int wt;
-    COLONY_RETURN_IF_ERROR(r.Tag(field, wt));
-    switch (field) {
-      case 1:
-        COLONY_RETURN_IF_ERROR(ReadString(r, wt, m.normalizer_name));
-        break;
-      case 2:
-        if (wt == kLen) {
-          std::string_view charsmap;
-          COLONY_RETURN_IF_ERROR(r.Bytes(charsmap));
-          m.has_charsmap = !charsmap.empty();
-        } else {
-          COLONY_RETURN_IF_ERROR(r.Skip(wt));
-        }
-        break;
-      case 3:
-        COLONY_RETURN_IF_ERROR(ReadBool(r, wt, m.add_dummy_prefix));
-        break;
-      case 4:
-        COLONY_RETURN_IF_ERROR(ReadBool(r, wt, m.remove_extra_whitespaces));
-        break;
-      case 5:
-        COLONY_RETURN_IF_ERROR(ReadBool(r, wt, m.escape_whitespaces));
-        break;
-      default:
-        COLONY_RETURN_IF_ERROR(r.Skip(wt));
-    }
+    if (!pb::internal::WireFormatLite::SkipField(&in, tag)) break;
   }
   return Status::Ok();
 }
@@ -488,28 +192,35 @@ Status ParseModel(Tokenizer::Model& m) {
     return ResourceExhausted("model of " + std::to_string(m.serialized.size()) +
                              " bytes is over the limit of " + std::to_string(kMaxModelBytes));
   }
-  WireReader r(m.serialized, "ModelProto");
-  while (!r.done()) {
-    uint32_t field;
-    int wt;
-    COLONY_RETURN_IF_ERROR(r.Tag(field, wt));
-    if (wt != kLen || field > 3) {
-      COLONY_RETURN_IF_ERROR(r.Skip(wt));
-      continue;
-    }
-    std::string_view sub;
-    COLONY_RETURN_IF_ERROR(r.Bytes(sub));
-    if (field == 1) {
-      if (m.pieces.size() >= kMaxPieces) {
-        return ResourceExhausted("more than " + std::to_string(kMaxPieces) + " pieces");
-      }
-      COLONY_RETURN_IF_ERROR(ParsePiece(sub, m.pieces.emplace_back()));
-    } else if (field == 2) {
-      COLONY_RETURN_IF_ERROR(ParseTrainerSpec(sub, m));
-    } else {
-      COLONY_RETURN_IF_ERROR(ParseNormalizerSpec(sub, m));
-    }
+  COLONY_RETURN_IF_ERROR(CheckPieceCount(m.serialized));
+  spm::ModelProto proto;
+  if (!proto.ParseFromString(m.serialized)) {
+    return InvalidArgument("malformed ModelProto (not a SentencePiece model file)");
   }
+  m.pieces.reserve(static_cast<size_t>(proto.pieces_size()));
+  for (int i = 0; i < proto.pieces_size(); ++i) {
+    const auto& p = proto.pieces(i);
+    if (p.type() < Model::kNormal || p.type() > Model::kByte) {
+      return InvalidArgument("piece " + std::to_string(i) + " has the invalid type " +
+                             std::to_string(p.type()));
+    }
+    m.pieces.push_back({.text = p.piece(), .score = p.score(), .type = p.type()});
+  }
+  const spm::TrainerSpec& t = proto.trainer_spec();
+  m.model_type = t.model_type();
+  m.treat_whitespace_as_suffix = t.treat_whitespace_as_suffix();
+  m.byte_fallback = t.byte_fallback();
+  m.unk_surface = t.unk_surface();
+  m.unk_piece = t.unk_piece();
+  m.bos_piece = t.bos_piece();
+  m.eos_piece = t.eos_piece();
+  m.pad_piece = t.pad_piece();
+  const spm::NormalizerSpec& n = proto.normalizer_spec();
+  m.normalizer_name = n.name();
+  m.has_charsmap = !n.precompiled_charsmap().empty();
+  m.add_dummy_prefix = n.add_dummy_prefix();
+  m.remove_extra_whitespaces = n.remove_extra_whitespaces();
+  m.escape_whitespaces = n.escape_whitespaces();
 
   if (m.pieces.empty()) return InvalidArgument("the model has no pieces");
   if (m.model_type != 2) {
@@ -577,61 +288,20 @@ Status ParseModel(Tokenizer::Model& m) {
 
 // The model with the trainer's input and output paths removed from its TrainerSpec, so that
 // peers that train on the same corpus from different directories get byte-identical models.
-Result<std::string> StripTrainingPaths(std::string_view serialized) {
-  std::string out;
-  WireReader r(serialized, "ModelProto");
-  auto append_varint = [](std::string& s, uint64_t v) {
-    while (v >= 0x80) {
-      s += static_cast<char>((v & 0x7F) | 0x80);
-      v >>= 7;
-    }
-    s += static_cast<char>(v);
-  };
-  while (!r.done()) {
-    const size_t start = r.pos();
-    uint32_t field;
-    int wt;
-    COLONY_RETURN_IF_ERROR(r.Tag(field, wt));
-    if (field != 2 || wt != kLen) {
-      COLONY_RETURN_IF_ERROR(r.Skip(wt));
-      out += serialized.substr(start, r.pos() - start);
-      continue;
-    }
-    std::string_view spec;
-    COLONY_RETURN_IF_ERROR(r.Bytes(spec));
-    std::string kept;
-    WireReader sr(spec, "TrainerSpec");
-    while (!sr.done()) {
-      const size_t fstart = sr.pos();
-      uint32_t f;
-      int fwt;
-      COLONY_RETURN_IF_ERROR(sr.Tag(f, fwt));
-      COLONY_RETURN_IF_ERROR(sr.Skip(fwt));
-      if (f != 1 && f != 2) kept += spec.substr(fstart, sr.pos() - fstart);
-    }
-    append_varint(out, (2 << 3) | kLen);
-    append_varint(out, kept.size());
-    out += kept;
+Result<std::string> StripTrainingPaths(const std::string& serialized) {
+  spm::TrainedModel model;
+  if (!model.ParseFromString(serialized)) {
+    return DataLoss("spm_train wrote a malformed model file");
   }
-  return out;
+  model.mutable_trainer_spec()->clear_input();
+  model.mutable_trainer_spec()->clear_model_prefix();
+  return model.SerializeAsString();
 }
 
 // ---- Training with spm_train -------------------------------------------------------------
 
-std::string FindProgram(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::string dirs = path != nullptr && *path != '\0' ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t pos = 0;
-  while (pos <= dirs.size()) {
-    size_t end = dirs.find(':', pos);
-    if (end == std::string::npos) end = dirs.size();
-    const std::string dir = end > pos ? dirs.substr(pos, end - pos) : ".";
-    const std::string candidate = dir + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    pos = end + 1;
-  }
-  return {};
-}
+// spm_train takes seconds on the kernel docs; a machine that needs longer than this is stuck.
+constexpr auto kTrainTimeout = std::chrono::minutes(30);
 
 std::string FileTail(const std::filesystem::path& file, size_t max_bytes) {
   std::ifstream in(file, std::ios::binary);
@@ -639,29 +309,6 @@ std::string FileTail(const std::filesystem::path& file, size_t max_bytes) {
   if (text.size() > max_bytes) text = "..." + text.substr(text.size() - max_bytes);
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   return text;
-}
-
-// Runs `argv` with stdin from /dev/null and stdout and stderr to `log_file`; returns its exit
-// status (128 + signal when killed).
-Result<int> RunProgram(const std::vector<std::string>& argv, const std::filesystem::path& log) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return Internal("cannot start " + argv[0] + ": " + std::strerror(rc));
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return Internal("waitpid: " + std::string(std::strerror(errno)));
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
 }  // namespace
@@ -717,7 +364,7 @@ Result<Tokenizer> Tokenizer::TrainOrLoad(const std::filesystem::path& corpus,
     return InvalidArgument("tokenizer vocab_size must be in [300, 65536], got " +
                            std::to_string(vocab_size));
   }
-  COLONY_ASSIGN_OR_RETURN(std::string corpus_hash, data_internal::HashFile(corpus));
+  COLONY_ASSIGN_OR_RETURN(std::string corpus_hash, HashFile(corpus));
   std::error_code ec;
   std::filesystem::create_directories(cache_dir, ec);
   if (ec) {
@@ -733,7 +380,7 @@ Result<Tokenizer> Tokenizer::TrainOrLoad(const std::filesystem::path& corpus,
   COLONY_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(lock_path));
   // Another process may have trained it while we waited for the lock.
   if (std::filesystem::exists(model_file, ec)) return Load(model_file);
-  data_internal::RemoveStaleTemps(model_file);
+  RemoveStaleTemps(model_file);
 
   const std::string spm_train = FindProgram("spm_train");
   if (spm_train.empty()) {
@@ -741,7 +388,7 @@ Result<Tokenizer> Tokenizer::TrainOrLoad(const std::filesystem::path& corpus,
         "spm_train not found in PATH: install the sentencepiece package (scripts/setup)");
   }
   // spm_train writes <prefix>.model and <prefix>.vocab: into a private temporary directory.
-  const std::filesystem::path work = data_internal::UniqueTempPath(model_file);
+  const std::filesystem::path work = UniqueTempPath(model_file);
   std::filesystem::create_directories(work, ec);
   if (ec) return PermissionDenied("cannot create " + work.string() + ": " + ec.message());
   struct RemoveDir {
@@ -770,7 +417,7 @@ Result<Tokenizer> Tokenizer::TrainOrLoad(const std::filesystem::path& corpus,
       "--minloglevel=2",  // SentencePiece logs every merge at INFO
   };
   const auto start = std::chrono::steady_clock::now();
-  COLONY_ASSIGN_OR_RETURN(int exit_code, RunProgram(argv, log));
+  COLONY_ASSIGN_OR_RETURN(int exit_code, Subprocess::Run(argv, log.string(), kTrainTimeout));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (exit_code != 0) {
@@ -787,7 +434,7 @@ Result<Tokenizer> Tokenizer::TrainOrLoad(const std::filesystem::path& corpus,
   COLONY_ASSIGN_OR_RETURN(Tokenizer tok, FromSerialized(serialized, model_file.string()));
   COLONY_LOG_INFO("trained a {}-piece BPE tokenizer on {} in {:.1f} s -> {}", vocab_size,
                   corpus.string(), seconds, model_file.string());
-  COLONY_RETURN_IF_ERROR(data_internal::WriteFileAtomically(model_file, serialized));
+  COLONY_RETURN_IF_ERROR(WriteFileAtomically(model_file, serialized));
   return tok;
 }
 
@@ -1002,7 +649,7 @@ int Tokenizer::pad_id() const { return model_->pad; }
 int Tokenizer::unk_id() const { return model_->unk; }
 
 Status Tokenizer::Save(const std::filesystem::path& file) const {
-  return data_internal::WriteFileAtomically(file, model_->serialized);
+  return WriteFileAtomically(file, model_->serialized);
 }
 
 }  // namespace colony::model

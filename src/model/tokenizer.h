@@ -72,41 +72,4 @@ class Tokenizer {
   std::string hash_;
 };
 
-// Helpers shared by the data files (tokenizer, corpus); not part of the model API proper.
-namespace data_internal {
-
-// 64-bit FNV-1a, chainable through `state`.
-uint64_t Fnv1a64(std::string_view bytes, uint64_t state = 0xcbf29ce484222325ULL);
-std::string Hex64(uint64_t v);  // 16 lowercase hex digits
-// Hash of a file's contents (FNV-1a), as 16 hex digits.
-Result<std::string> HashFile(const std::filesystem::path& file);
-
-// An exclusive advisory lock (flock) on `path` (created if missing), held until destruction.
-// It serializes both processes and threads of one process (each lock opens its own file).
-class FileLock {
- public:
-  static Result<FileLock> Acquire(const std::filesystem::path& path);
-  FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  FileLock& operator=(FileLock&& other) noexcept;
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-  ~FileLock();
-
- private:
-  explicit FileLock(int fd) : fd_(fd) {}
-  int fd_ = -1;
-};
-
-// A path next to `final_path` that no other process or thread will pick:
-// "<final_path>.tmp-<pid>-<counter>".
-std::filesystem::path UniqueTempPath(const std::filesystem::path& final_path);
-// Removes "<final_path>.tmp-*" left by crashed processes; call it while holding the lock that
-// guards the creation of `final_path` (then no live process is writing such a file).
-void RemoveStaleTemps(const std::filesystem::path& final_path);
-// Writes `data` to a temporary file next to `path` and renames it into place, so that readers
-// see either no file or the whole file.
-Status WriteFileAtomically(const std::filesystem::path& path, std::string_view data);
-
-}  // namespace data_internal
-
 }  // namespace colony::model

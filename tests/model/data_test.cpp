@@ -20,10 +20,12 @@
 #include <thread>
 #include <vector>
 
+#include "core/files.h"
 #include "core/subprocess.h"
 #include "model/corpus.h"
 #include "model/fashion_mnist.h"
 #include "model/tokenizer.h"
+#include "test_support.h"
 
 namespace colony::model {
 namespace {
@@ -37,18 +39,13 @@ const fs::path kFashionDir = "/usr/share/datasets/fashion-mnist";
 class TempCacheEnvironment : public ::testing::Environment {
  public:
   void SetUp() override {
-    std::string templ = (fs::temp_directory_path() / "colony-data-test-XXXXXX").string();
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-    setenv("COLONY_CACHE_DIR", dir_.c_str(), 1);
+    dir_ = std::make_unique<colony::test::TempDir>("data-test");
+    setenv("COLONY_CACHE_DIR", dir_->path().c_str(), 1);
   }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
+  void TearDown() override { dir_.reset(); }
 
  private:
-  fs::path dir_;
+  std::unique_ptr<colony::test::TempDir> dir_;
 };
 [[maybe_unused]] ::testing::Environment* const kEnv =
     ::testing::AddGlobalTestEnvironment(new TempCacheEnvironment);
@@ -217,9 +214,8 @@ TEST(TokenizerTest, CachedReloadGivesSameIds) {
   const std::string text = "Device drivers register interrupt handlers with request_irq().";
   EXPECT_EQ(again->Encode(text), tok.Encode(text));
 
-  const fs::path model_file =
-      DefaultCacheDir() / ("tokenizer-" + std::to_string(kVocab) + "-" +
-                           *data_internal::HashFile(SmallCorpus()) + ".model");
+  const fs::path model_file = DefaultCacheDir() / ("tokenizer-" + std::to_string(kVocab) + "-" +
+                                                   *HashFile(SmallCorpus()) + ".model");
   auto loaded = Tokenizer::Load(model_file);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   EXPECT_EQ(loaded->Encode(text), tok.Encode(text));
@@ -235,8 +231,8 @@ TEST(TokenizerTest, TrainingIsReproducible) {
   auto a = Tokenizer::TrainOrLoad(*corpus, DefaultCacheDir() / "peer-a", 400);
   // A leftover of a crashed trainer is cleaned up.
   fs::create_directories(DefaultCacheDir() / "peer-b");
-  const fs::path stale = DefaultCacheDir() / "peer-b" /
-                         ("tokenizer-400-" + *data_internal::HashFile(*corpus) + ".model.tmp-1-0");
+  const fs::path stale =
+      DefaultCacheDir() / "peer-b" / ("tokenizer-400-" + *HashFile(*corpus) + ".model.tmp-1-0");
   std::ofstream(stale) << "partial";
   auto b = Tokenizer::TrainOrLoad(*corpus, DefaultCacheDir() / "peer-b", 400);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
@@ -413,8 +409,8 @@ void ExpectSameAsSentencepiece(const Tokenizer& tok, const fs::path& model, bool
 }
 
 fs::path SmallModelFile() {
-  return DefaultCacheDir() / ("tokenizer-" + std::to_string(kVocab) + "-" +
-                              *data_internal::HashFile(SmallCorpus()) + ".model");
+  return DefaultCacheDir() /
+         ("tokenizer-" + std::to_string(kVocab) + "-" + *HashFile(SmallCorpus()) + ".model");
 }
 
 TEST(TokenizerTest, EncodesLikeSentencepiece) {
@@ -544,6 +540,10 @@ TEST(TokenizerTest, HostileModelsGiveErrors) {
   expect_error(TinyModel(2, Piece("x", 0, 99)), "bad type");
   expect_error(TinyModel(2, "\x0b"), "group wire type");
   expect_error(Piece("a", 0) + LenField(2, VarintField(3, 2)), "no unk");
+  // A 2 MB file of a million empty pieces is refused before any piece is built.
+  std::string many;
+  for (int i = 0; i <= 1'000'000; ++i) many += LenField(1, "");
+  expect_error(many, "too many pieces", StatusCode::kResourceExhausted);
 
   // Every prefix of a real model, and bit flips: errors or a usable model, never a crash.
   SmallTokenizer();  // trains the model when this test runs on its own (ctest: one per process)
