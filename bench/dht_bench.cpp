@@ -131,7 +131,8 @@ int Worker(size_t count, const std::string& bootstrap) {
     } else if (op == "get") {
       in >> key >> latest;
       const auto s = Steady::now();
-      auto r = co_await node.Get(key, latest != 0);
+      auto r =
+          co_await node.Get(key, latest != 0 ? dht::Freshness::kLatest : dht::Freshness::kAnyCopy);
       out << (r.ok() ? "ok " : "err ") << Ms(Steady::now() - s);
       if (r.ok() && !r->is_dict) out << " " << r->value.value << " " << r->value.expiration;
     } else {

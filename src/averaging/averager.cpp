@@ -219,7 +219,7 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
       auto self = shared_from_this();
       const double expiration = declared_expiration_ + 1e-3;
       auto withdraw = [self, key, expiration]() -> asio::awaitable<void> {
-        (void)co_await self->Declare(key, expiration, false);
+        (void)co_await self->Declare(key, expiration, Impl::Availability::kWithdrawn);
       };
       asio::co_spawn(strand_, std::move(withdraw), asio::detached);
     }

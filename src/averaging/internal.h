@@ -134,7 +134,13 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
                                                size_t expected_group_size,
                                                std::vector<std::string>& reasons);
   asio::awaitable<Result<net::Message>> HandleJoin(PeerId from, net::Message request);
-  asio::awaitable<Status> Declare(const std::string& key, double expiration, bool looking);
+  // What a declaration in the group key says about us.
+  enum class Availability {
+    kLooking,    // looking for a group: leaders may be asked to take us
+    kWithdrawn,  // no longer looking (overrides our earlier declaration)
+  };
+  asio::awaitable<Status> Declare(const std::string& key, double expiration,
+                                  Availability availability);
   asio::awaitable<std::vector<Candidate>> FetchCandidates(const std::string& key);
   asio::awaitable<Result<JoinResponse>> RequestJoin(const Candidate& leader, SteadyTime deadline,
                                                     const std::string& gathered);

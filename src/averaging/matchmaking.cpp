@@ -73,10 +73,10 @@ JoinRequest Averager::Impl::OwnJoinRequest(const std::string& key,
 }
 
 asio::awaitable<Status> Averager::Impl::Declare(const std::string& key, double expiration,
-                                                bool looking) {
+                                                Availability availability) {
   Declaration d;
   d.addrs = OwnAddrs();
-  d.looking = looking;
+  d.looking = availability == Availability::kLooking;
   d.schema_hash = schema_hash_;
   std::string value = EncodeDeclaration(d);
   std::optional<std::string> subkey = dht::OwnerMarker(host_.peer_id());
@@ -86,7 +86,7 @@ asio::awaitable<Status> Averager::Impl::Declare(const std::string& key, double e
 asio::awaitable<std::vector<Averager::Impl::Candidate>> Averager::Impl::FetchCandidates(
     const std::string& key) {
   std::vector<Candidate> out;
-  auto record = co_await node_.Get(key, /*latest=*/true);
+  auto record = co_await node_.Get(key, dht::Freshness::kLatest);
   if (!record.ok() || !record->is_dict) co_return out;
   const double now = dht::Now();
   for (const auto& [subkey, entry] : record->subkeys) {
@@ -178,7 +178,7 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
   }
   if (can_lead) {
     declared_expiration_ = looking_->expiration;
-    Status st = co_await Declare(key, looking_->expiration, true);
+    Status st = co_await Declare(key, looking_->expiration, Availability::kLooking);
     if (!st.ok()) {
       looking_.reset();
       co_return st.WithContext("declaring this peer under " + key + " in the DHT");

@@ -186,7 +186,7 @@ asio::awaitable<Status> Averager::Impl::HandleStateRequest(net::CallContext& ctx
 
 asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(LoadStateOptions options) {
   const SteadyTime deadline = SteadyNow() + options.timeout;
-  auto record = co_await node_.Get(StateKey(options_.prefix), /*latest=*/true);
+  auto record = co_await node_.Get(StateKey(options_.prefix), dht::Freshness::kLatest);
   if (!record.ok() || !record->is_dict) {
     co_return NotFound("no peer shares state under " + StateKey(options_.prefix) +
                        "; is a peer with the current state running with the same prefix?");

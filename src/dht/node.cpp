@@ -356,7 +356,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
 
 std::vector<std::string> Node::FindRelays(const std::vector<std::string>& fallback) {
   std::vector<std::string> out;
-  auto announced = GetSync(kRelaysKey, /*latest=*/true);  // not a cached, older list
+  auto announced = GetSync(kRelaysKey, Freshness::kLatest);  // not a cached, older list
   if (announced.ok() && announced->is_dict) {
     for (const auto& [peer, v] : announced->subkeys) out.push_back(v.value);
   }
@@ -527,18 +527,18 @@ asio::awaitable<Status> Node::Store(std::string key, std::string value, double e
 }
 
 asio::awaitable<std::vector<Result<Record>>> Node::GetMany(std::vector<std::string> keys,
-                                                           bool latest) {
+                                                           Freshness freshness) {
   auto impl = impl_;
   auto start = [impl, keys = std::move(keys),
-                latest](std::function<void(std::vector<Result<Record>>)> cb) mutable {
-    impl->core_->Get(std::move(keys), latest, std::move(cb));
+                freshness](std::function<void(std::vector<Result<Record>>)> cb) mutable {
+    impl->core_->Get(std::move(keys), freshness, std::move(cb));
   };
   co_return co_await impl->Await<std::vector<Result<Record>>>(std::move(start));
 }
 
-asio::awaitable<Result<Record>> Node::Get(std::string key, bool latest) {
+asio::awaitable<Result<Record>> Node::Get(std::string key, Freshness freshness) {
   std::vector<std::string> keys{std::move(key)};
-  auto r = co_await GetMany(std::move(keys), latest);
+  auto r = co_await GetMany(std::move(keys), freshness);
   co_return std::move(r.at(0));
 }
 
@@ -559,21 +559,21 @@ Status Node::StoreSync(std::string key, std::string value, double expiration,
   return StoreManySync(std::move(items)).at(0);
 }
 
-std::vector<Result<Record>> Node::GetManySync(std::vector<std::string> keys, bool latest) {
+std::vector<Result<Record>> Node::GetManySync(std::vector<std::string> keys, Freshness freshness) {
   const size_t n = keys.size();
   auto impl = impl_;
   auto r = impl->Block<std::vector<Result<Record>>>(
       [impl, keys = std::move(keys),
-       latest](std::function<void(std::vector<Result<Record>>)> cb) mutable {
-        impl->core_->Get(std::move(keys), latest, std::move(cb));
+       freshness](std::function<void(std::vector<Result<Record>>)> cb) mutable {
+        impl->core_->Get(std::move(keys), freshness, std::move(cb));
       });
   return r ? std::move(*r)
            : std::vector<Result<Record>>(n, Result<Record>(Closed("DHT node is shut down")));
 }
 
-Result<Record> Node::GetSync(std::string key, bool latest) {
+Result<Record> Node::GetSync(std::string key, Freshness freshness) {
   std::vector<std::string> keys{std::move(key)};
-  return std::move(GetManySync(std::move(keys), latest).at(0));
+  return std::move(GetManySync(std::move(keys), freshness).at(0));
 }
 
 Result<size_t> Node::Rejoin() {

@@ -6,7 +6,7 @@
 //       "/ip4/0.0.0.0/tcp/0")}, .initial_peers = {"/ip4/10.0.0.5/tcp/31337/p2p/12D3KooW..."}});
 //   if (!node.ok()) ...  // names every initial peer that failed, and why
 //   (*node)->StoreSync("run1.progress", "{...}", dht::Now() + 60, "12D3KooW...");
-//   Result<dht::Record> r = (*node)->GetSync("run1.progress", /*latest=*/true);
+//   Result<dht::Record> r = (*node)->GetSync("run1.progress", dht::Freshness::kLatest);
 //
 // Every request has a deadline (DhtOptions::request_timeout) and every lookup one
 // (DhtOptions::lookup_timeout), so every operation ends.
@@ -94,15 +94,18 @@ class Node {
   asio::awaitable<std::vector<Status>> StoreMany(std::vector<StoreItem> items);
   asio::awaitable<Status> Store(std::string key, std::string value, double expiration,
                                 std::optional<std::string> subkey = std::nullopt);
+  // Freshness::kLatest visits the nearest replicas and returns the newest version; kAnyCopy may
+  // answer from this node's storage or cache.
   asio::awaitable<std::vector<Result<Record>>> GetMany(std::vector<std::string> keys,
-                                                       bool latest = false);
-  asio::awaitable<Result<Record>> Get(std::string key, bool latest = false);
+                                                       Freshness freshness = Freshness::kAnyCopy);
+  asio::awaitable<Result<Record>> Get(std::string key, Freshness freshness = Freshness::kAnyCopy);
 
   std::vector<Status> StoreManySync(std::vector<StoreItem> items);
   Status StoreSync(std::string key, std::string value, double expiration,
                    std::optional<std::string> subkey = std::nullopt);
-  std::vector<Result<Record>> GetManySync(std::vector<std::string> keys, bool latest = false);
-  Result<Record> GetSync(std::string key, bool latest = false);
+  std::vector<Result<Record>> GetManySync(std::vector<std::string> keys,
+                                          Freshness freshness = Freshness::kAnyCopy);
+  Result<Record> GetSync(std::string key, Freshness freshness = Freshness::kAnyCopy);
 
   // Bootstraps again from the initial peers it started with (e.g. after seeing nobody for a
   // while: they may have restarted); returns the routing table's size. FailedPrecondition when

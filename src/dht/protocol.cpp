@@ -46,9 +46,8 @@ struct DhtCore::Lookup {
     bool probe = false;  // asked whatever its distance (random probe)
   };
   DhtId target;
-  std::optional<std::string> key;
-  bool want_value = false;
-  bool latest = false;
+  std::optional<std::string> key;  // set: also looking for its value
+  Freshness freshness = Freshness::kAnyCopy;
   std::map<DhtId, Candidate> candidates;  // by XOR distance to target
   size_t in_flight = 0;
   bool finished = false;
@@ -70,7 +69,7 @@ struct DhtCore::Lookup {
 struct DhtCore::GetOp {
   std::string key;
   DhtId id;
-  bool latest = false;
+  Freshness freshness = Freshness::kAnyCopy;
   std::vector<std::function<void(Result<Record>)>> waiters;
 };
 
@@ -245,9 +244,8 @@ void DhtCore::RefreshBuckets(std::vector<size_t> buckets, std::function<void()> 
   for (size_t i = 0; i < buckets.size(); ++i) {
     routing_.MarkRefreshed(buckets[i], Now());
     const DhtId target = DhtId::RandomInBucket(self_.id, buckets[i], rng_);
-    StartLookup(
-        target, std::nullopt, false, false, [join, i](Lookup&) { join->Set(i, 0); },
-        options_.alpha);
+    StartLookup({.target = target, .random_probes = options_.alpha},
+                [join, i](Lookup&) { join->Set(i, 0); });
   }
 }
 
@@ -302,13 +300,13 @@ void DhtCore::NoteSender(const PeerId& from, const NodeHeader& header) {
 // ---------------------------------------------------------------------------------------------
 // Lookups
 
-void DhtCore::StartLookup(DhtId target, std::optional<std::string> key, bool want_value,
-                          bool latest, std::function<void(Lookup&)> on_done, size_t random_probes) {
+void DhtCore::StartLookup(LookupSpec spec, std::function<void(Lookup&)> on_done) {
+  const DhtId target = spec.target;
+  size_t random_probes = spec.random_probes;
   auto lookup = std::make_shared<Lookup>();
   lookup->target = target;
-  lookup->key = std::move(key);
-  lookup->want_value = want_value;
-  lookup->latest = latest;
+  lookup->key = std::move(spec.key);
+  lookup->freshness = spec.freshness;
   lookup->on_done = std::move(on_done);
   for (Contact& c : routing_.Nearest(target, options_.beam_size)) {
     const DhtId d = c.id ^ target;
@@ -343,7 +341,7 @@ void DhtCore::StartLookup(DhtId target, std::optional<std::string> key, bool wan
 void DhtCore::Step(const std::shared_ptr<Lookup>& lookup) {
   Lookup& l = *lookup;
   if (l.finished) return;
-  if (stopped_ || (l.want_value && !l.latest && l.found)) {
+  if (stopped_ || (l.key && l.freshness == Freshness::kAnyCopy && l.found)) {
     FinishLookup(lookup);
     return;
   }
@@ -465,7 +463,7 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
   }
   FindResult& result = reply->results[0];
   bool had_value = false;
-  if (l.want_value && l.key && result.record) {
+  if (l.key && result.record) {
     // Keep only entries that validate and have not expired; merge with what we have.
     Record& r = *result.record;
     const double now = Wall();
@@ -529,7 +527,7 @@ void DhtCore::FinishLookup(const std::shared_ptr<Lookup>& lookup) {
 }
 
 void DhtCore::FindNodes(DhtId target, Callback<std::vector<Contact>> done) {
-  StartLookup(target, std::nullopt, false, false, [done](Lookup& l) {
+  StartLookup({.target = target}, [done](Lookup& l) {
     std::vector<Contact> out;
     for (const auto* c : l.Responded(l.candidates.size())) out.push_back(c->contact);
     done(std::move(out));
@@ -610,86 +608,84 @@ void DhtCore::StoreKey(std::string key, std::vector<StoreItem> items,
                        std::function<void(std::vector<Status>)> done) {
   const DhtId id = DhtId::ForKey(key);
   auto weak = weak_from_this();
-  StartLookup(
-      id, std::nullopt, false, false,
-      [weak, id, key, items = std::move(items), done = std::move(done)](Lookup& l) mutable {
-        auto self = weak.lock();
-        const size_t n = items.size();
-        if (!self || self->stopped_) {
-          done(std::vector<Status>(n, Closed("DHT node is shut down")));
-          return;
-        }
-        // The num_replicas nearest of: nodes that answered, and us (unless we are a client).
-        std::vector<const Contact*> replicas;
-        for (const auto* c : l.Responded(self->options_.num_replicas))
-          replicas.push_back(&c->contact);
-        if (!self->options_.client_mode) {
-          replicas.push_back(&self->self_);
-          std::stable_sort(
-              replicas.begin(), replicas.end(),
-              [&](const Contact* a, const Contact* b) { return Closer(id, a->id, b->id); });
-          if (replicas.size() > self->options_.num_replicas) replicas.pop_back();
-        }
-        if (replicas.empty()) {
-          done(std::vector<Status>(
-              n, Unavailable("no DHT node to store on: this node knows no peers (bootstrap from "
-                             "initial peers first)")));
-          return;
-        }
-        struct Tally {
-          std::vector<bool> stored;
-          std::vector<Status> first_error;
-          size_t remaining;
-        };
-        auto tally = std::make_shared<Tally>(
-            Tally{std::vector<bool>(n, false), std::vector<Status>(n), replicas.size()});
-        auto finish = [tally, done, n]() {
-          std::vector<Status> out(n);
-          for (size_t i = 0; i < n; ++i) {
-            if (tally->stored[i]) continue;
-            out[i] = tally->first_error[i].ok() ? Unavailable("no replica accepted the record")
-                                                : tally->first_error[i];
-          }
-          done(std::move(out));
-        };
-        auto note = [tally](size_t i, const Status& st) {
-          if (st.ok()) {
-            tally->stored[i] = true;
-          } else if (tally->first_error[i].ok()) {
-            tally->first_error[i] = st;
-          }
-        };
-        for (const Contact* replica : replicas) {
-          if (replica == &self->self_) {
-            for (size_t i = 0; i < n; ++i) {
-              note(i, self->storage_.Store(id, items[i], self->self_.peer, self->Wall(), false));
-            }
-            if (--tally->remaining == 0) finish();
-            continue;
-          }
-          StoreRequest request{self->Header(), {}};
-          for (const StoreItem& item : items) request.items.push_back({item, false});
-          ++self->stats_.requests_sent;
-          const Contact contact = *replica;
-          self->env_.Store(contact, std::move(request), self->options_.request_timeout,
-                           [weak, contact, tally, note, finish, n](Result<StoreResponse> r) {
-                             auto me = weak.lock();
-                             if (r.ok() && r->results.size() != n) {
-                               r = ProtocolError("store reply has the wrong number of results");
-                             }
-                             if (!r.ok()) {
-                               if (me) me->OnFailure(contact);
-                               for (size_t i = 0; i < n; ++i) {
-                                 note(i, r.status().WithContext("replica " + contact.peer.Short()));
-                               }
-                             } else {
-                               if (me) me->OnSuccess(contact, false);
-                               for (size_t i = 0; i < n; ++i) note(i, r->results[i]);
-                             }
-                             if (--tally->remaining == 0) finish();
-                           });
-        }
+  StartLookup({.target = id}, [weak, id, key, items = std::move(items),
+                               done = std::move(done)](Lookup& l) mutable {
+    auto self = weak.lock();
+    const size_t n = items.size();
+    if (!self || self->stopped_) {
+      done(std::vector<Status>(n, Closed("DHT node is shut down")));
+      return;
+    }
+    // The num_replicas nearest of: nodes that answered, and us (unless we are a client).
+    std::vector<const Contact*> replicas;
+    for (const auto* c : l.Responded(self->options_.num_replicas)) replicas.push_back(&c->contact);
+    if (!self->options_.client_mode) {
+      replicas.push_back(&self->self_);
+      std::stable_sort(replicas.begin(), replicas.end(), [&](const Contact* a, const Contact* b) {
+        return Closer(id, a->id, b->id);
       });
+      if (replicas.size() > self->options_.num_replicas) replicas.pop_back();
+    }
+    if (replicas.empty()) {
+      done(std::vector<Status>(
+          n, Unavailable("no DHT node to store on: this node knows no peers (bootstrap from "
+                         "initial peers first)")));
+      return;
+    }
+    struct Tally {
+      std::vector<bool> stored;
+      std::vector<Status> first_error;
+      size_t remaining;
+    };
+    auto tally = std::make_shared<Tally>(
+        Tally{std::vector<bool>(n, false), std::vector<Status>(n), replicas.size()});
+    auto finish = [tally, done, n]() {
+      std::vector<Status> out(n);
+      for (size_t i = 0; i < n; ++i) {
+        if (tally->stored[i]) continue;
+        out[i] = tally->first_error[i].ok() ? Unavailable("no replica accepted the record")
+                                            : tally->first_error[i];
+      }
+      done(std::move(out));
+    };
+    auto note = [tally](size_t i, const Status& st) {
+      if (st.ok()) {
+        tally->stored[i] = true;
+      } else if (tally->first_error[i].ok()) {
+        tally->first_error[i] = st;
+      }
+    };
+    for (const Contact* replica : replicas) {
+      if (replica == &self->self_) {
+        for (size_t i = 0; i < n; ++i) {
+          note(i, self->storage_.Store(id, items[i], self->self_.peer, self->Wall(), false));
+        }
+        if (--tally->remaining == 0) finish();
+        continue;
+      }
+      StoreRequest request{self->Header(), {}};
+      for (const StoreItem& item : items) request.items.push_back({item, false});
+      ++self->stats_.requests_sent;
+      const Contact contact = *replica;
+      self->env_.Store(contact, std::move(request), self->options_.request_timeout,
+                       [weak, contact, tally, note, finish, n](Result<StoreResponse> r) {
+                         auto me = weak.lock();
+                         if (r.ok() && r->results.size() != n) {
+                           r = ProtocolError("store reply has the wrong number of results");
+                         }
+                         if (!r.ok()) {
+                           if (me) me->OnFailure(contact);
+                           for (size_t i = 0; i < n; ++i) {
+                             note(i, r.status().WithContext("replica " + contact.peer.Short()));
+                           }
+                         } else {
+                           if (me) me->OnSuccess(contact, false);
+                           for (size_t i = 0; i < n; ++i) note(i, r->results[i]);
+                         }
+                         if (--tally->remaining == 0) finish();
+                       });
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -710,7 +706,7 @@ std::optional<Record> DhtCore::LocalRecord(const DhtId& id, bool* from_cache) {
   return out;
 }
 
-void DhtCore::Get(std::vector<std::string> keys, bool latest,
+void DhtCore::Get(std::vector<std::string> keys, Freshness freshness,
                   std::function<void(std::vector<Result<Record>>)> done) {
   if (keys.empty()) {
     done({});
@@ -718,11 +714,13 @@ void DhtCore::Get(std::vector<std::string> keys, bool latest,
   }
   auto join = std::make_shared<Join<Result<Record>>>(keys.size(), std::move(done));
   for (size_t i = 0; i < keys.size(); ++i) {
-    GetOne(std::move(keys[i]), latest, [join, i](Result<Record> r) { join->Set(i, std::move(r)); });
+    GetOne(std::move(keys[i]), freshness,
+           [join, i](Result<Record> r) { join->Set(i, std::move(r)); });
   }
 }
 
-void DhtCore::GetOne(std::string key, bool latest, std::function<void(Result<Record>)> done) {
+void DhtCore::GetOne(std::string key, Freshness freshness,
+                     std::function<void(Result<Record>)> done) {
   if (stopped_) {
     done(Closed("DHT node is shut down"));
     return;
@@ -733,7 +731,7 @@ void DhtCore::GetOne(std::string key, bool latest, std::function<void(Result<Rec
     return;
   }
   const DhtId id = DhtId::ForKey(key);
-  if (!latest) {
+  if (freshness == Freshness::kAnyCopy) {
     bool from_cache = false;
     if (auto local = LocalRecord(id, &from_cache)) {
       if (from_cache) cache_read_[id] = true;
@@ -741,7 +739,7 @@ void DhtCore::GetOne(std::string key, bool latest, std::function<void(Result<Rec
       return;
     }
   }
-  auto slot = std::make_pair(id, latest);
+  auto slot = std::make_pair(id, freshness);
   if (auto it = gets_in_flight_.find(slot); it != gets_in_flight_.end()) {
     ++stats_.shared_gets;
     it->second->waiters.push_back(std::move(done));
@@ -750,11 +748,11 @@ void DhtCore::GetOne(std::string key, bool latest, std::function<void(Result<Rec
   auto op = std::make_shared<GetOp>();
   op->key = key;
   op->id = id;
-  op->latest = latest;
+  op->freshness = freshness;
   op->waiters.push_back(std::move(done));
   gets_in_flight_[slot] = op;
   auto weak = weak_from_this();
-  StartLookup(id, key, true, latest, [weak, op](Lookup& l) {
+  StartLookup({.target = id, .key = key, .freshness = freshness}, [weak, op](Lookup& l) {
     if (auto self = weak.lock()) {
       self->FinishGet(op, l);
     } else {
@@ -764,7 +762,7 @@ void DhtCore::GetOne(std::string key, bool latest, std::function<void(Result<Rec
 }
 
 void DhtCore::FinishGet(const std::shared_ptr<GetOp>& op, Lookup& l) {
-  gets_in_flight_.erase({op->id, op->latest});
+  gets_in_flight_.erase({op->id, op->freshness});
   std::optional<Record> merged = LocalRecord(op->id, nullptr);
   if (l.found) {
     if (merged) {
@@ -828,7 +826,7 @@ void DhtCore::ScheduleCacheRefresh(const DhtId& id, double expiration) {
                   }
                   // Someone used this cached value: fetch a fresh copy before it expires.
                   std::string k = *key;
-                  self->StartLookup(id, k, true, false, [weak, id, k](Lookup& l) {
+                  self->StartLookup({.target = id, .key = k}, [weak, id, k](Lookup& l) {
                     auto me = weak.lock();
                     if (!me || me->stopped_ || !l.found) return;
                     me->CacheLocally(id, k, *l.found);

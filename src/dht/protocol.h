@@ -110,10 +110,8 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   // is one of the nearest and not a client). One Status per item: OK when at least one replica
   // accepted it, otherwise the replicas' reason.
   void Store(std::vector<StoreItem> items, std::function<void(std::vector<Status>)> done);
-  // Gets each key: the record with signatures stripped, or NotFound. Without `latest` a get may
-  // be answered by the first unexpired copy (local or cached); with it, the lookup visits the
-  // nearest nodes and returns the newest.
-  void Get(std::vector<std::string> keys, bool latest,
+  // Gets each key: the record with signatures stripped, or NotFound (see Freshness).
+  void Get(std::vector<std::string> keys, Freshness freshness,
            std::function<void(std::vector<Result<Record>>)> done);
   // Nearest known live nodes to `target` after a network lookup.
   void FindNodes(DhtId target, Callback<std::vector<Contact>> done);
@@ -160,10 +158,17 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   bool BackedOff(const PeerId& peer) const;
   void OnSuccess(const Contact& contact, bool client_mode);
   void OnFailure(const Contact& contact);
-  // `random_probes`: also ask this many random contacts from anywhere in the table, so that a
-  // refresh can escape a neighbourhood whose members all lack the same bucket.
-  void StartLookup(DhtId target, std::optional<std::string> key, bool want_value, bool latest,
-                   std::function<void(Lookup&)> on_done, size_t random_probes = 0);
+  struct LookupSpec {
+    DhtId target;
+    // Set: also look for this key's value, stopping at the first copy unless `freshness` is
+    // kLatest. Unset: only find the nodes nearest to `target`.
+    std::optional<std::string> key = std::nullopt;
+    Freshness freshness = Freshness::kAnyCopy;
+    // Also ask this many random contacts from anywhere in the table, so that a refresh can
+    // escape a neighbourhood whose members all lack the same bucket.
+    size_t random_probes = 0;
+  };
+  void StartLookup(LookupSpec spec, std::function<void(Lookup&)> on_done);
   void Step(const std::shared_ptr<Lookup>& lookup);
   void SendFind(const std::shared_ptr<Lookup>& lookup, const Contact& contact, size_t depth);
   void FlushFinds(const PeerId& peer);
@@ -172,7 +177,7 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   void OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& contact, size_t depth,
                    Result<FindResponse> reply, bool first_of_batch = true);
   void FinishLookup(const std::shared_ptr<Lookup>& lookup);
-  void GetOne(std::string key, bool latest, std::function<void(Result<Record>)> done);
+  void GetOne(std::string key, Freshness freshness, std::function<void(Result<Record>)> done);
   void FinishGet(const std::shared_ptr<GetOp>& op, Lookup& lookup);
   std::optional<Record> LocalRecord(const DhtId& id, bool* from_cache);
   void CacheLocally(const DhtId& id, const std::string& key, const Record& record);
@@ -204,7 +209,7 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   };
   std::unordered_map<PeerId, Bucket> rate_;
   // Gets in flight, so that concurrent gets of one key share one lookup.
-  std::map<std::pair<DhtId, bool>, std::shared_ptr<GetOp>> gets_in_flight_;
+  std::map<std::pair<DhtId, Freshness>, std::shared_ptr<GetOp>> gets_in_flight_;
   // Finds queued for a peer during the current event: lookups running at the same time (a
   // get_many, or concurrent gets) share requests, up to kMaxFindIds ids each.
   struct QueuedFind {

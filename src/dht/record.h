@@ -34,6 +34,12 @@ struct Record {
   friend bool operator==(const Record&, const Record&) = default;
 };
 
+// How fresh a get's answer must be.
+enum class Freshness {
+  kAnyCopy,  // the first unexpired copy found: this node's storage or cache, or any replica
+  kLatest,   // the newest version among the nearest replicas (a full lookup, never the cache)
+};
+
 // One store request.
 struct StoreItem {
   std::string key;

@@ -199,18 +199,20 @@ Status Simulation::Store(size_t i, StoreItem item) {
   return Store(i, std::move(items)).at(0);
 }
 
-std::vector<Result<Record>> Simulation::Get(size_t i, std::vector<std::string> keys, bool latest) {
+std::vector<Result<Record>> Simulation::Get(size_t i, std::vector<std::string> keys,
+                                            Freshness freshness) {
   std::optional<std::vector<Result<Record>>> out;
   const size_t n = keys.size();
-  node(i).Get(std::move(keys), latest, [&](std::vector<Result<Record>> r) { out = std::move(r); });
+  node(i).Get(std::move(keys), freshness,
+              [&](std::vector<Result<Record>> r) { out = std::move(r); });
   RunUntil([&] { return out.has_value(); });
   return out ? std::move(*out)
              : std::vector<Result<Record>>(n, Internal("simulation ran out of events"));
 }
 
-Result<Record> Simulation::Get(size_t i, std::string key, bool latest) {
+Result<Record> Simulation::Get(size_t i, std::string key, Freshness freshness) {
   std::vector<std::string> keys{std::move(key)};
-  return Get(i, std::move(keys), latest).at(0);
+  return Get(i, std::move(keys), freshness).at(0);
 }
 
 }  // namespace colony::dht

@@ -54,8 +54,9 @@ class Simulation {
   Result<size_t> Bootstrap(size_t i, std::vector<std::string> initial_peers);
   std::vector<Status> Store(size_t i, std::vector<StoreItem> items);
   Status Store(size_t i, StoreItem item);
-  std::vector<Result<Record>> Get(size_t i, std::vector<std::string> keys, bool latest = false);
-  Result<Record> Get(size_t i, std::string key, bool latest = false);
+  std::vector<Result<Record>> Get(size_t i, std::vector<std::string> keys,
+                                  Freshness freshness = Freshness::kAnyCopy);
+  Result<Record> Get(size_t i, std::string key, Freshness freshness = Freshness::kAnyCopy);
 
   // Schedules `fn` at virtual time now + delay (used by the nodes' environments).
   void Schedule(Duration delay, std::function<void()> fn);

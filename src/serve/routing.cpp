@@ -27,7 +27,7 @@ Status SequenceManager::Refresh() {
   std::vector<std::string> keys;
   for (int64_t b = 0; b < options_.num_blocks; ++b)
     keys.push_back(BlockKey(options_.model_name, b));
-  auto results = node_.GetManySync(keys, /*latest=*/true);
+  auto results = node_.GetManySync(keys, dht::Freshness::kLatest);
   std::map<PeerId, ServerRecord> by_peer;
   const double now = dht::Now();
   Status last_error;

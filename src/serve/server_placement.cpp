@@ -41,7 +41,7 @@ int64_t ChooseBestStart(const std::vector<ServerRecord>& records, int64_t total_
 std::vector<ServerRecord> BlockServer::Impl::FetchRecords() {
   std::vector<std::string> keys;
   for (int64_t b = 0; b < config_.num_layers; ++b) keys.push_back(BlockKey(options_.model_name, b));
-  auto results = node_.GetManySync(keys, /*latest=*/true);
+  auto results = node_.GetManySync(keys, dht::Freshness::kLatest);
   std::map<std::string, ServerRecord> by_peer;
   const double now = dht::Now();
   for (auto& r : results) {

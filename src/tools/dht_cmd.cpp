@@ -104,7 +104,8 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
   commands.emplace_back(get, [ga]() -> int {
     auto node = ClientNode(ga->common);
     if (!node.ok()) return Fail(node.status());
-    auto r = (*node)->GetSync(ga->key, ga->latest);
+    auto r =
+        (*node)->GetSync(ga->key, ga->latest ? dht::Freshness::kLatest : dht::Freshness::kAnyCopy);
     if (!r.ok()) return Fail(r.status());
     nlohmann::json j{{"key", ga->key}, {"expiration", r->Expiration()}};
     if (r->is_dict) {

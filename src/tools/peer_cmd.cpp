@@ -90,7 +90,7 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
                    st.ToString().c_str());
     }
     if (!bootstrap->empty()) {
-      auto peers = (*node)->GetSync(kPeersKey, /*latest=*/true);
+      auto peers = (*node)->GetSync(kPeersKey, dht::Freshness::kLatest);
       if (!peers.ok()) {
         std::fprintf(stderr, "colony: warning: no peers announced in the DHT: %s\n",
                      peers.status().ToString().c_str());

@@ -56,7 +56,7 @@ int Run(const ServersArgs& a) {
   if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
   std::vector<std::string> keys;
   for (int64_t b = 0; b < blocks; ++b) keys.push_back(serve::BlockKey(name, b));
-  auto results = (*node)->GetManySync(keys, /*latest=*/true);
+  auto results = (*node)->GetManySync(keys, dht::Freshness::kLatest);
   std::map<std::string, serve::ServerRecord> servers;
   const double now = dht::Now();
   for (auto& r : results) {

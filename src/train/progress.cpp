@@ -307,7 +307,7 @@ class ProgressTracker::Impl {
         lock.unlock();
         MaybeRejoin();
         const double fetch_start = dht::Now();
-        auto record = node_.GetSync(key_, /*latest=*/true);
+        auto record = node_.GetSync(key_, dht::Freshness::kLatest);
         const double fetch_end = dht::Now();
         std::vector<Fetched> peers;
         if (record.ok() && record->is_dict) {

@@ -70,9 +70,9 @@ TEST_F(TenNodes, StoreAndGetFromRandomNodes) {
 TEST_F(TenNodes, LatestSeesOverwrites) {
   const double t = Now();
   ASSERT_TRUE(nodes[1]->StoreSync("epoch", "1", t + 30).ok());
-  ASSERT_EQ(nodes[7]->GetSync("epoch", true)->value.value, "1");
+  ASSERT_EQ(nodes[7]->GetSync("epoch", Freshness::kLatest)->value.value, "1");
   ASSERT_TRUE(nodes[4]->StoreSync("epoch", "2", t + 40).ok());
-  auto r = nodes[7]->GetSync("epoch", true);
+  auto r = nodes[7]->GetSync("epoch", Freshness::kLatest);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->value.value, "2");
   EXPECT_EQ(nodes[2]->StoreSync("epoch", "0", t + 10).code(), StatusCode::kAlreadyExists);
@@ -89,7 +89,7 @@ TEST_F(TenNodes, SubkeysFromTwoNodesMergeAndCoroutineApiWorks) {
   Node& reader = *nodes[8];
   auto task = [&]() -> asio::awaitable<void> {
     stored = co_await bob.Store("peers", "b", t + 40, "bob");
-    got = co_await reader.Get("peers", true);
+    got = co_await reader.Get("peers", Freshness::kLatest);
   };
   asio::co_spawn(io, task, asio::detached);
   io.run();

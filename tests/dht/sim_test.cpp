@@ -151,7 +151,7 @@ TEST_F(SmallSwarm, ExactExpirationPreservedAndLatestSeesOverwrites) {
 
   const double e2 = e1 + 1;
   ASSERT_TRUE(sim.Store(9, Item("k", "second", e2)).ok());
-  auto latest = sim.Get(17, "k", /*latest=*/true);
+  auto latest = sim.Get(17, "k", dht::Freshness::kLatest);
   ASSERT_TRUE(latest.ok());
   EXPECT_EQ(latest->value.value, "second");
   EXPECT_EQ(latest->value.expiration, e2);
@@ -159,13 +159,13 @@ TEST_F(SmallSwarm, ExactExpirationPreservedAndLatestSeesOverwrites) {
   // An older expiration is rejected by every replica.
   auto st = sim.Store(5, Item("k", "stale", e1 - 10));
   EXPECT_EQ(st.code(), StatusCode::kAlreadyExists) << st.ToString();
-  EXPECT_EQ(sim.Get(20, "k", true)->value.value, "second");
+  EXPECT_EQ(sim.Get(20, "k", Freshness::kLatest)->value.value, "second");
 }
 
 TEST_F(SmallSwarm, SubkeysFromTwoNodesMergeIntoOneDictionary) {
   ASSERT_TRUE(sim.Store(1, Item("group", "from1", In(50), "peer1")).ok());
   ASSERT_TRUE(sim.Store(2, Item("group", "from2", In(60), "peer2")).ok());
-  auto r = sim.Get(25, "group", true);
+  auto r = sim.Get(25, "group", Freshness::kLatest);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_TRUE(r->is_dict);
   ASSERT_EQ(r->subkeys.size(), 2u);
@@ -176,15 +176,15 @@ TEST_F(SmallSwarm, SubkeysFromTwoNodesMergeIntoOneDictionary) {
   // An older value for an existing subkey is rejected; a newer one replaces it.
   EXPECT_EQ(sim.Store(3, Item("group", "old", In(10), "peer1")).code(), StatusCode::kAlreadyExists);
   ASSERT_TRUE(sim.Store(3, Item("group", "newer", In(70), "peer1")).ok());
-  r = sim.Get(26, "group", true);
+  r = sim.Get(26, "group", Freshness::kLatest);
   EXPECT_EQ(r->subkeys.at("peer1").value, "newer");
 }
 
 TEST_F(SmallSwarm, ExpiredRecordsDisappear) {
   ASSERT_TRUE(sim.Store(1, Item("short", "v", In(2))).ok());
-  ASSERT_TRUE(sim.Get(8, "short", true).ok());
+  ASSERT_TRUE(sim.Get(8, "short", Freshness::kLatest).ok());
   sim.RunFor(3s);
-  auto r = sim.Get(9, "short", true);
+  auto r = sim.Get(9, "short", Freshness::kLatest);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
 }
 
@@ -192,7 +192,7 @@ TEST_F(SmallSwarm, OwnerRecordsCannotBeOverwrittenEvenAfterTheOwnerLeaves) {
   const size_t owner = 4, attacker = 12;
   const std::string key = "profile" + OwnerMarker(sim.node(owner).peer_id());
   ASSERT_TRUE(sim.Store(owner, Item(key, "genuine", In(100))).ok());
-  auto r = sim.Get(20, key, true);
+  auto r = sim.Get(20, key, Freshness::kLatest);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->value.value, "genuine");  // signature stripped
   sim.Kill(owner);
@@ -219,7 +219,7 @@ TEST_F(SmallSwarm, OwnerRecordsCannotBeOverwrittenEvenAfterTheOwnerLeaves) {
     EXPECT_EQ(reply->results[0].code(), StatusCode::kPermissionDenied)
         << reply->results[0].ToString();
   }
-  r = sim.Get(21, key, true);
+  r = sim.Get(21, key, Freshness::kLatest);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->value.value, "genuine");
 }
@@ -243,7 +243,7 @@ TEST_F(SmallSwarm, SchemaRejectsWrongTypes) {
   EXPECT_EQ(
       sim.Store(2, Item("progress", R"({"epoch": 1, "samples_per_second": 1})", In(30))).code(),
       StatusCode::kPermissionDenied);  // must be a dictionary
-  auto r = sim.Get(7, "progress", true);
+  auto r = sim.Get(7, "progress", Freshness::kLatest);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->subkeys.size(), 1u);
 }
@@ -254,7 +254,7 @@ TEST_F(SmallSwarm, ClientModeNodesStoreAndGetButStayOutOfRoutingTables) {
   const size_t c = sim.AddNode(client);
   ASSERT_TRUE(sim.Bootstrap(c, {sim.address(0)}).ok());
   ASSERT_TRUE(sim.Store(c, Item("from-client", "hi", In(60))).ok());
-  auto r = sim.Get(c, "from-client", true);
+  auto r = sim.Get(c, "from-client", Freshness::kLatest);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->value.value, "hi");
   EXPECT_EQ(sim.Get(5, "from-client")->value.value, "hi");
@@ -273,7 +273,7 @@ TEST_F(SmallSwarm, ConcurrentGetsOfOneKeyShareOneLookup) {
   const uint64_t lookups = n.stats().lookups;
   int answered = 0;
   for (int i = 0; i < 5; ++i) {
-    n.Get({"hot"}, true, [&](std::vector<Result<Record>> r) {
+    n.Get({"hot"}, Freshness::kLatest, [&](std::vector<Result<Record>> r) {
       EXPECT_TRUE(r[0].ok());
       ++answered;
     });
@@ -293,11 +293,11 @@ TEST_F(SmallSwarm, GetManySharesFindRequestsAcrossKeys) {
   DhtCore& n = sim.node(20);
   // One key at a time...
   uint64_t before = n.stats().requests_sent;
-  for (const std::string& k : keys) ASSERT_TRUE(sim.Get(20, k, /*latest=*/true).ok());
+  for (const std::string& k : keys) ASSERT_TRUE(sim.Get(20, k, dht::Freshness::kLatest).ok());
   const uint64_t one_by_one = n.stats().requests_sent - before;
   // ...and all at once: the lookups run together and share requests to the same peers.
   before = n.stats().requests_sent;
-  auto all = sim.Get(20, keys, /*latest=*/true);
+  auto all = sim.Get(20, keys, dht::Freshness::kLatest);
   const uint64_t together = n.stats().requests_sent - before;
   for (size_t i = 0; i < keys.size(); ++i) {
     ASSERT_TRUE(all[i].ok()) << all[i].status().ToString();
@@ -310,7 +310,7 @@ TEST_F(SmallSwarm, GetManySharesFindRequestsAcrossKeys) {
 
 TEST_F(SmallSwarm, FoundValuesAreCachedLocallyAndOnTheNearestNodeThatLackedThem) {
   ASSERT_TRUE(sim.Store(1, Item("cached", "v", In(60))).ok());
-  ASSERT_TRUE(sim.Get(23, "cached", true).ok());
+  ASSERT_TRUE(sim.Get(23, "cached", Freshness::kLatest).ok());
   sim.RunFor(1s);  // the copy sent to the nearest node that lacked it is on its way
   const DhtId id = DhtId::ForKey("cached");
   EXPECT_NE(sim.node(23).cache().KeyOf(id), nullptr);
@@ -366,7 +366,7 @@ TEST_F(SmallSwarm, OperationsEndByTheLookupDeadlineWhenNodesStopAnswering) {
   ASSERT_TRUE(sim.Bootstrap(n, {sim.address(0)}).ok());
   for (size_t i = 0; i < n; ++i) sim.Kill(i);
   const SteadyTime start = sim.clock().Now();
-  auto r = sim.Get(n, "deadline", true);
+  auto r = sim.Get(n, "deadline", Freshness::kLatest);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
   EXPECT_LE(sim.clock().Now() - start, std::chrono::seconds(11));
   EXPECT_GE(sim.clock().Now() - start, std::chrono::seconds(10));
@@ -497,7 +497,7 @@ TEST(DhtSimulationBootstrap, ManyNodesStartingAtOnceFromOneBootstrapFormOneSwarm
   for (size_t i = 1; i <= n; ++i) {
     std::vector<std::string> keys;
     for (size_t j = 1; j <= n; ++j) keys.push_back("node" + std::to_string(j));
-    sim.node(i).Get(keys, false, [&, i](std::vector<Result<Record>> rs) {
+    sim.node(i).Get(keys, Freshness::kAnyCopy, [&, i](std::vector<Result<Record>> rs) {
       for (size_t j = 0; j < rs.size(); ++j) {
         if (rs[j].ok() && rs[j]->value.value == std::to_string(j + 1)) {
           ++found;
