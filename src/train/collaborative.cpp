@@ -273,10 +273,14 @@ void CollaborativeOptimizer::Impl::UpdateThroughput(int64_t batch_size) {
   sps_ = sps_ == 0 ? rate : 0.8 * sps_ + 0.2 * rate;
 }
 
-// A start barrier: every peer that sees `n` peers reports itself ready (phase kWait, no
-// samples); once `n` peers are ready (or training already), each starts at the same wall-clock
-// moment, a grace period after the last of them became ready, so that the first epoch begins
-// together rather than staggered by each peer's polling.
+// A start barrier in two stages. First every peer that sees `n` peers reports itself ready
+// (phase kWait, no samples); once `n` peers are ready (or training already), each waits for the
+// same wall-clock moment, a grace period after the last of them became ready. Then each reports
+// kTrain and computes only once its view shows the others computing too: a peer that starts
+// while it still sees others as ready-but-waiting would not extrapolate their growth, and the
+// swarm would overshoot its first target by however long that view lasts (a whole epoch on a
+// loaded machine or a fast device). A peer that waits longer than the others here is seen
+// computing early, which makes them stop a little early and wait for its reports: safe.
 Status CollaborativeOptimizer::Impl::WaitForPeers(size_t n, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   auto time_left = [&] { return Clock::now() < deadline && !Interrupted(); };
@@ -309,6 +313,27 @@ Status CollaborativeOptimizer::Impl::WaitForPeers(size_t n, std::chrono::millise
   const double start_at = *std::max_element(times.begin(), times.end()) + Seconds(grace);
   const double wait = std::clamp(start_at - dht::Now(), 0.0, 2 * Seconds(grace));
   std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+
+  // Second stage: computing, as soon as the view shows `n` peers computing (or past the start:
+  // with samples, or a later epoch). Bounded by another grace period: a peer that died between
+  // the stages must not hold the others.
+  Publish(Phase::kTrain);
+  auto computing = [&](const GlobalProgress& v) {
+    size_t k = 0;
+    for (const auto& p : v.peers) {
+      k += !p.aux && (p.phase == Phase::kTrain || p.samples > 0 || p.epoch > epoch_);
+    }
+    return k;
+  };
+  const auto started = Clock::now();
+  g = tracker_->Refresh(kPollTimeout);
+  while (computing(g) < n && Clock::now() - started < 2 * grace && time_left()) {
+    g = Poll(Clock::now() - started);
+  }
+  if (computing(g) < n) {
+    COLONY_LOG_DEBUG("train: {} of {} peers seen computing at the start; starting anyway",
+                     computing(g), n);
+  }
   return Status::Ok();
 }
 

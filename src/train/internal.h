@@ -135,8 +135,9 @@ class TargetBatchStepping : public Stepping {
   Status AfterRound(StepReport& report);
 
   CollaborativeOptimizer::Impl& peer_;
-  bool quota_active_ = false;  // computing a share of a shortfall (DecideEpoch's quota)
+  bool quota_active_ = false;  // computing a share of a gap (DecideEpoch's quota)
   int64_t quota_left_ = 0;
+  int64_t shared_epoch_ = -1;  // the last epoch at which this peer was given a share
 };
 
 std::unique_ptr<Stepping> MakeGradientRounds(CollaborativeOptimizer::Impl& peer, Status& status);

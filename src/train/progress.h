@@ -19,7 +19,7 @@
 //   auto tracker = train::ProgressTracker::Create(node, {.run_id = "run1",
 //                                                        .target_batch_size = 4096});
 //   tracker->Report({.epoch = e, .samples = n, .samples_per_second = sps, .batch = 32});
-//   switch (DecideEpoch(tracker->Global(), e, 0, waiting).action) { ... }
+//   switch (DecideEpoch(tracker->Global(), e, 0, standing).action) { ... }
 //
 // Publishing and fetching run on the tracker's own thread; Report() and Global() never block on
 // the network.

@@ -113,30 +113,49 @@ Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view va
   return p;
 }
 
-EpochDecision DecideEpoch(const GlobalProgress& g, int64_t local_epoch, int64_t lag, bool waiting) {
+EpochDecision DecideEpoch(const GlobalProgress& g, int64_t local_epoch, int64_t lag,
+                          Standing standing) {
   if (g.epoch > local_epoch + lag) return {EpochAction::kCatchUp};
   if (g.epoch > local_epoch) return {EpochAction::kAverage};
   if (g.epoch == local_epoch && (g.round_started || g.samples_reported >= g.target_batch_size)) {
     return {EpochAction::kAverage};
   }
+  // This peer's share of the swarm's throughput at the epoch (equal shares while rates are
+  // unknown).
+  const double total = g.samples_per_second_at_epoch;
+  const double share = total > 0 && g.own_samples_per_second > 0
+                           ? std::min(1.0, g.own_samples_per_second / total)
+                           : 1.0 / static_cast<double>(std::max<size_t>(1, g.num_peers_at_epoch));
+  auto quota_of = [&](int64_t gap) {
+    const auto q = static_cast<int64_t>(std::ceil(static_cast<double>(gap) * share));
+    return EpochDecision{EpochAction::kTrain, std::max<int64_t>(1, q)};
+  };
   if (g.num_growing_at_epoch == 0) {
     // Nobody else adds samples: the reports are all there is, and they are short. A peer that
     // computes goes on (its own count is exact); peers that all stopped (rates overstated, or a
     // peer left) each compute their share of the shortfall, by throughput, and then stop again
     // without re-estimating, so that they do not each fill the whole gap.
-    if (!waiting) return {EpochAction::kTrain};
-    const int64_t shortfall = g.target_batch_size - g.samples_reported;
-    const double total = g.samples_per_second_at_epoch;
-    const double share = total > 0 && g.own_samples_per_second > 0
-                             ? g.own_samples_per_second / total
-                             : 1.0 / static_cast<double>(std::max<size_t>(1, g.num_peers_at_epoch));
-    const auto quota = static_cast<int64_t>(std::ceil(static_cast<double>(shortfall) * share));
-    return {EpochAction::kTrain, std::max<int64_t>(1, quota)};
+    if (standing == Standing::kComputing) return {EpochAction::kTrain};
+    return quota_of(g.target_batch_size - g.samples_reported);
   }
   // Others still compute: stop when the next batch would more likely overshoot the target than
   // not, and let the reports confirm.
   if (g.samples_expected + g.own_batch / 2 >= g.target_batch_size) return {EpochAction::kWait};
-  return {EpochAction::kTrain};
+  switch (standing) {
+    case Standing::kComputing:
+      return {EpochAction::kTrain};
+    case Standing::kWaiting:
+      // A waiting peer whose estimate fell short resumes. The other waiting peers read about the
+      // same view and resume at about the same moment, each seeing the rest as stopped until its
+      // next fetch: each computes its share of the estimated gap, then waits again, so that they
+      // do not all fill it.
+      return quota_of(g.target_batch_size - g.samples_expected);
+    case Standing::kWaitingAfterShare:
+      // Those that are seen computing may be the others still on their shares, and those seen
+      // waiting may have resumed unseen: only reports with nobody computing are exact.
+      return {EpochAction::kWait};
+  }
+  return {EpochAction::kWait};
 }
 
 }  // namespace colony::train

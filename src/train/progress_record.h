@@ -78,19 +78,30 @@ enum class EpochAction : uint8_t {
 };
 struct EpochDecision {
   EpochAction action = EpochAction::kTrain;
-  // With kTrain after every peer stopped short of the target: the samples this peer computes
-  // (its share of the shortfall, by throughput) before it waits again without re-estimating.
+  // With kTrain for a waiting peer: the samples it computes (its share of the gap, by
+  // throughput) before it waits again without re-estimating.
   int64_t quota = 0;
+};
+// Where a peer accumulating samples stands when it decides.
+enum class Standing : uint8_t {
+  kComputing,  // between batches: it re-estimates after every one
+  kWaiting,    // stopped on its estimate (phase kWait), polling
+  // Stopped again after computing a share of a gap at this epoch: the others may still be
+  // computing theirs, unseen, so only exact reports (nobody computing) make it resume.
+  kWaitingAfterShare,
 };
 // `lag`: how far the swarm's epoch may be ahead while its round for `local_epoch` still runs (1
 // with delayed averaging, where peers report the next epoch as their round starts; else 0).
-// `waiting`: this peer is in phase kWait. The rules, in order:
+// The rules, in order:
 //   swarm ahead by more than lag          -> kCatchUp
 //   swarm ahead, or a round at the epoch began, or reported samples >= target -> kAverage
-//   no other peer at the epoch computes   -> kTrain (with a quota, its share of the shortfall,
-//                                            when this peer is waiting too)
+//   no other peer at the epoch computes   -> kTrain (waiting: with a quota, its share of the
+//                                            reported shortfall)
 //   expected + half a batch >= target     -> kWait (reported < target: confirm first)
-//   otherwise                             -> kTrain
-EpochDecision DecideEpoch(const GlobalProgress& g, int64_t local_epoch, int64_t lag, bool waiting);
+//   computing                             -> kTrain
+//   waiting                               -> kTrain with a quota, its share of the estimated gap
+//   waiting after a share                 -> kWait
+EpochDecision DecideEpoch(const GlobalProgress& g, int64_t local_epoch, int64_t lag,
+                          Standing standing);
 
 }  // namespace colony::train

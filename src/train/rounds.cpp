@@ -269,7 +269,7 @@ Status GradientRounds::RunAuxiliary(const std::function<bool()>& stop) {
     peer_.epoch_ = g.epoch;
     peer_.tracker_->Report({.epoch = g.epoch, .phase = Phase::kWait});
     if (g.epoch == last_round || g.num_peers_at_epoch <= 1 ||
-        DecideEpoch(g, g.epoch, 0, true).action != EpochAction::kAverage) {
+        DecideEpoch(g, g.epoch, 0, Standing::kWaiting).action != EpochAction::kAverage) {
       continue;
     }
     averaging::StepOptions so;

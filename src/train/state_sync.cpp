@@ -63,7 +63,9 @@ Status CollaborativeOptimizer::Impl::CatchUp(StepReport& report, bool quiet) {
   Status last = Status::Ok();
   for (int downloads = 0;;) {
     const GlobalProgress g = tracker_->Refresh(kPollTimeout);
-    if (DecideEpoch(g, epoch_, stepping_->Lag(), false).action != EpochAction::kCatchUp) break;
+    if (DecideEpoch(g, epoch_, stepping_->Lag(), Standing::kComputing).action !=
+        EpochAction::kCatchUp)
+      break;
     // The parameters to take are those of the swarm's epoch, whatever the lag: with delayed
     // averaging a donor's parameters reach that epoch once it applies its round, and a peer
     // that took the epoch before would have to join a round that already formed.
@@ -128,7 +130,8 @@ Status CollaborativeOptimizer::Impl::CatchUp(StepReport& report, bool quiet) {
 // averaged it; a peer that is behind catches up.
 Status CollaborativeOptimizer::Impl::Resync(StepReport& report) {
   const GlobalProgress g = tracker_->Global();
-  if (DecideEpoch(g, epoch_, stepping_->Lag(), false).action == EpochAction::kCatchUp) {
+  if (DecideEpoch(g, epoch_, stepping_->Lag(), Standing::kComputing).action ==
+      EpochAction::kCatchUp) {
     return CatchUp(report, /*quiet=*/true);
   }
   int64_t params_epoch;

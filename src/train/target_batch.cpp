@@ -25,12 +25,12 @@ Status TargetBatchStepping::Advance(StepReport& report) {
   bool waiting = false;
   GlobalProgress g;
   if (quota_active_) {
-    // Filling its share of a shortfall: compute on without re-estimating (but join the round or
+    // Computing its share of a gap: compute on without re-estimating (but join the round or
     // catch up when the swarm moves), then wait.
     if (quota_left_ > 0) {
       peer_.Publish(Phase::kTrain);
       g = peer_.tracker_->Global();
-      const EpochAction a = DecideEpoch(g, peer_.epoch_, Lag(), false).action;
+      const EpochAction a = DecideEpoch(g, peer_.epoch_, Lag(), Standing::kComputing).action;
       if (a == EpochAction::kCatchUp) return peer_.CatchUp(report, /*quiet=*/true);
       if (a != EpochAction::kAverage) return Status::Ok();
       quota_active_ = false;
@@ -48,7 +48,10 @@ Status TargetBatchStepping::Advance(StepReport& report) {
   }
   const auto wait_start = Clock::now();
   for (;;) {
-    const EpochDecision d = DecideEpoch(g, peer_.epoch_, Lag(), waiting);
+    const Standing standing = !waiting                        ? Standing::kComputing
+                              : shared_epoch_ == peer_.epoch_ ? Standing::kWaitingAfterShare
+                                                              : Standing::kWaiting;
+    const EpochDecision d = DecideEpoch(g, peer_.epoch_, Lag(), standing);
     switch (d.action) {
       case EpochAction::kCatchUp:
         return peer_.CatchUp(report, /*quiet=*/true);
@@ -62,6 +65,7 @@ Status TargetBatchStepping::Advance(StepReport& report) {
           if (d.quota > 0) {
             quota_active_ = true;
             quota_left_ = d.quota;
+            shared_epoch_ = peer_.epoch_;
           }
           peer_.Publish(Phase::kTrain);
         }

@@ -116,32 +116,55 @@ GlobalProgress View(int64_t reported, int64_t expected) {
 
 TEST(DecideEpoch, ExtrapolationDecidesWhenToWaitReportsWhenToAverage) {
   // Far from the target: compute.
-  EXPECT_EQ(DecideEpoch(View(10, 40), 5, 0, false).action, EpochAction::kTrain);
+  EXPECT_EQ(DecideEpoch(View(10, 40), 5, 0, Standing::kComputing).action, EpochAction::kTrain);
   // The estimate reaches the target, the reports do not: stop and confirm, never average.
-  EXPECT_EQ(DecideEpoch(View(60, 100), 5, 0, false).action, EpochAction::kWait);
-  EXPECT_EQ(DecideEpoch(View(99, 5000), 5, 0, true).action, EpochAction::kWait);
+  EXPECT_EQ(DecideEpoch(View(60, 100), 5, 0, Standing::kComputing).action, EpochAction::kWait);
+  EXPECT_EQ(DecideEpoch(View(99, 5000), 5, 0, Standing::kWaiting).action, EpochAction::kWait);
   // The reports reach it: average.
-  EXPECT_EQ(DecideEpoch(View(100, 100), 5, 0, true).action, EpochAction::kAverage);
+  EXPECT_EQ(DecideEpoch(View(100, 100), 5, 0, Standing::kWaiting).action, EpochAction::kAverage);
   // Another peer began the epoch's round: join it whatever the counts say.
   GlobalProgress started = View(10, 20);
   started.round_started = true;
-  EXPECT_EQ(DecideEpoch(started, 5, 0, false).action, EpochAction::kAverage);
+  EXPECT_EQ(DecideEpoch(started, 5, 0, Standing::kComputing).action, EpochAction::kAverage);
 }
 
 TEST(DecideEpoch, PeersThatAllStoppedShortShareTheShortfallByThroughput) {
   GlobalProgress g = View(60, 60);
   g.num_growing_at_epoch = 0;  // everyone waits, 40 samples short
-  const EpochDecision d = DecideEpoch(g, 5, 0, /*waiting=*/true);
+  const EpochDecision d = DecideEpoch(g, 5, 0, Standing::kWaiting);
   EXPECT_EQ(d.action, EpochAction::kTrain);
   EXPECT_EQ(d.quota, 10);  // a quarter of the throughput: a quarter of the shortfall
   // A peer that computes (not waiting) needs no quota: its own count is exact.
-  EXPECT_EQ(DecideEpoch(g, 5, 0, false).quota, 0);
+  EXPECT_EQ(DecideEpoch(g, 5, 0, Standing::kComputing).quota, 0);
   // Unknown rates: equal shares, at least one sample.
   g.samples_per_second_at_epoch = 0;
   g.own_samples_per_second = 0;
-  EXPECT_EQ(DecideEpoch(g, 5, 0, true).quota, 10);
+  EXPECT_EQ(DecideEpoch(g, 5, 0, Standing::kWaiting).quota, 10);
   g.samples_reported = g.samples_expected = 99;
-  EXPECT_EQ(DecideEpoch(g, 5, 0, true).quota, 1);
+  EXPECT_EQ(DecideEpoch(g, 5, 0, Standing::kWaiting).quota, 1);
+}
+
+// Waiting peers whose estimate fell short all resume at about the same moment, each seeing the
+// others as stopped: each takes its share of the estimated gap, not the whole gap.
+TEST(DecideEpoch, WaitingPeersThatResumeShareTheEstimatedGapByThroughput) {
+  GlobalProgress g = View(50, 60);  // 40 short by the estimate; one peer still seen computing
+  const EpochDecision d = DecideEpoch(g, 5, 0, Standing::kWaiting);
+  EXPECT_EQ(d.action, EpochAction::kTrain);
+  EXPECT_EQ(d.quota, 10);  // a quarter of the throughput: a quarter of the estimated gap
+  // A peer that was computing goes on without a quota: it re-estimates after every batch.
+  EXPECT_EQ(DecideEpoch(g, 5, 0, Standing::kComputing).quota, 0);
+  // Its own rate above the swarm's (the others' rates not known yet): the whole gap at most.
+  g.own_samples_per_second = 1000;
+  EXPECT_EQ(DecideEpoch(g, 5, 0, Standing::kWaiting).quota, 40);
+  // A peer that already computed a share at this epoch does not take another on an estimate:
+  // the peer seen computing may be another one still on its share.
+  EXPECT_EQ(DecideEpoch(g, 5, 0, Standing::kWaitingAfterShare).action, EpochAction::kWait);
+  // Once nobody is seen computing, the reports are exact: it takes its share of the shortfall.
+  g.num_growing_at_epoch = 0;
+  g.own_samples_per_second = 100;
+  const EpochDecision again = DecideEpoch(g, 5, 0, Standing::kWaitingAfterShare);
+  EXPECT_EQ(again.action, EpochAction::kTrain);
+  EXPECT_EQ(again.quota, 13);  // a quarter of the 50 reported short, rounded up
 }
 
 // Half a batch short with nobody else computing: no reason to wait for anyone (a peer alone
@@ -150,20 +173,20 @@ TEST(DecideEpoch, APeerShortOfTheTargetWithNobodyElseComputingComputesOn) {
   GlobalProgress g = View(96, 96);
   g.own_batch = 32;
   g.num_growing_at_epoch = 0;
-  EXPECT_EQ(DecideEpoch(g, 5, 0, /*waiting=*/false).action, EpochAction::kTrain);
-  EXPECT_EQ(DecideEpoch(g, 5, 0, /*waiting=*/false).quota, 0);
+  EXPECT_EQ(DecideEpoch(g, 5, 0, Standing::kComputing).action, EpochAction::kTrain);
+  EXPECT_EQ(DecideEpoch(g, 5, 0, Standing::kComputing).quota, 0);
   // With others computing, the same view means: stop and confirm.
   g.num_growing_at_epoch = 1;
-  EXPECT_EQ(DecideEpoch(g, 5, 0, /*waiting=*/false).action, EpochAction::kWait);
+  EXPECT_EQ(DecideEpoch(g, 5, 0, Standing::kComputing).action, EpochAction::kWait);
 }
 
 TEST(DecideEpoch, APeerBehindTheSwarmCatchesUpUnlessItsRoundStillRuns) {
   GlobalProgress g = View(0, 0);
   g.epoch = 7;
-  EXPECT_EQ(DecideEpoch(g, 6, 0, false).action, EpochAction::kCatchUp);
-  EXPECT_EQ(DecideEpoch(g, 5, 1, false).action, EpochAction::kCatchUp);
+  EXPECT_EQ(DecideEpoch(g, 6, 0, Standing::kComputing).action, EpochAction::kCatchUp);
+  EXPECT_EQ(DecideEpoch(g, 5, 1, Standing::kComputing).action, EpochAction::kCatchUp);
   // With delayed averaging the swarm reports epoch 7 while its round for 6 runs: join it.
-  EXPECT_EQ(DecideEpoch(g, 6, 1, false).action, EpochAction::kAverage);
+  EXPECT_EQ(DecideEpoch(g, 6, 1, Standing::kComputing).action, EpochAction::kAverage);
 }
 
 // ---- trackers on real DHT nodes -----------------------------------------------------------------
@@ -225,7 +248,7 @@ TEST_F(Trackers, SeeEachOtherAndCountOnlyReportedSamplesAsReported) {
   g = a.Global();
   EXPECT_EQ(g.samples_reported, 500);
   EXPECT_GT(g.samples_expected, 1000);
-  EXPECT_EQ(DecideEpoch(g, 0, 0, false).action, EpochAction::kWait);
+  EXPECT_EQ(DecideEpoch(g, 0, 0, Standing::kComputing).action, EpochAction::kWait);
   // b stops: a stops extrapolating it at once, whatever its rate.
   b.Report(
       {.epoch = 0, .samples = 400, .samples_per_second = 1e6, .batch = 10, .phase = Phase::kWait});
