@@ -70,7 +70,7 @@ std::pair<uint64_t, uint64_t> AllReduceRun::PartRange(uint32_t member, size_t k)
 }
 
 void AllReduceRun::MaybeFault(Fault when) {
-  if (impl_->options_.fault != when || fault_fired_) return;
+  if (impl_->options_.testing.fault != when || fault_fired_) return;
   fault_fired_ = true;
   COLONY_LOG_WARN("averaging: injecting fault {} (tests only)", static_cast<int>(when));
   switch (when) {

@@ -91,7 +91,11 @@ struct AveragerOptions {
   std::chrono::milliseconds state_advert_period{10'000};
   size_t max_concurrent_state_transfers = 2;
   size_t state_chunk_bytes = 1 << 20;
-  Fault fault = Fault::kNone;  // tests only
+
+  // Test hooks: how a test makes this peer misbehave.
+  struct Testing {
+    Fault fault = Fault::kNone;  // harms itself at this moment (see Fault)
+  } testing = {};
 };
 
 struct StepOptions {

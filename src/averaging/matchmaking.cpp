@@ -37,7 +37,7 @@ bool Before(double exp_a, const PeerId& a, double exp_b, const PeerId& b) {
 }  // namespace
 
 Result<Multiaddr> DialAddress(const std::vector<std::string>& addrs, const PeerId& peer) {
-  Status last = InvalidArgument("peer " + peer.ToString() + " announced no address");
+  Status last = ProtocolError("peer " + peer.ToString() + " announced no address");
   for (const auto& a : addrs) {
     auto m = Multiaddr::Parse(a);
     if (!m.ok()) {
@@ -46,7 +46,7 @@ Result<Multiaddr> DialAddress(const std::vector<std::string>& addrs, const PeerI
     }
     if (!m->peer_id()) m = Multiaddr::Parse(a + "/p2p/" + peer.ToString());
     if (m.ok() && m->peer_id() == peer) return *m;
-    last = InvalidArgument("address " + a + " names a different peer than " + peer.ToString());
+    last = ProtocolError("address " + a + " names a different peer than " + peer.ToString());
   }
   return last;
 }

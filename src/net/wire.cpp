@@ -173,7 +173,7 @@ Result<EncodedMessage> EncodeMessage(const Message& message) {
 }
 
 Result<Message> DecodeMessage(ByteSpan bytes, std::shared_ptr<const void> owner) {
-  auto bad = [](const std::string& why) { return InvalidArgument("malformed message: " + why); };
+  auto bad = [](const std::string& why) { return ProtocolError("malformed message: " + why); };
   ByteReader in(bytes);
   Message m;
   uint64_t meta_len = in.Varint();

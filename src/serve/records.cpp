@@ -38,9 +38,9 @@ std::string EncodeServerRecord(const ServerRecord& r) {
 
 Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view value,
                                        int64_t num_blocks) {
-  if (value.size() > 8192) return InvalidArgument("server record longer than 8 KiB");
+  if (value.size() > 8192) return ProtocolError("server record longer than 8 KiB");
   nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return InvalidArgument("server record is not a JSON object");
+  if (!j.is_object()) return ProtocolError("server record is not a JSON object");
   ServerRecord r;
   r.peer = peer;
   try {
@@ -52,7 +52,7 @@ Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view valu
     } else if (state == "offline") {
       r.state = ServerState::kOffline;
     } else {
-      return InvalidArgument(fmt::format("unknown server state '{}'", state.substr(0, 32)));
+      return ProtocolError(fmt::format("unknown server state '{}'", state.substr(0, 32)));
     }
     r.start = j.at("start").get<int64_t>();
     r.end = j.at("end").get<int64_t>();
@@ -64,23 +64,23 @@ Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view valu
     if (j.contains("addresses")) {
       const auto& a = j.at("addresses");
       if (!a.is_array() || a.size() > 16) {
-        return InvalidArgument("server record: addresses must be an array of at most 16");
+        return ProtocolError("server record: addresses must be an array of at most 16");
       }
       for (const auto& s : a) r.addresses.push_back(s.get<std::string>());
     }
   } catch (const nlohmann::json::exception& e) {
-    return InvalidArgument(std::string("malformed server record: ") + e.what());
+    return ProtocolError(std::string("malformed server record: ") + e.what());
   }
   if (r.start < 0 || r.end <= r.start || r.end > num_blocks) {
-    return InvalidArgument(fmt::format("server record spans blocks [{}, {}), outside [0, {})",
-                                       r.start, r.end, num_blocks));
+    return ProtocolError(fmt::format("server record spans blocks [{}, {}), outside [0, {})",
+                                     r.start, r.end, num_blocks));
   }
   if (!std::isfinite(r.throughput) || r.throughput < 0 || !std::isfinite(r.inference_rps) ||
       r.inference_rps < 0) {
-    return InvalidArgument("server record has a negative or non-finite throughput");
+    return ProtocolError("server record has a negative or non-finite throughput");
   }
   if (r.version.size() > 64 || r.dtype.size() > 16) {
-    return InvalidArgument("server record has an overlong version or dtype");
+    return ProtocolError("server record has an overlong version or dtype");
   }
   return r;
 }

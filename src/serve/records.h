@@ -35,7 +35,7 @@ struct ServerRecord {
 
 std::string BlockKey(const std::string& model, int64_t block);
 std::string EncodeServerRecord(const ServerRecord& record);
-// Parses a value read from the DHT (untrusted): InvalidArgument on anything malformed, spans
+// Parses a value read from the DHT (untrusted): ProtocolError on anything malformed, spans
 // outside [0, num_blocks), or more than a few addresses.
 Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view value,
                                        int64_t num_blocks);

@@ -125,7 +125,7 @@ int Run(const AverageArgs& a) {
   options.part_timeout = Ms(a.part_timeout);
   if (a.clip_tau > 0)
     options.centered_clip = averaging::CenteredClipOptions{a.clip_tau, a.clip_iterations};
-  options.fault = *fault;
+  options.testing.fault = *fault;
   auto averager = averaging::Averager::Create(**node, tensors, options);
   if (!averager.ok()) return Fail(averager.status());
 
@@ -227,8 +227,11 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
       "average synthetic tensors with peers found in the DHT (prints JSON lines: ready, one per "
       "round, done)");
   cmd->add_option("--initial-peers", a->initial_peers, "multiaddr of a DHT peer (repeatable)")
+      ->check(MultiaddrCheck())
       ->required();
-  cmd->add_option("--listen", a->listen, "address to listen on")->capture_default_str();
+  cmd->add_option("--listen", a->listen, "address to listen on")
+      ->check(MultiaddrCheck())
+      ->capture_default_str();
   cmd->add_option("--prefix", a->prefix, "key prefix shared by the peers that average together")
       ->capture_default_str();
   cmd->add_option("--values", a->values, "float32 values to average")
@@ -269,9 +272,11 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
       ->capture_default_str();
   cmd->add_option("--relay", a->relays,
                   "behind NAT: accept connections through this relay peer (its multiaddr; "
-                  "repeatable)");
+                  "repeatable)")
+      ->check(MultiaddrCheck());
   cmd->add_option("--relay-listen", a->relay_listen,
-                  "run a relay for peers behind NAT, with circuits on this address");
+                  "run a relay for peers behind NAT, with circuits on this address")
+      ->check(MultiaddrCheck());
   cmd->add_flag("--no-hole-punching", a->no_hole_punching,
                 "keep relayed connections instead of trying to replace them with direct ones");
   cmd->add_option("--start-at", a->start_at, "wall-clock time (Unix seconds) to start at");

@@ -27,6 +27,11 @@ inline std::string Dump(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// Every option that takes a peer's or a listen address checks it with this when the command line
+// is parsed: a value that is not a multiaddr (core/multiaddr.h) is an error that names the option.
+// Peers to join through are always --initial-peers.
+CLI::Validator MultiaddrCheck();
+
 // Prints "colony: error: <message>" on stderr (one line) and returns exit code 1.
 int Fail(const Status& status);
 int Fail(const std::string& message);

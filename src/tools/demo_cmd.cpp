@@ -433,7 +433,7 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
       std::vector<std::string> argv = {self,     "--log-level", "warn",
                                        "listen", "--listen",    "/ip4/127.0.0.1/tcp/0"};
       if (i > 0) {
-        argv.push_back("--bootstrap");
+        argv.push_back("--initial-peers");
         argv.push_back(bootstrap);
       }
       auto p = Subprocess::Spawn(argv);

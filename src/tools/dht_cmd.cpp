@@ -20,7 +20,8 @@ struct CommonArgs {
 
 void AddCommon(CLI::App* cmd, CommonArgs& a, bool peers_required) {
   auto* opt = cmd->add_option("--initial-peers", a.initial_peers,
-                              "multiaddr of a DHT peer to join through (repeatable)");
+                              "multiaddr of a DHT peer to join through (repeatable)")
+                  ->check(MultiaddrCheck());
   if (peers_required) opt->required();
   cmd->add_option("--identity", a.identity, "identity file (default: a new random identity)");
   cmd->add_option("--request-timeout", a.timeout, "seconds to wait for each DHT request")
@@ -132,14 +133,17 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
   };
   auto va = std::make_shared<ServeArgs>();
   dht->add_option("--listen", va->listen, "address to listen on (repeatable; port 0 = any)")
+      ->check(MultiaddrCheck())
       ->capture_default_str();
   dht->add_flag("--client-mode", va->client_mode,
                 "do not accept connections: store and get only (behind NAT)");
   dht->add_option("--relay", va->relays,
                   "behind NAT: be reachable through this relay peer (its multiaddr; repeatable; "
-                  "implies --client-mode)");
+                  "implies --client-mode)")
+      ->check(MultiaddrCheck());
   dht->add_option("--relay-listen", va->relay_listen,
-                  "also run a relay for peers behind NAT, with circuits on this address");
+                  "also run a relay for peers behind NAT, with circuits on this address")
+      ->check(MultiaddrCheck());
   dht->add_flag("--no-hole-punching", va->no_hole_punching,
                 "keep relayed connections instead of trying to replace them with direct ones");
   AddCommon(dht, va->common, false);

@@ -40,7 +40,7 @@ constexpr double kAnnounceTtl = 600;
 void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
   struct ListenArgs {
     std::vector<std::string> listen{"/ip4/127.0.0.1/tcp/0"};
-    std::vector<std::string> bootstrap;
+    std::vector<std::string> initial_peers;
     std::string identity;
   };
   auto la = std::make_shared<ListenArgs>();
@@ -48,15 +48,19 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
       "listen",
       "run a peer: print the addresses others can dial (one per line), serve until SIGINT/SIGTERM");
   listen->add_option("--listen", la->listen, "address to listen on (repeatable; port 0 = any)")
+      ->check(MultiaddrCheck())
       ->capture_default_str();
-  listen->add_option("--bootstrap", la->bootstrap,
-                     "peer to join the DHT through; we announce our address there and ping every "
-                     "peer announced so far (repeatable)");
+  listen
+      ->add_option("--initial-peers,--bootstrap", la->initial_peers,
+                   "peer to join the DHT through (alias: --bootstrap); we announce our address "
+                   "there and ping every "
+                   "peer announced so far (repeatable)")
+      ->check(MultiaddrCheck());
   listen->add_option("--identity", la->identity, "identity file (default: a new random identity)");
   commands.emplace_back(listen, [la]() -> int {
     auto listen_addrs = ParseAll(la->listen);
     if (!listen_addrs.ok()) return Fail(listen_addrs.status());
-    auto bootstrap = ParseAll(la->bootstrap);
+    auto bootstrap = ParseAll(la->initial_peers);
     if (!bootstrap.ok()) return Fail(bootstrap.status());
     auto identity = LoadOrGenerate(la->identity);
     if (!identity.ok()) return Fail(identity.status());
@@ -127,6 +131,7 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
       app.add_subcommand("ping", "dial a peer, authenticate it, and measure the round-trip time");
   ping->add_option("address", pa->address,
                    "peer address, e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...")
+      ->check(MultiaddrCheck())
       ->required();
   ping->add_option("-c,--count", pa->count, "number of pings")
       ->check(CLI::Range(1, 1000))

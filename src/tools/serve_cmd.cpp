@@ -43,7 +43,8 @@ void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a) {
                   "name of the model in the DHT, shared by its servers and clients (default: the "
                   "directory's name)");
   cmd->add_option("--initial-peers", a.initial_peers,
-                  "multiaddr of a peer in the swarm (repeatable)");
+                  "multiaddr of a peer in the swarm (repeatable)")
+      ->check(MultiaddrCheck());
   cmd->add_option("--threads", a.threads, "LibTorch threads (0: default)");
 }
 
@@ -356,10 +357,13 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
     cmd->add_option("--blocks", a->blocks, "serve blocks A..B-1, as A:B");
     cmd->add_option("--num-blocks", a->num_blocks,
                     "serve this many blocks where the swarm is weakest (instead of --blocks)");
-    cmd->add_option("--listen", a->listen, "address to listen on")->capture_default_str();
+    cmd->add_option("--listen", a->listen, "address to listen on")
+        ->check(MultiaddrCheck())
+        ->capture_default_str();
     cmd->add_option("--relay", a->relays,
                     "behind NAT: serve through this relay peer (repeatable); without it a server "
-                    "that others cannot dial back picks a relay by itself");
+                    "that others cannot dial back picks a relay by itself")
+        ->check(MultiaddrCheck());
     cmd->add_option("--dtype", a->dtype, "weights and compute: float32 or bfloat16")
         ->check(CLI::IsMember({"float32", "bfloat16"}))
         ->capture_default_str();

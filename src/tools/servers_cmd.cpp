@@ -130,6 +130,7 @@ void AddServersCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
   cmd->add_option("--model-name", a->model_name, "the model's name in the DHT");
   cmd->add_option("--num-blocks", a->num_blocks, "blocks in the model (without --model)");
   cmd->add_option("--initial-peers", a->initial_peers, "multiaddr of a peer in the swarm")
+      ->check(MultiaddrCheck())
       ->required();
   cmd->add_flag("--json", a->json, "print one JSON object");
   commands.emplace_back(cmd, [a] { return Run(*a); });

@@ -169,13 +169,17 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
   cmd->add_option("--run-id", c.run_id, "name shared by the peers of one run")
       ->capture_default_str();
   cmd->add_option("--initial-peers", o.initial_peers,
-                  "multiaddr of a peer in the swarm (repeatable; none: start a new swarm)");
-  cmd->add_option("--listen", o.listen, "address to listen on")->capture_default_str();
+                  "multiaddr of a peer in the swarm (repeatable; none: start a new swarm)")
+      ->check(MultiaddrCheck());
+  cmd->add_option("--listen", o.listen, "address to listen on")
+      ->check(MultiaddrCheck())
+      ->capture_default_str();
   cmd->add_flag("--client-mode", f->client_mode,
                 "accept no connections (behind NAT): average as a client peer");
   cmd->add_option("--relay", o.relays,
                   "behind NAT: accept connections through this relay peer (repeatable); "
-                  "without it a peer that others cannot dial back picks a relay by itself");
+                  "without it a peer that others cannot dial back picks a relay by itself")
+      ->check(MultiaddrCheck());
   cmd->add_flag("--aux", f->aux, "auxiliary peer: lend bandwidth to averaging, train nothing");
   cmd->add_option("--cache-dir", t.cache_dir,
                   "where the corpus, tokenizer and token shards are cached (default: "

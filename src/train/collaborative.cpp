@@ -156,7 +156,7 @@ averaging::AveragerOptions CollaborativeOptimizer::Impl::AveragerDefaults() cons
   a.moshpit = false;
   a.bandwidth = options_.bandwidth;
   a.max_send_rate = options_.max_send_rate;
-  a.fault = options_.testing.fault;
+  a.testing.fault = options_.testing.fault;
   return a;
 }
 

@@ -46,14 +46,14 @@ std::string EncodeProgressRecord(const PeerProgress& p) {
 }
 
 Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view value) {
-  if (value.size() > kMaxRecordBytes) return InvalidArgument("progress record is too large");
+  if (value.size() > kMaxRecordBytes) return ProtocolError("progress record is too large");
   auto j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return InvalidArgument("progress record is not a JSON object");
+  if (!j.is_object()) return ProtocolError("progress record is not a JSON object");
   for (const auto& [key, unused] : j.items()) {
     static constexpr std::string_view kKnown[] = {"epoch", "samples", "sps", "batch",
                                                   "time",  "client",  "aux", "phase"};
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
-      return InvalidArgument(fmt::format("progress record has an unknown field '{}'", key));
+      return ProtocolError(fmt::format("progress record has an unknown field '{}'", key));
     }
   }
   PeerProgress p;
@@ -61,11 +61,11 @@ Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view va
   auto get_int = [&](const char* name, int64_t max, int64_t& out) -> Status {
     auto it = j.find(name);
     if (it == j.end() || !it->is_number_integer()) {
-      return InvalidArgument(fmt::format("progress record lacks integer '{}'", name));
+      return ProtocolError(fmt::format("progress record lacks integer '{}'", name));
     }
     out = it->get<int64_t>();
     if (out < 0 || out > max) {
-      return InvalidArgument(fmt::format("progress record's '{}' is out of range", name));
+      return ProtocolError(fmt::format("progress record's '{}' is out of range", name));
     }
     return Status::Ok();
   };
@@ -75,18 +75,18 @@ Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view va
   auto sps = j.find("sps");
   auto time = j.find("time");
   if (sps == j.end() || !sps->is_number() || time == j.end() || !time->is_number()) {
-    return InvalidArgument("progress record lacks 'sps' or 'time'");
+    return ProtocolError("progress record lacks 'sps' or 'time'");
   }
   p.samples_per_second = sps->get<double>();
   p.time = time->get<double>();
   if (!std::isfinite(p.samples_per_second) || p.samples_per_second < 0 ||
       p.samples_per_second > kMaxSamplesPerSecond || !std::isfinite(p.time)) {
-    return InvalidArgument("progress record's 'sps' or 'time' is out of range");
+    return ProtocolError("progress record's 'sps' or 'time' is out of range");
   }
   auto flag = [&](const char* name, bool& out) -> Status {
     auto it = j.find(name);
     if (it == j.end() || !it->is_boolean()) {
-      return InvalidArgument(fmt::format("progress record lacks boolean '{}'", name));
+      return ProtocolError(fmt::format("progress record lacks boolean '{}'", name));
     }
     out = it->get<bool>();
     return Status::Ok();
@@ -95,7 +95,7 @@ Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view va
   COLONY_RETURN_IF_ERROR(flag("aux", p.aux));
   auto phase = j.find("phase");
   if (phase == j.end() || !phase->is_string()) {
-    return InvalidArgument("progress record lacks string 'phase'");
+    return ProtocolError("progress record lacks string 'phase'");
   }
   const auto& name = phase->get_ref<const std::string&>();
   bool known = false;
@@ -106,10 +106,10 @@ Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view va
     }
   }
   if (!known) {
-    return InvalidArgument(
+    return ProtocolError(
         fmt::format("progress record has an unknown phase '{}'", name.substr(0, 32)));
   }
-  if (p.aux && p.samples != 0) return InvalidArgument("an auxiliary peer reports no samples");
+  if (p.aux && p.samples != 0) return ProtocolError("an auxiliary peer reports no samples");
   return p;
 }
 

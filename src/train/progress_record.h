@@ -65,7 +65,8 @@ struct GlobalProgress {
   std::vector<PeerProgress> peers;  // this peer first
 };
 
-// Parses and validates one peer's record value (untrusted: it comes from the DHT).
+// Parses and validates one peer's record value (untrusted: it comes from the DHT); ProtocolError on
+// anything malformed.
 Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view value);
 std::string EncodeProgressRecord(const PeerProgress& p);
 

@@ -482,9 +482,37 @@ TEST_F(CliTest, PingJunkAddressFails) {
   for (const auto& c : cases) {
     SCOPED_TRACE(c.addr);
     RunResult r = Run({"ping", c.addr});
-    EXPECT_EQ(r.code, 1) << r.Describe();
+    EXPECT_EQ(r.code, 2) << r.Describe();  // checked as the command line is parsed
     EXPECT_TRUE(r.out.empty()) << r.Describe();
     ExpectOneErrorLine(r.err, {c.bad_part});
+  }
+}
+
+// Every address option is checked as a multiaddr when the command line is parsed: the error
+// names the option and what is wrong, before anything starts (exit code 2: a usage error).
+TEST_F(CliTest, EveryAddressOptionRejectsWhatIsNotAMultiaddr) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string option;
+  };
+  const std::vector<Case> cases = {
+      {{"dht", "get", "k", "--initial-peers", "127.0.0.1:4001"}, "--initial-peers"},
+      {{"dht", "--listen", "/ip4/127.0.0.1/udp/1"}, "--listen"},
+      {{"dht", "--relay", "127.0.0.1:4001"}, "--relay"},
+      {{"dht", "--relay-listen", "/ip9/1.2.3.4/tcp/1"}, "--relay-listen"},
+      {{"listen", "--initial-peers", "127.0.0.1:4001"}, "--initial-peers"},
+      {{"listen", "--bootstrap", "127.0.0.1:4001"}, "--initial-peers"},
+      {{"average", "--initial-peers", "127.0.0.1:4001", "--values", "1"}, "--initial-peers"},
+      {{"servers", "--initial-peers", "/ip4/1.2.3.4/tcp/http"}, "--initial-peers"},
+      {{"train", "--initial-peers", "127.0.0.1:4001"}, "--initial-peers"},
+      {{"serve", "--model", "m", "--listen", "127.0.0.1:4001"}, "--listen"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args[0] + " " + c.option);
+    RunResult r = Run(c.args);
+    EXPECT_EQ(r.code, 2) << r.Describe();
+    EXPECT_TRUE(r.out.empty()) << r.Describe();
+    ExpectOneErrorLine(r.err, {c.option});
   }
 }
 
