@@ -243,9 +243,7 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
 
     // Find the best leader to ask: a redirect first, else the earliest declaration before ours.
     std::optional<Candidate> leader;
-    if (redirect && !tried.count({redirect->peer, redirect->expiration})) {
-      leader = std::move(redirect);
-    }
+    if (redirect && !tried.count({redirect->peer, redirect->expiration})) leader = redirect;
     redirect.reset();
     if (!leader) {
       auto candidates = co_await FetchCandidates(key);
