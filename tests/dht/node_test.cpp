@@ -397,9 +397,10 @@ TEST(DhtProcesses, DeadBootstrapPeerGivesAClearError) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("/ip4/127.0.0.1/tcp/1"), std::string::npos) << r.err;
+  // A malformed address is a usage error, found as the command line is parsed.
   auto bad = RunCli({"dht", "store", "k", "v", "--initial-peers", "/ip4/nonsense"});
-  EXPECT_EQ(bad.code, 1);
-  EXPECT_NE(bad.err.find("colony: error:"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("colony: error: --initial-peers"), std::string::npos) << bad.err;
 }
 
 }  // namespace
