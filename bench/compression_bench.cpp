@@ -47,6 +47,28 @@ double MedianGbps(size_t bytes, int repeats, const F& fn) {
   return MedianGbps(bytes, repeats, fn, [] {});
 }
 
+// The largest MSE a codec may leave on N(0,1) input (see the codec tests for the reasoning).
+double MaxMse(Codec codec) {
+  switch (codec) {
+    case Codec::kNone:
+      return 0;
+    case Codec::kFloat16:
+    case Codec::kScaledFloat16:
+      return 5e-8;
+    case Codec::kBFloat16:
+      return 1e-5;
+    case Codec::kUniform8:
+    case Codec::kQuantile8:
+    case Codec::kBlockwise8:
+      return 8e-4;
+    case Codec::kBlockwise4:
+      return 3e-2;
+    case Codec::kTopK:
+      return 1.01;  // E[x^2] of N(0,1), with the sample's slack: no worse than zeros
+  }
+  return 0;
+}
+
 void Check(const Status& st, const char* what) {
   if (st.ok()) return;
   std::fprintf(stderr, "%s failed: %s\n", what, st.ToString().c_str());
@@ -130,6 +152,15 @@ int main(int argc, char** argv) {
       se += d * d;
     }
     r.mse = se / static_cast<double>(n);
+    // What was timed must decode to the input within the codec's error bound on N(0,1) (the
+    // bounds of CodecQuality.MeanSquaredErrorOnStandardNormal); a codec without one (top-k) must
+    // at least not do worse than sending zeros.
+    const double bound = MaxMse(codec);
+    if (!(r.mse <= bound)) {
+      std::fprintf(stderr, "%s: the decoded values are wrong (MSE %.3g, bound %.3g)\n",
+                   std::string(CodecName(codec)).c_str(), r.mse, bound);
+      return 1;
+    }
     rows.push_back(r);
     std::fprintf(stderr, "  measured %s\n", std::string(CodecName(codec)).c_str());
   }

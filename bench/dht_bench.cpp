@@ -257,7 +257,19 @@ int main(int argc, char** argv) {
   const double expiration = dht::Now() + 3600;
   std::vector<double> store_ms, get_ms, warm_ms;
   std::mutex mu;
-  std::atomic<size_t> stored{0}, got{0};
+  std::atomic<size_t> stored{0}, got{0}, wrong{0};
+  // A found value must be the one stored under its key: "ok <ms> <value> <expiration>".
+  auto check_value = [&](const std::string& reply, size_t i) {
+    std::istringstream in(reply);
+    std::string status, ms, value;
+    in >> status >> ms >> value;
+    if (status != "ok") return false;
+    if (value != "value-" + std::to_string(i)) {
+      ++wrong;
+      return false;
+    }
+    return true;
+  };
   auto parse_ms = [](const std::string& reply) {
     std::istringstream in(reply);
     std::string status;
@@ -303,12 +315,14 @@ int main(int argc, char** argv) {
     auto [ok, ms] = parse_ms(reply);
     std::lock_guard lock(mu);
     get_ms.push_back(ms);
-    if (ok && reply.find(" value-" + std::to_string(i) + " ") != std::string::npos) ++got;
+    if (ok && check_value(reply, i)) ++got;
   });
   const auto [lookups1, hops1] = stats(dead);
   // Again with latest=true (no local or cached answers; every lookup visits the nearest nodes).
   Parallel(keys, clients, [&](size_t i) {
-    auto [ok, ms] = parse_ms(command(reader[i], "get", "bench.key." + std::to_string(i) + " 1"));
+    const std::string reply = command(reader[i], "get", "bench.key." + std::to_string(i) + " 1");
+    auto [ok, ms] = parse_ms(reply);
+    if (ok) check_value(reply, i);
     std::lock_guard lock(mu);
     if (ok) warm_ms.push_back(ms);
   });
@@ -334,6 +348,11 @@ int main(int argc, char** argv) {
   driver.Shutdown();
   for (auto& p : procs) p.Signal(SIGTERM);
   for (auto& p : procs) (void)p.Wait(std::chrono::seconds(20));
+  if (wrong > 0) {
+    std::printf("FAILED: %zu gets returned a value other than the one stored under the key\n",
+                wrong.load());
+    return 1;
+  }
   std::printf("RESULT dht_store_success=%.4f\n", store_ok);
   std::printf("RESULT dht_get_success=%.4f\n", get_ok);
   std::printf("RESULT dht_store_p50_ms=%.3f\n", Percentile(store_ms, 0.5));
