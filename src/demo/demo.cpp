@@ -7,6 +7,10 @@
 
 namespace colony::demo {
 
+std::string ColonyExecutable(const DemoOptions& o) {
+  return o.colony.empty() ? SelfExecutable() : o.colony;
+}
+
 Status RunDemo(const DemoOptions& o, const Output& out) {
   using namespace std::chrono;
   if (o.peers < 2 || o.peers > 32) return InvalidArgument("the demo runs 2 to 32 peers");

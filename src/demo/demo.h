@@ -32,6 +32,9 @@ struct DemoOptions {
   std::string colony = {};              // the colony executable to run ("": this process's)
 };
 
+// The colony executable the stages run: options.colony, else this process's own.
+std::string ColonyExecutable(const DemoOptions& options);
+
 // Receives the demo's progress as text (whole lines, each ending in '\n').
 using Output = std::function<void(std::string_view text)>;
 

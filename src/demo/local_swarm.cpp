@@ -19,22 +19,15 @@
 #include "net/host.h"
 
 namespace colony::demo {
-namespace {
 
 using std::chrono::seconds;
-
-std::string Executable(const DemoOptions& o) {
-  return o.colony.empty() ? SelfExecutable() : o.colony;
-}
-
-}  // namespace
 
 Result<LocalSwarm> StartLocalSwarm(const DemoOptions& o, const Output& out) {
   out(fmt::format("Colony demo: starting {} peers on loopback as separate processes\n", o.peers));
   LocalSwarm swarm;
   for (int i = 0; i < o.peers; ++i) {
-    std::vector<std::string> argv = {Executable(o), "--log-level", "warn",
-                                     "listen",      "--listen",    "/ip4/127.0.0.1/tcp/0"};
+    std::vector<std::string> argv = {ColonyExecutable(o), "--log-level",         "warn", "listen",
+                                     "--listen",          "/ip4/127.0.0.1/tcp/0"};
     if (i > 0) argv.insert(argv.end(), {"--initial-peers", swarm.bootstrap});
     COLONY_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Spawn(argv));
     auto line = p.ReadLine(seconds(10));
@@ -116,7 +109,7 @@ Result<int> AverageAcrossProcesses(const DemoOptions& o, const std::string& boot
   for (int i = 0; i < o.peers; ++i) {
     COLONY_ASSIGN_OR_RETURN(
         Subprocess p,
-        Subprocess::Spawn({Executable(o), "--log-level", "warn", "average", "--initial-peers",
+        Subprocess::Spawn({ColonyExecutable(o), "--log-level", "warn", "average", "--initial-peers",
                            bootstrap, "--values", std::to_string(values), "--seed",
                            std::to_string(i), "--target-group-size", std::to_string(o.peers),
                            "--min-group-size", std::to_string(o.peers), "--start-at", start_at,

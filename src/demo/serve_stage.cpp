@@ -27,7 +27,7 @@ std::string OneLine(std::string t) {
 
 Result<std::string> ServeTrained(const DemoOptions& a, const Output& out) {
   using namespace std::chrono;
-  const std::string self = a.colony.empty() ? SelfExecutable() : a.colony;
+  const std::string self = ColonyExecutable(a);
   const std::filesystem::path dir = std::filesystem::absolute(a.out_dir);
   const std::string model = (dir / "model").string();
   std::ifstream cfg(dir / "model" / "config.json");

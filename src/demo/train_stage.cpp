@@ -66,7 +66,7 @@ Status PlotLoss(const std::filesystem::path& metrics, const std::filesystem::pat
 Result<std::string> TrainTogether(const DemoOptions& a, const std::string& bootstrap,
                                   const Output& out) {
   using namespace std::chrono;
-  const std::string self = a.colony.empty() ? SelfExecutable() : a.colony;
+  const std::string self = ColonyExecutable(a);
   const bool quick = a.quick;
   const double seconds_budget = a.train_seconds > 0 ? a.train_seconds : (quick ? 30 : 300);
   const uint64_t corpus_bytes = quick ? 3'000'000 : 0;

@@ -275,9 +275,10 @@ class ProgressTracker::Impl {
       // Due times follow the view: as the swarm nears the target, reports and fetches come
       // closer together (ReportGap, FetchGap).
       const auto now = Clock::now();
-      const auto publish_due = last_publish + ReportGap();
+      const auto half = HalfEta();  // one merge of the view per pass
+      const auto publish_due = last_publish + ReportGap(half);
       const auto keepalive_due = last_publish + Keepalive();
-      const auto fetch_due = last_fetch + FetchGap();
+      const auto fetch_due = last_fetch + FetchGap(half);
       const bool publish = publish_now_ || (dirty_ && now >= publish_due) || now >= keepalive_due;
       const bool fetch = fetch_now_ || now >= fetch_due;
       if (!publish && !fetch) {
@@ -384,12 +385,11 @@ class ProgressTracker::Impl {
     return kMinPollSpacing + kPollSpacingPerPeer * static_cast<int64_t>(others_.size() + 1);
   }
 
-  // Called with mu_ held: the time between this peer's reports while it computes: a quarter of
-  // the time the swarm needs to reach the target, within [PollSpacing(), min_refresh]. An epoch
-  // that is short against min_refresh is then reported several times by every peer; a long one
-  // costs no more traffic than min_refresh allows.
-  Clock::duration ReportGap() const {
-    const auto half = HalfEta();
+  // Called with mu_ held, with `half` = HalfEta(): the time between this peer's reports while it
+  // computes: a quarter of the time the swarm needs to reach the target, within [PollSpacing(),
+  // min_refresh]. An epoch that is short against min_refresh is then reported several times by
+  // every peer; a long one costs no more traffic than min_refresh allows.
+  Clock::duration ReportGap(const std::optional<Clock::duration>& half) const {
     if (!options_.follow_target || self_.phase != Phase::kTrain || self_.aux || !half) {
       return options_.min_refresh;
     }
@@ -398,13 +398,13 @@ class ProgressTracker::Impl {
         options_.min_refresh);
   }
 
-  // Called with mu_ held: the time between fetches. While this peer computes, a quarter of the
+  // Called with mu_ held, with `half` = HalfEta(): the time between fetches. While this peer
+  // computes, a quarter of the
   // time the swarm needs to reach the target (so that an underestimate corrects itself well
   // before the target), at least PollSpacing(); otherwise half of it, at least min_refresh (a
   // waiting peer polls by itself). At most max_refresh; min_refresh while the swarm's
   // throughput is unknown.
-  Clock::duration FetchGap() const {
-    const auto half = HalfEta();
+  Clock::duration FetchGap(const std::optional<Clock::duration>& half) const {
     if (!half) return options_.min_refresh;
     if (options_.follow_target && self_.phase == Phase::kTrain && !self_.aux) {
       return std::clamp<Clock::duration>(
