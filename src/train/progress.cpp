@@ -261,8 +261,8 @@ class ProgressTracker::Impl {
                                                        : fetch_end - options_.record_ttl_seconds;
         s.at = std::clamp(p.time, lower, fetch_end);
       }
-      s.p = std::move(p);
-      next[s.p.peer] = std::move(s);
+      s.p = p;
+      next[s.p.peer] = s;
     }
     others_ = std::move(next);
     previous_fetch_start_ = fetch_start;
@@ -321,7 +321,7 @@ class ProgressTracker::Impl {
                                p.status().ToString());
               continue;
             }
-            peers.push_back({std::move(*p), entry.expiration});
+            peers.push_back({*p, entry.expiration});
           }
         }
         lock.lock();
