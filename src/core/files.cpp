@@ -40,6 +40,24 @@ Result<std::string> HashFile(const std::filesystem::path& file) {
   return Hex64(h);
 }
 
+Result<std::string> ReadFileToString(const std::filesystem::path& file, uint64_t max_bytes) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return NotFound("cannot open " + file.string() + ": " + std::strerror(errno));
+  std::string out;
+  std::string buf(64 << 10, '\0');
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto n = static_cast<size_t>(in.gcount());
+    if (out.size() + n > max_bytes) {
+      return ResourceExhausted(file.string() + " is larger than " + std::to_string(max_bytes) +
+                               " bytes");
+    }
+    out.append(buf.data(), n);
+  }
+  if (in.bad()) return DataLoss("error reading " + file.string());
+  return out;
+}
+
 Result<FileLock> FileLock::Acquire(const std::filesystem::path& path) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {

@@ -21,6 +21,10 @@ std::string Hex64(uint64_t v);  // 16 lowercase hex digits
 // Hash of a file's contents (FNV-1a), as 16 hex digits.
 Result<std::string> HashFile(const std::filesystem::path& file);
 
+// The whole contents of a file of at most `max_bytes` (a larger one is refused with an error that
+// says so, before anything is read).
+Result<std::string> ReadFileToString(const std::filesystem::path& file, uint64_t max_bytes);
+
 // An exclusive advisory lock (flock) on `path` (created if missing), held until destruction.
 // It serializes both processes and threads of one process (each lock opens its own file).
 class FileLock {

@@ -18,6 +18,8 @@
 #include <set>
 #include <tuple>
 
+#include "core/files.h"
+
 namespace colony::model {
 namespace {
 
@@ -439,9 +441,7 @@ Result<std::map<std::string, std::filesystem::path>> ReadShardIndex(
       return InvalidArgument(fmt::format("{} is {} bytes; refusing index files over {}",
                                          index_path.string(), size, kMaxIndexFileSize));
     }
-    std::ifstream in(index_path, std::ios::binary);
-    if (!in) return Unavailable(fmt::format("cannot open {}", index_path.string()));
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    COLONY_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_path, kMaxIndexFileSize));
     json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (doc.is_discarded() || !doc.is_object()) {
       return InvalidArgument(fmt::format("{} is not a JSON object", index_path.string()));

@@ -304,8 +304,8 @@ Result<std::string> StripTrainingPaths(const std::string& serialized) {
 constexpr auto kTrainTimeout = std::chrono::minutes(30);
 
 std::string FileTail(const std::filesystem::path& file, size_t max_bytes) {
-  std::ifstream in(file, std::ios::binary);
-  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  auto read = ReadFileToString(file, 64 << 20);
+  std::string text = read.ok() ? std::move(*read) : read.status().message();
   if (text.size() > max_bytes) text = "..." + text.substr(text.size() - max_bytes);
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   return text;
@@ -424,9 +424,9 @@ Result<Tokenizer> Tokenizer::TrainOrLoad(const std::filesystem::path& corpus,
     return Internal("training the tokenizer on " + corpus.string() + " failed: spm_train exited " +
                     "with status " + std::to_string(exit_code) + ": " + FileTail(log, 2000));
   }
-  std::ifstream in(work / "spm.model", std::ios::binary);
-  std::string trained{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (!in.is_open() || in.bad() || trained.empty()) {
+  auto read = ReadFileToString(work / "spm.model", kMaxModelBytes);
+  const std::string trained = read.ok() ? std::move(*read) : std::string();
+  if (trained.empty()) {
     return Internal("spm_train wrote no model to " + (work / "spm.model").string() + ": " +
                     FileTail(log, 2000));
   }
