@@ -4,14 +4,12 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+
+#include "core/files.h"
 
 namespace colony::model {
 namespace {
@@ -52,30 +50,6 @@ Status CopyInto(const SafetensorsFile& file, const TensorInfo& info, torch::Tens
       file.ReadInto(info, std::span<uint8_t>(static_cast<uint8_t*>(tmp.data_ptr()), tmp.nbytes())));
   torch::NoGradGuard no_grad;
   dest.copy_(tmp);
-  return Status::Ok();
-}
-
-Status WriteFileAtomically(const std::filesystem::path& path, const std::string& text) {
-  static std::atomic<uint64_t> counter{0};
-  std::filesystem::path tmp = path;
-  tmp += fmt::format(".tmp-{}-{}", ::getpid(), counter.fetch_add(1));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      return Unavailable(fmt::format("write {} failed", tmp.string()));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    return Unavailable(
-        fmt::format("rename {} to {}: {}", tmp.string(), path.string(), ec.message()));
-  }
   return Status::Ok();
 }
 
@@ -203,8 +177,7 @@ Result<LlamaConfig> LoadLlamaConfig(const std::filesystem::path& dir) {
     return InvalidArgument(
         fmt::format("{} is {} bytes, too large for a config", path.string(), size));
   }
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  COLONY_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, kMaxConfigFileSize));
   auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded())
     return InvalidArgument(fmt::format("{} is not valid JSON", path.string()));

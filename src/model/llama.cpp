@@ -8,188 +8,16 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <numeric>
+
+#include "model/rotary.h"
 
 namespace colony::model {
 namespace {
 
-using nlohmann::json;
-
 constexpr double kInitStd = 0.02;  // HF initializer_range
 
-torch::nn::Linear MakeLinear(int64_t in, int64_t out) {
-  torch::nn::Linear linear(torch::nn::LinearOptions(in, out).bias(false));
-  torch::NoGradGuard no_grad;
-  linear->weight.normal_(0, kInitStd);
-  return linear;
-}
-
-// HF's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
-torch::Tensor RotateHalf(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
-// cos and sin [T, head_dim] for positions offset..offset+T-1, computed in float32 like HF.
-std::pair<torch::Tensor, torch::Tensor> RotaryTables(int64_t length, int64_t offset,
-                                                     int64_t head_dim, double theta,
-                                                     const torch::TensorOptions& options) {
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device());
-  auto inv_freq =
-      1.0 / at::pow(theta, at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim));
-  auto positions = at::arange(offset, offset + length, f32);
-  auto freqs = at::outer(positions, inv_freq);
-  auto emb = at::cat({freqs, freqs}, -1);
-  return {emb.cos().to(options.dtype()), emb.sin().to(options.dtype())};
-}
-
-template <typename T>
-Status ReadField(const json& j, const char* name, T& out, bool required) {
-  auto it = j.find(name);
-  if (it == j.end() || it->is_null()) {
-    if (required) return InvalidArgument(fmt::format("config: missing field \"{}\"", name));
-    return Status::Ok();
-  }
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!it->is_boolean()) {
-      return InvalidArgument(fmt::format("config: \"{}\" must be a boolean", name));
-    }
-    out = it->get<bool>();
-  } else if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) {
-      return InvalidArgument(fmt::format("config: \"{}\" must be an integer", name));
-    }
-    out = it->get<T>();
-  } else {
-    if (!it->is_number()) {
-      return InvalidArgument(fmt::format("config: \"{}\" must be a number", name));
-    }
-    out = it->get<T>();
-  }
-  return Status::Ok();
-}
-
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// LlamaConfig
-
-json LlamaConfig::ToJson() const {
-  return {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
-      {"hidden_act", "silu"},
-      {"initializer_range", kInitStd},
-      {"torch_dtype", "float32"},
-      {"attention_bias", false},
-      {"vocab_size", vocab_size},
-      {"hidden_size", hidden_size},
-      {"intermediate_size", intermediate_size},
-      {"num_hidden_layers", num_layers},
-      {"num_attention_heads", num_heads},
-      {"num_key_value_heads", num_kv_heads},
-      {"max_position_embeddings", max_seq_len},
-      {"rope_theta", rope_theta},
-      {"rms_norm_eps", rms_norm_eps},
-      {"tie_word_embeddings", tie_word_embeddings},
-  };
-}
-
-Result<LlamaConfig> LlamaConfig::FromJson(const json& j) {
-  if (!j.is_object()) return InvalidArgument("config: not a JSON object");
-  if (auto it = j.find("model_type"); it != j.end() && *it != "llama") {
-    return Unimplemented(
-        fmt::format("config: model_type {} is not supported (only \"llama\")", it->dump()));
-  }
-  if (auto it = j.find("hidden_act"); it != j.end() && *it != "silu") {
-    return Unimplemented(
-        fmt::format("config: hidden_act {} is not supported (only \"silu\")", it->dump()));
-  }
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    return Unimplemented("config: rope_scaling is not supported");
-  }
-  if (auto it = j.find("attention_bias"); it != j.end() && *it != false) {
-    return Unimplemented("config: attention_bias is not supported");
-  }
-  if (auto it = j.find("mlp_bias"); it != j.end() && *it != false) {
-    return Unimplemented("config: mlp_bias is not supported");
-  }
-  LlamaConfig c;
-  c.max_seq_len = 2048;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000;
-  c.tie_word_embeddings = false;
-  COLONY_RETURN_IF_ERROR(ReadField(j, "vocab_size", c.vocab_size, true));
-  COLONY_RETURN_IF_ERROR(ReadField(j, "hidden_size", c.hidden_size, true));
-  COLONY_RETURN_IF_ERROR(ReadField(j, "intermediate_size", c.intermediate_size, true));
-  COLONY_RETURN_IF_ERROR(ReadField(j, "num_hidden_layers", c.num_layers, true));
-  COLONY_RETURN_IF_ERROR(ReadField(j, "num_attention_heads", c.num_heads, true));
-  c.num_kv_heads = c.num_heads;
-  COLONY_RETURN_IF_ERROR(ReadField(j, "num_key_value_heads", c.num_kv_heads, false));
-  COLONY_RETURN_IF_ERROR(ReadField(j, "max_position_embeddings", c.max_seq_len, false));
-  COLONY_RETURN_IF_ERROR(ReadField(j, "rope_theta", c.rope_theta, false));
-  COLONY_RETURN_IF_ERROR(ReadField(j, "rms_norm_eps", c.rms_norm_eps, false));
-  COLONY_RETURN_IF_ERROR(ReadField(j, "tie_word_embeddings", c.tie_word_embeddings, false));
-  COLONY_RETURN_IF_ERROR(c.Validate());
-  return c;
-}
-
-Status LlamaConfig::Validate() const {
-  struct Limit {
-    const char* name;
-    int64_t value, max;
-  };
-  // Upper bounds far above any real model, so that a hostile config cannot make us allocate
-  // absurd tensors or overflow size arithmetic.
-  const Limit limits[] = {
-      {"vocab_size", vocab_size, 1 << 22},
-      {"hidden_size", hidden_size, 1 << 16},
-      {"intermediate_size", intermediate_size, 1 << 18},
-      {"num_hidden_layers", num_layers, 1 << 10},
-      {"num_attention_heads", num_heads, 1 << 10},
-      {"num_key_value_heads", num_kv_heads, 1 << 10},
-      {"max_position_embeddings", max_seq_len, 1 << 22},
-  };
-  for (const Limit& l : limits) {
-    if (l.value <= 0 || l.value > l.max) {
-      return InvalidArgument(
-          fmt::format("config: {} = {} is out of range [1, {}]", l.name, l.value, l.max));
-    }
-  }
-  if (hidden_size % num_heads != 0) {
-    return InvalidArgument(
-        fmt::format("config: hidden_size {} is not divisible by num_attention_heads {}",
-                    hidden_size, num_heads));
-  }
-  if (num_heads % num_kv_heads != 0) {
-    return InvalidArgument(
-        fmt::format("config: num_attention_heads {} is not divisible by num_key_value_heads {}",
-                    num_heads, num_kv_heads));
-  }
-  if (head_dim() % 2 != 0) {
-    return InvalidArgument(fmt::format(
-        "config: head dimension {} (hidden_size / num_attention_heads) must be even for rotary "
-        "embeddings",
-        head_dim()));
-  }
-  if (!std::isfinite(rope_theta) || rope_theta <= 1) {
-    return InvalidArgument(fmt::format("config: rope_theta {} must be finite and > 1", rope_theta));
-  }
-  if (!std::isfinite(rms_norm_eps) || rms_norm_eps <= 0 || rms_norm_eps >= 1) {
-    return InvalidArgument(fmt::format("config: rms_norm_eps {} must be in (0, 1)", rms_norm_eps));
-  }
-  return Status::Ok();
-}
-
-int64_t LlamaConfig::NumParameters() const {
-  const int64_t kv_dim = num_kv_heads * head_dim();
-  const int64_t attention = 2 * hidden_size * hidden_size + 2 * hidden_size * kv_dim;
-  const int64_t mlp = 3 * hidden_size * intermediate_size;
-  const int64_t block = attention + mlp + 2 * hidden_size;
-  const int64_t embed = vocab_size * hidden_size;
-  return embed + num_layers * block + hidden_size + (tie_word_embeddings ? 0 : embed);
-}
 
 // ---------------------------------------------------------------------------------------------
 // KVCache
@@ -232,54 +60,15 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config)
-    : num_heads_(config.num_heads),
+    : config_(config),
+      num_heads_(config.num_heads),
       num_kv_heads_(config.num_kv_heads),
-      head_dim_(config.head_dim()),
-      rope_theta_(config.rope_theta) {
+      head_dim_(config.head_dim()) {
   const int64_t h = config.hidden_size;
-  q_proj = register_module("q_proj", MakeLinear(h, num_heads_ * head_dim_));
-  k_proj = register_module("k_proj", MakeLinear(h, num_kv_heads_ * head_dim_));
-  v_proj = register_module("v_proj", MakeLinear(h, num_kv_heads_ * head_dim_));
-  o_proj = register_module("o_proj", MakeLinear(num_heads_ * head_dim_, h));
-}
-
-LoraAdapter* BlockAdapters::Find(const std::string& name) {
-  if (name == "q_proj") return &q_proj;
-  if (name == "k_proj") return &k_proj;
-  if (name == "v_proj") return &v_proj;
-  if (name == "o_proj") return &o_proj;
-  if (name == "gate_proj") return &gate_proj;
-  if (name == "up_proj") return &up_proj;
-  if (name == "down_proj") return &down_proj;
-  return nullptr;
-}
-
-torch::Tensor Project(torch::nn::Linear& linear, const torch::Tensor& x,
-                      const LoraAdapter* adapter) {
-  torch::Tensor y;
-  if (linear->weight.scalar_type() == at::kChar) {
-    const auto buffers = linear->named_buffers(/*recurse=*/false);
-    const torch::Tensor scale = *buffers.find("weight_scale");
-    y = at::linear(x, linear->weight.to(x.scalar_type()) * scale.to(x.scalar_type()).unsqueeze(1));
-  } else {
-    y = linear(x);
-  }
-  if (adapter != nullptr && adapter->defined()) {
-    y = y +
-        at::linear(at::linear(x, adapter->a.to(x.scalar_type())), adapter->b.to(x.scalar_type())) *
-            adapter->scale;
-  }
-  return y;
-}
-
-void QuantizeInt8(torch::nn::Linear& linear) {
-  torch::NoGradGuard no_grad;
-  const torch::Tensor w = linear->weight.detach().to(at::kFloat);
-  const torch::Tensor scale = w.abs().amax(1).clamp_min(1e-12) / 127.0;
-  const torch::Tensor codes = (w / scale.unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
-  linear->weight.set_requires_grad(false);
-  linear->weight.set_data(codes);
-  linear->register_buffer("weight_scale", scale);
+  q_proj = register_module("q_proj", MakeLinear(h, num_heads_ * head_dim_, config.qkv_bias));
+  k_proj = register_module("k_proj", MakeLinear(h, num_kv_heads_ * head_dim_, config.qkv_bias));
+  v_proj = register_module("v_proj", MakeLinear(h, num_kv_heads_ * head_dim_, config.qkv_bias));
+  o_proj = register_module("o_proj", MakeLinear(num_heads_ * head_dim_, h, config.o_bias));
 }
 
 namespace {
@@ -301,7 +90,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t positi
                .view({b, t, num_kv_heads_, head_dim_})
                .transpose(1, 2);
 
-  auto [cos, sin] = RotaryTables(t, position_offset, head_dim_, rope_theta_, q.options());
+  auto [cos, sin] = RotaryTables(config_, t, position_offset, q.options());
   q = q * cos + RotateHalf(q) * sin;
   k = k * cos + RotateHalf(k) * sin;
 
@@ -328,9 +117,14 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t positi
             .reshape({b, num_heads_, s, head_dim_});
   }
   auto scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-  if (t > 1) {
-    // Query t (at key index past + t) must not see keys after it.
+  if (t > 1 || (config_.sliding_window > 0 && s > config_.sliding_window)) {
+    // Query i (at key index past + i) must not see keys after it, nor (with a sliding window W)
+    // keys W or more positions before it.
     auto mask = at::ones({t, s}, x.options().dtype(at::kBool)).triu(past + 1);
+    if (config_.sliding_window > 0) {
+      mask = mask.logical_or(
+          at::ones({t, s}, x.options().dtype(at::kBool)).tril(past - config_.sliding_window));
+    }
     scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
   }
   auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
@@ -339,11 +133,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t positi
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& config) {
-  gate_proj =
-      register_module("gate_proj", MakeLinear(config.hidden_size, config.intermediate_size));
-  up_proj = register_module("up_proj", MakeLinear(config.hidden_size, config.intermediate_size));
-  down_proj =
-      register_module("down_proj", MakeLinear(config.intermediate_size, config.hidden_size));
+  const int64_t h = config.hidden_size, inter = config.intermediate_size;
+  gate_proj = register_module("gate_proj", MakeLinear(h, inter, config.mlp_bias));
+  up_proj = register_module("up_proj", MakeLinear(h, inter, config.mlp_bias));
+  down_proj = register_module("down_proj", MakeLinear(inter, h, config.mlp_bias));
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x, const BlockAdapters* adapters) {
@@ -355,7 +148,11 @@ torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x, const BlockAdapters*
 LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config) {
   // Registered in HF's order so that named_parameters() lists them as HF state dicts do.
   self_attn = register_module("self_attn", LlamaAttention(config));
-  mlp = register_module("mlp", LlamaMLP(config));
+  if (config.mixture_of_experts()) {
+    block_sparse_moe = register_module("block_sparse_moe", SparseMoE(config));
+  } else {
+    mlp = register_module("mlp", LlamaMLP(config));
+  }
   input_layernorm =
       register_module("input_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
   post_attention_layernorm =
@@ -365,14 +162,23 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config) {
 torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, int64_t position_offset,
                                       KVCache* cache, const BlockAdapters* adapters) {
   auto h = x + self_attn->forward(input_layernorm(x), position_offset, cache, adapters);
+  if (block_sparse_moe) {
+    TORCH_CHECK(adapters == nullptr || !adapters->AnyMlp(),
+                "LoRA adapters on the MLP of a mixture-of-experts block are not supported");
+    return h + block_sparse_moe->forward(post_attention_layernorm(h));
+  }
   return h + mlp->forward(post_attention_layernorm(h), adapters);
 }
 
 void LlamaBlockImpl::QuantizeInt8() {
-  for (auto* l : {&self_attn->q_proj, &self_attn->k_proj, &self_attn->v_proj, &self_attn->o_proj,
-                  &mlp->gate_proj, &mlp->up_proj, &mlp->down_proj}) {
+  for (auto* l : {&self_attn->q_proj, &self_attn->k_proj, &self_attn->v_proj, &self_attn->o_proj}) {
     model::QuantizeInt8(*l);
   }
+  if (block_sparse_moe) {
+    block_sparse_moe->QuantizeInt8();
+    return;
+  }
+  for (auto* l : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj}) model::QuantizeInt8(*l);
 }
 
 NamedTensors BlockParametersHF(LlamaBlock& block, int64_t layer) {

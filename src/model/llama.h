@@ -1,8 +1,10 @@
-// A Llama-style decoder in LibTorch, laid out like Hugging Face's LlamaForCausalLM so that its
-// checkpoints load both ways (checkpoint.h): RMSNorm pre-norm blocks with grouped-query attention
-// and rotary embeddings (HF "rotate_half" convention), a SwiGLU MLP, and an optionally tied
-// lm_head. Blocks are separate modules with a KV cache argument so that a server can run a range
-// of blocks for many inference sessions, and a trainer can run the whole model.
+// A Llama-style decoder in LibTorch, laid out like Hugging Face's LlamaForCausalLM (and its
+// relatives Mistral, Qwen2 and Mixtral, config.h) so that their checkpoints load both ways
+// (checkpoint.h): RMSNorm pre-norm blocks with grouped-query attention (optional q/k/v/o biases,
+// optional sliding window) and rotary embeddings (rotary.h), a SwiGLU MLP or a mixture of experts
+// (mixture.h), and an optionally tied lm_head. Blocks are separate modules with a KV cache argument
+// so that a server can run a range of blocks for many inference sessions, and a trainer can run the
+// whole model.
 //
 //   torch::manual_seed(0);
 //   LlamaModel model(LlamaConfig{.vocab_size = 512, .hidden_size = 64});
@@ -28,34 +30,11 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/config.h"
+#include "model/mixture.h"
+#include "model/projection.h"
 
 namespace colony::model {
-
-struct LlamaConfig {
-  int64_t vocab_size = 4096;
-  int64_t hidden_size = 256;
-  int64_t intermediate_size = 704;
-  int64_t num_layers = 4;
-  int64_t num_heads = 8;
-  int64_t num_kv_heads = 4;
-  int64_t max_seq_len = 512;
-  double rope_theta = 10000;
-  double rms_norm_eps = 1e-5;
-  bool tie_word_embeddings = true;
-
-  int64_t head_dim() const { return hidden_size / num_heads; }
-  // Hugging Face config.json (model_type "llama", the field names of transformers' LlamaConfig).
-  nlohmann::json ToJson() const;
-  // Reads an HF config.json; missing optional fields take HF's defaults (num_key_value_heads =
-  // num_attention_heads, max_position_embeddings 2048, rope_theta 10000, rms_norm_eps 1e-6,
-  // tie_word_embeddings false). Features Colony lacks (rope_scaling, attention_bias, hidden_act
-  // other than silu) are refused rather than silently ignored. The result is Validate()d.
-  static Result<LlamaConfig> FromJson(const nlohmann::json& json);
-  Status Validate() const;
-  int64_t NumParameters() const;
-
-  friend bool operator==(const LlamaConfig&, const LlamaConfig&) = default;
-};
 
 // Keys and values of one block for the positions seen so far, after rotary embedding.
 struct KVCache {
@@ -68,29 +47,6 @@ struct KVCache {
   void Truncate(int64_t new_length);
   void Clear();
 };
-
-// A low-rank adapter (LoRA) on one projection: y = W x + scale * B (A x), A [rank, in],
-// B [out, rank]. Undefined tensors: no adapter.
-struct LoraAdapter {
-  torch::Tensor a, b;
-  double scale = 1.0;
-  bool defined() const { return a.defined() && b.defined(); }
-};
-// Adapters for the projections of one block (any subset). A server applies adapters a client
-// sends, so that clients can train LoRA through frozen remote blocks.
-struct BlockAdapters {
-  LoraAdapter q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
-  // The adapter for a projection by name ("q_proj", ...); null for an unknown name.
-  LoraAdapter* Find(const std::string& name);
-};
-
-// x W^T (+ the adapter's term). W may be int8 codes with per-row scales (QuantizeInt8), which are
-// dequantized to x's dtype for the product.
-torch::Tensor Project(torch::nn::Linear& linear, const torch::Tensor& x,
-                      const LoraAdapter* adapter);
-// Stores the linear's weight as int8 codes with per-output-row absmax scales (buffer
-// "weight_scale"): 4x less memory than float32. The weight must not require grad.
-void QuantizeInt8(torch::nn::Linear& linear);
 
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -114,8 +70,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
+  LlamaConfig config_;  // rotary embeddings and the sliding window
   int64_t num_heads_, num_kv_heads_, head_dim_;
-  double rope_theta_;
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -129,7 +85,8 @@ class LlamaMLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaMLP);
 
-// One decoder layer: h = x + attn(norm(x)); out = h + mlp(norm(h)).
+// One decoder layer: h = x + attn(norm(x)); out = h + mlp(norm(h)), where mlp is a dense SwiGLU
+// MLP or, for a mixture-of-experts config, Mixtral's block_sparse_moe.
 class LlamaBlockImpl : public torch::nn::Module {
  public:
   explicit LlamaBlockImpl(const LlamaConfig& config);
@@ -137,17 +94,19 @@ class LlamaBlockImpl : public torch::nn::Module {
   // cache, attention is causal within x. With a cache, x's keys and values are appended to it
   // and x attends to all cached positions plus its own causal prefix; position_offset should then
   // be cache->length. Appending copies the cache (torch::cat), fine for the lengths served here.
-  // Adapters (optional) add LoRA terms to the projections.
+  // Adapters (optional) add LoRA terms to the projections; a mixture-of-experts block takes
+  // none on its MLP (c10::Error).
   torch::Tensor forward(const torch::Tensor& x, int64_t position_offset = 0,
                         KVCache* cache = nullptr, const BlockAdapters* adapters = nullptr);
-  // Quantizes every projection to int8 (QuantizeInt8); norms stay in their dtype.
+  // Quantizes every projection to int8 (QuantizeInt8); norms and the router stay in their dtype.
   void QuantizeInt8();
 
   // Parameters under their HF names within a layer: "self_attn.q_proj.weight", ...
   RMSNorm input_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   RMSNorm post_attention_layernorm{nullptr};
-  LlamaMLP mlp{nullptr};
+  LlamaMLP mlp{nullptr};                // null in a mixture-of-experts block
+  SparseMoE block_sparse_moe{nullptr};  // null in a dense block
 };
 TORCH_MODULE(LlamaBlock);
 

@@ -62,18 +62,6 @@ Result<at::Tensor> BlockServer::Impl::ReadHidden(const net::TensorFrame& frame,
   return h;
 }
 
-// The input and output sizes of a block projection, by name.
-std::optional<std::pair<int64_t, int64_t>> BlockServer::Impl::ProjectionShape(
-    const std::string& name) const {
-  const int64_t h = config_.hidden_size, kv = config_.num_kv_heads * config_.head_dim();
-  const int64_t inter = config_.intermediate_size;
-  if (name == "q_proj" || name == "o_proj") return std::make_pair(h, h);
-  if (name == "k_proj" || name == "v_proj") return std::make_pair(h, kv);
-  if (name == "gate_proj" || name == "up_proj") return std::make_pair(h, inter);
-  if (name == "down_proj") return std::make_pair(inter, h);
-  return std::nullopt;
-}
-
 Result<Tuning> BlockServer::Impl::ReadTuning(const std::vector<net::TensorFrame>& tensors,
                                              size_t first, int64_t start, int64_t end,
                                              const TuningSpec& spec, int64_t batch,
@@ -104,7 +92,11 @@ Result<Tuning> BlockServer::Impl::ReadTuning(const std::vector<net::TensorFrame>
   }
   for (size_t i = 0; i < lora_count; ++i) {
     const std::string& target = targets[(i / 2) % targets.size()];
-    const auto shape = ProjectionShape(target);
+    const auto shape = config_.ProjectionShape(target);
+    if (!shape) {
+      return InvalidArgument(
+          fmt::format("LoRA target {} is not a projection of this model's blocks", target));
+    }
     COLONY_ASSIGN_OR_RETURN(at::Tensor t,
                             runtime::FromFrame(tensors[next++], {.max_elements = max_elements,
                                                                  .allowed_dtypes = kFloatDTypes,

@@ -121,8 +121,6 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   // ---- server_forward.cpp
   // Validates a hidden-state tensor [B, T, H] from a client.
   Result<at::Tensor> ReadHidden(const net::TensorFrame& frame, int64_t max_elements) const;
-  // The input and output sizes of a block projection, by name.
-  std::optional<std::pair<int64_t, int64_t>> ProjectionShape(const std::string& name) const;
   // Reads a tuning's tensors, tensors[first..] (deep prompts when prompt_length > 0, then the
   // LoRA adapters of blocks [start, end)); they must be the last. Prompts have `batch` or 1 rows
   // and at most max_prompt positions.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
@@ -46,12 +47,15 @@ at::Tensor PromptTunedImpl::Loss(const at::Tensor& tokens) {
 }
 
 namespace {
+// The input and output sizes of projection `name` in the model's blocks; throws for a name that
+// takes no adapter there (a mixture-of-experts block's MLP).
 std::pair<int64_t, int64_t> ProjectionDims(const model::LlamaConfig& c, const std::string& name) {
-  const int64_t h = c.hidden_size, kv = c.num_kv_heads * c.head_dim();
-  if (name == "k_proj" || name == "v_proj") return {h, kv};
-  if (name == "gate_proj" || name == "up_proj") return {h, c.intermediate_size};
-  if (name == "down_proj") return {c.intermediate_size, h};
-  return {h, h};  // q_proj, o_proj
+  const auto shape = c.ProjectionShape(name);
+  if (!shape) {
+    throw std::invalid_argument(
+        fmt::format("LoRA target {} is not a projection of this model's blocks", name));
+  }
+  return *shape;
 }
 
 bool IsProjection(const std::string& name) {
@@ -217,7 +221,7 @@ Result<TunedWeights> LoadTuned(const std::filesystem::path& file,
   if (first == by_name.end() || first->second.dim() != 2) return bad("no adapters of block 0");
   out.lora.rank = first->second.size(0);
   for (const auto& target : out.lora.targets) {
-    if (!IsProjection(target)) {
+    if (!IsProjection(target) || !config.ProjectionShape(target)) {
       return bad(fmt::format("unknown projection '{}'", target.substr(0, 32)));
     }
   }

@@ -18,6 +18,7 @@
 #include "model/checkpoint.h"
 #include "model/classifier.h"
 #include "model/llama.h"
+#include "model/rotary.h"
 #include "model/safetensors.h"
 #include "test_support.h"
 
@@ -266,8 +267,32 @@ TEST(LlamaConfig, JsonRoundTripAndValidation) {
   bad["hidden_size"] = "64";
   expect_error(bad, "\"hidden_size\" must be an integer");
   bad = minimal;
-  bad["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
-  expect_error(bad, "rope_scaling");
+  bad["rope_scaling"] = {{"type", "su"}, {"factor", 2.0}};
+  expect_error(bad, "\"rope_scaling.rope_type\" = \"su\" is not supported");
+  bad = minimal;
+  bad["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}, {"finetuned", true}};
+  expect_error(bad, "\"rope_scaling.finetuned\" = true is not understood");
+  bad = minimal;
+  bad["hidden_act"] = "gelu";
+  expect_error(bad, "\"hidden_act\" = \"gelu\" is not supported");
+  bad = minimal;
+  bad["use_fancy_attention"] = true;
+  expect_error(bad, "\"use_fancy_attention\" = true is not understood by Colony");
+  bad = minimal;
+  bad["attention_dropout"] = 0.1;
+  expect_error(bad, "attention_dropout");
+  bad = minimal;
+  bad["rope_theta"] = 20000.0;
+  bad["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  expect_error(bad, "disagrees");
+  bad = minimal;
+  bad["model_type"] = "gpt2";
+  expect_error(bad, "\"model_type\" = \"gpt2\" is not supported");
+  bad = minimal;
+  bad["model_type"] = "qwen2";
+  bad["num_key_value_heads"] = 2;
+  bad["use_sliding_window"] = true;
+  expect_error(bad, "use_sliding_window");
   bad = minimal;
   bad["rms_norm_eps"] = -1;
   expect_error(bad, "rms_norm_eps");
@@ -275,6 +300,100 @@ TEST(LlamaConfig, JsonRoundTripAndValidation) {
   bad["hidden_size"] = 12;  // head_dim 3
   bad["num_attention_heads"] = 4;
   expect_error(bad, "must be even");
+}
+
+// The same model in transformers 4's layout (rope_theta, rope_scaling at the top level) and 5's
+// (rope_parameters) reads the same, for every rope type; families take their own defaults.
+TEST(LlamaConfig, BothTransformersLayoutsReadTheSame) {
+  const json base = {{"vocab_size", 100},
+                     {"hidden_size", 64},
+                     {"intermediate_size", 128},
+                     {"num_hidden_layers", 2},
+                     {"num_attention_heads", 4},
+                     {"num_key_value_heads", 2},
+                     {"max_position_embeddings", 1024}};
+  const std::vector<json> scalings = {
+      {{"rope_type", "linear"}, {"factor", 4.0}},
+      {{"rope_type", "dynamic"}, {"factor", 2.0}},
+      {{"rope_type", "llama3"},
+       {"factor", 8.0},
+       {"low_freq_factor", 1.0},
+       {"high_freq_factor", 4.0},
+       {"original_max_position_embeddings", 256}},
+      {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 256}},
+  };
+  for (const json& scaling : scalings) {
+    json v4 = base;
+    v4["rope_theta"] = 500000.0;
+    v4["rope_scaling"] = scaling;
+    json v5 = base;
+    v5["rope_parameters"] = scaling;
+    v5["rope_parameters"]["rope_theta"] = 500000.0;
+    auto a = LlamaConfig::FromJson(v4), b = LlamaConfig::FromJson(v5);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_EQ(*a, *b) << scaling.dump();
+    EXPECT_EQ(a->rope_theta, 500000.0);
+    EXPECT_EQ(RopeTypeName(a->rope_scaling.type), scaling["rope_type"].get<std::string>());
+    auto back = LlamaConfig::FromJson(a->ToJson());
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, *a);
+  }
+  json mixtral = base;
+  mixtral["model_type"] = "mixtral";
+  auto m = LlamaConfig::FromJson(mixtral);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->num_experts, 8);
+  EXPECT_EQ(m->num_experts_per_tok, 2);
+  EXPECT_EQ(m->rope_theta, 1e6);
+  json mistral = base;
+  mistral["model_type"] = "mistral";
+  auto w = LlamaConfig::FromJson(mistral);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->sliding_window, 0);  // transformers' default of 4096 is past max_position 1024
+  mistral["sliding_window"] = 16;
+  w = LlamaConfig::FromJson(mistral);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->sliding_window, 16);
+}
+
+// Linear rope scaling by f at position p is the default rotation at p / f (an identity that does
+// not depend on how Colony computes either).
+TEST(Rotary, LinearScalingDividesPositions) {
+  LlamaConfig plain = TinyConfig();
+  LlamaConfig linear = plain;
+  linear.rope_scaling.type = RopeType::kLinear;
+  linear.rope_scaling.factor = 4;
+  auto [cos_l, sin_l] = RotaryTables(linear, 1, 12, at::TensorOptions().dtype(at::kFloat));
+  auto [cos_p, sin_p] = RotaryTables(plain, 1, 3, at::TensorOptions().dtype(at::kFloat));
+  EXPECT_TRUE(at::allclose(cos_l, cos_p, 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(sin_l, sin_p, 1e-5, 1e-6));
+}
+
+// A sliding window of W: the last position's output ignores every token W or more positions
+// back, so changing those tokens changes nothing there, with and without the KV cache.
+TEST(LlamaModel, SlidingWindowHidesOldTokens) {
+  LlamaConfig c = TinyConfig();
+  c.family = ModelFamily::kMistral;
+  c.sliding_window = 3;
+  at::manual_seed(3);
+  LlamaModel model(c);
+  model->eval();
+  at::NoGradGuard no_grad;
+  // One block: the last position sees positions 5..7 only (deeper blocks would widen it).
+  auto block_out = [&](const at::Tensor& h) { return model->block(0)->forward(h)[0][-1]; };
+  at::Tensor h = at::randn({1, 8, c.hidden_size});
+  at::Tensor changed = h.clone();
+  changed.narrow(1, 0, 5).normal_();
+  EXPECT_TRUE(at::allclose(block_out(h), block_out(changed), 1e-5, 1e-6));
+  at::Tensor nearer = h.clone();
+  nearer.narrow(1, 5, 1).normal_();
+  EXPECT_FALSE(at::allclose(block_out(h), block_out(nearer), 1e-5, 1e-6));
+  // Cached decoding of the last position equals the full forward.
+  KVCache cache;
+  model->block(0)->forward(h.narrow(1, 0, 7), 0, &cache);
+  at::Tensor step = model->block(0)->forward(h.narrow(1, 7, 1), 7, &cache)[0][-1];
+  EXPECT_TRUE(at::allclose(step, block_out(h), 1e-5, 1e-5));
 }
 
 TEST(LlamaConfig, NumParametersMatchesModel) {
@@ -286,6 +405,16 @@ TEST(LlamaConfig, NumParametersMatchesModel) {
     for (const auto& p : model->parameters()) n += p.numel();
     EXPECT_EQ(n, c.NumParameters()) << "tied=" << tied;
   }
+  LlamaConfig mixtral = TinyConfig();
+  mixtral.family = ModelFamily::kMixtral;
+  mixtral.num_experts = 3;
+  mixtral.num_experts_per_tok = 2;
+  mixtral.qkv_bias = mixtral.o_bias = true;
+  mixtral.explicit_head_dim = 6;
+  LlamaModel model(mixtral);
+  int64_t n = 0;
+  for (const auto& p : model->parameters()) n += p.numel();
+  EXPECT_EQ(n, mixtral.NumParameters());
 }
 
 // ------------------------------------------------------------------------------------------

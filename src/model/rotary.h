@@ -1,0 +1,32 @@
+// Rotary position embeddings as transformers computes them, with every rope_type Colony reads
+// (config.h): the inverse frequencies per rope_type, and the cos/sin tables a block rotates its
+// queries and keys with.
+//
+//   auto [cos, sin] = RotaryTables(config, /*length=*/t, /*offset=*/past, q.options());
+//   q = q * cos + RotateHalf(q) * sin;
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "model/config.h"
+
+namespace colony::model {
+
+// The inverse frequencies [head_dim / 2] (float32, on `device`) for a sequence whose positions
+// reach `seq_len` - 1 (only dynamic scaling depends on it), and the factor cos and sin are
+// multiplied by (yarn's attention factor; 1 otherwise).
+std::pair<at::Tensor, double> RopeInverseFrequencies(const LlamaConfig& config, int64_t seq_len,
+                                                     const at::Device& device);
+
+// cos and sin [length, head_dim] for positions offset .. offset + length - 1, computed in
+// float32 and returned in options' dtype.
+std::pair<at::Tensor, at::Tensor> RotaryTables(const LlamaConfig& config, int64_t length,
+                                               int64_t offset, const at::TensorOptions& options);
+
+// transformers' rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
+at::Tensor RotateHalf(const at::Tensor& x);
+
+}  // namespace colony::model
