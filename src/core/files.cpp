@@ -41,6 +41,15 @@ Result<std::string> HashFile(const std::filesystem::path& file) {
 }
 
 Result<std::string> ReadFileToString(const std::filesystem::path& file, uint64_t max_bytes) {
+  auto too_large = [&] {
+    return ResourceExhausted(file.string() + " is larger than " + std::to_string(max_bytes) +
+                             " bytes");
+  };
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(file, ec) &&
+      std::filesystem::file_size(file, ec) > max_bytes && !ec) {
+    return too_large();
+  }
   std::ifstream in(file, std::ios::binary);
   if (!in) return NotFound("cannot open " + file.string() + ": " + std::strerror(errno));
   std::string out;
@@ -48,10 +57,7 @@ Result<std::string> ReadFileToString(const std::filesystem::path& file, uint64_t
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     const auto n = static_cast<size_t>(in.gcount());
-    if (out.size() + n > max_bytes) {
-      return ResourceExhausted(file.string() + " is larger than " + std::to_string(max_bytes) +
-                               " bytes");
-    }
+    if (out.size() + n > max_bytes) return too_large();  // it grew, or it is not a file
     out.append(buf.data(), n);
   }
   if (in.bad()) return DataLoss("error reading " + file.string());

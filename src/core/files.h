@@ -21,8 +21,9 @@ std::string Hex64(uint64_t v);  // 16 lowercase hex digits
 // Hash of a file's contents (FNV-1a), as 16 hex digits.
 Result<std::string> HashFile(const std::filesystem::path& file);
 
-// The whole contents of a file of at most `max_bytes` (a larger one is refused with an error that
-// says so, before anything is read).
+// The whole contents of a file of at most `max_bytes`. A larger one is refused with an error
+// that says so: a regular file before anything is read, anything else (a pipe, a file that grows)
+// as soon as it passes the limit.
 Result<std::string> ReadFileToString(const std::filesystem::path& file, uint64_t max_bytes);
 
 // An exclusive advisory lock (flock) on `path` (created if missing), held until destruction.

@@ -15,8 +15,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr double kInitStd = 0.02;  // HF initializer_range of the models Colony creates
-
 Status Refuse(std::string_view field, const json& value, std::string_view why) {
   return Unimplemented(fmt::format("config: \"{}\" = {} {}", field, value.dump(), why));
 }
@@ -265,7 +263,7 @@ json LlamaConfig::ToJson() const {
       {"architectures", {f.architecture}},
       {"model_type", f.model_type},
       {"hidden_act", "silu"},
-      {"initializer_range", kInitStd},
+      {"initializer_range", kInitializerRange},
       {"dtype", "float32"},
       {"vocab_size", vocab_size},
       {"hidden_size", hidden_size},

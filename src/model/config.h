@@ -21,6 +21,10 @@
 
 namespace colony::model {
 
+// The standard deviation of the weights of models Colony creates (transformers'
+// initializer_range).
+inline constexpr double kInitializerRange = 0.02;
+
 // The architectures Colony runs; all are pre-norm decoders with rotary attention.
 enum class ModelFamily {
   kLlama,    // LlamaForCausalLM (Llama 2, 3, 3.1+)

@@ -10,15 +10,7 @@
 #include <limits>
 #include <numeric>
 
-#include "model/rotary.h"
-
 namespace colony::model {
-namespace {
-
-constexpr double kInitStd = 0.02;  // HF initializer_range
-
-}  // namespace
-
 // ---------------------------------------------------------------------------------------------
 // KVCache
 
@@ -60,10 +52,11 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config)
-    : config_(config),
+    : rotary_(config),
       num_heads_(config.num_heads),
       num_kv_heads_(config.num_kv_heads),
-      head_dim_(config.head_dim()) {
+      head_dim_(config.head_dim()),
+      sliding_window_(config.sliding_window) {
   const int64_t h = config.hidden_size;
   q_proj = register_module("q_proj", MakeLinear(h, num_heads_ * head_dim_, config.qkv_bias));
   k_proj = register_module("k_proj", MakeLinear(h, num_kv_heads_ * head_dim_, config.qkv_bias));
@@ -90,7 +83,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t positi
                .view({b, t, num_kv_heads_, head_dim_})
                .transpose(1, 2);
 
-  auto [cos, sin] = RotaryTables(config_, t, position_offset, q.options());
+  auto [cos, sin] = rotary_.Tables(t, position_offset, q.options());
   q = q * cos + RotateHalf(q) * sin;
   k = k * cos + RotateHalf(k) * sin;
 
@@ -117,13 +110,13 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t positi
             .reshape({b, num_heads_, s, head_dim_});
   }
   auto scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-  if (t > 1 || (config_.sliding_window > 0 && s > config_.sliding_window)) {
+  if (t > 1 || (sliding_window_ > 0 && s > sliding_window_)) {
     // Query i (at key index past + i) must not see keys after it, nor (with a sliding window W)
     // keys W or more positions before it.
     auto mask = at::ones({t, s}, x.options().dtype(at::kBool)).triu(past + 1);
-    if (config_.sliding_window > 0) {
+    if (sliding_window_ > 0) {
       mask = mask.logical_or(
-          at::ones({t, s}, x.options().dtype(at::kBool)).tril(past - config_.sliding_window));
+          at::ones({t, s}, x.options().dtype(at::kBool)).tril(past - sliding_window_));
     }
     scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
   }
@@ -195,7 +188,7 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config) : config_(config) {
       register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
   {
     torch::NoGradGuard no_grad;
-    embed_tokens->weight.normal_(0, kInitStd);
+    embed_tokens->weight.normal_(0, kInitializerRange);
   }
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_layers; ++i) {

@@ -33,6 +33,7 @@
 #include "model/config.h"
 #include "model/mixture.h"
 #include "model/projection.h"
+#include "model/rotary.h"
 
 namespace colony::model {
 
@@ -70,8 +71,9 @@ class LlamaAttentionImpl : public torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
-  LlamaConfig config_;  // rotary embeddings and the sliding window
+  Rotary rotary_;
   int64_t num_heads_, num_kv_heads_, head_dim_;
+  int64_t sliding_window_;  // 0: none
 };
 TORCH_MODULE(LlamaAttention);
 

@@ -4,16 +4,14 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
-namespace colony::model {
+#include "model/config.h"
 
-namespace {
-constexpr double kInitStd = 0.02;  // HF initializer_range
-}  // namespace
+namespace colony::model {
 
 torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   torch::nn::Linear linear(torch::nn::LinearOptions(in, out).bias(bias));
   torch::NoGradGuard no_grad;
-  linear->weight.normal_(0, kInitStd);
+  linear->weight.normal_(0, kInitializerRange);
   if (bias) linear->bias.zero_();
   return linear;
 }

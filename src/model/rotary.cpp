@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <tuple>
 
 namespace colony::model {
 namespace {
@@ -87,10 +88,18 @@ std::pair<at::Tensor, double> RopeInverseFrequencies(const LlamaConfig& config, 
   return {BaseFrequencies(config.rope_theta, dim, device), 1.0};
 }
 
-std::pair<at::Tensor, at::Tensor> RotaryTables(const LlamaConfig& config, int64_t length,
-                                               int64_t offset, const at::TensorOptions& options) {
+Rotary::Rotary(const LlamaConfig& config) : config_(config) {
+  std::tie(inv_freq_, scale_) = RopeInverseFrequencies(config, config.max_seq_len, at::kCPU);
+}
+
+std::pair<at::Tensor, at::Tensor> Rotary::Tables(int64_t length, int64_t offset,
+                                                 const at::TensorOptions& options) const {
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device());
-  auto [inv_freq, scale] = RopeInverseFrequencies(config, offset + length, options.device());
+  at::Tensor inv_freq = inv_freq_.to(options.device());
+  double scale = scale_;
+  if (config_.rope_scaling.type == RopeType::kDynamic && offset + length > config_.max_seq_len) {
+    std::tie(inv_freq, scale) = RopeInverseFrequencies(config_, offset + length, options.device());
+  }
   const at::Tensor positions = at::arange(offset, offset + length, f32);
   const at::Tensor freqs = at::outer(positions, inv_freq);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
@@ -100,6 +109,11 @@ std::pair<at::Tensor, at::Tensor> RotaryTables(const LlamaConfig& config, int64_
     sin = sin * scale;
   }
   return {cos.to(options.dtype()), sin.to(options.dtype())};
+}
+
+std::pair<at::Tensor, at::Tensor> RotaryTables(const LlamaConfig& config, int64_t length,
+                                               int64_t offset, const at::TensorOptions& options) {
+  return Rotary(config).Tables(length, offset, options);
 }
 
 at::Tensor RotateHalf(const at::Tensor& x) {

@@ -21,8 +21,25 @@ namespace colony::model {
 std::pair<at::Tensor, double> RopeInverseFrequencies(const LlamaConfig& config, int64_t seq_len,
                                                      const at::Device& device);
 
-// cos and sin [length, head_dim] for positions offset .. offset + length - 1, computed in
-// float32 and returned in options' dtype.
+// The rotary embedding of one attention layer. The frequencies are computed once, at
+// construction (on the CPU; moved to the inputs' device per call); only dynamic scaling past the
+// trained length recomputes them for the sequence at hand. Tables() is const and safe to call
+// from several threads.
+class Rotary {
+ public:
+  explicit Rotary(const LlamaConfig& config);
+  // cos and sin [length, head_dim] for positions offset .. offset + length - 1, computed in
+  // float32 and returned in options' dtype.
+  std::pair<at::Tensor, at::Tensor> Tables(int64_t length, int64_t offset,
+                                           const at::TensorOptions& options) const;
+
+ private:
+  LlamaConfig config_;
+  at::Tensor inv_freq_;  // float32, CPU
+  double scale_ = 1.0;
+};
+
+// Rotary(config).Tables(length, offset, options), for a one-off table.
 std::pair<at::Tensor, at::Tensor> RotaryTables(const LlamaConfig& config, int64_t length,
                                                int64_t offset, const at::TensorOptions& options);
 

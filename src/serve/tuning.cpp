@@ -58,14 +58,6 @@ std::pair<int64_t, int64_t> ProjectionDims(const model::LlamaConfig& c, const st
   return *shape;
 }
 
-bool IsProjection(const std::string& name) {
-  for (const char* p :
-       {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}) {
-    if (name == p) return true;
-  }
-  return false;
-}
-
 // The parameter names of LoraTuned's adapters (absolute block index).
 std::string LoraName(int64_t block, const std::string& target, bool a) {
   return fmt::format("lora_{}_{}_{}", block, target, a ? "a" : "b");
@@ -221,7 +213,7 @@ Result<TunedWeights> LoadTuned(const std::filesystem::path& file,
   if (first == by_name.end() || first->second.dim() != 2) return bad("no adapters of block 0");
   out.lora.rank = first->second.size(0);
   for (const auto& target : out.lora.targets) {
-    if (!IsProjection(target) || !config.ProjectionShape(target)) {
+    if (!config.ProjectionShape(target)) {
       return bad(fmt::format("unknown projection '{}'", target.substr(0, 32)));
     }
   }

@@ -47,6 +47,21 @@ TEST(Files, WriteFileAtomicallyReplacesWholeFiles) {
   EXPECT_FALSE(WriteFileAtomically(dir.path() / "missing" / "x", "y").ok());
 }
 
+TEST(Files, ReadFileToStringReadsWholeFilesUpToItsLimit) {
+  TempDir dir;
+  const auto f = dir.path() / "f";
+  const std::string bytes = std::string(100'000, 'x') + std::string(1, '\0') + "tail";
+  ASSERT_TRUE(WriteFileAtomically(f, bytes).ok());
+  auto read = ReadFileToString(f, bytes.size());
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, bytes);
+  auto over = ReadFileToString(f, bytes.size() - 1);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("is larger than"), std::string::npos);
+  EXPECT_EQ(ReadFileToString(dir.path() / "missing", 10).status().code(), StatusCode::kNotFound);
+}
+
 TEST(Files, RemoveStaleTempsRemovesOnlyThatFilesTemporaries) {
   TempDir dir;
   const fs::path f = dir.File("model");
