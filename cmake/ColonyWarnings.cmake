@@ -38,6 +38,13 @@ endfunction()
 if(COLONY_WERROR)
   target_compile_options(colony_flags INTERFACE -Werror)
 endif()
+# The fuzz build instruments every library a fuzzer links for coverage (and ASan/UBSan), so that
+# libFuzzer is guided by the branches an input reaches in the decoders, not only in the harness.
+# The instrumentation keeps `#pragma omp simd` loops from vectorizing, which clang reports.
+if(COLONY_FUZZ)
+  target_compile_options(colony_flags INTERFACE -fsanitize=fuzzer-no-link,address,undefined
+    -fno-omit-frame-pointer -Wno-pass-failed)
+endif()
 if(COLONY_SANITIZE)
   target_compile_options(colony_flags INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer
     -fno-sanitize-recover=undefined)
