@@ -36,7 +36,8 @@ struct CorpusOptions {
   uint64_t max_bytes = 0;                // stop after this much text (cut at a line); 0: all
 };
 
-// Concatenates the source files in sorted path order into `<cache>/corpus-<hash>.txt`, dropping
+// Concatenates the source files (but translations/) in an order shuffled by a hash of their paths,
+// the same on every machine, into `<cache>/corpus-<hash>.txt`, dropping
 // reStructuredText markup that is noise for a language model (underlines, table borders, SPDX
 // lines, ".. directive::" lines and their options) and collapsing runs of blank lines; files are
 // separated by a blank line. The hash covers the options and the source files' names and sizes,
