@@ -33,5 +33,9 @@ find_package(Torch REQUIRED)
 add_library(colony_torch INTERFACE)
 target_include_directories(colony_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 target_link_libraries(colony_torch INTERFACE ${TORCH_LIBRARIES})
-# Gzip'd datasets (zlib). Tokenizers are native (sentencepiece-compatible; spm_train trains them).
+# Gzip'd datasets (zlib). Tokenizers are native (sentencepiece-compatible; spm_train trains them);
+# tokenizer.json's regexes run on Oniguruma (the engine Hugging Face tokenizers uses) and its
+# Unicode normalizers on ICU.
 find_package(ZLIB REQUIRED)
+pkg_check_modules(ONIG REQUIRED IMPORTED_TARGET oniguruma)
+pkg_check_modules(ICU_UC REQUIRED IMPORTED_TARGET icu-uc)

@@ -7,10 +7,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <queue>
 #include <system_error>
 #include <unordered_map>
@@ -18,15 +16,17 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "core/subprocess.h"
+#include "model/hf_tokenizer.h"
 #include "model/spm_model.pb.h"
+#include "model/utf8.h"
 
 namespace colony::model {
 
 // ---- The model -------------------------------------------------------------------------------
 
 // A parsed SentencePiece ModelProto, reduced to what encoding and decoding need. String views in
-// the maps point into `pieces`, so a Model is built in place and never moved.
-struct Tokenizer::Model {
+// the maps point into `pieces`, so a model is built in place and never moved.
+struct SentencePieceModel final : TokenizerModel {
   // ModelProto.SentencePiece.Type
   enum Type : int {
     kNormal = 1,
@@ -42,7 +42,7 @@ struct Tokenizer::Model {
     int type = kNormal;
   };
 
-  std::string serialized;
+  std::string file_bytes;  // the serialized ModelProto
   std::vector<Piece> pieces;
   // NORMAL, USER_DEFINED and UNUSED pieces (those BPE merges into), and the others.
   std::unordered_map<std::string_view, int> normal;
@@ -74,6 +74,15 @@ struct Tokenizer::Model {
   size_t MatchUserDefined(std::string_view text) const;
   std::string Normalize(std::string_view text) const;
   std::vector<int32_t> EncodeBpe(std::string_view normalized) const;
+
+  std::vector<int32_t> Encode(std::string_view text) const override {
+    return EncodeBpe(Normalize(text));
+  }
+  std::string Decode(std::span<const int32_t> ids) const override;
+  int vocab_size() const override { return static_cast<int>(pieces.size()); }
+  SpecialTokens special() const override { return {bos, eos, pad, unk}; }
+  const std::string& serialized() const override { return file_bytes; }
+  std::string_view file_name() const override { return "tokenizer.model"; }
 };
 
 namespace {
@@ -89,65 +98,7 @@ constexpr int kTrainSentences = 250'000;
 constexpr size_t kMaxModelBytes = 64 << 20;
 constexpr size_t kMaxPieces = 1'000'000;
 
-constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";      // U+2581
-constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
-
-// ---- UTF-8 (sentencepiece's string_util rules) ---------------------------------------------
-
-// Length of the UTF-8 character that starts with byte `c`, from its lead byte alone.
-inline size_t OneCharLen(unsigned char c) {
-  static constexpr unsigned char kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-  return kLen[c >> 4];
-}
-
-inline bool IsTrailByte(unsigned char c) { return (c & 0xC0) == 0x80; }
-inline bool IsValidCodepoint(uint32_t c) { return c < 0xD800 || (c >= 0xE000 && c <= 0x10FFFF); }
-
-// Length of the valid UTF-8 character at the start of `s` (non-empty), or 0 when it is malformed.
-size_t ValidCharLen(std::string_view s) {
-  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  if (b[0] < 0x80) return 1;
-  if (n >= 2 && (b[0] & 0xE0) == 0xC0) {
-    const uint32_t cp = ((b[0] & 0x1Fu) << 6) | (b[1] & 0x3Fu);
-    if (IsTrailByte(b[1]) && cp >= 0x80 && IsValidCodepoint(cp)) return 2;
-  } else if (n >= 3 && (b[0] & 0xF0) == 0xE0) {
-    const uint32_t cp = ((b[0] & 0x0Fu) << 12) | ((b[1] & 0x3Fu) << 6) | (b[2] & 0x3Fu);
-    if (IsTrailByte(b[1]) && IsTrailByte(b[2]) && cp >= 0x800 && IsValidCodepoint(cp)) return 3;
-  } else if (n >= 4 && (b[0] & 0xF8) == 0xF0) {
-    const uint32_t cp =
-        ((b[0] & 0x07u) << 18) | ((b[1] & 0x3Fu) << 12) | ((b[2] & 0x3Fu) << 6) | (b[3] & 0x3Fu);
-    if (IsTrailByte(b[1]) && IsTrailByte(b[2]) && IsTrailByte(b[3]) && cp >= 0x10000 &&
-        IsValidCodepoint(cp)) {
-      return 4;
-    }
-  }
-  return 0;
-}
-
-bool IsValidUtf8(std::string_view s) {
-  while (!s.empty()) {
-    const size_t len = ValidCharLen(s);
-    if (len == 0) return false;
-    s.remove_prefix(len);
-  }
-  return true;
-}
-
-// Appends `bytes` decoded as UTF-8, each byte of a malformed sequence becoming U+FFFD (as
-// sentencepiece decodes byte-fallback pieces).
-void AppendBytesAsUtf8(std::string_view bytes, std::string& out) {
-  while (!bytes.empty()) {
-    const size_t len = ValidCharLen(bytes);
-    if (len == 0) {
-      out += kReplacementChar;
-      bytes.remove_prefix(1);
-    } else {
-      out += bytes.substr(0, len);
-      bytes.remove_prefix(len);
-    }
-  }
-}
+constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";  // U+2581
 
 // The byte of a "<0xAB>" piece (upper-case hex, as sentencepiece writes them), or -1.
 int PieceToByte(std::string_view piece) {
@@ -185,16 +136,16 @@ Status CheckPieceCount(std::string_view serialized) {
   return Status::Ok();
 }
 
-// Parses `m.serialized` into `m` and checks it the way sentencepiece's loader does.
-Status ParseModel(Tokenizer::Model& m) {
-  using Model = Tokenizer::Model;
-  if (m.serialized.size() > kMaxModelBytes) {
-    return ResourceExhausted("model of " + std::to_string(m.serialized.size()) +
+// Parses `m.file_bytes` into `m` and checks it the way sentencepiece's loader does.
+Status ParseModel(SentencePieceModel& m) {
+  using Model = SentencePieceModel;
+  if (m.file_bytes.size() > kMaxModelBytes) {
+    return ResourceExhausted("model of " + std::to_string(m.file_bytes.size()) +
                              " bytes is over the limit of " + std::to_string(kMaxModelBytes));
   }
-  COLONY_RETURN_IF_ERROR(CheckPieceCount(m.serialized));
+  COLONY_RETURN_IF_ERROR(CheckPieceCount(m.file_bytes));
   spm::ModelProto proto;
-  if (!proto.ParseFromString(m.serialized)) {
+  if (!proto.ParseFromString(m.file_bytes)) {
     return InvalidArgument("malformed ModelProto (not a SentencePiece model file)");
   }
   m.pieces.reserve(static_cast<size_t>(proto.pieces_size()));
@@ -305,7 +256,12 @@ constexpr auto kTrainTimeout = std::chrono::minutes(30);
 
 std::string FileTail(const std::filesystem::path& file, size_t max_bytes) {
   auto read = ReadFileToString(file, 64 << 20);
-  std::string text = read.ok() ? std::move(*read) : read.status().message();
+  std::string text;
+  if (read.ok()) {
+    text = std::move(*read);
+  } else {
+    text = read.status().message();
+  }
   if (text.size() > max_bytes) text = "..." + text.substr(text.size() - max_bytes);
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   return text;
@@ -315,24 +271,50 @@ std::string FileTail(const std::filesystem::path& file, size_t max_bytes) {
 
 // ---- Loading ---------------------------------------------------------------------------------
 
-Result<Tokenizer> Tokenizer::Load(const std::filesystem::path& model_file) {
-  std::ifstream in(model_file, std::ios::binary | std::ios::ate);
-  if (!in) {
-    return NotFound("cannot open tokenizer model " + model_file.string() + ": " +
-                    std::strerror(errno));
+Tokenizer::Tokenizer(std::shared_ptr<const TokenizerModel> model)
+    : model_(std::move(model)),
+      special_(model_->special()),
+      hash_(Hex64(Fnv1a64(model_->serialized()))) {}
+
+Result<Tokenizer> Tokenizer::Load(const std::filesystem::path& file) {
+  const bool hf = file.extension() == ".json";
+  auto read = ReadFileToString(file, hf ? kMaxHfTokenizerBytes : kMaxModelBytes);
+  if (!read.ok()) {
+    return Status(read.status().code(),
+                  "cannot read tokenizer " + file.string() + ": " + read.status().message());
   }
-  const std::streamoff size = in.tellg();
-  if (size < 0) return DataLoss("error reading tokenizer model " + model_file.string());
-  if (static_cast<uint64_t>(size) > kMaxModelBytes) {
-    return ResourceExhausted("tokenizer model " + model_file.string() + " is " +
-                             std::to_string(size) + " bytes, over the limit of " +
-                             std::to_string(kMaxModelBytes));
+  if (!hf) return FromSerialized(*read, file.string());
+  // transformers keeps the special tokens' names and decoding options beside tokenizer.json.
+  std::string config;
+  const std::filesystem::path config_file = file.parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  if (std::filesystem::exists(config_file, ec)) {
+    auto text = ReadFileToString(config_file, kMaxHfTokenizerConfigBytes);
+    if (!text.ok()) {
+      return Status(text.status().code(),
+                    "cannot read " + config_file.string() + ": " + text.status().message());
+    }
+    config = std::move(*text);
   }
-  std::string serialized(static_cast<size_t>(size), '\0');
-  in.seekg(0);
-  in.read(serialized.data(), size);
-  if (!in) return DataLoss("error reading tokenizer model " + model_file.string());
-  return FromSerialized(serialized, model_file.string());
+  auto model = ParseHfTokenizer(*read, config);
+  if (!model.ok()) {
+    return Status(model.status().code(), file.string() + ": " + model.status().message());
+  }
+  return Tokenizer(std::move(*model));
+}
+
+Result<std::filesystem::path> Tokenizer::FindInModelDir(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+    if (std::filesystem::is_regular_file(dir / name, ec)) return dir / name;
+  }
+  return NotFound(dir.string() + " has neither tokenizer.model nor tokenizer.json");
+}
+
+Result<Tokenizer> Tokenizer::FromHfJson(std::string_view tokenizer_json,
+                                        std::string_view tokenizer_config_json) {
+  COLONY_ASSIGN_OR_RETURN(auto model, ParseHfTokenizer(tokenizer_json, tokenizer_config_json));
+  return Tokenizer(std::move(model));
 }
 
 Result<Tokenizer> Tokenizer::FromBytes(std::string_view serialized) {
@@ -345,14 +327,14 @@ Result<Tokenizer> Tokenizer::FromSerialized(std::string_view serialized,
     return ResourceExhausted("tokenizer model " + origin + " is over the limit of " +
                              std::to_string(kMaxModelBytes) + " bytes");
   }
-  auto model = std::make_shared<Model>();  // built in place: its maps point into its pieces
-  model->serialized.assign(serialized);
+  // Built in place: its maps point into its pieces.
+  auto model = std::make_shared<SentencePieceModel>();
+  model->file_bytes.assign(serialized);
   Status st = ParseModel(*model);
   if (!st.ok()) {
     return Status(st.code(), "not a usable SentencePiece model: " + origin + ": " + st.message());
   }
-  std::string hash = Hex64(Fnv1a64(model->serialized));
-  return Tokenizer(std::move(model), std::move(hash));
+  return Tokenizer(std::move(model));
 }
 
 // ---- Training --------------------------------------------------------------------------------
@@ -440,7 +422,7 @@ Result<Tokenizer> Tokenizer::TrainOrLoad(const std::filesystem::path& corpus,
 
 // ---- Encoding --------------------------------------------------------------------------------
 
-size_t Tokenizer::Model::MatchUserDefined(std::string_view text) const {
+size_t SentencePieceModel::MatchUserDefined(std::string_view text) const {
   if (user_defined.empty()) return 0;
   // Longest match: extend the prefix while some user-defined piece starts with it.
   size_t best = 0;
@@ -456,12 +438,12 @@ size_t Tokenizer::Model::MatchUserDefined(std::string_view text) const {
 }
 
 // sentencepiece's Normalizer::Normalize without a charsmap.
-std::string Tokenizer::Model::Normalize(std::string_view input) const {
+std::string SentencePieceModel::Normalize(std::string_view input) const {
   std::string out;
   // The next normalized unit of `in` and the number of input bytes it consumes.
   auto next = [this](std::string_view in) -> std::pair<std::string_view, size_t> {
     if (const size_t n = MatchUserDefined(in); n > 0) return {in.substr(0, n), n};
-    const size_t n = ValidCharLen(in);
+    const size_t n = Utf8CharLen(in);
     if (n == 0) return {kReplacementChar, 1};
     return {in.substr(0, n), n};
   };
@@ -503,7 +485,7 @@ std::string Tokenizer::Model::Normalize(std::string_view input) const {
 // symbols are characters (or user-defined pieces, which never merge) in a linked list; a
 // priority queue holds the adjacent pairs whose concatenation is a piece, best score first
 // (ties: leftmost); stale entries are recognized by their length and skipped.
-std::vector<int32_t> Tokenizer::Model::EncodeBpe(std::string_view text) const {
+std::vector<int32_t> SentencePieceModel::EncodeBpe(std::string_view text) const {
   std::vector<int32_t> ids;
   if (text.empty()) return ids;
   struct Symbol {
@@ -530,7 +512,7 @@ std::vector<int32_t> Tokenizer::Model::EncodeBpe(std::string_view text) const {
     size_t len = MatchUserDefined(text.substr(pos));
     const bool freeze = len > 0;
     if (!freeze) {
-      len = std::min(text.size() - pos, OneCharLen(static_cast<unsigned char>(text[pos])));
+      len = std::min(text.size() - pos, Utf8LeadLen(static_cast<unsigned char>(text[pos])));
     }
     const int index = static_cast<int>(symbols.size());
     pos += len;
@@ -602,24 +584,20 @@ std::vector<int32_t> Tokenizer::Model::EncodeBpe(std::string_view text) const {
   return ids;
 }
 
-std::vector<int32_t> Tokenizer::Encode(std::string_view text) const {
-  return model_->EncodeBpe(model_->Normalize(text));
-}
-
-std::string Tokenizer::Decode(std::span<const int32_t> ids) const {
-  const Model& m = *model_;
+std::string SentencePieceModel::Decode(std::span<const int32_t> ids) const {
+  const SentencePieceModel& m = *this;
   std::string text, bytes;
   for (int32_t id : ids) {
     if (id < 0 || static_cast<size_t>(id) >= m.pieces.size()) continue;
-    const Model::Piece& p = m.pieces[static_cast<size_t>(id)];
-    if (p.type == Model::kByte) {
+    const Piece& p = m.pieces[static_cast<size_t>(id)];
+    if (p.type == kByte) {
       bytes += static_cast<char>(PieceToByte(p.text));
       continue;
     }
     AppendBytesAsUtf8(bytes, text);
     bytes.clear();
-    if (p.type == Model::kControl) continue;  // <s>, </s>, <pad>: invisible
-    if (p.type == Model::kUnknown) {
+    if (p.type == kControl) continue;  // <s>, </s>, <pad>: invisible
+    if (p.type == kUnknown) {
       text += m.unk_surface;
       continue;
     }
@@ -642,14 +620,10 @@ std::string Tokenizer::Decode(std::span<const int32_t> ids) const {
   return text;
 }
 
-int Tokenizer::vocab_size() const { return static_cast<int>(model_->pieces.size()); }
-int Tokenizer::bos_id() const { return model_->bos; }
-int Tokenizer::eos_id() const { return model_->eos; }
-int Tokenizer::pad_id() const { return model_->pad; }
-int Tokenizer::unk_id() const { return model_->unk; }
+// ---- Tokenizer -------------------------------------------------------------------------------
 
 Status Tokenizer::Save(const std::filesystem::path& file) const {
-  return WriteFileAtomically(file, model_->serialized);
+  return WriteFileAtomically(file, model_->serialized());
 }
 
 }  // namespace colony::model

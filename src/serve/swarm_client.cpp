@@ -16,9 +16,8 @@ Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& op
   }
   auto c = std::make_unique<SwarmClient>();
   COLONY_ASSIGN_OR_RETURN(c->head, LoadClientModel(options.model_dir));
-  const auto tok_path = options.model_dir / "tokenizer.model";
-  if (std::filesystem::exists(tok_path)) {
-    COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::Load(tok_path));
+  if (auto tok_path = model::Tokenizer::FindInModelDir(options.model_dir); tok_path.ok()) {
+    COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::Load(*tok_path));
     c->tokenizer = std::move(tok);
   }
   dht::NodeOptions node_options;

@@ -1,7 +1,7 @@
 // SwarmClient: what a client of a served model needs, set up from a model directory and the
-// swarm's address: the model's local parts (embeddings and head, tokenizer.model when the
-// directory has one), a client-mode DHT node, and a SequenceManager routing over the swarm's
-// servers. `colony generate` and `colony finetune` start with it.
+// swarm's address: the model's local parts (embeddings and head, tokenizer.model or
+// tokenizer.json when the directory has one), a client-mode DHT node, and a SequenceManager
+// routing over the swarm's servers. `colony generate` and `colony finetune` start with it.
 //
 //   auto client = serve::ConnectToSwarm({.model_dir = "llama", .initial_peers = {addr}});
 //   serve::RemoteSequential remote((*client)->manager);

@@ -182,8 +182,9 @@ int RunGenerate(const GenerateArgs& a) {
     prompt = *t;
   } else {
     if (!client->tokenizer) {
-      return Fail(fmt::format("{} has no tokenizer.model: give the prompt as --tokens 1,2,3",
-                              a.swarm.model));
+      return Fail(fmt::format(
+          "{} has no tokenizer.model or tokenizer.json: give the prompt as --tokens 1,2,3",
+          a.swarm.model));
     }
     if (client->tokenizer->bos_id() >= 0) prompt.push_back(client->tokenizer->bos_id());
     for (int32_t id : client->tokenizer->Encode(a.prompt)) prompt.push_back(id);
@@ -391,7 +392,8 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
     auto* cmd = app.add_subcommand(
         "generate", "generate text with a model whose blocks are served by the swarm");
     AddSwarmOptions(cmd, a->swarm);
-    cmd->add_option("--prompt", a->prompt, "text to continue (needs tokenizer.model)");
+    cmd->add_option("--prompt", a->prompt,
+                    "text to continue (needs tokenizer.model or tokenizer.json)");
     cmd->add_option("--tokens", a->tokens, "the prompt as token ids: 1,2,3");
     cmd->add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate")
         ->capture_default_str();

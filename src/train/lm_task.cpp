@@ -91,7 +91,7 @@ class LmTask final : public Task {
   Status Save(const std::filesystem::path& dir) override {
     COLONY_RETURN_IF_ERROR(model::SaveLlama(dir, model_, config_));
     // The tokenizer travels with the model, as Llama checkpoints carry tokenizer.model.
-    return tokenizer_->Save(dir / "tokenizer.model");
+    return tokenizer_->Save(dir / tokenizer_->file_name());
   }
 
   Result<std::string> Sample(const std::string& prompt, int64_t tokens) override {
