@@ -14,7 +14,6 @@
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <variant>
@@ -22,6 +21,7 @@
 
 #include "core/log.h"
 #include "model/regex.h"
+#include "model/strict_json.h"
 #include "model/utf8.h"
 
 namespace colony::model {
@@ -77,46 +77,15 @@ Result<std::string> GetString(const json& obj, const char* key, std::string_view
   return it->get<std::string>();
 }
 
-// Parses untrusted JSON: bounded nesting, no duplicate keys (two readers could disagree).
-Result<json> ParseJson(std::string_view text, std::string_view what) {
-  bool too_deep = false;
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > kMaxJsonDepth) too_deep = true;
-    switch (event) {
-      case json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!open_objects.empty() && parsed.is_string() &&
-            !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-          duplicate = parsed.get<std::string>();
-        }
-        break;
-      default:
-        break;
-    }
-    return !too_deep;
-  };
-  json doc;
-  try {
-    doc = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/false);
-  } catch (const std::exception& e) {  // the callback's allocations
-    return InvalidArgument(fmt::format("{} cannot be parsed: {}", what, e.what()));
+// The components of a {"type": "Sequence", `key`: [...]} component.
+Result<const json*> SequenceItems(const json& j, std::string_view where, const char* key) {
+  COLONY_RETURN_IF_ERROR(OnlyKeys(j, where, {"type", key}));
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_array() || it->size() > kMaxSteps) {
+    return Malformed(fmt::format("{}.{}", where, key),
+                     fmt::format("must be an array of at most {} components", kMaxSteps));
   }
-  if (too_deep) return InvalidArgument(fmt::format("{} nests deeper than {}", what, kMaxJsonDepth));
-  if (doc.is_discarded() || !doc.is_object()) {
-    return InvalidArgument(fmt::format("{} is not a JSON object", what));
-  }
-  if (!duplicate.empty()) {
-    return InvalidArgument(
-        fmt::format("{} has the key \"{}\" twice", what, duplicate.substr(0, 200)));
-  }
-  return doc;
+  return &*it;
 }
 
 // ---- Byte-level alphabet (GPT-2's bytes_to_unicode) -----------------------------------------
@@ -170,12 +139,8 @@ Status ParseNormalizer(const json& j, Normalizer& n, std::string_view where, int
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* form = nullptr;
   if (type == "Sequence" && depth < 2) {
-    COLONY_RETURN_IF_ERROR(OnlyKeys(j, where, {"type", "normalizers"}));
-    auto it = j.find("normalizers");
-    if (it == j.end() || !it->is_array() || it->size() > kMaxSteps) {
-      return Malformed(std::string(where) + ".normalizers", "must be a short array");
-    }
-    for (const json& step : *it) {
+    COLONY_ASSIGN_OR_RETURN(const json* items, SequenceItems(j, where, "normalizers"));
+    for (const json& step : *items) {
       COLONY_RETURN_IF_ERROR(
           ParseNormalizer(step, n, std::string(where) + ".normalizers[]", depth + 1));
     }
@@ -234,12 +199,8 @@ Status ParsePreTokenizer(const json& j, std::vector<PreStep>& steps, std::string
   if (steps.size() >= kMaxSteps) return Malformed(where, "has too many steps");
   COLONY_ASSIGN_OR_RETURN(std::string type, GetString(j, "type", where));
   if (type == "Sequence" && depth < 2) {
-    COLONY_RETURN_IF_ERROR(OnlyKeys(j, where, {"type", "pretokenizers"}));
-    auto it = j.find("pretokenizers");
-    if (it == j.end() || !it->is_array()) {
-      return Malformed(std::string(where) + ".pretokenizers", "must be an array");
-    }
-    for (const json& step : *it) {
+    COLONY_ASSIGN_OR_RETURN(const json* items, SequenceItems(j, where, "pretokenizers"));
+    for (const json& step : *items) {
       COLONY_RETURN_IF_ERROR(
           ParsePreTokenizer(step, steps, std::string(where) + ".pretokenizers[]", depth + 1));
     }
@@ -456,6 +417,11 @@ bool IsWhitespaceAt(std::string_view text, size_t pos, size_t len) {
 
 class HfTokenizer final : public TokenizerModel {
  public:
+  // Matchers and the id map point into added_: built in place, never copied.
+  HfTokenizer() = default;
+  HfTokenizer(const HfTokenizer&) = delete;
+  HfTokenizer& operator=(const HfTokenizer&) = delete;
+
   Status Parse(std::string_view tokenizer_json, std::string_view config_json);
 
   std::vector<int32_t> Encode(std::string_view text) const override;
@@ -661,12 +627,8 @@ Status HfTokenizer::ParsePostProcessor(const json& j, std::string_view where, in
   if (!j.is_object()) return Malformed(where, "must be an object or null");
   COLONY_ASSIGN_OR_RETURN(std::string type, GetString(j, "type", where));
   if (type == "Sequence" && depth < 2) {
-    COLONY_RETURN_IF_ERROR(OnlyKeys(j, where, {"type", "processors"}));
-    auto it = j.find("processors");
-    if (it == j.end() || !it->is_array() || it->size() > kMaxSteps) {
-      return Malformed(std::string(where) + ".processors", "must be a short array");
-    }
-    for (const json& p : *it) {
+    COLONY_ASSIGN_OR_RETURN(const json* items, SequenceItems(j, where, "processors"));
+    for (const json& p : *items) {
       COLONY_RETURN_IF_ERROR(
           ParsePostProcessor(p, std::string(where) + ".processors[]", depth + 1));
     }
@@ -755,7 +717,8 @@ Status HfTokenizer::ParseConfig(std::string_view config_json) {
   special_.bos = template_bos_;
   special_.unk = unk_;
   if (config_json.empty()) return Status::Ok();
-  COLONY_ASSIGN_OR_RETURN(json c, ParseJson(config_json, "tokenizer_config.json"));
+  COLONY_ASSIGN_OR_RETURN(
+      json c, ParseStrictJsonObject(config_json, "tokenizer_config.json", kMaxJsonDepth));
   constexpr std::string_view kFile = "tokenizer_config.json";
   auto where = [&](const char* key) { return fmt::format("{}.{}", kFile, key); };
   if (auto it = c.find("eos_token"); it != c.end()) {
@@ -802,7 +765,8 @@ Status HfTokenizer::Parse(std::string_view tokenizer_json, std::string_view conf
                     kMaxHfTokenizerConfigBytes));
   }
   bytes_.assign(tokenizer_json);
-  COLONY_ASSIGN_OR_RETURN(json j, ParseJson(tokenizer_json, "tokenizer.json"));
+  COLONY_ASSIGN_OR_RETURN(json j,
+                          ParseStrictJsonObject(tokenizer_json, "tokenizer.json", kMaxJsonDepth));
   COLONY_RETURN_IF_ERROR(OnlyKeys(j, "",
                                   {"version", "truncation", "padding", "added_tokens", "normalizer",
                                    "pre_tokenizer", "post_processor", "decoder", "model"}));
@@ -1052,7 +1016,7 @@ std::string HfTokenizer::Decode(std::span<const int32_t> ids) const {
 
 Result<std::shared_ptr<const TokenizerModel>> ParseHfTokenizer(
     std::string_view tokenizer_json, std::string_view tokenizer_config_json) {
-  auto model = std::make_shared<HfTokenizer>();  // never moved: added_by_id_ points into it
+  auto model = std::make_shared<HfTokenizer>();
   Status st = model->Parse(tokenizer_json, tokenizer_config_json);
   if (!st.ok()) return Status(st.code(), "not a usable tokenizer.json: " + st.message());
   return std::shared_ptr<const TokenizerModel>(std::move(model));

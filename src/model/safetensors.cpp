@@ -15,10 +15,10 @@
 #include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <tuple>
 
 #include "core/files.h"
+#include "model/strict_json.h"
 
 namespace colony::model {
 namespace {
@@ -224,34 +224,11 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix
   header.data_offset = 8 + n;
   const uint64_t data_size = file_size - header.data_offset;
   try {
-    // Duplicate keys would let two readers see different tensors under the same name: track the
-    // keys of each open object and refuse repeats.
-    std::vector<std::set<std::string>> open_objects;
-    std::string duplicate;
-    json::parser_callback_t cb = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-      switch (event) {
-        case json::parse_event_t::object_start:
-          open_objects.emplace_back();
-          break;
-        case json::parse_event_t::object_end:
-          if (!open_objects.empty()) open_objects.pop_back();
-          break;
-        case json::parse_event_t::key:
-          if (!open_objects.empty() && parsed.is_string() &&
-              !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-            duplicate = parsed.get<std::string>();
-          }
-          break;
-        default:
-          break;
-      }
-      return true;
-    };
-    json doc = json::parse(text, text + n, cb, /*allow_exceptions=*/false);
-    if (doc.is_discarded() || !doc.is_object()) return Invalid("header is not valid JSON");
-    if (!duplicate.empty()) {
-      return Invalid(fmt::format("duplicate key \"{}\" in header", duplicate.substr(0, 256)));
-    }
+    // Duplicate keys would let two readers see different tensors under the same name. A valid
+    // header nests 3 deep (entry, shape); the bound only cuts hostile ones short.
+    auto parsed = ParseStrictJsonObject(std::string_view(text, n), "header", /*max_depth=*/16);
+    if (!parsed.ok()) return Invalid(parsed.status().message());
+    const json& doc = *parsed;
 
     for (const auto& [key, value] : doc.items()) {
       if (key == kMetadataKey) {
