@@ -99,6 +99,35 @@ inline std::string ColonyBinary() {
   return (std::filesystem::path(SelfExecutable()).parent_path() / "colony").string();
 }
 
+// What one run of the colony binary printed and returned.
+struct CliResult {
+  int code = -1;  // -1: it could not be started or did not exit within the limit
+  std::string out, err;
+};
+
+// Runs `colony ARGS...` to completion (each stdout line within 30 s, the exit within 30 s more).
+inline CliResult RunCli(std::vector<std::string> args) {
+  using namespace std::chrono_literals;
+  static std::atomic<int> counter{0};
+  const std::filesystem::path err_path =
+      std::filesystem::temp_directory_path() /
+      ("colony_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".err");
+  args.insert(args.begin(), ColonyBinary());
+  CliResult r;
+  auto p = Subprocess::Spawn(args, err_path.string());
+  if (!p.ok()) return r;
+  for (;;) {
+    auto line = p->ReadLine(30s);
+    if (!line.ok()) break;
+    r.out += *line + "\n";
+  }
+  auto code = p->Wait(30s);
+  r.code = code.ok() ? *code : -1;
+  r.err = ReadFile(err_path.string());
+  std::filesystem::remove(err_path);
+  return r;
+}
+
 // Polls `cond` until it holds or `limit` passes; returns its last value. For conditions that
 // another thread or process makes true, so that tests wait for them instead of sleeping.
 template <typename F>

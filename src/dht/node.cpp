@@ -18,6 +18,18 @@
 
 namespace colony::dht {
 
+KeyFamily RelayFamily() {
+  return {.name = "relay announcements",
+          .matches = [](std::string_view key) { return key == kRelaysKey; },
+          .check = [](std::string_view, const PeerId& owner, std::string_view value) -> Status {
+            COLONY_ASSIGN_OR_RETURN(Multiaddr addr, Multiaddr::Parse(value));
+            if (!addr.peer_id() || !(*addr.peer_id() == owner) || addr.is_relayed()) {
+              return ProtocolError("a relay announces its own direct address, ending in its id");
+            }
+            return Status::Ok();
+          }};
+}
+
 double Now() { return SystemClock::Instance().WallSeconds(); }
 
 namespace {
@@ -299,6 +311,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
   }
   auto impl = std::make_shared<Impl>(host.get(), options.dht.client_mode);
   impl->core_ = DhtCore::Create(host->identity(), std::move(addrs), options.dht, *impl);
+  impl->core_->AddValidator(std::make_shared<KeyFamilyValidator>(std::vector{RelayFamily()}));
   for (auto& v : options.validators) impl->core_->AddValidator(v);
   if (!options.dht.client_mode) impl->RegisterHandlers();
   std::unique_ptr<Node> node(new Node(impl, host));
@@ -447,7 +460,7 @@ void Node::AnnounceRelay() {
     if (!chosen || (IsLoopback(*chosen) && !IsLoopback(a))) chosen = a;
   }
   const std::string value = chosen ? chosen->ToString() : std::string();
-  const std::string subkey = host_->peer_id().ToString();
+  const std::string subkey = OwnerMarker(host_->peer_id());
   auto loop = [weak, value, subkey]() -> asio::awaitable<void> {
     for (;;) {
       auto impl = weak.lock();

@@ -60,8 +60,10 @@ struct NodeOptions {
   std::chrono::milliseconds relay_failover{20'000};
 };
 
-// Relays announce themselves under this key (subkey: peer id, value: the relay's host address).
+// Relays announce themselves under this key (subkey: the relay's owner marker, value: the
+// relay's direct address with its /p2p/ id), checked by RelayFamily() on every node.
 inline constexpr char kRelaysKey[] = "_colony.relays";
+KeyFamily RelayFamily();
 
 // Wall-clock seconds since the Unix epoch (the time base of expirations).
 double Now();

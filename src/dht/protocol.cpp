@@ -467,8 +467,10 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     // Keep only entries that validate and have not expired; merge with what we have.
     Record& r = *result.record;
     const double now = Wall();
+    // A replica's copy is as untrusted as a store: too far an expiration is not believed either.
+    const double latest = now + options_.storage.max_ttl_seconds + kExpirationClockSlack;
     auto valid = [&](std::optional<std::string_view> sub, const ValueEntry& v) {
-      return v.expiration > now &&
+      return v.expiration > now && v.expiration <= latest &&
              validators_.ValidateAndStrip({*l.key, sub, v.value, v.expiration}).ok();
     };
     if (r.is_dict) {
@@ -493,7 +495,8 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
   if (!l.finished) {
     for (Contact& c : result.nearest) {
       if (!c.peer.valid() || c.peer == self_.peer || c.addrs.empty()) continue;
-      l.candidates.try_emplace(c.id ^ l.target,
+      const DhtId distance = c.id ^ l.target;
+      l.candidates.try_emplace(distance,
                                Lookup::Candidate{std::move(c), Lookup::State::kNew, depth + 1});
     }
     // Bound the candidate set: far candidates that were never contacted are dropped.
@@ -865,13 +868,21 @@ Result<StoreResponse> DhtCore::HandleStore(const PeerId& from, const StoreReques
   NoteSender(from, request.sender);
   StoreResponse response;
   const double now = Wall();
+  bool refused = false;  // an item was malformed or forged: the rest are not examined
   for (const StoreRequestItem& ri : request.items) {
     const StoreItem& item = ri.item;
+    if (refused) {
+      response.results.push_back(
+          Status(StatusCode::kAborted,
+                 "not examined: an earlier item of this store was malformed or forged"));
+      continue;
+    }
     Status st = CheckItem(item, options_.storage, now);
     if (st.ok()) {
       st = validators_.ValidateAndStrip({item.key, item.subkey, item.value, item.expiration})
                .status();
     }
+    refused = !st.ok();
     if (st.ok()) {
       const DhtId id = DhtId::ForKey(item.key);
       if (ri.in_cache) {

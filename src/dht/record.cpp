@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#include "dht/validation.h"
 
 namespace colony::dht {
 namespace {
@@ -46,9 +49,8 @@ void MergeRecord(Record& into, const Record& other) {
     }
   } else if (!into.is_dict && !other.is_dict) {
     if (Wins(other.value, into.value)) into.value = other.value;
-  } else if (other.is_dict ? other.Expiration() >= into.Expiration()
-                           : other.Expiration() > into.Expiration()) {
-    into = other;  // between kinds, the dictionary wins ties
+  } else if (other.is_dict) {
+    into = other;  // between kinds, the dictionary wins: a plain value cannot wipe subkeys
   }
 }
 
@@ -80,6 +82,12 @@ Status CheckItem(const StoreItem& item, const StorageLimits& limits, double now)
         fmt::format("DHT expiration {:.3f} is not in the future (now {:.3f}); use a positive ttl",
                     item.expiration, now));
   }
+  if (item.expiration > now + limits.max_ttl_seconds + kExpirationClockSlack) {
+    return InvalidArgument(fmt::format(
+        "DHT expiration is {:.0f} s ahead; records live at most {:.0f} s; use a shorter ttl and "
+        "store again before it ends",
+        item.expiration - now, limits.max_ttl_seconds));
+  }
   return Status::Ok();
 }
 
@@ -105,18 +113,19 @@ void Storage::Release(const Charge& c) {
 bool Storage::PruneSlot(Slot& slot, double now) {
   Record& r = slot.record;
   if (!r.is_dict) {
-    if (r.value.expiration != 0 && slot.value_charge.drop_at <= now) {
+    if (r.value.expiration != 0 && r.value.expiration <= now) {
       Release(slot.value_charge);
       r.value = {};
       slot.value_charge = {};
     }
     return r.value.expiration != 0;
   }
-  for (auto it = slot.charges.begin(); it != slot.charges.end();) {
-    if (it->second.drop_at <= now) {
-      Release(it->second);
-      r.subkeys.erase(it->first);
-      it = slot.charges.erase(it);
+  for (auto it = r.subkeys.begin(); it != r.subkeys.end();) {
+    if (it->second.expiration <= now) {
+      auto charge = slot.charges.find(it->first);
+      Release(charge->second);
+      slot.charges.erase(charge);
+      it = r.subkeys.erase(it);
     } else {
       ++it;
     }
@@ -147,36 +156,32 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
     return InvalidArgument("another key is stored under this key's DHT id");
   }
 
-  Charge fresh{writer,
-               item.key.size() + (item.subkey ? item.subkey->size() : 0) + item.value.size() +
-                   kEntryOverhead,
-               std::min(item.expiration, now + limits_.max_hold_seconds)};
+  Charge fresh{writer, item.key.size() + (item.subkey ? item.subkey->size() : 0) +
+                           item.value.size() + kEntryOverhead};
   const ValueEntry entry{item.value, item.expiration};
 
   // What the store would free, to check quotas against the state after it.
   std::vector<const Charge*> freed;
+  std::vector<std::string> evicted;  // unsigned subkeys pushed out by an owner-signed one
   if (it != records_.end()) {
     const Slot& slot = it->second;
     const Record& r = slot.record;
     if (!item.subkey) {
-      if (r.is_dict ? !(item.expiration > r.Expiration()) : !Wins(entry, r.value)) {
-        if (!r.is_dict && r.value == entry) return Status::Ok();
+      if (r.is_dict) {
+        return AlreadyExists(
+            fmt::format("key '{}' holds a dictionary of {} subkeys; a plain value cannot replace "
+                        "it (store under a subkey)",
+                        item.key, r.subkeys.size()));
+      }
+      if (!Wins(entry, r.value)) {
+        if (r.value == entry) return Status::Ok();
         return AlreadyExists(
             fmt::format("a value with a newer expiration ({:.3f}) is stored under key '{}'",
-                        r.Expiration(), item.key));
-      }
-      if (r.is_dict) {
-        for (const auto& [_, c] : slot.charges) freed.push_back(&c);
-      } else {
-        freed.push_back(&slot.value_charge);
-      }
-    } else if (!r.is_dict) {
-      if (item.expiration < r.value.expiration) {
-        return AlreadyExists(
-            fmt::format("a plain value with a newer expiration ({:.3f}) is stored under key '{}'",
                         r.value.expiration, item.key));
       }
       freed.push_back(&slot.value_charge);
+    } else if (!r.is_dict) {
+      freed.push_back(&slot.value_charge);  // a dictionary replaces a plain value
     } else {
       auto sub = r.subkeys.find(*item.subkey);
       if (sub != r.subkeys.end()) {
@@ -187,13 +192,35 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
                           *item.subkey, item.key, sub->second.expiration));
         }
         freed.push_back(&slot.charges.at(*item.subkey));
-      } else if (r.subkeys.size() >= limits_.max_subkeys) {
-        return ResourceExhausted(fmt::format("key '{}' already has the maximum of {} subkeys",
-                                             item.key, limits_.max_subkeys));
       }
+      size_t count = r.subkeys.size() + (sub == r.subkeys.end() ? 1 : 0);
       size_t record_bytes = fresh.bytes;
       for (const auto& [s, c] : slot.charges) {
         if (s != *item.subkey) record_bytes += c.bytes;
+      }
+      auto fits = [&] {
+        return count <= limits_.max_subkeys && record_bytes <= limits_.max_record_bytes;
+      };
+      if (!fits() && HasOwnerMarker(*item.subkey)) {
+        // Anyone may add unsigned subkeys; they must not keep an owner out of the dictionary.
+        std::vector<std::pair<double, const std::string*>> unsigned_entries;
+        for (const auto& [s, v] : r.subkeys) {
+          if (!HasOwnerMarker(s)) unsigned_entries.emplace_back(v.expiration, &s);
+        }
+        std::sort(unsigned_entries.begin(), unsigned_entries.end(),
+                  [](const auto& a, const auto& b) { return a.first < b.first; });
+        for (const auto& [_, s] : unsigned_entries) {
+          if (fits()) break;
+          const Charge& c = slot.charges.at(*s);
+          freed.push_back(&c);
+          evicted.push_back(*s);
+          --count;
+          record_bytes -= c.bytes;
+        }
+      }
+      if (count > limits_.max_subkeys) {
+        return ResourceExhausted(fmt::format("key '{}' already has the maximum of {} subkeys",
+                                             item.key, limits_.max_subkeys));
       }
       if (record_bytes > limits_.max_record_bytes) {
         return ResourceExhausted(fmt::format("key '{}' would hold {} bytes; the limit is {}",
@@ -222,14 +249,7 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
   slot.key = item.key;
   Record& r = slot.record;
   if (!item.subkey) {
-    if (r.is_dict) {
-      for (const auto& [_, c] : slot.charges) Release(c);
-      slot.charges.clear();
-      r.subkeys.clear();
-    } else if (r.value.expiration != 0) {
-      Release(slot.value_charge);
-    }
-    r.is_dict = false;
+    if (r.value.expiration != 0) Release(slot.value_charge);
     r.value = entry;
     slot.value_charge = fresh;
   } else {
@@ -238,6 +258,11 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
       r.value = {};
       slot.value_charge = {};
       r.is_dict = true;
+    }
+    for (const std::string& s : evicted) {
+      Release(slot.charges.at(s));
+      slot.charges.erase(s);
+      r.subkeys.erase(s);
     }
     auto old = slot.charges.find(*item.subkey);
     if (old != slot.charges.end()) Release(old->second);

@@ -1,10 +1,15 @@
-// Records and local storage with hivemind's semantics.
+// Records and local storage: hivemind's semantics where they are safe among strangers.
 //
 // A key holds either a plain value or a dictionary of subkeys. Every value carries an absolute
-// expiration (wall-clock seconds since the Unix epoch); the newest expiration wins and a store
-// with an older one is rejected. A dictionary's expiration is the newest of its subkeys'.
-// Equal expirations are broken by comparing the values' bytes (the larger wins), so replicas that
-// see two writers in different orders still converge.
+// expiration (wall-clock seconds since the Unix epoch), at most max_ttl_seconds ahead; the newest
+// expiration wins and a store with an older one is rejected. A dictionary's expiration is the
+// newest of its subkeys'. Equal expirations are broken by comparing the values' bytes (the larger
+// wins), so replicas that see two writers in different orders still converge.
+//
+// Where hivemind's rules would let one peer erase others' entries, Colony's differ
+// (docs/security.md says why): a plain value never replaces a dictionary, whatever its
+// expiration (a dictionary does replace a plain value), and when a dictionary is full, an
+// owner-signed subkey (validation.h) pushes out unsigned ones instead of being refused.
 #pragma once
 
 #include <map>
@@ -48,8 +53,9 @@ struct StoreItem {
   double expiration = 0;
 };
 
-// Merges `other` into `into` with the storage rules (per subkey for two dictionaries, otherwise
-// the record with the newer expiration). Used when a get gathers copies from several replicas.
+// Merges `other` into `into` with the storage rules (per subkey for two dictionaries, the newer
+// of two plain values, and a dictionary over a plain value). Used when a get gathers copies from
+// several replicas.
 void MergeRecord(Record& into, const Record& other);
 
 // Drops expired entries; returns false when nothing unexpired is left.
@@ -66,10 +72,14 @@ struct StorageLimits {
   size_t capacity_bytes = 256u << 20;
   // What any one remote peer may make this node hold.
   size_t per_peer_quota_bytes = 32u << 20;
-  // A node holds a record at most this long, whatever expiration it carries (the expiration
-  // itself is kept exact, since owners sign it).
-  double max_hold_seconds = 7 * 24 * 3600.0;
+  // How far ahead an expiration may be. Longer is refused (not shortened: owners sign the exact
+  // expiration), so that nobody can park a record for weeks.
+  double max_ttl_seconds = 24 * 3600.0;
 };
+
+// Slack on max_ttl_seconds for the clocks of the writer and the node that checks (the DHT
+// refuses peers whose clocks differ by more than a few seconds).
+inline constexpr double kExpirationClockSlack = 60.0;
 
 // Checks sizes and the expiration of an item before it is signed, sent or stored.
 Status CheckItem(const StoreItem& item, const StorageLimits& limits, double now);
@@ -81,9 +91,10 @@ class Storage {
   explicit Storage(StorageLimits limits = {}) : limits_(limits) {}
 
   // Stores `item` under `id`, written by `writer` (quota-charged unless `charge` is false).
+  // The caller has validated it: a subkey that names an owner is taken as signed by the owner.
   // OK also when an identical entry is already stored. Errors: AlreadyExists ("a newer value
-  // is stored"), ResourceExhausted (quota, capacity, dictionary full), InvalidArgument (sizes,
-  // expiration in the past).
+  // is stored", "a plain value cannot replace a dictionary"), ResourceExhausted (quota,
+  // capacity, dictionary full), InvalidArgument (sizes, expiration in the past or too far).
   Status Store(const DhtId& id, const StoreItem& item, const PeerId& writer, double now,
                bool charge = true);
   // The unexpired record under `id`, or nullptr. Expired entries are dropped on the way.
@@ -92,7 +103,7 @@ class Storage {
   const Record* Peek(const DhtId& id) const;
   // The original key of a stored id (for re-validation and republishing).
   const std::string* KeyOf(const DhtId& id) const;
-  // Drops everything expired or held longer than max_hold_seconds.
+  // Drops everything expired.
   void Purge(double now);
   // Evicts the records that expire soonest until `bytes` more fit under capacity (caches).
   void MakeRoom(size_t bytes, double now);
@@ -110,7 +121,6 @@ class Storage {
   struct Charge {
     PeerId writer;
     size_t bytes = 0;
-    double drop_at = 0;  // min(expiration, arrival + max_hold_seconds)
   };
   struct Slot {
     std::string key;

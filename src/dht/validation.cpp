@@ -118,6 +118,37 @@ std::optional<PeerId> ParseOwnerMarker(std::string_view text) {
   return *peer;
 }
 
+bool HasOwnerMarker(std::string_view text) {
+  return text.find(kOwnerPrefix) != std::string_view::npos;
+}
+
+Status KeyFamilyValidator::Validate(const RecordView& record) const {
+  for (const KeyFamily& family : families_) {
+    if (!family.matches(record.key)) continue;
+    const std::optional<PeerId> owner =
+        record.subkey ? ParseOwnerMarker(*record.subkey) : std::nullopt;
+    if (!owner) {
+      return PermissionDenied(fmt::format(
+          "key '{}' holds {}: each peer writes only its own entry, under a subkey that is its "
+          "owner marker ({}), signed",
+          record.key, family.name, record.subkey ? "not this subkey" : "no plain value"));
+    }
+    if (HasOwnerMarker(record.key)) {
+      return PermissionDenied(fmt::format("key '{}' holds {} and must not name an owner itself",
+                                          record.key, family.name));
+    }
+    if (family.check) {
+      Status st = family.check(record.key, *owner, record.value);
+      if (!st.ok()) {
+        return PermissionDenied(fmt::format("the entry of {} under key '{}' is not one of {}: {}",
+                                            owner->Short(), record.key, family.name, st.message()));
+      }
+    }
+    return Status::Ok();
+  }
+  return Status::Ok();
+}
+
 Status OwnerValidator::Validate(const RecordView& record) const {
   COLONY_ASSIGN_OR_RETURN(std::optional<PeerId> owner, OwnerOf(record));
   if (!owner) return Status::Ok();

@@ -6,6 +6,7 @@
 // stripping in descending priority, each validator seeing the value the outer ones stripped.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,8 @@ std::string OwnerMarker(const PeerId& peer);
 // The peer named by `text` when it is exactly one owner marker (e.g. the subkey a peer stored
 // its own entry under), else nullopt.
 std::optional<PeerId> ParseOwnerMarker(std::string_view text);
+// Whether `text` names an owner anywhere (then a valid record under it is the owner's).
+bool HasOwnerMarker(std::string_view text);
 
 class OwnerValidator final : public RecordValidator {
  public:
@@ -70,6 +73,30 @@ class OwnerValidator final : public RecordValidator {
 
  private:
   const KeyPair* signer_;
+};
+
+// A family of keys that one of Colony's layers keeps its records under (block servers, progress
+// reports, averaging groups, state donors, relays). Each peer writes only its own entry: every
+// record under such a key must be a dictionary entry whose subkey is exactly the owner marker of
+// the peer that signed it, and its value (the signature stripped) must parse as the layer parses
+// it. So nobody can replace, wipe or fill in another peer's name, and junk never reaches readers.
+struct KeyFamily {
+  std::string name;  // what the records are, for errors ("server records")
+  std::function<bool(std::string_view key)> matches;
+  // The layer's parser, applied to the value with the signature stripped (null: any value).
+  std::function<Status(std::string_view key, const PeerId& owner, std::string_view value)> check;
+};
+
+// Enforces KeyFamily rules on every store a node accepts and every entry a lookup returns.
+class KeyFamilyValidator final : public RecordValidator {
+ public:
+  explicit KeyFamilyValidator(std::vector<KeyFamily> families) : families_(std::move(families)) {}
+  Status Validate(const RecordView& record) const override;
+  // Below OwnerValidator: it sees values whose signature was checked and stripped.
+  int priority() const override { return 10; }
+
+ private:
+  std::vector<KeyFamily> families_;
 };
 
 // Schema validation for JSON values: records under the listed keys must hold JSON of the given

@@ -6,6 +6,13 @@
 #include <nlohmann/json.hpp>
 
 namespace colony::serve {
+namespace {
+
+// Block indices a server record may name when the model's depth is not known (a DHT node checking
+// records for every model).
+constexpr int64_t kMaxBlocksInRecord = int64_t{1} << 20;
+
+}  // namespace
 
 std::string_view StateName(ServerState state) {
   switch (state) {
@@ -21,6 +28,37 @@ std::string_view StateName(ServerState state) {
 
 std::string BlockKey(const std::string& model, int64_t block) {
   return fmt::format("{}.block.{}", model, block);
+}
+
+std::optional<int64_t> BlockOfKey(std::string_view key) {
+  constexpr std::string_view kInfix = ".block.";
+  const size_t at = key.rfind(kInfix);
+  if (at == std::string_view::npos || at == 0) return std::nullopt;
+  const std::string_view digits = key.substr(at + kInfix.size());
+  if (digits.empty() || digits.size() > 9 || (digits.size() > 1 && digits[0] == '0')) {
+    return std::nullopt;
+  }
+  int64_t block = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    block = block * 10 + (c - '0');
+  }
+  return block;
+}
+
+dht::KeyFamily ServerRecordFamily() {
+  return {.name = "server records",
+          .matches = [](std::string_view key) { return BlockOfKey(key).has_value(); },
+          .check = [](std::string_view key, const PeerId& owner, std::string_view value) -> Status {
+            const int64_t block = *BlockOfKey(key);
+            COLONY_ASSIGN_OR_RETURN(ServerRecord r,
+                                    ParseServerRecord(owner, value, kMaxBlocksInRecord));
+            if (block < r.start || block >= r.end) {
+              return ProtocolError(fmt::format("the record spans blocks [{}, {}), not block {}",
+                                               r.start, r.end, block));
+            }
+            return Status::Ok();
+          }};
 }
 
 std::string EncodeServerRecord(const ServerRecord& r) {

@@ -7,11 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/identity.h"
 #include "core/status.h"
+#include "dht/validation.h"
 
 namespace colony::serve {
 
@@ -34,6 +36,11 @@ struct ServerRecord {
 };
 
 std::string BlockKey(const std::string& model, int64_t block);
+// The block index of a key "<model>.block.<i>", or nullopt for any other key.
+std::optional<int64_t> BlockOfKey(std::string_view key);
+// The DHT's rule for these keys: each server writes only its own entry (owner-signed subkey),
+// and the entry must parse as a server record whose span holds the key's block.
+dht::KeyFamily ServerRecordFamily();
 std::string EncodeServerRecord(const ServerRecord& record);
 // Parses a value read from the DHT (untrusted): ProtocolError on anything malformed, spans
 // outside [0, num_blocks), or more than a few addresses.

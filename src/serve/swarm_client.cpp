@@ -1,6 +1,8 @@
 // Setting up a client of a served model (swarm_client.h).
 #include "serve/swarm_client.h"
 
+#include "serve/records.h"
+
 namespace colony::serve {
 
 std::string DefaultModelName(const std::filesystem::path& model_dir) {
@@ -23,6 +25,8 @@ Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& op
   dht::NodeOptions node_options;
   node_options.initial_peers = options.initial_peers;
   node_options.dht.client_mode = true;
+  node_options.validators = {
+      std::make_shared<dht::KeyFamilyValidator>(std::vector{ServerRecordFamily()})};
   COLONY_ASSIGN_OR_RETURN(c->node, dht::Node::Start(KeyPair::Generate(), node_options));
   const std::string name =
       options.model_name.empty() ? DefaultModelName(options.model_dir) : options.model_name;

@@ -18,6 +18,7 @@
 #include "core/multiaddr.h"
 #include "dht/node.h"
 #include "tools/commands.h"
+#include "tools/record_rules.h"
 
 namespace colony::cli {
 namespace {
@@ -75,6 +76,7 @@ int Run(const AverageArgs& a) {
   if (!fault.ok()) return Fail(fault.status());
 
   dht::NodeOptions node_options;
+  node_options.validators = {SwarmRecordRules()};
   node_options.initial_peers = a.initial_peers;
   node_options.relays = a.relays;
   node_options.host.hole_punching = !a.no_hole_punching;

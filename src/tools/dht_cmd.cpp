@@ -8,6 +8,7 @@
 #include "core/multiaddr.h"
 #include "dht/node.h"
 #include "tools/commands.h"
+#include "tools/record_rules.h"
 
 namespace colony::cli {
 namespace {
@@ -47,6 +48,7 @@ Result<std::unique_ptr<dht::Node>> ClientNode(const CommonArgs& a) {
   COLONY_RETURN_IF_ERROR(CheckAddrs(a.initial_peers));
   COLONY_ASSIGN_OR_RETURN(KeyPair identity, Identity(a.identity));
   dht::NodeOptions options;
+  options.validators = {SwarmRecordRules()};
   options.initial_peers = a.initial_peers;
   options.dht.client_mode = true;
   options.dht.request_timeout =
@@ -74,8 +76,10 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
   store->add_option("key", sa->key, "the record's key")->required();
   store->add_option("value", sa->value, "the value (stored as given)")->required();
   store->add_option("--subkey", sa->subkey, "store into the dictionary under KEY at this subkey");
-  store->add_option("--ttl", sa->ttl, "seconds until the record expires")
-      ->check(CLI::Range(0.001, 1e9))
+  store
+      ->add_option("--ttl", sa->ttl,
+                   "seconds until the record expires (at most a day: store again to keep it)")
+      ->check(CLI::Range(0.001, 86400.0))
       ->capture_default_str();
   AddCommon(store, sa->common, true);
   commands.emplace_back(store, [sa]() -> int {
@@ -151,6 +155,8 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     if (Status st = CheckAddrs(va->common.initial_peers); !st.ok()) return Fail(st);
     if (Status st = CheckAddrs(va->relays); !st.ok()) return Fail(st);
     dht::NodeOptions options;
+    options.validators = {SwarmRecordRules()};
+    options.validators = {SwarmRecordRules()};
     options.relays = va->relays;
     options.host.hole_punching = !va->no_hole_punching;
     if (!va->relays.empty()) va->client_mode = true;

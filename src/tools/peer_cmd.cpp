@@ -9,6 +9,7 @@
 #include "dht/node.h"
 #include "net/host.h"
 #include "tools/commands.h"
+#include "tools/record_rules.h"
 
 namespace colony::cli {
 namespace {
@@ -80,6 +81,7 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
     std::fflush(stdout);
 
     dht::NodeOptions dht_options;
+    dht_options.validators = {SwarmRecordRules()};
     for (const auto& b : *bootstrap) dht_options.initial_peers.push_back(b.ToString());
     auto node = dht::Node::Attach(host, std::move(dht_options));
     if (!node.ok()) {

@@ -21,6 +21,7 @@
 #include "serve/swarm_client.h"
 #include "serve/tuning.h"
 #include "tools/commands.h"
+#include "tools/record_rules.h"
 
 namespace colony::cli {
 namespace {
@@ -124,6 +125,7 @@ int RunServe(const ServeArgs& a) {
 
   BlockTerminationSignals();
   dht::NodeOptions node_options;
+  node_options.validators = {SwarmRecordRules()};
   node_options.initial_peers = a.swarm.initial_peers;
   node_options.relays = a.relays;
   if (a.relays.empty()) {

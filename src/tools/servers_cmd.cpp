@@ -11,6 +11,7 @@
 #include "dht/validation.h"
 #include "serve/records.h"
 #include "tools/commands.h"
+#include "tools/record_rules.h"
 
 namespace colony::cli {
 namespace {
@@ -50,6 +51,7 @@ int Run(const ServersArgs& a) {
     return Fail("give --model DIR, or --model-name NAME and --num-blocks N");
   }
   dht::NodeOptions options;
+  options.validators = {SwarmRecordRules()};
   options.initial_peers = a.initial_peers;
   options.dht.client_mode = true;
   auto node = dht::Node::Start(KeyPair::Generate(), options);

@@ -15,6 +15,7 @@
 
 #include "compression/codec.h"
 #include "tools/commands.h"
+#include "tools/record_rules.h"
 #include "train/trainer.h"
 
 namespace colony::cli {
@@ -72,6 +73,7 @@ Status CheckTaskOptions(const CLI::App& cmd, const std::string& task) {
 
 Result<train::TrainerOptions> ToOptions(const TrainFlags& f) {
   train::TrainerOptions o = f.o;
+  o.dht_validators = {SwarmRecordRules()};
   o.task.classifier = f.classifier == "linear" ? model::FashionArchitecture::kLinear
                                                : model::FashionArchitecture::kCnn;
   auto& c = o.collaborative;

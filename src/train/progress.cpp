@@ -12,6 +12,19 @@
 #include "dht/validation.h"
 
 namespace colony::train {
+
+dht::KeyFamily ProgressFamily() {
+  constexpr std::string_view kSuffix = ".progress";
+  return {
+      .name = "training progress records",
+      .matches =
+          [kSuffix](std::string_view key) {
+            return key.size() > kSuffix.size() && key.ends_with(kSuffix);
+          },
+      .check = [](std::string_view, const PeerId& owner,
+                  std::string_view value) { return ParseProgressRecord(owner, value).status(); }};
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;

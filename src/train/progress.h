@@ -38,6 +38,10 @@
 
 namespace colony::train {
 
+// The DHT's rule for "<run_id>.progress": each peer writes only its own entry (owner-signed
+// subkey), and the entry must parse as a progress record.
+dht::KeyFamily ProgressFamily();
+
 struct ProgressOptions {
   std::string run_id = {};
   int64_t target_batch_size = 0;

@@ -10,9 +10,11 @@
 #include <limits>
 #include <thread>
 
+#include "averaging/key_families.h"
 #include "core/log.h"
 #include "core/multiaddr.h"
 #include "dht/node.h"
+#include "train/progress.h"
 
 namespace colony::train {
 namespace {
@@ -60,6 +62,12 @@ class Trainer::Impl {
     dht::NodeOptions node_options;
     node_options.initial_peers = o_.initial_peers;
     node_options.relays = o_.relays;
+    node_options.validators = o_.dht_validators;
+    if (node_options.validators.empty()) {
+      std::vector<dht::KeyFamily> families = averaging::AveragingKeyFamilies();
+      families.push_back(ProgressFamily());
+      node_options.validators = {std::make_shared<dht::KeyFamilyValidator>(std::move(families))};
+    }
     if (mode == averaging::Mode::kClient || !o_.relays.empty()) {
       node_options.dht.client_mode = true;
     } else {

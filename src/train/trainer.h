@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "dht/validation.h"
 #include "train/collaborative.h"
 #include "train/optimizers.h"
 #include "train/task.h"
@@ -40,6 +41,9 @@ struct TrainerOptions {
   std::vector<std::string> initial_peers = {};  // multiaddrs; none: start a new swarm
   std::string listen = "/ip4/127.0.0.1/tcp/0";
   std::vector<std::string> relays = {};  // behind NAT: accept connections through these
+  // The record rules the peer's DHT node enforces for every layer sharing the swarm (the
+  // `colony` commands pass all of them); empty: those of training and averaging only.
+  std::vector<std::shared_ptr<const dht::RecordValidator>> dht_validators = {};
   // Optimization: the inner optimizer (optimizers.h names) and the collaborative options.
   std::string optimizer = "adam";
   OptimizerConfig optimizer_config = {};

@@ -22,6 +22,7 @@ namespace {
 using namespace std::chrono_literals;
 using colony::test::ColonyBinary;
 using colony::test::ReadFile;
+using colony::test::RunCli;
 
 NodeOptions Opts(std::vector<std::string> initial = {}) {
   NodeOptions o;
@@ -305,30 +306,6 @@ TEST(DhtNode, ManyNodesStartedAtOnceFromOneBootstrapPeerFormOneSwarm) {
 
 // ---------------------------------------------------------------------------------------------
 // Real processes
-
-struct CliResult {
-  int code = -1;
-  std::string out, err;
-};
-
-CliResult RunCli(std::vector<std::string> args) {
-  static int counter = 0;
-  const std::string err_path = ::testing::TempDir() + "/dht_cli_" + std::to_string(::getpid()) +
-                               "_" + std::to_string(counter++) + ".err";
-  args.insert(args.begin(), ColonyBinary());
-  CliResult r;
-  auto p = Subprocess::Spawn(args, err_path);
-  if (!p.ok()) return r;
-  for (;;) {
-    auto line = p->ReadLine(30s);
-    if (!line.ok()) break;
-    r.out += *line + "\n";
-  }
-  auto code = p->Wait(30s);
-  r.code = code.ok() ? *code : -1;
-  r.err = ReadFile(err_path);
-  return r;
-}
 
 TEST(DhtProcesses, TwentyProcessesOnLoopback) {
   std::vector<Subprocess> procs;

@@ -65,10 +65,8 @@ TEST(DhtStorage, DictionariesAndPlainValues) {
   const PeerId w = KeyPair::Generate().peer_id();
   const DhtId id = DhtId::ForKey("d");
   ASSERT_TRUE(s.Store(id, Item("d", "plain", kNow + 10), w, kNow).ok());
-  // A subkey older than the plain value is rejected; a newer one turns the key into a dict.
-  EXPECT_EQ(s.Store(id, Item("d", "x", kNow + 5, "s1"), w, kNow).code(),
-            StatusCode::kAlreadyExists);
-  ASSERT_TRUE(s.Store(id, Item("d", "x", kNow + 10, "s1"), w, kNow).ok());
+  // A subkey turns the key into a dictionary, whatever the plain value's expiration.
+  ASSERT_TRUE(s.Store(id, Item("d", "x", kNow + 5, "s1"), w, kNow).ok());
   ASSERT_TRUE(s.Store(id, Item("d", "y", kNow + 30, "s2"), w, kNow).ok());
   const Record* r = s.Get(id, kNow);
   ASSERT_TRUE(r && r->is_dict);
@@ -78,11 +76,52 @@ TEST(DhtStorage, DictionariesAndPlainValues) {
   r = s.Get(id, kNow + 15);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->subkeys.size(), 1u);
-  // A plain value replaces the dict only when newer than all of it.
-  EXPECT_EQ(s.Store(id, Item("d", "p", kNow + 30), w, kNow + 15).code(),
-            StatusCode::kAlreadyExists);
-  ASSERT_TRUE(s.Store(id, Item("d", "p", kNow + 31), w, kNow + 15).ok());
-  EXPECT_FALSE(s.Get(id, kNow + 15)->is_dict);
+  // A plain value never replaces a dictionary (hivemind lets a newer one win: that is how one
+  // peer would wipe everyone's entries), however far its expiration.
+  auto st = s.Store(id, Item("d", "p", kNow + 3000), w, kNow + 15);
+  EXPECT_EQ(st.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(st.message().find("a plain value cannot replace it"), std::string::npos)
+      << st.message();
+  EXPECT_TRUE(s.Get(id, kNow + 15)->is_dict);
+  // Once the dictionary has expired, the key is free again.
+  ASSERT_TRUE(s.Store(id, Item("d", "p", kNow + 3000), w, kNow + 31).ok());
+  EXPECT_FALSE(s.Get(id, kNow + 31)->is_dict);
+}
+
+TEST(DhtStorage, OwnerSignedSubkeysPushOutUnsignedOnesWhenTheDictionaryIsFull) {
+  StorageLimits limits;
+  limits.max_subkeys = 4;
+  Storage s(limits);
+  const PeerId attacker = KeyPair::Generate().peer_id();
+  const PeerId owner = KeyPair::Generate().peer_id(), other = KeyPair::Generate().peer_id();
+  const DhtId id = DhtId::ForKey("d");
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(
+        s.Store(id, Item("d", "junk", kNow + 100 + i, "j" + std::to_string(i)), attacker, kNow)
+            .ok());
+  }
+  // An unsigned newcomer is refused; an owner's entry takes the place of the soonest-expiring
+  // junk, and the attacker's quota is credited.
+  EXPECT_EQ(s.Store(id, Item("d", "more", kNow + 500, "j9"), attacker, kNow).code(),
+            StatusCode::kResourceExhausted);
+  const size_t before = s.usage_of(attacker);
+  ASSERT_TRUE(s.Store(id, Item("d", "mine", kNow + 10, OwnerMarker(owner)), owner, kNow).ok());
+  EXPECT_LT(s.usage_of(attacker), before);
+  const Record* r = s.Get(id, kNow);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->subkeys.size(), 4u);
+  EXPECT_FALSE(r->subkeys.contains("j0"));
+  EXPECT_TRUE(r->subkeys.contains("j1"));
+  EXPECT_EQ(r->subkeys.at(OwnerMarker(owner)).value, "mine");
+  // Owners' entries are never pushed out: a dictionary full of them refuses the next owner.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(s.Store(id, Item("d", "x", kNow + 10, OwnerMarker(KeyPair::Generate().peer_id())),
+                        other, kNow)
+                    .ok());
+  }
+  EXPECT_EQ(s.Store(id, Item("d", "x", kNow + 10, OwnerMarker(other)), other, kNow).code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.Get(id, kNow)->subkeys.size(), 4u);
 }
 
 TEST(DhtStorage, MergeFollowsTheSameRules) {
@@ -91,18 +130,22 @@ TEST(DhtStorage, MergeFollowsTheSameRules) {
   MergeRecord(a, b);
   EXPECT_EQ(a.subkeys.size(), 3u);
   EXPECT_EQ(a.subkeys["x"].value, "3");
+  // A plain value does not replace a dictionary, however new; a dictionary replaces it.
   Record plain{false, {"p", kNow + 100}, {}};
   MergeRecord(a, plain);
-  EXPECT_FALSE(a.is_dict);
-  EXPECT_TRUE(DropExpired(a, kNow));
-  EXPECT_FALSE(DropExpired(a, kNow + 100));
+  EXPECT_TRUE(a.is_dict);
+  MergeRecord(plain, a);
+  EXPECT_TRUE(plain.is_dict);
+  Record p2{false, {"p", kNow + 100}, {}};
+  EXPECT_TRUE(DropExpired(p2, kNow));
+  EXPECT_FALSE(DropExpired(p2, kNow + 100));
 }
 
-TEST(DhtStorage, LimitsQuotaCapacityAndHoldingTime) {
+TEST(DhtStorage, LimitsQuotaCapacityAndExpirationCap) {
   StorageLimits limits;
   limits.per_peer_quota_bytes = 10'000;
   limits.capacity_bytes = 15'000;
-  limits.max_hold_seconds = 100;
+  limits.max_ttl_seconds = 100;
   limits.max_subkeys = 3;
   Storage s(limits);
   const PeerId a = KeyPair::Generate().peer_id(), b = KeyPair::Generate().peer_id();
@@ -125,12 +168,15 @@ TEST(DhtStorage, LimitsQuotaCapacityAndHoldingTime) {
   }
   EXPECT_EQ(s.Store(DhtId::ForKey("d"), Item("d", "", kNow + 10, "x"), b, kNow, false).code(),
             StatusCode::kResourceExhausted);
-  // A far expiration is kept exact but held only max_hold_seconds.
+  // Too far an expiration is refused, not shortened (owners sign it); the clock slack is allowed.
   Storage h(limits);
-  ASSERT_TRUE(h.Store(DhtId::ForKey("far"), Item("far", "v", kNow + 1e6), a, kNow).ok());
-  EXPECT_EQ(h.Get(DhtId::ForKey("far"), kNow + 50)->value.expiration, kNow + 1e6);
-  EXPECT_EQ(h.Get(DhtId::ForKey("far"), kNow + 100), nullptr);
+  auto far = h.Store(DhtId::ForKey("far"), Item("far", "v", kNow + 1e6), a, kNow);
+  EXPECT_EQ(far.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(far.message().find("at most 100 s"), std::string::npos) << far.message();
   EXPECT_EQ(h.usage_of(a), 0u);
+  EXPECT_TRUE(
+      h.Store(DhtId::ForKey("near"), Item("near", "v", kNow + 100 + kExpirationClockSlack), a, kNow)
+          .ok());
 }
 
 TEST(DhtStorage, CheckItemNamesTheProblem) {
@@ -217,6 +263,54 @@ TEST(DhtValidation, SchemaChecksTypesAndFieldsAndComposesWithOwners) {
   auto v = chain.ValidateAndStrip({"peer", sub, *s, kNow + 1});
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(*v, R"({"name": "x"})");
+}
+
+TEST(DhtValidation, KeyFamiliesAdmitOnlyEachOwnersOwnParsedEntry) {
+  KeyPair owner = KeyPair::Generate(), other = KeyPair::Generate();
+  ValidatorChain chain;
+  chain.Add(std::make_shared<OwnerValidator>(&owner));
+  chain.Add(std::make_shared<KeyFamilyValidator>(std::vector<KeyFamily>{
+      {.name = "test records",
+       .matches = [](std::string_view key) { return key.ends_with(".fam"); },
+       .check =
+           [](std::string_view, const PeerId& who, std::string_view value) {
+             return value == "ok:" + who.Short() ? Status::Ok() : ProtocolError("bad value");
+           }}}));
+  const std::string mine = OwnerMarker(owner.peer_id());
+  const std::string good = "ok:" + owner.peer_id().Short();
+  auto signed_value = chain.Sign({"a.fam", mine, good, kNow + 5});
+  ASSERT_TRUE(signed_value.ok()) << signed_value.status().ToString();
+  auto v = chain.ValidateAndStrip({"a.fam", mine, *signed_value, kNow + 5});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, good);  // the check saw the value without its signature
+  // A plain value, an unsigned subkey, a subkey that only contains a marker, a key that names an
+  // owner, and a value the layer cannot parse: each refused, naming the family.
+  const std::vector<std::pair<std::string, std::optional<std::string>>> refused{
+      {"a.fam", std::nullopt},
+      {"a.fam", "plain-subkey"},
+      {"a.fam", "x" + mine},
+      {mine + ".fam", mine}};
+  for (const auto& [key, subkey] : refused) {
+    RecordView view{key, subkey, "ok", kNow + 5};
+    if (auto s = chain.Sign(view); s.ok()) view.value = *s;
+    auto st = chain.ValidateAndStrip(view).status();
+    EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << key;
+    EXPECT_NE(st.message().find("test records"), std::string::npos) << st.message();
+  }
+  auto bad = chain.Sign({"a.fam", mine, "nonsense", kNow + 5});
+  ASSERT_TRUE(bad.ok());
+  auto st = chain.ValidateAndStrip({"a.fam", mine, *bad, kNow + 5}).status();
+  EXPECT_NE(st.message().find("is not one of test records: bad value"), std::string::npos)
+      << st.message();
+  // Another owner's entry under its own marker is fine; keys outside the family are untouched.
+  ValidatorChain theirs;
+  theirs.Add(std::make_shared<OwnerValidator>(&other));
+  auto other_value = theirs.Sign(
+      {"a.fam", OwnerMarker(other.peer_id()), "ok:" + other.peer_id().Short(), kNow + 5});
+  ASSERT_TRUE(other_value.ok());
+  EXPECT_TRUE(
+      chain.ValidateAndStrip({"a.fam", OwnerMarker(other.peer_id()), *other_value, kNow + 5}).ok());
+  EXPECT_TRUE(chain.ValidateAndStrip({"a.other", std::nullopt, "anything", kNow + 5}).ok());
 }
 
 TEST(DhtRouting, BucketsNearestAndFailures) {

@@ -52,5 +52,26 @@ TEST(ServerRecord, RejectsMalformedAndOutOfRange) {
   EXPECT_EQ(BlockKey("llama", 3), "llama.block.3");
 }
 
+TEST(ServerRecord, TheDhtFamilyKnowsBlockKeysAndChecksTheSpan) {
+  EXPECT_EQ(BlockOfKey(BlockKey("llama", 0)), 0);
+  EXPECT_EQ(BlockOfKey(BlockKey("a.block.b", 123456789)), 123456789);
+  for (const char* not_block : {"llama.block.", ".block.3", "llama.block.03", "llama.block.3x",
+                                "llama.block.-1", "llama.blocks.3", "llama.block.1234567890"}) {
+    EXPECT_FALSE(BlockOfKey(not_block).has_value()) << not_block;
+  }
+  const dht::KeyFamily family = ServerRecordFamily();
+  const PeerId peer = KeyPair::Generate().peer_id();
+  ServerRecord r;
+  r.start = 2;
+  r.end = 5;
+  const std::string value = EncodeServerRecord(r);
+  EXPECT_TRUE(family.matches("m.block.4"));
+  EXPECT_FALSE(family.matches("m.progress"));
+  EXPECT_TRUE(family.check("m.block.4", peer, value).ok());
+  auto outside = family.check("m.block.5", peer, value);
+  EXPECT_NE(outside.message().find("not block 5"), std::string::npos) << outside.message();
+  EXPECT_FALSE(family.check("m.block.2", peer, "{}").ok());
+}
+
 }  // namespace
 }  // namespace colony::serve
