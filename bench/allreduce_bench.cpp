@@ -25,6 +25,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "average_check.h"
 #include "bench_support.h"
 #include "core/subprocess.h"
 
@@ -108,6 +110,7 @@ struct Config {
   double timeout = 60;
   double startup = 0;  // 0: automatic
   int run_id = 0;
+  bool wrong_results = false;  // a Colony round reported success but its values were wrong
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -245,6 +248,8 @@ Measure RunGloo(Config& c, int n) {
 struct Round {
   bool ok = false;
   int group_size = 0;
+  std::vector<colony::bench::AveragedPart>
+      parts;  // as the peer reported them: whose data each part of its result holds
   double matchmaking_s = 0, allreduce_s = -1;
   double bytes_sent = 0, bytes_received = 0;
   double at = 0;  // wall-clock time the line was read
@@ -257,6 +262,7 @@ struct Peer {
   std::map<int, Round> rounds;
   std::string problem;  // how its output ended, if not with "done"
   std::string stderr_path;
+  std::string output_path;  // the averaged values after its last round (raw float32)
   std::optional<int> exit_code;
 };
 
@@ -285,6 +291,7 @@ void ParseLine(Peer& peer, const std::string& line) {
       r.bytes_sent = j.value("bytes_sent", 0.0);
       r.bytes_received = j.value("bytes_received", 0.0);
       r.error = j.value("error", "");
+      r.parts = colony::bench::PartsOfRoundEvent(j);
       peer.rounds[j.value("round", static_cast<int>(peer.rounds.size()))] = r;
     } else if (event == "done") {
       peer.done = true;
@@ -334,6 +341,7 @@ ColonyRun RunColony(Config& c, int n, const std::string& codec, int rounds, doub
   for (int i = 0; i < n; ++i) {
     Peer& peer = run.peers[static_cast<size_t>(i)];
     peer.stderr_path = c.dir + "/colony-" + std::to_string(id) + "-" + std::to_string(i) + ".err";
+    peer.output_path = c.dir + "/colony-" + std::to_string(id) + "-" + std::to_string(i) + ".bin";
     std::vector<std::string> args{ColonyBinary(),
                                   "--log-level",
                                   "warn",
@@ -359,7 +367,9 @@ ColonyRun RunColony(Config& c, int n, const std::string& codec, int rounds, doub
                                   "--codec",
                                   codec,
                                   "--start-at",
-                                  start_at};
+                                  start_at,
+                                  "--output",
+                                  peer.output_path};
     args.insert(args.end(), extra.begin(), extra.end());
     auto p = Subprocess::Spawn(args, peer.stderr_path);
     if (!p.ok()) {
@@ -427,6 +437,19 @@ std::string Problems(const ColonyRun& run, size_t skip_peer = SIZE_MAX) {
   return out;
 }
 
+// What the peers reported and wrote, for CheckColonyMeans.
+std::vector<colony::bench::AveragerOutcome> Outcomes(const ColonyRun& run) {
+  std::vector<colony::bench::AveragerOutcome> out;
+  for (const Peer& p : run.peers) {
+    colony::bench::AveragerOutcome o{p.output_path, {}, p.rounds.size()};
+    for (const auto& [r, round] : p.rounds) {
+      if (round.ok) o.ok_rounds[r] = round.parts;
+    }
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
 struct ColonyMeasure {
   Measure m;
   double first_matchmaking_s = 0;  // round 0 (warm-up), median over peers
@@ -479,6 +502,16 @@ ColonyMeasure MeasureColony(Config& c, int n, const std::string& codec) {
     out.m.error = "no round completed on every peer:" + failures + Problems(run);
     return out;
   }
+  std::string summary;
+  if (std::string wrong =
+          colony::bench::CheckColonyMeans(c.values, n, codec, Outcomes(run), summary);
+      !wrong.empty()) {
+    c.wrong_results = true;
+    out.m = Fail("wrong result: " + wrong);
+    return out;
+  }
+  std::printf("  N=%d Colony (%s): %s\n", n, codec.c_str(), summary.c_str());
+  std::fflush(stdout);
   out.m.ok = true;
   out.m.seconds = Median(out.m.rounds);
   if (static_cast<int>(out.m.rounds.size()) < c.rounds || !failures.empty()) {
@@ -776,5 +809,9 @@ int main(int argc, char** argv) {
   result("allreduce8_vs_mpi_tcp", r.colony8, r.mpi);
   result("allreduce_vs_mpi_tcp", r.colony, r.mpi);
   std::fflush(stdout);
+  if (c.wrong_results) {
+    std::fprintf(stderr, "bench_allreduce: a Colony round computed a wrong mean (see above)\n");
+    return 1;
+  }
   return 0;
 }

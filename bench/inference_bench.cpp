@@ -113,6 +113,18 @@ double Seconds(Steady::duration d) { return std::chrono::duration<double>(d).cou
   std::exit(1);
 }
 
+// A benchmark of a wrong computation measures nothing: the distributed decode must give exactly
+// the local logits (the same kernels on the same inputs), and forward passes the local hidden
+// states up to float noise. Exits non-zero otherwise, before any RESULT line.
+constexpr double kForwardTolerance = 1e-4;
+void CheckAgreement(const std::string& what, double max_diff, int64_t mismatches,
+                    double tolerance) {
+  if (mismatches == 0 && max_diff <= tolerance) return;
+  Die(what + " disagrees with the local model: max |difference| " + std::to_string(max_diff) +
+      " (allowed " + std::to_string(tolerance) + "), greedy mismatches " +
+      std::to_string(mismatches) + "; the timings would be of a wrong computation");
+}
+
 struct Server {
   std::string label;
   int64_t first = 0, last = 0;
@@ -398,6 +410,11 @@ void RunLoopback(const Args& a, const fs::path& model_dir, const std::string& mo
   for (auto& s : servers) Stop(s);
   (*node)->Shutdown();
 
+  CheckAgreement("the distributed decode", d.remote[0].max_diff, d.remote[0].mismatches, 0.0);
+  for (const auto& [b, f] : forwards) {
+    CheckAgreement("the distributed forward at batch " + std::to_string(b), f.max_diff, 0,
+                   kForwardTolerance);
+  }
   for (const auto& [b, f] : forwards) {
     std::printf("RESULT forward_b%lld_time_vs_local=%.3f\n", static_cast<long long>(b),
                 f.remote_s / f.local_s);
@@ -513,6 +530,12 @@ int RunWanClient(const Args& a) {
                   ? (d.remote[1].step_s - d.remote[0].step_s) / (a.wan_rtt_ms / 1e3 / 2)
                   : 0.0,
               hops - 2);
+  CheckAgreement("the distributed decode with push", d.remote[0].max_diff, d.remote[0].mismatches,
+                 0.0);
+  if (d.remote.size() > 1) {
+    CheckAgreement("the distributed decode without push", d.remote[1].max_diff,
+                   d.remote[1].mismatches, 0.0);
+  }
   std::printf("RESULT inference_wan_rtt_ms=%.1f\n", measured_rtt * 1e3);
   if (d.remote.size() > 1) {
     std::printf("RESULT inference_wan_nopush_vs_floor=%.3f\n", d.remote[1].step_s / floor_s);

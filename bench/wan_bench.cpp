@@ -63,6 +63,7 @@
 #include <thread>
 #include <vector>
 
+#include "average_check.h"
 #include "bench_support.h"
 #include "core/subprocess.h"
 #include "lab_support.h"
@@ -340,6 +341,7 @@ struct Measure {
   std::vector<double> rounds;  // per timed round, the slowest peer
   double sent = 0;             // bytes per peer per timed round (median)
   std::string error, note;
+  bool wrong_result = false;  // the rounds said ok but the values were not the mean
 };
 
 Measure Fail(std::string error) {
@@ -430,6 +432,7 @@ struct Round {
   int group_size = 0;
   double matchmaking_s = 0, allreduce_s = -1, bytes_sent = 0;
   std::string error;
+  std::vector<colony::bench::AveragedPart> parts;  // whose data each part of the result holds
 };
 
 struct Peer {
@@ -437,6 +440,7 @@ struct Peer {
   double ready_at = 0;
   std::map<int, Round> rounds;
   std::string problem, err_path;
+  std::string output_path;  // the averaged values after the last round
 };
 
 void ParseLine(Peer& peer, const std::string& line) {
@@ -455,6 +459,7 @@ void ParseLine(Peer& peer, const std::string& line) {
       r.allreduce_s = j.value("allreduce_s", -1.0);
       r.bytes_sent = j.value("bytes_sent", 0.0);
       r.error = j.value("error", "");
+      r.parts = colony::bench::PartsOfRoundEvent(j);
       peer.rounds[j.value("round", static_cast<int>(peer.rounds.size()))] = r;
     } else if (event == "done") {
       peer.done = true;
@@ -475,6 +480,7 @@ Measure RunColony(const Config& c, const Lab& lab, const std::string& bootstrap,
     const std::string host = "p" + std::to_string(i + 1);
     Peer& peer = peers[static_cast<size_t>(i)];
     peer.err_path = c.dir + "/" + lab.name() + "-" + codec + "-" + host + ".err";
+    peer.output_path = c.dir + "/" + lab.name() + "-" + codec + "-" + host + ".bin";
     auto p = Subprocess::Spawn(lab.In(host, {ColonyBinary(),
                                              "--log-level",
                                              "warn",
@@ -502,7 +508,9 @@ Measure RunColony(const Config& c, const Lab& lab, const std::string& bootstrap,
                                              "--codec",
                                              codec,
                                              "--start-at",
-                                             Fixed(start_at)}),
+                                             Fixed(start_at),
+                                             "--output",
+                                             peer.output_path}),
                                peer.err_path);
     if (!p.ok()) return Fail(p.status().ToString());
     procs.push_back(std::move(*p));
@@ -573,6 +581,22 @@ Measure RunColony(const Config& c, const Lab& lab, const std::string& bootstrap,
   }
   if (m.rounds.empty())
     return Fail("no timed round completed on every peer:" + failures + problems);
+  std::vector<colony::bench::AveragerOutcome> outcomes;
+  for (const Peer& p : peers) {
+    colony::bench::AveragerOutcome o{p.output_path, {}, p.rounds.size()};
+    for (const auto& [r, round] : p.rounds) {
+      if (round.ok) o.ok_rounds[r] = round.parts;
+    }
+    outcomes.push_back(std::move(o));
+  }
+  std::string summary;
+  if (std::string wrong = colony::bench::CheckColonyMeans(c.values, n, codec, outcomes, summary);
+      !wrong.empty()) {
+    Measure bad = Fail("wrong result: " + wrong);
+    bad.wrong_result = true;
+    return bad;
+  }
+  std::printf("      %s\n", summary.c_str());
   m.ok = true;
   m.seconds = Median(m.rounds);
   m.sent = Median(sent);
@@ -872,5 +896,14 @@ int main(int argc, char** argv) {
     headline_ok = true;
   }
   std::fflush(stdout);
+  for (const auto& [n, row] : rows) {
+    for (const auto& [codec, m] : row.colony) {
+      if (m.wrong_result) {
+        std::fprintf(stderr, "bench_wan: Colony (%s) at N=%d computed a wrong mean: %s\n",
+                     codec.c_str(), n, m.error.c_str());
+        return 1;
+      }
+    }
+  }
   return headline_ok ? 0 : 1;
 }
