@@ -437,19 +437,6 @@ std::string Problems(const ColonyRun& run, size_t skip_peer = SIZE_MAX) {
   return out;
 }
 
-// What the peers reported and wrote, for CheckColonyMeans.
-std::vector<colony::bench::AveragerOutcome> Outcomes(const ColonyRun& run) {
-  std::vector<colony::bench::AveragerOutcome> out;
-  for (const Peer& p : run.peers) {
-    colony::bench::AveragerOutcome o{p.output_path, {}, p.rounds.size()};
-    for (const auto& [r, round] : p.rounds) {
-      if (round.ok) o.ok_rounds[r] = round.parts;
-    }
-    out.push_back(std::move(o));
-  }
-  return out;
-}
-
 struct ColonyMeasure {
   Measure m;
   double first_matchmaking_s = 0;  // round 0 (warm-up), median over peers
@@ -503,8 +490,7 @@ ColonyMeasure MeasureColony(Config& c, int n, const std::string& codec) {
     return out;
   }
   std::string summary;
-  if (std::string wrong =
-          colony::bench::CheckColonyMeans(c.values, n, codec, Outcomes(run), summary);
+  if (std::string wrong = colony::bench::CheckColonyMeans(c.values, n, codec, run.peers, summary);
       !wrong.empty()) {
     c.wrong_results = true;
     out.m = Fail("wrong result: " + wrong);

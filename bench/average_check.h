@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -34,18 +33,16 @@ inline std::vector<AveragedPart> PartsOfRoundEvent(const nlohmann::json& event) 
   return parts;
 }
 
-struct AveragerOutcome {
-  std::string output_path;                             // --output: the values after the last round
-  std::map<int, std::vector<AveragedPart>> ok_rounds;  // the parts of each round reported ok
-  size_t rounds = 0;                                   // rounds reported (ok or not)
-};
-
 // Empty when every peer's result is right; otherwise what is wrong. `summary` gets the errors.
-inline std::string CheckColonyMeans(size_t values, int n, const std::string& codec,
-                                    const std::vector<AveragerOutcome>& peers,
-                                    std::string& summary) {
+// `Peer` is a benchmark's record of one `colony average` process: `output_path` (its --output,
+// the values after its last round) and `rounds` (round number -> report with `ok` and `parts`).
+template <typename Peer>
+std::string CheckColonyMeans(size_t values, int n, const std::string& codec,
+                             const std::vector<Peer>& peers, std::string& summary) {
   for (size_t i = 0; i < peers.size(); ++i) {
-    for (const auto& [r, parts] : peers[i].ok_rounds) {
+    for (const auto& [r, round] : peers[i].rounds) {
+      if (!round.ok) continue;
+      const std::vector<AveragedPart>& parts = round.parts;
       const std::string where = "peer " + std::to_string(i) + " round " + std::to_string(r);
       uint64_t covered = 0;
       for (const AveragedPart& p : parts) {
@@ -85,7 +82,7 @@ inline std::string CheckColonyMeans(size_t values, int n, const std::string& cod
     const double rel_rms = std::sqrt(err_sq / std::max(mean_sq, 1e-30));
     worst_all = std::max(worst_all, worst);
     rms_all = std::max(rms_all, rel_rms);
-    const double rounds = static_cast<double>(std::max<size_t>(peers[i].rounds, 1));
+    const double rounds = static_cast<double>(std::max<size_t>(peers[i].rounds.size(), 1));
     const bool right = codec == "none" ? worst <= 1e-5 : rel_rms <= 0.01 * std::sqrt(rounds);
     if (!right) {
       return "peer " + std::to_string(i) + "'s values are not the mean of the " +

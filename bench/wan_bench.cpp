@@ -581,16 +581,8 @@ Measure RunColony(const Config& c, const Lab& lab, const std::string& bootstrap,
   }
   if (m.rounds.empty())
     return Fail("no timed round completed on every peer:" + failures + problems);
-  std::vector<colony::bench::AveragerOutcome> outcomes;
-  for (const Peer& p : peers) {
-    colony::bench::AveragerOutcome o{p.output_path, {}, p.rounds.size()};
-    for (const auto& [r, round] : p.rounds) {
-      if (round.ok) o.ok_rounds[r] = round.parts;
-    }
-    outcomes.push_back(std::move(o));
-  }
   std::string summary;
-  if (std::string wrong = colony::bench::CheckColonyMeans(c.values, n, codec, outcomes, summary);
+  if (std::string wrong = colony::bench::CheckColonyMeans(c.values, n, codec, peers, summary);
       !wrong.empty()) {
     Measure bad = Fail("wrong result: " + wrong);
     bad.wrong_result = true;
