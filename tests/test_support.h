@@ -62,6 +62,17 @@ inline std::filesystem::path TempPath(const std::string& name) {
           std::to_string(counter.fetch_add(1)));
 }
 
+// Resident set size in KiB of process `pid` (0: this process); 0 if unknown.
+inline long VmRssKb(pid_t pid = 0) {
+  std::ifstream in(pid == 0 ? std::string("/proc/self/status")
+                            : "/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return 0;
+}
+
 // Median of the values (0 when empty).
 inline double Median(std::vector<double> v) {
   if (v.empty()) return 0;

@@ -17,7 +17,8 @@
 // A sender whose reducer returns no part for 2 x part_timeout (or whose stream fails) keeps its
 // local values for the rest of that span. At the step's deadline everything still open is
 // finalised with what has arrived. So every surviving member finishes, and each part of its
-// result is exactly the weighted mean of the members listed for it (its PartReport).
+// result is exactly the weighted mean of the members listed for it (its PartReport). A member
+// whose result holds no other member's data at all fails the step (Aborted) instead.
 //
 // Threading: a run's state lives on its own strand of the compute pool; stream reads and writes
 // hop to their connections' strands; decoding and encoding run anywhere on the pool.
@@ -25,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 
@@ -674,6 +676,28 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   if (impl_->cancel_requested_) co_return Cancelled("the averaging step was cancelled");
   if (abort_reason_.code() == StatusCode::kCancelled) co_return abort_reason_;
 
+  // A round whose result holds no other member's data averaged nothing, whatever the group's
+  // size: every other member was excluded or returned nothing in time. Reporting it as a
+  // successful round of the full group would be silently wrong.
+  if (wants_results_) {
+    bool others_hold_data = false;
+    for (uint32_t m = 0; m < group_.members.size(); ++m) {
+      others_hold_data = others_hold_data || (m != self_ && group_.members[m].mode != Mode::kAux);
+    }
+    const bool averaged_with_someone =
+        std::any_of(reports_.begin(), reports_.end(), [this](const PartReport& p) {
+          return std::any_of(p.contributors.begin(), p.contributors.end(),
+                             [this](uint32_t c) { return c != self_; });
+        });
+    if (others_hold_data && !averaged_with_someone) {
+      co_return Status(StatusCode::kAborted,
+                       fmt::format("the all-reduce of a group of {} averaged with nobody: "
+                                   "no part of the result holds another member's data (they "
+                                   "were excluded or returned nothing within the part timeout); "
+                                   "this peer keeps its own values",
+                                   group_.members.size()));
+    }
+  }
   StepResult result;
   result.group_id = group_.group_id;
   result.self_index = self_;

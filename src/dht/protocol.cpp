@@ -737,7 +737,7 @@ void DhtCore::GetOne(std::string key, Freshness freshness,
   if (freshness == Freshness::kAnyCopy) {
     bool from_cache = false;
     if (auto local = LocalRecord(id, &from_cache)) {
-      if (from_cache) cache_read_[id] = true;
+      if (from_cache) MarkCacheRead(id);
       done(ValidateAndStrip(key, *local));
       return;
     }
@@ -809,13 +809,23 @@ void DhtCore::CacheLocally(const DhtId& id, const std::string& key, const Record
   for (const StoreItem& e : entries) bytes += key.size() + e.value.size() + 64;
   cache_.MakeRoom(bytes, now);
   for (const StoreItem& e : entries) (void)cache_.Store(id, e, self_.peer, now, false);
-  cache_read_[id] = false;
   ScheduleCacheRefresh(id, record.Expiration());
+}
+
+void DhtCore::MarkCacheRead(const DhtId& id) {
+  // Only values this node cached itself have a refresh scheduled (and so an entry); values
+  // others pushed into the cache must not grow the map.
+  auto it = cache_read_.find(id);
+  if (it != cache_read_.end()) it->second = true;
 }
 
 void DhtCore::ScheduleCacheRefresh(const DhtId& id, double expiration) {
   const double delay = expiration - options_.cache_refresh_before_seconds - Wall();
-  if (!(delay > 0)) return;
+  if (!(delay > 0)) {
+    cache_read_.erase(id);
+    return;
+  }
+  cache_read_[id] = false;
   auto weak = weak_from_this();
   env_.Schedule(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(delay)),
                 [weak, id] {
@@ -906,7 +916,7 @@ Result<FindResponse> DhtCore::HandleFind(const PeerId& from, const FindRequest& 
     FindResult result;
     bool from_cache = false;
     result.record = LocalRecord(id, &from_cache);
-    if (from_cache) cache_read_[id] = true;
+    if (from_cache) MarkCacheRead(id);
     result.nearest = routing_.Nearest(id, options_.bucket_size, &from);
     response.results.push_back(std::move(result));
   }

@@ -184,6 +184,8 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   void StoreKey(std::string key, std::vector<StoreItem> items,
                 std::function<void(std::vector<Status>)> done);
   void ScheduleCacheRefresh(const DhtId& id, double expiration);
+  // Notes that a cached value was read, so that its scheduled refresh fetches it again.
+  void MarkCacheRead(const DhtId& id);
 
   Contact self_;
   DhtOptions options_;

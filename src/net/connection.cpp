@@ -27,8 +27,12 @@ constexpr size_t kMaxReadBuffer = 8 * (kMaxRecordPlaintext + kTagSize + 4);
 constexpr size_t kDirectDecryptMin = 64u << 10;
 // Buffers above this size are released once traffic is small again.
 constexpr size_t kShrinkAbove = 512u << 10;
-constexpr size_t kControlFrameCost = 16;  // backlog accounting per queued control frame
+// Backlog accounting per queued control frame beyond its payload: what the queue entry and the
+// payload's allocation really take, so that the backlog limit bounds memory.
+constexpr size_t kControlFrameCost = 128;
 constexpr uint64_t kMaxCredit = 1ull << 40;
+// The credit waiters of streams that ended are dropped once the list has this many entries.
+constexpr size_t kPruneCreditWaitersAt = 1024;
 
 size_t VarintLength(uint64_t v) {
   size_t n = 1;
@@ -69,7 +73,10 @@ Stream::Stream(std::shared_ptr<Connection> conn, uint32_t id, bool outbound, std
       notifier_(conn_->strand()),
       deadline_timer_(conn_->strand()) {}
 
-Stream::~Stream() = default;
+Stream::~Stream() {
+  // Messages nobody read still count against the host's budget of received bytes.
+  for (const Inbound& in : inbound_) conn_->ReleaseReceived(in.host_charge);
+}
 
 const Strand& Stream::strand() const { return conn_->strand(); }
 Multiaddr Stream::remote_address() const { return conn_->remote_address(); }
@@ -142,6 +149,7 @@ asio::awaitable<Result<std::optional<Message>>> Stream::ReadOnStrand() {
       Inbound in = std::move(inbound_.front());
       inbound_.pop_front();
       conn_->Credit(this, in.credit_due);
+      conn_->ReleaseReceived(in.host_charge);
       co_return std::optional<Message>(std::move(in.message));
     }
     if (remote_done_ || !registered_) {
@@ -182,6 +190,29 @@ asio::awaitable<Status> Stream::WriteOnStrand(const Message& message) {
   auto out = std::make_shared<OutgoingMessage>();
   out->encoded = std::move(*encoded);
   const size_t total = out->encoded.total;
+  // A handler's reply counts against the connection's and the host's reply budgets until it is
+  // sealed: what a peer that withholds credit can make us hold is bounded.
+  struct ReplyCharge {
+    Connection* conn = nullptr;
+    uint64_t bytes = 0;
+    ReplyCharge() = default;
+    ReplyCharge(const ReplyCharge&) = delete;
+    ReplyCharge& operator=(const ReplyCharge&) = delete;
+    ~ReplyCharge() {
+      if (conn != nullptr) conn->ReleaseReply(bytes);
+    }
+  } charge;
+  if (!outbound_) {
+    Status st = conn_->TakeReply(total);
+    if (!st.ok()) co_return Abort(st);
+    charge.conn = conn_.get();
+    charge.bytes = total;
+  }
+  // A write that makes no progress (no byte of it queued or sealed) for send_stall_timeout is
+  // given up: the peer is withholding credit or not reading its socket.
+  const auto stall = conn_->options_.send_stall_timeout;
+  SteadyTime last_progress = std::chrono::steady_clock::now();
+  auto stalled = [&] { return std::chrono::steady_clock::now() - last_progress >= stall; };
   size_t sent = 0;
   while (sent < total) {
     const size_t prefix = sent == 0 ? VarintLength(total) : 0;
@@ -193,10 +224,16 @@ asio::awaitable<Status> Stream::WriteOnStrand(const Message& message) {
           conn_->conn_send_credit_ > static_cast<int64_t>(prefix)) {
         break;
       }
-      if (conn_->conn_send_credit_ <= static_cast<int64_t>(prefix)) {
-        conn_->credit_waiters_.push_back(weak_from_this());
+      if (conn_->conn_send_credit_ <= static_cast<int64_t>(prefix) && !waiting_conn_credit_) {
+        waiting_conn_credit_ = true;
+        auto& waiters = conn_->credit_waiters_;
+        if (waiters.size() >= kPruneCreditWaitersAt) {
+          std::erase_if(waiters, [](const std::weak_ptr<Stream>& w) { return w.expired(); });
+        }
+        waiters.push_back(weak_from_this());
       }
-      co_await notifier_.Wait();
+      if (stalled()) co_return Abort(StallError(total - sent, "flow-control credit"));
+      co_await notifier_.WaitUntil(last_progress + stall);
       Status st = CheckCancelled(cs);
       if (!st.ok()) co_return st;
     }
@@ -217,16 +254,39 @@ asio::awaitable<Status> Stream::WriteOnStrand(const Message& message) {
     conn_->conn_send_credit_ -= static_cast<int64_t>(prefix + n);
     conn_->Enqueue(std::move(f));
     sent += n;
+    last_progress = std::chrono::steady_clock::now();
   }
   // The message's bytes are borrowed until the writer has sealed them.
+  size_t sealed = out->sealed;
   while (out->sealed < total) {
     if (!error_.ok()) co_return error_;
     if (!registered_) co_return FailedPrecondition("call '" + method_ + "' ended while writing");
-    co_await notifier_.Wait();
+    if (out->sealed != sealed) {
+      sealed = out->sealed;
+      last_progress = std::chrono::steady_clock::now();
+    }
+    if (stalled()) co_return Abort(StallError(total - out->sealed, "the peer reading its socket"));
+    co_await notifier_.WaitUntil(last_progress + stall);
     Status st = CheckCancelled(cs);
     if (!st.ok()) co_return st;
   }
   co_return Status::Ok();
+}
+
+Status Stream::Abort(const Status& status) {
+  if (error_.ok() && registered_) {
+    conn_->SendReset(id_, status);
+    Fail(status);
+    conn_->Unregister(*this);
+  }
+  return status;
+}
+
+Status Stream::StallError(size_t unsent, const std::string& waiting_for) const {
+  return DeadlineExceeded("call '" + method_ + "' to peer " + peer_.Short() +
+                          " made no progress for " + Ms(conn_->options_.send_stall_timeout) +
+                          " waiting for " + waiting_for + " (" + std::to_string(unsent) +
+                          " bytes unsent); the stream was reset");
 }
 
 asio::awaitable<Status> Stream::CloseWriteOnStrand() {
@@ -357,7 +417,10 @@ void Connection::Close(const Status& status) {
   for (auto& [id, s] : streams) {
     s->registered_ = false;
     s->Fail(status);
-    if (s->partial_) s->partial_.reset();
+    if (s->partial_) {
+      ReleaseAssembling(s->partial_->total);
+      s->partial_.reset();
+    }
   }
   outq_.clear();
   control_backlog_ = 0;
@@ -746,9 +809,8 @@ Status Connection::HandleData(const FrameHeader& h, ByteSpan payload, bool place
       refuse =
           ResourceExhausted("message of " + std::to_string(total) + " bytes exceeds the limit of " +
                             std::to_string(options_.limits.max_message_bytes) + " bytes");
-    } else if (assembling_bytes_ + total > options_.max_assembling_bytes) {
-      refuse =
-          ResourceExhausted("too many large messages in flight on this connection; retry later");
+    } else {
+      refuse = TakeAssembling(total);
     }
     if (!refuse.ok()) {
       SendReset(s.id_, refuse);
@@ -757,7 +819,6 @@ Status Connection::HandleData(const FrameHeader& h, ByteSpan payload, bool place
       return Status::Ok();
     }
     s.partial_ = Stream::Assembly{std::shared_ptr<uint8_t[]>(new uint8_t[total]), total, 0, 0};
-    assembling_bytes_ += total;
   } else if (!s.partial_) {
     return ProtocolError("message data without a message start on stream " +
                          std::to_string(h.stream_id));
@@ -776,18 +837,21 @@ Status Connection::HandleData(const FrameHeader& h, ByteSpan payload, bool place
     a.uncredited = 0;
   }
   if (a.filled == a.total) {
+    // The message leaves this connection's assembly; the host keeps counting it until read.
     assembling_bytes_ -= a.total;
+    const uint64_t host_charge = a.total + kHeldMessageOverhead;
     Stream::Assembly done = std::move(a);
     s.partial_.reset();
     auto message = DecodeMessage(ByteSpan(done.buffer.get(), done.total), done.buffer);
     if (!message.ok()) {
+      ReleaseReceived(host_charge);
       Status st = message.status().WithContext("from peer " + peer_.Short());
       SendReset(s.id_, st);
       s.Fail(st);
       Unregister(s);
       return Status::Ok();
     }
-    s.inbound_.push_back({std::move(*message), done.uncredited});
+    s.inbound_.push_back({std::move(*message), done.uncredited, host_charge});
     s.notifier_.Notify();
   }
   return Status::Ok();
@@ -815,6 +879,54 @@ void Connection::Credit(Stream* s, uint64_t n) {
   }
 }
 
+Status Connection::TakeAssembling(uint64_t n) {
+  if (assembling_bytes_ + n > options_.max_assembling_bytes) {
+    return ResourceExhausted("too many large messages in flight on this connection (limit " +
+                             std::to_string(options_.max_assembling_bytes) +
+                             " bytes); retry later");
+  }
+  if (options_.host_received_budget &&
+      !options_.host_received_budget->TryTake(n + kHeldMessageOverhead)) {
+    return ResourceExhausted("this peer holds too many received messages (host limit " +
+                             std::to_string(options_.host_received_budget->limit()) +
+                             " bytes); retry later");
+  }
+  assembling_bytes_ += n;
+  return Status::Ok();
+}
+
+void Connection::ReleaseAssembling(uint64_t n) {
+  assembling_bytes_ -= n;
+  ReleaseReceived(n + kHeldMessageOverhead);
+}
+
+void Connection::ReleaseReceived(uint64_t charge) {
+  if (options_.host_received_budget && charge > 0) options_.host_received_budget->Give(charge);
+}
+
+Status Connection::TakeReply(uint64_t n) {
+  if (reply_bytes_ + n > options_.max_reply_bytes) {
+    return ResourceExhausted("replies of " + std::to_string(reply_bytes_ + n) +
+                             " bytes would wait to be sent to " + Describe() +
+                             ", over the connection's limit of " +
+                             std::to_string(options_.max_reply_bytes) +
+                             " bytes (read your replies to return flow-control credit)");
+  }
+  if (options_.host_reply_budget && !options_.host_reply_budget->TryTake(n)) {
+    return ResourceExhausted("this peer has " + std::to_string(options_.host_reply_budget->used()) +
+                             " bytes of replies waiting to be sent, at its limit of " +
+                             std::to_string(options_.host_reply_budget->limit()) +
+                             " bytes; retry later");
+  }
+  reply_bytes_ += n;
+  return Status::Ok();
+}
+
+void Connection::ReleaseReply(uint64_t n) {
+  reply_bytes_ -= n;
+  if (options_.host_reply_budget) options_.host_reply_budget->Give(n);
+}
+
 void Connection::Unregister(Stream& s) {
   if (!s.registered_) return;
   // Return everything this stream still holds of the connection's window.
@@ -823,7 +935,7 @@ void Connection::Unregister(Stream& s) {
   for (auto& in : s.inbound_) in.credit_due = 0;
   s.registered_ = false;
   if (s.partial_) {
-    assembling_bytes_ -= s.partial_->total;
+    ReleaseAssembling(s.partial_->total);
     s.partial_.reset();
   }
   std::erase_if(outq_, [&s](const OutFrame& f) {
@@ -895,7 +1007,10 @@ Status Connection::HandleWindow(uint32_t id, ByteSpan payload) {
     auto waiters = std::move(credit_waiters_);
     credit_waiters_.clear();
     for (auto& w : waiters) {
-      if (auto s = w.lock()) s->notifier_.Notify();
+      if (auto s = w.lock()) {
+        s->waiting_conn_credit_ = false;
+        s->notifier_.Notify();
+      }
     }
     return Status::Ok();
   }

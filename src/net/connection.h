@@ -36,6 +36,7 @@
 #include "core/clock.h"
 #include "core/identity.h"
 #include "core/multiaddr.h"
+#include "net/byte_budget.h"
 #include "net/crypto.h"
 #include "net/handshake.h"
 #include "net/notifier.h"
@@ -49,11 +50,27 @@ using StreamHandler = std::function<asio::awaitable<Status>(CallContext&)>;
 // Finds the handler of a method; returns an empty function when there is none.
 using HandlerLookup = std::function<StreamHandler(const std::string& method)>;
 
+// What one received message costs beyond its bytes while it waits to be read (its queue entry,
+// buffer allocation and bookkeeping), counted against the host's budget of received messages.
+inline constexpr uint64_t kHeldMessageOverhead = 256;
+
 struct ConnectionOptions {
   // Our receive limits (announced to the peer during the handshake).
   PeerLimits limits;
   // Bytes of incomplete incoming messages we hold at once (over all streams).
   uint64_t max_assembling_bytes = 256ull << 20;
+  // Bytes of replies this connection's handlers are sending at once, counted from Write() until
+  // the writer has sealed them. A reply beyond it fails with ResourceExhausted and resets its
+  // stream, so a peer that withholds flow-control credit while opening many calls holds at most
+  // this much of our memory per connection.
+  uint64_t max_reply_bytes = 128ull << 20;
+  // A write (a reply, or a call's request) that gets no flow-control credit and has none of its
+  // bytes sealed for this long fails with DeadlineExceeded and resets its stream.
+  std::chrono::milliseconds send_stall_timeout{60'000};
+  // Budgets shared by all connections of a host (HostOptions::max_reply_bytes and
+  // max_received_bytes); the host sets them. Null: no host-wide limit.
+  std::shared_ptr<ByteBudget> host_reply_budget;
+  std::shared_ptr<ByteBudget> host_received_budget;
   // Queued control frames (resets, window updates, pongs) beyond which we stop reading.
   size_t max_outgoing_backlog = 4u << 20;
   std::chrono::milliseconds handshake_timeout{10'000};
@@ -156,6 +173,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Credit(Stream* s, uint64_t n);
   // Removes a finished stream from the table and releases what it held.
   void Unregister(Stream& s);
+  // Takes a message of `n` bytes being assembled from this connection's budget and the host's
+  // budget of received messages; the refusal names the limit. ReleaseAssembling gives back
+  // both (a message dropped unfinished). A finished message leaves the connection's budget but
+  // stays in the host's until it is read: ReleaseReceived gives back its charge.
+  Status TakeAssembling(uint64_t n);
+  void ReleaseAssembling(uint64_t n);
+  void ReleaseReceived(uint64_t charge);
+  // The same for a handler's reply being sent (ConnectionOptions::max_reply_bytes).
+  Status TakeReply(uint64_t n);
+  void ReleaseReply(uint64_t n);
   void Close(const Status& status);
   void StartHandler(std::shared_ptr<Stream> stream, StreamHandler handler);
   std::string Describe() const;
@@ -194,6 +221,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t conn_recv_unacked_ = 0;
   uint64_t conn_pending_credit_ = 0;
   uint64_t assembling_bytes_ = 0;
+  uint64_t reply_bytes_ = 0;  // handlers' replies between Write() and sealed
 
   std::unordered_map<uint64_t, PendingPing> pings_;
   uint64_t next_ping_ = 1;

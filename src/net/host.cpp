@@ -98,6 +98,9 @@ Host::Host(KeyPair identity, HostOptions options)
       options_(std::move(options)),
       dial_strand_(asio::make_strand(io_)) {
   if (options_.io_threads == 0) options_.io_threads = 1;
+  options_.connection.host_reply_budget = std::make_shared<ByteBudget>(options_.max_reply_bytes);
+  options_.connection.host_received_budget =
+      std::make_shared<ByteBudget>(options_.max_received_bytes);
   RegisterUnary(kDialbackMethod, [this](CallContext& ctx, Message request) {
     return ServeDialback(ctx, std::move(request));
   });
@@ -201,9 +204,15 @@ std::vector<Multiaddr> Host::ListenAddresses() const {
   return out;
 }
 
+Host::MemoryUsage Host::memory_usage() const {
+  const ByteBudget& replies = *options_.connection.host_reply_budget;
+  const ByteBudget& received = *options_.connection.host_received_budget;
+  return {replies.used(), replies.peak(), received.used(), received.peak()};
+}
+
 std::vector<std::string> Host::ObservedAddresses() const {
   std::lock_guard lock(mu_);
-  return {observed_.begin(), observed_.end()};
+  return observed_.Ranked();
 }
 
 void Host::RegisterStream(const std::string& method, StreamHandler handler) {
@@ -266,7 +275,7 @@ HandshakeOptions Host::MakeHandshakeOptions(Role role, std::optional<PeerId> exp
 
 void Host::AddConnection(const std::shared_ptr<Connection>& conn, size_t lane) {
   std::lock_guard lock(mu_);
-  if (!conn->observed_by_peer().empty()) observed_.insert(conn->observed_by_peer());
+  if (!conn->observed_by_peer().empty()) observed_.Add(conn->observed_by_peer(), conn->peer());
   auto& lanes = pool_[conn->peer()];
   if (lane >= lanes.size()) lanes.resize(lane + 1);
   if (!lanes[lane] || lanes[lane]->closing()) {

@@ -23,7 +23,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -34,6 +33,7 @@
 #include "core/multiaddr.h"
 #include "core/status.h"
 #include "net/connection.h"
+#include "net/observed_addresses.h"
 #include "net/stream.h"
 #include "net/wire.h"
 
@@ -49,6 +49,13 @@ struct HostOptions {
   std::chrono::milliseconds default_call_timeout{30'000};
   size_t max_connections = 1024;
   size_t max_connections_per_peer = 8;
+  // Memory that remote peers can make this host hold, over all its connections (each connection
+  // also has its own limits in ConnectionOptions): replies its handlers are sending (held until
+  // the peer gives credit and the bytes are sealed), and incoming messages (from their first
+  // byte until the application has read them; each also counts kHeldMessageOverhead). What would
+  // exceed them is refused with ResourceExhausted and its stream reset. docs/security.md.
+  uint64_t max_reply_bytes = 1ull << 30;
+  uint64_t max_received_bytes = 1ull << 30;
   std::string agent = "colony/" COLONY_VERSION_STRING;
   // Hole punching: when a peer reaches us through a relay (AdoptRelayed), try to replace the
   // relayed connection with a direct one (TCP simultaneous open through both NATs, timed over
@@ -100,7 +107,14 @@ class Host {
   // Bound listen addresses, with /p2p/<our id>. Wildcard binds (0.0.0.0, ::) are expanded to
   // loopback so that the printed address can be dialed on this machine.
   std::vector<Multiaddr> ListenAddresses() const;
-  // Our address as peers have reported seeing it (deduplicated).
+  struct MemoryUsage {
+    uint64_t reply_bytes = 0, reply_peak = 0;        // replies waiting to be sent
+    uint64_t received_bytes = 0, received_peak = 0;  // incoming messages not read yet
+  };
+  // What the host-wide budgets (HostOptions::max_reply_bytes, max_received_bytes) hold.
+  MemoryUsage memory_usage() const;
+  // Our address as peers have reported seeing it: at most kMaxObservedAddresses, those that
+  // more peers reported first (observed_addresses.h).
   std::vector<std::string> ObservedAddresses() const;
 
   // Registration; may be called before or after Start(). A later registration replaces one.
@@ -199,7 +213,7 @@ class Host {
   std::unordered_map<std::string, std::shared_ptr<PendingDial>> pending_dials_;
   // Peer ids learned by dialing addresses given without /p2p/ (guarded by mu_).
   std::unordered_map<std::string, PeerId> peer_at_address_;
-  std::set<std::string> observed_;
+  ObservedAddressBook observed_;
   size_t connection_count_ = 0;
   std::condition_variable all_closed_;
   size_t dialbacks_in_flight_ = 0;       // net.dialback probes running (guarded by mu_)

@@ -12,8 +12,8 @@
 //   - Every stream has a deadline. When it passes, or either side cancels, or the connection
 //     closes, pending and later operations complete with that error (DeadlineExceeded,
 //     Cancelled, Closed), and a handler's coroutine receives an asio cancellation.
-//   - Write() borrows the message's tensor bytes until it completes; they are not copied into an
-//     intermediate buffer (they are encrypted straight into the socket buffer).
+//   - Write() borrows the message's meta and tensor bytes until it completes; they are not copied
+//     into an intermediate buffer (they are encrypted straight into the socket buffer).
 //   - Methods may be called from any thread; they run on the connection's strand.
 #pragma once
 
@@ -75,11 +75,16 @@ class Stream : public std::enable_shared_from_this<Stream> {
   asio::awaitable<Status> CloseWriteOnStrand();
   // Records the first error; wakes everyone; tells a handler's coroutine to stop.
   void Fail(const Status& status);
+  // Resets the stream with `status` (sent to the peer too) and returns it.
+  Status Abort(const Status& status);
+  // Why a write that waited send_stall_timeout for `waiting_for` was given up.
+  Status StallError(size_t unsent, const std::string& waiting_for) const;
   Status CheckCancelled(asio::cancellation_state cs);
 
   struct Inbound {
     Message message;
-    uint64_t credit_due;  // wire bytes not yet credited back to the sender
+    uint64_t credit_due;   // wire bytes not yet credited back to the sender
+    uint64_t host_charge;  // held against the host's budget of received messages until read
   };
   struct Assembly {
     std::shared_ptr<uint8_t[]> buffer;
@@ -106,7 +111,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
 
   // Send side.
   int64_t send_credit_ = 0;
-  bool local_done_ = false;  // we sent CLOSE_WRITE or STATUS
+  bool waiting_conn_credit_ = false;  // listed in the connection's credit_waiters_
+  bool local_done_ = false;           // we sent CLOSE_WRITE or STATUS
 
   Status error_;            // non-OK once the stream is dead
   bool registered_ = true;  // still in the connection's stream table

@@ -125,11 +125,12 @@ Result<EncodedMessage> EncodeMessage(const Message& message) {
   }
   EncodedMessage em;
   // First pass: build all small headers, remembering where each one ends so the pieces can be
-  // laid out once header_bytes stops growing.
+  // laid out once header_bytes stops growing. The meta and the tensor data are not copied: they
+  // are pieces of their own, borrowed from `message`.
   Bytes hdr;
   ByteWriter w(hdr);
   w.Varint(message.meta.size());
-  w.Raw(message.meta);
+  const size_t meta_at = hdr.size();
   w.Varint(message.tensors.size());
   std::vector<size_t> header_ends;
   for (const auto& t : message.tensors) {
@@ -157,9 +158,14 @@ Result<EncodedMessage> EncodeMessage(const Message& message) {
   }
   em.header_bytes = std::move(hdr);
   const uint8_t* base = em.header_bytes.data();
-  size_t start = 0;
+  em.pieces.push_back(ByteSpan(base, meta_at));
+  if (!message.meta.empty()) {
+    em.pieces.push_back(
+        ByteSpan(reinterpret_cast<const uint8_t*>(message.meta.data()), message.meta.size()));
+  }
+  size_t start = meta_at;
   size_t first_end = message.tensors.empty() ? em.header_bytes.size() : header_ends[0];
-  em.pieces.push_back(ByteSpan(base, first_end));
+  em.pieces.push_back(ByteSpan(base + start, first_end - start));
   start = first_end;
   for (size_t i = 0; i < message.tensors.size(); ++i) {
     if (i > 0) {

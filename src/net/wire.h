@@ -94,9 +94,9 @@ struct Message {
   explicit Message(std::string m) : meta(std::move(m)) {}
 };
 
-// Serialization of a message for sending, without copying tensor bytes: the small headers live in
-// `header_bytes` and `pieces` lists the byte ranges to send in order (views into header_bytes and
-// into the tensors' data).
+// Serialization of a message for sending, without copying its meta or tensor bytes: the small
+// headers live in `header_bytes` and `pieces` lists the byte ranges to send in order (views into
+// header_bytes, the message's meta and the tensors' data, so the message must outlive it).
 // header_bytes is a vector so that moving an EncodedMessage keeps the pieces' views valid (a
 // std::string would move its small-string buffer).
 struct EncodedMessage {

@@ -3,6 +3,9 @@
 // every check an honest node makes before sending.
 #pragma once
 
+#include <asio/co_spawn.hpp>
+#include <asio/use_future.hpp>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,7 +21,8 @@ namespace colony::test {
 
 class HostilePeer {
  public:
-  HostilePeer() : host_(KeyPair::Generate(), net::HostOptions{}) {
+  explicit HostilePeer(net::HostOptions options = {})
+      : host_(KeyPair::Generate(), std::move(options)) {
     if (Status st = host_.Start(); !st.ok()) start_error_ = st;
   }
   ~HostilePeer() { host_.Shutdown(); }
@@ -36,6 +40,23 @@ class HostilePeer {
     auto signed_value = validator.Sign({item.key, item.subkey, item.value, item.expiration});
     if (signed_value.ok()) item.value = std::move(*signed_value);
     return item;
+  }
+
+  // Opens a call to `method` on `lane`, sends `request` and the end of its requests, and returns
+  // the stream without ever reading it: its replies get no flow-control credit beyond the
+  // windows this peer announced.
+  Result<std::shared_ptr<net::Stream>> OpenAndAbandon(const Multiaddr& victim,
+                                                      const std::string& method,
+                                                      net::Message request, size_t lane) {
+    auto open = [&]() -> asio::awaitable<Result<std::shared_ptr<net::Stream>>> {
+      auto stream = co_await host_.OpenStream(victim, method,
+                                              {.timeout = std::chrono::hours(1), .lane = lane});
+      if (!stream.ok()) co_return stream.status();
+      COLONY_CO_RETURN_IF_ERROR(co_await (*stream)->Write(request));
+      COLONY_CO_RETURN_IF_ERROR(co_await (*stream)->CloseWrite());
+      co_return *stream;
+    };
+    return asio::co_spawn(host_.io_context(), open(), asio::use_future).get();
   }
 
   // One dht.store with exactly these items, as a client (so the victim does not route to it);

@@ -196,6 +196,31 @@ void RunFault(const std::string& fault, bool faulty_reports, bool faulty_absent)
   }
 }
 
+TEST(AveragingFaults, ARoundThatAveragedWithNobodyIsNotOk) {
+  // A pair whose other member dies once the group is formed: the survivor excludes it after the
+  // part timeout and its result holds only its own data. That is not a round of two that
+  // succeeded (it used to say ok with group_size 2).
+  ProcessSwarm swarm;
+  const std::string start = StartAt(3);
+  for (uint64_t i = 0; i < 2; ++i) {
+    auto args = FaultArgs(start);
+    for (size_t k = 0; k + 1 < args.size(); ++k) {
+      if (args[k] == "--target-group-size" || args[k] == "--min-group-size") args[k + 1] = "2";
+    }
+    if (i == 1) {
+      args.push_back("--inject-fault");
+      args.push_back("kill-before-sending");
+    }
+    swarm.Add(i, args, 1.0);
+  }
+  auto round = swarm.NextEvent(0);
+  ASSERT_TRUE(round.ok()) << round.status().ToString();
+  EXPECT_FALSE((*round)["ok"].get<bool>()) << round->dump();
+  ASSERT_TRUE(round->contains("error")) << round->dump();
+  EXPECT_NE((*round)["error"].get<std::string>().find("averaged with nobody"), std::string::npos)
+      << round->dump();
+}
+
 TEST(AveragingFaults, PeerKilledBeforeSending) { RunFault("kill-before-sending", false, true); }
 TEST(AveragingFaults, PeerKilledWhileSending) { RunFault("kill-while-sending", false, false); }
 TEST(AveragingFaults, PeerFrozenWhileSending) { RunFault("stop-while-sending", false, false); }

@@ -7,6 +7,7 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
+#include <map>
 #include <random>
 
 #include "net/raw_peer.h"
@@ -615,6 +616,194 @@ TEST(Hostile, WrongExpectedPeerIdIsUnauthenticated) {
       << reply.status().ToString();
   EXPECT_EQ(client->connection_count(), 0u);
   ExpectServes(*server);
+}
+
+// ---- memory budgets ---------------------------------------------------------------------------
+
+// A message carrying `bytes` of freshly allocated (and touched) memory.
+Message FreshMessage(const std::string& meta, size_t bytes, uint8_t fill) {
+  auto body = std::make_shared<std::vector<uint8_t>>(bytes, fill);
+  Message m(meta);
+  TensorFrame t;
+  t.dtype = DType::kUInt8;
+  t.shape = {static_cast<int64_t>(bytes)};
+  t.data = ByteSpan(body->data(), body->size());
+  t.owner = body;
+  m.tensors.push_back(std::move(t));
+  return m;
+}
+
+// Answers every call with `bytes` of freshly built memory, as dht.find builds its reply.
+UnaryHandler FreshReply(size_t bytes) {
+  return [bytes](CallContext&, Message) -> asio::awaitable<Result<Message>> {
+    co_return FreshMessage("reply", bytes, 0x5a);
+  };
+}
+
+// The smallest receive windows a peer may announce: it grants as little credit as it can.
+PeerLimits StingyLimits() {
+  PeerLimits l;
+  l.stream_window = 64 * 1024;
+  l.connection_window = 64 * 1024;
+  return l;
+}
+
+// Opens `n` calls to `method` (ids 1, 3, ...), each with a request and the end of its requests.
+void OpenCalls(RawPeer& r, const std::string& method, int n) {
+  Bytes record;
+  for (int i = 0; i < n; ++i) {
+    const auto id = static_cast<uint32_t>(2 * i + 1);
+    AppendFrame(record, FrameType::kOpen, 0, id, OpenPayload(method, 3'600'000));
+    AppendMessageFrame(record, id, Message("give me everything"));
+    AppendFrame(record, FrameType::kCloseWrite, 0, id, ByteSpan{});
+    if (record.size() > 32 * 1024 || i + 1 == n) {
+      ASSERT_TRUE(r.SendRecord(record));
+      record.clear();
+    }
+  }
+}
+
+// Reads until `want` RESET frames arrived (or `limit`); returns them by code.
+std::map<StatusCode, int> ReadResets(RawPeer& r, int want, std::chrono::milliseconds limit,
+                                     std::string* a_message = nullptr) {
+  std::map<StatusCode, int> by_code;
+  int seen = 0;
+  (void)r.ReadFramesUntil(
+      [&](const FrameView& f) {
+        if (f.header.type != FrameType::kReset) return false;
+        Status st = DecodeStatus(f.payload);
+        ++by_code[st.code()];
+        if (a_message != nullptr && st.code() == StatusCode::kResourceExhausted) {
+          *a_message = st.message();
+        }
+        return ++seen >= want;
+      },
+      limit);
+  return by_code;
+}
+
+TEST(Hostile, RepliesWaitingForWithheldCreditAreBoundedPerConnection) {
+  // 200 calls whose 2 MiB replies get no credit would hold 400 MiB; the connection's reply
+  // budget of 16 MiB keeps 7 of them and resets the rest.
+  constexpr size_t kReply = 2u << 20;
+  constexpr int kCalls = 200;
+  HostOptions options = ServerOptions();
+  options.connection.max_reply_bytes = 16u << 20;
+  auto server = StartServer(options);
+  server->RegisterUnary("big", FreshReply(kReply));
+  const long rss_before = VmRssKb();
+
+  RawPeer r(AddressOf(*server));
+  ASSERT_TRUE(r.Handshake(StingyLimits()).ok());
+  OpenCalls(r, "big", kCalls);
+  const int held = static_cast<int>(options.connection.max_reply_bytes / kReply) - 1;
+  std::string why;
+  auto resets = ReadResets(r, kCalls - held, 30s, &why);
+  EXPECT_EQ(resets[StatusCode::kResourceExhausted], kCalls - held)
+      << "replies beyond the budget were not refused";
+  EXPECT_NE(why.find("read your replies"), std::string::npos) << why;
+  const Host::MemoryUsage usage = server->memory_usage();
+  EXPECT_LE(usage.reply_peak, options.connection.max_reply_bytes);
+  EXPECT_GE(usage.reply_bytes, static_cast<uint64_t>(held) * kReply);
+  EXPECT_LT(VmRssKb() - rss_before, kRssSlackKb);
+  ExpectServes(*server);
+  r.Close();
+  EXPECT_TRUE(WaitUntil([&] { return server->memory_usage().reply_bytes == 0; }, 5s))
+      << "the held replies were not released when their peer left";
+}
+
+TEST(Hostile, RepliesWaitingForCreditAreBoundedPerHost) {
+  // Two connections (two identities) within their own budgets together exceed the host's.
+  constexpr size_t kReply = 2u << 20;
+  HostOptions options = ServerOptions();
+  options.max_reply_bytes = 8u << 20;
+  auto server = StartServer(options);
+  server->RegisterUnary("big", FreshReply(kReply));
+  RawPeer a(AddressOf(*server));
+  RawPeer b(AddressOf(*server));
+  ASSERT_TRUE(a.Handshake(StingyLimits()).ok());
+  ASSERT_TRUE(b.Handshake(StingyLimits()).ok());
+  OpenCalls(a, "big", 3);
+  ASSERT_TRUE(WaitUntil([&] { return server->memory_usage().reply_bytes >= 3 * kReply; }, 10s));
+  OpenCalls(b, "big", 3);
+  std::string why;
+  auto resets = ReadResets(b, 2, 10s, &why);
+  EXPECT_EQ(resets[StatusCode::kResourceExhausted], 2);
+  EXPECT_NE(why.find("at its limit"), std::string::npos) << why;
+  EXPECT_LE(server->memory_usage().reply_peak, options.max_reply_bytes);
+}
+
+TEST(Hostile, AReplyThatMakesNoProgressIsResetAfterTheStallTimeout) {
+  HostOptions options = ServerOptions();
+  options.connection.send_stall_timeout = 300ms;
+  auto server = StartServer(options);
+  server->RegisterUnary("big", FreshReply(1u << 20));
+  RawPeer r(AddressOf(*server));
+  ASSERT_TRUE(r.Handshake(StingyLimits()).ok());
+  OpenCalls(r, "big", 1);
+  auto resets = ReadResets(r, 1, 10s);
+  EXPECT_EQ(resets[StatusCode::kDeadlineExceeded], 1) << "the stalled reply was never reset";
+  EXPECT_TRUE(WaitUntil([&] { return server->memory_usage().reply_bytes == 0; }, 5s));
+  EXPECT_TRUE(r.PingPong()) << "the connection itself should stay usable";
+  ExpectServes(*server);
+}
+
+TEST(Hostile, UnreadMessagesCountAgainstTheHostBudget) {
+  // A handler that never reads: messages sent to it are complete but held. Without a host-wide
+  // budget every connection could park its whole 32 MiB window there.
+  constexpr size_t kMessage = 128 * 1024;
+  constexpr int kCalls = 32;
+  std::atomic<int> started{0}, ended{0};
+  HostOptions options = ServerOptions();
+  options.max_received_bytes = 1u << 20;
+  auto server = StartServer(options);
+  server->RegisterBidiStreaming("hold", HoldUntilCancelled(started, ended));
+  RawPeer r(AddressOf(*server));
+  ASSERT_TRUE(r.Handshake().ok());
+  for (int i = 0; i < kCalls; ++i) {
+    const auto id = static_cast<uint32_t>(2 * i + 1);
+    const Message m = FreshMessage("parked", kMessage, 0x11);
+    Bytes record;
+    AppendFrame(record, FrameType::kOpen, 0, id, OpenPayload("hold"));
+    AppendMessageFrame(record, id, m);
+    ASSERT_TRUE(r.SendRecord(record));
+  }
+  const int fit = static_cast<int>(options.max_received_bytes / (kMessage + 1024));
+  std::string why;
+  auto resets = ReadResets(r, kCalls - fit, 10s, &why);
+  EXPECT_EQ(resets[StatusCode::kResourceExhausted], kCalls - fit);
+  EXPECT_NE(why.find("host limit"), std::string::npos) << why;
+  EXPECT_LE(server->memory_usage().received_peak, options.max_received_bytes);
+  r.Close();
+  EXPECT_TRUE(WaitUntil([&] { return ended.load() == started.load(); }, 5s));
+  EXPECT_TRUE(WaitUntil([&] { return server->memory_usage().received_bytes == 0; }, 5s))
+      << "unread messages were not released with their streams";
+}
+
+TEST(Hostile, ObservedAddressesFromManyIdentitiesStayBounded) {
+  auto server = StartServer();
+  // Two honest peers agree on the address; then 300 identities each report a junk one.
+  for (int i = 0; i < 2; ++i) {
+    RawPeer honest(AddressOf(*server));
+    honest.set_observed_addr("/ip4/203.0.113.7/tcp/4001");
+    ASSERT_TRUE(honest.Handshake().ok());
+    ASSERT_TRUE(honest.PingPong());
+  }
+  for (int i = 0; i < 300; ++i) {
+    RawPeer liar(AddressOf(*server));
+    liar.set_observed_addr("/ip4/10.0." + std::to_string(i / 250) + "." + std::to_string(i % 250) +
+                           "/tcp/1");
+    ASSERT_TRUE(liar.Handshake().ok());
+  }
+  RawPeer garbage(AddressOf(*server));
+  garbage.set_observed_addr("not an address at all");
+  ASSERT_TRUE(garbage.Handshake().ok());
+  ASSERT_TRUE(garbage.PingPong());
+  const auto observed = server->ObservedAddresses();
+  EXPECT_LE(observed.size(), kMaxObservedAddresses);
+  ASSERT_FALSE(observed.empty());
+  EXPECT_EQ(observed[0], "/ip4/203.0.113.7/tcp/4001");
+  EXPECT_EQ(std::count(observed.begin(), observed.end(), "not an address at all"), 0);
 }
 
 }  // namespace

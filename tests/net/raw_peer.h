@@ -42,16 +42,7 @@ namespace colony::net::testing {
 
 using RawClock = std::chrono::steady_clock;
 
-// Resident set size of this process in KiB (0 if unknown).
-inline long VmRssKb() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return 0;
-}
-
+using colony::test::VmRssKb;
 using colony::test::WaitUntil;
 
 // ---- building frames by hand ----------------------------------------------------------------
@@ -107,6 +98,8 @@ class RawPeer {
   RawPeer& operator=(const RawPeer&) = delete;
 
   bool connected() const { return connected_; }
+  // What the handshake tells the server its address looks like from here.
+  void set_observed_addr(std::string a) { observed_addr_ = std::move(a); }
   const PeerId& peer_id() const { return identity_.peer_id(); }
   const HandshakeResult& handshake() const { return *handshake_; }
 
@@ -118,7 +111,7 @@ class RawPeer {
     opts.role = Role::kInitiator;
     opts.identity = &identity_;
     opts.expected_peer = std::move(expected);
-    opts.observed_addr = "/ip4/127.0.0.1/tcp/1";
+    opts.observed_addr = observed_addr_;
     opts.limits = limits;
     opts.agent = "raw-peer";
     std::error_code ec;
@@ -281,6 +274,7 @@ class RawPeer {
   asio::io_context io_;
   asio::ip::tcp::socket socket_{io_};
   bool connected_ = false;
+  std::string observed_addr_ = "/ip4/127.0.0.1/tcp/1";
   bool eof_ = false;
   Bytes in_;
   KeyPair identity_ = KeyPair::Generate();

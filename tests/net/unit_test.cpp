@@ -1,0 +1,128 @@
+// Unit tests of net's small parts: the byte budget, the observed-address book, and the notifier
+// that coroutines on one strand wait on.
+#include <gtest/gtest.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/identity.h"
+#include "net/byte_budget.h"
+#include "net/notifier.h"
+#include "net/observed_addresses.h"
+
+namespace colony::net {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(ByteBudget, RefusesWhatWouldExceedTheLimitAndTracksThePeak) {
+  ByteBudget b(100);
+  EXPECT_TRUE(b.TryTake(60));
+  EXPECT_FALSE(b.TryTake(41));
+  EXPECT_TRUE(b.TryTake(40));
+  EXPECT_EQ(b.used(), 100u);
+  EXPECT_FALSE(b.TryTake(1));
+  b.Give(100);
+  EXPECT_EQ(b.used(), 0u);
+  EXPECT_EQ(b.peak(), 100u);
+  EXPECT_FALSE(b.TryTake(UINT64_MAX)) << "an overflowing request must not wrap around";
+}
+
+TEST(ByteBudget, ConcurrentTakersNeverExceedTheLimit) {
+  ByteBudget b(1000);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&b] {
+      for (int i = 0; i < 100000; ++i) {
+        if (b.TryTake(7)) b.Give(7);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(b.used(), 0u);
+  EXPECT_LE(b.peak(), 1000u);
+}
+
+TEST(ObservedAddressBook, KeepsAtMostTheLimitAndRanksAgreementFirst) {
+  ObservedAddressBook book;
+  const PeerId a = KeyPair::Generate().peer_id();
+  const PeerId b = KeyPair::Generate().peer_id();
+  book.Add("/ip4/198.51.100.1/tcp/7000", a);
+  book.Add("/ip4/198.51.100.1/tcp/7000/p2p/" + b.ToString(), b);  // same address, canonical
+  for (int i = 0; i < 100; ++i) {
+    book.Add("/ip4/10.1.0." + std::to_string(i) + "/tcp/1", KeyPair::Generate().peer_id());
+  }
+  book.Add("garbage", a);
+  book.Add("/dns4/example.com/tcp/1", a);
+  auto ranked = book.Ranked();
+  ASSERT_EQ(ranked.size(), kMaxObservedAddresses);
+  EXPECT_EQ(ranked[0], "/ip4/198.51.100.1/tcp/7000");
+  // The newest single reports come next; the oldest ones were dropped.
+  EXPECT_EQ(ranked[1], "/ip4/10.1.0.99/tcp/1");
+  for (const auto& r : ranked) EXPECT_NE(r, "/ip4/10.1.0.0/tcp/1");
+}
+
+TEST(ObservedAddressBook, OnePeerRepeatingItselfDoesNotOutrankAgreement) {
+  ObservedAddressBook book;
+  const PeerId liar = KeyPair::Generate().peer_id();
+  book.Add("/ip4/198.51.100.1/tcp/7000", KeyPair::Generate().peer_id());
+  book.Add("/ip4/198.51.100.1/tcp/7000", KeyPair::Generate().peer_id());
+  for (int i = 0; i < 50; ++i) book.Add("/ip4/10.9.9.9/tcp/1", liar);
+  EXPECT_EQ(book.Ranked().at(0), "/ip4/198.51.100.1/tcp/7000");
+}
+
+TEST(Notifier, TwoWaitersDoNotWakeEachOther) {
+  // With one timer shared by both waiters, re-arming it for the second cancelled the first,
+  // which re-armed it and cancelled the second, and so on: a spin on the strand.
+  asio::io_context io;
+  auto strand = asio::make_strand(io);
+  Notifier n(strand);
+  int wakeups = 0;
+  bool ready = false;
+  auto waiter = [&]() -> asio::awaitable<void> {
+    while (!ready) {
+      co_await n.Wait();
+      ++wakeups;
+    }
+  };
+  asio::co_spawn(strand, waiter(), asio::detached);
+  asio::co_spawn(strand, waiter(), asio::detached);
+  io.run_for(100ms);
+  EXPECT_EQ(wakeups, 0) << "waiters woke without a Notify()";
+  asio::post(strand, [&] {
+    ready = true;
+    n.Notify();
+  });
+  io.run_for(100ms);
+  EXPECT_EQ(wakeups, 2);
+}
+
+TEST(Notifier, WaitUntilReturnsAtItsTime) {
+  asio::io_context io;
+  auto strand = asio::make_strand(io);
+  Notifier n(strand);
+  bool done = false;
+  const auto start = std::chrono::steady_clock::now();
+  asio::co_spawn(
+      strand,
+      [&]() -> asio::awaitable<void> {
+        co_await n.WaitUntil(std::chrono::steady_clock::now() + 50ms);
+        done = true;
+      },
+      asio::detached);
+  io.run_for(2s);
+  EXPECT_TRUE(done);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 50ms);
+}
+
+}  // namespace
+}  // namespace colony::net
