@@ -264,7 +264,7 @@ HandshakeOptions Host::MakeHandshakeOptions(Role role, std::optional<PeerId> exp
   HandshakeOptions h;
   h.role = role;
   h.identity = &identity_;
-  h.expected_peer = std::move(expected);
+  h.expected_peer = expected;
   h.observed_addr = observed;
   for (const auto& a : bound_) h.listen_addrs.push_back(a.ToString());
   h.limits = options_.connection.limits;
