@@ -207,6 +207,8 @@ TEST(AveragingFaults, ARoundThatAveragedWithNobodyIsNotOk) {
     for (size_t k = 0; k + 1 < args.size(); ++k) {
       if (args[k] == "--target-group-size" || args[k] == "--min-group-size") args[k + 1] = "2";
     }
+    // The pair must form its group even when a slow build starts the second process late.
+    args.insert(args.end(), {"--matchmaking-time", "20"});
     if (i == 1) {
       args.push_back("--inject-fault");
       args.push_back("kill-before-sending");
