@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -108,6 +109,26 @@ inline std::string ColonyBinary() {
   const char* env = std::getenv("COLONY_BIN");
   if (env != nullptr && *env != '\0') return env;
   return (std::filesystem::path(SelfExecutable()).parent_path() / "colony").string();
+}
+
+// A `colony dht` process listening on loopback (a swarm's first node, or a victim), with the
+// address it printed.
+struct LocalDht {
+  Subprocess process;
+  std::string address;
+  // Ends it with SIGTERM: its exit code (DeadlineExceeded when it did not exit within 10 s).
+  Result<int> Stop() {
+    process.Signal(SIGTERM);
+    return process.Wait(std::chrono::seconds(10));
+  }
+};
+inline Result<LocalDht> SpawnLocalDht(const std::string& log_level = "warn") {
+  auto p = Subprocess::Spawn(
+      {ColonyBinary(), "--log-level", log_level, "dht", "--listen", "/ip4/127.0.0.1/tcp/0"});
+  if (!p.ok()) return p.status();
+  auto line = p->ReadLine(std::chrono::seconds(20));
+  if (!line.ok()) return line.status();
+  return LocalDht{std::move(*p), std::move(*line)};
 }
 
 // What one run of the colony binary printed and returned.

@@ -238,11 +238,9 @@ TEST_F(AttackedSwarm, EveryLayersKeysTakeOnlyTheirOwnersWellFormedEntries) {
 // The sequence of the issue, typed at a shell against a real `colony dht` process.
 TEST(AttackedSwarmCli, TheForgerGetsAClearRefusalAndTheOwnersRecordStays) {
   test::TempDir dir("adversary-cli");
-  auto boot = Subprocess::Spawn(
-      {test::ColonyBinary(), "--log-level", "warn", "dht", "--listen", "/ip4/127.0.0.1/tcp/0"});
+  auto boot = test::SpawnLocalDht();
   ASSERT_TRUE(boot.ok()) << boot.status().ToString();
-  auto addr = boot->ReadLine(20s);
-  ASSERT_TRUE(addr.ok()) << addr.status().ToString();
+  const std::string addr = boot->address;
   const std::string key_file = (dir.path() / "a.key").string();
   ASSERT_EQ(test::RunCli({"identity", "new", "--out", key_file}).code, 0);
   auto shown = test::RunCli({"identity", "show", key_file});
@@ -251,30 +249,29 @@ TEST(AttackedSwarmCli, TheForgerGetsAClearRefusalAndTheOwnersRecordStays) {
   const std::string mark = "[owner:" + a + "]";
 
   auto stored = test::RunCli({"dht", "store", "wipe.key", "alice", "--subkey", mark, "--ttl", "300",
-                              "--identity", key_file, "--initial-peers", *addr});
+                              "--identity", key_file, "--initial-peers", addr});
   ASSERT_EQ(stored.code, 0) << stored.err;
-  auto wipe = test::RunCli(
-      {"dht", "store", "wipe.key", "junk", "--ttl", "86400", "--initial-peers", *addr});
+  auto wipe =
+      test::RunCli({"dht", "store", "wipe.key", "junk", "--ttl", "86400", "--initial-peers", addr});
   EXPECT_EQ(wipe.code, 1) << wipe.out;
   EXPECT_NE(wipe.err.find("a plain value cannot replace it"), std::string::npos) << wipe.err;
   auto too_long = test::RunCli(
-      {"dht", "store", "wipe.key", "junk", "--ttl", "100000", "--initial-peers", *addr});
+      {"dht", "store", "wipe.key", "junk", "--ttl", "100000", "--initial-peers", addr});
   EXPECT_EQ(too_long.code, 2);
   EXPECT_NE(too_long.err.find("--ttl"), std::string::npos) << too_long.err;
-  auto block = test::RunCli({"dht", "store", "m.block.0", "junk", "--initial-peers", *addr});
+  auto block = test::RunCli({"dht", "store", "m.block.0", "junk", "--initial-peers", addr});
   EXPECT_EQ(block.code, 1);
   EXPECT_NE(block.err.find("server records"), std::string::npos) << block.err;
 
-  auto got = test::RunCli({"dht", "get", "wipe.key", "--latest", "--initial-peers", *addr});
+  auto got = test::RunCli({"dht", "get", "wipe.key", "--latest", "--initial-peers", addr});
   ASSERT_EQ(got.code, 0) << got.err;
   auto j = nlohmann::json::parse(got.out);
   EXPECT_EQ(j["subkeys"][mark]["value"], "alice") << got.out;
   EXPECT_EQ(j["subkeys"].size(), 1u) << got.out;
   auto again = test::RunCli({"dht", "store", "wipe.key", "alice2", "--subkey", mark, "--ttl", "300",
-                             "--identity", key_file, "--initial-peers", *addr});
+                             "--identity", key_file, "--initial-peers", addr});
   EXPECT_EQ(again.code, 0) << again.err;
-  boot->Signal(SIGTERM);
-  auto code = boot->Wait(10s);
+  auto code = boot->Stop();
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 0);
 }
