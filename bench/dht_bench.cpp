@@ -1,9 +1,11 @@
 // DHT benchmark: N real nodes on loopback, each with its own host and encrypted connections,
 // spread over worker processes of 16 nodes (one process per node would not fit 2 cores; one
 // process for all would run out of file descriptors, since each connection costs one on both
-// ends). Stores one record per node from random nodes, shuts down 10% of the nodes, then gets
-// every record from random survivors. Workers are driven over Colony RPC; latencies are measured
-// inside the workers, around the DHT call alone.
+// ends). Stores one record per node from random nodes, kills 10% of the nodes with SIGKILL (the
+// doomed nodes live in worker processes of their own, so that killing those processes kills
+// exactly them, without a goodbye), then gets every record from random survivors. Any get that
+// fails or returns a wrong value fails the benchmark. Workers are driven over Colony RPC; latencies
+// are measured inside the workers, around the DHT call alone.
 //
 // Reference, measured in the same run: one encrypted RPC round trip between two nodes, so
 // dht_get_vs_rpc_rtt says how many round trips a get costs. hivemind's published figure for
@@ -67,7 +69,6 @@ dht::NodeOptions Options(std::vector<std::string> initial) {
 // first node's host until SIGTERM.
 int Worker(size_t count, const std::string& bootstrap) {
   std::vector<std::unique_ptr<dht::Node>> nodes(count);
-  std::mutex mu;  // guards nodes[i] being shut down
   // The first node's host also serves the control calls, which block on the other nodes (and
   // on it): give it a second I/O thread.
   dht::NodeOptions first_options =
@@ -92,7 +93,6 @@ int Worker(size_t count, const std::string& bootstrap) {
     }
   });
   if (failed) return 1;
-  std::vector<bool> dead(count, false);
   auto control = [&](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
     std::istringstream in(m.meta);
     std::string op;
@@ -100,17 +100,10 @@ int Worker(size_t count, const std::string& bootstrap) {
     in >> op >> idx;
     if (idx >= count) co_return InvalidArgument("no such node");
     std::ostringstream out;
-    if (op == "kill") {
-      std::lock_guard lock(mu);
-      dead[idx] = true;
-      std::thread([n = nodes[idx].get()] { n->Shutdown(); }).join();
-      co_return net::Message("ok");
-    }
     if (op == "stats") {
       uint64_t lookups = 0, hops = 0;
       std::thread([&] {
         for (size_t i = 0; i < count; ++i) {
-          if (dead[i]) continue;
           auto s = nodes[i]->Stats();
           lookups += s.lookups;
           hops += s.lookup_hops;
@@ -149,9 +142,7 @@ int Worker(size_t count, const std::string& bootstrap) {
   sigaddset(&set, SIGTERM);
   int sig = 0;
   sigwait(&set, &sig);
-  for (size_t i = 0; i < count; ++i) {
-    if (!dead[i]) nodes[i]->Shutdown();
-  }
+  for (auto& n : nodes) n->Shutdown();
   return 0;
 }
 
@@ -167,7 +158,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(16, 1024))
       ->capture_default_str();
   app.add_option("--keys", keys, "records stored (default: one per node)");
-  app.add_option("--kill", kill, "fraction of nodes shut down between stores and gets")
+  app.add_option("--kill", kill, "fraction of nodes killed (SIGKILL) between stores and gets")
       ->check(CLI::Range(0.0, 0.5))
       ->capture_default_str();
   app.add_option("--clients", clients, "concurrent store/get callers")->capture_default_str();
@@ -185,8 +176,18 @@ int main(int argc, char** argv) {
   }
   if (keys == 0) keys = nodes;
 
-  // Start the workers one after another (each joins through the first worker's first node).
-  const size_t workers = (nodes + kNodesPerWorker - 1) / kNodesPerWorker;
+  // The nodes killed before the gets live in worker processes of their own (started last), so
+  // that SIGKILL on those processes kills exactly them. Worker 0 holds the bootstrap node.
+  const size_t killed = static_cast<size_t>(kill * static_cast<double>(nodes));
+  std::vector<size_t> plan;  // nodes per worker
+  for (size_t left = nodes - killed; left > 0; left -= plan.back()) {
+    plan.push_back(std::min(kNodesPerWorker, left));
+  }
+  const size_t doomed_from = plan.size();  // workers from here on are killed
+  for (size_t left = killed; left > 0; left -= plan.back()) {
+    plan.push_back(std::min(kNodesPerWorker, left));
+  }
+  const size_t workers = plan.size();
   std::printf("starting %zu DHT nodes on loopback in %zu worker processes...\n", nodes, workers);
   std::fflush(stdout);
   const auto t0 = Steady::now();
@@ -195,9 +196,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> addresses;            // per node
   std::vector<std::pair<size_t, size_t>> where;  // node -> (worker, local index)
   for (size_t w = 0; w < workers; ++w) {
-    const size_t count = std::min(kNodesPerWorker, nodes - w * kNodesPerWorker);
     std::vector<std::string> args{SelfExecutable(), "--worker", "--worker-nodes",
-                                  std::to_string(count)};
+                                  std::to_string(plan[w])};
     if (w > 0) {
       args.push_back("--worker-bootstrap");
       args.push_back(addresses[0]);
@@ -232,9 +232,9 @@ int main(int argc, char** argv) {
                              {.timeout = std::chrono::seconds(120)});
     return r.ok() ? r->meta : "err " + r.status().ToString();
   };
-  auto stats = [&](const std::vector<bool>& dead) {
+  auto stats = [&] {  // over the surviving workers
     uint64_t lookups = 0, hops = 0;
-    for (size_t w = 0; w < workers; ++w) {
+    for (size_t w = 0; w < doomed_from; ++w) {
       auto r = driver.CallSync(control[w], kControl, net::Message("stats 0"));
       std::istringstream in(r.ok() ? r->meta : "0 0");
       uint64_t a = 0, b = 0;
@@ -242,7 +242,6 @@ int main(int argc, char** argv) {
       lookups += a;
       hops += b;
     }
-    (void)dead;
     return std::make_pair(lookups, hops);
   };
 
@@ -288,19 +287,13 @@ int main(int argc, char** argv) {
     if (ok) ++stored;
   });
 
-  // Shut down a random 10% of the nodes, never a worker's first (it carries the control RPC).
-  std::vector<size_t> candidates;
-  for (size_t i = 0; i < nodes; ++i) {
-    if (where[i].second != 0) candidates.push_back(i);
-  }
-  std::shuffle(candidates.begin(), candidates.end(), rng);
-  const size_t killed =
-      std::min(candidates.size(), static_cast<size_t>(kill * static_cast<double>(nodes)));
+  // Kill the doomed workers' nodes: SIGKILL, so they close nothing and say no goodbye.
   std::vector<bool> dead(nodes, false);
-  for (size_t i = 0; i < killed; ++i) {
-    command(candidates[i], "kill", "");
-    dead[candidates[i]] = true;
+  for (size_t w = doomed_from; w < workers; ++w) {
+    procs[w].Signal(SIGKILL);
+    (void)procs[w].Wait(std::chrono::seconds(20));
   }
+  for (size_t i = 0; i < nodes; ++i) dead[i] = where[i].first >= doomed_from;
   std::vector<size_t> alive;
   for (size_t i = 0; i < nodes; ++i) {
     if (!dead[i]) alive.push_back(i);
@@ -308,7 +301,7 @@ int main(int argc, char** argv) {
   std::vector<size_t> reader(keys);
   for (auto& r : reader) r = alive[std::uniform_int_distribution<size_t>(0, alive.size() - 1)(rng)];
 
-  const auto [lookups0, hops0] = stats(dead);
+  const auto [lookups0, hops0] = stats();
   // The stored expiration travels as decimal text through the control channel; compare values.
   Parallel(keys, clients, [&](size_t i) {
     const std::string reply = command(reader[i], "get", "bench.key." + std::to_string(i) + " 0");
@@ -317,7 +310,7 @@ int main(int argc, char** argv) {
     get_ms.push_back(ms);
     if (ok && check_value(reply, i)) ++got;
   });
-  const auto [lookups1, hops1] = stats(dead);
+  const auto [lookups1, hops1] = stats();
   // Again with latest=true (no local or cached answers; every lookup visits the nearest nodes).
   Parallel(keys, clients, [&](size_t i) {
     const std::string reply = command(reader[i], "get", "bench.key." + std::to_string(i) + " 1");
@@ -334,7 +327,8 @@ int main(int argc, char** argv) {
   const double get_ok = static_cast<double>(got) / static_cast<double>(keys);
   const double rtt_p50 = Percentile(rtt, 0.5);
   const double get_p50 = Percentile(get_ms, 0.5);
-  std::printf("nodes %zu, keys %zu, nodes shut down before the gets: %zu\n", nodes, keys, killed);
+  std::printf("nodes %zu, keys %zu, nodes killed (SIGKILL) before the gets: %zu\n", nodes, keys,
+              killed);
   std::printf("store:         %.4f ok, p50 %.2f ms, p99 %.2f ms\n", store_ok,
               Percentile(store_ms, 0.5), Percentile(store_ms, 0.99));
   std::printf("get:           %.4f ok, p50 %.2f ms, p99 %.2f ms, mean hops %.2f (%llu lookups)\n",
@@ -346,11 +340,16 @@ int main(int argc, char** argv) {
   std::printf("hivemind (published, 1024 peers): get mean 6.6 ms, store mean 14.9 ms\n");
   std::fflush(stdout);
   driver.Shutdown();
-  for (auto& p : procs) p.Signal(SIGTERM);
-  for (auto& p : procs) (void)p.Wait(std::chrono::seconds(20));
+  for (size_t w = 0; w < doomed_from; ++w) procs[w].Signal(SIGTERM);
+  for (size_t w = 0; w < doomed_from; ++w) (void)procs[w].Wait(std::chrono::seconds(20));
   if (wrong > 0) {
     std::printf("FAILED: %zu gets returned a value other than the one stored under the key\n",
                 wrong.load());
+    return 1;
+  }
+  if (stored < keys || got < keys) {
+    std::printf("FAILED: %zu of %zu stores and %zu of %zu gets succeeded\n", stored.load(), keys,
+                got.load(), keys);
     return 1;
   }
   std::printf("RESULT dht_store_success=%.4f\n", store_ok);

@@ -120,6 +120,8 @@ double ColonyRun(const Args& a, int run) {
 }
 
 // Bytes sent per sample and per peer by `peers` peers training together for `batches` each.
+// Every round must average the whole group: a round that fell back to local gradients sends
+// less and would flatter the figure, so it fails the benchmark.
 double BytesPerSample(const Args& a, bool diloco, int batches) {
   auto boot = StartNode({});
   const std::string addr = boot->VisibleAddresses()[0].ToString();
@@ -146,23 +148,57 @@ double BytesPerSample(const Args& a, bool diloco, int batches) {
     if (!co.ok()) std::exit(1);
     p.co = std::move(*co);
   }
+  {  // the first round must find every peer: start together
+    std::vector<std::future<Status>> waits;
+    for (auto& p : peers) {
+      waits.push_back(std::async(std::launch::async, [&] {
+        return p.co->WaitForPeers(peers.size(), std::chrono::seconds(60));
+      }));
+    }
+    for (auto& w : waits) {
+      if (Status st = w.get(); !st.ok()) {
+        std::fprintf(stderr, "FAILED: peers did not meet: %s\n", st.ToString().c_str());
+        std::exit(1);
+      }
+    }
+  }
   std::vector<uint64_t> before;
   for (auto& p : peers) before.push_back(p.node->host().TotalStats().bytes_sent);
-  std::vector<std::future<int64_t>> runs;
+  struct Rounds {
+    int64_t samples = 0, stepped = 0, averaged = 0;
+  };
+  std::vector<std::future<Rounds>> runs;
   for (size_t i = 0; i < peers.size(); ++i) {
     runs.push_back(std::async(std::launch::async, [&, i] {
-      int64_t samples = 0;
+      Rounds n;
       for (int b = 0; b < batches; ++b) {
         Loss(peers[i].model, Batch(a, 7919 * i + static_cast<uint64_t>(b)));
         auto r = peers[i].co->Step(a.batch);
-        if (!r.ok()) std::exit(1);
-        samples += a.batch;
+        if (!r.ok()) {
+          std::fprintf(stderr, "FAILED: %s\n", r.status().ToString().c_str());
+          std::exit(1);
+        }
+        n.samples += a.batch;
+        n.stepped += r->stepped ? 1 : 0;
+        n.averaged += r->stepped && r->averaged && r->group_size == peers.size() ? 1 : 0;
       }
-      return samples;
+      return n;
     }));
   }
   int64_t samples = 0;
-  for (auto& r : runs) samples += r.get();
+  const int64_t expected = diloco ? batches / a.inner_steps : batches;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Rounds n = runs[i].get();
+    samples += n.samples;
+    std::printf("%s peer %zu: %lld rounds, %lld averaged by all %d peers\n",
+                diloco ? "DiLoCo" : "synchronous", i, static_cast<long long>(n.stepped),
+                static_cast<long long>(n.averaged), a.peers);
+    if (n.stepped != expected || n.averaged != expected) {
+      std::printf("FAILED: expected %lld rounds, each averaged by all peers\n",
+                  static_cast<long long>(expected));
+      std::exit(1);
+    }
+  }
   uint64_t sent = 0;
   for (size_t i = 0; i < peers.size(); ++i) {
     sent += peers[i].node->host().TotalStats().bytes_sent - before[i];
