@@ -1,5 +1,7 @@
 #include "averaging/load_balance.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,10 +14,18 @@ struct Interval {
   double lo = 0, hi = 0;
 };
 
+// The most values one reducer may own: kMaxSpanShare times an even split.
+double SpanCap(double n, std::span<const PeerLoad> peers) {
+  double reducers = 0;
+  for (const PeerLoad& p : peers) reducers += p.reduces ? 1 : 0;
+  return reducers > 0 ? std::min(n, kMaxSpanShare * n / reducers) : n;
+}
+
 // The allowed x_i for every peer at time T, or false when T is infeasible for some peer.
 bool Intervals(double n, double g, std::span<const PeerLoad> peers, double t,
                std::vector<Interval>& out) {
   out.assign(peers.size(), {});
+  const double cap = SpanCap(n, peers);
   for (size_t i = 0; i < peers.size(); ++i) {
     const PeerLoad& p = peers[i];
     const double s = p.sends ? 1 : 0;
@@ -34,6 +44,8 @@ bool Intervals(double n, double g, std::span<const PeerLoad> peers, double t,
     } else {
       out[i] = {std::max(0.0, -budget / -a), std::numeric_limits<double>::infinity()};
     }
+    out[i].hi = std::min(out[i].hi, cap);
+    if (out[i].lo > out[i].hi) return false;
   }
   return true;
 }
@@ -157,6 +169,46 @@ Result<std::vector<uint64_t>> LoadBalance(uint64_t total, std::span<const PeerLo
     }
   }
   return spans;
+}
+
+void BoundBandwidths(std::span<PeerLoad> peers) {
+  if (peers.empty()) return;
+  std::vector<double> b;
+  for (const PeerLoad& p : peers) b.push_back(p.bandwidth);
+  const auto mid = b.begin() + static_cast<ptrdiff_t>((b.size() - 1) / 2);
+  std::nth_element(b.begin(), mid, b.end());
+  const double cap = *mid * kMaxBandwidthRatio;
+  for (PeerLoad& p : peers) p.bandwidth = std::min(p.bandwidth, cap);
+}
+
+Status CheckLoadBalance(uint64_t total, std::span<const PeerLoad> bounded,
+                        std::span<const uint64_t> spans) {
+  if (spans.size() != bounded.size()) return ProtocolError("a group's spans do not match it");
+  const double cap = SpanCap(static_cast<double>(total), bounded);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i] > 0 && !bounded[i].reduces) {
+      return ProtocolError("a peer that does not reduce was given a span");
+    }
+    if (static_cast<double>(spans[i]) > std::ceil(cap) + 1) {
+      return ProtocolError(
+          fmt::format("a peer was given {} of the group's {} values to reduce, "
+                      "more than {}x an even split",
+                      spans[i], total, kMaxSpanShare));
+    }
+  }
+  COLONY_ASSIGN_OR_RETURN(auto best, LoadBalance(total, bounded));
+  const double optimal = MaxTransferTime(total, bounded, best);
+  const double given = MaxTransferTime(total, bounded, spans);
+  double min_bandwidth = bounded.front().bandwidth;
+  for (const PeerLoad& p : bounded) min_bandwidth = std::min(min_bandwidth, p.bandwidth);
+  const double slack = 4.0 * static_cast<double>(bounded.size() + 2) / min_bandwidth;
+  if (given > optimal * 1.01 + slack) {
+    return ProtocolError(
+        fmt::format("the group's spans make its slowest transfer {:.2f}x longer than a balanced "
+                    "split (bandwidths above {}x the median count as that)",
+                    given / optimal, kMaxBandwidthRatio));
+  }
+  return Status::Ok();
 }
 
 }  // namespace colony::averaging

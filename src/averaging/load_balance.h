@@ -24,12 +24,27 @@ struct PeerLoad {
   bool reduces = true;   // owns a span (NODE, AUX)
 };
 
-// Span sizes in values, one per peer, summing to `total`. Error when no peer reduces or a
-// bandwidth is not positive.
+// Span sizes in values, one per peer, summing to `total`, none above kMaxSpanShare times an even
+// split over the reducers. Error when no peer reduces or a bandwidth is not positive.
 Result<std::vector<uint64_t>> LoadBalance(uint64_t total, std::span<const PeerLoad> peers);
 
 // The slowest peer's time (in units of values / bandwidth) for a given allocation.
 double MaxTransferTime(uint64_t total, std::span<const PeerLoad> peers,
                        std::span<const uint64_t> spans);
+
+// Bandwidths are self-declared: a peer announcing a huge one would be given (nearly) the whole
+// vector to reduce, and could then withhold or corrupt it all. Load balancing therefore counts
+// no bandwidth above kMaxBandwidthRatio times the group's lower-median bandwidth
+// (BoundBandwidths), and gives no reducer more than kMaxSpanShare times an even split (in groups
+// of more than kMaxSpanShare reducers; LoadBalance applies it).
+inline constexpr double kMaxBandwidthRatio = 8;
+inline constexpr double kMaxSpanShare = 4;
+void BoundBandwidths(std::span<PeerLoad> peers);
+
+// Checks an allocation made by another peer (a group's leader): its slowest transfer may take at
+// most 1% (and a few values) longer than LoadBalance's over the bounded bandwidths. Recomputing
+// the exact spans would break between machines whose floating point rounds differently.
+Status CheckLoadBalance(uint64_t total, std::span<const PeerLoad> bounded,
+                        std::span<const uint64_t> spans);
 
 }  // namespace colony::averaging

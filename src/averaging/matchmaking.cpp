@@ -34,6 +34,16 @@ bool Before(double exp_a, const PeerId& a, double exp_b, const PeerId& b) {
   return exp_a != exp_b ? exp_a < exp_b : a < b;
 }
 
+// The members' loads for load balancing, bandwidths bounded (BoundBandwidths).
+std::vector<PeerLoad> BoundedLoads(const GroupInfo& g) {
+  std::vector<PeerLoad> loads;
+  for (const auto& m : g.members) {
+    loads.push_back({m.bandwidth, m.mode != Mode::kAux, m.mode != Mode::kClient});
+  }
+  BoundBandwidths(loads);
+  return loads;
+}
+
 }  // namespace
 
 Result<Multiaddr> DialAddress(const std::vector<std::string>& addrs, const PeerId& peer) {
@@ -148,10 +158,7 @@ Result<GroupInfo> Averager::Impl::FormGroup() {
     m.gathered = f->request.gathered;
     g.members.push_back(std::move(m));
   }
-  std::vector<PeerLoad> loads;
-  for (const auto& m : g.members) {
-    loads.push_back({m.bandwidth, m.mode != Mode::kAux, m.mode != Mode::kClient});
-  }
+  const std::vector<PeerLoad> loads = BoundedLoads(g);
   COLONY_ASSIGN_OR_RETURN(auto spans, LoadBalance(g.total, loads));
   for (size_t i = 0; i < spans.size(); ++i) g.members[i].span = spans[i];
   COLONY_RETURN_IF_ERROR(CheckGroup(g));
@@ -297,6 +304,15 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
         if (answer->group.total != total_ || !in_group || members.front().peer != leader->peer) {
           reasons.push_back("leader " + leader->peer.ToString() +
                             " sent an inconsistent group; ignored");
+          continue;
+        }
+        // The leader sized the spans: one that hands itself or a friend far more than the
+        // announced bandwidths justify is not followed.
+        std::vector<uint64_t> spans;
+        for (const MemberInfo& m : members) spans.push_back(m.span);
+        if (Status st = CheckLoadBalance(total_, BoundedLoads(answer->group), spans); !st.ok()) {
+          reasons.push_back("leader " + leader->peer.ToString() + " sent an unbalanced group (" +
+                            st.message() + "); ignored");
           continue;
         }
         // Anyone who asked us meanwhile was redirected; nobody is waiting on us.

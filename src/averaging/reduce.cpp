@@ -62,9 +62,23 @@ void CopyScaledBytes(std::span<float> out, std::span<const uint8_t> x, float w) 
   for (size_t i = 0; i < n; ++i) a[i] = w * LoadFloat(v + 4 * i);
 }
 
-void CenteredClip(std::span<const std::span<const float>> xs, std::span<const double> weights,
+std::vector<double> WeightsCappedAtMedian(std::span<const double> weights) {
+  std::vector<double> sorted(weights.begin(), weights.end());
+  if (sorted.empty()) return sorted;
+  const auto mid = sorted.begin() + static_cast<ptrdiff_t>((sorted.size() - 1) / 2);
+  std::nth_element(sorted.begin(), mid, sorted.end());
+  const double cap = *mid;
+  std::vector<double> out(weights.begin(), weights.end());
+  for (double& w : out) w = std::min(w, cap);
+  return out;
+}
+
+void CenteredClip(std::span<const std::span<const float>> xs, std::span<const double> declared,
                   const CenteredClipOptions& options, std::span<float> out) {
   const size_t n = out.size();
+  // Self-declared weights above the (lower) median count as the median: with a minority of
+  // attackers the median is an honest weight, so no attacker outweighs every honest sender.
+  const std::vector<double> weights = WeightsCappedAtMedian(declared);
   double total_weight = 0;
   for (double w : weights) total_weight += w;
   std::vector<double> v(n, 0.0), delta(n);

@@ -27,10 +27,16 @@ void AddScaledBytes(std::span<float> acc, std::span<const uint8_t> x, float w);
 void CopyScaledBytes(std::span<float> out, std::span<const uint8_t> x, float w);
 bool AllFiniteBytes(std::span<const uint8_t> x);
 
+// Each weight capped at the lower median of `weights` (for an even count, the smaller middle).
+std::vector<double> WeightsCappedAtMedian(std::span<const double> weights);
+
 // CenteredClip: starting from the coordinate-wise median v, repeats
 //   v <- v + sum_i w_i * min(1, tau / |x_i - v|) * (x_i - v) / sum_i w_i
 // so that a sender far from the others moves v by at most tau * w_i / sum(w) per iteration,
-// however large its values. `out` receives v. Weights must be positive.
+// however large its values. The weights are the declared ones capped at their lower median
+// (WeightsCappedAtMedian): a huge self-declared weight would otherwise make w_i / sum(w) near 1
+// and let one sender pull v all the way to its values, tau per iteration. `out` receives v.
+// Weights must be positive.
 void CenteredClip(std::span<const std::span<const float>> xs, std::span<const double> weights,
                   const CenteredClipOptions& options, std::span<float> out);
 

@@ -59,6 +59,50 @@ TEST(LoadBalance, ErrorsAreClear) {
   EXPECT_EQ((*LoadBalance(0, one))[0], 0u);
 }
 
+// Bandwidths are self-declared: above 8x the group's lower median they count as 8x, and a group
+// whose spans a leader skewed (here: all to itself) is refused by the members that check it.
+TEST(LoadBalance, SelfDeclaredBandwidthsAreBoundedAndSkewedSpansRefused) {
+  std::vector<PeerLoad> peers(6, PeerLoad{100, true, true});
+  peers[5].bandwidth = 1e15;  // the liar
+  BoundBandwidths(peers);
+  EXPECT_EQ(peers[5].bandwidth, 100 * kMaxBandwidthRatio);
+  EXPECT_EQ(peers[0].bandwidth, 100);
+  const uint64_t total = 1'000'000;
+  auto spans = LoadBalance(total, peers);
+  ASSERT_TRUE(spans.ok());
+  // The liar's span is capped at 4x an even split, short of the whole vector.
+  EXPECT_LE((*spans)[5], total * 4 / 6 + 1);
+  EXPECT_TRUE(CheckLoadBalance(total, peers, *spans).ok());
+  // A leader that hands everything to one peer, or moves half of a fast peer's span to a slow
+  // one, is refused.
+  std::vector<uint64_t> skewed(6, 0);
+  skewed[0] = total;
+  auto refused = CheckLoadBalance(total, peers, skewed);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.code(), StatusCode::kProtocolError);
+  EXPECT_NE(refused.message().find("even split"), std::string::npos) << refused.ToString();
+  auto slowed = *spans;
+  slowed[0] += slowed[5] / 2;
+  slowed[5] -= slowed[5] / 2;
+  auto unbalanced = CheckLoadBalance(total, peers, slowed);
+  ASSERT_FALSE(unbalanced.ok());
+  EXPECT_NE(unbalanced.message().find("longer than a balanced split"), std::string::npos)
+      << unbalanced.ToString();
+  // Rounding differences between machines (a value here or there) pass.
+  auto nudged = *spans;
+  nudged[0] += 1;
+  nudged[1] -= 1;
+  EXPECT_TRUE(CheckLoadBalance(total, peers, nudged).ok());
+  // A client may not be handed a span.
+  peers[2].reduces = false;
+  auto balanced = LoadBalance(total, peers);
+  ASSERT_TRUE(balanced.ok());
+  auto to_client = *balanced;
+  to_client[2] += 1;
+  to_client[0] -= 1;
+  EXPECT_FALSE(CheckLoadBalance(total, peers, to_client).ok());
+}
+
 TEST(GroupKey, NextBitsScatterGroupMates) {
   EXPECT_EQ(GroupKey("run", "01"), "run.0b01");
   EXPECT_TRUE(CheckGroupBits("0101").ok());
@@ -106,6 +150,30 @@ TEST(Reduce, CenteredClipBoundsAnOutlier) {
   std::vector<std::span<const float>> honest(views.begin(), views.begin() + 3);
   CenteredClip(honest, std::vector<double>(3, 1.0), opt, out);
   for (float v : out) EXPECT_NEAR(v, 1.01, 1e-6);
+}
+
+// An attacker that declares a huge weight gains nothing: weights above the median count as the
+// median, so the bound of the test above (tau / 3 from the honest mean) holds for any weight.
+TEST(Reduce, CenteredClipIsNotDefeatedByAHugeWeight) {
+  const size_t n = 64;
+  std::vector<std::vector<float>> inputs(4, std::vector<float>(n));
+  for (size_t k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < n; ++i) inputs[k][i] = 0.01f * static_cast<float>(k) + 1.0f;
+  }
+  std::fill(inputs[3].begin(), inputs[3].end(), 1e6f);
+  std::vector<std::span<const float>> views(inputs.begin(), inputs.end());
+  std::vector<float> out(n);
+  CenteredClipOptions opt{.tau = 1.0, .iterations = 50};
+  for (double attacker_weight : {1.0, 1e3, 1e12, 1e300}) {
+    CenteredClip(views, std::vector<double>{1.0, 1.0, 1.0, attacker_weight}, opt, out);
+    double dist2 = 0;
+    for (float v : out) dist2 += (v - 1.01) * (v - 1.01);
+    EXPECT_LT(std::sqrt(dist2), opt.tau / 3 + 0.01) << "attacker weight " << attacker_weight;
+  }
+  // Honest senders with different weights still count in proportion up to the median.
+  EXPECT_EQ(WeightsCappedAtMedian(std::vector<double>{1, 2, 3, 1e300}),
+            (std::vector<double>{1, 2, 2, 2}));
+  EXPECT_EQ(WeightsCappedAtMedian(std::vector<double>{5}), (std::vector<double>{5}));
 }
 
 TEST(Wire, RoundTripsAndRejectsHostileMessages) {
