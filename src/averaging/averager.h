@@ -151,6 +151,14 @@ struct LoadStateOptions {
   // Only donors whose current priority is at least this serve the state (a donor checks its own
   // priority when asked, so a stale advert does not matter); e.g. the epoch the loader needs.
   std::optional<double> min_priority = std::nullopt;
+  // Called with a donor's metadata and announced tensor sizes (in values) before any tensor data
+  // is downloaded: an error refuses that donor (the next one is tried). The loader knows what
+  // state it expects (its model's shapes), so a donor cannot make it download and hold a state
+  // of any size the wire allows. Without it, a state may hold up to
+  // `max_values` values.
+  std::function<Status(const std::string& metadata, std::span<const uint64_t> tensor_sizes)>
+      check_header = nullptr;
+  uint64_t max_values = uint64_t{1} << 32;  // 16 GiB of float32
 };
 
 class Averager {

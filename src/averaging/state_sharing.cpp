@@ -229,6 +229,18 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(LoadStateOptions 
       if (!first->has_value()) co_return ProtocolError("the donor sent no state header");
       auto header = DecodeStateHeader((*first)->meta);
       if (!header.ok()) co_return header.status();
+      uint64_t values = 0;
+      for (uint64_t size : header->tensor_sizes) values += size;  // bounded by the decoder
+      if (values > options.max_values) {
+        co_return ProtocolError(
+            fmt::format("the donor announced a state of {} values, more than "
+                        "the {} this peer accepts",
+                        values, options.max_values));
+      }
+      if (options.check_header) {
+        Status st = options.check_header(header->metadata, header->tensor_sizes);
+        if (!st.ok()) co_return st.WithContext("the donor's state header was refused");
+      }
       SharedState state;
       state.metadata = std::move(header->metadata);
       for (uint64_t size : header->tensor_sizes) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "train/donor_state.h"
 #include "train/internal.h"
 #include "train/optimizer_state.h"
 
@@ -157,71 +158,87 @@ Status CollaborativeOptimizer::Impl::Resync(StepReport& report) {
 }
 
 // Downloads and installs the state of a donor whose priority (parameter epoch, + 0.5 when it
-// averaged with the swarm) is at least `min_priority`.
+// averaged with the swarm) is at least `min_priority`. The donor's header is checked before
+// any tensor data comes: the tensors it announces must be those its metadata describes, its
+// parameters must have this model's shapes, the whole state at most kStateValuesPerParameter
+// values per parameter (Adam's two moments and DiLoCo's outer parameters and momentum make 5),
+// and its epoch at most kMaxDonorEpochLead ahead of the swarm's as this peer's progress tracker
+// sees it when the header arrives (the swarm may step while a request is on its way; a donor
+// claiming an epoch far ahead would drag this peer, and then the swarm, to it).
 Status CollaborativeOptimizer::Impl::DownloadState(std::optional<double> min_priority) {
+  constexpr uint64_t kStateValuesPerParameter = 6;
+  constexpr int64_t kMaxDonorEpochLead = 16;
   if (stepping_->HasPending()) stepping_->FinishPending(nullptr);
-  auto s = stepping_->Sharing().LoadStateFromPeersSync(
-      {.timeout = options_.load_state_timeout, .min_priority = min_priority});
-  if (!s.ok()) return s.status();
-  auto meta = Json::parse(s->metadata, nullptr, false);
-  if (!meta.is_object() || !meta.contains("tensors") || !meta["tensors"].is_array() ||
-      !meta.contains("epoch") || !meta["epoch"].is_number_integer() ||
-      !meta.contains("inner_step") || !meta["inner_step"].is_number_integer() ||
-      !meta.contains("diverged") || !meta["diverged"].is_boolean() || !meta.contains("run_id") ||
-      !meta["run_id"].is_string()) {
-    return ProtocolError("the donor's state metadata is malformed");
-  }
-  for (const auto& [key, unused] : meta.items()) {
-    if (key != "tensors" && key != "epoch" && key != "inner_step" && key != "diverged" &&
-        key != "run_id") {
-      return ProtocolError(
-          fmt::format("the donor's state metadata has an unknown field '{}'", key.substr(0, 32)));
+  uint64_t own_values = 0;
+  for (const auto& p : params_) own_values += static_cast<uint64_t>(p.numel());
+  auto check = [&](const std::string& metadata, std::span<const uint64_t> sizes) -> Status {
+    COLONY_ASSIGN_OR_RETURN(DonorState d, ParseDonorState(metadata, options_.run_id));
+    const int64_t swarm_epoch = std::max<int64_t>(
+        tracker_->Global().epoch, min_priority ? static_cast<int64_t>(*min_priority) : 0);
+    if (d.tensors.size() != sizes.size()) {
+      return ProtocolError("the donor's state metadata does not match its tensors");
     }
-  }
-  if (meta["run_id"].get_ref<const std::string&>() != options_.run_id) {
-    return ProtocolError("the donor's state belongs to another run");
-  }
-  const auto& list = meta["tensors"];
-  if (list.size() != s->tensors.size()) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (static_cast<uint64_t>(d.tensors[i].numel) != sizes[i]) {
+        return ProtocolError(
+            fmt::format("the donor's state tensor '{}' announces {} values, not {}",
+                        d.tensors[i].name, sizes[i], d.tensors[i].numel));
+      }
+      const std::string& name = d.tensors[i].name;
+      if (name.rfind("param.", 0) == 0) {
+        size_t p = params_.size();
+        try {
+          p = std::stoul(name.substr(6));
+        } catch (...) {
+        }
+        if (p >= params_.size() || !params_[p].sizes().equals(d.tensors[i].shape)) {
+          return ProtocolError(fmt::format(
+              "the donor's state tensor '{}' is not a parameter of this model (shape [{}])", name,
+              fmt::join(d.tensors[i].shape, ",")));
+        }
+      }
+    }
+    uint64_t values = 0;
+    for (uint64_t n : sizes) values += n;
+    if (values > kStateValuesPerParameter * own_values + (1u << 20)) {
+      return ProtocolError(fmt::format(
+          "the donor's state holds {} values; this model has {} parameters", values, own_values));
+    }
+    if (d.epoch > swarm_epoch + kMaxDonorEpochLead) {
+      return ProtocolError(fmt::format("the donor claims epoch {}, but the swarm is at epoch {}",
+                                       d.epoch, swarm_epoch));
+    }
+    return Status::Ok();
+  };
+  auto s = stepping_->Sharing().LoadStateFromPeersSync({.timeout = options_.load_state_timeout,
+                                                        .min_priority = min_priority,
+                                                        .check_header = check});
+  if (!s.ok()) return s.status();
+  // The header passed `check`; the tensors arrived with the announced sizes.
+  COLONY_ASSIGN_OR_RETURN(DonorState d, ParseDonorState(s->metadata, options_.run_id));
+  if (d.tensors.size() != s->tensors.size()) {
     return ProtocolError("the donor's state metadata does not match its tensors");
   }
   NamedTensors named;
-  for (size_t i = 0; i < list.size(); ++i) {
-    const auto& e = list[i];
-    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("dtype") ||
-        !e["dtype"].is_string() || !e.contains("shape") || !e["shape"].is_array()) {
-      return ProtocolError("the donor's state metadata is malformed");
-    }
-    std::vector<int64_t> shape;
-    int64_t numel = 1;
-    for (const auto& d : e["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (1ll << 40)) {
-        return ProtocolError("the donor's state has a bad shape");
-      }
-      shape.push_back(d.get<int64_t>());
-      numel *= shape.back();
-      if (numel > (1ll << 40)) return ProtocolError("the donor's state has a bad shape");
-    }
-    if (static_cast<size_t>(numel) != s->tensors[i].size()) {
+  for (size_t i = 0; i < d.tensors.size(); ++i) {
+    const DonorTensor& e = d.tensors[i];
+    if (static_cast<size_t>(e.numel) != s->tensors[i].size()) {
       return ProtocolError(fmt::format("the donor's state tensor '{}' has {} values, not {}",
-                                       e["name"].get<std::string>(), s->tensors[i].size(), numel));
+                                       e.name, s->tensors[i].size(), e.numel));
     }
-    COLONY_ASSIGN_OR_RETURN(auto dtype, ParseScalarType(e["dtype"].get<std::string>()));
-    at::Tensor t = at::from_blob(s->tensors[i].data(), shape, at::kFloat).to(dtype).clone();
-    named.emplace_back(e["name"].get<std::string>(), std::move(t));
+    COLONY_ASSIGN_OR_RETURN(const at::ScalarType dtype, ParseScalarType(e.dtype));
+    at::Tensor t = at::from_blob(s->tensors[i].data(), e.shape, at::kFloat).to(dtype).clone();
+    named.emplace_back(e.name, std::move(t));
   }
-  const int64_t inner = meta["inner_step"].get<int64_t>();
-  const int64_t donor_epoch = meta["epoch"].get<int64_t>();
-  const bool diverged = meta["diverged"].get<bool>();
   {
     std::lock_guard lock(state_mu_);
-    if (donor_epoch < params_epoch_) {
+    if (d.epoch < params_epoch_) {
       return FailedPrecondition(fmt::format(
           "the best donor's state is at epoch {}, older than this peer's ({}); keeping ours",
-          donor_epoch, params_epoch_));
+          d.epoch, params_epoch_));
     }
   }
-  COLONY_RETURN_IF_ERROR(ApplyState(named, donor_epoch, inner, diverged));
+  COLONY_RETURN_IF_ERROR(ApplyState(named, d.epoch, d.inner_step, d.diverged));
   counters_.state_loads++;
   Publish(Active());
   UpdatePriority();

@@ -268,6 +268,59 @@ TEST(Averager, LoadStateWithAMinimumPriorityIsRefusedByOlderDonors) {
   EXPECT_EQ(served->tensors.at(0), Synthetic(10, n));
 }
 
+// A donor cannot make a loader download and hold a state of its choosing: the loader sees the
+// header (metadata and tensor sizes) first and refuses a state it does not expect, before any
+// tensor data; the next donor serves. Here the "hostile" donor announces 8 M values (32 MB) with
+// the highest priority, the loader expects one tensor of n values.
+TEST(Averager, LoadStateRefusesAnUnexpectedHeaderBeforeItsData) {
+  const size_t n = 1000;
+  const size_t huge = 8u << 20;
+  Swarm swarm(n);
+  auto o = Options(2);
+  Peer& big = swarm.Add(10, o);
+  big.averager->ShareState(
+      [huge]() -> Result<SharedState> {
+        return SharedState{"big", {std::vector<float>(huge, 1.0f)}};
+      },
+      9.0);
+  Peer& honest = swarm.Add(11, o);
+  auto copy = honest.data;
+  honest.averager->ShareState(
+      [copy]() -> Result<SharedState> {
+        return SharedState{"honest", {copy}};
+      },
+      1.0);
+  Peer& newcomer = swarm.Add(99, o);
+  std::vector<std::string> seen;
+  LoadStateOptions lo{.timeout = 10s};
+  lo.check_header = [&](const std::string& metadata, std::span<const uint64_t> sizes) -> Status {
+    seen.push_back(metadata);
+    if (sizes.size() != 1 || sizes[0] != n) return ProtocolError("not the state of this model");
+    return Status::Ok();
+  };
+  uint64_t received = 0;  // by the newcomer during the last load
+  Result<SharedState> state = NotFound("not tried");
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < until) {  // until both adverts are visible
+    seen.clear();
+    const uint64_t before = newcomer.node->host().TotalStats().bytes_received;
+    state = newcomer.averager->LoadStateFromPeersSync(lo);
+    received = newcomer.node->host().TotalStats().bytes_received - before;
+    if (state.ok() && seen.size() == 2) break;
+  }
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  EXPECT_EQ(state->metadata, "honest");
+  EXPECT_EQ(state->tensors.at(0), Synthetic(11, n));
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], "big");  // asked first (highest priority), refused on its header
+  // The 32 MB were never downloaded: at most the stream window came before the refusal.
+  EXPECT_LT(received, 12u << 20) << "bytes received while loading";
+  // Without a check, a default bound applies: max_values.
+  auto bounded = newcomer.averager->LoadStateFromPeersSync({.timeout = 10s, .max_values = 4096});
+  ASSERT_TRUE(bounded.ok()) << bounded.status().ToString();
+  EXPECT_EQ(bounded->metadata, "honest");
+}
+
 TEST(Averager, HostileRequestsGetErrorsAndTheAveragerKeepsWorking) {
   const size_t n = 5000;
   Swarm swarm(n);

@@ -41,7 +41,7 @@ class Swarm {
     bootstrap_ = std::move(*boot);
   }
 
-  Peer& Add(CollaborativeOptions options, bool adam = false) {
+  Peer& Add(CollaborativeOptions options, bool adam = false, int64_t size = kSize) {
     auto p = std::make_unique<Peer>();
     dht::NodeOptions o;
     o.initial_peers = {bootstrap_->VisibleAddresses()[0].ToString()};
@@ -49,7 +49,7 @@ class Swarm {
     auto node = dht::Node::Start(KeyPair::Generate(), o);
     EXPECT_TRUE(node.ok()) << node.status().ToString();
     p->node = std::move(*node);
-    p->w = at::zeros({kSize}).set_requires_grad(true);
+    p->w = at::zeros({size}).set_requires_grad(true);
     if (adam) {
       p->opt = std::make_shared<torch::optim::Adam>(std::vector<at::Tensor>{p->w},
                                                     torch::optim::AdamOptions(0.1));
@@ -249,6 +249,28 @@ TEST(CollaborativeTest, NewcomerDownloadsParametersOptimizerStateAndEpoch) {
     EXPECT_EQ(mine[i].first, theirs[i].first);
     EXPECT_TRUE(at::equal(mine[i].second, theirs[i].second)) << mine[i].first;
   }
+}
+
+// A donor's state is checked against this peer's model before any tensor data comes: a peer of
+// the same run whose parameter has another shape (a confused or hostile donor, as seen from it)
+// downloads nothing and says why.
+TEST(CollaborativeTest, NewcomerRefusesAStateThatDoesNotFitItsModel) {
+  Swarm swarm;
+  for (int i = 0; i < 2; ++i) swarm.Add({.target_batch_size = 100}, /*adam=*/true);
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (int i = 0; i < 2; ++i) {
+    runs.push_back(std::async(std::launch::async,
+                              [&, i] { return Train(*swarm.peers()[i], Gradient(i), 5, 3, 5ms); }));
+  }
+  for (auto& r : runs) ASSERT_EQ(r.get().size(), 3u);
+  Peer& other =
+      swarm.Add({.target_batch_size = 100, .load_state_timeout = 3s}, /*adam=*/true, kSize + 1);
+  Status st = other.co->LoadStateFromPeers();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("is not a parameter of this model"), std::string::npos)
+      << st.ToString();
+  EXPECT_EQ(other.co->local_epoch(), 0);
+  EXPECT_TRUE(at::equal(other.w.detach(), at::zeros({kSize + 1})));
 }
 
 TEST(CollaborativeTest, DilocoAppliesNesterovToTheAveragedPseudoGradient) {
