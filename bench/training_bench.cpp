@@ -62,8 +62,20 @@ double Loss(model::LlamaModel& m, const at::Tensor& b) {
 
 using colony::test::Median;
 
-// Seconds for --batches batches with a plain loop (gradients accumulate in .grad).
-double PlainRun(const Args& a) {
+// A timed run and the parameters it ended with (flattened), to compare the two loops.
+struct Run {
+  double seconds = 0;
+  at::Tensor params;
+};
+
+at::Tensor Flat(model::LlamaModel& m) {
+  std::vector<at::Tensor> flat;
+  for (auto& p : m->parameters()) flat.push_back(p.detach().flatten());
+  return at::cat(flat);
+}
+
+// --batches batches with a plain loop (gradients accumulate in .grad).
+Run PlainRun(const Args& a) {
   at::manual_seed(0);
   model::LlamaModel m(Config(a));
   torch::optim::Adam opt(m->parameters(), 1e-3);
@@ -76,7 +88,7 @@ double PlainRun(const Args& a) {
       opt.zero_grad();
     }
   }
-  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  return {std::chrono::duration<double>(SteadyClock::now() - t0).count(), Flat(m)};
 }
 
 std::unique_ptr<dht::Node> StartNode(const std::vector<std::string>& peers) {
@@ -91,8 +103,9 @@ std::unique_ptr<dht::Node> StartNode(const std::vector<std::string>& peers) {
   return std::move(*node);
 }
 
-// The same through a lone peer's collaborative optimizer.
-double ColonyRun(const Args& a, int run) {
+// The same through a lone peer's collaborative optimizer: the same batches and steps, so the
+// same parameters at the end (up to float rounding).
+Run ColonyRun(const Args& a, int run) {
   at::manual_seed(0);
   model::LlamaModel m(Config(a));
   auto opt = std::make_shared<torch::optim::Adam>(m->parameters(), 1e-3);
@@ -116,7 +129,7 @@ double ColonyRun(const Args& a, int run) {
                  static_cast<long long>((*co)->local_epoch()));
     std::exit(1);
   }
-  return s;
+  return {s, Flat(m)};
 }
 
 // Bytes sent per sample and per peer by `peers` peers training together for `batches` each.
@@ -230,9 +243,19 @@ int main(int argc, char** argv) {
 
   std::vector<double> plain, colony_s;
   PlainRun(a);  // warm-up (allocator, OpenBLAS threads)
+  double max_diff = 0;
   for (int r = 0; r < a.repeats; ++r) {
-    plain.push_back(PlainRun(a));
-    colony_s.push_back(ColonyRun(a, r));
+    const Run p = PlainRun(a), c = ColonyRun(a, r);
+    plain.push_back(p.seconds);
+    colony_s.push_back(c.seconds);
+    max_diff = std::max(max_diff, (p.params - c.params).abs().max().item<double>());
+  }
+  std::printf("largest difference between the two loops' final parameters: %.2e\n", max_diff);
+  // Measured 0 (the same arithmetic in the same order); 1e-5 leaves room for other BLAS builds.
+  if (!(max_diff <= 1e-5)) {
+    std::printf(
+        "FAILED: the collaborative optimizer trained a different model than the plain loop\n");
+    return 1;
   }
   const double samples = static_cast<double>(a.batches * a.batch);
   const double tp = Median(plain), tc = Median(colony_s);

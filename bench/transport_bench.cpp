@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
       while (!stop.load(std::memory_order_relaxed)) {
         auto t0 = SteadyClock::now();
         auto r = co_await client.Call(addr, "echo", net::Message(payload));
-        if (!r.ok()) {
+        if (!r.ok() || r->meta != payload) {  // a wrong echo counts as a failure
           ++failures;
           continue;
         }

@@ -21,11 +21,11 @@ double SpanCap(double n, std::span<const PeerLoad> peers) {
   return reducers > 0 ? std::min(n, kMaxSpanShare * n / reducers) : n;
 }
 
-// The allowed x_i for every peer at time T, or false when T is infeasible for some peer.
-bool Intervals(double n, double g, std::span<const PeerLoad> peers, double t,
+// The allowed x_i (at most `cap`) for every peer at time T, or false when T is infeasible for
+// some peer.
+bool Intervals(double n, double g, double cap, std::span<const PeerLoad> peers, double t,
                std::vector<Interval>& out) {
   out.assign(peers.size(), {});
-  const double cap = SpanCap(n, peers);
   for (size_t i = 0; i < peers.size(); ++i) {
     const PeerLoad& p = peers[i];
     const double s = p.sends ? 1 : 0;
@@ -93,6 +93,7 @@ Result<std::vector<uint64_t>> LoadBalance(uint64_t total, std::span<const PeerLo
   std::vector<uint64_t> spans(peers.size(), 0);
   if (total == 0) return spans;
   const double n = static_cast<double>(total);
+  const double cap = SpanCap(n, peers);
 
   // Bisect on T between 0 and a time that is surely feasible (everything on the fastest
   // reducer gives an upper bound).
@@ -109,13 +110,13 @@ Result<std::vector<uint64_t>> LoadBalance(uint64_t total, std::span<const PeerLo
   std::vector<Interval> iv;
   for (int iter = 0; iter < 200 && hi - lo > hi * 1e-12; ++iter) {
     const double mid = (lo + hi) / 2;
-    if (Intervals(n, g, peers, mid, iv) && Feasible(n, iv)) {
+    if (Intervals(n, g, cap, peers, mid, iv) && Feasible(n, iv)) {
       hi = mid;
     } else {
       lo = mid;
     }
   }
-  if (!Intervals(n, g, peers, hi, iv) || !Feasible(n, iv)) {
+  if (!Intervals(n, g, cap, peers, hi, iv) || !Feasible(n, iv)) {
     return Internal("load balancing found no feasible allocation");
   }
 

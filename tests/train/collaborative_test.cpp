@@ -228,8 +228,8 @@ TEST(CollaborativeTest, LocallyNonFiniteBatchesAreSkipped) {
   EXPECT_TRUE(at::allclose(p.w.detach(), -Gradient(0)));
 }
 
-TEST(CollaborativeTest, NewcomerDownloadsParametersOptimizerStateAndEpoch) {
-  Swarm swarm;
+// Two Adam peers (global batch 100) train three epochs together: the donors of the tests below.
+void TwoAdamPeersTrainThreeEpochs(Swarm& swarm) {
   for (int i = 0; i < 2; ++i) swarm.Add({.target_batch_size = 100}, /*adam=*/true);
   std::vector<std::future<std::vector<StepReport>>> runs;
   for (int i = 0; i < 2; ++i) {
@@ -237,6 +237,11 @@ TEST(CollaborativeTest, NewcomerDownloadsParametersOptimizerStateAndEpoch) {
                               [&, i] { return Train(*swarm.peers()[i], Gradient(i), 5, 3, 5ms); }));
   }
   for (auto& r : runs) ASSERT_EQ(r.get().size(), 3u);
+}
+
+TEST(CollaborativeTest, NewcomerDownloadsParametersOptimizerStateAndEpoch) {
+  Swarm swarm;
+  ASSERT_NO_FATAL_FAILURE(TwoAdamPeersTrainThreeEpochs(swarm));
   Peer& late = swarm.Add({.target_batch_size = 100}, /*adam=*/true);
   ASSERT_TRUE(late.co->LoadStateFromPeers().ok());
   EXPECT_EQ(late.co->local_epoch(), 3);
@@ -256,13 +261,7 @@ TEST(CollaborativeTest, NewcomerDownloadsParametersOptimizerStateAndEpoch) {
 // downloads nothing and says why.
 TEST(CollaborativeTest, NewcomerRefusesAStateThatDoesNotFitItsModel) {
   Swarm swarm;
-  for (int i = 0; i < 2; ++i) swarm.Add({.target_batch_size = 100}, /*adam=*/true);
-  std::vector<std::future<std::vector<StepReport>>> runs;
-  for (int i = 0; i < 2; ++i) {
-    runs.push_back(std::async(std::launch::async,
-                              [&, i] { return Train(*swarm.peers()[i], Gradient(i), 5, 3, 5ms); }));
-  }
-  for (auto& r : runs) ASSERT_EQ(r.get().size(), 3u);
+  ASSERT_NO_FATAL_FAILURE(TwoAdamPeersTrainThreeEpochs(swarm));
   Peer& other =
       swarm.Add({.target_batch_size = 100, .load_state_timeout = 3s}, /*adam=*/true, kSize + 1);
   Status st = other.co->LoadStateFromPeers();
