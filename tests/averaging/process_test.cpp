@@ -207,8 +207,11 @@ TEST(AveragingFaults, ARoundThatAveragedWithNobodyIsNotOk) {
     for (size_t k = 0; k + 1 < args.size(); ++k) {
       if (args[k] == "--target-group-size" || args[k] == "--min-group-size") args[k + 1] = "2";
     }
-    // The pair must form its group even when a slow build starts the second process late.
-    args.insert(args.end(), {"--matchmaking-time", "20"});
+    // The pair must form its group even when a slow build starts the second process late. The
+    // faulty peer declares a later expiration, so it is the follower: it dies after it has read
+    // BEGIN. (As the leader it could die before its BEGIN left its process, and the survivor
+    // would see no group at all, not a group that averaged with nobody.)
+    args.insert(args.end(), {"--matchmaking-time", i == 0 ? "20" : "25"});
     if (i == 1) {
       args.push_back("--inject-fault");
       args.push_back("kill-before-sending");
