@@ -27,7 +27,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (p - at < 4 || p - at > static_cast<ptrdiff_t>(kMaxFrameHeader)) __builtin_trap();
       at = p + f.payload.size();
       const auto type = static_cast<uint8_t>(f.header.type);
-      if (type < 1 || type > 8) __builtin_trap();
+      if (type < 1 || type > 9) __builtin_trap();
+      if (f.header.type == FrameType::kToken && (f.header.stream_id != 0 || f.header.flags != 0 ||
+                                                 f.header.payload_length > kMaxTokenFrame)) {
+        __builtin_trap();
+      }
       if (f.header.type == FrameType::kData && f.header.stream_id == 0) __builtin_trap();
 
       // The header re-encodes to bytes that decode to the same header.

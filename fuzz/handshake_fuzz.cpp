@@ -3,7 +3,8 @@
 // never crash, that what DecodeHello accepts is consistent and re-encodes, that DecodeAuth never
 // accepts a signature over another transcript, and that RecordOpener under a fixed key opens
 // nothing but a record genuinely sealed under that key (re-sealing its plaintext must reproduce
-// the input byte for byte), with Open and the stepwise OpenBegin/OpenUpdate/OpenFinish agreeing.
+// the input byte for byte), with Open and the stepwise OpenBegin/OpenUpdate/OpenFinish agreeing;
+// and the Verdict of private swarms.
 #include <google/protobuf/stubs/logging.h>
 
 #include <cstddef>
@@ -75,6 +76,15 @@ void CheckAuth(ByteSpan in) {
   }
 }
 
+void CheckVerdict(ByteSpan in) {
+  auto verdict = DecodeVerdict(in);
+  if (!verdict.ok()) {
+    if (verdict.status().message().empty()) __builtin_trap();
+    return;
+  }
+  if (verdict->reason.size() > kMaxVerdictReason) __builtin_trap();
+}
+
 void CheckRecord(const uint8_t* data, size_t size) {
   if (size < 4) return;
   ByteSpan prefix(data, 4);
@@ -118,6 +128,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ByteSpan in(data, size);
   CheckHello(in);
   CheckAuth(in);
+  CheckVerdict(in);
   CheckRecord(data, size);
   return 0;
 }

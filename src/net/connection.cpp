@@ -324,6 +324,7 @@ Connection::Connection(asio::ip::tcp::socket socket, Strand strand, Role role,
       observed_by_peer_(handshake.peer.observed_addr),
       peer_listen_addrs_(handshake.peer.listen_addrs),
       peer_hello_(handshake.peer_hello),
+      peer_access_(handshake.peer_access),
       peer_limits_(handshake.peer.limits),
       options_(options),
       handlers_(std::move(handlers)),
@@ -363,6 +364,12 @@ std::shared_ptr<Connection> Connection::Start(asio::ip::tcp::socket socket, Stra
 
 std::string Connection::Describe() const {
   return "peer " + peer_.ToString() + " at " + remote_.WithoutPeerId().ToString();
+}
+
+void Connection::SendAccessToken(Bytes token) {
+  asio::dispatch(strand_, [self = shared_from_this(), token = std::move(token)]() mutable {
+    if (!self->closed_) self->EnqueueControl(FrameType::kToken, 0, std::move(token));
+  });
 }
 
 void Connection::CloseAsync(Status status) {
@@ -687,6 +694,9 @@ Status Connection::HandleRecord(ByteSpan plaintext) {
       case FrameType::kPing:
         HandlePing(h->flags, payload);
         break;
+      case FrameType::kToken:
+        st = HandleToken(payload);
+        break;
       case FrameType::kGoAway: {
         Status why = DecodeStatus(payload);
         Close(Closed(Describe() + " closed the connection: " + why.message()));
@@ -695,6 +705,18 @@ Status Connection::HandleRecord(ByteSpan plaintext) {
     }
     if (!st.ok()) return st;
   }
+  return Status::Ok();
+}
+
+Status Connection::HandleToken(ByteSpan payload) {
+  if (!options_.access || !options_.access->is_private()) return Status::Ok();  // nothing to renew
+  auto grant = options_.access->Admit(peer_, payload);
+  if (!grant.ok()) {
+    return PermissionDenied(
+        "peer " + peer_.ToString() +
+        " renewed its access with a token this swarm refuses: " + grant.status().message());
+  }
+  peer_access_ = *grant;
   return Status::Ok();
 }
 
@@ -711,6 +733,12 @@ Status Connection::HandleOpen(uint32_t id, ByteSpan payload) {
   }
   if (goaway_sent_) {
     SendReset(id, Unavailable("peer " + peer_.Short() + " is shutting down"));
+    return Status::Ok();
+  }
+  if (peer_access_ && !RoleMayCall(peer_access_->role, header.method())) {
+    SendReset(id, PermissionDenied("a peer whose access token has role '" +
+                                   std::string(AccessRoleName(peer_access_->role)) +
+                                   "' may not call '" + header.method() + "' in this swarm"));
     return Status::Ok();
   }
   // Honest callers queue at the limit we announced (see OpenStream); the slack covers streams a
@@ -1145,6 +1173,13 @@ asio::awaitable<void> Connection::TickerLoop() {
       Close(Unavailable(Describe() + " stopped responding (nothing received for " + Ms(silent) +
                         "); the peer or the network is down"));
       break;
+    }
+    if (peer_access_ && options_.access) {
+      Status still = options_.access->StillValid(*peer_access_);
+      if (!still.ok()) {
+        Close(PermissionDenied("closed the connection to " + Describe() + ": " + still.message()));
+        break;
+      }
     }
     if (silent > options_.keepalive_interval) {
       Bytes payload;

@@ -71,6 +71,10 @@ struct ConnectionOptions {
   // max_received_bytes); the host sets them. Null: no host-wide limit.
   std::shared_ptr<ByteBudget> host_reply_budget;
   std::shared_ptr<ByteBudget> host_received_budget;
+  // A private swarm's policy (the host sets it; null: a public swarm). A peer's grant is checked
+  // again on every tick (expiry, revocation), its role on every call it opens, and a TOKEN frame
+  // renews it.
+  std::shared_ptr<const AccessControl> access;
   // Queued control frames (resets, window updates, pongs) beyond which we stop reading.
   size_t max_outgoing_backlog = 4u << 20;
   std::chrono::milliseconds handshake_timeout{10'000};
@@ -110,6 +114,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Shutdown(std::string reason);
   // Closes immediately with `status` (thread-safe).
   void CloseAsync(Status status);
+  // Shows the peer our renewed access token (a TOKEN frame). Thread-safe.
+  void SendAccessToken(Bytes token);
   // Shuts down (as Shutdown(reason)) once no stream has been open for `grace`, instead of the
   // idle timeout: for a connection that a better one replaced (a relayed one after a hole
   // punch). Streams still open finish first. Thread-safe.
@@ -122,6 +128,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::string& observed_by_peer() const { return observed_by_peer_; }
   const std::vector<std::string>& peer_listen_addrs() const { return peer_listen_addrs_; }
   const HelloInfo& peer_hello() const { return peer_hello_; }
+  // Why the peer was admitted (private swarms only). Read on the strand.
+  const std::optional<AccessGrant>& peer_access() const { return peer_access_; }
   bool closed() const { return closed_flag_.load(); }
   // True once the connection is closed or shutting down (no new streams).
   bool closing() const { return closing_flag_.load(); }
@@ -153,6 +161,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::awaitable<void> WriterLoop();
   asio::awaitable<void> TickerLoop();
   Status HandleRecord(ByteSpan plaintext);
+  Status HandleToken(ByteSpan payload);
   Status HandleOpen(uint32_t id, ByteSpan payload);
   // `placed`: the payload (h.payload_length bytes) was already decrypted into the stream's
   // message buffer by the reader, so `payload` is empty.
@@ -195,6 +204,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::string observed_by_peer_;
   const std::vector<std::string> peer_listen_addrs_;
   const HelloInfo peer_hello_;
+  std::optional<AccessGrant> peer_access_;
   const PeerLimits peer_limits_;
   const ConnectionOptions options_;
   HandlerLookup handlers_;

@@ -10,7 +10,12 @@
 //    the other side at, and their receive limits. A valid signature proves possession of the key
 //    behind the PeerId; binding the transcript (which holds both fresh ephemeral keys) makes a
 //    recorded handshake useless on any other connection, and binding the role stops reflection.
-//    The dialer checks the key against the PeerId it expected.
+//    The dialer checks the key against the PeerId it expected. In a private swarm, Auth also
+//    carries the sender's access token (access_token.h).
+// 4. When either Hello says its sender checks access (a private swarm), both send a Verdict as
+//    their second encrypted record: admitted, or refused with the reason (no token, expired,
+//    another authority, another peer's token, revoked, not on the allowlist). A refused side
+//    fails with that reason; the refusing side fails too, after it has said why.
 #pragma once
 
 #include <asio/awaitable.hpp>
@@ -21,6 +26,7 @@
 #include <vector>
 
 #include "core/identity.h"
+#include "net/access_control.h"
 #include "net/crypto.h"
 #include "net/handshake_messages.h"
 #include "net/wire.h"
@@ -37,19 +43,26 @@ struct HandshakeOptions {
   uint32_t version_major = kProtocolMajor;
   uint32_t version_minor = kProtocolMinor;
   std::string agent;
+  // Who may connect (null: anyone) and the token this side shows.
+  std::shared_ptr<const AccessControl> access;
 };
 
 struct HandshakeResult {
   AuthInfo peer;
+  // Set when this side checks access: why the peer was admitted.
+  std::optional<AccessGrant> peer_access;
   HelloInfo peer_hello;
   std::unique_ptr<RecordSealer> sealer;
   std::unique_ptr<RecordOpener> opener;
 };
 
 // Runs the handshake on a connected socket. The caller bounds it with a deadline (by closing the
-// socket). Errors name what went wrong; `peer_desc` (the address) is used in messages.
+// socket). Errors name what went wrong; `peer_desc` (the address) is used in messages. A peer
+// refused (PermissionDenied) by this side's access policy sets *refused_by_us; a refusal by the
+// peer is PermissionDenied too, without it.
 asio::awaitable<Result<HandshakeResult>> RunHandshake(asio::ip::tcp::socket& socket,
                                                       const HandshakeOptions& options,
-                                                      std::string peer_desc);
+                                                      std::string peer_desc,
+                                                      bool* refused_by_us = nullptr);
 
 }  // namespace colony::net

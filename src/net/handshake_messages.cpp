@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "net/access_token.h"
 #include "net/protocol.pb.h"
 
 namespace colony::net {
@@ -23,8 +24,11 @@ std::string VersionText(uint32_t major, uint32_t minor) {
 }  // namespace
 
 Bytes EncodeHello(const Key32& ephemeral_public, uint32_t major, uint32_t minor,
-                  const std::string& agent) {
+                  const std::string& agent, bool checks_access,
+                  const std::optional<PeerId>& authority) {
   proto::Hello h;
+  h.set_checks_access(checks_access);
+  if (authority) h.set_authority(authority->public_key().data(), kPublicKeySize);
   h.set_version_major(major);
   h.set_version_minor(minor);
   h.set_ephemeral_key(ephemeral_public.data(), ephemeral_public.size());
@@ -53,6 +57,15 @@ Result<HelloInfo> DecodeHello(ByteSpan bytes, uint32_t our_major, uint32_t our_m
   info.version_minor = h.version_minor();
   std::memcpy(info.ephemeral_key.data(), h.ephemeral_key().data(), 32);
   info.agent = h.agent();
+  info.checks_access = h.checks_access();
+  if (!h.authority().empty()) {
+    if (h.authority().size() != kPublicKeySize) {
+      return ProtocolError("handshake Hello names a malformed authority key");
+    }
+    PublicKey key;
+    std::memcpy(key.data(), h.authority().data(), kPublicKeySize);
+    info.authority = PeerId::FromPublicKey(key);
+  }
   return info;
 }
 
@@ -65,8 +78,9 @@ Bytes AuthSignedBytes(Role signer, const Key32& transcript) {
 
 Bytes EncodeAuth(const KeyPair& identity, Role role, const Key32& transcript,
                  const std::string& observed_addr, const std::vector<std::string>& listen_addrs,
-                 const PeerLimits& limits) {
+                 const PeerLimits& limits, ByteSpan access_token) {
   proto::Auth a;
+  if (!access_token.empty()) a.set_access_token(access_token.data(), access_token.size());
   a.set_public_key(identity.public_key().data(), identity.public_key().size());
   Signature sig = identity.Sign(AuthSignedBytes(role, transcript));
   a.set_signature(sig.data(), sig.size());
@@ -90,6 +104,11 @@ Result<AuthInfo> DecodeAuth(ByteSpan bytes, Role sender_role, const Key32& trans
   if (a.listen_addrs_size() > 32 || a.observed_addr().size() > 256) {
     return ProtocolError("handshake Auth lists too many or too long addresses");
   }
+  if (a.access_token().size() > kMaxTokenBytes) {
+    return ProtocolError("handshake Auth carries an access token of " +
+                         std::to_string(a.access_token().size()) + " bytes (limit " +
+                         std::to_string(kMaxTokenBytes) + ")");
+  }
   PublicKey key;
   std::memcpy(key.data(), a.public_key().data(), kPublicKeySize);
   Signature sig;
@@ -110,7 +129,24 @@ Result<AuthInfo> DecodeAuth(ByteSpan bytes, Role sender_role, const Key32& trans
   info.limits.connection_window = a.connection_window();
   info.limits.max_concurrent_streams = a.max_concurrent_streams();
   info.limits.max_message_bytes = a.max_message_bytes();
+  info.access_token.assign(a.access_token().begin(), a.access_token().end());
   return info;
+}
+
+Bytes EncodeVerdict(const VerdictInfo& verdict) {
+  proto::Verdict v;
+  v.set_admitted(verdict.admitted);
+  v.set_reason(ValidUtf8Prefix(verdict.reason, kMaxVerdictReason));
+  return Serialize(v);
+}
+
+Result<VerdictInfo> DecodeVerdict(ByteSpan bytes) {
+  proto::Verdict v;
+  if (!v.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())) ||
+      v.reason().size() > kMaxVerdictReason) {
+    return ProtocolError("handshake Verdict is not a valid message");
+  }
+  return VerdictInfo{v.admitted(), v.reason()};
 }
 
 }  // namespace colony::net

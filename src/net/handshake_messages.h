@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,16 +30,21 @@ struct HelloInfo {
   uint32_t version_minor = 0;
   Key32 ephemeral_key{};
   std::string agent;
+  // A private swarm's peer: it checks who connects, and whose tokens it wants (if any).
+  bool checks_access = false;
+  std::optional<PeerId> authority;
 };
 
 // Hello protobuf bytes (without the magic and length prefix).
 Bytes EncodeHello(const Key32& ephemeral_public, uint32_t major, uint32_t minor,
-                  const std::string& agent);
+                  const std::string& agent, bool checks_access = false,
+                  const std::optional<PeerId>& authority = std::nullopt);
 // Parses and validates a Hello. FailedPrecondition when the major version differs from ours.
 Result<HelloInfo> DecodeHello(ByteSpan bytes, uint32_t our_major, uint32_t our_minor);
 
 struct AuthInfo {
   PeerId peer;
+  Bytes access_token;  // empty: none shown (at most kMaxTokenBytes)
   std::string observed_addr;
   std::vector<std::string> listen_addrs;
   PeerLimits limits;
@@ -48,9 +54,18 @@ struct AuthInfo {
 Bytes AuthSignedBytes(Role signer, const Key32& transcript);
 Bytes EncodeAuth(const KeyPair& identity, Role role, const Key32& transcript,
                  const std::string& observed_addr, const std::vector<std::string>& listen_addrs,
-                 const PeerLimits& limits);
+                 const PeerLimits& limits, ByteSpan access_token = {});
 // Parses an Auth sent by a peer playing `sender_role` and verifies its signature.
 // Unauthenticated on a bad signature; ProtocolError on malformed content.
 Result<AuthInfo> DecodeAuth(ByteSpan bytes, Role sender_role, const Key32& transcript);
+
+// Private swarms: whether a side admits the other, and why not.
+struct VerdictInfo {
+  bool admitted = false;
+  std::string reason;  // at most kMaxVerdictReason bytes
+};
+inline constexpr size_t kMaxVerdictReason = 512;
+Bytes EncodeVerdict(const VerdictInfo& verdict);
+Result<VerdictInfo> DecodeVerdict(ByteSpan bytes);
 
 }  // namespace colony::net

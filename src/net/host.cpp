@@ -101,6 +101,7 @@ Host::Host(KeyPair identity, HostOptions options)
   options_.connection.host_reply_budget = std::make_shared<ByteBudget>(options_.max_reply_bytes);
   options_.connection.host_received_budget =
       std::make_shared<ByteBudget>(options_.max_received_bytes);
+  options_.connection.access = options_.access;
   RegisterUnary(kDialbackMethod, [this](CallContext& ctx, Message request) {
     return ServeDialback(ctx, std::move(request));
   });
@@ -270,7 +271,31 @@ HandshakeOptions Host::MakeHandshakeOptions(Role role, std::optional<PeerId> exp
   h.limits = options_.connection.limits;
   h.version_major = options_.protocol_major;
   h.agent = options_.agent;
+  h.access = options_.access;
   return h;
+}
+
+Status Host::SetAccessToken(Bytes token) {
+  if (!options_.access) {
+    return FailedPrecondition("this host is not in a private swarm (no HostOptions::access)");
+  }
+  COLONY_RETURN_IF_ERROR(options_.access->SetOwnToken(peer_id(), token));
+  std::vector<std::shared_ptr<Connection>> open;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [peer, lanes] : pool_) {
+      for (const auto& c : lanes) {
+        if (c && !c->closed()) open.push_back(c);
+      }
+    }
+  }
+  for (const auto& c : open) c->SendAccessToken(token);
+  return Status::Ok();
+}
+
+Host::AccessRefusals Host::access_refusals() const {
+  std::lock_guard lock(mu_);
+  return refusals_;
 }
 
 void Host::AddConnection(const std::shared_ptr<Connection>& conn, size_t lane) {
@@ -403,11 +428,25 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
   });
   const HandshakeOptions options = MakeHandshakeOptions(Role::kResponder, std::nullopt, observed);
   const std::string desc = "incoming connection from " + remote.ToString();
-  auto hs = co_await RunHandshake(socket, options, desc);
+  bool refused = false;
+  auto hs = co_await RunHandshake(socket, options, desc, &refused);
   *finished = true;
   timer.cancel();
   if (!hs.ok()) {
-    COLONY_LOG_DEBUG("handshake failed: {}", hs.status().ToString());
+    if (refused) {
+      uint64_t n = 0;
+      {
+        std::lock_guard lock(mu_);
+        n = ++refusals_.count;
+        refusals_.last = hs.status().message();
+      }
+      // A swarm's outsiders may knock often: log the first ones, then every 1000th.
+      if (n <= 10 || n % 1000 == 0) {
+        COLONY_LOG_WARN("private swarm: {} (refusal {})", hs.status().message(), n);
+      }
+    } else {
+      COLONY_LOG_DEBUG("handshake failed: {}", hs.status().ToString());
+    }
     std::error_code ignored;
     socket.close(ignored);
     std::lock_guard lock(mu_);

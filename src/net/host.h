@@ -62,6 +62,9 @@ struct HostOptions {
   // the relay); and take part when a peer we reached through a relay asks. When it fails, the
   // relayed connection simply stays. See docs/nat.md.
   bool hole_punching = true;
+  // A private swarm (access_control.h): who may connect, and the token this host shows. Null:
+  // anyone may connect. Every connection, in both directions, is checked at the handshake.
+  std::shared_ptr<AccessControl> access;
   // For tests of version negotiation only: advertise this major version instead of ours.
   uint32_t protocol_major = kProtocolMajor;
 };
@@ -113,6 +116,16 @@ class Host {
   };
   // What the host-wide budgets (HostOptions::max_reply_bytes, max_received_bytes) hold.
   MemoryUsage memory_usage() const;
+  // Private swarms: shows `token` (validated as AccessControl::SetOwnToken does) to every peer
+  // from now on, on the connections already open as well (a TOKEN frame), so renewing a token
+  // before it expires fails no call. FailedPrecondition without HostOptions::access.
+  Status SetAccessToken(Bytes token);
+  const std::shared_ptr<AccessControl>& access() const { return options_.access; }
+  struct AccessRefusals {
+    uint64_t count = 0;  // incoming handshakes this host refused
+    std::string last;    // the last one's reason
+  };
+  AccessRefusals access_refusals() const;
   // Our address as peers have reported seeing it: at most kMaxObservedAddresses, those that
   // more peers reported first (observed_addresses.h).
   std::vector<std::string> ObservedAddresses() const;
@@ -205,6 +218,7 @@ class Host {
   mutable std::mutex mu_;
   // Open connections per peer; index = lane. Null entries are free lanes.
   std::unordered_map<PeerId, std::vector<std::shared_ptr<Connection>>> pool_;
+  AccessRefusals refusals_;
   std::unordered_map<std::string, StreamHandler> handlers_;
   // Dials in progress, so that concurrent calls to one peer share one connection. Touched only
   // on dial_strand_.

@@ -10,7 +10,7 @@ namespace {
 
 constexpr uint64_t kMaxFramePayload = kMaxRecordPlaintext;
 
-bool KnownFrameType(uint8_t t) { return t >= 1 && t <= 8; }
+bool KnownFrameType(uint8_t t) { return t >= 1 && t <= 9; }
 
 Status Malformed(const std::string& what) { return ProtocolError("malformed frame: " + what); }
 
@@ -96,6 +96,10 @@ Result<FrameHeader> DecodeFrameHeader(ByteReader& in) {
       break;
     case FrameType::kGoAway:
       if (flags != 0) return Malformed("GOAWAY carries no flags");
+      break;
+    case FrameType::kToken:
+      if (flags != 0 || stream_id != 0) return Malformed("TOKEN carries no flags and no stream");
+      if (length > kMaxTokenFrame) return Malformed("TOKEN payload too long");
       break;
     default:
       if (flags != 0) return Malformed("unexpected flags on frame type " + std::to_string(type));

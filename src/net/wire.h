@@ -46,7 +46,9 @@ enum class FrameType : uint8_t {
   kWindow = 6,      // payload: varint credit in bytes, for stream_id (0 = the whole connection)
   kPing = 7,        // payload: 8 opaque bytes; kFlagAck marks the answer
   kGoAway = 8,      // payload: CallStatus. The sender is closing the connection.
+  kToken = 9,       // payload: the sender's renewed access token (private swarms, access_token.h)
 };
+inline constexpr size_t kMaxTokenFrame = 1024;
 inline constexpr uint8_t kFlagBegin = 0x1;  // DATA: first chunk of a message
 inline constexpr uint8_t kFlagAck = 0x1;    // PING: this is the answer
 
