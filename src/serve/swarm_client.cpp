@@ -10,7 +10,8 @@ std::string DefaultModelName(const std::filesystem::path& model_dir) {
   return p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
 }
 
-Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& options) {
+Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& options,
+                                                    KeyPair identity) {
   if (options.initial_peers.empty()) {
     return InvalidArgument(
         "give the initial peers: the address of any peer of the swarm (a server prints its "
@@ -25,9 +26,10 @@ Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& op
   dht::NodeOptions node_options;
   node_options.initial_peers = options.initial_peers;
   node_options.dht.client_mode = true;
+  node_options.host.access = options.access;
   node_options.validators = {
       std::make_shared<dht::KeyFamilyValidator>(std::vector{ServerRecordFamily()})};
-  COLONY_ASSIGN_OR_RETURN(c->node, dht::Node::Start(KeyPair::Generate(), node_options));
+  COLONY_ASSIGN_OR_RETURN(c->node, dht::Node::Start(std::move(identity), node_options));
   const std::string name =
       options.model_name.empty() ? DefaultModelName(options.model_dir) : options.model_name;
   c->manager = std::make_shared<SequenceManager>(

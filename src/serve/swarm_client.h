@@ -25,6 +25,8 @@ struct SwarmClientOptions {
   std::filesystem::path model_dir;
   std::string model_name = {};  // in the DHT; default: DefaultModelName(model_dir)
   std::vector<std::string> initial_peers = {};
+  // A private swarm's policy with this client's token (net/access_control.h); null: public.
+  std::shared_ptr<net::AccessControl> access = nullptr;
 };
 
 struct SwarmClient {
@@ -37,6 +39,8 @@ struct SwarmClient {
 // The name servers and clients of a model directory share by default: the directory's name.
 std::string DefaultModelName(const std::filesystem::path& model_dir);
 
-Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& options);
+// `identity`: the client's key (the one its access token names, in a private swarm).
+Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& options,
+                                                    KeyPair identity = KeyPair::Generate());
 
 }  // namespace colony::serve

@@ -17,6 +17,7 @@
 #include "averaging/averager.h"
 #include "core/multiaddr.h"
 #include "dht/node.h"
+#include "tools/access_options.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
 
@@ -25,6 +26,8 @@ namespace {
 
 struct AverageArgs {
   std::vector<std::string> initial_peers;
+  std::string identity;
+  AccessArgs access;
   std::string listen = "/ip4/127.0.0.1/tcp/0";
   std::string prefix = "colony.avg";
   uint64_t values = 1 << 20;
@@ -75,8 +78,13 @@ int Run(const AverageArgs& a) {
   auto fault = averaging::ParseFault(a.fault);
   if (!fault.ok()) return Fail(fault.status());
 
+  auto identity = a.identity.empty() ? KeyPair::Generate() : KeyPair::Load(a.identity);
+  if (!identity.ok()) return Fail(identity.status());
+  auto access = MakeSwarmAccess(a.access, identity->peer_id());
+  if (!access.ok()) return Fail(access.status());
   dht::NodeOptions node_options;
   node_options.validators = {SwarmRecordRules()};
+  node_options.host.access = access->control;
   node_options.initial_peers = a.initial_peers;
   node_options.relays = a.relays;
   node_options.host.hole_punching = !a.no_hole_punching;
@@ -94,8 +102,10 @@ int Run(const AverageArgs& a) {
     if (!listen.ok()) return Fail(listen.status());
     node_options.listen = {*listen};
   }
-  auto node = dht::Node::Start(KeyPair::Generate(), std::move(node_options));
+  auto node = dht::Node::Start(std::move(*identity), std::move(node_options));
   if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
+  SwarmAccess swarm_access = std::move(*access);  // stops before the node goes
+  swarm_access.Attach(**node);
 
   // Synthetic data: value i of the flattened tensors is SyntheticValues(seed)[i], unless this
   // peer is told to misbehave.
@@ -231,6 +241,8 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
   cmd->add_option("--initial-peers", a->initial_peers, "multiaddr of a DHT peer (repeatable)")
       ->check(MultiaddrCheck())
       ->required();
+  cmd->add_option("--identity", a->identity, "identity file (default: a new random identity)");
+  AddAccessOptions(cmd, a->access);
   cmd->add_option("--listen", a->listen, "address to listen on")
       ->check(MultiaddrCheck())
       ->capture_default_str();

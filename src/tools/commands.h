@@ -13,6 +13,7 @@ namespace colony::cli {
 
 using Command = std::function<int()>;
 
+void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddIdentityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);

@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/multiaddr.h"
 #include "dht/node.h"
+#include "tools/access_options.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
 
@@ -17,6 +18,7 @@ struct CommonArgs {
   std::vector<std::string> initial_peers;
   std::string identity;
   double timeout = 5;
+  AccessArgs access;
 };
 
 void AddCommon(CLI::App* cmd, CommonArgs& a, bool peers_required) {
@@ -28,6 +30,7 @@ void AddCommon(CLI::App* cmd, CommonArgs& a, bool peers_required) {
   cmd->add_option("--request-timeout", a.timeout, "seconds to wait for each DHT request")
       ->check(CLI::Range(0.01, 600.0))
       ->capture_default_str();
+  AddAccessOptions(cmd, a.access);
 }
 
 Result<KeyPair> Identity(const std::string& path) {
@@ -43,11 +46,13 @@ Status CheckAddrs(const std::vector<std::string>& addrs) {
   return Status::Ok();
 }
 
-// A short-lived client-mode node for one store or get.
+// A short-lived client-mode node for one store or get (its token lives longer than it does).
 Result<std::unique_ptr<dht::Node>> ClientNode(const CommonArgs& a) {
   COLONY_RETURN_IF_ERROR(CheckAddrs(a.initial_peers));
   COLONY_ASSIGN_OR_RETURN(KeyPair identity, Identity(a.identity));
+  COLONY_ASSIGN_OR_RETURN(SwarmAccess access, MakeSwarmAccess(a.access, identity.peer_id()));
   dht::NodeOptions options;
+  options.host.access = access.control;
   options.validators = {SwarmRecordRules()};
   options.initial_peers = a.initial_peers;
   options.dht.client_mode = true;
@@ -154,9 +159,13 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
   commands.emplace_back(dht, [va]() -> int {
     if (Status st = CheckAddrs(va->common.initial_peers); !st.ok()) return Fail(st);
     if (Status st = CheckAddrs(va->relays); !st.ok()) return Fail(st);
+    auto identity = Identity(va->common.identity);
+    if (!identity.ok()) return Fail(identity.status());
+    auto access = MakeSwarmAccess(va->common.access, identity->peer_id());
+    if (!access.ok()) return Fail(access.status());
     dht::NodeOptions options;
     options.validators = {SwarmRecordRules()};
-    options.validators = {SwarmRecordRules()};
+    options.host.access = access->control;
     options.relays = va->relays;
     options.host.hole_punching = !va->no_hole_punching;
     if (!va->relays.empty()) va->client_mode = true;
@@ -177,12 +186,12 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     options.initial_peers = va->common.initial_peers;
     options.dht.request_timeout =
         std::chrono::duration_cast<Duration>(std::chrono::duration<double>(va->common.timeout));
-    auto identity = Identity(va->common.identity);
-    if (!identity.ok()) return Fail(identity.status());
 
     BlockTerminationSignals();
     auto node = dht::Node::Start(std::move(*identity), std::move(options));
     if (!node.ok()) return Fail(node.status());
+    SwarmAccess swarm_access = std::move(*access);  // stops before the node goes
+    swarm_access.Attach(**node);
     for (const auto& a : (*node)->VisibleAddresses()) std::printf("%s\n", a.ToString().c_str());
     std::fflush(stdout);
     if ((*node)->relay() != nullptr) {
@@ -196,6 +205,7 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
                     (*node)->RoutingTableSize());
     std::string sig = WaitForTerminationSignal();
     COLONY_LOG_INFO("received {}, shutting down", sig);
+    swarm_access.Stop();
     (*node)->Shutdown();
     return 0;
   });

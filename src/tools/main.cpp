@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   AddServeCommands(app, commands);
 #else
   AddIdentityCommands(app, commands);
+  AddAuthorityCommands(app, commands);
   AddPeerCommands(app, commands);
   AddDhtCommands(app, commands);
   AddAverageCommand(app, commands);

@@ -20,6 +20,7 @@
 #include "serve/server.h"
 #include "serve/swarm_client.h"
 #include "serve/tuning.h"
+#include "tools/access_options.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
 
@@ -34,6 +35,7 @@ struct SwarmArgs {
   std::string model_name;
   std::vector<std::string> initial_peers;
   int threads = 0;
+  AccessArgs access;
 };
 
 void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a) {
@@ -47,20 +49,36 @@ void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a) {
                   "multiaddr of a peer in the swarm (repeatable)")
       ->check(MultiaddrCheck());
   cmd->add_option("--threads", a.threads, "LibTorch threads (0: default)");
+  AddAccessOptions(cmd, a.access);
 }
 
 std::string ModelName(const SwarmArgs& a) {
   return a.model_name.empty() ? serve::DefaultModelName(a.model) : a.model_name;
 }
 
-Result<std::unique_ptr<serve::SwarmClient>> StartClient(const SwarmArgs& a) {
+// A client of the swarm, with its private-swarm access kept fresh (stopped before the client).
+struct StartedClient {
+  std::unique_ptr<serve::SwarmClient> client;
+  SwarmAccess access;
+};
+
+Result<StartedClient> StartClient(const SwarmArgs& a) {
   if (a.initial_peers.empty()) {
     return InvalidArgument(
         "give --initial-peers: the address of any peer of the swarm (a server prints its address "
         "when it starts)");
   }
-  return serve::ConnectToSwarm(
-      {.model_dir = a.model, .model_name = a.model_name, .initial_peers = a.initial_peers});
+  KeyPair identity = KeyPair::Generate();
+  COLONY_ASSIGN_OR_RETURN(SwarmAccess access, MakeSwarmAccess(a.access, identity.peer_id()));
+  StartedClient started;
+  COLONY_ASSIGN_OR_RETURN(started.client, serve::ConnectToSwarm({.model_dir = a.model,
+                                                                 .model_name = a.model_name,
+                                                                 .initial_peers = a.initial_peers,
+                                                                 .access = access.control},
+                                                                std::move(identity)));
+  started.access = std::move(access);
+  started.access.Attach(*started.client->node);
+  return started;
 }
 
 Result<std::vector<int64_t>> ParseTokens(const std::string& text) {
@@ -124,8 +142,12 @@ int RunServe(const ServeArgs& a) {
   if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
 
   BlockTerminationSignals();
+  KeyPair identity = KeyPair::Generate();
+  auto access = MakeSwarmAccess(a.swarm.access, identity.peer_id());
+  if (!access.ok()) return Fail(access.status());
   dht::NodeOptions node_options;
   node_options.validators = {SwarmRecordRules()};
+  node_options.host.access = access->control;
   node_options.initial_peers = a.swarm.initial_peers;
   node_options.relays = a.relays;
   if (a.relays.empty()) {
@@ -133,8 +155,10 @@ int RunServe(const ServeArgs& a) {
     if (!listen.ok()) return Fail(listen.status());
     node_options.listen = {*listen};
   }
-  auto node = dht::Node::Start(KeyPair::Generate(), node_options);
+  auto node = dht::Node::Start(std::move(identity), node_options);
   if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
+  SwarmAccess swarm_access = std::move(*access);  // stops before the node goes
+  swarm_access.Attach(**node);
   auto server = serve::BlockServer::Start(**node, o);
   if (!server.ok()) return Fail(server.status().WithContext("starting the server"));
   auto stats = (*server)->Stats();
@@ -149,6 +173,7 @@ int RunServe(const ServeArgs& a) {
   std::string sig = WaitForTerminationSignal();
   COLONY_LOG_INFO("received {}, announcing offline and shutting down", sig);
   (*server)->Shutdown();
+  swarm_access.Stop();
   (*node)->Shutdown();
   return 0;
 }
@@ -175,7 +200,7 @@ int RunGenerate(const GenerateArgs& a) {
   if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
   auto started = StartClient(a.swarm);
   if (!started.ok()) return Fail(started.status());
-  serve::SwarmClient* client = started->get();
+  serve::SwarmClient* client = started->client.get();
   const auto& config = client->head->config();
   std::vector<int64_t> prompt;
   if (!a.tokens.empty()) {
@@ -283,6 +308,7 @@ int RunGenerate(const GenerateArgs& a) {
                  static_cast<long long>(stats.failovers));
   }
   session->Close();
+  started->access.Stop();
   client->node->Shutdown();
   return 0;
 }
@@ -308,7 +334,7 @@ int RunFinetune(const FinetuneArgs& a) {
   at::manual_seed(a.seed);
   auto client = StartClient(a.swarm);
   if (!client.ok()) return Fail(client.status());
-  const auto& c = **client;
+  const auto& c = *client->client;
   auto data = serve::FineTuneSequences(c.tokenizer ? &*c.tokenizer : nullptr,
                                        c.head->config().vocab_size, a.data);
   if (!data.ok()) return Fail(data.status().WithContext("--data"));
@@ -345,6 +371,7 @@ int RunFinetune(const FinetuneArgs& a) {
             {"method", serve::MethodName(o.method)}};
   std::printf("%s\n", Dump(j).c_str());
   std::fprintf(stderr, "loss %.4f -> %.4f\n", r->initial_loss, r->final_loss);
+  client->access.Stop();
   c.node->Shutdown();
   return 0;
 }

@@ -1,0 +1,55 @@
+// The options that make a command a peer of a private swarm (--authority, --access-token,
+// --access-token-command, --allowlist, ...), and what they set up: the access policy every
+// connection is checked against, this peer's first token, its renewal, and the revocations read
+// from the DHT. See docs/private-swarms.md.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "core/identity.h"
+#include "dht/node.h"
+#include "dht/revocations.h"
+#include "net/access_control.h"
+#include "net/token_source.h"
+
+namespace colony::cli {
+
+struct AccessArgs {
+  std::string authority;  // the authority's id (as `colony authority init` prints it)
+  std::string token_file;
+  std::string token_command;
+  std::string allowlist;
+  double clock_skew = 60;
+  double revocation_interval = 30;
+};
+
+void AddAccessOptions(CLI::App* cmd, AccessArgs& args);
+
+// A private swarm's policy for a peer with identity `self`; empty (a public swarm) when no access
+// option was given. Errors name the option that is wrong.
+struct SwarmAccess {
+  std::shared_ptr<net::AccessControl> control;  // null: public
+  std::optional<net::TokenSource> source;
+  double revocation_interval = 30;
+  std::unique_ptr<net::TokenRefresher> refresher;
+  std::unique_ptr<dht::RevocationWatcher> watcher;
+
+  // Keeps the node's token fresh and reads revocations (a no-op for a public swarm) until
+  // Stop() or destruction, which must come before the node goes: declare the attached
+  // SwarmAccess after the node.
+  void Attach(dht::Node& node);
+  void Stop();
+  SwarmAccess() = default;
+  SwarmAccess(SwarmAccess&&) = default;
+  SwarmAccess& operator=(SwarmAccess&&) = default;
+  ~SwarmAccess() { Stop(); }
+};
+
+Result<SwarmAccess> MakeSwarmAccess(const AccessArgs& args, const PeerId& self);
+
+// Parses "90", "90s", "30m", "24h", "7d" into seconds.
+Result<double> ParseDuration(const std::string& text);
+
+}  // namespace colony::cli

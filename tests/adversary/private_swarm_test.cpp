@@ -1,0 +1,165 @@
+// A private swarm run with the stock CLI, as its users would: `colony authority` creates the
+// authority and issues tokens, a `colony dht` node admits only their holders. Outsiders (no
+// token, another authority's token, a token for another peer, a revoked token) cannot store or
+// get a record or join an averaging group, and each is told why; members can.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/subprocess.h"
+#include "test_support.h"
+
+namespace colony {
+namespace {
+
+using namespace std::chrono_literals;
+using test::ColonyBinary;
+using test::RunCli;
+
+class PrivateSwarmCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        std::filesystem::temp_directory_path() / ("colony_private_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    auto init = RunCli({"authority", "init", "--out", Path("authority.key")});
+    ASSERT_EQ(init.code, 0) << init.err;
+    authority_ = init.out.substr(0, init.out.find('\n'));
+    auto other = RunCli({"authority", "init", "--out", Path("other.key")});
+    ASSERT_EQ(other.code, 0) << other.err;
+
+    ASSERT_EQ(RunCli({"identity", "new", "--out", Path("boot.key")}).code, 0);
+    ASSERT_TRUE(IssueTo("boot", Path("authority.key"), Path("boot.token")));
+    auto boot = Subprocess::Spawn(
+        {ColonyBinary(), "--log-level", "warn", "dht", "--listen", "/ip4/127.0.0.1/tcp/0",
+         "--identity", Path("boot.key"), "--authority", authority_, "--access-token",
+         Path("boot.token"), "--revocation-interval", "0.2"},
+        Path("boot.err"));
+    ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+    boot_.emplace(std::move(*boot));
+    auto line = boot_->ReadLine(20s);
+    ASSERT_TRUE(line.ok()) << line.status().ToString();
+    boot_addr_ = *line;
+  }
+  void TearDown() override {
+    if (boot_) {
+      boot_->Signal(SIGTERM);
+      (void)boot_->Wait(10s);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Writes a token for the identity `name`.key (made if missing), signed by `authority_key`.
+  bool IssueTo(const std::string& name, const std::string& authority_key,
+               const std::string& token_path, const std::string& ttl = "1h") {
+    if (!std::filesystem::exists(Path(name + ".key")) &&
+        RunCli({"identity", "new", "--out", Path(name + ".key")}).code != 0) {
+      return false;
+    }
+    auto id = RunCli({"identity", "show", Path(name + ".key")});
+    if (id.code != 0) return false;
+    auto token = RunCli({"authority", "issue", "--authority", authority_key, "--peer",
+                         id.out.substr(0, id.out.find('\n')), "--name", name, "--ttl", ttl});
+    if (token.code != 0) return false;
+    std::ofstream(token_path) << token.out;
+    return true;
+  }
+
+  test::CliResult Get(std::vector<std::string> extra) {
+    std::vector<std::string> args = {"dht", "get", "k", "--latest", "--initial-peers", boot_addr_};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunCli(args);
+  }
+
+  std::filesystem::path dir_;
+  std::string authority_;
+  std::optional<Subprocess> boot_;
+  std::string boot_addr_;
+};
+
+TEST_F(PrivateSwarmCli, MembersStoreAndGetOutsidersAreRefusedWithTheReason) {
+  // A member whose token comes from a command (it learns its peer id from COLONY_PEER_ID).
+  const std::string issue_cmd = ColonyBinary() + " authority issue --authority " +
+                                Path("authority.key") + " --peer $COLONY_PEER_ID --ttl 10m";
+  auto stored = RunCli({"dht", "store", "k", "members-only", "--initial-peers", boot_addr_,
+                        "--authority", authority_, "--access-token-command", issue_cmd});
+  ASSERT_EQ(stored.code, 0) << stored.err;
+
+  ASSERT_TRUE(IssueTo("alice", Path("authority.key"), Path("alice.token")));
+  auto got = Get({"--identity", Path("alice.key"), "--authority", authority_, "--access-token",
+                  Path("alice.token")});
+  ASSERT_EQ(got.code, 0) << got.err;
+  EXPECT_EQ(nlohmann::json::parse(got.out)["value"], "members-only");
+
+  // No token at all.
+  auto bare = RunCli({"dht", "store", "k", "junk", "--initial-peers", boot_addr_});
+  EXPECT_EQ(bare.code, 1);
+  EXPECT_NE(bare.err.find("refused this peer: it shows no access token"), std::string::npos)
+      << bare.err;
+  EXPECT_NE(bare.err.find(authority_), std::string::npos) << bare.err;
+  EXPECT_EQ(Get({}).code, 1);
+
+  // A token of another authority.
+  ASSERT_TRUE(IssueTo("mallory", Path("other.key"), Path("mallory.token")));
+  auto other_id = RunCli({"identity", "show", Path("other.key")});
+  auto foreign = Get({"--identity", Path("mallory.key"), "--authority",
+                      other_id.out.substr(0, other_id.out.find('\n')), "--access-token",
+                      Path("mallory.token")});
+  EXPECT_EQ(foreign.code, 1);
+  EXPECT_NE(foreign.err.find("another authority"), std::string::npos) << foreign.err;
+
+  // Alice's token on another identity: refused before it leaves this machine.
+  auto stolen = Get({"--authority", authority_, "--access-token", Path("alice.token")});
+  EXPECT_EQ(stolen.code, 1);
+  EXPECT_NE(stolen.err.find("is for peer"), std::string::npos) << stolen.err;
+
+  // An outsider cannot join an averaging group: it cannot reach any peer of the swarm.
+  auto avg = RunCli({"average", "--initial-peers", boot_addr_, "--values", "1000", "--rounds", "1",
+                     "--timeout", "5"});
+  EXPECT_NE(avg.code, 0);
+  EXPECT_NE(avg.err.find("refused this peer"), std::string::npos) << avg.err;
+
+  // The node logged every refusal, and the record is the member's.
+  const std::string log = test::ReadFile(Path("boot.err"));
+  EXPECT_NE(log.find("refused incoming connection"), std::string::npos) << log;
+  got = Get({"--identity", Path("alice.key"), "--authority", authority_, "--access-token",
+             Path("alice.token")});
+  ASSERT_EQ(got.code, 0) << got.err;
+  EXPECT_EQ(nlohmann::json::parse(got.out)["value"], "members-only");
+}
+
+TEST_F(PrivateSwarmCli, ARevokedTokenIsRefusedOnceTheRevocationIsPublished) {
+  ASSERT_TRUE(IssueTo("bob", Path("authority.key"), Path("bob.token")));
+  const std::vector<std::string> as_bob = {"--identity", Path("bob.key"),  "--authority",
+                                           authority_,   "--access-token", Path("bob.token")};
+  auto before = RunCli({"dht", "store", "k", "bob-was-here", "--initial-peers", boot_addr_,
+                        as_bob[0], as_bob[1], as_bob[2], as_bob[3], as_bob[4], as_bob[5]});
+  ASSERT_EQ(before.code, 0) << before.err;
+
+  auto revoked = RunCli({"authority", "revoke", "--authority", Path("authority.key"),
+                         "--token-file", Path("bob.token"), "--initial-peers", boot_addr_});
+  ASSERT_EQ(revoked.code, 0) << revoked.err;
+  EXPECT_EQ(nlohmann::json::parse(revoked.out)["name"], "bob");
+  // Another authority cannot revoke it (and could not sign entries under this authority's key).
+  auto forged = RunCli({"authority", "revoke", "--authority", Path("other.key"), "--token-file",
+                        Path("bob.token"), "--initial-peers", boot_addr_});
+  EXPECT_EQ(forged.code, 1);
+
+  // The node reads revocations every 0.2 s; Bob is refused once it has.
+  test::CliResult after;
+  ASSERT_TRUE(test::WaitUntil(
+      [&] {
+        after = Get(as_bob);
+        return after.code == 1;
+      },
+      20s))
+      << after.out << after.err;
+  EXPECT_NE(after.err.find("revoked by the authority"), std::string::npos) << after.err;
+}
+
+}  // namespace
+}  // namespace colony
