@@ -46,28 +46,18 @@ Result<size_t> FetchRevocations(Node& node, net::AccessControl& access) {
 
 RevocationWatcher::RevocationWatcher(Node& node, std::shared_ptr<net::AccessControl> access,
                                      std::chrono::milliseconds interval)
-    : node_(node), access_(std::move(access)), interval_(interval), thread_([this] { Run(); }) {}
+    : node_(node),
+      access_(std::move(access)),
+      worker_(
+          interval, [this] { Check(); }, Periodic::Start::kNow) {}
 
-RevocationWatcher::~RevocationWatcher() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
-void RevocationWatcher::Run() {
-  for (;;) {
-    auto added = FetchRevocations(node_, *access_);
-    if (!added.ok()) {
-      COLONY_LOG_DEBUG("private swarm: could not read the revocations: {}",
-                       added.status().ToString());
-    } else if (*added > 0) {
-      COLONY_LOG_INFO("private swarm: {} access token(s) newly revoked", *added);
-    }
-    std::unique_lock lock(mu_);
-    if (cv_.wait_for(lock, interval_, [this] { return stop_; })) return;
+void RevocationWatcher::Check() {
+  auto added = FetchRevocations(node_, *access_);
+  if (!added.ok()) {
+    COLONY_LOG_DEBUG("private swarm: could not read the revocations: {}",
+                     added.status().ToString());
+  } else if (*added > 0) {
+    COLONY_LOG_INFO("private swarm: {} access token(s) newly revoked", *added);
   }
 }
 

@@ -8,12 +8,10 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
+#include "core/periodic.h"
 #include "dht/node.h"
 #include "net/access_control.h"
 
@@ -33,20 +31,13 @@ class RevocationWatcher {
  public:
   RevocationWatcher(Node& node, std::shared_ptr<net::AccessControl> access,
                     std::chrono::milliseconds interval);
-  ~RevocationWatcher();
-  RevocationWatcher(const RevocationWatcher&) = delete;
-  RevocationWatcher& operator=(const RevocationWatcher&) = delete;
 
  private:
-  void Run();
+  void Check();
 
   Node& node_;
   std::shared_ptr<net::AccessControl> access_;
-  std::chrono::milliseconds interval_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
+  Periodic worker_;  // last: it stops before the members it uses go
 };
 
 }  // namespace colony::dht

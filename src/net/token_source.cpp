@@ -3,10 +3,8 @@
 
 #include <sys/stat.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "core/clock.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "core/subprocess.h"
 
@@ -22,16 +20,15 @@ int64_t ModifiedAt(const std::string& path) {
 
 }  // namespace
 
+Result<Bytes> ReadAccessTokenFile(const std::string& path) {
+  COLONY_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, 4 * kMaxTokenBytes));
+  auto token = ParseAccessTokenText(text);
+  if (!token.ok()) return token.status().WithContext(path);
+  return token;
+}
+
 Result<Bytes> FetchAccessToken(const TokenSource& source, const PeerId& self) {
-  if (!source.file.empty()) {
-    std::ifstream in(source.file);
-    if (!in) return NotFound("cannot read the access token file " + source.file);
-    std::stringstream text;
-    text << in.rdbuf();
-    auto token = ParseAccessTokenText(text.str());
-    if (!token.ok()) return token.status().WithContext(source.file);
-    return token;
-  }
+  if (!source.file.empty()) return ReadAccessTokenFile(source.file);
   if (source.command.empty()) return InvalidArgument("no access token file or command given");
   COLONY_ASSIGN_OR_RETURN(Subprocess child,
                           Subprocess::Spawn({"/usr/bin/env", "COLONY_PEER_ID=" + self.ToString(),
@@ -52,62 +49,43 @@ Result<Bytes> FetchAccessToken(const TokenSource& source, const PeerId& self) {
 }
 
 TokenRefresher::TokenRefresher(Host& host, TokenSource source)
-    : host_(host), source_(std::move(source)), thread_([this] { Run(); }) {}
+    : host_(host),
+      source_(std::move(source)),
+      file_seen_(source_.file.empty() ? 0 : ModifiedAt(source_.file)),
+      worker_(
+          source_.poll, [this] { Check(); }, Periodic::Start::kAfterInterval) {}
 
-TokenRefresher::~TokenRefresher() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
-uint64_t TokenRefresher::renewals() const {
-  std::lock_guard lock(mu_);
-  return renewals_;
-}
-
-void TokenRefresher::Run() {
+void TokenRefresher::Check() {
   const auto& access = host_.access();
-  int64_t file_seen = source_.file.empty() ? 0 : ModifiedAt(source_.file);
-  for (;;) {
-    {
-      std::unique_lock lock(mu_);
-      if (cv_.wait_for(lock, source_.poll, [this] { return stop_; })) return;
-    }
-    const auto current = access ? access->own_token_info() : std::nullopt;
-    const double now = SystemClock::Instance().WallSeconds();
-    bool due = !current;
-    if (current) {
-      const double lifetime = current->expires_at - current->issued_at;
-      due = current->expires_at - now < lifetime / 3;
-    }
-    if (!source_.file.empty()) {
-      const int64_t modified = ModifiedAt(source_.file);
-      due = due || (modified != 0 && modified != file_seen);
-      file_seen = modified;
-    }
-    if (!due) continue;
-    auto token = FetchAccessToken(source_, host_.peer_id());
-    if (token.ok() && access && access->own_token() == *token) {
-      if (current && current->expires_at - now < 3 * source_.poll.count() / 1000.0) {
-        COLONY_LOG_WARN(
-            "private swarm: this peer's access token expires in {:.0f} s and {} "
-            "still holds the same one",
-            current->expires_at - now, source_.file);
-      }
-      continue;
-    }
-    Status set = token.ok() ? host_.SetAccessToken(std::move(*token)) : token.status();
-    if (!set.ok()) {
-      COLONY_LOG_WARN("private swarm: could not renew this peer's access token: {}",
-                      set.ToString());
-      continue;
-    }
-    std::lock_guard lock(mu_);
-    ++renewals_;
+  const auto current = access ? access->own_token_info() : std::nullopt;
+  const double now = SystemClock::Instance().WallSeconds();
+  bool due = !current;
+  if (current) {
+    const double lifetime = current->expires_at - current->issued_at;
+    due = current->expires_at - now < lifetime / 3;
   }
+  if (!source_.file.empty()) {
+    const int64_t modified = ModifiedAt(source_.file);
+    due = due || (modified != 0 && modified != file_seen_);
+    file_seen_ = modified;
+  }
+  if (!due) return;
+  auto token = FetchAccessToken(source_, host_.peer_id());
+  if (token.ok() && access && access->own_token() == *token) {
+    if (current && current->expires_at - now < 3 * source_.poll.count() / 1000.0) {
+      COLONY_LOG_WARN(
+          "private swarm: this peer's access token expires in {:.0f} s and its source still "
+          "gives the same one",
+          current->expires_at - now);
+    }
+    return;
+  }
+  Status set = token.ok() ? host_.SetAccessToken(std::move(*token)) : token.status();
+  if (!set.ok()) {
+    COLONY_LOG_WARN("private swarm: could not renew this peer's access token: {}", set.ToString());
+    return;
+  }
+  ++renewals_;
 }
 
 }  // namespace colony::net

@@ -9,14 +9,13 @@
 // poll interval and logged; the old token stays in use until it expires.
 #pragma once
 
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include "core/identity.h"
+#include "core/periodic.h"
 #include "net/host.h"
 
 namespace colony::net {
@@ -28,6 +27,8 @@ struct TokenSource {
   std::chrono::milliseconds command_timeout{30'000};
 };
 
+// Reads a token file (its text form, at most a few KiB).
+Result<Bytes> ReadAccessTokenFile(const std::string& path);
 // Fetches a token from `source` for `self` (the text form, checked only for being text).
 Result<Bytes> FetchAccessToken(const TokenSource& source, const PeerId& self);
 
@@ -36,22 +37,19 @@ class TokenRefresher {
   // Keeps `host`'s token fresh from `source` until destroyed. The host's first token must be set
   // already (AccessControl::SetOwnToken before the host connects to anyone).
   TokenRefresher(Host& host, TokenSource source);
-  ~TokenRefresher();
   TokenRefresher(const TokenRefresher&) = delete;
   TokenRefresher& operator=(const TokenRefresher&) = delete;
   // Tokens installed since start.
-  uint64_t renewals() const;
+  uint64_t renewals() const { return renewals_.load(); }
 
  private:
-  void Run();
+  void Check();
 
   Host& host_;
   TokenSource source_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  uint64_t renewals_ = 0;
-  std::thread thread_;
+  int64_t file_seen_ = 0;  // the token file's modification time, as last seen
+  std::atomic<uint64_t> renewals_{0};
+  Periodic worker_;  // last: it stops before the members it uses go
 };
 
 }  // namespace colony::net

@@ -1,13 +1,12 @@
 // colony authority init|issue|revoke: run the authority of a private swarm.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "core/identity.h"
 #include "dht/node.h"
 #include "dht/revocations.h"
 #include "net/access_token.h"
+#include "net/token_source.h"
 #include "tools/access_options.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
@@ -16,14 +15,7 @@ namespace colony::cli {
 namespace {
 
 Result<Bytes> ReadToken(const std::string& text, const std::string& file) {
-  if (!file.empty()) {
-    std::ifstream in(file);
-    if (!in) return NotFound("cannot read " + file);
-    std::stringstream s;
-    s << in.rdbuf();
-    return net::ParseAccessTokenText(s.str());
-  }
-  return net::ParseAccessTokenText(text);
+  return file.empty() ? net::ParseAccessTokenText(text) : net::ReadAccessTokenFile(file);
 }
 
 }  // namespace
