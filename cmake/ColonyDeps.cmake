@@ -21,6 +21,12 @@ target_compile_definitions(colony_asio INTERFACE ASIO_STANDALONE ASIO_NO_DEPRECA
   ASIO_DISABLE_STD_ALIGNED_ALLOC)
 target_link_libraries(colony_asio INTERFACE Threads::Threads)
 
+# Boost.Beast (header-only, with Boost.Asio) for the HTTP server of colony api and colony monitor.
+find_package(Boost 1.74 REQUIRED)
+add_library(colony_boost INTERFACE)
+target_link_libraries(colony_boost INTERFACE Boost::headers Threads::Threads)
+target_compile_definitions(colony_boost INTERFACE BOOST_ASIO_NO_DEPRECATED BOOST_BEAST_USE_STD_STRING_VIEW)
+
 find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
 
 if(COLONY_BUILD_TESTS)

@@ -1,0 +1,534 @@
+// The HTTP server: Boost.Beast on one I/O thread (a coroutine per connection) and a bounded pool of
+// worker threads for the handlers. A handler's answer or stream chunks cross from its worker to the
+// connection's coroutine through an Exchange (a queue, and a timer the worker cancels to wake the
+// coroutine).
+#include "http/server.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "core/log.h"
+
+namespace colony::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+std::string_view Request::Header(std::string_view name) const {
+  for (const auto& [k, v] : headers) {
+    if (k == name) return v;
+  }
+  return {};
+}
+
+Reply Json(int status, std::string body) {
+  Reply r;
+  r.status = status;
+  r.body = std::move(body);
+  return r;
+}
+
+Reply JsonError(int status, std::string_view message, std::string_view type,
+                std::string_view code) {
+  nlohmann::json e = {{"message", message}, {"type", type}, {"param", nullptr}};
+  e["code"] = code.empty() ? nlohmann::json(nullptr) : nlohmann::json(code);
+  return Json(status, nlohmann::json({{"error", e}})
+                          .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+void Router::Add(std::string method, std::string path, Handler handler) {
+  routes_.push_back({std::move(method), std::move(path), false, std::move(handler)});
+}
+
+void Router::AddPrefix(std::string method, std::string prefix, Handler handler) {
+  routes_.push_back({std::move(method), std::move(prefix), true, std::move(handler)});
+}
+
+Router::Match Router::Find(std::string_view method, std::string_view path) const {
+  std::string allowed;
+  for (const auto& r : routes_) {
+    const bool hit =
+        r.prefix ? path.starts_with(r.path) && path.size() > r.path.size() : path == r.path;
+    if (!hit) continue;
+    if (r.method == method) return {&r.handler, {}};
+    allowed += (allowed.empty() ? "" : ", ") + r.method;
+  }
+  if (allowed.empty()) {
+    return {nullptr, JsonError(404, "no such endpoint: " + std::string(path), "not_found_error")};
+  }
+  Reply r = JsonError(405, std::string(method) + " is not allowed on " + std::string(path) +
+                               "; allowed: " + allowed);
+  r.headers.emplace_back("Allow", allowed);
+  return {nullptr, std::move(r)};
+}
+
+namespace {
+
+// What a handler's worker and the connection's coroutine share for one request.
+class Exchange : public StreamWriter, public std::enable_shared_from_this<Exchange> {
+ public:
+  Exchange(asio::io_context& io, size_t max_queue) : wake_(io), max_queue_(max_queue) {
+    wake_.expires_at(Clock::time_point::max());
+  }
+
+  // Worker side.
+  void SetReply(Reply reply) {
+    {
+      std::lock_guard lock(mu_);
+      reply_ = std::move(reply);
+    }
+    Wake();
+  }
+  void Finish() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    Wake();
+  }
+  bool Write(std::string_view bytes) override {
+    if (bytes.empty()) return !cancelled();
+    std::unique_lock lock(mu_);
+    cv_.wait(lock,
+             [&] { return cancelled_ || queued_ + bytes.size() <= max_queue_ || queued_ == 0; });
+    if (cancelled_) return false;
+    chunks_.emplace_back(bytes);
+    queued_ += bytes.size();
+    lock.unlock();
+    Wake();
+    return true;
+  }
+  bool cancelled() const override {
+    std::lock_guard lock(mu_);
+    return cancelled_;
+  }
+
+  // Either side.
+  void Cancel() {
+    {
+      std::lock_guard lock(mu_);
+      cancelled_ = true;
+    }
+    cv_.notify_all();
+    Wake();
+  }
+
+  // Coroutine side: waits until the worker has something (or the deadline passes); false at the
+  // deadline.
+  asio::awaitable<bool> WaitUntil(Clock::time_point deadline) {
+    wake_.expires_at(deadline);
+    beast::error_code ec;
+    co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    co_return ec == asio::error::operation_aborted;  // woken (or stopping), not timed out
+  }
+  std::optional<Reply> TakeReply() {
+    std::lock_guard lock(mu_);
+    std::optional<Reply> r = std::move(reply_);
+    reply_.reset();
+    return r;
+  }
+  bool has_reply() {
+    std::lock_guard lock(mu_);
+    return reply_.has_value();
+  }
+  // Takes the queued chunks; `done` says whether the stream has ended.
+  std::string TakeChunks(bool& done) {
+    std::string out;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& c : chunks_) out += c;
+      chunks_.clear();
+      done = done_ && !reply_;
+    }
+    return out;
+  }
+  bool pending() {
+    std::lock_guard lock(mu_);
+    return !chunks_.empty() || done_;
+  }
+  void Written(size_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      queued_ -= std::min(queued_, bytes);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Wake() {
+    asio::post(wake_.get_executor(), [self = shared_from_this()] { self->wake_.cancel(); });
+  }
+
+  asio::steady_timer wake_;
+  const size_t max_queue_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Reply> reply_;
+  std::deque<std::string> chunks_;
+  size_t queued_ = 0;
+  bool done_ = false;
+  bool cancelled_ = false;
+};
+
+}  // namespace
+
+struct Server::Impl {
+  ServerOptions options;
+  Router router;
+  asio::io_context io{1};
+  tcp::acceptor acceptor{io};
+  std::unique_ptr<asio::thread_pool> workers;
+  std::thread io_thread;
+  std::atomic<int> connections{0};
+  std::atomic<int> active{0};
+  std::atomic<bool> stopped{false};
+  std::mutex mu;  // guards the members below
+  std::set<std::shared_ptr<Exchange>> exchanges;
+  std::set<beast::tcp_stream*> streams;
+  ServerStats stats;
+  uint16_t port = 0;
+
+  void Count(int64_t ServerStats::*field) {
+    std::lock_guard lock(mu);
+    ++(stats.*field);
+  }
+
+  asio::awaitable<void> Accept();
+  asio::awaitable<void> Serve(tcp::socket socket);
+  asio::awaitable<bool> Answer(beast::tcp_stream& stream, bhttp::request<bhttp::string_body>& req,
+                               const Handler& handler);
+  asio::awaitable<bool> WriteReply(beast::tcp_stream& stream, unsigned version, bool keep_alive,
+                                   const Reply& reply);
+  asio::awaitable<bool> WriteStream(beast::tcp_stream& stream, unsigned version, const Reply& head,
+                                    Exchange& ex, Clock::time_point deadline);
+};
+
+asio::awaitable<void> Server::Impl::Accept() {
+  for (;;) {
+    beast::error_code ec;
+    tcp::socket socket =
+        co_await acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      if (!acceptor.is_open()) co_return;
+      // Out of descriptors and the like: back off a little instead of spinning.
+      asio::steady_timer pause(io, std::chrono::milliseconds(50));
+      co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;
+    }
+    if (connections.load() >= options.max_connections) {
+      Count(&ServerStats::refused_connections);
+      // A best-effort answer that cannot block the acceptor, then close.
+      static constexpr std::string_view kBusy =
+          "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+      socket.non_blocking(true, ec);
+      socket.write_some(asio::buffer(kBusy.data(), kBusy.size()), ec);
+      socket.close(ec);
+      continue;
+    }
+    ++connections;
+    asio::co_spawn(io, Serve(std::move(socket)), asio::detached);
+  }
+}
+
+asio::awaitable<void> Server::Impl::Serve(tcp::socket socket) {
+  beast::tcp_stream stream(std::move(socket));
+  {
+    std::lock_guard lock(mu);
+    streams.insert(&stream);
+  }
+  beast::flat_buffer buffer;
+  for (bool keep_alive = true; keep_alive && !stopped.load();) {
+    bhttp::request_parser<bhttp::string_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(options.max_header_bytes));
+    parser.body_limit(options.max_body_bytes);
+    stream.expires_after(options.read_timeout);
+    beast::error_code ec;
+    co_await bhttp::async_read_header(stream, buffer, parser,
+                                      asio::redirect_error(asio::use_awaitable, ec));
+    if (!ec && parser.get()[bhttp::field::expect] == "100-continue") {
+      bhttp::response<bhttp::empty_body> cont{bhttp::status::continue_, parser.get().version()};
+      co_await bhttp::async_write(stream, cont, asio::redirect_error(asio::use_awaitable, ec));
+    }
+    if (!ec && !parser.is_done()) {
+      co_await bhttp::async_read(stream, buffer, parser,
+                                 asio::redirect_error(asio::use_awaitable, ec));
+    }
+    if (ec) {
+      const bool quiet = ec == bhttp::error::end_of_stream || ec == beast::error::timeout ||
+                         ec == asio::error::eof || ec == asio::error::connection_reset ||
+                         ec == asio::error::operation_aborted;
+      if (quiet) break;
+      Count(&ServerStats::bad_requests);
+      Reply error = ec == bhttp::error::body_limit
+                        ? JsonError(413, "the request body is larger than the limit of " +
+                                             std::to_string(options.max_body_bytes) + " bytes")
+                    : ec == bhttp::error::header_limit
+                        ? JsonError(431, "the request headers are larger than the limit of " +
+                                             std::to_string(options.max_header_bytes) + " bytes")
+                        : JsonError(400, "malformed HTTP request: " + ec.message());
+      co_await WriteReply(stream, 11, /*keep_alive=*/false, error);
+      break;
+    }
+    bhttp::request<bhttp::string_body> req = parser.release();
+    keep_alive = req.keep_alive();
+    const std::string target(req.target());
+    const std::string path = target.substr(0, target.find('?'));
+    auto match = router.Find(std::string_view(req.method_string()), path);
+    if (match.handler == nullptr) {
+      Count(&ServerStats::requests);
+      keep_alive =
+          co_await WriteReply(stream, req.version(), keep_alive, match.error) && keep_alive;
+      continue;
+    }
+    Count(&ServerStats::requests);
+    keep_alive = co_await Answer(stream, req, *match.handler) && keep_alive;
+  }
+  {
+    std::lock_guard lock(mu);
+    streams.erase(&stream);
+  }
+  beast::error_code ec;
+  stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+  stream.close();
+  --connections;
+}
+
+asio::awaitable<bool> Server::Impl::Answer(beast::tcp_stream& stream,
+                                           bhttp::request<bhttp::string_body>& req,
+                                           const Handler& handler) {
+  const auto deadline = Clock::now() + options.request_timeout;
+  if (active.fetch_add(1) >= options.max_concurrent_requests) {
+    --active;
+    Count(&ServerStats::busy);
+    Reply busy =
+        JsonError(503,
+                  "the server is busy: " + std::to_string(options.max_concurrent_requests) +
+                      " requests are running; retry later",
+                  "server_busy");
+    busy.headers.emplace_back("Retry-After", "1");
+    co_return co_await WriteReply(stream, req.version(), req.keep_alive(), busy);
+  }
+  auto ex = std::make_shared<Exchange>(io, options.max_stream_queue_bytes);
+  {
+    std::lock_guard lock(mu);
+    exchanges.insert(ex);
+  }
+  auto request = std::make_shared<Request>();
+  request->method = std::string(req.method_string());
+  request->target = std::string(req.target());
+  const auto q = request->target.find('?');
+  request->path = request->target.substr(0, q);
+  if (q != std::string::npos) request->query = request->target.substr(q + 1);
+  for (const auto& field : req) {
+    std::string name(field.name_string());
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    request->headers.emplace_back(std::move(name), std::string(field.value()));
+  }
+  request->body = std::move(req.body());
+  beast::error_code ec;
+  const auto remote = stream.socket().remote_endpoint(ec);
+  if (!ec)
+    request->remote_address = remote.address().to_string() + ":" + std::to_string(remote.port());
+  std::weak_ptr<Exchange> weak = ex;
+  request->cancelled = [weak] {
+    auto e = weak.lock();
+    return !e || e->cancelled();
+  };
+  asio::post(*workers, [this, ex, request, &handler] {
+    Reply reply;
+    try {
+      reply = handler(*request);
+    } catch (const std::exception& e) {
+      COLONY_LOG_ERROR("http: handler for {} {} threw: {}", request->method, request->path,
+                       e.what());
+      reply = JsonError(500, std::string("internal error: ") + e.what(), "server_error");
+    }
+    auto stream_fn = std::move(reply.stream);
+    const bool streaming = static_cast<bool>(stream_fn);
+    reply.stream = streaming ? [](StreamWriter&) {} : std::function<void(StreamWriter&)>{};
+    ex->SetReply(std::move(reply));
+    if (streaming) {
+      try {
+        stream_fn(*ex);
+      } catch (const std::exception& e) {
+        COLONY_LOG_ERROR("http: stream for {} {} threw: {}", request->method, request->path,
+                         e.what());
+      }
+    }
+    ex->Finish();
+    --active;
+  });
+
+  bool ok = true;
+  std::optional<Reply> reply;
+  while (!(reply = ex->TakeReply())) {
+    if (stopped.load() || !co_await ex->WaitUntil(deadline)) {
+      if (ex->has_reply()) continue;
+      ex->Cancel();
+      ok = false;
+      break;
+    }
+  }
+  if (!reply) {
+    Reply timeout = JsonError(stopped.load() ? 503 : 504,
+                              stopped.load() ? "the server is stopping"
+                                             : "the request took longer than the server's limit",
+                              "timeout");
+    co_await WriteReply(stream, req.version(), false, timeout);
+  } else if (!reply->stream) {
+    ok = co_await WriteReply(stream, req.version(), req.keep_alive(), *reply);
+  } else {
+    ok = co_await WriteStream(stream, req.version(), *reply, *ex, deadline);
+  }
+  if (!ok) ex->Cancel();
+  {
+    std::lock_guard lock(mu);
+    exchanges.erase(ex);
+  }
+  co_return ok;
+}
+
+asio::awaitable<bool> Server::Impl::WriteReply(beast::tcp_stream& stream, unsigned version,
+                                               bool keep_alive, const Reply& reply) {
+  bhttp::response<bhttp::string_body> res{static_cast<bhttp::status>(reply.status), version};
+  res.set(bhttp::field::server, "colony");
+  res.set(bhttp::field::content_type, reply.content_type);
+  for (const auto& [k, v] : reply.headers) res.set(k, v);
+  res.keep_alive(keep_alive);
+  res.body() = reply.body;
+  res.prepare_payload();
+  stream.expires_after(options.write_timeout);
+  beast::error_code ec;
+  co_await bhttp::async_write(stream, res, asio::redirect_error(asio::use_awaitable, ec));
+  co_return !ec;
+}
+
+asio::awaitable<bool> Server::Impl::WriteStream(beast::tcp_stream& stream, unsigned version,
+                                                const Reply& head, Exchange& ex,
+                                                Clock::time_point deadline) {
+  const bool chunked = version >= 11;
+  bhttp::response<bhttp::empty_body> res{static_cast<bhttp::status>(head.status), version};
+  res.set(bhttp::field::server, "colony");
+  res.set(bhttp::field::content_type, head.content_type);
+  res.set(bhttp::field::cache_control, "no-cache");
+  for (const auto& [k, v] : head.headers) res.set(k, v);
+  res.keep_alive(chunked);
+  if (chunked) res.chunked(true);
+  bhttp::response_serializer<bhttp::empty_body> sr{res};
+  stream.expires_after(options.write_timeout);
+  beast::error_code ec;
+  co_await bhttp::async_write_header(stream, sr, asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return false;
+  for (;;) {
+    bool done = false;
+    std::string data = ex.TakeChunks(done);
+    if (!data.empty()) {
+      stream.expires_after(options.write_timeout);
+      if (chunked) {
+        co_await asio::async_write(stream, bhttp::make_chunk(asio::buffer(data)),
+                                   asio::redirect_error(asio::use_awaitable, ec));
+      } else {
+        co_await asio::async_write(stream, asio::buffer(data),
+                                   asio::redirect_error(asio::use_awaitable, ec));
+      }
+      ex.Written(data.size());
+      if (ec) break;
+      continue;
+    }
+    if (done) {
+      if (!chunked) co_return false;  // HTTP/1.0: the end of the body is the connection's
+      stream.expires_after(options.write_timeout);
+      co_await asio::async_write(stream, bhttp::make_chunk_last(),
+                                 asio::redirect_error(asio::use_awaitable, ec));
+      co_return !ec;
+    }
+    if (stopped.load() || ex.cancelled()) break;
+    if (ex.pending()) continue;
+    if (!co_await ex.WaitUntil(deadline) && !ex.pending()) break;  // past the request's deadline
+  }
+  Count(&ServerStats::cancelled_streams);
+  co_return false;
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() { Stop(); }
+
+Result<std::unique_ptr<Server>> Server::Start(ServerOptions options, Router router) {
+  if (options.max_concurrent_requests < 1 || options.max_connections < 1) {
+    return InvalidArgument("max_concurrent_requests and max_connections must be at least 1");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->router = std::move(router);
+  beast::error_code ec;
+  const auto address = asio::ip::make_address(impl->options.host, ec);
+  if (ec) return InvalidArgument("'" + impl->options.host + "' is not an IP address");
+  const tcp::endpoint endpoint(address, impl->options.port);
+  impl->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(endpoint, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Unavailable("cannot listen on " + impl->options.host + ":" +
+                       std::to_string(impl->options.port) + ": " + ec.message());
+  }
+  impl->port = impl->acceptor.local_endpoint().port();
+  impl->workers = std::make_unique<asio::thread_pool>(
+      static_cast<size_t>(impl->options.max_concurrent_requests));
+  Impl* raw = impl.get();
+  asio::co_spawn(raw->io, raw->Accept(), asio::detached);
+  raw->io_thread = std::thread([raw] { raw->io.run(); });
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+uint16_t Server::port() const { return impl_->port; }
+
+std::string Server::host() const { return impl_->options.host; }
+
+ServerStats Server::stats() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->stats;
+}
+
+void Server::Stop() {
+  if (impl_->stopped.exchange(true)) return;
+  Impl* impl = impl_.get();
+  asio::post(impl->io, [impl] {
+    beast::error_code ec;
+    impl->acceptor.close(ec);
+    std::lock_guard lock(impl->mu);
+    for (auto* s : impl->streams) s->socket().cancel(ec);
+  });
+  {
+    std::lock_guard lock(impl->mu);
+    for (const auto& ex : impl->exchanges) ex->Cancel();
+  }
+  // Handlers see cancelled() and return; their streams' writes fail at once.
+  impl->workers->join();
+  impl->io.stop();
+  if (impl->io_thread.joinable()) impl->io_thread.join();
+}
+
+}  // namespace colony::http
