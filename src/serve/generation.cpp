@@ -103,7 +103,8 @@ Result<at::Tensor> RemoteBackend::Step(const at::Tensor& tokens, int64_t positio
 Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
                                           const std::vector<int64_t>& prompt,
                                           const model::SamplingOptions& options, int64_t eos_id,
-                                          const std::function<void(int64_t)>& on_token) {
+                                          const std::function<void(int64_t)>& on_token,
+                                          const std::function<bool()>& stop_requested) {
   std::vector<int64_t> out;
   if (prompt.empty()) return InvalidArgument("the prompt is empty");
   if (options.max_new_tokens <= 0) return out;
@@ -123,7 +124,7 @@ Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
     history.push_back(next);
     if (on_token) on_token(next);
     if (next == eos_id || static_cast<int64_t>(out.size()) >= options.max_new_tokens ||
-        history.size() >= max_len) {
+        history.size() >= max_len || (stop_requested && stop_requested())) {
       break;
     }
     input = at::full({1, 1}, next, long_opts);

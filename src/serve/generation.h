@@ -102,12 +102,14 @@ class RemoteBackend : public DecoderBackend {
 
 // Greedy or seeded sampling, token for token what model::Generate produces for the same model
 // and options: the prompt in one step, then one token per step, stopping after eos_id or at the
-// backend's max_length. on_token (optional) sees each token as it is chosen.
+// backend's max_length. on_token (optional) sees each token as it is chosen; stop_requested
+// (optional), asked after each token, ends generation early (stop strings, a client gone).
 Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
                                           const std::vector<int64_t>& prompt,
                                           const model::SamplingOptions& options,
                                           int64_t eos_id = -1,
-                                          const std::function<void(int64_t)>& on_token = {});
+                                          const std::function<void(int64_t)>& on_token = {},
+                                          const std::function<bool()>& stop_requested = {});
 
 struct Beam {
   std::vector<int64_t> tokens;  // generated tokens (prompt excluded)

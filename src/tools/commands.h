@@ -19,6 +19,7 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
 void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddServersCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
+void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);

@@ -44,9 +44,9 @@ std::string WaitForTerminationSignal() {
 }
 
 #ifndef COLONY_WITH_TORCH
-// Commands that run models (train, serve, generate, finetune) run in the colony-torch program next
-// to this one: only it links LibTorch, so every other command starts in milliseconds instead of
-// loading LibTorch (about a second of CPU per process, which a swarm of 16 peer processes on 2
+// Commands that run models (train, serve, generate, finetune, api) run in the colony-torch program
+// next to this one: only it links LibTorch, so every other command starts in milliseconds instead
+// of loading LibTorch (about a second of CPU per process, which a swarm of 16 peer processes on 2
 // cores felt).
 int ExecTorch(char** argv) {
   const std::string path =
@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
       continue;
     }
     if (arg.starts_with("-")) continue;
-    if (arg == "train" || arg == "serve" || arg == "generate" || arg == "finetune") {
+    if (arg == "train" || arg == "serve" || arg == "generate" || arg == "finetune" ||
+        arg == "api") {
       return ExecTorch(argv);
     }
     break;
@@ -100,6 +101,7 @@ int main(int argc, char** argv) {
 #ifdef COLONY_WITH_TORCH
   AddTrainCommand(app, commands);
   AddServeCommands(app, commands);
+  AddApiCommand(app, commands);
 #else
   AddIdentityCommands(app, commands);
   AddAuthorityCommands(app, commands);
@@ -119,6 +121,9 @@ int main(int argc, char** argv) {
   app.add_subcommand("finetune",
                      "prompt-tune or LoRA-tune a model through the swarm's frozen blocks (see "
                      "'colony finetune --help')");
+  app.add_subcommand("api",
+                     "serve generation through the swarm over HTTP, compatible with the OpenAI "
+                     "API (see 'colony api --help')");
   AddServersCommand(app, commands);
   AddDemoCommand(app, commands);
 #endif

@@ -1,0 +1,54 @@
+// Fuzz target for the requests of colony api (the body of POST /v1/completions and
+// /v1/chat/completions, from any HTTP client). Parsing never crashes, every error names what is
+// wrong, and an accepted request is within the documented ranges and limits.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "api/openai_request.h"
+
+using namespace colony;
+using namespace colony::api;
+
+namespace {
+
+void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
+  if (!r.ok()) {
+    if (r.status().message().empty()) __builtin_trap();
+    return;
+  }
+  if (r->n < 1 || r->n > limits.max_n) __builtin_trap();
+  if (!(r->temperature >= 0 && r->temperature <= 2)) __builtin_trap();
+  if (!(r->top_p > 0 && r->top_p <= 1)) __builtin_trap();
+  if (r->top_k < 0 || !std::isfinite(r->repetition_penalty)) __builtin_trap();
+  if (r->max_tokens && *r->max_tokens < 1) __builtin_trap();
+  if (r->stop.size() > limits.max_stop) __builtin_trap();
+  for (const auto& s : r->stop) {
+    if (s.empty() || s.size() > limits.max_stop_bytes) __builtin_trap();
+  }
+  if (r->chat) {
+    if (r->messages.empty() || r->messages.size() > limits.max_messages) __builtin_trap();
+    for (const auto& m : r->messages) {
+      if (m.role != "system" && m.role != "user" && m.role != "assistant") __builtin_trap();
+    }
+  } else if (r->prompt_is_tokens) {
+    if (r->prompt_tokens.empty() || r->prompt_tokens.size() > limits.max_prompt_tokens) {
+      __builtin_trap();
+    }
+    for (int64_t t : r->prompt_tokens) {
+      if (t < 0) __builtin_trap();
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view body(reinterpret_cast<const char*>(data), size);
+  const RequestLimits limits{
+      .max_n = 4, .max_messages = 8, .max_stop = 2, .max_stop_bytes = 16, .max_prompt_tokens = 32};
+  Check(ParseCompletionRequest(body, limits), limits);
+  Check(ParseChatRequest(body, limits), limits);
+  return 0;
+}

@@ -1,0 +1,341 @@
+// Parsing and validating OpenAI completion and chat requests: each field by its type and range,
+// the no-op values of the fields Colony does not implement, and nothing else.
+#include "api/openai_request.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "model/strict_json.h"
+
+namespace colony::api {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kMaxDepth = 8;
+
+Status Bad(std::string_view field, std::string_view what) {
+  return InvalidArgument(fmt::format("'{}' {}", field, what));
+}
+
+Result<double> Number(const json& v, std::string_view field, double lo, double hi) {
+  if (!v.is_number()) return Bad(field, "must be a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    return Bad(field, fmt::format("must be between {} and {}", lo, hi));
+  }
+  return x;
+}
+
+Result<int64_t> Integer(const json& v, std::string_view field, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) return Bad(field, "must be an integer");
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    return Bad(field, fmt::format("must be between {} and {}", lo, hi));
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) return Bad(field, fmt::format("must be between {} and {}", lo, hi));
+  return x;
+}
+
+Result<bool> Bool(const json& v, std::string_view field) {
+  if (!v.is_boolean()) return Bad(field, "must be true or false");
+  return v.get<bool>();
+}
+
+Result<std::string> Text(const json& v, std::string_view field) {
+  if (!v.is_string()) return Bad(field, "must be a string");
+  return v.get<std::string>();
+}
+
+// A field accepted only with the value that changes nothing.
+Status OnlyNoOp(const json& v, std::string_view field, std::string_view why) {
+  const bool no_op = v.is_null() || (v.is_number() && v.get<double>() == 0) ||
+                     (v.is_boolean() && !v.get<bool>()) || (v.is_object() && v.empty());
+  if (no_op) return Status::Ok();
+  return Bad(field, fmt::format("is not supported by colony api ({}); leave it out", why));
+}
+
+Status ParseStop(const json& v, const RequestLimits& limits, GenerationRequest& r) {
+  if (v.is_null()) return Status::Ok();
+  std::vector<std::string> stops;
+  if (v.is_string()) {
+    stops.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    if (v.size() > limits.max_stop) {
+      return Bad("stop", fmt::format("holds {} strings; at most {}", v.size(), limits.max_stop));
+    }
+    for (const auto& s : v) {
+      if (!s.is_string()) return Bad("stop", "must be a string or an array of strings");
+      stops.push_back(s.get<std::string>());
+    }
+  } else {
+    return Bad("stop", "must be a string or an array of strings");
+  }
+  for (const auto& s : stops) {
+    if (s.empty()) return Bad("stop", "must not hold an empty string");
+    if (s.size() > limits.max_stop_bytes) {
+      return Bad("stop", fmt::format("strings are at most {} bytes", limits.max_stop_bytes));
+    }
+  }
+  r.stop = std::move(stops);
+  return Status::Ok();
+}
+
+Status ParsePrompt(const json& v, const RequestLimits& limits, GenerationRequest& r) {
+  if (v.is_string()) {
+    r.prompt = v.get<std::string>();
+    return Status::Ok();
+  }
+  // One prompt only: an array of one string, or token ids (an array of one array of them).
+  const json* tokens = &v;
+  if (v.is_array() && v.size() == 1 && (v[0].is_string() || v[0].is_array())) {
+    if (v[0].is_string()) {
+      r.prompt = v[0].get<std::string>();
+      return Status::Ok();
+    }
+    tokens = &v[0];
+  }
+  constexpr std::string_view kShape =
+      "must be a string or an array of token ids (one prompt per request; use n for several "
+      "completions)";
+  if (!tokens->is_array() || tokens->empty()) return Bad("prompt", kShape);
+  if (tokens->size() > limits.max_prompt_tokens) {
+    return Bad("prompt", fmt::format("holds {} tokens; at most {}", tokens->size(),
+                                     limits.max_prompt_tokens));
+  }
+  for (const auto& t : *tokens) {
+    if (!t.is_number_integer()) return Bad("prompt", kShape);
+    COLONY_ASSIGN_OR_RETURN(int64_t id, Integer(t, "prompt", 0, INT32_MAX));
+    r.prompt_tokens.push_back(id);
+  }
+  r.prompt_is_tokens = true;
+  return Status::Ok();
+}
+
+Result<std::string> MessageContent(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) return Bad("messages.content", "must be a string or an array of text parts");
+  std::string out;
+  for (const auto& part : v) {
+    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+        !part["text"].is_string() || part.size() != 2) {
+      return Bad("messages.content",
+                 "parts must be {\"type\": \"text\", \"text\": ...}; colony api serves text "
+                 "models only");
+    }
+    out += part["text"].get<std::string>();
+  }
+  return out;
+}
+
+Status ParseMessages(const json& v, const RequestLimits& limits, GenerationRequest& r) {
+  if (!v.is_array() || v.empty()) return Bad("messages", "must be a non-empty array");
+  if (v.size() > limits.max_messages) {
+    return Bad("messages",
+               fmt::format("holds {} messages; at most {}", v.size(), limits.max_messages));
+  }
+  for (const auto& m : v) {
+    if (!m.is_object()) return Bad("messages", "must hold objects");
+    ChatMessage msg;
+    for (const auto& [key, value] : m.items()) {
+      if (key == "role") {
+        COLONY_ASSIGN_OR_RETURN(msg.role, Text(value, "messages.role"));
+      } else if (key == "content") {
+        COLONY_ASSIGN_OR_RETURN(msg.content, MessageContent(value));
+      } else {
+        return Bad("messages." + key, "is not supported by colony api (text messages only)");
+      }
+    }
+    if (msg.role == "developer") msg.role = "system";
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant") {
+      return Bad("messages.role",
+                 fmt::format("'{}' is not one of system, developer, user, assistant", msg.role));
+    }
+    if (!m.contains("content")) return Bad("messages.content", "is missing");
+    r.messages.push_back(std::move(msg));
+  }
+  return Status::Ok();
+}
+
+using FieldParser = std::function<Status(const json&, GenerationRequest&)>;
+
+Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestLimits& limits) {
+  COLONY_ASSIGN_OR_RETURN(json j,
+                          model::ParseStrictJsonObject(body, "the request body", kMaxDepth));
+  GenerationRequest r;
+  r.chat = chat;
+  const std::map<std::string, FieldParser, std::less<>> common = {
+      {"model",
+       [](const json& v, GenerationRequest& q) -> Status {
+         COLONY_ASSIGN_OR_RETURN(q.model, Text(v, "model"));
+         return Status::Ok();
+       }},
+      {"max_tokens",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.max_tokens, Integer(v, "max_tokens", 1, 1 << 20));
+         return Status::Ok();
+       }},
+      {"temperature",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.temperature, Number(v, "temperature", 0, 2));
+         return Status::Ok();
+       }},
+      {"top_p",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.top_p, Number(v, "top_p", 0, 1));
+         if (q.top_p == 0) return Bad("top_p", "must be above 0");
+         return Status::Ok();
+       }},
+      {"top_k",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.top_k, Integer(v, "top_k", -1, 1 << 20));
+         if (q.top_k < 0) q.top_k = 0;  // vLLM's -1: off
+         return Status::Ok();
+       }},
+      {"repetition_penalty",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.repetition_penalty, Number(v, "repetition_penalty", 0.01, 100));
+         return Status::Ok();
+       }},
+      {"n",
+       [&limits](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.n, Integer(v, "n", 1, limits.max_n));
+         return Status::Ok();
+       }},
+      {"stream",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.stream, Bool(v, "stream"));
+         return Status::Ok();
+       }},
+      {"stream_options",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         if (!v.is_object()) return Bad("stream_options", "must be an object");
+         for (const auto& [key, value] : v.items()) {
+           if (key != "include_usage") {
+             return Bad("stream_options." + key, "is not supported by colony api");
+           }
+           COLONY_ASSIGN_OR_RETURN(q.include_usage, Bool(value, "stream_options.include_usage"));
+         }
+         return Status::Ok();
+       }},
+      {"stop", [&limits](const json& v, GenerationRequest& q) { return ParseStop(v, limits, q); }},
+      {"seed",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(int64_t s, Integer(v, "seed", INT64_MIN, INT64_MAX));
+         q.seed = static_cast<uint64_t>(s);
+         return Status::Ok();
+       }},
+      {"user",
+       [](const json& v, GenerationRequest&) -> Status {
+         if (!v.is_string() && !v.is_null()) return Bad("user", "must be a string");
+         return Status::Ok();  // an end-user id for the provider's abuse monitoring
+       }},
+      {"presence_penalty",
+       [](const json& v, GenerationRequest&) {
+         return OnlyNoOp(v, "presence_penalty", "use repetition_penalty");
+       }},
+      {"frequency_penalty",
+       [](const json& v, GenerationRequest&) {
+         return OnlyNoOp(v, "frequency_penalty", "use repetition_penalty");
+       }},
+      {"logit_bias",
+       [](const json& v, GenerationRequest&) {
+         return OnlyNoOp(v, "logit_bias", "no logit biases");
+       }},
+      {"logprobs",
+       [](const json& v, GenerationRequest&) {
+         return OnlyNoOp(v, "logprobs", "no log-probabilities in answers");
+       }},
+  };
+  std::map<std::string, FieldParser, std::less<>> own;
+  if (chat) {
+    own = {
+        {"messages",
+         [&limits](const json& v, GenerationRequest& q) { return ParseMessages(v, limits, q); }},
+        {"max_completion_tokens",
+         [](const json& v, GenerationRequest& q) -> Status {
+           if (v.is_null()) return Status::Ok();
+           COLONY_ASSIGN_OR_RETURN(q.max_tokens, Integer(v, "max_completion_tokens", 1, 1 << 20));
+           return Status::Ok();
+         }},
+        {"top_logprobs",
+         [](const json& v, GenerationRequest&) {
+           return OnlyNoOp(v, "top_logprobs", "no log-probabilities in answers");
+         }},
+        {"response_format",
+         [](const json& v, GenerationRequest&) -> Status {
+           if (v.is_null() || v == json({{"type", "text"}})) return Status::Ok();
+           return Bad("response_format", "is not supported by colony api (text only)");
+         }},
+        {"tools",
+         [](const json& v, GenerationRequest&) -> Status {
+           if (v.is_null() || (v.is_array() && v.empty())) return Status::Ok();
+           return Bad("tools", "are not supported by colony api");
+         }},
+        {"tool_choice",
+         [](const json& v, GenerationRequest&) -> Status {
+           if (v.is_null() || v == "none") return Status::Ok();
+           return Bad("tool_choice", "is not supported by colony api");
+         }},
+    };
+  } else {
+    own = {
+        {"prompt",
+         [&limits](const json& v, GenerationRequest& q) { return ParsePrompt(v, limits, q); }},
+        {"echo",
+         [](const json& v, GenerationRequest&) {
+           return OnlyNoOp(v, "echo", "answers hold the completion only");
+         }},
+        {"suffix",
+         [](const json& v, GenerationRequest&) -> Status {
+           if (v.is_null() || v == "") return Status::Ok();
+           return Bad("suffix", "is not supported by colony api (no insertion)");
+         }},
+        {"best_of",
+         [](const json& v, GenerationRequest&) -> Status {
+           if (v.is_null() || v == 1) return Status::Ok();
+           return Bad("best_of", "is not supported by colony api; use n");
+         }},
+    };
+  }
+  for (const auto& [key, value] : j.items()) {
+    const FieldParser* parse = nullptr;
+    if (auto it = own.find(key); it != own.end()) parse = &it->second;
+    if (auto it = common.find(key); parse == nullptr && it != common.end()) parse = &it->second;
+    if (parse == nullptr) {
+      return Bad(key, chat ? "is not a field of a chat completion request that colony api knows"
+                           : "is not a field of a completion request that colony api knows");
+    }
+    COLONY_RETURN_IF_ERROR((*parse)(value, r));
+  }
+  if (chat && r.messages.empty()) return Bad("messages", "is missing");
+  if (!chat && !j.contains("prompt")) return Bad("prompt", "is missing");
+  return r;
+}
+
+}  // namespace
+
+Result<GenerationRequest> ParseCompletionRequest(std::string_view body,
+                                                 const RequestLimits& limits) {
+  return Parse(body, /*chat=*/false, limits);
+}
+
+Result<GenerationRequest> ParseChatRequest(std::string_view body, const RequestLimits& limits) {
+  return Parse(body, /*chat=*/true, limits);
+}
+
+}  // namespace colony::api

@@ -1,0 +1,61 @@
+// The requests of the OpenAI API that `colony api` serves (POST /v1/completions and
+// /v1/chat/completions), parsed from untrusted JSON into one validated struct. Torch-free (fuzzed).
+//
+//   auto r = ParseCompletionRequest(body, {});  // or ParseChatRequest
+//   if (!r.ok()) return http::JsonError(400, r.status().message());
+//
+// Every field of the API either is understood, or is accepted only with the value that changes
+// nothing (presence_penalty 0, logprobs null, ...), or makes the request fail with a message that
+// names the field. Unknown fields fail too: a client that asks for something Colony would not do
+// is told so instead of getting a different answer.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace colony::api {
+
+struct ChatMessage {
+  std::string role;  // system, user or assistant ("developer" is read as system)
+  std::string content;
+};
+
+struct GenerationRequest {
+  bool chat = false;
+  std::string model;  // as asked; empty when absent
+  // Completions: the prompt as text, or as token ids (prompt_is_tokens).
+  std::string prompt;
+  std::vector<int64_t> prompt_tokens;
+  bool prompt_is_tokens = false;
+  std::vector<ChatMessage> messages;  // chat
+  std::optional<int64_t> max_tokens;  // absent: completions 16, chat the context's room
+  double temperature = 1.0;           // 0: greedy
+  double top_p = 1.0;
+  int64_t top_k = 0;                // an extension (as vLLM's); 0: off
+  double repetition_penalty = 1.0;  // an extension (as vLLM's); 1: off
+  std::vector<std::string> stop;
+  int64_t n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  std::optional<uint64_t> seed;
+};
+
+struct RequestLimits {
+  int64_t max_n = 8;
+  size_t max_messages = 256;
+  size_t max_stop = 4;  // as OpenAI
+  size_t max_stop_bytes = 256;
+  size_t max_prompt_tokens = 1 << 16;  // a prompt given as token ids
+};
+
+// InvalidArgument naming the field (its message starts with the field's name in quotes).
+Result<GenerationRequest> ParseCompletionRequest(std::string_view body,
+                                                 const RequestLimits& limits);
+Result<GenerationRequest> ParseChatRequest(std::string_view body, const RequestLimits& limits);
+
+}  // namespace colony::api

@@ -1,0 +1,318 @@
+// The API's handlers: parse and plan a request (prompt tokens, room, stop strings, sampling), run
+// each choice in an inference session of its own, and answer in the OpenAI wire format, whole or
+// as server-sent events.
+#include "api/service.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "api/text_stream.h"
+#include "core/log.h"
+#include "serve/generation.h"
+#include "serve/remote_sequential.h"
+
+namespace colony::api {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string RandomId(std::string_view prefix) {
+  std::random_device rd;
+  return fmt::format("{}{:08x}{:08x}{:08x}", prefix, rd(), rd(), rd());
+}
+
+int64_t UnixTime() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A swarm failure in the OpenAI error shape: 503 when no server could take the request.
+http::Reply SwarmError(const Status& st) {
+  return http::JsonError(
+      st.code() == StatusCode::kInvalidArgument ? 400 : 503,
+      "the swarm could not serve this request: " + st.message(),
+      st.code() == StatusCode::kInvalidArgument ? "invalid_request_error" : "server_error");
+}
+
+}  // namespace
+
+struct ApiService::Plan {
+  std::vector<int64_t> prompt;
+  int64_t max_new_tokens = 0;
+  std::vector<std::string> stops;
+  bool beams = false;  // n > 1 at temperature 0
+};
+
+struct ApiService::Choice {
+  std::string text;
+  int64_t tokens = 0;  // generated (stop strings included)
+  std::string finish_reason;
+};
+
+ApiService::ApiService(serve::SwarmClient& client, ApiOptions options)
+    : client_(client), options_(std::move(options)) {}
+
+ApiService::~ApiService() = default;
+
+http::Router ApiService::Routes() {
+  http::Router router;
+  router.Add("GET", "/v1/models", [this](const http::Request&) { return Models(); });
+  router.Add("POST", "/v1/completions",
+             [this](const http::Request& r) { return Generate(r, /*chat=*/false); });
+  router.Add("POST", "/v1/chat/completions",
+             [this](const http::Request& r) { return Generate(r, /*chat=*/true); });
+  return router;
+}
+
+http::Reply ApiService::Models() const {
+  json model = {
+      {"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "colony"}};
+  return http::Json(200, Dump({{"object", "list"}, {"data", json::array({model})}}));
+}
+
+Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const {
+  Plan plan;
+  const auto& config = client_.head->config();
+  if (!client_.tokenizer) return FailedPrecondition("the model directory has no tokenizer");
+  const model::Tokenizer& tok = *client_.tokenizer;
+  std::string text;
+  if (r.chat) {
+    if (!options_.chat_template) {
+      return FailedPrecondition(
+          "this model's tokenizer_config.json has a chat_template of its own (a Jinja "
+          "program), which colony api does not run; restart colony api with --chat-template "
+          "plain or chatml to choose one, or use /v1/completions");
+    }
+    text = RenderChat(*options_.chat_template, r.messages);
+    plan.stops = ChatStops(*options_.chat_template);
+  } else {
+    text = r.prompt;
+  }
+  if (r.prompt_is_tokens) {
+    plan.prompt = r.prompt_tokens;
+  } else {
+    if (tok.bos_id() >= 0) plan.prompt.push_back(tok.bos_id());
+    for (int32_t id : tok.Encode(text)) plan.prompt.push_back(id);
+  }
+  if (plan.prompt.empty()) return InvalidArgument("'prompt' is empty");
+  for (int64_t t : plan.prompt) {
+    if (t < 0 || t >= config.vocab_size) {
+      return InvalidArgument(fmt::format("'prompt': token {} is outside the vocabulary [0, {})", t,
+                                         config.vocab_size));
+    }
+  }
+  const int64_t room = config.max_seq_len - static_cast<int64_t>(plan.prompt.size());
+  if (room < 1 || (r.max_tokens && *r.max_tokens > room)) {
+    return Status(StatusCode::kOutOfRange,
+                  fmt::format("this model's context is {} tokens; the prompt has {} and {} were "
+                              "asked to be generated",
+                              config.max_seq_len, plan.prompt.size(), r.max_tokens.value_or(1)));
+  }
+  plan.max_new_tokens =
+      r.max_tokens ? *r.max_tokens : (r.chat ? room : std::min<int64_t>(16, room));
+  plan.stops.insert(plan.stops.end(), r.stop.begin(), r.stop.end());
+  plan.beams = r.n > 1 && r.temperature == 0;
+  if (plan.beams && r.stream) {
+    return InvalidArgument(
+        "'stream': n > 1 at temperature 0 runs beam search, whose answers are known only at the "
+        "end; use stream: false, or a temperature above 0 for n samples");
+  }
+  return plan;
+}
+
+http::Reply ApiService::Generate(const http::Request& request, bool chat) {
+  auto parsed = chat ? ParseChatRequest(request.body, options_.limits)
+                     : ParseCompletionRequest(request.body, options_.limits);
+  if (!parsed.ok()) return http::JsonError(400, parsed.status().message());
+  GenerationRequest r = std::move(*parsed);
+  if (!r.model.empty() && r.model != options_.model_id) {
+    return http::JsonError(404,
+                           fmt::format("the model '{}' does not exist; this server serves '{}'",
+                                       r.model, options_.model_id),
+                           "invalid_request_error", "model_not_found");
+  }
+  auto planned = MakePlan(r);
+  if (!planned.ok()) {
+    const auto code = planned.status().code();
+    return http::JsonError(400, planned.status().message(), "invalid_request_error",
+                           code == StatusCode::kOutOfRange ? "context_length_exceeded" : "");
+  }
+  auto plan = std::make_shared<Plan>(std::move(*planned));
+  auto req = std::make_shared<GenerationRequest>(std::move(r));
+  const std::string id = RandomId(chat ? "chatcmpl-" : "cmpl-");
+  const int64_t created = UnixTime();
+  const std::string object = chat ? "chat.completion" : "text_completion";
+  auto cancelled = request.cancelled;
+
+  const model::Tokenizer tok = *client_.tokenizer;
+  auto decode = [tok](std::span<const int32_t> ids) { return tok.Decode(ids); };
+  const int64_t eos = tok.eos_id();
+  std::random_device rd;
+  const uint64_t base_seed = req->seed.value_or((static_cast<uint64_t>(rd()) << 32) | rd());
+
+  // Runs choice i; on_delta sees its text as it is released.
+  auto run_choice = [this, plan, req, decode, eos, base_seed, cancelled](
+                        int64_t i, const std::function<void(const std::string&)>& on_delta,
+                        const std::function<bool()>& stop_early) -> Result<Choice> {
+    at::NoGradGuard no_grad;
+    const int64_t max_length = static_cast<int64_t>(plan->prompt.size()) + plan->max_new_tokens;
+    serve::RemoteSequential remote(client_.manager);
+    auto session = remote.OpenSession({.max_length = max_length, .batch_size = 1});
+    serve::RemoteBackend backend(client_.head, *session, max_length);
+    TextStream text(decode, plan->stops);
+    const model::SamplingOptions so{.max_new_tokens = plan->max_new_tokens,
+                                    .temperature = req->temperature,
+                                    .top_k = req->top_k,
+                                    .top_p = req->top_p,
+                                    .repetition_penalty = req->repetition_penalty,
+                                    .seed = base_seed + static_cast<uint64_t>(i)};
+    Choice c;
+    bool ended_with_eos = false;
+    auto tokens = serve::GenerateWith(
+        backend, plan->prompt, so, eos,
+        [&](int64_t t) {
+          ++c.tokens;
+          if (t == eos) {
+            ended_with_eos = true;
+            return;
+          }
+          if (std::string d = text.Add(t); !d.empty() && on_delta) on_delta(d);
+        },
+        [&] { return text.stopped() || cancelled() || (stop_early && stop_early()); });
+    session->Close();
+    if (!tokens.ok()) return tokens.status();
+    if (cancelled()) return Cancelled("the client went away");
+    if (std::string d = text.Finish(); !d.empty() && on_delta) on_delta(d);
+    c.text = text.text();
+    c.finish_reason = text.stopped() || ended_with_eos ? "stop" : "length";
+    return c;
+  };
+
+  auto choice_json = [chat](int64_t index, const Choice& c) {
+    json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
+    if (chat) {
+      j["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      j["text"] = c.text;
+    }
+    return j;
+  };
+  auto usage = [plan](int64_t completion_tokens) {
+    const auto prompt_tokens = static_cast<int64_t>(plan->prompt.size());
+    return json{{"prompt_tokens", prompt_tokens},
+                {"completion_tokens", completion_tokens},
+                {"total_tokens", prompt_tokens + completion_tokens}};
+  };
+
+  if (!req->stream) {
+    std::vector<Choice> choices;
+    if (plan->beams) {
+      at::NoGradGuard no_grad;
+      const int64_t max_length = static_cast<int64_t>(plan->prompt.size()) + plan->max_new_tokens;
+      serve::RemoteSequential remote(client_.manager);
+      auto session = remote.OpenSession({.max_length = max_length, .batch_size = req->n});
+      serve::RemoteBackend backend(client_.head, *session, max_length);
+      auto beams = serve::BeamSearch(backend, plan->prompt, req->n, plan->max_new_tokens, eos);
+      session->Close();
+      if (!beams.ok()) return SwarmError(beams.status());
+      for (const auto& b : *beams) {
+        TextStream text(decode, plan->stops);
+        Choice c;
+        for (int64_t t : b.tokens) {
+          if (t == eos || text.stopped()) break;
+          text.Add(t);
+        }
+        c.tokens = static_cast<int64_t>(b.tokens.size());
+        text.Finish();
+        c.text = text.text();
+        c.finish_reason = b.finished || text.stopped() ? "stop" : "length";
+        choices.push_back(std::move(c));
+      }
+    } else {
+      for (int64_t i = 0; i < req->n; ++i) {
+        auto c = run_choice(i, {}, {});
+        if (!c.ok()) return SwarmError(c.status());
+        choices.push_back(std::move(*c));
+      }
+    }
+    json out = {{"id", id}, {"object", object}, {"created", created}, {"model", options_.model_id}};
+    out["choices"] = json::array();
+    int64_t generated = 0;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      out["choices"].push_back(choice_json(static_cast<int64_t>(i), choices[i]));
+      generated += choices[i].tokens;
+    }
+    out["usage"] = usage(generated);
+    return http::Json(200, Dump(out));
+  }
+
+  // Streaming: one event per released piece of text, a last one per choice with its
+  // finish_reason, optionally the usage, then [DONE]. An error after the headers went out is an
+  // event with the error object, and the stream ends without [DONE].
+  http::Reply reply;
+  reply.content_type = "text/event-stream";
+  const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
+  const std::string model_id = options_.model_id;
+  reply.stream = [req, chat, id, created, chunk_object, model_id, run_choice,
+                  usage](http::StreamWriter& out) {
+    auto event = [&](json choices, const json* extra = nullptr) {
+      json j = {{"id", id},
+                {"object", chunk_object},
+                {"created", created},
+                {"model", model_id},
+                {"choices", std::move(choices)}};
+      if (extra != nullptr) j.update(*extra);
+      return out.Write("data: " + Dump(j) + "\n\n");
+    };
+    auto piece = [&](int64_t index, const std::string& text, const json& finish) {
+      json c = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", finish}};
+      if (chat) {
+        c["delta"] = finish.is_null() ? json{{"content", text}} : json::object();
+      } else {
+        c["text"] = text;
+      }
+      return event(json::array({c}));
+    };
+    int64_t generated = 0;
+    for (int64_t i = 0; i < req->n; ++i) {
+      if (chat) {
+        json c = {{"index", i},
+                  {"delta", {{"role", "assistant"}, {"content", ""}}},
+                  {"logprobs", nullptr},
+                  {"finish_reason", nullptr}};
+        if (!event(json::array({c}))) return;
+      }
+      bool client_gone = false;
+      auto c = run_choice(
+          i,
+          [&](const std::string& d) {
+            if (!piece(i, d, nullptr)) client_gone = true;
+          },
+          [&] { return client_gone || out.cancelled(); });
+      if (client_gone || out.cancelled()) return;
+      if (!c.ok()) {
+        COLONY_LOG_WARN("api: a streamed request failed: {}", c.status().ToString());
+        out.Write("data: " + SwarmError(c.status()).body + "\n\n");
+        return;
+      }
+      generated += c->tokens;
+      if (!piece(i, "", c->finish_reason)) return;
+    }
+    if (req->include_usage) {
+      const json extra = {{"usage", usage(generated)}};
+      if (!event(json::array(), &extra)) return;
+    }
+    out.Write("data: [DONE]\n\n");
+  };
+  return reply;
+}
+
+}  // namespace colony::api

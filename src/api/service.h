@@ -1,0 +1,56 @@
+// The OpenAI-compatible generation API over a swarm (`colony api`, as chat.petals.dev over
+// Petals): GET /v1/models, POST /v1/completions and POST /v1/chat/completions, answered whole or
+// as server-sent events token by token. Each request opens its own inference session(s) in the
+// swarm, so concurrent requests do not share a KV cache, and a server that dies mid-request is
+// replaced by the session's failover without the client noticing.
+//
+//   auto client = serve::ConnectToSwarm({.model_dir = dir, .initial_peers = {addr}});
+//   api::ApiService api(**client, {.model_id = "llama"});
+//   auto server = http::Server::Start({.port = 8000}, api.Routes());
+//
+// n > 1 runs n independent samples (temperature > 0; seeds seed, seed+1, ... when a seed is
+// given), or, with temperature 0, beam search with n beams whose answers are the n best beams
+// (not streamable). docs/api.md lists every field and what it does.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "api/chat_template.h"
+#include "api/openai_request.h"
+#include "http/server.h"
+#include "serve/swarm_client.h"
+
+namespace colony::api {
+
+struct ApiOptions {
+  std::string model_id;  // what /v1/models lists and requests may name
+  // The chat template; none when the model has a template of its own that the operator did not
+  // replace (chat requests then fail with a message that says so).
+  std::optional<ChatTemplate> chat_template = ChatTemplate::kPlain;
+  RequestLimits limits = {};
+};
+
+class ApiService {
+ public:
+  // `client` (with a tokenizer) must outlive the service and every request it serves.
+  ApiService(serve::SwarmClient& client, ApiOptions options);
+  ~ApiService();
+  ApiService(const ApiService&) = delete;
+  ApiService& operator=(const ApiService&) = delete;
+
+  http::Router Routes();
+
+  struct Choice;
+  struct Plan;
+
+ private:
+  http::Reply Models() const;
+  http::Reply Generate(const http::Request& request, bool chat);
+  Result<Plan> MakePlan(const GenerationRequest& r) const;
+
+  serve::SwarmClient& client_;
+  ApiOptions options_;
+};
+
+}  // namespace colony::api

@@ -1,0 +1,89 @@
+// TextStream: decode everything so far, cut at the first stop string, hold back a possible stop
+// string's start and an unfinished character, release the rest.
+#include "api/text_stream.h"
+
+#include <algorithm>
+#include <string_view>
+
+namespace colony::api {
+
+namespace {
+
+// Bytes at the end of `s` that may be completed by later bytes: an unfinished UTF-8 sequence, or
+// a trailing U+FFFD (a decoder's stand-in for one).
+size_t UnfinishedTail(std::string_view s) {
+  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  if (s.ends_with(kReplacement)) return kReplacement.size();
+  for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
+    const auto c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    size_t need = 0;
+    if ((c & 0xE0) == 0xC0)
+      need = 2;
+    else if ((c & 0xF0) == 0xE0)
+      need = 3;
+    else if ((c & 0xF8) == 0xF0)
+      need = 4;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
+// The longest suffix of `s` (from `from` on) that is a proper prefix of a stop string.
+size_t PossibleStopStart(std::string_view s, size_t from, const std::vector<std::string>& stops) {
+  size_t longest = 0;
+  for (const auto& stop : stops) {
+    const size_t max_len = std::min(stop.size() - 1, s.size() - from);
+    for (size_t len = max_len; len > longest; --len) {
+      if (s.substr(s.size() - len) == std::string_view(stop).substr(0, len)) {
+        longest = len;
+        break;
+      }
+    }
+  }
+  return longest;
+}
+
+}  // namespace
+
+TextStream::TextStream(Decode decode, std::vector<std::string> stops)
+    : decode_(std::move(decode)), stops_(std::move(stops)) {
+  std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
+}
+
+std::string TextStream::Add(int64_t token) {
+  if (stopped_) return {};
+  tokens_.push_back(static_cast<int32_t>(token));
+  return Release(/*final=*/false);
+}
+
+std::string TextStream::Finish() {
+  if (stopped_) return {};
+  return Release(/*final=*/true);
+}
+
+std::string TextStream::Release(bool final) {
+  const std::string full = decode_(tokens_);
+  // A decoder may rewrite the end of its text when more tokens come (merged bytes): wait until
+  // what was sent is still the text's beginning.
+  if (full.size() < released_.size() || full.compare(0, released_.size(), released_) != 0) {
+    return {};
+  }
+  size_t end = full.size();
+  for (const auto& stop : stops_) {
+    // Nothing sent can be a stop string's start (it was held back).
+    if (const size_t at = full.find(stop, released_.size()); at != std::string::npos && at < end)
+      end = at;
+  }
+  if (end < full.size()) {
+    stopped_ = true;
+  } else if (!final) {
+    end -= std::max(UnfinishedTail(full), PossibleStopStart(full, released_.size(), stops_));
+  }
+  if (end <= released_.size()) return {};
+  std::string out = full.substr(released_.size(), end - released_.size());
+  released_ += out;
+  return out;
+}
+
+}  // namespace colony::api

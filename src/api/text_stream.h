@@ -1,0 +1,44 @@
+// TextStream: the text of a completion as its tokens arrive, for streaming answers and stop
+// strings. Each Add() returns the text that is safe to send now: never the start of what may yet
+// become a stop string, never an incomplete UTF-8 sequence (or the replacement character a
+// decoder writes for one), never text the decoder may still rewrite. Torch-free.
+//
+//   TextStream text(decode, {"\nUser:"});
+//   for (token : generated) { send(text.Add(token)); if (text.stopped()) break; }
+//   send(text.Finish());
+//   // text.text() == everything sent, ending before the first stop string
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace colony::api {
+
+class TextStream {
+ public:
+  using Decode = std::function<std::string(std::span<const int32_t>)>;
+  TextStream(Decode decode, std::vector<std::string> stops);
+
+  // Adds a generated token; returns the text released by it (often empty). After a stop string
+  // appears, stopped() is true and the text ends before it; further tokens are ignored.
+  std::string Add(int64_t token);
+  // The end of generation: releases what was held back (it was no stop string after all).
+  std::string Finish();
+  bool stopped() const { return stopped_; }
+  const std::string& text() const { return released_; }
+
+ private:
+  // Decodes every token so far and releases what is safe (everything when `final`).
+  std::string Release(bool final);
+
+  Decode decode_;
+  std::vector<std::string> stops_;
+  std::vector<int32_t> tokens_;
+  std::string released_;
+  bool stopped_ = false;
+};
+
+}  // namespace colony::api

@@ -1,0 +1,147 @@
+// colony api: an OpenAI-compatible HTTP API that generates through the swarm (api/service.h).
+// Part of colony-torch.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "api/chat_template.h"
+#include "api/service.h"
+#include "core/log.h"
+#include "http/server.h"
+#include "tools/commands.h"
+#include "tools/swarm_args.h"
+
+namespace colony::cli {
+namespace {
+
+struct ApiArgs {
+  SwarmArgs swarm;
+  std::string http = "127.0.0.1:8000";
+  std::string model_id;
+  std::string chat_template;
+  int max_concurrent = 16;
+  int max_connections = 256;
+  size_t max_body_bytes = 1 << 20;
+  int64_t max_n = 8;
+  double request_timeout = 600;
+};
+
+// "host:port" (an IPv6 host in brackets).
+Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon + 1 == text.size()) {
+    return InvalidArgument("--http: '" + text + "' is not host:port");
+  }
+  std::string host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  int port = 0;
+  try {
+    size_t used = 0;
+    port = std::stoi(text.substr(colon + 1), &used);
+    if (used != text.size() - colon - 1) port = -1;
+  } catch (const std::exception&) {
+    port = -1;
+  }
+  if (port < 0 || port > 65535) return InvalidArgument("--http: bad port in '" + text + "'");
+  return std::pair{host, static_cast<uint16_t>(port)};
+}
+
+int RunApi(const ApiArgs& a) {
+  if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
+  auto where = ParseHostPort(a.http);
+  if (!where.ok()) return Fail(where.status());
+  api::ApiOptions options;
+  options.model_id = a.model_id.empty() ? ModelName(a.swarm) : a.model_id;
+  options.limits.max_n = a.max_n;
+  auto own = api::HasOwnChatTemplate(a.swarm.model);
+  if (!own.ok()) return Fail(own.status());
+  if (!a.chat_template.empty()) {
+    auto t = api::ParseChatTemplate(a.chat_template);
+    if (!t.ok()) return Fail(t.status().WithContext("--chat-template"));
+    options.chat_template = *t;
+  } else if (*own) {
+    options.chat_template.reset();
+    COLONY_LOG_WARN(
+        "api: {}'s tokenizer_config.json has a chat_template of its own (Jinja), which colony api "
+        "does not run: /v1/chat/completions is refused until you pick one with --chat-template "
+        "plain|chatml",
+        a.swarm.model);
+  }
+  BlockTerminationSignals();
+  auto started = StartClient(a.swarm);
+  if (!started.ok()) return Fail(started.status());
+  if (!started->client->tokenizer) {
+    return Fail(fmt::format(
+        "{} has no tokenizer.model or tokenizer.json; colony api answers in text and needs one",
+        a.swarm.model));
+  }
+  api::ApiService service(*started->client, options);
+  http::ServerOptions http_options{
+      .host = where->first,
+      .port = where->second,
+      .max_body_bytes = a.max_body_bytes,
+      .max_concurrent_requests = a.max_concurrent,
+      .max_connections = a.max_connections,
+      .request_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.request_timeout * 1000))};
+  auto server = http::Server::Start(http_options, service.Routes());
+  if (!server.ok()) return Fail(server.status().WithContext("--http"));
+  const std::string host =
+      where->first.find(':') != std::string::npos ? "[" + where->first + "]" : where->first;
+  std::printf("http://%s:%u/v1\n", host.c_str(), static_cast<unsigned>((*server)->port()));
+  std::fflush(stdout);
+  COLONY_LOG_INFO("api: serving model '{}' at http://{}:{}/v1", options.model_id, host,
+                  (*server)->port());
+  const std::string sig = WaitForTerminationSignal();
+  COLONY_LOG_INFO("api: {} received; stopping", sig);
+  (*server)->Stop();
+  const auto stats = (*server)->stats();
+  COLONY_LOG_INFO("api: {} requests, {} bad, {} refused as busy, {} streams cut", stats.requests,
+                  stats.bad_requests, stats.busy, stats.cancelled_streams);
+  started->access.Stop();
+  started->client->node->Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
+  auto a = std::make_shared<ApiArgs>();
+  auto* cmd = app.add_subcommand(
+      "api",
+      "serve generation through the swarm over HTTP, compatible with the OpenAI API "
+      "(/v1/completions, /v1/chat/completions, /v1/models; docs/api.md)");
+  AddSwarmOptions(cmd, a->swarm);
+  cmd->add_option("--http", a->http,
+                  "host:port to listen on (default 127.0.0.1:8000: loopback only; port 0 picks a "
+                  "free one, printed on stdout)")
+      ->capture_default_str();
+  cmd->add_option("--model-id", a->model_id,
+                  "the model's id in the API (default: its name in the DHT)");
+  cmd->add_option("--chat-template", a->chat_template,
+                  "chat template: plain or chatml (default: plain, unless the model's "
+                  "tokenizer_config.json has its own, which must then be replaced explicitly)");
+  cmd->add_option("--max-concurrent", a->max_concurrent,
+                  "requests generating at once (each has its own inference session); more get "
+                  "503")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--max-connections", a->max_connections, "open HTTP connections at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--max-body-bytes", a->max_body_bytes, "largest request body")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1024}, size_t{64} << 20));
+  cmd->add_option("--max-n", a->max_n, "largest n (choices per request)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
+  cmd->add_option("--request-timeout", a->request_timeout,
+                  "seconds a request may take from arrival to the end of its answer")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0));
+  commands.emplace_back(cmd, [a] { return RunApi(*a); });
+}
+
+}  // namespace colony::cli

@@ -1,0 +1,45 @@
+// The model and swarm options of the commands that run a model, and starting their swarm client.
+#include "tools/swarm_args.h"
+
+#include "tools/commands.h"
+
+namespace colony::cli {
+
+void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a) {
+  cmd->add_option("--model", a.model,
+                  "Hugging Face-format Llama checkpoint directory (config.json + safetensors)")
+      ->required();
+  cmd->add_option("--model-name", a.model_name,
+                  "name of the model in the DHT, shared by its servers and clients (default: the "
+                  "directory's name)");
+  cmd->add_option("--initial-peers", a.initial_peers,
+                  "multiaddr of a peer in the swarm (repeatable)")
+      ->check(MultiaddrCheck());
+  cmd->add_option("--threads", a.threads, "LibTorch threads (0: default)");
+  AddAccessOptions(cmd, a.access);
+}
+
+std::string ModelName(const SwarmArgs& a) {
+  return a.model_name.empty() ? serve::DefaultModelName(a.model) : a.model_name;
+}
+
+Result<StartedClient> StartClient(const SwarmArgs& a) {
+  if (a.initial_peers.empty()) {
+    return InvalidArgument(
+        "give --initial-peers: the address of any peer of the swarm (a server prints its address "
+        "when it starts)");
+  }
+  KeyPair identity = KeyPair::Generate();
+  COLONY_ASSIGN_OR_RETURN(SwarmAccess access, MakeSwarmAccess(a.access, identity.peer_id()));
+  StartedClient started;
+  COLONY_ASSIGN_OR_RETURN(started.client, serve::ConnectToSwarm({.model_dir = a.model,
+                                                                 .model_name = a.model_name,
+                                                                 .initial_peers = a.initial_peers,
+                                                                 .access = access.control},
+                                                                std::move(identity)));
+  started.access = std::move(access);
+  started.access.Attach(*started.client->node);
+  return started;
+}
+
+}  // namespace colony::cli

@@ -1,0 +1,467 @@
+// `colony api` as a user runs it: real `colony serve` processes (A serves blocks 0:2 and is the
+// bootstrap, B and C serve 2:4), `colony api` in front of them, and curl as the client. Answers are
+// checked field by field against the OpenAI wire format, and their text against greedy generation
+// of the whole model loaded in this process (model::Generate), decoded by the model's tokenizer.
+// A replica SIGKILLed during a streaming request must not break the stream.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/subprocess.h"
+#include "model/checkpoint.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "test_support.h"
+
+namespace colony::api {
+namespace {
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+using colony::test::ColonyBinary;
+
+std::string Tail(const std::string& path, size_t max_chars = 3000) {
+  const std::string text = colony::test::ReadFile(path);
+  return text.size() <= max_chars ? text : text.substr(text.size() - max_chars);
+}
+
+struct Proc {
+  std::string label, stderr_path, first_line;
+  std::optional<Subprocess> process;
+};
+
+struct HttpAnswer {
+  int status = -1;
+  std::string body;
+};
+
+class ApiProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    at::set_num_threads(1);  // as the servers (--threads 1): the same kernels, the same sums
+    dir_ = colony::test::TempPath("api-process-test");
+    fs::create_directories(dir_);
+    model_dir_ = dir_ / "model";
+    fs::create_directories(model_dir_);
+    const fs::path tokenizer_file =
+        fs::path(COLONY_HF_FIXTURES) / "tokenizer-bytelevel-bpe" / "tokenizer.json";
+    fs::copy_file(tokenizer_file, model_dir_ / "tokenizer.json");
+    auto tok = model::Tokenizer::Load(model_dir_ / "tokenizer.json");
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    tokenizer_.emplace(std::move(*tok));
+    model::LlamaConfig c;
+    c.vocab_size = tokenizer_->vocab_size();
+    c.hidden_size = 64;
+    c.intermediate_size = 128;
+    c.num_layers = 4;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.max_seq_len = 128;
+    c.tie_word_embeddings = true;
+    at::manual_seed(11);
+    model::LlamaModel m(c);
+    ASSERT_TRUE(model::SaveLlama(model_dir_, m).ok());
+    model_name_ = "api-test-" + std::to_string(::getpid());
+  }
+
+  void TearDown() override {
+    for (auto it = procs_.rbegin(); it != procs_.rend(); ++it) {
+      if (!it->process || !it->process->running()) continue;
+      it->process->Signal(SIGTERM);
+      if (!it->process->Wait(15s).ok()) {
+        ADD_FAILURE() << it->label << " did not exit after SIGTERM\n" << Tail(it->stderr_path);
+        it->process->Signal(SIGKILL);
+        (void)it->process->Wait(5s);
+      }
+    }
+    procs_.clear();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // Starts `colony ARGS` and reads the first line it prints (an address or a URL).
+  Proc* Start(const std::string& label, std::vector<std::string> args,
+              const std::string& log_level = "info") {
+    Proc p;
+    p.label = label;
+    p.stderr_path = (dir_ / (label + ".err")).string();
+    args.insert(args.begin(), {ColonyBinary(), "--log-level", log_level});
+    auto s = Subprocess::Spawn(args, p.stderr_path);
+    EXPECT_TRUE(s.ok()) << label << ": " << s.status().ToString();
+    if (!s.ok()) return nullptr;
+    p.process.emplace(std::move(*s));
+    auto line = p.process->ReadLine(60s);
+    EXPECT_TRUE(line.ok()) << label << " printed nothing: " << line.status().ToString() << "\n"
+                           << Tail(p.stderr_path);
+    if (!line.ok()) return nullptr;
+    p.first_line = *line;
+    procs_.reserve(8);
+    procs_.push_back(std::move(p));
+    return &procs_.back();
+  }
+
+  Proc* StartServer(const std::string& label, const std::string& blocks,
+                    const std::string& log_level = "info") {
+    std::vector<std::string> args = {
+        "serve", "--model",  model_dir_.string(),    "--model-name", model_name_, "--blocks",
+        blocks,  "--listen", "/ip4/127.0.0.1/tcp/0", "--threads",    "1"};
+    if (!procs_.empty()) {
+      args.push_back("--initial-peers");
+      args.push_back(procs_.front().first_line);
+    }
+    return Start(label, args, log_level);
+  }
+
+  // `colony api` in front of the swarm; returns false when it did not start.
+  bool StartApi() {
+    Proc* p = Start("api", {"api", "--model", model_dir_.string(), "--model-name", model_name_,
+                            "--initial-peers", procs_.front().first_line, "--http", "127.0.0.1:0",
+                            "--threads", "1"});
+    if (p == nullptr) return false;
+    base_url_ = p->first_line;  // http://127.0.0.1:PORT/v1
+    EXPECT_TRUE(base_url_.starts_with("http://127.0.0.1:")) << base_url_;
+    return true;
+  }
+
+  // curl: the status and the body (lines joined with '\n').
+  HttpAnswer Curl(const std::string& path, const std::string& body = {}) {
+    std::vector<std::string> argv = {"/usr/bin/curl",   "-sS", "-N", "--max-time", "120", "-w",
+                                     "\n%{http_code}\n"};
+    if (!body.empty()) {
+      // Large bodies go through a file (one argument may not exceed 128 KiB).
+      std::string data = body;
+      if (body.size() > (64 << 10)) {
+        const fs::path file = dir_ / "body.json";
+        std::ofstream(file, std::ios::binary) << body;
+        data = "@" + file.string();
+      }
+      argv.insert(argv.end(), {"-H", "Content-Type: application/json", "--data-binary", data});
+    }
+    argv.push_back(base_url_ + path);
+    auto p = Subprocess::Spawn(argv);
+    HttpAnswer a;
+    if (!p.ok()) return a;
+    std::vector<std::string> lines;
+    for (;;) {
+      auto line = p->ReadLine(130s);
+      if (!line.ok()) break;
+      lines.push_back(*line);
+    }
+    (void)p->Wait(10s);
+    if (lines.empty()) return a;
+    a.status = std::atoi(lines.back().c_str());
+    lines.pop_back();
+    for (size_t i = 0; i < lines.size(); ++i) a.body += (i ? "\n" : "") + lines[i];
+    return a;
+  }
+
+  // Greedy generation of the whole model here, decoded: the reference text.
+  std::string Reference(const std::string& prompt_text, int64_t max_new_tokens,
+                        const std::vector<std::string>& stops = {}) {
+    auto local = model::LoadLlama(model_dir_);
+    EXPECT_TRUE(local.ok()) << local.status().ToString();
+    (*local)->eval();
+    std::vector<int64_t> prompt;
+    if (tokenizer_->bos_id() >= 0) prompt.push_back(tokenizer_->bos_id());
+    for (int32_t id : tokenizer_->Encode(prompt_text)) prompt.push_back(id);
+    auto tokens = model::Generate(*local, prompt, {.max_new_tokens = max_new_tokens});
+    std::vector<int32_t> ids;
+    for (int64_t t : tokens) {
+      if (t == tokenizer_->eos_id()) break;
+      ids.push_back(static_cast<int32_t>(t));
+    }
+    std::string text = tokenizer_->Decode(ids);
+    for (const auto& s : stops) {
+      if (auto at = text.find(s); at != std::string::npos) text = text.substr(0, at);
+    }
+    return text;
+  }
+
+  // The JSON events of a server-sent event stream, until [DONE] (done: whether it came).
+  static std::vector<json> Events(const std::string& body, bool* done) {
+    std::vector<json> out;
+    *done = false;
+    size_t at = 0;
+    while (at < body.size()) {
+      size_t end = body.find('\n', at);
+      if (end == std::string::npos) end = body.size();
+      const std::string line = body.substr(at, end - at);
+      at = end + 1;
+      if (line.empty()) continue;
+      EXPECT_TRUE(line.starts_with("data: ")) << "not an SSE data line: " << line;
+      if (line == "data: [DONE]") {
+        *done = true;
+        continue;
+      }
+      out.push_back(json::parse(line.substr(6), nullptr, false));
+      EXPECT_FALSE(out.back().is_discarded()) << line;
+    }
+    return out;
+  }
+
+  std::string Logs() const {
+    std::string out;
+    for (const auto& p : procs_) out += "\n--- " + p.label + ":\n" + Tail(p.stderr_path);
+    return out;
+  }
+
+  fs::path dir_, model_dir_;
+  std::string model_name_, base_url_;
+  std::optional<model::Tokenizer> tokenizer_;
+  std::vector<Proc> procs_;
+};
+
+TEST_F(ApiProcessTest, CompletionsAndChatMatchLocalGenerationInTheOpenAiFormat) {
+  ASSERT_NE(StartServer("A", "0:2"), nullptr);
+  ASSERT_NE(StartServer("B", "2:4"), nullptr);
+  ASSERT_TRUE(StartApi());
+
+  const HttpAnswer models = Curl("/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  const json m = json::parse(models.body);
+  EXPECT_EQ(m["object"], "list");
+  ASSERT_EQ(m["data"].size(), 1u);
+  EXPECT_EQ(m["data"][0]["id"], model_name_);
+  EXPECT_EQ(m["data"][0]["object"], "model");
+
+  const std::string prompt = "The kernel schedules";
+  const std::string expected = Reference(prompt, 12);
+  // The servers may still be announcing themselves: retry while the swarm answers 503.
+  HttpAnswer a;
+  const std::string request =
+      json({{"model", model_name_}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}})
+          .dump();
+  ASSERT_TRUE(colony::test::WaitUntil(
+      [&] {
+        a = Curl("/completions", request);
+        return a.status != 503;
+      },
+      60s));
+  ASSERT_EQ(a.status, 200) << a.body << Logs();
+  const json c = json::parse(a.body);
+  EXPECT_TRUE(c["id"].get<std::string>().starts_with("cmpl-")) << c;
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_TRUE(c["created"].is_number_integer());
+  EXPECT_EQ(c["model"], model_name_);
+  ASSERT_EQ(c["choices"].size(), 1u);
+  EXPECT_EQ(c["choices"][0]["index"], 0);
+  EXPECT_TRUE(c["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(c["choices"][0]["text"], expected);
+  const int64_t prompt_tokens = c["usage"]["prompt_tokens"];
+  EXPECT_EQ(prompt_tokens, static_cast<int64_t>(tokenizer_->Encode(prompt).size()) +
+                               (tokenizer_->bos_id() >= 0 ? 1 : 0));
+  const int64_t completion_tokens = c["usage"]["completion_tokens"];
+  EXPECT_EQ(c["usage"]["total_tokens"], prompt_tokens + completion_tokens);
+  if (c["choices"][0]["finish_reason"] == "length") {
+    EXPECT_EQ(completion_tokens, 12);
+  }
+
+  // The same request streamed: the pieces join to the same text.
+  const HttpAnswer s = Curl("/completions", json({{"prompt", prompt},
+                                                  {"max_tokens", 12},
+                                                  {"temperature", 0},
+                                                  {"stream", true},
+                                                  {"stream_options", {{"include_usage", true}}}})
+                                                .dump());
+  ASSERT_EQ(s.status, 200) << s.body;
+  bool done = false;
+  const auto events = Events(s.body, &done);
+  EXPECT_TRUE(done) << s.body;
+  ASSERT_GE(events.size(), 3u) << s.body;
+  std::string joined;
+  std::string finish;
+  for (const auto& e : events) {
+    EXPECT_EQ(e["object"], "text_completion");
+    EXPECT_EQ(e["id"], events[0]["id"]);
+    if (e.contains("usage")) {
+      EXPECT_EQ(e["usage"]["completion_tokens"], completion_tokens);
+      EXPECT_TRUE(e["choices"].empty());
+      continue;
+    }
+    joined += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(joined, expected);
+  EXPECT_EQ(finish, c["choices"][0]["finish_reason"]);
+
+  // Chat: the plain template's prompt, cut at the stop string "\nUser:".
+  const std::string chat_prompt = "Be brief.\n\nUser: Hello there\nAssistant:";
+  const std::string chat_expected = Reference(chat_prompt, 20, {"\nUser:"});
+  const HttpAnswer chat =
+      Curl("/chat/completions", json({{"messages",
+                                       {{{"role", "system"}, {"content", "Be brief."}},
+                                        {{"role", "user"}, {"content", "Hello there"}}}},
+                                      {"max_tokens", 20},
+                                      {"temperature", 0}})
+                                    .dump());
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const json ch = json::parse(chat.body);
+  EXPECT_TRUE(ch["id"].get<std::string>().starts_with("chatcmpl-"));
+  EXPECT_EQ(ch["object"], "chat.completion");
+  EXPECT_EQ(ch["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(ch["choices"][0]["message"]["content"], chat_expected);
+
+  // Streamed chat: a role delta first, then content deltas that join to the same text.
+  const HttpAnswer cs =
+      Curl("/chat/completions", json({{"messages",
+                                       {{{"role", "system"}, {"content", "Be brief."}},
+                                        {{"role", "user"}, {"content", "Hello there"}}}},
+                                      {"max_tokens", 20},
+                                      {"temperature", 0},
+                                      {"stream", true}})
+                                    .dump());
+  ASSERT_EQ(cs.status, 200) << cs.body;
+  const auto chat_events = Events(cs.body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_GE(chat_events.size(), 2u);
+  EXPECT_EQ(chat_events[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(chat_events[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string chat_joined;
+  for (const auto& e : chat_events) {
+    const auto& delta = e["choices"][0]["delta"];
+    if (delta.contains("content")) chat_joined += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(chat_joined, chat_expected);
+  EXPECT_EQ(chat_events.back()["choices"][0]["finish_reason"], ch["choices"][0]["finish_reason"]);
+}
+
+TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
+  ASSERT_NE(StartServer("A", "0:4"), nullptr);
+  ASSERT_TRUE(StartApi());
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"/completions", "{not json", 400, "not valid JSON"},
+      {"/completions", R"({"prompt": "x", "mirostat": 2})", 400, "'mirostat'"},
+      {"/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "model_not_found"},
+      {"/completions", R"({"prompt": "x", "max_tokens": 100000})", 400, "context_length_exceeded"},
+      {"/completions", R"({"prompt": [999999]})", 400, "outside the vocabulary"},
+      {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "stream": true})", 400,
+       "beam search"},
+      {"/chat/completions", R"({"messages": "hi"})", 400, "'messages'"},
+      {"/nothing", R"({})", 404, "no such endpoint"},
+  };
+  for (const auto& k : cases) {
+    const HttpAnswer a = Curl(k.path, k.body);
+    EXPECT_EQ(a.status, k.status) << k.body << " -> " << a.body;
+    const json e = json::parse(a.body, nullptr, false);
+    ASSERT_TRUE(e.is_object() && e.contains("error")) << a.body;
+    EXPECT_TRUE(e["error"]["message"].is_string());
+    EXPECT_TRUE(e["error"]["type"].is_string());
+    EXPECT_NE(a.body.find(k.needle), std::string::npos) << k.body << " -> " << a.body;
+  }
+  // A body over the limit (1 MiB by default).
+  const HttpAnswer big =
+      Curl("/completions", R"({"prompt": ")" + std::string(2 << 20, 'a') + "\"}");
+  EXPECT_EQ(big.status, 413) << big.body.substr(0, 200);
+  // Still serving: n samples with a seed are reproducible, and differ from each other.
+  const std::string sampled =
+      json({{"prompt", "Once"}, {"max_tokens", 8}, {"temperature", 1.0}, {"n", 2}, {"seed", 5}})
+          .dump();
+  HttpAnswer first;
+  ASSERT_TRUE(colony::test::WaitUntil(
+      [&] {
+        first = Curl("/completions", sampled);
+        return first.status != 503;
+      },
+      60s));
+  ASSERT_EQ(first.status, 200) << first.body << Logs();
+  const HttpAnswer second = Curl("/completions", sampled);
+  ASSERT_EQ(second.status, 200) << second.body;
+  const json f = json::parse(first.body), g = json::parse(second.body);
+  ASSERT_EQ(f["choices"].size(), 2u);
+  EXPECT_EQ(f["choices"], g["choices"]);
+  EXPECT_EQ(f["choices"][1]["index"], 1);
+  // n beams at temperature 0: the best beam first, all distinct.
+  const HttpAnswer beams =
+      Curl("/completions",
+           json({{"prompt", "Once"}, {"max_tokens", 6}, {"temperature", 0}, {"n", 3}}).dump());
+  ASSERT_EQ(beams.status, 200) << beams.body;
+  const json b = json::parse(beams.body);
+  ASSERT_EQ(b["choices"].size(), 3u);
+  EXPECT_NE(b["choices"][0]["text"], b["choices"][1]["text"]);
+}
+
+TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
+  ASSERT_NE(StartServer("A", "0:2"), nullptr);
+  ASSERT_NE(StartServer("B", "2:4", "debug"), nullptr);
+  ASSERT_NE(StartServer("C", "2:4", "debug"), nullptr);
+  ASSERT_TRUE(StartApi());
+  const std::string prompt = "Colony";
+  const int64_t max_tokens = 80;
+  const std::string expected = Reference(prompt, max_tokens);
+  // Wait until the API can route (both replicas announced), with a short request.
+  HttpAnswer warm;
+  ASSERT_TRUE(colony::test::WaitUntil(
+      [&] {
+        warm = Curl("/completions", R"({"prompt": "x", "max_tokens": 1, "temperature": 0})");
+        return warm.status == 200;
+      },
+      60s))
+      << warm.body << Logs();
+  auto opened = [&](const Proc& p) {
+    const std::string log = colony::test::ReadFile(p.stderr_path);
+    size_t n = 0;
+    for (size_t at = log.find("opened: blocks"); at != std::string::npos;
+         at = log.find("opened: blocks", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  Proc& b = procs_[1];
+  Proc& c = procs_[2];
+  const size_t b_before = opened(b), c_before = opened(c);
+
+  auto curl = Subprocess::Spawn(
+      {"/usr/bin/curl", "-sS", "-N", "--max-time", "120", "-H", "Content-Type: application/json",
+       "--data-binary",
+       json({{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true}})
+           .dump(),
+       base_url_ + "/completions"});
+  ASSERT_TRUE(curl.ok());
+  std::string body;
+  int events = 0;
+  Proc* victim = nullptr;
+  for (;;) {
+    auto line = curl->ReadLine(60s);
+    if (!line.ok()) break;
+    body += *line + "\n";
+    if (!line->starts_with("data: {")) continue;
+    if (++events != 3) continue;
+    // The session is open on exactly one replica: kill that one mid-stream.
+    victim = opened(b) > b_before ? &b : opened(c) > c_before ? &c : nullptr;
+    ASSERT_NE(victim, nullptr) << "no replica logged the session" << Logs();
+    victim->process->Signal(SIGKILL);
+    (void)victim->process->Wait(5s);
+  }
+  (void)curl->Wait(10s);
+  ASSERT_NE(victim, nullptr) << body << Logs();
+  bool done = false;
+  const auto evs = Events(body, &done);
+  EXPECT_TRUE(done) << "the stream broke:\n" << body << Logs();
+  std::string joined;
+  for (const auto& e : evs) {
+    ASSERT_FALSE(e.contains("error")) << e << Logs();
+    joined += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(joined, expected);
+  Proc& survivor = victim == &b ? c : b;
+  EXPECT_GT(opened(survivor), survivor.label == "B" ? b_before : c_before)
+      << "the session did not move to the surviving replica";
+}
+
+}  // namespace
+}  // namespace colony::api
