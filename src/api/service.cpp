@@ -49,7 +49,25 @@ struct ApiService::Plan {
   int64_t max_new_tokens = 0;
   std::vector<std::string> stops;
   bool beams = false;  // n > 1 at temperature 0
+
+  int64_t max_length() const { return static_cast<int64_t>(prompt.size()) + max_new_tokens; }
 };
+
+namespace {
+
+// An inference session of its own over the whole model (closed when this goes), with the decoder
+// that the generation code steps: max_length positions, `rows` rows (beams).
+struct SwarmDecoder {
+  SwarmDecoder(serve::SwarmClient& client, int64_t max_length, int64_t rows)
+      : session(serve::RemoteSequential(client.manager)
+                    .OpenSession({.max_length = max_length, .batch_size = rows})),
+        backend(client.head, *session, max_length) {}
+
+  std::unique_ptr<serve::InferenceSession> session;
+  serve::RemoteBackend backend;
+};
+
+}  // namespace
 
 struct ApiService::Choice {
   std::string text;
@@ -163,10 +181,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                         int64_t i, const std::function<void(const std::string&)>& on_delta,
                         const std::function<bool()>& stop_early) -> Result<Choice> {
     at::NoGradGuard no_grad;
-    const int64_t max_length = static_cast<int64_t>(plan->prompt.size()) + plan->max_new_tokens;
-    serve::RemoteSequential remote(client_.manager);
-    auto session = remote.OpenSession({.max_length = max_length, .batch_size = 1});
-    serve::RemoteBackend backend(client_.head, *session, max_length);
+    SwarmDecoder decoder(client_, plan->max_length(), 1);
     TextStream text(decode, plan->stops);
     const model::SamplingOptions so{.max_new_tokens = plan->max_new_tokens,
                                     .temperature = req->temperature,
@@ -177,7 +192,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     Choice c;
     bool ended_with_eos = false;
     auto tokens = serve::GenerateWith(
-        backend, plan->prompt, so, eos,
+        decoder.backend, plan->prompt, so, eos,
         [&](int64_t t) {
           ++c.tokens;
           if (t == eos) {
@@ -187,7 +202,6 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
           if (std::string d = text.Add(t); !d.empty() && on_delta) on_delta(d);
         },
         [&] { return text.stopped() || cancelled() || (stop_early && stop_early()); });
-    session->Close();
     if (!tokens.ok()) return tokens.status();
     if (cancelled()) return Cancelled("the client went away");
     if (std::string d = text.Finish(); !d.empty() && on_delta) on_delta(d);
@@ -216,12 +230,9 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     std::vector<Choice> choices;
     if (plan->beams) {
       at::NoGradGuard no_grad;
-      const int64_t max_length = static_cast<int64_t>(plan->prompt.size()) + plan->max_new_tokens;
-      serve::RemoteSequential remote(client_.manager);
-      auto session = remote.OpenSession({.max_length = max_length, .batch_size = req->n});
-      serve::RemoteBackend backend(client_.head, *session, max_length);
-      auto beams = serve::BeamSearch(backend, plan->prompt, req->n, plan->max_new_tokens, eos);
-      session->Close();
+      SwarmDecoder decoder(client_, plan->max_length(), req->n);
+      auto beams =
+          serve::BeamSearch(decoder.backend, plan->prompt, req->n, plan->max_new_tokens, eos);
       if (!beams.ok()) return SwarmError(beams.status());
       for (const auto& b : *beams) {
         TextStream text(decode, plan->stops);

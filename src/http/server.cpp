@@ -159,7 +159,7 @@ class Exchange : public StreamWriter, public std::enable_shared_from_this<Exchan
       std::lock_guard lock(mu_);
       for (auto& c : chunks_) out += c;
       chunks_.clear();
-      done = done_ && !reply_;
+      done = done_;
     }
     return out;
   }

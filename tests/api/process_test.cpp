@@ -20,6 +20,7 @@
 #include "model/checkpoint.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "serve/small_model.h"
 #include "test_support.h"
 
 namespace colony::api {
@@ -59,15 +60,8 @@ class ApiProcessTest : public ::testing::Test {
     auto tok = model::Tokenizer::Load(model_dir_ / "tokenizer.json");
     ASSERT_TRUE(tok.ok()) << tok.status().ToString();
     tokenizer_.emplace(std::move(*tok));
-    model::LlamaConfig c;
+    model::LlamaConfig c = serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/true);
     c.vocab_size = tokenizer_->vocab_size();
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.num_layers = 4;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.max_seq_len = 128;
-    c.tie_word_embeddings = true;
     at::manual_seed(11);
     model::LlamaModel m(c);
     ASSERT_TRUE(model::SaveLlama(model_dir_, m).ok());

@@ -274,10 +274,8 @@ TEST(HttpServer, StreamsChunksInOrderAndStopsTheHandlerWhenTheClientLeaves) {
     Reply reply;
     reply.content_type = "text/event-stream";
     reply.stream = [&](StreamWriter& out) {
-      while (out.Write("data: tick\n\n")) {
-        ++written;
-        std::this_thread::sleep_for(1ms);
-      }
+      // Paced by the stream's queue: Write waits while 4 KiB are queued.
+      while (out.Write("data: tick\n\n")) ++written;
       handler_saw_cancel = out.cancelled();
       handler_done = true;
     };
@@ -342,11 +340,12 @@ TEST(HttpServer, StopEndsStreamsInFlightAndReturns) {
     Reply reply;
     reply.stream = [&](StreamWriter& out) {
       started = true;
-      while (out.Write("x")) std::this_thread::sleep_for(1ms);
+      while (out.Write("x")) {  // waits once 4 KiB are queued for the client, who never reads
+      }
     };
     return reply;
   });
-  auto server = Server::Start({}, std::move(r));
+  auto server = Server::Start({.max_stream_queue_bytes = 4096}, std::move(r));
   ASSERT_TRUE(server.ok());
   RawClient c((*server)->port());
   c.Send("GET /forever HTTP/1.1\r\nHost: x\r\n\r\n");

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/clock.h"
+#include "core/periodic.h"
 #include "net/access_control.h"
 #include "net/access_token.h"
 #include "net/test_util.h"
@@ -334,26 +335,25 @@ TEST(PrivateSwarm, TokensRenewWithoutFailingACall) {
   Peer client = StartPeer(Seeded(3), Swarm(authority, kSkew), *first, 400ms);
   TokenRefresher refresher(*client.host, source);
 
-  std::atomic<bool> stop{false};
-  std::thread authority_thread([&] {
-    while (!stop) {  // a fresh token every third of a lifetime
-      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(kTtl * 1000 / 3)));
-      write_token(client_id);
-    }
-  });
   int calls = 0, failures = 0;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(5 * kTtl);
-  while (std::chrono::steady_clock::now() < until) {
-    auto r = Echo(*client.host, *server.host);
-    ++calls;
-    if (!r.ok()) {
-      ++failures;
-      ADD_FAILURE() << r.status().ToString();
+  {
+    // The authority writes a fresh token every third of a lifetime.
+    Periodic authority_issues(
+        std::chrono::milliseconds(static_cast<int>(kTtl * 1000 / 3)),
+        [&] { write_token(client_id); }, Periodic::Start::kAfterInterval);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(5 * kTtl);
+    while (std::chrono::steady_clock::now() < until) {
+      auto r = Echo(*client.host, *server.host);
+      ++calls;
+      if (!r.ok()) {
+        ++failures;
+        ADD_FAILURE() << r.status().ToString();
+      }
+      // The next call comes right after a renewal, or 50 ms after this one.
+      const uint64_t renewed = refresher.renewals();
+      (void)colony::test::WaitUntil([&] { return refresher.renewals() != renewed; }, 50ms);
     }
-    std::this_thread::sleep_for(50ms);
   }
-  stop = true;
-  authority_thread.join();
   EXPECT_EQ(failures, 0) << "of " << calls << " calls";
   EXPECT_GE(refresher.renewals(), 4u);
   EXPECT_EQ(server.host->access_refusals().count, 0u);
