@@ -1,7 +1,8 @@
 // Fuzz target for the collaborative-training progress records read from the DHT (each peer writes
-// its own; any peer of a run can write junk there). ParseProgressRecord never crashes, every error
-// says what is wrong, and a record it accepts is within its documented ranges and survives a
-// re-encode unchanged (nothing read is dropped or altered silently).
+// its own; any peer of a run can write junk there), and for the run announcements under
+// colony.runs. The parsers never crash, every error says what is wrong, and a record they accept
+// is within its documented ranges and survives a re-encode unchanged (nothing read is dropped or
+// altered silently).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,17 @@ using namespace colony::train;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const PeerId peer = KeyPair::Generate().peer_id();
   const std::string_view value(reinterpret_cast<const char*>(data), size);
+  auto run = ParseRunAnnouncement(value);
+  if (run.ok()) {
+    if (run->run.empty() || run->run.size() > 128 || run->target_batch_size <= 0) __builtin_trap();
+    auto again = ParseRunAnnouncement(EncodeRunAnnouncement(*run));
+    if (!again.ok() || again->run != run->run ||
+        again->target_batch_size != run->target_batch_size) {
+      __builtin_trap();
+    }
+  } else if (run.status().message().empty()) {
+    __builtin_trap();
+  }
   auto r = ParseProgressRecord(peer, value);
   if (!r.ok()) {
     if (r.status().message().empty()) __builtin_trap();
@@ -29,7 +41,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!again.ok() || again->epoch != r->epoch || again->samples != r->samples ||
       again->samples_per_second != r->samples_per_second || again->batch != r->batch ||
       again->time != r->time || again->client != r->client || again->aux != r->aux ||
-      again->phase != r->phase) {
+      again->phase != r->phase || again->version != r->version ||
+      again->round.epoch != r->round.epoch || again->round.group != r->round.group ||
+      again->round.size != r->round.size || again->round.ok != r->round.ok ||
+      std::isnan(again->loss) != std::isnan(r->loss) ||
+      (!std::isnan(r->loss) && again->loss != r->loss)) {
     __builtin_trap();
   }
   return 0;

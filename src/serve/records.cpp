@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -71,6 +72,11 @@ std::string EncodeServerRecord(const ServerRecord& r) {
                       {"addresses", r.addresses},
                       {"version", r.version},
                       {"dtype", r.dtype}};
+  if (!r.next_pings.empty()) {
+    nlohmann::json pings = nlohmann::json::object();
+    for (const auto& [peer, ms] : r.next_pings) pings[peer.ToString()] = ms;
+    j["next_pings"] = std::move(pings);
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -106,6 +112,21 @@ Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view valu
       }
       for (const auto& s : a) r.addresses.push_back(s.get<std::string>());
     }
+    if (j.contains("next_pings")) {
+      const auto& pings = j.at("next_pings");
+      if (!pings.is_object() || pings.size() > kMaxNextPings) {
+        return ProtocolError(fmt::format(
+            "server record: next_pings must be an object of at most {}", kMaxNextPings));
+      }
+      for (const auto& [id, ms] : pings.items()) {
+        auto next = PeerId::Parse(id);
+        const double rtt = ms.get<double>();
+        if (!next.ok() || !std::isfinite(rtt) || rtt < 0) {
+          return ProtocolError("server record: next_pings maps peer ids to round-trip times");
+        }
+        r.next_pings.emplace_back(*next, rtt);
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     return ProtocolError(std::string("malformed server record: ") + e.what());
   }
@@ -121,6 +142,54 @@ Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view valu
     return ProtocolError("server record has an overlong version or dtype");
   }
   return r;
+}
+
+namespace {
+
+bool IsModelName(std::string_view name) {
+  if (name.empty() || name.size() > 128) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c < 127; });
+}
+
+}  // namespace
+
+std::string EncodeModelAnnouncement(const ModelAnnouncement& a) {
+  return nlohmann::json{{"model", a.model}, {"num_blocks", a.num_blocks}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<ModelAnnouncement> ParseModelAnnouncement(std::string_view value) {
+  if (value.size() > 512) return ProtocolError("model announcement longer than 512 bytes");
+  nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return ProtocolError("model announcement is not a JSON object");
+  for (const auto& [field, v] : j.items()) {
+    if (field != "model" && field != "num_blocks") {
+      return ProtocolError(
+          fmt::format("model announcement: unknown field '{}'", field.substr(0, 32)));
+    }
+  }
+  if (!j.contains("model") || !j["model"].is_string() || !j.contains("num_blocks") ||
+      !j["num_blocks"].is_number_integer()) {
+    return ProtocolError("model announcement needs a string model and an integer num_blocks");
+  }
+  ModelAnnouncement a{.model = j["model"].get<std::string>(),
+                      .num_blocks = j["num_blocks"].get<int64_t>()};
+  if (!IsModelName(a.model)) {
+    return ProtocolError("model announcement: the name must be 1-128 printable ASCII characters");
+  }
+  if (a.num_blocks <= 0 || a.num_blocks > kMaxModelBlocks) {
+    return ProtocolError(fmt::format("model announcement: num_blocks {} outside [1, {}]",
+                                     a.num_blocks, kMaxModelBlocks));
+  }
+  return a;
+}
+
+dht::KeyFamily ModelsFamily() {
+  return {.name = "model announcements",
+          .matches = [](std::string_view key) { return key == kModelsKey; },
+          .check = [](std::string_view, const PeerId&, std::string_view value) -> Status {
+            return ParseModelAnnouncement(value).status();
+          }};
 }
 
 }  // namespace colony::serve

@@ -33,7 +33,11 @@ struct ServerRecord {
   std::vector<std::string> addresses;  // multiaddrs with /p2p/
   std::string version;
   std::string dtype;
+  // The server's own round-trip times (ms) to servers of the block after its span (at most
+  // kMaxNextPings, by peer id): what a client's route through this server to the next costs.
+  std::vector<std::pair<PeerId, double>> next_pings = {};
 };
+inline constexpr size_t kMaxNextPings = 8;
 
 std::string BlockKey(const std::string& model, int64_t block);
 // The block index of a key "<model>.block.<i>", or nullopt for any other key.
@@ -43,8 +47,21 @@ std::optional<int64_t> BlockOfKey(std::string_view key);
 dht::KeyFamily ServerRecordFamily();
 std::string EncodeServerRecord(const ServerRecord& record);
 // Parses a value read from the DHT (untrusted): ProtocolError on anything malformed, spans
-// outside [0, num_blocks), or more than a few addresses.
+// outside [0, num_blocks), or more than a few addresses or pings.
 Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view value,
                                        int64_t num_blocks);
+
+// The swarm's list of served models, so that a monitor can find them without knowing their names:
+// key kModelsKey, subkey OwnerMarker(server), value {"model": NAME, "num_blocks": N}. Each server
+// writes only its own entry, with the same lifetime as its block records.
+inline constexpr std::string_view kModelsKey = "colony.models";
+inline constexpr int64_t kMaxModelBlocks = 4096;
+struct ModelAnnouncement {
+  std::string model = {};  // the name in block keys: 1-128 printable ASCII characters
+  int64_t num_blocks = 0;
+};
+std::string EncodeModelAnnouncement(const ModelAnnouncement& a);
+Result<ModelAnnouncement> ParseModelAnnouncement(std::string_view value);
+dht::KeyFamily ModelsFamily();
 
 }  // namespace colony::serve

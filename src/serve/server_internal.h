@@ -113,6 +113,9 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   std::vector<ServerRecord> FetchRecords();
   void Announce();
   void AnnounceLoop();
+  // Pings (short deadline) the online servers whose span starts where ours ends, for the
+  // next_pings of our records (what health monitors show of the route through us).
+  void MeasureNextPings();
   // Moves to weaker blocks when the swarm's weakest block would gain clearly (Petals'
   // balance-quality rule), and only while no session holds a cache here.
   void MaybeRebalance();
@@ -156,6 +159,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   bool stopped_ = false;
   int64_t first_ = 0, last_ = 0;
   ServerState state_ = ServerState::kJoining;
+  std::vector<std::pair<PeerId, double>> next_pings_;  // guarded by mu_
   double throughput_ = 0, inference_rps_ = 0;
   int64_t cache_used_ = 0;
   int64_t weight_bytes_ = 0;

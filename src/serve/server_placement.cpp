@@ -68,6 +68,7 @@ void BlockServer::Impl::Announce() {
     r.throughput = throughput_;
     r.inference_rps = inference_rps_;
     r.cache_tokens_left = CacheTokensLeftLocked();
+    r.next_pings = next_pings_;
   }
   for (const auto& a : node_.VisibleAddresses()) r.addresses.push_back(a.ToString());
   r.version = COLONY_VERSION_STRING;
@@ -81,6 +82,12 @@ void BlockServer::Impl::Announce() {
                      .value = value,
                      .expiration = expiration});
   }
+  // The model's entry in the swarm's list of models (what `colony monitor` shows).
+  items.push_back({.key = std::string(kModelsKey),
+                   .subkey = dht::OwnerMarker(node_.peer_id()),
+                   .value = EncodeModelAnnouncement(
+                       {.model = options_.model_name, .num_blocks = config_.num_layers}),
+                   .expiration = expiration});
   auto statuses = node_.StoreManySync(items);
   for (const auto& st : statuses) {
     if (!st.ok()) {
@@ -91,16 +98,43 @@ void BlockServer::Impl::Announce() {
 }
 
 void BlockServer::Impl::AnnounceLoop() {
-  int ticks = 0;
+  int ticks = 0, pings_due = 0;
   std::unique_lock lock(mu_);
   while (!stopped_) {
     cv_.wait_for(lock, options_.announce_period, [&] { return stopped_; });
     if (stopped_) break;
     lock.unlock();
+    if (pings_due++ % 3 == 0) MeasureNextPings();
     Announce();
     if (!pinned_ && options_.rebalance && ++ticks % 6 == 0) MaybeRebalance();
     lock.lock();
   }
+}
+
+void BlockServer::Impl::MeasureNextPings() {
+  int64_t end = 0;
+  {
+    std::lock_guard lock(mu_);
+    end = last_;
+  }
+  std::vector<ServerRecord> next;
+  for (auto& r : FetchRecords()) {
+    if (r.state == ServerState::kOnline && r.start == end && !r.addresses.empty()) {
+      next.push_back(std::move(r));
+    }
+  }
+  std::vector<std::pair<PeerId, double>> pings;
+  for (const auto& r : next) {
+    if (pings.size() == kMaxNextPings) break;
+    auto addr = Multiaddr::Parse(r.addresses.front());
+    if (!addr.ok()) continue;
+    auto ping = node_.host().PingSync(*addr, std::chrono::seconds(1));
+    if (ping.ok()) {
+      pings.emplace_back(r.peer, std::chrono::duration<double, std::milli>(ping->rtt).count());
+    }
+  }
+  std::lock_guard lock(mu_);
+  next_pings_ = std::move(pings);
 }
 
 // Moves to weaker blocks when the swarm's weakest block would gain clearly (Petals'

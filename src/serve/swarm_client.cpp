@@ -28,7 +28,7 @@ Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& op
   node_options.dht.client_mode = true;
   node_options.host.access = options.access;
   node_options.validators = {
-      std::make_shared<dht::KeyFamilyValidator>(std::vector{ServerRecordFamily()})};
+      std::make_shared<dht::KeyFamilyValidator>(std::vector{ServerRecordFamily(), ModelsFamily()})};
   COLONY_ASSIGN_OR_RETURN(c->node, dht::Node::Start(std::move(identity), node_options));
   const std::string name =
       options.model_name.empty() ? DefaultModelName(options.model_dir) : options.model_name;

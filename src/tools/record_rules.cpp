@@ -9,7 +9,9 @@ namespace colony::cli {
 std::shared_ptr<const dht::RecordValidator> SwarmRecordRules() {
   std::vector<dht::KeyFamily> families = averaging::AveragingKeyFamilies();
   families.push_back(serve::ServerRecordFamily());
+  families.push_back(serve::ModelsFamily());
   families.push_back(train::ProgressFamily());
+  families.push_back(train::RunsFamily());
   return std::make_shared<dht::KeyFamilyValidator>(std::move(families));
 }
 

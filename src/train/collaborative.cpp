@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/bytes.h"
 #include "core/log.h"
 #include "train/internal.h"
 
@@ -32,6 +33,10 @@ bool AllFinite(const float* p, size_t n) {
 
 std::string GatherMetadata(int64_t samples, double samples_per_second) {
   return Json{{"samples", samples}, {"sps", samples_per_second}}.dump();
+}
+
+std::string ShortGroupId(const averaging::StepResult& r) {
+  return HexEncode(AsBytes(r.group_id)).substr(0, 8);
 }
 
 Membership CountMembers(const averaging::StepResult& r) {
@@ -143,6 +148,12 @@ Result<StepReport> CollaborativeOptimizer::Impl::Step(int64_t batch_size) {
   }
   COLONY_RETURN_IF_ERROR(stepping_->Advance(report));
   report.epoch = epoch_;
+  if (report.stepped) {
+    last_round_ = {.epoch = epoch_ - 1,
+                   .group = report.group,
+                   .size = static_cast<int64_t>(std::max<size_t>(report.group_size, 1)),
+                   .ok = report.averaged};
+  }
   last_step_end_ = Clock::now();  // the next batch's compute time starts now
   return report;
 }
@@ -170,7 +181,9 @@ void CollaborativeOptimizer::Impl::Publish(Phase phase) {
                     .samples = local_samples_,
                     .samples_per_second = sps_,
                     .batch = last_batch_,
-                    .phase = phase});
+                    .phase = phase,
+                    .loss = loss_.load(std::memory_order_relaxed),
+                    .round = last_round_});
 }
 
 // Waiting peers poll the DHT, and a swarm of them must not flood it: polls are the tracker's
@@ -381,6 +394,9 @@ CollaborativeOptimizer::~CollaborativeOptimizer() = default;
 
 Result<StepReport> CollaborativeOptimizer::Step(int64_t batch_size) {
   return impl_->Step(batch_size);
+}
+void CollaborativeOptimizer::ReportLoss(double loss) {
+  if (std::isfinite(loss)) impl_->loss_.store(loss, std::memory_order_relaxed);
 }
 Status CollaborativeOptimizer::LoadStateFromPeers() { return impl_->LoadStateFromPeers(); }
 void CollaborativeOptimizer::FinishPendingStep() {

@@ -114,6 +114,7 @@ struct StepReport {
   int64_t epoch = 0;           // local epoch after the call
   int64_t realized_batch = 0;  // samples that went into the step (the group's sum)
   size_t group_size = 0;       // peers whose data was averaged (1: local gradients only)
+  std::string group;           // the group's id, 8 hex digits (empty: no group)
   bool averaged = false;       // a group averaged (false: this peer was alone or the round failed)
   bool skipped_nonfinite = false;  // the batch's (or the average's) gradients were not finite
   bool loaded_state = false;       // this peer was behind and downloaded the swarm's state
@@ -146,6 +147,9 @@ class CollaborativeOptimizer {
 
   // Call after backward() on a batch of `batch_size` samples; consumes and zeroes the gradients.
   Result<StepReport> Step(int64_t batch_size);
+  // This peer's recent training loss, published with its progress for monitors (a non-finite
+  // value is ignored).
+  void ReportLoss(double loss);
   // With delay_grad_averaging: waits for the round running in the background and applies it
   // (Step() does this by itself a batch later). Call before reading the parameters at the end.
   void FinishPendingStep();

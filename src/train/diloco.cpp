@@ -157,6 +157,7 @@ class Diloco final : public Stepping {
       if (r.ok()) {
         averaged = true;
         report.group_size = r->members.size();
+        report.group = ShortGroupId(*r);
         report.averaging_seconds += r->matchmaking_seconds + r->allreduce_seconds;
       } else {
         peer_.counters_.failed_rounds++;

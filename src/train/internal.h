@@ -17,11 +17,13 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -58,6 +60,8 @@ struct Membership {
   std::vector<std::pair<PeerId, double>> rates;  // every member's samples/s
 };
 Membership CountMembers(const averaging::StepResult& r);
+// The round's group id shortened to 8 hex digits (what progress records report).
+std::string ShortGroupId(const averaging::StepResult& r);
 // The metadata each peer gathers into a round: its samples and samples/s.
 std::string GatherMetadata(int64_t samples, double samples_per_second);
 
@@ -217,7 +221,9 @@ class CollaborativeOptimizer::Impl {
   int64_t local_samples_ = 0;  // this epoch's (or this DiLoCo sync's) samples
   double sps_ = 0;
   int64_t last_batch_ = 0;
-  Phase phase_ = Phase::kIdle;         // what this peer last reported
+  Phase phase_ = Phase::kIdle;  // what this peer last reported
+  std::atomic<double> loss_{std::numeric_limits<double>::quiet_NaN()};  // ReportLoss()
+  RoundSummary last_round_;            // reported with its progress (Step()'s thread)
   Clock::time_point last_step_end_{};  // when Step() last returned
   Clock::time_point last_poll_{};
   Clock::time_point next_catch_up_{};

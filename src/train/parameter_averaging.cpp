@@ -42,6 +42,7 @@ bool ParameterAveraging::Average(int64_t samples, int64_t epoch, size_t expected
   if (peer_.options_.local_updates) peer_.tracker_->NoteRoundEnd(epoch + 1, m.rates);
   report.averaged = true;
   report.group_size = m.group;
+  report.group = ShortGroupId(*r);
   report.realized_batch = m.realized;
   report.averaging_seconds = r->matchmaking_seconds + r->allreduce_seconds;
   // Guard against a round that went wrong in a way the averager could not see.

@@ -13,6 +13,14 @@
 
 namespace colony::train {
 
+dht::KeyFamily RunsFamily() {
+  return {.name = "training run announcements",
+          .matches = [](std::string_view key) { return key == kRunsKey; },
+          .check = [](std::string_view, const PeerId&, std::string_view value) -> Status {
+            return ParseRunAnnouncement(value).status();
+          }};
+}
+
 dht::KeyFamily ProgressFamily() {
   constexpr std::string_view kSuffix = ".progress";
   return {
@@ -50,6 +58,7 @@ class ProgressTracker::Impl {
     self_.peer = node_.peer_id();
     self_.client = options_.client;
     self_.aux = options_.aux;
+    self_.version = COLONY_VERSION_STRING;
     self_.phase = options_.aux ? Phase::kWait : Phase::kIdle;
     self_.time = dht::Now();
     last_seen_others_ = Clock::now();
@@ -88,6 +97,8 @@ class ProgressTracker::Impl {
       self_.samples_per_second = r.samples_per_second;
       if (r.batch > 0) self_.batch = r.batch;
       self_.phase = r.phase;
+      if (std::isfinite(r.loss)) self_.loss = r.loss;
+      if (r.round.epoch >= 0) self_.round = r.round;
       self_.time = dht::Now();
       dirty_ = true;
       if (urgent) publish_now_ = true;
@@ -282,7 +293,7 @@ class ProgressTracker::Impl {
   }
 
   void Run() {
-    Clock::time_point last_publish{}, last_fetch{};
+    Clock::time_point last_publish{}, last_fetch{}, last_run_announce{};
     std::unique_lock lock(mu_);
     while (!stop_) {
       // Due times follow the view: as the swarm nears the target, reports and fetches come
@@ -307,11 +318,26 @@ class ProgressTracker::Impl {
         publish_now_ = false;
         dirty_ = false;
         lock.unlock();
-        Status st =
-            node_.StoreSync(key_, EncodeProgressRecord(p), dht::Now() + options_.record_ttl_seconds,
-                            dht::OwnerMarker(node_.peer_id()));
-        if (!st.ok())
-          COLONY_LOG_DEBUG("progress: publishing under {} failed: {}", key_, st.ToString());
+        const double expiration = dht::Now() + options_.record_ttl_seconds;
+        std::vector<dht::StoreItem> items = {{.key = key_,
+                                              .subkey = dht::OwnerMarker(node_.peer_id()),
+                                              .value = EncodeProgressRecord(p),
+                                              .expiration = expiration}};
+        // The run's entry in the swarm's list of runs (what monitors show), at keepalive pace.
+        if (Clock::now() >= last_run_announce + Keepalive()) {
+          items.push_back(
+              {.key = std::string(kRunsKey),
+               .subkey = dht::OwnerMarker(node_.peer_id()),
+               .value = EncodeRunAnnouncement(
+                   {.run = options_.run_id, .target_batch_size = options_.target_batch_size}),
+               .expiration = expiration});
+          last_run_announce = Clock::now();
+        }
+        for (const Status& st : node_.StoreManySync(std::move(items))) {
+          if (!st.ok()) {
+            COLONY_LOG_DEBUG("progress: publishing under {} failed: {}", key_, st.ToString());
+          }
+        }
         lock.lock();
         last_publish = Clock::now();
       }

@@ -41,6 +41,8 @@ namespace colony::train {
 // The DHT's rule for "<run_id>.progress": each peer writes only its own entry (owner-signed
 // subkey), and the entry must parse as a progress record.
 dht::KeyFamily ProgressFamily();
+// The DHT's rule for kRunsKey: each training peer lists its run under its own owner-signed subkey.
+dht::KeyFamily RunsFamily();
 
 struct ProgressOptions {
   std::string run_id = {};
@@ -68,6 +70,8 @@ struct LocalProgress {
   double samples_per_second = 0;
   int64_t batch = 0;
   Phase phase = Phase::kTrain;
+  double loss = std::numeric_limits<double>::quiet_NaN();  // NaN: keep the last one reported
+  RoundSummary round = {};                                 // epoch -1: keep the last one
 };
 
 class ProgressTracker {

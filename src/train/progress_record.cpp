@@ -14,6 +14,53 @@ constexpr int64_t kMaxEpoch = int64_t{1} << 40;
 constexpr int64_t kMaxSamples = int64_t{1} << 50;
 constexpr double kMaxSamplesPerSecond = 1e12;
 constexpr size_t kMaxRecordBytes = 1024;
+constexpr double kMaxLoss = 1e9;
+
+bool IsPrintableName(std::string_view name, size_t max) {
+  if (name.empty() || name.size() > max) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c < 127; });
+}
+
+bool IsHex(std::string_view text) {
+  return std::all_of(text.begin(), text.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// loss, version and round: optional, checked when present.
+Status ParseOptionalFields(const nlohmann::json& j, PeerProgress& p) {
+  if (auto it = j.find("loss"); it != j.end()) {
+    if (!it->is_number() || !std::isfinite(it->get<double>()) ||
+        std::abs(it->get<double>()) > kMaxLoss) {
+      return ProtocolError("progress record's 'loss' is not a finite number");
+    }
+    p.loss = it->get<double>();
+  }
+  if (auto it = j.find("version"); it != j.end()) {
+    if (!it->is_string() || !IsPrintableName(it->get_ref<const std::string&>(), 32)) {
+      return ProtocolError("progress record's 'version' is not 1-32 printable characters");
+    }
+    p.version = it->get<std::string>();
+  }
+  if (auto it = j.find("round"); it != j.end()) {
+    const nlohmann::json& r = *it;
+    if (!r.is_object() || r.size() != 4 || !r.contains("epoch") || !r.contains("group") ||
+        !r.contains("size") || !r.contains("ok") || !r["epoch"].is_number_integer() ||
+        !r["group"].is_string() || !r["size"].is_number_integer() || !r["ok"].is_boolean()) {
+      return ProtocolError(
+          "progress record's 'round' must be {\"epoch\": int, \"group\": hex, \"size\": int, "
+          "\"ok\": bool}");
+    }
+    p.round.epoch = r["epoch"].get<int64_t>();
+    p.round.group = r["group"].get<std::string>();
+    p.round.size = r["size"].get<int64_t>();
+    p.round.ok = r["ok"].get<bool>();
+    if (p.round.epoch < 0 || p.round.epoch > kMaxEpoch || p.round.size < 1 ||
+        p.round.size > kMaxReportedGroup || p.round.group.size() > 16 || !IsHex(p.round.group)) {
+      return ProtocolError("progress record's 'round' is out of range");
+    }
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -42,7 +89,15 @@ std::string EncodeProgressRecord(const PeerProgress& p) {
                       {"client", p.client},
                       {"aux", p.aux},
                       {"phase", PhaseName(p.phase)}};
-  return j.dump();
+  if (std::isfinite(p.loss)) j["loss"] = p.loss;
+  if (!p.version.empty()) j["version"] = p.version;
+  if (p.round.epoch >= 0) {
+    j["round"] = {{"epoch", p.round.epoch},
+                  {"group", p.round.group},
+                  {"size", p.round.size},
+                  {"ok", p.round.ok}};
+  }
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view value) {
@@ -50,8 +105,9 @@ Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view va
   auto j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return ProtocolError("progress record is not a JSON object");
   for (const auto& [key, unused] : j.items()) {
-    static constexpr std::string_view kKnown[] = {"epoch", "samples", "sps", "batch",
-                                                  "time",  "client",  "aux", "phase"};
+    static constexpr std::string_view kKnown[] = {"epoch", "samples", "sps",  "batch",
+                                                  "time",  "client",  "aux",  "phase",
+                                                  "loss",  "version", "round"};
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
       return ProtocolError(fmt::format("progress record has an unknown field '{}'", key));
     }
@@ -110,7 +166,38 @@ Result<PeerProgress> ParseProgressRecord(const PeerId& peer, std::string_view va
         fmt::format("progress record has an unknown phase '{}'", name.substr(0, 32)));
   }
   if (p.aux && p.samples != 0) return ProtocolError("an auxiliary peer reports no samples");
+  COLONY_RETURN_IF_ERROR(ParseOptionalFields(j, p));
   return p;
+}
+
+std::string EncodeRunAnnouncement(const RunAnnouncement& a) {
+  return nlohmann::json{{"run", a.run}, {"target_batch_size", a.target_batch_size}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<RunAnnouncement> ParseRunAnnouncement(std::string_view value) {
+  if (value.size() > 512) return ProtocolError("run announcement longer than 512 bytes");
+  auto j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return ProtocolError("run announcement is not a JSON object");
+  for (const auto& [key, unused] : j.items()) {
+    if (key != "run" && key != "target_batch_size") {
+      return ProtocolError(
+          fmt::format("run announcement has an unknown field '{}'", key.substr(0, 32)));
+    }
+  }
+  if (!j.contains("run") || !j["run"].is_string() || !j.contains("target_batch_size") ||
+      !j["target_batch_size"].is_number_integer()) {
+    return ProtocolError("run announcement needs a string run and an integer target_batch_size");
+  }
+  RunAnnouncement a{.run = j["run"].get<std::string>(),
+                    .target_batch_size = j["target_batch_size"].get<int64_t>()};
+  if (!IsPrintableName(a.run, 128)) {
+    return ProtocolError("run announcement: the run id must be 1-128 printable ASCII characters");
+  }
+  if (a.target_batch_size <= 0 || a.target_batch_size > kMaxSamples) {
+    return ProtocolError("run announcement: target_batch_size out of range");
+  }
+  return a;
 }
 
 EpochDecision DecideEpoch(const GlobalProgress& g, int64_t local_epoch, int64_t lag,

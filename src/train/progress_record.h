@@ -3,12 +3,18 @@
 //
 // A record is a small JSON object under "<run_id>.progress", subkey = the peer's owner marker:
 //   {"epoch":12,"samples":480,"sps":1530.5,"batch":16,"time":1795321820.16,
-//    "client":false,"aux":false,"phase":"train"}
-// Every field is required and checked (ranges, types); an unknown field or phase is an error that
+//    "client":false,"aux":false,"phase":"train",
+//    "loss":4.31,"version":"0.1.0","round":{"epoch":11,"group":"9f2c01ab","size":4,"ok":true}}
+// The first eight fields are required; loss, version and round (what monitors show) are
+// optional. Every field is checked (ranges, types); an unknown field or phase is an error that
 // names it.
+//
+// Training peers also list their run under kRunsKey (subkey: owner marker), so that a monitor
+// finds runs without knowing their ids: {"run":"run1","target_batch_size":4096}.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +34,15 @@ enum class Phase : uint8_t {
 };
 std::string_view PhaseName(Phase phase);
 
+// A peer's last averaging round, as it reports it.
+struct RoundSummary {
+  int64_t epoch = -1;      // the epoch the round averaged; -1: none yet
+  std::string group = {};  // the group's id, shortened (8 hex digits): members of one group agree
+  int64_t size = 0;        // peers whose data the round averaged (1: alone)
+  bool ok = false;         // it averaged with others
+};
+inline constexpr int64_t kMaxReportedGroup = 4096;
+
 struct PeerProgress {
   PeerId peer;
   int64_t epoch = 0;
@@ -38,6 +53,9 @@ struct PeerProgress {
   bool client = false;
   bool aux = false;
   Phase phase = Phase::kTrain;
+  double loss = std::numeric_limits<double>::quiet_NaN();  // its recent training loss; NaN: none
+  std::string version = {};                                // its Colony version; empty: unknown
+  RoundSummary round = {};
 };
 
 struct GlobalProgress {
@@ -102,6 +120,15 @@ enum class Standing : uint8_t {
 //   computing                             -> kTrain
 //   waiting                               -> kTrain with a quota, its share of the estimated gap
 //   waiting after a share                 -> kWait
+// The swarm's list of training runs.
+inline constexpr std::string_view kRunsKey = "colony.runs";
+struct RunAnnouncement {
+  std::string run = {};  // the run id: 1-128 printable ASCII characters
+  int64_t target_batch_size = 0;
+};
+std::string EncodeRunAnnouncement(const RunAnnouncement& a);
+Result<RunAnnouncement> ParseRunAnnouncement(std::string_view value);
+
 EpochDecision DecideEpoch(const GlobalProgress& g, int64_t local_epoch, int64_t lag,
                           Standing standing);
 

@@ -92,6 +92,7 @@ class GradientRounds final : public TargetBatchStepping {
     bool averaged = false;
     int64_t realized = 0;
     size_t group = 1;
+    std::string group_id = {};
     double seconds = 0;
     std::string note;
   };
@@ -177,6 +178,7 @@ class GradientRounds final : public TargetBatchStepping {
     const Membership m = CountMembers(*r);
     out.realized = m.realized;
     out.group = m.group;
+    out.group_id = ShortGroupId(*r);
     peer_.tracker_->NoteRoundEnd(epoch + 1, m.rates);
     return out;
   }
@@ -194,6 +196,7 @@ class GradientRounds final : public TargetBatchStepping {
     r.averaged = o.averaged;
     r.realized_batch = o.realized;
     r.group_size = o.group;
+    r.group = o.group_id;
     r.averaging_seconds = o.seconds;
     r.note = o.note;
     if (!o.averaged && o.realized == 0) {  // nothing to apply: no samples, no group

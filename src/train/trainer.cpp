@@ -66,6 +66,7 @@ class Trainer::Impl {
     if (node_options.validators.empty()) {
       std::vector<dht::KeyFamily> families = averaging::AveragingKeyFamilies();
       families.push_back(ProgressFamily());
+      families.push_back(RunsFamily());
       node_options.validators = {std::make_shared<dht::KeyFamilyValidator>(std::move(families))};
     }
     if (mode == averaging::Mode::kClient || !o_.relays.empty()) {
@@ -201,6 +202,8 @@ class Trainer::Impl {
       if (std::isfinite(b.loss)) {
         loss_sum_ += b.loss;
         ++loss_count_;
+        // What monitors show: the mean over this epoch's batches so far.
+        opt_->ReportLoss(loss_sum_ / static_cast<double>(loss_count_));
       }
       COLONY_ASSIGN_OR_RETURN(StepReport r, opt_->Step(b.samples));
       if (r.stepped || r.loaded_state) OnStep(r);

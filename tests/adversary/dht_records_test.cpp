@@ -212,7 +212,9 @@ TEST_F(AttackedSwarm, EveryLayersKeysTakeOnlyTheirOwnersWellFormedEntries) {
       {"run1.grads.0b0110", "averaging group declarations"},
       {"run1.grads.0b", "averaging group declarations"},
       {"run1.state", "state donor adverts"},
-      {kRelaysKey, "relay announcements"}};
+      {kRelaysKey, "relay announcements"},
+      {"colony.models", "model announcements"},
+      {"colony.runs", "training run announcements"}};
   for (const auto& [key, family] : keys) {
     for (const auto& r : AtEveryNode({{key, std::nullopt, "junk", Now() + 60}})) {
       EXPECT_EQ(r.at(0).code(), StatusCode::kPermissionDenied) << key;

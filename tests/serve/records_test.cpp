@@ -52,6 +52,59 @@ TEST(ServerRecord, RejectsMalformedAndOutOfRange) {
   EXPECT_EQ(BlockKey("llama", 3), "llama.block.3");
 }
 
+TEST(ServerRecord, NextPingsRoundTripAndAreBounded) {
+  ServerRecord r;
+  r.peer = KeyPair::Generate().peer_id();
+  r.state = ServerState::kOnline;
+  r.start = 0;
+  r.end = 2;
+  const PeerId next = KeyPair::Generate().peer_id();
+  r.next_pings = {{next, 0.75}};
+  auto parsed = ParseServerRecord(r.peer, EncodeServerRecord(r), 8);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_EQ(parsed->next_pings.size(), 1u);
+  EXPECT_EQ(parsed->next_pings[0].first, next);
+  EXPECT_DOUBLE_EQ(parsed->next_pings[0].second, 0.75);
+
+  const std::string head = R"({"state":"online","start":0,"end":2,"next_pings":)";
+  std::string nine = "{";
+  for (int i = 0; i < 9; ++i) {
+    nine += (i ? "," : "") + ("\"" + KeyPair::Generate().peer_id().ToString() + "\":1");
+  }
+  nine += "}";
+  for (const std::string& pings :
+       std::vector<std::string>{"[1]", "{\"not-a-peer\":1}", "{\"" + next.ToString() + "\":-1}",
+                                "{\"" + next.ToString() + "\":\"fast\"}", nine}) {
+    EXPECT_FALSE(ParseServerRecord(r.peer, head + pings + "}", 8).ok()) << pings;
+  }
+}
+
+TEST(ModelAnnouncement, RoundTripsAndRefusesWhatItDoesNotUnderstand) {
+  auto a = ParseModelAnnouncement(EncodeModelAnnouncement({.model = "llama-7b", .num_blocks = 32}));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->model, "llama-7b");
+  EXPECT_EQ(a->num_blocks, 32);
+  auto error = [](const std::string& v) {
+    auto r = ParseModelAnnouncement(v);
+    return r.ok() ? std::string("accepted") : r.status().message();
+  };
+  EXPECT_NE(error(R"({"model":"m","num_blocks":2,"extra":1})").find("unknown field 'extra'"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"model":"m","num_blocks":0})").find("num_blocks"), std::string::npos);
+  EXPECT_NE(error(R"({"model":"m","num_blocks":4097})").find("num_blocks"), std::string::npos);
+  EXPECT_NE(error(R"({"model":"m","num_blocks":2.5})").find("integer"), std::string::npos);
+  EXPECT_NE(error(R"({"model":"","num_blocks":2})").find("printable"), std::string::npos);
+  EXPECT_NE(error(R"({"model":"a b","num_blocks":2})").find("printable"), std::string::npos);
+  EXPECT_NE(
+      error("{\"model\":\"" + std::string(129, 'm') + "\",\"num_blocks\":2}").find("printable"),
+      std::string::npos);
+  EXPECT_NE(error("[]").find("not a JSON object"), std::string::npos);
+  EXPECT_NE(error(std::string(600, ' ')).find("longer"), std::string::npos);
+  const dht::KeyFamily family = ModelsFamily();
+  EXPECT_TRUE(family.matches(kModelsKey));
+  EXPECT_FALSE(family.matches("colony.models2"));
+}
+
 TEST(ServerRecord, TheDhtFamilyKnowsBlockKeysAndChecksTheSpan) {
   EXPECT_EQ(BlockOfKey(BlockKey("llama", 0)), 0);
   EXPECT_EQ(BlockOfKey(BlockKey("a.block.b", 123456789)), 123456789);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "test_support.h"
@@ -49,6 +50,56 @@ TEST(ProgressRecord, RoundTripsEveryField) {
   fresh.samples_per_second = 0;
   fresh.batch = 0;
   EXPECT_TRUE(ParseProgressRecord(fresh.peer, EncodeProgressRecord(fresh)).ok());
+}
+
+TEST(ProgressRecord, MonitorFieldsRoundTripAndAreChecked) {
+  PeerProgress p;
+  p.peer = SomePeer();
+  p.epoch = 7;
+  p.loss = 2.5;
+  p.version = "0.1.0";
+  p.round = {.epoch = 6, .group = "9f2c01ab", .size = 3, .ok = true};
+  auto parsed = ParseProgressRecord(p.peer, EncodeProgressRecord(p));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_DOUBLE_EQ(parsed->loss, 2.5);
+  EXPECT_EQ(parsed->version, "0.1.0");
+  EXPECT_EQ(parsed->round.epoch, 6);
+  EXPECT_EQ(parsed->round.group, "9f2c01ab");
+  EXPECT_EQ(parsed->round.size, 3);
+  EXPECT_TRUE(parsed->round.ok);
+  // Without them (an older peer's record) they stay unknown.
+  PeerProgress plain;
+  plain.peer = p.peer;
+  auto old = ParseProgressRecord(plain.peer, EncodeProgressRecord(plain));
+  ASSERT_TRUE(old.ok());
+  EXPECT_TRUE(std::isnan(old->loss));
+  EXPECT_EQ(old->round.epoch, -1);
+
+  const std::string head =
+      R"({"epoch":1,"samples":2,"sps":3.5,"batch":4,"time":5.5,"client":false,"aux":false,"phase":"train",)";
+  for (const std::string& extra : std::vector<std::string>{
+           R"("loss":"low")", R"("loss":1e300)", R"("version":"")", R"("version":"a b")",
+           R"("version":7)", R"("round":[1])", R"("round":{"epoch":1,"group":"ab","size":2})",
+           R"("round":{"epoch":1,"group":"XY","size":2,"ok":true})",
+           R"("round":{"epoch":1,"group":"ab","size":0,"ok":true})",
+           R"("round":{"epoch":1,"group":"ab","size":5000,"ok":true})",
+           R"("round":{"epoch":-2,"group":"ab","size":2,"ok":true})",
+           R"("round":{"epoch":1,"group":"ab","size":2,"ok":true,"x":1})"}) {
+    EXPECT_FALSE(ParseProgressRecord(p.peer, head + extra + "}").ok()) << extra;
+  }
+}
+
+TEST(RunAnnouncement, RoundTripsAndRefusesWhatItDoesNotUnderstand) {
+  auto a = ParseRunAnnouncement(EncodeRunAnnouncement({.run = "run1", .target_batch_size = 256}));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->run, "run1");
+  EXPECT_EQ(a->target_batch_size, 256);
+  for (const char* bad :
+       {R"({"run":"r","target_batch_size":1,"x":2})", R"({"run":"r","target_batch_size":0})",
+        R"({"run":"","target_batch_size":1})", R"({"run":"r r","target_batch_size":1})",
+        R"({"run":"r"})", "[]", "7"}) {
+    EXPECT_FALSE(ParseRunAnnouncement(bad).ok()) << bad;
+  }
 }
 
 TEST(ProgressRecord, RejectsWhatItDoesNotUnderstandNamingIt) {
