@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -171,5 +172,82 @@ bool WaitUntil(F cond, std::chrono::milliseconds limit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
+
+// The last `max_chars` of a file (a process's log, for failure messages).
+inline std::string TailOf(const std::string& path, size_t max_chars = 3000) {
+  const std::string text = ReadFile(path);
+  return text.size() <= max_chars ? text : text.substr(text.size() - max_chars);
+}
+
+// `colony` processes a test runs (a swarm), each with its stderr in a file of `dir`; on
+// destruction they get SIGTERM in reverse order of start (SIGKILL after 15 s).
+class ProcessGroup {
+ public:
+  explicit ProcessGroup(std::filesystem::path dir) : dir_(std::move(dir)) {
+    std::filesystem::create_directories(dir_);
+  }
+  ~ProcessGroup() { StopAll(); }
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  // Starts `colony --log-level LEVEL ARGS...` and returns the first line it prints (an address
+  // or a URL); the error says why not, with the end of its log.
+  Result<std::string> Start(const std::string& label, std::vector<std::string> args,
+                            const std::string& log_level = "info",
+                            std::chrono::milliseconds first_line = std::chrono::seconds(60)) {
+    const std::string log = LogPath(label);
+    args.insert(args.begin(), {ColonyBinary(), "--log-level", log_level});
+    auto p = Subprocess::Spawn(args, log);
+    if (!p.ok()) return p.status().WithContext(label);
+    auto line = p->ReadLine(first_line);
+    order_.push_back(label);
+    procs_.emplace(label, std::move(*p));
+    if (!line.ok()) return line.status().WithContext(label + " printed nothing\n" + TailOf(log));
+    return *line;
+  }
+  // Starts `colony --log-level LEVEL ARGS...` with its stdout and stderr both in its log (for
+  // processes whose output nobody reads: a pipe nobody drains would stall them).
+  Status StartLogged(const std::string& label, std::vector<std::string> args,
+                     const std::string& log_level = "info") {
+    args.insert(args.begin(), {ColonyBinary(), "--log-level", log_level});
+    auto p = Subprocess::SpawnLogged(args, LogPath(label));
+    if (!p.ok()) return p.status().WithContext(label);
+    order_.push_back(label);
+    procs_.emplace(label, std::move(*p));
+    return Status::Ok();
+  }
+  Subprocess& operator[](const std::string& label) { return procs_.at(label); }
+  std::string LogPath(const std::string& label) const { return (dir_ / (label + ".log")).string(); }
+  std::string Tail(const std::string& label) const { return TailOf(LogPath(label)); }
+  // SIGKILL, and waits for the exit.
+  void Kill(const std::string& label) {
+    auto& p = procs_.at(label);
+    p.Signal(SIGKILL);
+    (void)p.Wait(std::chrono::seconds(10));
+  }
+  // SIGTERM to each process still running, newest first; the labels of those that did not exit
+  // within 15 s (then killed).
+  std::vector<std::string> StopAll() {
+    std::vector<std::string> stuck;
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+      auto found = procs_.find(*it);
+      if (found == procs_.end() || !found->second.running()) continue;
+      found->second.Signal(SIGTERM);
+      if (!found->second.Wait(std::chrono::seconds(15)).ok()) {
+        stuck.push_back(*it);
+        found->second.Signal(SIGKILL);
+        (void)found->second.Wait(std::chrono::seconds(5));
+      }
+    }
+    procs_.clear();
+    order_.clear();
+    return stuck;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::vector<std::string> order_;
+  std::map<std::string, Subprocess> procs_;
+};
 
 }  // namespace colony::test

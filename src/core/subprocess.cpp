@@ -35,6 +35,11 @@ Result<int> Subprocess::Run(const std::vector<std::string>& argv, const std::str
   return code;
 }
 
+Result<Subprocess> Subprocess::SpawnLogged(const std::vector<std::string>& argv,
+                                           const std::string& log_path) {
+  return Start(argv, {}, log_path);
+}
+
 Result<Subprocess> Subprocess::Start(const std::vector<std::string>& argv,
                                      const std::string& stderr_path, const std::string& log_path) {
   if (argv.empty()) return InvalidArgument("no program to run");

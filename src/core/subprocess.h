@@ -20,6 +20,10 @@ class Subprocess {
   // that started it exits, so no peer process outlives a crashed test or demo.
   static Result<Subprocess> Spawn(const std::vector<std::string>& argv,
                                   const std::string& stderr_path = {});
+  // Starts `argv[0]` (a path) with stdin from /dev/null and stdout and stderr both written to
+  // `log_path` (for a process whose output nobody reads as it goes); killed like Spawn's.
+  static Result<Subprocess> SpawnLogged(const std::vector<std::string>& argv,
+                                        const std::string& log_path);
   // Runs `argv[0]` (a path) to completion with stdin from /dev/null and stdout and stderr both
   // written to `log_path`; returns its exit code (128+signal when killed). A program still
   // running after `timeout` is killed (SIGKILL): DeadlineExceeded.

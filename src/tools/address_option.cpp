@@ -13,4 +13,25 @@ CLI::Validator MultiaddrCheck() {
       "MULTIADDR", "multiaddr");
 }
 
+Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon + 1 == text.size()) {
+    return InvalidArgument("--http: '" + text + "' is not host:port");
+  }
+  std::string host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  int port = 0;
+  try {
+    size_t used = 0;
+    port = std::stoi(text.substr(colon + 1), &used);
+    if (used != text.size() - colon - 1) port = -1;
+  } catch (const std::exception&) {
+    port = -1;
+  }
+  if (port < 0 || port > 65535) return InvalidArgument("--http: bad port in '" + text + "'");
+  return std::pair{host, static_cast<uint16_t>(port)};
+}
+
 }  // namespace colony::cli

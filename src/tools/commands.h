@@ -19,6 +19,7 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
 void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddServersCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
+void AddMonitorCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
@@ -33,6 +34,10 @@ inline std::string Dump(const nlohmann::json& j) {
 // is parsed: a value that is not a multiaddr (core/multiaddr.h) is an error that names the option.
 // Peers to join through are always --initial-peers.
 CLI::Validator MultiaddrCheck();
+
+// The --http option of colony api and monitor: "host:port" (an IPv6 host in brackets; port 0:
+// any free port). Errors name the option.
+Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text);
 
 // Prints "colony: error: <message>" on stderr (one line) and returns exit code 1.
 int Fail(const Status& status);

@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
                      "serve generation through the swarm over HTTP, compatible with the OpenAI "
                      "API (see 'colony api --help')");
   AddServersCommand(app, commands);
+  AddMonitorCommand(app, commands);
   AddDemoCommand(app, commands);
 #endif
 

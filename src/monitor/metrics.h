@@ -1,0 +1,16 @@
+// The swarm's state in Prometheus' text exposition format (version 0.0.4), for GET /metrics:
+// one family per name with HELP and TYPE lines, label values escaped, names following
+// Prometheus' conventions (colony_ prefix, base units: seconds, _total only for counters).
+#pragma once
+
+#include <string>
+
+#include "monitor/swarm_state.h"
+
+namespace colony::monitor {
+
+std::string PrometheusText(const SwarmState& state);
+// A label value escaped as the format requires (backslash, double quote and newline).
+std::string EscapeLabelValue(std::string_view value);
+
+}  // namespace colony::monitor
