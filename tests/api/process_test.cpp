@@ -8,12 +8,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/subprocess.h"
@@ -387,6 +389,84 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
   const json b = json::parse(beams.body);
   ASSERT_EQ(b["choices"].size(), 3u);
   EXPECT_NE(b["choices"][0]["text"], b["choices"][1]["text"]);
+}
+
+// Requests at the same time each get an inference session of their own: streams that overlap in
+// time each carry exactly the text of their own prompt (a shared or mixed-up KV cache would not),
+// and the first server logged one new session per request.
+TEST_F(ApiProcessTest, ConcurrentRequestsEachGetTheirOwnSession) {
+  ASSERT_NE(StartServer("A", "0:2", "debug"), nullptr);
+  ASSERT_NE(StartServer("B", "2:4"), nullptr);
+  ASSERT_TRUE(StartApi());
+  HttpAnswer warm;
+  ASSERT_TRUE(colony::test::WaitUntil(
+      [&] {
+        warm = Curl("/completions", R"({"prompt": "x", "max_tokens": 1, "temperature": 0})");
+        return warm.status == 200;
+      },
+      60s))
+      << warm.body << Logs();
+  const std::vector<std::string> prompts = {"The kernel", "Memory pages", "A scheduler"};
+  const int64_t max_tokens = 40;
+  std::vector<std::string> expected;
+  for (const auto& p : prompts) expected.push_back(Reference(p, max_tokens));
+  auto opened = [&] {
+    const std::string log = colony::test::ReadFile(procs_[0].stderr_path);
+    size_t n = 0;
+    for (size_t at = log.find("opened: blocks"); at != std::string::npos;
+         at = log.find("opened: blocks", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const size_t before = opened();
+
+  struct Stream {
+    std::string body;
+    std::chrono::steady_clock::time_point first{}, last{};
+  };
+  std::vector<Stream> streams(prompts.size());
+  std::vector<std::thread> readers;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    readers.emplace_back([&, i] {
+      auto curl = Subprocess::Spawn({"/usr/bin/curl", "-sS", "-N", "--max-time", "120", "-H",
+                                     "Content-Type: application/json", "--data-binary",
+                                     json({{"prompt", prompts[i]},
+                                           {"max_tokens", max_tokens},
+                                           {"temperature", 0},
+                                           {"stream", true}})
+                                         .dump(),
+                                     base_url_ + "/completions"});
+      if (!curl.ok()) return;
+      for (;;) {
+        auto line = curl->ReadLine(120s);
+        if (!line.ok()) break;
+        streams[i].body += *line + "\n";
+        if (!line->starts_with("data: {")) continue;
+        const auto now = std::chrono::steady_clock::now();
+        if (streams[i].first == std::chrono::steady_clock::time_point{}) streams[i].first = now;
+        streams[i].last = now;
+      }
+      (void)curl->Wait(10s);
+    });
+  }
+  for (auto& t : readers) t.join();
+  auto latest_first = streams[0].first, earliest_last = streams[0].last;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    bool done = false;
+    std::string joined;
+    for (const auto& e : Events(streams[i].body, &done)) {
+      ASSERT_FALSE(e.contains("error")) << e << Logs();
+      joined += e["choices"][0]["text"].get<std::string>();
+    }
+    EXPECT_TRUE(done) << "stream " << i << " broke:\n" << streams[i].body << Logs();
+    EXPECT_EQ(joined, expected[i]) << "stream " << i << " (" << prompts[i] << ")";
+    latest_first = std::max(latest_first, streams[i].first);
+    earliest_last = std::min(earliest_last, streams[i].last);
+  }
+  EXPECT_LT(latest_first, earliest_last)
+      << "the streams did not overlap: the requests were not served at the same time";
+  EXPECT_EQ(opened() - before, prompts.size()) << "one inference session per request" << Logs();
 }
 
 TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
