@@ -155,7 +155,7 @@ std::vector<int> Coverage(int64_t blocks, const std::vector<std::pair<int64_t, i
 
 TEST_F(MonitoredSwarm, ShowsCoverageAndAServerThatWentAwayAtTheNextRefresh) {
   Serve(*peers_[0], "m", 4, 0, 2);
-  Serve(*peers_[1], "m", 4, 0, 4, /*ttl=*/4);
+  Serve(*peers_[1], "m", 4, 0, 4, /*ttl=*/8);
   StartCollector();
   const auto before = Coverage(4, {{0, 2}, {0, 4}});
   SwarmState s = WaitFor([&](const SwarmState& st) {
@@ -196,7 +196,7 @@ TEST_F(MonitoredSwarm, ShowsCoverageAndAServerThatWentAwayAtTheNextRefresh) {
   EXPECT_EQ(v->state, ServerHealth::kUnreachable);
   EXPECT_FALSE(v->rtt_ms.has_value());
   std::printf("a server that went away was shown unreachable after %.2f s\n", took);
-  // Its records expire (ttl 4 s): it stays listed, as offline.
+  // Its records expire (ttl 8 s): it stays listed, as offline.
   s = WaitFor([&](const SwarmState& st) {
     const ModelView* mm = FindModel(st, "m");
     const ServerView* sv = mm ? FindServer(*mm, gone) : nullptr;
