@@ -31,6 +31,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using colony::test::ColonyBinary;
+using colony::test::HangGuard;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -137,7 +138,7 @@ class TrainSwarm {
     }
   }
 
-  Status WaitReady(size_t i, std::chrono::milliseconds timeout = 60s) {
+  Status WaitReady(size_t i, std::chrono::milliseconds timeout = HangGuard(60s)) {
     auto r = WaitFor(
         i, [](const json& j) { return j["event"] == "ready"; }, timeout);
     return r.ok() ? Status::Ok() : r.status();
@@ -278,7 +279,7 @@ TEST(TrainProcesses, FourPeersMatchOneProcessWithTheSameGlobalBatch) {
   TrainSwarm swarm(RunId("parity-swarm"));
   ASSERT_TRUE(swarm.ok());
   ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 4, SyncArgs(kEpochs)));
-  swarm_done = AllDone(swarm, 0, 4, 60s);
+  swarm_done = AllDone(swarm, 0, 4, HangGuard(60s));
   ASSERT_EQ(swarm_done.size(), 4u);
   const double swarm_seconds = Seconds(t0);
 
@@ -289,7 +290,7 @@ TEST(TrainProcesses, FourPeersMatchOneProcessWithTheSameGlobalBatch) {
                  {"--batch-size", std::to_string(kTarget), "--target-batch-size",
                   std::to_string(kTarget), "--max-epochs", std::to_string(kEpochs)},
                  /*first_seed=*/100));
-  auto single_done = AllDone(single, 0, 1, 30s);
+  auto single_done = AllDone(single, 0, 1, HangGuard(30s));
   ASSERT_EQ(single_done.size(), 1u);
 
   // Every peer applied the same averaged gradients to the same initial weights: the same model,
@@ -358,7 +359,7 @@ TEST_P(TrainPaces, EveryStepMeetsTheTargetAndThePeersEndWithOneModel) {
     Status st = swarm.WaitReady(i);
     ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << swarm.Logs();
   }
-  auto done = AllDone(swarm, 0, n, 120s);
+  auto done = AllDone(swarm, 0, n, HangGuard(120s));
   ASSERT_EQ(done.size(), n);
   for (size_t i = 0; i < n; ++i) {
     const auto& t = swarm.trainer(i);
@@ -406,7 +407,7 @@ TEST(TrainProcesses, SurvivorsFinishAfterAPeerIsKilled) {
   ASSERT_TRUE(swarm.ok());
   ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 4, SyncArgs(kEpochs)));
   const size_t victim = 3;  // the bootstrap is the separate `colony dht` process
-  auto at5 = swarm.WaitEpoch(victim, 5, 60s);
+  auto at5 = swarm.WaitEpoch(victim, 5, HangGuard(60s));
   ASSERT_TRUE(at5.ok()) << at5.status().ToString() << "\n" << swarm.Logs();
   ASSERT_TRUE(swarm.trainer(victim).process->running());
   swarm.trainer(victim).process->Signal(SIGKILL);
@@ -418,7 +419,7 @@ TEST(TrainProcesses, SurvivorsFinishAfterAPeerIsKilled) {
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 128 + SIGKILL);
 
-  auto done = AllDone(swarm, 0, 3, 60s);
+  auto done = AllDone(swarm, 0, 3, HangGuard(60s));
   ASSERT_EQ(done.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     const auto& t = swarm.trainer(i);
@@ -467,7 +468,7 @@ TEST_P(LatePeer, DownloadsTheStateOnceTrainsWithTheSwarmAndEndsWithTheSameModel)
   const size_t late = swarm.Spawn("late", late_args);
   ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 3, args));
   ASSERT_TRUE(swarm.WaitReady(late).ok()) << swarm.Logs();
-  auto done = AllDone(swarm, 0, 4, 90s);
+  auto done = AllDone(swarm, 0, 4, HangGuard(90s));
   ASSERT_EQ(done.size(), 4u);
   const Trainer& l = swarm.trainer(late);
   auto averaged = std::find_if(l.steps.begin(), l.steps.end(),
@@ -528,7 +529,7 @@ void RunFourPeers(const std::string& name, const std::vector<std::string>& args,
   TrainSwarm swarm(RunId(name));
   ASSERT_TRUE(swarm.ok());
   ASSERT_NO_FATAL_FAILURE(StartPeers(swarm, 4, args));
-  auto done = AllDone(swarm, 0, 4, 60s);
+  auto done = AllDone(swarm, 0, 4, HangGuard(60s));
   ASSERT_EQ(done.size(), 4u);
   out.seconds = Seconds(t0);
   out.eval_loss = EvalLoss(done[0]);
@@ -651,7 +652,7 @@ TEST(TrainProcesses, HonestPeersIgnoreAPeerSendingNanGradients) {
     Status st = swarm.WaitReady(i);
     ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << swarm.Logs();
   }
-  auto done = AllDone(swarm, 0, 3, 60s);
+  auto done = AllDone(swarm, 0, 3, HangGuard(60s));
   ASSERT_EQ(done.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     const auto& t = swarm.trainer(i);
@@ -670,7 +671,7 @@ TEST(TrainProcesses, HonestPeersIgnoreAPeerSendingNanGradients) {
     EXPECT_NEAR(loss, EvalLoss(done[0]), 1e-5) << t.label << " differs from peer0";
   }
   // The broken peer's own end, for the log (it is not required to finish).
-  auto nan_done = swarm.WaitDone(3, 20s);
+  auto nan_done = swarm.WaitDone(3, HangGuard(20s));
   if (nan_done.ok()) {
     std::printf("[nan] nan-peer: %s\n", nan_done->dump().c_str());
   } else {
