@@ -205,6 +205,29 @@ class ApiProcessTest : public ::testing::Test {
     return out;
   }
 
+  // Waits until the API can route through the swarm (a one-token request succeeds).
+  void WaitUntilRoutable() {
+    HttpAnswer warm;
+    ASSERT_TRUE(colony::test::WaitUntil(
+        [&] {
+          warm = Curl("/completions", R"({"prompt": "x", "max_tokens": 1, "temperature": 0})");
+          return warm.status == 200;
+        },
+        60s))
+        << warm.body << Logs();
+  }
+
+  // Inference sessions a server started with --log-level debug has logged opening.
+  static size_t SessionsOpened(const Proc& p) {
+    const std::string log = colony::test::ReadFile(p.stderr_path);
+    size_t n = 0;
+    for (size_t at = log.find("opened: blocks"); at != std::string::npos;
+         at = log.find("opened: blocks", at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+
   std::string Logs() const {
     std::string out;
     for (const auto& p : procs_) out += "\n--- " + p.label + ":\n" + Tail(p.stderr_path);
@@ -398,28 +421,12 @@ TEST_F(ApiProcessTest, ConcurrentRequestsEachGetTheirOwnSession) {
   ASSERT_NE(StartServer("A", "0:2", "debug"), nullptr);
   ASSERT_NE(StartServer("B", "2:4"), nullptr);
   ASSERT_TRUE(StartApi());
-  HttpAnswer warm;
-  ASSERT_TRUE(colony::test::WaitUntil(
-      [&] {
-        warm = Curl("/completions", R"({"prompt": "x", "max_tokens": 1, "temperature": 0})");
-        return warm.status == 200;
-      },
-      60s))
-      << warm.body << Logs();
+  ASSERT_NO_FATAL_FAILURE(WaitUntilRoutable());
   const std::vector<std::string> prompts = {"The kernel", "Memory pages", "A scheduler"};
   const int64_t max_tokens = 40;
   std::vector<std::string> expected;
   for (const auto& p : prompts) expected.push_back(Reference(p, max_tokens));
-  auto opened = [&] {
-    const std::string log = colony::test::ReadFile(procs_[0].stderr_path);
-    size_t n = 0;
-    for (size_t at = log.find("opened: blocks"); at != std::string::npos;
-         at = log.find("opened: blocks", at + 1)) {
-      ++n;
-    }
-    return n;
-  };
-  const size_t before = opened();
+  const size_t before = SessionsOpened(procs_[0]);
 
   struct Stream {
     std::string body;
@@ -466,7 +473,8 @@ TEST_F(ApiProcessTest, ConcurrentRequestsEachGetTheirOwnSession) {
   }
   EXPECT_LT(latest_first, earliest_last)
       << "the streams did not overlap: the requests were not served at the same time";
-  EXPECT_EQ(opened() - before, prompts.size()) << "one inference session per request" << Logs();
+  EXPECT_EQ(SessionsOpened(procs_[0]) - before, prompts.size())
+      << "one inference session per request" << Logs();
 }
 
 TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
@@ -477,27 +485,10 @@ TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
   const std::string prompt = "Colony";
   const int64_t max_tokens = 80;
   const std::string expected = Reference(prompt, max_tokens);
-  // Wait until the API can route (both replicas announced), with a short request.
-  HttpAnswer warm;
-  ASSERT_TRUE(colony::test::WaitUntil(
-      [&] {
-        warm = Curl("/completions", R"({"prompt": "x", "max_tokens": 1, "temperature": 0})");
-        return warm.status == 200;
-      },
-      60s))
-      << warm.body << Logs();
-  auto opened = [&](const Proc& p) {
-    const std::string log = colony::test::ReadFile(p.stderr_path);
-    size_t n = 0;
-    for (size_t at = log.find("opened: blocks"); at != std::string::npos;
-         at = log.find("opened: blocks", at + 1)) {
-      ++n;
-    }
-    return n;
-  };
+  ASSERT_NO_FATAL_FAILURE(WaitUntilRoutable());
   Proc& b = procs_[1];
   Proc& c = procs_[2];
-  const size_t b_before = opened(b), c_before = opened(c);
+  const size_t b_before = SessionsOpened(b), c_before = SessionsOpened(c);
 
   auto curl = Subprocess::Spawn(
       {"/usr/bin/curl", "-sS", "-N", "--max-time", "120", "-H", "Content-Type: application/json",
@@ -516,7 +507,7 @@ TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
     if (!line->starts_with("data: {")) continue;
     if (++events != 3) continue;
     // The session is open on exactly one replica: kill that one mid-stream.
-    victim = opened(b) > b_before ? &b : opened(c) > c_before ? &c : nullptr;
+    victim = SessionsOpened(b) > b_before ? &b : SessionsOpened(c) > c_before ? &c : nullptr;
     ASSERT_NE(victim, nullptr) << "no replica logged the session" << Logs();
     victim->process->Signal(SIGKILL);
     (void)victim->process->Wait(5s);
@@ -533,7 +524,7 @@ TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
   }
   EXPECT_EQ(joined, expected);
   Proc& survivor = victim == &b ? c : b;
-  EXPECT_GT(opened(survivor), survivor.label == "B" ? b_before : c_before)
+  EXPECT_GT(SessionsOpened(survivor), survivor.label == "B" ? b_before : c_before)
       << "the session did not move to the surviving replica";
 }
 
