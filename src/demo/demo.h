@@ -24,8 +24,8 @@ namespace colony::demo {
 struct DemoOptions {
   int peers = 4;                        // processes in each stage (2 to 32)
   int tensor_mib = 4;                   // size of the tensor echoed and averaged (1 to 256 MiB)
-  bool quick = false;                   // less text, a smaller vocabulary, 30 s of training
-  double train_seconds = 0;             // 0: 300 (30 with quick)
+  bool quick = false;                   // less text, a smaller vocabulary, 30 training steps
+  int64_t train_steps = 0;              // global steps of training; 0: 200 (30 with quick)
   std::string out_dir = "colony-demo";  // loss curve, metrics, logs and the trained model
   std::string cache_dir = {};           // corpus/tokenizer cache ("": the default cache)
   std::string model_size = "tiny";      // tiny, small or base

@@ -31,9 +31,10 @@ void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
   demo->add_flag("--quick", args->quick,
-                 "a one-minute version: less text, a smaller vocabulary, 30 s of training");
-  demo->add_option("--train-seconds", args->train_seconds,
-                   "seconds of collaborative training (default 300, 30 with --quick)");
+                 "a short version: less text, a smaller vocabulary, 30 steps of training");
+  demo->add_option("--train-steps", args->train_steps,
+                   "global steps of collaborative training (default 200, 30 with --quick)")
+      ->check(CLI::Range(int64_t{1}, int64_t{100'000}));
   demo->add_option("--out-dir", args->out_dir,
                    "where the loss curve, metrics, logs and the trained model are written")
       ->capture_default_str();

@@ -533,15 +533,14 @@ TEST_F(CliTest, ListenWithBootstrapFindsBootstrapPeer) {
 // --- demo ------------------------------------------------------------------------------------
 
 // The quick demo end to end: discovery, echo, exact averaging, then 3 training processes that
-// must lower the held-out loss of the language model by 0.5 nats (the demo checks it), a loss
-// curve PNG and a saved model.
+// must lower the held-out loss of the language model by 0.5 nats in 20 global steps (the demo
+// checks it), a loss curve PNG and a saved model. The run takes about 40 s here; its deadline
+// only guards against a hang.
 TEST_F(CliTest, QuickDemoWithThreePeersTrainsTheLanguageModel) {
-  auto start = steady_clock::now();
   const std::string out = dir_.File("demo");
-  RunResult r = Run({"demo", "--quick", "--peers", "3", "--train-seconds", "25", "--out-dir", out,
+  RunResult r = Run({"demo", "--quick", "--peers", "3", "--train-steps", "20", "--out-dir", out,
                      "--cache-dir", dir_.File("cache")},
-                    seconds(240));
-  EXPECT_LT(steady_clock::now() - start, seconds(240));
+                    colony::test::HangGuard(seconds(900)));
   ASSERT_EQ(r.code, 0) << r.Describe();
   bool finished = false, trained = false;
   for (const auto& line : r.out) {

@@ -292,7 +292,10 @@ TEST(PrivateSwarm, ARevokedOrExpiredPeerLosesItsOpenConnection) {
   Peer revoked = StartPeer(Seeded(3), Swarm(authority, kSkew), fired, 400ms);
   ASSERT_TRUE(Echo(*revoked.host, *server.host).ok());
   server.access->Revoke(DecodeAccessToken(fired)->serial, now + 600);
+  // Both ends must have seen the close: a call made before the revoked peer read it would go out
+  // on the dying connection and fail with "closed the connection", not at a new handshake.
   EXPECT_TRUE(colony::test::WaitUntil([&] { return server.host->connection_count() == 0; }, 10s));
+  EXPECT_TRUE(colony::test::WaitUntil([&] { return revoked.host->connection_count() == 0; }, 10s));
   auto again = Echo(*revoked.host, *server.host);
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.status().message().find("revoked"), std::string::npos)
