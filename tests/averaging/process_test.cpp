@@ -48,7 +48,8 @@ class ProcessSwarm {
   }
 
   // Starts a peer; `seed` names its data (SyntheticValues) and is sent as its gathered metadata.
-  void Add(uint64_t seed, std::vector<std::string> args, double weight = 1.0) {
+  // With `wait`, returns once it is ready; else WaitReady(i) must follow.
+  void Add(uint64_t seed, std::vector<std::string> args, double weight = 1.0, bool wait = true) {
     PeerProcess p;
     p.seed = seed;
     p.weight = weight;
@@ -71,10 +72,16 @@ class ProcessSwarm {
     auto proc = Subprocess::Spawn(argv, TempPath("peer" + std::to_string(seed) + ".err"));
     ASSERT_TRUE(proc.ok()) << proc.status().ToString();
     p.process.emplace(std::move(*proc));
-    auto ready = p.process->ReadLine(30s);
-    ASSERT_TRUE(ready.ok()) << "peer " << seed << ": " << ready.status().ToString();
-    ASSERT_EQ(json::parse(*ready)["event"], "ready") << *ready;
     peers_.push_back(std::move(p));
+    if (wait) {
+      ASSERT_NO_FATAL_FAILURE(WaitReady(peers_.size() - 1));
+    }
+  }
+
+  void WaitReady(size_t i) {
+    auto ready = peers_[i].process->ReadLine(60s);
+    ASSERT_TRUE(ready.ok()) << "peer " << peers_[i].seed << ": " << ready.status().ToString();
+    ASSERT_EQ(json::parse(*ready)["event"], "ready") << *ready;
   }
 
   // The next "round" (or "state") line of peer i.
@@ -237,16 +244,21 @@ TEST(AveragingProcesses, SixteenPeersReachTheGlobalMeanInTwoMoshpitRounds) {
   ProcessSwarm swarm;
   const size_t n = 20'000;
   // A peer whose group does not form keeps its bits and lands in the wrong bucket next round,
-  // so every group must form: a wide matchmaking window absorbs slow starts (sanitizers, a
-  // loaded machine) and costs nothing otherwise, since a group starts as soon as it has 4.
+  // so every group must form. The 16 processes start together (not one after another's
+  // readiness), and a wide matchmaking window absorbs slow starts (sanitizers, a loaded
+  // machine); it costs nothing otherwise, since a group starts as soon as it has 4.
   const std::string start = StartAt(8);
   for (uint64_t i = 0; i < 16; ++i) {
     const std::string bits = std::string(1, '0' + static_cast<char>((i >> 1) & 1)) +
                              std::string(1, '0' + static_cast<char>(i & 1));
-    swarm.Add(i, {"--values", std::to_string(n), "--target-group-size", "4", "--min-group-size",
-                  "4", "--group-bits", bits, "--rounds", "2", "--matchmaking-time", "30",
-                  "--timeout", "120", "--part-size-kib", "16", "--start-at", start});
+    ASSERT_NO_FATAL_FAILURE(
+        swarm.Add(i,
+                  {"--values", std::to_string(n), "--target-group-size", "4", "--min-group-size",
+                   "4", "--group-bits", bits, "--rounds", "2", "--matchmaking-time", "60",
+                   "--timeout", "120", "--part-size-kib", "16", "--start-at", start},
+                  1.0, /*wait=*/false));
   }
+  for (size_t i = 0; i < 16; ++i) ASSERT_NO_FATAL_FAILURE(swarm.WaitReady(i));
   std::vector<double> mean(n, 0.0);
   std::vector<float> v(n);
   for (uint64_t i = 0; i < 16; ++i) {

@@ -540,7 +540,7 @@ TEST_F(CliTest, QuickDemoWithThreePeersTrainsTheLanguageModel) {
   const std::string out = dir_.File("demo");
   RunResult r = Run({"demo", "--quick", "--peers", "3", "--train-steps", "20", "--out-dir", out,
                      "--cache-dir", dir_.File("cache")},
-                    colony::test::HangGuard(seconds(900)));
+                    seconds(1200));
   ASSERT_EQ(r.code, 0) << r.Describe();
   bool finished = false, trained = false;
   for (const auto& line : r.out) {
