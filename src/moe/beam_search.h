@@ -1,0 +1,83 @@
+// Finding the best live experts for an input (Learning@home's beam search over the expert grid).
+//
+// A gating network scores every coordinate of every grid dimension; an expert's score is the sum
+// of its coordinates' scores. The search walks the DHT's prefix records ("ffn.4." lists the live
+// coordinates that follow it) best first: each candidate prefix is ranked by an upper bound on
+// the score of any expert below it (its coordinates' scores plus the best score of each remaining
+// dimension), each round fetches the `k` best unexplored prefixes of every input together, and
+// an expert is final once nothing unexplored can beat it. So the answer is exactly the top k of
+// an exhaustive search over the live experts, usually in as many rounds as the grid has
+// dimensions (hivemind's beam search keeps k prefixes per dimension and can miss the best).
+//
+//   moe::BeamSearcher search(node, "ffn", {16, 16});
+//   auto best = search.FindBestExperts({scores_dim0, scores_dim1}, 4);  // 4 experts, best first
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "moe/discovery.h"
+
+namespace colony::moe {
+
+struct ScoredExpert {
+  RemoteExpertInfo expert;
+  double score = 0;
+};
+
+// Fetches the owner entries of DHT keys (ExpertKey of ids and prefixes), e.g. FetchEntries.
+using EntryFetcher = std::function<std::map<std::string, std::vector<ServerEntry>>(
+    const std::vector<std::string>& keys)>;
+
+// The search itself, over any fetcher. `batch_scores[i][d][c]`: input i's score of coordinate c
+// in dimension d (finite; grid_size[d] values). Returns each input's best min(k, live) experts,
+// best first. After `max_rounds` rounds it returns the best experts found so far.
+Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
+    const std::string& grid_name, const std::vector<int64_t>& grid_size,
+    const std::vector<std::vector<std::vector<float>>>& batch_scores, size_t k,
+    const EntryFetcher& fetch, size_t max_rounds = 64);
+
+struct BeamSearchOptions {
+  // How long a prefix found empty is not asked for again (hivemind: 300 s).
+  std::chrono::milliseconds negative_cache{300'000};
+  size_t max_negative_cache_entries = 1u << 16;
+  dht::Freshness freshness = dht::Freshness::kLatest;
+  size_t max_rounds = 64;
+};
+
+// The search over a DHT node, with a negative cache of empty prefixes. Thread-safe.
+class BeamSearcher {
+ public:
+  // Grids have 1 to kMaxGridDims dimensions of 1 to 65536 coordinates.
+  static Result<std::unique_ptr<BeamSearcher>> Create(dht::Node& node, std::string grid_name,
+                                                      std::vector<int64_t> grid_size,
+                                                      BeamSearchOptions options = {});
+
+  Result<std::vector<ScoredExpert>> FindBestExperts(
+      const std::vector<std::vector<float>>& grid_scores, size_t k);
+  // Many inputs at once: each round's DHT lookups are shared by the whole batch.
+  Result<std::vector<std::vector<ScoredExpert>>> BatchFindBestExperts(
+      const std::vector<std::vector<std::vector<float>>>& batch_scores, size_t k);
+
+  const std::vector<int64_t>& grid_size() const { return grid_size_; }
+
+ private:
+  BeamSearcher(dht::Node& node, std::string grid_name, std::vector<int64_t> grid_size,
+               BeamSearchOptions options);
+  std::map<std::string, std::vector<ServerEntry>> Fetch(const std::vector<std::string>& keys);
+
+  dht::Node& node_;
+  std::string grid_name_;
+  std::vector<int64_t> grid_size_;
+  BeamSearchOptions options_;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> empty_until_;
+};
+
+}  // namespace colony::moe
