@@ -214,7 +214,10 @@ TEST_F(AttackedSwarm, EveryLayersKeysTakeOnlyTheirOwnersWellFormedEntries) {
       {"run1.state", "state donor adverts"},
       {kRelaysKey, "relay announcements"},
       {"colony.models", "model announcements"},
-      {"colony.runs", "training run announcements"}};
+      {"colony.runs", "training run announcements"},
+      {"colony.moe.ffn.3.4", "expert declarations"},
+      {"colony.moe.ffn.3.", "expert declarations"},
+      {"colony.moe.not an expert", "expert declarations"}};
   for (const auto& [key, family] : keys) {
     for (const auto& r : AtEveryNode({{key, std::nullopt, "junk", Now() + 60}})) {
       EXPECT_EQ(r.at(0).code(), StatusCode::kPermissionDenied) << key;
