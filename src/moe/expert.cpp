@@ -1,0 +1,80 @@
+#include "moe/expert.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+
+namespace colony::moe {
+
+struct Expert::Impl {
+  ExpertOptions options;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  uint64_t steps = 0;
+};
+
+at::Tensor ExpertFunction(const at::Tensor& x, const std::vector<at::Tensor>& p) {
+  return at::linear(at::gelu(at::linear(x, p[0], p[1])), p[2], p[3]);
+}
+
+Result<std::unique_ptr<Expert>> Expert::Create(const ExpertOptions& o) {
+  const int64_t ffn = o.ffn_hidden > 0 ? o.ffn_hidden : 4 * o.hidden;
+  if (o.hidden < 1 || o.hidden > 65536 || ffn > 4 * 65536) {
+    return InvalidArgument(fmt::format("expert sizes {} x {} outside [1, 65536]", o.hidden, ffn));
+  }
+  if (!std::isfinite(o.lr) || o.lr < 0) {
+    return InvalidArgument(
+        fmt::format("expert learning rate {} is not a non-negative number", o.lr));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = o;
+  impl->options.ffn_hidden = ffn;
+  // PyTorch's nn.Linear init: weights and biases uniform in +-1/sqrt(fan_in).
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  const auto uniform = [&](std::vector<int64_t> shape, int64_t fan_in) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    return at::empty(shape, at::kFloat).uniform_(-bound, bound, gen).requires_grad_(true);
+  };
+  impl->params = {uniform({ffn, o.hidden}, o.hidden), uniform({ffn}, o.hidden),
+                  uniform({o.hidden, ffn}, ffn), uniform({o.hidden}, ffn)};
+  if (o.optimizer == "adam") {
+    impl->optimizer =
+        std::make_unique<torch::optim::Adam>(impl->params, torch::optim::AdamOptions(o.lr));
+  } else if (o.optimizer == "sgd") {
+    impl->optimizer =
+        std::make_unique<torch::optim::SGD>(impl->params, torch::optim::SGDOptions(o.lr));
+  } else {
+    return InvalidArgument(
+        fmt::format("unknown expert optimizer '{}' (adam or sgd)", o.optimizer.substr(0, 32)));
+  }
+  return std::unique_ptr<Expert>(new Expert(std::move(impl)));
+}
+
+Expert::Expert(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Expert::~Expert() = default;
+
+at::Tensor Expert::Forward(const at::Tensor& x) {
+  at::NoGradGuard no_grad;
+  return ExpertFunction(x, impl_->params);
+}
+
+at::Tensor Expert::Backward(const at::Tensor& x, const at::Tensor& grad_y) {
+  at::Tensor input = x.detach().requires_grad_(true);
+  impl_->optimizer->zero_grad();
+  at::Tensor y = ExpertFunction(input, impl_->params);
+  torch::autograd::backward({y}, {grad_y});
+  impl_->optimizer->step();
+  ++impl_->steps;
+  return input.grad();
+}
+
+std::vector<at::Tensor> Expert::parameters() const { return impl_->params; }
+int64_t Expert::hidden() const { return impl_->options.hidden; }
+uint64_t Expert::steps() const { return impl_->steps; }
+
+}  // namespace colony::moe

@@ -1,0 +1,57 @@
+// One expert as a server hosts it: hivemind's "ffn" expert (Linear, GELU, Linear), with its own
+// optimizer, so that a backward request trains it where it lives (Learning@home).
+//
+//   moe::Expert e({.hidden = 64, .seed = 7});
+//   at::Tensor y = e.Forward(x);                 // [batch, 64] -> [batch, 64], no grad
+//   at::Tensor gx = e.Backward(x, grad_y);       // grad w.r.t. x; one optimizer step
+//
+// Not thread-safe: the expert server runs each expert's work on its task pool, one at a time.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace colony::moe {
+
+struct ExpertOptions {
+  int64_t hidden = 0;              // input and output size
+  int64_t ffn_hidden = 0;          // 0: 4 x hidden
+  std::string optimizer = "adam";  // adam or sgd
+  double lr = 1e-3;
+  uint64_t seed = 0;  // the initial weights (PyTorch's Linear init, from this seed)
+};
+
+class Expert {
+ public:
+  // InvalidArgument for sizes outside [1, 65536], an unknown optimizer or a bad learning rate.
+  static Result<std::unique_ptr<Expert>> Create(const ExpertOptions& options);
+  ~Expert();
+
+  // x [batch, hidden] float32 -> [batch, hidden].
+  at::Tensor Forward(const at::Tensor& x);
+  // The gradient w.r.t. x of sum(Forward(x) * grad_y); accumulates the parameters' gradients and
+  // applies one optimizer step.
+  at::Tensor Backward(const at::Tensor& x, const at::Tensor& grad_y);
+
+  // w1 [ffn, hidden], b1 [ffn], w2 [hidden, ffn], b2 [hidden] (views of the live weights).
+  std::vector<at::Tensor> parameters() const;
+  int64_t hidden() const;
+  uint64_t steps() const;
+
+ private:
+  struct Impl;
+  explicit Expert(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The expert's function with given weights, differentiable in x and the weights: the reference
+// that tests and the local mixture compare with.
+at::Tensor ExpertFunction(const at::Tensor& x, const std::vector<at::Tensor>& params);
+
+}  // namespace colony::moe

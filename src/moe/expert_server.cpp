@@ -1,0 +1,185 @@
+#include "moe/expert_server.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <map>
+#include <mutex>
+
+#include "core/log.h"
+#include "core/periodic.h"
+#include "moe/discovery.h"
+#include "moe/expert_uid.h"
+#include "runtime/task_pool.h"
+#include "runtime/tensor_io.h"
+
+namespace colony::moe {
+
+uint64_t ExpertSeed(uint64_t base, const std::string& uid) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : uid) h = (h ^ c) * 1099511628211ull;
+  return base ^ h;
+}
+
+struct HostedExpert {
+  std::mutex mu;
+  std::unique_ptr<Expert> expert;
+};
+
+struct ExpertServer::Impl {
+  dht::Node& node;
+  ExpertServerOptions options;
+  std::map<std::string, std::unique_ptr<HostedExpert>> experts;
+  runtime::TaskPool pool;
+  mutable std::mutex mu;
+  bool stopped = false;
+  Stats stats;
+  std::unique_ptr<Periodic> declarer;
+
+  Impl(dht::Node& n, ExpertServerOptions o)
+      : node(n),
+        options(std::move(o)),
+        pool({.threads = options.threads, .max_queued = options.max_queued}) {}
+
+  Status Refuse(Status why) {
+    std::lock_guard lock(mu);
+    ++stats.refused;
+    return why;
+  }
+
+  // The hosted expert a request names, and its tensors checked: x (and grad_y for a backward).
+  Result<std::pair<HostedExpert*, std::vector<at::Tensor>>> Read(const net::Message& m,
+                                                                 bool backward) {
+    {
+      std::lock_guard lock(mu);
+      if (stopped) return Unavailable("the expert server is shutting down; use another server");
+    }
+    if (m.meta.size() > kMaxUidBytes) return Refuse(InvalidArgument("expert id too long"));
+    auto it = experts.find(m.meta);
+    if (it == experts.end()) {
+      return Refuse(NotFound(fmt::format("expert '{}' is not hosted here",
+                                         ParseExpertUid(m.meta).ok() ? m.meta : "(malformed id)")));
+    }
+    const size_t want = backward ? 2 : 1;
+    if (m.tensors.size() != want) {
+      return Refuse(
+          InvalidArgument(fmt::format("moe.{} takes {} tensor(s), got {}",
+                                      backward ? "backward" : "forward", want, m.tensors.size())));
+    }
+    const int64_t hidden = options.expert.hidden;
+    std::vector<at::Tensor> tensors;
+    for (const auto& frame : m.tensors) {
+      auto t = runtime::FromFrame(
+          frame, {.max_elements = static_cast<uint64_t>(options.max_batch * hidden),
+                  .allowed_dtypes = {DType::kFloat32},
+                  .rank = 2});
+      if (!t.ok()) return Refuse(t.status());
+      if (t->size(1) != hidden || t->size(0) < 1 || t->size(0) > options.max_batch) {
+        return Refuse(InvalidArgument(
+            fmt::format("expert input of shape [{}, {}]; this expert takes [1..{}, {}]", t->size(0),
+                        t->size(1), options.max_batch, hidden)));
+      }
+      if (!at::isfinite(*t).all().item<bool>()) {
+        return Refuse(InvalidArgument("expert input holds NaN or infinite values"));
+      }
+      tensors.push_back(std::move(*t));
+    }
+    if (backward && !tensors[0].sizes().equals(tensors[1].sizes())) {
+      return Refuse(InvalidArgument("the gradient's shape differs from the input's"));
+    }
+    return std::make_pair(it->second.get(), std::move(tensors));
+  }
+
+  asio::awaitable<Result<net::Message>> Handle(net::Message m, bool backward) {
+    auto read = Read(m, backward);
+    if (!read.ok()) co_return read.status();
+    HostedExpert* hosted = read->first;
+    std::vector<at::Tensor> in = std::move(read->second);
+    auto work = [hosted, in, backward]() -> Result<at::Tensor> {
+      std::lock_guard lock(hosted->mu);
+      return backward ? hosted->expert->Backward(in[0], in[1]) : hosted->expert->Forward(in[0]);
+    };
+    auto out =
+        co_await runtime::RunOnPool<at::Tensor>(pool, runtime::kPriorityTraining, std::move(work));
+    if (!out.ok()) co_return out.status();
+    auto frame = runtime::ToFrame(*out);
+    if (!frame.ok()) co_return frame.status();
+    {
+      std::lock_guard lock(mu);
+      ++(backward ? stats.backwards : stats.forwards);
+    }
+    net::Message reply;
+    reply.tensors.push_back(std::move(*frame));
+    co_return reply;
+  }
+
+  Status Declare() {
+    return DeclareExperts(node, options.uids, dht::Now() + options.declaration_ttl_seconds);
+  }
+};
+
+Result<std::unique_ptr<ExpertServer>> ExpertServer::Start(dht::Node& node,
+                                                          ExpertServerOptions options) {
+  if (options.uids.empty()) return InvalidArgument("an expert server needs at least one expert");
+  if (options.max_batch < 1 || options.max_batch > (1 << 20)) {
+    return InvalidArgument(fmt::format("max_batch {} outside [1, 2^20]", options.max_batch));
+  }
+  auto impl = std::make_shared<Impl>(node, options);
+  for (const auto& uid : options.uids) {
+    COLONY_ASSIGN_OR_RETURN(ExpertUid parsed, ParseExpertUid(uid));
+    if (parsed.ToString() != uid || impl->experts.contains(uid)) {
+      return InvalidArgument(fmt::format("expert id '{}' is repeated", uid));
+    }
+    ExpertOptions eo = options.expert;
+    eo.seed = ExpertSeed(options.expert.seed, uid);
+    auto hosted = std::make_unique<HostedExpert>();
+    COLONY_ASSIGN_OR_RETURN(hosted->expert, Expert::Create(eo));
+    impl->experts.emplace(uid, std::move(hosted));
+  }
+  net::Host& host = node.host();
+  host.RegisterUnary("moe.forward", [impl](net::CallContext&, net::Message m) {
+    return impl->Handle(std::move(m), /*backward=*/false);
+  });
+  host.RegisterUnary("moe.backward", [impl](net::CallContext&, net::Message m) {
+    return impl->Handle(std::move(m), /*backward=*/true);
+  });
+  COLONY_RETURN_IF_ERROR(impl->Declare());
+  impl->declarer = std::make_unique<Periodic>(
+      options.declare_interval,
+      [raw = impl.get()] {
+        Status st = raw->Declare();
+        if (!st.ok()) COLONY_LOG_WARN("re-declaring experts: {}", st.ToString());
+      },
+      Periodic::Start::kAfterInterval);
+  return std::unique_ptr<ExpertServer>(new ExpertServer(std::move(impl)));
+}
+
+ExpertServer::ExpertServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ExpertServer::~ExpertServer() { Shutdown(); }
+
+void ExpertServer::Shutdown() {
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+  }
+  impl_->declarer.reset();
+  impl_->pool.Shutdown();
+}
+
+ExpertServer::Stats ExpertServer::stats() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->stats;
+}
+
+Result<std::vector<at::Tensor>> ExpertServer::Parameters(const std::string& uid) const {
+  auto it = impl_->experts.find(uid);
+  if (it == impl_->experts.end()) return NotFound("expert '" + uid + "' is not hosted here");
+  std::lock_guard lock(it->second->mu);
+  std::vector<at::Tensor> out;
+  for (const auto& p : it->second->expert->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace colony::moe

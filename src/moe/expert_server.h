@@ -1,0 +1,67 @@
+// An expert server (Learning@home): hosts experts, answers "moe.forward" and "moe.backward" for
+// them (a backward trains the expert: its optimizer steps on the server), and declares them in
+// the DHT every declare_interval so that clients' beam searches find them.
+//
+//   auto server = moe::ExpertServer::Start(node, {.uids = {"ffn.0.3", "ffn.1.7"},
+//                                                 .expert = {.hidden = 64}});
+//
+// Requests are untrusted: the expert id must be hosted here, inputs float32 [batch, hidden] with
+// 1 <= batch <= max_batch, finite, and a backward's gradient of the input's shape; anything else
+// gets an error that says what is wrong, and the server keeps serving. Compute runs on a task
+// pool with a bounded queue (a full queue answers ResourceExhausted at once).
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "dht/node.h"
+#include "moe/expert.h"
+
+namespace colony::moe {
+
+struct ExpertServerOptions {
+  std::vector<std::string> uids;
+  // Every expert's sizes and optimizer; expert i starts from ExpertSeed(expert.seed, uid).
+  ExpertOptions expert;
+  int64_t max_batch = 4096;
+  size_t threads = 1;
+  size_t max_queued = 256;
+  // hivemind: declared every 30 s, for 60 s.
+  std::chrono::milliseconds declare_interval{30'000};
+  double declaration_ttl_seconds = 60;
+};
+
+// The seed expert `uid` starts from on a server whose base seed is `base` (FNV-1a of the id).
+uint64_t ExpertSeed(uint64_t base, const std::string& uid);
+
+class ExpertServer {
+ public:
+  // Registers the handlers on the node's host and declares the experts once before returning
+  // (an error when that first declaration fails), then every declare_interval.
+  static Result<std::unique_ptr<ExpertServer>> Start(dht::Node& node, ExpertServerOptions options);
+  ~ExpertServer();  // Shutdown()
+  // Stops declaring and answers every later request with Unavailable. Idempotent.
+  void Shutdown();
+
+  struct Stats {
+    uint64_t forwards = 0;
+    uint64_t backwards = 0;
+    uint64_t refused = 0;  // malformed or unknown requests
+  };
+  Stats stats() const;
+  // A copy of an expert's current weights (NotFound for an id not hosted here).
+  Result<std::vector<at::Tensor>> Parameters(const std::string& uid) const;
+
+  struct Impl;
+
+ private:
+  explicit ExpertServer(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace colony::moe
