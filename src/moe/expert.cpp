@@ -3,11 +3,15 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <cmath>
+#include <filesystem>
 
 namespace colony::moe {
 
@@ -74,6 +78,58 @@ at::Tensor Expert::Backward(const at::Tensor& x, const at::Tensor& grad_y) {
 }
 
 std::vector<at::Tensor> Expert::parameters() const { return impl_->params; }
+
+Status Expert::Save(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  try {
+    torch::serialize::OutputArchive archive;
+    for (size_t i = 0; i < impl_->params.size(); ++i) {
+      archive.write(fmt::format("param{}", i), impl_->params[i].detach());
+    }
+    archive.write("steps", at::tensor(static_cast<int64_t>(impl_->steps)));
+    torch::serialize::OutputArchive opt;
+    impl_->optimizer->save(opt);
+    archive.write("optimizer", opt);
+    archive.save_to(tmp);
+  } catch (const c10::Error& e) {
+    return Internal(fmt::format("saving expert to {}: {}", path, e.what_without_backtrace()));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return Internal(fmt::format("saving expert to {}: {}", path, ec.message()));
+  return Status::Ok();
+}
+
+Status Expert::Load(const std::string& path) {
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path);
+    std::vector<at::Tensor> loaded(impl_->params.size());
+    for (size_t i = 0; i < loaded.size(); ++i) {
+      archive.read(fmt::format("param{}", i), loaded[i]);
+      if (!loaded[i].sizes().equals(impl_->params[i].sizes()) ||
+          loaded[i].scalar_type() != at::kFloat) {
+        return InvalidArgument(fmt::format(
+            "expert checkpoint {}: parameter {} has shape [{}], this expert's is [{}]", path, i,
+            fmt::join(loaded[i].sizes(), ", "), fmt::join(impl_->params[i].sizes(), ", ")));
+      }
+    }
+    at::Tensor steps;
+    archive.read("steps", steps);
+    torch::serialize::InputArchive opt;
+    archive.read("optimizer", opt);
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < loaded.size(); ++i) impl_->params[i].copy_(loaded[i]);
+    }
+    impl_->optimizer->load(opt);
+    impl_->steps = static_cast<uint64_t>(steps.item<int64_t>());
+  } catch (const c10::Error& e) {
+    return InvalidArgument(
+        fmt::format("expert checkpoint {} cannot be read: {}", path, e.what_without_backtrace()));
+  }
+  return Status::Ok();
+}
 int64_t Expert::hidden() const { return impl_->options.hidden; }
 uint64_t Expert::steps() const { return impl_->steps; }
 

@@ -41,6 +41,11 @@ class Expert {
 
   // w1 [ffn, hidden], b1 [ffn], w2 [hidden, ffn], b2 [hidden] (views of the live weights).
   std::vector<at::Tensor> parameters() const;
+  // Weights, optimizer state and step count, written to `path` (atomically: a temporary file
+  // renamed), and read back into an expert of the same options. Load refuses a checkpoint of
+  // other sizes, naming them.
+  Status Save(const std::string& path) const;
+  Status Load(const std::string& path);
   int64_t hidden() const;
   uint64_t steps() const;
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -34,7 +35,9 @@ struct ExpertServer::Impl {
   mutable std::mutex mu;
   bool stopped = false;
   Stats stats;
+  size_t restored = 0;
   std::unique_ptr<Periodic> declarer;
+  std::unique_ptr<Periodic> checkpointer;
 
   Impl(dht::Node& n, ExpertServerOptions o)
       : node(n),
@@ -116,6 +119,22 @@ struct ExpertServer::Impl {
   Status Declare() {
     return DeclareExperts(node, options.uids, dht::Now() + options.declaration_ttl_seconds);
   }
+
+  std::string CheckpointPath(const std::string& uid) const {
+    return (std::filesystem::path(options.checkpoint_dir) / (uid + ".pt")).string();
+  }
+
+  Status SaveCheckpoints() {
+    if (options.checkpoint_dir.empty()) return Status::Ok();
+    std::string failed;
+    for (const auto& [uid, hosted] : experts) {
+      std::lock_guard lock(hosted->mu);
+      Status st = hosted->expert->Save(CheckpointPath(uid));
+      if (!st.ok()) failed += (failed.empty() ? "" : "; ") + st.ToString();
+    }
+    if (!failed.empty()) return Internal("writing expert checkpoints: " + failed);
+    return Status::Ok();
+  }
 };
 
 Result<std::unique_ptr<ExpertServer>> ExpertServer::Start(dht::Node& node,
@@ -134,7 +153,22 @@ Result<std::unique_ptr<ExpertServer>> ExpertServer::Start(dht::Node& node,
     eo.seed = ExpertSeed(options.expert.seed, uid);
     auto hosted = std::make_unique<HostedExpert>();
     COLONY_ASSIGN_OR_RETURN(hosted->expert, Expert::Create(eo));
+    if (!options.checkpoint_dir.empty()) {
+      const std::string path = impl->CheckpointPath(uid);
+      if (std::filesystem::exists(path)) {
+        COLONY_RETURN_IF_ERROR(hosted->expert->Load(path));
+        ++impl->restored;
+      }
+    }
     impl->experts.emplace(uid, std::move(hosted));
+  }
+  if (!options.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.checkpoint_dir, ec);
+    if (ec) {
+      return InvalidArgument(
+          fmt::format("cannot create checkpoint dir {}: {}", options.checkpoint_dir, ec.message()));
+    }
   }
   net::Host& host = node.host();
   host.RegisterUnary("moe.forward", [impl](net::CallContext&, net::Message m) {
@@ -151,6 +185,15 @@ Result<std::unique_ptr<ExpertServer>> ExpertServer::Start(dht::Node& node,
         if (!st.ok()) COLONY_LOG_WARN("re-declaring experts: {}", st.ToString());
       },
       Periodic::Start::kAfterInterval);
+  if (!options.checkpoint_dir.empty()) {
+    impl->checkpointer = std::make_unique<Periodic>(
+        options.checkpoint_interval,
+        [raw = impl.get()] {
+          Status st = raw->SaveCheckpoints();
+          if (!st.ok()) COLONY_LOG_WARN("{}", st.ToString());
+        },
+        Periodic::Start::kAfterInterval);
+  }
   return std::unique_ptr<ExpertServer>(new ExpertServer(std::move(impl)));
 }
 
@@ -165,8 +208,15 @@ void ExpertServer::Shutdown() {
     impl_->stopped = true;
   }
   impl_->declarer.reset();
+  impl_->checkpointer.reset();
   impl_->pool.Shutdown();
+  Status st = impl_->SaveCheckpoints();
+  if (!st.ok()) COLONY_LOG_WARN("{}", st.ToString());
 }
+
+Status ExpertServer::SaveCheckpoints() { return impl_->SaveCheckpoints(); }
+
+size_t ExpertServer::restored() const { return impl_->restored; }
 
 ExpertServer::Stats ExpertServer::stats() const {
   std::lock_guard lock(impl_->mu);

@@ -34,6 +34,10 @@ struct ExpertServerOptions {
   // hivemind: declared every 30 s, for 60 s.
   std::chrono::milliseconds declare_interval{30'000};
   double declaration_ttl_seconds = 60;
+  // Where each expert's checkpoint lives (<dir>/<uid>.pt: weights, optimizer state, steps): read
+  // at start when present, written every checkpoint_interval and at Shutdown. Empty: none.
+  std::string checkpoint_dir = {};
+  std::chrono::milliseconds checkpoint_interval{60'000};
 };
 
 // The seed expert `uid` starts from on a server whose base seed is `base` (FNV-1a of the id).
@@ -45,8 +49,13 @@ class ExpertServer {
   // (an error when that first declaration fails), then every declare_interval.
   static Result<std::unique_ptr<ExpertServer>> Start(dht::Node& node, ExpertServerOptions options);
   ~ExpertServer();  // Shutdown()
-  // Stops declaring and answers every later request with Unavailable. Idempotent.
+  // Stops declaring, answers every later request with Unavailable and writes the checkpoints.
+  // Idempotent.
   void Shutdown();
+  // Writes every expert's checkpoint now (an error naming the experts that failed).
+  Status SaveCheckpoints();
+  // The experts whose checkpoint was read at start.
+  size_t restored() const;
 
   struct Stats {
     uint64_t forwards = 0;

@@ -23,6 +23,7 @@ void AddMonitorCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
 void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
+void AddExpertsCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 
 // One-line JSON as the CLI prints it (invalid UTF-8 in values is replaced, never thrown on).

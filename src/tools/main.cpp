@@ -44,10 +44,10 @@ std::string WaitForTerminationSignal() {
 }
 
 #ifndef COLONY_WITH_TORCH
-// Commands that run models (train, serve, generate, finetune, api) run in the colony-torch program
-// next to this one: only it links LibTorch, so every other command starts in milliseconds instead
-// of loading LibTorch (about a second of CPU per process, which a swarm of 16 peer processes on 2
-// cores felt).
+// Commands that run models (train, serve, generate, finetune, api, experts) run in the
+// colony-torch program next to this one: only it links LibTorch, so every other command starts in
+// milliseconds instead of loading LibTorch (about a second of CPU per process, which a swarm of 16
+// peer processes on 2 cores felt).
 int ExecTorch(char** argv) {
   const std::string path =
       (std::filesystem::path(colony::SelfExecutable()).parent_path() / "colony-torch").string();
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     }
     if (arg.starts_with("-")) continue;
     if (arg == "train" || arg == "serve" || arg == "generate" || arg == "finetune" ||
-        arg == "api") {
+        arg == "api" || arg == "experts") {
       return ExecTorch(argv);
     }
     break;
@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   AddTrainCommand(app, commands);
   AddServeCommands(app, commands);
   AddApiCommand(app, commands);
+  AddExpertsCommands(app, commands);
 #else
   AddIdentityCommands(app, commands);
   AddAuthorityCommands(app, commands);
@@ -124,6 +125,9 @@ int main(int argc, char** argv) {
   app.add_subcommand("api",
                      "serve generation through the swarm over HTTP, compatible with the OpenAI "
                      "API (see 'colony api --help')");
+  app.add_subcommand("experts",
+                     "decentralized mixture-of-experts: host experts for the swarm "
+                     "(Learning@home; see 'colony experts serve --help')");
   AddServersCommand(app, commands);
   AddMonitorCommand(app, commands);
   AddDemoCommand(app, commands);

@@ -1,0 +1,77 @@
+// A layer whose feed-forward is a mixture of remote experts (Learning@home's
+// RemoteMixtureOfExperts): a local gating network scores every coordinate of the expert grid, a
+// beam search finds each input's k_best live experts in the DHT, the experts are called in
+// parallel, and the output is the sum of their outputs weighted by the softmax of their scores
+// over the experts that answered. Differentiable in the input and the gating's parameters; the
+// backward pass trains the experts on their servers.
+//
+//   auto moe = moe::RemoteMixtureOfExperts::Create(node, {.grid_name = "ffn",
+//       .grid_size = {16, 16}, .hidden = 64, .k_best = 4, .k_min = 1});
+//   at::Tensor y = (*moe)->Forward(x).value();   // [batch, 64]
+//   y.sum().backward();
+//
+// hivemind's options, with its meanings: an input needs k_min experts to answer its forward
+// (backward_k_min its backward) or the call fails (allow_zero_outputs: its output is zero
+// instead); once every input has k_min answers, the layer waits at most timeout_after_k_min for
+// the rest; detect_anomalies refuses non-finite inputs and gradients. An expert that failed or
+// came late has weight 0 and gets no gradient.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "dht/node.h"
+#include "moe/beam_search.h"
+#include "moe/remote_expert.h"
+
+namespace colony::moe {
+
+struct MixtureOptions {
+  std::string grid_name;
+  std::vector<int64_t> grid_size;
+  int64_t hidden = 0;
+  size_t k_best = 4;
+  size_t k_min = 1;
+  size_t backward_k_min = 1;
+  std::chrono::milliseconds forward_timeout{30'000};
+  std::chrono::milliseconds backward_timeout{30'000};
+  std::chrono::milliseconds timeout_after_k_min{1'000};
+  bool detect_anomalies = false;
+  bool allow_zero_outputs = false;
+  BeamSearchOptions search = {};
+  uint64_t seed = 0;  // the gating's initial weights
+};
+
+class RemoteMixtureOfExperts {
+ public:
+  static Result<std::unique_ptr<RemoteMixtureOfExperts>> Create(dht::Node& node,
+                                                                MixtureOptions options);
+  // Waits for calls still in flight (each ends by its own deadline).
+  ~RemoteMixtureOfExperts();
+
+  // x [batch, hidden] float32 -> [batch, hidden]. Errors: a malformed input, no live expert,
+  // fewer than k_min answers for an input (without allow_zero_outputs).
+  Result<at::Tensor> Forward(const at::Tensor& x);
+
+  // The gating: weight [sum(grid_size), hidden] and bias [sum(grid_size)], trainable.
+  std::vector<at::Tensor> gating_parameters() const;
+
+  struct Stats {
+    uint64_t expert_calls = 0;
+    uint64_t failed_calls = 0;  // errors and answers that came too late
+  };
+  Stats stats() const;
+
+  struct Impl;
+
+ private:
+  explicit RemoteMixtureOfExperts(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace colony::moe

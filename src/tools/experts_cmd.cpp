@@ -1,0 +1,175 @@
+// colony experts serve: host mixture-of-experts experts for the swarm (Learning@home; src/moe
+// does the work). Part of colony-torch.
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <random>
+
+#include "core/log.h"
+#include "dht/node.h"
+#include "moe/discovery.h"
+#include "moe/expert_server.h"
+#include "moe/expert_uid.h"
+#include "tools/access_options.h"
+#include "tools/commands.h"
+#include "tools/record_rules.h"
+
+namespace colony::cli {
+namespace {
+
+struct ExpertsServeArgs {
+  std::vector<std::string> initial_peers;
+  std::string listen = "/ip4/0.0.0.0/tcp/0";
+  AccessArgs access;
+  std::string pattern;
+  std::vector<std::string> expert_ids;
+  int64_t num_experts = 1;
+  int64_t hidden = 0;
+  int64_t ffn_hidden = 0;
+  std::string optimizer = "adam";
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  int64_t max_batch = 4096;
+  int threads = 0;
+  std::string checkpoint_dir;
+  double checkpoint_every = 60;
+};
+
+// --num-experts ids of the pattern that nobody in the DHT declares yet (hivemind skips taken
+// ids too), drawn in a few rounds of candidates.
+Result<std::vector<std::string>> FreeIds(dht::Node& node, const moe::ExpertPattern& pattern,
+                                         int64_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed ^ std::random_device{}());
+  std::vector<moe::ExpertUid> taken;
+  std::vector<std::string> out;
+  for (int round = 0; round < 8 && static_cast<int64_t>(out.size()) < count; ++round) {
+    const auto want = static_cast<size_t>(count) - out.size();
+    std::vector<moe::ExpertUid> candidates = pattern.Sample(2 * want, taken, rng);
+    if (candidates.empty()) break;
+    std::vector<std::string> ids;
+    for (const auto& c : candidates) ids.push_back(c.ToString());
+    const auto found = moe::GetExperts(node, ids);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      taken.push_back(candidates[i]);
+      if (!found[i].has_value() && static_cast<int64_t>(out.size()) < count) out.push_back(ids[i]);
+    }
+  }
+  if (static_cast<int64_t>(out.size()) < count) {
+    return ResourceExhausted(fmt::format(
+        "only {} of the {} experts asked for are free in {} (the others are served already)",
+        out.size(), count, pattern.name));
+  }
+  return out;
+}
+
+int RunExpertsServe(const ExpertsServeArgs& a) {
+  if (a.pattern.empty() == a.expert_ids.empty()) {
+    return Fail("give either --pattern (with --num-experts) or --expert-ids");
+  }
+  if (a.threads > 0) at::set_num_threads(a.threads);
+  BlockTerminationSignals();
+  KeyPair identity = KeyPair::Generate();
+  auto access = MakeSwarmAccess(a.access, identity.peer_id());
+  if (!access.ok()) return Fail(access.status());
+  dht::NodeOptions node_options;
+  node_options.validators = {SwarmRecordRules()};
+  node_options.host.access = access->control;
+  node_options.initial_peers = a.initial_peers;
+  auto listen = Multiaddr::Parse(a.listen);
+  if (!listen.ok()) return Fail(listen.status());
+  node_options.listen = {*listen};
+  auto node = dht::Node::Start(std::move(identity), node_options);
+  if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
+  SwarmAccess swarm_access = std::move(*access);  // stops before the node goes
+  swarm_access.Attach(**node);
+
+  moe::ExpertServerOptions o;
+  if (!a.pattern.empty()) {
+    auto pattern = moe::ParseExpertPattern(a.pattern);
+    if (!pattern.ok()) return Fail(pattern.status().WithContext("--pattern"));
+    auto ids = FreeIds(**node, *pattern, a.num_experts, a.seed);
+    if (!ids.ok()) return Fail(ids.status());
+    o.uids = std::move(*ids);
+  } else {
+    o.uids = a.expert_ids;
+  }
+  o.expert = {.hidden = a.hidden,
+              .ffn_hidden = a.ffn_hidden,
+              .optimizer = a.optimizer,
+              .lr = a.lr,
+              .seed = a.seed};
+  o.max_batch = a.max_batch;
+  o.checkpoint_dir = a.checkpoint_dir;
+  o.checkpoint_interval =
+      std::chrono::milliseconds(static_cast<int64_t>(a.checkpoint_every * 1000));
+  auto server = moe::ExpertServer::Start(**node, o);
+  if (!server.ok()) return Fail(server.status().WithContext("starting the expert server"));
+  nlohmann::json addrs = nlohmann::json::array();
+  for (const auto& m : (*node)->VisibleAddresses()) addrs.push_back(m.ToString());
+  std::printf("%s\n", Dump({{"event", "ready"},
+                            {"peer", (*node)->peer_id().ToString()},
+                            {"addrs", addrs},
+                            {"experts", o.uids},
+                            {"restored", (*server)->restored()}})
+                          .c_str());
+  std::fflush(stdout);
+  std::string sig = WaitForTerminationSignal();
+  COLONY_LOG_INFO("received {}, saving checkpoints and shutting down", sig);
+  (*server)->Shutdown();
+  swarm_access.Stop();
+  (*node)->Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+void AddExpertsCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
+  auto* experts = app.add_subcommand(
+      "experts", "decentralized mixture-of-experts: host experts for the swarm (Learning@home)");
+  experts->require_subcommand(1);
+  auto a = std::make_shared<ExpertsServeArgs>();
+  auto* serve = experts->add_subcommand(
+      "serve",
+      "host experts (Linear, GELU, Linear, each with its own optimizer): answer forward and "
+      "backward calls, train on backward, declare them in the DHT; prints a JSON ready line");
+  serve->add_option("--initial-peers", a->initial_peers, "multiaddr of a DHT peer (repeatable)")
+      ->check(MultiaddrCheck());
+  serve->add_option("--listen", a->listen, "address to listen on")
+      ->check(MultiaddrCheck())
+      ->capture_default_str();
+  AddAccessOptions(serve, a->access);
+  serve->add_option("--pattern", a->pattern,
+                    "the grid to take free expert ids from, e.g. 'ffn.[0:16].[0:16]'");
+  serve->add_option("--num-experts", a->num_experts, "how many experts to host with --pattern")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
+  serve->add_option("--expert-ids", a->expert_ids,
+                    "exact expert ids to host (instead of --pattern)");
+  serve->add_option("--hidden-dim", a->hidden, "the experts' input and output size")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}))
+      ->required();
+  serve->add_option("--ffn-dim", a->ffn_hidden, "the experts' inner size (default 4 x hidden)")
+      ->check(CLI::Range(int64_t{0}, int64_t{262144}));
+  serve->add_option("--optimizer", a->optimizer, "the experts' optimizer")
+      ->check(CLI::IsMember({"adam", "sgd"}))
+      ->capture_default_str();
+  serve->add_option("--lr", a->lr, "the experts' learning rate")
+      ->check(CLI::Range(0.0, 1e3))
+      ->capture_default_str();
+  serve->add_option("--seed", a->seed, "seed of the experts' initial weights")
+      ->capture_default_str();
+  serve->add_option("--max-batch", a->max_batch, "largest batch a request may carry")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  serve->add_option("--threads", a->threads, "LibTorch threads (default: LibTorch's)");
+  serve->add_option("--checkpoint-dir", a->checkpoint_dir,
+                    "read each expert's checkpoint from here at start, write it every "
+                    "--checkpoint-every seconds and at exit");
+  serve->add_option("--checkpoint-every", a->checkpoint_every, "seconds between checkpoints")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
+  commands.emplace_back(serve, [a]() { return RunExpertsServe(*a); });
+}
+
+}  // namespace colony::cli

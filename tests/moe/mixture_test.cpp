@@ -1,0 +1,282 @@
+// The remote mixture-of-experts layer over expert servers on loopback, against a reference
+// mixture computed here from the same gating and expert weights (exhaustive top-k, softmax over
+// the experts that answered): outputs, input gradients and gating gradients; a failed server's
+// experts weighted 0 (allow_zero_outputs); a hanging expert that costs timeout_after_k_min, not
+// the forward timeout; an expert answering NaN excluded; detect_anomalies.
+#include "moe/mixture.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+#include <set>
+
+#include "moe/discovery.h"
+#include "moe/expert_server.h"
+#include "runtime/tensor_io.h"
+#include "tools/record_rules.h"
+
+namespace colony::moe {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int64_t kHidden = 8;
+// Tests that compare with a reference where every live expert answers wait for all of them
+// (the default cut of 1 s after the first answers could drop a slow one on a loaded machine).
+constexpr std::chrono::milliseconds kWaitForAll = 60s;
+
+dht::NodeOptions Listening(std::vector<std::string> initial) {
+  dht::NodeOptions o;
+  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  o.initial_peers = std::move(initial);
+  o.dht.request_timeout = 2s;
+  o.validators = {cli::SwarmRecordRules()};
+  return o;
+}
+
+at::Tensor Ffn(const at::Tensor& x, const std::vector<at::Tensor>& p) {
+  return at::matmul(at::gelu(at::matmul(x, p[0].t()) + p[1]), p[2].t()) + p[3];
+}
+
+class Mixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto boot = dht::Node::Start(KeyPair::Generate(), Listening({}));
+    ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+    nodes_.push_back(std::move(*boot));
+    for (int i = 0; i < 3; ++i) {
+      auto n = dht::Node::Start(KeyPair::Generate(),
+                                Listening({nodes_[0]->VisibleAddresses().at(0).ToString()}));
+      ASSERT_TRUE(n.ok()) << n.status().ToString();
+      nodes_.push_back(std::move(*n));
+    }
+  }
+  void TearDown() override {
+    for (auto& s : servers_) s.reset();
+    for (auto& n : nodes_) n->Shutdown();
+  }
+  // Starts an expert server on node i for `uids`.
+  void Serve(size_t i, std::vector<std::string> uids) {
+    ExpertServerOptions o;
+    o.uids = uids;
+    o.expert = {.hidden = kHidden, .optimizer = "sgd", .lr = 0.05, .seed = 11};
+    auto s = ExpertServer::Start(*nodes_.at(i), o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    for (const auto& u : uids) {
+      auto p = (*s)->Parameters(u);
+      weights_[u] = *p;
+    }
+    servers_.push_back(std::move(*s));
+  }
+  // The reference: every expert in `live` scored from the gating's output, the top k of them,
+  // softmax over those in `answering`, their outputs summed (zero when none answers).
+  at::Tensor Reference(const at::Tensor& x, const std::vector<at::Tensor>& gate,
+                       const std::vector<int64_t>& grid, const std::vector<std::string>& live,
+                       const std::set<std::string>& answering, size_t k) {
+    const at::Tensor logits = at::matmul(x, gate[0].t()) + gate[1];
+    std::vector<at::Tensor> rows;
+    for (int64_t i = 0; i < x.size(0); ++i) {
+      std::vector<std::pair<double, std::string>> ranked;
+      std::map<std::string, at::Tensor> score;
+      for (const auto& uid : live) {
+        auto u = ParseExpertUid(uid);
+        at::Tensor s = at::zeros({}, at::kFloat);
+        int64_t offset = 0;
+        for (size_t d = 0; d < grid.size(); ++d) {
+          s = s + logits[i][offset + u->coords[d]];
+          offset += grid[d];
+        }
+        score[uid] = s;
+        ranked.emplace_back(s.item<double>(), uid);
+      }
+      std::sort(ranked.rbegin(), ranked.rend());
+      std::vector<at::Tensor> scores, outputs;
+      for (size_t j = 0; j < k && j < ranked.size(); ++j) {
+        const std::string& uid = ranked[j].second;
+        if (!answering.contains(uid)) continue;
+        scores.push_back(score[uid]);
+        outputs.push_back(Ffn(x[i], weights_.at(uid)));
+      }
+      if (scores.empty()) {
+        rows.push_back(at::zeros({kHidden}) * x[i].sum() * 0);
+        continue;
+      }
+      const at::Tensor w = at::softmax(at::stack(scores), 0);
+      rows.push_back((w.unsqueeze(1) * at::stack(outputs)).sum(0));
+    }
+    return at::stack(rows);
+  }
+
+  std::vector<std::unique_ptr<dht::Node>> nodes_;
+  std::vector<std::unique_ptr<ExpertServer>> servers_;
+  std::map<std::string, std::vector<at::Tensor>> weights_;
+};
+
+std::vector<at::Tensor> Copies(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) out.push_back(t.detach().clone().requires_grad_(true));
+  return out;
+}
+
+TEST_F(Mixture, OutputsAndGradientsEqualAReferenceMixtureWithTheSameWeights) {
+  const std::vector<std::string> a = {"ffn.0.0", "ffn.0.1", "ffn.1.2", "ffn.2.3"};
+  const std::vector<std::string> b = {"ffn.1.0", "ffn.3.3", "ffn.2.1", "ffn.3.0"};
+  ASSERT_NO_FATAL_FAILURE(Serve(1, a));
+  ASSERT_NO_FATAL_FAILURE(Serve(2, b));
+  auto moe = RemoteMixtureOfExperts::Create(*nodes_[3], {.grid_name = "ffn",
+                                                         .grid_size = {4, 4},
+                                                         .hidden = kHidden,
+                                                         .k_best = 3,
+                                                         .timeout_after_k_min = kWaitForAll,
+                                                         .seed = 3});
+  ASSERT_TRUE(moe.ok()) << moe.status().ToString();
+  const auto gate = Copies((*moe)->gating_parameters());
+  const at::Tensor data = at::randn({6, kHidden});
+  const at::Tensor probe = at::randn({6, kHidden});
+  at::Tensor x = data.clone().requires_grad_(true);
+  auto y = (*moe)->Forward(x);
+  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  at::Tensor x_ref = data.clone().requires_grad_(true);
+  std::vector<std::string> live = a;
+  live.insert(live.end(), b.begin(), b.end());
+  const at::Tensor y_ref = Reference(x_ref, gate, {4, 4}, live, {live.begin(), live.end()}, 3);
+  EXPECT_TRUE(at::allclose(*y, y_ref, 1e-4, 1e-5)) << (*y - y_ref).abs().max().item<float>();
+  (*y * probe).sum().backward();
+  (y_ref * probe).sum().backward();
+  EXPECT_TRUE(at::allclose(x.grad(), x_ref.grad(), 1e-4, 1e-5));
+  const auto params = (*moe)->gating_parameters();
+  EXPECT_TRUE(at::allclose(params[0].grad(), gate[0].grad(), 1e-4, 1e-5));
+  EXPECT_TRUE(at::allclose(params[1].grad(), gate[1].grad(), 1e-4, 1e-5));
+  EXPECT_EQ((*moe)->stats().failed_calls, 0u);
+  // The backward trained the experts that served inputs.
+  uint64_t backwards = 0;
+  for (const auto& s : servers_) backwards += s->stats().backwards;
+  EXPECT_GT(backwards, 0u);
+}
+
+TEST_F(Mixture, AFailedServersExpertsGetWeightZeroAndNoGradient) {
+  const std::vector<std::string> a = {"ffn.0.0", "ffn.0.1", "ffn.1.2", "ffn.2.3"};
+  const std::vector<std::string> b = {"ffn.1.0", "ffn.3.3", "ffn.2.1", "ffn.3.0"};
+  ASSERT_NO_FATAL_FAILURE(Serve(1, a));
+  ASSERT_NO_FATAL_FAILURE(Serve(2, b));
+  servers_[1]->Shutdown();  // its records stay in the DHT until they expire; calls fail
+  auto moe = RemoteMixtureOfExperts::Create(*nodes_[3], {.grid_name = "ffn",
+                                                         .grid_size = {4, 4},
+                                                         .hidden = kHidden,
+                                                         .k_best = 4,
+                                                         .timeout_after_k_min = kWaitForAll,
+                                                         .allow_zero_outputs = true,
+                                                         .seed = 4});
+  ASSERT_TRUE(moe.ok());
+  const auto gate = Copies((*moe)->gating_parameters());
+  const at::Tensor data = at::randn({16, kHidden});
+  at::Tensor x = data.clone().requires_grad_(true);
+  auto y = (*moe)->Forward(x);
+  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  at::Tensor x_ref = data.clone().requires_grad_(true);
+  std::vector<std::string> live = a;
+  live.insert(live.end(), b.begin(), b.end());
+  const at::Tensor y_ref = Reference(x_ref, gate, {4, 4}, live, {a.begin(), a.end()}, 4);
+  EXPECT_TRUE(at::allclose(*y, y_ref, 1e-4, 1e-5));
+  y->sum().backward();
+  y_ref.sum().backward();
+  EXPECT_TRUE(at::allclose(x.grad(), x_ref.grad(), 1e-4, 1e-5));
+  EXPECT_GT((*moe)->stats().failed_calls, 0u);
+  EXPECT_EQ(servers_[1]->stats().backwards, 0u);
+}
+
+TEST_F(Mixture, AHangingExpertCostsTimeoutAfterKMinAndANaNExpertIsExcluded) {
+  ASSERT_NO_FATAL_FAILURE(Serve(1, {"ffn.0.0", "ffn.1.1"}));
+  // Node 2 declares the other two experts: one never answers in time, one answers NaN.
+  dht::Node& liar = *nodes_[2];
+  liar.host().RegisterUnary(
+      "moe.forward",
+      [](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
+        at::Tensor x = *runtime::FromFrame(m.tensors.at(0));
+        if (m.meta == "ffn.0.1") {
+          asio::steady_timer timer(co_await asio::this_coro::executor, 20s);
+          co_await timer.async_wait(asio::use_awaitable);
+        }
+        net::Message reply;
+        reply.tensors.push_back(*runtime::ToFrame(at::full_like(x, std::nanf(""))));
+        co_return reply;
+      });
+  ASSERT_TRUE(DeclareExperts(liar, {"ffn.0.1", "ffn.1.0"}, dht::Now() + 60).ok());
+  auto moe = RemoteMixtureOfExperts::Create(*nodes_[3], {.grid_name = "ffn",
+                                                         .grid_size = {2, 2},
+                                                         .hidden = kHidden,
+                                                         .k_best = 4,
+                                                         .k_min = 1,
+                                                         .forward_timeout = 60s,
+                                                         .timeout_after_k_min = 2s,
+                                                         .seed = 5});
+  ASSERT_TRUE(moe.ok());
+  const auto gate = Copies((*moe)->gating_parameters());
+  const at::Tensor data = at::randn({4, kHidden});
+  const auto start = std::chrono::steady_clock::now();
+  auto y = (*moe)->Forward(data);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  // Not the 60 s forward timeout, nor the hanging expert's 20 s: 2 s after the others answered.
+  EXPECT_LT(took, 15s);
+  EXPECT_GE(took, 2s);
+  EXPECT_TRUE(at::isfinite(*y).all().item<bool>());
+  const at::Tensor y_ref = Reference(
+      data, gate, {2, 2}, {"ffn.0.0", "ffn.1.1", "ffn.0.1", "ffn.1.0"}, {"ffn.0.0", "ffn.1.1"}, 4);
+  EXPECT_TRUE(at::allclose(*y, y_ref, 1e-4, 1e-5));
+  EXPECT_EQ((*moe)->stats().failed_calls, 2u);
+}
+
+TEST_F(Mixture, TheBackwardTrainsTheExpertsAlsoWhenTheInputNeedsNoGradient) {
+  ASSERT_NO_FATAL_FAILURE(Serve(1, {"ffn.0.0", "ffn.1.1"}));
+  auto moe = RemoteMixtureOfExperts::Create(*nodes_[3], {.grid_name = "ffn",
+                                                         .grid_size = {2, 2},
+                                                         .hidden = kHidden,
+                                                         .k_best = 2,
+                                                         .timeout_after_k_min = kWaitForAll});
+  ASSERT_TRUE(moe.ok());
+  const at::Tensor x = at::randn({4, kHidden});  // a first layer's input: no gradient wanted
+  auto y = (*moe)->Forward(x);
+  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  y->pow(2).sum().backward();
+  EXPECT_EQ(servers_[0]->stats().backwards, 2u);
+  auto after = servers_[0]->Parameters("ffn.0.0");
+  EXPECT_FALSE(at::equal((*after)[0], weights_.at("ffn.0.0")[0]));
+}
+
+TEST_F(Mixture, DetectAnomaliesRefusesNonFiniteInputsAndBadShapes) {
+  ASSERT_NO_FATAL_FAILURE(Serve(1, {"ffn.0.0"}));
+  auto moe = RemoteMixtureOfExperts::Create(*nodes_[3], {.grid_name = "ffn",
+                                                         .grid_size = {2, 2},
+                                                         .hidden = kHidden,
+                                                         .k_best = 2,
+                                                         .detect_anomalies = true});
+  ASSERT_TRUE(moe.ok());
+  at::Tensor x = at::randn({2, kHidden});
+  x[0][0] = std::nanf("");
+  auto r = (*moe)->Forward(x);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("NaN"), std::string::npos) << r.status().ToString();
+  auto shape = (*moe)->Forward(at::randn({2, kHidden + 1}));
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(shape.status().message().find("float32 [1..65536, 8]"), std::string::npos)
+      << shape.status().ToString();
+  EXPECT_FALSE(
+      RemoteMixtureOfExperts::Create(
+          *nodes_[3],
+          {.grid_name = "ffn", .grid_size = {2}, .hidden = kHidden, .k_best = 1, .k_min = 2})
+          .ok());
+  // Without any live expert in its grid, the layer says so.
+  auto empty = RemoteMixtureOfExperts::Create(
+      *nodes_[3], {.grid_name = "nobody", .grid_size = {3}, .hidden = kHidden, .k_best = 1});
+  ASSERT_TRUE(empty.ok());
+  auto none = (*empty)->Forward(at::randn({1, kHidden}));
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no live expert"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace colony::moe
