@@ -313,14 +313,13 @@ struct RemoteMixtureOfExperts::Impl {
         answered += plan->alive[e];
         for (size_t d = 0; d < dims; ++d) idx_at[d][i][jj] = coords_of[e][d];
       }
-      if (answered < std::min(o.k_min, s.size()) || (answered == 0 && !o.allow_zero_outputs)) {
-        if (!o.allow_zero_outputs) {
-          return Unavailable(fmt::format(
-              "mixture of experts: input {} got {} answers of the {} it needs (k_min); "
-              "{} of {} expert calls failed or came late",
-              i, answered, std::min(o.k_min, s.size()),
-              std::count(plan->alive.begin(), plan->alive.end(), false), plan->alive.size()));
-        }
+      const size_t needed = std::max<size_t>(1, std::min(o.k_min, s.size()));
+      if (!o.allow_zero_outputs && answered < needed) {
+        return Unavailable(fmt::format(
+            "mixture of experts: input {} got {} answers of the {} it needs (k_min); "
+            "{} of {} expert calls failed or came late",
+            i, answered, needed, std::count(plan->alive.begin(), plan->alive.end(), false),
+            plan->alive.size()));
       }
     }
     at::Tensor sel = at::zeros({batch, k}, logits.options());

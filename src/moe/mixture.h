@@ -14,7 +14,9 @@
 // (backward_k_min its backward) or the call fails (allow_zero_outputs: its output is zero
 // instead); once every input has k_min answers, the layer waits at most timeout_after_k_min for
 // the rest; detect_anomalies refuses non-finite inputs and gradients. An expert that failed or
-// came late has weight 0 and gets no gradient.
+// came late has weight 0 and gets no gradient. Unlike hivemind, an input for which the DHT holds
+// fewer than k_min live experts needs only those (at least one) to answer: a grid that is
+// mostly empty still trains instead of failing every step.
 #pragma once
 
 #include <ATen/Tensor.h>

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "tools/record_rules.h"
+
 namespace colony::cli {
 
 void AddAccessOptions(CLI::App* cmd, AccessArgs& a) {
@@ -127,6 +129,20 @@ Result<double> ParseDuration(const std::string& text) {
     return InvalidArgument("'" + text + "' is not a duration (e.g. 90s, 30m, 24h, 7d)");
   }
   return v * unit;
+}
+
+Result<StartedNode> StartSwarmNode(const AccessArgs& args, dht::NodeOptions options) {
+  KeyPair identity = KeyPair::Generate();
+  COLONY_ASSIGN_OR_RETURN(SwarmAccess access, MakeSwarmAccess(args, identity.peer_id()));
+  options.validators = {SwarmRecordRules()};
+  options.host.access = access.control;
+  StartedNode started;
+  auto node = dht::Node::Start(std::move(identity), std::move(options));
+  if (!node.ok()) return node.status().WithContext("joining the DHT");
+  started.node = std::move(*node);
+  started.access = std::move(access);
+  started.access.Attach(*started.node);
+  return started;
 }
 
 }  // namespace colony::cli

@@ -49,6 +49,15 @@ struct SwarmAccess {
 
 Result<SwarmAccess> MakeSwarmAccess(const AccessArgs& args, const PeerId& self);
 
+// A DHT node of the swarm for a command that serves (serve, experts serve): `options` with the
+// swarm's record rules and the private swarm's policy, started and its access attached. The
+// access is declared after the node, so it stops first.
+struct StartedNode {
+  std::unique_ptr<dht::Node> node;
+  SwarmAccess access;
+};
+Result<StartedNode> StartSwarmNode(const AccessArgs& args, dht::NodeOptions options);
+
 // Parses "90", "90s", "30m", "24h", "7d" into seconds.
 Result<double> ParseDuration(const std::string& text);
 

@@ -13,7 +13,6 @@
 #include "moe/expert_uid.h"
 #include "tools/access_options.h"
 #include "tools/commands.h"
-#include "tools/record_rules.h"
 
 namespace colony::cli {
 namespace {
@@ -69,26 +68,20 @@ int RunExpertsServe(const ExpertsServeArgs& a) {
   }
   if (a.threads > 0) at::set_num_threads(a.threads);
   BlockTerminationSignals();
-  KeyPair identity = KeyPair::Generate();
-  auto access = MakeSwarmAccess(a.access, identity.peer_id());
-  if (!access.ok()) return Fail(access.status());
   dht::NodeOptions node_options;
-  node_options.validators = {SwarmRecordRules()};
-  node_options.host.access = access->control;
   node_options.initial_peers = a.initial_peers;
   auto listen = Multiaddr::Parse(a.listen);
   if (!listen.ok()) return Fail(listen.status());
   node_options.listen = {*listen};
-  auto node = dht::Node::Start(std::move(identity), node_options);
-  if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
-  SwarmAccess swarm_access = std::move(*access);  // stops before the node goes
-  swarm_access.Attach(**node);
+  auto started = StartSwarmNode(a.access, std::move(node_options));
+  if (!started.ok()) return Fail(started.status());
+  std::unique_ptr<dht::Node>& node = started->node;
 
   moe::ExpertServerOptions o;
   if (!a.pattern.empty()) {
     auto pattern = moe::ParseExpertPattern(a.pattern);
     if (!pattern.ok()) return Fail(pattern.status().WithContext("--pattern"));
-    auto ids = FreeIds(**node, *pattern, a.num_experts, a.seed);
+    auto ids = FreeIds(*node, *pattern, a.num_experts, a.seed);
     if (!ids.ok()) return Fail(ids.status());
     o.uids = std::move(*ids);
   } else {
@@ -103,12 +96,12 @@ int RunExpertsServe(const ExpertsServeArgs& a) {
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_interval =
       std::chrono::milliseconds(static_cast<int64_t>(a.checkpoint_every * 1000));
-  auto server = moe::ExpertServer::Start(**node, o);
+  auto server = moe::ExpertServer::Start(*node, o);
   if (!server.ok()) return Fail(server.status().WithContext("starting the expert server"));
   nlohmann::json addrs = nlohmann::json::array();
-  for (const auto& m : (*node)->VisibleAddresses()) addrs.push_back(m.ToString());
+  for (const auto& m : node->VisibleAddresses()) addrs.push_back(m.ToString());
   std::printf("%s\n", Dump({{"event", "ready"},
-                            {"peer", (*node)->peer_id().ToString()},
+                            {"peer", node->peer_id().ToString()},
                             {"addrs", addrs},
                             {"experts", o.uids},
                             {"restored", (*server)->restored()}})
@@ -117,8 +110,8 @@ int RunExpertsServe(const ExpertsServeArgs& a) {
   std::string sig = WaitForTerminationSignal();
   COLONY_LOG_INFO("received {}, saving checkpoints and shutting down", sig);
   (*server)->Shutdown();
-  swarm_access.Stop();
-  (*node)->Shutdown();
+  started->access.Stop();
+  node->Shutdown();
   return 0;
 }
 

@@ -22,7 +22,6 @@
 #include "serve/tuning.h"
 #include "tools/access_options.h"
 #include "tools/commands.h"
-#include "tools/record_rules.h"
 #include "tools/swarm_args.h"
 
 namespace colony::cli {
@@ -92,12 +91,7 @@ int RunServe(const ServeArgs& a) {
   if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
 
   BlockTerminationSignals();
-  KeyPair identity = KeyPair::Generate();
-  auto access = MakeSwarmAccess(a.swarm.access, identity.peer_id());
-  if (!access.ok()) return Fail(access.status());
   dht::NodeOptions node_options;
-  node_options.validators = {SwarmRecordRules()};
-  node_options.host.access = access->control;
   node_options.initial_peers = a.swarm.initial_peers;
   node_options.relays = a.relays;
   if (a.relays.empty()) {
@@ -105,14 +99,13 @@ int RunServe(const ServeArgs& a) {
     if (!listen.ok()) return Fail(listen.status());
     node_options.listen = {*listen};
   }
-  auto node = dht::Node::Start(std::move(identity), node_options);
-  if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
-  SwarmAccess swarm_access = std::move(*access);  // stops before the node goes
-  swarm_access.Attach(**node);
-  auto server = serve::BlockServer::Start(**node, o);
+  auto started = StartSwarmNode(a.swarm.access, std::move(node_options));
+  if (!started.ok()) return Fail(started.status());
+  std::unique_ptr<dht::Node>& node = started->node;
+  auto server = serve::BlockServer::Start(*node, o);
   if (!server.ok()) return Fail(server.status().WithContext("starting the server"));
   auto stats = (*server)->Stats();
-  for (const auto& m : (*node)->VisibleAddresses()) std::printf("%s\n", m.ToString().c_str());
+  for (const auto& m : node->VisibleAddresses()) std::printf("%s\n", m.ToString().c_str());
   std::fflush(stdout);
   std::fprintf(stderr,
                "serving blocks [%lld, %lld) of '%s': %.0f tokens/s per block forward, %.1f "
@@ -123,8 +116,8 @@ int RunServe(const ServeArgs& a) {
   std::string sig = WaitForTerminationSignal();
   COLONY_LOG_INFO("received {}, announcing offline and shutting down", sig);
   (*server)->Shutdown();
-  swarm_access.Stop();
-  (*node)->Shutdown();
+  started->access.Stop();
+  node->Shutdown();
   return 0;
 }
 

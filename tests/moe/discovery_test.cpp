@@ -11,32 +11,24 @@
 #include <set>
 #include <thread>
 
+#include "loopback_node.h"
 #include "moe/beam_search.h"
-#include "tools/record_rules.h"
 
 namespace colony::moe {
 namespace {
 
 using namespace std::chrono_literals;
 
-dht::NodeOptions Listening(std::vector<std::string> initial) {
-  dht::NodeOptions o;
-  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-  o.initial_peers = std::move(initial);
-  o.dht.request_timeout = 2s;
-  o.validators = {cli::SwarmRecordRules()};
-  return o;
-}
-
 class ExpertSwarm : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto boot = dht::Node::Start(KeyPair::Generate(), Listening({}));
+    auto boot = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions({}));
     ASSERT_TRUE(boot.ok()) << boot.status().ToString();
     nodes_.push_back(std::move(*boot));
     for (int i = 0; i < 4; ++i) {
-      auto n = dht::Node::Start(KeyPair::Generate(),
-                                Listening({nodes_[0]->VisibleAddresses().at(0).ToString()}));
+      auto n = dht::Node::Start(
+          KeyPair::Generate(),
+          test::LoopbackNodeOptions({nodes_[0]->VisibleAddresses().at(0).ToString()}));
       ASSERT_TRUE(n.ok()) << n.status().ToString();
       nodes_.push_back(std::move(*n));
     }

@@ -7,11 +7,11 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "loopback_node.h"
 #include "moe/discovery.h"
 #include "moe/expert_server.h"
 #include "moe/remote_expert.h"
 #include "runtime/tensor_io.h"
-#include "tools/record_rules.h"
 
 namespace colony::moe {
 namespace {
@@ -19,15 +19,6 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr int64_t kHidden = 16;
-
-dht::NodeOptions Listening(std::vector<std::string> initial) {
-  dht::NodeOptions o;
-  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-  o.initial_peers = std::move(initial);
-  o.dht.request_timeout = 2s;
-  o.validators = {cli::SwarmRecordRules()};
-  return o;
-}
 
 // hivemind's ffn expert written out here: Linear, GELU, Linear.
 at::Tensor Ffn(const at::Tensor& x, const std::vector<at::Tensor>& p) {
@@ -37,11 +28,12 @@ at::Tensor Ffn(const at::Tensor& x, const std::vector<at::Tensor>& p) {
 class ExpertServers : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto server = dht::Node::Start(KeyPair::Generate(), Listening({}));
+    auto server = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions({}));
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_node_ = std::move(*server);
-    auto client = dht::Node::Start(KeyPair::Generate(),
-                                   Listening({server_node_->VisibleAddresses().at(0).ToString()}));
+    auto client = dht::Node::Start(
+        KeyPair::Generate(),
+        test::LoopbackNodeOptions({server_node_->VisibleAddresses().at(0).ToString()}));
     ASSERT_TRUE(client.ok()) << client.status().ToString();
     client_node_ = std::move(*client);
     options_.uids = {"ffn.0.1", "ffn.2.3"};

@@ -13,10 +13,10 @@
 #include <asio/use_awaitable.hpp>
 #include <set>
 
+#include "loopback_node.h"
 #include "moe/discovery.h"
 #include "moe/expert_server.h"
 #include "runtime/tensor_io.h"
-#include "tools/record_rules.h"
 
 namespace colony::moe {
 namespace {
@@ -28,15 +28,6 @@ constexpr int64_t kHidden = 8;
 // (the default cut of 1 s after the first answers could drop a slow one on a loaded machine).
 constexpr std::chrono::milliseconds kWaitForAll = 60s;
 
-dht::NodeOptions Listening(std::vector<std::string> initial) {
-  dht::NodeOptions o;
-  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-  o.initial_peers = std::move(initial);
-  o.dht.request_timeout = 2s;
-  o.validators = {cli::SwarmRecordRules()};
-  return o;
-}
-
 at::Tensor Ffn(const at::Tensor& x, const std::vector<at::Tensor>& p) {
   return at::matmul(at::gelu(at::matmul(x, p[0].t()) + p[1]), p[2].t()) + p[3];
 }
@@ -44,12 +35,13 @@ at::Tensor Ffn(const at::Tensor& x, const std::vector<at::Tensor>& p) {
 class Mixture : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto boot = dht::Node::Start(KeyPair::Generate(), Listening({}));
+    auto boot = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions({}));
     ASSERT_TRUE(boot.ok()) << boot.status().ToString();
     nodes_.push_back(std::move(*boot));
     for (int i = 0; i < 3; ++i) {
-      auto n = dht::Node::Start(KeyPair::Generate(),
-                                Listening({nodes_[0]->VisibleAddresses().at(0).ToString()}));
+      auto n = dht::Node::Start(
+          KeyPair::Generate(),
+          test::LoopbackNodeOptions({nodes_[0]->VisibleAddresses().at(0).ToString()}));
       ASSERT_TRUE(n.ok()) << n.status().ToString();
       nodes_.push_back(std::move(*n));
     }

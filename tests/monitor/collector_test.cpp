@@ -16,6 +16,7 @@
 
 #include "dht/node.h"
 #include "dht/validation.h"
+#include "loopback_node.h"
 #include "monitor/service.h"
 #include "serve/records.h"
 #include "test_support.h"
@@ -28,23 +29,14 @@ namespace {
 using namespace std::chrono_literals;
 using json = nlohmann::json;
 
-dht::NodeOptions Listening(std::vector<std::string> initial) {
-  dht::NodeOptions o;
-  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-  o.initial_peers = std::move(initial);
-  o.dht.request_timeout = 2s;
-  o.validators = {cli::SwarmRecordRules()};
-  return o;
-}
-
 class MonitoredSwarm : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto boot = dht::Node::Start(KeyPair::Generate(), Listening({}));
+    auto boot = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions({}));
     ASSERT_TRUE(boot.ok()) << boot.status().ToString();
     boot_ = std::move(*boot);
     for (int i = 0; i < 3; ++i) {
-      auto n = dht::Node::Start(KeyPair::Generate(), Listening({BootAddress()}));
+      auto n = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions({BootAddress()}));
       ASSERT_TRUE(n.ok()) << n.status().ToString();
       peers_.push_back(std::move(*n));
     }
