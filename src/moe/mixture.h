@@ -28,26 +28,9 @@
 
 #include "core/status.h"
 #include "dht/node.h"
-#include "moe/beam_search.h"
-#include "moe/remote_expert.h"
+#include "moe/dispatch.h"
 
 namespace colony::moe {
-
-struct MixtureOptions {
-  std::string grid_name;
-  std::vector<int64_t> grid_size;
-  int64_t hidden = 0;
-  size_t k_best = 4;
-  size_t k_min = 1;
-  size_t backward_k_min = 1;
-  std::chrono::milliseconds forward_timeout{30'000};
-  std::chrono::milliseconds backward_timeout{30'000};
-  std::chrono::milliseconds timeout_after_k_min{1'000};
-  bool detect_anomalies = false;
-  bool allow_zero_outputs = false;
-  BeamSearchOptions search = {};
-  uint64_t seed = 0;  // the gating's initial weights
-};
 
 class RemoteMixtureOfExperts {
  public:
@@ -63,17 +46,13 @@ class RemoteMixtureOfExperts {
   // The gating: weight [sum(grid_size), hidden] and bias [sum(grid_size)], trainable.
   std::vector<at::Tensor> gating_parameters() const;
 
-  struct Stats {
-    uint64_t expert_calls = 0;
-    uint64_t failed_calls = 0;  // errors and answers that came too late
-  };
-  Stats stats() const;
+  MixtureStats stats() const;
 
   struct Impl;
 
  private:
-  explicit RemoteMixtureOfExperts(std::shared_ptr<Impl> impl);
-  std::shared_ptr<Impl> impl_;
+  explicit RemoteMixtureOfExperts(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace colony::moe

@@ -2,7 +2,9 @@
 // mixture computed here from the same gating and expert weights (exhaustive top-k, softmax over
 // the experts that answered): outputs, input gradients and gating gradients; a failed server's
 // experts weighted 0 (allow_zero_outputs); a hanging expert that costs timeout_after_k_min, not
-// the forward timeout; an expert answering NaN excluded; detect_anomalies.
+// the forward timeout; an expert answering NaN excluded; detect_anomalies. The switch variant
+// against its own reference (top-1, product of per-dimension softmaxes, residual, utilization
+// and load-balancing loss).
 #include "moe/mixture.h"
 
 #include <ATen/ATen.h>
@@ -16,6 +18,7 @@
 #include "loopback_node.h"
 #include "moe/discovery.h"
 #include "moe/expert_server.h"
+#include "moe/switch_mixture.h"
 #include "runtime/tensor_io.h"
 
 namespace colony::moe {
@@ -268,6 +271,137 @@ TEST_F(Mixture, DetectAnomaliesRefusesNonFiniteInputsAndBadShapes) {
   auto none = (*empty)->Forward(at::randn({1, kHidden}));
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("no live expert"), std::string::npos);
+}
+
+// The switch layer written out: the best live expert by summed scores, its probability the
+// product of each dimension's softmax at its coordinates, added to the input; the utilization
+// after one batch from uniform, and the balancing loss from it.
+struct SwitchReference {
+  at::Tensor y, balance, utilization;
+};
+SwitchReference SwitchRef(const at::Tensor& x, const std::vector<at::Tensor>& gate,
+                          const std::vector<int64_t>& grid, const std::vector<std::string>& live,
+                          const std::set<std::string>& answering,
+                          const std::map<std::string, std::vector<at::Tensor>>& weights) {
+  const at::Tensor logits = at::matmul(x, gate[0].t()) + gate[1];
+  std::vector<at::Tensor> probs;
+  int64_t offset = 0;
+  for (int64_t size : grid) {
+    probs.push_back(at::softmax(logits.narrow(1, offset, size), 1));
+    offset += size;
+  }
+  std::vector<at::Tensor> counts;
+  for (int64_t size : grid) counts.push_back(at::zeros({size}));
+  std::vector<at::Tensor> rows;
+  double answered = 0;
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    std::string best;
+    double best_score = -1e30;
+    for (const auto& uid : live) {
+      auto u = ParseExpertUid(uid);
+      double s = 0;
+      int64_t off = 0;
+      for (size_t d = 0; d < grid.size(); ++d) {
+        s += logits[i][off + u->coords[d]].item<double>();
+        off += grid[d];
+      }
+      if (s > best_score) best_score = s, best = uid;
+    }
+    if (!answering.contains(best)) {
+      rows.push_back(x[i]);
+      continue;
+    }
+    auto u = ParseExpertUid(best);
+    at::Tensor p = at::ones({});
+    for (size_t d = 0; d < grid.size(); ++d) {
+      p = p * probs[d][i][u->coords[d]];
+      counts[d][u->coords[d]] += 1;
+    }
+    answered += 1;
+    rows.push_back(x[i] + p * Ffn(x[i], weights.at(best)));
+  }
+  SwitchReference r;
+  r.y = at::stack(rows);
+  std::vector<at::Tensor> use;
+  r.balance = at::zeros({});
+  for (size_t d = 0; d < grid.size(); ++d) {
+    const auto size = static_cast<double>(grid[d]);
+    at::Tensor batch_use = answered > 0 ? counts[d] / answered : counts[d];
+    at::Tensor u = 0.9 * at::full({grid[d]}, 1 / size) + 0.1 * batch_use;
+    use.push_back(u);
+    r.balance = r.balance + (probs[d].mean(0) * u).mean() * size * size;
+  }
+  r.utilization = at::cat(use);
+  return r;
+}
+
+TEST_F(Mixture, SwitchOutputsGradientsAndBalancingLossEqualAReference) {
+  const std::vector<std::string> a = {"ffn.0.0", "ffn.0.1", "ffn.1.2", "ffn.2.3"};
+  const std::vector<std::string> b = {"ffn.1.0", "ffn.3.3", "ffn.2.1", "ffn.3.0"};
+  ASSERT_NO_FATAL_FAILURE(Serve(1, a));
+  ASSERT_NO_FATAL_FAILURE(Serve(2, b));
+  SwitchOptions o;
+  o.grid_name = "ffn", o.grid_size = {4, 4}, o.hidden = kHidden, o.seed = 6;
+  o.timeout_after_k_min = kWaitForAll;
+  o.jitter_eps = 0.3, o.grid_dropout = 0.5;  // neither applies out of training
+  auto layer = RemoteSwitchMixtureOfExperts::Create(*nodes_[3], o);
+  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+  (*layer)->set_training(false);
+  const auto gate = Copies((*layer)->gating_parameters());
+  const at::Tensor data = at::randn({12, kHidden});
+  const at::Tensor probe = at::randn({12, kHidden});
+  at::Tensor x = data.clone().requires_grad_(true);
+  auto out = (*layer)->Forward(x);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  at::Tensor x_ref = data.clone().requires_grad_(true);
+  std::vector<std::string> live = a;
+  live.insert(live.end(), b.begin(), b.end());
+  const auto ref = SwitchRef(x_ref, gate, {4, 4}, live, {live.begin(), live.end()}, weights_);
+  EXPECT_TRUE(at::allclose(out->y, ref.y, 1e-4, 1e-5)) << (out->y - ref.y).abs().max();
+  EXPECT_NEAR(out->balancing_loss.item<double>(), ref.balance.item<double>(), 1e-5);
+  EXPECT_TRUE(at::allclose((*layer)->grid_utilization(), ref.utilization, 1e-5, 1e-6));
+  ((out->y * probe).sum() + out->balancing_loss).backward();
+  ((ref.y * probe).sum() + ref.balance).backward();
+  EXPECT_TRUE(at::allclose(x.grad(), x_ref.grad(), 1e-4, 1e-5));
+  const auto params = (*layer)->gating_parameters();
+  EXPECT_TRUE(at::allclose(params[0].grad(), gate[0].grad(), 1e-4, 1e-5));
+  EXPECT_TRUE(at::allclose(params[1].grad(), gate[1].grad(), 1e-4, 1e-5));
+  EXPECT_EQ((*layer)->stats().failed_calls, 0u);
+}
+
+TEST_F(Mixture, SwitchPassesAnInputThroughWhenItsExpertFailsAndJittersItsGating) {
+  const std::vector<std::string> a = {"ffn.0.0", "ffn.1.1"};
+  const std::vector<std::string> b = {"ffn.0.1", "ffn.1.0"};
+  ASSERT_NO_FATAL_FAILURE(Serve(1, a));
+  ASSERT_NO_FATAL_FAILURE(Serve(2, b));
+  servers_[1]->Shutdown();  // b's calls fail; the switch needs no answer (k_min 0)
+  SwitchOptions o;
+  o.grid_name = "ffn", o.grid_size = {2, 2}, o.hidden = kHidden, o.seed = 7;
+  o.timeout_after_k_min = kWaitForAll, o.jitter_eps = 0.5;
+  auto layer = RemoteSwitchMixtureOfExperts::Create(*nodes_[3], o);
+  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+  const at::Tensor x = at::randn({16, kHidden});
+  (*layer)->set_training(false);
+  const auto gate = Copies((*layer)->gating_parameters());
+  auto eval = (*layer)->Forward(x);
+  ASSERT_TRUE(eval.ok()) << eval.status().ToString();
+  std::vector<std::string> live = a;
+  live.insert(live.end(), b.begin(), b.end());
+  const auto ref = SwitchRef(x, gate, {2, 2}, live, {a.begin(), a.end()}, weights_);
+  EXPECT_TRUE(at::allclose(eval->y, ref.y, 1e-4, 1e-5));
+  EXPECT_GT((*layer)->stats().failed_calls, 0u);
+  // While training, the gating sees a jittered input: the same x gets other probabilities.
+  (*layer)->set_training(true);
+  auto train = (*layer)->Forward(x);
+  ASSERT_TRUE(train.ok()) << train.status().ToString();
+  EXPECT_TRUE(at::isfinite(train->y).all().item<bool>());
+  EXPECT_FALSE(at::allclose(train->y, eval->y, 1e-4, 1e-5));
+  // Options outside their ranges are refused by name.
+  SwitchOptions bad = o;
+  bad.grid_dropout = 0;
+  auto refused = RemoteSwitchMixtureOfExperts::Create(*nodes_[3], bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("grid_dropout"), std::string::npos);
 }
 
 }  // namespace
