@@ -8,12 +8,16 @@
 #include <signal.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <span>
+#include <vector>
 
 #include "compression/codec.h"
+#include "moe/lm_task.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
 #include "train/trainer.h"
@@ -53,7 +57,30 @@ struct TrainFlags {
   std::string grad_codec = "none", diloco_codec = "blockwise8", fault = "none";
   double matchmaking_time = 5, averaging_timeout = 60, rejoin_after = 30;
   double bandwidth_mbps = 1000, max_send_mbps = 0;
+  std::string moe_grid;
 };
+
+// "8" or "4x4": the size of each dimension of an expert grid.
+Result<std::vector<int64_t>> ParseGridSize(const std::string& text) {
+  std::vector<int64_t> sizes;
+  size_t start = 0;
+  for (;;) {
+    const size_t end = text.find('x', start);
+    const std::string part = text.substr(start, end == std::string::npos ? end : end - start);
+    int64_t n = 0;
+    const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), n);
+    if (part.empty() || ec != std::errc() || ptr != part.data() + part.size() || n < 1 ||
+        n > (int64_t{1} << 20) || sizes.size() == 8) {
+      return InvalidArgument(fmt::format(
+          "--moe-grid '{}': give each dimension's size (1 to 2^20), up to 8 joined by x, as in "
+          "8 or 4x4",
+          text));
+    }
+    sizes.push_back(n);
+    if (end == std::string::npos) return sizes;
+    start = end + 1;
+  }
+}
 
 // Options that only one task reads are errors with the other (rather than silently ignored).
 Status CheckTaskOptions(const CLI::App& cmd, const std::string& task) {
@@ -62,8 +89,21 @@ Status CheckTaskOptions(const CLI::App& cmd, const std::string& task) {
                                   "--kv-heads",     "--seq-len",      "--save-model",
                                   "--sample",       "--sample-tokens"};
   static const char* kFashionOnly[] = {"--classifier"};
-  for (const char* name : task == "lm" ? std::span<const char* const>(kFashionOnly)
-                                       : std::span<const char* const>(kLmOnly)) {
+  static const char* kMoeOnly[] = {
+      "--moe-prefix", "--moe-grid", "--moe-k-best", "--moe-k-min", "--moe-timeout-after-k-min",
+      "--moe-timeout"};
+  // moe-lm has no Llama checkpoint to save or sample (its feed-forwards live on the servers).
+  static const char* kLmModelOnly[] = {"--save-model", "--sample", "--sample-tokens"};
+  std::vector<const char*> refused;
+  if (task != "fashion-mnist")
+    refused.insert(refused.end(), std::begin(kFashionOnly), std::end(kFashionOnly));
+  if (task == "fashion-mnist")
+    refused.insert(refused.end(), std::begin(kLmOnly), std::end(kLmOnly));
+  if (task != "moe-lm") refused.insert(refused.end(), std::begin(kMoeOnly), std::end(kMoeOnly));
+  if (task == "moe-lm") {
+    refused.insert(refused.end(), std::begin(kLmModelOnly), std::end(kLmModelOnly));
+  }
+  for (const char* name : refused) {
     if (cmd.count(name) > 0) {
       return InvalidArgument(fmt::format("{} does not apply to --task {}", name, task));
     }
@@ -74,6 +114,10 @@ Status CheckTaskOptions(const CLI::App& cmd, const std::string& task) {
 Result<train::TrainerOptions> ToOptions(const TrainFlags& f) {
   train::TrainerOptions o = f.o;
   o.dht_validators = {SwarmRecordRules()};
+  if (o.task.task == "moe-lm") o.make_task = moe::MakeMoeLmTask;
+  if (!f.moe_grid.empty()) {
+    COLONY_ASSIGN_OR_RETURN(o.task.moe_grid, ParseGridSize(f.moe_grid));
+  }
   o.task.classifier = f.classifier == "linear" ? model::FashionArchitecture::kLinear
                                                : model::FashionArchitecture::kCnn;
   auto& c = o.collaborative;
@@ -165,8 +209,10 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
       "train",
       "train a model together with peers found in the DHT (hivemind-style collaborative "
       "optimizer, or DiLoCo with --diloco-inner-steps)");
-  cmd->add_option("--task", t.task, "lm (a Llama-style decoder on linux-doc) or fashion-mnist")
-      ->check(CLI::IsMember({"lm", "fashion-mnist"}))
+  cmd->add_option("--task", t.task,
+                  "lm (a Llama-style decoder on linux-doc), moe-lm (the same with remote experts "
+                  "as feed-forwards, served by colony experts serve) or fashion-mnist")
+      ->check(CLI::IsMember({"lm", "moe-lm", "fashion-mnist"}))
       ->capture_default_str();
   cmd->add_option("--run-id", c.run_id, "name shared by the peers of one run")
       ->capture_default_str();
@@ -197,6 +243,27 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
   cmd->add_option("--classifier", f->classifier,
                   "fashion-mnist: cnn (19k parameters) or linear (logistic regression, 7.9k)")
       ->check(CLI::IsMember({"cnn", "linear"}))
+      ->capture_default_str();
+  cmd->add_option("--moe-prefix", t.moe_prefix,
+                  "moe-lm: block l's experts form the grid named <prefix><l> (lm0.3, lm1.5, ...)")
+      ->capture_default_str();
+  cmd->add_option("--moe-grid", f->moe_grid,
+                  "moe-lm: each block's grid, e.g. 8 or 4x4 (default 8); serve it with colony "
+                  "experts serve --pattern 'lm0.[0:8]' --hidden-dim <the model's hidden size>");
+  cmd->add_option("--moe-k-best", t.moe_k_best, "moe-lm: experts each token asks")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--moe-k-min", t.moe_k_min,
+                  "moe-lm: answers a token waits for before the rest get "
+                  "--moe-timeout-after-k-min more")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  cmd->add_option("--moe-timeout-after-k-min", t.moe_timeout_after_k_min,
+                  "moe-lm: seconds to wait for the other experts once k-min answered")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--moe-timeout", t.moe_timeout, "moe-lm: seconds an expert call may take at most")
+      ->check(CLI::Range(0.001, 3600.0))
       ->capture_default_str();
   cmd->add_option("--hidden-size", t.hidden_size, "lm: override the hidden size");
   cmd->add_option("--layers", t.layers, "lm: override the number of blocks");

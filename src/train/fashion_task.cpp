@@ -27,13 +27,13 @@ class FashionTask final : public Task {
 
   std::vector<at::Tensor> Parameters() override { return model_->parameters(); }
 
-  Batch TrainBatch() override {
+  Result<Batch> TrainBatch() override {
     auto b = stream_->Next();
     auto images = at::from_blob(b.images.data(), {b.batch_size, 1, 28, 28}, at::kFloat);
     auto labels = at::from_blob(b.labels.data(), {b.batch_size}, at::kLong);
     auto loss = torch::nn::functional::cross_entropy(model_->forward(images), labels);
     loss.backward();
-    return {loss.item<double>(), b.batch_size};
+    return Batch{loss.item<double>(), b.batch_size};
   }
 
   double Evaluate() override {

@@ -5,10 +5,81 @@
 #include "model/corpus.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "train/lm_data.h"
 #include "train/task.h"
 
 namespace colony::train {
 namespace {
+
+class LmTask final : public Task {
+ public:
+  static Result<std::unique_ptr<LmTask>> Create(const TaskOptions& a) {
+    auto t = std::unique_ptr<LmTask>(new LmTask());
+    COLONY_ASSIGN_OR_RETURN(t->data_, PrepareLmData(a));
+    COLONY_ASSIGN_OR_RETURN(t->config_, LmModelConfig(a));
+    t->config_.vocab_size = t->data_.tokenizer->vocab_size();
+    COLONY_RETURN_IF_ERROR(t->config_.Validate());
+    torch::manual_seed(a.init_seed);
+    t->model_ = model::LlamaModel(t->config_);
+    return t;
+  }
+
+  std::vector<at::Tensor> Parameters() override { return model_->parameters(); }
+
+  Result<Batch> TrainBatch() override {
+    at::Tensor batch = TokensToTensor(data_.stream->Next());
+    auto inputs = batch.slice(1, 0, batch.size(1) - 1);
+    auto targets = batch.slice(1, 1, batch.size(1));
+    auto loss = model::LanguageModelLoss(model_->forward(inputs), targets);
+    loss.backward();
+    return Batch{loss.item<double>(), batch.size(0)};
+  }
+
+  double Evaluate() override {
+    at::NoGradGuard no_grad;
+    auto inputs = data_.valid.slice(1, 0, data_.valid.size(1) - 1);
+    auto targets = data_.valid.slice(1, 1, data_.valid.size(1));
+    return model::LanguageModelLoss(model_->forward(inputs), targets).item<double>();
+  }
+
+  nlohmann::json Describe() override {
+    return {{"task", "lm"},
+            {"parameters", config_.NumParameters()},
+            {"vocab_size", config_.vocab_size},
+            {"hidden_size", config_.hidden_size},
+            {"layers", config_.num_layers}};
+  }
+
+  Status Save(const std::filesystem::path& dir) override {
+    COLONY_RETURN_IF_ERROR(model::SaveLlama(dir, model_, config_));
+    // The tokenizer travels with the model, as Llama checkpoints carry tokenizer.model.
+    return data_.tokenizer->Save(dir / data_.tokenizer->file_name());
+  }
+
+  Result<std::string> Sample(const std::string& prompt, int64_t tokens) override {
+    at::NoGradGuard no_grad;
+    auto ids = data_.tokenizer->Encode(prompt);
+    std::vector<int64_t> p(ids.begin(), ids.end());
+    if (data_.tokenizer->bos_id() >= 0) p.insert(p.begin(), data_.tokenizer->bos_id());
+    model::SamplingOptions so;
+    so.max_new_tokens = tokens;
+    so.temperature = 0.8;
+    so.top_k = 40;
+    so.repetition_penalty = 1.1;
+    so.seed = 1;
+    auto out = model::Generate(model_, p, so, data_.tokenizer->eos_id());
+    std::vector<int32_t> all(out.begin(), out.end());
+    return data_.tokenizer->Decode(all);
+  }
+
+ private:
+  LmTask() = default;
+  LmData data_;
+  model::LlamaConfig config_;
+  model::LlamaModel model_{nullptr};
+};
+
+}  // namespace
 
 // The decoder of a size (tiny 0.4M, small 3M, base 25M parameters without embeddings), with
 // the options' overrides.
@@ -33,98 +104,32 @@ Result<model::LlamaConfig> LmModelConfig(const TaskOptions& a) {
   return c;
 }
 
-class LmTask final : public Task {
- public:
-  static Result<std::unique_ptr<LmTask>> Create(const TaskOptions& a) {
-    auto t = std::unique_ptr<LmTask>(new LmTask());
-    model::CorpusOptions co;
-    if (!a.cache_dir.empty()) co.cache_dir = a.cache_dir;
-    co.max_bytes = a.corpus_bytes;
-    COLONY_ASSIGN_OR_RETURN(auto corpus, model::PrepareCorpus(co));
-    const auto cache =
-        a.cache_dir.empty() ? model::DefaultCacheDir() : std::filesystem::path(a.cache_dir);
-    COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::TrainOrLoad(corpus, cache, a.vocab_size));
-    t->tokenizer_ = std::make_unique<model::Tokenizer>(std::move(tok));
-    const auto shard_dir = cache / ("shards-" + t->tokenizer_->hash());
-    COLONY_ASSIGN_OR_RETURN(auto shards,
-                            model::PrepareTokenShards(corpus, *t->tokenizer_, shard_dir));
-    COLONY_ASSIGN_OR_RETURN(auto stream,
-                            model::TokenStream::Open(shards, a.seed, a.batch_size, a.seq_len));
-    t->stream_ = std::make_unique<model::TokenStream>(std::move(stream));
-    COLONY_ASSIGN_OR_RETURN(
-        auto valid, model::TokenStream::ValidationBatch(shards, a.eval_batch_size, a.seq_len));
-    t->valid_ = ToTensor(valid);
-    COLONY_ASSIGN_OR_RETURN(t->config_, LmModelConfig(a));
-    t->config_.vocab_size = t->tokenizer_->vocab_size();
-    COLONY_RETURN_IF_ERROR(t->config_.Validate());
-    torch::manual_seed(a.init_seed);
-    t->model_ = model::LlamaModel(t->config_);
-    return t;
-  }
+Result<LmData> PrepareLmData(const TaskOptions& a) {
+  LmData d;
+  model::CorpusOptions co;
+  if (!a.cache_dir.empty()) co.cache_dir = a.cache_dir;
+  co.max_bytes = a.corpus_bytes;
+  COLONY_ASSIGN_OR_RETURN(auto corpus, model::PrepareCorpus(co));
+  const auto cache =
+      a.cache_dir.empty() ? model::DefaultCacheDir() : std::filesystem::path(a.cache_dir);
+  COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::TrainOrLoad(corpus, cache, a.vocab_size));
+  d.tokenizer = std::make_unique<model::Tokenizer>(std::move(tok));
+  const auto shard_dir = cache / ("shards-" + d.tokenizer->hash());
+  COLONY_ASSIGN_OR_RETURN(auto shards, model::PrepareTokenShards(corpus, *d.tokenizer, shard_dir));
+  COLONY_ASSIGN_OR_RETURN(auto stream,
+                          model::TokenStream::Open(shards, a.seed, a.batch_size, a.seq_len));
+  d.stream = std::make_unique<model::TokenStream>(std::move(stream));
+  COLONY_ASSIGN_OR_RETURN(
+      auto valid, model::TokenStream::ValidationBatch(shards, a.eval_batch_size, a.seq_len));
+  d.valid = TokensToTensor(valid);
+  return d;
+}
 
-  std::vector<at::Tensor> Parameters() override { return model_->parameters(); }
-
-  Batch TrainBatch() override {
-    at::Tensor batch = ToTensor(stream_->Next());
-    auto inputs = batch.slice(1, 0, batch.size(1) - 1);
-    auto targets = batch.slice(1, 1, batch.size(1));
-    auto loss = model::LanguageModelLoss(model_->forward(inputs), targets);
-    loss.backward();
-    return {loss.item<double>(), batch.size(0)};
-  }
-
-  double Evaluate() override {
-    at::NoGradGuard no_grad;
-    auto inputs = valid_.slice(1, 0, valid_.size(1) - 1);
-    auto targets = valid_.slice(1, 1, valid_.size(1));
-    return model::LanguageModelLoss(model_->forward(inputs), targets).item<double>();
-  }
-
-  nlohmann::json Describe() override {
-    return {{"task", "lm"},
-            {"parameters", config_.NumParameters()},
-            {"vocab_size", config_.vocab_size},
-            {"hidden_size", config_.hidden_size},
-            {"layers", config_.num_layers}};
-  }
-
-  Status Save(const std::filesystem::path& dir) override {
-    COLONY_RETURN_IF_ERROR(model::SaveLlama(dir, model_, config_));
-    // The tokenizer travels with the model, as Llama checkpoints carry tokenizer.model.
-    return tokenizer_->Save(dir / tokenizer_->file_name());
-  }
-
-  Result<std::string> Sample(const std::string& prompt, int64_t tokens) override {
-    at::NoGradGuard no_grad;
-    auto ids = tokenizer_->Encode(prompt);
-    std::vector<int64_t> p(ids.begin(), ids.end());
-    if (tokenizer_->bos_id() >= 0) p.insert(p.begin(), tokenizer_->bos_id());
-    model::SamplingOptions so;
-    so.max_new_tokens = tokens;
-    so.temperature = 0.8;
-    so.top_k = 40;
-    so.repetition_penalty = 1.1;
-    so.seed = 1;
-    auto out = model::Generate(model_, p, so, tokenizer_->eos_id());
-    std::vector<int32_t> all(out.begin(), out.end());
-    return tokenizer_->Decode(all);
-  }
-
- private:
-  LmTask() = default;
-  static at::Tensor ToTensor(const model::TokenBatch& b) {
-    return at::from_blob(const_cast<int32_t*>(b.tokens.data()), {b.batch_size, b.seq_len + 1},
-                         at::kInt)
-        .to(at::kLong);
-  }
-  std::unique_ptr<model::Tokenizer> tokenizer_;
-  std::unique_ptr<model::TokenStream> stream_;
-  at::Tensor valid_;
-  model::LlamaConfig config_;
-  model::LlamaModel model_{nullptr};
-};
-
-}  // namespace
+at::Tensor TokensToTensor(const model::TokenBatch& b) {
+  return at::from_blob(const_cast<int32_t*>(b.tokens.data()), {b.batch_size, b.seq_len + 1},
+                       at::kInt)
+      .to(at::kLong);
+}
 
 Result<std::unique_ptr<Task>> MakeLmTask(const TaskOptions& options) {
   COLONY_ASSIGN_OR_RETURN(auto t, LmTask::Create(options));

@@ -13,9 +13,17 @@ Result<std::unique_ptr<Task>> Task::Create(const TaskOptions& options) {
     return InvalidArgument("a task needs positive batch sizes");
   }
   if (options.task == "lm") return MakeLmTask(options);
+  if (options.task == "moe-lm") {
+    return InvalidArgument(
+        "the moe-lm task is built by moe::MakeMoeLmTask (moe/lm_task.h): pass it as "
+        "TrainerOptions::make_task");
+  }
   if (options.task == "fashion-mnist") return MakeFashionTask(options);
-  return InvalidArgument(fmt::format("unknown task '{}'; use lm or fashion-mnist", options.task));
+  return InvalidArgument(
+      fmt::format("unknown task '{}'; use lm, moe-lm or fashion-mnist", options.task));
 }
+
+Status Task::Connect(dht::Node&) { return Status::Ok(); }
 
 Status Task::Save(const std::filesystem::path&) {
   return Unimplemented("only the lm task saves its model");

@@ -3,6 +3,9 @@
 //   "lm":            a Llama-style decoder (model/llama.h) on the Linux kernel's documentation
 //                    (linux-doc-6.1), with a sentencepiece tokenizer trained on first use and
 //                    cached (model/corpus.h, model/tokenizer.h); sizes tiny, small, base.
+//   "moe-lm":        the same decoder and data with remote experts as feed-forwards; it lives in
+//                    the moe layer (moe/lm_task.h, which links train), and a Trainer gets it
+//                    through TrainerOptions::make_task.
 //   "fashion-mnist": a classifier (model/classifier.h: a small CNN, or logistic regression) on
 //                    Debian's dataset-fashion-mnist.
 //
@@ -23,12 +26,13 @@
 #include <vector>
 
 #include "core/status.h"
+#include "dht/node.h"
 #include "model/classifier.h"
 
 namespace colony::train {
 
 struct TaskOptions {
-  std::string task = "lm";  // "lm" or "fashion-mnist"
+  std::string task = "lm";  // "lm", "moe-lm" or "fashion-mnist"
   int64_t batch_size = 16;
   int64_t eval_batch_size = 32;  // the held-out batch (fashion-mnist: 8 of them)
   uint64_t seed = 0;             // this peer's data order
@@ -40,6 +44,14 @@ struct TaskOptions {
   std::string model_size = "tiny";                               // tiny, small, base
   int64_t hidden_size = 0, layers = 0, heads = 0, kv_heads = 0;  // > 0: override the size's
   int64_t seq_len = 128;
+  // moe-lm (moe/lm_task.h): the experts' grids (one per block, "<moe_prefix><block>"), how many
+  // experts each token asks, how many must answer, and how long to wait for the rest.
+  std::string moe_prefix = "lm";
+  std::vector<int64_t> moe_grid = {8};
+  size_t moe_k_best = 2;
+  size_t moe_k_min = 1;
+  double moe_timeout_after_k_min = 1.0;  // seconds
+  double moe_timeout = 30;               // seconds: a forward or backward call's deadline
   // fashion-mnist
   model::FashionArchitecture classifier = model::FashionArchitecture::kCnn;
 };
@@ -50,14 +62,19 @@ class Task {
   static Result<std::unique_ptr<Task>> Create(const TaskOptions& options);
   virtual ~Task() = default;
 
+  // Tasks whose model lives partly in the swarm (moe-lm) find it through the peer's node, which
+  // outlives the task; called once, before Parameters().
+  virtual Status Connect(dht::Node& node);
   virtual std::vector<at::Tensor> Parameters() = 0;
   struct Batch {
     double loss = 0;
     int64_t samples = 0;
   };
-  // One forward and backward pass on the next batch: the gradients are in the parameters.
-  virtual Batch TrainBatch() = 0;
-  // The loss on a fixed held-out batch (no gradients).
+  // One forward and backward pass on the next batch: the gradients are in the parameters. An
+  // error (moe-lm: no expert answered) leaves the gradients as they were.
+  virtual Result<Batch> TrainBatch() = 0;
+  // The loss on a fixed held-out batch (no gradients); NaN, with a warning in the log, when the
+  // swarm could not compute it (moe-lm).
   virtual double Evaluate() = 0;
   // The model, for reports: task, parameter count, and task-specific facts.
   virtual nlohmann::json Describe() = 0;

@@ -54,7 +54,7 @@ class Trainer::Impl {
           "initial peers");
     }
     const auto t0 = Clock::now();
-    auto task = Task::Create(o_.task);
+    auto task = o_.make_task ? o_.make_task(o_.task) : Task::Create(o_.task);
     if (!task.ok()) return task.status().WithContext("preparing the task");
     task_ = std::move(*task);
     const double prepare_seconds = Since(t0);
@@ -79,6 +79,7 @@ class Trainer::Impl {
     if (!node.ok()) return node.status().WithContext("joining the DHT");
     node_ = std::move(*node);
 
+    COLONY_RETURN_IF_ERROR(task_->Connect(*node_));
     params_ = task_->Parameters();
     COLONY_ASSIGN_OR_RETURN(auto inner, MakeOptimizer(o_.optimizer, params_, o_.optimizer_config));
     std::shared_ptr<torch::optim::Optimizer> optimizer = std::move(inner);
@@ -188,7 +189,21 @@ class Trainer::Impl {
     epoch_start_ = start_;
     const int64_t first_epoch = opt_->local_epoch();
     while (!Done()) {
-      const Task::Batch b = task_->TrainBatch();
+      const Result<Task::Batch> batch = task_->TrainBatch();
+      if (!batch.ok()) {
+        // The swarm could not compute this batch (moe-lm: no expert answered): try the next
+        // one after a pause, and give up after kMaxFailedBatches in a row.
+        if (++failed_batches_ >= kMaxFailedBatches) {
+          return batch.status().WithContext(
+              fmt::format("{} batches in a row failed; the last", failed_batches_));
+        }
+        COLONY_LOG_WARN("train: batch failed ({} in a row): {}", failed_batches_,
+                        batch.status().ToString());
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        continue;
+      }
+      failed_batches_ = 0;
+      const Task::Batch& b = *batch;
       ++batches_;
       if (o_.batch_delay_ms > 0) {
         std::this_thread::sleep_for(
@@ -325,6 +340,8 @@ class Trainer::Impl {
   int64_t loss_count_ = 0;
   double last_loss_ = std::nan("");
   int64_t batches_ = 0;
+  static constexpr int kMaxFailedBatches = 10;
+  int failed_batches_ = 0;    // in a row
   double epoch_seconds_ = 0;  // moving average of the time per global step
 };
 

@@ -36,6 +36,9 @@ namespace colony::train {
 
 struct TrainerOptions {
   TaskOptions task;
+  // Builds the task; unset: Task::Create. Tasks of higher layers (moe::MakeMoeLmTask) come in
+  // this way, so that train links none of them.
+  std::function<Result<std::unique_ptr<Task>>(const TaskOptions&)> make_task = {};
   int threads = 1;  // LibTorch intra-op threads
   // The swarm. Client and auxiliary peers (collaborative.mode) join an existing swarm.
   std::vector<std::string> initial_peers = {};  // multiaddrs; none: start a new swarm

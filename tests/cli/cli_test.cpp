@@ -282,6 +282,31 @@ TEST_F(CliTest, UsageErrorsAreOneLineWithExitCodeTwo) {
   }
 }
 
+// An option of another task is an error that names it, not ignored; so is a grid that is not one.
+TEST_F(CliTest, TrainRefusesOptionsOfAnotherTaskAndMalformedGrids) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"train", "--task", "lm", "--moe-grid", "8"}, "--moe-grid does not apply to --task lm"},
+      {{"train", "--task", "fashion-mnist", "--moe-k-min", "1"},
+       "--moe-k-min does not apply to --task fashion-mnist"},
+      {{"train", "--task", "moe-lm", "--save-model", "out"},
+       "--save-model does not apply to --task moe-lm"},
+      {{"train", "--task", "moe-lm", "--classifier", "linear"},
+       "--classifier does not apply to --task moe-lm"},
+      {{"train", "--task", "moe-lm", "--moe-grid", "4y4"}, "--moe-grid '4y4'"},
+      {{"train", "--task", "moe-lm", "--moe-grid", "4x0"}, "--moe-grid '4x0'"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c.args));
+    RunResult r = Run(c.args);
+    EXPECT_NE(r.code, 0) << r.Describe();
+    ExpectOneErrorLine(r.err, {c.expected});
+  }
+}
+
 // --- identity --------------------------------------------------------------------------------
 
 TEST_F(CliTest, IdentityNewCreatesPrivateFileAndShowPrintsSameId) {

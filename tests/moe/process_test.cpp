@@ -1,7 +1,9 @@
 // `colony experts serve` processes on loopback: two servers take disjoint free ids of one grid, a
 // mixture-of-experts layer in this process trains through them on a regression task and its loss
 // goes down, also after one server is SIGKILLed (its experts get weight 0); a server restarted
-// from its checkpoint answers as before it stopped.
+// from its checkpoint answers as before it stopped. `colony train --task moe-lm` learns through
+// four expert servers and goes on learning after one of them is SIGKILLed; without servers it
+// stops with an error that says what to start.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -147,6 +149,123 @@ TEST(ExpertProcesses, ARestartedServerAnswersAsBeforeFromItsCheckpoint) {
   ASSERT_TRUE(y2.ok()) << y2.status().ToString();
   EXPECT_TRUE(at::equal(*y1, *y2));
   node->Shutdown();
+}
+
+// `colony train --task moe-lm` over 4 expert servers (2 blocks x 8 experts, each server 2 of each
+// block's), with held-out evaluations every 20 steps; the server holding lm0.6, lm0.7, lm1.6 and
+// lm1.7 is SIGKILLed after step 20. Steps, not seconds: the test holds on any machine.
+class MoeLmTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto boot = swarm_.Start("dht", {"dht", "--listen", "/ip4/127.0.0.1/tcp/0"}, "warn");
+    ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+    boot_ = *boot;
+  }
+  void ServeQuarter(int i) {
+    std::vector<std::string> args = {
+        "experts",      "serve", "--initial-peers", boot_, "--listen", "/ip4/127.0.0.1/tcp/0",
+        "--hidden-dim", "64",    "--threads",       "1",   "--seed",   std::to_string(i),
+        "--expert-ids"};
+    for (int block = 0; block < 2; ++block) {
+      for (int e = 2 * i; e < 2 * i + 2; ++e) {
+        args.push_back("lm" + std::to_string(block) + "." + std::to_string(e));
+      }
+    }
+    auto ready = swarm_.Start("server" + std::to_string(i), args, "warn");
+    ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  }
+  std::vector<std::string> TrainArgs(int64_t steps) const {
+    return {"train",
+            "--task",
+            "moe-lm",
+            "--json",
+            "--threads",
+            "1",
+            "--initial-peers",
+            boot_,
+            "--run-id",
+            "moe-lm-" + std::to_string(::getpid()),
+            "--cache-dir",
+            (dir_.path() / "cache").string(),
+            "--corpus-bytes",
+            "300000",
+            "--vocab-size",
+            "512",
+            "--hidden-size",
+            "64",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "8",
+            "--target-batch-size",
+            "8",
+            "--max-epochs",
+            std::to_string(steps),
+            "--eval-every",
+            "20",
+            "--progress-interval",
+            "0",
+            "--lr",
+            "3e-3",
+            "--init-seed",
+            "2"};
+  }
+  // The trainer's next JSON event.
+  Result<json> Next(std::chrono::milliseconds timeout) {
+    for (;;) {
+      auto line = swarm_["trainer"].ReadLine(timeout);
+      if (!line.ok()) return line.status().WithContext(swarm_.Tail("trainer"));
+      json j = json::parse(*line, nullptr, false);
+      if (j.is_object() && j.contains("event")) return j;
+    }
+  }
+
+  test::TempDir dir_{"moe-lm"};
+  test::ProcessGroup swarm_{dir_.path()};
+  std::string boot_;
+};
+
+TEST_F(MoeLmTraining, LearnsThroughExpertServersAndGoesOnWhenAQuarterOfThemIsKilled) {
+  for (int i = 0; i < 4; ++i) ASSERT_NO_FATAL_FAILURE(ServeQuarter(i));
+  // The first line comes after the corpus and tokenizer are prepared.
+  auto ready = swarm_.Start("trainer", TrainArgs(100), "warn", test::HangGuard(120s));
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  EXPECT_EQ(json::parse(*ready)["model"]["task"], "moe-lm") << *ready;
+  std::map<int64_t, double> evals;  // by epoch
+  json done;
+  bool killed = false;
+  while (done.is_null()) {
+    auto e = Next(test::HangGuard(120s));
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    if (e->contains("eval_loss")) evals[(*e)["epoch"].get<int64_t>()] = (*e)["eval_loss"];
+    if ((*e)["event"] == "step" && (*e)["epoch"].get<int64_t>() >= 20 && !killed) {
+      swarm_.Kill("server3");
+      killed = true;
+    }
+    if ((*e)["event"] == "done") done = *e;
+  }
+  ASSERT_TRUE(evals.contains(0) && evals.contains(20) && evals.contains(100)) << done.dump();
+  std::printf(
+      "[moe-lm] held-out loss: %.3f at step 0, %.3f at 20 (then a server killed), %.3f "
+      "at 100; %s of %s expert calls failed\n",
+      evals[0], evals[20], evals[100], done["model"]["failed_expert_calls"].dump().c_str(),
+      done["model"]["expert_calls"].dump().c_str());
+  EXPECT_LT(evals[20], evals[0] - 0.5);    // learning through the experts (6.2 -> 5.1 here)
+  EXPECT_LT(evals[100], evals[20] - 0.1);  // and still after the kill
+  EXPECT_GT(done["model"]["failed_expert_calls"].get<uint64_t>(), 0u);
+  auto code = swarm_["trainer"].Wait(test::HangGuard(30s));
+  ASSERT_TRUE(code.ok() && *code == 0) << swarm_.Tail("trainer");
+}
+
+TEST_F(MoeLmTraining, WithoutExpertServersTheTrainerStopsAndSaysWhatToStart) {
+  auto ready = swarm_.Start("trainer", TrainArgs(5), "warn", test::HangGuard(120s));
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  auto code = swarm_["trainer"].Wait(test::HangGuard(120s));
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_NE(*code, 0);
+  const std::string log = swarm_.Tail("trainer");
+  EXPECT_NE(log.find("none of the 0 expert calls"), std::string::npos) << log;
+  EXPECT_NE(log.find("colony experts serve"), std::string::npos) << log;
 }
 
 }  // namespace
