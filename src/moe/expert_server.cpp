@@ -11,6 +11,7 @@
 #include "core/periodic.h"
 #include "moe/discovery.h"
 #include "moe/expert_uid.h"
+#include "runtime/batcher.h"
 #include "runtime/task_pool.h"
 #include "runtime/tensor_io.h"
 
@@ -22,9 +23,64 @@ uint64_t ExpertSeed(uint64_t base, const std::string& uid) {
   return base ^ h;
 }
 
+using ForwardBatcher = runtime::Batcher<at::Tensor, at::Tensor>;
+using BackwardBatcher = runtime::Batcher<std::pair<at::Tensor, at::Tensor>, at::Tensor>;
+
+// The rows of `whole` cut back into the requests' outputs, `rows[i]` each.
+std::vector<Result<at::Tensor>> Split(Result<at::Tensor> whole, const std::vector<int64_t>& rows) {
+  std::vector<Result<at::Tensor>> out;
+  if (!whole.ok()) {
+    out.assign(rows.size(), whole.status());
+    return out;
+  }
+  int64_t start = 0;
+  for (int64_t n : rows) {
+    out.emplace_back(whole->narrow(0, start, n).contiguous());
+    start += n;
+  }
+  return out;
+}
+
 struct HostedExpert {
   std::mutex mu;
   std::unique_ptr<Expert> expert;
+  // Requests that come in while the expert computes join its next batch: one forward for many
+  // requests, one optimizer step for many backward requests (hivemind's batching).
+  std::shared_ptr<ForwardBatcher> forward;
+  std::shared_ptr<BackwardBatcher> backward;
+
+  void MakeBatchers(runtime::TaskPool& pool, int64_t max_batch) {
+    const runtime::BatcherOptions bo = {.priority = runtime::kPriorityTraining,
+                                        .max_rows = static_cast<size_t>(max_batch),
+                                        .max_pending_rows = 2 * static_cast<size_t>(max_batch)};
+    forward = std::make_shared<ForwardBatcher>(
+        pool, bo, [](const at::Tensor& x) { return static_cast<size_t>(x.size(0)); },
+        [this](std::vector<at::Tensor>& xs) {
+          std::vector<int64_t> rows;
+          for (const auto& x : xs) rows.push_back(x.size(0));
+          const at::Tensor x = xs.size() == 1 ? xs[0] : at::cat(xs, 0);
+          std::lock_guard lock(mu);
+          return Split(expert->Forward(x), rows);
+        });
+    backward = std::make_shared<BackwardBatcher>(
+        pool, bo,
+        [](const std::pair<at::Tensor, at::Tensor>& in) {
+          return static_cast<size_t>(in.first.size(0));
+        },
+        [this](std::vector<std::pair<at::Tensor, at::Tensor>>& ins) {
+          std::vector<int64_t> rows;
+          std::vector<at::Tensor> xs, gs;
+          for (const auto& [x, g] : ins) {
+            rows.push_back(x.size(0));
+            xs.push_back(x);
+            gs.push_back(g);
+          }
+          const at::Tensor x = xs.size() == 1 ? xs[0] : at::cat(xs, 0);
+          const at::Tensor g = gs.size() == 1 ? gs[0] : at::cat(gs, 0);
+          std::lock_guard lock(mu);
+          return Split(expert->Backward(x, g), rows);
+        });
+  }
 };
 
 struct ExpertServer::Impl {
@@ -42,7 +98,9 @@ struct ExpertServer::Impl {
   Impl(dht::Node& n, ExpertServerOptions o)
       : node(n),
         options(std::move(o)),
-        pool({.threads = options.threads, .max_queued = options.max_queued}) {}
+        // Each expert's two batchers queue at most one task each.
+        pool({.threads = options.threads,
+              .max_queued = std::max(options.max_queued, 2 * options.uids.size())}) {}
 
   Status Refuse(Status why) {
     std::lock_guard lock(mu);
@@ -98,12 +156,13 @@ struct ExpertServer::Impl {
     if (!read.ok()) co_return read.status();
     HostedExpert* hosted = read->first;
     std::vector<at::Tensor> in = std::move(read->second);
-    auto work = [hosted, in, backward]() -> Result<at::Tensor> {
-      std::lock_guard lock(hosted->mu);
-      return backward ? hosted->expert->Backward(in[0], in[1]) : hosted->expert->Forward(in[0]);
-    };
-    auto out =
-        co_await runtime::RunOnPool<at::Tensor>(pool, runtime::kPriorityTraining, std::move(work));
+    // Not a conditional expression of two co_awaits: g++ 12 miscompiles those.
+    Result<at::Tensor> out = Unavailable("not computed");
+    if (backward) {
+      out = co_await hosted->backward->Submit(std::make_pair(in[0], in[1]));
+    } else {
+      out = co_await hosted->forward->Submit(in[0]);
+    }
     if (!out.ok()) co_return out.status();
     auto frame = runtime::ToFrame(*out);
     if (!frame.ok()) co_return frame.status();
@@ -153,6 +212,7 @@ Result<std::unique_ptr<ExpertServer>> ExpertServer::Start(dht::Node& node,
     eo.seed = ExpertSeed(options.expert.seed, uid);
     auto hosted = std::make_unique<HostedExpert>();
     COLONY_ASSIGN_OR_RETURN(hosted->expert, Expert::Create(eo));
+    hosted->MakeBatchers(impl->pool, options.max_batch);
     if (!options.checkpoint_dir.empty()) {
       const std::string path = impl->CheckpointPath(uid);
       if (std::filesystem::exists(path)) {
@@ -219,8 +279,19 @@ Status ExpertServer::SaveCheckpoints() { return impl_->SaveCheckpoints(); }
 size_t ExpertServer::restored() const { return impl_->restored; }
 
 ExpertServer::Stats ExpertServer::stats() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->stats;
+  Stats s;
+  {
+    std::lock_guard lock(impl_->mu);
+    s = impl_->stats;
+  }
+  for (const auto& [uid, hosted] : impl_->experts) {
+    const auto f = hosted->forward->stats();
+    const auto b = hosted->backward->stats();
+    s.forward_batches += f.batches;
+    s.backward_batches += b.batches;
+    s.refused += f.refused + b.refused;
+  }
+  return s;
 }
 
 Result<std::vector<at::Tensor>> ExpertServer::Parameters(const std::string& uid) const {

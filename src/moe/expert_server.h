@@ -8,7 +8,10 @@
 // Requests are untrusted: the expert id must be hosted here, inputs float32 [batch, hidden] with
 // 1 <= batch <= max_batch, finite, and a backward's gradient of the input's shape; anything else
 // gets an error that says what is wrong, and the server keeps serving. Compute runs on a task
-// pool with a bounded queue (a full queue answers ResourceExhausted at once).
+// pool; requests for an expert that come in while it computes join its next batch (up to
+// max_batch rows: one forward for many requests, one optimizer step for many backward requests,
+// as hivemind batches), and beyond 2 x max_batch rows waiting per expert and direction requests
+// are refused at once (ResourceExhausted).
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -28,9 +31,9 @@ struct ExpertServerOptions {
   std::vector<std::string> uids;
   // Every expert's sizes and optimizer; expert i starts from ExpertSeed(expert.seed, uid).
   ExpertOptions expert;
-  int64_t max_batch = 4096;
+  int64_t max_batch = 4096;  // rows of a request, and of a batch of requests
   size_t threads = 1;
-  size_t max_queued = 256;
+  size_t max_queued = 256;  // the pool's tasks (at least two per expert)
   // hivemind: declared every 30 s, for 60 s.
   std::chrono::milliseconds declare_interval{30'000};
   double declaration_ttl_seconds = 60;
@@ -60,7 +63,9 @@ class ExpertServer {
   struct Stats {
     uint64_t forwards = 0;
     uint64_t backwards = 0;
-    uint64_t refused = 0;  // malformed or unknown requests
+    uint64_t refused = 0;           // malformed or unknown requests, and those beyond the queues
+    uint64_t forward_batches = 0;   // computations: forwards answered in batches of several
+    uint64_t backward_batches = 0;  // optimizer steps
   };
   Stats stats() const;
   // A copy of an expert's current weights (NotFound for an id not hosted here).

@@ -42,6 +42,11 @@ size_t TaskPool::queued() const {
   return queued_;
 }
 
+bool TaskPool::shut_down() const {
+  std::lock_guard lock(mu_);
+  return stop_;
+}
+
 size_t TaskPool::running() const {
   std::lock_guard lock(mu_);
   return running_;

@@ -61,6 +61,7 @@ class TaskPool {
 
   size_t queued() const;
   size_t running() const;
+  bool shut_down() const;
 
  private:
   void Loop();

@@ -152,7 +152,10 @@ void AddExpertsCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>
       ->capture_default_str();
   serve->add_option("--seed", a->seed, "seed of the experts' initial weights")
       ->capture_default_str();
-  serve->add_option("--max-batch", a->max_batch, "largest batch a request may carry")
+  serve
+      ->add_option("--max-batch", a->max_batch,
+                   "largest batch a request may carry, and rows the server computes in one batch "
+                   "of requests")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   serve->add_option("--threads", a->threads, "LibTorch threads (default: LibTorch's)");

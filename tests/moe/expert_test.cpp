@@ -7,11 +7,14 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "loopback_node.h"
 #include "moe/discovery.h"
 #include "moe/expert_server.h"
 #include "moe/remote_expert.h"
 #include "runtime/tensor_io.h"
+#include "test_support.h"
 
 namespace colony::moe {
 namespace {
@@ -103,6 +106,40 @@ TEST_F(ExpertServers, ForwardAndBackwardEqualTheExpertComputedHere) {
   }
   EXPECT_EQ(server_->stats().forwards, 1u);
   EXPECT_EQ(server_->stats().backwards, 1u);
+}
+
+// Requests that arrive together are computed in batches and cut back apart: each of 24
+// concurrent forwards of a different size gets exactly its own rows' outputs.
+TEST_F(ExpertServers, ConcurrentRequestsAreBatchedAndEachGetsItsOwnRows) {
+  auto weights = server_->Parameters("ffn.0.1");
+  ASSERT_TRUE(weights.ok());
+  RemoteExpert expert = Find("ffn.0.1");
+  constexpr int kRequests = 24;
+  std::vector<at::Tensor> xs, ys(kRequests);
+  for (int i = 0; i < kRequests; ++i) xs.push_back(at::randn({i + 1, kHidden}));
+  std::vector<std::thread> clients;
+  std::vector<Status> errors(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([&, i] {
+      auto y = expert.Forward(xs[i], test::HangGuard(30s));
+      if (y.ok()) {
+        ys[i] = *y;
+      } else {
+        errors[i] = y.status();
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(errors[i].ok()) << i << ": " << errors[i].ToString();
+    EXPECT_TRUE(at::allclose(ys[i], Ffn(xs[i], *weights), 1e-5, 1e-6)) << "request " << i;
+  }
+  const auto stats = server_->stats();
+  EXPECT_EQ(stats.forwards, static_cast<uint64_t>(kRequests));
+  EXPECT_GE(stats.forward_batches, 1u);
+  EXPECT_LE(stats.forward_batches, static_cast<uint64_t>(kRequests));
+  std::printf("[experts] %d concurrent requests in %llu batches\n", kRequests,
+              static_cast<unsigned long long>(stats.forward_batches));
 }
 
 TEST_F(ExpertServers, HostileRequestsGetErrorsAndTheServerKeepsServing) {
