@@ -39,7 +39,11 @@ torch::Tensor SparseMoEImpl::forward(const torch::Tensor& x) {
     if (hits.size(0) == 0) continue;
     const torch::Tensor tokens = hits.select(1, 0), slots = hits.select(1, 1);
     const torch::Tensor weight = weights.index({tokens, slots}).unsqueeze(1);
-    out = out.index_add(0, tokens, experts_[e]->forward(flat.index_select(0, tokens)) * weight);
+    const torch::Tensor rows = flat.index_select(0, tokens);
+    const torch::Tensor y = expert_fn_
+                                ? expert_fn_(static_cast<int64_t>(e), rows).to(x.scalar_type())
+                                : experts_[e]->forward(rows);
+    out = out.index_add(0, tokens, y * weight);
   }
   return out.view(x.sizes());
 }
@@ -49,5 +53,7 @@ void SparseMoEImpl::QuantizeInt8() {
     for (auto* l : {&expert->w1, &expert->w2, &expert->w3}) model::QuantizeInt8(*l);
   }
 }
+
+void SparseMoEImpl::set_expert_fn(ExpertFn fn) { expert_fn_ = std::move(fn); }
 
 }  // namespace colony::model

@@ -12,6 +12,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/config.h"
@@ -35,6 +36,11 @@ class SparseMoEImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   // Quantizes every expert's projections to int8; the router stays in its dtype.
   void QuantizeInt8();
+  // Computes expert e's outputs elsewhere: forward calls fn(e, rows [M, hidden]) -> [M, hidden]
+  // instead of the local expert (moe/checkpoint_experts.h calls experts on expert servers). It
+  // may throw (c10::Error) to fail the forward. An empty fn restores the local experts.
+  using ExpertFn = std::function<torch::Tensor(int64_t expert, const torch::Tensor& rows)>;
+  void set_expert_fn(ExpertFn fn);
 
   torch::nn::Linear gate{nullptr};  // the router: hidden -> num_experts, no bias
   torch::nn::ModuleList experts{nullptr};
@@ -42,6 +48,7 @@ class SparseMoEImpl : public torch::nn::Module {
  private:
   int64_t top_k_;
   std::vector<ExpertMLP> experts_;
+  ExpertFn expert_fn_;
 };
 TORCH_MODULE(SparseMoE);
 

@@ -23,6 +23,7 @@ struct Expert::Impl {
 };
 
 at::Tensor ExpertFunction(const at::Tensor& x, const std::vector<at::Tensor>& p) {
+  if (p.size() == 3) return at::linear(at::silu(at::linear(x, p[0])) * at::linear(x, p[2]), p[1]);
   return at::linear(at::gelu(at::linear(x, p[0], p[1])), p[2], p[3]);
 }
 
@@ -44,8 +45,16 @@ Result<std::unique_ptr<Expert>> Expert::Create(const ExpertOptions& o) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
     return at::empty(shape, at::kFloat).uniform_(-bound, bound, gen).requires_grad_(true);
   };
-  impl->params = {uniform({ffn, o.hidden}, o.hidden), uniform({ffn}, o.hidden),
-                  uniform({o.hidden, ffn}, ffn), uniform({o.hidden}, ffn)};
+  if (o.kind == "ffn") {
+    impl->params = {uniform({ffn, o.hidden}, o.hidden), uniform({ffn}, o.hidden),
+                    uniform({o.hidden, ffn}, ffn), uniform({o.hidden}, ffn)};
+  } else if (o.kind == "swiglu") {
+    impl->params = {uniform({ffn, o.hidden}, o.hidden), uniform({o.hidden, ffn}, ffn),
+                    uniform({ffn, o.hidden}, o.hidden)};
+  } else {
+    return InvalidArgument(
+        fmt::format("unknown expert kind '{}' (ffn or swiglu)", o.kind.substr(0, 32)));
+  }
   if (o.optimizer == "adam") {
     impl->optimizer =
         std::make_unique<torch::optim::Adam>(impl->params, torch::optim::AdamOptions(o.lr));
@@ -78,6 +87,24 @@ at::Tensor Expert::Backward(const at::Tensor& x, const at::Tensor& grad_y) {
 }
 
 std::vector<at::Tensor> Expert::parameters() const { return impl_->params; }
+
+Status Expert::SetWeights(const std::vector<at::Tensor>& weights) {
+  if (weights.size() != impl_->params.size()) {
+    return InvalidArgument(fmt::format("a {} expert has {} weights, got {}", impl_->options.kind,
+                                       impl_->params.size(), weights.size()));
+  }
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!weights[i].defined() || !weights[i].sizes().equals(impl_->params[i].sizes())) {
+      return InvalidArgument(fmt::format(
+          "expert weight {} has shape [{}], this expert's is [{}]", i,
+          weights[i].defined() ? fmt::format("{}", fmt::join(weights[i].sizes(), ", ")) : "",
+          fmt::join(impl_->params[i].sizes(), ", ")));
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < weights.size(); ++i) impl_->params[i].copy_(weights[i]);
+  return Status::Ok();
+}
 
 Status Expert::Save(const std::string& path) const {
   const std::string tmp = path + ".tmp";

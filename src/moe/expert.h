@@ -1,5 +1,6 @@
-// One expert as a server hosts it: hivemind's "ffn" expert (Linear, GELU, Linear), with its own
-// optimizer, so that a backward request trains it where it lives (Learning@home).
+// One expert as a server hosts it: hivemind's "ffn" expert (Linear, GELU, Linear) or Mixtral's
+// SwiGLU expert, with its own optimizer, so that a backward request trains it where it lives
+// (Learning@home).
 //
 //   moe::Expert e({.hidden = 64, .seed = 7});
 //   at::Tensor y = e.Forward(x);                 // [batch, 64] -> [batch, 64], no grad
@@ -20,6 +21,9 @@
 namespace colony::moe {
 
 struct ExpertOptions {
+  // "ffn": hivemind's Linear, GELU, Linear (with biases); "swiglu": Mixtral's expert,
+  // w2(silu(w1 x) * w3 x) without biases (served from a checkpoint's experts).
+  std::string kind = "ffn";
   int64_t hidden = 0;              // input and output size
   int64_t ffn_hidden = 0;          // 0: 4 x hidden
   std::string optimizer = "adam";  // adam or sgd
@@ -39,8 +43,12 @@ class Expert {
   // applies one optimizer step.
   at::Tensor Backward(const at::Tensor& x, const at::Tensor& grad_y);
 
-  // w1 [ffn, hidden], b1 [ffn], w2 [hidden, ffn], b2 [hidden] (views of the live weights).
+  // ffn: w1 [ffn, hidden], b1 [ffn], w2 [hidden, ffn], b2 [hidden]; swiglu: w1 [ffn, hidden],
+  // w2 [hidden, ffn], w3 [ffn, hidden] (views of the live weights).
   std::vector<at::Tensor> parameters() const;
+  // Copies `weights` (as parameters() orders them, float32, the same shapes) into the expert;
+  // an error naming the first that does not fit.
+  Status SetWeights(const std::vector<at::Tensor>& weights);
   // Weights, optimizer state and step count, written to `path` (atomically: a temporary file
   // renamed), and read back into an expert of the same options. Load refuses a checkpoint of
   // other sizes, naming them.
@@ -55,8 +63,8 @@ class Expert {
   std::unique_ptr<Impl> impl_;
 };
 
-// The expert's function with given weights, differentiable in x and the weights: the reference
-// that tests and the local mixture compare with.
+// The expert's function with given weights (four: ffn, three: swiglu), differentiable in x and
+// the weights: the reference that tests and the local mixture compare with.
 at::Tensor ExpertFunction(const at::Tensor& x, const std::vector<at::Tensor>& params);
 
 }  // namespace colony::moe

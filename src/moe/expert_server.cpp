@@ -213,6 +213,10 @@ Result<std::unique_ptr<ExpertServer>> ExpertServer::Start(dht::Node& node,
     auto hosted = std::make_unique<HostedExpert>();
     COLONY_ASSIGN_OR_RETURN(hosted->expert, Expert::Create(eo));
     hosted->MakeBatchers(impl->pool, options.max_batch);
+    if (auto w = options.initial_weights.find(uid); w != options.initial_weights.end()) {
+      Status st = hosted->expert->SetWeights(w->second);
+      if (!st.ok()) return st.WithContext("expert " + uid);
+    }
     if (!options.checkpoint_dir.empty()) {
       const std::string path = impl->CheckpointPath(uid);
       if (std::filesystem::exists(path)) {

@@ -17,6 +17,7 @@
 #include <ATen/Tensor.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,9 @@ struct ExpertServerOptions {
   // Where each expert's checkpoint lives (<dir>/<uid>.pt: weights, optimizer state, steps): read
   // at start when present, written every checkpoint_interval and at Shutdown. Empty: none.
   std::string checkpoint_dir = {};
+  // Weights some experts start from (by id, as Expert::SetWeights takes them: a checkpoint's
+  // experts), instead of their seeded ones; a checkpoint in checkpoint_dir still comes first.
+  std::map<std::string, std::vector<at::Tensor>> initial_weights = {};
   std::chrono::milliseconds checkpoint_interval{60'000};
 };
 

@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "dht/node.h"
+#include "moe/checkpoint_experts.h"
 #include "moe/discovery.h"
 #include "moe/expert_server.h"
 #include "moe/expert_uid.h"
@@ -33,6 +34,7 @@ struct ExpertsServeArgs {
   int threads = 0;
   std::string checkpoint_dir;
   double checkpoint_every = 60;
+  std::string model;  // a Hugging Face mixture-of-experts checkpoint to serve the experts of
 };
 
 // --num-experts ids of the pattern that nobody in the DHT declares yet (hivemind skips taken
@@ -66,6 +68,14 @@ int RunExpertsServe(const ExpertsServeArgs& a) {
   if (a.pattern.empty() == a.expert_ids.empty()) {
     return Fail("give either --pattern (with --num-experts) or --expert-ids");
   }
+  if (a.model.empty() == (a.hidden == 0)) {
+    return Fail(
+        "give either --hidden-dim (new experts) or --model (a checkpoint's experts, with its "
+        "sizes)");
+  }
+  if (!a.model.empty() && a.ffn_hidden != 0) {
+    return Fail("--ffn-dim does not apply with --model (the checkpoint sets the experts' sizes)");
+  }
   if (a.threads > 0) at::set_num_threads(a.threads);
   BlockTerminationSignals();
   dht::NodeOptions node_options;
@@ -92,6 +102,18 @@ int RunExpertsServe(const ExpertsServeArgs& a) {
               .optimizer = a.optimizer,
               .lr = a.lr,
               .seed = a.seed};
+  if (!a.model.empty()) {
+    // The checkpoint's experts, with its weights and sizes; the ids name layer and expert.
+    const std::string grid = moe::ParseExpertUid(o.uids.at(0)).ok()
+                                 ? moe::ParseExpertUid(o.uids[0])->name
+                                 : std::string();
+    auto read = moe::ReadCheckpointExperts(a.model, grid, o.uids);
+    if (!read.ok()) return Fail(read.status().WithContext("--model"));
+    o.expert.kind = read->expert.kind;
+    o.expert.hidden = read->expert.hidden;
+    o.expert.ffn_hidden = read->expert.ffn_hidden;
+    o.initial_weights = std::move(read->weights);
+  }
   o.max_batch = a.max_batch;
   o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_interval =
@@ -124,8 +146,9 @@ void AddExpertsCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>
   auto a = std::make_shared<ExpertsServeArgs>();
   auto* serve = experts->add_subcommand(
       "serve",
-      "host experts (Linear, GELU, Linear, each with its own optimizer): answer forward and "
-      "backward calls, train on backward, declare them in the DHT; prints a JSON ready line");
+      "host experts (Linear, GELU, Linear, or a checkpoint's with --model; each with its own "
+      "optimizer): answer forward and backward calls, train on backward, declare them in the "
+      "DHT; prints a JSON ready line");
   serve->add_option("--initial-peers", a->initial_peers, "multiaddr of a DHT peer (repeatable)")
       ->check(MultiaddrCheck());
   serve->add_option("--listen", a->listen, "address to listen on")
@@ -140,8 +163,11 @@ void AddExpertsCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>
   serve->add_option("--expert-ids", a->expert_ids,
                     "exact expert ids to host (instead of --pattern)");
   serve->add_option("--hidden-dim", a->hidden, "the experts' input and output size")
-      ->check(CLI::Range(int64_t{1}, int64_t{65536}))
-      ->required();
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  serve->add_option("--model", a->model,
+                    "serve the experts of this Hugging Face mixture-of-experts checkpoint "
+                    "(Mixtral) with their weights: ids <grid>.<layer>.<expert>, e.g. --pattern "
+                    "'mixtral.[0:32].[0:8]' (instead of --hidden-dim)");
   serve->add_option("--ffn-dim", a->ffn_hidden, "the experts' inner size (default 4 x hidden)")
       ->check(CLI::Range(int64_t{0}, int64_t{262144}));
   serve->add_option("--optimizer", a->optimizer, "the experts' optimizer")

@@ -3,14 +3,18 @@
 // goes down, also after one server is SIGKILLed (its experts get weight 0); a server restarted
 // from its checkpoint answers as before it stopped. `colony train --task moe-lm` learns through
 // four expert servers and goes on learning after one of them is SIGKILLed; without servers it
-// stops with an error that says what to start.
+// stops with an error that says what to start. Transformers' Mixtral fixture generates its
+// reference tokens with its 8 experts on two `colony experts serve --model` processes.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "model/checkpoint.h"
+#include "moe/checkpoint_experts.h"
 #include "moe/discovery.h"
 #include "moe/mixture.h"
 #include "moe/remote_expert.h"
@@ -148,6 +152,62 @@ TEST(ExpertProcesses, ARestartedServerAnswersAsBeforeFromItsCheckpoint) {
   auto y2 = after.Forward(x, 10s);
   ASSERT_TRUE(y2.ok()) << y2.status().ToString();
   EXPECT_TRUE(at::equal(*y1, *y2));
+  node->Shutdown();
+}
+
+// Mixtral (4 experts per layer, top-2, 2 layers) saved by transformers: its experts on two expert
+// server processes (each a half of every layer's), the rest of the model here with its own
+// expert weights freed; greedy generation equals transformers' tokens (reference.json).
+TEST(ExpertProcesses, AMixtralCheckpointGeneratesTransformersTokensWithItsExpertsOnServers) {
+  const std::filesystem::path fixtures = COLONY_HF_FIXTURES;
+  const json reference = [&] {
+    std::ifstream in(fixtures / "reference.json");
+    return json::parse(in);
+  }()["models"]["mixtral-4x-top2"];
+  const std::filesystem::path model_dir = fixtures / "mixtral-4x-top2";
+  test::TempDir dir("moe-mixtral");
+  test::ProcessGroup swarm(dir.path());
+  auto boot = swarm.Start("dht", {"dht", "--listen", "/ip4/127.0.0.1/tcp/0"}, "warn");
+  ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+  for (int half = 0; half < 2; ++half) {
+    std::vector<std::string> args = {"experts",         "serve",
+                                     "--initial-peers", *boot,
+                                     "--listen",        "/ip4/127.0.0.1/tcp/0",
+                                     "--threads",       "1",
+                                     "--model",         model_dir.string(),
+                                     "--expert-ids"};
+    for (int layer = 0; layer < 2; ++layer) {
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        args.push_back("mixtral." + std::to_string(layer) + "." + std::to_string(e));
+      }
+    }
+    auto ready = swarm.Start("half" + std::to_string(half), args, "warn");
+    ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  }
+  auto node = Client(*boot);
+  ASSERT_NE(node, nullptr);
+  auto loaded = model::LoadLlama(model_dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  model::LlamaModel m = *loaded;
+  m->eval();
+  ASSERT_TRUE(UseRemoteExperts(m, *node, {.grid = "mixtral", .timeout = 30s}).ok());
+  // The local experts are gone: only the servers can compute them.
+  EXPECT_EQ(m->block(0)->block_sparse_moe->experts->parameters()[0].numel(), 0);
+  at::NoGradGuard no_grad;
+  const auto prompt = reference["prompt"].get<std::vector<int64_t>>();
+  std::vector<int64_t> greedy = prompt;
+  const auto generated = model::Generate(m, prompt, {.max_new_tokens = 24});
+  greedy.insert(greedy.end(), generated.begin(), generated.end());
+  EXPECT_EQ(greedy, reference["greedy_24"].get<std::vector<int64_t>>());
+  // An id outside the checkpoint's grid is refused by name.
+  auto bad =
+      swarm.Start("bad",
+                  {"experts", "serve", "--initial-peers", *boot, "--listen", "/ip4/127.0.0.1/tcp/0",
+                   "--model", model_dir.string(), "--expert-ids", "mixtral.0.9"},
+                  "warn", test::HangGuard(30s));
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(swarm.Tail("bad").find("not one of this checkpoint's"), std::string::npos)
+      << swarm.Tail("bad");
   node->Shutdown();
 }
 
