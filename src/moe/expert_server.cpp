@@ -10,7 +10,9 @@
 #include "core/log.h"
 #include "core/periodic.h"
 #include "moe/discovery.h"
+#include "moe/expert_chunks.h"
 #include "moe/expert_uid.h"
+#include "net/byte_budget.h"
 #include "runtime/batcher.h"
 #include "runtime/task_pool.h"
 #include "runtime/tensor_io.h"
@@ -94,13 +96,15 @@ struct ExpertServer::Impl {
   size_t restored = 0;
   std::unique_ptr<Periodic> declarer;
   std::unique_ptr<Periodic> checkpointer;
+  net::ByteBudget held_requests;
 
   Impl(dht::Node& n, ExpertServerOptions o)
       : node(n),
         options(std::move(o)),
         // Each expert's two batchers queue at most one task each.
         pool({.threads = options.threads,
-              .max_queued = std::max(options.max_queued, 2 * options.uids.size())}) {}
+              .max_queued = std::max(options.max_queued, 2 * options.uids.size())}),
+        held_requests(options.max_request_bytes) {}
 
   Status Refuse(Status why) {
     std::lock_guard lock(mu);
@@ -108,19 +112,25 @@ struct ExpertServer::Impl {
     return why;
   }
 
-  // The hosted expert a request names, and its tensors checked: x (and grad_y for a backward).
-  Result<std::pair<HostedExpert*, std::vector<at::Tensor>>> Read(const net::Message& m,
-                                                                 bool backward) {
+  // The hosted expert a call names.
+  Result<HostedExpert*> Find(const std::string& uid) {
     {
       std::lock_guard lock(mu);
       if (stopped) return Unavailable("the expert server is shutting down; use another server");
     }
-    if (m.meta.size() > kMaxUidBytes) return Refuse(InvalidArgument("expert id too long"));
-    auto it = experts.find(m.meta);
+    if (uid.size() > kMaxUidBytes) return Refuse(InvalidArgument("expert id too long"));
+    auto it = experts.find(uid);
     if (it == experts.end()) {
       return Refuse(NotFound(fmt::format("expert '{}' is not hosted here",
-                                         ParseExpertUid(m.meta).ok() ? m.meta : "(malformed id)")));
+                                         ParseExpertUid(uid).ok() ? uid : "(malformed id)")));
     }
+    return it->second.get();
+  }
+
+  // One message of a call's request (expert_chunks.h), checked: x (and grad_y for a backward),
+  // float32 [1..rows_left, hidden], finite, with the same rows.
+  Result<std::vector<at::Tensor>> ReadChunk(const net::Message& m, bool backward,
+                                            int64_t rows_left) {
     const size_t want = backward ? 2 : 1;
     if (m.tensors.size() != want) {
       return Refuse(
@@ -130,15 +140,17 @@ struct ExpertServer::Impl {
     const int64_t hidden = options.expert.hidden;
     std::vector<at::Tensor> tensors;
     for (const auto& frame : m.tensors) {
-      auto t = runtime::FromFrame(
-          frame, {.max_elements = static_cast<uint64_t>(options.max_batch * hidden),
-                  .allowed_dtypes = {DType::kFloat32},
-                  .rank = 2});
-      if (!t.ok()) return Refuse(t.status());
-      if (t->size(1) != hidden || t->size(0) < 1 || t->size(0) > options.max_batch) {
+      auto t = runtime::FromFrame(frame, {.max_elements = static_cast<uint64_t>(rows_left * hidden),
+                                          .allowed_dtypes = {DType::kFloat32},
+                                          .rank = 2});
+      if (!t.ok()) {
+        return Refuse(t.status().WithContext(fmt::format(
+            "a request of at most {} rows of {} (max_batch)", options.max_batch, hidden)));
+      }
+      if (t->size(1) != hidden || t->size(0) < 1 || t->size(0) > rows_left) {
         return Refuse(InvalidArgument(
-            fmt::format("expert input of shape [{}, {}]; this expert takes [1..{}, {}]", t->size(0),
-                        t->size(1), options.max_batch, hidden)));
+            fmt::format("expert input of shape [{}, {}]; this expert takes [1..{}, {}] in all",
+                        t->size(0), t->size(1), options.max_batch, hidden)));
       }
       if (!at::isfinite(*t).all().item<bool>()) {
         return Refuse(InvalidArgument("expert input holds NaN or infinite values"));
@@ -148,14 +160,49 @@ struct ExpertServer::Impl {
     if (backward && !tensors[0].sizes().equals(tensors[1].sizes())) {
       return Refuse(InvalidArgument("the gradient's shape differs from the input's"));
     }
-    return std::make_pair(it->second.get(), std::move(tensors));
+    return tensors;
   }
 
-  asio::awaitable<Result<net::Message>> Handle(net::Message m, bool backward) {
-    auto read = Read(m, backward);
-    if (!read.ok()) co_return read.status();
-    HostedExpert* hosted = read->first;
-    std::vector<at::Tensor> in = std::move(read->second);
+  // A call: reads the request's messages (holding their bytes against held_requests), runs the
+  // expert through its batcher, writes the output in chunks.
+  asio::awaitable<Status> Serve(net::CallContext& ctx, bool backward) {
+    HostedExpert* hosted = nullptr;
+    std::vector<std::vector<at::Tensor>> parts(backward ? 2 : 1);
+    int64_t rows = 0;
+    uint64_t held = 0;
+    struct GiveBack {
+      net::ByteBudget& budget;
+      uint64_t& bytes;
+      ~GiveBack() { budget.Give(bytes); }
+    } give_back{held_requests, held};
+    for (;;) {
+      auto next = co_await ctx.stream().Read();
+      if (!next.ok()) co_return next.status();
+      if (!next->has_value()) break;
+      const net::Message& m = **next;
+      if (hosted == nullptr) {
+        auto found = Find(m.meta);
+        if (!found.ok()) co_return found.status();
+        hosted = *found;
+      } else if (!m.meta.empty()) {
+        co_return Refuse(InvalidArgument("only the first message of an expert call names it"));
+      }
+      auto chunk = ReadChunk(m, backward, options.max_batch - rows);
+      if (!chunk.ok()) co_return chunk.status();
+      const uint64_t bytes = static_cast<uint64_t>((*chunk)[0].numel()) * 4 * parts.size();
+      if (!held_requests.TryTake(bytes)) {
+        co_return Refuse(
+            ResourceExhausted(fmt::format("the expert server holds its limit of {} bytes of "
+                                          "requests; try again or another server",
+                                          held_requests.limit())));
+      }
+      held += bytes;
+      rows += (*chunk)[0].size(0);
+      for (size_t i = 0; i < parts.size(); ++i) parts[i].push_back(std::move((*chunk)[i]));
+    }
+    if (hosted == nullptr) co_return Refuse(InvalidArgument("an expert call without a request"));
+    std::vector<at::Tensor> in;
+    for (auto& p : parts) in.push_back(p.size() == 1 ? p[0] : at::cat(p, 0));
     // Not a conditional expression of two co_awaits: g++ 12 miscompiles those.
     Result<at::Tensor> out = Unavailable("not computed");
     if (backward) {
@@ -164,15 +211,15 @@ struct ExpertServer::Impl {
       out = co_await hosted->forward->Submit(in[0]);
     }
     if (!out.ok()) co_return out.status();
-    auto frame = runtime::ToFrame(*out);
-    if (!frame.ok()) co_return frame.status();
-    {
-      std::lock_guard lock(mu);
-      ++(backward ? stats.backwards : stats.forwards);
+    auto reply = ChunkRows("", {*out});
+    if (!reply.ok()) co_return reply.status();
+    for (const auto& m : *reply) {
+      Status st = co_await ctx.stream().Write(m);
+      if (!st.ok()) co_return st;
     }
-    net::Message reply;
-    reply.tensors.push_back(std::move(*frame));
-    co_return reply;
+    std::lock_guard lock(mu);
+    ++(backward ? stats.backwards : stats.forwards);
+    co_return Status::Ok();
   }
 
   Status Declare() {
@@ -235,11 +282,11 @@ Result<std::unique_ptr<ExpertServer>> ExpertServer::Start(dht::Node& node,
     }
   }
   net::Host& host = node.host();
-  host.RegisterUnary("moe.forward", [impl](net::CallContext&, net::Message m) {
-    return impl->Handle(std::move(m), /*backward=*/false);
+  host.RegisterBidiStreaming("moe.forward", [impl](net::CallContext& ctx) {
+    return impl->Serve(ctx, /*backward=*/false);
   });
-  host.RegisterUnary("moe.backward", [impl](net::CallContext&, net::Message m) {
-    return impl->Handle(std::move(m), /*backward=*/true);
+  host.RegisterBidiStreaming("moe.backward", [impl](net::CallContext& ctx) {
+    return impl->Serve(ctx, /*backward=*/true);
   });
   COLONY_RETURN_IF_ERROR(impl->Declare());
   impl->declarer = std::make_unique<Periodic>(

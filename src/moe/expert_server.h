@@ -1,6 +1,7 @@
 // An expert server (Learning@home): hosts experts, answers "moe.forward" and "moe.backward" for
 // them (a backward trains the expert: its optimizer steps on the server), and declares them in
-// the DHT every declare_interval so that clients' beam searches find them.
+// the DHT every declare_interval so that clients' beam searches find them. Tensors travel in
+// chunks of rows (expert_chunks.h), so a request of max_batch rows of any width gets through.
 //
 //   auto server = moe::ExpertServer::Start(node, {.uids = {"ffn.0.3", "ffn.1.7"},
 //                                                 .expert = {.hidden = 64}});
@@ -33,6 +34,10 @@ struct ExpertServerOptions {
   // Every expert's sizes and optimizer; expert i starts from ExpertSeed(expert.seed, uid).
   ExpertOptions expert;
   int64_t max_batch = 4096;  // rows of a request, and of a batch of requests
+  // Bytes of requests held at once, over all calls: those being received in chunks
+  // (expert_chunks.h), waiting in a batch or computing. A call beyond it is refused
+  // (ResourceExhausted).
+  uint64_t max_request_bytes = 1ull << 30;
   size_t threads = 1;
   size_t max_queued = 256;  // the pool's tasks (at least two per expert)
   // hivemind: declared every 30 s, for 60 s.

@@ -4,6 +4,10 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 
+#include <asio/co_spawn.hpp>
+#include <asio/use_future.hpp>
+
+#include "moe/expert_chunks.h"
 #include "runtime/tensor_io.h"
 
 namespace colony::moe {
@@ -11,10 +15,61 @@ namespace colony::moe {
 RemoteExpert::RemoteExpert(net::Host& host, RemoteExpertInfo info)
     : host_(host), info_(std::move(info)) {}
 
+namespace {
+
+// One call to one server: the request's chunks out, the output's chunks back (expert_chunks.h),
+// each checked: float32 [1.., hidden], finite, `rows` in all.
+asio::awaitable<Result<at::Tensor>> Exchange(net::Host& host, Multiaddr address, std::string method,
+                                             std::vector<net::Message> request, int64_t rows,
+                                             int64_t hidden, std::chrono::milliseconds timeout) {
+  auto stream =
+      co_await host.OpenStream(std::move(address), std::move(method), {.timeout = timeout});
+  if (!stream.ok()) co_return stream.status();
+  for (const auto& m : request) {
+    Status st = co_await (*stream)->Write(m);
+    if (!st.ok()) co_return st;
+  }
+  Status closed = co_await (*stream)->CloseWrite();
+  if (!closed.ok()) co_return closed;
+  std::vector<at::Tensor> parts;
+  int64_t got = 0;
+  for (;;) {
+    auto next = co_await (*stream)->Read();
+    if (!next.ok()) co_return next.status();
+    if (!next->has_value()) break;
+    const net::Message& m = **next;
+    auto part =
+        m.tensors.size() != 1
+            ? Result<at::Tensor>(ProtocolError("a reply chunk of other than one tensor"))
+            : runtime::FromFrame(m.tensors[0],
+                                 {.max_elements = static_cast<uint64_t>((rows - got) * hidden),
+                                  .allowed_dtypes = {DType::kFloat32},
+                                  .rank = 2});
+    if (!part.ok() || part->size(0) < 1 || part->size(1) != hidden ||
+        !at::isfinite(*part).all().item<bool>()) {
+      (*stream)->Cancel(ProtocolError("malformed reply"));
+      co_return ProtocolError(
+          fmt::format("answered what is not finite float32 of shape [{}, {}] in chunks of rows{}",
+                      rows, hidden, part.ok() ? "" : ": " + part.status().ToString()));
+    }
+    got += part->size(0);
+    parts.push_back(std::move(*part));
+  }
+  if (got != rows) {
+    co_return ProtocolError(fmt::format("answered {} rows of the {} it was sent", got, rows));
+  }
+  co_return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+}
+
+}  // namespace
+
 Result<at::Tensor> RemoteExpert::Call(const std::string& method,
                                       const std::vector<at::Tensor>& tensors,
                                       const at::Tensor& like, std::chrono::milliseconds timeout) {
   if (info_.servers.empty()) return NotFound(fmt::format("no server hosts expert {}", info_.uid));
+  std::vector<at::Tensor> sent;
+  for (const auto& t : tensors) sent.push_back(t.to(at::kFloat).contiguous());
+  COLONY_ASSIGN_OR_RETURN(auto request, ChunkRows(info_.uid, sent));
   Status last;
   for (size_t s = 0; s < info_.servers.size(); ++s) {
     if (s >= info_.addrs.size() || info_.addrs[s].empty()) continue;
@@ -23,31 +78,14 @@ Result<at::Tensor> RemoteExpert::Call(const std::string& method,
       last = addr.status();
       continue;
     }
-    net::Message request(info_.uid);
-    for (const auto& t : tensors) {
-      COLONY_ASSIGN_OR_RETURN(auto frame, runtime::ToFrame(t.to(at::kFloat).contiguous()));
-      request.tensors.push_back(std::move(frame));
-    }
-    auto reply = host_.CallSync(addr->WithPeerId(info_.servers[s]), method, std::move(request),
-                                {.timeout = timeout});
-    if (!reply.ok()) {
-      last = reply.status().WithContext(
+    auto out = asio::co_spawn(host_.io_context(),
+                              Exchange(host_, addr->WithPeerId(info_.servers[s]), method, request,
+                                       like.size(0), like.size(1), timeout),
+                              asio::use_future)
+                   .get();
+    if (!out.ok()) {
+      last = out.status().WithContext(
           fmt::format("expert {} on {}", info_.uid, info_.servers[s].ToString()));
-      continue;
-    }
-    if (reply->tensors.size() != 1) {
-      last = ProtocolError(
-          fmt::format("expert {} answered {} tensors", info_.uid, reply->tensors.size()));
-      continue;
-    }
-    auto out =
-        runtime::FromFrame(reply->tensors[0], {.max_elements = static_cast<uint64_t>(like.numel()),
-                                               .allowed_dtypes = {DType::kFloat32},
-                                               .rank = 2});
-    if (!out.ok() || !out->sizes().equals(like.sizes()) || !at::isfinite(*out).all().item<bool>()) {
-      last = ProtocolError(fmt::format(
-          "expert {} on {} answered a tensor that is not finite float32 of shape [{}, {}]",
-          info_.uid, info_.servers[s].ToString(), like.size(0), like.size(1)));
       continue;
     }
     return *out;

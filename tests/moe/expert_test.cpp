@@ -1,12 +1,15 @@
 // Expert servers and remote experts over DHT nodes on loopback: forward and backward through a
 // remote expert equal the expert's function computed here with the same weights (outputs, input
-// gradients, and the server's SGD step), hostile requests get errors while the server keeps
-// serving, and a backward reaching a restarted server works.
+// gradients, and the server's SGD step), a call larger than one message travels in chunks,
+// hostile requests and chunked calls get errors while the server keeps serving and holds a
+// bounded number of request bytes, and a backward reaching a restarted server works.
 #include "moe/expert.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <asio/co_spawn.hpp>
+#include <asio/use_future.hpp>
 #include <thread>
 
 #include "loopback_node.h"
@@ -42,6 +45,8 @@ class ExpertServers : public ::testing::Test {
     options_.uids = {"ffn.0.1", "ffn.2.3"};
     options_.expert = {.hidden = kHidden, .optimizer = "sgd", .lr = 0.1, .seed = 5};
     options_.max_batch = 64;
+    // Two backward calls of max_batch rows (8 KiB each) at once, not three.
+    options_.max_request_bytes = 16 << 10;
     auto s = ExpertServer::Start(*server_node_, options_);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);
@@ -62,6 +67,35 @@ class ExpertServers : public ::testing::Test {
     for (const auto& t : tensors) m.tensors.push_back(*runtime::ToFrame(t));
     return client_node_->host().CallSync(server_node_->VisibleAddresses().at(0), method,
                                          std::move(m), {.timeout = 10s});
+  }
+
+  // A call written message by message (expert_chunks.h); `close` false leaves it open (the
+  // stream is returned in *open) and reads nothing.
+  Result<net::Message> RawStream(const std::string& method, const std::vector<net::Message>& msgs,
+                                 bool close = true, std::shared_ptr<net::Stream>* open = nullptr) {
+    net::Host& host = client_node_->host();
+    auto run = [&]() -> asio::awaitable<Result<net::Message>> {
+      auto stream = co_await host.OpenStream(server_node_->VisibleAddresses().at(0), method,
+                                             {.timeout = 30s});
+      if (!stream.ok()) co_return stream.status();
+      for (const auto& m : msgs) {
+        Status st = co_await (*stream)->Write(m);
+        if (!st.ok()) co_return st;
+      }
+      if (!close) {
+        *open = *stream;
+        co_return net::Message();
+      }
+      Status st = co_await (*stream)->CloseWrite();
+      if (!st.ok()) co_return st;
+      co_return co_await (*stream)->ReadFinal();
+    };
+    return asio::co_spawn(host.io_context(), run(), asio::use_future).get();
+  }
+  static net::Message Chunk(const std::string& uid, const std::vector<at::Tensor>& tensors) {
+    net::Message m(uid);
+    for (const auto& t : tensors) m.tensors.push_back(*runtime::ToFrame(t));
+    return m;
   }
 
   ExpertServerOptions options_;
@@ -180,6 +214,92 @@ TEST_F(ExpertServers, HostileRequestsGetErrorsAndTheServerKeepsServing) {
   auto ok = Raw("moe.forward", "ffn.0.1", {good});
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->tensors.size(), 1u);
+}
+
+// A call bigger than the transport lets one message be (64 MiB): 4200 rows of 4096 floats, 69 MB
+// per tensor, 138 MB for the backward. It travels in chunks both ways, and the outputs and the
+// input gradient equal the expert's function computed here.
+TEST_F(ExpertServers, ACallLargerThanAMessageTravelsInChunks) {
+  constexpr int64_t kWide = 4096, kRows = 4200;
+  server_.reset();
+  auto big = ExpertServer::Start(
+      *server_node_, {.uids = {"big.0"},
+                      .expert = {.hidden = kWide, .ffn_hidden = 4, .optimizer = "sgd", .lr = 0},
+                      .max_batch = kRows});
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  server_ = std::move(*big);
+  auto weights = server_->Parameters("big.0");
+  ASSERT_TRUE(weights.ok());
+  std::vector<at::Tensor> ref;
+  for (const auto& w : *weights) ref.push_back(w.clone().requires_grad_(true));
+  const at::Tensor data = at::randn({kRows, kWide});
+  ASSERT_GT(static_cast<uint64_t>(data.numel()) * 4, uint64_t{64} << 20);
+  RemoteExpert expert = Find("big.0");
+  at::Tensor x = data.clone().requires_grad_(true);
+  at::Tensor y = CallRemoteExpert(
+      expert, x,
+      {.forward_timeout = test::HangGuard(300s), .backward_timeout = test::HangGuard(300s)});
+  at::Tensor x_ref = data.clone().requires_grad_(true);
+  at::Tensor y_ref = Ffn(x_ref, ref);
+  EXPECT_TRUE(at::allclose(y, y_ref, 1e-4, 1e-5)) << (y - y_ref).abs().max().item<float>();
+  y.sum().backward();
+  y_ref.sum().backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_TRUE(at::allclose(x.grad(), x_ref.grad(), 1e-4, 1e-5));
+  EXPECT_EQ(server_->stats().forwards, 1u);
+  EXPECT_EQ(server_->stats().backwards, 1u);
+}
+
+// Chunked calls played by an attacker: rows beyond max_batch summed over chunks, a later chunk
+// naming an expert, a call with no request, and calls left open holding their chunks (the
+// server holds at most max_request_bytes of them; a call beyond is refused, and the bytes come
+// back when the attacker's calls end).
+TEST_F(ExpertServers, HostileChunkedCallsAreRefusedAndHeldBytesAreBounded) {
+  const at::Tensor rows40 = at::randn({40, kHidden});
+  struct Case {
+    std::vector<net::Message> msgs;
+    std::string why;
+  };
+  const std::vector<Case> cases = {
+      {{Chunk("ffn.0.1", {rows40}), Chunk("", {rows40})}, "at most 64 rows"},
+      {{Chunk("ffn.0.1", {rows40}), Chunk("ffn.2.3", {rows40})}, "only the first message"},
+      {{}, "without a request"},
+  };
+  for (const auto& c : cases) {
+    auto r = RawStream("moe.forward", c.msgs);
+    ASSERT_FALSE(r.ok()) << c.why;
+    EXPECT_NE(r.status().message().find(c.why), std::string::npos) << r.status().ToString();
+  }
+  const at::Tensor full = at::randn({64, kHidden});
+  std::vector<std::shared_ptr<net::Stream>> held(2);
+  for (auto& h : held) {
+    auto r = RawStream("moe.backward", {Chunk("ffn.0.1", {full, full})}, false, &h);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  // The server reads both calls' chunks (16 KiB, its limit) before it refuses a third.
+  Result<net::Message> third = Unavailable("not sent");
+  for (int i = 0; i < 200; ++i) {
+    third = Raw("moe.forward", "ffn.2.3", {at::randn({1, kHidden})});
+    if (!third.ok()) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted) << third.status().ToString();
+  EXPECT_NE(third.status().message().find("bytes of requests"), std::string::npos);
+  for (auto& h : held) h->Cancel();
+  Result<net::Message> after = Unavailable("not sent");
+  for (int i = 0; i < 200; ++i) {
+    after = Raw("moe.forward", "ffn.2.3", {at::randn({1, kHidden})});
+    if (after.ok()) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  // No hostile call reached an expert: the weights are the seeded ones.
+  auto local = Expert::Create({.hidden = kHidden, .seed = ExpertSeed(5, "ffn.0.1")});
+  auto weights = server_->Parameters("ffn.0.1");
+  for (size_t i = 0; i < weights->size(); ++i) {
+    EXPECT_TRUE(at::equal((*weights)[i], (*local)->parameters()[i]));
+  }
 }
 
 TEST_F(ExpertServers, ABackwardReachesARestartedServer) {

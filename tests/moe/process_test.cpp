@@ -90,10 +90,18 @@ TEST(ExpertProcesses, AMixtureTrainsThroughTwoServersAndGoesOnWhenOneIsKilled) {
   std::vector<at::Tensor> gate = (*moe)->gating_parameters();
   std::vector<double> losses;
   constexpr int kSteps = 80, kKillAt = 40;
+  int failed_steps = 0;
   for (int step = 0; step < kSteps; ++step) {
     if (step == kKillAt) swarm.Kill("b");
     const at::Tensor x = at::randn({32, kHidden});
     auto y = (*moe)->Forward(x);
+    // Right after the kill a step can fail, as a hivemind step can: once in CI's loaded runs the
+    // search found only the killed server's 4 experts (a DHT read racing the kill); the trainer
+    // skips such a batch. Before the kill, and more than twice, it is a failure.
+    if (!y.ok() && step >= kKillAt && ++failed_steps <= 2) {
+      std::printf("[moe] step %d skipped: %s\n", step, y.status().ToString().c_str());
+      continue;
+    }
     ASSERT_TRUE(y.ok()) << "step " << step << ": " << y.status().ToString();
     const at::Tensor loss = (*y - at::matmul(x, target_map)).pow(2).mean();
     for (auto& p : gate) {
@@ -109,9 +117,9 @@ TEST(ExpertProcesses, AMixtureTrainsThroughTwoServersAndGoesOnWhenOneIsKilled) {
   std::printf(
       "[moe] loss: first 10 steps %.4f, before the kill %.4f, after it %.4f, last 10 %.4f\n",
       Mean(losses, 0, 10), Mean(losses, kKillAt - 10, kKillAt), Mean(losses, kKillAt, kKillAt + 10),
-      Mean(losses, kSteps - 10, kSteps));
+      Mean(losses, losses.size() - 10, losses.size()));
   EXPECT_LT(Mean(losses, kKillAt - 10, kKillAt), 0.8 * Mean(losses, 0, 10));
-  EXPECT_LT(Mean(losses, kSteps - 10, kSteps), Mean(losses, kKillAt, kKillAt + 10));
+  EXPECT_LT(Mean(losses, losses.size() - 10, losses.size()), Mean(losses, kKillAt, kKillAt + 10));
   EXPECT_GT((*moe)->stats().failed_calls, 0u);
   moe->reset();
   node->Shutdown();
