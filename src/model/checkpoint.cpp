@@ -187,6 +187,10 @@ Result<LlamaConfig> LoadLlamaConfig(const std::filesystem::path& dir) {
 }
 
 Status SaveLlama(const std::filesystem::path& dir, LlamaModel& model) {
+  if (model->config().remote_experts) {
+    return InvalidArgument(
+        "SaveLlama: this model's experts are remote; it holds no expert weights");
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Unavailable(fmt::format("create {}: {}", dir.string(), ec.message()));

@@ -70,6 +70,10 @@ struct LlamaConfig {
   int64_t sliding_window = 0;  // keys further back than this are not attended to; 0: none
   int64_t num_experts = 0;     // Mixtral: experts per block (num_local_experts); 0: a dense MLP
   int64_t num_experts_per_tok = 0;  // Mixtral: experts each token is routed to
+  // Not in config.json: the mixture-of-experts blocks hold their routers only, and their experts
+  // are computed elsewhere (SparseMoE::set_expert_fn; moe/checkpoint_experts.h loads such a
+  // model, reading no expert weights). Such a model cannot be saved.
+  bool remote_experts = false;
 
   int64_t head_dim() const {
     return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_heads;

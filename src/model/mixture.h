@@ -42,11 +42,12 @@ class SparseMoEImpl : public torch::nn::Module {
   using ExpertFn = std::function<torch::Tensor(int64_t expert, const torch::Tensor& rows)>;
   void set_expert_fn(ExpertFn fn);
 
-  torch::nn::Linear gate{nullptr};  // the router: hidden -> num_experts, no bias
-  torch::nn::ModuleList experts{nullptr};
+  torch::nn::Linear gate{nullptr};         // the router: hidden -> num_experts, no bias
+  torch::nn::ModuleList experts{nullptr};  // empty with config.remote_experts
 
  private:
   int64_t top_k_;
+  int64_t num_experts_;
   std::vector<ExpertMLP> experts_;
   ExpertFn expert_fn_;
 };

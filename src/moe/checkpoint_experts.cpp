@@ -119,4 +119,19 @@ Status UseRemoteExperts(model::LlamaModel& model, dht::Node& node, RemoteExperts
   return Status::Ok();
 }
 
+Result<model::LlamaModel> LoadWithRemoteExperts(const std::filesystem::path& dir, dht::Node& node,
+                                                RemoteExpertsOptions options) {
+  COLONY_ASSIGN_OR_RETURN(model::LlamaConfig config, model::LoadLlamaConfig(dir));
+  if (!config.mixture_of_experts()) {
+    return InvalidArgument(fmt::format(
+        "{} is not a mixture-of-experts checkpoint (config.json has no num_local_experts)",
+        dir.string()));
+  }
+  config.remote_experts = true;
+  model::LlamaModel m(config);
+  COLONY_RETURN_IF_ERROR(model::LoadLlamaTensors(dir, m->NamedParametersHF()));
+  COLONY_RETURN_IF_ERROR(UseRemoteExperts(m, node, std::move(options)));
+  return m;
+}
+
 }  // namespace colony::moe

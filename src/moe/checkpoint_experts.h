@@ -6,9 +6,8 @@
 //
 //   // server: colony experts serve --model DIR --pattern 'mixtral.[0:2].[0:4]' --num-experts 4
 //   auto experts = moe::ReadCheckpointExperts(dir, "mixtral", {"mixtral.0.1", "mixtral.1.3"});
-//   // client:
-//   auto model = model::LoadLlama(dir).value();
-//   moe::UseRemoteExperts(model, node, {.grid = "mixtral"});
+//   // client: the model without its experts' weights, its experts called on the servers
+//   auto model = moe::LoadWithRemoteExperts(dir, node, {.grid = "mixtral"}).value();
 //   auto tokens = model::Generate(model, prompt, {.max_new_tokens = 24});
 #pragma once
 
@@ -49,5 +48,12 @@ struct RemoteExpertsOptions {
 // another server). A forward fails (c10::Error) with a message naming the expert when no server
 // answers for it. `node` must outlive the model's use.
 Status UseRemoteExperts(model::LlamaModel& model, dht::Node& node, RemoteExpertsOptions options);
+
+// The checkpoint in `dir` without its experts (LlamaConfig::remote_experts: their weights are
+// neither read nor allocated, so a client needs memory for the rest of the model only), its
+// experts called on the servers as UseRemoteExperts sets up. A checkpoint without
+// mixture-of-experts blocks is refused.
+Result<model::LlamaModel> LoadWithRemoteExperts(const std::filesystem::path& dir, dht::Node& node,
+                                                RemoteExpertsOptions options);
 
 }  // namespace colony::moe

@@ -1,19 +1,23 @@
-// colony experts serve: host mixture-of-experts experts for the swarm (Learning@home; src/moe
-// does the work). Part of colony-torch.
+// colony experts serve: host mixture-of-experts experts for the swarm (Learning@home); colony
+// experts generate: generate with a checkpoint whose experts they host. src/moe does the work.
+// Part of colony-torch.
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <optional>
 #include <random>
 
 #include "core/log.h"
 #include "dht/node.h"
+#include "model/tokenizer.h"
 #include "moe/checkpoint_experts.h"
 #include "moe/discovery.h"
 #include "moe/expert_server.h"
 #include "moe/expert_uid.h"
 #include "tools/access_options.h"
 #include "tools/commands.h"
+#include "tools/swarm_args.h"
 
 namespace colony::cli {
 namespace {
@@ -137,11 +141,98 @@ int RunExpertsServe(const ExpertsServeArgs& a) {
   return 0;
 }
 
+struct ExpertsGenerateArgs {
+  std::vector<std::string> initial_peers;
+  AccessArgs access;
+  std::string model;
+  std::string grid = "mixtral";
+  std::string prompt;
+  std::string tokens;
+  int64_t max_new_tokens = 32;
+  double temperature = 0;
+  uint64_t seed = 0;
+  double timeout = 30;
+  int threads = 0;
+  bool json = false;
+};
+
+int RunExpertsGenerate(const ExpertsGenerateArgs& a) {
+  if (a.prompt.empty() == a.tokens.empty()) return Fail("give --prompt or --tokens");
+  if (a.initial_peers.empty()) {
+    return Fail("give --initial-peers: the address of any peer of the swarm");
+  }
+  if (a.threads > 0) at::set_num_threads(a.threads);
+  dht::NodeOptions node_options;
+  node_options.initial_peers = a.initial_peers;
+  node_options.dht.client_mode = true;
+  auto started = StartSwarmNode(a.access, std::move(node_options));
+  if (!started.ok()) return Fail(started.status());
+  std::unique_ptr<dht::Node>& node = started->node;
+  auto model = moe::LoadWithRemoteExperts(
+      a.model, *node,
+      {.grid = a.grid,
+       .timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout * 1000))});
+  if (!model.ok()) return Fail(model.status().WithContext("--model"));
+  (*model)->eval();
+  std::optional<model::Tokenizer> tokenizer;
+  if (auto path = model::Tokenizer::FindInModelDir(a.model); path.ok()) {
+    auto tok = model::Tokenizer::Load(*path);
+    if (!tok.ok()) return Fail(tok.status());
+    tokenizer = std::move(*tok);
+  }
+  std::vector<int64_t> prompt;
+  if (!a.tokens.empty()) {
+    auto t = ParseTokens(a.tokens);
+    if (!t.ok()) return Fail(t.status());
+    prompt = *t;
+  } else {
+    if (!tokenizer) {
+      return Fail(fmt::format(
+          "{} has no tokenizer.model or tokenizer.json: give the prompt as --tokens 1,2,3",
+          a.model));
+    }
+    if (tokenizer->bos_id() >= 0) prompt.push_back(tokenizer->bos_id());
+    for (int32_t id : tokenizer->Encode(a.prompt)) prompt.push_back(id);
+  }
+  const int64_t vocab = (*model)->config().vocab_size;
+  if (prompt.empty()) return Fail("the prompt is empty");
+  for (int64_t t : prompt) {
+    if (t < 0 || t >= vocab) {
+      return Fail(fmt::format("token {} is outside the vocabulary [0, {})", t, vocab));
+    }
+  }
+  std::vector<int64_t> out;
+  try {
+    at::NoGradGuard no_grad;
+    out = model::Generate(
+        *model, prompt,
+        {.max_new_tokens = a.max_new_tokens, .temperature = a.temperature, .seed = a.seed},
+        tokenizer ? tokenizer->eos_id() : -1);
+  } catch (const c10::Error& e) {
+    return Fail(fmt::format("generation failed: {}", e.what_without_backtrace()));
+  }
+  std::string text;
+  if (tokenizer) text = tokenizer->Decode(std::vector<int32_t>(out.begin(), out.end()));
+  if (a.json) {
+    std::printf("%s\n", Dump({{"prompt_tokens", prompt}, {"tokens", out}, {"text", text}}).c_str());
+  } else if (tokenizer && !a.prompt.empty()) {
+    std::printf("%s%s\n", a.prompt.c_str(), text.c_str());
+  } else {
+    for (int64_t t : out) std::printf("%lld ", static_cast<long long>(t));
+    std::printf("\n");
+  }
+  started->access.Stop();
+  node->Shutdown();
+  return 0;
+}
+
 }  // namespace
 
 void AddExpertsCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
   auto* experts = app.add_subcommand(
-      "experts", "decentralized mixture-of-experts: host experts for the swarm (Learning@home)");
+      "experts",
+      "decentralized mixture-of-experts: host experts for the swarm, or generate with a "
+      "checkpoint whose experts they host (Learning@home)");
   experts->require_subcommand(1);
   auto a = std::make_shared<ExpertsServeArgs>();
   auto* serve = experts->add_subcommand(
@@ -192,6 +283,35 @@ void AddExpertsCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>
       ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
   commands.emplace_back(serve, [a]() { return RunExpertsServe(*a); });
+
+  auto g = std::make_shared<ExpertsGenerateArgs>();
+  auto* generate = experts->add_subcommand(
+      "generate",
+      "generate text with a Hugging Face mixture-of-experts checkpoint (Mixtral) whose experts "
+      "are hosted by 'colony experts serve --model': this process reads and runs the rest of "
+      "the model, never the experts' weights");
+  generate->add_option("--initial-peers", g->initial_peers, "multiaddr of a DHT peer (repeatable)")
+      ->check(MultiaddrCheck());
+  AddAccessOptions(generate, g->access);
+  generate->add_option("--model", g->model, "the checkpoint directory")->required();
+  generate->add_option("--grid", g->grid, "the experts' grid name (ids <grid>.<layer>.<expert>)")
+      ->capture_default_str();
+  generate->add_option("--prompt", g->prompt,
+                       "text to continue (needs tokenizer.model or tokenizer.json)");
+  generate->add_option("--tokens", g->tokens, "the prompt as token ids: 1,2,3");
+  generate->add_option("--max-new-tokens", g->max_new_tokens, "tokens to generate")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  generate->add_option("--temperature", g->temperature, "0: greedy")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  generate->add_option("--seed", g->seed, "sampling seed")->capture_default_str();
+  generate->add_option("--timeout", g->timeout, "seconds each expert call may take")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  generate->add_option("--threads", g->threads, "LibTorch threads (default: LibTorch's)");
+  generate->add_flag("--json", g->json, "print one JSON object: prompt tokens, tokens, text");
+  commands.emplace_back(generate, [g]() { return RunExpertsGenerate(*g); });
 }
 
 }  // namespace colony::cli

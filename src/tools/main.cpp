@@ -126,8 +126,9 @@ int main(int argc, char** argv) {
                      "serve generation through the swarm over HTTP, compatible with the OpenAI "
                      "API (see 'colony api --help')");
   app.add_subcommand("experts",
-                     "decentralized mixture-of-experts: host experts for the swarm "
-                     "(Learning@home; see 'colony experts serve --help')");
+                     "decentralized mixture-of-experts: host experts for the swarm, or generate "
+                     "with a checkpoint whose experts they host (Learning@home; see 'colony "
+                     "experts serve --help', 'colony experts generate --help')");
   AddServersCommand(app, commands);
   AddMonitorCommand(app, commands);
   AddDemoCommand(app, commands);

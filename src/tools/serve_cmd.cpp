@@ -30,20 +30,6 @@ namespace {
 using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-Result<std::vector<int64_t>> ParseTokens(const std::string& text) {
-  std::vector<int64_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      out.push_back(std::stoll(item));
-    } catch (const std::exception&) {
-      return InvalidArgument(fmt::format("--tokens: '{}' is not a token id", item));
-    }
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------- serve
 
 struct ServeArgs {

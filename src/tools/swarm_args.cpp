@@ -1,6 +1,10 @@
 // The model and swarm options of the commands that run a model, and starting their swarm client.
 #include "tools/swarm_args.h"
 
+#include <fmt/format.h>
+
+#include <sstream>
+
 #include "tools/commands.h"
 
 namespace colony::cli {
@@ -17,6 +21,20 @@ void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a) {
       ->check(MultiaddrCheck());
   cmd->add_option("--threads", a.threads, "LibTorch threads (0: default)");
   AddAccessOptions(cmd, a.access);
+}
+
+Result<std::vector<int64_t>> ParseTokens(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      out.push_back(std::stoll(item));
+    } catch (const std::exception&) {
+      return InvalidArgument(fmt::format("--tokens: '{}' is not a token id", item));
+    }
+  }
+  return out;
 }
 
 std::string ModelName(const SwarmArgs& a) {

@@ -24,6 +24,9 @@ struct SwarmArgs {
 
 void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a);
 
+// A prompt given as token ids: "1,2,3" (--tokens).
+Result<std::vector<int64_t>> ParseTokens(const std::string& text);
+
 // --model-name, or the directory's name.
 std::string ModelName(const SwarmArgs& a);
 

@@ -18,6 +18,7 @@
 #include "model/checkpoint.h"
 #include "model/classifier.h"
 #include "model/llama.h"
+#include "model/mixture.h"
 #include "model/rotary.h"
 #include "model/safetensors.h"
 #include "test_support.h"
@@ -415,6 +416,47 @@ TEST(LlamaConfig, NumParametersMatchesModel) {
   int64_t n = 0;
   for (const auto& p : model->parameters()) n += p.numel();
   EXPECT_EQ(n, mixtral.NumParameters());
+}
+
+// A model whose experts are remote holds its routers and no expert, computes what the full model
+// computes when a function supplies the experts (here the full model's own, standing in for
+// servers), fails clearly without one, and cannot be saved.
+TEST(LlamaModel, RemoteExpertsHoldNoExpertAndComputeTheSame) {
+  LlamaConfig c = TinyConfig();
+  c.family = ModelFamily::kMixtral;
+  c.num_experts = 3;
+  c.num_experts_per_tok = 2;
+  at::manual_seed(4);
+  LlamaModel full(c);
+  LlamaConfig rc = c;
+  rc.remote_experts = true;
+  LlamaModel remote(rc);
+  int64_t held = 0;
+  for (const auto& p : remote->parameters()) held += p.numel();
+  int64_t expert_params = 0;
+  for (const auto& p : full->block(0)->block_sparse_moe->experts->parameters()) {
+    expert_params += p.numel();
+  }
+  EXPECT_EQ(held, c.NumParameters() - c.num_layers * expert_params);
+  // Copy every weight the remote model has (same names) from the full one.
+  {
+    torch::NoGradGuard no_grad;
+    auto from = full->named_parameters();
+    for (auto& item : remote->named_parameters()) item.value().copy_(from[item.key()]);
+  }
+  torch::NoGradGuard no_grad;
+  const auto tokens = RandomTokens(2, 5, c.vocab_size);
+  EXPECT_THROW(remote->forward(tokens), c10::Error);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    auto experts = full->block(l)->block_sparse_moe->experts;
+    remote->block(l)->block_sparse_moe->set_expert_fn(
+        [experts](int64_t e, const torch::Tensor& rows) mutable {
+          return experts[static_cast<size_t>(e)]->as<ExpertMLP>()->forward(rows);
+        });
+  }
+  EXPECT_TRUE(at::allclose(remote->forward(tokens), full->forward(tokens), 1e-5, 1e-6));
+  TempDir dir;
+  EXPECT_EQ(SaveLlama(dir.path(), remote).code(), StatusCode::kInvalidArgument);
 }
 
 // ------------------------------------------------------------------------------------------

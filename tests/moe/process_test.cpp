@@ -194,19 +194,37 @@ TEST(ExpertProcesses, AMixtralCheckpointGeneratesTransformersTokensWithItsExpert
   }
   auto node = Client(*boot);
   ASSERT_NE(node, nullptr);
-  auto loaded = model::LoadLlama(model_dir);
+  auto loaded = LoadWithRemoteExperts(model_dir, *node, {.grid = "mixtral", .timeout = 30s});
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   model::LlamaModel m = *loaded;
   m->eval();
-  ASSERT_TRUE(UseRemoteExperts(m, *node, {.grid = "mixtral", .timeout = 30s}).ok());
-  // The local experts are gone: only the servers can compute them.
-  EXPECT_EQ(m->block(0)->block_sparse_moe->experts->parameters()[0].numel(), 0);
+  // The client holds no expert: only the servers can compute them.
+  EXPECT_EQ(m->block(0)->block_sparse_moe->experts->size(), 0u);
   at::NoGradGuard no_grad;
   const auto prompt = reference["prompt"].get<std::vector<int64_t>>();
+  const auto expected = reference["greedy_24"].get<std::vector<int64_t>>();
   std::vector<int64_t> greedy = prompt;
   const auto generated = model::Generate(m, prompt, {.max_new_tokens = 24});
   greedy.insert(greedy.end(), generated.begin(), generated.end());
-  EXPECT_EQ(greedy, reference["greedy_24"].get<std::vector<int64_t>>());
+  EXPECT_EQ(greedy, expected);
+  // The same through the command line.
+  std::string tokens;
+  for (int64_t t : prompt) tokens += (tokens.empty() ? "" : ",") + std::to_string(t);
+  auto cli =
+      swarm.Start("generate",
+                  {"experts", "generate", "--initial-peers", *boot, "--model", model_dir.string(),
+                   "--tokens", tokens, "--max-new-tokens", "24", "--threads", "1", "--json"},
+                  "warn", test::HangGuard(120s));
+  ASSERT_TRUE(cli.ok()) << cli.status().ToString() << swarm.Tail("generate");
+  std::vector<int64_t> from_cli = prompt;
+  const json printed = json::parse(*cli);
+  ASSERT_TRUE(printed.contains("tokens")) << *cli;
+  for (int64_t t : printed["tokens"]) from_cli.push_back(t);
+  EXPECT_EQ(from_cli, expected);
+  // A dense checkpoint has no experts to call.
+  auto dense = LoadWithRemoteExperts(fixtures / "mistral", *node, {.grid = "mixtral"});
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.status().message().find("not a mixture-of-experts"), std::string::npos);
   // An id outside the checkpoint's grid is refused by name.
   auto bad =
       swarm.Start("bad",
