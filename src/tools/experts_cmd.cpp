@@ -180,32 +180,14 @@ int RunExpertsGenerate(const ExpertsGenerateArgs& a) {
     if (!tok.ok()) return Fail(tok.status());
     tokenizer = std::move(*tok);
   }
-  std::vector<int64_t> prompt;
-  if (!a.tokens.empty()) {
-    auto t = ParseTokens(a.tokens);
-    if (!t.ok()) return Fail(t.status());
-    prompt = *t;
-  } else {
-    if (!tokenizer) {
-      return Fail(fmt::format(
-          "{} has no tokenizer.model or tokenizer.json: give the prompt as --tokens 1,2,3",
-          a.model));
-    }
-    if (tokenizer->bos_id() >= 0) prompt.push_back(tokenizer->bos_id());
-    for (int32_t id : tokenizer->Encode(a.prompt)) prompt.push_back(id);
-  }
-  const int64_t vocab = (*model)->config().vocab_size;
-  if (prompt.empty()) return Fail("the prompt is empty");
-  for (int64_t t : prompt) {
-    if (t < 0 || t >= vocab) {
-      return Fail(fmt::format("token {} is outside the vocabulary [0, {})", t, vocab));
-    }
-  }
+  auto prompt = PromptTokens(a.prompt, a.tokens, tokenizer ? &*tokenizer : nullptr, a.model,
+                             (*model)->config().vocab_size);
+  if (!prompt.ok()) return Fail(prompt.status());
   std::vector<int64_t> out;
   try {
     at::NoGradGuard no_grad;
     out = model::Generate(
-        *model, prompt,
+        *model, *prompt,
         {.max_new_tokens = a.max_new_tokens, .temperature = a.temperature, .seed = a.seed},
         tokenizer ? tokenizer->eos_id() : -1);
   } catch (const c10::Error& e) {
@@ -214,7 +196,8 @@ int RunExpertsGenerate(const ExpertsGenerateArgs& a) {
   std::string text;
   if (tokenizer) text = tokenizer->Decode(std::vector<int32_t>(out.begin(), out.end()));
   if (a.json) {
-    std::printf("%s\n", Dump({{"prompt_tokens", prompt}, {"tokens", out}, {"text", text}}).c_str());
+    std::printf("%s\n",
+                Dump({{"prompt_tokens", *prompt}, {"tokens", out}, {"text", text}}).c_str());
   } else if (tokenizer && !a.prompt.empty()) {
     std::printf("%s%s\n", a.prompt.c_str(), text.c_str());
   } else {

@@ -131,26 +131,11 @@ int RunGenerate(const GenerateArgs& a) {
   if (!started.ok()) return Fail(started.status());
   serve::SwarmClient* client = started->client.get();
   const auto& config = client->head->config();
-  std::vector<int64_t> prompt;
-  if (!a.tokens.empty()) {
-    auto t = ParseTokens(a.tokens);
-    if (!t.ok()) return Fail(t.status());
-    prompt = *t;
-  } else {
-    if (!client->tokenizer) {
-      return Fail(fmt::format(
-          "{} has no tokenizer.model or tokenizer.json: give the prompt as --tokens 1,2,3",
-          a.swarm.model));
-    }
-    if (client->tokenizer->bos_id() >= 0) prompt.push_back(client->tokenizer->bos_id());
-    for (int32_t id : client->tokenizer->Encode(a.prompt)) prompt.push_back(id);
-  }
-  if (prompt.empty()) return Fail("the prompt is empty");
-  for (int64_t t : prompt) {
-    if (t < 0 || t >= config.vocab_size) {
-      return Fail(fmt::format("token {} is outside the vocabulary [0, {})", t, config.vocab_size));
-    }
-  }
+  auto prompt_ids =
+      PromptTokens(a.prompt, a.tokens, client->tokenizer ? &*client->tokenizer : nullptr,
+                   a.swarm.model, config.vocab_size);
+  if (!prompt_ids.ok()) return Fail(prompt_ids.status());
+  const std::vector<int64_t>& prompt = *prompt_ids;
   serve::TunedWeights tuned;
   if (!a.tuned.empty()) {
     auto t = serve::LoadTuned(a.tuned, config);

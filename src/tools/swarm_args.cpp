@@ -23,15 +23,33 @@ void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a) {
   AddAccessOptions(cmd, a.access);
 }
 
-Result<std::vector<int64_t>> ParseTokens(const std::string& text) {
+Result<std::vector<int64_t>> PromptTokens(const std::string& text, const std::string& tokens,
+                                          const model::Tokenizer* tokenizer,
+                                          const std::string& model_dir, int64_t vocab) {
   std::vector<int64_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      out.push_back(std::stoll(item));
-    } catch (const std::exception&) {
-      return InvalidArgument(fmt::format("--tokens: '{}' is not a token id", item));
+  if (!tokens.empty()) {
+    std::stringstream ss(tokens);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      try {
+        out.push_back(std::stoll(item));
+      } catch (const std::exception&) {
+        return InvalidArgument(fmt::format("--tokens: '{}' is not a token id", item));
+      }
+    }
+  } else {
+    if (tokenizer == nullptr) {
+      return InvalidArgument(fmt::format(
+          "{} has no tokenizer.model or tokenizer.json: give the prompt as --tokens 1,2,3",
+          model_dir));
+    }
+    if (tokenizer->bos_id() >= 0) out.push_back(tokenizer->bos_id());
+    for (int32_t id : tokenizer->Encode(text)) out.push_back(id);
+  }
+  if (out.empty()) return InvalidArgument("the prompt is empty");
+  for (int64_t t : out) {
+    if (t < 0 || t >= vocab) {
+      return InvalidArgument(fmt::format("token {} is outside the vocabulary [0, {})", t, vocab));
     }
   }
   return out;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/tokenizer.h"
 #include "serve/swarm_client.h"
 #include "tools/access_options.h"
 
@@ -24,8 +25,12 @@ struct SwarmArgs {
 
 void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a);
 
-// A prompt given as token ids: "1,2,3" (--tokens).
-Result<std::vector<int64_t>> ParseTokens(const std::string& text);
+// The prompt's token ids: `tokens` as given ("1,2,3", --tokens), or else `text` (--prompt)
+// encoded by `tokenizer` after its BOS (an error naming `model_dir` when it has no tokenizer).
+// Not empty, every id in [0, vocab).
+Result<std::vector<int64_t>> PromptTokens(const std::string& text, const std::string& tokens,
+                                          const model::Tokenizer* tokenizer,
+                                          const std::string& model_dir, int64_t vocab);
 
 // --model-name, or the directory's name.
 std::string ModelName(const SwarmArgs& a);
