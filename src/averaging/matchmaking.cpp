@@ -24,6 +24,7 @@
 #include "averaging/group_key.h"
 #include "averaging/internal.h"
 #include "averaging/load_balance.h"
+#include "core/clock.h"
 #include "dht/validation.h"
 
 namespace colony::averaging {
@@ -284,9 +285,7 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
     }
     // The leader answers by its deadline; allow for clock skew and its DHT round trips.
     const double wait_s = std::max(0.0, leader->expiration - dht::Now()) + 3.0;
-    const SteadyTime ask_deadline =
-        std::min(step_deadline,
-                 SteadyNow() + std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000)));
+    const SteadyTime ask_deadline = std::min(step_deadline, SteadyNow() + SecondsToMillis(wait_s));
     auto answer = co_await RequestJoin(*leader, ask_deadline, gathered);
     if (!looking_) co_return Closed("the averager was shut down");
     looking_->requesting.reset();

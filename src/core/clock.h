@@ -10,6 +10,11 @@ namespace colony {
 using SteadyTime = std::chrono::steady_clock::time_point;
 using Duration = std::chrono::nanoseconds;
 
+// Fractional seconds (a command-line option, a config field) as whole milliseconds.
+inline std::chrono::milliseconds SecondsToMillis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
 class Clock {
  public:
   virtual ~Clock() = default;

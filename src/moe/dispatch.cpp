@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -230,13 +231,20 @@ Status CheckMixtureInput(const at::Tensor& x, const MixtureOptions& o) {
   return Status::Ok();
 }
 
-Gating MakeGating(const MixtureOptions& o) {
-  Gating g;
+std::vector<int64_t> GridOffsets(const std::vector<int64_t>& grid_size) {
+  std::vector<int64_t> offsets;
   int64_t total = 0;
-  for (int64_t n : o.grid_size) {
-    g.offsets.push_back(total);
+  for (int64_t n : grid_size) {
+    offsets.push_back(total);
     total += n;
   }
+  return offsets;
+}
+
+Gating MakeGating(const MixtureOptions& o) {
+  Gating g;
+  g.offsets = GridOffsets(o.grid_size);
+  const int64_t total = std::accumulate(o.grid_size.begin(), o.grid_size.end(), int64_t{0});
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   const double bound = 1.0 / std::sqrt(static_cast<double>(o.hidden));
   g.weight = at::empty({total, o.hidden}, at::kFloat).uniform_(-bound, bound, gen).requires_grad_();
@@ -253,13 +261,8 @@ struct ExpertDispatcher::Impl {
   std::shared_ptr<Counters> counters = std::make_shared<Counters>();
   std::map<std::string, std::shared_ptr<RemoteExpert>> experts;  // by uid and servers
 
-  Impl(dht::Node& n, MixtureOptions o) : node(n), options(std::move(o)) {
-    int64_t total = 0;
-    for (int64_t size : options.grid_size) {
-      offsets.push_back(total);
-      total += size;
-    }
-  }
+  Impl(dht::Node& n, MixtureOptions o)
+      : node(n), options(std::move(o)), offsets(GridOffsets(options.grid_size)) {}
 
   std::shared_ptr<RemoteExpert> ExpertFor(const RemoteExpertInfo& info) {
     std::string key = info.uid;

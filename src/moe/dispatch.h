@@ -48,6 +48,9 @@ Status CheckMixtureOptions(const MixtureOptions& options);
 // x must be float32 [1..65536, hidden] (and finite with detect_anomalies).
 Status CheckMixtureInput(const at::Tensor& x, const MixtureOptions& options);
 
+// Where each grid dimension's scores start in the gating's output: 0, n0, n0 + n1, ...
+std::vector<int64_t> GridOffsets(const std::vector<int64_t>& grid_size);
+
 // A linear gating over the grid: weight [sum(grid_size), hidden] and bias [sum(grid_size)],
 // trainable, initialised as torch.nn.Linear from `seed`; offsets[d] is where dimension d's
 // scores start in its output.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "model/llama.h"
 #include "moe/mixture.h"
@@ -18,10 +19,6 @@ namespace {
 using train::LmData;
 using train::Task;
 using train::TaskOptions;
-
-std::chrono::milliseconds Ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
 
 class MoeLmTask final : public Task {
  public:
@@ -57,8 +54,8 @@ class MoeLmTask final : public Task {
       // An expert that answered the forward but not the backward only costs its gradient (its
       // server may have gone in between); the batch goes on.
       o.backward_k_min = 0;
-      o.forward_timeout = o.backward_timeout = Ms(options_.moe_timeout);
-      o.timeout_after_k_min = Ms(options_.moe_timeout_after_k_min);
+      o.forward_timeout = o.backward_timeout = SecondsToMillis(options_.moe_timeout);
+      o.timeout_after_k_min = SecondsToMillis(options_.moe_timeout_after_k_min);
       // A token whose experts all failed keeps its residual stream (the batch goes on); a batch
       // in which no expert answered at all is an error (TrainBatch).
       o.allow_zero_outputs = true;

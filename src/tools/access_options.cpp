@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/clock.h"
 #include "tools/record_rules.h"
 
 namespace colony::cli {
@@ -90,8 +91,8 @@ void SwarmAccess::Attach(dht::Node& node) {
   if (!control) return;
   if (source) refresher = std::make_unique<net::TokenRefresher>(node.host(), *source);
   if (control->options().authority) {
-    watcher = std::make_unique<dht::RevocationWatcher>(
-        node, control, std::chrono::milliseconds(static_cast<int64_t>(revocation_interval * 1000)));
+    watcher = std::make_unique<dht::RevocationWatcher>(node, control,
+                                                       SecondsToMillis(revocation_interval));
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "api/chat_template.h"
 #include "api/service.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "http/server.h"
 #include "tools/commands.h"
@@ -57,13 +58,12 @@ int RunApi(const ApiArgs& a) {
         a.swarm.model));
   }
   api::ApiService service(*started->client, options);
-  http::ServerOptions http_options{
-      .host = where->first,
-      .port = where->second,
-      .max_body_bytes = a.max_body_bytes,
-      .max_concurrent_requests = a.max_concurrent,
-      .max_connections = a.max_connections,
-      .request_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.request_timeout * 1000))};
+  http::ServerOptions http_options{.host = where->first,
+                                   .port = where->second,
+                                   .max_body_bytes = a.max_body_bytes,
+                                   .max_concurrent_requests = a.max_concurrent,
+                                   .max_connections = a.max_connections,
+                                   .request_timeout = SecondsToMillis(a.request_timeout)};
   auto server = http::Server::Start(http_options, service.Routes());
   if (!server.ok()) return Fail(server.status().WithContext("--http"));
   const std::string host =

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "averaging/averager.h"
+#include "core/clock.h"
 #include "core/multiaddr.h"
 #include "dht/node.h"
 #include "tools/access_options.h"
@@ -64,10 +65,6 @@ struct AverageArgs {
 void Emit(const nlohmann::json& j) {
   std::printf("%s\n", Dump(j).c_str());
   std::fflush(stdout);
-}
-
-std::chrono::milliseconds Ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
 int Run(const AverageArgs& a) {
@@ -128,13 +125,13 @@ int Run(const AverageArgs& a) {
   options.mode = *mode;
   options.target_group_size = a.target_group_size;
   options.min_group_size = a.min_group_size;
-  options.matchmaking_time = Ms(a.matchmaking_time);
+  options.matchmaking_time = SecondsToMillis(a.matchmaking_time);
   options.group_bits = a.group_bits;
   options.codec = *codec;
   options.part_size_bytes = a.part_size_kib * 1024;
   options.bandwidth = a.bandwidth_mbps * 1e6 / 8;
   options.max_send_rate = a.max_send_mbps * 1e6 / 8;
-  options.part_timeout = Ms(a.part_timeout);
+  options.part_timeout = SecondsToMillis(a.part_timeout);
   if (a.clip_tau > 0)
     options.centered_clip = averaging::CenteredClipOptions{a.clip_tau, a.clip_iterations};
   options.testing.fault = *fault;
@@ -161,7 +158,7 @@ int Run(const AverageArgs& a) {
   }
   if (a.load_state) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto state = (*averager)->LoadStateFromPeersSync({.timeout = Ms(a.timeout)});
+    auto state = (*averager)->LoadStateFromPeersSync({.timeout = SecondsToMillis(a.timeout)});
     nlohmann::json j{{"event", "state"}, {"ok", state.ok()}};
     if (state.ok()) {
       uint64_t n = 0;
@@ -188,7 +185,7 @@ int Run(const AverageArgs& a) {
     auto result = (*averager)->StepSync(
         {.weight = a.weight,
          .gather = a.gather.empty() ? (*node)->peer_id().ToString() : a.gather,
-         .timeout = Ms(a.timeout)});
+         .timeout = SecondsToMillis(a.timeout)});
     const auto after = (*node)->host().TotalStats();
     nlohmann::json j{{"event", "round"}, {"round", r}, {"ok", result.ok()}};
     j["bytes_sent"] = after.bytes_sent - before.bytes_sent;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "dht/node.h"
 #include "model/tokenizer.h"
@@ -120,8 +121,7 @@ int RunExpertsServe(const ExpertsServeArgs& a) {
   }
   o.max_batch = a.max_batch;
   o.checkpoint_dir = a.checkpoint_dir;
-  o.checkpoint_interval =
-      std::chrono::milliseconds(static_cast<int64_t>(a.checkpoint_every * 1000));
+  o.checkpoint_interval = SecondsToMillis(a.checkpoint_every);
   auto server = moe::ExpertServer::Start(*node, o);
   if (!server.ok()) return Fail(server.status().WithContext("starting the expert server"));
   nlohmann::json addrs = nlohmann::json::array();
@@ -168,10 +168,8 @@ int RunExpertsGenerate(const ExpertsGenerateArgs& a) {
   auto started = StartSwarmNode(a.access, std::move(node_options));
   if (!started.ok()) return Fail(started.status());
   std::unique_ptr<dht::Node>& node = started->node;
-  auto model = moe::LoadWithRemoteExperts(
-      a.model, *node,
-      {.grid = a.grid,
-       .timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout * 1000))});
+  auto model = moe::LoadWithRemoteExperts(a.model, *node,
+                                          {.grid = a.grid, .timeout = SecondsToMillis(a.timeout)});
   if (!model.ok()) return Fail(model.status().WithContext("--model"));
   (*model)->eval();
   std::optional<model::Tokenizer> tokenizer;

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "dht/node.h"
 #include "http/server.h"
@@ -26,10 +27,6 @@ struct MonitorArgs {
   AccessArgs access;
 };
 
-std::chrono::milliseconds Millis(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
-
 int RunMonitor(const MonitorArgs& a) {
   auto where = ParseHostPort(a.http);
   if (!where.ok()) return Fail(where.status());
@@ -46,7 +43,8 @@ int RunMonitor(const MonitorArgs& a) {
   if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
   access->Attach(**node);
   auto collector = monitor::Collector::Start(
-      **node, {.refresh = Millis(a.refresh), .ping_timeout = Millis(a.ping_timeout)});
+      **node,
+      {.refresh = SecondsToMillis(a.refresh), .ping_timeout = SecondsToMillis(a.ping_timeout)});
   if (!collector.ok()) return Fail(collector.status());
   auto server = http::Server::Start({.host = where->first,
                                      .port = where->second,

@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "dht/node.h"
 #include "model/checkpoint.h"
@@ -72,7 +73,7 @@ int RunServe(const ServeArgs& a) {
   o.max_length = a.max_length;
   o.torch_threads = a.swarm.threads;
   o.throughput_override = a.throughput;
-  o.session_idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.idle_timeout * 1000));
+  o.session_idle_timeout = SecondsToMillis(a.idle_timeout);
   o.rebalance = !a.no_rebalance;
   if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "compression/codec.h"
+#include "core/clock.h"
 #include "moe/lm_task.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
@@ -29,10 +30,6 @@ using Json = nlohmann::json;
 
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
-
-std::chrono::milliseconds Ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
 
 std::string Bytes(uint64_t b) {
   if (b >= (1ull << 30)) return fmt::format("{:.2f} GB", static_cast<double>(b) / (1 << 30));
@@ -126,10 +123,10 @@ Result<train::TrainerOptions> ToOptions(const TrainFlags& f) {
   COLONY_ASSIGN_OR_RETURN(c.grad_codec, compression::ParseCodec(f.grad_codec));
   COLONY_ASSIGN_OR_RETURN(c.diloco_codec, compression::ParseCodec(f.diloco_codec));
   COLONY_ASSIGN_OR_RETURN(c.testing.fault, averaging::ParseFault(f.fault));
-  c.matchmaking_time = Ms(f.matchmaking_time);
-  c.averaging_timeout = Ms(f.averaging_timeout);
-  c.load_state_timeout = Ms(f.averaging_timeout);
-  c.rejoin_after = Ms(f.rejoin_after);
+  c.matchmaking_time = SecondsToMillis(f.matchmaking_time);
+  c.averaging_timeout = SecondsToMillis(f.averaging_timeout);
+  c.load_state_timeout = SecondsToMillis(f.averaging_timeout);
+  c.rejoin_after = SecondsToMillis(f.rejoin_after);
   c.bandwidth = f.bandwidth_mbps * 1e6 / 8;
   c.max_send_rate = f.max_send_mbps * 1e6 / 8;
   o.stop = &g_stop;
