@@ -203,6 +203,7 @@ struct ExpertServer::Impl {
     if (hosted == nullptr) co_return Refuse(InvalidArgument("an expert call without a request"));
     std::vector<at::Tensor> in;
     for (auto& p : parts) in.push_back(p.size() == 1 ? p[0] : at::cat(p, 0));
+    parts.clear();  // the chunks' bytes are counted once, in `in`
     // Not a conditional expression of two co_awaits: g++ 12 miscompiles those.
     Result<at::Tensor> out = Unavailable("not computed");
     if (backward) {
