@@ -112,6 +112,11 @@ Host::~Host() { Shutdown(); }
 
 Status Host::Start() {
   if (started_) return FailedPrecondition("host already started");
+  if (!options_.dial_from.empty()) {
+    std::error_code ec;
+    (void)asio::ip::make_address(options_.dial_from, ec);
+    if (ec) return InvalidArgument("dial_from '" + options_.dial_from + "' is not an IP address");
+  }
   for (const Multiaddr& addr : options_.listen) {
     if (!addr.is_ip()) {
       return InvalidArgument("cannot listen on " + addr.ToString() +
@@ -331,6 +336,16 @@ void Host::OnConnectionClosed(Connection* conn) {
     while (!it->second.empty() && !it->second.back()) it->second.pop_back();
     if (it->second.empty()) pool_.erase(it);
   }
+  if (auto a = inbound_address_of_.find(conn); a != inbound_address_of_.end()) {
+    if (auto in = inbound_.find(a->second); in != inbound_.end()) {
+      std::erase_if(in->second.open, [conn](const std::weak_ptr<Connection>& c) {
+        auto locked = c.lock();
+        return !locked || locked.get() == conn;
+      });
+      if (in->second.handshakes == 0 && in->second.open.empty()) inbound_.erase(in);
+    }
+    inbound_address_of_.erase(a);
+  }
   auto stats = conn->stats();
   closed_bytes_sent_ += stats.bytes_sent;
   closed_bytes_received_ += stats.bytes_received;
@@ -377,20 +392,115 @@ asio::awaitable<void> Host::AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> 
       co_await t.async_wait(kUse);
       continue;
     }
+    std::string key;
+    std::shared_ptr<Connection> evict;
     {
       std::lock_guard lock(mu_);
       if (shut_down_) co_return;
-      if (connection_count_ >= options_.max_connections) {
-        COLONY_LOG_WARN("refusing a connection: already {} open (limit)", connection_count_);
+      std::error_code ep_error;
+      const auto remote = socket.remote_endpoint(ep_error);
+      Status reserved = ep_error ? Unavailable("the connection closed at once")
+                                 : ReserveInbound(remote.address(), &key, &evict);
+      if (!reserved.ok()) {
+        // A flood may knock often: log the first refusals, then every 1000th.
+        const uint64_t n =
+            slot_refusals_.per_address + slot_refusals_.handshakes + slot_refusals_.full;
+        if (n <= 10 || n % 1000 == 0) {
+          COLONY_LOG_WARN("refusing a connection: {} (refusal {})", reserved.message(), n);
+        }
         std::error_code ignored;
         socket.close(ignored);
         continue;
       }
-      ++connection_count_;  // reserved during the handshake
     }
-    auto handle = HandleIncoming(std::move(socket), strand, std::nullopt);
+    if (evict) {
+      evict->Shutdown("evicted: its address holds the most connections and the host is full");
+    }
+    auto handle = HandleIncoming(std::move(socket), strand, std::nullopt, std::move(key));
     asio::co_spawn(strand, std::move(handle), asio::detached);
   }
+}
+
+Status Host::ReserveInbound(const asio::ip::address& ip, std::string* key,
+                            std::shared_ptr<Connection>* evict) {
+  const bool exempt = ip.is_loopback() && !options_.limit_loopback_addresses;
+  if (exempt) {
+    if (connection_count_ >= options_.max_connections) {
+      ++slot_refusals_.full;
+      return ResourceExhausted("already " + std::to_string(connection_count_) +
+                               " connections open (max_connections)");
+    }
+    ++connection_count_;  // reserved during the handshake
+    return Status::Ok();
+  }
+  const std::string address = ip.to_string();
+  auto held = [](InboundAddress& a) {
+    std::erase_if(a.open, [](const std::weak_ptr<Connection>& c) { return c.expired(); });
+    return a.handshakes + a.open.size();
+  };
+  InboundAddress& mine = inbound_[address];
+  const size_t own = held(mine);
+  if (own >= options_.max_connections_per_address) {
+    ++slot_refusals_.per_address;
+    return ResourceExhausted(address + " already holds " + std::to_string(own) +
+                             " connections (max_connections_per_address)");
+  }
+  if (mine.handshakes >= options_.max_handshakes_per_address) {
+    ++slot_refusals_.handshakes;
+    return ResourceExhausted(address + " already has " + std::to_string(mine.handshakes) +
+                             " handshakes running (max_handshakes_per_address)");
+  }
+  if (connection_count_ >= options_.max_connections) {
+    // Fair eviction: the address holding the most inbound connections gives one up, when it
+    // holds at least two more than the newcomer's (so that two addresses cannot evict each
+    // other back and forth).
+    InboundAddress* heaviest = nullptr;
+    size_t most = own + 1;
+    for (auto& [other, a] : inbound_) {
+      if (other == address || a.open.empty()) continue;
+      if (const size_t n = held(a); n > most) {
+        most = n;
+        heaviest = &a;
+      }
+    }
+    std::shared_ptr<Connection> victim;
+    if (heaviest) {
+      for (auto it = heaviest->open.rbegin(); it != heaviest->open.rend() && !victim; ++it) {
+        victim = it->lock();
+      }
+    }
+    if (!victim) {
+      ++slot_refusals_.full;
+      if (held(mine) == 0) inbound_.erase(address);
+      return ResourceExhausted("already " + std::to_string(connection_count_) +
+                               " connections open (max_connections)");
+    }
+    ++slot_refusals_.evicted;
+    *evict = std::move(victim);
+  }
+  ++mine.handshakes;
+  ++connection_count_;  // reserved during the handshake
+  *key = address;
+  return Status::Ok();
+}
+
+void Host::EndInboundHandshake(const std::string& key, const std::shared_ptr<Connection>& conn) {
+  if (key.empty()) return;
+  std::lock_guard lock(mu_);
+  auto it = inbound_.find(key);
+  if (it == inbound_.end()) return;
+  if (it->second.handshakes > 0) --it->second.handshakes;
+  // A connection that closed already was not counted by OnConnectionClosed: leave it out.
+  if (conn && !conn->closed()) {
+    it->second.open.push_back(conn);
+    inbound_address_of_[conn.get()] = key;
+  }
+  if (it->second.handshakes == 0 && it->second.open.empty()) inbound_.erase(it);
+}
+
+Host::SlotRefusals Host::slot_refusals() const {
+  std::lock_guard lock(mu_);
+  return slot_refusals_;
 }
 
 void Host::AdoptRelayed(asio::ip::tcp::socket socket, Strand strand, Multiaddr relay) {
@@ -408,7 +518,8 @@ void Host::AdoptRelayed(asio::ip::tcp::socket socket, Strand strand, Multiaddr r
 }
 
 asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand strand,
-                                           std::optional<Multiaddr> relay) {
+                                           std::optional<Multiaddr> relay,
+                                           std::string inbound_key) {
   std::error_code ec;
   auto remote_ep = socket.remote_endpoint(ec);
   Multiaddr remote = ec ? Multiaddr() : FromEndpoint(remote_ep);
@@ -449,6 +560,7 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
     }
     std::error_code ignored;
     socket.close(ignored);
+    EndInboundHandshake(inbound_key, nullptr);
     std::lock_guard lock(mu_);
     --connection_count_;
     all_closed_.notify_all();
@@ -469,6 +581,7 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
       [this](const std::string& m) { return LookupHandler(m); },
       [this](Connection* c) { OnConnectionClosed(c); });
   AddConnection(conn, 0);
+  EndInboundHandshake(inbound_key, conn);
   if (lanes_in_use >= options_.max_connections_per_peer) {
     conn->Shutdown("too many connections from one peer (limit " +
                    std::to_string(options_.max_connections_per_peer) + ")");
@@ -580,7 +693,28 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
       socket.close(ignored);
     }
   });
-  auto [ec, ep] = co_await asio::async_connect(socket, endpoints, kUse);
+  std::error_code ec;
+  asio::ip::tcp::endpoint ep;
+  if (options_.dial_from.empty()) {
+    std::tie(ec, ep) = co_await asio::async_connect(socket, endpoints, kUse);
+  } else {
+    // From a chosen local address: each endpoint of its family on a socket bound to it.
+    std::error_code bad;
+    const asio::ip::address from = asio::ip::make_address(options_.dial_from, bad);
+    ec = bad ? bad : std::error_code(asio::error::address_family_not_supported);
+    for (size_t i = 0; !bad && i < endpoints.size() && !state->timed_out; ++i) {
+      if (endpoints[i].address().is_v4() != from.is_v4()) continue;
+      std::error_code ignored;
+      socket.close(ignored);
+      socket.open(endpoints[i].protocol(), ec);
+      if (!ec) socket.bind({from, 0}, ec);
+      if (!ec) std::tie(ec) = co_await socket.async_connect(endpoints[i], kUse);
+      if (!ec) {
+        ep = endpoints[i];
+        break;
+      }
+    }
+  }
   if (ec) {
     state->finished = true;
     timer.cancel();

@@ -49,6 +49,17 @@ struct HostOptions {
   std::chrono::milliseconds default_call_timeout{30'000};
   size_t max_connections = 1024;
   size_t max_connections_per_peer = 8;
+  // Slots one source address may hold (docs/security.md): inbound connections, handshaking or
+  // open, and handshakes in progress from one IP address. Identities cost nothing to create, so
+  // caps that hold are per address. At max_connections, a newcomer from an address that holds
+  // fewer inbound connections than the heaviest address evicts one of the heaviest's.
+  size_t max_connections_per_address = 128;
+  size_t max_handshakes_per_address = 32;
+  // A swarm on one machine shares 127.0.0.1, so loopback sources are exempt unless this is set.
+  bool limit_loopback_addresses = false;
+  // The local IP address outgoing dials are made from (a multi-homed machine; tests that play a
+  // second machine from 127.0.0.2). Empty: the kernel's choice.
+  std::string dial_from = {};
   // Memory that remote peers can make this host hold, over all its connections (each connection
   // also has its own limits in ConnectionOptions): replies its handlers are sending (held until
   // the peer gives credit and the bytes are sealed), and incoming messages (from their first
@@ -126,6 +137,13 @@ class Host {
     std::string last;    // the last one's reason
   };
   AccessRefusals access_refusals() const;
+  struct SlotRefusals {
+    uint64_t per_address = 0;  // inbound connections refused: their address held its cap
+    uint64_t handshakes = 0;   // refused: their address had its cap of handshakes running
+    uint64_t full = 0;         // refused at max_connections (no heavier address to evict)
+    uint64_t evicted = 0;      // connections closed to make room for a lighter address
+  };
+  SlotRefusals slot_refusals() const;
   // Our address as peers have reported seeing it: at most kMaxObservedAddresses, those that
   // more peers reported first (observed_addresses.h).
   std::vector<std::string> ObservedAddresses() const;
@@ -180,8 +198,17 @@ class Host {
 
  private:
   asio::awaitable<void> AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> acceptor);
+  // Reserves a slot for an inbound connection from `ip` (held until its handshake fails or the
+  // connection closes): an error naming the cap when none is free. `key` receives the address
+  // the slot is counted under (empty: exempt). `evict` receives a connection to close (after
+  // releasing mu_) to make room. Called with mu_ held.
+  Status ReserveInbound(const asio::ip::address& ip, std::string* key,
+                        std::shared_ptr<Connection>* evict);
+  // The handshake from `key` ended: with `conn` open, or failed (null).
+  void EndInboundHandshake(const std::string& key, const std::shared_ptr<Connection>& conn);
   asio::awaitable<void> HandleIncoming(asio::ip::tcp::socket socket, Strand strand,
-                                       std::optional<Multiaddr> relay);
+                                       std::optional<Multiaddr> relay,
+                                       std::string inbound_key = {});
   asio::awaitable<Result<std::shared_ptr<Connection>>> ConnectOnDialStrand(Multiaddr address,
                                                                            size_t lane);
   asio::awaitable<Result<std::shared_ptr<Connection>>> Dial(Multiaddr address, size_t lane);
@@ -229,6 +256,14 @@ class Host {
   std::unordered_map<std::string, PeerId> peer_at_address_;
   ObservedAddressBook observed_;
   size_t connection_count_ = 0;
+  // Inbound slots by source IP address (guarded by mu_).
+  struct InboundAddress {
+    size_t handshakes = 0;
+    std::vector<std::weak_ptr<Connection>> open;
+  };
+  std::unordered_map<std::string, InboundAddress> inbound_;
+  std::unordered_map<const Connection*, std::string> inbound_address_of_;
+  SlotRefusals slot_refusals_;
   std::condition_variable all_closed_;
   size_t dialbacks_in_flight_ = 0;       // net.dialback probes running (guarded by mu_)
   std::unordered_set<PeerId> punching_;  // peers a hole punch runs to (guarded by mu_)

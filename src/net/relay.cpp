@@ -131,25 +131,44 @@ asio::awaitable<Status> RequestCircuit(tcp::socket& socket, const PeerId& target
 struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   struct Reservation {
     std::shared_ptr<Stream> stream;
+    std::string address;  // the holder's IP address, as limited (empty: exempt)
     size_t circuits = 0;  // open or being set up for this peer (on strand)
+  };
+  // A circuit-port socket's place in its source address's count, given back when destroyed.
+  struct AddressSlot {
+    std::weak_ptr<Impl> relay;
+    std::string address;
+    AddressSlot(std::weak_ptr<Impl> r, std::string a)
+        : relay(std::move(r)), address(std::move(a)) {}
+    ~AddressSlot() {
+      if (auto r = relay.lock()) r->ReleaseAddress(address);
+    }
+    AddressSlot(const AddressSlot&) = delete;
+    AddressSlot& operator=(const AddressSlot&) = delete;
   };
   // A CONNECT waiting for the reserved peer's ACCEPT (on strand).
   struct Pending {
     PeerId target;
     std::string token;
     std::optional<tcp::socket> accepted;
+    std::shared_ptr<AddressSlot> accepted_slot;
     std::shared_ptr<asio::steady_timer> timer;
   };
   struct Circuit {
     tcp::socket a, b;
     std::shared_ptr<Reservation> res;  // its circuit count drops when this closes
+    std::shared_ptr<AddressSlot> slot_a, slot_b;
     int pumps_left = 2;
+    SteadyTime last_activity = std::chrono::steady_clock::now();
+    std::optional<SteadyTime> half_closed_at;
+    std::shared_ptr<asio::steady_timer> watch;  // Watch()'s timer, cancelled by Close()
     Circuit(tcp::socket x, tcp::socket y, std::shared_ptr<Reservation> r)
         : a(std::move(x)), b(std::move(y)), res(std::move(r)) {}
     void Close() {
       std::error_code ignored;
       a.close(ignored);
       b.close(ignored);
+      if (watch) watch->cancel();
     }
   };
 
@@ -173,14 +192,43 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   size_t unidentified = 0;  // sockets still sending their request line
   SteadyTime total_next{};
 
-  std::atomic<uint64_t> circuits_total{0}, rejected{0}, bytes_relayed{0};
+  std::atomic<uint64_t> circuits_total{0}, rejected{0}, reclaimed{0}, bytes_relayed{0};
+
+  // Circuit-port sockets per limited source address.
+  std::mutex address_mu;
+  std::unordered_map<std::string, size_t> sockets_per_address;
+
+  // The address `host` is limited under (empty: exempt, a loopback address unless
+  // limit_loopback_addresses).
+  std::string Limited(const std::string& ip_text) const {
+    std::error_code ec;
+    const auto ip = asio::ip::make_address(ip_text, ec);
+    if (ec || (ip.is_loopback() && !options.limit_loopback_addresses)) return {};
+    return ip.to_string();
+  }
+  // A slot for a socket from `address`, or null when the address holds its cap.
+  std::shared_ptr<AddressSlot> TakeAddress(const std::string& source) {
+    std::lock_guard lock(address_mu);
+    size_t& n = sockets_per_address[source];
+    if (!source.empty() && n >= options.max_circuit_sockets_per_address) return nullptr;
+    ++n;
+    return std::make_shared<AddressSlot>(weak_from_this(), source);
+  }
+  void ReleaseAddress(const std::string& source) {
+    std::lock_guard lock(address_mu);
+    auto it = sockets_per_address.find(source);
+    if (it != sockets_per_address.end() && --it->second == 0) sockets_per_address.erase(it);
+  }
   std::atomic<size_t> open_circuits{0};
 
   asio::awaitable<Status> Serve(CallContext& ctx);
   asio::awaitable<void> AcceptLoop();
   asio::awaitable<void> HandleCircuitSocket(tcp::socket socket);
-  asio::awaitable<void> Connect(tcp::socket socket, PeerId target);
+  asio::awaitable<void> Connect(tcp::socket socket, std::shared_ptr<AddressSlot> slot,
+                                PeerId target);
   asio::awaitable<void> Pump(std::shared_ptr<Circuit> c, bool a_to_b);
+  // Closes the circuit when it stays silent or half-closed too long.
+  asio::awaitable<void> Watch(std::shared_ptr<Circuit> c);
   void Stop();
 };
 
@@ -189,6 +237,7 @@ asio::awaitable<Status> Relay::Impl::Serve(CallContext& ctx) {
   const PeerId peer = ctx.peer();
   auto res = std::make_shared<Reservation>();
   res->stream = stream;
+  res->address = Limited(ctx.remote_address().host());
   std::shared_ptr<Reservation> replaced;
   {
     std::lock_guard lock(mu);
@@ -197,6 +246,17 @@ asio::awaitable<Status> Relay::Impl::Serve(CallContext& ctx) {
       ++rejected;
       co_return ResourceExhausted("the relay holds " + std::to_string(reservations.size()) +
                                   " reservations (its limit); try another relay");
+    }
+    if (!res->address.empty()) {
+      size_t same = 0;
+      for (const auto& [holder, r] : reservations) {
+        same += holder != peer && r->address == res->address;
+      }
+      if (same >= options.max_reservations_per_address) {
+        ++rejected;
+        co_return ResourceExhausted(res->address + " holds " + std::to_string(same) +
+                                    " reservations at this relay (its limit per address)");
+      }
     }
     auto& slot = reservations[peer];
     replaced = slot;
@@ -249,6 +309,14 @@ asio::awaitable<void> Relay::Impl::HandleCircuitSocket(tcp::socket socket) {
     ++rejected;
     co_return;  // closes the socket
   }
+  std::error_code ep_error;
+  const auto remote = socket.remote_endpoint(ep_error);
+  if (ep_error) co_return;
+  std::shared_ptr<AddressSlot> slot = TakeAddress(Limited(remote.address().to_string()));
+  if (!slot) {
+    ++rejected;
+    co_return;  // closes the socket
+  }
   // The request line must come in time.
   ++unidentified;
   auto socket_ptr = &socket;
@@ -276,7 +344,7 @@ asio::awaitable<void> Relay::Impl::HandleCircuitSocket(tcp::socket socket) {
     co_return;
   }
   if (request->kind == RelayRequest::Kind::kConnect) {
-    co_await Connect(std::move(socket), request->target);
+    co_await Connect(std::move(socket), std::move(slot), request->target);
     co_return;
   }
   // ACCEPT: the reserved peer comes for its circuit.
@@ -289,10 +357,12 @@ asio::awaitable<void> Relay::Impl::HandleCircuitSocket(tcp::socket socket) {
     co_return;
   }
   it->second->accepted.emplace(std::move(socket));
+  it->second->accepted_slot = std::move(slot);
   it->second->timer->cancel();
 }
 
-asio::awaitable<void> Relay::Impl::Connect(tcp::socket socket, PeerId target) {
+asio::awaitable<void> Relay::Impl::Connect(tcp::socket socket, std::shared_ptr<AddressSlot> slot,
+                                           PeerId target) {
   std::shared_ptr<Reservation> res;
   {
     std::lock_guard lock(mu);
@@ -370,6 +440,8 @@ asio::awaitable<void> Relay::Impl::Connect(tcp::socket socket, PeerId target) {
   KeepAlive(socket);
   KeepAlive(*other);
   auto c = std::make_shared<Circuit>(std::move(socket), std::move(*other), res);
+  c->slot_a = std::move(slot);
+  c->slot_b = std::move(p->accepted_slot);
   circuits.insert(c);
   ++circuits_total;
   ++open_circuits;
@@ -377,8 +449,33 @@ asio::awaitable<void> Relay::Impl::Connect(tcp::socket socket, PeerId target) {
   auto self = shared_from_this();
   auto forward = [self, c]() -> asio::awaitable<void> { co_await self->Pump(c, true); };
   auto backward = [self, c]() -> asio::awaitable<void> { co_await self->Pump(c, false); };
+  auto watch = [self, c]() -> asio::awaitable<void> { co_await self->Watch(c); };
   asio::co_spawn(strand, std::move(forward), asio::detached);
   asio::co_spawn(strand, std::move(backward), asio::detached);
+  asio::co_spawn(strand, std::move(watch), asio::detached);
+}
+
+asio::awaitable<void> Relay::Impl::Watch(std::shared_ptr<Circuit> c) {
+  const auto tick = std::max<std::chrono::milliseconds>(
+      std::chrono::milliseconds(10),
+      std::min(options.circuit_idle_timeout, options.half_closed_timeout) / 4);
+  c->watch = std::make_shared<asio::steady_timer>(strand);
+  auto timer = c->watch;
+  while (c->pumps_left > 0 && c->a.is_open()) {
+    timer->expires_after(tick);
+    co_await timer->async_wait(kUse);
+    if (c->pumps_left == 0 || !c->a.is_open()) break;
+    const auto now = std::chrono::steady_clock::now();
+    const bool silent = now - c->last_activity > options.circuit_idle_timeout;
+    const bool hanging =
+        c->half_closed_at && now - *c->half_closed_at > options.half_closed_timeout;
+    if (silent || hanging) {
+      ++reclaimed;
+      COLONY_LOG_DEBUG("relay: closing a {} circuit", silent ? "silent" : "half-closed");
+      c->Close();
+      break;
+    }
+  }
 }
 
 asio::awaitable<void> Relay::Impl::Pump(std::shared_ptr<Circuit> c, bool a_to_b) {
@@ -392,12 +489,14 @@ asio::awaitable<void> Relay::Impl::Pump(std::shared_ptr<Circuit> c, bool a_to_b)
       // End of one direction: pass the half-close on; an error closes the whole circuit.
       std::error_code ignored;
       if (ec == asio::error::eof) {
+        if (!c->half_closed_at) c->half_closed_at = std::chrono::steady_clock::now();
         to.shutdown(tcp::socket::shutdown_send, ignored);
       } else {
         c->Close();
       }
       break;
     }
+    c->last_activity = std::chrono::steady_clock::now();
     next = Pace(next, n, options.max_circuit_rate);
     total_next = Pace(total_next, n, options.max_total_rate);
     const SteadyTime until = std::max(next, total_next);
@@ -498,6 +597,7 @@ RelayStats Relay::stats() const {
   s.circuits = impl_->open_circuits.load();
   s.circuits_total = impl_->circuits_total.load();
   s.rejected = impl_->rejected.load();
+  s.reclaimed = impl_->reclaimed.load();
   s.bytes_relayed = impl_->bytes_relayed.load();
   return s;
 }

@@ -12,8 +12,9 @@
 //   3. the relay answers OK to both and from then on copies bytes between the two sockets;
 //   4. the two peers run the normal secure handshake through it, end to end: the dialer checks
 //      the reserved peer's identity, the relay sees only ciphertext and cannot forge a byte.
-// Limits per relay: reservations, circuits (in all and per reserved peer), bytes per second per
-// circuit and in all, and how long a reserved peer may take to answer.
+// Limits per relay: reservations (in all and per source address), circuits (in all, per reserved
+// peer and per source address), bytes per second per circuit and in all, how long a reserved peer
+// may take to answer, and how long a circuit may stay silent or half-closed.
 //
 // The relay splices TCP sockets rather than tunnelling streams of its own connections: the
 // relayed connection is then an ordinary Connection on both ends (flow control, keepalive,
@@ -48,6 +49,18 @@ struct RelayOptions {
   std::chrono::milliseconds accept_timeout{10'000};
   // A reservation lasts this long; holders renew it (RelayReservation does).
   std::chrono::milliseconds reservation_ttl{30 * 60 * 1000};
+  // What one source IP address may hold (identities are free; addresses are not): reservations,
+  // and sockets on the circuit port (sending their request, waiting for the reserved peer, or
+  // spliced). A swarm on one machine shares 127.0.0.1, so loopback is exempt unless
+  // limit_loopback_addresses is set.
+  size_t max_reservations_per_address = 8;
+  size_t max_circuit_sockets_per_address = 32;
+  bool limit_loopback_addresses = false;
+  // A circuit that carried no byte either way for this long is closed (a Colony connection pings
+  // every 15 s when idle, so only a silent or dead one is), and so is one that one side
+  // half-closed and the other did not follow within half_closed_timeout.
+  std::chrono::milliseconds circuit_idle_timeout{120'000};
+  std::chrono::milliseconds half_closed_timeout{10'000};
 };
 
 struct RelayStats {
@@ -55,6 +68,7 @@ struct RelayStats {
   size_t circuits = 0;          // open now
   uint64_t circuits_total = 0;  // established since start
   uint64_t rejected = 0;        // requests refused (no reservation, limits, bad token, timeouts)
+  uint64_t reclaimed = 0;       // circuits closed for silence or a half-close left hanging
   uint64_t bytes_relayed = 0;
 };
 

@@ -1,0 +1,272 @@
+// Attacks on connection slots (issue 15, part 5), through real sockets against a host with the
+// per-address caps applied to loopback (so that 127.0.0.2 plays another machine: the attacker
+// dials from there, honest peers from 127.0.0.1):
+//  - a flood of TCP connections that never speak: at most max_handshakes_per_address of them are
+//    held (until the handshake deadline), the rest are closed at once;
+//  - many identities from one address, each completing its handshake: at most
+//    max_connections_per_address connections are kept;
+//  - a host filled by one address: an honest newcomer evicts one of that address's connections,
+//    while a further connection from the heavy address is refused.
+// And against a circuit relay (net/relay.h), the same way:
+//  - one address reserving with many identities gets max_reservations_per_address of them;
+//  - one address flooding the circuit port holds max_circuit_sockets_per_address sockets;
+//  - a circuit that goes silent is closed after circuit_idle_timeout.
+// An honest peer's calls succeed beside each attack.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/use_future.hpp>
+#include <memory>
+#include <vector>
+
+#include "net/host.h"
+#include "net/relay.h"
+#include "net/relay_wire.h"
+#include "test_support.h"
+
+namespace colony::net {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr size_t kPerAddress = 4;
+constexpr size_t kHandshakes = 2;
+
+std::unique_ptr<Host> Victim(size_t max_connections) {
+  HostOptions o;
+  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  o.limit_loopback_addresses = true;
+  o.max_connections_per_address = kPerAddress;
+  o.max_handshakes_per_address = kHandshakes;
+  o.max_connections = max_connections;
+  o.connection.handshake_timeout = 60s;  // held handshakes stay held for the whole test
+  auto host = std::make_unique<Host>(KeyPair::Generate(), o);
+  EXPECT_TRUE(host->Start().ok());
+  host->RegisterUnary(
+      "echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
+  return host;
+}
+
+// A peer dialing from `from` (empty: the kernel's choice, 127.0.0.1).
+std::unique_ptr<Host> Peer(const std::string& from = {}) {
+  HostOptions o;
+  o.dial_from = from;
+  o.dial_timeout = 10s;
+  auto host = std::make_unique<Host>(KeyPair::Generate(), o);
+  EXPECT_TRUE(host->Start().ok());
+  return host;
+}
+
+Status Echo(Host& from, const Multiaddr& to) {
+  auto call = [&]() -> asio::awaitable<Status> {
+    auto r = co_await from.Call(to, "echo", Message("ping"), {.timeout = 10s});
+    if (!r.ok()) co_return r.status();
+    co_return r->meta == "ping" ? Status::Ok() : Internal("echo answered something else");
+  };
+  return asio::co_spawn(from.io_context(), call(), asio::use_future).get();
+}
+
+// A TCP connection from 127.0.0.2 (to 127.0.0.1) that never speaks.
+int Mute(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.2", &local.sin_addr);
+  sockaddr_in remote{};
+  remote.sin_family = AF_INET;
+  remote.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &remote.sin_addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local), 0);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof remote), 0);
+  return fd;
+}
+
+// Whether the victim closed `fd` within `wait` (its Hello in the clear does not count).
+bool ClosedBy(int fd, std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 1))) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return true;
+  }
+  return false;
+}
+
+TEST(SlotAttack, MuteConnectionsFromOneAddressHoldOnlyItsHandshakeSlots) {
+  auto victim = Victim(64);
+  const Multiaddr addr = victim->ListenAddresses()[0];
+  auto honest = Peer();
+  ASSERT_TRUE(Echo(*honest, addr).ok());
+
+  constexpr int kFlood = 20;
+  std::vector<int> fds;
+  for (int i = 0; i < kFlood; ++i) fds.push_back(Mute(addr.port()));
+  // Every refused one is closed at once; wait for the victim to have seen them all.
+  const auto deadline = std::chrono::steady_clock::now() + test::HangGuard(30s);
+  while (victim->slot_refusals().handshakes < kFlood - kHandshakes &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(victim->slot_refusals().handshakes, kFlood - kHandshakes);
+  int closed = 0;
+  for (int fd : fds) closed += ClosedBy(fd, 200ms);
+  EXPECT_EQ(closed, kFlood - static_cast<int>(kHandshakes));
+  // The honest peer (another address) still gets in and is served, on a new connection too.
+  EXPECT_TRUE(Echo(*honest, addr).ok());
+  auto newcomer = Peer();
+  EXPECT_TRUE(Echo(*newcomer, addr).ok());
+  for (int fd : fds) ::close(fd);
+}
+
+TEST(SlotAttack, ManyIdentitiesFromOneAddressGetOnlyItsConnectionSlots) {
+  auto victim = Victim(64);
+  const Multiaddr addr = victim->ListenAddresses()[0];
+  std::vector<std::unique_ptr<Host>> sybils;
+  int admitted = 0;
+  for (int i = 0; i < 10; ++i) {
+    sybils.push_back(Peer("127.0.0.2"));
+    admitted += Echo(*sybils.back(), addr).ok();
+  }
+  EXPECT_EQ(admitted, static_cast<int>(kPerAddress));
+  EXPECT_EQ(victim->slot_refusals().per_address, 10 - kPerAddress);
+  auto honest = Peer();
+  EXPECT_TRUE(Echo(*honest, addr).ok());
+  // Slots come back when the address's connections close.
+  sybils.clear();
+  const auto deadline = std::chrono::steady_clock::now() + test::HangGuard(30s);
+  Status again = Unavailable("not tried");
+  while (!again.ok() && std::chrono::steady_clock::now() < deadline) {
+    auto late = Peer("127.0.0.2");
+    again = Echo(*late, addr);
+    if (!again.ok()) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(again.ok()) << again.ToString();
+}
+
+TEST(SlotAttack, AFullHostEvictsTheHeaviestAddressForAnHonestNewcomer) {
+  auto victim = Victim(kPerAddress);  // one address can fill it
+  const Multiaddr addr = victim->ListenAddresses()[0];
+  std::vector<std::unique_ptr<Host>> sybils;
+  for (size_t i = 0; i < kPerAddress; ++i) {
+    sybils.push_back(Peer("127.0.0.2"));
+    ASSERT_TRUE(Echo(*sybils.back(), addr).ok());
+  }
+  auto honest = Peer();
+  Status served = Echo(*honest, addr);
+  EXPECT_TRUE(served.ok()) << served.ToString();
+  EXPECT_EQ(victim->slot_refusals().evicted, 1u);
+  // The heavy address cannot evict the lighter one back: the host is full for it.
+  auto more = Peer("127.0.0.2");
+  EXPECT_FALSE(Echo(*more, addr).ok());
+  EXPECT_EQ(victim->slot_refusals().full, 1u);
+  EXPECT_TRUE(Echo(*honest, addr).ok());
+  int still_served = 0;
+  for (auto& s : sybils) still_served += Echo(*s, addr).ok();
+  EXPECT_EQ(still_served, static_cast<int>(kPerAddress) - 1);
+}
+
+struct RelayVictim {
+  std::unique_ptr<Host> host;
+  std::unique_ptr<Relay> relay;
+  explicit RelayVictim(RelayOptions o) {
+    HostOptions h;
+    h.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+    host = std::make_unique<Host>(KeyPair::Generate(), h);
+    EXPECT_TRUE(host->Start().ok());
+    o.listen = *Multiaddr::Parse("/ip4/127.0.0.1/tcp/0");
+    o.limit_loopback_addresses = true;
+    auto r = Relay::Start(*host, o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) relay = std::move(*r);
+  }
+  Multiaddr address() const { return host->ListenAddresses()[0]; }
+};
+
+// A peer behind NAT (no listener) reachable through `relay`, answering echo.
+struct Behind {
+  std::unique_ptr<Host> host;
+  std::unique_ptr<RelayReservation> reservation;
+  Status status;
+  Behind(const Multiaddr& relay, const std::string& from) : host(Peer(from)) {
+    host->RegisterUnary(
+        "echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
+    auto r = RelayReservation::Start(*host, relay, 10s);
+    if (r.ok()) {
+      reservation = std::move(*r);
+    } else {
+      status = r.status();
+    }
+  }
+};
+
+TEST(RelayAttack, OneAddressGetsItsShareOfReservationsAndCircuitSockets) {
+  RelayOptions o;
+  o.max_reservations_per_address = 2;
+  o.max_circuit_sockets_per_address = 3;
+  RelayVictim victim(o);
+  ASSERT_TRUE(victim.relay);
+  std::vector<std::unique_ptr<Behind>> sybils;
+  int reserved = 0;
+  for (int i = 0; i < 5; ++i) {
+    sybils.push_back(std::make_unique<Behind>(victim.address(), "127.0.0.2"));
+    reserved += sybils.back()->status.ok();
+    if (!sybils.back()->status.ok()) {
+      EXPECT_NE(sybils.back()->status.message().find("its limit per address"), std::string::npos)
+          << sybils.back()->status.ToString();
+    }
+  }
+  EXPECT_EQ(reserved, 2);
+  Behind honest(victim.address(), "");
+  ASSERT_TRUE(honest.status.ok()) << honest.status.ToString();
+
+  // The circuit port: 10 mute sockets from 127.0.0.2, of which 3 are held.
+  const uint64_t rejected_before = victim.relay->stats().rejected;
+  std::vector<int> fds;
+  for (int i = 0; i < 10; ++i) fds.push_back(Mute(victim.relay->address().port()));
+  int closed = 0;
+  for (int fd : fds) closed += ClosedBy(fd, 300ms);
+  EXPECT_EQ(closed, 7);
+  EXPECT_GE(victim.relay->stats().rejected, rejected_before + 7);
+  auto caller = Peer();
+  Status through = Echo(*caller, honest.reservation->address());
+  EXPECT_TRUE(through.ok()) << through.ToString();
+  for (int fd : fds) ::close(fd);
+}
+
+TEST(RelayAttack, ASilentCircuitIsReclaimed) {
+  RelayOptions o;
+  o.circuit_idle_timeout = 300ms;
+  RelayVictim victim(o);
+  ASSERT_TRUE(victim.relay);
+  Behind honest(victim.address(), "");
+  ASSERT_TRUE(honest.status.ok()) << honest.status.ToString();
+  // The attacker asks for a circuit to the honest peer, gets it, and says nothing more.
+  const int fd = Mute(victim.relay->address().port());
+  RelayRequest request;
+  request.target = honest.host->peer_id();
+  const std::string line = FormatRelayRequest(request);
+  ASSERT_EQ(::send(fd, line.data(), line.size(), 0), static_cast<ssize_t>(line.size()));
+  EXPECT_TRUE(test::WaitUntil([&] { return victim.relay->stats().circuits_total == 1; },
+                              test::HangGuard(10s)));
+  EXPECT_TRUE(
+      test::WaitUntil([&] { return victim.relay->stats().reclaimed == 1; }, test::HangGuard(10s)));
+  EXPECT_TRUE(ClosedBy(fd, test::HangGuard(10s)));
+  EXPECT_EQ(victim.relay->stats().circuits, 0u);
+  // An honest caller's circuit carries its call.
+  auto caller = Peer();
+  Status through = Echo(*caller, honest.reservation->address());
+  EXPECT_TRUE(through.ok()) << through.ToString();
+  ::close(fd);
+}
+
+}  // namespace
+}  // namespace colony::net
