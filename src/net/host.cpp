@@ -818,7 +818,9 @@ asio::awaitable<Result<Message>> Host::ServeDialback(CallContext& ctx, Message r
     --dialbacks_in_flight_;
   }
   if (!reached.empty()) co_return Message("reachable " + reached);
-  co_return Message("unreachable " + last.ToString());
+  // Only the kind of failure: the error's text may quote bytes read from the dialled port, and
+  // behind a shared NAT that port may be someone else's service.
+  co_return Message("unreachable " + std::string(StatusCodeName(last.code())));
 }
 
 asio::awaitable<Result<bool>> Host::CheckReachability(Multiaddr helper) {

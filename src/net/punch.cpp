@@ -26,6 +26,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include "core/log.h"
+#include "net/dial_targets.h"
 #include "net/host.h"
 #include "net/notifier.h"
 #include "net/relay_wire.h"
@@ -45,23 +46,6 @@ constexpr std::chrono::milliseconds kRetryPause{20};
 // Punches one host takes part in at once (both roles together).
 constexpr size_t kMaxPunches = 8;
 
-// Whether we may send a SYN to `target` for a punch with a peer that reached us through the
-// relay at `relay`: never to unspecified, multicast, broadcast or link-local addresses, and to
-// loopback only when the relay itself is on loopback (a peer must not make us dial services on
-// our own machine).
-bool TargetAllowed(const asio::ip::address& target, const asio::ip::address& relay) {
-  if (target.is_v4() != relay.is_v4()) return false;
-  if (target.is_unspecified() || target.is_multicast()) return false;
-  if (target.is_loopback() && !relay.is_loopback()) return false;
-  if (target.is_v4()) {
-    const auto b = target.to_v4().to_bytes();
-    if (b[0] == 255 || (b[0] == 169 && b[1] == 254)) return false;
-  } else if (target.to_v6().is_link_local() || target.to_v6().is_v4_mapped()) {
-    return false;
-  }
-  return true;
-}
-
 // Our public addresses for a punch from local port `port`: the IPs peers saw us at.
 std::vector<Multiaddr> OurAddresses(const std::vector<std::string>& observed,
                                     const asio::ip::address& relay, uint16_t port) {
@@ -71,7 +55,7 @@ std::vector<Multiaddr> OurAddresses(const std::vector<std::string>& observed,
     if (!seen.ok() || !seen->is_ip()) continue;
     std::error_code ec;
     auto ip = asio::ip::make_address(seen->host(), ec);
-    if (ec || !TargetAllowed(ip, relay)) continue;
+    if (ec || !DialTargetAllowed(ip, relay)) continue;
     Multiaddr candidate(seen->kind(), seen->host(), port);
     if (std::find(out.begin(), out.end(), candidate) == out.end()) out.push_back(candidate);
     if (out.size() == kMaxPunchAddresses) break;
@@ -84,7 +68,7 @@ std::optional<tcp::endpoint> PickTarget(const std::vector<Multiaddr>& theirs,
   for (const Multiaddr& a : theirs) {
     std::error_code ec;
     auto ip = asio::ip::make_address(a.host(), ec);
-    if (!ec && TargetAllowed(ip, relay)) return tcp::endpoint(ip, a.port());
+    if (!ec && DialTargetAllowed(ip, relay)) return tcp::endpoint(ip, a.port());
   }
   return std::nullopt;
 }

@@ -23,7 +23,14 @@ Result<Multiaddr> AddressOf(const ServerRecord& r) {
   if (r.addresses.empty()) {
     return Unavailable(fmt::format("server {} announced no address", r.peer.ToString()));
   }
-  return Multiaddr::Parse(r.addresses.front());
+  COLONY_ASSIGN_OR_RETURN(Multiaddr addr, Multiaddr::Parse(r.addresses.front()));
+  // Dialled as the record's owner: an address that leads to another peer fails the handshake
+  // instead of putting that peer in this server's place.
+  if (addr.peer_id() && *addr.peer_id() != r.peer) {
+    return ProtocolError(fmt::format("server {} announced the address of another peer ({})",
+                                     r.peer.ToString(), addr.ToString()));
+  }
+  return addr.WithPeerId(r.peer);
 }
 
 std::string RandomId() {

@@ -62,7 +62,7 @@ Status InferenceSession::CheckTuning() const {
   return Status();
 }
 
-Status InferenceSession::OpenLink(Link& link, const Link* next) {
+Status InferenceSession::OpenLink(Link& link, const Link* next, const Link* prev) {
   COLONY_ASSIGN_OR_RETURN(link.address, AddressOf(link.span.server));
   OpenSessionRequest open;
   open.session_id = link.session_id;
@@ -73,6 +73,7 @@ Status InferenceSession::OpenLink(Link& link, const Link* next) {
   if (next && manager_->options().use_push) {
     open.next = {next->address.ToString(), next->session_id};
   }
+  if (prev && manager_->options().use_push) open.upstream = prev->span.server.peer.ToString();
   open.tuning = TuningOf(link.prompts.defined() ? link.prompts.size(2) : 0, options_.lora);
   // The span's prompts (already its slice), then its blocks' adapters.
   std::vector<at::Tensor> tensors;
@@ -143,7 +144,7 @@ Status InferenceSession::OpenChain(int64_t start, int64_t end, std::vector<Link>
   // Open back to front so that each OpenSession can name its successor's session.
   for (size_t i = links.size(); i-- > 0;) {
     const Link* next = i + 1 < links.size() ? &links[i + 1] : nullptr;
-    Status st = OpenLink(links[i], next);
+    Status st = OpenLink(links[i], next, i > 0 ? &links[i - 1] : nullptr);
     if (!st.ok()) {
       if (!IsClientError(st)) manager_->Ban(links[i].span.server.peer, st);
       for (auto& l : links) {
@@ -157,12 +158,14 @@ Status InferenceSession::OpenChain(int64_t start, int64_t end, std::vector<Link>
 }
 
 Status InferenceSession::SendStep(Link& link, uint64_t step_id, int64_t position,
-                                  const at::Tensor& x, const at::Tensor& hypo_ids,
-                                  const Link* next) {
+                                  const at::Tensor& x, const at::Tensor& hypo_ids, const Link* next,
+                                  const Link* prev) {
   StepRequest step{.step_id = step_id, .position = position, .has_hypo_ids = hypo_ids.defined()};
   if (manager_->options().use_push) {
     // Present and empty without a next server: no push.
     step.next = next ? PushTarget{next->address.ToString(), next->session_id} : PushTarget{};
+    // Likewise the server whose pushes it takes (it changes when a neighbour is replaced).
+    step.upstream = prev ? prev->span.server.peer.ToString() : std::string();
   }
   net::Message msg(EncodeStep(step));
   COLONY_ASSIGN_OR_RETURN(auto f, runtime::ToFrame(x));
@@ -269,7 +272,7 @@ Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Te
   const at::Tensor hypo = hypo_ids.defined() ? hypo_ids.to(at::kLong).contiguous() : at::Tensor();
   for (size_t k = 0; k < chain_.size();) {
     const Link* next = k + 1 < chain_.size() ? &chain_[k + 1] : nullptr;
-    Status st = SendStep(chain_[k], id, position, x, hypo, next);
+    Status st = SendStep(chain_[k], id, position, x, hypo, next, k > 0 ? &chain_[k - 1] : nullptr);
     Result<at::Tensor> out =
         st.ok() ? ReadResult(chain_[k], id, x.sizes()) : Result<at::Tensor>(st);
     if (!out.ok()) {
@@ -326,7 +329,8 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
     const Link* after = k + 1 < chain_.size() ? &chain_[k + 1] : nullptr;
     bool failed = false;
     for (size_t i = links.size(); i-- > 0 && !failed;) {
-      Status st = OpenLink(links[i], i + 1 < links.size() ? &links[i + 1] : after);
+      const Link* before = i > 0 ? &links[i - 1] : (k > 0 ? &chain_[k - 1] : nullptr);
+      Status st = OpenLink(links[i], i + 1 < links.size() ? &links[i + 1] : after, before);
       if (!st.ok()) {
         last = st;
         manager_->Ban(links[i].span.server.peer, st);
@@ -340,7 +344,8 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
       // The replay is pushed only within the replacements: the server after them already holds
       // these positions (the next real step re-points the push target to it).
       const Link* next = i + 1 < links.size() ? &links[i + 1] : nullptr;
-      Status st = SendStep(links[i], step_id_ - 1, 0, h, {}, next);
+      const Link* before = i > 0 ? &links[i - 1] : (k > 0 ? &chain_[k - 1] : nullptr);
+      Status st = SendStep(links[i], step_id_ - 1, 0, h, {}, next, before);
       Result<at::Tensor> out =
           st.ok() ? ReadResult(links[i], step_id_ - 1, h.sizes()) : Result<at::Tensor>(st);
       if (!out.ok()) {

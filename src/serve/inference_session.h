@@ -67,10 +67,12 @@ class InferenceSession {
  private:
   Status CheckTuning() const;
   Status OpenChain(int64_t start, int64_t end, std::vector<Link>& out);
-  Status OpenLink(Link& link, const Link* next);
+  // `next` and `prev`: the links after and before it in the chain (null: none); with push,
+  // `link`'s server pushes to `next`'s session and accepts pushes from `prev`'s server.
+  Status OpenLink(Link& link, const Link* next, const Link* prev);
   Status Recover(size_t k, const Status& why);
   Status SendStep(Link& link, uint64_t step_id, int64_t position, const at::Tensor& x,
-                  const at::Tensor& hypo_ids, const Link* next);
+                  const at::Tensor& hypo_ids, const Link* next, const Link* prev);
   Result<at::Tensor> ReadResult(Link& link, uint64_t step_id, at::IntArrayRef shape);
 
   std::shared_ptr<SequenceManager> manager_;

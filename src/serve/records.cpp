@@ -6,6 +6,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "core/multiaddr.h"
+
 namespace colony::serve {
 namespace {
 
@@ -110,7 +112,18 @@ Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view valu
       if (!a.is_array() || a.size() > 16) {
         return ProtocolError("server record: addresses must be an array of at most 16");
       }
-      for (const auto& s : a) r.addresses.push_back(s.get<std::string>());
+      for (const auto& s : a) {
+        // Only the owner's own addresses: one that names another peer would send the owner's
+        // clients there.
+        const std::string text = s.get<std::string>();
+        auto addr =
+            text.size() <= 512 ? Multiaddr::Parse(text) : Result<Multiaddr>(ProtocolError(""));
+        if (!addr.ok() || (addr->peer_id() && *addr->peer_id() != peer)) {
+          return ProtocolError(
+              "server record: addresses must be multiaddrs of the record's own peer");
+        }
+        r.addresses.push_back(text);
+      }
     }
     if (j.contains("next_pings")) {
       const auto& pings = j.at("next_pings");

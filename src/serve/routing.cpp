@@ -5,7 +5,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <asio/use_future.hpp>
 #include <cmath>
+#include <future>
 #include <limits>
 #include <set>
 
@@ -17,6 +21,32 @@ namespace colony::serve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+bool Covers(const std::vector<ServerRecord>& servers, int64_t start, int64_t end) {
+  for (int64_t b = start; b < end; ++b) {
+    bool covered = false;
+    for (const auto& r : servers) covered = covered || (r.start <= b && b < r.end);
+    if (!covered) return false;
+  }
+  return true;
+}
+
+// Throughputs are what servers say of themselves: a claim above 4x the candidates' median
+// counts as 4x the median, so that one record cannot draw every route by boasting.
+void BoundClaims(std::vector<ServerRecord>& servers) {
+  auto bound = [&servers](double ServerRecord::*field) {
+    std::vector<double> v;
+    for (const auto& r : servers) {
+      if (r.*field > 0) v.push_back(r.*field);
+    }
+    if (v.empty()) return;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    const double cap = 4 * v[v.size() / 2];
+    for (auto& r : servers) r.*field = std::min(r.*field, cap);
+  };
+  bound(&ServerRecord::throughput);
+  bound(&ServerRecord::inference_rps);
+}
 
 }  // namespace
 
@@ -88,21 +118,52 @@ void SequenceManager::ReportSuccess(const PeerId& peer) {
   if (it != bans_.end() && it->second.until <= Clock::now()) bans_.erase(it);
 }
 
-double SequenceManager::RttSeconds(const ServerRecord& server) {
+std::vector<std::optional<double>> SequenceManager::MeasureRtts(
+    const std::vector<ServerRecord>& servers) {
+  std::vector<std::optional<double>> out(servers.size());
+  std::vector<size_t> unknown;
   {
     std::lock_guard lock(mu_);
-    auto it = rtt_.find(server.peer);
-    if (it != rtt_.end()) return it->second;
+    const auto now = Clock::now();
+    for (size_t i = 0; i < servers.size(); ++i) {
+      if (auto it = rtt_.find(servers[i].peer); it != rtt_.end()) {
+        out[i] = it->second;
+      } else if (auto u = unreachable_.find(servers[i].peer);
+                 u == unreachable_.end() || u->second <= now) {
+        unknown.push_back(i);
+      }
+    }
   }
-  double rtt = 1.0;  // unreachable servers look slow rather than absent
-  auto addr = AddressOf(server);
-  if (addr.ok()) {
-    auto ping = node_.host().PingSync(*addr, std::chrono::seconds(2));
-    if (ping.ok()) rtt = std::chrono::duration<double>(ping->rtt).count();
+  // Concurrently, so that records with black-holed addresses cost one ping deadline per batch
+  // rather than one each.
+  constexpr size_t kConcurrentPings = 128;
+  constexpr auto kPingTimeout = std::chrono::seconds(2);
+  for (size_t begin = 0; begin < unknown.size(); begin += kConcurrentPings) {
+    const size_t end = std::min(unknown.size(), begin + kConcurrentPings);
+    std::vector<std::future<Result<net::PingResult>>> pings(end - begin);
+    for (size_t k = begin; k < end; ++k) {
+      auto addr = AddressOf(servers[unknown[k]]);
+      if (!addr.ok()) continue;
+      pings[k - begin] = asio::co_spawn(node_.host().io_context(),
+                                        node_.host().Ping(*addr, kPingTimeout), asio::use_future);
+    }
+    std::lock_guard lock(mu_);
+    for (size_t k = begin; k < end; ++k) {
+      const ServerRecord& server = servers[unknown[k]];
+      auto& ping = pings[k - begin];
+      Result<net::PingResult> r =
+          ping.valid() ? ping.get() : Result<net::PingResult>(Unavailable("no usable address"));
+      if (r.ok()) {
+        out[unknown[k]] = rtt_[server.peer] = std::chrono::duration<double>(r->rtt).count();
+        unreachable_.erase(server.peer);
+      } else {
+        COLONY_LOG_DEBUG("serve: server {} does not answer pings: {}", server.peer.ToString(),
+                         r.status().ToString());
+        unreachable_[server.peer] = Clock::now() + options_.refresh_period;
+      }
+    }
   }
-  std::lock_guard lock(mu_);
-  rtt_[server.peer] = rtt;
-  return rtt;
+  return out;
 }
 
 Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t end,
@@ -132,8 +193,24 @@ Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t
         candidates.push_back(r);
       }
     }
+    // Servers that answered a ping first; the rest (which may only be slow, or not exist at
+    // all) only when no route avoids them, and then as if they took a second to answer.
+    const std::vector<std::optional<double>> measured = MeasureRtts(candidates);
     std::vector<double> rtt(candidates.size());
-    for (size_t i = 0; i < candidates.size(); ++i) rtt[i] = RttSeconds(candidates[i]);
+    std::vector<ServerRecord> reachable;
+    std::vector<double> reachable_rtt;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      rtt[i] = measured[i].value_or(1.0);
+      if (measured[i]) {
+        reachable.push_back(candidates[i]);
+        reachable_rtt.push_back(rtt[i]);
+      }
+    }
+    if (!reachable.empty() && Covers(reachable, start, end)) {
+      candidates = std::move(reachable);
+      rtt = std::move(reachable_rtt);
+    }
+    BoundClaims(candidates);
     // Shortest path over block positions (a DAG: every edge moves forward).
     const double inf = std::numeric_limits<double>::infinity();
     const size_t n = static_cast<size_t>(end - start);

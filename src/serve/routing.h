@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,7 +75,9 @@ class SequenceManager {
   const ClientOptions& options() const { return options_; }
 
  private:
-  double RttSeconds(const ServerRecord& server);
+  // Each server's round-trip time (cached), pinging those not known yet concurrently; nullopt
+  // for a server that did not answer (not pinged again for refresh_period).
+  std::vector<std::optional<double>> MeasureRtts(const std::vector<ServerRecord>& servers);
 
   dht::Node& node_;
   ClientOptions options_;
@@ -88,6 +91,7 @@ class SequenceManager {
   };
   std::map<PeerId, BanState> bans_;
   std::map<PeerId, double> rtt_;
+  std::map<PeerId, std::chrono::steady_clock::time_point> unreachable_;  // until then
 };
 
 }  // namespace colony::serve

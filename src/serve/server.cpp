@@ -131,8 +131,9 @@ void BlockServer::Impl::RegisterHandlers() {
   });
   host.RegisterBidiStreaming("serve.inference",
                              [self](net::CallContext& ctx) { return self->Inference(ctx); });
-  host.RegisterUnary(
-      "serve.push", [self](net::CallContext&, net::Message m) { return self->Push(std::move(m)); });
+  host.RegisterUnary("serve.push", [self](net::CallContext& ctx, net::Message m) {
+    return self->Push(ctx.peer(), std::move(m));
+  });
 }
 
 Status BlockServer::Impl::CheckServing() const {

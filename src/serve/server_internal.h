@@ -51,7 +51,11 @@ struct Session {
   std::vector<model::KVCache> caches;
   int64_t length = 0;
   uint64_t last_step = 0;
-  PushTarget next;  // set by the client (open or any step); empty: no push
+  PushTarget next;        // set by the client (open or any step); empty: no push
+  std::string client_ip;  // where the client's session stream comes from (push targets' rule)
+  // The server whose pushes the session accepts (named by the client; guarded by the server's
+  // mu_, since pushes arrive on other connections).
+  std::optional<PeerId> upstream;
   // Tuning for every step (at open): deep prompts [blocks, batch or 1, P, H] in the server's
   // dtype (per-row ones follow hypo_ids) and LoRA adapters per block.
   at::Tensor prompts;
@@ -133,7 +137,10 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   asio::awaitable<Result<net::Message>> Forward(net::Message m, bool backward);
 
   // ---- server_sessions.cpp
-  asio::awaitable<Result<net::Message>> Push(net::Message m);
+  asio::awaitable<Result<net::Message>> Push(const PeerId& from, net::Message m);
+  // A push target a client at `client_ip` may name: a /p2p/ address this server may dial for it
+  // (net/dial_targets.h: no loopback or private address for a client on the Internet).
+  static Status CheckPushTarget(const PushTarget& target, const std::string& client_ip);
   asio::awaitable<Status> ReserveCache(net::CallContext& ctx, int64_t bytes);
   static asio::awaitable<void> SendPush(std::shared_ptr<Impl> self, Multiaddr addr,
                                         net::Message message);

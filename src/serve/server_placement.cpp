@@ -3,6 +3,8 @@
 // throughput), and moving to weaker blocks when that clearly helps the swarm.
 #include <fmt/format.h>
 
+#include <asio/co_spawn.hpp>
+#include <asio/use_future.hpp>
 #include <future>
 #include <limits>
 
@@ -123,14 +125,23 @@ void BlockServer::Impl::MeasureNextPings() {
       next.push_back(std::move(r));
     }
   }
+  // At most 4 x kMaxNextPings of them, pinged at once (each dialled as its record's owner), so
+  // that records with black-holed addresses cost this thread one ping deadline.
   std::vector<std::pair<PeerId, double>> pings;
+  std::vector<std::pair<PeerId, std::future<Result<net::PingResult>>>> pending;
   for (const auto& r : next) {
-    if (pings.size() == kMaxNextPings) break;
+    if (pending.size() == 4 * kMaxNextPings) break;
     auto addr = Multiaddr::Parse(r.addresses.front());
-    if (!addr.ok()) continue;
-    auto ping = node_.host().PingSync(*addr, std::chrono::seconds(1));
-    if (ping.ok()) {
-      pings.emplace_back(r.peer, std::chrono::duration<double, std::milli>(ping->rtt).count());
+    if (!addr.ok() || (addr->peer_id() && *addr->peer_id() != r.peer)) continue;
+    pending.emplace_back(
+        r.peer, asio::co_spawn(node_.host().io_context(),
+                               node_.host().Ping(addr->WithPeerId(r.peer), std::chrono::seconds(1)),
+                               asio::use_future));
+  }
+  for (auto& [peer, future] : pending) {
+    auto ping = future.get();
+    if (ping.ok() && pings.size() < kMaxNextPings) {
+      pings.emplace_back(peer, std::chrono::duration<double, std::milli>(ping->rtt).count());
     }
   }
   std::lock_guard lock(mu_);

@@ -11,6 +11,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include "core/log.h"
+#include "net/dial_targets.h"
 #include "runtime/tensor_io.h"
 #include "serve/server_internal.h"
 
@@ -19,16 +20,25 @@ namespace colony::serve {
 using asio::experimental::as_tuple;
 constexpr auto use_awaitable = asio::use_awaitable;
 
-asio::awaitable<Result<net::Message>> BlockServer::Impl::Push(net::Message m) {
+asio::awaitable<Result<net::Message>> BlockServer::Impl::Push(const PeerId& from, net::Message m) {
   auto req = DecodePush(m.meta);
   if (!req.ok()) co_return req.status();
   std::shared_ptr<Session> s;
+  bool from_upstream = false;
   {
     std::lock_guard lock(mu_);
     auto it = sessions_.find(req->session_id);
-    if (it != sessions_.end()) s = it->second;
+    if (it != sessions_.end()) {
+      s = it->second;
+      from_upstream = s->upstream && *s->upstream == from;
+    }
   }
   if (!s) co_return NotFound("no such inference session on this server (it ended or never began)");
+  // Knowing the session's id is not enough: a server the client replaced knows it too.
+  if (!from_upstream) {
+    co_return PermissionDenied(
+        "this session accepts pushes only from the server its client named before it");
+  }
   auto input = std::make_shared<Input>();
   input->step = std::move(req->step);  // never with a next hop: the client chooses it
   input->tensors = std::move(m.tensors);
@@ -36,6 +46,24 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Push(net::Message m) {
   // Never wait for room: when the session is busy the client's own copy of the step follows.
   (void)s->channel->try_send(asio::error_code{}, input);
   co_return net::Message();
+}
+
+Status BlockServer::Impl::CheckPushTarget(const PushTarget& target, const std::string& client_ip) {
+  if (target.empty()) return Status::Ok();
+  auto addr = Multiaddr::Parse(target.address);
+  std::error_code ec, client_ec;
+  const auto ip =
+      addr.ok() && addr->is_ip() ? asio::ip::make_address(addr->host(), ec) : asio::ip::address();
+  const auto client = asio::ip::make_address(client_ip, client_ec);
+  if (!addr.ok() || !addr->is_ip() || !addr->peer_id() || ec || client_ec ||
+      !net::DialTargetAllowed(ip, client)) {
+    return PermissionDenied(fmt::format(
+        "push target '{}' is not an address this server dials for a client at {}: it must be "
+        "an /ip4/ or /ip6/ address with /p2p/, and loopback or private only for a client there "
+        "too",
+        target.address.substr(0, 128), client_ip.substr(0, 64)));
+  }
+  return Status::Ok();
 }
 
 asio::awaitable<Status> BlockServer::Impl::ReserveCache(net::CallContext& ctx, int64_t bytes) {
@@ -148,6 +176,9 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
   s->end = open.end;
   s->max_length = open.max_length;
   s->batch = open.batch_size;
+  s->client_ip = ctx.remote_address().host();
+  if (!open.upstream.empty()) s->upstream = *PeerId::Parse(open.upstream);
+  COLONY_CO_RETURN_IF_ERROR(CheckPushTarget(open.next, s->client_ip));
   s->next = open.next;
   s->caches.resize(static_cast<size_t>(s->end - s->start));
   // Kept in the server's dtype and counted in the session's reservation with its cache.
@@ -214,7 +245,16 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
     auto [ec, input] = co_await s->channel->async_receive(as_tuple(use_awaitable));
     if (ec || !input) break;
     // The client may re-point the push target with any message, even a duplicate step.
-    if (!input->from_push && input->step.next) s->next = *input->step.next;
+    if (!input->from_push && input->step.next) {
+      COLONY_CO_RETURN_IF_ERROR(CheckPushTarget(*input->step.next, s->client_ip));
+      s->next = *input->step.next;
+    }
+    if (!input->from_push && input->step.upstream) {
+      std::lock_guard lock(mu_);
+      s->upstream = input->step.upstream->empty()
+                        ? std::nullopt
+                        : std::optional<PeerId>(*PeerId::Parse(*input->step.upstream));
+    }
     if (input->step.step_id <= s->last_step) {
       std::lock_guard lock(mu_);
       ++duplicates_;
@@ -312,6 +352,7 @@ asio::awaitable<Status> BlockServer::Impl::Step(net::Stream& stream, Session& s,
     if (addr.ok()) {
       PushRequest push{.session_id = s.next.session_id, .step = step};
       push.step.next.reset();
+      push.step.upstream.reset();
       net::Message pm(EncodePush(push));
       pm.tensors.push_back(*frame);
       if (hypo.defined()) pm.tensors.push_back(input.tensors[1]);

@@ -112,6 +112,15 @@ Result<PushTarget> PushTargetOf(const pb::PushTarget& p, const char* what) {
   return t;
 }
 
+// A peer id naming the server that may push (empty: none).
+Status CheckUpstream(const std::string& upstream, const char* what) {
+  if (upstream.empty()) return Status::Ok();
+  if (upstream.size() > kMaxAddressBytes || !PeerId::Parse(upstream).ok()) {
+    return ProtocolError(fmt::format("{}: the upstream is not a peer id", what));
+  }
+  return Status::Ok();
+}
+
 void SetPushTarget(pb::PushTarget& p, const PushTarget& t) {
   p.set_address(t.address);
   p.set_session_id(t.session_id);
@@ -129,6 +138,10 @@ Result<StepRequest> StepOf(const pb::Step& p, const char* what) {
   if (p.has_next()) {
     COLONY_ASSIGN_OR_RETURN(s.next, PushTargetOf(p.next(), what));
   }
+  if (p.has_upstream()) {
+    COLONY_RETURN_IF_ERROR(CheckUpstream(p.upstream(), what));
+    s.upstream = p.upstream();
+  }
   return s;
 }
 
@@ -137,6 +150,7 @@ void SetStep(pb::Step& p, const StepRequest& s) {
   p.set_position(s.position);
   p.set_has_hypo_ids(s.has_hypo_ids);
   if (s.next) SetPushTarget(*p.mutable_next(), *s.next);
+  if (s.upstream) p.set_upstream(*s.upstream);
 }
 
 }  // namespace
@@ -173,6 +187,7 @@ std::string EncodeOpenSession(const OpenSessionRequest& r) {
   p.set_batch_size(static_cast<uint32_t>(r.batch_size));
   if (!r.next.empty()) SetPushTarget(*p.mutable_next(), r.next);
   SetTuning(p, r.tuning);
+  p.set_upstream(r.upstream);
   return p.SerializeAsString();
 }
 
@@ -195,6 +210,8 @@ Result<OpenSessionRequest> DecodeOpenSession(std::string_view bytes) {
     COLONY_ASSIGN_OR_RETURN(r.next, PushTargetOf(p.next(), "OpenSession"));
   }
   COLONY_ASSIGN_OR_RETURN(r.tuning, TuningOf(p, "OpenSession"));
+  COLONY_RETURN_IF_ERROR(CheckUpstream(p.upstream(), "OpenSession"));
+  r.upstream = p.upstream();
   return r;
 }
 
@@ -252,6 +269,9 @@ Result<PushRequest> DecodePush(std::string_view bytes) {
   if (!p.has_step()) return ProtocolError("PushRequest: no step");
   if (p.step().has_next()) {
     return ProtocolError("PushRequest: a push does not choose the next hop (the client does)");
+  }
+  if (p.step().has_upstream()) {
+    return ProtocolError("PushRequest: a push does not choose who may push (the client does)");
   }
   COLONY_ASSIGN_OR_RETURN(r.step, StepOf(p.step(), "PushRequest"));
   return r;

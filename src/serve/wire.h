@@ -58,6 +58,9 @@ struct OpenSessionRequest {
   int64_t batch_size = 0;  // >= 1
   PushTarget next = {};
   TuningSpec tuning = {};
+  // The server whose pushes this session accepts (the one before it in the chain), as a peer id
+  // (at most kMaxAddressBytes; empty: none).
+  std::string upstream = {};
 };
 struct SessionOpenedReply {
   uint64_t cache_tokens_left = 0;
@@ -69,14 +72,16 @@ struct StepRequest {
   int64_t position = 0;  // of the step's first token, >= 0
   bool has_hypo_ids = false;
   std::optional<PushTarget> next = std::nullopt;  // replaces the session's push target when set
+  std::optional<std::string> upstream = std::nullopt;  // replaces the session's upstream when set
 };
 struct StepReply {
   uint64_t step_id = 0;
   int64_t length = 0;  // tokens in the cache after the step
 };
 
-// serve.push: a previous server's output for a step of a session here (its next target is
-// never taken from a push: the client chooses it).
+// serve.push: a previous server's output for a step of a session here, accepted only from the
+// session's upstream (its next target and upstream are never taken from a push: the client
+// chooses them).
 struct PushRequest {
   std::string session_id = {};
   StepRequest step = {};

@@ -16,6 +16,7 @@
 
 #include "core/identity.h"
 #include "net/byte_budget.h"
+#include "net/dial_targets.h"
 #include "net/notifier.h"
 #include "net/observed_addresses.h"
 
@@ -23,6 +24,45 @@ namespace colony::net {
 namespace {
 
 using namespace std::chrono_literals;
+
+// Which addresses a remote peer may make us dial, for each kind of reference address (the relay
+// a punch came through, or where a request came from): the table net/dial_targets.h states.
+TEST(DialTargets, LoopbackAndPrivateOnlyForLocalAndPrivateReferences) {
+  auto ip = [](const char* text) { return asio::ip::make_address(text); };
+  const auto loopback = ip("127.0.0.1"), lan = ip("192.168.1.7"), internet = ip("198.51.100.9");
+  struct Case {
+    const char* target;
+    bool from_loopback, from_lan, from_internet;
+  };
+  const Case cases[] = {
+      {"127.0.0.1", true, false, false},
+      {"127.9.9.9", true, false, false},
+      {"10.1.2.3", true, true, false},
+      {"172.16.0.1", true, true, false},
+      {"172.31.255.255", true, true, false},
+      {"172.32.0.1", true, true, true},
+      {"192.168.0.1", true, true, false},
+      {"100.64.0.1", true, true, false},
+      {"100.128.0.1", true, true, true},
+      {"203.0.113.5", true, true, true},
+      {"0.0.0.0", false, false, false},
+      {"169.254.169.254", false, false, false},
+      {"255.255.255.255", false, false, false},
+      {"224.0.0.1", false, false, false},
+      {"::1", false, false, false},  // another family than every reference here
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(DialTargetAllowed(ip(c.target), loopback), c.from_loopback) << c.target;
+    EXPECT_EQ(DialTargetAllowed(ip(c.target), lan), c.from_lan) << c.target;
+    EXPECT_EQ(DialTargetAllowed(ip(c.target), internet), c.from_internet) << c.target;
+  }
+  EXPECT_TRUE(DialTargetAllowed(ip("::1"), ip("::1")));
+  EXPECT_FALSE(DialTargetAllowed(ip("::1"), ip("2001:db8::1")));
+  EXPECT_FALSE(DialTargetAllowed(ip("fd00::1"), ip("2001:db8::1")));
+  EXPECT_TRUE(DialTargetAllowed(ip("fd00::1"), ip("fd12::1")));
+  EXPECT_FALSE(DialTargetAllowed(ip("fe80::1"), ip("fe80::2")));
+  EXPECT_TRUE(DialTargetAllowed(ip("2001:db8::5"), ip("2001:db8::1")));
+}
 
 TEST(ByteBudget, RefusesWhatWouldExceedTheLimitAndTracksThePeak) {
   ByteBudget b(100);

@@ -1,8 +1,12 @@
 // Serving in one process over real sockets: block servers (each with its own DHT node and host on
 // loopback) and a client, checked against the same model run locally.
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <torch/optim/adam.h>
+#include <unistd.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
@@ -13,7 +17,9 @@
 #include <mutex>
 #include <thread>
 
+#include "adversary/hostile_peer.h"
 #include "dht/node.h"
+#include "dht/validation.h"
 #include "model/checkpoint.h"
 #include "net/host.h"
 #include "runtime/task_pool.h"
@@ -506,6 +512,82 @@ TEST_F(ServeTest, RoutingPrefersFastServersAndSkipsBannedOnes) {
   EXPECT_NE(none.status().message().find("block 2"), std::string::npos) << none.status().ToString();
 }
 
+// Records are what strangers say of themselves. 200 identities announce every block with a
+// boastful throughput at an address that accepts TCP and never answers (a black hole), and one
+// more names the honest server's address as its own: routing pings the unknown servers at once
+// (sequentially, 200 two-second ping deadlines would take 400 s), routes around those that did
+// not answer, and the impostor's record is refused.
+TEST_F(ServeTest, FakeRecordsWithBlackHoledAddressesDoNotStallRouting) {
+  AddServer(0, 4, 100);
+  // A listener that never accepts: connections complete in the kernel and hear nothing.
+  const int hole = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in bound{};
+  bound.sin_family = AF_INET;
+  bound.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof bound;
+  ASSERT_EQ(::bind(hole, reinterpret_cast<sockaddr*>(&bound), sizeof bound), 0);
+  ASSERT_EQ(::listen(hole, 4096), 0);
+  ASSERT_EQ(::getsockname(hole, reinterpret_cast<sockaddr*>(&bound), &length), 0);
+  const uint16_t port = ntohs(bound.sin_port);
+  constexpr int kFakes = 200;
+  std::vector<dht::StoreItem> items;
+  auto fake = [&](const KeyPair& key, const std::string& address) {
+    ServerRecord r;
+    r.peer = key.peer_id();
+    r.state = ServerState::kOnline;
+    r.start = 0;
+    r.end = 4;
+    r.throughput = r.inference_rps = 1e9;
+    r.addresses = {address};
+    std::vector<dht::StoreItem> out;
+    for (int64_t b = 0; b < 4; ++b) {
+      out.push_back(
+          colony::test::HostilePeer::SignedBy(key, {.key = BlockKey("tiny", b),
+                                                    .subkey = dht::OwnerMarker(key.peer_id()),
+                                                    .value = EncodeServerRecord(r),
+                                                    .expiration = dht::Now() + 300}));
+    }
+    return out;
+  };
+  for (int i = 0; i < kFakes; ++i) {
+    const KeyPair key = KeyPair::Generate();
+    for (auto& item :
+         fake(key, fmt::format("/ip4/127.0.0.1/tcp/{}/p2p/{}", port, key.peer_id().ToString()))) {
+      items.push_back(std::move(item));
+    }
+  }
+  const KeyPair impostor = KeyPair::Generate();
+  for (auto& item : fake(impostor, ServerAddress(0).ToString())) items.push_back(item);
+  // Sent by a peer of their own to both DHT nodes (a node signs only its own records).
+  colony::test::HostilePeer liar;
+  ASSERT_TRUE(liar.start_error().ok());
+  for (const Multiaddr& replica : {bootstrap_->VisibleAddresses().at(0), ServerAddress(0)}) {
+    for (size_t i = 0; i < items.size(); i += 16) {
+      auto stored = liar.Store(
+          replica, {items.begin() + static_cast<std::ptrdiff_t>(i),
+                    items.begin() + static_cast<std::ptrdiff_t>(std::min(items.size(), i + 16))});
+      ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+    }
+  }
+
+  Connect(1 + kFakes);
+  for (const auto& r : manager_->Servers()) EXPECT_NE(r.peer, impostor.peer_id());
+  for (RoutingMode mode : {RoutingMode::kMaxThroughput, RoutingMode::kMinLatency}) {
+    const auto t0 = Clock::now();
+    auto route = manager_->MakeRoute(0, 4, mode);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    ASSERT_TRUE(route.ok()) << route.status().ToString();
+    ASSERT_EQ(route->size(), 1u);
+    EXPECT_EQ(route->front().server.peer, nodes_[0]->peer_id());
+    EXPECT_LT(seconds, 60) << "routing waited for the black-holed servers one by one";
+  }
+  // And a forward pass goes through.
+  RemoteSequential remote(manager_);
+  auto out = remote.Forward(at::randn({1, 3, config_.hidden_size}));
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  ::close(hole);
+}
+
 TEST(ChooseBestStart, PicksTheWeakestWindow) {
   std::vector<ServerRecord> records(2);
   records[0].state = ServerState::kOnline;
@@ -604,6 +686,42 @@ TEST_F(ServeTest, HostileRequestsGetErrorsAndTheServerKeepsServing) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(RawSession(host, addr, MakeOpen(64, 64)).status().code(),
             StatusCode::kResourceExhausted);  // 64 x 64 tokens x 4 blocks x 256 B > 2 MiB
+  // A push needs more than the session's id: it must come from the server the client named
+  // before this one. Here nobody was named, and then the session's own client (this host,
+  // which knows the id) is not the named upstream either.
+  {
+    const std::string upstream = KeyPair::Generate().peer_id().ToString();
+    for (const std::string& named : {std::string(), upstream}) {
+      pb::OpenSession open = MakeOpen(8, 1);
+      open.set_upstream(named);
+      auto session = RawSession(host, addr, open);
+      ASSERT_TRUE(session.ok()) << session.status().ToString();
+      pb::PushRequest push;
+      push.set_session_id(open.session_id());
+      push.mutable_step()->set_step_id(1000);
+      net::Message pm(push.SerializeAsString());
+      pm.tensors.push_back(*runtime::ToFrame(at::zeros({1, 1, config_.hidden_size})));
+      auto pushed = call("serve.push", std::move(pm));
+      EXPECT_EQ(pushed.status().code(), StatusCode::kPermissionDenied)
+          << pushed.status().ToString();
+      (*session)->Cancel();
+    }
+    pb::OpenSession bad = MakeOpen(8, 1);
+    bad.set_upstream("not a peer id");
+    EXPECT_EQ(RawSession(host, addr, bad).status().code(), StatusCode::kProtocolError);
+  }
+  // Push targets this server must not dial for a client (net/dial_targets.h): unspecified,
+  // link-local, broadcast, a name to resolve (one without /p2p/ is refused as malformed).
+  const std::string someone = KeyPair::Generate().peer_id().ToString();
+  for (const std::string& target :
+       {"/ip4/0.0.0.0/tcp/22/p2p/" + someone, "/ip4/169.254.169.254/tcp/80/p2p/" + someone,
+        "/ip4/255.255.255.255/tcp/80/p2p/" + someone, "/dns/localhost/tcp/22/p2p/" + someone}) {
+    pb::OpenSession open = MakeOpen(8, 1);
+    open.mutable_next()->set_address(target);
+    open.mutable_next()->set_session_id(std::string(16, 'b'));
+    auto refused_target = RawSession(host, addr, open);
+    EXPECT_EQ(refused_target.status().code(), StatusCode::kPermissionDenied) << target;
+  }
   std::vector<std::shared_ptr<net::Stream>> held;
   int refused = 0;
   for (int i = 0; i < 40; ++i) {

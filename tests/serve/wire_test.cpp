@@ -12,6 +12,7 @@ namespace {
 const std::string kId(kSessionIdBytes, 'x');
 const std::string kAddr =
     "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHPUig7ModyZZ5Fidp7253rW4mSZgx6NR2Ag91pmH6F5k";
+const std::string kPeer = "12D3KooWHPUig7ModyZZ5Fidp7253rW4mSZgx6NR2Ag91pmH6F5k";
 
 template <typename T>
 std::string Error(const Result<T>& r) {
@@ -36,10 +37,12 @@ TEST(ServeWire, HonestMessagesRoundTrip) {
                        .end = 4,
                        .max_length = 64,
                        .batch_size = 2,
-                       .next = {kAddr, kId}};
+                       .next = {kAddr, kId},
+                       .upstream = kPeer};
   auto o2 = DecodeOpenSession(EncodeOpenSession(o));
   ASSERT_TRUE(o2.ok()) << o2.status().ToString();
   EXPECT_EQ(o2->next.address, kAddr);
+  EXPECT_EQ(o2->upstream, kPeer);
   EXPECT_EQ(o2->tuning.lora_rank, 0);
 
   StepRequest s{.step_id = 7, .position = 12, .has_hypo_ids = true, .next = PushTarget{}};
@@ -47,6 +50,12 @@ TEST(ServeWire, HonestMessagesRoundTrip) {
   ASSERT_TRUE(s2.ok()) << s2.status().ToString();
   ASSERT_TRUE(s2->next.has_value());  // present and empty: stop pushing
   EXPECT_TRUE(s2->next->empty());
+  EXPECT_FALSE(s2->upstream.has_value());  // absent: the session keeps its upstream
+  s.upstream = "";
+  s2 = DecodeStep(EncodeStep(s));
+  ASSERT_TRUE(s2.ok() && s2->upstream.has_value());  // present and empty: accept no pushes
+  EXPECT_TRUE(s2->upstream->empty());
+  s.upstream.reset();
   auto p2 = DecodePush(EncodePush({.session_id = kId, .step = s}));
   ASSERT_TRUE(p2.ok()) << p2.status().ToString();
   EXPECT_FALSE(p2->step.next.has_value());  // a push never carries the next hop
@@ -91,6 +100,10 @@ TEST(ServeWire, WhatAHostilePeerSendsIsRefusedByName) {
   o.mutable_next()->set_address("");
   EXPECT_NE(Error(DecodeOpenSession(o.SerializeAsString())).find("no address"), std::string::npos);
   o.clear_next();
+  o.set_upstream("12D3KooWnot-a-peer");
+  EXPECT_NE(Error(DecodeOpenSession(o.SerializeAsString())).find("upstream is not a peer id"),
+            std::string::npos);
+  o.clear_upstream();
   o.set_batch_size(0);
   EXPECT_NE(Error(DecodeOpenSession(o.SerializeAsString())).find("at least 1"), std::string::npos);
 
@@ -107,6 +120,10 @@ TEST(ServeWire, WhatAHostilePeerSendsIsRefusedByName) {
   p.mutable_step()->mutable_next()->set_address(kAddr);
   p.mutable_step()->mutable_next()->set_session_id(kId);
   EXPECT_NE(Error(DecodePush(p.SerializeAsString())).find("does not choose the next hop"),
+            std::string::npos);
+  p.mutable_step()->clear_next();
+  p.mutable_step()->set_upstream(kPeer);
+  EXPECT_NE(Error(DecodePush(p.SerializeAsString())).find("does not choose who may push"),
             std::string::npos);
 
   pb::InfoResponse info;
