@@ -423,7 +423,12 @@ asio::awaitable<void> Host::AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> 
 
 Status Host::ReserveInbound(const asio::ip::address& ip, std::string* key,
                             std::shared_ptr<Connection>* evict) {
-  const bool exempt = ip.is_loopback() && !options_.limit_loopback_addresses;
+  // An IPv4 peer on a dual-stack listener is the same address as on an IPv4 one.
+  const asio::ip::address source =
+      ip.is_v6() && ip.to_v6().is_v4_mapped()
+          ? asio::ip::address(asio::ip::make_address_v4(asio::ip::v4_mapped, ip.to_v6()))
+          : ip;
+  const bool exempt = source.is_loopback() && !options_.limit_loopback_addresses;
   if (exempt) {
     if (connection_count_ >= options_.max_connections) {
       ++slot_refusals_.full;
@@ -433,7 +438,7 @@ Status Host::ReserveInbound(const asio::ip::address& ip, std::string* key,
     ++connection_count_;  // reserved during the handshake
     return Status::Ok();
   }
-  const std::string address = ip.to_string();
+  const std::string address = source.to_string();
   auto held = [](InboundAddress& a) {
     std::erase_if(a.open, [](const std::weak_ptr<Connection>& c) { return c.expired(); });
     return a.handshakes + a.open.size();

@@ -202,8 +202,12 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   // limit_loopback_addresses).
   std::string Limited(const std::string& ip_text) const {
     std::error_code ec;
-    const auto ip = asio::ip::make_address(ip_text, ec);
-    if (ec || (ip.is_loopback() && !options.limit_loopback_addresses)) return {};
+    auto ip = asio::ip::make_address(ip_text, ec);
+    if (ec) return {};
+    if (ip.is_v6() && ip.to_v6().is_v4_mapped()) {
+      ip = asio::ip::make_address_v4(asio::ip::v4_mapped, ip.to_v6());
+    }
+    if (ip.is_loopback() && !options.limit_loopback_addresses) return {};
     return ip.to_string();
   }
   // A slot for a socket from `address`, or null when the address holds its cap.

@@ -147,12 +147,16 @@ std::vector<std::optional<double>> SequenceManager::MeasureRtts(
       pings[k - begin] = asio::co_spawn(node_.host().io_context(),
                                         node_.host().Ping(*addr, kPingTimeout), asio::use_future);
     }
+    // Every answer first (up to a ping deadline), then the lock.
+    std::vector<Result<net::PingResult>> answers;
+    for (auto& ping : pings) {
+      answers.push_back(ping.valid() ? ping.get()
+                                     : Result<net::PingResult>(Unavailable("no usable address")));
+    }
     std::lock_guard lock(mu_);
     for (size_t k = begin; k < end; ++k) {
       const ServerRecord& server = servers[unknown[k]];
-      auto& ping = pings[k - begin];
-      Result<net::PingResult> r =
-          ping.valid() ? ping.get() : Result<net::PingResult>(Unavailable("no usable address"));
+      const Result<net::PingResult>& r = answers[k - begin];
       if (r.ok()) {
         out[unknown[k]] = rtt_[server.peer] = std::chrono::duration<double>(r->rtt).count();
         unreachable_.erase(server.peer);
