@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "dht/validation.h"
+#include "serve/client_internal.h"
 #include "serve/server_internal.h"
 
 namespace colony::serve {
@@ -131,12 +132,11 @@ void BlockServer::Impl::MeasureNextPings() {
   std::vector<std::pair<PeerId, std::future<Result<net::PingResult>>>> pending;
   for (const auto& r : next) {
     if (pending.size() == 4 * kMaxNextPings) break;
-    auto addr = Multiaddr::Parse(r.addresses.front());
-    if (!addr.ok() || (addr->peer_id() && *addr->peer_id() != r.peer)) continue;
-    pending.emplace_back(
-        r.peer, asio::co_spawn(node_.host().io_context(),
-                               node_.host().Ping(addr->WithPeerId(r.peer), std::chrono::seconds(1)),
-                               asio::use_future));
+    auto addr = AddressOf(r);
+    if (!addr.ok()) continue;
+    pending.emplace_back(r.peer, asio::co_spawn(node_.host().io_context(),
+                                                node_.host().Ping(*addr, std::chrono::seconds(1)),
+                                                asio::use_future));
   }
   for (auto& [peer, future] : pending) {
     auto ping = future.get();
