@@ -20,6 +20,7 @@
 #include "net/relay.h"
 #include "net/relay_wire.h"
 #include "net/run_on_strand.h"
+#include "net/source_address.h"
 
 namespace colony::net {
 namespace {
@@ -30,15 +31,6 @@ constexpr char kDialbackMethod[] = "net.dialback";
 constexpr size_t kProbeLane = std::numeric_limits<size_t>::max();
 // Dial-back probes one host runs at once for others.
 constexpr size_t kMaxDialbacks = 4;
-
-Multiaddr FromEndpoint(const asio::ip::tcp::endpoint& ep) {
-  auto addr = ep.address();
-  if (addr.is_v6() && addr.to_v6().is_v4_mapped()) {
-    addr = asio::ip::make_address_v4(asio::ip::v4_mapped, addr.to_v6());
-  }
-  return Multiaddr(addr.is_v4() ? Multiaddr::HostKind::kIp4 : Multiaddr::HostKind::kIp6,
-                   addr.to_string(), ep.port());
-}
 
 // Local interface addresses of one family, loopback first.
 std::vector<std::string> InterfaceAddresses(bool v6) {
@@ -143,7 +135,7 @@ Status Host::Start() {
       return Unavailable("cannot listen on " + addr.ToString() + ": " + ec.message() + hint);
     }
     auto bound = acceptor->local_endpoint(ec);
-    bound_.push_back(FromEndpoint(bound));
+    bound_.push_back(EndpointAddress(bound));
     acceptors_.push_back(acceptor);
   }
   work_.emplace(io_.get_executor());
@@ -424,12 +416,8 @@ asio::awaitable<void> Host::AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> 
 Status Host::ReserveInbound(const asio::ip::address& ip, std::string* key,
                             std::shared_ptr<Connection>* evict) {
   // An IPv4 peer on a dual-stack listener is the same address as on an IPv4 one.
-  const asio::ip::address source =
-      ip.is_v6() && ip.to_v6().is_v4_mapped()
-          ? asio::ip::address(asio::ip::make_address_v4(asio::ip::v4_mapped, ip.to_v6()))
-          : ip;
-  const bool exempt = source.is_loopback() && !options_.limit_loopback_addresses;
-  if (exempt) {
+  const std::string address = SourceKey(ip, options_.limit_loopback_addresses);
+  if (address.empty()) {
     if (connection_count_ >= options_.max_connections) {
       ++slot_refusals_.full;
       return ResourceExhausted("already " + std::to_string(connection_count_) +
@@ -438,7 +426,6 @@ Status Host::ReserveInbound(const asio::ip::address& ip, std::string* key,
     ++connection_count_;  // reserved during the handshake
     return Status::Ok();
   }
-  const std::string address = source.to_string();
   auto held = [](InboundAddress& a) {
     std::erase_if(a.open, [](const std::weak_ptr<Connection>& c) { return c.expired(); });
     return a.handshakes + a.open.size();
@@ -527,7 +514,7 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
                                            std::string inbound_key) {
   std::error_code ec;
   auto remote_ep = socket.remote_endpoint(ec);
-  Multiaddr remote = ec ? Multiaddr() : FromEndpoint(remote_ep);
+  Multiaddr remote = ec ? Multiaddr() : EndpointAddress(remote_ep);
   // Through a relay, the socket's far end is the relay: it cannot tell us our address.
   const std::string observed = relay ? std::string() : remote.ToString();
   if (relay) remote = *relay;
@@ -760,7 +747,8 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
       co_return relayed;
     }
   }
-  const std::string observed = address.is_relayed() ? std::string() : FromEndpoint(ep).ToString();
+  const std::string observed =
+      address.is_relayed() ? std::string() : EndpointAddress(ep).ToString();
   auto hs = co_await RunHandshake(
       socket, MakeHandshakeOptions(Role::kInitiator, address.peer_id(), observed), "peer " + desc);
   if (!hs.ok()) {

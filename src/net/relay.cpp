@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "net/relay_wire.h"
 #include "net/run_on_strand.h"
+#include "net/source_address.h"
 
 namespace colony::net {
 namespace {
@@ -95,15 +96,6 @@ void KeepAlive(tcp::socket& socket) {
 
 // Connections to the circuit port that have not sent their request line yet.
 constexpr size_t kMaxUnidentified = 256;
-
-Multiaddr FromEndpoint(const tcp::endpoint& ep) {
-  auto addr = ep.address();
-  if (addr.is_v6() && addr.to_v6().is_v4_mapped()) {
-    addr = asio::ip::make_address_v4(asio::ip::v4_mapped, addr.to_v6());
-  }
-  return Multiaddr(addr.is_v4() ? Multiaddr::HostKind::kIp4 : Multiaddr::HostKind::kIp6,
-                   addr.to_string(), ep.port());
-}
 
 }  // namespace
 
@@ -201,14 +193,7 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   // The address `host` is limited under (empty: exempt, a loopback address unless
   // limit_loopback_addresses).
   std::string Limited(const std::string& ip_text) const {
-    std::error_code ec;
-    auto ip = asio::ip::make_address(ip_text, ec);
-    if (ec) return {};
-    if (ip.is_v6() && ip.to_v6().is_v4_mapped()) {
-      ip = asio::ip::make_address_v4(asio::ip::v4_mapped, ip.to_v6());
-    }
-    if (ip.is_loopback() && !options.limit_loopback_addresses) return {};
-    return ip.to_string();
+    return SourceKey(ip_text, options.limit_loopback_addresses);
   }
   // A slot for a socket from `address`, or null when the address holds its cap.
   std::shared_ptr<AddressSlot> TakeAddress(const std::string& source) {
@@ -568,7 +553,7 @@ Result<std::unique_ptr<Relay>> Relay::Start(Host& host, RelayOptions options) {
     return Unavailable("cannot open the relay's circuit port on " +
                        impl->options.listen.ToString() + ": " + ec.message());
   }
-  Multiaddr bound = FromEndpoint(impl->acceptor->local_endpoint());
+  Multiaddr bound = EndpointAddress(impl->acceptor->local_endpoint());
   if (bound.host() == "0.0.0.0")
     bound = Multiaddr(Multiaddr::HostKind::kIp4, "127.0.0.1", bound.port());
   if (bound.host() == "::") bound = Multiaddr(Multiaddr::HostKind::kIp6, "::1", bound.port());

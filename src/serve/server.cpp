@@ -34,6 +34,12 @@ Status BlockServer::Impl::Init() {
     return InvalidArgument(
         fmt::format("unknown quantization '{}'; use none or int8", options_.quantize));
   }
+  if (!(options_.cache_share_per_address > 0 && options_.cache_share_per_address <= 1) ||
+      options_.max_sessions_per_address == 0) {
+    return InvalidArgument(fmt::format(
+        "cache_share_per_address {} must be in (0, 1] and max_sessions_per_address {} at least 1",
+        options_.cache_share_per_address, options_.max_sessions_per_address));
+  }
   COLONY_ASSIGN_OR_RETURN(config_, model::LoadLlamaConfig(options_.model_dir));
   if (options_.model_name.empty()) {
     options_.model_name = std::filesystem::absolute(options_.model_dir).filename().string();

@@ -13,8 +13,8 @@
 //
 // Limits (every byte from the network is untrusted): batch, length and element caps per request,
 // a KV-cache memory budget reserved per session up front (waiting up to alloc_timeout for room),
-// a cap on sessions, an idle timeout per session, and a bounded compute queue in which inference
-// steps run before training requests.
+// caps on sessions and cache per server and per client address, an idle timeout per session, and a
+// bounded compute queue in which inference steps run before training requests.
 #pragma once
 
 #include <atomic>
@@ -54,6 +54,14 @@ struct ServerOptions {
   std::chrono::milliseconds alloc_timeout{5'000};
   std::chrono::milliseconds session_idle_timeout{60'000};
   size_t max_sessions = 128;
+  // Per client address (the IP a session's stream comes from; a client reached through a relay
+  // counts under its peer id, the relay capping circuits per address): the sessions and the share
+  // of cache_bytes that one address may hold, so that one machine cannot take every session or
+  // the whole cache. Loopback clients are exempt unless limit_loopback_addresses (a swarm on one
+  // machine shares 127.0.0.1).
+  size_t max_sessions_per_address = 32;
+  double cache_share_per_address = 0.25;
+  bool limit_loopback_addresses = false;
   // Elements (batch x tokens x hidden) per forward/backward request.
   int64_t max_request_elements = int64_t{1} << 24;
   size_t max_queued_tasks = 256;

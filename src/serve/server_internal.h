@@ -53,6 +53,8 @@ struct Session {
   uint64_t last_step = 0;
   PushTarget next;        // set by the client (open or any step); empty: no push
   std::string client_ip;  // where the client's session stream comes from (push targets' rule)
+  // What the per-address caps count the session under ("": exempt).
+  std::string source;
   // The server whose pushes the session accepts (named by the client; guarded by the server's
   // mu_, since pushes arrive on other connections).
   std::optional<PeerId> upstream;
@@ -141,7 +143,12 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   // A push target a client at `client_ip` may name: a /p2p/ address this server may dial for it
   // (net/dial_targets.h: no loopback or private address for a client on the Internet).
   static Status CheckPushTarget(const PushTarget& target, const std::string& client_ip);
-  asio::awaitable<Status> ReserveCache(net::CallContext& ctx, int64_t bytes);
+  // Reserves `bytes` of the cache budget for a session from `source` (waiting up to
+  // alloc_timeout for room, within the server's and the address's share).
+  asio::awaitable<Status> ReserveCache(net::CallContext& ctx, const std::string& source,
+                                       int64_t bytes);
+  // The key a session's per-address caps count it under ("": exempt).
+  std::string SessionSource(const net::CallContext& ctx) const;
   static asio::awaitable<void> SendPush(std::shared_ptr<Impl> self, Multiaddr addr,
                                         net::Message message);
   static asio::awaitable<void> ReadSteps(std::shared_ptr<net::Stream> stream,
@@ -171,6 +178,11 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   int64_t cache_used_ = 0;
   int64_t weight_bytes_ = 0;
   std::map<std::string, std::shared_ptr<Session>> sessions_;
+  struct SourceUse {
+    size_t sessions = 0;
+    int64_t cache_bytes = 0;
+  };
+  std::map<std::string, SourceUse> sources_;  // by SessionSource; guarded by mu_
   uint64_t steps_ = 0, pushes_used_ = 0, duplicates_ = 0, forwards_ = 0, backwards_ = 0;
 };
 

@@ -12,6 +12,7 @@
 
 #include "core/log.h"
 #include "net/dial_targets.h"
+#include "net/source_address.h"
 #include "runtime/tensor_io.h"
 #include "serve/server_internal.h"
 
@@ -66,27 +67,55 @@ Status BlockServer::Impl::CheckPushTarget(const PushTarget& target, const std::s
   return Status::Ok();
 }
 
-asio::awaitable<Status> BlockServer::Impl::ReserveCache(net::CallContext& ctx, int64_t bytes) {
+std::string BlockServer::Impl::SessionSource(const net::CallContext& ctx) const {
+  const Multiaddr remote = ctx.remote_address();
+  // A relay caps circuits per source address; behind it each peer counts on its own.
+  if (remote.is_relayed()) return "relayed " + ctx.peer().ToString();
+  return net::SourceKey(remote.host(), options_.limit_loopback_addresses);
+}
+
+asio::awaitable<Status> BlockServer::Impl::ReserveCache(net::CallContext& ctx,
+                                                        const std::string& source, int64_t bytes) {
   if (bytes > options_.cache_bytes) {
     co_return ResourceExhausted(fmt::format(
         "the session needs {:.1f} MiB of KV cache, more than this server's whole budget of "
         "{:.1f} MiB; use a smaller batch or max_length",
         bytes / 1048576.0, options_.cache_bytes / 1048576.0));
   }
+  const int64_t share = source.empty()
+                            ? options_.cache_bytes
+                            : static_cast<int64_t>(options_.cache_share_per_address *
+                                                   static_cast<double>(options_.cache_bytes));
+  if (bytes > share) {
+    co_return ResourceExhausted(fmt::format(
+        "the session needs {:.1f} MiB of KV cache, more than one client address may hold on "
+        "this server ({:.1f} MiB, {:.0f}% of its budget); use a smaller batch or max_length",
+        bytes / 1048576.0, share / 1048576.0, 100 * options_.cache_share_per_address));
+  }
   const auto deadline = Clock::now() + options_.alloc_timeout;
   asio::steady_timer timer(co_await asio::this_coro::executor);
   while (true) {
-    int64_t used = 0;
+    int64_t used = 0, own = 0;
     {
       std::lock_guard lock(mu_);
       if (stopped_) co_return Unavailable("the server is shutting down");
-      if (cache_used_ + bytes <= options_.cache_bytes) {
+      own = source.empty() ? 0 : sources_[source].cache_bytes;
+      used = cache_used_;
+      if (used + bytes <= options_.cache_bytes && own + bytes <= share) {
         cache_used_ += bytes;
+        if (!source.empty()) sources_[source].cache_bytes += bytes;
         co_return Status();
       }
-      used = cache_used_;
     }
     if (Clock::now() >= deadline || ctx.cancelled()) {
+      if (own + bytes > share) {
+        co_return ResourceExhausted(fmt::format(
+            "no room in the KV cache within {} ms: the session needs {:.1f} MiB and sessions "
+            "from {} already hold {:.1f} of the {:.1f} MiB one address may hold; close "
+            "sessions or use another server",
+            options_.alloc_timeout.count(), bytes / 1048576.0, source, own / 1048576.0,
+            share / 1048576.0));
+      }
       co_return ResourceExhausted(fmt::format(
           "no room in the KV cache within {} ms: the session needs {:.1f} MiB, {:.1f} of "
           "{:.1f} MiB are in use; retry later or use another server",
@@ -177,6 +206,7 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
   s->max_length = open.max_length;
   s->batch = open.batch_size;
   s->client_ip = ctx.remote_address().host();
+  s->source = SessionSource(ctx);
   if (!open.upstream.empty()) s->upstream = *PeerId::Parse(open.upstream);
   COLONY_CO_RETURN_IF_ERROR(CheckPushTarget(open.next, s->client_ip));
   s->next = open.next;
@@ -203,9 +233,19 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
           "this server already runs {} inference sessions (its limit); use another server",
           sessions_.size()));
     }
+    if (!s->source.empty()) {
+      auto it = sources_.find(s->source);
+      if (it != sources_.end() && it->second.sessions >= options_.max_sessions_per_address) {
+        co_return ResourceExhausted(fmt::format(
+            "{} already holds {} inference sessions on this server (the limit per client "
+            "address); close one or use another server",
+            s->source, it->second.sessions));
+      }
+    }
     if (!sessions_.emplace(s->id, s).second) {
       co_return AlreadyExists("an inference session with this id is already open");
     }
+    if (!s->source.empty()) ++sources_[s->source].sessions;
   }
   struct Cleanup {
     Impl* impl;
@@ -217,12 +257,16 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
       std::lock_guard lock(impl->mu_);
       impl->sessions_.erase(s->id);
       impl->cache_used_ -= s->reserved;
+      if (auto it = impl->sources_.find(s->source); it != impl->sources_.end()) {
+        it->second.cache_bytes -= s->reserved;
+        if (--it->second.sessions == 0) impl->sources_.erase(it);
+      }
     }
   } cleanup{this, s};
   const int64_t bytes =
       s->batch * s->max_length * (s->end - s->start) * CacheBytesPerToken(config_, dtype_) +
       tuning_bytes;
-  COLONY_CO_RETURN_IF_ERROR(co_await ReserveCache(ctx, bytes));
+  COLONY_CO_RETURN_IF_ERROR(co_await ReserveCache(ctx, s->source, bytes));
   s->reserved = bytes;
   COLONY_LOG_DEBUG(
       "serve: session {} opened: blocks [{}, {}), batch {}, max_length {}, "

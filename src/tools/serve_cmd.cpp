@@ -42,6 +42,9 @@ struct ServeArgs {
   std::string dtype = "float32";
   std::string quantize = "none";
   int64_t cache_mib = 512;
+  size_t max_sessions = 128;
+  size_t max_sessions_per_address = 32;
+  double cache_share_per_address = 0.25;
   int64_t max_batch = 64;
   int64_t max_length = 0;
   double throughput = 0;
@@ -69,6 +72,9 @@ int RunServe(const ServeArgs& a) {
   o.dtype = a.dtype;
   o.quantize = a.quantize;
   o.cache_bytes = a.cache_mib << 20;
+  o.max_sessions = a.max_sessions;
+  o.max_sessions_per_address = a.max_sessions_per_address;
+  o.cache_share_per_address = a.cache_share_per_address;
   o.max_batch = a.max_batch;
   o.max_length = a.max_length;
   o.torch_threads = a.swarm.threads;
@@ -318,6 +324,17 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
         ->capture_default_str();
     cmd->add_option("--cache-mib", a->cache_mib, "KV cache budget in MiB")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+        ->capture_default_str();
+    cmd->add_option("--max-sessions", a->max_sessions, "inference sessions open at once")
+        ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+        ->capture_default_str();
+    cmd->add_option("--max-sessions-per-address", a->max_sessions_per_address,
+                    "inference sessions one client address may hold (loopback exempt)")
+        ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+        ->capture_default_str();
+    cmd->add_option("--cache-share-per-address", a->cache_share_per_address,
+                    "share of the KV cache one client address may hold (loopback exempt)")
+        ->check(CLI::Range(0.001, 1.0))
         ->capture_default_str();
     cmd->add_option("--max-batch", a->max_batch, "largest batch per request")
         ->capture_default_str();

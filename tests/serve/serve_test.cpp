@@ -93,9 +93,11 @@ class ServeTest : public ::testing::Test {
     return *servers_.back();
   }
 
-  // Starts the client and waits until it sees `expected` servers.
-  void Connect(size_t expected, ClientOptions co = {}) {
+  // Starts the client (dialing from `dial_from`, default the kernel's choice) and waits until it
+  // sees `expected` servers.
+  void Connect(size_t expected, ClientOptions co = {}, const std::string& dial_from = {}) {
     dht::NodeOptions no;
+    no.host.dial_from = dial_from;
     no.initial_peers = {BootstrapAddress()};
     no.dht.client_mode = true;
     auto node = dht::Node::Start(KeyPair::Generate(), no);
@@ -769,6 +771,93 @@ TEST_F(ServeTest, HostileRequestsGetErrorsAndTheServerKeepsServing) {
   auto session = remote.OpenSession({.max_length = 16, .batch_size = 1});
   auto r = session->Step(at::randn({1, 3, 64}));
   EXPECT_TRUE(r.ok()) << r.status().ToString();
+}
+
+// One machine cannot take every inference session or the whole KV cache (issue 15, part 5). The
+// server applies its per-address caps to loopback here, so that 127.0.0.2 plays the attacker's
+// machine (with a new identity per connection: identities are free) and 127.0.0.3 an honest
+// client's.
+TEST_F(ServeTest, OneAddressCannotTakeEverySessionOrTheWholeCache) {
+  ServerOptions o;
+  o.max_sessions = 8;
+  o.max_sessions_per_address = 3;
+  o.cache_share_per_address = 0.5;
+  o.limit_loopback_addresses = true;
+  o.alloc_timeout = 200ms;
+  o.cache_bytes = int64_t{1} << 20;
+  o.max_length = 64;
+  auto& server = AddServer(0, 4, 100, o);
+  const Multiaddr addr = ServerAddress(0);
+  // A session of `tokens` x `batch` over the 4 blocks takes tokens x batch KiB here.
+  const int64_t per_token = CacheBytesPerToken(config_, at::kFloat);
+  ASSERT_EQ(4 * per_token, 1024);
+  std::vector<std::unique_ptr<net::Host>> attackers;
+  auto attacker = [&]() -> net::Host& {
+    net::HostOptions ho;
+    ho.dial_from = "127.0.0.2";
+    attackers.push_back(std::make_unique<net::Host>(KeyPair::Generate(), ho));
+    EXPECT_TRUE(attackers.back()->Start().ok());
+    return *attackers.back();
+  };
+  std::vector<std::shared_ptr<net::Stream>> held;
+  // Sessions: 6 identities from one address, 2 small sessions each; 3 are kept.
+  int refused = 0;
+  for (int i = 0; i < 6; ++i) {
+    net::Host& host = attacker();
+    for (int j = 0; j < 2; ++j) {
+      auto s = RawSession(host, addr, MakeOpen(8, 1));
+      if (s.ok()) {
+        held.push_back(*s);
+        continue;
+      }
+      ++refused;
+      EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted) << s.status().ToString();
+      EXPECT_NE(s.status().message().find("per client address"), std::string::npos)
+          << s.status().ToString();
+    }
+  }
+  EXPECT_EQ(held.size(), 3u);
+  EXPECT_EQ(refused, 9);
+  EXPECT_EQ(server.Stats().sessions, 3u);
+  for (auto& s : held) s->Cancel();
+  held.clear();
+  ASSERT_TRUE(colony::test::WaitUntil([&] { return server.Stats().sessions == 0; }, 5s));
+
+  // Cache: the address's share (512 KiB) in one session; then nothing more, neither a larger
+  // session (refused at once) nor a small one (refused after alloc_timeout).
+  net::Host& host = attacker();
+  auto big = RawSession(host, addr, MakeOpen(64, 8));
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  held.push_back(*big);
+  auto larger = RawSession(attacker(), addr, MakeOpen(64, 9));
+  EXPECT_EQ(larger.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(larger.status().message().find("more than one client address may hold"),
+            std::string::npos)
+      << larger.status().ToString();
+  auto more = RawSession(attacker(), addr, MakeOpen(8, 1));
+  EXPECT_EQ(more.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(more.status().message().find("already hold"), std::string::npos)
+      << more.status().ToString();
+  EXPECT_EQ(server.Stats().cache_bytes_used, 64 * 8 * 1024);
+
+  // The honest client from another address opens a session beside the attacker's and its steps
+  // equal the local blocks.
+  Connect(1, {}, "127.0.0.3");
+  RemoteSequential remote(manager_);
+  auto session = remote.OpenSession({.max_length = 64, .batch_size = 4});
+  at::Tensor x = at::randn({4, 5, config_.hidden_size});
+  auto y = session->Step(x);
+  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(at::allclose(*y, LocalBlocks(x, 0, 4), 0, 1e-3));
+  }
+  EXPECT_EQ(server.Stats().cache_bytes_used, (64 * 8 + 64 * 4) * 1024);
+  EXPECT_EQ(server.Stats().sessions, 2u);
+  session.reset();
+  for (auto& s : held) s->Cancel();
+  ASSERT_TRUE(colony::test::WaitUntil([&] { return server.Stats().cache_bytes_used == 0; }, 5s));
+  for (auto& a : attackers) a->Shutdown();
 }
 
 TEST_F(ServeTest, IdleSessionsAreClosedByTheServer) {

@@ -1,0 +1,31 @@
+#include "net/source_address.h"
+
+namespace colony::net {
+
+asio::ip::address Unmapped(const asio::ip::address& ip) {
+  if (ip.is_v6() && ip.to_v6().is_v4_mapped()) {
+    return asio::ip::make_address_v4(asio::ip::v4_mapped, ip.to_v6());
+  }
+  return ip;
+}
+
+std::string SourceKey(const asio::ip::address& ip, bool limit_loopback) {
+  const asio::ip::address source = Unmapped(ip);
+  if (source.is_loopback() && !limit_loopback) return {};
+  return source.to_string();
+}
+
+std::string SourceKey(const std::string& ip_text, bool limit_loopback) {
+  std::error_code ec;
+  const auto ip = asio::ip::make_address(ip_text, ec);
+  if (ec) return {};
+  return SourceKey(ip, limit_loopback);
+}
+
+Multiaddr EndpointAddress(const asio::ip::tcp::endpoint& ep) {
+  const asio::ip::address addr = Unmapped(ep.address());
+  return Multiaddr(addr.is_v4() ? Multiaddr::HostKind::kIp4 : Multiaddr::HostKind::kIp6,
+                   addr.to_string(), ep.port());
+}
+
+}  // namespace colony::net

@@ -1,0 +1,30 @@
+// The address a remote peer is counted under by the caps per source address (connections and
+// handshakes at a host, reservations and circuits at a relay, inference sessions at a block
+// server): identities are free to create, addresses are not.
+//
+//   const std::string key = net::SourceKey(ip, options.limit_loopback_addresses);
+//   if (!key.empty() && held[key] >= cap) return ResourceExhausted(...);
+#pragma once
+
+#include <asio/ip/address.hpp>
+#include <asio/ip/tcp.hpp>
+#include <string>
+
+#include "core/multiaddr.h"
+
+namespace colony::net {
+
+// An IPv4 peer on a dual-stack listener (::ffff:a.b.c.d) as its IPv4 address; others unchanged.
+asio::ip::address Unmapped(const asio::ip::address& ip);
+
+// The key `ip` is capped under (its unmapped text), or "" when it is exempt: loopback, unless
+// `limit_loopback` (a swarm on one machine shares 127.0.0.1; tests play a second machine from
+// 127.0.0.2 with the caps applied).
+std::string SourceKey(const asio::ip::address& ip, bool limit_loopback);
+// The same for an address in text; "" also when it does not parse.
+std::string SourceKey(const std::string& ip_text, bool limit_loopback);
+
+// `ep` as an /ip4/ or /ip6/ multiaddr, unmapped.
+Multiaddr EndpointAddress(const asio::ip::tcp::endpoint& ep);
+
+}  // namespace colony::net
