@@ -129,6 +129,7 @@ void AllReduceRun::Exclude(uint32_t s, const std::string& why) {
 void AllReduceRun::Accumulate(uint32_t s, size_t k, std::vector<float> values) {
   Reduced& part = parts_[k];
   const double w = senders_[s].weight;
+  part.max_abs = std::max(part.max_abs, MaxAbs(values));
   if (impl_->options_.centered_clip) {
     part.inputs.push_back(std::move(values));
     part.input_weights.push_back(w);
@@ -146,6 +147,7 @@ void AllReduceRun::AccumulateRaw(uint32_t s, size_t k, ByteSpan values) {
   Reduced& part = parts_[k];
   const double w = senders_[s].weight;
   const size_t n = values.size() / sizeof(float);
+  part.max_abs = std::max(part.max_abs, MaxAbsBytes(values));
   if (impl_->options_.centered_clip) {
     std::vector<float> copy(n);
     CopyScaledBytes(copy, values, 1.0f);
@@ -204,7 +206,17 @@ void AllReduceRun::Finalize(size_t k) {
       *mean = std::move(part.acc);
       Scale(*mean, static_cast<float>(1.0 / part.weight));
     }
-    if (raw()) {
+    // A reducer checks its own output before anyone gets it: a mean never leaves the range of
+    // its inputs, so one that does (an overflow of the weighted sums, a bug) is not sent, and
+    // every member keeps its own values for this part.
+    if (!OutputWithinInputs(*mean, part.max_abs)) {
+      COLONY_LOG_ERROR(
+          "averaging: the reduced part [{}, {}) of group {} is not finite or exceeds its "
+          "inputs' largest magnitude {:g}; it is not sent, and the members keep their own "
+          "values for it",
+          b, e, HexEncode(AsBytes(group_.group_id)).substr(0, 8), part.max_abs);
+      part.contributors.clear();
+    } else if (raw()) {
       part.result_bytes =
           ByteSpan(reinterpret_cast<const uint8_t*>(mean->data()), mean->size() * sizeof(float));
       part.result_owner = mean;
@@ -274,6 +286,12 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
   if (sender.connected) co_return AlreadyExists("this sender is already connected");
   if (sender.excluded)
     co_return Status(StatusCode::kAborted, "this sender was excluded from the all-reduce");
+  if (hello.weight > impl_->options_.max_weight) {
+    const std::string why = fmt::format("it declared a weight of {:g}, above max_weight {:g}",
+                                        hello.weight, impl_->options_.max_weight);
+    Exclude(s, why);
+    co_return InvalidArgument(why);
+  }
   sender.connected = true;
   sender.stream = stream;
   sender.weight = hello.weight;

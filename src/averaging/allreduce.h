@@ -44,6 +44,7 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
     std::vector<std::vector<float>> inputs;  // CenteredClip keeps every input
     std::vector<double> input_weights;
     double weight = 0;
+    float max_abs = 0;  // the largest |value| received: the output must not exceed it
     std::vector<uint32_t> contributors;
     // The final part as it goes on the wire (null when nobody contributed): raw float32 when
     // the codec is none, else the encoded bytes.

@@ -91,6 +91,9 @@ Status Averager::Impl::Init() {
                     options_.min_group_size, options_.target_group_size, kMaxGroupSize));
   }
   if (!(options_.bandwidth > 0)) return InvalidArgument("bandwidth must be positive");
+  if (!(options_.max_weight > 0) || !std::isfinite(options_.max_weight)) {
+    return InvalidArgument("max_weight must be positive and finite");
+  }
   if (options_.part_size_bytes < sizeof(float)) {
     return InvalidArgument("part_size_bytes must hold at least one value");
   }
@@ -194,8 +197,11 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
   if (o.gather.size() > kMaxGatheredBytes) {
     co_return InvalidArgument("gathered metadata is limited to 64 KiB");
   }
-  if (!std::isfinite(o.weight) || o.weight < 0) {
-    co_return InvalidArgument("the step's weight must be finite and not negative");
+  if (!std::isfinite(o.weight) || o.weight < 0 || o.weight > options_.max_weight) {
+    co_return InvalidArgument(fmt::format(
+        "the step's weight {:g} must be finite, not negative and at most max_weight {:g} "
+        "(other members exclude a sender declaring more)",
+        o.weight, options_.max_weight));
   }
   if (o.group_bits) {
     if (Status st = CheckGroupBits(*o.group_bits); !st.ok()) co_return st;

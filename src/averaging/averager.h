@@ -83,6 +83,11 @@ struct AveragerOptions {
   // A sender that delivers no part for this long is excluded from the parts not yet reduced; a
   // reducer that returns no part for twice this long leaves its span at the local values.
   std::chrono::milliseconds part_timeout{5'000};
+  // The largest weight a member may declare (its own steps included): a sender whose hello
+  // declares more is excluded. Weights near the float range would turn every part's weighted
+  // sum into Inf and the round into nothing; keep this near an honest weight's bound where one
+  // is known (e.g. a few target batches of samples).
+  double max_weight = 1e9;
   // Robust aggregation per part instead of the weighted mean.
   std::optional<CenteredClipOptions> centered_clip;
   // State sharing: donors advertise themselves under "<prefix>.state" every

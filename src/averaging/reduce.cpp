@@ -38,7 +38,33 @@ bool AllFiniteBits(const uint8_t* p, size_t n) {
   return (bad & 0x80000000u) == 0;
 }
 
+// The bits of |x| order as unsigned integers for finite floats, and the loop vectorizes.
+float MaxAbsBits(const uint8_t* p, size_t n) {
+  uint32_t most = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, p + 4 * i, sizeof(b));
+    most = std::max(most, b & 0x7fffffffu);
+  }
+  float out;
+  std::memcpy(&out, &most, sizeof(out));
+  return out;
+}
+
 }  // namespace
+
+float MaxAbs(std::span<const float> x) {
+  return MaxAbsBits(reinterpret_cast<const uint8_t*>(x.data()), x.size());
+}
+
+float MaxAbsBytes(std::span<const uint8_t> x) {
+  return MaxAbsBits(x.data(), x.size() / sizeof(float));
+}
+
+bool OutputWithinInputs(std::span<const float> out, float max_abs_in) {
+  if (!AllFinite(out)) return false;
+  return MaxAbs(out) <= max_abs_in * (1.0f + 1e-4f);
+}
 
 bool AllFinite(std::span<const float> x) {
   return AllFiniteBits(reinterpret_cast<const uint8_t*>(x.data()), x.size());

@@ -27,6 +27,16 @@ void AddScaledBytes(std::span<float> acc, std::span<const uint8_t> x, float w);
 void CopyScaledBytes(std::span<float> out, std::span<const uint8_t> x, float w);
 bool AllFiniteBytes(std::span<const uint8_t> x);
 
+// The largest |x[i]| of finite values (0 for none): what bounds a reducer's output. A weighted
+// mean with non-negative weights, and CenteredClip started inside its inputs' hull, never leave
+// the range of their inputs, so an output above the inputs' largest magnitude (beyond rounding,
+// OutputWithinInputs) is a bug or an overflow, never a result to send.
+float MaxAbs(std::span<const float> x);
+float MaxAbsBytes(std::span<const uint8_t> x);
+// True when every output is finite and |out[i]| <= max_abs_in times (1 + 1e-4) (float rounding
+// of sums over groups of up to about a thousand senders).
+bool OutputWithinInputs(std::span<const float> out, float max_abs_in);
+
 // Each weight capped at the lower median of `weights` (for an even count, the smaller middle).
 std::vector<double> WeightsCappedAtMedian(std::span<const double> weights);
 

@@ -35,6 +35,7 @@ struct AverageArgs {
   int tensors = 1;
   uint64_t seed = 0;
   double weight = 1;
+  double max_weight = 1e9;
   std::string mode = "node";
   size_t target_group_size = 4;
   size_t min_group_size = 2;
@@ -132,6 +133,7 @@ int Run(const AverageArgs& a) {
   options.bandwidth = a.bandwidth_mbps * 1e6 / 8;
   options.max_send_rate = a.max_send_mbps * 1e6 / 8;
   options.part_timeout = SecondsToMillis(a.part_timeout);
+  options.max_weight = a.max_weight;
   if (a.clip_tau > 0)
     options.centered_clip = averaging::CenteredClipOptions{a.clip_tau, a.clip_iterations};
   options.testing.fault = *fault;
@@ -253,6 +255,10 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "seed of this peer's synthetic values")->capture_default_str();
   cmd->add_option("--weight", a->weight, "this peer's weight in the mean")->capture_default_str();
+  cmd->add_option("--max-weight", a->max_weight,
+                  "the largest weight a member may declare (a sender declaring more is excluded)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--mode", a->mode, "node, client or aux")->capture_default_str();
   cmd->add_option("--target-group-size", a->target_group_size, "peers per group")
       ->capture_default_str();

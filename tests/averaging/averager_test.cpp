@@ -209,6 +209,40 @@ TEST(Averager, NonFiniteInputIsRejectedAndTheRestAverage) {
   }
 }
 
+// A member that declares a weight near the float range (its own max_weight allows it) is
+// excluded by every other reducer; before, its weight turned each part's weighted sum into Inf
+// and the reducers wrote NaN into their own values. The honest members average exactly.
+TEST(Averager, AHugeDeclaredWeightIsExcludedAndTheRestAverageExactly) {
+  const size_t n = 10'000;
+  Swarm swarm(n);
+  for (uint64_t i = 0; i < 3; ++i) swarm.Add(i, Options(4));
+  auto attacker = Options(4);
+  attacker.max_weight = 1e308;
+  swarm.Add(3, attacker);
+  auto results = swarm.StepAll({1, 1, 1, 1e300});
+  std::vector<std::vector<float>> honest;
+  for (uint64_t i = 0; i < 3; ++i) honest.push_back(Synthetic(i, n));
+  size_t averaged = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    const auto& data = swarm.peers()[i]->data;
+    for (const auto& part : results[i]->parts) {
+      for (uint32_t c : part.contributors) {
+        EXPECT_NE(results[i]->members[c].gathered, "peer3") << "peer " << i;
+      }
+      if (part.contributors.size() != 3) continue;
+      ++averaged;
+      for (uint64_t k = part.begin; k < part.end; ++k) {
+        const double mean = (double{honest[0][k]} + honest[1][k] + honest[2][k]) / 3;
+        ASSERT_NEAR(data[k], mean, 1e-6) << "peer " << i << " value " << k;
+      }
+    }
+    for (size_t k = 0; k < n; ++k) ASSERT_TRUE(std::isfinite(data[k])) << "peer " << i;
+  }
+  // The three honest reducers' spans are averaged by all three honest members.
+  EXPECT_GE(averaged, 9u);
+}
+
 TEST(Averager, LoadStatePicksTheHighestPriorityDonor) {
   const size_t n = 300'000;
   Swarm swarm(n);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <set>
 
@@ -174,6 +175,28 @@ TEST(Reduce, CenteredClipIsNotDefeatedByAHugeWeight) {
   EXPECT_EQ(WeightsCappedAtMedian(std::vector<double>{1, 2, 3, 1e300}),
             (std::vector<double>{1, 2, 2, 2}));
   EXPECT_EQ(WeightsCappedAtMedian(std::vector<double>{5}), (std::vector<double>{5}));
+}
+
+// A reducer's output check: finite and within its inputs' largest magnitude (plus rounding).
+TEST(Reduce, AnOutputOutsideItsInputsIsCaught) {
+  const std::vector<float> in = {-3.0f, 2.0f, 0.5f};
+  EXPECT_EQ(MaxAbs(in), 3.0f);
+  std::vector<uint8_t> bytes(in.size() * sizeof(float));
+  std::memcpy(bytes.data(), in.data(), bytes.size());
+  EXPECT_EQ(MaxAbsBytes(bytes), 3.0f);
+  EXPECT_EQ(MaxAbs(std::vector<float>{}), 0.0f);
+  EXPECT_TRUE(OutputWithinInputs(std::vector<float>{-3.0f, 1.0f}, 3.0f));
+  EXPECT_TRUE(OutputWithinInputs(std::vector<float>{3.00001f}, 3.0f));  // rounding
+  EXPECT_FALSE(OutputWithinInputs(std::vector<float>{3.01f}, 3.0f));
+  EXPECT_FALSE(OutputWithinInputs(std::vector<float>{-4.0f}, 3.0f));
+  EXPECT_FALSE(OutputWithinInputs(std::vector<float>{NAN}, 3.0f));
+  EXPECT_FALSE(OutputWithinInputs(std::vector<float>{INFINITY}, 3.0f));
+  // A weighted mean of many senders stays within bounds after float rounding.
+  std::vector<float> acc(1, 0.0f);
+  const std::vector<float> x = {0.1f};
+  for (int i = 0; i < 1000; ++i) AddScaled(acc, x, 0.37f);
+  Scale(acc, 1.0f / 370.0f);
+  EXPECT_TRUE(OutputWithinInputs(acc, 0.1f)) << acc[0];
 }
 
 TEST(Wire, RoundTripsAndRejectsHostileMessages) {
