@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "adversary/attack_measurements.h"
 #include "adversary/hostile_peer.h"
 #include "dht/node.h"
 #include "dht/validation.h"
@@ -799,6 +800,27 @@ TEST_F(ServeTest, OneAddressCannotTakeEverySessionOrTheWholeCache) {
     EXPECT_TRUE(attackers.back()->Start().ok());
     return *attackers.back();
   };
+  // The honest client (from 127.0.0.3) generates beside the attacks, one token per step: its
+  // step latencies before and during them, and its outputs against the local blocks at the end.
+  Connect(1, {}, "127.0.0.3");
+  RemoteSequential remote(manager_);
+  auto honest = remote.OpenSession({.max_length = 64, .batch_size = 1});  // 64 KiB
+  const at::Tensor x = at::randn({1, 40, config_.hidden_size});
+  std::vector<at::Tensor> outputs;
+  int64_t position = 0;
+  auto honest_steps = [&](int64_t tokens) {
+    std::vector<double> latencies;
+    for (int64_t i = 0; i < tokens; ++i, ++position) {
+      const auto t0 = Clock::now();
+      auto y = honest->Step(x.narrow(1, position, 1));
+      latencies.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      EXPECT_TRUE(y.ok()) << y.status().ToString();
+      if (y.ok()) outputs.push_back(*y);
+    }
+    return latencies;
+  };
+  const auto before = honest_steps(10);
+
   std::vector<std::shared_ptr<net::Stream>> held;
   // Sessions: 6 identities from one address, 2 small sessions each; 3 are kept.
   int refused = 0;
@@ -818,10 +840,11 @@ TEST_F(ServeTest, OneAddressCannotTakeEverySessionOrTheWholeCache) {
   }
   EXPECT_EQ(held.size(), 3u);
   EXPECT_EQ(refused, 9);
-  EXPECT_EQ(server.Stats().sessions, 3u);
+  EXPECT_EQ(server.Stats().sessions, 4u);
+  auto during = honest_steps(10);
   for (auto& s : held) s->Cancel();
   held.clear();
-  ASSERT_TRUE(colony::test::WaitUntil([&] { return server.Stats().sessions == 0; }, 5s));
+  ASSERT_TRUE(colony::test::WaitUntil([&] { return server.Stats().sessions == 1; }, 5s));
 
   // Cache: the address's share (512 KiB) in one session; then nothing more, neither a larger
   // session (refused at once) nor a small one (refused after alloc_timeout).
@@ -838,23 +861,27 @@ TEST_F(ServeTest, OneAddressCannotTakeEverySessionOrTheWholeCache) {
   EXPECT_EQ(more.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(more.status().message().find("already hold"), std::string::npos)
       << more.status().ToString();
-  EXPECT_EQ(server.Stats().cache_bytes_used, 64 * 8 * 1024);
+  EXPECT_EQ(server.Stats().cache_bytes_used, (64 * 8 + 64) * 1024);
+  const auto also_during = honest_steps(20);
+  during.insert(during.end(), also_during.begin(), also_during.end());
 
-  // The honest client from another address opens a session beside the attacker's and its steps
-  // equal the local blocks.
-  Connect(1, {}, "127.0.0.3");
-  RemoteSequential remote(manager_);
-  auto session = remote.OpenSession({.max_length = 64, .batch_size = 4});
-  at::Tensor x = at::randn({4, 5, config_.hidden_size});
-  auto y = session->Step(x);
-  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  // The honest client opens another session beside the attacker's (its address holds 64 KiB).
+  auto second = remote.OpenSession({.max_length = 64, .batch_size = 4});
+  const at::Tensor x4 = at::randn({4, 5, config_.hidden_size});
+  auto y4 = second->Step(x4);
+  ASSERT_TRUE(y4.ok()) << y4.status().ToString();
+  EXPECT_EQ(server.Stats().cache_bytes_used, (64 * 8 + 64 + 64 * 4) * 1024);
+  EXPECT_EQ(server.Stats().sessions, 3u);
   {
     at::NoGradGuard no_grad;
-    EXPECT_TRUE(at::allclose(*y, LocalBlocks(x, 0, 4), 0, 1e-3));
+    EXPECT_TRUE(at::allclose(*y4, LocalBlocks(x4, 0, 4), 0, 1e-3));
+    ASSERT_EQ(outputs.size(), 40u);
+    EXPECT_TRUE(at::allclose(at::cat(outputs, 1), LocalBlocks(x, 0, 4), 0, 1e-3));
   }
-  EXPECT_EQ(server.Stats().cache_bytes_used, (64 * 8 + 64 * 4) * 1024);
-  EXPECT_EQ(server.Stats().sessions, 2u);
-  session.reset();
+  // Each step is a few milliseconds here; the floor of the bound keeps scheduling noise out.
+  EXPECT_LT(colony::test::RecordHonestSlowdown(before, during), 10);
+  honest.reset();
+  second.reset();
   for (auto& s : held) s->Cancel();
   ASSERT_TRUE(colony::test::WaitUntil([&] { return server.Stats().cache_bytes_used == 0; }, 5s));
   for (auto& a : attackers) a->Shutdown();
