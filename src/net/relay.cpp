@@ -96,6 +96,9 @@ void KeepAlive(tcp::socket& socket) {
 
 // Connections to the circuit port that have not sent their request line yet.
 constexpr size_t kMaxUnidentified = 256;
+// Circuits a reservation holder accepts at once (each a socket to the relay's circuit port for up
+// to 10 s): a hostile relay's flood of notices must not take every file descriptor.
+constexpr size_t kMaxPendingAccepts = 64;
 
 }  // namespace
 
@@ -609,6 +612,8 @@ struct RelayReservation::Impl : std::enable_shared_from_this<RelayReservation::I
   std::shared_ptr<Stream> stream;
   std::atomic<bool> stopped{false};
   std::atomic<uint64_t> accepted{0};
+  std::atomic<size_t> accepting{0};  // AcceptCircuit calls running
+  uint64_t dropped_notices = 0;      // on Run's coroutine only
 
   void Report(const Status& st) {
     std::lock_guard lock(mu);
@@ -692,9 +697,20 @@ asio::awaitable<void> RelayReservation::Impl::Run() {
             (*opened)->Cancel(ProtocolError("malformed circuit notice"));
             break;
           }
+          if (accepting.load() >= kMaxPendingAccepts) {
+            if (dropped_notices++ % 1000 == 0) {
+              COLONY_LOG_WARN(
+                  "relay {} announces more than {} circuits at once; dropping the excess ({} so "
+                  "far)",
+                  desc, kMaxPendingAccepts, dropped_notices);
+            }
+            continue;
+          }
+          ++accepting;
           auto accept = [self, id = request->circuit,
                          token = request->token]() -> asio::awaitable<void> {
             co_await self->AcceptCircuit(id, token);
+            --self->accepting;
           };
           asio::co_spawn(host.io_context(), std::move(accept), asio::detached);
         }

@@ -48,6 +48,10 @@ struct Session {
   std::string id;
   int64_t start = 0, end = 0, max_length = 0, batch = 0;
   int64_t reserved = 0;
+  // The most tensor bytes one step can use (a whole session's hidden states in float32 and its
+  // hypo ids): a larger step is refused before it is queued, so that what a session's queue
+  // holds is bounded by the session's own size, not by the transport's message limit.
+  uint64_t max_step_bytes = 0;
   std::vector<model::KVCache> caches;
   int64_t length = 0;
   uint64_t last_step = 0;
@@ -143,6 +147,8 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   // A push target a client at `client_ip` may name: a /p2p/ address this server may dial for it
   // (net/dial_targets.h: no loopback or private address for a client on the Internet).
   static Status CheckPushTarget(const PushTarget& target, const std::string& client_ip);
+  // Whether a step's tensors fit the session (Session::max_step_bytes).
+  static Status CheckStepSize(const Session& s, const std::vector<net::TensorFrame>& tensors);
   // Reserves `bytes` of the cache budget for a session from `source` (waiting up to
   // alloc_timeout for room, within the server's and the address's share).
   asio::awaitable<Status> ReserveCache(net::CallContext& ctx, const std::string& source,

@@ -40,6 +40,7 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Push(const PeerId& from
     co_return PermissionDenied(
         "this session accepts pushes only from the server its client named before it");
   }
+  if (Status st = CheckStepSize(*s, m.tensors); !st.ok()) co_return st;
   auto input = std::make_shared<Input>();
   input->step = std::move(req->step);  // never with a next hop: the client chooses it
   input->tensors = std::move(m.tensors);
@@ -47,6 +48,19 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Push(const PeerId& from
   // Never wait for room: when the session is busy the client's own copy of the step follows.
   (void)s->channel->try_send(asio::error_code{}, input);
   co_return net::Message();
+}
+
+Status BlockServer::Impl::CheckStepSize(const Session& s,
+                                        const std::vector<net::TensorFrame>& tensors) {
+  uint64_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.data.size();
+  if (bytes > s.max_step_bytes) {
+    return InvalidArgument(fmt::format(
+        "a step of {} bytes is larger than this session can use (at most {}: batch {} x "
+        "max_length {} hidden states)",
+        bytes, s.max_step_bytes, s.batch, s.max_length));
+  }
+  return Status::Ok();
 }
 
 Status BlockServer::Impl::CheckPushTarget(const PushTarget& target, const std::string& client_ip) {
@@ -142,8 +156,9 @@ asio::awaitable<void> BlockServer::Impl::ReadSteps(std::shared_ptr<net::Stream> 
     InputPtr input;
     if (m.ok() && *m) {
       auto step = DecodeStep((*m)->meta);
-      if (!step.ok()) {
-        stream->Cancel(step.status());
+      Status size = step.ok() ? CheckStepSize(*s, (*m)->tensors) : step.status();
+      if (!size.ok()) {
+        stream->Cancel(size);
       } else {
         input = std::make_shared<Input>();
         input->step = std::move(*step);
@@ -205,6 +220,9 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
   s->end = open.end;
   s->max_length = open.max_length;
   s->batch = open.batch_size;
+  s->max_step_bytes =
+      static_cast<uint64_t>(s->batch * s->max_length * config_.hidden_size) * sizeof(float) +
+      static_cast<uint64_t>(s->batch) * sizeof(int64_t);
   s->client_ip = ctx.remote_address().host();
   s->source = SessionSource(ctx);
   if (!open.upstream.empty()) s->upstream = *PeerId::Parse(open.upstream);

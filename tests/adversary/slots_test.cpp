@@ -10,7 +10,9 @@
 // And against a circuit relay (net/relay.h), the same way:
 //  - one address reserving with many identities gets max_reservations_per_address of them;
 //  - one address flooding the circuit port holds max_circuit_sockets_per_address sockets;
-//  - a circuit that goes silent is closed after circuit_idle_timeout.
+//  - a circuit that goes silent is closed after circuit_idle_timeout;
+//  - a hostile relay's flood of circuit notices makes its holder connect back a bounded number
+//    of times at once.
 // An honest peer's calls succeed beside each attack.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@
 #include <asio/use_future.hpp>
 #include <cerrno>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "adversary/attack_measurements.h"
@@ -298,6 +301,67 @@ TEST(RelayAttack, ASilentCircuitIsReclaimed) {
   Status through = Echo(*caller, honest.reservation->address());
   EXPECT_TRUE(through.ok()) << through.ToString();
   ::close(fd);
+}
+
+// A hostile relay (one a peer behind NAT picked from the swarm's list) floods its reservation
+// holder with circuit notices: the holder connects back for at most 64 of them at once and drops
+// the rest, instead of opening a socket for each (1,000 here; any number, until it runs out of
+// file descriptors).
+TEST(RelayAttack, AFloodOfCircuitNoticesFromARelayIsCapped) {
+  // The relay's "circuit port": accepts connections and never answers (each accept waits).
+  const int port_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &any.sin_addr);
+  ASSERT_EQ(::bind(port_fd, reinterpret_cast<sockaddr*>(&any), sizeof any), 0);
+  ASSERT_EQ(::listen(port_fd, 4096), 0);
+  socklen_t len = sizeof any;
+  ASSERT_EQ(::getsockname(port_fd, reinterpret_cast<sockaddr*>(&any), &len), 0);
+  const uint16_t circuit_port = ntohs(any.sin_port);
+
+  HostOptions h;
+  h.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  Host relay(KeyPair::Generate(), h);
+  ASSERT_TRUE(relay.Start().ok());
+  constexpr int kNotices = 1000;
+  relay.RegisterBidiStreaming(
+      kRelayReserveMethod, [&relay, circuit_port](CallContext& ctx) -> asio::awaitable<Status> {
+        const Multiaddr granted = Multiaddr(Multiaddr::HostKind::kIp4, "127.0.0.1", circuit_port)
+                                      .WithPeerId(relay.peer_id())
+                                      .Relaying(ctx.peer());
+        Status st = co_await ctx.stream().Write(Message(granted.ToString()));
+        for (int i = 0; st.ok() && i < kNotices; ++i) {
+          st = co_await ctx.stream().Write(
+              Message(std::to_string(i + 1) + " " + std::string(kRelayTokenHexLength, 'a')));
+        }
+        auto end = co_await ctx.stream().Read();  // until the holder leaves
+        co_return end.ok() ? Status::Ok() : end.status();
+      });
+  auto holder = Peer();
+  auto reservation = RelayReservation::Start(*holder, relay.ListenAddresses()[0], 10s);
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  // Count the connections that reach the circuit port until none has come for a second.
+  int connections = 0;
+  std::vector<int> accepted;
+  auto quiet_since = std::chrono::steady_clock::now();
+  const auto deadline = std::chrono::steady_clock::now() + test::HangGuard(20s);
+  while (std::chrono::steady_clock::now() - quiet_since < 1s &&
+         std::chrono::steady_clock::now() < deadline) {
+    const int fd = ::accept(port_fd, nullptr, nullptr);
+    if (fd >= 0) {
+      accepted.push_back(fd);
+      ++connections;
+      quiet_since = std::chrono::steady_clock::now();
+    } else {
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+  EXPECT_GT(connections, 0);
+  EXPECT_LE(connections, 64);
+  (*reservation).reset();
+  for (int fd : accepted) ::close(fd);
+  ::close(port_fd);
+  relay.Shutdown();
 }
 
 }  // namespace

@@ -629,6 +629,21 @@ Result<std::shared_ptr<net::Stream>> RawSession(net::Host& host, const Multiaddr
   return fut.get();
 }
 
+// Writes one message on a session's stream and reads the answer: OK, or the error that ended the
+// session.
+Status StepOnce(net::Host& host, std::shared_ptr<net::Stream> stream, net::Message m) {
+  auto fut = asio::co_spawn(
+      host.io_context(),
+      [stream, m]() -> asio::awaitable<Status> {
+        Status st = co_await stream->Write(m);
+        if (!st.ok()) co_return st;
+        auto r = co_await stream->Read();
+        co_return r.ok() ? Status() : r.status();
+      },
+      asio::use_future);
+  return fut.get();
+}
+
 pb::OpenSession MakeOpen(int64_t max_length, int64_t batch) {
   static int counter = 0;
   pb::OpenSession o;
@@ -750,17 +765,21 @@ TEST_F(ServeTest, HostileRequestsGetErrorsAndTheServerKeepsServing) {
     net::Message m(step.SerializeAsString());
     m.tensors.push_back(*runtime::ToFrame(at::randn({1, 1, 64})));
     auto stream = held.front();
-    auto fut = asio::co_spawn(
-        host.io_context(),
-        [stream, m]() -> asio::awaitable<Status> {
-          Status st = co_await stream->Write(m);
-          if (!st.ok()) co_return st;
-          auto r = co_await stream->Read();
-          co_return r.ok() ? Status() : r.status();
-        },
-        asio::use_future);
-    Status st = fut.get();
+    Status st = StepOnce(host, stream, m);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  }
+  // A step larger than its session can use (8 tokens here) is refused before it is queued, so
+  // that a session's queue holds at most a few of its own steps, not 64 MiB messages.
+  {
+    pb::Step step;
+    step.set_step_id(1);
+    net::Message m(step.SerializeAsString());
+    m.tensors.push_back(*runtime::ToFrame(at::randn({1, 9, 64})));
+    auto stream = held.at(1);
+    Status st = StepOnce(host, stream, m);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find("larger than this session can use"), std::string::npos)
+        << st.ToString();
   }
   for (auto& s : held) s->Cancel();
   held.clear();
