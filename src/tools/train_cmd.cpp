@@ -19,6 +19,7 @@
 #include "compression/codec.h"
 #include "core/clock.h"
 #include "moe/lm_task.h"
+#include "tools/access_options.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
 #include "train/trainer.h"
@@ -55,6 +56,8 @@ struct TrainFlags {
   double matchmaking_time = 5, averaging_timeout = 60, rejoin_after = 30;
   double bandwidth_mbps = 1000, max_send_mbps = 0;
   std::string moe_grid;
+  std::string identity;
+  AccessArgs access;
 };
 
 // "8" or "4x4": the size of each dimension of an expert grid.
@@ -183,11 +186,20 @@ int Run(const TrainFlags& flags) {
       PrintDone(e);
     }
   };
+  auto identity = flags.identity.empty() ? KeyPair::Generate() : KeyPair::Load(flags.identity);
+  if (!identity.ok()) return Fail(identity.status());
+  auto access = MakeSwarmAccess(flags.access, identity->peer_id());
+  if (!access.ok()) return Fail(access.status());
+  options->identity = std::make_shared<KeyPair>(std::move(*identity));
+  options->access = access->control;
   auto trainer = train::Trainer::Create(std::move(*options), print);
   if (!trainer.ok()) return Fail(trainer.status());
+  // Token renewal and revocations run on the trainer's node, and stop before it goes.
+  access->Attach((*trainer)->node());
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   auto done = (*trainer)->Run();
+  access->Stop();
   return done.ok() ? 0 : Fail(done.status());
 }
 
@@ -221,6 +233,8 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
       ->capture_default_str();
   cmd->add_flag("--client-mode", f->client_mode,
                 "accept no connections (behind NAT): average as a client peer");
+  cmd->add_option("--identity", f->identity, "identity file (default: a new random identity)");
+  AddAccessOptions(cmd, f->access);
   cmd->add_option("--relay", o.relays,
                   "behind NAT: accept connections through this relay peer (repeatable); "
                   "without it a peer that others cannot dial back picks a relay by itself")

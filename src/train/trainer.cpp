@@ -75,7 +75,9 @@ class Trainer::Impl {
       COLONY_ASSIGN_OR_RETURN(auto listen, Multiaddr::Parse(o_.listen));
       node_options.listen = {listen};
     }
-    auto node = dht::Node::Start(KeyPair::Generate(), node_options);
+    node_options.host.access = o_.access;
+    auto node =
+        dht::Node::Start(o_.identity ? std::move(*o_.identity) : KeyPair::Generate(), node_options);
     if (!node.ok()) return node.status().WithContext("joining the DHT");
     node_ = std::move(*node);
 
@@ -122,6 +124,7 @@ class Trainer::Impl {
 
   CollaborativeOptimizer& optimizer() { return *opt_; }
   Task& task() { return *task_; }
+  dht::Node& node() { return *node_; }
 
  private:
   Result<Json> RunAuxiliary() {
@@ -357,5 +360,6 @@ Trainer::~Trainer() = default;
 Result<Json> Trainer::Run() { return impl_->Run(); }
 CollaborativeOptimizer& Trainer::optimizer() { return impl_->optimizer(); }
 Task& Trainer::task() { return impl_->task(); }
+dht::Node& Trainer::node() { return impl_->node(); }
 
 }  // namespace colony::train

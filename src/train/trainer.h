@@ -28,6 +28,7 @@
 
 #include "core/status.h"
 #include "dht/validation.h"
+#include "net/access_control.h"
 #include "train/collaborative.h"
 #include "train/optimizers.h"
 #include "train/task.h"
@@ -44,6 +45,12 @@ struct TrainerOptions {
   std::vector<std::string> initial_peers = {};  // multiaddrs; none: start a new swarm
   std::string listen = "/ip4/127.0.0.1/tcp/0";
   std::vector<std::string> relays = {};  // behind NAT: accept connections through these
+  // The peer's identity (null: a new random one; taken, moved from, when the trainer joins the
+  // swarm) and, in a private swarm, the access policy its host checks every connection against
+  // (net/access_control.h; the command builds both from its flags, and keeps the token fresh on
+  // node() once the trainer is created).
+  std::shared_ptr<KeyPair> identity = nullptr;
+  std::shared_ptr<net::AccessControl> access = nullptr;
   // The record rules the peer's DHT node enforces for every layer sharing the swarm (the
   // `colony` commands pass all of them); empty: those of training and averaging only.
   std::vector<std::shared_ptr<const dht::RecordValidator>> dht_validators = {};
@@ -91,6 +98,8 @@ class Trainer {
 
   CollaborativeOptimizer& optimizer();
   Task& task();
+  // The peer's DHT node (and host), alive as long as the trainer.
+  dht::Node& node();
 
   class Impl;
 

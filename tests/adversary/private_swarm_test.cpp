@@ -161,5 +161,81 @@ TEST_F(PrivateSwarmCli, ARevokedTokenIsRefusedOnceTheRevocationIsPublished) {
   EXPECT_NE(after.err.find("revoked by the authority"), std::string::npos) << after.err;
 }
 
+// Training in a private swarm: two `colony train` members with tokens average every step
+// together, and an outsider's `colony train` is refused with the reason.
+TEST_F(PrivateSwarmCli, MembersTrainTogetherAndAnOutsidersTrainerIsRefused) {
+  const std::vector<std::string> train = {ColonyBinary(),
+                                          "--log-level",
+                                          "warn",
+                                          "train",
+                                          "--task",
+                                          "fashion-mnist",
+                                          "--classifier",
+                                          "linear",
+                                          "--batch-size",
+                                          "8",
+                                          "--target-batch-size",
+                                          "64",
+                                          "--threads",
+                                          "1",
+                                          "--json",
+                                          "--progress-interval",
+                                          "0",
+                                          "--eval-batch-size",
+                                          "64",
+                                          "--eval-every",
+                                          "1000000",
+                                          "--matchmaking-time",
+                                          "2",
+                                          "--averaging-timeout",
+                                          "20",
+                                          "--initial-peers",
+                                          boot_addr_};
+  std::vector<Subprocess> members;
+  for (const std::string name : {"trainer1", "trainer2"}) {
+    ASSERT_TRUE(IssueTo(name, Path("authority.key"), Path(name + ".token")));
+    auto argv = train;
+    argv.insert(argv.end(),
+                {"--max-epochs", "3", "--min-peers", "2", "--identity", Path(name + ".key"),
+                 "--authority", authority_, "--access-token", Path(name + ".token")});
+    auto p = Subprocess::Spawn(argv, Path(name + ".err"));
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    members.push_back(std::move(*p));
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    int averaged = 0;
+    nlohmann::json done;
+    const auto deadline = std::chrono::steady_clock::now() + test::HangGuard(180s);
+    while (done.is_null() && std::chrono::steady_clock::now() < deadline) {
+      auto line = members[i].ReadLine(std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now()));
+      if (!line.ok()) break;
+      auto j = nlohmann::json::parse(*line, nullptr, false);
+      if (!j.is_object()) continue;
+      if (j.value("event", "") == "step" && j.value("averaged", false) &&
+          j.value("group_size", 0) == 2) {
+        ++averaged;
+      }
+      if (j.value("event", "") == "done") done = j;
+    }
+    ASSERT_FALSE(done.is_null()) << "trainer " << i + 1 << " did not finish: "
+                                 << test::ReadFile(
+                                        Path("trainer" + std::to_string(i + 1) + ".err"));
+    EXPECT_EQ(done["epoch"], 3);
+    EXPECT_EQ(averaged, 3) << "trainer " << i + 1;
+    auto code = members[i].Wait(30s);
+    ASSERT_TRUE(code.ok());
+    EXPECT_EQ(*code, 0);
+  }
+
+  // An outsider (no token) cannot join: every member refuses its connections.
+  auto outsider = train;
+  outsider.erase(outsider.begin());
+  outsider.insert(outsider.end(), {"--max-epochs", "1"});
+  auto refused = RunCli(outsider);
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.err.find("refused this peer"), std::string::npos) << refused.err;
+}
+
 }  // namespace
 }  // namespace colony
