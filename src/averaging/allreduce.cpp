@@ -230,6 +230,13 @@ void AllReduceRun::Finalize(size_t k) {
       } else {
         part.result_bytes = ByteSpan(encoded->data(), encoded->size());
         part.result_owner = std::move(encoded);
+        // This peer keeps what every other member receives, not the exact mean, so that a
+        // lossy codec leaves all members with the same values.
+        st = compression::Decode(part.result_bytes, *mean);
+        if (!st.ok()) {
+          COLONY_LOG_ERROR("averaging: decoding a reduced part failed: {}", st.ToString());
+          part.contributors.clear();
+        }
       }
     }
     if (wants_results_ && !part.contributors.empty()) {

@@ -164,6 +164,18 @@ struct LoadStateOptions {
   std::function<Status(const std::string& metadata, std::span<const uint64_t> tensor_sizes)>
       check_header = nullptr;
   uint64_t max_values = uint64_t{1} << 32;  // 16 GiB of float32
+  // Cross-checking a download with other donors, for states that honest donors hold bit for bit
+  // alike (e.g. the same epoch of a run whose peers all apply the same averaged gradients).
+  // When set, the loader asks up to `confirmations` other donors for the SHA-256 digest of their
+  // state; those whose metadata `same_version` says should equal the downloaded state's vote:
+  // a state that more of them contradict than confirm is refused, and the next donor is tried.
+  // A finite but wrong state from one donor is caught whenever honest donors of the same version
+  // outnumber it among those asked; with one honest donor against one liar, both states are
+  // refused and the load fails naming the disagreement (rather than trusting whichever came
+  // first).
+  std::function<bool(const std::string& downloaded_metadata, const std::string& other_metadata)>
+      same_version = nullptr;
+  size_t confirmations = 2;
 };
 
 class Averager {

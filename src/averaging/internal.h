@@ -101,6 +101,13 @@ std::vector<uint64_t> SpanBegins(const GroupInfo& group);
 
 class AllReduceRun;
 
+// A peer that advertises its state under "<prefix>.state" (state_sharing.cpp).
+struct StateDonor {
+  PeerId peer;
+  Multiaddr addr;
+  double priority = 0;
+};
+
 class Averager::Impl : public std::enable_shared_from_this<Impl> {
  public:
   Impl(dht::Node& node, std::vector<std::span<float>> tensors, AveragerOptions options);
@@ -157,6 +164,15 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   void SetStatePriority(double priority);
   asio::awaitable<Status> HandleStateRequest(net::CallContext& ctx, net::Message request);
   asio::awaitable<Result<SharedState>> LoadState(LoadStateOptions options);
+  // A donor's digest of its state (a digest_only request), or why there is none.
+  asio::awaitable<Result<StateHeader>> AskDigest(const PeerId& peer, const Multiaddr& addr,
+                                                 std::optional<double> min_priority,
+                                                 SteadyTime deadline);
+  // LoadStateOptions::same_version's vote on a state downloaded from `from`: OK, or DataLoss
+  // when more comparable donors contradict it than confirm it.
+  asio::awaitable<Status> CrossCheck(const SharedState& state, const PeerId& from,
+                                     const std::vector<StateDonor>& donors,
+                                     const LoadStateOptions& options, SteadyTime deadline);
   asio::awaitable<void> AdvertiseLoop();
 
   // Flattened access to the tensors.

@@ -9,8 +9,12 @@
 // sizes) and then the values in chunks of state_chunk_bytes. A donor serves at most
 // max_concurrent_state_transfers downloads at once and refuses more, so the newcomer moves on to
 // the next donor; a donor that fails mid-transfer is skipped the same way. Every size is checked
-// against the header before any value is copied.
+// against the header before any value is copied. A loader whose donors should agree
+// (LoadStateOptions::same_version) asks other donors for the SHA-256 digest of their state (a
+// digest_only request: the header and the digest, no values) and refuses a download that more of
+// them contradict than confirm.
 #include <fmt/format.h>
+#include <sodium.h>
 
 #include <algorithm>
 #include <cstring>
@@ -25,11 +29,18 @@ namespace {
 
 std::string StateKey(const std::string& prefix) { return prefix + ".state"; }
 
-struct Donor {
-  PeerId peer;
-  Multiaddr addr;
-  double priority = 0;
-};
+// SHA-256 of a state's values as they go on the wire (float32, in order).
+std::string StateDigest(const SharedState& state) {
+  crypto_hash_sha256_state st;
+  crypto_hash_sha256_init(&st);
+  for (const auto& t : state.tensors) {
+    crypto_hash_sha256_update(&st, reinterpret_cast<const unsigned char*>(t.data()),
+                              t.size() * sizeof(float));
+  }
+  std::string out(kStateDigestBytes, '\0');
+  crypto_hash_sha256_final(&st, reinterpret_cast<unsigned char*>(out.data()));
+  return out;
+}
 
 }  // namespace
 
@@ -147,6 +158,12 @@ asio::awaitable<Status> Averager::Impl::HandleStateRequest(net::CallContext& ctx
     co_return Internal("the state's metadata exceeds 1 MiB");
   }
   for (const auto& t : snapshot->tensors) header.tensor_sizes.push_back(t.size());
+  if (req->digest_only) {
+    auto state = std::make_shared<SharedState>(std::move(*snapshot));
+    auto hash = [state]() { return StateDigest(*state); };
+    header.digest = co_await RunOn<std::string>(PoolExecutor(), std::move(hash));
+    co_return co_await ctx.stream().Write(net::Message(EncodeStateHeader(header)));
+  }
   const net::Message header_message(EncodeStateHeader(header));
   Status st = co_await ctx.stream().Write(header_message);
   if (!st.ok()) co_return st;
@@ -184,6 +201,75 @@ asio::awaitable<Status> Averager::Impl::HandleStateRequest(net::CallContext& ctx
   co_return Status();
 }
 
+asio::awaitable<Result<StateHeader>> Averager::Impl::AskDigest(const PeerId& peer,
+                                                               const Multiaddr& addr,
+                                                               std::optional<double> min_priority,
+                                                               SteadyTime deadline) {
+  std::string method = MethodName("state");
+  net::CallOptions call_options{.timeout = MsUntil(deadline)};
+  auto stream = co_await host_.OpenStream(addr, std::move(method), call_options);
+  if (!stream.ok()) co_return stream.status();
+  auto s = *stream;
+  auto ask = [&]() -> asio::awaitable<Result<StateHeader>> {
+    const net::Message request(EncodeStateRequest({options_.prefix, min_priority, true}));
+    COLONY_CO_RETURN_IF_ERROR(co_await s->Write(request));
+    COLONY_CO_RETURN_IF_ERROR(co_await s->CloseWrite());
+    auto first = co_await s->Read();
+    if (!first.ok()) co_return first.status();
+    if (!first->has_value()) co_return ProtocolError("the donor sent no state digest");
+    auto header = DecodeStateHeader((*first)->meta);
+    if (!header.ok()) co_return header.status();
+    if (header->digest.size() != kStateDigestBytes) {
+      co_return ProtocolError("the donor answered a digest request without a digest");
+    }
+    auto end = co_await s->Read();
+    if (!end.ok()) co_return end.status();
+    if (end->has_value()) co_return ProtocolError("the donor sent more than a digest");
+    co_return header;
+  };
+  auto header = co_await ask();
+  if (!header.ok()) {
+    s->Cancel(header.status());
+    COLONY_LOG_DEBUG("averaging: no state digest from {}: {}", peer.ToString(),
+                     header.status().ToString());
+  }
+  co_return header;
+}
+
+asio::awaitable<Status> Averager::Impl::CrossCheck(const SharedState& state, const PeerId& from,
+                                                   const std::vector<StateDonor>& donors,
+                                                   const LoadStateOptions& options,
+                                                   SteadyTime deadline) {
+  auto hash = [&state]() { return StateDigest(state); };
+  const std::string digest = co_await RunOn<std::string>(PoolExecutor(), std::move(hash));
+  size_t agree = 0, disagree = 0, comparable = 0;
+  std::vector<std::string> contradicted;
+  for (const StateDonor& other : donors) {
+    if (comparable >= options.confirmations || SteadyNow() >= deadline) break;
+    if (other.peer == from) continue;
+    auto theirs = co_await AskDigest(other.peer, other.addr, options.min_priority, deadline);
+    if (!theirs.ok() || !options.same_version(state.metadata, theirs->metadata)) continue;
+    ++comparable;
+    if (theirs->digest == digest) {
+      ++agree;
+    } else {
+      ++disagree;
+      contradicted.push_back(other.peer.Short());
+    }
+  }
+  if (disagree > agree) {
+    co_return DataLoss(fmt::format(
+        "its state differs from that of {} other donor(s) of the same version ({}), and {} "
+        "confirmed it",
+        disagree, fmt::join(contradicted, ", "), agree));
+  }
+  if (comparable > 0) {
+    COLONY_LOG_INFO("averaging: the state from {} was confirmed by {} of {} other donor(s)",
+                    from.ToString(), agree, comparable);
+  }
+  co_return Status::Ok();
+}
+
 asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(LoadStateOptions options) {
   const SteadyTime deadline = SteadyNow() + options.timeout;
   auto record = co_await node_.Get(StateKey(options_.prefix), dht::Freshness::kLatest);
@@ -191,7 +277,7 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(LoadStateOptions 
     co_return NotFound("no peer shares state under " + StateKey(options_.prefix) +
                        "; is a peer with the current state running with the same prefix?");
   }
-  std::vector<Donor> donors;
+  std::vector<StateDonor> donors;
   const double now = dht::Now();
   for (const auto& [subkey, entry] : record->subkeys) {
     if (entry.expiration <= now) continue;
@@ -209,11 +295,12 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(LoadStateOptions 
     std::lock_guard lock(state_mu_);
     std::shuffle(donors.begin(), donors.end(), rng_);
   }
-  std::stable_sort(donors.begin(), donors.end(),
-                   [](const Donor& a, const Donor& b) { return a.priority > b.priority; });
+  std::stable_sort(donors.begin(), donors.end(), [](const StateDonor& a, const StateDonor& b) {
+    return a.priority > b.priority;
+  });
 
   std::vector<std::string> failures;
-  for (const Donor& donor : donors) {
+  for (const StateDonor& donor : donors) {
     if (SteadyNow() >= deadline) break;
     std::string method = MethodName("state");
     net::CallOptions call_options{.timeout = MsUntil(deadline)};
@@ -270,6 +357,15 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(LoadStateOptions 
       co_return state;
     };
     auto result = co_await attempt();
+    if (result.ok() && options.same_version) {
+      Status confirmed = co_await CrossCheck(*result, donor.peer, donors, options, deadline);
+      if (!confirmed.ok()) {
+        COLONY_LOG_WARN("averaging: the state from {} was refused: {}; trying the next donor",
+                        donor.peer.ToString(), confirmed.ToString());
+        failures.push_back(donor.peer.Short() + ": " + confirmed.ToString());
+        continue;
+      }
+    }
     if (result.ok()) {
       COLONY_LOG_INFO("averaging: loaded state from {} (priority {})", donor.peer.ToString(),
                       donor.priority);

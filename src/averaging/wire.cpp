@@ -298,6 +298,7 @@ std::string EncodeStateRequest(const StateRequest& r) {
   pb::StateRequest p;
   p.set_prefix(r.prefix);
   if (r.min_priority) p.set_min_priority(*r.min_priority);
+  p.set_digest_only(r.digest_only);
   return p.SerializeAsString();
 }
 
@@ -306,6 +307,7 @@ Result<StateRequest> DecodeStateRequest(std::string_view bytes) {
   COLONY_RETURN_IF_ERROR(CheckBytes(p.prefix(), 1024, "a key prefix"));
   StateRequest r;
   r.prefix = p.prefix();
+  r.digest_only = p.digest_only();
   if (p.has_min_priority()) {
     if (!std::isfinite(p.min_priority())) {
       return ProtocolError("a state request's minimum priority is not finite");
@@ -319,6 +321,7 @@ std::string EncodeStateHeader(const StateHeader& h) {
   pb::StateHeader p;
   p.set_metadata(h.metadata);
   for (uint64_t s : h.tensor_sizes) p.add_tensor_sizes(s);
+  p.set_digest(h.digest);
   return p.SerializeAsString();
 }
 
@@ -328,8 +331,12 @@ Result<StateHeader> DecodeStateHeader(std::string_view bytes) {
   if (static_cast<size_t>(p.tensor_sizes_size()) > kMaxStateTensors) {
     return ProtocolError("a state lists too many tensors");
   }
+  if (!p.digest().empty() && p.digest().size() != kStateDigestBytes) {
+    return ProtocolError("a state digest must be 32 bytes");
+  }
   StateHeader h;
   h.metadata = p.metadata();
+  h.digest = p.digest();
   uint64_t total = 0;
   for (uint64_t s : p.tensor_sizes()) {
     if (s > kMaxTotalValues - total) return ProtocolError("a state holds too many values");

@@ -88,7 +88,9 @@ struct StateAdvert {
 struct StateHeader {
   std::string metadata;
   std::vector<uint64_t> tensor_sizes;
+  std::string digest;  // only in answer to a digest_only request: SHA-256 (32 bytes)
 };
+inline constexpr size_t kStateDigestBytes = 32;
 
 // The binary form of a peer id, as a string (protobuf bytes fields, map keys).
 std::string PeerBytes(const PeerId& peer);
@@ -110,6 +112,7 @@ Result<StateAdvert> DecodeStateAdvert(std::string_view bytes);
 struct StateRequest {
   std::string prefix;
   std::optional<double> min_priority;
+  bool digest_only = false;
 };
 std::string EncodeStateRequest(const StateRequest& r);
 Result<StateRequest> DecodeStateRequest(std::string_view bytes);

@@ -92,6 +92,10 @@ class Stepping {
                             int64_t /*inner_step*/) {}
   // The averager through which this peer serves its state to newcomers.
   virtual averaging::Averager& Sharing() = 0;
+  // Whether peers that averaged every epoch so far hold the same state bit for bit at an epoch
+  // (they apply the same averaged gradients), so that a newcomer can cross-check one donor's
+  // state with another's digest.
+  virtual bool StatesAgreeAcrossPeers() const { return false; }
   // Auxiliary peers: join every round of the swarm, lending bandwidth, until `stop`.
   virtual Status RunAuxiliary(const std::function<bool()>& stop);
   virtual void Shutdown() = 0;

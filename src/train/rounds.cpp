@@ -76,6 +76,9 @@ class GradientRounds final : public TargetBatchStepping {
   }
 
   averaging::Averager& Sharing() override { return *averager_; }
+  // Every member applies the same averaged gradients (each part's reducer sends the same values
+  // to all, itself included), so peers at the same epoch that never stepped alone agree.
+  bool StatesAgreeAcrossPeers() const override { return true; }
 
   Status RunAuxiliary(const std::function<bool()>& stop) override;
 

@@ -210,9 +210,19 @@ Status CollaborativeOptimizer::Impl::DownloadState(std::optional<double> min_pri
     }
     return Status::Ok();
   };
-  auto s = stepping_->Sharing().LoadStateFromPeersSync({.timeout = options_.load_state_timeout,
-                                                        .min_priority = min_priority,
-                                                        .check_header = check});
+  averaging::LoadStateOptions load{
+      .timeout = options_.load_state_timeout, .min_priority = min_priority, .check_header = check};
+  if (stepping_->StatesAgreeAcrossPeers()) {
+    // Cross-check with donors that should hold the very same state: the same epoch and inner
+    // step, none having stepped alone.
+    load.same_version = [run = options_.run_id](const std::string& a, const std::string& b) {
+      auto x = ParseDonorState(a, run);
+      auto y = ParseDonorState(b, run);
+      return x.ok() && y.ok() && x->epoch == y->epoch && x->inner_step == y->inner_step &&
+             !x->diverged && !y->diverged;
+    };
+  }
+  auto s = stepping_->Sharing().LoadStateFromPeersSync(load);
   if (!s.ok()) return s.status();
   // The header passed `check`; the tensors arrived with the announced sizes.
   COLONY_ASSIGN_OR_RETURN(DonorState d, ParseDonorState(s->metadata, options_.run_id));

@@ -12,6 +12,7 @@
 
 #include "averaging/wire.h"
 #include "dht/node.h"
+#include "test_support.h"
 
 namespace colony::averaging {
 namespace {
@@ -269,6 +270,70 @@ TEST(Averager, LoadStatePicksTheHighestPriorityDonor) {
   EXPECT_EQ(state->metadata, "donor1");
   ASSERT_EQ(state->tensors.size(), 1u);
   EXPECT_EQ(state->tensors[0], Synthetic(11, n));
+}
+
+// A donor that serves a finite but wrong state (here the liar, with the highest priority, is
+// asked first) is caught by the digests of two honest donors holding the same state, and the
+// newcomer loads the honest state; with only one honest donor beside the liar, the disagreement
+// fails the load with the reason instead of picking either. Without a cross-check the liar's
+// state would be loaded.
+TEST(Averager, ADonorsWrongStateIsCaughtByOtherDonorsDigests) {
+  const size_t n = 50'000;
+  Swarm swarm(n);
+  auto o = Options(2);
+  const std::vector<float> honest = Synthetic(7, n);
+  std::vector<float> wrong = honest;
+  wrong[n / 2] += 1e-3f;  // finite, plausible, wrong
+  auto share = [](Peer& p, std::vector<float> values, double priority) {
+    p.averager->ShareState(
+        [values]() -> Result<SharedState> {
+          return SharedState{"epoch 4", {values}};
+        },
+        priority);
+  };
+  Peer& liar = swarm.Add(1, o);
+  share(liar, wrong, 5.0);
+  Peer& first = swarm.Add(2, o);
+  share(first, honest, 4.5);
+  Peer& newcomer = swarm.Add(3, o);
+  auto same = [](const std::string& a, const std::string& b) { return a == b; };
+  auto load = [&](LoadStateOptions lo) {
+    lo.timeout = 10s;
+    return newcomer.averager->LoadStateFromPeersSync(lo);
+  };
+  // Every donor's advert must be visible before the loads below mean anything.
+  auto wait_for_donors = [&](size_t count) {
+    return test::WaitUntil(
+        [&] {
+          auto r = newcomer.node->GetSync("test.avg.state", dht::Freshness::kLatest);
+          return r.ok() && r->subkeys.size() >= count;
+        },
+        20s);
+  };
+  ASSERT_TRUE(wait_for_donors(2));
+  Result<SharedState> state = load({});
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  ASSERT_EQ(state->tensors.at(0), wrong) << "without a cross-check the liar's state is loaded";
+
+  // One honest donor against the liar: neither state is taken.
+  auto contested = load({.same_version = same});
+  ASSERT_FALSE(contested.ok());
+  EXPECT_NE(contested.status().message().find("differs from that of 1 other donor"),
+            std::string::npos)
+      << contested.status().ToString();
+
+  // A second honest donor: the liar is outvoted and the honest state loads.
+  Peer& second = swarm.Add(4, o);
+  share(second, honest, 4.5);
+  ASSERT_TRUE(wait_for_donors(3));
+  state = load({.same_version = same});
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  EXPECT_EQ(state->tensors.at(0), honest);
+  // Donors whose metadata says they are another version do not vote.
+  auto other_version =
+      load({.same_version = [](const std::string&, const std::string&) { return false; }});
+  ASSERT_TRUE(other_version.ok()) << other_version.status().ToString();
+  EXPECT_EQ(other_version->tensors.at(0), wrong);
 }
 
 // A loader that needs state of a given priority (a training epoch) is refused by donors below it,

@@ -250,6 +250,21 @@ TEST(Wire, RoundTripsAndRejectsHostileMessages) {
   StateHeader h;
   h.tensor_sizes = {kMaxTotalValues, 1};
   EXPECT_FALSE(DecodeStateHeader(EncodeStateHeader(h)).ok());
+  // A state digest is SHA-256 or absent; digest requests round-trip.
+  StateHeader digest;
+  digest.metadata = "m";
+  digest.tensor_sizes = {3};
+  digest.digest = std::string(kStateDigestBytes, 'd');
+  auto decoded = DecodeStateHeader(EncodeStateHeader(digest));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(decoded->digest, digest.digest);
+  digest.digest = std::string(31, 'd');
+  EXPECT_FALSE(DecodeStateHeader(EncodeStateHeader(digest)).ok());
+  auto request = DecodeStateRequest(EncodeStateRequest({"run.grads", 4.5, true}));
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  EXPECT_TRUE(request->digest_only);
+  EXPECT_FALSE(
+      DecodeStateRequest(EncodeStateRequest({"run.grads", std::nullopt})).value().digest_only);
 }
 
 }  // namespace
