@@ -126,10 +126,10 @@ void AllReduceRun::Exclude(uint32_t s, const std::string& why) {
   changed_.Notify();
 }
 
-void AllReduceRun::Accumulate(uint32_t s, size_t k, std::vector<float> values) {
+void AllReduceRun::Accumulate(uint32_t s, size_t k, std::vector<float> values, float max_abs) {
   Reduced& part = parts_[k];
   const double w = senders_[s].weight;
-  part.max_abs = std::max(part.max_abs, MaxAbs(values));
+  part.max_abs = std::max(part.max_abs, max_abs);
   if (impl_->options_.centered_clip) {
     part.inputs.push_back(std::move(values));
     part.input_weights.push_back(w);
@@ -143,11 +143,11 @@ void AllReduceRun::Accumulate(uint32_t s, size_t k, std::vector<float> values) {
   part.contributors.push_back(s);
 }
 
-void AllReduceRun::AccumulateRaw(uint32_t s, size_t k, ByteSpan values) {
+void AllReduceRun::AccumulateRaw(uint32_t s, size_t k, ByteSpan values, float max_abs) {
   Reduced& part = parts_[k];
   const double w = senders_[s].weight;
   const size_t n = values.size() / sizeof(float);
-  part.max_abs = std::max(part.max_abs, MaxAbsBytes(values));
+  part.max_abs = std::max(part.max_abs, max_abs);
   if (impl_->options_.centered_clip) {
     std::vector<float> copy(n);
     CopyScaledBytes(copy, values, 1.0f);
@@ -352,29 +352,35 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
         Exclude(s, "it sent a part of the wrong size");
         break;
       }
-      if (!AllFiniteBytes(frame.data)) {
+      const float max_abs = MaxAbsBytes(frame.data);
+      if (max_abs < 0) {
         Exclude(s, "it sent non-finite values (NaN or Inf)");
         break;
       }
-      AccumulateRaw(s, k, frame.data);
+      AccumulateRaw(s, k, frame.data, max_abs);
       ++sender.received;
       sender.last_progress = SteadyNow();
       CheckParts();
       continue;
     }
-    auto decode = [frame, n = e - b]() -> Result<std::vector<float>> {
-      std::vector<float> values(n);
-      COLONY_RETURN_IF_ERROR(compression::Decode(frame.data, values));
-      if (!AllFinite(values)) return InvalidArgument("it sent non-finite values (NaN or Inf)");
-      return values;
+    struct Decoded {
+      std::vector<float> values;
+      float max_abs = 0;
     };
-    auto values = co_await RunOn<Result<std::vector<float>>>(PoolExecutor(), std::move(decode));
+    auto decode = [frame, n = e - b]() -> Result<Decoded> {
+      Decoded d{std::vector<float>(n)};
+      COLONY_RETURN_IF_ERROR(compression::Decode(frame.data, d.values));
+      d.max_abs = MaxAbs(d.values);
+      if (d.max_abs < 0) return InvalidArgument("it sent non-finite values (NaN or Inf)");
+      return d;
+    };
+    auto decoded = co_await RunOn<Result<Decoded>>(PoolExecutor(), std::move(decode));
     if (sender.excluded) break;
-    if (!values.ok()) {
-      Exclude(s, values.status().message());
+    if (!decoded.ok()) {
+      Exclude(s, decoded.status().message());
       break;
     }
-    Accumulate(s, k, std::move(*values));
+    Accumulate(s, k, std::move(decoded->values), decoded->max_abs);
     ++sender.received;
     sender.last_progress = SteadyNow();
     CheckParts();
@@ -635,9 +641,11 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     // This peer's own data is held to the same rule as everyone else's: when it is not finite
     // (a diverged peer), the span is reduced without it rather than poisoned for the group.
     bool own_finite = true;
-    for (size_t k = 0; sends_ && k < my_parts_; ++k) {
+    std::vector<float> own_max_abs(sends_ ? my_parts_ : 0);
+    for (size_t k = 0; k < own_max_abs.size() && own_finite; ++k) {
       const auto [b, e] = PartRange(self_, k);
-      own_finite = own_finite && AllFinite(std::span<const float>(input_->data() + b, e - b));
+      own_max_abs[k] = MaxAbs(std::span<const float>(input_->data() + b, e - b));
+      own_finite = own_max_abs[k] >= 0;
     }
     if (!own_finite) {
       COLONY_LOG_WARN(
@@ -647,9 +655,10 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     if (sends_ && own_finite) {
       for (size_t k = 0; k < my_parts_; ++k) {
         const auto [b, e] = PartRange(self_, k);
-        AccumulateRaw(self_, k,
-                      ByteSpan(reinterpret_cast<const uint8_t*>(input_->data() + b),
-                               (e - b) * sizeof(float)));
+        AccumulateRaw(
+            self_, k,
+            ByteSpan(reinterpret_cast<const uint8_t*>(input_->data() + b), (e - b) * sizeof(float)),
+            own_max_abs[k]);
       }
     }
     me.received = my_parts_;

@@ -164,6 +164,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   void SetStatePriority(double priority);
   asio::awaitable<Status> HandleStateRequest(net::CallContext& ctx, net::Message request);
   asio::awaitable<Result<SharedState>> LoadState(LoadStateOptions options);
+  // Sends `request` on an avg.state stream and reads the donor's header (a digest_only request's
+  // whole answer, or what precedes the values).
+  asio::awaitable<Result<StateHeader>> RequestState(net::Stream& stream, StateRequest request);
   // A donor's digest of its state (a digest_only request), or why there is none.
   asio::awaitable<Result<StateHeader>> AskDigest(const PeerId& peer, const Multiaddr& addr,
                                                  std::optional<double> min_priority,

@@ -27,7 +27,8 @@ void AddScaledBytes(std::span<float> acc, std::span<const uint8_t> x, float w);
 void CopyScaledBytes(std::span<float> out, std::span<const uint8_t> x, float w);
 bool AllFiniteBytes(std::span<const uint8_t> x);
 
-// The largest |x[i]| of finite values (0 for none): what bounds a reducer's output. A weighted
+// The largest |x[i]| (0 for none), or -1 when a value is NaN or infinite (checking both in one
+// pass): what bounds a reducer's output. A weighted
 // mean with non-negative weights, and CenteredClip started inside its inputs' hull, never leave
 // the range of their inputs, so an output above the inputs' largest magnitude (beyond rounding,
 // OutputWithinInputs) is a bug or an overflow, never a result to send.

@@ -201,6 +201,17 @@ asio::awaitable<Status> Averager::Impl::HandleStateRequest(net::CallContext& ctx
   co_return Status();
 }
 
+asio::awaitable<Result<StateHeader>> Averager::Impl::RequestState(net::Stream& stream,
+                                                                  StateRequest request) {
+  const net::Message message(EncodeStateRequest(request));
+  COLONY_CO_RETURN_IF_ERROR(co_await stream.Write(message));
+  COLONY_CO_RETURN_IF_ERROR(co_await stream.CloseWrite());
+  auto first = co_await stream.Read();
+  if (!first.ok()) co_return first.status();
+  if (!first->has_value()) co_return ProtocolError("the donor sent no state header");
+  co_return DecodeStateHeader((*first)->meta);
+}
+
 asio::awaitable<Result<StateHeader>> Averager::Impl::AskDigest(const PeerId& peer,
                                                                const Multiaddr& addr,
                                                                std::optional<double> min_priority,
@@ -211,13 +222,9 @@ asio::awaitable<Result<StateHeader>> Averager::Impl::AskDigest(const PeerId& pee
   if (!stream.ok()) co_return stream.status();
   auto s = *stream;
   auto ask = [&]() -> asio::awaitable<Result<StateHeader>> {
-    const net::Message request(EncodeStateRequest({options_.prefix, min_priority, true}));
-    COLONY_CO_RETURN_IF_ERROR(co_await s->Write(request));
-    COLONY_CO_RETURN_IF_ERROR(co_await s->CloseWrite());
-    auto first = co_await s->Read();
-    if (!first.ok()) co_return first.status();
-    if (!first->has_value()) co_return ProtocolError("the donor sent no state digest");
-    auto header = DecodeStateHeader((*first)->meta);
+    // (g++ 12: no temporaries in an expression that also co_awaits.)
+    StateRequest request{options_.prefix, min_priority, true};
+    auto header = co_await RequestState(*s, std::move(request));
     if (!header.ok()) co_return header.status();
     if (header->digest.size() != kStateDigestBytes) {
       co_return ProtocolError("the donor answered a digest request without a digest");
@@ -308,13 +315,8 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(LoadStateOptions 
     auto attempt = [&]() -> asio::awaitable<Result<SharedState>> {
       if (!stream.ok()) co_return stream.status();
       auto s = *stream;
-      const net::Message request(EncodeStateRequest({options_.prefix, options.min_priority}));
-      COLONY_CO_RETURN_IF_ERROR(co_await s->Write(request));
-      COLONY_CO_RETURN_IF_ERROR(co_await s->CloseWrite());
-      auto first = co_await s->Read();
-      if (!first.ok()) co_return first.status();
-      if (!first->has_value()) co_return ProtocolError("the donor sent no state header");
-      auto header = DecodeStateHeader((*first)->meta);
+      StateRequest request{options_.prefix, options.min_priority};
+      auto header = co_await RequestState(*s, std::move(request));
       if (!header.ok()) co_return header.status();
       uint64_t values = 0;
       for (uint64_t size : header->tensor_sizes) values += size;  // bounded by the decoder
