@@ -774,7 +774,10 @@ void DhtCore::FinishGet(const std::shared_ptr<GetOp>& op, Lookup& l) {
       merged = *l.found;
     }
     if (!stopped_) {
-      if (options_.cache_locally && !storage_.Get(op->id, Wall())) {
+      // Also when this node stores the key itself but the lookup found more: a replica that
+      // joined after some owners stored their subkeys holds a partial dictionary, and its own
+      // kAnyCopy reads (storage and cache merged) must not keep hiding the rest.
+      if (options_.cache_locally && AddsToStorage(op->id, *l.found)) {
         CacheLocally(op->id, op->key, *l.found);
       }
       // Cache on the nearest node that answered without the value, to spread hot keys' load.
@@ -800,6 +803,14 @@ void DhtCore::FinishGet(const std::shared_ptr<GetOp>& op, Lookup& l) {
                               : Result<Record>(NotFound(fmt::format(
                                     "no value for key '{}' on the nearest DHT nodes", op->key)));
   for (auto& w : op->waiters) w(result);
+}
+
+bool DhtCore::AddsToStorage(const DhtId& id, const Record& found) {
+  const Record* stored = storage_.Get(id, Wall());
+  if (stored == nullptr) return true;
+  Record merged = *stored;
+  MergeRecord(merged, found);
+  return !(merged == *stored);
 }
 
 void DhtCore::CacheLocally(const DhtId& id, const std::string& key, const Record& record) {

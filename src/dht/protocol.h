@@ -180,6 +180,9 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   void GetOne(std::string key, Freshness freshness, std::function<void(Result<Record>)> done);
   void FinishGet(const std::shared_ptr<GetOp>& op, Lookup& lookup);
   std::optional<Record> LocalRecord(const DhtId& id, bool* from_cache);
+  // Whether merging `found` into this node's stored copy of `id` would change it (true when it
+  // stores none).
+  bool AddsToStorage(const DhtId& id, const Record& found);
   void CacheLocally(const DhtId& id, const std::string& key, const Record& record);
   void StoreKey(std::string key, std::vector<StoreItem> items,
                 std::function<void(std::vector<Status>)> done);

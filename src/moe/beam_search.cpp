@@ -21,6 +21,7 @@ struct Candidate {
   std::vector<int64_t> coords;
   bool expert = false;
   std::vector<const ServerEntry*> servers = {};
+  std::vector<std::string> keys = {};  // the keys fetched on the way here
 };
 
 struct ByBound {
@@ -35,7 +36,8 @@ std::string Text(const std::string& name, const std::vector<int64_t>& coords, bo
 }
 
 ScoredExpert Finish(const std::string& name, const Candidate& c) {
-  ScoredExpert out{.expert = {.uid = Text(name, c.coords, false)}, .score = c.bound};
+  ScoredExpert out{
+      .expert = {.uid = Text(name, c.coords, false)}, .score = c.bound, .keys = c.keys};
   for (const ServerEntry* s : c.servers) {
     out.expert.servers.push_back(s->server);
     out.expert.addrs.push_back(s->entry.addrs);
@@ -124,13 +126,16 @@ Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
     for (size_t i = 0; i < batch; ++i) {
       for (const Candidate& p : pending[i]) {
         const size_t fixed = p.coords.size();
-        const std::vector<ServerEntry>& entries =
-            known.at(ExpertKey(Text(grid_name, p.coords, fixed < dims)));
+        const std::string key = ExpertKey(Text(grid_name, p.coords, fixed < dims));
+        const std::vector<ServerEntry>& entries = known.at(key);
         if (entries.empty()) continue;
+        std::vector<std::string> keys = p.keys;
+        keys.push_back(key);
         if (fixed == dims) {  // an id of a 1-D grid, now known to be live
           Candidate e = p;
           e.expert = true;
           e.bound = p.partial;
+          e.keys = std::move(keys);
           for (const auto& s : entries) e.servers.push_back(&s);
           frontier[i].push(std::move(e));
           continue;
@@ -143,7 +148,8 @@ Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
         }
         for (auto& [c, servers] : next) {
           Candidate child{.partial = p.partial + batch_scores[i][fixed][static_cast<size_t>(c)],
-                          .coords = p.coords};
+                          .coords = p.coords,
+                          .keys = keys};
           child.coords.push_back(c);
           if (fixed + 1 == dims) {
             child.expert = true;
@@ -192,10 +198,17 @@ BeamSearcher::BeamSearcher(dht::Node& node, std::string grid_name, std::vector<i
 std::map<std::string, std::vector<ServerEntry>> BeamSearcher::Fetch(
     const std::vector<std::string>& keys) {
   const auto now = std::chrono::steady_clock::now();
-  std::vector<std::string> ask;
+  std::vector<std::string> ask, ask_latest;
+  std::set<PeerId> avoided;
   {
     std::lock_guard lock(mu_);
+    std::erase_if(avoided_until_, [now](const auto& a) { return a.second <= now; });
+    for (const auto& [server, _] : avoided_until_) avoided.insert(server);
     for (const auto& key : keys) {
+      if (read_again_.erase(key) > 0) {
+        ask_latest.push_back(key);
+        continue;
+      }
       auto it = empty_until_.find(key);
       if (it != empty_until_.end() && it->second > now) continue;
       ask.push_back(key);
@@ -203,6 +216,12 @@ std::map<std::string, std::vector<ServerEntry>> BeamSearcher::Fetch(
   }
   std::vector<std::string> absent;
   auto found = FetchEntries(node_, ask, options_.freshness, &absent);
+  for (auto& [key, entries] : FetchEntries(node_, ask_latest, dht::Freshness::kLatest, &absent)) {
+    found[key] = std::move(entries);
+  }
+  for (auto& [_, entries] : found) {
+    std::erase_if(entries, [&](const ServerEntry& e) { return avoided.contains(e.server); });
+  }
   std::lock_guard lock(mu_);
   if (empty_until_.size() + absent.size() > options_.max_negative_cache_entries) {
     std::erase_if(empty_until_, [now](const auto& e) { return e.second <= now; });
@@ -212,6 +231,23 @@ std::map<std::string, std::vector<ServerEntry>> BeamSearcher::Fetch(
     empty_until_[key] = now + options_.negative_cache;
   }
   return found;
+}
+
+void BeamSearcher::Avoid(const std::vector<PeerId>& servers, const std::vector<std::string>& keys) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(mu_);
+  if (avoided_until_.size() + servers.size() > options_.max_avoided_servers) {
+    std::erase_if(avoided_until_, [now](const auto& a) { return a.second <= now; });
+  }
+  for (const auto& server : servers) {
+    if (avoided_until_.size() >= options_.max_avoided_servers) break;
+    avoided_until_[server] = now + options_.avoid_failed_for;
+  }
+  for (const auto& key : keys) {
+    if (read_again_.size() >= options_.max_negative_cache_entries) break;
+    read_again_.insert(key);
+    empty_until_.erase(key);
+  }
 }
 
 Result<std::vector<ScoredExpert>> BeamSearcher::FindBestExperts(

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -29,6 +30,8 @@ namespace colony::moe {
 struct ScoredExpert {
   RemoteExpertInfo expert;
   double score = 0;
+  // The DHT keys whose records led the search to it: its prefixes' (and, on a 1-D grid, its own).
+  std::vector<std::string> keys = {};
 };
 
 // Fetches the owner entries of DHT keys (ExpertKey of ids and prefixes), e.g. FetchEntries.
@@ -53,9 +56,16 @@ struct BeamSearchOptions {
   // newest declarations by a refresh.
   dht::Freshness freshness = dht::Freshness::kAnyCopy;
   size_t max_rounds = 64;
+  // A server whose call failed is left out of searches this long (hivemind's servers declare
+  // with a 60 s expiration, so a dead server's records are gone by then), and the keys that
+  // listed it are read again with kLatest: the copy that named it came from one replica or this
+  // node's cache and may lack the declarations of live servers.
+  std::chrono::milliseconds avoid_failed_for{60'000};
+  size_t max_avoided_servers = 4096;
 };
 
-// The search over a DHT node, with a negative cache of empty prefixes. Thread-safe.
+// The search over a DHT node, with a negative cache of empty prefixes, leaving out the servers
+// whose calls failed (Avoid). Thread-safe.
 class BeamSearcher {
  public:
   // Grids have 1 to kMaxGridDims dimensions of 1 to 65536 coordinates.
@@ -68,6 +78,10 @@ class BeamSearcher {
   // Many inputs at once: each round's DHT lookups are shared by the whole batch.
   Result<std::vector<std::vector<ScoredExpert>>> BatchFindBestExperts(
       const std::vector<std::vector<std::vector<float>>>& batch_scores, size_t k);
+
+  // The servers of an expert whose call failed, and the keys its search result came from (see
+  // BeamSearchOptions::avoid_failed_for).
+  void Avoid(const std::vector<PeerId>& servers, const std::vector<std::string>& keys);
 
   const std::vector<int64_t>& grid_size() const { return grid_size_; }
 
@@ -82,6 +96,9 @@ class BeamSearcher {
   BeamSearchOptions options_;
   std::mutex mu_;
   std::unordered_map<std::string, std::chrono::steady_clock::time_point> empty_until_;
+  std::map<PeerId, std::chrono::steady_clock::time_point> avoided_until_;
+  // Keys to read with kLatest next time (at most max_negative_cache_entries).
+  std::set<std::string> read_again_;
 };
 
 }  // namespace colony::moe

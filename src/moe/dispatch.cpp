@@ -52,6 +52,8 @@ struct Counters {
 // One forward's experts: which inputs each serves (in row order), and which answered.
 struct CallPlan : torch::CustomClassHolder {
   std::vector<std::shared_ptr<RemoteExpert>> experts;
+  std::vector<ScoredExpert> found;  // per expert: its servers and the keys that listed them
+  std::weak_ptr<BeamSearcher> searcher;
   std::vector<std::vector<int64_t>> inputs;
   int64_t batch = 0;
   MixtureOptions options;
@@ -60,9 +62,21 @@ struct CallPlan : torch::CustomClassHolder {
   std::vector<bool> alive;  // after the forward
 };
 
+// The search leaves the servers of experts whose calls failed out for a while and reads the
+// keys that named them again (BeamSearchOptions::avoid_failed_for). Calls cut for being late
+// are not failures: their servers were alive.
+void AvoidFailed(const CallPlan& plan, const std::vector<size_t>& failed) {
+  auto searcher = plan.searcher.lock();
+  if (!searcher) return;
+  for (size_t j : failed) {
+    searcher->Avoid(plan.found[j].expert.servers, plan.found[j].keys);
+  }
+}
+
 // Runs call(j) for each job j on a thread of its own and returns what arrived in time: all
 // results by `timeout`, or, once every input has min(k_min, its jobs) answers, whatever arrives
-// within `after_k_min` more. Late calls finish on their own (by their own deadlines).
+// within `after_k_min` more. Late calls finish on their own (by their own deadlines). The jobs
+// that ended with an error are reported to AvoidFailed.
 std::vector<std::optional<at::Tensor>> CallInParallel(
     const CallPlan& plan, const std::vector<size_t>& jobs,
     const std::function<Result<at::Tensor>(size_t)>& call, size_t k_min, Ms timeout,
@@ -117,13 +131,17 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
     if (Clock::now() >= deadline) break;
     g->cv.wait_until(lock, deadline);
   }
+  std::vector<size_t> failed;
   for (size_t j : jobs) {
     if (g->results[j].has_value() && g->results[j]->ok()) {
       out[j] = **g->results[j];
     } else {
       plan.counters->failed++;
+      if (g->results[j].has_value()) failed.push_back(j);
     }
   }
+  lock.unlock();
+  AvoidFailed(plan, failed);
   return out;
 }
 
@@ -255,7 +273,7 @@ Gating MakeGating(const MixtureOptions& o) {
 struct ExpertDispatcher::Impl {
   dht::Node& node;
   MixtureOptions options;
-  std::unique_ptr<BeamSearcher> searcher;
+  std::shared_ptr<BeamSearcher> searcher;
   std::vector<int64_t> offsets;
   std::shared_ptr<InFlight> in_flight = std::make_shared<InFlight>();
   std::shared_ptr<Counters> counters = std::make_shared<Counters>();
@@ -300,6 +318,7 @@ struct ExpertDispatcher::Impl {
     plan->options = o;
     plan->in_flight = in_flight;
     plan->counters = counters;
+    plan->searcher = searcher;
     std::map<std::string, size_t> index_of;
     std::vector<std::vector<int64_t>> coords_of;  // per expert
     std::vector<std::vector<std::pair<size_t, int64_t>>> slots(static_cast<size_t>(batch));
@@ -308,6 +327,7 @@ struct ExpertDispatcher::Impl {
         auto [it, fresh] = index_of.emplace(se.expert.uid, plan->experts.size());
         if (fresh) {
           plan->experts.push_back(ExpertFor(se.expert));
+          plan->found.push_back(se);
           plan->inputs.emplace_back();
           coords_of.push_back(ParseExpertUid(se.expert.uid)->coords);
         }

@@ -14,9 +14,12 @@
 // (backward_k_min its backward) or the call fails (allow_zero_outputs: its output is zero
 // instead); once every input has k_min answers, the layer waits at most timeout_after_k_min for
 // the rest; detect_anomalies refuses non-finite inputs and gradients. An expert that failed or
-// came late has weight 0 and gets no gradient. Unlike hivemind, an input for which the DHT holds
-// fewer than k_min live experts needs only those (at least one) to answer: a grid that is
-// mostly empty still trains instead of failing every step.
+// came late has weight 0 and gets no gradient. Unlike hivemind, the servers of a failed call are
+// left out of the next searches (BeamSearchOptions::avoid_failed_for) and the DHT keys that named
+// them are read again from the nearest replicas, so that a dead server costs a step, not the
+// minute its records live, and a partial copy of a prefix record cannot hide live experts. An input
+// for which the DHT holds fewer than k_min live experts needs only those (at least one) to answer:
+// a grid that is mostly empty still trains instead of failing every step.
 #pragma once
 
 #include <ATen/Tensor.h>

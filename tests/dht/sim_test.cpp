@@ -180,6 +180,35 @@ TEST_F(SmallSwarm, SubkeysFromTwoNodesMergeIntoOneDictionary) {
   EXPECT_EQ(r->subkeys.at("peer1").value, "newer");
 }
 
+TEST_F(SmallSwarm, AReplicaWithAPartialDictionaryKeepsWhatALatestGetFound) {
+  // A node that joins after the first owner stored its subkey, and is among the key's nearest:
+  // the second owner's store reaches it, the first one's did not.
+  const size_t late = sim.AddNode();
+  std::string key;
+  for (int i = 0; key.empty(); ++i) {
+    const std::string k = "group" + std::to_string(i);
+    const DhtId id = DhtId::ForKey(k);
+    size_t nearer = 0;
+    for (size_t n = 0; n + 1 < sim.size(); ++n) {
+      nearer += Closer(id, sim.node(n).id(), sim.node(late).id());
+    }
+    if (nearer < 3) key = k;
+  }
+  ASSERT_TRUE(sim.Store(1, Item(key, "from1", In(50), "peer1")).ok());
+  ASSERT_TRUE(sim.Bootstrap(late, {sim.address(0)}).ok());
+  ASSERT_TRUE(sim.Store(2, Item(key, "from2", In(60), "peer2")).ok());
+  auto r = sim.Get(late, key);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->subkeys.size(), 1u) << "the scenario needs a partial copy on the late node";
+  r = sim.Get(late, key, Freshness::kLatest);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->subkeys.size(), 2u);
+  // Its later reads of any copy, its own first, now see both owners.
+  r = sim.Get(late, key);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->subkeys.size(), 2u);
+}
+
 TEST_F(SmallSwarm, ExpiredRecordsDisappear) {
   ASSERT_TRUE(sim.Store(1, Item("short", "v", In(2))).ok());
   ASSERT_TRUE(sim.Get(8, "short", Freshness::kLatest).ok());

@@ -183,6 +183,52 @@ TEST_F(Mixture, AFailedServersExpertsGetWeightZeroAndNoGradient) {
   EXPECT_EQ(servers_[1]->stats().backwards, 0u);
 }
 
+TEST_F(Mixture, ADeadServerCostsOneStepEvenWhenAPartialCopyHidTheLiveExperts) {
+  // Server A declares before the client's node joins, server B after: the client's node is one
+  // of the replicas of every key and stores B's entries under the prefixes the two share, but
+  // not A's, so its own copy of 'ffn.1.' names B's 'ffn.1.0' only.
+  const std::vector<std::string> a = {"ffn.0.0", "ffn.0.1", "ffn.1.2", "ffn.2.3"};
+  const std::vector<std::string> b = {"ffn.1.0", "ffn.3.3", "ffn.2.1", "ffn.3.0"};
+  ASSERT_NO_FATAL_FAILURE(Serve(1, a));
+  auto client =
+      dht::Node::Start(KeyPair::Generate(),
+                       test::LoopbackNodeOptions({nodes_[0]->VisibleAddresses().at(0).ToString()}));
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  nodes_.push_back(std::move(*client));
+  ASSERT_NO_FATAL_FAILURE(Serve(2, b));
+  servers_[1]->Shutdown();  // B dies; its records stay in the DHT until they expire
+  auto moe = RemoteMixtureOfExperts::Create(*nodes_.back(), {.grid_name = "ffn",
+                                                             .grid_size = {4, 4},
+                                                             .hidden = kHidden,
+                                                             .k_best = 1,
+                                                             .k_min = 1,
+                                                             .timeout_after_k_min = kWaitForAll});
+  ASSERT_TRUE(moe.ok());
+  // A gating that ranks B's dead 'ffn.1.0' first and A's 'ffn.1.2' second for every input.
+  {
+    at::NoGradGuard no_grad;
+    auto gate = (*moe)->gating_parameters();
+    gate[0].zero_();
+    gate[1].copy_(at::tensor({-10.f, 10.f, -10.f, -10.f, 5.f, 0.f, 1.f, 0.f}));
+  }
+  const auto gate = Copies((*moe)->gating_parameters());
+  const at::Tensor x = at::randn({4, kHidden});
+  auto first = (*moe)->Forward(x);
+  ASSERT_FALSE(first.ok()) << "the scenario needs the client to find only the dead expert";
+  EXPECT_EQ(first.status().code(), StatusCode::kUnavailable) << first.status().ToString();
+  const uint64_t failed = (*moe)->stats().failed_calls;
+  EXPECT_GT(failed, 0u);
+  // The next steps leave B out and read the keys that named it from the nearest replicas: they
+  // find A's 'ffn.1.2', and so do the steps after, from the node's own copy with A's entry added.
+  const at::Tensor y_ref = Reference(x, gate, {4, 4}, a, {a.begin(), a.end()}, 1);
+  for (int step = 0; step < 2; ++step) {
+    auto y = (*moe)->Forward(x);
+    ASSERT_TRUE(y.ok()) << "step " << step << ": " << y.status().ToString();
+    EXPECT_TRUE(at::allclose(*y, y_ref, 1e-4, 1e-5)) << "step " << step;
+  }
+  EXPECT_EQ((*moe)->stats().failed_calls, failed);
+}
+
 TEST_F(Mixture, AHangingExpertCostsTimeoutAfterKMinAndANaNExpertIsExcluded) {
   ASSERT_NO_FATAL_FAILURE(Serve(1, {"ffn.0.0", "ffn.1.1"}));
   // Node 2 declares the other two experts: one never answers in time, one answers NaN.

@@ -95,9 +95,13 @@ TEST(ExpertProcesses, AMixtureTrainsThroughTwoServersAndGoesOnWhenOneIsKilled) {
     if (step == kKillAt) swarm.Kill("b");
     const at::Tensor x = at::randn({32, kHidden});
     auto y = (*moe)->Forward(x);
-    // Right after the kill a step can fail, as a hivemind step can: once in CI's loaded runs the
-    // search found only the killed server's 4 experts (a DHT read racing the kill); the trainer
-    // skips such a batch. Before the kill, and more than twice, it is a failure.
+    // Right after the kill a step can fail, as a hivemind step can: the copies of the prefix
+    // records the client read may name only the killed server's experts (a replica that joined
+    // after the other server declared holds such a copy). The failed calls make the search leave
+    // that server out and read those keys from the nearest replicas (moe/beam_search.h), so the
+    // next step finds the live experts; in hivemind, every step until the records expire would
+    // fail. The trainer skips such a batch. Before the kill, and more than twice, it is a
+    // failure.
     if (!y.ok() && step >= kKillAt && ++failed_steps <= 2) {
       std::printf("[moe] step %d skipped: %s\n", step, y.status().ToString().c_str());
       continue;
