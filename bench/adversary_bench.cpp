@@ -42,7 +42,8 @@ const std::vector<Suite>& Suites() {
        "ServeTest.Hostile*:ServeTest.OneAddress*:ServeTest.FakeRecords*:ServeTest.LoraRequests*"},
       {"averaging", "averaging_tests",
        "Averager.CenteredClip*:Averager.NonFinite*:Averager.AHugeDeclared*:Averager.Hostile*:"
-       "Averager.LoadStateRefuses*:Averager.Mismatched*:Averager.ADonorsWrongState*"},
+       "Averager.LoadStateRefuses*:Averager.Mismatched*:Averager.ADonorsWrongState*:Averager."
+       "ASilentDonor*"},
       {"averaging", "averaging_process_tests", "AveragingFaults.ARoundThatAveraged*"},
       {"http", "http_server_test", "HttpServer.Junk*:HttpServer.ConnectionsOverTheLimit*"},
       {"monitor", "monitor_collector_test", "MonitoredSwarm.ARecordNaming*"},

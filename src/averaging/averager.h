@@ -172,7 +172,8 @@ struct LoadStateOptions {
   // A finite but wrong state from one donor is caught whenever honest donors of the same version
   // outnumber it among those asked; with one honest donor against one liar, both states are
   // refused and the load fails naming the disagreement (rather than trusting whichever came
-  // first).
+  // first). Each ask has 1 / (confirmations still wanted + 1) of the time left, so a donor that
+  // never answers costs a share of `timeout`, not all of it.
   std::function<bool(const std::string& downloaded_metadata, const std::string& other_metadata)>
       same_version = nullptr;
   size_t confirmations = 2;

@@ -12,7 +12,7 @@
 // against the header before any value is copied. A loader whose donors should agree
 // (LoadStateOptions::same_version) asks other donors for the SHA-256 digest of their state (a
 // digest_only request: the header and the digest, no values) and refuses a download that more of
-// them contradict than confirm.
+// them contradict than confirm; each of those asks has a share of the time left.
 #include <fmt/format.h>
 #include <sodium.h>
 
@@ -254,7 +254,13 @@ asio::awaitable<Status> Averager::Impl::CrossCheck(const SharedState& state, con
   for (const StateDonor& other : donors) {
     if (comparable >= options.confirmations || SteadyNow() >= deadline) break;
     if (other.peer == from) continue;
-    auto theirs = co_await AskDigest(other.peer, other.addr, options.min_priority, deadline);
+    // Each ask gets a share of the time left: 1 / (confirmations still wanted + 1). A donor that
+    // never answers costs that share, not the whole load, so a liar's silent accomplices cannot
+    // run out the clock until its state is taken unconfirmed.
+    const size_t wanted = options.confirmations - comparable;
+    const SteadyTime ask_deadline =
+        SteadyNow() + (deadline - SteadyNow()) / static_cast<int64_t>(wanted + 1);
+    auto theirs = co_await AskDigest(other.peer, other.addr, options.min_priority, ask_deadline);
     if (!theirs.ok() || !options.same_version(state.metadata, theirs->metadata)) continue;
     ++comparable;
     if (theirs->digest == digest) {

@@ -5,6 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+#include <atomic>
 #include <cmath>
 #include <fstream>
 #include <future>
@@ -334,6 +339,62 @@ TEST(Averager, ADonorsWrongStateIsCaughtByOtherDonorsDigests) {
       load({.same_version = [](const std::string&, const std::string&) { return false; }});
   ASSERT_TRUE(other_version.ok()) << other_version.status().ToString();
   EXPECT_EQ(other_version->tensors.at(0), wrong);
+}
+
+// A liar's accomplice that never answers a digest request cannot run out the loader's clock so
+// that the liar's state is taken unconfirmed: the ask has a share of the time left, and the
+// honest donor after it still contradicts the liar.
+TEST(Averager, ASilentDonorCannotRunOutTheCrossCheckForALiar) {
+  const size_t n = 1000;
+  Swarm swarm(n);
+  auto o = Options(2);
+  const std::vector<float> honest = Synthetic(7, n);
+  std::vector<float> wrong = honest;
+  wrong[n / 2] += 1e-3f;
+  auto share = [](Peer& p, std::vector<float> values, double priority) {
+    p.averager->ShareState(
+        [values]() -> Result<SharedState> {
+          return SharedState{"epoch 4", {values}};
+        },
+        priority);
+  };
+  Peer& liar = swarm.Add(1, o);
+  share(liar, wrong, 5.0);
+  Peer& silent = swarm.Add(2, o);
+  share(silent, honest, 4.8);
+  // The accomplice advertises like a donor and then holds every state request unanswered.
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  silent.node->host().RegisterServerStreaming(
+      "avg.state/test.avg", [release](net::CallContext&, net::Message) -> asio::awaitable<Status> {
+        asio::steady_timer timer(co_await asio::this_coro::executor);
+        while (!release->load()) {
+          timer.expires_after(50ms);
+          co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        }
+        co_return Cancelled("released");
+      });
+  Peer& honest_donor = swarm.Add(3, o);
+  share(honest_donor, honest, 4.5);
+  Peer& newcomer = swarm.Add(4, o);
+  ASSERT_TRUE(test::WaitUntil(
+      [&] {
+        auto r = newcomer.node->GetSync("test.avg.state", dht::Freshness::kLatest);
+        return r.ok() && r->subkeys.size() >= 3;
+      },
+      20s));
+  auto state = newcomer.averager->LoadStateFromPeersSync(
+      {.timeout = 9s,
+       .same_version = [](const std::string& a, const std::string& b) { return a == b; }});
+  release->store(true);
+  // The liar's state is refused. The silent donor's own download then holds until the load's
+  // deadline; the honest donor's state is loaded if what is left of the time suffices (it may
+  // not), and otherwise the load fails saying why.
+  if (state.ok()) {
+    EXPECT_EQ(state->tensors.at(0), honest) << "the liar's state was taken";
+    return;
+  }
+  EXPECT_NE(state.status().message().find("differs from that of 1 other donor"), std::string::npos)
+      << state.status().ToString();
 }
 
 // A loader that needs state of a given priority (a training epoch) is refused by donors below it,
