@@ -479,12 +479,21 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     } else {
       had_value = valid(std::nullopt, r.value);
     }
+    // No honest replica holds more than its storage limits allow (the wire allows 64 MiB): a
+    // reply with more is ignored, and what several replicas' copies merge into is trimmed to
+    // those limits, so a lookup holds at most one stored record's worth.
+    if (had_value && !FitsLimits(*l.key, r, options_.storage)) {
+      COLONY_LOG_DEBUG("DHT: ignoring {}'s copy of '{}': larger than a node stores",
+                       contact.peer.ToString(), *l.key);
+      had_value = false;
+    }
     if (had_value) {
       if (!l.found) {
         l.found = std::move(r);
         l.found_depth = depth;
       } else {
         MergeRecord(*l.found, r);
+        TrimToLimits(*l.key, *l.found, options_.storage);
       }
     }
   }

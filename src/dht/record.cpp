@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "dht/validation.h"
@@ -51,6 +52,42 @@ void MergeRecord(Record& into, const Record& other) {
     if (Wins(other.value, into.value)) into.value = other.value;
   } else if (other.is_dict) {
     into = other;  // between kinds, the dictionary wins: a plain value cannot wipe subkeys
+  }
+}
+
+namespace {
+
+size_t EntryBytes(const std::string& key, std::string_view subkey, const ValueEntry& v) {
+  return key.size() + subkey.size() + v.value.size() + kEntryOverhead;
+}
+
+size_t DictionaryBytes(const std::string& key, const Record& record) {
+  size_t bytes = 0;
+  for (const auto& [sub, v] : record.subkeys) bytes += EntryBytes(key, sub, v);
+  return bytes;
+}
+
+}  // namespace
+
+bool FitsLimits(const std::string& key, const Record& record, const StorageLimits& limits) {
+  if (!record.is_dict) return record.value.value.size() <= limits.max_value_bytes;
+  return record.subkeys.size() <= limits.max_subkeys &&
+         DictionaryBytes(key, record) <= limits.max_record_bytes;
+}
+
+void TrimToLimits(const std::string& key, Record& record, const StorageLimits& limits) {
+  if (!record.is_dict || FitsLimits(key, record, limits)) return;
+  std::vector<std::tuple<bool, double, std::string>> order;  // signed last, earliest first
+  for (const auto& [sub, v] : record.subkeys) {
+    order.emplace_back(HasOwnerMarker(sub), v.expiration, sub);
+  }
+  std::sort(order.begin(), order.end());
+  size_t bytes = DictionaryBytes(key, record);
+  for (const auto& [_, expiration, sub] : order) {
+    if (record.subkeys.size() <= limits.max_subkeys && bytes <= limits.max_record_bytes) break;
+    auto it = record.subkeys.find(sub);
+    bytes -= EntryBytes(key, sub, it->second);
+    record.subkeys.erase(it);
   }
 }
 

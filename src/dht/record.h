@@ -77,6 +77,15 @@ struct StorageLimits {
   double max_ttl_seconds = 24 * 3600.0;
 };
 
+// Whether `record` (for `key`) is within what a node's storage holds under `limits`: a value of
+// at most max_value_bytes; a dictionary of at most max_subkeys entries and max_record_bytes,
+// counted as storage counts them. No honest replica answers with more.
+bool FitsLimits(const std::string& key, const Record& record, const StorageLimits& limits);
+
+// Drops entries of a dictionary merged from several replicas until it fits `limits`: unsigned
+// subkeys first (anyone may write those), then owner-signed ones, earliest expiration first.
+void TrimToLimits(const std::string& key, Record& record, const StorageLimits& limits);
+
 // Slack on max_ttl_seconds for the clocks of the writer and the node that checks (the DHT
 // refuses peers whose clocks differ by more than a few seconds).
 inline constexpr double kExpirationClockSlack = 60.0;

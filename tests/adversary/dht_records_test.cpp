@@ -242,6 +242,58 @@ TEST_F(AttackedSwarm, EveryLayersKeysTakeOnlyTheirOwnersWellFormedEntries) {
 }
 
 // The sequence of the issue, typed at a shell against a real `colony dht` process.
+// A replica that answers a lookup with more than any node stores (the wire allows 64 MiB and
+// 65,536 subkeys) is ignored: the reader gets the honest copy and holds no more than the
+// storage limits, however the replies merge.
+TEST_F(AttackedSwarm, AReplicaAnsweringMoreThanANodeStoresIsIgnored) {
+  const std::string key = "crowded.key";
+  const std::string honest_subkey = OwnerMarker(nodes[1]->peer_id());
+  ASSERT_TRUE(nodes[1]->StoreSync(key, "mine", Now() + 600, honest_subkey).ok());
+  net::HostOptions listening;
+  listening.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  HostilePeer replica(listening);
+  ASSERT_TRUE(replica.start_error().ok()) << replica.start_error().ToString();
+  std::atomic<int> lies{0};
+  replica.host().RegisterUnary(
+      "dht.ping", [](net::CallContext&, net::Message) -> asio::awaitable<Result<net::Message>> {
+        PingResponse pong;
+        pong.wall_time = Now();
+        co_return net::Message(EncodePingResponse(pong));
+      });
+  replica.host().RegisterUnary(
+      "dht.find",
+      [&lies, key](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
+        auto request = DecodeFindRequest(m.meta);
+        if (!request.ok()) co_return request.status();
+        FindResponse response;
+        for (const DhtId& id : request->ids) {
+          FindResult result;
+          if (id == DhtId::ForKey(key)) {
+            Record junk;
+            junk.is_dict = true;
+            for (int i = 0; i < 1000; ++i) {  // unsigned subkeys: valid one by one
+              junk.subkeys["junk" + std::to_string(i)] = {std::string(100, 'x'), Now() + 600};
+            }
+            result.record = std::move(junk);
+            ++lies;
+          }
+          response.results.push_back(std::move(result));
+        }
+        co_return net::Message(EncodeFindResponse(response));
+      });
+  // The victim knows the lying replica from the start (it is one of its initial peers).
+  auto victim = Node::Start(KeyPair::Generate(),
+                            GuardedOptions({replica.host().ListenAddresses().at(0).ToString(),
+                                            nodes[0]->VisibleAddresses().at(0).ToString()}));
+  ASSERT_TRUE(victim.ok()) << victim.status().ToString();
+  auto got = (*victim)->GetSync(key, Freshness::kLatest);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_GT(lies.load(), 0) << "the lookup never asked the lying replica";
+  ASSERT_EQ(got->subkeys.size(), 1u);
+  EXPECT_EQ(got->subkeys.begin()->second.value, "mine");
+  (*victim)->Shutdown();
+}
+
 TEST(AttackedSwarmCli, TheForgerGetsAClearRefusalAndTheOwnersRecordStays) {
   test::TempDir dir("adversary-cli");
   auto boot = test::SpawnLocalDht();

@@ -32,6 +32,8 @@ class HostilePeer {
   const Status& start_error() const { return start_error_; }
   const PeerId& id() const { return host_.peer_id(); }
   const KeyPair& identity() const { return host_.identity(); }
+  // For attacks that answer calls (a replica that lies): register handlers on it.
+  net::Host& host() { return host_; }
 
   // `item` with its value signed by `signer` the way an honest owner signs (for a marker that
   // names `signer`); a forger uses this with its own key to pass the signature check itself.

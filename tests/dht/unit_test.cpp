@@ -141,6 +141,36 @@ TEST(DhtStorage, MergeFollowsTheSameRules) {
   EXPECT_FALSE(DropExpired(p2, kNow + 100));
 }
 
+// What a lookup merged from several replicas is trimmed to one node's limits: unsigned subkeys
+// go first, earliest expiration first, and owner-signed ones stay while they fit.
+TEST(DhtStorage, AMergedDictionaryIsTrimmedToTheLimitsKeepingOwnersEntries) {
+  StorageLimits limits;
+  limits.max_subkeys = 3;
+  const std::string owner1 = OwnerMarker(KeyPair::Generate().peer_id());
+  const std::string owner2 = OwnerMarker(KeyPair::Generate().peer_id());
+  Record r{true, {}, {{"a", {"1", kNow + 9}}, {"b", {"2", kNow + 5}}, {owner1, {"3", kNow + 1}}}};
+  EXPECT_TRUE(FitsLimits("k", r, limits));
+  r.subkeys[owner2] = {"4", kNow + 2};
+  r.subkeys["c"] = {"5", kNow + 7};
+  EXPECT_FALSE(FitsLimits("k", r, limits));
+  TrimToLimits("k", r, limits);
+  ASSERT_EQ(r.subkeys.size(), 3u);
+  EXPECT_TRUE(r.subkeys.contains(owner1) && r.subkeys.contains(owner2));
+  EXPECT_TRUE(r.subkeys.contains("a"));  // the unsigned entry that expires last
+  // Bytes count as storage counts them: key, subkey, value and 64 bytes of bookkeeping each.
+  limits.max_subkeys = 100;
+  limits.max_record_bytes = 3 * (1 + 1 + 1 + 64);
+  Record small{true, {}, {{"a", {"1", kNow + 9}}, {"b", {"2", kNow + 5}}, {"c", {"3", kNow + 1}}}};
+  EXPECT_TRUE(FitsLimits("k", small, limits));
+  small.subkeys["d"] = {"4", kNow + 3};
+  TrimToLimits("k", small, limits);
+  EXPECT_EQ(small.subkeys.size(), 3u);
+  EXPECT_FALSE(small.subkeys.contains("c"));
+  // A plain value larger than a node stores does not fit.
+  limits.max_value_bytes = 4;
+  EXPECT_FALSE(FitsLimits("k", Record{false, {"12345", kNow + 1}, {}}, limits));
+}
+
 TEST(DhtStorage, LimitsQuotaCapacityAndExpirationCap) {
   StorageLimits limits;
   limits.per_peer_quota_bytes = 10'000;
