@@ -151,7 +151,8 @@ struct SharedState {
 using StateProvider = std::function<Result<SharedState>()>;
 
 struct LoadStateOptions {
-  // The download (every donor tried) ends by this deadline.
+  // The download (every donor tried) ends by this deadline. A donor must send its state's header
+  // within half the time left, so one that accepts the call and stays silent costs that half.
   std::chrono::milliseconds timeout{60'000};
   // Only donors whose current priority is at least this serve the state (a donor checks its own
   // priority when asked, so a stale advert does not matter); e.g. the epoch the loader needs.

@@ -12,7 +12,8 @@
 // against the header before any value is copied. A loader whose donors should agree
 // (LoadStateOptions::same_version) asks other donors for the SHA-256 digest of their state (a
 // digest_only request: the header and the digest, no values) and refuses a download that more of
-// them contradict than confirm; each of those asks has a share of the time left.
+// them contradict than confirm; each of those asks has a share of the time left. A donor must
+// send a download's header within half the time left, so a silent donor costs that half.
 #include <fmt/format.h>
 #include <sodium.h>
 
@@ -41,6 +42,31 @@ std::string StateDigest(const SharedState& state) {
   crypto_hash_sha256_final(&st, reinterpret_cast<unsigned char*>(out.data()));
   return out;
 }
+
+// Cancels `stream` at `deadline` unless disarmed first (or destroyed): a donor must send its
+// state's header within a share of the time left, so one that accepts the call and stays silent
+// costs that share, not the whole load.
+class HeaderWatchdog {
+ public:
+  HeaderWatchdog(const IoStrand& strand, const std::shared_ptr<net::Stream>& stream,
+                 SteadyTime deadline)
+      : timer_(strand, deadline) {
+    std::weak_ptr<net::Stream> weak = stream;
+    timer_.async_wait([weak](const std::error_code& ec) {
+      if (ec) return;  // disarmed
+      if (auto s = weak.lock()) {
+        s->Cancel(DeadlineExceeded("the donor sent no state header within its share of the time"));
+      }
+    });
+  }
+  ~HeaderWatchdog() { timer_.cancel(); }
+  HeaderWatchdog(const HeaderWatchdog&) = delete;
+  HeaderWatchdog& operator=(const HeaderWatchdog&) = delete;
+  void Disarm() { timer_.cancel(); }
+
+ private:
+  asio::steady_timer timer_;
+};
 
 }  // namespace
 
@@ -321,8 +347,10 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(LoadStateOptions 
     auto attempt = [&]() -> asio::awaitable<Result<SharedState>> {
       if (!stream.ok()) co_return stream.status();
       auto s = *stream;
+      HeaderWatchdog watchdog(strand_, s, SteadyNow() + (deadline - SteadyNow()) / 2);
       StateRequest request{options_.prefix, options.min_priority};
       auto header = co_await RequestState(*s, std::move(request));
+      watchdog.Disarm();
       if (!header.ok()) co_return header.status();
       uint64_t values = 0;
       for (uint64_t size : header->tensor_sizes) values += size;  // bounded by the decoder
