@@ -63,8 +63,9 @@ struct CallPlan : torch::CustomClassHolder {
 };
 
 // The search leaves the servers of experts whose calls failed out for a while and reads the
-// keys that named them again (BeamSearchOptions::avoid_failed_for). Calls cut for being late
-// are not failures: their servers were alive.
+// keys that named them again (BeamSearchOptions::avoid_failed_for). Calls cut for being late,
+// or refused because the server is busy or the input is wrong, do not count: the server is
+// alive.
 void AvoidFailed(const CallPlan& plan, const std::vector<size_t>& failed) {
   auto searcher = plan.searcher.lock();
   if (!searcher) return;
@@ -137,7 +138,12 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
       out[j] = **g->results[j];
     } else {
       plan.counters->failed++;
-      if (g->results[j].has_value()) failed.push_back(j);
+      // A busy server (resource_exhausted) is alive, and a refused input is this side's fault.
+      if (g->results[j].has_value() &&
+          g->results[j]->status().code() != StatusCode::kResourceExhausted &&
+          g->results[j]->status().code() != StatusCode::kInvalidArgument) {
+        failed.push_back(j);
+      }
     }
   }
   lock.unlock();
