@@ -45,6 +45,20 @@ ScoredExpert Finish(const std::string& name, const Candidate& c) {
   return out;
 }
 
+// Remembers each of `items` until `until` in `map`, which holds at most `cap` entries (expired
+// ones are dropped first when it would overflow; beyond that, the rest is not remembered).
+template <typename Map, typename Items>
+void RememberUntil(Map& map, const Items& items, std::chrono::steady_clock::time_point now,
+                   std::chrono::steady_clock::time_point until, size_t cap) {
+  if (map.size() + items.size() > cap) {
+    std::erase_if(map, [now](const auto& e) { return e.second <= now; });
+  }
+  for (const auto& item : items) {
+    if (map.size() >= cap) break;
+    map[item] = until;
+  }
+}
+
 }  // namespace
 
 Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
@@ -223,26 +237,16 @@ std::map<std::string, std::vector<ServerEntry>> BeamSearcher::Fetch(
     std::erase_if(entries, [&](const ServerEntry& e) { return avoided.contains(e.server); });
   }
   std::lock_guard lock(mu_);
-  if (empty_until_.size() + absent.size() > options_.max_negative_cache_entries) {
-    std::erase_if(empty_until_, [now](const auto& e) { return e.second <= now; });
-  }
-  for (const auto& key : absent) {
-    if (empty_until_.size() >= options_.max_negative_cache_entries) break;
-    empty_until_[key] = now + options_.negative_cache;
-  }
+  RememberUntil(empty_until_, absent, now, now + options_.negative_cache,
+                options_.max_negative_cache_entries);
   return found;
 }
 
 void BeamSearcher::Avoid(const std::vector<PeerId>& servers, const std::vector<std::string>& keys) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard lock(mu_);
-  if (avoided_until_.size() + servers.size() > options_.max_avoided_servers) {
-    std::erase_if(avoided_until_, [now](const auto& a) { return a.second <= now; });
-  }
-  for (const auto& server : servers) {
-    if (avoided_until_.size() >= options_.max_avoided_servers) break;
-    avoided_until_[server] = now + options_.avoid_failed_for;
-  }
+  RememberUntil(avoided_until_, servers, now, now + options_.avoid_failed_for,
+                options_.max_avoided_servers);
   for (const auto& key : keys) {
     if (read_again_.size() >= options_.max_negative_cache_entries) break;
     read_again_.insert(key);

@@ -282,6 +282,15 @@ TEST(Averager, LoadStatePicksTheHighestPriorityDonor) {
 // newcomer loads the honest state; with only one honest donor beside the liar, the disagreement
 // fails the load with the reason instead of picking either. Without a cross-check the liar's
 // state would be loaded.
+// `p` shares `values` as the state "epoch 4" with `priority`.
+void ShareEpoch4(Peer& p, std::vector<float> values, double priority) {
+  p.averager->ShareState(
+      [values]() -> Result<SharedState> {
+        return SharedState{"epoch 4", {values}};
+      },
+      priority);
+}
+
 TEST(Averager, ADonorsWrongStateIsCaughtByOtherDonorsDigests) {
   const size_t n = 50'000;
   Swarm swarm(n);
@@ -289,17 +298,10 @@ TEST(Averager, ADonorsWrongStateIsCaughtByOtherDonorsDigests) {
   const std::vector<float> honest = Synthetic(7, n);
   std::vector<float> wrong = honest;
   wrong[n / 2] += 1e-3f;  // finite, plausible, wrong
-  auto share = [](Peer& p, std::vector<float> values, double priority) {
-    p.averager->ShareState(
-        [values]() -> Result<SharedState> {
-          return SharedState{"epoch 4", {values}};
-        },
-        priority);
-  };
   Peer& liar = swarm.Add(1, o);
-  share(liar, wrong, 5.0);
+  ShareEpoch4(liar, wrong, 5.0);
   Peer& first = swarm.Add(2, o);
-  share(first, honest, 4.5);
+  ShareEpoch4(first, honest, 4.5);
   Peer& newcomer = swarm.Add(3, o);
   auto same = [](const std::string& a, const std::string& b) { return a == b; };
   auto load = [&](LoadStateOptions lo) {
@@ -329,7 +331,7 @@ TEST(Averager, ADonorsWrongStateIsCaughtByOtherDonorsDigests) {
 
   // A second honest donor: the liar is outvoted and the honest state loads.
   Peer& second = swarm.Add(4, o);
-  share(second, honest, 4.5);
+  ShareEpoch4(second, honest, 4.5);
   ASSERT_TRUE(wait_for_donors(3));
   state = load({.same_version = same});
   ASSERT_TRUE(state.ok()) << state.status().ToString();
@@ -401,21 +403,14 @@ TEST(Averager, ASilentDonorCannotRunOutTheCrossCheckForALiar) {
   const std::vector<float> honest = Synthetic(7, n);
   std::vector<float> wrong = honest;
   wrong[n / 2] += 1e-3f;
-  auto share = [](Peer& p, std::vector<float> values, double priority) {
-    p.averager->ShareState(
-        [values]() -> Result<SharedState> {
-          return SharedState{"epoch 4", {values}};
-        },
-        priority);
-  };
   Peer& liar = swarm.Add(1, o);
-  share(liar, wrong, 5.0);
+  ShareEpoch4(liar, wrong, 5.0);
   Peer& silent = swarm.Add(2, o);
-  share(silent, honest, 4.8);
+  ShareEpoch4(silent, honest, 4.8);
   // The accomplice advertises like a donor and then holds every state request unanswered.
   auto release = HoldStateRequests(silent);
   Peer& honest_donor = swarm.Add(3, o);
-  share(honest_donor, honest, 4.5);
+  ShareEpoch4(honest_donor, honest, 4.5);
   Peer& newcomer = swarm.Add(4, o);
   ASSERT_TRUE(test::WaitUntil(
       [&] {
