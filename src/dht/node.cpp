@@ -215,21 +215,52 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
         });
   }
 
+  // Builds the reply on the strand; from then until it is back on the caller's executor (where
+  // the connection takes it, counting it against its reply budget) it is held in transit,
+  // within max_replies_in_transit_. The charge travels with the reply, so a reply dropped on
+  // the way (the node shutting down) gives it back too.
+  struct InTransit {
+    std::shared_ptr<Impl> impl;
+    uint64_t bytes = 0;
+    ~InTransit() {
+      if (impl) impl->in_transit_ -= bytes;
+    }
+  };
+  using Charged = std::pair<net::Message, std::shared_ptr<InTransit>>;
+
   template <typename F>
   static asio::awaitable<Result<net::Message>> Serve(std::weak_ptr<Impl> weak, F serve) {
     auto self = weak.lock();
     if (!self || self->stopped_.load()) co_return Unavailable("DHT node is shutting down");
-    auto work = [self, serve = std::move(serve)]() -> asio::awaitable<Result<net::Message>> {
+    auto work = [self, serve = std::move(serve)]() -> asio::awaitable<Result<Charged>> {
       if (self->stopped_.load()) co_return Unavailable("DHT node is shutting down");
-      co_return serve(*self->core_);
+      auto reply = serve(*self->core_);
+      if (!reply.ok()) co_return reply.status();
+      const uint64_t size = reply->meta.size();
+      const uint64_t held = self->in_transit_.load();
+      if (held > 0 && held + size > self->max_replies_in_transit_) {
+        co_return ResourceExhausted(
+            fmt::format("this DHT node holds {} bytes of replies not yet sent, its limit is {}; "
+                        "try again later",
+                        held, self->max_replies_in_transit_));
+      }
+      auto charge = std::make_shared<InTransit>();
+      charge->impl = self;
+      charge->bytes = size;
+      self->in_transit_ += size;
+      co_return Charged(std::move(*reply), std::move(charge));
     };
-    co_return co_await net::RunOnStrand<Result<net::Message>>(self->strand_, std::move(work));
+    auto charged = co_await net::RunOnStrand<Result<Charged>>(self->strand_, std::move(work));
+    if (!charged.ok()) co_return charged.status();
+    co_return std::move(charged->first);  // uncharged as it goes on to its connection
   }
 
   net::Host* host_;
   net::Strand strand_;
   bool client_mode_;
   std::shared_ptr<DhtCore> core_;
+  uint64_t max_replies_in_transit_ = 0;
+  std::atomic<uint64_t> in_transit_{0};  // bytes of built replies, counted on the strand
   std::atomic<bool> stopped_{false};
 };
 
@@ -310,6 +341,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     if (addrs.empty()) options.dht.client_mode = true;
   }
   auto impl = std::make_shared<Impl>(host.get(), options.dht.client_mode);
+  impl->max_replies_in_transit_ = options.max_replies_in_transit_bytes;
   impl->core_ = DhtCore::Create(host->identity(), std::move(addrs), options.dht, *impl);
   impl->core_->AddValidator(std::make_shared<KeyFamilyValidator>(std::vector{RelayFamily()}));
   for (auto& v : options.validators) impl->core_->AddValidator(v);

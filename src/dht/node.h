@@ -58,6 +58,11 @@ struct NodeOptions {
   // A node that picked its relay by itself (none in `relays`) moves to another one when it has
   // held no reservation for this long (the relay died or stopped relaying).
   std::chrono::milliseconds relay_failover{20'000};
+  // Replies the node has built for remote callers but not yet handed to their connections
+  // (whose budgets, net::HostOptions::max_reply_bytes, count them from then on): a caller that
+  // opens hundreds of finds at once would otherwise have them all built at once. A reply that
+  // would exceed this is refused with ResourceExhausted (one reply of any size always fits).
+  uint64_t max_replies_in_transit_bytes = 64ull << 20;
 };
 
 // Relays announce themselves under this key (subkey: the relay's owner marker, value: the
