@@ -91,10 +91,14 @@ struct AveragerOptions {
   // Robust aggregation per part instead of the weighted mean.
   std::optional<CenteredClipOptions> centered_clip;
   // State sharing: donors advertise themselves under "<prefix>.state" every
-  // state_advert_period; at most max_concurrent_state_transfers downloads are served at once
-  // (others are told to try another donor).
+  // state_advert_period; at most max_concurrent_state_transfers downloads (or digests) are
+  // served at once, at most max_state_transfers_per_address of them to callers from one address
+  // (loopback exempt unless the host's limit_loopback_addresses), and others are told to try
+  // another donor. A caller that stops reading loses its slot when the transport gives up its
+  // stalled write (net::ConnectionOptions::send_stall_timeout).
   std::chrono::milliseconds state_advert_period{10'000};
   size_t max_concurrent_state_transfers = 2;
+  size_t max_state_transfers_per_address = 1;
   size_t state_chunk_bytes = 1 << 20;
 
   // Test hooks: how a test makes this peer misbehave.

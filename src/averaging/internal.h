@@ -220,6 +220,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   StateProvider provider_;
   double priority_ = 0;
   size_t transfers_in_flight_ = 0;
+  // Transfers in flight per caller's source key (net::SourceKey); at most
+  // max_concurrent_state_transfers entries.
+  std::map<std::string, size_t> transfers_by_source_;
   bool advertising_ = false;
   // The advert loop's timer (strand only); cancelled to re-advertise at once.
   asio::steady_timer* advert_timer_ = nullptr;

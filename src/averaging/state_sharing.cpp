@@ -7,13 +7,16 @@
 // so that many newcomers spread over many donors rather than all hitting one — hivemind#169), and
 // asks them one at a time over a server-streaming "avg.state" call: a header (metadata, tensor
 // sizes) and then the values in chunks of state_chunk_bytes. A donor serves at most
-// max_concurrent_state_transfers downloads at once and refuses more, so the newcomer moves on to
-// the next donor; a donor that fails mid-transfer is skipped the same way. Every size is checked
-// against the header before any value is copied. A loader whose donors should agree
-// (LoadStateOptions::same_version) asks other donors for the SHA-256 digest of their state (a
-// digest_only request: the header and the digest, no values) and refuses a download that more of
-// them contradict than confirm; each of those asks has a share of the time left. A donor must
-// send a download's header within half the time left, so a silent donor costs that half.
+// max_concurrent_state_transfers downloads at once, max_state_transfers_per_address of them to one
+// address, and refuses more, so the newcomer moves on to the next donor; a donor that fails
+// mid-transfer is skipped the same way. A caller that stops giving credit has its download cut
+// by the transport (ConnectionOptions::send_stall_timeout), so it cannot hold a slot by not
+// reading. Every size is checked against the header before any value is copied. A loader whose
+// donors should agree (LoadStateOptions::same_version) asks other donors for the SHA-256 digest
+// of their state (a digest_only request: the header and the digest, no values) and refuses a
+// download that more of them contradict than confirm; each of those asks has a share of the time
+// left. A donor must send a download's header within half the time left, so a silent donor costs
+// that half.
 #include <fmt/format.h>
 #include <sodium.h>
 
@@ -23,6 +26,7 @@
 
 #include "averaging/internal.h"
 #include "dht/validation.h"
+#include "net/source_address.h"
 
 namespace colony::averaging {
 
@@ -151,6 +155,7 @@ asio::awaitable<Status> Averager::Impl::HandleStateRequest(net::CallContext& ctx
   auto req = DecodeStateRequest(request.meta);
   if (!req.ok()) co_return req.status();
   if (req->prefix != options_.prefix) co_return NotFound("no state is shared under " + req->prefix);
+  const std::string source = net::SourceKey(ctx, host_.limits_loopback());
   StateProvider provider;
   {
     std::lock_guard lock(state_mu_);
@@ -164,16 +169,30 @@ asio::awaitable<Status> Averager::Impl::HandleStateRequest(net::CallContext& ctx
       co_return Unavailable(fmt::format(
           "this donor is busy ({} downloads in flight); try another donor", transfers_in_flight_));
     }
+    const auto held =
+        source.empty() ? transfers_by_source_.end() : transfers_by_source_.find(source);
+    const size_t from_source = held == transfers_by_source_.end() ? 0 : held->second;
+    if (!source.empty() && from_source >= options_.max_state_transfers_per_address) {
+      co_return Unavailable(fmt::format(
+          "this donor already serves {} download(s) to your address {}, its limit per address; "
+          "try another donor",
+          from_source, source.substr(0, 64)));
+    }
     ++transfers_in_flight_;
+    if (!source.empty()) ++transfers_by_source_[source];
     provider = provider_;
   }
   struct Release {
     Impl* impl;
+    std::string source;
     ~Release() {
       std::lock_guard lock(impl->state_mu_);
       --impl->transfers_in_flight_;
+      if (!source.empty() && --impl->transfers_by_source_[source] == 0) {
+        impl->transfers_by_source_.erase(source);
+      }
     }
-  } release{this};
+  } release{this, source};
 
   auto take = [provider]() { return provider(); };
   auto snapshot = co_await RunOn<Result<SharedState>>(PoolExecutor(), std::move(take));

@@ -132,6 +132,9 @@ class Host {
   // before it expires fails no call. FailedPrecondition without HostOptions::access.
   Status SetAccessToken(Bytes token);
   const std::shared_ptr<AccessControl>& access() const { return options_.access; }
+  // Whether services on this host apply their per-address caps to loopback callers too
+  // (HostOptions::limit_loopback_addresses).
+  bool limits_loopback() const { return options_.limit_loopback_addresses; }
   struct AccessRefusals {
     uint64_t count = 0;  // incoming handshakes this host refused
     std::string last;    // the last one's reason

@@ -1,5 +1,7 @@
 #include "net/source_address.h"
 
+#include "net/stream.h"
+
 namespace colony::net {
 
 asio::ip::address Unmapped(const asio::ip::address& ip) {
@@ -20,6 +22,12 @@ std::string SourceKey(const std::string& ip_text, bool limit_loopback) {
   const auto ip = asio::ip::make_address(ip_text, ec);
   if (ec) return {};
   return SourceKey(ip, limit_loopback);
+}
+
+std::string SourceKey(const CallContext& ctx, bool limit_loopback) {
+  const Multiaddr remote = ctx.remote_address();
+  if (remote.is_relayed()) return "relayed " + ctx.peer().ToString();
+  return SourceKey(remote.host(), limit_loopback);
 }
 
 Multiaddr EndpointAddress(const asio::ip::tcp::endpoint& ep) {

@@ -14,6 +14,8 @@
 
 namespace colony::net {
 
+class CallContext;
+
 // An IPv4 peer on a dual-stack listener (::ffff:a.b.c.d) as its IPv4 address; others unchanged.
 asio::ip::address Unmapped(const asio::ip::address& ip);
 
@@ -23,6 +25,10 @@ asio::ip::address Unmapped(const asio::ip::address& ip);
 std::string SourceKey(const asio::ip::address& ip, bool limit_loopback);
 // The same for an address in text; "" also when it does not parse.
 std::string SourceKey(const std::string& ip_text, bool limit_loopback);
+
+// The key the caller of `ctx` is capped under: its source address's key, or, for a caller that
+// came through a relay (which caps circuits per source address itself), "relayed <peer id>".
+std::string SourceKey(const CallContext& ctx, bool limit_loopback);
 
 // `ep` as an /ip4/ or /ip6/ multiaddr, unmapped.
 Multiaddr EndpointAddress(const asio::ip::tcp::endpoint& ep);

@@ -153,8 +153,6 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   // alloc_timeout for room, within the server's and the address's share).
   asio::awaitable<Status> ReserveCache(net::CallContext& ctx, const std::string& source,
                                        int64_t bytes);
-  // The key a session's per-address caps count it under ("": exempt).
-  std::string SessionSource(const net::CallContext& ctx) const;
   static asio::awaitable<void> SendPush(std::shared_ptr<Impl> self, Multiaddr addr,
                                         net::Message message);
   static asio::awaitable<void> ReadSteps(std::shared_ptr<net::Stream> stream,
@@ -188,7 +186,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
     size_t sessions = 0;
     int64_t cache_bytes = 0;
   };
-  std::map<std::string, SourceUse> sources_;  // by SessionSource; guarded by mu_
+  std::map<std::string, SourceUse> sources_;  // by net::SourceKey; guarded by mu_
   uint64_t steps_ = 0, pushes_used_ = 0, duplicates_ = 0, forwards_ = 0, backwards_ = 0;
 };
 

@@ -81,13 +81,6 @@ Status BlockServer::Impl::CheckPushTarget(const PushTarget& target, const std::s
   return Status::Ok();
 }
 
-std::string BlockServer::Impl::SessionSource(const net::CallContext& ctx) const {
-  const Multiaddr remote = ctx.remote_address();
-  // A relay caps circuits per source address; behind it each peer counts on its own.
-  if (remote.is_relayed()) return "relayed " + ctx.peer().ToString();
-  return net::SourceKey(remote.host(), options_.limit_loopback_addresses);
-}
-
 asio::awaitable<Status> BlockServer::Impl::ReserveCache(net::CallContext& ctx,
                                                         const std::string& source, int64_t bytes) {
   if (bytes > options_.cache_bytes) {
@@ -224,7 +217,7 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
       static_cast<uint64_t>(s->batch * s->max_length * config_.hidden_size) * sizeof(float) +
       static_cast<uint64_t>(s->batch) * sizeof(int64_t);
   s->client_ip = ctx.remote_address().host();
-  s->source = SessionSource(ctx);
+  s->source = net::SourceKey(ctx, options_.limit_loopback_addresses);
   if (!open.upstream.empty()) s->upstream = *PeerId::Parse(open.upstream);
   COLONY_CO_RETURN_IF_ERROR(CheckPushTarget(open.next, s->client_ip));
   s->next = open.next;
