@@ -8,8 +8,12 @@
 #include <asio/use_awaitable.hpp>
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <random>
+#include <thread>
+#include <vector>
 
+#include "adversary/attack_measurements.h"
 #include "net/raw_peer.h"
 #include "net/test_util.h"
 
@@ -43,7 +47,7 @@ HostOptions ServerOptions() {
   return o;
 }
 
-// A server with an "echo" method counting its calls.
+// A server with an "echo" method counting its calls, and an "honest" one for HonestBeside.
 std::unique_ptr<Host> StartServer(HostOptions options = ServerOptions(),
                                   std::atomic<int>* echo_calls = nullptr) {
   auto server = StartHost(std::move(options));
@@ -52,8 +56,59 @@ std::unique_ptr<Host> StartServer(HostOptions options = ServerOptions(),
                           if (echo_calls) ++*echo_calls;
                           co_return m;
                         });
+  server->RegisterUnary(
+      "honest", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
   return server;
 }
+
+// An honest client beside an attack (issue 15): from its own host and thread it calls the
+// server every few milliseconds over its own connection. Built before the attack, it measures
+// its unattacked latency; while the test attacks it keeps calling; at the end of the test it
+// records the slowdown for `scripts/bench adversary` and bounds it (10x, the baseline floored
+// at 10 ms). Every call must succeed.
+class HonestBeside {
+ public:
+  explicit HonestBeside(Host& server)
+      : client_(StartHost(HostOptions{})), server_(AddressOf(server)) {
+    for (int i = 0; i < 10; ++i) before_.push_back(CallOnce());
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        const double t = CallOnce();
+        {
+          std::lock_guard lock(mu_);
+          during_.push_back(t);
+        }
+        std::this_thread::sleep_for(5ms);
+      }
+    });
+  }
+  ~HonestBeside() {
+    stop_.store(true);
+    thread_.join();
+    if (during_.empty()) during_.push_back(CallOnce());  // an attack shorter than one call
+    EXPECT_LT(test::RecordHonestSlowdown(before_, during_), 10)
+        << "honest median " << test::Median(before_) * 1e3 << " ms unattacked, "
+        << test::Median(during_) * 1e3 << " ms beside the attack";
+  }
+  HonestBeside(const HonestBeside&) = delete;
+  HonestBeside& operator=(const HonestBeside&) = delete;
+
+ private:
+  double CallOnce() {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto reply = client_->CallSync(server_, "honest", Message("h"), CallOptions{.timeout = 10s});
+    EXPECT_TRUE(reply.ok()) << "an honest call failed beside the attack: "
+                            << reply.status().ToString();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  std::unique_ptr<Host> client_;
+  Multiaddr server_;
+  std::vector<double> before_, during_;
+  std::mutex mu_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 // An honest client, fresh for each check, is served normally.
 void ExpectServes(Host& server) {
@@ -64,10 +119,11 @@ void ExpectServes(Host& server) {
   EXPECT_EQ(reply->meta, "still serving");
 }
 
-// The connection slot a rejected handshake held is released.
-void ExpectNoConnections(Host& server) {
-  EXPECT_TRUE(WaitUntil([&] { return server.connection_count() == 0; }, 5s))
-      << server.connection_count() << " connections still open";
+// The connection slot a rejected handshake held is released: only `honest` connections (those
+// of HonestBeside clients) are left.
+void ExpectNoConnections(Host& server, size_t honest = 1) {
+  EXPECT_TRUE(WaitUntil([&] { return server.connection_count() == honest; }, 5s))
+      << server.connection_count() << " connections open, " << honest << " of them honest";
 }
 
 Bytes U32Le(uint32_t v) {
@@ -129,6 +185,7 @@ BidiStreamingHandler HoldUntilCancelled(std::atomic<int>& started, std::atomic<i
 
 TEST(Hostile, RandomBytesInsteadOfAHandshakeAreRefused) {
   auto server = StartServer();
+  HonestBeside beside(*server);
   std::mt19937 rng(20240601);
   Bytes junk(4096);
   for (auto& b : junk) b = static_cast<uint8_t>(rng());
@@ -146,6 +203,7 @@ TEST(Hostile, HugeHelloLengthIsRefusedWithoutAllocating) {
   // The default handshake timeout (10 s) is far longer than the waits below, so a close within
   // them means the length itself was refused.
   auto server = StartServer();
+  HonestBeside beside(*server);
   const long rss_before = VmRssKb();
   Bytes max_u32 = MagicThen(U32Le(0xffffffffu));
   Bytes huge_u64;
@@ -170,6 +228,7 @@ TEST(Hostile, TruncatedHandshakeIsDroppedAtTheHandshakeTimeout) {
   HostOptions options = ServerOptions();
   options.connection.handshake_timeout = 500ms;
   auto server = StartServer(options);
+  HonestBeside beside(*server);
   // Half a Hello: a valid prefix, then silence.
   Bytes half = MagicThen(U32Le(100));
   half.resize(half.size() + 50, 0x08);
@@ -190,6 +249,7 @@ TEST(Hostile, TruncatedHandshakeIsDroppedAtTheHandshakeTimeout) {
 TEST(Hostile, ReplayedHandshakeIsRefused) {
   std::atomic<int> echo_calls{0};
   auto server = StartServer(ServerOptions(), &echo_calls);
+  HonestBeside beside(*server);
   RecordingRelay relay(AddressOf(*server));
   ASSERT_TRUE(relay.ok());
   {
@@ -220,6 +280,7 @@ TEST(Hostile, ReplayedHandshakeIsRefused) {
 TEST(Hostile, RawPeerBaselineCallWorks) {
   // The raw client itself is sound: the attacks below fail because of what they change.
   auto server = StartServer();
+  HonestBeside beside(*server);
   RawPeer r(AddressOf(*server));
   ASSERT_TRUE(r.Handshake().ok());
   EXPECT_EQ(r.handshake().peer.peer, server->peer_id());
@@ -235,6 +296,7 @@ TEST(Hostile, RawPeerBaselineCallWorks) {
 TEST(Hostile, FlippedBitInARecordClosesTheConnection) {
   std::atomic<int> echo_calls{0};
   auto server = StartServer(ServerOptions(), &echo_calls);
+  HonestBeside beside(*server);
   Bytes plain;
   AppendFrame(plain, FrameType::kOpen, 0, 1, OpenPayload("echo"));
   AppendMessageFrame(plain, 1, Message("tampered"));
@@ -261,6 +323,7 @@ TEST(Hostile, FlippedBitInALargeDataRecordClosesTheConnection) {
   // tag is checked; a forged one must still be refused, and never delivered.
   std::atomic<int> started{0}, ended{0};
   auto server = StartServer();
+  HonestBeside beside(*server);
   server->RegisterBidiStreaming("sink", HoldUntilCancelled(started, ended));
   for (bool flip : {false, true}) {
     SCOPED_TRACE(flip ? "tampered" : "intact");
@@ -290,6 +353,7 @@ TEST(Hostile, FlippedBitInALargeDataRecordClosesTheConnection) {
 
 TEST(Hostile, InvalidRecordLengthClosesTheConnection) {
   auto server = StartServer();
+  HonestBeside beside(*server);
   const uint32_t too_big = static_cast<uint32_t>(kMaxRecordPlaintext + kTagSize + 1);
   for (uint32_t len : {too_big, 0xffffffffu, 0u, static_cast<uint32_t>(kTagSize - 1)}) {
     SCOPED_TRACE("record length " + std::to_string(len));
@@ -311,6 +375,7 @@ TEST(Hostile, TenThousandOpenStreamsAreRefusedBeyondTheLimit) {
   HostOptions options = ServerOptions();
   options.connection.limits.max_concurrent_streams = 64;
   auto server = StartServer(options);
+  HonestBeside beside(*server);
   server->RegisterBidiStreaming("hold", HoldUntilCancelled(started, ended));
   const long rss_before = VmRssKb();
 
@@ -364,6 +429,7 @@ TEST(Hostile, PeerThatStopsReadingStallsTheWriter) {
   auto finished_future = finished.get_future();
   auto payload = std::make_shared<std::vector<uint8_t>>(kMsg, 0xab);
   auto server = StartServer();
+  HonestBeside beside(*server);
   server->RegisterServerStreaming(
       "flood",
       [&written, &finished, payload](CallContext& ctx, Message) -> asio::awaitable<Status> {
@@ -412,6 +478,7 @@ TEST(Hostile, PeerThatStopsReadingStallsTheWriter) {
 
 TEST(Hostile, HandlerThrowingMidStreamFailsOnlyThatCall) {
   auto server = StartServer();
+  HonestBeside beside(*server);
   server->RegisterServerStreaming(
       "three_then_throw", [](CallContext& ctx, Message) -> asio::awaitable<Status> {
         for (int i = 0; i < 3; ++i) {
@@ -457,6 +524,7 @@ TEST(Hostile, DataBeyondTheStreamWindowClosesTheConnection) {
   HostOptions options = ServerOptions();
   options.connection.limits.stream_window = 256 * 1024;
   auto server = StartServer(options);
+  HonestBeside beside(*server);
   server->RegisterBidiStreaming("sink", HoldUntilCancelled(started, ended));
   // Small continuation records (decrypted in place), then a large one (decrypted straight into
   // the message being assembled): both must be held to the window.
@@ -492,6 +560,7 @@ TEST(Hostile, DataBeyondTheStreamWindowClosesTheConnection) {
 
 TEST(Hostile, DataForANeverOpenedStreamClosesTheConnection) {
   auto server = StartServer();
+  HonestBeside beside(*server);
   RawPeer r(AddressOf(*server));
   ASSERT_TRUE(r.Handshake().ok());
   ASSERT_TRUE(r.PingPong());
@@ -504,6 +573,7 @@ TEST(Hostile, DataForANeverOpenedStreamClosesTheConnection) {
 
 TEST(Hostile, UnknownFrameTypeClosesTheConnection) {
   auto server = StartServer();
+  HonestBeside beside(*server);
   for (uint8_t type : {uint8_t{0}, uint8_t{9}, uint8_t{0xff}}) {
     SCOPED_TRACE("frame type " + std::to_string(type));
     RawPeer r(AddressOf(*server));
@@ -521,6 +591,7 @@ TEST(Hostile, OversizedMessageResetsOnlyItsStream) {
   HostOptions options = ServerOptions();
   options.connection.limits.max_message_bytes = 1u << 20;
   auto server = StartServer(options);
+  HonestBeside beside(*server);
   server->RegisterBidiStreaming("sink", HoldUntilCancelled(started, ended));
   RawPeer r(AddressOf(*server));
   ASSERT_TRUE(r.Handshake().ok());
@@ -557,6 +628,7 @@ TEST(Hostile, HandlerErrorWithArbitraryBytesKeepsItsCode) {
   std::string long_text;
   while (long_text.size() < 5000) long_text += "\xe2\x82\xac";  // U+20AC, 3 bytes: the cap cuts one
   auto server = StartServer();
+  HonestBeside beside(*server);
   server->RegisterUnary("fail",
                         [long_text](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
                           if (m.meta == "binary") co_return NotFound("no key \xff\xfe\x80 here");
@@ -604,6 +676,7 @@ TEST(Hostile, ProtocolVersionMismatchNamesBothVersions) {
 
 TEST(Hostile, WrongExpectedPeerIdIsUnauthenticated) {
   auto server = StartServer();
+  HonestBeside beside(*server);
   const PeerId other = KeyPair::Generate().peer_id();
   auto client = StartHost(HostOptions{});
   auto reply = client->CallSync(AddressOf(*server).WithPeerId(other), "echo", Message("hi"),
@@ -690,6 +763,7 @@ TEST(Hostile, RepliesWaitingForWithheldCreditAreBoundedPerConnection) {
   HostOptions options = ServerOptions();
   options.connection.max_reply_bytes = 16u << 20;
   auto server = StartServer(options);
+  HonestBeside beside(*server);
   server->RegisterUnary("big", FreshReply(kReply));
   const long rss_before = VmRssKb();
 
@@ -718,6 +792,7 @@ TEST(Hostile, RepliesWaitingForCreditAreBoundedPerHost) {
   HostOptions options = ServerOptions();
   options.max_reply_bytes = 8u << 20;
   auto server = StartServer(options);
+  HonestBeside beside(*server);
   server->RegisterUnary("big", FreshReply(kReply));
   RawPeer a(AddressOf(*server));
   RawPeer b(AddressOf(*server));
@@ -737,6 +812,7 @@ TEST(Hostile, AReplyThatMakesNoProgressIsResetAfterTheStallTimeout) {
   HostOptions options = ServerOptions();
   options.connection.send_stall_timeout = 300ms;
   auto server = StartServer(options);
+  HonestBeside beside(*server);
   server->RegisterUnary("big", FreshReply(1u << 20));
   RawPeer r(AddressOf(*server));
   ASSERT_TRUE(r.Handshake(StingyLimits()).ok());
@@ -757,6 +833,7 @@ TEST(Hostile, UnreadMessagesCountAgainstTheHostBudget) {
   HostOptions options = ServerOptions();
   options.max_received_bytes = 1u << 20;
   auto server = StartServer(options);
+  HonestBeside beside(*server);
   server->RegisterBidiStreaming("hold", HoldUntilCancelled(started, ended));
   RawPeer r(AddressOf(*server));
   ASSERT_TRUE(r.Handshake().ok());
@@ -782,6 +859,7 @@ TEST(Hostile, UnreadMessagesCountAgainstTheHostBudget) {
 
 TEST(Hostile, ObservedAddressesFromManyIdentitiesStayBounded) {
   auto server = StartServer();
+  HonestBeside beside(*server);
   // Two honest peers agree on the address; then 300 identities each report a junk one.
   for (int i = 0; i < 2; ++i) {
     RawPeer honest(AddressOf(*server));
