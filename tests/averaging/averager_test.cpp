@@ -277,11 +277,6 @@ TEST(Averager, LoadStatePicksTheHighestPriorityDonor) {
   EXPECT_EQ(state->tensors[0], Synthetic(11, n));
 }
 
-// A donor that serves a finite but wrong state (here the liar, with the highest priority, is
-// asked first) is caught by the digests of two honest donors holding the same state, and the
-// newcomer loads the honest state; with only one honest donor beside the liar, the disagreement
-// fails the load with the reason instead of picking either. Without a cross-check the liar's
-// state would be loaded.
 // `p` shares `values` as the state "epoch 4" with `priority`.
 void ShareEpoch4(Peer& p, std::vector<float> values, double priority) {
   p.averager->ShareState(
@@ -291,6 +286,22 @@ void ShareEpoch4(Peer& p, std::vector<float> values, double priority) {
       priority);
 }
 
+// Whether `newcomer` sees at least `count` donors' adverts within 20 s (the loads of a test mean
+// something only once every donor is visible).
+bool SeesDonors(Peer& newcomer, size_t count) {
+  return test::WaitUntil(
+      [&] {
+        auto r = newcomer.node->GetSync("test.avg.state", dht::Freshness::kLatest);
+        return r.ok() && r->subkeys.size() >= count;
+      },
+      20s);
+}
+
+// A donor that serves a finite but wrong state (here the liar, with the highest priority, is
+// asked first) is caught by the digests of two honest donors holding the same state, and the
+// newcomer loads the honest state; with only one honest donor beside the liar, the disagreement
+// fails the load with the reason instead of picking either. Without a cross-check the liar's
+// state would be loaded.
 TEST(Averager, ADonorsWrongStateIsCaughtByOtherDonorsDigests) {
   const size_t n = 50'000;
   Swarm swarm(n);
@@ -308,16 +319,7 @@ TEST(Averager, ADonorsWrongStateIsCaughtByOtherDonorsDigests) {
     lo.timeout = 10s;
     return newcomer.averager->LoadStateFromPeersSync(lo);
   };
-  // Every donor's advert must be visible before the loads below mean anything.
-  auto wait_for_donors = [&](size_t count) {
-    return test::WaitUntil(
-        [&] {
-          auto r = newcomer.node->GetSync("test.avg.state", dht::Freshness::kLatest);
-          return r.ok() && r->subkeys.size() >= count;
-        },
-        20s);
-  };
-  ASSERT_TRUE(wait_for_donors(2));
+  ASSERT_TRUE(SeesDonors(newcomer, 2));
   Result<SharedState> state = load({});
   ASSERT_TRUE(state.ok()) << state.status().ToString();
   ASSERT_EQ(state->tensors.at(0), wrong) << "without a cross-check the liar's state is loaded";
@@ -332,7 +334,7 @@ TEST(Averager, ADonorsWrongStateIsCaughtByOtherDonorsDigests) {
   // A second honest donor: the liar is outvoted and the honest state loads.
   Peer& second = swarm.Add(4, o);
   ShareEpoch4(second, honest, 4.5);
-  ASSERT_TRUE(wait_for_donors(3));
+  ASSERT_TRUE(SeesDonors(newcomer, 3));
   state = load({.same_version = same});
   ASSERT_TRUE(state.ok()) << state.status().ToString();
   EXPECT_EQ(state->tensors.at(0), honest);
@@ -380,12 +382,7 @@ TEST(Averager, ASilentDonorCostsHalfTheTimeAndTheNextDonorServes) {
       },
       4.0);
   Peer& newcomer = swarm.Add(3, o);
-  ASSERT_TRUE(test::WaitUntil(
-      [&] {
-        auto r = newcomer.node->GetSync("test.avg.state", dht::Freshness::kLatest);
-        return r.ok() && r->subkeys.size() >= 2;
-      },
-      20s));
+  ASSERT_TRUE(SeesDonors(newcomer, 2));
   auto state = newcomer.averager->LoadStateFromPeersSync({.timeout = 8s});
   release->store(true);
   ASSERT_TRUE(state.ok()) << state.status().ToString();
@@ -412,12 +409,7 @@ TEST(Averager, ASilentDonorCannotRunOutTheCrossCheckForALiar) {
   Peer& honest_donor = swarm.Add(3, o);
   ShareEpoch4(honest_donor, honest, 4.5);
   Peer& newcomer = swarm.Add(4, o);
-  ASSERT_TRUE(test::WaitUntil(
-      [&] {
-        auto r = newcomer.node->GetSync("test.avg.state", dht::Freshness::kLatest);
-        return r.ok() && r->subkeys.size() >= 3;
-      },
-      20s));
+  ASSERT_TRUE(SeesDonors(newcomer, 3));
   auto state = newcomer.averager->LoadStateFromPeersSync(
       {.timeout = 9s,
        .same_version = [](const std::string& a, const std::string& b) { return a == b; }});
