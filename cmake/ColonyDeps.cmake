@@ -33,12 +33,18 @@ if(COLONY_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
 
-# LibTorch (Debian's libtorch-dev, CPU) for the model, train and serve layers: an interface target
-# with SYSTEM includes so that our warning flags do not apply to its headers.
+# LibTorch for the model, train and serve layers: Debian's libtorch-dev 1.13 (CPU) by default, or
+# LibTorch 2.x with CUDA found through Torch_DIR or CMAKE_PREFIX_PATH (e.g. a PyTorch wheel's
+# `python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'`). An interface target with
+# SYSTEM includes so that our warning flags do not apply to its headers.
 find_package(Torch REQUIRED)
+include(cmake/TorchIncludes.cmake)
+colony_torch_include_dirs(COLONY_TORCH_INCLUDE_DIRS)
 add_library(colony_torch INTERFACE)
-target_include_directories(colony_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+target_include_directories(colony_torch SYSTEM INTERFACE ${COLONY_TORCH_INCLUDE_DIRS})
 target_link_libraries(colony_torch INTERFACE ${TORCH_LIBRARIES})
+message(STATUS "LibTorch ${Torch_VERSION}: ${TORCH_INSTALL_PREFIX}"
+  " (CUDA: ${CUDA_FOUND}${CUDAToolkit_FOUND})")
 # Gzip'd datasets (zlib). Tokenizers are native (sentencepiece-compatible; spm_train trains them);
 # tokenizer.json's regexes run on Oniguruma (the engine Hugging Face tokenizers uses) and its
 # Unicode normalizers on ICU.

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace colony::train {
 
@@ -15,16 +16,17 @@ namespace colony::train {
 using OptimizerStateKey =
     std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 
-// A template so that the branch for the other LibTorch is discarded, not compiled.
-template <typename Tensor = torch::Tensor>
-OptimizerStateKey StateKey(const Tensor& p) {
-  if constexpr (std::is_same_v<OptimizerStateKey, std::string>) {
-    std::ostringstream out;  // what c10::guts::to_string printed in LibTorch 1.x
-    out << p.unsafeGetTensorImpl();
-    return out.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
+// One overload per key type: overload resolution picks the one for this LibTorch, and both
+// compile against either.
+inline std::string StateKeyAs(const torch::Tensor& p, std::string* /*tag*/) {
+  std::ostringstream out;  // what c10::guts::to_string printed in LibTorch 1.x
+  out << p.unsafeGetTensorImpl();
+  return out.str();
+}
+inline void* StateKeyAs(const torch::Tensor& p, void** /*tag*/) { return p.unsafeGetTensorImpl(); }
+
+inline OptimizerStateKey StateKey(const torch::Tensor& p) {
+  return StateKeyAs(p, static_cast<OptimizerStateKey*>(nullptr));
 }
 
 }  // namespace colony::train

@@ -3,6 +3,7 @@
 // parameters), how it downloads and installs a peer's state (validating everything: it comes
 // from the network), and when it does: catching up after the swarm stepped without it, and
 // re-syncing after its parameters left the swarm's.
+#include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
