@@ -31,6 +31,9 @@
 // namespaces) the phase is skipped with the reason. The lab is torn down at the end, on errors
 // and on SIGINT/SIGTERM (unless --keep-lab).
 //
+// Device: --device cuda puts the servers' blocks and this process's local model and client head
+// on the GPU (the servers share it); hidden states still cross the network through host memory.
+//
 // Threads: every server and this process run LibTorch with --threads threads (default 1). A
 // pipeline of servers computes one at a time, so with 1 thread each the 2 cores here are never
 // oversubscribed, and the local reference gets the same single thread. With --threads > 1 the
@@ -66,6 +69,7 @@
 #include "dht/node.h"
 #include "lab_support.h"
 #include "model/checkpoint.h"
+#include "model/device.h"
 #include "model/llama.h"
 #include "serve/client.h"
 #include "serve/generation.h"
@@ -94,7 +98,8 @@ struct Args {
   int64_t batch = 64;
   int64_t seq = 16;
   int forward_reps = 3;
-  double timeout = 120;  // seconds for the servers to start and be visible
+  double timeout = 120;        // seconds for the servers to start and be visible
+  std::string device = "cpu";  // the servers' and the local model's (model/device.h)
   bool keep = false;
   uint64_t seed = 0;
   // WAN phase.
@@ -157,7 +162,8 @@ std::vector<std::string> ServeArgv(const Args& a, const fs::path& model_dir,
       "--model-name", model_name,
       "--blocks",     std::to_string(s.first) + ":" + std::to_string(s.last),
       "--listen",     listen,
-      "--threads",    std::to_string(a.threads)};
+      "--threads",    std::to_string(a.threads),
+      "--device",     a.device};
   if (!bootstrap.empty()) {
     args.push_back("--initial-peers");
     args.push_back(bootstrap);
@@ -297,12 +303,14 @@ ForwardResult MeasureForward(model::LlamaModel& local, serve::RemoteSequential& 
                              int64_t batch, int64_t seq, int reps) {
   at::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1234 + batch);
-  at::Tensor x = at::randn({batch, seq, local->config().hidden_size}, gen);
+  const c10::Device device = model::DeviceOf(*local);
+  at::Tensor x = at::randn({batch, seq, local->config().hidden_size}, gen).to(device);
   std::vector<double> lt, rt;
   at::Tensor lo, ro;
   for (int i = 0; i <= reps; ++i) {  // the first of each is a warm-up
     auto t0 = Steady::now();
     lo = LocalBlocks(local, x);
+    model::Synchronize(device);
     const double l = Seconds(Steady::now() - t0);
     t0 = Steady::now();
     auto r = remote.Forward(x);
@@ -359,10 +367,15 @@ void RunLoopback(const Args& a, const fs::path& model_dir, const std::string& mo
   std::printf("servers up and visible in %.1f s; %d LibTorch thread(s) per server and locally\n",
               Seconds(Steady::now() - t_start), a.threads);
 
+  auto device = model::ParseDevice(a.device);
+  if (!device.ok()) Die("--device: " + device.status().ToString());
   auto local = model::LoadLlama(model_dir);
   if (!local.ok()) Die("loading the model: " + local.status().ToString());
-  auto head = serve::LoadClientModel(model_dir);
+  (*local)->to(*device);
+  auto head = serve::LoadClientModel(model_dir, *device);
   if (!head.ok()) Die("loading the client model: " + head.status().ToString());
+  std::printf("the servers and the local model compute on %s\n",
+              model::DescribeDevice(*device).c_str());
 
   // ---- (a) decode steps, local and distributed alternately.
   const int64_t max_length = a.prompt + a.warmup + a.steps;
@@ -714,6 +727,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--timeout", a.timeout, "seconds for the servers to start")->capture_default_str();
   app.add_option("--seed", a.seed, "weights seed")->capture_default_str();
+  app.add_option("--device", a.device,
+                 "where the servers and the local reference compute: cpu, cuda, cuda:N or auto")
+      ->capture_default_str();
   app.add_flag("--keep", a.keep, "keep the temporary directory (checkpoint, server logs)");
   app.add_flag("--no-wan", a.no_wan, "skip the WAN phase (the network lab)");
   app.add_option("--wan-rtt-ms", a.wan_rtt_ms,

@@ -10,6 +10,8 @@
 #include <limits>
 #include <numeric>
 
+#include "model/device.h"
+
 namespace colony::model {
 // ---------------------------------------------------------------------------------------------
 // KVCache
@@ -321,8 +323,8 @@ std::vector<int64_t> Generate(LlamaModel& model, const std::vector<int64_t>& pro
   std::mt19937_64 rng(options.seed);
   std::vector<int64_t> history = prompt;
   std::vector<KVCache> caches;
-  const auto long_opts = at::TensorOptions().dtype(at::kLong);
-  auto input = at::tensor(prompt, long_opts).unsqueeze(0);
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(DeviceOf(*model));
+  auto input = at::tensor(prompt, at::kLong).unsqueeze(0).to(long_opts.device());
   const auto max_len = static_cast<size_t>(model->config().max_seq_len);
   while (true) {
     auto logits = model->ForwardWithCache(input, caches);

@@ -30,6 +30,12 @@ class MoeLmTask final : public Task {
     if (!(a.moe_timeout > 0) || !(a.moe_timeout_after_k_min >= 0)) {
       return InvalidArgument("moe-lm: the expert timeouts must be positive");
     }
+    if (!a.device.is_cpu()) {
+      return Unimplemented(fmt::format(
+          "moe-lm computes on the CPU only (its experts' replies are combined in host memory); "
+          "got --device {}",
+          a.device.str()));
+    }
     auto t = std::unique_ptr<MoeLmTask>(new MoeLmTask());
     t->options_ = a;
     COLONY_ASSIGN_OR_RETURN(t->data_, train::PrepareLmData(a));

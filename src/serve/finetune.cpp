@@ -80,7 +80,7 @@ Result<FineTuneResult> FineTune(ClientModel head, std::shared_ptr<RemoteSequenti
     const int64_t t = tokens.size(1);
     at::Tensor input = tokens.narrow(1, 0, t - 1);
     at::Tensor logits = use_lora ? lora->forward(input) : tuned->forward(input);
-    return model::LanguageModelLoss(logits, targets.narrow(1, 1, t - 1));
+    return model::LanguageModelLoss(logits, targets.narrow(1, 1, t - 1).to(logits.device()));
   };
   auto [all_tokens, all_targets] = batch_of(0, sequences.size());
   auto evaluate = [&]() -> double {

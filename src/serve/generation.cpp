@@ -8,6 +8,7 @@
 #include <random>
 
 #include "model/checkpoint.h"
+#include "model/device.h"
 
 namespace colony::serve {
 
@@ -37,11 +38,12 @@ model::NamedTensors ClientModelImpl::NamedParametersHF() {
   return out;
 }
 
-Result<ClientModel> LoadClientModel(const std::filesystem::path& dir) {
+Result<ClientModel> LoadClientModel(const std::filesystem::path& dir, c10::Device device) {
   COLONY_ASSIGN_OR_RETURN(model::LlamaConfig config, model::LoadLlamaConfig(dir));
   ClientModel m(config);
   COLONY_RETURN_IF_ERROR(model::LoadLlamaTensors(dir, m->NamedParametersHF()));
   m->eval();
+  m->to(device);
   return m;
 }
 
@@ -61,9 +63,9 @@ Result<at::Tensor> LocalBackend::Step(const at::Tensor& tokens, int64_t position
     c.Truncate(position);
     if (hypo_ids.defined()) c.Reorder(hypo_ids);
   }
-  at::Tensor logits = model_->ForwardWithCache(tokens, caches_);
+  at::Tensor logits = model_->ForwardWithCache(tokens.to(model::DeviceOf(*model_)), caches_);
   position_ = position + tokens.size(1);
-  return logits.to(at::kFloat);
+  return logits.to(at::kCPU, at::kFloat);
 }
 
 RemoteBackend::RemoteBackend(ClientModel head, InferenceSession& session, int64_t max_length,
@@ -86,16 +88,18 @@ Result<at::Tensor> RemoteBackend::Step(const at::Tensor& tokens, int64_t positio
     return InvalidArgument(
         fmt::format("position {} is outside [0, {}]", position, this->position()));
   }
-  at::Tensor h = head_->Embed(tokens);
+  const c10::Device device = model::DeviceOf(*head_);
+  at::Tensor h = head_->Embed(tokens.to(device));
   if (p > 0 && position == 0) {
-    at::Tensor prompts = prompts_.to(h.scalar_type()).unsqueeze(0).expand({h.size(0), -1, -1});
+    at::Tensor prompts =
+        prompts_.to(device, h.scalar_type()).unsqueeze(0).expand({h.size(0), -1, -1});
     h = at::cat({prompts, h}, 1);
   }
   // Past the prompt the session's positions are the tokens' shifted by P.
   const int64_t session_position = position == 0 ? 0 : position + p;
   COLONY_ASSIGN_OR_RETURN(at::Tensor out, session_.Step(h, hypo_ids, session_position));
   if (p > 0 && position == 0) out = out.narrow(1, p, tokens.size(1));
-  return head_->Head(out).to(at::kFloat);
+  return head_->Head(out.to(device)).to(at::kCPU, at::kFloat);
 }
 
 // ---------------------------------------------------------------- decoding

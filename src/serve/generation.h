@@ -44,23 +44,26 @@ class ClientModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ClientModel);
 
-// Reads config.json and only the embedding, norm and LM head tensors of a checkpoint.
-Result<ClientModel> LoadClientModel(const std::filesystem::path& dir);
+// Reads config.json and only the embedding, norm and LM head tensors of a checkpoint, and puts
+// them on `device`.
+Result<ClientModel> LoadClientModel(const std::filesystem::path& dir,
+                                    c10::Device device = c10::kCPU);
 
 // A decoder with a KV cache, stepped by the decoding algorithms.
 class DecoderBackend {
  public:
   virtual ~DecoderBackend() = default;
   // Runs tokens [B, T] at positions position.. (position <= this->position(); smaller rolls
-  // back), after reordering the cached rows by hypo_ids [B] when defined. Returns float32
-  // logits [B, T, V].
+  // back), after reordering the cached rows by hypo_ids [B] when defined. Tokens and hypo_ids
+  // may be on any device; returns float32 logits [B, T, V] on the CPU, where decoding runs.
   virtual Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position,
                                   const at::Tensor& hypo_ids) = 0;
   virtual int64_t position() const = 0;
   virtual int64_t max_length() const = 0;
 };
 
-// The whole model in this process (the reference that remote generation must equal).
+// The whole model in this process, on the model's device (the reference that remote generation
+// must equal).
 class LocalBackend : public DecoderBackend {
  public:
   explicit LocalBackend(model::LlamaModel model);
@@ -75,7 +78,8 @@ class LocalBackend : public DecoderBackend {
   int64_t position_ = 0;
 };
 
-// Embeddings and head here, blocks in the swarm through an inference session (max_length: the
+// Embeddings and head here (on the head's device), blocks in the swarm through an inference
+// session (max_length: the
 // session's). Shallow prompts [P, H] (optional, e.g. PromptTuned::prompts) are prepended to the
 // tokens of the first step (and of a rollback to 0): the session's positions are the tokens'
 // shifted by P, and position(), max_length() and Step() count tokens only, so the decoding

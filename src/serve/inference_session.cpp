@@ -268,8 +268,11 @@ Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Te
   // Step ids go up by two: a replacement server gets its replayed history as step id - 1.
   step_id_ += 2;
   const uint64_t id = step_id_;
-  at::Tensor x = hidden.detach().contiguous();
-  const at::Tensor hypo = hypo_ids.defined() ? hypo_ids.to(at::kLong).contiguous() : at::Tensor();
+  // The session's history (replayed to a replacement server) and every step's result live in
+  // host memory, whatever device the client computes on.
+  at::Tensor x = hidden.detach().to(at::kCPU).contiguous();
+  const at::Tensor hypo =
+      hypo_ids.defined() ? hypo_ids.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
   for (size_t k = 0; k < chain_.size();) {
     const Link* next = k + 1 < chain_.size() ? &chain_[k + 1] : nullptr;
     Status st = SendStep(chain_[k], id, position, x, hypo, next, k > 0 ? &chain_[k - 1] : nullptr);

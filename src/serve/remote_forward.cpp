@@ -38,7 +38,8 @@ Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_
                                  const std::vector<at::Tensor>& adapters) {
   COLONY_RETURN_IF_ERROR(CheckLora(start, end, lora, adapters));
   const int64_t p = prompts.defined() ? prompts.size(2) : 0;
-  at::Tensor x = hidden.detach().contiguous();
+  // Hidden states cross the network from host memory; the result goes back to hidden's device.
+  at::Tensor x = hidden.detach().to(at::kCPU).contiguous();
   int64_t pos = start;
   int attempts = 0;
   Status last;
@@ -73,7 +74,7 @@ Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_
     return last.WithContext(fmt::format("forward through blocks [{}, {}) failed after {} attempts",
                                         start, end, attempts));
   }
-  return x;
+  return x.to(hidden.device());
 }
 
 Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, int64_t end,
@@ -93,7 +94,7 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
       continue;
     }
     // A span served in pieces needs the pieces' inputs: recompute them forward first.
-    std::vector<at::Tensor> xs{hidden.detach().contiguous()};
+    std::vector<at::Tensor> xs{hidden.detach().to(at::kCPU).contiguous()};
     bool failed = false;
     for (size_t i = 0; i + 1 < route->size() && !failed; ++i) {
       std::vector<at::Tensor> tensors{xs.back()};
@@ -110,7 +111,7 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
       xs.push_back(out->to(hidden.scalar_type()));
     }
     if (failed) continue;
-    at::Tensor g = grad_output.detach().contiguous().to(hidden.scalar_type());
+    at::Tensor g = grad_output.detach().to(at::kCPU, hidden.scalar_type()).contiguous();
     RemoteGradients result;
     std::vector<at::Tensor> prompt_grads(route->size());
     result.adapters.resize(adapters.size());
@@ -127,7 +128,7 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
         if (!gp.ok()) {
           gin = gp.status();
         } else {
-          prompt_grads[i] = gp->to(prompts.scalar_type());
+          prompt_grads[i] = gp->to(prompts.device(), prompts.scalar_type());
         }
       }
       const size_t first = static_cast<size_t>(span.start - start) * per_block;
@@ -137,7 +138,7 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
         if (!ga.ok()) {
           gin = ga.status();
         } else {
-          result.adapters[k] = ga->to(adapters[k].scalar_type());
+          result.adapters[k] = ga->to(adapters[k].device(), adapters[k].scalar_type());
         }
       }
       if (!gin.ok()) {
@@ -151,7 +152,7 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
       g = gin->to(hidden.scalar_type());
     }
     if (failed) continue;
-    result.hidden = g;
+    result.hidden = g.to(hidden.device());
     if (p > 0) result.prompts = at::cat(prompt_grads, 0);
     return result;
   }

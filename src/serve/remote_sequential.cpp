@@ -86,7 +86,7 @@ class RemoteFunction : public torch::autograd::Function<RemoteFunction> {
       prompt_grads[i] = r->prompts;
       for (size_t k = first; k < last; ++k) adapter_grads[k] = r->adapters[k - first];
     }
-    torch::autograd::variable_list out{g};
+    torch::autograd::variable_list out{g.to(grads[0].device())};  // hidden's device
     out.push_back(prompts.defined() ? at::cat(prompt_grads, 0) : at::Tensor());
     for (auto& ga : adapter_grads) out.push_back(ga);
     for (int i = 0; i < 6; ++i) out.push_back(at::Tensor());  // the non-tensor arguments

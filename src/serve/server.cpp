@@ -30,6 +30,7 @@ BlockServer::Impl::Impl(dht::Node& node, ServerOptions options)
 
 Status BlockServer::Impl::Init() {
   COLONY_ASSIGN_OR_RETURN(dtype_, ParseDType(options_.dtype));
+  COLONY_ASSIGN_OR_RETURN(device_, model::ParseDevice(options_.device));
   if (options_.quantize != "none" && options_.quantize != "int8") {
     return InvalidArgument(
         fmt::format("unknown quantization '{}'; use none or int8", options_.quantize));
@@ -74,9 +75,9 @@ Status BlockServer::Impl::Init() {
   Announce();
   RegisterHandlers();
   announcer_ = std::thread([this] { AnnounceLoop(); });
-  COLONY_LOG_INFO("serving blocks [{}, {}) of {} ({}, {:.0f} tokens/s per block) as {}", first_,
-                  last_, options_.model_name, DTypeLabel(dtype_), throughput_,
-                  node_.peer_id().ToString());
+  COLONY_LOG_INFO("serving blocks [{}, {}) of {} ({} on {}, {:.0f} tokens/s per block) as {}",
+                  first_, last_, options_.model_name, DTypeLabel(dtype_),
+                  model::DescribeDevice(device_), throughput_, node_.peer_id().ToString());
   return Status();
 }
 

@@ -45,6 +45,8 @@ struct ServerOptions {
   int64_t last_block = -1;
   int64_t num_blocks = 0;
   std::string dtype = "float32";  // float32 or bfloat16 (weights and compute)
+  // Where the blocks compute and keep their caches: cpu, cuda, cuda:N or auto (model/device.h).
+  std::string device = "cpu";
   // "int8": projections stored as int8 codes with per-row scales (4x less memory than float32,
   // dequantized per product); "none": as loaded.
   std::string quantize = "none";

@@ -28,7 +28,7 @@ Status BlockServer::Impl::LoadBlocks(int64_t first, int64_t last) {
   for (auto& b : range.blocks) {
     b->eval();
     for (auto& p : b->parameters()) p.set_requires_grad(false);
-    b->to(dtype_);
+    b->to(device_, dtype_);
     if (options_.quantize == "int8") b->QuantizeInt8();
     for (const auto& p : b->parameters()) bytes += static_cast<int64_t>(p.nbytes());
     for (const auto& p : b->buffers()) bytes += static_cast<int64_t>(p.nbytes());
@@ -48,7 +48,7 @@ at::Tensor BlockServer::Impl::RunBlocks(int64_t start, int64_t end, at::Tensor h
   for (int64_t i = start; i < end; ++i) {
     if (prompts.defined() && offset < prompts.size(2)) {
       const int64_t n = std::min(prompts.size(2) - offset, h.size(1));
-      at::Tensor pr = prompts[i - start].narrow(1, offset, n).to(h.scalar_type());
+      at::Tensor pr = prompts[i - start].narrow(1, offset, n).to(h.device(), h.scalar_type());
       h = at::cat({h.narrow(1, 0, n) + pr, h.narrow(1, n, h.size(1) - n)}, 1);
     }
     h = blocks_[static_cast<size_t>(i - first_)]->forward(
@@ -67,19 +67,23 @@ void BlockServer::Impl::MeasureThroughput() {
   at::NoGradGuard no_grad;
   if (options_.torch_threads > 0) at::set_num_threads(options_.torch_threads);
   const int64_t tokens = 16;
-  at::Tensor x = at::randn({1, tokens, config_.hidden_size}).to(dtype_);
+  at::Tensor x = at::randn({1, tokens, config_.hidden_size}).to(device_, dtype_);
   RunBlocks(first_, last_, x, 0, nullptr, {});
+  model::Synchronize(device_);
   auto t0 = Clock::now();
   const int reps = 3;
   for (int i = 0; i < reps; ++i) RunBlocks(first_, last_, x, 0, nullptr, {});
+  model::Synchronize(device_);
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   throughput_ = tokens * reps / std::max(secs, 1e-6) * static_cast<double>(n);
   std::vector<model::KVCache> caches(static_cast<size_t>(n));
-  at::Tensor one = at::randn({1, 1, config_.hidden_size}).to(dtype_);
+  at::Tensor one = at::randn({1, 1, config_.hidden_size}).to(device_, dtype_);
   RunBlocks(first_, last_, one, 0, &caches, {});
+  model::Synchronize(device_);
   const int steps = 8;
   t0 = Clock::now();
   for (int i = 1; i <= steps; ++i) RunBlocks(first_, last_, one, i, &caches, {});
+  model::Synchronize(device_);
   secs = std::chrono::duration<double>(Clock::now() - t0).count();
   inference_rps_ = steps / std::max(secs, 1e-6) * static_cast<double>(n);
 }

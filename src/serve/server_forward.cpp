@@ -148,19 +148,19 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
     if (!finite) return InvalidArgument("inputs contain NaN or infinity");
     if (!self->Holds(start, end)) return self->MovedError();
     at::AutoGradMode grad_mode(backward);
-    at::Tensor xin = x.to(self->dtype_).detach().requires_grad_(backward);
+    at::Tensor xin = x.to(self->device_, self->dtype_).detach().requires_grad_(backward);
     at::Tensor pin;
     if (tuning.prompts.defined()) {
-      pin = tuning.prompts.to(self->dtype_).detach().requires_grad_(backward);
+      pin = tuning.prompts.to(self->device_, self->dtype_).detach().requires_grad_(backward);
     }
     std::vector<at::Tensor> lin;
     for (const auto& t : tuning.lora) {
-      lin.push_back(t.to(self->dtype_).detach().requires_grad_(backward));
+      lin.push_back(t.to(self->device_, self->dtype_).detach().requires_grad_(backward));
     }
     const std::vector<model::BlockAdapters> adapters = MakeAdapters(lin, end - start, spec);
     at::Tensor out =
         self->RunBlocks(start, end, xin, 0, nullptr, pin, adapters.empty() ? nullptr : &adapters);
-    if (!backward) return std::vector<at::Tensor>{out.to(client_dtype)};
+    if (!backward) return std::vector<at::Tensor>{out.to(at::kCPU, client_dtype)};
     std::vector<at::Tensor> inputs{xin};
     if (pin.defined()) inputs.push_back(pin);
     for (const auto& t : lin) inputs.push_back(t);
@@ -170,7 +170,7 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
     std::vector<at::Tensor> res;
     for (size_t i = 0; i < grads.size(); ++i) {
       at::Tensor g = grads[i].defined() ? grads[i] : at::zeros_like(inputs[i]);
-      res.push_back(g.to(client_dtype));
+      res.push_back(g.to(at::kCPU, client_dtype));
     }
     return res;
   };

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "model/device.h"
 #include "model/llama.h"
 #include "net/host.h"
 #include "runtime/task_pool.h"
@@ -166,6 +167,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   ServerOptions options_;
   model::LlamaConfig config_;
   at::ScalarType dtype_ = at::kFloat;
+  c10::Device device_ = c10::kCPU;  // the blocks, caches and adapters; the network sees host copies
   int64_t max_length_ = 0;
   bool pinned_ = false;
   std::vector<model::LlamaBlock> blocks_;

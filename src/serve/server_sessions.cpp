@@ -225,12 +225,12 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
   // Kept in the server's dtype and counted in the session's reservation with its cache.
   int64_t tuning_bytes = 0;
   if (tuning->prompts.defined()) {
-    s->prompts = tuning->prompts.to(dtype_).contiguous();
+    s->prompts = tuning->prompts.to(device_, dtype_).contiguous();
     tuning_bytes += static_cast<int64_t>(s->prompts.nbytes());
   }
   std::vector<at::Tensor> lora;
   for (const auto& t : tuning->lora) {
-    lora.push_back(t.to(dtype_).contiguous());
+    lora.push_back(t.to(device_, dtype_).contiguous());
     tuning_bytes += static_cast<int64_t>(lora.back().nbytes());
   }
   s->adapters = MakeAdapters(lora, s->end - s->start, spec);
@@ -384,11 +384,12 @@ asio::awaitable<Status> BlockServer::Impl::Step(net::Stream& stream, Session& s,
     }
     // Per-row prompts belong to their rows: they move with them.
     if (hypo.defined() && sp->prompts.defined() && sp->prompts.size(1) > 1) {
-      sp->prompts = sp->prompts.index_select(1, hypo);
+      sp->prompts = sp->prompts.index_select(1, hypo.to(self->device_));
     }
-    at::Tensor h = self->RunBlocks(sp->start, sp->end, x.to(self->dtype_), position, &sp->caches,
-                                   sp->prompts, sp->adapters.empty() ? nullptr : &sp->adapters);
-    return h.to(client_dtype);
+    at::Tensor h =
+        self->RunBlocks(sp->start, sp->end, x.to(self->device_, self->dtype_), position,
+                        &sp->caches, sp->prompts, sp->adapters.empty() ? nullptr : &sp->adapters);
+    return h.to(at::kCPU, client_dtype);
   };
   auto out =
       co_await runtime::RunOnPool<at::Tensor>(pool_, runtime::kPriorityInference, std::move(work));

@@ -1,6 +1,7 @@
 // Setting up a client of a served model (swarm_client.h).
 #include "serve/swarm_client.h"
 
+#include "model/device.h"
 #include "serve/records.h"
 
 namespace colony::serve {
@@ -17,8 +18,9 @@ Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& op
         "give the initial peers: the address of any peer of the swarm (a server prints its "
         "address when it starts)");
   }
+  COLONY_ASSIGN_OR_RETURN(const c10::Device device, model::ParseDevice(options.device));
   auto c = std::make_unique<SwarmClient>();
-  COLONY_ASSIGN_OR_RETURN(c->head, LoadClientModel(options.model_dir));
+  COLONY_ASSIGN_OR_RETURN(c->head, LoadClientModel(options.model_dir, device));
   if (auto tok_path = model::Tokenizer::FindInModelDir(options.model_dir); tok_path.ok()) {
     COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::Load(*tok_path));
     c->tokenizer = std::move(tok);

@@ -1,7 +1,8 @@
 // SwarmClient: what a client of a served model needs, set up from a model directory and the
-// swarm's address: the model's local parts (embeddings and head, tokenizer.model or
-// tokenizer.json when the directory has one), a client-mode DHT node, and a SequenceManager
-// routing over the swarm's servers. `colony generate` and `colony finetune` start with it.
+// swarm's address: the model's local parts (embeddings and head on the chosen device,
+// tokenizer.model or tokenizer.json when the directory has one), a client-mode DHT node, and a
+// SequenceManager routing over the swarm's servers. `colony generate` and `colony finetune` start
+// with it.
 //
 //   auto client = serve::ConnectToSwarm({.model_dir = "llama", .initial_peers = {addr}});
 //   serve::RemoteSequential remote((*client)->manager);
@@ -27,6 +28,8 @@ struct SwarmClientOptions {
   std::vector<std::string> initial_peers = {};
   // A private swarm's policy with this client's token (net/access_control.h); null: public.
   std::shared_ptr<net::AccessControl> access = nullptr;
+  // Where the embeddings and head compute (model/device.h): cpu, cuda, cuda:N or auto.
+  std::string device = "cpu";
 };
 
 struct SwarmClient {

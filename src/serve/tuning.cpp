@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "model/checkpoint.h"
+#include "model/device.h"
 #include "model/safetensors.h"
 
 namespace colony::serve {
@@ -18,10 +19,13 @@ PromptTunedImpl::PromptTunedImpl(ClientModel head, std::shared_ptr<RemoteSequent
     : head_(std::move(head)), remote_(std::move(remote)), options_(options) {
   const int64_t h = head_->config().hidden_size, p = options_.prompt_length;
   for (auto& param : head_->parameters()) param.set_requires_grad(false);
-  prompts = register_parameter("prompts", at::randn({p, h}) * options_.init_std);
+  // Drawn on the CPU (the same values for a seed on every device), kept on the head's device.
+  const c10::Device device = model::DeviceOf(*head_);
+  prompts = register_parameter("prompts", (at::randn({p, h}) * options_.init_std).to(device));
   if (options_.deep) {
     deep_prompts = register_parameter(
-        "deep_prompts", at::randn({remote_->end() - remote_->start(), p, h}) * options_.init_std);
+        "deep_prompts",
+        (at::randn({remote_->end() - remote_->start(), p, h}) * options_.init_std).to(device));
   }
 }
 
@@ -33,7 +37,8 @@ std::vector<at::Tensor> PromptTunedImpl::TrainableParameters() {
 
 at::Tensor PromptTunedImpl::forward(const at::Tensor& tokens) {
   const int64_t b = tokens.size(0), p = options_.prompt_length;
-  at::Tensor x = at::cat({prompts.unsqueeze(0).expand({b, -1, -1}), head_->Embed(tokens)}, 1);
+  at::Tensor x = at::cat(
+      {prompts.unsqueeze(0).expand({b, -1, -1}), head_->Embed(tokens.to(prompts.device()))}, 1);
   at::Tensor deep;
   if (deep_prompts.defined()) deep = deep_prompts.unsqueeze(1).expand({-1, b, -1, -1});
   at::Tensor h = remote_->forward(x, deep);
@@ -43,7 +48,7 @@ at::Tensor PromptTunedImpl::forward(const at::Tensor& tokens) {
 at::Tensor PromptTunedImpl::Loss(const at::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   at::Tensor logits = forward(tokens.narrow(1, 0, t - 1));
-  return model::LanguageModelLoss(logits, tokens.narrow(1, 1, t - 1));
+  return model::LanguageModelLoss(logits, tokens.narrow(1, 1, t - 1).to(logits.device()));
 }
 
 namespace {
@@ -70,14 +75,15 @@ LoraTunedImpl::LoraTunedImpl(ClientModel head, std::shared_ptr<RemoteSequential>
   spec = {options.rank, options.targets, options.scale};
   for (auto& param : head_->parameters()) param.set_requires_grad(false);
   const auto& config = head_->config();
+  const c10::Device device = model::DeviceOf(*head_);
   for (int64_t b = remote_->start(); b < remote_->end(); ++b) {
     for (const auto& name : options.targets) {
       auto [in, out] = ProjectionDims(config, name);
       // As in the LoRA paper: A random, B zero, so training starts from the frozen model.
-      adapters.push_back(register_parameter(LoraName(b, name, true),
-                                            at::randn({options.rank, in}) / std::sqrt(in)));
-      adapters.push_back(
-          register_parameter(LoraName(b, name, false), at::zeros({out, options.rank})));
+      adapters.push_back(register_parameter(
+          LoraName(b, name, true), (at::randn({options.rank, in}) / std::sqrt(in)).to(device)));
+      adapters.push_back(register_parameter(LoraName(b, name, false),
+                                            at::zeros({out, options.rank}, at::device(device))));
     }
   }
 }
@@ -95,14 +101,15 @@ model::BlockAdapters LoraTunedImpl::AdaptersOf(int64_t block) const {
 }
 
 at::Tensor LoraTunedImpl::forward(const at::Tensor& tokens) {
-  at::Tensor h = remote_->forward(head_->Embed(tokens), {}, spec, adapters);
+  at::Tensor h =
+      remote_->forward(head_->Embed(tokens.to(model::DeviceOf(*head_))), {}, spec, adapters);
   return head_->Head(h);
 }
 
 at::Tensor LoraTunedImpl::Loss(const at::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   at::Tensor logits = forward(tokens.narrow(1, 0, t - 1));
-  return model::LanguageModelLoss(logits, tokens.narrow(1, 1, t - 1));
+  return model::LanguageModelLoss(logits, tokens.narrow(1, 1, t - 1).to(logits.device()));
 }
 
 }  // namespace colony::serve

@@ -70,6 +70,7 @@ int RunServe(const ServeArgs& a) {
   }
   o.num_blocks = a.num_blocks;
   o.dtype = a.dtype;
+  o.device = a.swarm.device;
   o.quantize = a.quantize;
   o.cache_bytes = a.cache_mib << 20;
   o.max_sessions = a.max_sessions;

@@ -20,6 +20,10 @@ void AddSwarmOptions(CLI::App* cmd, SwarmArgs& a) {
                   "multiaddr of a peer in the swarm (repeatable)")
       ->check(MultiaddrCheck());
   cmd->add_option("--threads", a.threads, "LibTorch threads (0: default)");
+  cmd->add_option("--device", a.device,
+                  "where this peer computes: cpu, cuda, cuda:N, or auto (the first GPU when "
+                  "LibTorch has CUDA and sees one, else the CPU)")
+      ->capture_default_str();
   AddAccessOptions(cmd, a.access);
 }
 
@@ -71,7 +75,8 @@ Result<StartedClient> StartClient(const SwarmArgs& a) {
   COLONY_ASSIGN_OR_RETURN(started.client, serve::ConnectToSwarm({.model_dir = a.model,
                                                                  .model_name = a.model_name,
                                                                  .initial_peers = a.initial_peers,
-                                                                 .access = access.control},
+                                                                 .access = access.control,
+                                                                 .device = a.device},
                                                                 std::move(identity)));
   started.access = std::move(access);
   started.access.Attach(*started.client->node);

@@ -1,6 +1,7 @@
 // The options every command that runs a model of the swarm shares (serve, generate, finetune,
-// api): the model directory, its name in the DHT, the peers to join through, LibTorch threads and
-// a private swarm's access; and starting a client of the swarm from them. Part of colony-torch.
+// api): the model directory, its name in the DHT, the peers to join through, LibTorch threads, the
+// device the model's local part computes on, and a private swarm's access; and starting a client
+// of the swarm from them. Part of colony-torch.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -20,6 +21,7 @@ struct SwarmArgs {
   std::string model_name;
   std::vector<std::string> initial_peers;
   int threads = 0;
+  std::string device = "auto";  // model/device.h: cpu, cuda, cuda:N or auto
   AccessArgs access;
 };
 

@@ -114,7 +114,10 @@ Status CheckTaskOptions(const CLI::App& cmd, const std::string& task) {
 Result<train::TrainerOptions> ToOptions(const TrainFlags& f) {
   train::TrainerOptions o = f.o;
   o.dht_validators = {SwarmRecordRules()};
-  if (o.task.task == "moe-lm") o.make_task = moe::MakeMoeLmTask;
+  if (o.task.task == "moe-lm") {
+    o.make_task = moe::MakeMoeLmTask;
+    if (o.device == "auto") o.device = "cpu";  // its experts' replies combine in host memory
+  }
   if (!f.moe_grid.empty()) {
     COLONY_ASSIGN_OR_RETURN(o.task.moe_grid, ParseGridSize(f.moe_grid));
   }
@@ -299,6 +302,11 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
       ->capture_default_str();
   cmd->add_option("--threads", o.threads, "LibTorch intra-op threads")
       ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  o.device = "auto";
+  cmd->add_option("--device", o.device,
+                  "where the model computes: cpu, cuda, cuda:N, or auto (the first GPU when "
+                  "LibTorch has CUDA and sees one, else the CPU; moe-lm: the CPU)")
       ->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "sgd, adam, adamw, lamb, adam8bit or adamw8bit")
       ->capture_default_str();

@@ -18,10 +18,14 @@ class FashionTask final : public Task {
     t->stream_ = std::make_unique<model::ImageBatchStream>(
         std::make_shared<const model::ImageDataset>(std::move(train)), a.seed, a.batch_size);
     const int64_t n = std::min<int64_t>(a.eval_batch_size * 8, test.size);
-    t->test_images_ = at::from_blob(test.images.data(), {n, 1, 28, 28}, at::kFloat).clone();
-    t->test_labels_ = at::from_blob(test.labels.data(), {n}, at::kLong).clone();
+    t->device_ = a.device;
+    t->test_images_ = at::from_blob(test.images.data(), {n, 1, 28, 28}, at::kFloat)
+                          .to(a.device, /*non_blocking=*/false, /*copy=*/true);
+    t->test_labels_ = at::from_blob(test.labels.data(), {n}, at::kLong)
+                          .to(a.device, /*non_blocking=*/false, /*copy=*/true);
     torch::manual_seed(a.init_seed);
     t->model_ = model::FashionClassifier(a.classifier);
+    t->model_->to(a.device);
     return t;
   }
 
@@ -29,8 +33,8 @@ class FashionTask final : public Task {
 
   Result<Batch> TrainBatch() override {
     auto b = stream_->Next();
-    auto images = at::from_blob(b.images.data(), {b.batch_size, 1, 28, 28}, at::kFloat);
-    auto labels = at::from_blob(b.labels.data(), {b.batch_size}, at::kLong);
+    auto images = at::from_blob(b.images.data(), {b.batch_size, 1, 28, 28}, at::kFloat).to(device_);
+    auto labels = at::from_blob(b.labels.data(), {b.batch_size}, at::kLong).to(device_);
     auto loss = torch::nn::functional::cross_entropy(model_->forward(images), labels);
     loss.backward();
     return Batch{loss.item<double>(), b.batch_size};
@@ -58,6 +62,7 @@ class FashionTask final : public Task {
   std::unique_ptr<model::ImageBatchStream> stream_;
   at::Tensor test_images_, test_labels_;
   model::FashionClassifier model_{nullptr};
+  c10::Device device_ = c10::kCPU;
   double accuracy_ = 0;
 };
 

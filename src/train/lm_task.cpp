@@ -21,13 +21,16 @@ class LmTask final : public Task {
     COLONY_RETURN_IF_ERROR(t->config_.Validate());
     torch::manual_seed(a.init_seed);
     t->model_ = model::LlamaModel(t->config_);
+    t->device_ = a.device;
+    t->model_->to(a.device);
+    t->data_.valid = t->data_.valid.to(a.device);
     return t;
   }
 
   std::vector<at::Tensor> Parameters() override { return model_->parameters(); }
 
   Result<Batch> TrainBatch() override {
-    at::Tensor batch = TokensToTensor(data_.stream->Next());
+    at::Tensor batch = TokensToTensor(data_.stream->Next()).to(device_);
     auto inputs = batch.slice(1, 0, batch.size(1) - 1);
     auto targets = batch.slice(1, 1, batch.size(1));
     auto loss = model::LanguageModelLoss(model_->forward(inputs), targets);
@@ -77,6 +80,7 @@ class LmTask final : public Task {
   LmData data_;
   model::LlamaConfig config_;
   model::LlamaModel model_{nullptr};
+  c10::Device device_ = c10::kCPU;
 };
 
 }  // namespace

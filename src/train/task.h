@@ -37,6 +37,8 @@ struct TaskOptions {
   int64_t eval_batch_size = 32;  // the held-out batch (fashion-mnist: 8 of them)
   uint64_t seed = 0;             // this peer's data order
   uint64_t init_seed = 0;        // the initial weights (the same on every peer of a run)
+  // Where the model computes (model::ParseDevice); its weights start the same on every device.
+  c10::Device device = c10::kCPU;
   // lm: data (the cache defaults to $COLONY_CACHE_DIR, else ~/.cache/colony) and model.
   std::string cache_dir = {};
   uint64_t corpus_bytes = 0;  // 0: the whole corpus
@@ -65,6 +67,7 @@ class Task {
   // Tasks whose model lives partly in the swarm (moe-lm) find it through the peer's node, which
   // outlives the task; called once, before Parameters().
   virtual Status Connect(dht::Node& node);
+  // The model's parameters, on options.device.
   virtual std::vector<at::Tensor> Parameters() = 0;
   struct Batch {
     double loss = 0;

@@ -14,6 +14,8 @@
 #include "core/log.h"
 #include "core/multiaddr.h"
 #include "dht/node.h"
+#include "model/device.h"
+#include "train/device_mirror.h"
 #include "train/progress.h"
 
 namespace colony::train {
@@ -54,6 +56,10 @@ class Trainer::Impl {
           "initial peers");
     }
     const auto t0 = Clock::now();
+    COLONY_ASSIGN_OR_RETURN(o_.task.device, model::ParseDevice(o_.device));
+    steps_every_batch_ = o_.collaborative.local_updates ||
+                         o_.collaborative.diloco_inner_steps > 0 ||
+                         o_.collaborative.delay_grad_averaging;
     auto task = o_.make_task ? o_.make_task(o_.task) : Task::Create(o_.task);
     if (!task.ok()) return task.status().WithContext("preparing the task");
     task_ = std::move(*task);
@@ -82,7 +88,9 @@ class Trainer::Impl {
     node_ = std::move(*node);
 
     COLONY_RETURN_IF_ERROR(task_->Connect(*node_));
-    params_ = task_->Parameters();
+    // The optimizer steps host copies of a GPU model's parameters (device_mirror.h).
+    mirror_ = std::make_unique<DeviceMirror>(task_->Parameters());
+    params_ = mirror_->master();
     COLONY_ASSIGN_OR_RETURN(auto inner, MakeOptimizer(o_.optimizer, params_, o_.optimizer_config));
     std::shared_ptr<torch::optim::Optimizer> optimizer = std::move(inner);
     CollaborativeOptions co = o_.collaborative;
@@ -93,6 +101,7 @@ class Trainer::Impl {
     Json ready = {{"event", "ready"},
                   {"peer", node_->peer_id().ToString()},
                   {"prepare_seconds", prepare_seconds},
+                  {"device", model::DescribeDevice(o_.task.device)},
                   {"model", task_->Describe()}};
     Json addrs = Json::array();
     for (const auto& m : node_->VisibleAddresses()) addrs.push_back(m.ToString());
@@ -111,6 +120,7 @@ class Trainer::Impl {
     if (!o_.checkpoint.empty() && std::filesystem::exists(o_.checkpoint)) {
       Status st = opt_->LoadCheckpoint(o_.checkpoint);
       if (!st.ok()) return st.WithContext("loading checkpoint " + o_.checkpoint);
+      mirror_->PushParameters();
       COLONY_LOG_INFO("train: resumed from {} at epoch {}", o_.checkpoint, opt_->local_epoch());
     }
     if (!o_.metrics.empty()) {
@@ -119,6 +129,7 @@ class Trainer::Impl {
     }
     if (o_.collaborative.mode == averaging::Mode::kAux) return RunAuxiliary();
     COLONY_RETURN_IF_ERROR(Join());
+    mirror_->PushParameters();  // Join may have downloaded the swarm's state
     return Train();
   }
 
@@ -206,6 +217,7 @@ class Trainer::Impl {
         continue;
       }
       failed_batches_ = 0;
+      mirror_->PullGradients();
       const Task::Batch& b = *batch;
       ++batches_;
       if (o_.batch_delay_ms > 0) {
@@ -224,6 +236,7 @@ class Trainer::Impl {
         opt_->ReportLoss(loss_sum_ / static_cast<double>(loss_count_));
       }
       COLONY_ASSIGN_OR_RETURN(StepReport r, opt_->Step(b.samples));
+      if (r.stepped || r.loaded_state || steps_every_batch_) mirror_->PushParameters();
       if (r.stepped || r.loaded_state) OnStep(r);
       if (o_.progress_interval > 0 && Since(last_progress_) >= o_.progress_interval) {
         last_progress_ = Clock::now();
@@ -295,6 +308,7 @@ class Trainer::Impl {
   }
 
   Result<Json> Finish(int64_t first_epoch) {
+    mirror_->PushParameters();  // what the model on its device evaluates, saves and samples
     const double final_eval = task_->Evaluate();
     const auto c = opt_->counters();
     Json done = {{"event", "done"},
@@ -335,7 +349,10 @@ class Trainer::Impl {
   EventSink events_;
   std::unique_ptr<Task> task_;
   std::unique_ptr<dht::Node> node_;
-  std::vector<at::Tensor> params_;
+  std::unique_ptr<DeviceMirror> mirror_;
+  std::vector<at::Tensor> params_;  // what the optimizer steps: mirror_->master()
+  // The inner optimizer steps after every batch (local updates, DiLoCo), not only at epochs.
+  bool steps_every_batch_ = false;
   std::unique_ptr<CollaborativeOptimizer> opt_;
   std::ofstream metrics_;
   Clock::time_point start_, last_progress_, epoch_start_;

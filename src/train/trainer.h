@@ -41,6 +41,9 @@ struct TrainerOptions {
   // this way, so that train links none of them.
   std::function<Result<std::unique_ptr<Task>>(const TaskOptions&)> make_task = {};
   int threads = 1;  // LibTorch intra-op threads
+  // Where the model computes: cpu, cuda, cuda:N or auto (model/device.h). Off the CPU, the
+  // optimizer steps float32 host copies of the parameters (train/device_mirror.h).
+  std::string device = "cpu";
   // The swarm. Client and auxiliary peers (collaborative.mode) join an existing swarm.
   std::vector<std::string> initial_peers = {};  // multiaddrs; none: start a new swarm
   std::string listen = "/ip4/127.0.0.1/tcp/0";

@@ -3,7 +3,9 @@
 // scaling, a sharded bf16 Llama, Qwen2 with q/k/v biases, Mistral, Mixtral with 4 experts and
 // top-2 routing) against what transformers itself computed from them (reference.json): logits,
 // greedy and 4-beam generations, locally and through two block servers, and the training loss
-// and global gradient norm.
+// and global gradient norm. Built twice: hf_reference_test computes on the CPU, and
+// hf_reference_gpu_test (ctest label gpu, COLONY_TEST_DEVICE=cuda) on the GPU, servers and client
+// head included; without a usable GPU the latter's tests are skipped, saying why.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +19,7 @@
 
 #include "dht/node.h"
 #include "model/checkpoint.h"
+#include "model/device.h"
 #include "serve/client.h"
 #include "serve/generation.h"
 #include "serve/server.h"
@@ -29,6 +32,10 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 
 const std::filesystem::path kFixtures = COLONY_HF_FIXTURES;
+#ifndef COLONY_TEST_DEVICE
+#define COLONY_TEST_DEVICE "cpu"
+#endif
+const std::string kDevice = COLONY_TEST_DEVICE;
 
 const json& Reference() {
   static const json reference = [] {
@@ -70,10 +77,18 @@ Tolerance ToleranceOf(const std::string& name) {
 
 class HfReference : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override { at::set_num_threads(1); }
+  void SetUp() override {
+    at::set_num_threads(1);
+    if (kDevice != "cpu" && !model::CudaAvailable()) {
+      GTEST_SKIP() << "needs a CUDA device (--device " << kDevice
+                   << "): " << model::ParseDevice(kDevice).status().ToString();
+    }
+    device_ = *model::ParseDevice(kDevice);
+  }
   std::filesystem::path Dir() const { return kFixtures / GetParam(); }
   const json& Ref() const { return ReferenceOf(GetParam()); }
   Tolerance Tol() const { return ToleranceOf(GetParam()); }
+  c10::Device device_ = c10::kCPU;
 };
 
 TEST_P(HfReference, LogitsAndGenerationsEqualTransformers) {
@@ -81,9 +96,11 @@ TEST_P(HfReference, LogitsAndGenerationsEqualTransformers) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   model::LlamaModel m = *loaded;
   m->eval();
+  m->to(device_);
   at::NoGradGuard no_grad;
   const std::vector<int64_t> prompt = Ints(Ref().at("prompt"));
-  const at::Tensor logits = m->forward(at::tensor(prompt, at::kLong).unsqueeze(0))[0];
+  const at::Tensor logits =
+      m->forward(at::tensor(prompt, at::kLong).unsqueeze(0).to(device_))[0].cpu();
 
   const auto argmax = logits.argmax(-1);
   const std::vector<int64_t> got_argmax(argmax.data_ptr<int64_t>(),
@@ -123,10 +140,11 @@ TEST_P(HfReference, TrainingLossAndGradientNormEqualTransformers) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   model::LlamaModel m = *loaded;
   m->train();
+  m->to(device_);
   const auto rows = Ref().at("train_batch").get<std::vector<std::vector<int64_t>>>();
   std::vector<at::Tensor> tensors;
   for (const auto& row : rows) tensors.push_back(at::tensor(row, at::kLong));
-  const at::Tensor batch = at::stack(tensors);
+  const at::Tensor batch = at::stack(tensors).to(device_);
   const int64_t t = batch.size(1);
   const at::Tensor logits = m->forward(batch);
   const at::Tensor loss =
@@ -167,6 +185,7 @@ TEST_P(HfReference, GreedyAndBeamSearchThroughTwoServersEqualTransformers) {
     o.first_block = first;
     o.last_block = last;
     o.throughput_override = 100;
+    o.device = kDevice;
     auto server = BlockServer::Start(**node, o);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     nodes.push_back(std::move(*node));
@@ -187,7 +206,7 @@ TEST_P(HfReference, GreedyAndBeamSearchThroughTwoServersEqualTransformers) {
       [&] { return manager->Refresh().ok() && manager->Servers().size() >= 2; }, 30s))
       << "the client did not see both servers";
   RemoteSequential remote(manager);
-  auto head = LoadClientModel(Dir());
+  auto head = LoadClientModel(Dir(), device_);
   ASSERT_TRUE(head.ok()) << head.status().ToString();
 
   const std::vector<int64_t> prompt = Ints(Ref().at("prompt"));

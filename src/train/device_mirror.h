@@ -1,0 +1,46 @@
+// DeviceMirror: a model that computes on a GPU, and the float32 host copy of its parameters that
+// the collaborative optimizer accumulates, averages, steps and shares (what hivemind calls
+// offload_optimizer: the optimizer and its state stay in host memory, beside the network).
+//
+//   DeviceMirror mirror(model->parameters());        // on cuda:0
+//   auto opt = CollaborativeOptimizer::Create(node, mirror.master(), MakeAdam(mirror.master()), o);
+//   loss.backward();
+//   mirror.PullGradients();                          // device .grad -> host .grad (device zeroed)
+//   auto r = (*opt)->Step(batch);
+//   if (ParametersMayHaveChanged(r)) mirror.PushParameters();  // host -> device
+//
+// For parameters already in host memory as contiguous float32 (a CPU model) the mirror is the
+// parameters themselves, and both copies are no-ops. Host copies are pinned when CUDA is
+// available, so that the transfers run at the bus's speed; each direction ends with one
+// synchronization.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <vector>
+
+namespace colony::train {
+
+class DeviceMirror {
+ public:
+  // `params`: the model's parameters, all on one device, float32.
+  explicit DeviceMirror(std::vector<at::Tensor> params);
+
+  // The host copies (the parameters themselves when not offloaded), with .grad after a pull.
+  const std::vector<at::Tensor>& master() const { return master_; }
+  // True when the parameters live off the host and the copies below move data.
+  bool offloaded() const { return offloaded_; }
+
+  // Copies every device gradient into its master's .grad (zeros where a parameter got none)
+  // and zeroes the device gradients.
+  void PullGradients();
+  // Copies the master parameters onto the device parameters.
+  void PushParameters();
+
+ private:
+  std::vector<at::Tensor> device_;
+  std::vector<at::Tensor> master_;
+  bool offloaded_ = false;
+};
+
+}  // namespace colony::train
