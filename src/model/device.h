@@ -25,7 +25,7 @@ namespace colony::model {
 // Parses and checks a device name (see above). Accepted: "cpu", "cuda", "cuda:N", "auto".
 Result<c10::Device> ParseDevice(const std::string& name);
 
-// "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)": what logs and reports show.
+// "cpu", "cuda:0": what logs and reports show.
 std::string DescribeDevice(const c10::Device& device);
 
 // True when LibTorch has CUDA and at least one device is visible.

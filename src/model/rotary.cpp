@@ -95,7 +95,7 @@ Rotary::Rotary(const LlamaConfig& config) : config_(config) {
 std::pair<at::Tensor, at::Tensor> Rotary::Tables(int64_t length, int64_t offset,
                                                  const at::TensorOptions& options) const {
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device());
-  at::Tensor inv_freq = inv_freq_.to(options.device());
+  at::Tensor inv_freq = InverseFrequenciesOn(options.device());
   double scale = scale_;
   if (config_.rope_scaling.type == RopeType::kDynamic && offset + length > config_.max_seq_len) {
     std::tie(inv_freq, scale) = RopeInverseFrequencies(config_, offset + length, options.device());
@@ -109,6 +109,14 @@ std::pair<at::Tensor, at::Tensor> Rotary::Tables(int64_t length, int64_t offset,
     sin = sin * scale;
   }
   return {cos.to(options.dtype()), sin.to(options.dtype())};
+}
+
+at::Tensor Rotary::InverseFrequenciesOn(const c10::Device& device) const {
+  if (device.is_cpu()) return inv_freq_;
+  std::lock_guard lock(device_copy_->mu);
+  at::Tensor& copy = device_copy_->inv_freq;
+  if (!copy.defined() || copy.device() != device) copy = inv_freq_.to(device);
+  return copy;
 }
 
 std::pair<at::Tensor, at::Tensor> RotaryTables(const LlamaConfig& config, int64_t length,

@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <utility>
 
 #include "model/config.h"
@@ -34,9 +36,18 @@ class Rotary {
                                            const at::TensorOptions& options) const;
 
  private:
+  // inv_freq_ on `device`: copied there once, not at every call (a blocking host-to-GPU copy
+  // per block and step otherwise).
+  at::Tensor InverseFrequenciesOn(const c10::Device& device) const;
+
   LlamaConfig config_;
   at::Tensor inv_freq_;  // float32, CPU
   double scale_ = 1.0;
+  struct DeviceCopy {
+    std::mutex mu;
+    at::Tensor inv_freq;  // on the device last asked for
+  };
+  std::shared_ptr<DeviceCopy> device_copy_ = std::make_shared<DeviceCopy>();
 };
 
 // Rotary(config).Tables(length, offset, options), for a one-off table.

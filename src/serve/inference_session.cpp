@@ -25,7 +25,12 @@ struct InferenceSession::Link {
 
 InferenceSession::InferenceSession(std::shared_ptr<SequenceManager> manager, int64_t start,
                                    int64_t end, SessionOptions options)
-    : manager_(std::move(manager)), start_(start), end_(end), options_(options) {}
+    : manager_(std::move(manager)), start_(start), end_(end), options_(std::move(options)) {
+  // Like hidden states, tuning weights travel from host memory (and beam search reorders the
+  // prompts' rows with host indices), whatever device the caller trained them on.
+  if (options_.prompts.defined()) options_.prompts = options_.prompts.detach().to(at::kCPU);
+  for (auto& a : options_.adapters) a = a.detach().to(at::kCPU);
+}
 
 InferenceSession::~InferenceSession() { Close(); }
 

@@ -164,9 +164,10 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
     std::vector<at::Tensor> inputs{xin};
     if (pin.defined()) inputs.push_back(pin);
     for (const auto& t : lin) inputs.push_back(t);
-    auto grads = torch::autograd::grad({out}, inputs, {grad_out.to(out.scalar_type())},
-                                       /*retain_graph=*/false, /*create_graph=*/false,
-                                       /*allow_unused=*/true);
+    auto grads =
+        torch::autograd::grad({out}, inputs, {grad_out.to(out.device(), out.scalar_type())},
+                              /*retain_graph=*/false, /*create_graph=*/false,
+                              /*allow_unused=*/true);
     std::vector<at::Tensor> res;
     for (size_t i = 0; i < grads.size(); ++i) {
       at::Tensor g = grads[i].defined() ? grads[i] : at::zeros_like(inputs[i]);

@@ -118,6 +118,8 @@ Result<train::TrainerOptions> ToOptions(const TrainFlags& f) {
     o.make_task = moe::MakeMoeLmTask;
     if (o.device == "auto") o.device = "cpu";  // its experts' replies combine in host memory
   }
+  // An auxiliary peer computes nothing: its model need not take a GPU.
+  if (f.aux && o.device == "auto") o.device = "cpu";
   if (!f.moe_grid.empty()) {
     COLONY_ASSIGN_OR_RETURN(o.task.moe_grid, ParseGridSize(f.moe_grid));
   }

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 
 #include <stdexcept>
 
@@ -9,11 +10,24 @@
 
 namespace colony::train {
 
-DeviceMirror::DeviceMirror(std::vector<at::Tensor> params) : device_(std::move(params)) {
-  for (const auto& p : device_) {
-    if (p.scalar_type() != at::kFloat) {
-      throw std::invalid_argument("DeviceMirror: parameters must be float32");
+Status DeviceMirror::Check(const std::vector<at::Tensor>& params) {
+  if (params.empty()) return InvalidArgument("no parameters given");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    if (!p.defined() || p.scalar_type() != at::kFloat) {
+      return InvalidArgument(fmt::format("parameter {} must be a defined float32 tensor", i));
     }
+    if (p.device() != params.front().device()) {
+      return InvalidArgument(fmt::format("parameter {} is on {}, parameter 0 on {}", i,
+                                         p.device().str(), params.front().device().str()));
+    }
+  }
+  return Status::Ok();
+}
+
+DeviceMirror::DeviceMirror(std::vector<at::Tensor> params) : device_(std::move(params)) {
+  if (Status st = Check(device_); !st.ok()) throw std::invalid_argument(st.ToString());
+  for (const auto& p : device_) {
     if (!p.device().is_cpu() || !p.is_contiguous()) offloaded_ = true;
   }
   if (!offloaded_) {

@@ -19,12 +19,17 @@
 
 #include <vector>
 
+#include "core/status.h"
+
 namespace colony::train {
 
 class DeviceMirror {
  public:
-  // `params`: the model's parameters, all on one device, float32.
+  // `params`: the model's parameters, defined, float32, all on one device (Check them first:
+  // the constructor throws std::invalid_argument otherwise).
   explicit DeviceMirror(std::vector<at::Tensor> params);
+  // Why `params` cannot be mirrored (InvalidArgument), or Ok.
+  static Status Check(const std::vector<at::Tensor>& params);
 
   // The host copies (the parameters themselves when not offloaded), with .grad after a pull.
   const std::vector<at::Tensor>& master() const { return master_; }

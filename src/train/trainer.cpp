@@ -89,7 +89,9 @@ class Trainer::Impl {
 
     COLONY_RETURN_IF_ERROR(task_->Connect(*node_));
     // The optimizer steps host copies of a GPU model's parameters (device_mirror.h).
-    mirror_ = std::make_unique<DeviceMirror>(task_->Parameters());
+    std::vector<at::Tensor> task_params = task_->Parameters();
+    COLONY_RETURN_IF_ERROR(DeviceMirror::Check(task_params).WithContext("the task's model"));
+    mirror_ = std::make_unique<DeviceMirror>(std::move(task_params));
     params_ = mirror_->master();
     COLONY_ASSIGN_OR_RETURN(auto inner, MakeOptimizer(o_.optimizer, params_, o_.optimizer_config));
     std::shared_ptr<torch::optim::Optimizer> optimizer = std::move(inner);
@@ -283,6 +285,7 @@ class Trainer::Impl {
         opt_->local_epoch() % o_.checkpoint_every == 0) {
       Status st = opt_->SaveCheckpoint(o_.checkpoint);
       if (!st.ok()) COLONY_LOG_WARN("train: checkpoint failed: {}", st.ToString());
+      mirror_->PushParameters();  // saving applies a delayed round still in flight
     }
   }
 
@@ -308,7 +311,10 @@ class Trainer::Impl {
   }
 
   Result<Json> Finish(int64_t first_epoch) {
-    mirror_->PushParameters();  // what the model on its device evaluates, saves and samples
+    // A delayed round still in flight belongs to the final model (what the report's hash, the
+    // evaluation, the checkpoint and the saved model all show), on its device too.
+    opt_->FinishPendingStep();
+    mirror_->PushParameters();
     const double final_eval = task_->Evaluate();
     const auto c = opt_->counters();
     Json done = {{"event", "done"},

@@ -7,6 +7,7 @@
 // hf_reference_gpu_test (ctest label gpu, COLONY_TEST_DEVICE=cuda) on the GPU, servers and client
 // head included; without a usable GPU the latter's tests are skipped, saying why.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -159,53 +160,73 @@ TEST_P(HfReference, TrainingLossAndGradientNormEqualTransformers) {
                        "global gradient norm");
 }
 
-// The same generations with the blocks split over two servers (each with its own DHT node and
-// host on loopback) and the embeddings and head at the client.
-TEST_P(HfReference, GreedyAndBeamSearchThroughTwoServersEqualTransformers) {
-  auto config = model::LoadLlamaConfig(Dir());
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  const int64_t blocks = config->num_layers, split = blocks / 2;
-
-  dht::NodeOptions bo;
-  bo.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-  auto boot = dht::Node::Start(KeyPair::Generate(), bo);
-  ASSERT_TRUE(boot.ok()) << boot.status().ToString();
-  const std::string bootstrap = (*boot)->VisibleAddresses().at(0).ToString();
+// A checkpoint's blocks split over two servers (each with its own DHT node and host on
+// loopback, on `device`), and a client-mode node with a SequenceManager that sees both.
+struct TwoServers {
+  std::unique_ptr<dht::Node> boot, client;
   std::vector<std::unique_ptr<dht::Node>> nodes;
   std::vector<std::unique_ptr<BlockServer>> servers;
-  for (auto [first, last] : {std::pair<int64_t, int64_t>{0, split}, {split, blocks}}) {
-    dht::NodeOptions no;
-    no.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-    no.initial_peers = {bootstrap};
-    auto node = dht::Node::Start(KeyPair::Generate(), no);
-    ASSERT_TRUE(node.ok()) << node.status().ToString();
-    ServerOptions o;
-    o.model_dir = Dir();
-    o.model_name = GetParam();
-    o.first_block = first;
-    o.last_block = last;
-    o.throughput_override = 100;
-    o.device = kDevice;
-    auto server = BlockServer::Start(**node, o);
-    ASSERT_TRUE(server.ok()) << server.status().ToString();
-    nodes.push_back(std::move(*node));
-    servers.push_back(std::move(*server));
+  std::shared_ptr<SequenceManager> manager;
+
+  void Start(const std::filesystem::path& dir, const std::string& name, const std::string& device) {
+    auto config = model::LoadLlamaConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    const int64_t blocks = config->num_layers, split = blocks / 2;
+    dht::NodeOptions bo;
+    bo.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+    auto b = dht::Node::Start(KeyPair::Generate(), bo);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    boot = std::move(*b);
+    const std::string bootstrap = boot->VisibleAddresses().at(0).ToString();
+    for (auto [first, last] : {std::pair<int64_t, int64_t>{0, split}, {split, blocks}}) {
+      dht::NodeOptions no;
+      no.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+      no.initial_peers = {bootstrap};
+      auto node = dht::Node::Start(KeyPair::Generate(), no);
+      ASSERT_TRUE(node.ok()) << node.status().ToString();
+      ServerOptions o;
+      o.model_dir = dir;
+      o.model_name = name;
+      o.first_block = first;
+      o.last_block = last;
+      o.throughput_override = 100;
+      o.device = device;
+      auto server = BlockServer::Start(**node, o);
+      ASSERT_TRUE(server.ok()) << server.status().ToString();
+      nodes.push_back(std::move(*node));
+      servers.push_back(std::move(*server));
+    }
+    dht::NodeOptions co_node;
+    co_node.initial_peers = {bootstrap};
+    co_node.dht.client_mode = true;
+    auto c = dht::Node::Start(KeyPair::Generate(), co_node);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    client = std::move(*c);
+    ClientOptions co;
+    co.model_name = name;
+    co.num_blocks = blocks;
+    co.step_timeout = 30s;
+    co.request_timeout = 30s;
+    manager = std::make_shared<SequenceManager>(*client, co);
+    ASSERT_TRUE(colony::test::WaitUntil(
+        [&] { return manager->Refresh().ok() && manager->Servers().size() >= 2; }, 30s))
+        << "the client did not see both servers";
   }
-  dht::NodeOptions co_node;
-  co_node.initial_peers = {bootstrap};
-  co_node.dht.client_mode = true;
-  auto client = dht::Node::Start(KeyPair::Generate(), co_node);
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  ClientOptions co;
-  co.model_name = GetParam();
-  co.num_blocks = blocks;
-  co.step_timeout = 30s;
-  co.request_timeout = 30s;
-  auto manager = std::make_shared<SequenceManager>(**client, co);
-  ASSERT_TRUE(colony::test::WaitUntil(
-      [&] { return manager->Refresh().ok() && manager->Servers().size() >= 2; }, 30s))
-      << "the client did not see both servers";
-  RemoteSequential remote(manager);
+
+  ~TwoServers() {
+    servers.clear();
+    for (auto& n : nodes) n->Shutdown();
+    if (client) client->Shutdown();
+    if (boot) boot->Shutdown();
+  }
+};
+
+// The same generations with the blocks split over two servers and the embeddings and head at
+// the client.
+TEST_P(HfReference, GreedyAndBeamSearchThroughTwoServersEqualTransformers) {
+  TwoServers swarm;
+  ASSERT_NO_FATAL_FAILURE(swarm.Start(Dir(), GetParam(), kDevice));
+  RemoteSequential remote(swarm.manager);
   auto head = LoadClientModel(Dir(), device_);
   ASSERT_TRUE(head.ok()) << head.status().ToString();
 
@@ -228,10 +249,45 @@ TEST_P(HfReference, GreedyAndBeamSearchThroughTwoServersEqualTransformers) {
     best.insert(best.end(), beams->front().tokens.begin(), beams->front().tokens.end());
     EXPECT_EQ(best, Ints(Ref().at("beam4_12")));
   }
-  servers.clear();
-  for (auto& n : nodes) n->Shutdown();
-  (*client)->Shutdown();
-  (*boot)->Shutdown();
+}
+
+// Gradients through the two servers (their backward pass, as fine-tuning uses it) equal those
+// of the same blocks run locally with autograd.
+TEST_P(HfReference, GradientsThroughTwoServersEqualLocalAutograd) {
+  TwoServers swarm;
+  ASSERT_NO_FATAL_FAILURE(swarm.Start(Dir(), GetParam(), kDevice));
+  RemoteSequential remote(swarm.manager);
+  auto loaded = model::LoadLlama(Dir());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  model::LlamaModel m = *loaded;
+  m->to(device_);
+  const std::vector<int64_t> prompt = Ints(Ref().at("prompt"));
+  at::Tensor x0;
+  {
+    at::NoGradGuard no_grad;
+    x0 = m->Embed(at::tensor(prompt, at::kLong).unsqueeze(0).to(device_)).detach();
+  }
+  // A fixed weighting of the outputs, so that every position and feature gets a gradient.
+  const at::Tensor weights = at::randn(x0.sizes(), at::make_generator<at::CPUGeneratorImpl>(7))
+                                 .to(device_, x0.scalar_type());
+
+  at::Tensor local_in = x0.clone().requires_grad_(true);
+  at::Tensor h = local_in;
+  for (int64_t i = 0; i < m->num_blocks(); ++i) h = m->block(i)->forward(h);
+  (h * weights).sum().backward();
+
+  at::Tensor remote_in = x0.clone().requires_grad_(true);
+  at::Tensor out = remote.forward(remote_in);
+  EXPECT_EQ(out.device(), device_);
+  (out * weights).sum().backward();
+  ASSERT_TRUE(remote_in.grad().defined());
+  EXPECT_EQ(remote_in.grad().device(), device_);
+
+  const at::Tensor want = local_in.grad().cpu(), got = remote_in.grad().cpu();
+  const double scale = want.abs().max().item<double>();
+  ASSERT_GT(scale, 0);
+  EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * scale)
+      << "the servers' gradients differ from local autograd";
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, HfReference,
