@@ -913,8 +913,16 @@ Status Connection::TakeAssembling(uint64_t n) {
                              std::to_string(options_.max_assembling_bytes) +
                              " bytes); retry later");
   }
-  if (options_.host_received_budget &&
-      !options_.host_received_budget->TryTake(n + kHeldMessageOverhead)) {
+  const uint64_t charge = n + kHeldMessageOverhead;
+  ByteBudget* address = options_.address_received_budget.get();
+  if (address != nullptr && !address->TryTake(charge)) {
+    return ResourceExhausted(
+        "your address holds too many messages this peer received and has "
+        "not read yet (limit " +
+        std::to_string(address->limit()) + " bytes per address); retry later");
+  }
+  if (options_.host_received_budget && !options_.host_received_budget->TryTake(charge)) {
+    if (address != nullptr) address->Give(charge);
     return ResourceExhausted("this peer holds too many received messages (host limit " +
                              std::to_string(options_.host_received_budget->limit()) +
                              " bytes); retry later");
@@ -929,7 +937,9 @@ void Connection::ReleaseAssembling(uint64_t n) {
 }
 
 void Connection::ReleaseReceived(uint64_t charge) {
-  if (options_.host_received_budget && charge > 0) options_.host_received_budget->Give(charge);
+  if (charge == 0) return;
+  if (options_.address_received_budget) options_.address_received_budget->Give(charge);
+  if (options_.host_received_budget) options_.host_received_budget->Give(charge);
 }
 
 Status Connection::TakeReply(uint64_t n) {
@@ -940,7 +950,15 @@ Status Connection::TakeReply(uint64_t n) {
                              std::to_string(options_.max_reply_bytes) +
                              " bytes (read your replies to return flow-control credit)");
   }
+  ByteBudget* address = options_.address_reply_budget.get();
+  if (address != nullptr && !address->TryTake(n)) {
+    return ResourceExhausted(
+        "replies of " + std::to_string(address->used() + n) + " bytes would wait to be sent to " +
+        "your address, over the limit of " + std::to_string(address->limit()) +
+        " bytes per address (read your replies to return flow-control credit)");
+  }
   if (options_.host_reply_budget && !options_.host_reply_budget->TryTake(n)) {
+    if (address != nullptr) address->Give(n);
     return ResourceExhausted("this peer has " + std::to_string(options_.host_reply_budget->used()) +
                              " bytes of replies waiting to be sent, at its limit of " +
                              std::to_string(options_.host_reply_budget->limit()) +
@@ -952,6 +970,7 @@ Status Connection::TakeReply(uint64_t n) {
 
 void Connection::ReleaseReply(uint64_t n) {
   reply_bytes_ -= n;
+  if (options_.address_reply_budget) options_.address_reply_budget->Give(n);
   if (options_.host_reply_budget) options_.host_reply_budget->Give(n);
 }
 

@@ -71,6 +71,11 @@ struct ConnectionOptions {
   // max_received_bytes); the host sets them. Null: no host-wide limit.
   std::shared_ptr<ByteBudget> host_reply_budget;
   std::shared_ptr<ByteBudget> host_received_budget;
+  // The shares of those that the connections of one source address may hold together
+  // (HostOptions::max_reply_bytes_per_address, max_received_bytes_per_address); the host sets
+  // them for each connection. Null: none (an exempt address: loopback unless limited).
+  std::shared_ptr<ByteBudget> address_reply_budget;
+  std::shared_ptr<ByteBudget> address_received_budget;
   // A private swarm's policy (the host sets it; null: a public swarm). A peer's grant is checked
   // again on every tick (expiry, revocation), its role on every call it opens, and a TOKEN frame
   // renews it.

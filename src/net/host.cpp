@@ -202,6 +202,26 @@ std::vector<Multiaddr> Host::ListenAddresses() const {
   return out;
 }
 
+ConnectionOptions Host::ConnectionOptionsFor(const std::string& key) {
+  ConnectionOptions o = options_.connection;
+  if (key.empty()) return o;
+  std::lock_guard lock(mu_);
+  if (address_budgets_.size() > options_.max_connections) {
+    std::erase_if(address_budgets_,
+                  [](const auto& entry) { return entry.second.replies.expired(); });
+  }
+  AddressBudgets& b = address_budgets_[key];
+  o.address_reply_budget = b.replies.lock();
+  o.address_received_budget = b.received.lock();
+  if (!o.address_reply_budget) {
+    o.address_reply_budget = std::make_shared<ByteBudget>(options_.max_reply_bytes_per_address);
+    o.address_received_budget =
+        std::make_shared<ByteBudget>(options_.max_received_bytes_per_address);
+    b = {o.address_reply_budget, o.address_received_budget};
+  }
+  return o;
+}
+
 Host::MemoryUsage Host::memory_usage() const {
   const ByteBudget& replies = *options_.connection.host_reply_budget;
   const ByteBudget& received = *options_.connection.host_received_budget;
@@ -568,9 +588,12 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
       for (auto& c : it->second) lanes_in_use += c && !c->closed();
     }
   }
+  // Memory budgets per source address; a relayed peer's address is the relay's, so it counts by
+  // its id (the relay caps circuits per address itself).
+  const std::string budget_key = relay ? "relayed " + peer.ToString() : inbound_key;
   auto conn = Connection::Start(
-      std::move(socket), strand, Role::kResponder, std::move(*hs), remote, options_.connection,
-      [this](const std::string& m) { return LookupHandler(m); },
+      std::move(socket), strand, Role::kResponder, std::move(*hs), remote,
+      ConnectionOptionsFor(budget_key), [this](const std::string& m) { return LookupHandler(m); },
       [this](Connection* c) { OnConnectionClosed(c); });
   AddConnection(conn, 0);
   EndInboundHandshake(inbound_key, conn);
@@ -761,9 +784,13 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
   }
   state->finished = true;
   timer.cancel();
+  // The peer we dialed can withhold credit from our replies to its calls too.
+  const std::string budget_key = address.is_relayed()
+                                     ? "relayed " + hs->peer.peer.ToString()
+                                     : SourceKey(ep.address(), options_.limit_loopback_addresses);
   auto conn = Connection::Start(
-      std::move(socket), strand, Role::kInitiator, std::move(*hs), address, options_.connection,
-      [this](const std::string& m) { return LookupHandler(m); },
+      std::move(socket), strand, Role::kInitiator, std::move(*hs), address,
+      ConnectionOptionsFor(budget_key), [this](const std::string& m) { return LookupHandler(m); },
       [this](Connection* c) { OnConnectionClosed(c); });
   if (lane != kProbeLane) AddConnection(conn, lane);
   co_return conn;

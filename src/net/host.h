@@ -67,6 +67,11 @@ struct HostOptions {
   // exceed them is refused with ResourceExhausted and its stream reset. docs/security.md.
   uint64_t max_reply_bytes = 1ull << 30;
   uint64_t max_received_bytes = 1ull << 30;
+  // Of those, what the connections from one source address may hold together (loopback exempt
+  // unless limit_loopback_addresses; a peer reached through a relay counts by its id), so that
+  // one machine opening many connections cannot take the whole host budget from the others.
+  uint64_t max_reply_bytes_per_address = 256ull << 20;
+  uint64_t max_received_bytes_per_address = 256ull << 20;
   std::string agent = "colony/" COLONY_VERSION_STRING;
   // Hole punching: when a peer reaches us through a relay (AdoptRelayed), try to replace the
   // relayed connection with a direct one (TCP simultaneous open through both NATs, timed over
@@ -266,6 +271,14 @@ class Host {
   };
   std::unordered_map<std::string, InboundAddress> inbound_;
   std::unordered_map<const Connection*, std::string> inbound_address_of_;
+  // The memory budgets of each source address's connections, shared by them and freed with the
+  // last (guarded by mu_; expired entries are swept as the map grows).
+  struct AddressBudgets {
+    std::weak_ptr<ByteBudget> replies, received;
+  };
+  std::unordered_map<std::string, AddressBudgets> address_budgets_;
+  // options_.connection with the budgets of source address `key` ("": exempt). Takes mu_.
+  ConnectionOptions ConnectionOptionsFor(const std::string& key);
   SlotRefusals slot_refusals_;
   std::condition_variable all_closed_;
   size_t dialbacks_in_flight_ = 0;       // net.dialback probes running (guarded by mu_)

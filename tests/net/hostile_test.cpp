@@ -808,6 +808,48 @@ TEST(Hostile, RepliesWaitingForCreditAreBoundedPerHost) {
   EXPECT_LE(server->memory_usage().reply_peak, options.max_reply_bytes);
 }
 
+TEST(Hostile, OneAddressGetsOnlyItsShareOfTheHostReplyBudget) {
+  // Four connections from one machine (127.0.0.2) withhold credit from twelve 2 MiB replies:
+  // within their connections' budgets, they would fill the host's 16 MiB. Their address may hold
+  // 6 MiB; another machine's (127.0.0.3) replies still fit in what is left.
+  constexpr size_t kReply = 2u << 20;
+  constexpr int kPeers = 4, kCallsEach = 3;
+  HostOptions options = ServerOptions();
+  options.limit_loopback_addresses = true;
+  options.max_reply_bytes = 16u << 20;
+  options.max_reply_bytes_per_address = 6u << 20;
+  auto server = StartServer(options);
+  HonestBeside beside(*server);
+  server->RegisterUnary("big", FreshReply(kReply));
+  std::vector<std::unique_ptr<RawPeer>> attackers;
+  for (int i = 0; i < kPeers; ++i) {
+    attackers.push_back(std::make_unique<RawPeer>(AddressOf(*server), "127.0.0.2"));
+    ASSERT_TRUE(attackers.back()->Handshake(StingyLimits()).ok());
+    OpenCalls(*attackers.back(), "big", kCallsEach);
+  }
+  int refused = 0;
+  std::string why;
+  for (auto& a : attackers) {
+    refused += ReadResets(*a, kCallsEach, 3s, &why)[StatusCode::kResourceExhausted];
+  }
+  const int held = static_cast<int>(options.max_reply_bytes_per_address / kReply) - 1;
+  EXPECT_EQ(refused, kPeers * kCallsEach - held) << "one address held more than its share";
+  EXPECT_NE(why.find("per address"), std::string::npos) << why;
+  EXPECT_LE(server->memory_usage().reply_peak, options.max_reply_bytes_per_address + (1u << 20));
+
+  HostOptions elsewhere;
+  elsewhere.dial_from = "127.0.0.3";
+  auto other = StartHost(elsewhere);
+  for (int i = 0; i < 3; ++i) {
+    auto reply = other->CallSync(AddressOf(*server), "big", Message("mine"), {.timeout = 10s});
+    ASSERT_TRUE(reply.ok()) << "another machine was starved: " << reply.status().ToString();
+    ASSERT_EQ(reply->tensors.size(), 1u);
+    EXPECT_EQ(reply->tensors[0].data.size(), kReply);
+  }
+  for (auto& a : attackers) a->Close();
+  EXPECT_TRUE(WaitUntil([&] { return server->memory_usage().reply_bytes == 0; }, 5s));
+}
+
 TEST(Hostile, AReplyThatMakesNoProgressIsResetAfterTheStallTimeout) {
   HostOptions options = ServerOptions();
   options.connection.send_stall_timeout = 300ms;
@@ -855,6 +897,52 @@ TEST(Hostile, UnreadMessagesCountAgainstTheHostBudget) {
   EXPECT_TRUE(WaitUntil([&] { return ended.load() == started.load(); }, 5s));
   EXPECT_TRUE(WaitUntil([&] { return server->memory_usage().received_bytes == 0; }, 5s))
       << "unread messages were not released with their streams";
+}
+
+TEST(Hostile, OneAddressGetsOnlyItsShareOfTheHostBudgetOfUnreadMessages) {
+  // A machine parks 128 KiB messages with a handler that never reads them, over two
+  // connections: its address may hold 512 KiB of the host's 2 MiB; another machine's messages
+  // are still accepted.
+  constexpr size_t kMessage = 128 * 1024;
+  constexpr int kCallsEach = 8;
+  std::atomic<int> started{0}, ended{0};
+  HostOptions options = ServerOptions();
+  options.limit_loopback_addresses = true;
+  options.max_received_bytes = 2u << 20;
+  options.max_received_bytes_per_address = 512u << 10;
+  auto server = StartServer(options);
+  HonestBeside beside(*server);
+  server->RegisterBidiStreaming("hold", HoldUntilCancelled(started, ended));
+  auto park = [&](RawPeer& r, int calls) {
+    for (int i = 0; i < calls; ++i) {
+      const auto id = static_cast<uint32_t>(2 * i + 1);
+      Bytes record;
+      AppendFrame(record, FrameType::kOpen, 0, id, OpenPayload("hold"));
+      AppendMessageFrame(record, id, FreshMessage("parked", kMessage, 0x11));
+      ASSERT_TRUE(r.SendRecord(record));
+    }
+  };
+  RawPeer a1(AddressOf(*server), "127.0.0.2"), a2(AddressOf(*server), "127.0.0.2");
+  ASSERT_TRUE(a1.Handshake().ok());
+  ASSERT_TRUE(a2.Handshake().ok());
+  park(a1, kCallsEach);
+  park(a2, kCallsEach);
+  std::string why;
+  int refused = ReadResets(a1, kCallsEach, 3s, &why)[StatusCode::kResourceExhausted];
+  refused += ReadResets(a2, kCallsEach, 3s, &why)[StatusCode::kResourceExhausted];
+  const int fit = static_cast<int>(options.max_received_bytes_per_address / (kMessage + 1024));
+  EXPECT_EQ(refused, 2 * kCallsEach - fit) << "one address parked more than its share";
+  EXPECT_NE(why.find("per address"), std::string::npos) << why;
+
+  RawPeer other(AddressOf(*server), "127.0.0.3");
+  ASSERT_TRUE(other.Handshake().ok());
+  park(other, fit);
+  EXPECT_EQ(ReadResets(other, 1, 1s)[StatusCode::kResourceExhausted], 0)
+      << "another machine's messages were refused";
+  a1.Close();
+  a2.Close();
+  other.Close();
+  EXPECT_TRUE(WaitUntil([&] { return server->memory_usage().received_bytes == 0; }, 5s));
 }
 
 TEST(Hostile, ObservedAddressesFromManyIdentitiesStayBounded) {

@@ -86,9 +86,15 @@ inline void AppendMessageFrame(Bytes& out, uint32_t stream_id, const Message& m)
 // with the session keys of a real handshake (as the initiator, with a fresh identity).
 class RawPeer {
  public:
-  explicit RawPeer(const Multiaddr& address) {
+  // `from`: the local address to connect from (e.g. 127.0.0.2, to play another machine);
+  // empty: the kernel's choice.
+  explicit RawPeer(const Multiaddr& address, const std::string& from = {}) {
     std::error_code ec;
     asio::ip::tcp::endpoint ep(asio::ip::make_address(address.host(), ec), address.port());
+    if (!ec && !from.empty()) {
+      socket_.open(ep.protocol(), ec);
+      if (!ec) socket_.bind(asio::ip::tcp::endpoint(asio::ip::make_address(from, ec), 0), ec);
+    }
     if (!ec) socket_.connect(ep, ec);
     if (!ec) socket_.non_blocking(true, ec);
     connected_ = !ec;
