@@ -16,6 +16,7 @@
 #include "model/device.h"
 #include "model/llama.h"
 #include "runtime/tensor_io.h"
+#include "serve/small_model.h"
 #include "train/collaborative.h"
 
 namespace colony::train {
@@ -25,20 +26,14 @@ constexpr int kBatches = 8, kAccumulate = 2;
 constexpr int64_t kBatch = 4, kSeq = 16;
 
 model::LlamaConfig TinyConfig() {
-  model::LlamaConfig c;
-  c.vocab_size = 256;
-  c.hidden_size = 64;
+  model::LlamaConfig c = serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false);
   c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.intermediate_size = 128;
-  c.max_seq_len = kSeq + 1;
   return c;
 }
 
 at::Tensor Tokens(int i) {
   auto g = at::make_generator<at::CPUGeneratorImpl>(100 + static_cast<uint64_t>(i));
-  return at::randint(256, {kBatch, kSeq + 1}, g, at::kLong);
+  return at::randint(TinyConfig().vocab_size, {kBatch, kSeq + 1}, g, at::kLong);
 }
 
 void Backward(model::LlamaModel& m, const at::Tensor& tokens) {
