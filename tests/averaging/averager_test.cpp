@@ -15,6 +15,7 @@
 #include <future>
 #include <thread>
 
+#include "adversary/attack_measurements.h"
 #include "averaging/wire.h"
 #include "dht/node.h"
 #include "test_support.h"
@@ -513,37 +514,62 @@ TEST(Averager, HostileRequestsGetErrorsAndTheAveragerKeepsWorking) {
   o.part_timeout = 500ms;
   Peer& victim = swarm.Add(0, o);
   swarm.Add(1, o);
+  // The honest workload: rounds of the two peers, each ending with the exact mean at the victim;
+  // a few before the attack, then as many as fit beside it (on their own thread).
+  const auto a = Synthetic(0, n), b = Synthetic(1, n);
+  auto honest_round = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto results = swarm.StepAll();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (auto& r : results) EXPECT_TRUE(r.ok()) << r.status().ToString();
+    size_t wrong = 0;
+    for (size_t k = 0; k < n; ++k) wrong += std::abs(victim.data[k] - (a[k] + b[k]) / 2) > 1e-6;
+    EXPECT_EQ(wrong, 0u) << "an honest round averaged wrongly";
+    return took;
+  };
+  std::vector<double> before, during;
+  for (int i = 0; i < 3; ++i) before.push_back(honest_round());
   net::Host attacker(KeyPair::Generate(), net::HostOptions{});
   ASSERT_TRUE(attacker.Start().ok());
   const Multiaddr addr = victim.node->VisibleAddresses().at(0);
-  // Garbage, and well-formed requests that lie.
-  auto join = attacker.CallSync(addr, "avg.join/test.avg", net::Message("\xff\xff garbage"));
-  ASSERT_FALSE(join.ok());
-  EXPECT_EQ(join.status().code(), StatusCode::kProtocolError) << join.status().ToString();
-  JoinRequest lie;
-  lie.group_key = "test.avg.0b";
-  lie.schema_hash = "not-ours";
-  lie.bandwidth = 1;
-  auto refused = attacker.CallSync(addr, "avg.join/test.avg", net::Message(EncodeJoinRequest(lie)));
-  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
-  auto answer = DecodeJoinResponse(refused->meta);
-  ASSERT_TRUE(answer.ok());
-  EXPECT_EQ(answer->code, JoinResponse::Code::kRejected);
-  EXPECT_NE(answer->reason.find("schema mismatch"), std::string::npos) << answer->reason;
-  // A reduce stream for a group that does not exist, and one whose hello is garbage.
-  for (const std::string& hello :
-       {EncodeReduceHello({std::string(16, 'x'), 0, 1.0}), std::string("\x01\x02\x03")}) {
-    auto stream = attacker.CallSync(addr, "avg.reduce/test.avg", net::Message(hello));
-    EXPECT_FALSE(stream.ok());
+  // From here on no ASSERT: the rounds' thread must be joined.
+  std::atomic<bool> attacking{true};
+  std::thread rounds([&] {
+    while (attacking.load()) during.push_back(honest_round());
+  });
+  for (int repeat = 0; repeat < 10; ++repeat) {
+    // Garbage, and well-formed requests that lie.
+    auto join = attacker.CallSync(addr, "avg.join/test.avg", net::Message("\xff\xff garbage"));
+    EXPECT_EQ(join.status().code(), StatusCode::kProtocolError) << join.status().ToString();
+    JoinRequest lie;
+    lie.group_key = "test.avg.0b";
+    lie.schema_hash = "not-ours";
+    lie.bandwidth = 1;
+    auto refused =
+        attacker.CallSync(addr, "avg.join/test.avg", net::Message(EncodeJoinRequest(lie)));
+    auto answer =
+        refused.ok() ? DecodeJoinResponse(refused->meta) : Result<JoinResponse>(refused.status());
+    EXPECT_TRUE(answer.ok()) << answer.status().ToString();
+    if (answer.ok()) {
+      EXPECT_EQ(answer->code, JoinResponse::Code::kRejected);
+      EXPECT_NE(answer->reason.find("schema mismatch"), std::string::npos) << answer->reason;
+    }
+    // A reduce stream for a group that does not exist, and one whose hello is garbage.
+    for (const std::string& hello :
+         {EncodeReduceHello({std::string(16, 'x'), 0, 1.0}), std::string("\x01\x02\x03")}) {
+      auto stream = attacker.CallSync(addr, "avg.reduce/test.avg", net::Message(hello));
+      EXPECT_FALSE(stream.ok());
+    }
+    auto state = attacker.CallSync(addr, "avg.state/test.avg", net::Message("\xff"));
+    EXPECT_FALSE(state.ok());
   }
-  auto state = attacker.CallSync(addr, "avg.state/test.avg", net::Message("\xff"));
-  EXPECT_FALSE(state.ok());
   attacker.Shutdown();
-  // The averager still averages.
-  auto results = swarm.StepAll();
-  for (auto& r : results) ASSERT_TRUE(r.ok()) << r.status().ToString();
-  auto a = Synthetic(0, n), b = Synthetic(1, n);
-  for (size_t k = 0; k < n; ++k) ASSERT_NEAR(victim.data[k], (a[k] + b[k]) / 2, 1e-6);
+  attacking.store(false);
+  rounds.join();
+  // The averager still averages, exactly, after the attack too.
+  during.push_back(honest_round());
+  EXPECT_LT(colony::test::RecordHonestSlowdown(before, during), 10);
 }
 
 size_t RssKiB() {
