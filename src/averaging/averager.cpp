@@ -221,9 +221,13 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
     if (options_.mode != Mode::kClient && !shut_down_) {
       // Withdraw the declaration so nobody asks us again (fire and forget). The withdrawal
       // must win over the declaration (newest expiration wins) but lose to our next one, which
-      // is declared at least a DHT round trip later with the same matchmaking time.
+      // Matchmake therefore declares to expire after it. (Before, the next one only counted on
+      // being declared over a millisecond later: a round between two peers can end sooner,
+      // and then every declaration was refused and every withdrawal pushed the next further
+      // out, round after round.)
       auto self = shared_from_this();
       const double expiration = declared_expiration_ + 1e-3;
+      withdrawn_expiration_ = expiration;
       auto withdraw = [self, key, expiration]() -> asio::awaitable<void> {
         (void)co_await self->Declare(key, expiration, Impl::Availability::kWithdrawn);
       };

@@ -202,6 +202,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   bool shut_down_ = false;
   std::optional<Looking> looking_;
   double declared_expiration_ = 0;  // of our last declaration (withdrawn just after it)
+  // Of our last withdrawal: the next declaration must expire later, or the DHT keeps the
+  // withdrawal (newest expiration wins) and refuses the declaration.
+  double withdrawn_expiration_ = 0;
   Event looking_changed_;
   std::map<std::string, std::shared_ptr<AllReduceRun>> runs_;
   Event runs_changed_;

@@ -177,7 +177,10 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
   looking_.emplace();
   looking_->group_key = key;
   looking_->deadline = SteadyNow() + mm_time;
-  looking_->expiration = dht::Now() + Seconds(mm_time);
+  // Later than our last withdrawal, also when this step follows a round that ended within a
+  // millisecond of its declaration (two peers, little data): the withdrawal's expiration is that
+  // declaration's plus 1 ms, and the DHT keeps the newest.
+  looking_->expiration = std::max(dht::Now() + Seconds(mm_time), withdrawn_expiration_ + 1e-3);
   looking_->gathered = gathered;
   looking_->start_size = std::min(options_.target_group_size, kMaxGroupSize);
   if (expected_group_size > 0) {
