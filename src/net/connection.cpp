@@ -916,10 +916,10 @@ Status Connection::TakeAssembling(uint64_t n) {
   const uint64_t charge = n + kHeldMessageOverhead;
   ByteBudget* address = options_.address_received_budget.get();
   if (address != nullptr && !address->TryTake(charge)) {
-    return ResourceExhausted(
-        "your address holds too many messages this peer received and has "
-        "not read yet (limit " +
-        std::to_string(address->limit()) + " bytes per address); retry later");
+    return ResourceExhausted("the connections from " + options_.budget_key +
+                             " hold too many received messages not read yet (limit " +
+                             std::to_string(address->limit()) +
+                             " bytes per source address); retry later");
   }
   if (options_.host_received_budget && !options_.host_received_budget->TryTake(charge)) {
     if (address != nullptr) address->Give(charge);
@@ -952,10 +952,12 @@ Status Connection::TakeReply(uint64_t n) {
   }
   ByteBudget* address = options_.address_reply_budget.get();
   if (address != nullptr && !address->TryTake(n)) {
-    return ResourceExhausted(
-        "replies of " + std::to_string(address->used() + n) + " bytes would wait to be sent to " +
-        "your address, over the limit of " + std::to_string(address->limit()) +
-        " bytes per address (read your replies to return flow-control credit)");
+    return ResourceExhausted("replies of " + std::to_string(address->used() + n) +
+                             " bytes would wait to be sent to the connections from " +
+                             options_.budget_key + ", over the limit of " +
+                             std::to_string(address->limit()) +
+                             " bytes per source address (read your replies to return "
+                             "flow-control credit)");
   }
   if (options_.host_reply_budget && !options_.host_reply_budget->TryTake(n)) {
     if (address != nullptr) address->Give(n);

@@ -76,6 +76,7 @@ struct ConnectionOptions {
   // them for each connection. Null: none (an exempt address: loopback unless limited).
   std::shared_ptr<ByteBudget> address_reply_budget;
   std::shared_ptr<ByteBudget> address_received_budget;
+  std::string budget_key;  // whose they are ("203.0.113.7", "peers relayed by 203.0.113.9")
   // A private swarm's policy (the host sets it; null: a public swarm). A peer's grant is checked
   // again on every tick (expiry, revocation), its role on every call it opens, and a TOKEN frame
   // renews it.

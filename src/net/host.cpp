@@ -205,10 +205,12 @@ std::vector<Multiaddr> Host::ListenAddresses() const {
 ConnectionOptions Host::ConnectionOptionsFor(const std::string& key) {
   ConnectionOptions o = options_.connection;
   if (key.empty()) return o;
+  o.budget_key = key;
   std::lock_guard lock(mu_);
-  if (address_budgets_.size() > options_.max_connections) {
+  if (address_budgets_.size() > std::max(budget_sweep_at_, options_.max_connections)) {
     std::erase_if(address_budgets_,
                   [](const auto& entry) { return entry.second.replies.expired(); });
+    budget_sweep_at_ = 2 * address_budgets_.size();  // amortized: not a scan per connection
   }
   AddressBudgets& b = address_budgets_[key];
   o.address_reply_budget = b.replies.lock();
@@ -220,6 +222,11 @@ ConnectionOptions Host::ConnectionOptionsFor(const std::string& key) {
     b = {o.address_reply_budget, o.address_received_budget};
   }
   return o;
+}
+
+std::string Host::RelayedKey(const asio::ip::address& relay_ip) const {
+  const std::string relay = SourceKey(relay_ip, options_.limit_loopback_addresses);
+  return relay.empty() ? relay : "peers relayed by " + relay;
 }
 
 Host::MemoryUsage Host::memory_usage() const {
@@ -588,9 +595,9 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
       for (auto& c : it->second) lanes_in_use += c && !c->closed();
     }
   }
-  // Memory budgets per source address; a relayed peer's address is the relay's, so it counts by
-  // its id (the relay caps circuits per address itself).
-  const std::string budget_key = relay ? "relayed " + peer.ToString() : inbound_key;
+  // Memory budgets per source address: through a relay we see only the relay's.
+  const std::string budget_key =
+      relay ? (ec ? std::string() : RelayedKey(remote_ep.address())) : inbound_key;
   auto conn = Connection::Start(
       std::move(socket), strand, Role::kResponder, std::move(*hs), remote,
       ConnectionOptionsFor(budget_key), [this](const std::string& m) { return LookupHandler(m); },
@@ -784,9 +791,10 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
   }
   state->finished = true;
   timer.cancel();
-  // The peer we dialed can withhold credit from our replies to its calls too.
+  // The peer we dialed can withhold credit from our replies to its calls too (through a relay,
+  // `ep` is the relay's).
   const std::string budget_key = address.is_relayed()
-                                     ? "relayed " + hs->peer.peer.ToString()
+                                     ? RelayedKey(ep.address())
                                      : SourceKey(ep.address(), options_.limit_loopback_addresses);
   auto conn = Connection::Start(
       std::move(socket), strand, Role::kInitiator, std::move(*hs), address,

@@ -68,8 +68,8 @@ struct HostOptions {
   uint64_t max_reply_bytes = 1ull << 30;
   uint64_t max_received_bytes = 1ull << 30;
   // Of those, what the connections from one source address may hold together (loopback exempt
-  // unless limit_loopback_addresses; a peer reached through a relay counts by its id), so that
-  // one machine opening many connections cannot take the whole host budget from the others.
+  // unless limit_loopback_addresses; the peers behind one relay share the relay's), so that one
+  // machine opening many connections cannot take the whole host budget from the others.
   uint64_t max_reply_bytes_per_address = 256ull << 20;
   uint64_t max_received_bytes_per_address = 256ull << 20;
   std::string agent = "colony/" COLONY_VERSION_STRING;
@@ -277,8 +277,12 @@ class Host {
     std::weak_ptr<ByteBudget> replies, received;
   };
   std::unordered_map<std::string, AddressBudgets> address_budgets_;
+  size_t budget_sweep_at_ = 0;  // sweep expired entries when the map grows past this
   // options_.connection with the budgets of source address `key` ("": exempt). Takes mu_.
   ConnectionOptions ConnectionOptionsFor(const std::string& key);
+  // The key of connections relayed by the relay at `relay_ip`: every peer behind one relay
+  // shares one address's budgets (we cannot see their addresses; identities are free).
+  std::string RelayedKey(const asio::ip::address& relay_ip) const;
   SlotRefusals slot_refusals_;
   std::condition_variable all_closed_;
   size_t dialbacks_in_flight_ = 0;       // net.dialback probes running (guarded by mu_)

@@ -30,6 +30,7 @@
 #include "net/host.h"
 #include "net/notifier.h"
 #include "net/relay_wire.h"
+#include "net/source_address.h"
 
 namespace colony::net {
 namespace {
@@ -254,7 +255,8 @@ asio::awaitable<void> Host::FinishPunch(std::shared_ptr<PunchPort> port, tcp::en
       co_return hs.status();
     }
     auto conn = Connection::Start(
-        std::move(*direct), strand, role, std::move(*hs), remote, options_.connection,
+        std::move(*direct), strand, role, std::move(*hs), remote,
+        ConnectionOptionsFor(SourceKey(target.address(), options_.limit_loopback_addresses)),
         [this](const std::string& m) { return LookupHandler(m); },
         [this](Connection* c) { OnConnectionClosed(c); });
     AddConnection(conn, 0);
