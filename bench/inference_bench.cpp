@@ -374,8 +374,7 @@ void RunLoopback(const Args& a, const fs::path& model_dir, const std::string& mo
   (*local)->to(*device);
   auto head = serve::LoadClientModel(model_dir, *device);
   if (!head.ok()) Die("loading the client model: " + head.status().ToString());
-  std::printf("the servers and the local model compute on %s\n",
-              model::DescribeDevice(*device).c_str());
+  std::printf("the servers and the local model compute on %s\n", device->str().c_str());
 
   // ---- (a) decode steps, local and distributed alternately.
   const int64_t max_length = a.prompt + a.warmup + a.steps;

@@ -134,7 +134,7 @@ Run ColonyRun(const Args& a, int run) {
     mirror.PullGradients();
     auto r = (*co)->Step(a.batch);
     if (!r.ok()) std::exit(1);
-    if (r->stepped || r->loaded_state) mirror.PushParameters();
+    if ((*co)->ParametersChanged(*r)) mirror.PushParameters();
   }
   model::Synchronize(a.device);
   const double s = std::chrono::duration<double>(SteadyClock::now() - t0).count();
@@ -264,7 +264,7 @@ int main(int argc, char** argv) {
       "model: %lld parameters; batch %lld x %lld tokens; optimizer step every %d batches; "
       "on %s\n",
       static_cast<long long>(Config(a).NumParameters()), static_cast<long long>(a.batch),
-      static_cast<long long>(a.seq), a.accumulate, model::DescribeDevice(*device).c_str());
+      static_cast<long long>(a.seq), a.accumulate, device->str().c_str());
   a.device = *device;
 
   std::vector<double> plain, colony_s;

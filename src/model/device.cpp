@@ -42,8 +42,6 @@ Result<c10::Device> ParseDevice(const std::string& name) {
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-std::string DescribeDevice(const c10::Device& device) { return device.str(); }
-
 void Synchronize(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
 }

@@ -25,9 +25,6 @@ namespace colony::model {
 // Parses and checks a device name (see above). Accepted: "cpu", "cuda", "cuda:N", "auto".
 Result<c10::Device> ParseDevice(const std::string& name);
 
-// "cpu", "cuda:0": what logs and reports show.
-std::string DescribeDevice(const c10::Device& device);
-
 // True when LibTorch has CUDA and at least one device is visible.
 bool CudaAvailable();
 

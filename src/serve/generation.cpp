@@ -49,7 +49,8 @@ Result<ClientModel> LoadClientModel(const std::filesystem::path& dir, c10::Devic
 
 // ---------------------------------------------------------------- backends
 
-LocalBackend::LocalBackend(model::LlamaModel model) : model_(std::move(model)) {
+LocalBackend::LocalBackend(model::LlamaModel model)
+    : model_(std::move(model)), device_(model::DeviceOf(*model_)) {
   caches_.resize(static_cast<size_t>(model_->num_blocks()));
 }
 
@@ -63,7 +64,7 @@ Result<at::Tensor> LocalBackend::Step(const at::Tensor& tokens, int64_t position
     c.Truncate(position);
     if (hypo_ids.defined()) c.Reorder(hypo_ids);
   }
-  at::Tensor logits = model_->ForwardWithCache(tokens.to(model::DeviceOf(*model_)), caches_);
+  at::Tensor logits = model_->ForwardWithCache(tokens.to(device_), caches_);
   position_ = position + tokens.size(1);
   return logits.to(at::kCPU, at::kFloat);
 }
@@ -71,6 +72,7 @@ Result<at::Tensor> LocalBackend::Step(const at::Tensor& tokens, int64_t position
 RemoteBackend::RemoteBackend(ClientModel head, InferenceSession& session, int64_t max_length,
                              at::Tensor prompts)
     : head_(std::move(head)),
+      device_(model::DeviceOf(*head_)),
       session_(session),
       max_length_(max_length),
       prompts_(prompts.defined() ? prompts.detach() : prompts) {}
@@ -88,18 +90,17 @@ Result<at::Tensor> RemoteBackend::Step(const at::Tensor& tokens, int64_t positio
     return InvalidArgument(
         fmt::format("position {} is outside [0, {}]", position, this->position()));
   }
-  const c10::Device device = model::DeviceOf(*head_);
-  at::Tensor h = head_->Embed(tokens.to(device));
+  at::Tensor h = head_->Embed(tokens.to(device_));
   if (p > 0 && position == 0) {
     at::Tensor prompts =
-        prompts_.to(device, h.scalar_type()).unsqueeze(0).expand({h.size(0), -1, -1});
+        prompts_.to(device_, h.scalar_type()).unsqueeze(0).expand({h.size(0), -1, -1});
     h = at::cat({prompts, h}, 1);
   }
   // Past the prompt the session's positions are the tokens' shifted by P.
   const int64_t session_position = position == 0 ? 0 : position + p;
   COLONY_ASSIGN_OR_RETURN(at::Tensor out, session_.Step(h, hypo_ids, session_position));
   if (p > 0 && position == 0) out = out.narrow(1, p, tokens.size(1));
-  return head_->Head(out.to(device)).to(at::kCPU, at::kFloat);
+  return head_->Head(out.to(device_)).to(at::kCPU, at::kFloat);
 }
 
 // ---------------------------------------------------------------- decoding

@@ -74,6 +74,7 @@ class LocalBackend : public DecoderBackend {
 
  private:
   model::LlamaModel model_;
+  c10::Device device_;  // the model's, looked up once (not at every step)
   std::vector<model::KVCache> caches_;
   int64_t position_ = 0;
 };
@@ -99,6 +100,7 @@ class RemoteBackend : public DecoderBackend {
   int64_t prompt_length() const { return prompts_.defined() ? prompts_.size(0) : 0; }
 
   ClientModel head_;
+  c10::Device device_;  // the head's, looked up once (not at every step)
   InferenceSession& session_;
   int64_t max_length_;
   at::Tensor prompts_;

@@ -76,8 +76,8 @@ Status BlockServer::Impl::Init() {
   RegisterHandlers();
   announcer_ = std::thread([this] { AnnounceLoop(); });
   COLONY_LOG_INFO("serving blocks [{}, {}) of {} ({} on {}, {:.0f} tokens/s per block) as {}",
-                  first_, last_, options_.model_name, DTypeLabel(dtype_),
-                  model::DescribeDevice(device_), throughput_, node_.peer_id().ToString());
+                  first_, last_, options_.model_name, DTypeLabel(dtype_), device_.str(),
+                  throughput_, node_.peer_id().ToString());
   return Status();
 }
 

@@ -427,5 +427,10 @@ TrainingCounters CollaborativeOptimizer::counters() const {
   return c;
 }
 double CollaborativeOptimizer::samples_per_second() const { return impl_->sps_; }
+bool CollaborativeOptimizer::ParametersChanged(const StepReport& r) const {
+  const CollaborativeOptions& o = impl_->options_;
+  return r.stepped || r.loaded_state || o.local_updates || o.diloco_inner_steps > 0 ||
+         o.delay_grad_averaging;
+}
 
 }  // namespace colony::train

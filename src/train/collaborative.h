@@ -147,6 +147,11 @@ class CollaborativeOptimizer {
 
   // Call after backward() on a batch of `batch_size` samples; consumes and zeroes the gradients.
   Result<StepReport> Step(int64_t batch_size);
+  // Whether the Step() that returned `r` may have changed the parameters: a global step or a
+  // state download, or any step when the inner optimizer steps every batch (local updates,
+  // DiLoCo) or a delayed round may land. A model kept elsewhere (train/device_mirror.h) copies
+  // them again then.
+  bool ParametersChanged(const StepReport& r) const;
   // This peer's recent training loss, published with its progress for monitors (a non-finite
   // value is ignored).
   void ReportLoss(double loss);

@@ -7,7 +7,7 @@
 //   loss.backward();
 //   mirror.PullGradients();                          // device .grad -> host .grad (device zeroed)
 //   auto r = (*opt)->Step(batch);
-//   if (ParametersMayHaveChanged(r)) mirror.PushParameters();  // host -> device
+//   if ((*opt)->ParametersChanged(*r)) mirror.PushParameters();  // host -> device
 //
 // For parameters already in host memory as contiguous float32 (a CPU model) the mirror is the
 // parameters themselves, and both copies are no-ops. Host copies are pinned when CUDA is

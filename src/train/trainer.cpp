@@ -57,9 +57,6 @@ class Trainer::Impl {
     }
     const auto t0 = Clock::now();
     COLONY_ASSIGN_OR_RETURN(o_.task.device, model::ParseDevice(o_.device));
-    steps_every_batch_ = o_.collaborative.local_updates ||
-                         o_.collaborative.diloco_inner_steps > 0 ||
-                         o_.collaborative.delay_grad_averaging;
     auto task = o_.make_task ? o_.make_task(o_.task) : Task::Create(o_.task);
     if (!task.ok()) return task.status().WithContext("preparing the task");
     task_ = std::move(*task);
@@ -103,7 +100,7 @@ class Trainer::Impl {
     Json ready = {{"event", "ready"},
                   {"peer", node_->peer_id().ToString()},
                   {"prepare_seconds", prepare_seconds},
-                  {"device", model::DescribeDevice(o_.task.device)},
+                  {"device", o_.task.device.str()},
                   {"model", task_->Describe()}};
     Json addrs = Json::array();
     for (const auto& m : node_->VisibleAddresses()) addrs.push_back(m.ToString());
@@ -238,7 +235,7 @@ class Trainer::Impl {
         opt_->ReportLoss(loss_sum_ / static_cast<double>(loss_count_));
       }
       COLONY_ASSIGN_OR_RETURN(StepReport r, opt_->Step(b.samples));
-      if (r.stepped || r.loaded_state || steps_every_batch_) mirror_->PushParameters();
+      if (opt_->ParametersChanged(r)) mirror_->PushParameters();
       if (r.stepped || r.loaded_state) OnStep(r);
       if (o_.progress_interval > 0 && Since(last_progress_) >= o_.progress_interval) {
         last_progress_ = Clock::now();
@@ -357,8 +354,6 @@ class Trainer::Impl {
   std::unique_ptr<dht::Node> node_;
   std::unique_ptr<DeviceMirror> mirror_;
   std::vector<at::Tensor> params_;  // what the optimizer steps: mirror_->master()
-  // The inner optimizer steps after every batch (local updates, DiLoCo), not only at epochs.
-  bool steps_every_batch_ = false;
   std::unique_ptr<CollaborativeOptimizer> opt_;
   std::ofstream metrics_;
   Clock::time_point start_, last_progress_, epoch_start_;

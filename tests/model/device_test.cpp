@@ -51,10 +51,10 @@ TEST(Device, AnIndexPastTheLastGpuIsRefused) {
 TEST(Device, DeviceOfAModuleIsItsParameters) {
   torch::nn::Linear linear(3, 2);
   EXPECT_TRUE(DeviceOf(*linear).is_cpu());
-  EXPECT_EQ(DescribeDevice(DeviceOf(*linear)), "cpu");
+  EXPECT_EQ(DeviceOf(*linear).str(), "cpu");
   if (CudaAvailable()) {
     linear->to(c10::Device(c10::kCUDA, 0));
-    EXPECT_EQ(DescribeDevice(DeviceOf(*linear)), "cuda:0");
+    EXPECT_EQ(DeviceOf(*linear).str(), "cuda:0");
   }
 }
 
