@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "core/log.h"
 #include "runtime/tensor_io.h"
 #include "serve/client_internal.h"
@@ -15,14 +17,24 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
                                 const std::string& method, std::vector<at::Tensor> tensors,
                                 int64_t prompt_length, const LoraSpec& lora) {
   COLONY_ASSIGN_OR_RETURN(Multiaddr addr, AddressOf(span.server));
-  net::Message msg(EncodeBlockRequest(
-      {.start = span.start, .end = span.end, .tuning = TuningOf(prompt_length, lora)}));
+  net::Message msg(EncodeBlockRequest({.start = span.start,
+                                       .end = span.end,
+                                       .tuning = TuningOf(prompt_length, lora),
+                                       .epoch = m.epoch()}));
+  // The work measured: blocks x tokens of the hidden states sent.
+  const double work = static_cast<double>(span.end - span.start) *
+                      static_cast<double>(tensors.front().size(0) * tensors.front().size(1));
   for (auto& t : tensors) {
     COLONY_ASSIGN_OR_RETURN(auto f, runtime::ToFrame(t));
     msg.tensors.push_back(std::move(f));
   }
+  const auto t0 = std::chrono::steady_clock::now();
   auto r =
       m.host().CallSync(addr, method, std::move(msg), {.timeout = m.options().request_timeout});
+  if (r.ok()) {
+    m.ReportCall(span.server.peer, work,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   if (!r.ok()) {
     return r.status().WithContext(fmt::format("{} of blocks [{}, {}) on {}", method, span.start,
                                               span.end, span.server.peer.ToString()));
@@ -44,7 +56,7 @@ Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_
   int attempts = 0;
   Status last;
   while (pos < end) {
-    auto route = manager.MakeRoute(pos, end, RoutingMode::kMaxThroughput);
+    auto route = manager.MakeRoute(pos, end, manager.TrainingMode());
     if (!route.ok()) {
       last = route.status();
       if (IsClientError(last) || ++attempts >= manager.options().max_attempts) break;
@@ -86,7 +98,7 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
   const size_t per_block = lora.rank > 0 ? 2 * lora.targets.size() : 0;
   Status last;
   for (int attempt = 1; attempt <= manager.options().max_attempts; ++attempt) {
-    auto route = manager.MakeRoute(start, end, RoutingMode::kMaxThroughput);
+    auto route = manager.MakeRoute(start, end, manager.TrainingMode());
     if (!route.ok()) {
       last = route.status();
       if (IsClientError(last)) return last;

@@ -48,10 +48,53 @@ void BoundClaims(std::vector<ServerRecord>& servers) {
   bound(&ServerRecord::inference_rps);
 }
 
+// The route of least cost over block positions (a DAG: every edge moves forward): by RTT and
+// inference speed, or by training throughput. nullopt when some position has no candidate.
+std::optional<std::vector<RouteSpan>> ShortestRoute(const std::vector<ServerRecord>& candidates,
+                                                    const std::vector<double>& rtt, int64_t start,
+                                                    int64_t end, RoutingMode mode) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const size_t n = static_cast<size_t>(end - start);
+  std::vector<double> dist(n + 1, inf);
+  std::vector<std::pair<size_t, size_t>> prev(n + 1, {0, 0});  // (from position, server)
+  dist.front() = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (dist[i] == inf) continue;
+    const int64_t block = start + static_cast<int64_t>(i);
+    for (size_t s = 0; s < candidates.size(); ++s) {
+      const auto& r = candidates[s];
+      if (r.start > block || r.end <= block) continue;
+      const size_t j = static_cast<size_t>(std::min(r.end, end) - start);
+      const double blocks = static_cast<double>(j - i);
+      const double cost = mode == RoutingMode::kMinLatency
+                              ? rtt[s] + blocks / std::max(r.inference_rps, 1e-9)
+                              : blocks / std::max(r.throughput, 1e-9) + 0.1 * rtt[s];
+      if (dist[i] + cost < dist[j]) {
+        dist[j] = dist[i] + cost;
+        prev[j] = {i, s};
+      }
+    }
+  }
+  if (!(dist[n] < inf)) return std::nullopt;
+  std::vector<RouteSpan> route;
+  for (size_t j = n; j > 0;) {
+    auto [i, s] = prev[j];
+    route.push_back(
+        {candidates[s], start + static_cast<int64_t>(i), start + static_cast<int64_t>(j)});
+    j = i;
+  }
+  std::reverse(route.begin(), route.end());
+  return route;
+}
+
 }  // namespace
 
 SequenceManager::SequenceManager(dht::Node& node, ClientOptions options)
-    : node_(node), options_(std::move(options)) {}
+    : node_(node),
+      options_(std::move(options)),
+      rng_(options_.routing_seed != 0
+               ? options_.routing_seed
+               : static_cast<uint64_t>(Clock::now().time_since_epoch().count())) {}
 
 Status SequenceManager::Refresh() {
   std::vector<std::string> keys;
@@ -116,6 +159,14 @@ void SequenceManager::ReportSuccess(const PeerId& peer) {
   std::lock_guard lock(mu_);
   auto it = bans_.find(peer);
   if (it != bans_.end() && it->second.until <= Clock::now()) bans_.erase(it);
+}
+
+void SequenceManager::ReportCall(const PeerId& peer, double work, double seconds) {
+  if (!(work > 0) || !(seconds > 0) || !std::isfinite(work / seconds)) return;
+  const double rate = work / seconds;
+  std::lock_guard lock(mu_);
+  auto [it, fresh] = measured_.try_emplace(peer, rate);
+  if (!fresh) it->second = 0.8 * it->second + 0.2 * rate;
 }
 
 std::vector<std::optional<double>> SequenceManager::MeasureRtts(
@@ -215,39 +266,14 @@ Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t
       rtt = std::move(reachable_rtt);
     }
     BoundClaims(candidates);
-    // Shortest path over block positions (a DAG: every edge moves forward).
-    const double inf = std::numeric_limits<double>::infinity();
-    const size_t n = static_cast<size_t>(end - start);
-    std::vector<double> dist(n + 1, inf);
-    std::vector<std::pair<size_t, size_t>> prev(n + 1, {0, 0});  // (from position, server)
-    dist[0] = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (dist[i] == inf) continue;
-      const int64_t block = start + static_cast<int64_t>(i);
-      for (size_t s = 0; s < candidates.size(); ++s) {
-        const auto& r = candidates[s];
-        if (r.start > block || r.end <= block) continue;
-        const size_t j = static_cast<size_t>(std::min(r.end, end) - start);
-        const double blocks = static_cast<double>(j - i);
-        const double cost = mode == RoutingMode::kMinLatency
-                                ? rtt[s] + blocks / std::max(r.inference_rps, 1e-9)
-                                : blocks / std::max(r.throughput, 1e-9) + 0.1 * rtt[s];
-        if (dist[i] + cost < dist[j]) {
-          dist[j] = dist[i] + cost;
-          prev[j] = {i, s};
-        }
-      }
+    if (mode == RoutingMode::kStochastic) {
+      auto route = DrawRoute(candidates, start, end);
+      if (route) return *route;
+      if (pass == 0) continue;
     }
-    if (dist[n] < inf) {
-      std::vector<RouteSpan> route;
-      for (size_t j = n; j > 0;) {
-        auto [i, s] = prev[j];
-        route.push_back(
-            {candidates[s], start + static_cast<int64_t>(i), start + static_cast<int64_t>(j)});
-        j = i;
-      }
-      std::reverse(route.begin(), route.end());
-      return route;
+    if (mode != RoutingMode::kStochastic) {
+      auto route = ShortestRoute(candidates, rtt, start, end, mode);
+      if (route) return *route;
     }
     if (pass == 1) {
       // Name the first block that no usable server holds.
@@ -273,6 +299,41 @@ Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t
     }
   }
   return Unavailable("routing failed");
+}
+
+// SWARM's stochastic wiring: from each position, a server holding it, drawn with probability
+// proportional to its measured throughput, up to the end of its span. nullopt when some position
+// has no candidate.
+std::optional<std::vector<RouteSpan>> SequenceManager::DrawRoute(
+    const std::vector<ServerRecord>& candidates, int64_t start, int64_t end) {
+  std::vector<RouteSpan> route;
+  std::lock_guard lock(mu_);
+  for (int64_t pos = start; pos < end;) {
+    std::vector<size_t> holders;
+    std::vector<double> weights;  // measured; -1: not called yet
+    double best = 0;
+    for (size_t s = 0; s < candidates.size(); ++s) {
+      const auto& r = candidates[s];
+      if (r.start > pos || r.end <= pos) continue;
+      auto m = measured_.find(r.peer);
+      holders.push_back(s);
+      weights.push_back(m != measured_.end() ? m->second : -1);
+      if (m != measured_.end()) best = std::max(best, m->second);
+    }
+    if (holders.empty()) return std::nullopt;
+    // A server not called yet counts as the best measured one (so it is tried at once, and its
+    // own measurement decides from then on); with none measured, announced throughputs decide.
+    for (size_t k = 0; k < holders.size(); ++k) {
+      if (weights[k] < 0) weights[k] = best > 0 ? best : candidates[holders[k]].throughput;
+      if (!std::isfinite(weights[k]) || weights[k] <= 0) weights[k] = 1e-9;
+    }
+    std::discrete_distribution<size_t> pick(weights.begin(), weights.end());
+    const ServerRecord& r = candidates[holders[pick(rng_)]];
+    const int64_t stop = std::min(r.end, end);
+    route.push_back({r, pos, stop});
+    pos = stop;
+  }
+  return route;
 }
 
 }  // namespace colony::serve

@@ -10,11 +10,13 @@
 // and the affected blocks are routed to other servers.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -40,11 +42,18 @@ struct ClientOptions {
   // Ask each server to push its step output straight to the next server (saves half a round
   // trip per hop); the client still sends every step itself, so a lost push costs nothing.
   bool use_push = true;
+  // Training through SWARM stages (swarm/pipeline.h): forward and backward calls pick each span's
+  // server at random, with probability proportional to its throughput as measured by this client
+  // (an exponential moving average over its calls; a server not called yet counts with its
+  // announced throughput, so a new one is tried at once), instead of the fastest route.
+  bool stochastic_routing = false;
+  uint64_t routing_seed = 0;  // stochastic routing's random choices (0: from the clock)
 };
 
 enum class RoutingMode {
   kMinLatency,     // inference: least (RTT + compute) along the chain
   kMaxThroughput,  // training: least compute time, by announced throughput
+  kStochastic,     // SWARM training: each span's server drawn in proportion to its throughput
 };
 
 struct RouteSpan {
@@ -66,6 +75,16 @@ class SequenceManager {
   // Bans the server for a while (doubling with consecutive failures).
   void Ban(const PeerId& peer, const Status& why);
   void ReportSuccess(const PeerId& peer);
+  // A forward or backward call that took `seconds` for `work` (blocks x tokens): updates the
+  // server's measured throughput (what stochastic routing weighs by).
+  void ReportCall(const PeerId& peer, double work, double seconds);
+  // The routing mode of forward and backward calls (kStochastic with stochastic_routing).
+  RoutingMode TrainingMode() const {
+    return options_.stochastic_routing ? RoutingMode::kStochastic : RoutingMode::kMaxThroughput;
+  }
+  // The epoch that forward and backward requests carry (a SWARM trainer's; -1: none).
+  void SetEpoch(int64_t epoch) { epoch_.store(epoch); }
+  int64_t epoch() const { return epoch_.load(); }
   bool IsBanned(const PeerId& peer) const;
   // Known online servers (from the last refresh).
   std::vector<ServerRecord> Servers() const;
@@ -78,6 +97,8 @@ class SequenceManager {
   // Each server's round-trip time (cached), pinging those not known yet concurrently; nullopt
   // for a server that did not answer (not pinged again for refresh_period).
   std::vector<std::optional<double>> MeasureRtts(const std::vector<ServerRecord>& servers);
+  std::optional<std::vector<RouteSpan>> DrawRoute(const std::vector<ServerRecord>& candidates,
+                                                  int64_t start, int64_t end);
 
   dht::Node& node_;
   ClientOptions options_;
@@ -91,6 +112,9 @@ class SequenceManager {
   };
   std::map<PeerId, BanState> bans_;
   std::map<PeerId, double> rtt_;
+  std::map<PeerId, double> measured_;  // throughput (work/s) seen by this client, an EMA
+  std::mt19937_64 rng_;
+  std::atomic<int64_t> epoch_{-1};
   std::map<PeerId, std::chrono::steady_clock::time_point> unreachable_;  // until then
 };
 

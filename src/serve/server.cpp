@@ -67,9 +67,27 @@ Status BlockServer::Impl::Init() {
         "0 <= A < B <= {}",
         first_, last_, n, n));
   }
+  if (options_.make_training) {
+    if (!pinned_ || dtype_ != at::kFloat || options_.quantize != "none" || !device_.is_cpu()) {
+      return InvalidArgument(
+          "a server that trains its blocks needs pinned blocks (--blocks A:B), float32, no "
+          "quantization and the CPU");
+    }
+    options_.rebalance = false;
+  }
   SetState(ServerState::kJoining);
   Announce();
   COLONY_RETURN_IF_ERROR(LoadBlocks(first_, last_));
+  if (options_.make_training) {
+    std::vector<at::Tensor> params;
+    for (auto& b : blocks_) {
+      for (auto& p : b->parameters()) {
+        p.set_requires_grad(true);
+        params.push_back(p);
+      }
+    }
+    COLONY_ASSIGN_OR_RETURN(training_, options_.make_training(std::move(params)));
+  }
   MeasureThroughput();
   SetState(ServerState::kOnline);
   Announce();

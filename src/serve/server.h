@@ -21,11 +21,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/status.h"
 #include "dht/node.h"
@@ -34,6 +36,19 @@
 #include "serve/records.h"
 
 namespace colony::serve {
+
+// What a server that trains its blocks (a SWARM stage, swarm/stage_training.h) does around each
+// serve.forward and serve.backward. Called on the server's compute thread, one call at a time.
+class BlockTraining {
+ public:
+  virtual ~BlockTraining() = default;
+  // Runs `compute` for a request of `samples` sequences tagged with a trainer's `epoch` (-1:
+  // untagged): a forward, or a backward that leaves the blocks' parameter gradients in their
+  // .grad, which Run then takes. It may first bring the parameters to the epoch (a step of the
+  // stage). An error refuses the request, and gradients are then discarded.
+  virtual Status Run(int64_t epoch, int64_t samples, bool backward,
+                     const std::function<Status()>& compute) = 0;
+};
 
 struct ServerOptions {
   std::filesystem::path model_dir;
@@ -75,6 +90,12 @@ struct ServerOptions {
   // Rebalance (move to weaker blocks) when not pinned; checked every announce_period x 6.
   bool rebalance = true;
   double balance_quality = 0.75;
+  // Trains the blocks (SWARM, swarm/stage.h): called once with the loaded blocks' parameters;
+  // serve.backward then also computes their gradients, every forward and backward goes through
+  // the returned BlockTraining, and inference sessions, deep prompts and adapters are refused
+  // (the weights change). Needs pinned blocks, float32, no quantization and the CPU.
+  std::function<Result<std::shared_ptr<BlockTraining>>(std::vector<at::Tensor> params)>
+      make_training = {};
 };
 
 struct ServerStats {

@@ -112,6 +112,21 @@ Result<Tuning> BlockServer::Impl::ReadTuning(const std::vector<net::TensorFrame>
   return out;
 }
 
+// A trainable server's pass: the forward, or the backward that also leaves the blocks'
+// parameter gradients in their .grad (BlockTraining::Run takes them).
+Result<std::vector<at::Tensor>> BlockServer::Impl::TrainingPass(int64_t start, int64_t end,
+                                                                const at::Tensor& x,
+                                                                const at::Tensor& grad_out,
+                                                                at::ScalarType client_dtype) {
+  const bool backward = grad_out.defined();
+  at::AutoGradMode grad_mode(backward);
+  at::Tensor xin = x.to(device_, dtype_).detach().requires_grad_(backward);
+  at::Tensor out = RunBlocks(start, end, xin, 0, nullptr, {});
+  if (!backward) return std::vector<at::Tensor>{out.to(at::kCPU, client_dtype)};
+  out.backward(grad_out.to(out.device(), out.scalar_type()));
+  return std::vector<at::Tensor>{xin.grad().to(at::kCPU, client_dtype)};
+}
+
 asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m, bool backward) {
   COLONY_CO_RETURN_IF_ERROR(CheckServing());
   auto req = DecodeBlockRequest(m.meta);
@@ -137,16 +152,30 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
   }
   auto tuning = ReadTuning(m.tensors, base, start, end, spec, x->size(0), x->size(1));
   if (!tuning.ok()) co_return tuning.status();
+  if (training_ && (spec.prompt_length > 0 || spec.lora_rank > 0)) {
+    co_return InvalidArgument(
+        "this server trains its blocks (a SWARM stage): it takes no deep prompts or adapters");
+  }
   const at::ScalarType client_dtype = x->scalar_type();
   auto self = shared_from_this();
+  const int64_t epoch = req->epoch;
   // Named first: g++ 12 mishandles temporaries (lambdas) inside co_await expressions.
-  auto work = [self, start, end, x = *x, grad_out, backward, client_dtype,
+  auto work = [self, start, end, x = *x, grad_out, backward, client_dtype, epoch,
                tuning = std::move(*tuning), spec]() -> Result<std::vector<at::Tensor>> {
     const bool finite = at::isfinite(x).all().item<bool>() &&
                         (!grad_out.defined() || at::isfinite(grad_out).all().item<bool>()) &&
                         AllFinite(tuning);
     if (!finite) return InvalidArgument("inputs contain NaN or infinity");
     if (!self->Holds(start, end)) return self->MovedError();
+    if (self->training_) {
+      Result<std::vector<at::Tensor>> out = std::vector<at::Tensor>{};
+      Status st = self->training_->Run(epoch, x.size(0), backward, [&]() -> Status {
+        out = self->TrainingPass(start, end, x, grad_out, client_dtype);
+        return out.status();
+      });
+      if (!st.ok()) return st;
+      return out;
+    }
     at::AutoGradMode grad_mode(backward);
     at::Tensor xin = x.to(self->device_, self->dtype_).detach().requires_grad_(backward);
     at::Tensor pin;

@@ -3,7 +3,8 @@
 //   server.cpp            start, stop, stats, RPC registration, serve.info
 //   server_blocks.cpp     loading (and quantizing) the blocks, running them, measuring throughput
 //   server_placement.cpp  announcing in the DHT, choosing blocks, rebalancing
-//   server_forward.cpp    serve.forward and serve.backward, with prompts and LoRA adapters
+//   server_forward.cpp    serve.forward and serve.backward, with prompts and LoRA adapters, and
+//                         the passes of a server that trains its blocks
 //   server_sessions.cpp   serve.inference sessions with the KV-cache budget, serve.push
 //
 // Requests are decoded and checked by serve/wire.h first; the checks here are the ones that
@@ -142,6 +143,9 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
                             int64_t start, int64_t end, const TuningSpec& spec, int64_t batch,
                             int64_t max_prompt) const;
   asio::awaitable<Result<net::Message>> Forward(net::Message m, bool backward);
+  Result<std::vector<at::Tensor>> TrainingPass(int64_t start, int64_t end, const at::Tensor& x,
+                                               const at::Tensor& grad_out,
+                                               at::ScalarType client_dtype);
 
   // ---- server_sessions.cpp
   asio::awaitable<Result<net::Message>> Push(const PeerId& from, net::Message m);
@@ -171,6 +175,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   int64_t max_length_ = 0;
   bool pinned_ = false;
   std::vector<model::LlamaBlock> blocks_;
+  std::shared_ptr<BlockTraining> training_;  // set when the server trains its blocks
   runtime::TaskPool pool_;
   std::thread announcer_;
 

@@ -181,6 +181,11 @@ asio::awaitable<void> BlockServer::Impl::Watchdog(std::shared_ptr<net::Stream> s
 
 asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
   COLONY_CO_RETURN_IF_ERROR(CheckServing());
+  if (training_) {
+    co_return FailedPrecondition(
+        "this server trains its blocks (a SWARM stage): its weights change at every step, so it "
+        "opens no inference sessions");
+  }
   auto& stream = ctx.stream();
   auto first = co_await stream.Read();
   if (!first.ok()) co_return first.status();

@@ -165,6 +165,7 @@ std::string EncodeBlockRequest(const BlockRequest& r) {
   p.set_start(static_cast<uint32_t>(r.start));
   p.set_end(static_cast<uint32_t>(r.end));
   SetTuning(p, r.tuning);
+  if (r.epoch >= 0) p.set_epoch(static_cast<uint64_t>(r.epoch));
   return p.SerializeAsString();
 }
 
@@ -175,6 +176,12 @@ Result<BlockRequest> DecodeBlockRequest(std::string_view bytes) {
   r.end = p.end();
   COLONY_RETURN_IF_ERROR(CheckRange(r.start, r.end, "BlockRequest"));
   COLONY_ASSIGN_OR_RETURN(r.tuning, TuningOf(p, "BlockRequest"));
+  if (p.has_epoch()) {
+    if (p.epoch() > static_cast<uint64_t>(kMaxEpoch)) {
+      return ProtocolError(fmt::format("BlockRequest: epoch {} is above {}", p.epoch(), kMaxEpoch));
+    }
+    r.epoch = static_cast<int64_t>(p.epoch());
+  }
   return r;
 }
 

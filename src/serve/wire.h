@@ -20,6 +20,7 @@ namespace colony::serve {
 inline constexpr int64_t kMaxBlockIndex = int64_t{1} << 16;  // blocks are numbered below this
 inline constexpr int64_t kMaxLoraRank = 256;
 inline constexpr size_t kMaxLoraTargets = 7;
+inline constexpr int64_t kMaxEpoch = int64_t{1} << 48;  // a SWARM trainer's epoch
 inline constexpr size_t kSessionIdBytes = 16;
 inline constexpr size_t kMaxAddressBytes = 512;
 inline constexpr size_t kMaxInfoStringBytes = 256;
@@ -41,6 +42,8 @@ struct TuningSpec {
 struct BlockRequest {
   int64_t start = 0, end = 0;
   TuningSpec tuning = {};
+  // The epoch of a SWARM trainer's microbatch (at most kMaxEpoch); -1: not a training request.
+  int64_t epoch = -1;
 };
 
 // Where a server also sends each step's output: the next server's session (empty: nowhere).

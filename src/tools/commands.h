@@ -24,6 +24,10 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
 void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddExpertsCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
+void AddSwarmTrainCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
+// colony swarm-train trainer: the train command's flags with --task swarm-lm (train_cmd.cpp).
+void AddSwarmTrainerCommand(CLI::App* swarm_train,
+                            std::vector<std::pair<CLI::App*, Command>>& commands);
 void AddDemoCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands);
 
 // One-line JSON as the CLI prints it (invalid UTF-8 in values is replaced, never thrown on).

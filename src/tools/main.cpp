@@ -44,10 +44,10 @@ std::string WaitForTerminationSignal() {
 }
 
 #ifndef COLONY_WITH_TORCH
-// Commands that run models (train, serve, generate, finetune, api, experts) run in the
-// colony-torch program next to this one: only it links LibTorch, so every other command starts in
-// milliseconds instead of loading LibTorch (about a second of CPU per process, which a swarm of 16
-// peer processes on 2 cores felt).
+// Commands that run models (train, serve, generate, finetune, api, experts, swarm-train) run in
+// the colony-torch program next to this one: only it links LibTorch, so every other command
+// starts in milliseconds instead of loading LibTorch (about a second of CPU per process, which a
+// swarm of 16 peer processes on 2 cores felt).
 int ExecTorch(char** argv) {
   const std::string path =
       (std::filesystem::path(colony::SelfExecutable()).parent_path() / "colony-torch").string();
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     }
     if (arg.starts_with("-")) continue;
     if (arg == "train" || arg == "serve" || arg == "generate" || arg == "finetune" ||
-        arg == "api" || arg == "experts") {
+        arg == "api" || arg == "experts" || arg == "swarm-train") {
       return ExecTorch(argv);
     }
     break;
@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   AddServeCommands(app, commands);
   AddApiCommand(app, commands);
   AddExpertsCommands(app, commands);
+  AddSwarmTrainCommands(app, commands);
 #else
   AddIdentityCommands(app, commands);
   AddAuthorityCommands(app, commands);
@@ -129,6 +130,9 @@ int main(int argc, char** argv) {
                      "decentralized mixture-of-experts: host experts for the swarm, or generate "
                      "with a checkpoint whose experts they host (Learning@home; see 'colony "
                      "experts serve --help', 'colony experts generate --help')");
+  app.add_subcommand("swarm-train",
+                     "SWARM parallelism: train a model cut into pipeline stages, each hosted by a "
+                     "swarm of peers (see 'colony swarm-train --help')");
   AddServersCommand(app, commands);
   AddMonitorCommand(app, commands);
   AddDemoCommand(app, commands);

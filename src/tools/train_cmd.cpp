@@ -19,6 +19,7 @@
 #include "compression/codec.h"
 #include "core/clock.h"
 #include "moe/lm_task.h"
+#include "swarm/lm_task.h"
 #include "tools/access_options.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
@@ -92,17 +93,22 @@ Status CheckTaskOptions(const CLI::App& cmd, const std::string& task) {
   static const char* kMoeOnly[] = {
       "--moe-prefix", "--moe-grid", "--moe-k-best", "--moe-k-min", "--moe-timeout-after-k-min",
       "--moe-timeout"};
-  // moe-lm has no Llama checkpoint to save or sample (its feed-forwards live on the servers).
+  // moe-lm and swarm-lm have no Llama checkpoint to save or sample (parts live on servers).
   static const char* kLmModelOnly[] = {"--save-model", "--sample", "--sample-tokens"};
+  // swarm-lm's model is its checkpoint's (--swarm-model).
+  static const char* kSizes[] = {"--model-size", "--hidden-size", "--layers", "--heads",
+                                 "--kv-heads"};
   std::vector<const char*> refused;
   if (task != "fashion-mnist")
     refused.insert(refused.end(), std::begin(kFashionOnly), std::end(kFashionOnly));
   if (task == "fashion-mnist")
     refused.insert(refused.end(), std::begin(kLmOnly), std::end(kLmOnly));
   if (task != "moe-lm") refused.insert(refused.end(), std::begin(kMoeOnly), std::end(kMoeOnly));
-  if (task == "moe-lm") {
+  if (task == "moe-lm" || task == "swarm-lm") {
     refused.insert(refused.end(), std::begin(kLmModelOnly), std::end(kLmModelOnly));
   }
+  if (task == "swarm-lm") refused.insert(refused.end(), std::begin(kSizes), std::end(kSizes));
+  if (task != "swarm-lm") refused.push_back("--swarm-model");
   for (const char* name : refused) {
     if (cmd.count(name) > 0) {
       return InvalidArgument(fmt::format("{} does not apply to --task {}", name, task));
@@ -117,6 +123,16 @@ Result<train::TrainerOptions> ToOptions(const TrainFlags& f) {
   if (o.task.task == "moe-lm") {
     o.make_task = moe::MakeMoeLmTask;
     if (o.device == "auto") o.device = "cpu";  // its experts' replies combine in host memory
+  }
+  if (o.task.task == "swarm-lm") {
+    if (o.task.swarm_model.empty()) {
+      return InvalidArgument(
+          "--task swarm-lm needs --swarm-model, the run's initial checkpoint (colony swarm-train "
+          "init)");
+    }
+    o.make_task = swarm::MakeSwarmLmTask;
+    o.task.swarm_run = o.collaborative.run_id;
+    if (o.device == "auto") o.device = "cpu";  // its trainers compute on the CPU for now
   }
   // An auxiliary peer computes nothing: its model need not take a GPU.
   if (f.aux && o.device == "auto") o.device = "cpu";
@@ -210,24 +226,22 @@ int Run(const TrainFlags& flags) {
 
 }  // namespace
 
-void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
-  auto f = std::make_shared<TrainFlags>();
+namespace {
+
+// The train command's flags, on `cmd` (colony train, and colony swarm-train trainer).
+void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
   auto& o = f->o;
   auto& t = o.task;
   auto& c = o.collaborative;
-  o.collaborative.run_id = "colony.run";
-  o.collaborative.target_batch_size = 256;
-  o.optimizer_config.lr = 1e-3;
-  c.max_grad_norm = 1.0;
-  auto* cmd = app.add_subcommand(
-      "train",
-      "train a model together with peers found in the DHT (hivemind-style collaborative "
-      "optimizer, or DiLoCo with --diloco-inner-steps)");
   cmd->add_option("--task", t.task,
                   "lm (a Llama-style decoder on linux-doc), moe-lm (the same with remote experts "
-                  "as feed-forwards, served by colony experts serve) or fashion-mnist")
-      ->check(CLI::IsMember({"lm", "moe-lm", "fashion-mnist"}))
+                  "as feed-forwards, served by colony experts serve), swarm-lm (the same with the "
+                  "blocks on SWARM stages, served by colony swarm-train stage) or fashion-mnist")
+      ->check(CLI::IsMember({"lm", "moe-lm", "swarm-lm", "fashion-mnist"}))
       ->capture_default_str();
+  cmd->add_option("--swarm-model", t.swarm_model,
+                  "swarm-lm: the run's initial checkpoint (colony swarm-train init), whose "
+                  "embeddings, norm and head this trainer holds");
   cmd->add_option("--run-id", c.run_id, "name shared by the peers of one run")
       ->capture_default_str();
   cmd->add_option("--initial-peers", o.initial_peers,
@@ -393,7 +407,45 @@ void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
   cmd->add_option("--inject-fault", f->fault, "tests: an averaging fault (see colony average)");
   cmd->add_option("--nan-gradients-every", o.testing.nan_gradients_every,
                   "tests: every Nth batch, send NaN gradients to the group (unchecked)");
+}
+
+}  // namespace
+
+void AddTrainCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
+  auto f = std::make_shared<TrainFlags>();
+  f->o.collaborative.run_id = "colony.run";
+  f->o.collaborative.target_batch_size = 256;
+  f->o.optimizer_config.lr = 1e-3;
+  f->o.collaborative.max_grad_norm = 1.0;
+  auto* cmd = app.add_subcommand(
+      "train",
+      "train a model together with peers found in the DHT (hivemind-style collaborative "
+      "optimizer, or DiLoCo with --diloco-inner-steps)");
+  AddTrainFlags(cmd, f);
   commands.emplace_back(cmd, [f, cmd]() {
+    Status st = CheckTaskOptions(*cmd, f->o.task.task);
+    return st.ok() ? Run(*f) : Fail(st);
+  });
+}
+
+void AddSwarmTrainerCommand(CLI::App* swarm_train,
+                            std::vector<std::pair<CLI::App*, Command>>& commands) {
+  auto f = std::make_shared<TrainFlags>();
+  f->o.task.task = "swarm-lm";
+  f->o.collaborative.run_id = "colony.swarm";
+  f->o.collaborative.target_batch_size = 256;
+  f->o.optimizer_config.lr = 1e-3;
+  // A global norm would need every stage's gradients: SWARM runs clip nothing by default.
+  f->o.collaborative.max_grad_norm = 0;
+  auto* cmd = swarm_train->add_subcommand(
+      "trainer",
+      "a SWARM trainer: hold the embeddings and head, stream data, push microbatches through "
+      "one peer per stage (colony train --task swarm-lm, with the train command's flags)");
+  AddTrainFlags(cmd, f);
+  commands.emplace_back(cmd, [f, cmd]() {
+    if (f->o.task.task != "swarm-lm") {
+      return Fail("colony swarm-train trainer trains --task swarm-lm only; use colony train");
+    }
     Status st = CheckTaskOptions(*cmd, f->o.task.task);
     return st.ok() ? Run(*f) : Fail(st);
   });

@@ -57,10 +57,13 @@ Membership CountMembers(const averaging::StepResult& r) {
         m.rates.emplace_back(r.members[i].peer, sps);
     }
     if (!in_all[i] || r.members[i].mode == averaging::Mode::kAux) continue;
+    int64_t samples = -1;  // unknown
     if (j.is_object() && j.contains("samples") && j["samples"].is_number_integer()) {
-      m.realized += std::clamp<int64_t>(j["samples"].get<int64_t>(), 0, int64_t{1} << 40);
+      samples = std::clamp<int64_t>(j["samples"].get<int64_t>(), 0, int64_t{1} << 40);
+      m.realized += samples;
     }
-    ++m.group;
+    // A member without samples (it joined with weight 1e-30, rounds.cpp) brought no data.
+    if (samples != 0) ++m.group;
   }
   return m;
 }
@@ -132,21 +135,28 @@ Result<StepReport> CollaborativeOptimizer::Impl::Step(int64_t batch_size) {
   if (options_.mode == averaging::Mode::kAux) {
     return FailedPrecondition("an auxiliary peer trains nothing: call RunAuxiliary()");
   }
+  StepReport report;
+  COLONY_RETURN_IF_ERROR(TakeBatch(batch_size, report));
+  COLONY_RETURN_IF_ERROR(stepping_->Advance(report));
+  AfterStep(report);
+  return report;
+}
+
+Status CollaborativeOptimizer::Impl::TakeBatch(int64_t batch_size, StepReport& report) {
   UpdateThroughput(batch_size);
   last_batch_ = batch_size;
-  StepReport report;
   const bool finite = options_.testing.unchecked_local_gradients || GradsFinite();
   counters_.local_batches++;
-  if (finite) {
-    COLONY_RETURN_IF_ERROR(stepping_->Contribute(batch_size, report));
-  } else {
-    counters_.skipped_batches++;
-    report.skipped_nonfinite = true;
-    COLONY_LOG_WARN("train: skipped a batch with non-finite gradients (epoch {}, {} so far)",
-                    epoch_, counters_.skipped_batches);
-    ZeroGrads();
-  }
-  COLONY_RETURN_IF_ERROR(stepping_->Advance(report));
+  if (finite) return stepping_->Contribute(batch_size, report);
+  counters_.skipped_batches++;
+  report.skipped_nonfinite = true;
+  COLONY_LOG_WARN("train: skipped a batch with non-finite gradients (epoch {}, {} so far)", epoch_,
+                  counters_.skipped_batches);
+  ZeroGrads();
+  return Status::Ok();
+}
+
+void CollaborativeOptimizer::Impl::AfterStep(StepReport& report) {
   report.epoch = epoch_;
   if (report.stepped) {
     last_round_ = {.epoch = epoch_ - 1,
@@ -155,7 +165,6 @@ Result<StepReport> CollaborativeOptimizer::Impl::Step(int64_t batch_size) {
                    .ok = report.averaged};
   }
   last_step_end_ = Clock::now();  // the next batch's compute time starts now
-  return report;
 }
 
 averaging::AveragerOptions CollaborativeOptimizer::Impl::AveragerDefaults() const {

@@ -147,6 +147,20 @@ class CollaborativeOptimizer {
 
   // Call after backward() on a batch of `batch_size` samples; consumes and zeroes the gradients.
   Result<StepReport> Step(int64_t batch_size);
+  // Driven epochs (a SWARM stage, swarm/stage_training.h): the caller, not the swarm's progress,
+  // says when an epoch ends. Synchronous gradient rounds only (no DiLoCo, local updates or
+  // delayed averaging); use either Step() or these, not both.
+  //   Accumulate(n): adds a batch of n samples' gradients (in the parameters' .grad, then zeroed)
+  //     to this epoch's sum and reports the samples; false when they were not finite (skipped).
+  //   EndEpoch(e): at epoch e, averages this epoch's sum (possibly empty) with the run's peers
+  //     at e, steps and moves to e + 1. A peer behind e first takes the state of a peer of the
+  //     run that is ahead, if any (dropping its samples), and then ends its own epoch if still
+  //     behind e + 1; it never jumps. A peer past e does nothing.
+  //   KeepAlive(): publishes this peer's progress again, so that a peer without batches stays
+  //     visible to its run (and is expected in its rounds).
+  Result<bool> Accumulate(int64_t batch_size);
+  Result<StepReport> EndEpoch(int64_t epoch);
+  void KeepAlive();
   // Whether the Step() that returned `r` may have changed the parameters: a global step or a
   // state download, or any step when the inner optimizer steps every batch (local updates,
   // DiLoCo) or a delayed round may land. A model kept elsewhere (train/device_mirror.h) copies

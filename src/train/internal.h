@@ -96,6 +96,8 @@ class Stepping {
   // (they apply the same averaged gradients), so that a newcomer can cross-check one donor's
   // state with another's digest.
   virtual bool StatesAgreeAcrossPeers() const { return false; }
+  // Driven epochs (CollaborativeOptimizer::EndEpoch): averages and steps now, at this epoch.
+  virtual Status EndEpochNow(StepReport& report);
   // Auxiliary peers: join every round of the swarm, lending bandwidth, until `stop`.
   virtual Status RunAuxiliary(const std::function<bool()>& stop);
   virtual void Shutdown() = 0;
@@ -130,6 +132,7 @@ class TargetBatchStepping : public Stepping {
   // batch (then averages) or refute it (then computes on), or catches up when the swarm
   // averaged this epoch without this peer.
   Status Advance(StepReport& report) override;
+  Status EndEpochNow(StepReport& report) override;
   void DropEpoch() override;
 
  protected:
@@ -164,6 +167,13 @@ class CollaborativeOptimizer::Impl {
 
   // ---- collaborative.cpp
   Result<StepReport> Step(int64_t batch_size);
+  // A batch's gradients into the way of stepping (skipped, and the report says so, when they
+  // are not finite); and what every call that may step ends with (the report's epoch, the last
+  // round's summary, the compute clock).
+  Status TakeBatch(int64_t batch_size, StepReport& report);
+  void AfterStep(StepReport& report);
+  Result<bool> Accumulate(int64_t batch_size);
+  Result<StepReport> EndEpoch(int64_t epoch);
   Status WaitForPeers(size_t n, std::chrono::milliseconds timeout);
   // The options every averager of this peer shares (prefix and codec are the caller's).
   averaging::AveragerOptions AveragerDefaults() const;

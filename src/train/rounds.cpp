@@ -19,6 +19,13 @@ namespace {
 // Attempts at an epoch's round before a peer whose group never formed steps alone.
 constexpr int kRoundAttempts = 2;
 
+// The weight a peer without samples at an epoch joins its round with (a SWARM stage peer that
+// got none of the epoch's microbatches, train/driven_epochs.cpp). Not 0: the all-reduce counts a
+// member of weight 0 as one that brought no data, and a member that averaged only with such
+// peers would take its round for one that averaged with nobody. Its values are zeros, so this
+// weight moves no float32 value of the mean: sum(w x) is unchanged and total + 1e-30 == total.
+constexpr double kNoSamplesWeight = 1e-30;
+
 class GradientRounds final : public TargetBatchStepping {
  public:
   explicit GradientRounds(CollaborativeOptimizer::Impl& peer) : TargetBatchStepping(peer) {}
@@ -163,7 +170,7 @@ class GradientRounds final : public TargetBatchStepping {
     out.epoch = epoch;
     out.realized = samples;
     averaging::StepOptions so;
-    so.weight = static_cast<double>(samples);
+    so.weight = samples > 0 ? static_cast<double>(samples) : kNoSamplesWeight;
     so.gather = GatherMetadata(samples, sps);
     so.timeout = peer_.options_.averaging_timeout;
     so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
@@ -202,7 +209,11 @@ class GradientRounds final : public TargetBatchStepping {
     r.group = o.group_id;
     r.averaging_seconds = o.seconds;
     r.note = o.note;
-    if (!o.averaged && o.realized == 0) {  // nothing to apply: no samples, no group
+    // Nothing to apply: no samples and no group, or a group of peers without samples (SWARM
+    // stage peers that got none of the epoch's microbatches) whose mean is all zeros.
+    const bool all_zero =
+        std::all_of(mean_.begin(), mean_.end(), [](float v) { return v == 0.0f; });
+    if (o.realized == 0 && (!o.averaged || all_zero)) {
       std::lock_guard lock(peer_.state_mu_);
       peer_.params_epoch_ = o.epoch + 1;
       return;

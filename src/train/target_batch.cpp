@@ -91,6 +91,13 @@ Status TargetBatchStepping::Advance(StepReport& report) {
   }
 }
 
+Status TargetBatchStepping::EndEpochNow(StepReport& report) {
+  quota_active_ = false;
+  quota_left_ = 0;
+  peer_.Publish(Phase::kRound);
+  return Average(report);
+}
+
 void TargetBatchStepping::NextEpoch(StepReport& report) {
   ++peer_.epoch_;
   peer_.local_samples_ = 0;

@@ -6,6 +6,8 @@
 //   "moe-lm":        the same decoder and data with remote experts as feed-forwards; it lives in
 //                    the moe layer (moe/lm_task.h, which links train), and a Trainer gets it
 //                    through TrainerOptions::make_task.
+//   "swarm-lm":      the same decoder and data with the blocks on SWARM stage servers
+//                    (swarm/lm_task.h, through make_task likewise).
 //   "fashion-mnist": a classifier (model/classifier.h: a small CNN, or logistic regression) on
 //                    Debian's dataset-fashion-mnist.
 //
@@ -32,7 +34,7 @@
 namespace colony::train {
 
 struct TaskOptions {
-  std::string task = "lm";  // "lm", "moe-lm" or "fashion-mnist"
+  std::string task = "lm";  // "lm", "moe-lm", "swarm-lm" or "fashion-mnist"
   int64_t batch_size = 16;
   int64_t eval_batch_size = 32;  // the held-out batch (fashion-mnist: 8 of them)
   uint64_t seed = 0;             // this peer's data order
@@ -54,6 +56,10 @@ struct TaskOptions {
   size_t moe_k_min = 1;
   double moe_timeout_after_k_min = 1.0;  // seconds
   double moe_timeout = 30;               // seconds: a forward or backward call's deadline
+  // swarm-lm (swarm/lm_task.h): the run's stage servers' name and its initial checkpoint, whose
+  // embeddings, norm and head the trainer holds.
+  std::string swarm_run = {};
+  std::string swarm_model = {};
   // fashion-mnist
   model::FashionArchitecture classifier = model::FashionArchitecture::kCnn;
 };
@@ -69,6 +75,8 @@ class Task {
   virtual Status Connect(dht::Node& node);
   // The model's parameters, on options.device.
   virtual std::vector<at::Tensor> Parameters() = 0;
+  // The peer's epoch before each batch (swarm-lm tags its requests to the stages with it).
+  virtual void SetEpoch(int64_t /*epoch*/) {}
   struct Batch {
     double loss = 0;
     int64_t samples = 0;

@@ -192,16 +192,22 @@ class Trainer::Impl {
            (o_.stop_at > 0 && dht::Now() >= o_.stop_at);
   }
 
+  // The task's held-out loss at the optimizer's epoch.
+  double Evaluate() {
+    task_->SetEpoch(opt_->local_epoch());
+    return task_->Evaluate();
+  }
+
   Result<Json> Train() {
     if (o_.eval_every > 0) {
-      events_(
-          {{"event", "eval"}, {"epoch", opt_->local_epoch()}, {"eval_loss", task_->Evaluate()}});
+      events_({{"event", "eval"}, {"epoch", opt_->local_epoch()}, {"eval_loss", Evaluate()}});
     }
     start_ = Clock::now();
     last_progress_ = start_;
     epoch_start_ = start_;
     const int64_t first_epoch = opt_->local_epoch();
     while (!Done()) {
+      task_->SetEpoch(opt_->local_epoch());
       const Result<Task::Batch> batch = task_->TrainBatch();
       if (!batch.ok()) {
         // The swarm could not compute this batch (moe-lm: no expert answered): try the next
@@ -273,7 +279,7 @@ class Trainer::Impl {
               {"state_loads", c.state_loads},
               {"bytes_sent", c.bytes_sent},
               {"bytes_received", c.bytes_received}};
-    if (eval) j["eval_loss"] = task_->Evaluate();
+    if (eval) j["eval_loss"] = Evaluate();
     if (!r.note.empty()) j["note"] = r.note;
     events_(j);
     if (metrics_)
@@ -312,7 +318,7 @@ class Trainer::Impl {
     // evaluation, the checkpoint and the saved model all show), on its device too.
     opt_->FinishPendingStep();
     mirror_->PushParameters();
-    const double final_eval = task_->Evaluate();
+    const double final_eval = Evaluate();
     const auto c = opt_->counters();
     Json done = {{"event", "done"},
                  {"ok", true},

@@ -31,6 +31,11 @@ TEST(ServeWire, HonestMessagesRoundTrip) {
   EXPECT_EQ(b2->end, 5);
   EXPECT_EQ(b2->tuning.lora_targets, b.tuning.lora_targets);
   EXPECT_EQ(b2->tuning.lora_scale, 0.5);
+  EXPECT_EQ(b2->epoch, -1);  // an inference client's request carries no epoch
+  b.epoch = 42;
+  auto b3 = DecodeBlockRequest(EncodeBlockRequest(b));
+  ASSERT_TRUE(b3.ok()) << b3.status().ToString();
+  EXPECT_EQ(b3->epoch, 42);
 
   OpenSessionRequest o{.session_id = kId,
                        .start = 0,
@@ -85,6 +90,9 @@ TEST(ServeWire, WhatAHostilePeerSendsIsRefusedByName) {
   b.add_lora_targets("q_proj");
   EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("without a rank"),
             std::string::npos);
+  b.clear_lora_targets();
+  b.set_epoch(uint64_t{1} << 60);  // a SWARM trainer's epoch far past any run's
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("epoch"), std::string::npos);
 
   pb::OpenSession o;
   o.set_session_id("short");

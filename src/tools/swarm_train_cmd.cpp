@@ -1,0 +1,217 @@
+// colony swarm-train init|stage|trainer: SWARM parallelism (docs/swarm.md). init writes the run's
+// initial model, stage hosts and trains a range of its blocks, trainer (train_cmd.cpp) streams
+// data through the stages. src/swarm does the work. Part of colony-torch.
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "core/clock.h"
+#include "core/log.h"
+#include "dht/node.h"
+#include "swarm/stage.h"
+#include "tools/access_options.h"
+#include "tools/commands.h"
+#include "train/task.h"
+
+namespace colony::cli {
+namespace {
+
+struct InitArgs {
+  train::TaskOptions task;
+  std::string out;
+};
+
+// The run's initial model: the lm task's decoder (train/task.h) from --init-seed, in Hugging Face
+// format with its tokenizer, as every stage and trainer of the run loads it.
+int RunInit(const InitArgs& a) {
+  if (std::filesystem::exists(a.out) && !std::filesystem::is_empty(a.out)) {
+    return Fail(fmt::format("--out {} exists and is not empty; choose a new directory", a.out));
+  }
+  auto task = train::Task::Create(a.task);
+  if (!task.ok()) return Fail(task.status());
+  if (Status st = (*task)->Save(a.out); !st.ok()) return Fail(st.WithContext("--out"));
+  std::printf(
+      "%s\n",
+      Dump({{"event", "initialized"}, {"model", a.out}, {"description", (*task)->Describe()}})
+          .c_str());
+  return 0;
+}
+
+struct StageArgs {
+  std::vector<std::string> initial_peers;
+  std::string listen = "/ip4/0.0.0.0/tcp/0";
+  AccessArgs access;
+  std::string model;
+  std::string run = "colony.swarm";
+  std::string blocks;
+  std::string optimizer = "adam";
+  double lr = 1e-3;
+  double weight_decay = 0;
+  int64_t target_batch_size = 256;
+  double matchmaking_time = 5;
+  double averaging_timeout = 60;
+  std::string grad_codec = "none";
+  int64_t max_batch = 64;
+  double throughput = 0;
+  int threads = 0;
+};
+
+int RunStage(const StageArgs& a) {
+  swarm::StageOptions o;
+  o.run = a.run;
+  o.model_dir = a.model;
+  try {
+    const auto colon = a.blocks.find(':');
+    if (colon == std::string::npos) throw std::invalid_argument("no colon");
+    o.first_block = std::stoll(a.blocks.substr(0, colon));
+    o.last_block = std::stoll(a.blocks.substr(colon + 1));
+  } catch (const std::exception&) {
+    return Fail(fmt::format("--blocks '{}': expected A:B (blocks A..B-1), e.g. 0:2", a.blocks));
+  }
+  o.server.max_batch = a.max_batch;
+  o.server.throughput_override = a.throughput;
+  o.server.torch_threads = a.threads;
+  o.training.optimizer = a.optimizer;
+  o.training.optimizer_config.lr = a.lr;
+  o.training.optimizer_config.weight_decay = a.weight_decay;
+  auto& c = o.training.collaborative;
+  c.target_batch_size = a.target_batch_size;
+  c.matchmaking_time = SecondsToMillis(a.matchmaking_time);
+  c.averaging_timeout = SecondsToMillis(a.averaging_timeout);
+  c.load_state_timeout = SecondsToMillis(a.averaging_timeout);
+  auto codec = compression::ParseCodec(a.grad_codec);
+  if (!codec.ok()) return Fail(codec.status().WithContext("--grad-codec"));
+  c.grad_codec = *codec;
+  if (a.threads > 0) at::set_num_threads(a.threads);
+
+  BlockTerminationSignals();
+  dht::NodeOptions node_options;
+  node_options.initial_peers = a.initial_peers;
+  auto listen = Multiaddr::Parse(a.listen);
+  if (!listen.ok()) return Fail(listen.status());
+  node_options.listen = {*listen};
+  auto started = StartSwarmNode(a.access, std::move(node_options));
+  if (!started.ok()) return Fail(started.status());
+  std::unique_ptr<dht::Node>& node = started->node;
+  auto stage = swarm::Stage::Start(*node, o);
+  if (!stage.ok()) return Fail(stage.status().WithContext("starting the stage"));
+  nlohmann::json addrs = nlohmann::json::array();
+  for (const auto& m : node->VisibleAddresses()) addrs.push_back(m.ToString());
+  const auto s = (*stage)->server_stats();
+  std::printf("%s\n", Dump({{"event", "ready"},
+                            {"peer", node->peer_id().ToString()},
+                            {"addrs", addrs},
+                            {"run", a.run},
+                            {"stage", swarm::StageRunId(a.run, o.first_block)},
+                            {"blocks", {s.first, s.last}},
+                            {"epoch", (*stage)->training_stats().epoch},
+                            {"throughput", s.throughput}})
+                          .c_str());
+  std::fflush(stdout);
+  const std::string sig = WaitForTerminationSignal();
+  const auto t = (*stage)->training_stats();
+  COLONY_LOG_INFO("received {}; leaving the stage at epoch {}", sig, t.epoch);
+  (*stage)->Shutdown();
+  std::printf("%s\n", Dump({{"event", "done"},
+                            {"epoch", t.epoch},
+                            {"forwards", t.forwards},
+                            {"backwards", t.backwards},
+                            {"samples", t.samples},
+                            {"rounds", t.rounds},
+                            {"averaged", t.averaged},
+                            {"stale", t.stale},
+                            {"refused", t.refused},
+                            {"state_loads", t.state_loads}})
+                          .c_str());
+  started->access.Stop();
+  node->Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+void AddSwarmTrainCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
+  auto* swarm = app.add_subcommand(
+      "swarm-train",
+      "SWARM parallelism: train a model cut into pipeline stages, each hosted by a swarm of "
+      "peers (init the model, host a stage, or run a trainer)");
+  swarm->require_subcommand(1);
+
+  auto i = std::make_shared<InitArgs>();
+  auto* init = swarm->add_subcommand(
+      "init",
+      "write the run's initial model (the lm task's decoder, Hugging Face format, with its "
+      "tokenizer) for its stages and trainers to load");
+  init->add_option("--out", i->out, "the directory to write")->required();
+  init->add_option("--model-size", i->task.model_size, "tiny (0.4M), small (3M) or base (25M)")
+      ->check(CLI::IsMember({"tiny", "small", "base"}))
+      ->capture_default_str();
+  init->add_option("--hidden-size", i->task.hidden_size, "override the size's hidden size");
+  init->add_option("--layers", i->task.layers, "override the size's number of blocks");
+  init->add_option("--heads", i->task.heads, "override the size's attention heads");
+  init->add_option("--kv-heads", i->task.kv_heads, "override the size's key/value heads");
+  init->add_option("--vocab-size", i->task.vocab_size, "tokenizer vocabulary")
+      ->check(CLI::Range(256, 65535))
+      ->capture_default_str();
+  init->add_option("--seq-len", i->task.seq_len, "tokens per training sequence")
+      ->capture_default_str();
+  init->add_option("--corpus-bytes", i->task.corpus_bytes,
+                   "train the tokenizer on this much text (0: all)")
+      ->capture_default_str();
+  init->add_option("--cache-dir", i->task.cache_dir,
+                   "where the corpus and tokenizer are cached (default: $COLONY_CACHE_DIR or "
+                   "~/.cache/colony)");
+  init->add_option("--init-seed", i->task.init_seed, "seed of the initial weights")
+      ->capture_default_str();
+  commands.emplace_back(init, [i]() { return RunInit(*i); });
+
+  auto a = std::make_shared<StageArgs>();
+  auto* stage = swarm->add_subcommand(
+      "stage",
+      "host and train blocks A..B-1 of the run's model as a peer of their stage: forward and "
+      "backward for trainers, rounds with the stage's other peers; prints JSON ready and done "
+      "lines");
+  stage->add_option("--model", a->model, "the run's initial checkpoint (colony swarm-train init)")
+      ->required();
+  stage->add_option("--run-id", a->run, "the run's name (the trainers' --run-id)")
+      ->capture_default_str();
+  stage->add_option("--blocks", a->blocks, "host blocks A..B-1, as A:B")->required();
+  stage->add_option("--initial-peers", a->initial_peers, "multiaddr of a DHT peer (repeatable)")
+      ->check(MultiaddrCheck());
+  stage->add_option("--listen", a->listen, "address to listen on")
+      ->check(MultiaddrCheck())
+      ->capture_default_str();
+  AddAccessOptions(stage, a->access);
+  stage->add_option("--optimizer", a->optimizer, "sgd, adam, adamw, lamb, adam8bit or adamw8bit")
+      ->capture_default_str();
+  stage->add_option("--lr", a->lr, "learning rate")->capture_default_str();
+  stage->add_option("--weight-decay", a->weight_decay, "weight decay")->capture_default_str();
+  stage
+      ->add_option("--target-batch-size", a->target_batch_size,
+                   "the trainers' --target-batch-size (paces the stage's progress reports)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  stage
+      ->add_option("--matchmaking-time", a->matchmaking_time,
+                   "seconds a stage's round waits for its missing peers")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  stage->add_option("--averaging-timeout", a->averaging_timeout, "seconds per round")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
+  stage->add_option("--grad-codec", a->grad_codec, "compression of the averaged gradients")
+      ->capture_default_str();
+  stage->add_option("--max-batch", a->max_batch, "largest microbatch a request may carry")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  stage->add_option("--throughput", a->throughput,
+                    "announce this throughput instead of measuring it (tests)");
+  stage->add_option("--threads", a->threads, "LibTorch threads (default: LibTorch's)");
+  commands.emplace_back(stage, [a]() { return RunStage(*a); });
+
+  AddSwarmTrainerCommand(swarm, commands);
+}
+
+}  // namespace colony::cli

@@ -1,0 +1,339 @@
+// SWARM training on loopback: stage servers (swarm/stage.h) with two peers per stage, a trainer
+// (swarm/pipeline.h with a collaborative optimizer for its own parameters), against the same
+// checkpoint trained in one process with the same batches and optimizer (an independent
+// reference: plain LibTorch autograd and Adam over the whole model).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dht/validation.h"
+#include "loopback_node.h"
+#include "model/checkpoint.h"
+#include "model/llama.h"
+#include "runtime/tensor_io.h"
+#include "serve/routing.h"
+#include "serve/wire.h"
+#include "swarm/pipeline.h"
+#include "swarm/stage.h"
+#include "test_support.h"
+#include "train/collaborative.h"
+#include "train/optimizers.h"
+#include "train/progress_record.h"
+
+namespace colony::swarm {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int64_t kMicrobatch = 2;  // sequences per microbatch
+constexpr int64_t kPerEpoch = 4;    // microbatches per epoch (the target batch is 8)
+constexpr int64_t kSeqLen = 12;
+constexpr double kLr = 1e-2;
+
+model::LlamaConfig Config() {
+  model::LlamaConfig c;
+  c.vocab_size = 96;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_layers = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_seq_len = 64;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+train::CollaborativeOptions Rounds(const std::string& run) {
+  train::CollaborativeOptions o;
+  o.run_id = run;
+  o.target_batch_size = kMicrobatch * kPerEpoch;
+  o.matchmaking_time = 3s;
+  o.averaging_timeout = 30s;
+  o.load_state_timeout = 3s;
+  o.progress_min_refresh = 50ms;
+  o.progress_max_refresh = 300ms;
+  return o;
+}
+
+class SwarmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    at::set_num_threads(1);
+    dir_ = colony::test::TempPath("swarm-test");
+    at::manual_seed(7);
+    model::LlamaModel m(Config());
+    ASSERT_TRUE(model::SaveLlama(dir_, m).ok());
+    auto boot = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions());
+    ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+    boot_ = std::move(*boot);
+    // Counting sequences from random starts (s, s + 1, ... mod V): learnable.
+    at::manual_seed(11);
+    const at::Tensor steps = at::arange(kSeqLen + 1, at::kLong).unsqueeze(0);
+    for (int i = 0; i < 24; ++i) {
+      const at::Tensor starts = at::randint(Config().vocab_size, {kMicrobatch, 1}, at::kLong);
+      batches_.push_back((starts + steps).remainder(Config().vocab_size));
+    }
+  }
+
+  void TearDown() override {
+    trainer_opt_.reset();
+    pipeline_.reset();
+    stages_.clear();
+    for (auto& n : nodes_) n->Shutdown();
+    if (boot_) boot_->Shutdown();
+    std::filesystem::remove_all(dir_);
+  }
+
+  dht::Node& AddNode() {
+    auto node =
+        dht::Node::Start(KeyPair::Generate(),
+                         test::LoopbackNodeOptions({boot_->VisibleAddresses().at(0).ToString()}));
+    EXPECT_TRUE(node.ok()) << node.status().ToString();
+    nodes_.push_back(std::move(*node));
+    return *nodes_.back();
+  }
+
+  Stage& AddStage(int64_t first, int64_t last) {
+    dht::Node& node = AddNode();
+    StageOptions o;
+    o.run = "run";
+    o.model_dir = dir_;
+    o.first_block = first;
+    o.last_block = last;
+    o.server.throughput_override = 100;
+    o.server.announce_period = 1s;
+    o.training.optimizer_config.lr = kLr;
+    o.training.collaborative = Rounds("");
+    auto stage = Stage::Start(node, o);
+    EXPECT_TRUE(stage.ok()) << stage.status().ToString();
+    stages_.push_back(std::move(*stage));
+    return *stages_.back();
+  }
+
+  void StartTrainer() {
+    dht::Node& node = AddNode();
+    auto p = Pipeline::Create(node, {.run = "run",
+                                     .model_dir = dir_,
+                                     .request_timeout = 60s,
+                                     .avoid_failed_for = 20s,
+                                     .routing_seed = 5});
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    pipeline_ = std::move(*p);
+    train::OptimizerConfig oc;
+    oc.lr = kLr;
+    auto inner = train::MakeOptimizer("adam", pipeline_->parameters(), oc);
+    ASSERT_TRUE(inner.ok());
+    auto opt = train::CollaborativeOptimizer::Create(
+        node, pipeline_->parameters(), std::shared_ptr<torch::optim::Optimizer>(std::move(*inner)),
+        Rounds("run"));
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    trainer_opt_ = std::move(*opt);
+  }
+
+  // Waits until the trainer's routing sees `n` stage servers.
+  void WaitForServers(size_t n) {
+    for (int i = 0; i < 100; ++i) {
+      (void)pipeline_->manager().Refresh();
+      if (pipeline_->manager().Servers().size() >= n) return;
+      std::this_thread::sleep_for(100ms);
+    }
+    FAIL() << "the trainer sees " << pipeline_->manager().Servers().size() << " of " << n
+           << " stage servers";
+  }
+
+  // The trainer's loop over microbatches [from, to): the losses it computed.
+  std::vector<double> Train(size_t from, size_t to, bool steps_at_target = true) {
+    std::vector<double> losses;
+    for (size_t i = from; i < to; ++i) {
+      pipeline_->SetEpoch(trainer_opt_->local_epoch());
+      auto loss = pipeline_->TrainStep(batches_[i]);
+      EXPECT_TRUE(loss.ok()) << "microbatch " << i << ": " << loss.status().ToString();
+      if (!loss.ok()) return losses;
+      losses.push_back(*loss);
+      auto r = trainer_opt_->Step(kMicrobatch);
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      // The trainer steps exactly at the target batch: it is alone in its own run.
+      if (steps_at_target) {
+        EXPECT_EQ(r->stepped, (i + 1) % kPerEpoch == 0) << "microbatch " << i;
+      }
+    }
+    return losses;
+  }
+
+  // The reference: the checkpoint trained in one process, one Adam step per kPerEpoch
+  // microbatches on the mean of their gradients. Returns each microbatch's loss.
+  std::vector<double> TrainLocally(model::LlamaModel& m, size_t microbatches) {
+    torch::optim::Adam adam(m->parameters(), torch::optim::AdamOptions(kLr));
+    std::vector<double> losses;
+    for (size_t i = 0; i < microbatches; ++i) {
+      const at::Tensor& b = batches_[i];
+      at::Tensor loss =
+          model::LanguageModelLoss(m->forward(b.slice(1, 0, kSeqLen)), b.slice(1, 1, kSeqLen + 1));
+      losses.push_back(loss.item<double>());
+      (loss / static_cast<double>(kPerEpoch)).backward();
+      if ((i + 1) % kPerEpoch == 0) {
+        adam.step();
+        adam.zero_grad();
+      }
+    }
+    return losses;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<dht::Node> boot_;
+  std::vector<std::unique_ptr<dht::Node>> nodes_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+  std::unique_ptr<Pipeline> pipeline_;
+  std::unique_ptr<train::CollaborativeOptimizer> trainer_opt_;
+  std::vector<at::Tensor> batches_;
+};
+
+double MaxAbsDiff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    EXPECT_TRUE(a[i].sizes().equals(b[i].sizes())) << "parameter " << i;
+    d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
+  }
+  return d;
+}
+
+// Two stages of two peers each, one trainer, three epochs: every microbatch's loss and the final
+// parameters of every stage peer and of the trainer equal those of local training (up to float
+// rounding), although each microbatch went through peers drawn at random and its backward maybe
+// through other ones.
+TEST_F(SwarmTest, TrainsAsOneProcessWouldWithTheSameBatches) {
+  AddStage(0, 2);
+  AddStage(0, 2);
+  AddStage(2, 4);
+  AddStage(2, 4);
+  StartTrainer();
+  WaitForServers(4);
+  const size_t n = 3 * kPerEpoch;
+  const std::vector<double> losses = Train(0, n);
+  ASSERT_EQ(losses.size(), n);
+  EXPECT_LT(losses.back(), losses.front() - 0.1);  // it learns
+  // The stages end the last epoch when the next one starts: one more microbatch's forward.
+  pipeline_->SetEpoch(trainer_opt_->local_epoch());
+  ASSERT_TRUE(pipeline_->Loss(batches_[n]).ok());
+
+  auto local = model::LoadLlama(dir_);
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  const std::vector<double> expected = TrainLocally(*local, n);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(losses[i], expected[i], 1e-4 * std::abs(expected[i])) << "microbatch " << i;
+  }
+
+  for (const auto& stage : stages_) {
+    const StageTrainingStats s = stage->training_stats();
+    EXPECT_EQ(s.epoch, 3);
+    EXPECT_EQ(s.rounds, 3u);
+    std::vector<at::Tensor> want;
+    const int64_t first = stage->server_stats().first;
+    for (int64_t b = first; b < first + 2; ++b) {
+      for (const auto& p : (*local)->block(b)->parameters()) want.push_back(p);
+    }
+    EXPECT_LT(MaxAbsDiff(stage->parameters(), want), 2e-5) << "stage at block " << first;
+  }
+  int64_t samples[2] = {0, 0};
+  for (size_t i = 0; i < stages_.size(); ++i)
+    samples[i / 2] += stages_[i]->training_stats().samples;
+  EXPECT_EQ(samples[0], static_cast<int64_t>(n) * kMicrobatch);
+  EXPECT_EQ(samples[1], static_cast<int64_t>(n) * kMicrobatch);
+  // Both peers of each stage got traffic (about 1 in 2 microbatches each).
+  for (const auto& stage : stages_) EXPECT_GT(stage->training_stats().backwards, 0u);
+
+  std::vector<at::Tensor> want_head;
+  for (const auto& item : (*local)->named_parameters()) {
+    if (item.key().find("layers.") == std::string::npos) want_head.push_back(item.value());
+  }
+  EXPECT_LT(MaxAbsDiff(pipeline_->parameters(), want_head), 2e-5);
+}
+
+// A peer of the second stage dies between microbatches: the trainer's next calls to it fail,
+// go to the stage's other peer, and every microbatch still gets through (none is lost); the
+// stage then steps without the dead peer.
+TEST_F(SwarmTest, AStagePeerThatDiesLosesNoMicrobatch) {
+  AddStage(0, 4);
+  AddStage(0, 4);
+  StartTrainer();
+  WaitForServers(2);
+  const std::vector<double> first = Train(0, kPerEpoch);
+  ASSERT_EQ(first.size(), static_cast<size_t>(kPerEpoch));
+  // Kill the peer the trainer measured last (its node goes: connections reset, calls fail).
+  stages_[1]->Shutdown();
+  nodes_[1]->Shutdown();
+  const std::vector<double> rest = Train(kPerEpoch, 3 * kPerEpoch);
+  ASSERT_EQ(rest.size(), static_cast<size_t>(2 * kPerEpoch));
+  pipeline_->SetEpoch(trainer_opt_->local_epoch());
+  ASSERT_TRUE(pipeline_->Loss(batches_[3 * kPerEpoch]).ok());
+  const StageTrainingStats alive = stages_[0]->training_stats();
+  EXPECT_EQ(alive.epoch, 3);
+  // Every microbatch after the death went through the live peer.
+  EXPECT_GE(alive.samples, 2 * kPerEpoch * kMicrobatch);
+  EXPECT_LT(rest.back(), first.front());
+}
+
+// A hostile peer against a stage: forwards tagged with an epoch far ahead, and its own progress
+// record in the trainers' run claiming that epoch, do not move the stage (one of two trainers is
+// no majority), a backward without a tag is refused by name, and the honest trainer's
+// microbatches all get through: the stage follows its epoch, not the liar's.
+TEST_F(SwarmTest, AHostilePeerCannotMoveAStagesEpochs) {
+  Stage& stage = AddStage(0, 4);
+  StartTrainer();
+  WaitForServers(1);
+  ASSERT_EQ(Train(0, kPerEpoch).size(), static_cast<size_t>(kPerEpoch));
+  dht::Node& attacker = AddNode();
+  const train::PeerProgress lie{
+      .peer = attacker.peer_id(), .epoch = int64_t{1} << 40, .samples = 8, .time = dht::Now()};
+  ASSERT_TRUE(attacker
+                  .StoreSync("run.progress", train::EncodeProgressRecord(lie), dht::Now() + 60,
+                             dht::OwnerMarker(attacker.peer_id()))
+                  .ok());
+  const auto records = pipeline_->manager().Servers();
+  ASSERT_EQ(records.size(), 1u);
+  auto addr = Multiaddr::Parse(records[0].addresses.at(0));
+  ASSERT_TRUE(addr.ok());
+  auto call = [&](const std::string& method, const serve::BlockRequest& r, int tensors) {
+    net::Message m(serve::EncodeBlockRequest(r));
+    const at::Tensor x = at::randn({1, 4, Config().hidden_size});
+    for (int i = 0; i < tensors; ++i) m.tensors.push_back(*runtime::ToFrame(x));
+    return attacker.host().CallSync(*addr, method, std::move(m), {.timeout = 10s});
+  };
+  // The stage ends the trainer's first epoch (a request or its records tell it).
+  for (int i = 0; i < 50 && stage.training_stats().epoch < 1; ++i)
+    std::this_thread::sleep_for(100ms);
+  const int64_t before = stage.training_stats().epoch;
+  EXPECT_EQ(before, 1);
+  for (int i = 0; i < 3; ++i) {
+    auto r = call("serve.forward", {.start = 0, .end = 4, .epoch = serve::kMaxEpoch}, 1);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+  }
+  EXPECT_EQ(stage.training_stats().epoch, before);
+  auto untagged = call("serve.backward", {.start = 0, .end = 4}, 2);
+  ASSERT_FALSE(untagged.ok());
+  EXPECT_NE(untagged.status().message().find("must carry its trainer's epoch"), std::string::npos)
+      << untagged.status().ToString();
+  // The honest trainer's microbatches all get through (its own optimizer may hold its steps
+  // while it looks for the liar's epoch: train/progress.h), and the stage stays at its epoch.
+  const auto refused_before = stage.training_stats().refused;
+  ASSERT_EQ(Train(kPerEpoch, 3 * kPerEpoch, /*steps_at_target=*/false).size(),
+            static_cast<size_t>(2 * kPerEpoch));
+  const int64_t trainer_epoch = trainer_opt_->local_epoch();
+  pipeline_->SetEpoch(trainer_epoch);
+  ASSERT_TRUE(pipeline_->Loss(batches_[3 * kPerEpoch]).ok());
+  for (int i = 0; i < 50 && stage.training_stats().epoch < trainer_epoch; ++i) {
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(stage.training_stats().epoch, trainer_epoch);
+  EXPECT_EQ(stage.training_stats().refused, refused_before);
+}
+
+}  // namespace
+}  // namespace colony::swarm
