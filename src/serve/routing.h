@@ -44,8 +44,9 @@ struct ClientOptions {
   bool use_push = true;
   // Training through SWARM stages (swarm/pipeline.h): forward and backward calls pick each span's
   // server at random, with probability proportional to its throughput as measured by this client
-  // (an exponential moving average over its calls; a server not called yet counts with its
-  // announced throughput, so a new one is tried at once), instead of the fastest route.
+  // (an exponential moving average over its calls; a server not called yet counts as the best
+  // measured one, so a new one is tried at once, or with its announced throughput while none is
+  // measured), instead of the fastest route.
   bool stochastic_routing = false;
   uint64_t routing_seed = 0;  // stochastic routing's random choices (0: from the clock)
 };

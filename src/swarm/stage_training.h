@@ -3,16 +3,18 @@
 // CollaborativeOptimizer whose run is the stage's ("<run>.stage<first>"), driven by the trainers'
 // epochs: when the trainers have stepped past the stage's epoch e, the stage ends e: its peers
 // average what they accumulated (those that got none of e's microbatches join with weight 1e-30)
-// and all apply the same optimizer step. So every peer of a stage holds the same parameters, and
-// a backward may run on another peer than its forward.
+// and all apply the same optimizer step. So every peer of a stage that took part in every round
+// holds the same parameters, and a backward may run on another peer than its forward.
 //
 // When the trainers have stepped past e is read from their owner-signed progress records
-// ("<run>.progress"): more than half of the live trainers must report a later epoch. Requests
-// carry their trainer's epoch, but a tag is only a hint that makes the stage look (waiting up to
-// boundary_wait for the records to confirm it, so that the first microbatch of an epoch meets the
-// parameters of that epoch): one peer cannot move a stage past the other trainers by its tags or
-// its own record. Peers that get no request follow the trainers' records and their stage's
-// rounds (a watcher thread), and a peer that falls behind its stage takes the stage's state.
+// ("<run>.progress", fetched by a refresher thread every refresh_period, at once when asked):
+// more than half of the live trainers must report a later epoch. Nothing else moves a stage's
+// epoch: not a request's tag (a tag ahead of the stage only makes it look again, waiting up to
+// boundary_wait for the records, so that the first microbatch of an epoch meets the parameters
+// of that epoch; tags the records refuted are not waited for again for a while, doubling up to
+// 5 min), nor records in the stage's own run (a peer of the stage joins a round or takes the
+// stage's state only once the trainers' records say the epoch ended). A watcher thread ends
+// epochs for peers that get no request and keeps this peer's record alive.
 //
 //   auto training = StageTraining::Create(node, params, {.trainers_run = "r",
 //                                         .collaborative = {.run_id = "r.stage0"}});
@@ -54,9 +56,10 @@ struct StageTrainingOptions {
   train::CollaborativeOptions collaborative = {};
   std::string optimizer = "adam";  // train/optimizers.h names
   train::OptimizerConfig optimizer_config = {};
-  // How often a peer looks at its stage's progress for rounds that others started, and at the
-  // trainers' records (every 3 periods) for epochs that ended.
+  // How often the watcher looks at the trainers' view (ending epochs, joining rounds), and how
+  // often the refresher fetches the trainers' records when nothing asks for it sooner.
   std::chrono::milliseconds watch_period{100};
+  std::chrono::milliseconds refresh_period{1'000};
   // How long a request tagged with a later epoch waits for the trainers' records to confirm it
   // (then it is computed with the stage's parameters as they are).
   std::chrono::milliseconds boundary_wait{2'000};
@@ -93,27 +96,38 @@ class StageTraining final : public serve::BlockTraining {
  private:
   StageTraining(dht::Node& node, std::vector<at::Tensor> params, StageTrainingOptions options);
   void Watch();
-  // Ends the stage's epoch `epoch` (mu_ held).
+  void RefreshLoop();
+  // Ends the stage's epoch `epoch`, or takes the stage's state when the stage ended it without
+  // this peer (mu_ held; only once the trainers are past it).
   void EndEpochLocked(int64_t epoch, const char* why);
-  // Whether more than half of the live trainers report an epoch past `epoch`, from a fetch of
-  // their records at most `max_age` old (fetching again if older).
-  bool TrainersPast(int64_t epoch, std::chrono::milliseconds max_age);
+  // Whether more than half of the live trainers report an epoch past `epoch` (the last fetch).
+  bool TrainersPast(int64_t epoch);
+  // A request tagged past `local`: asks for a fresh view and waits (at most boundary_wait) for
+  // one that confirms it, unless tags were refuted lately. Called without mu_.
+  void AwaitTrainers(int64_t local);
 
   std::vector<at::Tensor> params_;
   StageTrainingOptions options_;
+  dht::Node& node_;
+  std::atomic<bool> interrupt_{false};  // ends the optimizer's waits at shutdown
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<train::CollaborativeOptimizer> opt_;
   mutable std::mutex mu_;  // the optimizer and the parameters' gradients
   StageTrainingStats stats_;
-  dht::Node& node_;
+  std::atomic<int64_t> epoch_{0};  // opt_->local_epoch(), readable without mu_
+
   std::mutex view_mu_;  // the trainers' epochs, as last fetched
+  std::condition_variable view_cv_;
   std::vector<int64_t> trainer_epochs_;
-  std::chrono::steady_clock::time_point fetched_{};
+  uint64_t view_version_ = 0;
+  bool refresh_asked_ = false;
   std::chrono::steady_clock::time_point refuted_until_{};  // no waiting for a tag before then
+  std::chrono::milliseconds refuted_for_{5'000};
+
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;
-  std::thread watcher_;
+  std::thread watcher_, refresher_;
 };
 
 }  // namespace colony::swarm

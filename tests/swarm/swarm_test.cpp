@@ -280,10 +280,11 @@ TEST_F(SwarmTest, AStagePeerThatDiesLosesNoMicrobatch) {
   EXPECT_LT(rest.back(), first.front());
 }
 
-// A hostile peer against a stage: forwards tagged with an epoch far ahead, and its own progress
-// record in the trainers' run claiming that epoch, do not move the stage (one of two trainers is
-// no majority), a backward without a tag is refused by name, and the honest trainer's
-// microbatches all get through: the stage follows its epoch, not the liar's.
+// A hostile peer against a stage: forwards tagged with an epoch far ahead, its own progress
+// record in the trainers' run claiming that epoch (one of two trainers is no majority), and a
+// record in the stage's run saying that a round started, do not move the stage; a backward
+// without a tag is refused by name; and the honest trainer's microbatches all get through: the
+// stage follows its epoch, not the liar's.
 TEST_F(SwarmTest, AHostilePeerCannotMoveAStagesEpochs) {
   Stage& stage = AddStage(0, 4);
   StartTrainer();
@@ -316,6 +317,18 @@ TEST_F(SwarmTest, AHostilePeerCannotMoveAStagesEpochs) {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
   }
   EXPECT_EQ(stage.training_stats().epoch, before);
+  // Nor does a record in the stage's own run that says a round of its epoch started.
+  const train::PeerProgress round{.peer = attacker.peer_id(),
+                                  .epoch = before,
+                                  .time = dht::Now(),
+                                  .phase = train::Phase::kRound};
+  ASSERT_TRUE(attacker
+                  .StoreSync("run.stage0.progress", train::EncodeProgressRecord(round),
+                             dht::Now() + 60, dht::OwnerMarker(attacker.peer_id()))
+                  .ok());
+  std::this_thread::sleep_for(1500ms);  // watcher passes and a refresh of the trainers' view
+  EXPECT_EQ(stage.training_stats().epoch, before);
+  EXPECT_EQ(stage.training_stats().rounds, static_cast<uint64_t>(before));
   auto untagged = call("serve.backward", {.start = 0, .end = 4}, 2);
   ASSERT_FALSE(untagged.ok());
   EXPECT_NE(untagged.status().message().find("must carry its trainer's epoch"), std::string::npos)

@@ -1,0 +1,235 @@
+// SWARM benchmark: a model trained through stage servers (src/swarm: 2 stages x 2 peers and one
+// trainer, in this process, over loopback sockets) against the same stages run one after the other
+// in one process with no network (the ideal pipeline for one trainer that sends one microbatch at
+// a time), the same batches and Adam steps, measured in the same run.
+//
+// The swarm's result is checked before any figure is printed: every microbatch's loss and every
+// stage peer's final parameters must equal the one-process run's (1e-4 relative, 1e-4 absolute),
+// and each stage must account for every sample once; otherwise the benchmark fails.
+//
+// RESULT swarm_samples_per_second, ideal_samples_per_second, and swarm_vs_ideal_pipeline (the
+// ratio; what the network hops, routing and stage rounds cost). Not measured yet: rebalancing
+// (swarm_rebalance_s; stages do not move) and 8-bit stage boundaries (docs/swarm.md).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <torch/optim/adam.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "bench_support.h"
+#include "loopback_node.h"
+#include "model/checkpoint.h"
+#include "model/llama.h"
+#include "serve/routing.h"
+#include "swarm/pipeline.h"
+#include "swarm/stage.h"
+#include "train/collaborative.h"
+#include "train/optimizers.h"
+
+namespace {
+
+using namespace colony;
+using namespace std::chrono_literals;
+using SteadyClock = std::chrono::steady_clock;
+
+int Fail(const std::string& why) {
+  std::fprintf(stderr, "bench_swarm: %s\n", why.c_str());
+  return 1;
+}
+
+double Seconds(SteadyClock::time_point since) {
+  return std::chrono::duration<double>(SteadyClock::now() - since).count();
+}
+
+struct Args {
+  int64_t hidden = 128, layers = 4, vocab = 512, seq_len = 64, batch = 8;
+  int64_t per_epoch = 4, epochs = 6;
+  double lr = 1e-3;
+};
+
+train::CollaborativeOptions Rounds(const std::string& run, const Args& a) {
+  train::CollaborativeOptions o;
+  o.run_id = run;
+  o.target_batch_size = a.batch * a.per_epoch;
+  o.matchmaking_time = 5s;
+  o.averaging_timeout = 60s;
+  o.progress_min_refresh = 50ms;
+  o.progress_max_refresh = 300ms;
+  return o;
+}
+
+int Run(const Args& a) {
+  at::set_num_threads(1);
+  bench::TempDir dir("bench-swarm");
+  const auto model_dir = dir.path() / "init";
+  model::LlamaConfig c;
+  c.vocab_size = a.vocab;
+  c.hidden_size = a.hidden;
+  c.intermediate_size = (a.hidden * 8 / 3 + 31) / 32 * 32;
+  c.num_layers = a.layers;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.max_seq_len = std::max<int64_t>(a.seq_len, 64);
+  c.tie_word_embeddings = false;
+  if (Status st = c.Validate(); !st.ok()) return Fail(st.ToString());
+  at::manual_seed(3);
+  {
+    model::LlamaModel m(c);
+    if (Status st = model::SaveLlama(model_dir, m); !st.ok()) return Fail(st.ToString());
+  }
+  // Counting sequences from random starts: learnable, the same for both runs.
+  std::vector<at::Tensor> batches;
+  const at::Tensor steps = at::arange(a.seq_len + 1, at::kLong).unsqueeze(0);
+  for (int64_t i = 0; i < a.epochs * a.per_epoch + 1; ++i) {
+    batches.push_back((at::randint(a.vocab, {a.batch, 1}, at::kLong) + steps).remainder(a.vocab));
+  }
+  const size_t n = static_cast<size_t>(a.epochs * a.per_epoch);
+
+  // The ideal pipeline: the same blocks one after the other, here.
+  auto local = model::LoadLlama(model_dir);
+  if (!local.ok()) return Fail(local.status().ToString());
+  std::vector<double> want;
+  double ideal_seconds = 0;
+  {
+    torch::optim::Adam adam((*local)->parameters(), torch::optim::AdamOptions(a.lr));
+    const auto t0 = SteadyClock::now();
+    for (size_t i = 0; i < n; ++i) {
+      const at::Tensor& b = batches[i];
+      at::Tensor loss = model::LanguageModelLoss((*local)->forward(b.slice(1, 0, a.seq_len)),
+                                                 b.slice(1, 1, a.seq_len + 1));
+      want.push_back(loss.item<double>());
+      (loss / static_cast<double>(a.per_epoch)).backward();
+      if ((i + 1) % static_cast<size_t>(a.per_epoch) == 0) {
+        adam.step();
+        adam.zero_grad();
+      }
+    }
+    ideal_seconds = Seconds(t0);
+  }
+
+  // The swarm: 2 stages x 2 peers and a trainer.
+  auto boot = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions());
+  if (!boot.ok()) return Fail(boot.status().ToString());
+  const std::string boot_addr = (*boot)->VisibleAddresses().at(0).ToString();
+  std::vector<std::unique_ptr<dht::Node>> nodes;
+  auto add_node = [&]() -> dht::Node& {
+    auto node = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions({boot_addr}));
+    if (!node.ok()) throw std::runtime_error(node.status().ToString());
+    nodes.push_back(std::move(*node));
+    return *nodes.back();
+  };
+  std::vector<std::unique_ptr<swarm::Stage>> stages;
+  const int64_t half = a.layers / 2;
+  for (int i = 0; i < 4; ++i) {
+    swarm::StageOptions o;
+    o.run = "bench";
+    o.model_dir = model_dir;
+    o.first_block = i < 2 ? 0 : half;
+    o.last_block = i < 2 ? half : a.layers;
+    o.server.announce_period = 1s;
+    o.training.optimizer_config.lr = a.lr;
+    o.training.collaborative = Rounds("", a);
+    auto stage = swarm::Stage::Start(add_node(), o);
+    if (!stage.ok()) return Fail(stage.status().ToString());
+    stages.push_back(std::move(*stage));
+  }
+  dht::Node& trainer_node = add_node();
+  auto pipeline = swarm::Pipeline::Create(trainer_node, {.run = "bench", .model_dir = model_dir});
+  if (!pipeline.ok()) return Fail(pipeline.status().ToString());
+  train::OptimizerConfig oc;
+  oc.lr = a.lr;
+  auto inner = train::MakeOptimizer("adam", (*pipeline)->parameters(), oc);
+  if (!inner.ok()) return Fail(inner.status().ToString());
+  auto opt = train::CollaborativeOptimizer::Create(
+      trainer_node, (*pipeline)->parameters(),
+      std::shared_ptr<torch::optim::Optimizer>(std::move(*inner)), Rounds("bench", a));
+  if (!opt.ok()) return Fail(opt.status().ToString());
+  for (int i = 0; i < 100 && (*pipeline)->manager().Servers().size() < 4; ++i) {
+    (void)(*pipeline)->manager().Refresh();
+    std::this_thread::sleep_for(100ms);
+  }
+  if ((*pipeline)->manager().Servers().size() < 4) return Fail("the trainer sees no 4 stage peers");
+  std::vector<double> got;
+  const auto t0 = SteadyClock::now();
+  for (size_t i = 0; i < n; ++i) {
+    (*pipeline)->SetEpoch((*opt)->local_epoch());
+    auto loss = (*pipeline)->TrainStep(batches[i]);
+    if (!loss.ok()) return Fail(fmt::format("microbatch {}: {}", i, loss.status().ToString()));
+    got.push_back(*loss);
+    auto r = (*opt)->Step(a.batch);
+    if (!r.ok()) return Fail(r.status().ToString());
+  }
+  // The stages end the last epoch when the trainer's next request shows it.
+  (*pipeline)->SetEpoch((*opt)->local_epoch());
+  if (auto l = (*pipeline)->Loss(batches[n]); !l.ok()) return Fail(l.status().ToString());
+  const double swarm_seconds = Seconds(t0);
+
+  // Check before printing.
+  for (size_t i = 0; i < n; ++i) {
+    if (std::abs(got[i] - want[i]) > 1e-4 * std::abs(want[i]) + 1e-4) {
+      return Fail(
+          fmt::format("microbatch {}: the swarm's loss {} differs from {}", i, got[i], want[i]));
+    }
+  }
+  int64_t samples[2] = {0, 0};
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const auto t = stages[s]->training_stats();
+    samples[s / 2] += t.samples;
+    if (t.epoch != a.epochs) {
+      return Fail(fmt::format("stage peer {} is at epoch {}, not {}", s, t.epoch, a.epochs));
+    }
+    std::vector<at::Tensor> mine = stages[s]->parameters();
+    std::vector<at::Tensor> ref;
+    const int64_t first = stages[s]->server_stats().first;
+    for (int64_t b = first; b < first + half; ++b) {
+      for (const auto& p : (*local)->block(b)->parameters()) ref.push_back(p);
+    }
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const double d = (mine[k] - ref[k]).abs().max().item<double>();
+      if (d > 1e-4) return Fail(fmt::format("stage peer {}'s parameter {} is {} off", s, k, d));
+    }
+  }
+  const int64_t total = static_cast<int64_t>(n) * a.batch;
+  if (samples[0] != total || samples[1] != total) {
+    return Fail(fmt::format("the stages accounted for {} and {} samples of {}", samples[0],
+                            samples[1], total));
+  }
+  const double swarm_sps = static_cast<double>(total) / swarm_seconds;
+  const double ideal_sps = static_cast<double>(total) / ideal_seconds;
+  std::printf(
+      "swarm: %zu microbatches of %lld x %lld tokens through 2 stages x 2 peers in %.2f s; "
+      "one process: %.2f s; losses and parameters equal\n",
+      n, static_cast<long long>(a.batch), static_cast<long long>(a.seq_len), swarm_seconds,
+      ideal_seconds);
+  stages.clear();
+  for (auto& node : nodes) node->Shutdown();
+  (*boot)->Shutdown();
+  std::printf("RESULT swarm_samples_per_second=%.1f\n", swarm_sps);
+  std::printf("RESULT ideal_samples_per_second=%.1f\n", ideal_sps);
+  std::printf("RESULT swarm_vs_ideal_pipeline=%.3f\n", swarm_sps / ideal_sps);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"SWARM training through stage servers vs the same stages in one process"};
+  Args a;
+  app.add_option("--hidden", a.hidden, "hidden size")->capture_default_str();
+  app.add_option("--layers", a.layers, "blocks (two stages of half each)")->capture_default_str();
+  app.add_option("--seq-len", a.seq_len, "tokens per sequence")->capture_default_str();
+  app.add_option("--batch", a.batch, "sequences per microbatch")->capture_default_str();
+  app.add_option("--per-epoch", a.per_epoch, "microbatches per step")->capture_default_str();
+  app.add_option("--epochs", a.epochs, "optimizer steps")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (a.layers < 2 || a.layers % 2 != 0) return Fail("--layers must be even and at least 2");
+  try {
+    return Run(a);
+  } catch (const std::exception& e) {
+    return Fail(e.what());
+  }
+}
