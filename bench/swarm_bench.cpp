@@ -148,11 +148,13 @@ int Run(const Args& a) {
       trainer_node, (*pipeline)->parameters(),
       std::shared_ptr<torch::optim::Optimizer>(std::move(*inner)), Rounds("bench", a));
   if (!opt.ok()) return Fail(opt.status().ToString());
-  for (int i = 0; i < 100 && (*pipeline)->manager().Servers().size() < 4; ++i) {
-    (void)(*pipeline)->manager().Refresh();
-    std::this_thread::sleep_for(100ms);
-  }
-  if ((*pipeline)->manager().Servers().size() < 4) return Fail("the trainer sees no 4 stage peers");
+  const bool seen = test::WaitUntil(
+      [&] {
+        (void)(*pipeline)->manager().Refresh();
+        return (*pipeline)->manager().Servers().size() >= 4;
+      },
+      10s);
+  if (!seen) return Fail("the trainer does not see the 4 stage peers");
   std::vector<double> got;
   const auto t0 = SteadyClock::now();
   for (size_t i = 0; i < n; ++i) {

@@ -283,6 +283,8 @@ StageTrainingStats StageTraining::stats() const {
   std::lock_guard lock(mu_);
   StageTrainingStats s = stats_;
   s.epoch = opt_ ? opt_->local_epoch() : 0;
+  std::lock_guard view(view_mu_);
+  s.view_fetches = view_version_;
   return s;
 }
 

@@ -69,12 +69,13 @@ struct StageTrainingOptions {
 struct StageTrainingStats {
   int64_t epoch = 0;
   uint64_t forwards = 0, backwards = 0;
-  int64_t samples = 0;       // of the backwards accumulated
-  uint64_t stale = 0;        // requests computed with parameters of another epoch than theirs
-  uint64_t refused = 0;      // requests too stale, or whose compute failed
-  uint64_t rounds = 0;       // epochs ended here
-  uint64_t averaged = 0;     // of them, those averaged with other peers of the stage
-  uint64_t state_loads = 0;  // catching up with the stage
+  int64_t samples = 0;        // of the backwards accumulated
+  uint64_t stale = 0;         // requests computed with parameters of another epoch than theirs
+  uint64_t refused = 0;       // requests too stale, or whose compute failed
+  uint64_t rounds = 0;        // epochs ended here
+  uint64_t averaged = 0;      // of them, those averaged with other peers of the stage
+  uint64_t state_loads = 0;   // catching up with the stage
+  uint64_t view_fetches = 0;  // reads of the trainers' progress records
 };
 
 class StageTraining final : public serve::BlockTraining {
@@ -116,7 +117,7 @@ class StageTraining final : public serve::BlockTraining {
   StageTrainingStats stats_;
   std::atomic<int64_t> epoch_{0};  // opt_->local_epoch(), readable without mu_
 
-  std::mutex view_mu_;  // the trainers' epochs, as last fetched
+  mutable std::mutex view_mu_;  // the trainers' epochs, as last fetched
   std::condition_variable view_cv_;
   std::vector<int64_t> trainer_epochs_;
   uint64_t view_version_ = 0;

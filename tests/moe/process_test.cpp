@@ -18,6 +18,7 @@
 #include "moe/discovery.h"
 #include "moe/mixture.h"
 #include "moe/remote_expert.h"
+#include "process_events.h"
 #include "test_support.h"
 #include "tools/record_rules.h"
 
@@ -302,12 +303,7 @@ class MoeLmTraining : public ::testing::Test {
   }
   // The trainer's next JSON event.
   Result<json> Next(std::chrono::milliseconds timeout) {
-    for (;;) {
-      auto line = swarm_["trainer"].ReadLine(timeout);
-      if (!line.ok()) return line.status().WithContext(swarm_.Tail("trainer"));
-      json j = json::parse(*line, nullptr, false);
-      if (j.is_object() && j.contains("event")) return j;
-    }
+    return test::NextEvent(swarm_, "trainer", timeout);
   }
 
   test::TempDir dir_{"moe-lm"};

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "process_events.h"
 #include "test_support.h"
 
 namespace colony::swarm {
@@ -75,13 +76,9 @@ class SwarmTrainProcesses : public ::testing::Test {
     return line.ok() ? json::parse(*line, nullptr, false) : json();
   }
 
+  // The trainer's next JSON event.
   Result<json> Next(std::chrono::milliseconds timeout) {
-    for (;;) {
-      auto line = swarm_["trainer"].ReadLine(timeout);
-      if (!line.ok()) return line.status().WithContext(swarm_.Tail("trainer"));
-      json j = json::parse(*line, nullptr, false);
-      if (j.is_object() && j.contains("event")) return j;
-    }
+    return test::NextEvent(swarm_, "trainer", timeout);
   }
 
   test::TempDir dir_{"swarm-train"};

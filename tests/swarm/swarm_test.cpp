@@ -138,13 +138,14 @@ class SwarmTest : public ::testing::Test {
 
   // Waits until the trainer's routing sees `n` stage servers.
   void WaitForServers(size_t n) {
-    for (int i = 0; i < 100; ++i) {
-      (void)pipeline_->manager().Refresh();
-      if (pipeline_->manager().Servers().size() >= n) return;
-      std::this_thread::sleep_for(100ms);
-    }
-    FAIL() << "the trainer sees " << pipeline_->manager().Servers().size() << " of " << n
-           << " stage servers";
+    ASSERT_TRUE(test::WaitUntil(
+        [&] {
+          (void)pipeline_->manager().Refresh();
+          return pipeline_->manager().Servers().size() >= n;
+        },
+        test::HangGuard(10s)))
+        << "the trainer sees " << pipeline_->manager().Servers().size() << " of " << n
+        << " stage servers";
   }
 
   // The trainer's loop over microbatches [from, to): the losses it computed.
@@ -308,8 +309,7 @@ TEST_F(SwarmTest, AHostilePeerCannotMoveAStagesEpochs) {
     return attacker.host().CallSync(*addr, method, std::move(m), {.timeout = 10s});
   };
   // The stage ends the trainer's first epoch (a request or its records tell it).
-  for (int i = 0; i < 50 && stage.training_stats().epoch < 1; ++i)
-    std::this_thread::sleep_for(100ms);
+  test::WaitUntil([&] { return stage.training_stats().epoch >= 1; }, test::HangGuard(5s));
   const int64_t before = stage.training_stats().epoch;
   EXPECT_EQ(before, 1);
   for (int i = 0; i < 3; ++i) {
@@ -326,7 +326,11 @@ TEST_F(SwarmTest, AHostilePeerCannotMoveAStagesEpochs) {
                   .StoreSync("run.stage0.progress", train::EncodeProgressRecord(round),
                              dht::Now() + 60, dht::OwnerMarker(attacker.peer_id()))
                   .ok());
-  std::this_thread::sleep_for(1500ms);  // watcher passes and a refresh of the trainers' view
+  // Two fetches of the trainers' records later (the watcher asks for one when it sees the round),
+  // the stage has had every chance to act on the record.
+  const uint64_t fetched = stage.training_stats().view_fetches;
+  EXPECT_TRUE(test::WaitUntil([&] { return stage.training_stats().view_fetches >= fetched + 2; },
+                              test::HangGuard(10s)));
   EXPECT_EQ(stage.training_stats().epoch, before);
   EXPECT_EQ(stage.training_stats().rounds, static_cast<uint64_t>(before));
   auto untagged = call("serve.backward", {.start = 0, .end = 4}, 2);
@@ -341,9 +345,8 @@ TEST_F(SwarmTest, AHostilePeerCannotMoveAStagesEpochs) {
   const int64_t trainer_epoch = trainer_opt_->local_epoch();
   pipeline_->SetEpoch(trainer_epoch);
   ASSERT_TRUE(pipeline_->Loss(batches_[3 * kPerEpoch]).ok());
-  for (int i = 0; i < 50 && stage.training_stats().epoch < trainer_epoch; ++i) {
-    std::this_thread::sleep_for(100ms);
-  }
+  test::WaitUntil([&] { return stage.training_stats().epoch >= trainer_epoch; },
+                  test::HangGuard(5s));
   EXPECT_EQ(stage.training_stats().epoch, trainer_epoch);
   EXPECT_EQ(stage.training_stats().refused, refused_before);
 }
