@@ -151,7 +151,7 @@ Status InferenceSession::OpenChain(int64_t start, int64_t end, std::vector<Link>
     const Link* next = i + 1 < links.size() ? &links[i + 1] : nullptr;
     Status st = OpenLink(links[i], next, i > 0 ? &links[i - 1] : nullptr);
     if (!st.ok()) {
-      if (!IsClientError(st)) manager_->Ban(links[i].span.server.peer, st);
+      if (!IsClientError(st)) manager_->Ban(links[i].span.server, st);
       for (auto& l : links) {
         if (l.stream) l.stream->Cancel();
       }
@@ -311,7 +311,7 @@ Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Te
 Status InferenceSession::Recover(size_t k, const Status& why) {
   Link old = std::move(chain_[k]);
   if (old.stream) old.stream->Cancel(Cancelled("the client replaced this server"));
-  manager_->Ban(old.span.server.peer, why);
+  manager_->Ban(old.span.server, why);
   COLONY_LOG_WARN(
       "inference: server {} (blocks [{}, {})) failed: {}; replaying {} tokens to a "
       "replacement",
@@ -341,7 +341,7 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
       Status st = OpenLink(links[i], i + 1 < links.size() ? &links[i + 1] : after, before);
       if (!st.ok()) {
         last = st;
-        manager_->Ban(links[i].span.server.peer, st);
+        manager_->Ban(links[i].span.server, st);
         failed = true;
       }
     }
@@ -358,7 +358,7 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
           st.ok() ? ReadResult(links[i], step_id_ - 1, h.sizes()) : Result<at::Tensor>(st);
       if (!out.ok()) {
         last = out.status();
-        manager_->Ban(links[i].span.server.peer, last);
+        manager_->Ban(links[i].span.server, last);
         failed = true;
         break;
       }

@@ -71,7 +71,7 @@ Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_
       if (!out.ok()) {
         last = out.status();
         if (IsClientError(last)) return last;
-        manager.Ban(span.server.peer, last);
+        manager.Ban(span.server, last);
         ++attempts;
         break;
       }
@@ -116,7 +116,7 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
       if (!out.ok()) {
         last = out.status();
         if (IsClientError(last)) return last;
-        manager.Ban((*route)[i].server.peer, last);
+        manager.Ban((*route)[i].server, last);
         failed = true;
         break;
       }
@@ -156,7 +156,7 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
       if (!gin.ok()) {
         last = gin.status();
         if (IsClientError(last)) return last;
-        manager.Ban(span.server.peer, last);
+        manager.Ban(span.server, last);
         failed = true;
         break;
       }

@@ -143,16 +143,29 @@ bool SequenceManager::IsBanned(const PeerId& peer) const {
   return it != bans_.end() && it->second.until > Clock::now();
 }
 
+void SequenceManager::Ban(const ServerRecord& server, const Status& why) {
+  BanSpan(server.peer, server.start, server.end, why);
+}
+
 void SequenceManager::Ban(const PeerId& peer, const Status& why) {
+  BanSpan(peer, 0, std::numeric_limits<int64_t>::max(), why);
+}
+
+void SequenceManager::BanSpan(const PeerId& peer, int64_t start, int64_t end, const Status& why) {
   std::lock_guard lock(mu_);
   auto& b = bans_[peer];
+  if (b.failures > 0 && (b.start != start || b.end != end)) b.failures = 0;  // other blocks now
+  b.start = start;
+  b.end = end;
   ++b.failures;
   auto duration = options_.ban_base * (int64_t{1} << std::min(b.failures - 1, 16));
   if (duration > options_.ban_max) duration = options_.ban_max;
   b.until = Clock::now() + duration;
   rtt_.erase(peer);
-  COLONY_LOG_WARN("server {} failed ({}); avoiding it for {:.1f} s", peer.ToString(),
-                  why.ToString(), std::chrono::duration<double>(duration).count());
+  COLONY_LOG_WARN(
+      "server {} failed on blocks [{}, {}) ({}); avoiding it there for {:.1f} s", peer.ToString(),
+      start, end == std::numeric_limits<int64_t>::max() ? std::string("end") : std::to_string(end),
+      why.ToString(), std::chrono::duration<double>(duration).count());
 }
 
 void SequenceManager::ReportSuccess(const PeerId& peer) {
@@ -243,7 +256,10 @@ Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t
       const auto now = Clock::now();
       for (const auto& r : servers_) {
         auto b = bans_.find(r.peer);
-        if (b != bans_.end() && b->second.until > now) continue;
+        if (b != bans_.end() && b->second.until > now && b->second.start < r.end &&
+            r.start < b->second.end) {
+          continue;
+        }
         if (r.end <= start || r.start >= end || r.addresses.empty()) continue;
         candidates.push_back(r);
       }
@@ -301,6 +317,8 @@ Result<std::vector<RouteSpan>> SequenceManager::MakeRoute(int64_t start, int64_t
   return Unavailable("routing failed");
 }
 
+constexpr double kMinShareOfBest = 0.1;
+
 // SWARM's stochastic wiring: from each position, a server holding it, drawn with probability
 // proportional to its measured throughput, up to the end of its span. nullopt when some position
 // has no candidate.
@@ -323,8 +341,12 @@ std::optional<std::vector<RouteSpan>> SequenceManager::DrawRoute(
     if (holders.empty()) return std::nullopt;
     // A server not called yet counts as the best measured one (so it is tried at once, and its
     // own measurement decides from then on); with none measured, announced throughputs decide.
+    // A measured server keeps at least a tenth of the best one's weight, so that one slow call
+    // (its first one pays for the connection, or found the stage at an epoch boundary) does not
+    // starve it of the calls that would correct its estimate.
     for (size_t k = 0; k < holders.size(); ++k) {
       if (weights[k] < 0) weights[k] = best > 0 ? best : candidates[holders[k]].throughput;
+      if (best > 0) weights[k] = std::max(weights[k], kMinShareOfBest * best);
       if (!std::isfinite(weights[k]) || weights[k] <= 0) weights[k] = 1e-9;
     }
     std::discrete_distribution<size_t> pick(weights.begin(), weights.end());

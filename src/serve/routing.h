@@ -46,7 +46,8 @@ struct ClientOptions {
   // server at random, with probability proportional to its throughput as measured by this client
   // (an exponential moving average over its calls; a server not called yet counts as the best
   // measured one, so a new one is tried at once, or with its announced throughput while none is
-  // measured), instead of the fastest route.
+  // measured; a measured one keeps at least a tenth of the best one's weight, so that one slow
+  // call does not starve it), instead of the fastest route.
   bool stochastic_routing = false;
   uint64_t routing_seed = 0;  // stochastic routing's random choices (0: from the clock)
 };
@@ -73,7 +74,10 @@ class SequenceManager {
   // Servers for blocks [start, end), refreshing first when the records are stale. Unavailable
   // (naming the uncovered blocks) when no unbanned online server covers them.
   Result<std::vector<RouteSpan>> MakeRoute(int64_t start, int64_t end, RoutingMode mode);
-  // Bans the server for a while (doubling with consecutive failures).
+  // Bans the server for a while (doubling with consecutive failures), for the blocks of the
+  // record it was called through: a server that moved to other blocks since (SWARM rebalancing,
+  // Petals' load balancing) is not avoided there. The PeerId form bans it for every block.
+  void Ban(const ServerRecord& server, const Status& why);
   void Ban(const PeerId& peer, const Status& why);
   void ReportSuccess(const PeerId& peer);
   // A forward or backward call that took `seconds` for `work` (blocks x tokens): updates the
@@ -110,7 +114,9 @@ class SequenceManager {
   struct BanState {
     std::chrono::steady_clock::time_point until{};
     int failures = 0;
+    int64_t start = 0, end = 0;  // the blocks the ban holds for
   };
+  void BanSpan(const PeerId& peer, int64_t start, int64_t end, const Status& why);
   std::map<PeerId, BanState> bans_;
   std::map<PeerId, double> rtt_;
   std::map<PeerId, double> measured_;  // throughput (work/s) seen by this client, an EMA

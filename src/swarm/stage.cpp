@@ -39,8 +39,10 @@ Result<std::unique_ptr<Stage>> Stage::Start(dht::Node& node, StageOptions option
 Stage::~Stage() { Shutdown(); }
 
 void Stage::Shutdown() {
-  if (server_) server_->Shutdown();
+  // The training first: its interrupt ends a round or state download that a request on the
+  // compute thread may be waiting for, which the server's shutdown would otherwise wait out.
   if (training_) training_->Shutdown();
+  if (server_) server_->Shutdown();
 }
 
 serve::ServerStats Stage::server_stats() const { return server_->Stats(); }

@@ -10,6 +10,9 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "dht/node.h"
+#include "model/config.h"
+#include "swarm/layout.h"
+#include "swarm/rebalancing.h"
 #include "swarm/stage.h"
 #include "tools/access_options.h"
 #include "tools/commands.h"
@@ -21,6 +24,7 @@ namespace {
 struct InitArgs {
   train::TaskOptions task;
   std::string out;
+  int64_t stages = 2;
 };
 
 // The run's initial model: the lm task's decoder (train/task.h) from --init-seed, in Hugging Face
@@ -32,10 +36,16 @@ int RunInit(const InitArgs& a) {
   auto task = train::Task::Create(a.task);
   if (!task.ok()) return Fail(task.status());
   if (Status st = (*task)->Save(a.out); !st.ok()) return Fail(st.WithContext("--out"));
-  std::printf(
-      "%s\n",
-      Dump({{"event", "initialized"}, {"model", a.out}, {"description", (*task)->Describe()}})
-          .c_str());
+  auto config = model::LoadLlamaConfig(a.out);
+  if (!config.ok()) return Fail(config.status());
+  auto layout = swarm::EvenLayout(config->num_layers, a.stages);
+  if (!layout.ok()) return Fail(layout.status().WithContext("--stages"));
+  if (Status st = swarm::WriteLayout(a.out, *layout); !st.ok()) return Fail(st);
+  std::printf("%s\n", Dump({{"event", "initialized"},
+                            {"model", a.out},
+                            {"stages", layout->ToString()},
+                            {"description", (*task)->Describe()}})
+                          .c_str());
   return 0;
 }
 
@@ -56,20 +66,43 @@ struct StageArgs {
   int64_t max_batch = 64;
   double throughput = 0;
   int threads = 0;
+  double rebalance_period = 60;
+  double balance_quality = 0.75;
+  double record_ttl = 20;
 };
 
+nlohmann::json StatsJson(const swarm::StageTrainingStats& t) {
+  return {{"epoch", t.epoch},     {"forwards", t.forwards}, {"backwards", t.backwards},
+          {"samples", t.samples}, {"rounds", t.rounds},     {"averaged", t.averaged},
+          {"stale", t.stale},     {"refused", t.refused},   {"state_loads", t.state_loads}};
+}
+
 int RunStage(const StageArgs& a) {
-  swarm::StageOptions o;
+  swarm::StagePeerOptions p;
+  swarm::StageOptions& o = p.stage;
   o.run = a.run;
   o.model_dir = a.model;
-  try {
-    const auto colon = a.blocks.find(':');
-    if (colon == std::string::npos) throw std::invalid_argument("no colon");
-    o.first_block = std::stoll(a.blocks.substr(0, colon));
-    o.last_block = std::stoll(a.blocks.substr(colon + 1));
-  } catch (const std::exception&) {
-    return Fail(fmt::format("--blocks '{}': expected A:B (blocks A..B-1), e.g. 0:2", a.blocks));
+  auto config = model::LoadLlamaConfig(a.model);
+  if (!config.ok()) return Fail(config.status().WithContext("--model"));
+  auto layout = swarm::ReadLayout(a.model, config->num_layers);
+  if (!layout.ok()) return Fail(layout.status());
+  p.layout = *layout;
+  o.first_block = o.last_block = -1;
+  if (!a.blocks.empty()) {
+    try {
+      const auto colon = a.blocks.find(':');
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      o.first_block = std::stoll(a.blocks.substr(0, colon));
+      o.last_block = std::stoll(a.blocks.substr(colon + 1));
+    } catch (const std::exception&) {
+      return Fail(fmt::format("--blocks '{}': expected A:B, one of the run's stages ({})", a.blocks,
+                              layout->ToString()));
+    }
   }
+  p.rebalance.period = SecondsToMillis(a.rebalance_period);
+  p.rebalance.balance_quality = a.balance_quality;
+  o.server.record_ttl_seconds = a.record_ttl;
+  o.server.announce_period = SecondsToMillis(a.record_ttl / 4);
   o.server.max_batch = a.max_batch;
   o.server.throughput_override = a.throughput;
   o.server.torch_threads = a.threads;
@@ -95,36 +128,42 @@ int RunStage(const StageArgs& a) {
   auto started = StartSwarmNode(a.access, std::move(node_options));
   if (!started.ok()) return Fail(started.status());
   std::unique_ptr<dht::Node>& node = started->node;
-  auto stage = swarm::Stage::Start(*node, o);
+  p.on_move = [](const swarm::StageMove& m) {
+    nlohmann::json e = {{"event", "moved"},
+                        {"from", {m.from.first, m.from.second}},
+                        {"to", {m.to.first, m.to.second}},
+                        {"ok", m.status.ok()},
+                        {"capacity_before", m.capacity_now},
+                        {"capacity_after", m.capacity_after},
+                        {"left", StatsJson(m.left)}};
+    if (!m.status.ok()) e["error"] = m.status.ToString();
+    std::printf("%s\n", Dump(e).c_str());
+    std::fflush(stdout);
+  };
+  auto stage = swarm::StagePeer::Start(*node, std::move(p));
   if (!stage.ok()) return Fail(stage.status().WithContext("starting the stage"));
   nlohmann::json addrs = nlohmann::json::array();
   for (const auto& m : node->VisibleAddresses()) addrs.push_back(m.ToString());
-  const auto s = (*stage)->server_stats();
+  const auto s = (*stage)->stats();
   std::printf("%s\n", Dump({{"event", "ready"},
                             {"peer", node->peer_id().ToString()},
                             {"addrs", addrs},
                             {"run", a.run},
-                            {"stage", swarm::StageRunId(a.run, o.first_block)},
+                            {"stage", swarm::StageRunId(a.run, s.first)},
                             {"blocks", {s.first, s.last}},
-                            {"epoch", (*stage)->training_stats().epoch},
-                            {"throughput", s.throughput}})
+                            {"epoch", s.training.epoch},
+                            {"throughput", s.server.throughput}})
                           .c_str());
   std::fflush(stdout);
   const std::string sig = WaitForTerminationSignal();
-  const auto t = (*stage)->training_stats();
-  COLONY_LOG_INFO("received {}; leaving the stage at epoch {}", sig, t.epoch);
+  const auto t = (*stage)->stats();
+  COLONY_LOG_INFO("received {}; leaving the stage at epoch {}", sig, t.training.epoch);
   (*stage)->Shutdown();
-  std::printf("%s\n", Dump({{"event", "done"},
-                            {"epoch", t.epoch},
-                            {"forwards", t.forwards},
-                            {"backwards", t.backwards},
-                            {"samples", t.samples},
-                            {"rounds", t.rounds},
-                            {"averaged", t.averaged},
-                            {"stale", t.stale},
-                            {"refused", t.refused},
-                            {"state_loads", t.state_loads}})
-                          .c_str());
+  nlohmann::json done = StatsJson(t.training);
+  done["event"] = "done";
+  done["blocks"] = {t.first, t.last};
+  done["moves"] = t.moves;
+  std::printf("%s\n", Dump(done).c_str());
   started->access.Stop();
   node->Shutdown();
   return 0;
@@ -165,19 +204,26 @@ void AddSwarmTrainCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comma
                    "~/.cache/colony)");
   init->add_option("--init-seed", i->task.init_seed, "seed of the initial weights")
       ->capture_default_str();
+  init->add_option("--stages", i->stages,
+                   "pipeline stages: the blocks cut into this many ranges of (nearly) equal "
+                   "length, written to swarm.json")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
   commands.emplace_back(init, [i]() { return RunInit(*i); });
 
   auto a = std::make_shared<StageArgs>();
   auto* stage = swarm->add_subcommand(
       "stage",
-      "host and train blocks A..B-1 of the run's model as a peer of their stage: forward and "
-      "backward for trainers, rounds with the stage's other peers; prints JSON ready and done "
-      "lines");
+      "host and train one stage of the run's model (its blocks, from swarm.json) as a peer of "
+      "that stage: forward and backward for trainers, rounds with the stage's other peers, and "
+      "a move to a weaker stage when that lifts the pipeline's throughput clearly; prints JSON "
+      "ready, moved and done lines");
   stage->add_option("--model", a->model, "the run's initial checkpoint (colony swarm-train init)")
       ->required();
   stage->add_option("--run-id", a->run, "the run's name (the trainers' --run-id)")
       ->capture_default_str();
-  stage->add_option("--blocks", a->blocks, "host blocks A..B-1, as A:B")->required();
+  stage->add_option("--blocks", a->blocks,
+                    "start with the stage of blocks A..B-1, as A:B (default: the weakest stage)");
   stage->add_option("--initial-peers", a->initial_peers, "multiaddr of a DHT peer (repeatable)")
       ->check(MultiaddrCheck());
   stage->add_option("--listen", a->listen, "address to listen on")
@@ -209,6 +255,23 @@ void AddSwarmTrainCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comma
   stage->add_option("--throughput", a->throughput,
                     "announce this throughput instead of measuring it (tests)");
   stage->add_option("--threads", a->threads, "LibTorch threads (default: LibTorch's)");
+  stage
+      ->add_option("--rebalance-period", a->rebalance_period,
+                   "seconds between checks of the stages' balance (0: never move)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  stage
+      ->add_option("--balance-quality", a->balance_quality,
+                   "move when the pipeline's throughput is below this fraction of what the move "
+                   "would give")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  stage
+      ->add_option("--record-ttl", a->record_ttl,
+                   "seconds the stage's DHT records live (re-announced every quarter of it): how "
+                   "soon trainers and other stage peers forget a peer that died")
+      ->check(CLI::Range(2.0, 3600.0))
+      ->capture_default_str();
   commands.emplace_back(stage, [a]() { return RunStage(*a); });
 
   AddSwarmTrainerCommand(swarm, commands);

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dht/validation.h"
-#include "loopback_node.h"
+#include "loopback_dht.h"
 #include "model/checkpoint.h"
 #include "model/llama.h"
 #include "runtime/tensor_io.h"
@@ -69,9 +69,8 @@ class SwarmTest : public ::testing::Test {
     at::manual_seed(7);
     model::LlamaModel m(Config());
     ASSERT_TRUE(model::SaveLlama(dir_, m).ok());
-    auto boot = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions());
-    ASSERT_TRUE(boot.ok()) << boot.status().ToString();
-    boot_ = std::move(*boot);
+    Status started = dht_.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
     // Counting sequences from random starts (s, s + 1, ... mod V): learnable.
     at::manual_seed(11);
     const at::Tensor steps = at::arange(kSeqLen + 1, at::kLong).unsqueeze(0);
@@ -85,19 +84,11 @@ class SwarmTest : public ::testing::Test {
     trainer_opt_.reset();
     pipeline_.reset();
     stages_.clear();
-    for (auto& n : nodes_) n->Shutdown();
-    if (boot_) boot_->Shutdown();
+    dht_.Shutdown();
     std::filesystem::remove_all(dir_);
   }
 
-  dht::Node& AddNode() {
-    auto node =
-        dht::Node::Start(KeyPair::Generate(),
-                         test::LoopbackNodeOptions({boot_->VisibleAddresses().at(0).ToString()}));
-    EXPECT_TRUE(node.ok()) << node.status().ToString();
-    nodes_.push_back(std::move(*node));
-    return *nodes_.back();
-  }
+  dht::Node& AddNode() { return dht_.Add(); }
 
   Stage& AddStage(int64_t first, int64_t last) {
     dht::Node& node = AddNode();
@@ -187,8 +178,7 @@ class SwarmTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
-  std::unique_ptr<dht::Node> boot_;
-  std::vector<std::unique_ptr<dht::Node>> nodes_;
+  test::LoopbackDht dht_;
   std::vector<std::unique_ptr<Stage>> stages_;
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<train::CollaborativeOptimizer> trainer_opt_;
@@ -269,7 +259,7 @@ TEST_F(SwarmTest, AStagePeerThatDiesLosesNoMicrobatch) {
   ASSERT_EQ(first.size(), static_cast<size_t>(kPerEpoch));
   // Kill the peer the trainer measured last (its node goes: connections reset, calls fail).
   stages_[1]->Shutdown();
-  nodes_[1]->Shutdown();
+  dht_.nodes()[1]->Shutdown();
   const std::vector<double> rest = Train(kPerEpoch, 3 * kPerEpoch);
   ASSERT_EQ(rest.size(), static_cast<size_t>(2 * kPerEpoch));
   pipeline_->SetEpoch(trainer_opt_->local_epoch());
