@@ -8,7 +8,10 @@
 // and each stage must account for every sample once; otherwise the benchmark fails.
 //
 // RESULT swarm_samples_per_second, ideal_samples_per_second, and swarm_vs_ideal_pipeline (the
-// ratio; what the network hops, routing and stage rounds cost).
+// ratio; what the network hops, routing and stage rounds cost). Then the same swarm with 8-bit
+// stage boundaries (blockwise, 256 values per scale): RESULT swarm_boundary8_bytes_ratio, the
+// trainer's bytes on the wire against the float32 run's, checked to train within 1% of the
+// one-process losses.
 //
 // Then rebalancing (swarm/rebalancing.h): stage peers of one kind of machine (each announces the
 // same throughput; on one machine their real speeds are the machine's), 3 in the first stage and
@@ -19,11 +22,11 @@
 // one) and a microbatch went through the peer that moved. Checked: no microbatch of the trainer
 // failed, the peer that moved took the stage's state, and the second stage's two peers end with
 // the same parameters. The time is mostly the record lifetime plus one rebalancing round, both
-// options (--record-ttl, --rebalance-period), printed with it; 8-bit stage boundaries are not
-// measured yet (docs/swarm.md).
+// options (--record-ttl, --rebalance-period), printed with it.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <torch/optim/adam.h>
 
 #include <CLI/CLI.hpp>
@@ -76,6 +79,117 @@ train::CollaborativeOptions Rounds(const std::string& run, const Args& a) {
   o.progress_min_refresh = 50ms;
   o.progress_max_refresh = 300ms;
   return o;
+}
+
+struct SwarmRun {
+  std::vector<double> losses;
+  double seconds = 0;
+  double bytes = 0;  // sent and received by the trainer's node while it trained
+  std::vector<std::vector<at::Tensor>> parameters;  // each stage peer's, at the end (copies)
+};
+
+// 2 stages x 2 peers and a trainer, in this process over loopback, trained on the first n
+// batches with hidden states crossing stages in `codec`. Checks that each stage accounted for
+// every sample once and that every peer ended the last epoch.
+Result<SwarmRun> RunSwarm(const Args& a, const std::filesystem::path& model_dir,
+                          const std::vector<at::Tensor>& batches, size_t n,
+                          compression::Codec codec) {
+  const std::string run = fmt::format("bench-{}", compression::CodecName(codec));
+  auto boot = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions());
+  if (!boot.ok()) return boot.status();
+  const std::string boot_addr = (*boot)->VisibleAddresses().at(0).ToString();
+  std::vector<std::unique_ptr<dht::Node>> nodes;
+  std::vector<std::unique_ptr<swarm::Stage>> stages;
+  std::unique_ptr<swarm::Pipeline> pipeline;
+  std::unique_ptr<train::CollaborativeOptimizer> opt;
+  auto done = [&](Result<SwarmRun> r) {
+    opt.reset();
+    pipeline.reset();
+    stages.clear();
+    for (auto& node : nodes) node->Shutdown();
+    (*boot)->Shutdown();
+    return r;
+  };
+  auto add_node = [&]() -> Result<dht::Node*> {
+    auto node = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions({boot_addr}));
+    if (!node.ok()) return node.status();
+    nodes.push_back(std::move(*node));
+    return nodes.back().get();
+  };
+  const int64_t half = a.layers / 2;
+  for (int i = 0; i < 4; ++i) {
+    swarm::StageOptions o;
+    o.run = run;
+    o.model_dir = model_dir;
+    o.first_block = i < 2 ? 0 : half;
+    o.last_block = i < 2 ? half : a.layers;
+    o.server.announce_period = 1s;
+    o.training.optimizer_config.lr = a.lr;
+    o.training.collaborative = Rounds("", a);
+    auto node = add_node();
+    if (!node.ok()) return done(node.status());
+    auto stage = swarm::Stage::Start(**node, o);
+    if (!stage.ok()) return done(stage.status());
+    stages.push_back(std::move(*stage));
+  }
+  auto trainer_node = add_node();
+  if (!trainer_node.ok()) return done(trainer_node.status());
+  auto p = swarm::Pipeline::Create(**trainer_node,
+                                   {.run = run, .model_dir = model_dir, .boundary_codec = codec});
+  if (!p.ok()) return done(p.status());
+  pipeline = std::move(*p);
+  train::OptimizerConfig oc;
+  oc.lr = a.lr;
+  auto inner = train::MakeOptimizer("adam", pipeline->parameters(), oc);
+  if (!inner.ok()) return done(inner.status());
+  auto o = train::CollaborativeOptimizer::Create(
+      **trainer_node, pipeline->parameters(),
+      std::shared_ptr<torch::optim::Optimizer>(std::move(*inner)), Rounds(run, a));
+  if (!o.ok()) return done(o.status());
+  opt = std::move(*o);
+  const bool seen = test::WaitUntil(
+      [&] {
+        (void)pipeline->manager().Refresh();
+        return pipeline->manager().Servers().size() >= 4;
+      },
+      10s);
+  if (!seen) return done(DeadlineExceeded("the trainer does not see the 4 stage peers"));
+  SwarmRun out;
+  const auto before = (*trainer_node)->host().TotalStats();
+  const auto t0 = SteadyClock::now();
+  for (size_t i = 0; i < n; ++i) {
+    pipeline->SetEpoch(opt->local_epoch());
+    auto loss = pipeline->TrainStep(batches[i]);
+    if (!loss.ok()) return done(loss.status().WithContext(fmt::format("microbatch {}", i)));
+    out.losses.push_back(*loss);
+    auto r = opt->Step(a.batch);
+    if (!r.ok()) return done(r.status());
+  }
+  // The stages end the last epoch when the trainer's next request shows it.
+  pipeline->SetEpoch(opt->local_epoch());
+  if (auto l = pipeline->Loss(batches[n]); !l.ok()) return done(l.status());
+  out.seconds = Seconds(t0);
+  const auto after = (*trainer_node)->host().TotalStats();
+  out.bytes = static_cast<double>((after.bytes_sent - before.bytes_sent) +
+                                  (after.bytes_received - before.bytes_received));
+  int64_t samples[2] = {0, 0};
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const auto t = stages[s]->training_stats();
+    samples[s / 2] += t.samples;
+    if (t.epoch != a.epochs) {
+      return done(
+          Internal(fmt::format("stage peer {} is at epoch {}, not {}", s, t.epoch, a.epochs)));
+    }
+    std::vector<at::Tensor> copy;
+    for (const auto& w : stages[s]->parameters()) copy.push_back(w.detach().clone());
+    out.parameters.push_back(std::move(copy));
+  }
+  const int64_t total = static_cast<int64_t>(n) * a.batch;
+  if (samples[0] != total || samples[1] != total) {
+    return done(Internal(fmt::format("the stages accounted for {} and {} samples of {}", samples[0],
+                                     samples[1], total)));
+  }
+  return done(std::move(out));
 }
 
 // The rebalancing phase (see the top): the seconds until the pipeline recovered, or an error.
@@ -282,95 +396,39 @@ int Run(const Args& a) {
     ideal_seconds = Seconds(t0);
   }
 
-  // The swarm: 2 stages x 2 peers and a trainer.
-  auto boot = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions());
-  if (!boot.ok()) return Fail(boot.status().ToString());
-  const std::string boot_addr = (*boot)->VisibleAddresses().at(0).ToString();
-  std::vector<std::unique_ptr<dht::Node>> nodes;
-  auto add_node = [&]() -> dht::Node& {
-    auto node = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions({boot_addr}));
-    if (!node.ok()) throw std::runtime_error(node.status().ToString());
-    nodes.push_back(std::move(*node));
-    return *nodes.back();
-  };
-  std::vector<std::unique_ptr<swarm::Stage>> stages;
+  // The swarm: 2 stages x 2 peers and a trainer, with float32 boundaries (checked exact), then
+  // with 8-bit ones (checked close).
+  auto exact = RunSwarm(a, model_dir, batches, n, compression::Codec::kNone);
+  if (!exact.ok()) return Fail(exact.status().ToString());
+  for (size_t i = 0; i < n; ++i) {
+    if (std::abs(exact->losses[i] - want[i]) > 1e-4 * std::abs(want[i]) + 1e-4) {
+      return Fail(fmt::format("microbatch {}: the swarm's loss {} differs from {}", i,
+                              exact->losses[i], want[i]));
+    }
+  }
   const int64_t half = a.layers / 2;
-  for (int i = 0; i < 4; ++i) {
-    swarm::StageOptions o;
-    o.run = "bench";
-    o.model_dir = model_dir;
-    o.first_block = i < 2 ? 0 : half;
-    o.last_block = i < 2 ? half : a.layers;
-    o.server.announce_period = 1s;
-    o.training.optimizer_config.lr = a.lr;
-    o.training.collaborative = Rounds("", a);
-    auto stage = swarm::Stage::Start(add_node(), o);
-    if (!stage.ok()) return Fail(stage.status().ToString());
-    stages.push_back(std::move(*stage));
-  }
-  dht::Node& trainer_node = add_node();
-  auto pipeline = swarm::Pipeline::Create(trainer_node, {.run = "bench", .model_dir = model_dir});
-  if (!pipeline.ok()) return Fail(pipeline.status().ToString());
-  train::OptimizerConfig oc;
-  oc.lr = a.lr;
-  auto inner = train::MakeOptimizer("adam", (*pipeline)->parameters(), oc);
-  if (!inner.ok()) return Fail(inner.status().ToString());
-  auto opt = train::CollaborativeOptimizer::Create(
-      trainer_node, (*pipeline)->parameters(),
-      std::shared_ptr<torch::optim::Optimizer>(std::move(*inner)), Rounds("bench", a));
-  if (!opt.ok()) return Fail(opt.status().ToString());
-  const bool seen = test::WaitUntil(
-      [&] {
-        (void)(*pipeline)->manager().Refresh();
-        return (*pipeline)->manager().Servers().size() >= 4;
-      },
-      10s);
-  if (!seen) return Fail("the trainer does not see the 4 stage peers");
-  std::vector<double> got;
-  const auto t0 = SteadyClock::now();
-  for (size_t i = 0; i < n; ++i) {
-    (*pipeline)->SetEpoch((*opt)->local_epoch());
-    auto loss = (*pipeline)->TrainStep(batches[i]);
-    if (!loss.ok()) return Fail(fmt::format("microbatch {}: {}", i, loss.status().ToString()));
-    got.push_back(*loss);
-    auto r = (*opt)->Step(a.batch);
-    if (!r.ok()) return Fail(r.status().ToString());
-  }
-  // The stages end the last epoch when the trainer's next request shows it.
-  (*pipeline)->SetEpoch((*opt)->local_epoch());
-  if (auto l = (*pipeline)->Loss(batches[n]); !l.ok()) return Fail(l.status().ToString());
-  const double swarm_seconds = Seconds(t0);
-
-  // Check before printing.
-  for (size_t i = 0; i < n; ++i) {
-    if (std::abs(got[i] - want[i]) > 1e-4 * std::abs(want[i]) + 1e-4) {
-      return Fail(
-          fmt::format("microbatch {}: the swarm's loss {} differs from {}", i, got[i], want[i]));
-    }
-  }
-  int64_t samples[2] = {0, 0};
-  for (size_t s = 0; s < stages.size(); ++s) {
-    const auto t = stages[s]->training_stats();
-    samples[s / 2] += t.samples;
-    if (t.epoch != a.epochs) {
-      return Fail(fmt::format("stage peer {} is at epoch {}, not {}", s, t.epoch, a.epochs));
-    }
-    std::vector<at::Tensor> mine = stages[s]->parameters();
+  for (size_t s = 0; s < exact->parameters.size(); ++s) {
     std::vector<at::Tensor> ref;
-    const int64_t first = stages[s]->server_stats().first;
+    const int64_t first = s < 2 ? 0 : half;
     for (int64_t b = first; b < first + half; ++b) {
       for (const auto& p : (*local)->block(b)->parameters()) ref.push_back(p);
     }
-    for (size_t k = 0; k < mine.size(); ++k) {
-      const double d = (mine[k] - ref[k]).abs().max().item<double>();
+    for (size_t k = 0; k < ref.size(); ++k) {
+      const double d = (exact->parameters[s][k] - ref[k]).abs().max().item<double>();
       if (d > 1e-4) return Fail(fmt::format("stage peer {}'s parameter {} is {} off", s, k, d));
     }
   }
-  const int64_t total = static_cast<int64_t>(n) * a.batch;
-  if (samples[0] != total || samples[1] != total) {
-    return Fail(fmt::format("the stages accounted for {} and {} samples of {}", samples[0],
-                            samples[1], total));
+  auto eight = RunSwarm(a, model_dir, batches, n, compression::Codec::kBlockwise8);
+  if (!eight.ok()) return Fail("8-bit boundaries: " + eight.status().ToString());
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::abs(eight->losses[i] - want[i]) / std::abs(want[i]));
   }
+  if (!(worst < 1e-2)) {
+    return Fail(fmt::format("8-bit boundaries: a loss {:.2e} relative off one process's", worst));
+  }
+  const int64_t total = static_cast<int64_t>(n) * a.batch;
+  const double swarm_seconds = exact->seconds;
   const double swarm_sps = static_cast<double>(total) / swarm_seconds;
   const double ideal_sps = static_cast<double>(total) / ideal_seconds;
   std::printf(
@@ -378,9 +436,11 @@ int Run(const Args& a) {
       "one process: %.2f s; losses and parameters equal\n",
       n, static_cast<long long>(a.batch), static_cast<long long>(a.seq_len), swarm_seconds,
       ideal_seconds);
-  stages.clear();
-  for (auto& node : nodes) node->Shutdown();
-  (*boot)->Shutdown();
+  std::printf(
+      "8-bit stage boundaries: %.2f MB per microbatch through the trainer instead of %.2f MB "
+      "(x%.3f), losses within %.1e relative of one process's\n",
+      eight->bytes / 1e6 / static_cast<double>(n), exact->bytes / 1e6 / static_cast<double>(n),
+      eight->bytes / exact->bytes, worst);
   auto rebalance = MeasureRebalance(a, model_dir, batches);
   if (!rebalance.ok()) return Fail("rebalancing: " + rebalance.status().ToString());
   std::printf(
@@ -391,6 +451,7 @@ int Run(const Args& a) {
   std::printf("RESULT swarm_samples_per_second=%.1f\n", swarm_sps);
   std::printf("RESULT ideal_samples_per_second=%.1f\n", ideal_sps);
   std::printf("RESULT swarm_vs_ideal_pipeline=%.3f\n", swarm_sps / ideal_sps);
+  std::printf("RESULT swarm_boundary8_bytes_ratio=%.3f\n", eight->bytes / exact->bytes);
   std::printf("RESULT swarm_rebalance_s=%.1f\n", *rebalance);
   return 0;
 }
@@ -413,6 +474,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(2.0, 600.0))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::warn);  // the stages' per-epoch lines would bury the figures
   if (a.layers < 2 || a.layers % 2 != 0) return Fail("--layers must be even and at least 2");
   try {
     return Run(a);

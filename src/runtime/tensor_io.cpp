@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <span>
+#include <string>
 
 namespace colony::runtime {
 
@@ -80,10 +83,44 @@ Result<net::TensorFrame> ToFrame(const at::Tensor& tensor) {
   return frame;
 }
 
+Result<net::TensorFrame> ToFrame(const at::Tensor& tensor, compression::Codec codec,
+                                 const compression::CodecOptions& options) {
+  if (codec == compression::Codec::kNone) return ToFrame(tensor);
+  if (!tensor.defined() || !at::isFloatingType(tensor.scalar_type())) {
+    return InvalidArgument(fmt::format("only floating-point tensors can be sent as {}",
+                                       compression::CodecName(codec)));
+  }
+  if (tensor.dim() > static_cast<int64_t>(kMaxTensorRank)) {
+    return InvalidArgument(fmt::format("tensor rank {} exceeds {}", tensor.dim(), kMaxTensorRank));
+  }
+  const at::Tensor values = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
+  auto bytes = std::make_shared<Bytes>();
+  COLONY_RETURN_IF_ERROR(compression::Encode(
+      codec, std::span<const float>(values.data_ptr<float>(), static_cast<size_t>(values.numel())),
+      *bytes, options));
+  net::TensorFrame frame;
+  frame.dtype = DType::kFloat32;
+  frame.codec = static_cast<uint8_t>(codec);
+  frame.shape.assign(values.sizes().begin(), values.sizes().end());
+  frame.data = ByteSpan(bytes->data(), bytes->size());
+  frame.owner = bytes;
+  return frame;
+}
+
 Result<at::Tensor> FromFrame(const net::TensorFrame& frame, const FrameLimits& limits) {
+  std::optional<compression::Codec> codec;
   if (frame.codec != 0) {
-    return InvalidArgument(
-        fmt::format("tensor uses codec {}; only raw tensors are accepted here", frame.codec));
+    codec = compression::CodecFromWire(frame.codec);
+    if (!codec || std::find(limits.allowed_codecs.begin(), limits.allowed_codecs.end(), *codec) ==
+                      limits.allowed_codecs.end()) {
+      return InvalidArgument(fmt::format(
+          "tensor uses codec {}, which is not accepted here",
+          codec ? std::string(compression::CodecName(*codec)) : std::to_string(frame.codec)));
+    }
+    if (frame.dtype != DType::kFloat32) {
+      return InvalidArgument(fmt::format("a tensor of codec {} must carry float32 values, not {}",
+                                         compression::CodecName(*codec), DTypeName(frame.dtype)));
+    }
   }
   if (!limits.allowed_dtypes.empty() &&
       std::find(limits.allowed_dtypes.begin(), limits.allowed_dtypes.end(), frame.dtype) ==
@@ -100,6 +137,20 @@ Result<at::Tensor> FromFrame(const net::TensorFrame& frame, const FrameLimits& l
   if (*n > limits.max_elements) {
     return ResourceExhausted(
         fmt::format("tensor of {} elements exceeds the limit of {}", *n, limits.max_elements));
+  }
+  if (codec) {
+    // The encoding names its codec again: it must be the frame's (an allowed one).
+    COLONY_ASSIGN_OR_RETURN(auto header, compression::PeekHeader(frame.data));
+    if (header.codec != *codec || header.count != *n) {
+      return InvalidArgument(fmt::format(
+          "a {} tensor of {} values carries an encoding of {} values of codec {}",
+          compression::CodecName(*codec), *n, header.count, compression::CodecName(header.codec)));
+    }
+    at::Tensor t = at::empty(frame.shape, at::TensorOptions().dtype(at::kFloat));
+    COLONY_RETURN_IF_ERROR(compression::Decode(
+        frame.data, std::span<float>(t.data_ptr<float>(), static_cast<size_t>(*n)),
+        /*max_threads=*/1));
+    return t;
   }
   const size_t size = DTypeSize(frame.dtype);
   if (size == 0 || frame.data.size() != *n * size) {

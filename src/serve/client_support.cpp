@@ -44,9 +44,13 @@ Result<at::Tensor> HiddenFrom(const net::Message& m, size_t index, at::IntArrayR
   uint64_t n = 1;
   for (auto d : shape) n *= static_cast<uint64_t>(d);
   COLONY_ASSIGN_OR_RETURN(
-      at::Tensor t, runtime::FromFrame(m.tensors[index], {.max_elements = n,
-                                                          .allowed_dtypes = kFloatDTypes,
-                                                          .rank = static_cast<int>(shape.size())}));
+      at::Tensor t,
+      runtime::FromFrame(m.tensors[index],
+                         {.max_elements = n,
+                          .allowed_dtypes = kFloatDTypes,
+                          .rank = static_cast<int>(shape.size()),
+                          .allowed_codecs = index == 0 ? CompressedBoundaryCodecs()
+                                                       : std::vector<compression::Codec>{}}));
   if (!t.sizes().equals(shape)) {
     return ProtocolError(fmt::format("the server replied with shape {}, expected {}",
                                      fmt::join(t.sizes(), "x"), fmt::join(shape, "x")));

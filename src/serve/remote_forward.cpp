@@ -17,15 +17,21 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
                                 const std::string& method, std::vector<at::Tensor> tensors,
                                 int64_t prompt_length, const LoraSpec& lora) {
   COLONY_ASSIGN_OR_RETURN(Multiaddr addr, AddressOf(span.server));
+  const compression::Codec codec = m.options().boundary_codec;
   net::Message msg(EncodeBlockRequest({.start = span.start,
                                        .end = span.end,
                                        .tuning = TuningOf(prompt_length, lora),
-                                       .epoch = m.epoch()}));
+                                       .epoch = m.epoch(),
+                                       .boundary_codec = codec}));
   // The work measured: blocks x tokens of the hidden states sent.
   const double work = static_cast<double>(span.end - span.start) *
                       static_cast<double>(tensors.front().size(0) * tensors.front().size(1));
-  for (auto& t : tensors) {
-    COLONY_ASSIGN_OR_RETURN(auto f, runtime::ToFrame(t));
+  // The hidden states (and, for a backward, their gradient) in the boundary codec.
+  const size_t hidden = method == "serve.backward" ? 2 : 1;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    COLONY_ASSIGN_OR_RETURN(
+        auto f, runtime::ToFrame(tensors[i], i < hidden ? codec : compression::Codec::kNone,
+                                 {.block_size = kBoundaryBlockSize, .max_threads = 1}));
     msg.tensors.push_back(std::move(f));
   }
   const auto t0 = std::chrono::steady_clock::now();

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/codec.h"
 #include "core/status.h"
 #include "dht/node.h"
 #include "serve/records.h"
@@ -50,6 +51,10 @@ struct ClientOptions {
   // call does not starve it), instead of the fastest route.
   bool stochastic_routing = false;
   uint64_t routing_seed = 0;  // stochastic routing's random choices (0: from the clock)
+  // How hidden states and their gradients cross the network in forward and backward calls
+  // (serve/wire.h kBoundaryCodecs; SWARM's 8-bit stage boundaries: kBlockwise8). Lossy but
+  // kNone; inference sessions always send them raw.
+  compression::Codec boundary_codec = compression::Codec::kNone;
 };
 
 enum class RoutingMode {

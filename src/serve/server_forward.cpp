@@ -44,7 +44,8 @@ Result<at::Tensor> BlockServer::Impl::ReadHidden(const net::TensorFrame& frame,
   COLONY_ASSIGN_OR_RETURN(
       at::Tensor h, runtime::FromFrame(frame, {.max_elements = static_cast<uint64_t>(max_elements),
                                                .allowed_dtypes = kFloatDTypes,
-                                               .rank = 3}));
+                                               .rank = 3,
+                                               .allowed_codecs = CompressedBoundaryCodecs()}));
   if (h.size(2) != config_.hidden_size) {
     return InvalidArgument(
         fmt::format("hidden states have size {} in the last dimension; this "
@@ -211,9 +212,12 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
     std::lock_guard lock(mu_);
     ++(backward ? backwards_ : forwards_);
   }
+  // The hidden states (or their gradient) in the client's codec; prompt and adapter gradients raw.
   net::Message reply;
-  for (auto& t : *result) {
-    auto f = runtime::ToFrame(t);
+  const compression::Codec codec = req->boundary_codec;
+  for (size_t i = 0; i < result->size(); ++i) {
+    auto f = runtime::ToFrame((*result)[i], i == 0 ? codec : compression::Codec::kNone,
+                              {.block_size = kBoundaryBlockSize, .max_threads = 1});
     if (!f.ok()) co_return f.status();
     reply.tensors.push_back(std::move(*f));
   }

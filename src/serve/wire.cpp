@@ -166,6 +166,7 @@ std::string EncodeBlockRequest(const BlockRequest& r) {
   p.set_end(static_cast<uint32_t>(r.end));
   SetTuning(p, r.tuning);
   if (r.epoch >= 0) p.set_epoch(static_cast<uint64_t>(r.epoch));
+  p.set_boundary_codec(static_cast<uint32_t>(r.boundary_codec));
   return p.SerializeAsString();
 }
 
@@ -182,6 +183,16 @@ Result<BlockRequest> DecodeBlockRequest(std::string_view bytes) {
     }
     r.epoch = static_cast<int64_t>(p.epoch());
   }
+  const auto codec = p.boundary_codec() <= 255
+                         ? compression::CodecFromWire(static_cast<uint8_t>(p.boundary_codec()))
+                         : std::nullopt;
+  if (!codec ||
+      std::find(kBoundaryCodecs.begin(), kBoundaryCodecs.end(), *codec) == kBoundaryCodecs.end()) {
+    return ProtocolError(
+        fmt::format("BlockRequest: boundary codec {} is not one of none, fp16, bf16 and blockwise8",
+                    p.boundary_codec()));
+  }
+  r.boundary_codec = *codec;
   return r;
 }
 

@@ -7,12 +7,14 @@
 // message says which frames it expects.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "compression/codec.h"
 #include "core/status.h"
 
 namespace colony::serve {
@@ -44,7 +46,21 @@ struct BlockRequest {
   TuningSpec tuning = {};
   // The epoch of a SWARM trainer's microbatch (at most kMaxEpoch); -1: not a training request.
   int64_t epoch = -1;
+  // How the hidden states (forward: the input; backward: the input and its gradient) and the
+  // reply's first tensor travel: one of kBoundaryCodecs.
+  compression::Codec boundary_codec = compression::Codec::kNone;
 };
+
+// The codecs hidden states may cross the network in (each decodes to at most 4x its bytes), and
+// the block size of the 8-bit one (one float32 scale per 256 values: 1.6% overhead).
+inline constexpr std::array<compression::Codec, 4> kBoundaryCodecs = {
+    compression::Codec::kNone, compression::Codec::kFloat16, compression::Codec::kBFloat16,
+    compression::Codec::kBlockwise8};
+inline constexpr uint32_t kBoundaryBlockSize = 256;
+// kBoundaryCodecs but kNone: what a receiver of hidden states decodes besides raw frames.
+inline std::vector<compression::Codec> CompressedBoundaryCodecs() {
+  return {kBoundaryCodecs.begin() + 1, kBoundaryCodecs.end()};
+}
 
 // Where a server also sends each step's output: the next server's session (empty: nowhere).
 struct PushTarget {

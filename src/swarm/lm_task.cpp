@@ -39,9 +39,11 @@ class SwarmLmTask final : public train::Task {
   }
 
   Status Connect(dht::Node& node) override {
+    COLONY_ASSIGN_OR_RETURN(auto codec, compression::ParseCodec(options_.swarm_boundary_codec));
     COLONY_ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(node, {.run = options_.swarm_run,
                                                                .model_dir = options_.swarm_model,
-                                                               .routing_seed = options_.seed + 1}));
+                                                               .routing_seed = options_.seed + 1,
+                                                               .boundary_codec = codec}));
     return Status::Ok();
   }
 
@@ -81,6 +83,7 @@ class SwarmLmTask final : public train::Task {
             {"vocab_size", config_.vocab_size},
             {"hidden_size", config_.hidden_size},
             {"layers", config_.num_layers},
+            {"boundary_codec", options_.swarm_boundary_codec},
             {"run", options_.swarm_run}};
   }
 

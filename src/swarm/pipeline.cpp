@@ -3,12 +3,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "model/llama.h"
 #include "serve/generation.h"
 #include "serve/remote_sequential.h"
 #include "serve/routing.h"
+#include "serve/wire.h"
 
 namespace colony::swarm {
 
@@ -29,6 +31,12 @@ struct Pipeline::Impl {
 
 Result<std::unique_ptr<Pipeline>> Pipeline::Create(dht::Node& node, PipelineOptions options) {
   if (options.run.empty()) return InvalidArgument("a SWARM trainer needs the run's name");
+  if (std::find(serve::kBoundaryCodecs.begin(), serve::kBoundaryCodecs.end(),
+                options.boundary_codec) == serve::kBoundaryCodecs.end()) {
+    return InvalidArgument(
+        fmt::format("boundary codec {} is not one of none, fp16, bf16 and blockwise8",
+                    compression::CodecName(options.boundary_codec)));
+  }
   auto impl = std::make_unique<Impl>();
   COLONY_ASSIGN_OR_RETURN(impl->head, serve::LoadClientModel(options.model_dir));
   impl->head->train();
@@ -44,6 +52,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(dht::Node& node, PipelineOpti
   co.refresh_period = std::chrono::milliseconds(2'000);  // new stage peers get traffic soon
   co.stochastic_routing = true;
   co.routing_seed = options.routing_seed;
+  co.boundary_codec = options.boundary_codec;
   impl->manager = std::make_shared<serve::SequenceManager>(node, co);
   impl->blocks = std::make_unique<serve::RemoteSequential>(impl->manager);
   return std::unique_ptr<Pipeline>(new Pipeline(std::move(impl)));

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/codec.h"
 #include "core/status.h"
 #include "dht/node.h"
 #include "model/config.h"
@@ -39,6 +40,10 @@ struct PipelineOptions {
   std::chrono::milliseconds avoid_failed_for{20'000};
   int max_attempts = 8;  // calls per stage and microbatch before the microbatch fails
   uint64_t routing_seed = 0;
+  // How hidden states and their gradients cross the stage boundaries (serve/wire.h
+  // kBoundaryCodecs): kBlockwise8 sends about a quarter of float32's bytes, with an error of at
+  // most half a step of 1/127 of each 256 values' largest magnitude.
+  compression::Codec boundary_codec = compression::Codec::kNone;
 };
 
 class Pipeline {

@@ -108,7 +108,10 @@ Status CheckTaskOptions(const CLI::App& cmd, const std::string& task) {
     refused.insert(refused.end(), std::begin(kLmModelOnly), std::end(kLmModelOnly));
   }
   if (task == "swarm-lm") refused.insert(refused.end(), std::begin(kSizes), std::end(kSizes));
-  if (task != "swarm-lm") refused.push_back("--swarm-model");
+  if (task != "swarm-lm") {
+    refused.push_back("--swarm-model");
+    refused.push_back("--boundary-codec");
+  }
   for (const char* name : refused) {
     if (cmd.count(name) > 0) {
       return InvalidArgument(fmt::format("{} does not apply to --task {}", name, task));
@@ -242,6 +245,11 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
   cmd->add_option("--swarm-model", t.swarm_model,
                   "swarm-lm: the run's initial checkpoint (colony swarm-train init), whose "
                   "embeddings, norm and head this trainer holds");
+  cmd->add_option("--boundary-codec", t.swarm_boundary_codec,
+                  "swarm-lm: how hidden states and their gradients cross stage boundaries: none, "
+                  "fp16, bf16 or blockwise8 (8-bit, about a quarter of the bytes; lossy)")
+      ->check(CLI::IsMember({"none", "fp16", "bf16", "blockwise8"}))
+      ->capture_default_str();
   cmd->add_option("--run-id", c.run_id, "name shared by the peers of one run")
       ->capture_default_str();
   cmd->add_option("--initial-peers", o.initial_peers,

@@ -60,6 +60,7 @@ struct TaskOptions {
   // embeddings, norm and head the trainer holds.
   std::string swarm_run = {};
   std::string swarm_model = {};
+  std::string swarm_boundary_codec = "none";  // hidden states between stages: serve/wire.h
   // fashion-mnist
   model::FashionArchitecture classifier = model::FashionArchitecture::kCnn;
 };

@@ -36,6 +36,11 @@ TEST(ServeWire, HonestMessagesRoundTrip) {
   auto b3 = DecodeBlockRequest(EncodeBlockRequest(b));
   ASSERT_TRUE(b3.ok()) << b3.status().ToString();
   EXPECT_EQ(b3->epoch, 42);
+  EXPECT_EQ(b3->boundary_codec, compression::Codec::kNone);
+  b.boundary_codec = compression::Codec::kBlockwise8;
+  auto b4 = DecodeBlockRequest(EncodeBlockRequest(b));
+  ASSERT_TRUE(b4.ok()) << b4.status().ToString();
+  EXPECT_EQ(b4->boundary_codec, compression::Codec::kBlockwise8);
 
   OpenSessionRequest o{.session_id = kId,
                        .start = 0,
@@ -93,6 +98,17 @@ TEST(ServeWire, WhatAHostilePeerSendsIsRefusedByName) {
   b.clear_lora_targets();
   b.set_epoch(uint64_t{1} << 60);  // a SWARM trainer's epoch far past any run's
   EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("epoch"), std::string::npos);
+  b.clear_epoch();
+  // Hidden states only in codecs that decode to at most 4x their bytes: not top-k (a few bytes
+  // for a whole tensor), not an id that names no codec.
+  for (uint32_t codec : {8u, 9u, 200u, 1u << 20}) {
+    b.set_boundary_codec(codec);
+    EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("boundary codec"),
+              std::string::npos)
+        << codec;
+  }
+  b.set_boundary_codec(6);
+  EXPECT_TRUE(DecodeBlockRequest(b.SerializeAsString()).ok());
 
   pb::OpenSession o;
   o.set_session_id("short");
