@@ -40,6 +40,11 @@ inline double WallNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// Seconds of the steady clock since `since` (what a benchmark times).
+inline double SecondsSince(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
 inline std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(std::max(0.0, seconds) * 1000));
 }

@@ -43,10 +43,6 @@ int Fail(const std::string& why) {
   return 1;
 }
 
-double Seconds(SteadyClock::time_point since) {
-  return std::chrono::duration<double>(SteadyClock::now() - since).count();
-}
-
 // The layer computed here: the top k of the experts in `live` by the gating's scores, softmax
 // over those in `answering`, their outputs summed.
 at::Tensor LocalMixture(const at::Tensor& x, const std::vector<at::Tensor>& gate,
@@ -174,12 +170,12 @@ int main(int argc, char** argv) {
     auto y = layer.Forward(x);
     if (!y.ok()) return y.status();
     y->sum().backward();
-    t.remote = Seconds(start);
+    t.remote = bench::SecondsSince(start);
     at::Tensor xl = data.clone().requires_grad_(true);
     start = SteadyClock::now();
     const at::Tensor yl = LocalMixture(xl, gate, experts, answering, k);
     yl.sum().backward();
-    t.local = Seconds(start);
+    t.local = bench::SecondsSince(start);
     if (!at::allclose(*y, yl, 1e-3, 1e-4) || !at::allclose(x.grad(), xl.grad(), 1e-3, 1e-4)) {
       return Internal(fmt::format(
           "the remote layer differs from the local one by {} (output), {} "

@@ -59,10 +59,6 @@ int Fail(const std::string& why) {
   return 1;
 }
 
-double Seconds(SteadyClock::time_point since) {
-  return std::chrono::duration<double>(SteadyClock::now() - since).count();
-}
-
 struct Args {
   int64_t hidden = 128, layers = 4, vocab = 512, seq_len = 64, batch = 8;
   int64_t per_epoch = 4, epochs = 6;
@@ -168,7 +164,7 @@ Result<SwarmRun> RunSwarm(const Args& a, const std::filesystem::path& model_dir,
   // The stages end the last epoch when the trainer's next request shows it.
   pipeline->SetEpoch(opt->local_epoch());
   if (auto l = pipeline->Loss(batches[n]); !l.ok()) return done(l.status());
-  out.seconds = Seconds(t0);
+  out.seconds = bench::SecondsSince(t0);
   const auto after = (*trainer_node)->host().TotalStats();
   out.bytes = static_cast<double>((after.bytes_sent - before.bytes_sent) +
                                   (after.bytes_received - before.bytes_received));
@@ -302,7 +298,7 @@ Result<double> MeasureRebalance(const Args& a, const std::filesystem::path& mode
     return std::min(caps[0], caps[1]) >= 0.75 * best && moved_and_used;
   };
   const bool ok = test::WaitUntil([&] { return recovered() || !trainer_status.ok(); }, 300s);
-  const double seconds = Seconds(t0);
+  const double seconds = bench::SecondsSince(t0);
   // Some more microbatches through the new layout, then the checks.
   const int64_t at_recovery = microbatches;
   (void)test::WaitUntil(
@@ -393,7 +389,7 @@ int Run(const Args& a) {
         adam.zero_grad();
       }
     }
-    ideal_seconds = Seconds(t0);
+    ideal_seconds = bench::SecondsSince(t0);
   }
 
   // The swarm: 2 stages x 2 peers and a trainer, with float32 boundaries (checked exact), then

@@ -58,8 +58,10 @@ inline constexpr std::array<compression::Codec, 4> kBoundaryCodecs = {
     compression::Codec::kBlockwise8};
 inline constexpr uint32_t kBoundaryBlockSize = 256;
 // kBoundaryCodecs but kNone: what a receiver of hidden states decodes besides raw frames.
-inline std::vector<compression::Codec> CompressedBoundaryCodecs() {
-  return {kBoundaryCodecs.begin() + 1, kBoundaryCodecs.end()};
+inline const std::vector<compression::Codec>& CompressedBoundaryCodecs() {
+  static const std::vector<compression::Codec> codecs(kBoundaryCodecs.begin() + 1,
+                                                      kBoundaryCodecs.end());
+  return codecs;
 }
 
 // Where a server also sends each step's output: the next server's session (empty: nowhere).
