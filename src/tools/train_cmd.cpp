@@ -332,6 +332,10 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
                   "where the model computes: cpu, cuda, cuda:N, or auto (the first GPU when "
                   "LibTorch has CUDA and sees one, else the CPU; moe-lm: the CPU)")
       ->capture_default_str();
+  cmd->add_flag("--offload-optimizer", o.offload_optimizer,
+                "on a GPU, keep the optimizer, its state and the accumulated gradients in host "
+                "memory (float32 copies of the parameters), which saves GPU memory but copies "
+                "every batch's gradients over the bus");
   cmd->add_option("--optimizer", o.optimizer, "sgd, adam, adamw, lamb, adam8bit or adamw8bit")
       ->capture_default_str();
   cmd->add_option("--lr", o.optimizer_config.lr,

@@ -4,6 +4,7 @@
 // rounds.cpp, local_updates.cpp and diloco.cpp; state for newcomers in state_sync.cpp.
 #include "train/collaborative.h"
 
+#include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,6 +30,14 @@ bool AllFinite(const float* p, size_t n) {
   float s = 0;
   for (size_t i = 0; i < n; ++i) s += p[i] * 0.0f;
   return s == 0.0f;
+}
+
+bool AllFinite(const at::Tensor& t) {
+  if (t.device().is_cpu()) {
+    const at::Tensor c = t.contiguous();
+    return AllFinite(c.data_ptr<float>(), static_cast<size_t>(c.numel()));
+  }
+  return at::isfinite(t).all().item<bool>();
 }
 
 std::string GatherMetadata(int64_t samples, double samples_per_second) {
@@ -84,6 +93,7 @@ CollaborativeOptimizer::Impl::Impl(dht::Node& node, std::vector<at::Tensor> para
                                    CollaborativeOptions options)
     : node_(node),
       params_(std::move(params)),
+      device_(params_.front().device()),
       optimizer_(std::move(optimizer)),
       options_(std::move(options)) {
   for (const auto& p : params_) {
@@ -235,13 +245,20 @@ void CollaborativeOptimizer::Impl::UpdatePriority() {
 }
 
 bool CollaborativeOptimizer::Impl::GradsFinite() const {
-  for (const auto& p : params_) {
-    const at::Tensor& g = p.grad();
-    if (!g.defined()) continue;
-    at::Tensor c = g.contiguous();
-    if (!AllFinite(c.data_ptr<float>(), static_cast<size_t>(c.numel()))) return false;
+  if (device_.is_cpu()) {
+    for (const auto& p : params_) {
+      const at::Tensor& g = p.grad();
+      if (!g.defined()) continue;
+      if (!AllFinite(g)) return false;
+    }
+    return true;
   }
-  return true;
+  // On a GPU: one check over all gradients and one synchronization, not one per parameter.
+  std::vector<at::Tensor> flat;
+  for (const auto& p : params_) {
+    if (p.grad().defined()) flat.push_back(p.grad().reshape({-1}));
+  }
+  return flat.empty() || at::isfinite(at::cat(flat)).all().item<bool>();
 }
 
 void CollaborativeOptimizer::Impl::ZeroGrads() {
@@ -255,25 +272,42 @@ void CollaborativeOptimizer::Impl::CopyParamsTo(float* out, size_t begin, size_t
   for (size_t i = 0; i < params_.size(); ++i) {
     const size_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i + 1]);
     if (lo >= hi) continue;
-    std::memcpy(out + lo, params_[i].data_ptr<float>() + (lo - offsets_[i]),
-                (hi - lo) * sizeof(float));
+    if (device_.is_cpu()) {
+      std::memcpy(out + lo, params_[i].data_ptr<float>() + (lo - offsets_[i]),
+                  (hi - lo) * sizeof(float));
+    } else {
+      const auto n = static_cast<int64_t>(hi - lo);
+      at::from_blob(out + lo, {n}, at::kFloat)
+          .copy_(
+              params_[i].detach().view({-1}).narrow(0, static_cast<int64_t>(lo - offsets_[i]), n));
+    }
   }
 }
 
 void CollaborativeOptimizer::Impl::CopyToParams(const float* in, size_t begin, size_t end) {
   end = std::min(end, total_);
+  at::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     const size_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i + 1]);
     if (lo >= hi) continue;
-    std::memcpy(params_[i].data_ptr<float>() + (lo - offsets_[i]), in + lo,
-                (hi - lo) * sizeof(float));
+    if (device_.is_cpu()) {
+      std::memcpy(params_[i].data_ptr<float>() + (lo - offsets_[i]), in + lo,
+                  (hi - lo) * sizeof(float));
+    } else {
+      const auto n = static_cast<int64_t>(hi - lo);
+      params_[i]
+          .detach()
+          .view({-1})
+          .narrow(0, static_cast<int64_t>(lo - offsets_[i]), n)
+          .copy_(at::from_blob(const_cast<float*>(in) + lo, {n}, at::kFloat));
+    }
   }
 }
 
-void CollaborativeOptimizer::Impl::StepOptimizerWith(const float* gradient) {
+void CollaborativeOptimizer::Impl::StepOptimizerWith(const at::Tensor& gradient) {
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
-    at::Tensor g = at::from_blob(const_cast<float*>(gradient) + offsets_[i], p.sizes(), at::kFloat);
+    at::Tensor g = gradient.narrow(0, static_cast<int64_t>(offsets_[i]), p.numel()).view(p.sizes());
     if (p.grad().defined()) {
       p.mutable_grad().copy_(g);
     } else {
@@ -282,6 +316,17 @@ void CollaborativeOptimizer::Impl::StepOptimizerWith(const float* gradient) {
   }
   optimizer_->step();
   ZeroGrads();
+}
+
+at::Tensor CollaborativeOptimizer::Impl::FlatZeros() const {
+  return at::zeros({static_cast<int64_t>(total_)}, at::TensorOptions(at::kFloat).device(device_));
+}
+
+at::Tensor CollaborativeOptimizer::Impl::FlatOver(std::vector<float>& host) const {
+  if (device_.is_cpu()) {
+    return at::from_blob(host.data(), {static_cast<int64_t>(host.size())}, at::kFloat);
+  }
+  return FlatZeros();
 }
 
 // Samples/s while computing: the time between the end of one Step() and the next call, so that
@@ -369,10 +414,12 @@ Result<std::unique_ptr<CollaborativeOptimizer>> CollaborativeOptimizer::Create(
   if (params.empty()) return InvalidArgument("no parameters given");
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
-    if (!p.defined() || p.scalar_type() != at::kFloat || !p.is_contiguous() ||
-        !p.device().is_cpu()) {
-      return InvalidArgument(fmt::format(
-          "parameter {} must be a contiguous float32 CPU tensor (keep a CPU master copy)", i));
+    if (!p.defined() || p.scalar_type() != at::kFloat || !p.is_contiguous()) {
+      return InvalidArgument(fmt::format("parameter {} must be a contiguous float32 tensor", i));
+    }
+    if (p.device() != params.front().device()) {
+      return InvalidArgument(fmt::format("parameter {} is on {}, parameter 0 on {}", i,
+                                         p.device().str(), params.front().device().str()));
     }
   }
   if (options.diloco_inner_steps < 0 || options.diloco_fragments < 1 ||

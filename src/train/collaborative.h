@@ -136,8 +136,11 @@ struct TrainingCounters {
 
 class CollaborativeOptimizer {
  public:
-  // `params` are the model's parameters (float32, contiguous, on the CPU); `optimizer` steps
-  // them (its param groups must hold the same tensors). The node must outlive the optimizer.
+  // `params` are the model's parameters (float32, contiguous, all on one device: the CPU or a
+  // GPU); `optimizer` steps them (its param groups must hold the same tensors). On a GPU the
+  // gradients are checked and accumulated there and the optimizer steps there: host memory
+  // sees only what goes to the network (a round's mean gradient, the state a newcomer
+  // downloads) and checkpoints. The node must outlive the optimizer.
   static Result<std::unique_ptr<CollaborativeOptimizer>> Create(
       dht::Node& node, std::vector<at::Tensor> params,
       std::shared_ptr<torch::optim::Optimizer> optimizer, CollaborativeOptions options);

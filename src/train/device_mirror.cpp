@@ -25,10 +25,11 @@ Status DeviceMirror::Check(const std::vector<at::Tensor>& params) {
   return Status::Ok();
 }
 
-DeviceMirror::DeviceMirror(std::vector<at::Tensor> params) : device_(std::move(params)) {
+DeviceMirror::DeviceMirror(std::vector<at::Tensor> params, bool offload)
+    : device_(std::move(params)) {
   if (Status st = Check(device_); !st.ok()) throw std::invalid_argument(st.ToString());
   for (const auto& p : device_) {
-    if (!p.device().is_cpu() || !p.is_contiguous()) offloaded_ = true;
+    if ((offload && !p.device().is_cpu()) || !p.is_contiguous()) offloaded_ = true;
   }
   if (!offloaded_) {
     master_ = device_;

@@ -51,6 +51,8 @@ inline constexpr auto kPollTimeout = std::chrono::seconds(2);
 std::string EpochBits(int64_t epoch, int fragment = 0);
 // True when no value is NaN or infinite.
 bool AllFinite(const float* p, size_t n);
+// The same for a float32 tensor on any device (one synchronization on a GPU).
+bool AllFinite(const at::Tensor& t);
 
 // Who took part in a round and what they brought, read from the round's result (the members'
 // gathered metadata is untrusted).
@@ -193,12 +195,17 @@ class CollaborativeOptimizer::Impl {
   void UpdatePriority();
   bool GradsFinite() const;
   void ZeroGrads();
-  // The parameters as one flat float32 vector, or a range [begin, end) of it.
+  // The parameters as one flat float32 vector in host memory, or a range [begin, end) of it
+  // (copied from the device when the parameters live on a GPU).
   void CopyParamsTo(float* out, size_t begin = 0, size_t end = SIZE_MAX) const;
   void CopyToParams(const float* in, size_t begin = 0, size_t end = SIZE_MAX);
-  // Writes a flat gradient into the parameters' .grad and steps the optimizer (state_mu_ held
-  // by the caller).
-  void StepOptimizerWith(const float* gradient);
+  // Writes a flat gradient (total_ values, on the parameters' device) into the parameters'
+  // .grad and steps the optimizer (state_mu_ held by the caller).
+  void StepOptimizerWith(const at::Tensor& gradient);
+  // A flat float32 tensor of total_ values on the parameters' device: zeros, or a view of
+  // `host` when the parameters are in host memory (then writes to either are seen by both).
+  at::Tensor FlatZeros() const;
+  at::Tensor FlatOver(std::vector<float>& host) const;
   void UpdateThroughput(int64_t batch_size);
 
   // ---- state_sync.cpp
@@ -221,7 +228,10 @@ class CollaborativeOptimizer::Impl {
   Status LoadCheckpoint(const std::filesystem::path& file);
 
   dht::Node& node_;
+  // On one device: the CPU, or a GPU whose optimizer state and accumulated gradients stay
+  // there too (host copies are made only for the network and for checkpoints).
   std::vector<at::Tensor> params_;
+  at::Device device_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   const CollaborativeOptions options_;
   std::vector<size_t> offsets_;  // where each parameter starts in the flat vector; then total_

@@ -31,12 +31,13 @@ class GradientRounds final : public TargetBatchStepping {
   explicit GradientRounds(CollaborativeOptimizer::Impl& peer) : TargetBatchStepping(peer) {}
 
   Status Init() {
-    acc_.assign(peer_.total_, 0.0f);
-    mean_.assign(peer_.total_, 0.0f);
+    acc_ = peer_.FlatZeros();
+    wire_.assign(peer_.total_, 0.0f);
+    mean_ = peer_.FlatOver(wire_);
     auto a = peer_.AveragerDefaults();
     a.prefix = peer_.options_.run_id + ".grads";
     a.codec = peer_.options_.grad_codec;
-    COLONY_ASSIGN_OR_RETURN(averager_, averaging::Averager::Create(peer_.node_, {mean_}, a));
+    COLONY_ASSIGN_OR_RETURN(averager_, averaging::Averager::Create(peer_.node_, {wire_}, a));
     if (peer_.options_.average_state_every > 0) {
       COLONY_ASSIGN_OR_RETURN(params_, ParameterAveraging::Create(peer_));
     }
@@ -45,14 +46,23 @@ class GradientRounds final : public TargetBatchStepping {
 
   Status Contribute(int64_t batch_size, StepReport&) override {
     const float w = static_cast<float>(batch_size);
-    for (size_t i = 0; i < peer_.params_.size(); ++i) {
-      const at::Tensor& g = peer_.params_[i].grad();
-      if (!g.defined()) continue;
-      at::Tensor c = g.contiguous();
-      const float* src = c.data_ptr<float>();
-      float* dst = acc_.data() + peer_.offsets_[i];
-      const size_t n = static_cast<size_t>(c.numel());
-      for (size_t k = 0; k < n; ++k) dst[k] += w * src[k];
+    if (peer_.device_.is_cpu()) {
+      float* acc = acc_.data_ptr<float>();
+      for (size_t i = 0; i < peer_.params_.size(); ++i) {
+        const at::Tensor& g = peer_.params_[i].grad();
+        if (!g.defined()) continue;
+        at::Tensor c = g.contiguous();
+        const float* src = c.data_ptr<float>();
+        float* dst = acc + peer_.offsets_[i];
+        const size_t n = static_cast<size_t>(c.numel());
+        for (size_t k = 0; k < n; ++k) dst[k] += w * src[k];
+      }
+    } else {
+      for (size_t i = 0; i < peer_.params_.size(); ++i) {
+        const at::Tensor& g = peer_.params_[i].grad();
+        if (!g.defined()) continue;
+        acc_.narrow(0, static_cast<int64_t>(peer_.offsets_[i]), g.numel()).add_(g.reshape({-1}), w);
+      }
     }
     peer_.ZeroGrads();
     Counted(batch_size);
@@ -75,12 +85,10 @@ class GradientRounds final : public TargetBatchStepping {
 
   void DropEpoch() override {
     TargetBatchStepping::DropEpoch();
-    std::fill(acc_.begin(), acc_.end(), 0.0f);
+    acc_.zero_();
   }
 
-  void InstallState(const NamedTensors&, int64_t, int64_t) override {
-    std::fill(acc_.begin(), acc_.end(), 0.0f);
-  }
+  void InstallState(const NamedTensors&, int64_t, int64_t) override { acc_.zero_(); }
 
   averaging::Averager& Sharing() override { return *averager_; }
   // Every member applies the same averaged gradients (each part's reducer sends the same values
@@ -113,8 +121,10 @@ class GradientRounds final : public TargetBatchStepping {
     const int64_t round_epoch = peer_.epoch_;
     const size_t expected = peer_.PeersAtEpoch(round_epoch);
     const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
-    for (size_t i = 0; i < peer_.total_; ++i) mean_[i] = acc_[i] * inv;
-    std::fill(acc_.begin(), acc_.end(), 0.0f);
+    mean_.copy_(acc_).mul_(inv);
+    acc_.zero_();
+    // A GPU peer's mean goes to host memory only for a round (mean_ is wire_ on the CPU).
+    if (expected > 1 && !peer_.device_.is_cpu()) ToWire();
     if (peer_.options_.delay_grad_averaging && expected > 1) {
       const double sps = peer_.sps_;  // the round's thread must not read the optimizer's fields
       pending_ = std::async(std::launch::async, [this, samples, round_epoch, expected, sps] {
@@ -164,7 +174,7 @@ class GradientRounds final : public TargetBatchStepping {
     return AfterRound(report);
   }
 
-  // Averages mean_ (this peer's mean gradient) with the peers at `epoch`.
+  // Averages wire_ (this peer's mean gradient, in host memory) with the peers at `epoch`.
   Outcome AverageGrads(int64_t samples, int64_t epoch, size_t expected, double sps) {
     Outcome out;
     out.epoch = epoch;
@@ -176,11 +186,11 @@ class GradientRounds final : public TargetBatchStepping {
     so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
     so.expected_group_size = expected;
     so.group_bits = EpochBits(epoch);
-    std::vector<float> local(mean_);  // restored if the round fails before the all-reduce
+    std::vector<float> local(wire_);  // restored if the round fails before the all-reduce
     auto r = averager_->StepSync(so);
     if (!r.ok()) {
       out.note = r.status().ToString();
-      std::copy(local.begin(), local.end(), mean_.begin());
+      std::copy(local.begin(), local.end(), wire_.begin());
       return out;
     }
     out.averaged = true;
@@ -209,11 +219,10 @@ class GradientRounds final : public TargetBatchStepping {
     r.group = o.group_id;
     r.averaging_seconds = o.seconds;
     r.note = o.note;
+    if (o.averaged && !peer_.device_.is_cpu()) FromWire();
     // Nothing to apply: no samples and no group, or a group of peers without samples (SWARM
     // stage peers that got none of the epoch's microbatches) whose mean is all zeros.
-    const bool all_zero =
-        std::all_of(mean_.begin(), mean_.end(), [](float v) { return v == 0.0f; });
-    if (o.realized == 0 && (!o.averaged || all_zero)) {
+    if (o.realized == 0 && (!o.averaged || !mean_.ne(0).any().item<bool>())) {
       std::lock_guard lock(peer_.state_mu_);
       peer_.params_epoch_ = o.epoch + 1;
       return;
@@ -240,23 +249,20 @@ class GradientRounds final : public TargetBatchStepping {
       // missed them): its step is its own.
       peer_.diverged_ = true;
     }
-    if (!AllFinite(mean_.data(), mean_.size())) {
+    if (!AllFinite(mean_)) {
       peer_.counters_.skipped_batches++;
       r.skipped_nonfinite = true;
       COLONY_LOG_WARN("train: the averaged gradients are not finite; step skipped");
       return;
     }
     if (peer_.options_.max_grad_norm > 0) {
-      double sq = 0;
-      for (float v : mean_) sq += static_cast<double>(v) * v;
-      const double norm = std::sqrt(sq);
+      const double norm = mean_.to(at::kDouble).norm().item<double>();
       if (norm > peer_.options_.max_grad_norm) {
-        const float scale = static_cast<float>(peer_.options_.max_grad_norm / norm);
-        for (float& v : mean_) v *= scale;
+        mean_.mul_(static_cast<float>(peer_.options_.max_grad_norm / norm));
       }
     }
     std::lock_guard lock(peer_.state_mu_);
-    peer_.StepOptimizerWith(mean_.data());
+    peer_.StepOptimizerWith(mean_);
     peer_.params_epoch_ = o.epoch + 1;
   }
 
@@ -269,8 +275,20 @@ class GradientRounds final : public TargetBatchStepping {
     return false;
   }
 
-  std::vector<float> acc_;   // sum over this epoch's batches of batch_size * gradient
-  std::vector<float> mean_;  // what the round averages: this peer's mean gradient
+  // A GPU peer's mean gradient and the host copy that a round averages.
+  void ToWire() {
+    at::from_blob(wire_.data(), {static_cast<int64_t>(wire_.size())}, at::kFloat).copy_(mean_);
+  }
+  void FromWire() {
+    mean_.copy_(at::from_blob(wire_.data(), {static_cast<int64_t>(wire_.size())}, at::kFloat));
+  }
+
+  // On the parameters' device (flat): the sum over this epoch's batches of batch_size x
+  // gradient, and this peer's mean gradient (then the round's average). On the CPU mean_ is a
+  // view of wire_, which the averager reads and writes; on a GPU wire_ is its host copy, made
+  // only for rounds with others.
+  at::Tensor acc_, mean_;
+  std::vector<float> wire_;
   std::unique_ptr<averaging::Averager> averager_;
   std::unique_ptr<ParameterAveraging> params_;  // with average_state_every
   std::future<Outcome> pending_;                // a delayed round

@@ -257,15 +257,20 @@ Status CollaborativeOptimizer::Impl::DownloadState(std::optional<double> min_pri
   return Status::Ok();
 }
 
-// Everything a peer needs to continue where the swarm is, as named tensors (clones).
+// Everything a peer needs to continue where the swarm is, as named tensors (copies in host
+// memory, also of a GPU peer's state).
 NamedTensors CollaborativeOptimizer::Impl::CollectState() {
   NamedTensors named;
+  const auto host = [](const at::Tensor& t) {
+    return t.detach()
+        .to(at::kCPU, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true)
+        .contiguous();
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
-    named.emplace_back(fmt::format("param.{}", i), params_[i].detach().clone());
+    named.emplace_back(fmt::format("param.{}", i), host(params_[i]));
   }
-  for (auto& [name, t] : ExportOptimizerState(*optimizer_)) {
-    named.emplace_back("opt." + name, t.detach().contiguous().clone());
-  }
+  for (auto& [name, t] : ExportOptimizerState(*optimizer_))
+    named.emplace_back("opt." + name, host(t));
   stepping_->CollectExtraState(named);
   return named;
 }

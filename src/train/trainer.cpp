@@ -85,10 +85,11 @@ class Trainer::Impl {
     node_ = std::move(*node);
 
     COLONY_RETURN_IF_ERROR(task_->Connect(*node_));
-    // The optimizer steps host copies of a GPU model's parameters (device_mirror.h).
+    // With offload_optimizer, the optimizer steps host copies of a GPU model's parameters
+    // (device_mirror.h); else the parameters themselves, wherever they are.
     std::vector<at::Tensor> task_params = task_->Parameters();
     COLONY_RETURN_IF_ERROR(DeviceMirror::Check(task_params).WithContext("the task's model"));
-    mirror_ = std::make_unique<DeviceMirror>(std::move(task_params));
+    mirror_ = std::make_unique<DeviceMirror>(std::move(task_params), o_.offload_optimizer);
     params_ = mirror_->master();
     COLONY_ASSIGN_OR_RETURN(auto inner, MakeOptimizer(o_.optimizer, params_, o_.optimizer_config));
     std::shared_ptr<torch::optim::Optimizer> optimizer = std::move(inner);
@@ -101,6 +102,7 @@ class Trainer::Impl {
                   {"peer", node_->peer_id().ToString()},
                   {"prepare_seconds", prepare_seconds},
                   {"device", o_.task.device.str()},
+                  {"offload_optimizer", mirror_->offloaded()},
                   {"model", task_->Describe()}};
     Json addrs = Json::array();
     for (const auto& m : node_->VisibleAddresses()) addrs.push_back(m.ToString());

@@ -41,9 +41,12 @@ struct TrainerOptions {
   // this way, so that train links none of them.
   std::function<Result<std::unique_ptr<Task>>(const TaskOptions&)> make_task = {};
   int threads = 1;  // LibTorch intra-op threads
-  // Where the model computes: cpu, cuda, cuda:N or auto (model/device.h). Off the CPU, the
-  // optimizer steps float32 host copies of the parameters (train/device_mirror.h).
+  // Where the model computes: cpu, cuda, cuda:N or auto (model/device.h). On a GPU the
+  // collaborative optimizer accumulates, checks and steps there; with offload_optimizer it steps
+  // float32 host copies of the parameters instead (train/device_mirror.h), which leaves the
+  // GPU's memory to the model at the price of two copies over the bus per batch and step.
   std::string device = "cpu";
+  bool offload_optimizer = false;
   // The swarm. Client and auxiliary peers (collaborative.mode) join an existing swarm.
   std::vector<std::string> initial_peers = {};  // multiaddrs; none: start a new swarm
   std::string listen = "/ip4/127.0.0.1/tcp/0";

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "test_support.h"
+#include "train/collaborative_swarm.h"
 #include "train/optimizer_state.h"
 #include "train/optimizers.h"
 
@@ -21,81 +22,11 @@ namespace colony::train {
 namespace {
 
 using namespace std::chrono_literals;
-
-constexpr int64_t kSize = 64;
-
-struct Peer {
-  std::unique_ptr<dht::Node> node;
-  at::Tensor w;
-  std::shared_ptr<torch::optim::Optimizer> opt;
-  std::unique_ptr<CollaborativeOptimizer> co;
-};
-
-class Swarm {
- public:
-  Swarm() {
-    dht::NodeOptions o;
-    o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-    auto boot = dht::Node::Start(KeyPair::Generate(), o);
-    EXPECT_TRUE(boot.ok()) << boot.status().ToString();
-    bootstrap_ = std::move(*boot);
-  }
-
-  Peer& Add(CollaborativeOptions options, bool adam = false, int64_t size = kSize) {
-    auto p = std::make_unique<Peer>();
-    dht::NodeOptions o;
-    o.initial_peers = {bootstrap_->VisibleAddresses()[0].ToString()};
-    o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-    auto node = dht::Node::Start(KeyPair::Generate(), o);
-    EXPECT_TRUE(node.ok()) << node.status().ToString();
-    p->node = std::move(*node);
-    p->w = at::zeros({size}).set_requires_grad(true);
-    if (adam) {
-      p->opt = std::make_shared<torch::optim::Adam>(std::vector<at::Tensor>{p->w},
-                                                    torch::optim::AdamOptions(0.1));
-    } else {
-      p->opt = std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{p->w},
-                                                   torch::optim::SGDOptions(1.0));
-    }
-    options.run_id = "test.run";
-    options.progress_min_refresh = 50ms;
-    options.progress_max_refresh = 500ms;
-    options.matchmaking_time = 5s;
-    options.averaging_timeout = 30s;
-    auto co = CollaborativeOptimizer::Create(*p->node, {p->w}, p->opt, options);
-    EXPECT_TRUE(co.ok()) << co.status().ToString();
-    p->co = std::move(*co);
-    peers_.push_back(std::move(p));
-    return *peers_.back();
-  }
-
-  std::vector<std::unique_ptr<Peer>>& peers() { return peers_; }
-
- private:
-  std::unique_ptr<dht::Node> bootstrap_;
-  std::vector<std::unique_ptr<Peer>> peers_;
-};
-
-// Peer i's constant gradient.
-at::Tensor Gradient(int i) {
-  return at::arange(kSize, at::kFloat).add(1).mul(0.01f * static_cast<float>(i + 1));
-}
-
-// Trains until `epochs` global steps happened (or a bound on batches), one batch per `compute`
-// (an emulated forward/backward pass). Returns the reports of the steps.
-std::vector<StepReport> Train(Peer& p, const at::Tensor& grad, int64_t batch, int epochs,
-                              std::chrono::milliseconds compute = 20ms) {
-  std::vector<StepReport> steps;
-  for (int b = 0; b < 5000 && static_cast<int>(steps.size()) < epochs; ++b) {
-    std::this_thread::sleep_for(compute);
-    p.w.mutable_grad() = grad.clone();
-    auto r = p.co->Step(batch);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    if (!r.ok()) break;
-    if (r->stepped) steps.push_back(*r);
-  }
-  return steps;
-}
+using test::Gradient;
+using test::kSize;
+using test::Peer;
+using test::Swarm;
+using test::Train;
 
 TEST(CollaborativeTest, AveragedGradientIsTheSampleWeightedMean) {
   Swarm swarm;

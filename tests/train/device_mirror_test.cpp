@@ -1,6 +1,7 @@
 // Training on a GPU through the collaborative optimizer (train/device_mirror.h): the optimizer
-// steps host copies of the parameters, and the model on the GPU must end where a plain LibTorch
-// loop on the CPU, the independent reference, ends. Also: tensors on the GPU cross the network
+// steps host copies of the parameters (offloaded) or the GPU's parameters themselves, and the
+// model on the GPU must end where a plain LibTorch loop on the CPU, the independent reference,
+// ends. Also: tensors on the GPU cross the network
 // (runtime/tensor_io.h). ctest label gpu; without a usable GPU the GPU tests are skipped, saying
 // why, and the CPU case runs everywhere.
 #include "train/device_mirror.h"
@@ -77,7 +78,7 @@ void SkipWithoutGpu() {
 
 TEST(DeviceMirror, OnTheCpuTheMasterIsTheParametersThemselves) {
   at::Tensor w = at::zeros({4}).set_requires_grad(true);
-  DeviceMirror mirror({w});
+  DeviceMirror mirror({w}, /*offload=*/true);
   EXPECT_FALSE(mirror.offloaded());
   ASSERT_EQ(mirror.master().size(), 1u);
   EXPECT_TRUE(mirror.master()[0].is_same(w));
@@ -86,19 +87,20 @@ TEST(DeviceMirror, OnTheCpuTheMasterIsTheParametersThemselves) {
   EXPECT_TRUE(w.grad().equal(at::ones({4})));
 }
 
-TEST(DeviceMirror, ALonePeerOnTheGpuTrainsWhatAPlainCpuLoopTrains) {
-  SkipWithoutGpu();
-  if (testing::Test::IsSkipped()) return;
+// A lone peer trains on the GPU, with the optimizer on host copies (`offload`) or on the GPU.
+void LonePeerOnTheGpuTrainsWhatAPlainCpuLoopTrains(bool offload) {
   const at::Tensor want = PlainCpuLoop();
 
   at::manual_seed(0);
   model::LlamaModel m(TinyConfig());
   m->to(*model::ParseDevice("cuda"));
-  DeviceMirror mirror(m->parameters());
-  ASSERT_TRUE(mirror.offloaded());
+  DeviceMirror mirror(m->parameters(), offload);
+  ASSERT_EQ(mirror.offloaded(), offload);
   for (const auto& p : mirror.master()) {
-    EXPECT_TRUE(p.device().is_cpu());
-    EXPECT_TRUE(p.is_pinned());
+    EXPECT_EQ(p.device().is_cpu(), offload);
+    if (offload) {
+      EXPECT_TRUE(p.is_pinned());
+    }
   }
   auto adam = std::make_shared<torch::optim::Adam>(mirror.master(), 1e-3);
   dht::NodeOptions no;
@@ -113,8 +115,10 @@ TEST(DeviceMirror, ALonePeerOnTheGpuTrainsWhatAPlainCpuLoopTrains) {
   for (int i = 0; i < kBatches; ++i) {
     Backward(m, Tokens(i));
     mirror.PullGradients();
-    for (const auto& p : m->parameters()) {
-      ASSERT_EQ(p.grad().abs().max().item<float>(), 0.0f) << "the device gradients were zeroed";
+    if (offload) {
+      for (const auto& p : m->parameters()) {
+        ASSERT_EQ(p.grad().abs().max().item<float>(), 0.0f) << "the device gradients were zeroed";
+      }
     }
     auto r = (*co)->Step(kBatch);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -126,7 +130,7 @@ TEST(DeviceMirror, ALonePeerOnTheGpuTrainsWhatAPlainCpuLoopTrains) {
   EXPECT_EQ(steps, kBatches / kAccumulate);
   const at::Tensor got = Flat(m);
   std::vector<at::Tensor> master;
-  for (const auto& p : mirror.master()) master.push_back(p.detach().flatten());
+  for (const auto& p : mirror.master()) master.push_back(p.detach().cpu().flatten());
   EXPECT_TRUE(got.equal(at::cat(master))) << "the GPU model is not the stepped host copy";
   EXPECT_GT((want - InitialParameters()).abs().max().item<double>(), 1e-3)
       << "the reference did not train";
@@ -134,6 +138,18 @@ TEST(DeviceMirror, ALonePeerOnTheGpuTrainsWhatAPlainCpuLoopTrains) {
   const double diff = (got - want).abs().max().item<double>();
   EXPECT_LT(diff, 1e-4) << "the GPU run drifted from the CPU reference";
   (*node)->Shutdown();
+}
+
+TEST(DeviceMirror, ALonePeerOnTheGpuWithAnOffloadedOptimizerTrainsWhatAPlainCpuLoopTrains) {
+  SkipWithoutGpu();
+  if (testing::Test::IsSkipped()) return;
+  LonePeerOnTheGpuTrainsWhatAPlainCpuLoopTrains(/*offload=*/true);
+}
+
+TEST(DeviceMirror, ALonePeerWhoseOptimizerStepsOnTheGpuTrainsWhatAPlainCpuLoopTrains) {
+  SkipWithoutGpu();
+  if (testing::Test::IsSkipped()) return;
+  LonePeerOnTheGpuTrainsWhatAPlainCpuLoopTrains(/*offload=*/false);
 }
 
 TEST(DeviceMirror, GpuTensorsCrossTheNetworkAsTheirValues) {
