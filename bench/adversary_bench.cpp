@@ -48,6 +48,7 @@ const std::vector<Suite>& Suites() {
       {"averaging", "averaging_process_tests", "AveragingFaults.ARoundThatAveraged*"},
       {"http", "http_server_test", "HttpServer.Junk*:HttpServer.ConnectionsOverTheLimit*"},
       {"monitor", "monitor_collector_test", "MonitoredSwarm.ARecordNaming*"},
+      {"training", "adversary_training_tests", "*"},
       {"experts", "moe_expert_test", "ExpertServers.Hostile*"},
   };
   return suites;

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "core/log.h"
@@ -40,6 +41,8 @@ using Clock = std::chrono::steady_clock;
 // A peer's report period is at most this long for extrapolation (a batch that takes longer is
 // extrapolated as if it reported every 10 minutes).
 constexpr double kMaxReportPeriodSeconds = 600;
+// A peer missing rounds it claimed samples for is set aside for 1, 2, 4, ... 64 epochs.
+constexpr int kMaxNoShowStrikes = 7;
 
 // The least spacing of a peer's reports and fetches: this, plus kPollSpacingPerPeer for every
 // live peer, so that the nodes holding the progress key serve about a thousand requests a second
@@ -141,6 +144,27 @@ class ProgressTracker::Impl {
     }
   }
 
+  void NoteRound(int64_t epoch, const std::vector<PeerId>& members) {
+    std::lock_guard lock(mu_);
+    const std::set<PeerId> came(members.begin(), members.end());
+    for (const PeerId& peer : came) no_shows_.erase(peer);
+    for (const auto& [peer, s] : others_) {
+      const PeerProgress& p = s.p;
+      if (came.count(peer) > 0 || s.noted || p.epoch != epoch || p.aux || p.phase == Phase::kLoad ||
+          p.phase == Phase::kIdle) {
+        continue;
+      }
+      if (p.samples <= 0 && p.phase != Phase::kWait && p.phase != Phase::kRound) continue;
+      NoShow& n = no_shows_[peer];
+      n.strikes = std::min(n.strikes + 1, kMaxNoShowStrikes);
+      n.until_epoch = epoch + (int64_t{1} << (n.strikes - 1));
+      COLONY_LOG_INFO(
+          "progress: peer {} reported {} samples at epoch {} and did not take part in its round; "
+          "its records count for nothing until epoch {} ends",
+          peer.ToString(), p.samples, epoch, n.until_epoch);
+    }
+  }
+
   void DistrustEpochsFrom(int64_t epoch, std::chrono::milliseconds period) {
     std::lock_guard lock(mu_);
     distrusted_from_ = epoch;
@@ -171,6 +195,11 @@ class ProgressTracker::Impl {
     double fetched_at = 0;  // when this peer last read it (or learnt it from a round)
     double expiration = 0;  // of its DHT record: it is forgotten then
     bool noted = false;     // from NoteRoundEnd, not yet confirmed by a record
+  };
+  // A peer that did not come to rounds it claimed samples for (NoteRound).
+  struct NoShow {
+    int strikes = 0;           // such rounds since it was last seen in one
+    int64_t until_epoch = -1;  // its records count for nothing through this epoch
   };
   struct Fetched {
     PeerProgress p;
@@ -203,6 +232,11 @@ class ProgressTracker::Impl {
     }
     if (!any) g.epoch = self_.epoch;
 
+    // Peers that did not come to a round they claimed samples for are set aside (NoteRound).
+    auto set_aside = [&](const PeerId& peer) {
+      auto it = no_shows_.find(peer);
+      return it != no_shows_.end() && g.epoch <= it->second.until_epoch;
+    };
     g.peers.reserve(others_.size() + 1);
     // A report counts for at most the target (sums of untrusted counts cannot overflow).
     const int64_t cap = g.target_batch_size;
@@ -221,7 +255,7 @@ class ProgressTracker::Impl {
     g.peers.push_back(self_);
     for (const auto& [peer, s] : others_) {
       const PeerProgress& p = s.p;
-      if (s.expiration < now) continue;
+      if (s.expiration < now || set_aside(peer)) continue;
       g.peers.push_back(p);
       if (p.epoch != g.epoch || p.aux || p.phase != Phase::kTrain) {
         count(p, false);
@@ -290,6 +324,9 @@ class ProgressTracker::Impl {
     }
     others_ = std::move(next);
     previous_fetch_start_ = fetch_start;
+    // Bounded by the live records: a set-aside peer is forgotten with its record (coming back
+    // later is no different from a new identity's coming).
+    std::erase_if(no_shows_, [&](const auto& kv) { return others_.count(kv.first) == 0; });
   }
 
   void Run() {
@@ -464,6 +501,7 @@ class ProgressTracker::Impl {
   std::condition_variable cv_;
   PeerProgress self_;
   std::map<PeerId, Seen> others_;
+  std::map<PeerId, NoShow> no_shows_;
   double fetched_at_ = 0;
   double previous_fetch_start_ = 0;
   Clock::time_point last_seen_others_;
@@ -504,6 +542,9 @@ GlobalProgress ProgressTracker::Refresh(std::chrono::milliseconds timeout) {
 std::chrono::milliseconds ProgressTracker::PollSpacing() const { return impl_->PollSpacingMs(); }
 void ProgressTracker::DistrustEpochsFrom(int64_t epoch, std::chrono::milliseconds period) {
   impl_->DistrustEpochsFrom(epoch, period);
+}
+void ProgressTracker::NoteRound(int64_t epoch, const std::vector<PeerId>& members) {
+  impl_->NoteRound(epoch, members);
 }
 void ProgressTracker::NoteRoundEnd(int64_t epoch,
                                    const std::vector<std::pair<PeerId, double>>& members) {

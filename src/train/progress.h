@@ -100,6 +100,14 @@ class ProgressTracker {
   // `epoch` from now on, without waiting for their next records. Lets every member extrapolate
   // the swarm's progress right after a step, even when steps are faster than a DHT fetch.
   void NoteRoundEnd(int64_t epoch, const std::vector<std::pair<PeerId, double>>& members);
+  // This peer's round at `epoch` averaged with `members` (none: it averaged with nobody), in a
+  // group that had room for more. The other peers whose records at `epoch` counted samples (or a
+  // wait or a round) towards that round and who did not come are set aside: their records count
+  // for nothing (samples, group size, a round begun) for the next 2^(k-1) epochs, k being how
+  // many such rounds they missed (at most 64 epochs). Their epochs still say whether the swarm
+  // moved on. A peer seen in a round counts again at once. So a record that claims the target
+  // and never averages (a hostile or broken peer) stalls one epoch, not every epoch.
+  void NoteRound(int64_t epoch, const std::vector<PeerId>& members);
 
   class Impl;
 

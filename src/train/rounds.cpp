@@ -162,6 +162,10 @@ class GradientRounds final : public TargetBatchStepping {
           peer_.counters_.missed_rounds++;
           return peer_.CatchUp(report, /*quiet=*/true);
         }
+        // Nobody came, though others claimed samples at this epoch: their claims count for
+        // nothing for a while (a record that claims the target and never averages would
+        // otherwise stall every epoch).
+        peer_.tracker_->NoteRound(round_epoch, {});
       }
       ApplyOutcome(outcome, &report);
     }
@@ -199,6 +203,13 @@ class GradientRounds final : public TargetBatchStepping {
     out.realized = m.realized;
     out.group = m.group;
     out.group_id = ShortGroupId(*r);
+    if (r->members.size() < peer_.options_.target_group_size) {
+      // The group had room for everyone at the epoch: those who claimed samples and did not
+      // come are set aside for a while (in a full group, they may have averaged in another).
+      std::vector<PeerId> came;
+      for (const auto& member : r->members) came.push_back(member.peer);
+      peer_.tracker_->NoteRound(epoch, came);
+    }
     peer_.tracker_->NoteRoundEnd(epoch + 1, m.rates);
     return out;
   }

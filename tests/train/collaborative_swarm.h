@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -72,6 +73,8 @@ class Swarm {
   }
 
   std::vector<std::unique_ptr<Peer>>& peers() { return peers_; }
+  // Where others join the swarm's DHT.
+  std::string bootstrap_address() const { return bootstrap_->VisibleAddresses()[0].ToString(); }
 
  private:
   std::unique_ptr<dht::Node> bootstrap_;
