@@ -38,26 +38,9 @@ TEST(CollaborativeGpuTest, GpuAndCpuPeersStepWithTheSampleWeightedMean) {
   Swarm swarm;
   const c10::Device devices[] = {Gpu(), Gpu(), c10::kCPU};
   for (const auto& d : devices) swarm.Add({.target_batch_size = 600}, false, kSize, d);
-  std::vector<std::future<std::vector<StepReport>>> runs;
-  for (int i = 0; i < 3; ++i) {
-    runs.push_back(std::async(std::launch::async, [&, i] {
-      return Train(*swarm.peers()[i], Gradient(i), /*batch=*/i + 1, /*epochs=*/1);
-    }));
-  }
-  std::vector<StepReport> reports;
-  for (auto& r : runs) {
-    auto steps = r.get();
-    ASSERT_EQ(steps.size(), 1u);
-    reports.push_back(steps[0]);
-  }
-  at::Tensor num = at::zeros({kSize});
-  int64_t total = 0;
-  for (int i = 0; i < 3; ++i) {
-    const int64_t s = swarm.peers()[i]->co->counters().local_samples;
-    num += Gradient(i) * static_cast<float>(s);
-    total += s;
-  }
-  const at::Tensor expected = -num / static_cast<float>(total);
+  const std::vector<StepReport> reports = test::TrainOneEpochEach(swarm);
+  ASSERT_EQ(reports.size(), 3u);
+  const at::Tensor expected = test::SampleWeightedStep(swarm).first;
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE(i);
     EXPECT_TRUE(reports[i].averaged) << reports[i].note;
@@ -92,24 +75,7 @@ TEST(CollaborativeGpuTest, ALoneGpuPeerSkipsNonFiniteBatchesAndClipsItsStep) {
 // next batch accumulates on the GPU, and both peers apply the same steps.
 TEST(CollaborativeGpuTest, DelayedAveragingOnGpuPeersAppliesTheSameSteps) {
   SKIP_WITHOUT_GPU();
-  Swarm swarm;
-  for (int i = 0; i < 2; ++i) {
-    swarm.Add({.target_batch_size = 200, .delay_grad_averaging = true}, false, kSize, Gpu());
-  }
-  std::vector<std::future<std::vector<StepReport>>> runs;
-  for (int i = 0; i < 2; ++i) {
-    runs.push_back(std::async(std::launch::async, [&, i] {
-      auto steps = Train(*swarm.peers()[i], Gradient(i), 4, 3);
-      swarm.peers()[i]->co->FinishPendingStep();
-      return steps;
-    }));
-  }
-  for (auto& r : runs) ASSERT_EQ(r.get().size(), 3u);
-  const at::Tensor w0 = swarm.peers()[0]->Host(), w1 = swarm.peers()[1]->Host();
-  EXPECT_TRUE(at::allclose(w0, w1, 1e-5, 1e-6));
-  EXPECT_TRUE((w0 <= -3 * Gradient(0) + 1e-4).all().item<bool>());
-  EXPECT_TRUE((w0 >= -3 * Gradient(1) - 1e-4).all().item<bool>());
-  EXPECT_EQ(swarm.peers()[0]->co->counters().failed_rounds, 0);
+  test::DelayedAveragingAppliesTheSameSteps(Gpu());
 }
 
 // Two Adam peers on the GPU train three epochs together: the donors of the tests below.

@@ -9,9 +9,11 @@
 #include <torch/optim/sgd.h>
 
 #include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/multiaddr.h"
@@ -103,6 +105,66 @@ inline std::vector<StepReport> Train(
     if (r->stepped) steps.push_back(*r);
   }
   return steps;
+}
+
+// Every peer of `swarm` trains one epoch on its own thread, peer i on Gradient(i) with batches of
+// i + 1 samples; the reports of their steps (empty for a peer that did not step exactly once).
+inline std::vector<StepReport> TrainOneEpochEach(Swarm& swarm) {
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (size_t i = 0; i < swarm.peers().size(); ++i) {
+    runs.push_back(std::async(std::launch::async, [&swarm, i] {
+      return Train(*swarm.peers()[i], Gradient(static_cast<int>(i)),
+                   /*batch=*/static_cast<int64_t>(i) + 1, /*epochs=*/1);
+    }));
+  }
+  std::vector<StepReport> reports;
+  for (auto& r : runs) {
+    auto steps = r.get();
+    EXPECT_EQ(steps.size(), 1u);
+    if (steps.size() != 1) return {};
+    reports.push_back(steps[0]);
+  }
+  return reports;
+}
+
+// Where one SGD step (lr 1) from zeros with the averaged gradient of TrainOneEpochEach puts every
+// peer, computed apart: -sum(s_i g_i) / sum(s_i), s_i being the samples peer i contributed; and
+// the sum of the s_i.
+inline std::pair<at::Tensor, int64_t> SampleWeightedStep(Swarm& swarm) {
+  at::Tensor num = at::zeros({kSize});
+  int64_t total = 0;
+  for (size_t i = 0; i < swarm.peers().size(); ++i) {
+    const int64_t s = swarm.peers()[i]->co->counters().local_samples;
+    num += Gradient(static_cast<int>(i)) * static_cast<float>(s);
+    total += s;
+  }
+  return {-num / static_cast<float>(total), total};
+}
+
+// Delayed averaging: two peers with parameters on `device` train three epochs; each round runs
+// in the background during the next batch and is applied a batch later, and both peers still
+// apply the same steps: three SGD steps (lr 1) of about the equal-weight mean of g0 and g1 (both
+// peers use batch 4, so their sample counts differ by at most a few batches: bound by the two
+// gradients).
+inline void DelayedAveragingAppliesTheSameSteps(c10::Device device) {
+  Swarm swarm;
+  for (int i = 0; i < 2; ++i) {
+    swarm.Add({.target_batch_size = 200, .delay_grad_averaging = true}, false, kSize, device);
+  }
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (int i = 0; i < 2; ++i) {
+    runs.push_back(std::async(std::launch::async, [&swarm, i] {
+      auto steps = Train(*swarm.peers()[static_cast<size_t>(i)], Gradient(i), 4, 3);
+      swarm.peers()[static_cast<size_t>(i)]->co->FinishPendingStep();
+      return steps;
+    }));
+  }
+  for (auto& r : runs) ASSERT_EQ(r.get().size(), 3u);
+  const at::Tensor w0 = swarm.peers()[0]->Host(), w1 = swarm.peers()[1]->Host();
+  EXPECT_TRUE(at::allclose(w0, w1, 1e-5, 1e-6));
+  EXPECT_TRUE((w0 <= -3 * Gradient(0) + 1e-4).all().item<bool>());
+  EXPECT_TRUE((w0 >= -3 * Gradient(1) - 1e-4).all().item<bool>());
+  EXPECT_EQ(swarm.peers()[0]->co->counters().failed_rounds, 0);
 }
 
 }  // namespace colony::train::test

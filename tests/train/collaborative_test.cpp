@@ -32,27 +32,10 @@ TEST(CollaborativeTest, AveragedGradientIsTheSampleWeightedMean) {
   Swarm swarm;
   const int64_t target = 1000;
   for (int i = 0; i < 4; ++i) swarm.Add({.target_batch_size = target});
-  std::vector<std::future<std::vector<StepReport>>> runs;
-  for (int i = 0; i < 4; ++i) {
-    runs.push_back(std::async(std::launch::async, [&, i] {
-      return Train(*swarm.peers()[i], Gradient(i), /*batch=*/i + 1, /*epochs=*/1);
-    }));
-  }
-  std::vector<StepReport> reports;
-  for (auto& r : runs) {
-    auto steps = r.get();
-    ASSERT_EQ(steps.size(), 1u);
-    reports.push_back(steps[0]);
-  }
+  const std::vector<StepReport> reports = test::TrainOneEpochEach(swarm);
+  ASSERT_EQ(reports.size(), 4u);
   // Expected: w = -sum(s_i g_i) / sum(s_i), with s_i the samples each peer contributed.
-  at::Tensor num = at::zeros({kSize});
-  int64_t total = 0;
-  for (int i = 0; i < 4; ++i) {
-    const int64_t s = swarm.peers()[i]->co->counters().local_samples;
-    num += Gradient(i) * static_cast<float>(s);
-    total += s;
-  }
-  const at::Tensor expected = -num / static_cast<float>(total);
+  const auto [expected, total] = test::SampleWeightedStep(swarm);
   for (int i = 0; i < 4; ++i) {
     SCOPED_TRACE(i);
     EXPECT_TRUE(reports[i].averaged) << reports[i].note;
@@ -70,24 +53,7 @@ TEST(CollaborativeTest, AveragedGradientIsTheSampleWeightedMean) {
 // Delayed updates: each round runs in the background during the next batch and is applied a
 // batch later; the peers still apply the same averaged gradients.
 TEST(CollaborativeTest, DelayedAveragingAppliesTheSameStepsOnEveryPeer) {
-  Swarm swarm;
-  for (int i = 0; i < 2; ++i) swarm.Add({.target_batch_size = 200, .delay_grad_averaging = true});
-  std::vector<std::future<std::vector<StepReport>>> runs;
-  for (int i = 0; i < 2; ++i) {
-    runs.push_back(std::async(std::launch::async, [&, i] {
-      auto steps = Train(*swarm.peers()[i], Gradient(i), 4, 3);
-      swarm.peers()[i]->co->FinishPendingStep();
-      return steps;
-    }));
-  }
-  for (auto& r : runs) ASSERT_EQ(r.get().size(), 3u);
-  const at::Tensor w0 = swarm.peers()[0]->w.detach(), w1 = swarm.peers()[1]->w.detach();
-  EXPECT_TRUE(at::allclose(w0, w1, 1e-5, 1e-6));
-  // Three SGD steps (lr 1) of the equal-weight mean of g0 and g1 (both peers use batch 4, so
-  // their sample counts differ by at most a few batches: bound by the two gradients).
-  EXPECT_TRUE((w0 <= -3 * Gradient(0) + 1e-4).all().item<bool>());
-  EXPECT_TRUE((w0 >= -3 * Gradient(1) - 1e-4).all().item<bool>());
-  EXPECT_EQ(swarm.peers()[0]->co->counters().failed_rounds, 0);
+  test::DelayedAveragingAppliesTheSameSteps(c10::kCPU);
 }
 
 // Local updates: every peer steps on each of its batches, and the parameters are averaged
