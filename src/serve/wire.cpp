@@ -186,8 +186,7 @@ Result<BlockRequest> DecodeBlockRequest(std::string_view bytes) {
   const auto codec = p.boundary_codec() <= 255
                          ? compression::CodecFromWire(static_cast<uint8_t>(p.boundary_codec()))
                          : std::nullopt;
-  if (!codec ||
-      std::find(kBoundaryCodecs.begin(), kBoundaryCodecs.end(), *codec) == kBoundaryCodecs.end()) {
+  if (!codec || !IsBoundaryCodec(*codec)) {
     return ProtocolError(
         fmt::format("BlockRequest: boundary codec {} is not one of none, fp16, bf16 and blockwise8",
                     p.boundary_codec()));

@@ -57,6 +57,12 @@ inline constexpr std::array<compression::Codec, 4> kBoundaryCodecs = {
     compression::Codec::kNone, compression::Codec::kFloat16, compression::Codec::kBFloat16,
     compression::Codec::kBlockwise8};
 inline constexpr uint32_t kBoundaryBlockSize = 256;
+inline constexpr bool IsBoundaryCodec(compression::Codec codec) {
+  for (compression::Codec c : kBoundaryCodecs) {
+    if (c == codec) return true;
+  }
+  return false;
+}
 // kBoundaryCodecs but kNone: what a receiver of hidden states decodes besides raw frames.
 inline const std::vector<compression::Codec>& CompressedBoundaryCodecs() {
   static const std::vector<compression::Codec> codecs(kBoundaryCodecs.begin() + 1,

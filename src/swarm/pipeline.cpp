@@ -3,7 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <exception>
 
 #include "model/llama.h"
@@ -31,8 +30,7 @@ struct Pipeline::Impl {
 
 Result<std::unique_ptr<Pipeline>> Pipeline::Create(dht::Node& node, PipelineOptions options) {
   if (options.run.empty()) return InvalidArgument("a SWARM trainer needs the run's name");
-  if (std::find(serve::kBoundaryCodecs.begin(), serve::kBoundaryCodecs.end(),
-                options.boundary_codec) == serve::kBoundaryCodecs.end()) {
+  if (!serve::IsBoundaryCodec(options.boundary_codec)) {
     return InvalidArgument(
         fmt::format("boundary codec {} is not one of none, fp16, bf16 and blockwise8",
                     compression::CodecName(options.boundary_codec)));

@@ -7,8 +7,12 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <set>
+#include <string_view>
 #include <tuple>
 
+#include "core/bytes.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "serve/records.h"
 
@@ -18,12 +22,9 @@ namespace {
 // Which of the peers that may move moves this round: a fixed function of (peer, round), so that
 // every peer that reads the same records names the same one.
 uint64_t MoverRank(const PeerId& peer, uint64_t round) {
-  uint64_t h = 1469598103934665603ULL;  // FNV-1a, then a splitmix64 finish
-  for (uint8_t b : peer.ToBytes()) h = (h ^ b) * 1099511628211ULL;
-  h ^= round + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
-  return h ^ (h >> 31);
+  const Bytes id = peer.ToBytes();
+  const uint64_t h = Fnv1a64(std::string_view(reinterpret_cast<const char*>(&round), sizeof round));
+  return Fnv1a64(AsStringView(id), h);
 }
 
 // A move must make the weaker of the two stages it touches this much stronger than the weakest
@@ -206,7 +207,7 @@ std::vector<PeerLoad> StagePeer::ReadPeers() {
     }
   }
   std::map<PeerId, PeerLoad> by_peer;
-  std::vector<PeerId> joining;
+  std::set<PeerId> joining;
   const double now = dht::Now();
   for (size_t i = 0; i < results.size(); ++i) {
     if (!results[i].ok() || !results[i]->is_dict) continue;
@@ -219,7 +220,7 @@ std::vector<PeerLoad> StagePeer::ReadPeers() {
       if (!index || *index != i) continue;
       double t = std::isfinite(rec->throughput) ? std::max(0.0, rec->throughput) : 0.0;
       if (own > 0) t = std::min(t, own * options_.rebalance.max_claim_ratio);
-      if (rec->state == serve::ServerState::kJoining) joining.push_back(*peer);
+      if (rec->state == serve::ServerState::kJoining) joining.insert(*peer);
       by_peer[*peer] = PeerLoad{.peer = *peer, .stage = i, .throughput = t};
     }
   }
@@ -227,16 +228,14 @@ std::vector<PeerLoad> StagePeer::ReadPeers() {
   std::vector<double> known;
   if (own_index && own > 0) known.push_back(own);
   for (auto& [peer, load] : by_peer) {
-    if (load.throughput > 0 && std::find(joining.begin(), joining.end(), peer) == joining.end()) {
+    if (load.throughput > 0 && joining.count(peer) == 0) {
       known.push_back(load.throughput);
     }
   }
   std::sort(known.begin(), known.end());
   const double median = known.empty() ? 1.0 : known[known.size() / 2];
   for (auto& [peer, load] : by_peer) {
-    if (std::find(joining.begin(), joining.end(), peer) != joining.end()) {
-      load.throughput = median;
-    }
+    if (joining.count(peer) > 0) load.throughput = median;
     out.push_back(load);
   }
   if (own_index) {

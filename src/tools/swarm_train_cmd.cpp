@@ -262,8 +262,8 @@ void AddSwarmTrainCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comma
       ->capture_default_str();
   stage
       ->add_option("--balance-quality", a->balance_quality,
-                   "move when the pipeline's throughput is below this fraction of what the move "
-                   "would give")
+                   "move a peer when the pipeline's throughput is below this fraction of what "
+                   "the stage peers could give at best (their throughputs spread evenly)")
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
   stage

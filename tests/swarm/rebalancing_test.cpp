@@ -24,6 +24,7 @@
 #include "serve/records.h"
 #include "swarm/layout.h"
 #include "test_support.h"
+#include "tiny_llama.h"
 
 namespace colony::swarm {
 namespace {
@@ -203,16 +204,8 @@ class StagePeerTest : public ::testing::Test {
   void SetUp() override {
     at::set_num_threads(1);
     dir_ = test::TempPath("swarm-rebalance");
-    model::LlamaConfig c;
-    c.vocab_size = 64;
-    c.hidden_size = 32;
-    c.intermediate_size = 64;
-    c.num_layers = 4;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.max_seq_len = 32;
     at::manual_seed(1);
-    model::LlamaModel m(c);
+    model::LlamaModel m(test::TinyStageModelConfig());
     ASSERT_TRUE(model::SaveLlama(dir_, m).ok());
     ASSERT_TRUE(WriteLayout(dir_, *EvenLayout(4, 2)).ok());
     Status started = dht_.Start();

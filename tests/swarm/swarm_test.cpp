@@ -22,6 +22,7 @@
 #include "swarm/pipeline.h"
 #include "swarm/stage.h"
 #include "test_support.h"
+#include "tiny_llama.h"
 #include "train/collaborative.h"
 #include "train/optimizers.h"
 #include "train/progress_record.h"
@@ -36,18 +37,7 @@ constexpr int64_t kPerEpoch = 4;    // microbatches per epoch (the target batch 
 constexpr int64_t kSeqLen = 12;
 constexpr double kLr = 1e-2;
 
-model::LlamaConfig Config() {
-  model::LlamaConfig c;
-  c.vocab_size = 96;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.max_seq_len = 64;
-  c.tie_word_embeddings = false;
-  return c;
-}
+model::LlamaConfig Config() { return test::TinyStageModelConfig(); }
 
 train::CollaborativeOptions Rounds(const std::string& run) {
   train::CollaborativeOptions o;
