@@ -45,7 +45,9 @@ const std::vector<Suite>& Suites() {
        "Averager.CenteredClip*:Averager.NonFinite*:Averager.AHugeDeclared*:Averager.Hostile*:"
        "Averager.LoadStateRefuses*:Averager.Mismatched*:Averager.ADonorsWrongState*:Averager."
        "ASilentDonor*"},
-      {"averaging", "averaging_process_tests", "AveragingFaults.ARoundThatAveraged*"},
+      {"averaging", "averaging_process_tests",
+       "AveragingFaults.ARoundThatAveraged*:AveragingFaults.AReducerReturningAWrongResult*"},
+      {"byzantine", "averaging_verify_tests", "Verification.A*"},
       {"http", "http_server_test", "HttpServer.Junk*:HttpServer.ConnectionsOverTheLimit*"},
       {"monitor", "monitor_collector_test", "MonitoredSwarm.ARecordNaming*"},
       {"training", "adversary_training_tests", "*"},

@@ -1,6 +1,7 @@
 // Fuzz target for every averaging decoder (join requests and responses with their groups,
-// declarations, reduce hellos, part headers, state adverts, requests and headers): whatever a
-// decoder accepts must re-encode to bytes that decode again to the same encoding.
+// declarations, reduce hellos, part headers, state adverts, requests and headers, verification
+// statements): whatever a decoder accepts must re-encode to bytes that decode again to the
+// same encoding.
 #include <cstddef>
 #include <cstdint>
 
@@ -18,6 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t group : {size_t{1}, size_t{4}, size_t{256}}) {
     auto decode = [group](std::string_view b) { return DecodePartHeader(b, group); };
     CheckFixedPoint(in, decode, EncodePartHeader);
+    auto decode_statement = [group](std::string_view b) { return DecodeVerifyStatement(b, group); };
+    CheckFixedPoint(in, decode_statement, EncodeVerifyStatement);
   }
   CheckFixedPoint(in, DecodeStateAdvert, EncodeStateAdvert);
   CheckFixedPoint(in, DecodeStateRequest, EncodeStateRequest);

@@ -31,6 +31,7 @@
 #include <csignal>
 
 #include "averaging/reduce.h"
+#include "averaging/verify_math.h"
 
 namespace colony::averaging {
 
@@ -59,6 +60,11 @@ AllReduceRun::AllReduceRun(std::shared_ptr<Averager::Impl> impl, GroupInfo group
   const Mode mode = group_.members[self_].mode;
   wants_results_ = mode != Mode::kAux;
   sends_ = mode != Mode::kAux && weight_ > 0;
+  const size_t n = group_.members.size();
+  banned_.assign(n, false);
+  for (size_t m = 0; m < n; ++m) banned_[m] = m != self_ && impl_->IsBanned(group_.members[m].peer);
+  received_.assign(n, {});
+  for (auto& phase : board_) phase.assign(n, std::nullopt);
 }
 
 size_t AllReduceRun::PartsOf(uint32_t member) const {
@@ -130,9 +136,14 @@ void AllReduceRun::Accumulate(uint32_t s, size_t k, std::vector<float> values, f
   Reduced& part = parts_[k];
   const double w = senders_[s].weight;
   part.max_abs = std::max(part.max_abs, max_abs);
-  if (impl_->options_.centered_clip) {
+  if (keep_inputs()) {
+    if (!impl_->options_.centered_clip) {  // verification keeps the input besides the sum
+      if (part.acc.empty()) part.acc.assign(values.size(), 0.0f);
+      AddScaled(part.acc, values, static_cast<float>(w));
+    }
     part.inputs.push_back(std::move(values));
     part.input_weights.push_back(w);
+    part.input_senders.push_back(s);
   } else if (part.acc.empty()) {
     Scale(values, static_cast<float>(w));
     part.acc = std::move(values);
@@ -147,13 +158,14 @@ void AllReduceRun::AccumulateRaw(uint32_t s, size_t k, ByteSpan values, float ma
   Reduced& part = parts_[k];
   const double w = senders_[s].weight;
   const size_t n = values.size() / sizeof(float);
-  part.max_abs = std::max(part.max_abs, max_abs);
-  if (impl_->options_.centered_clip) {
+  if (keep_inputs()) {
     std::vector<float> copy(n);
     CopyScaledBytes(copy, values, 1.0f);
-    part.inputs.push_back(std::move(copy));
-    part.input_weights.push_back(w);
-  } else if (part.acc.empty()) {
+    Accumulate(s, k, std::move(copy), max_abs);
+    return;
+  }
+  part.max_abs = std::max(part.max_abs, max_abs);
+  if (part.acc.empty()) {
     part.acc.resize(n);
     CopyScaledBytes(part.acc, values, static_cast<float>(w));
   } else {
@@ -198,18 +210,32 @@ void AllReduceRun::Finalize(size_t k) {
   std::sort(part.contributors.begin(), part.contributors.end());
   if (part.weight > 0) {
     auto mean = std::make_shared<std::vector<float>>();
+    bool converged = true;
     if (impl_->options_.centered_clip) {
       mean->resize(e - b);
       std::vector<std::span<const float>> views(part.inputs.begin(), part.inputs.end());
-      CenteredClip(views, part.input_weights, *impl_->options_.centered_clip, *mean);
+      CenteredClipOptions clip = *impl_->options_.centered_clip;
+      // Verified results must be the fixed point, to the tolerance the members check.
+      if (impl_->options_.verify) clip.tolerance = kReducerTolerance;
+      converged = CenteredClip(views, part.input_weights, clip, *mean);
     } else {
       *mean = std::move(part.acc);
       Scale(*mean, static_cast<float>(1.0 / part.weight));
     }
+    if (impl_->options_.testing.wrong_result && sends_) {  // tests: a reducer that lies
+      std::copy(input_->begin() + static_cast<ptrdiff_t>(b),
+                input_->begin() + static_cast<ptrdiff_t>(e), mean->begin());
+    }
     // A reducer checks its own output before anyone gets it: a mean never leaves the range of
     // its inputs, so one that does (an overflow of the weighted sums, a bug) is not sent, and
     // every member keeps its own values for this part.
-    if (!OutputWithinInputs(*mean, part.max_abs)) {
+    if (!converged) {
+      COLONY_LOG_WARN(
+          "averaging: CenteredClip did not reach its fixed point for the part [{}, {}) of group "
+          "{}; the part is not sent, and the members keep their own values for it",
+          b, e, HexEncode(AsBytes(group_.group_id)).substr(0, 8));
+      part.contributors.clear();
+    } else if (!OutputWithinInputs(*mean, part.max_abs)) {
       COLONY_LOG_ERROR(
           "averaging: the reduced part [{}, {}) of group {} is not finite or exceeds its "
           "inputs' largest magnitude {:g}; it is not sent, and the members keep their own "
@@ -243,6 +269,7 @@ void AllReduceRun::Finalize(size_t k) {
       impl_->Scatter(b, *mean);
       reports_.push_back({b, e, part.contributors});
     }
+    if (impl_->options_.verify && !part.contributors.empty()) part.result = mean;
   }
   if (part.contributors.empty() || part.weight <= 0) {
     part.contributors.clear();
@@ -251,8 +278,11 @@ void AllReduceRun::Finalize(size_t k) {
     }
   }
   part.acc = {};
-  part.inputs = {};
-  part.input_weights = {};
+  if (!impl_->options_.verify) {  // verification checks the inputs against the result later
+    part.inputs = {};
+    part.input_weights = {};
+    part.input_senders = {};
+  }
 }
 
 asio::awaitable<void> AllReduceRun::SenderWatchdog() {
@@ -289,6 +319,7 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
   }
   if (my_parts_ == 0) co_return FailedPrecondition("this peer reduces no span in this group");
   Sender& sender = senders_[s];
+  if (banned_[s]) co_return PermissionDenied("this peer banned you: verification caught you");
   if (!sender.expected) co_return FailedPrecondition("this member sends no data");
   if (sender.connected) co_return AlreadyExists("this sender is already connected");
   if (sender.excluded)
@@ -574,6 +605,7 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
     }
     const auto [b, e] = PartRange(r, next);
     if (header->contributors.empty()) {
+      if (impl_->options_.verify) received_[r].emplace_back();
       reports_.push_back({b, e, sends_ ? std::vector<uint32_t>{self_} : std::vector<uint32_t>{}});
     } else {
       net::TensorFrame frame = std::move(m.tensors[0]);
@@ -602,6 +634,7 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
         stream->Cancel(ProtocolError(st.message()));
         break;
       }
+      if (impl_->options_.verify) received_[r].push_back(header->contributors);
       reports_.push_back({b, e, std::move(header->contributors)});
     }
     ++next;
@@ -616,7 +649,8 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
 asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   const SteadyTime started = SteadyNow();
   MaybeFault(Fault::kKillBeforeSending);
-  if (sends_) {
+  // Verification may give a span back to our own values: keep them even when we send nothing.
+  if (sends_ || (impl_->options_.verify && wants_results_)) {
     // One step runs at a time, so only a finished run (still winding down) may share it.
     if (impl_->snapshot_ && impl_->snapshot_.use_count() == 1) {
       input_ = impl_->snapshot_;
@@ -631,7 +665,7 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   senders_.assign(group_.members.size(), {});
   parts_.assign(my_parts_, {});
   for (uint32_t m = 0; m < group_.members.size(); ++m) {
-    senders_[m].expected = my_parts_ > 0 && group_.members[m].mode != Mode::kAux;
+    senders_[m].expected = my_parts_ > 0 && group_.members[m].mode != Mode::kAux && !banned_[m];
     senders_[m].last_progress = started;
   }
   if (my_parts_ > 0 && senders_[self_].expected) {
@@ -680,6 +714,10 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   if (wants_results_) {
     for (uint32_t r = 0; r < group_.members.size(); ++r) {
       if (r == self_ || group_.members[r].span == 0) continue;
+      if (banned_[r]) {  // a reducer we banned gets none of our data: its span stays ours
+        KeepLocal(r, 0);
+        continue;
+      }
       spawn([self, r]() { return self->SendTo(r); });
     }
   }
@@ -709,6 +747,8 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   out_streams_.clear();
   if (impl_->cancel_requested_) co_return Cancelled("the averaging step was cancelled");
   if (abort_reason_.code() == StatusCode::kCancelled) co_return abort_reason_;
+  Verification verification;
+  if (impl_->options_.verify && abort_reason_.ok()) verification = co_await Verify();
 
   // A round whose result holds no other member's data averaged nothing, whatever the group's
   // size: every other member was excluded or returned nothing in time. Reporting it as a
@@ -740,6 +780,7 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
             [](const PartReport& a, const PartReport& b) { return a.begin < b.begin; });
   result.parts = std::move(reports_);
   result.allreduce_seconds = Seconds(SteadyNow() - started);
+  result.verification = std::move(verification);
   co_return result;
 }
 

@@ -2,7 +2,9 @@
 // described at the top of allreduce.cpp).
 #pragma once
 
+#include <array>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "averaging/internal.h"
@@ -21,6 +23,8 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   asio::awaitable<Status> ServeSender(std::shared_ptr<net::Stream> stream, ReduceHello hello);
   // Stops everything; the run reports `reason` if it is Cancelled. Thread-safe.
   void Cancel(Status reason);
+  // Takes another member's verification statement (verify.cpp); on strand().
+  Status AddStatement(const PeerId& from, const std::string& bytes);
 
   const PoolStrand& strand() const { return strand_; }
   const GroupInfo& group() const { return group_; }
@@ -41,8 +45,10 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   };
   struct Reduced {
     std::vector<float> acc;                  // weighted sum (mean reduction)
-    std::vector<std::vector<float>> inputs;  // CenteredClip keeps every input
+    std::vector<std::vector<float>> inputs;  // CenteredClip and verification keep every input
     std::vector<double> input_weights;
+    std::vector<uint32_t> input_senders;
+    std::shared_ptr<std::vector<float>> result;  // the result sent (kept for verification)
     double weight = 0;
     float max_abs = 0;  // the largest |value| received: the output must not exceed it
     std::vector<uint32_t> contributors;
@@ -68,6 +74,9 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   // The wire form of a part: a raw float32 tensor frame (codec none) or the encoded bytes.
   net::TensorFrame PartFrame(std::shared_ptr<const void> owner, ByteSpan bytes, bool raw) const;
   bool raw() const { return impl_->options_.codec == compression::Codec::kNone; }
+  bool keep_inputs() const {
+    return impl_->options_.centered_clip.has_value() || impl_->options_.verify;
+  }
   void CheckParts();
   void Finalize(size_t k);
   void KeepLocal(uint32_t reducer, size_t from);
@@ -76,6 +85,18 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   asio::awaitable<void> SendTo(uint32_t reducer);
   asio::awaitable<void> ReadResults(uint32_t reducer, std::shared_ptr<net::Stream> stream,
                                     std::shared_ptr<ReaderState> state);
+
+  // ---- Verification (verify.cpp).
+  asio::awaitable<Verification> Verify();
+  // Sends our statement of a phase to every member taking part, and keeps it on our board.
+  void Broadcast(const VerifyStatement& statement, const std::vector<bool>& to, SteadyTime until);
+  // Waits until every member in `from` has a statement of `phase` on the board, or `until`.
+  asio::awaitable<void> AwaitPhase(VerifyPhase phase, const std::vector<bool>& from,
+                                   SteadyTime until);
+  // Our phase-3 checks: of our own span as its reducer, of every span we received whole.
+  VerifyStatement OwnChecks(uint64_t seed, const std::string& seed_bytes) const;
+  // Replaces span `reducer`'s values with our own, and says so in the reports.
+  void DiscardSpan(uint32_t reducer);
 
   std::shared_ptr<Averager::Impl> impl_;
   const GroupInfo group_;
@@ -104,6 +125,15 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   SteadyTime next_send_{};
   Status abort_reason_;
   bool fault_fired_ = false;
+
+  // Verification state (only with options.verify), on strand_.
+  std::vector<bool> banned_;  // members this averager banned before the round
+  // Contributors of each result part received, per reducer (in order; a prefix of its parts).
+  std::vector<std::vector<std::vector<uint32_t>>> received_;
+  // Statements per phase (index phase - 1), per member.
+  std::array<std::vector<std::optional<VerifyStatement>>, 3> board_;
+  size_t statement_sends_ = 0;    // verification calls in flight
+  uint64_t statement_bytes_ = 0;  // verification statements sent
 };
 
 }  // namespace colony::averaging

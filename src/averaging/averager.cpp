@@ -108,6 +108,16 @@ Status Averager::Impl::Init() {
     COLONY_RETURN_IF_ERROR(compression::Encode(options_.codec, std::span<const float>(), probe,
                                                options_.codec_options));
   }
+  if (options_.verify && options_.codec != compression::Codec::kNone) {
+    return InvalidArgument(
+        "verification needs codec none: a lossy codec moves each result away from the fixed "
+        "point that its contributors check it against");
+  }
+  if (options_.verify && options_.mode == Mode::kClient) {
+    return InvalidArgument(
+        "verification needs a peer that accepts connections (mode node or aux): members send "
+        "each other their checks");
+  }
   std::weak_ptr<Impl> weak = weak_from_this();
   host_.RegisterUnary(
       MethodName("join"),
@@ -126,6 +136,13 @@ Status Averager::Impl::Init() {
                                 if (!self) co_return Unavailable("the averager was shut down");
                                 co_return co_await self->HandleReduce(ctx);
                               });
+  host_.RegisterUnary(
+      MethodName("verify"),
+      [weak](net::CallContext& ctx, net::Message m) -> asio::awaitable<Result<net::Message>> {
+        auto self = weak.lock();
+        if (!self) co_return Unavailable("the averager was shut down");
+        co_return co_await self->HandleVerify(ctx.peer(), std::move(m));
+      });
   host_.RegisterServerStreaming(
       MethodName("state"),
       [weak](net::CallContext& ctx, net::Message m) -> asio::awaitable<Status> {
@@ -166,6 +183,33 @@ void Averager::Impl::Gather(std::span<float> out) const {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     std::copy(tensors_[i].begin(), tensors_[i].end(),
               out.begin() + static_cast<ptrdiff_t>(tensor_begins_[i]));
+  }
+}
+
+void Averager::Impl::ReadRange(uint64_t begin, std::span<float> out) const {
+  auto it = std::upper_bound(tensor_begins_.begin(), tensor_begins_.end(), begin);
+  size_t t = static_cast<size_t>(it - tensor_begins_.begin()) - 1;
+  uint64_t at = begin;
+  size_t done = 0;
+  while (done < out.size() && t < tensors_.size()) {
+    const uint64_t offset = at - tensor_begins_[t];
+    const size_t n = std::min<size_t>(out.size() - done, tensors_[t].size() - offset);
+    std::copy_n(tensors_[t].data() + offset, n, out.data() + done);
+    done += n;
+    at += n;
+    ++t;
+  }
+}
+
+bool Averager::Impl::IsBanned(const PeerId& peer) const {
+  std::lock_guard lock(ban_mu_);
+  return banned_.contains(peer);
+}
+
+void Averager::Impl::Ban(const PeerId& peer, const std::string& reason) {
+  std::lock_guard lock(ban_mu_);
+  if (banned_.emplace(peer, reason).second) {
+    COLONY_LOG_WARN("averaging: banned {}: {}", peer.ToString(), reason);
   }
 }
 
@@ -360,5 +404,9 @@ Result<SharedState> Averager::LoadStateFromPeersSync(LoadStateOptions options) {
 const std::string& Averager::group_bits() const { return impl_->group_bits_; }
 const PeerId& Averager::peer_id() const { return impl_->host_.peer_id(); }
 uint64_t Averager::total_values() const { return impl_->total_; }
+std::vector<std::pair<PeerId, std::string>> Averager::banned() const {
+  std::lock_guard lock(impl_->ban_mu_);
+  return {impl_->banned_.begin(), impl_->banned_.end()};
+}
 
 }  // namespace colony::averaging

@@ -90,6 +90,17 @@ struct AveragerOptions {
   double max_weight = 1e9;
   // Robust aggregation per part instead of the weighted mean.
   std::optional<CenteredClipOptions> centered_clip;
+  // BTARD's verification (docs/averaging.md, "Verification"): after each all-reduce the group
+  // draws a shared random direction (commit, then reveal) and every member checks that each
+  // reducer's result is the fixed point of its reduction (the weighted mean, or CenteredClip)
+  // from the projections its contributors publish. A reducer caught, or a member caught lying
+  // about its projections, is banned by this averager for its lifetime (its data, spans,
+  // statements and join requests are refused), and spans that cannot be trusted are replaced
+  // by this peer's own values. Needs codec kNone (a lossy codec moves the fixed point) and a
+  // peer that accepts connections (mode node or aux); costs reducers memory for every input
+  // of their span until the round is verified, and up to 4 part_timeouts when members do not
+  // answer.
+  bool verify = false;
   // State sharing: donors advertise themselves under "<prefix>.state" every
   // state_advert_period; at most max_concurrent_state_transfers downloads (or digests) are
   // served at once, at most max_state_transfers_per_address of them to callers from one address
@@ -104,6 +115,10 @@ struct AveragerOptions {
   // Test hooks: how a test makes this peer misbehave.
   struct Testing {
     Fault fault = Fault::kNone;  // harms itself at this moment (see Fault)
+    // Verification attacks: as a reducer, return this peer's own values as every part's
+    // result; as a contributor, publish projections that are not those of its values.
+    bool wrong_result = false;
+    bool wrong_projections = false;
   } testing = {};
 };
 
@@ -135,6 +150,19 @@ struct PartReport {
   std::vector<uint32_t> contributors;  // indices into StepResult::members
 };
 
+// What verification (AveragerOptions::verify) concluded about one round.
+struct Verification {
+  bool performed = false;
+  // Reducers whose spans this peer replaced with its own values: caught, banned, silent, or
+  // checked against another random direction than this peer's.
+  std::vector<uint32_t> discarded;
+  std::vector<uint32_t> banned;      // members banned after this round (indices into members)
+  std::vector<std::string> reasons;  // one line per discarded span or ban
+  // Bytes of statements this peer sent (to every member): scalars and hashes per member and
+  // per run of parts, independent of the size of the tensors.
+  uint64_t bytes_sent = 0;
+};
+
 struct StepResult {
   std::string group_id;  // random, 16 bytes
   std::vector<GroupMember> members;
@@ -144,6 +172,7 @@ struct StepResult {
   double matchmaking_seconds = 0;
   double allreduce_seconds = 0;
   int attempts = 0;
+  Verification verification;
 };
 
 // A snapshot of state offered to newcomers (e.g. model parameters and optimizer statistics).
@@ -218,6 +247,8 @@ class Averager {
 
   const std::string& group_bits() const;
   const PeerId& peer_id() const;
+  // Peers that verification banned (AveragerOptions::verify), with the reason; thread-safe.
+  std::vector<std::pair<PeerId, std::string>> banned() const;
   uint64_t total_values() const;
 
   class Impl;

@@ -1,5 +1,5 @@
-// Internals shared by the averager's files (matchmaking.cpp, allreduce.cpp, state_sharing.cpp,
-// averager.cpp). Not part of the public API.
+// Internals shared by the averager's files (matchmaking.cpp, allreduce.cpp, verify.cpp,
+// state_sharing.cpp, averager.cpp). Not part of the public API.
 #pragma once
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -156,8 +156,12 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   JoinRequest OwnJoinRequest(const std::string& key, const std::string& gathered) const;
   std::vector<std::string> OwnAddrs() const;
 
-  // ---- all-reduce (allreduce.cpp)
+  // ---- all-reduce (allreduce.cpp) and its verification (verify.cpp)
   asio::awaitable<Status> HandleReduce(net::CallContext& ctx);
+  asio::awaitable<Result<net::Message>> HandleVerify(PeerId from, net::Message request);
+  // Bans (verification); thread-safe.
+  bool IsBanned(const PeerId& peer) const;
+  void Ban(const PeerId& peer, const std::string& reason);
 
   // ---- state sharing (state_sharing.cpp)
   void ShareState(StateProvider provider, double priority);
@@ -181,6 +185,8 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   // Flattened access to the tensors.
   void Gather(std::span<float> out) const;  // all tensors, concatenated
   void Scatter(uint64_t begin, std::span<const float> values);
+  // Copies the flattened values [begin, begin + out.size()) out of the tensors.
+  void ReadRange(uint64_t begin, std::span<float> out) const;
   // The same from little-endian float32 bytes at any alignment.
   void ScatterBytes(uint64_t begin, ByteSpan bytes);
 
@@ -231,6 +237,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   asio::steady_timer* advert_timer_ = nullptr;
   void ReadvertiseSoon();
   std::mt19937_64 rng_{std::random_device{}()};
+
+  mutable std::mutex ban_mu_;
+  std::map<PeerId, std::string> banned_;  // guarded by ban_mu_
 };
 
 }  // namespace colony::averaging

@@ -103,7 +103,7 @@ asio::awaitable<std::vector<Averager::Impl::Candidate>> Averager::Impl::FetchCan
   for (const auto& [subkey, entry] : record->subkeys) {
     if (entry.expiration <= now) continue;
     auto peer = dht::ParseOwnerMarker(subkey);
-    if (!peer || *peer == host_.peer_id()) continue;
+    if (!peer || *peer == host_.peer_id() || IsBanned(*peer)) continue;
     auto d = DecodeDeclaration(entry.value);
     if (!d.ok() || !d->looking || d->addrs.empty()) continue;
     out.push_back(Candidate{*peer, d->addrs, entry.expiration});
@@ -365,6 +365,7 @@ asio::awaitable<Result<net::Message>> Averager::Impl::HandleJoin(PeerId from,
   };
   if (shut_down_) co_return reject("the averager is shutting down");
   if (options_.mode == Mode::kClient) co_return reject("client-mode peers do not lead groups");
+  if (IsBanned(from)) co_return reject("this peer banned you: verification caught you cheating");
   if (request->schema_hash != schema_hash_) {
     co_return reject(fmt::format(
         "tensor schema mismatch: this peer averages {} values in {} tensor(s) (schema {}); "

@@ -102,7 +102,7 @@ std::vector<double> WeightsCappedAtMedian(std::span<const double> weights) {
   return out;
 }
 
-void CenteredClip(std::span<const std::span<const float>> xs, std::span<const double> declared,
+bool CenteredClip(std::span<const std::span<const float>> xs, std::span<const double> declared,
                   const CenteredClipOptions& options, std::span<float> out) {
   const size_t n = out.size();
   // Self-declared weights above the (lower) median count as the median: with a minority of
@@ -113,7 +113,7 @@ void CenteredClip(std::span<const std::span<const float>> xs, std::span<const do
   std::vector<double> v(n, 0.0), delta(n);
   if (xs.empty() || total_weight <= 0) {
     std::fill(out.begin(), out.end(), 0.0f);
-    return;
+    return true;
   }
   // Start from the coordinate-wise median: the weighted mean would start next to an attacker's
   // huge values, and each iteration moves v by at most tau.
@@ -144,7 +144,44 @@ void CenteredClip(std::span<const std::span<const float>> xs, std::span<const do
     }
     if (moved == 0) break;
   }
+  bool converged = true;
+  if (options.tolerance > 0) {
+    // The step above moves v by the residual over the total weight: slow when many inputs are
+    // clipped. The reweighted mean v = sum w_i c_i x_i / sum w_i c_i has the same fixed point
+    // (sum w_i c_i (x_i - v) = 0) and converges much faster (Huber's IRLS).
+    converged = false;
+    std::vector<double> next(n);
+    for (int it = 0; it <= options.max_extra_iterations; ++it) {
+      std::fill(delta.begin(), delta.end(), 0.0);
+      std::fill(next.begin(), next.end(), 0.0);
+      double clipped_norms = 0, clipped_weight = 0;
+      for (size_t k = 0; k < xs.size(); ++k) {
+        double norm2 = 0;
+        for (size_t i = 0; i < n; ++i) {
+          const double d = xs[k][i] - v[i];
+          norm2 += d * d;
+        }
+        const double norm = std::sqrt(norm2);
+        const double clip = norm > options.tau ? options.tau / norm : 1.0;
+        const double w = weights[k] * clip;
+        clipped_norms += weights[k] * clip * norm;
+        clipped_weight += w;
+        for (size_t i = 0; i < n; ++i) {
+          delta[i] += w * (xs[k][i] - v[i]);
+          next[i] += w * xs[k][i];
+        }
+      }
+      double residual2 = 0;
+      for (double d : delta) residual2 += d * d;
+      if (std::sqrt(residual2) <= options.tolerance * clipped_norms) {
+        converged = true;
+        break;
+      }
+      for (size_t i = 0; i < n; ++i) v[i] = next[i] / clipped_weight;
+    }
+  }
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(v[i]);
+  return converged;
 }
 
 }  // namespace colony::averaging

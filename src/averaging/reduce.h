@@ -11,6 +11,11 @@ namespace colony::averaging {
 struct CenteredClipOptions {
   double tau = 1.0;     // clipping radius: the L2 norm of a sender's deviation, per part
   int iterations = 20;  // fixed-point iterations
+  // When > 0, iterate further (reweighted means, up to max_extra_iterations) until the fixed
+  // point's residual |sum_i w_i clip(x_i - v)| is at most this fraction of
+  // sum_i w_i |clip(x_i - v)|: what verification (docs/averaging.md) checks a reducer against.
+  double tolerance = 0;
+  int max_extra_iterations = 1000;
 };
 
 // acc[i] += w * x[i]
@@ -47,8 +52,8 @@ std::vector<double> WeightsCappedAtMedian(std::span<const double> weights);
 // however large its values. The weights are the declared ones capped at their lower median
 // (WeightsCappedAtMedian): a huge self-declared weight would otherwise make w_i / sum(w) near 1
 // and let one sender pull v all the way to its values, tau per iteration. `out` receives v.
-// Weights must be positive.
-void CenteredClip(std::span<const std::span<const float>> xs, std::span<const double> weights,
+// Weights must be positive. Returns false when options.tolerance is set and was not reached.
+bool CenteredClip(std::span<const std::span<const float>> xs, std::span<const double> weights,
                   const CenteredClipOptions& options, std::span<float> out);
 
 }  // namespace colony::averaging

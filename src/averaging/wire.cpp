@@ -4,6 +4,7 @@
 #include <set>
 
 #include "averaging/averaging.pb.h"
+#include "averaging/verify_math.h"
 
 namespace colony::averaging {
 namespace {
@@ -344,6 +345,133 @@ Result<StateHeader> DecodeStateHeader(std::string_view bytes) {
     h.tensor_sizes.push_back(s);
   }
   return h;
+}
+
+std::string EncodeVerifyStatement(const VerifyStatement& v) {
+  pb::VerifyStatement p;
+  p.set_group_id(v.group_id);
+  p.set_member(v.member);
+  p.set_phase(static_cast<uint32_t>(v.phase));
+  p.set_commitment(v.commitment);
+  p.set_reveal(v.reveal);
+  p.set_weight(v.weight);
+  p.set_seed(v.seed);
+  for (const SpanCheck& span : v.spans) {
+    auto* ps = p.add_spans();
+    ps->set_reducer(span.reducer);
+    for (const RunCheck& run : span.runs) {
+      auto* pr = ps->add_runs();
+      pr->set_first_part(run.first_part);
+      pr->set_end_part(run.end_part);
+      for (uint32_t c : run.contributors) pr->add_contributors(c);
+      for (double w : run.weights) pr->add_weights(w);
+      for (double x : run.projections) pr->add_projections(x);
+      for (double x : run.norms) pr->add_norms(x);
+      pr->set_result_norm(run.result_norm);
+    }
+  }
+  return p.SerializeAsString();
+}
+
+namespace {
+
+bool FiniteNotNegative(double x) { return std::isfinite(x) && x >= 0; }
+
+Result<RunCheck> DecodeRunCheck(const pb::RunCheck& p, uint32_t after_part, size_t group_size) {
+  RunCheck r;
+  r.first_part = p.first_part();
+  r.end_part = p.end_part();
+  if (r.first_part < after_part || r.end_part <= r.first_part) {
+    return ProtocolError("a verification run's parts must be non-empty and in order");
+  }
+  if (static_cast<size_t>(p.contributors_size()) > group_size) {
+    return ProtocolError("a verification run names more contributors than the group has");
+  }
+  for (uint32_t c : p.contributors()) {
+    if (c >= group_size || (!r.contributors.empty() && c <= r.contributors.back())) {
+      return ProtocolError("a verification run's contributors must be increasing member indices");
+    }
+    r.contributors.push_back(c);
+  }
+  const int n = p.norms_size();
+  if (static_cast<size_t>(n) > r.contributors.size() ||
+      static_cast<size_t>(p.projections_size()) != kDirections * static_cast<size_t>(n) ||
+      (p.weights_size() != 0 && p.weights_size() != n)) {
+    return ProtocolError("a verification run's values do not match its contributors");
+  }
+  for (double x : p.projections()) {
+    if (!std::isfinite(x)) return ProtocolError("a verification run carries a non-finite value");
+    r.projections.push_back(x);
+  }
+  for (double x : p.norms()) {
+    if (!FiniteNotNegative(x)) return ProtocolError("a verification run carries a bad norm");
+    r.norms.push_back(x);
+  }
+  for (double w : p.weights()) {
+    if (!FiniteNotNegative(w)) return ProtocolError("a verification run carries a bad weight");
+    r.weights.push_back(w);
+  }
+  if (!FiniteNotNegative(p.result_norm())) {
+    return ProtocolError("a verification run carries a bad result norm");
+  }
+  r.result_norm = p.result_norm();
+  return r;
+}
+
+}  // namespace
+
+Result<VerifyStatement> DecodeVerifyStatement(std::string_view bytes, size_t group_size) {
+  if (bytes.size() > kMaxVerifyStatementBytes) {
+    return ProtocolError("a verification statement of " + std::to_string(bytes.size()) +
+                         " bytes is over the limit");
+  }
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::VerifyStatement>(bytes, "verification statement"));
+  VerifyStatement v;
+  COLONY_RETURN_IF_ERROR(CheckBytes(p.group_id(), kMaxGroupIdBytes, "a group id"));
+  v.group_id = p.group_id();
+  if (p.member() >= group_size)
+    return ProtocolError("a verification statement's member is unknown");
+  v.member = p.member();
+  const uint32_t phase = p.phase();
+  const bool commit = phase == static_cast<uint32_t>(VerifyPhase::kCommit);
+  const bool reveal = phase == static_cast<uint32_t>(VerifyPhase::kReveal);
+  const bool checks = phase == static_cast<uint32_t>(VerifyPhase::kChecks);
+  if (!commit && !reveal && !checks) {
+    return ProtocolError("unknown verification phase " + std::to_string(phase));
+  }
+  v.phase = static_cast<VerifyPhase>(phase);
+  if ((commit && p.commitment().size() != kVerifyRevealBytes) ||
+      (!commit && !p.commitment().empty()) || (reveal && p.reveal().size() != kVerifyRevealBytes) ||
+      (!reveal && !p.reveal().empty()) || (checks && p.seed().size() != kVerifyRevealBytes) ||
+      (!checks && (p.spans_size() != 0 || p.weight() != 0 || !p.seed().empty()))) {
+    return ProtocolError("a verification statement carries fields of another phase");
+  }
+  v.commitment = p.commitment();
+  v.reveal = p.reveal();
+  v.seed = p.seed();
+  if (!FiniteNotNegative(p.weight())) return ProtocolError("a verification weight is bad");
+  v.weight = p.weight();
+  if (static_cast<size_t>(p.spans_size()) > group_size) {
+    return ProtocolError("a verification statement names more spans than the group has");
+  }
+  std::set<uint32_t> reducers;
+  for (const auto& ps : p.spans()) {
+    if (ps.reducer() >= group_size || !reducers.insert(ps.reducer()).second) {
+      return ProtocolError("a verification statement's spans must name distinct reducers");
+    }
+    if (static_cast<size_t>(ps.runs_size()) > kMaxVerifyRuns) {
+      return ProtocolError("a verification span has too many runs");
+    }
+    SpanCheck span{ps.reducer(), {}};
+    uint32_t after = 0;
+    for (const auto& pr : ps.runs()) {
+      COLONY_ASSIGN_OR_RETURN(RunCheck run, DecodeRunCheck(pr, after, group_size));
+      after = run.end_part;
+      span.runs.push_back(std::move(run));
+    }
+    v.spans.push_back(std::move(span));
+  }
+  return v;
 }
 
 }  // namespace colony::averaging

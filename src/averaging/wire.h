@@ -92,6 +92,34 @@ struct StateHeader {
 };
 inline constexpr size_t kStateDigestBytes = 32;
 
+// Verification (docs/averaging.md): one member's statement in one phase.
+inline constexpr size_t kMaxVerifyStatementBytes = 1 << 20;
+inline constexpr size_t kMaxVerifyRuns = 1024;  // per span
+inline constexpr size_t kVerifyRevealBytes = 32;
+enum class VerifyPhase : uint32_t { kCommit = 1, kReveal = 2, kChecks = 3 };
+struct RunCheck {
+  uint32_t first_part = 0, end_part = 0;
+  std::vector<uint32_t> contributors;
+  std::vector<double> weights;      // none, or one per entry of norms
+  std::vector<double> projections;  // kDirections (verify_math.h) per entry of norms
+  std::vector<double> norms;
+  double result_norm = 0;
+};
+struct SpanCheck {
+  uint32_t reducer = 0;
+  std::vector<RunCheck> runs;
+};
+struct VerifyStatement {
+  std::string group_id;
+  uint32_t member = 0;
+  VerifyPhase phase = VerifyPhase::kCommit;
+  std::string commitment;  // kCommit: 32 bytes
+  std::string reveal;      // kReveal: 32 bytes
+  double weight = 0;       // kChecks
+  std::vector<SpanCheck> spans;
+  std::string seed;  // kChecks: 32 bytes
+};
+
 // The binary form of a peer id, as a string (protobuf bytes fields, map keys).
 std::string PeerBytes(const PeerId& peer);
 
@@ -118,6 +146,14 @@ std::string EncodeStateRequest(const StateRequest& r);
 Result<StateRequest> DecodeStateRequest(std::string_view bytes);
 std::string EncodeStateHeader(const StateHeader& h);
 Result<StateHeader> DecodeStateHeader(std::string_view bytes);
+
+std::string EncodeVerifyStatement(const VerifyStatement& v);
+// Bounds everything against the group's size: at most kMaxVerifyStatementBytes, a known phase
+// with exactly its fields, spans of distinct reducers below group_size, at most kMaxVerifyRuns
+// runs per span with increasing, non-empty part ranges, increasing contributors below
+// group_size, at most one norm per contributor with kDirections projections each and weights
+// either none or one per norm, finite values, norms and weights not negative.
+Result<VerifyStatement> DecodeVerifyStatement(std::string_view bytes, size_t group_size);
 
 // A group is consistent: 1..kMaxGroupSize distinct members, spans sum to total, clients own
 // no span, part_size in [1, kMaxPartSize], total <= kMaxTotalValues, a group id of 8..64 bytes.

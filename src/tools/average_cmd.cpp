@@ -50,6 +50,8 @@ struct AverageArgs {
   double part_timeout = 5;
   double clip_tau = 0;
   int clip_iterations = 20;
+  bool verify = false;
+  std::string lie = "none";
   double start_at = 0;
   std::string gather;
   std::string output;
@@ -137,6 +139,13 @@ int Run(const AverageArgs& a) {
   if (a.clip_tau > 0)
     options.centered_clip = averaging::CenteredClipOptions{a.clip_tau, a.clip_iterations};
   options.testing.fault = *fault;
+  options.verify = a.verify;
+  if (a.lie != "none" && a.lie != "wrong-result" && a.lie != "wrong-projections") {
+    return Fail(InvalidArgument("--lie must be none, wrong-result or wrong-projections, not '" +
+                                a.lie + "'"));
+  }
+  options.testing.wrong_result = a.lie == "wrong-result";
+  options.testing.wrong_projections = a.lie == "wrong-projections";
   auto averager = averaging::Averager::Create(**node, tensors, options);
   if (!averager.ok()) return Fail(averager.status());
 
@@ -208,6 +217,16 @@ int Run(const AverageArgs& a) {
       j["matchmaking_s"] = result->matchmaking_seconds;
       j["allreduce_s"] = result->allreduce_seconds;
       j["next_group_bits"] = result->next_group_bits;
+      if (const auto& v = result->verification; v.performed) {
+        nlohmann::json banned = nlohmann::json::array();
+        for (uint32_t m : v.banned) banned.push_back(result->members[m].peer.ToString());
+        nlohmann::json discarded = nlohmann::json::array();
+        for (uint32_t m : v.discarded) discarded.push_back(result->members[m].peer.ToString());
+        j["verification"] = {{"banned", banned},
+                             {"discarded", discarded},
+                             {"reasons", v.reasons},
+                             {"bytes_sent", v.bytes_sent}};
+      }
     } else {
       all_ok = false;
       j["error"] = result.status().ToString();
@@ -287,6 +306,9 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
   cmd->add_option("--centered-clip-tau", a->clip_tau, "reduce with CenteredClip (0: mean)");
   cmd->add_option("--centered-clip-iterations", a->clip_iterations, "CenteredClip iterations")
       ->capture_default_str();
+  cmd->add_flag("--verify", a->verify,
+                "after each round, check every reducer's result with the group on a shared "
+                "random direction and ban cheaters (BTARD; needs --codec none)");
   cmd->add_option("--relay", a->relays,
                   "behind NAT: accept connections through this relay peer (its multiaddr; "
                   "repeatable)")
@@ -303,6 +325,10 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
                   "tests: kill-before-sending, kill-while-sending, stop-while-sending, "
                   "kill-while-reducing, stop-while-reducing, cancel-while-sending");
   cmd->add_option("--garbage", a->garbage, "tests: send nan, inf or huge values instead of data");
+  cmd->add_option("--lie", a->lie,
+                  "tests: with --verify, cheat as a reducer (wrong-result: return this peer's "
+                  "own values) or in the checks (wrong-projections)")
+      ->capture_default_str();
   cmd->add_option("--share-state", a->share_state,
                   "share this peer's values with newcomers at this priority");
   cmd->add_flag("--load-state", a->load_state, "download values from the best donor first");

@@ -203,6 +203,43 @@ void RunFault(const std::string& fault, bool faulty_reports, bool faulty_absent)
   }
 }
 
+TEST(AveragingFaults, AReducerReturningAWrongResultIsBannedAndLeftOut) {
+  // Four `colony average --verify` processes; one returns its own values as every part it
+  // reduces. The honest three ban it after the first round (their values for its span are
+  // their own, every other part the exact mean of all four), and average without it next.
+  ProcessSwarm swarm;
+  const std::string start = StartAt(3);
+  std::string liar_id;
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto args = FaultArgs(start);
+    args.insert(args.end(), {"--verify", "--rounds", "2"});
+    if (i == 3) args.insert(args.end(), {"--lie", "wrong-result"});
+    swarm.Add(i, args, 1.0);
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    auto round = swarm.NextEvent(i);
+    ASSERT_TRUE(round.ok()) << "peer " << i << ": " << round.status().ToString();
+    ASSERT_TRUE((*round)["ok"].get<bool>()) << round->dump();
+    swarm.ExpectConsistent(i, *round, kValues);
+    const json& members = (*round)["members"];
+    for (const auto& m : members) {
+      if (m["gathered"] == "3") liar_id = m["peer"];
+    }
+    ASSERT_FALSE(liar_id.empty()) << round->dump();
+    const json& v = (*round)["verification"];
+    EXPECT_EQ(v["banned"], json::array({liar_id})) << round->dump();
+    EXPECT_EQ(v["discarded"], json::array({liar_id})) << round->dump();
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    auto round = swarm.NextEvent(i);
+    ASSERT_TRUE(round.ok()) << "peer " << i << ": " << round.status().ToString();
+    ASSERT_TRUE((*round)["ok"].get<bool>()) << round->dump();
+    EXPECT_EQ((*round)["group_size"], 3) << round->dump();
+    for (const auto& m : (*round)["members"]) EXPECT_NE(m["peer"], liar_id);
+    EXPECT_TRUE((*round)["verification"]["banned"].empty()) << round->dump();
+  }
+}
+
 TEST(AveragingFaults, ARoundThatAveragedWithNobodyIsNotOk) {
   // A pair whose other member dies once the group is formed: the survivor excludes it after the
   // part timeout and its result holds only its own data. That is not a round of two that

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <set>
 
 #include "averaging/group_key.h"
 #include "averaging/load_balance.h"
 #include "averaging/reduce.h"
+#include "averaging/verify_math.h"
 #include "averaging/wire.h"
 
 namespace colony::averaging {
@@ -197,6 +199,151 @@ TEST(Reduce, AnOutputOutsideItsInputsIsCaught) {
   for (int i = 0; i < 1000; ++i) AddScaled(acc, x, 0.37f);
   Scale(acc, 1.0f / 370.0f);
   EXPECT_TRUE(OutputWithinInputs(acc, 0.1f)) << acc[0];
+}
+
+// Projections of every input against `r`, as contributors publish them (one run, one part).
+RunValues ProjectAll(const std::vector<std::vector<float>>& xs, const std::vector<float>& r,
+                     std::vector<double> weights, double tau, uint64_t seed = 42) {
+  std::vector<float> z(kDirections * r.size());
+  CheckDirections(seed, 1000, z);
+  RunValues run{std::move(weights), {}, 0};
+  for (const auto& x : xs) run.projections.push_back(ProjectDeviation(z, x, r, tau));
+  double r2 = 0;
+  for (float v : r) r2 += static_cast<double>(v) * v;
+  run.result_norm = std::sqrt(r2);
+  return run;
+}
+
+std::vector<std::vector<float>> RandomInputs(size_t count, size_t n, float spread) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, spread);
+  std::vector<std::vector<float>> xs(count, std::vector<float>(n));
+  for (auto& x : xs) {
+    for (size_t i = 0; i < n; ++i) x[i] = 0.5f + normal(rng);
+  }
+  return xs;
+}
+
+TEST(Verify, TheExactMeanPassesAndAShiftedOneIsCaught) {
+  const size_t n = 5000;
+  const auto xs = RandomInputs(5, n, 0.1f);
+  const std::vector<double> w = {1, 2, 3, 4, 5};
+  std::vector<double> mean(n, 0.0);
+  for (size_t k = 0; k < xs.size(); ++k) {
+    for (size_t i = 0; i < n; ++i) mean[i] += w[k] * xs[k][i] / 15.0;
+  }
+  const std::vector<float> r(mean.begin(), mean.end());
+  // The exact mean passes on every draw. A reducer that returns one of its inputs, or shifts
+  // the mean by half the inputs' spread, is caught on every draw: one random direction misses
+  // such a result with a probability of about 2-3% (the tolerance over the residual's spread
+  // on it), all kDirections of a draw with about 1e-6.
+  std::vector<float> shifted = r;
+  for (float& v : shifted) v += 0.05f;
+  int exact_passed = 0, own_caught = 0, shifted_caught = 0;
+  for (uint64_t seed = 0; seed < 100; ++seed) {
+    std::vector<RunValues> runs = {ProjectAll(xs, r, w, 0, seed)};
+    exact_passed += CheckFixedPoint(runs, false).ok;
+    runs = {ProjectAll(xs, xs[0], w, 0, seed)};
+    own_caught += !CheckFixedPoint(runs, false).ok;
+    runs = {ProjectAll(xs, shifted, w, 0, seed)};
+    shifted_caught += !CheckFixedPoint(runs, false).ok;
+  }
+  EXPECT_EQ(exact_passed, 100);
+  EXPECT_EQ(own_caught, 100);
+  EXPECT_EQ(shifted_caught, 100);
+  std::vector<RunValues> runs;
+  // Equal inputs (a second round): the residual is float rounding, inside the tolerance.
+  const std::vector<std::vector<float>> same(4, xs[1]);
+  runs = {ProjectAll(same, xs[1], {1, 1, 1, 1}, 0)};
+  EXPECT_TRUE(CheckFixedPoint(runs, false).ok);
+}
+
+TEST(Verify, CenteredClipToItsToleranceIsTheFixedPointTheMembersCheck) {
+  const size_t n = 4000;
+  auto xs = RandomInputs(6, n, 0.05f);
+  for (float& v : xs[5]) v += 2.0f;  // an outlier, clipped in every iteration
+  const std::vector<double> w(6, 1.0);
+  std::vector<std::span<const float>> views(xs.begin(), xs.end());
+  std::vector<float> r(n);
+  CenteredClipOptions o{.tau = 0.5, .iterations = 2};
+  CenteredClip(views, w, o, r);
+  std::vector<RunValues> runs = {ProjectAll(xs, r, w, 0.5)};
+  EXPECT_FALSE(CheckFixedPoint(runs, true).ok) << "two iterations are far from the fixed point";
+  o.tolerance = kReducerTolerance;
+  EXPECT_TRUE(CenteredClip(views, w, o, r));
+  runs = {ProjectAll(xs, r, w, 0.5)};
+  EXPECT_TRUE(CheckFixedPoint(runs, true).ok);
+  // The plain mean is not CenteredClip's result when an input is clipped.
+  std::vector<float> mean(n, 0.0f);
+  for (const auto& x : xs) {
+    for (size_t i = 0; i < n; ++i) mean[i] += x[i] / 6.0f;
+  }
+  runs = {ProjectAll(xs, mean, w, 0.5)};
+  EXPECT_FALSE(CheckFixedPoint(runs, true).ok);
+}
+
+TEST(Wire, VerificationStatementsAreBoundedAndValidated) {
+  VerifyStatement v;
+  v.group_id = std::string(16, 'g');
+  v.member = 1;
+  v.phase = VerifyPhase::kChecks;
+  v.seed = std::string(32, 's');
+  v.weight = 2;
+  v.spans = {{1, {{0, 2, {0, 1}, {1.0, 2.0}, {0.5, -0.25, 1, 2, 3, 4, 5, 6}, {1.5, 0.75}, 3.0}}}};
+  auto back = DecodeVerifyStatement(EncodeVerifyStatement(v), 4);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->spans[0].runs[0].projections,
+            (std::vector<double>{0.5, -0.25, 1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(EncodeVerifyStatement(*back), EncodeVerifyStatement(v));
+  auto refused = [&](VerifyStatement bad, size_t group = 4) {
+    return !DecodeVerifyStatement(EncodeVerifyStatement(bad), group).ok();
+  };
+  EXPECT_TRUE(refused(v, 1));  // member 1 of a group of 1
+  VerifyStatement bad = v;
+  bad.spans[0].runs[0].contributors = {1, 0};
+  EXPECT_TRUE(refused(bad));
+  bad = v;
+  bad.spans[0].runs[0].contributors = {0, 9};
+  EXPECT_TRUE(refused(bad));
+  bad = v;
+  bad.spans[0].runs[0].projections.push_back(1.0);
+  EXPECT_TRUE(refused(bad));
+  bad = v;
+  bad.spans[0].runs[0].projections.pop_back();  // not kDirections per entry
+  EXPECT_TRUE(refused(bad));
+  bad = v;
+  bad.spans[0].runs[0].weights = {1.0};
+  EXPECT_TRUE(refused(bad));
+  bad = v;
+  bad.spans[0].runs[0].projections[0] = std::nan("");
+  EXPECT_TRUE(refused(bad));
+  bad = v;
+  bad.spans[0].runs[0].norms[1] = -1;
+  EXPECT_TRUE(refused(bad));
+  bad = v;
+  bad.spans[0].runs.push_back(bad.spans[0].runs[0]);  // parts out of order
+  EXPECT_TRUE(refused(bad));
+  bad = v;
+  bad.spans.push_back(bad.spans[0]);  // the same reducer twice
+  EXPECT_TRUE(refused(bad));
+  bad = v;
+  bad.seed.clear();
+  EXPECT_TRUE(refused(bad));
+  bad = v;
+  bad.commitment = std::string(32, 'c');  // a field of another phase
+  EXPECT_TRUE(refused(bad));
+  VerifyStatement commit;
+  commit.group_id = v.group_id;
+  commit.phase = VerifyPhase::kCommit;
+  commit.commitment = std::string(32, 'c');
+  EXPECT_TRUE(DecodeVerifyStatement(EncodeVerifyStatement(commit), 4).ok());
+  commit.commitment.resize(31);
+  EXPECT_TRUE(refused(commit));
+  commit.commitment.resize(32);
+  commit.weight = 1;  // the checks' weight in a commit
+  EXPECT_TRUE(refused(commit));
+  EXPECT_FALSE(DecodeVerifyStatement(std::string(kMaxVerifyStatementBytes + 1, '\0'), 4).ok());
+  EXPECT_FALSE(DecodeVerifyStatement("\x18\x07", 4).ok());  // phase 7
 }
 
 TEST(Wire, RoundTripsAndRejectsHostileMessages) {

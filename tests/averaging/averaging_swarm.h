@@ -1,0 +1,102 @@
+// Averagers on real sockets in one process, for the averaging tests: a bootstrap DHT node and
+// peers that each run their own node and averager over SyntheticValues.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "averaging/averager.h"
+#include "dht/node.h"
+
+namespace colony::averaging::swarm_test {
+
+using namespace std::chrono_literals;
+
+struct Peer {
+  std::unique_ptr<dht::Node> node;
+  std::vector<float> data;
+  std::unique_ptr<Averager> averager;
+};
+
+class Swarm {
+ public:
+  explicit Swarm(size_t values) : values_(values) {
+    dht::NodeOptions o;
+    o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+    auto boot = dht::Node::Start(KeyPair::Generate(), o);
+    EXPECT_TRUE(boot.ok()) << boot.status().ToString();
+    bootstrap_ = std::move(*boot);
+  }
+
+  // A peer with SyntheticValues(seed) (or `fill` when given).
+  Peer& Add(uint64_t seed, AveragerOptions options, std::optional<float> fill = std::nullopt,
+            size_t values = 0) {
+    auto p = std::make_unique<Peer>();
+    dht::NodeOptions o;
+    o.initial_peers = {bootstrap_->VisibleAddresses()[0].ToString()};
+    if (options.mode == Mode::kClient) {
+      o.dht.client_mode = true;
+    } else {
+      o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+    }
+    auto node = dht::Node::Start(KeyPair::Generate(), o);
+    EXPECT_TRUE(node.ok()) << node.status().ToString();
+    p->node = std::move(*node);
+    p->data.resize(values ? values : values_);
+    SyntheticValues(seed, 0, p->data);
+    if (fill) std::fill(p->data.begin(), p->data.end(), *fill);
+    if (options.prefix.empty()) options.prefix = "test.avg";
+    auto avg = Averager::Create(*p->node, {p->data}, options);
+    EXPECT_TRUE(avg.ok()) << avg.status().ToString();
+    p->averager = std::move(*avg);
+    peers_.push_back(std::move(p));
+    return *peers_.back();
+  }
+
+  // Runs one step on every peer at once.
+  std::vector<Result<StepResult>> StepAll(std::vector<double> weights = {},
+                                          std::chrono::milliseconds timeout = 30s) {
+    std::vector<std::future<Result<StepResult>>> futures;
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      const double w = weights.empty() ? 1.0 : weights[i];
+      futures.push_back(std::async(std::launch::async, [this, i, w, timeout]() {
+        return peers_[i]->averager->StepSync(
+            {.weight = w, .gather = "peer" + std::to_string(i), .timeout = timeout});
+      }));
+    }
+    std::vector<Result<StepResult>> out;
+    for (auto& f : futures) out.push_back(f.get());
+    return out;
+  }
+
+  std::vector<std::unique_ptr<Peer>>& peers() { return peers_; }
+
+ private:
+  size_t values_;
+  std::unique_ptr<dht::Node> bootstrap_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+};
+
+inline AveragerOptions Options(size_t group_size) {
+  AveragerOptions o;
+  o.target_group_size = group_size;
+  o.min_group_size = group_size;
+  o.matchmaking_time = 5s;
+  o.part_size_bytes = 16 * 1024;
+  o.part_timeout = 3s;
+  return o;
+}
+
+inline std::vector<float> Synthetic(uint64_t seed, size_t n) {
+  std::vector<float> v(n);
+  SyntheticValues(seed, 0, v);
+  return v;
+}
+
+}  // namespace colony::averaging::swarm_test

@@ -1,0 +1,234 @@
+// Verification (AveragerOptions::verify, BTARD's check of the reducers) on real sockets in one
+// process. The expected values are computed apart (exact weighted means in double, and the
+// CenteredClip fixed-point condition evaluated here), not by the averager's own code.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+
+#include "averaging/averager.h"
+#include "averaging_swarm.h"
+
+namespace colony::averaging {
+namespace {
+
+using swarm_test::Options;
+using swarm_test::Swarm;
+using swarm_test::Synthetic;
+using namespace std::chrono_literals;
+
+AveragerOptions VerifyOptions(size_t group) {
+  AveragerOptions o = Options(group);
+  o.verify = true;
+  return o;
+}
+
+// Which member of a round a peer was.
+uint32_t IndexOf(const StepResult& r, const PeerId& peer) {
+  for (uint32_t m = 0; m < r.members.size(); ++m) {
+    if (r.members[m].peer == peer) return m;
+  }
+  ADD_FAILURE() << "the peer is not a member";
+  return 0;
+}
+
+// The element range that member `m` reduced: the parts listed for it are contiguous, so take
+// them from the layout every member agrees on (spans in member order, sized by bandwidth:
+// equal bandwidths give equal spans up to rounding). The test reads the range back from a
+// peer that kept its own values for it.
+std::vector<double> WeightedMean(const std::vector<std::vector<float>>& inputs,
+                                 const std::vector<double>& weights) {
+  std::vector<double> out(inputs[0].size(), 0.0);
+  double total = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    for (size_t k = 0; k < out.size(); ++k) out[k] += weights[i] * inputs[i][k];
+    total += weights[i];
+  }
+  for (double& v : out) v /= total;
+  return out;
+}
+
+TEST(Verification, HonestRoundsBanNobodyAndKeepTheExactWeightedMean) {
+  const size_t n = 50'003;
+  Swarm swarm(n);
+  for (uint64_t i = 0; i < 4; ++i) swarm.Add(i, VerifyOptions(4));
+  const std::vector<double> weights = {1.0, 2.0, 3.0, 4.0};
+  std::vector<std::vector<float>> inputs;
+  for (uint64_t i = 0; i < 4; ++i) inputs.push_back(Synthetic(i, n));
+  const std::vector<double> expect = WeightedMean(inputs, weights);
+  // The second round averages values that are already equal: its residuals are rounding only.
+  for (int round = 0; round < 2; ++round) {
+    auto results = swarm.StepAll(weights);
+    for (size_t i = 0; i < 4; ++i) {
+      ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status().ToString();
+      const Verification& v = results[i]->verification;
+      EXPECT_TRUE(v.performed);
+      EXPECT_TRUE(v.banned.empty()) << "round " << round << " peer " << i << ": " << v.reasons[0];
+      EXPECT_TRUE(v.discarded.empty()) << "round " << round << " peer " << i;
+      for (size_t k = 0; k < n; ++k) {
+        ASSERT_NEAR(swarm.peers()[i]->data[k], expect[k], 2e-6) << "peer " << i << " at " << k;
+      }
+    }
+  }
+  for (auto& p : swarm.peers()) EXPECT_TRUE(p->averager->banned().empty());
+}
+
+TEST(Verification, ItsTrafficDoesNotGrowWithTheTensors) {
+  // The same group of 4 over 20 and 20 x 20 parts: each member sends the same statements
+  // (scalars per member and per run of parts, not per value or per part).
+  std::vector<uint64_t> sent;
+  for (size_t n : {size_t{80'000}, size_t{1'600'000}}) {
+    Swarm swarm(n);
+    for (uint64_t i = 0; i < 4; ++i) swarm.Add(i, VerifyOptions(4));
+    auto results = swarm.StepAll();
+    ASSERT_TRUE(results[0].ok()) << results[0].status().ToString();
+    EXPECT_TRUE(results[0]->verification.banned.empty());
+    sent.push_back(results[0]->verification.bytes_sent);
+  }
+  EXPECT_GT(sent[0], 0u);
+  // Equal but for the varint sizes of part indices (and which member the first peer was).
+  EXPECT_NEAR(static_cast<double>(sent[1]), static_cast<double>(sent[0]), 0.05 * sent[0]);
+  // 3 phases to 3 members: commit and reveal ~70 bytes each, the checks of 4 spans with one
+  // run each (4 contributors on our own span, 1 on the others) ~600 bytes.
+  EXPECT_LT(sent[0], 3u * 1024) << sent[0];
+  std::cout << "verification statements sent per member per round (group of 4): " << sent[0]
+            << " bytes, for 80,000 and for 1,600,000 values\n";
+}
+
+TEST(Verification, CenteredClipWithAnOutlierIsItsFixedPointAndBansNobody) {
+  const size_t n = 20'000;
+  Swarm swarm(n);
+  AveragerOptions o = VerifyOptions(4);
+  o.centered_clip = CenteredClipOptions{.tau = 0.5, .iterations = 5};
+  // Three peers near each other, one far away: every part clips the outlier, and a few
+  // iterations from the median are far from the fixed point, so the reducers must iterate on.
+  std::vector<std::vector<float>> inputs;
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto& p = swarm.Add(i, o);
+    if (i == 3) {
+      for (float& x : p.data) x += 3.0f;
+    } else {
+      for (float& x : p.data) x = 0.1f * x;
+    }
+    inputs.push_back(p.data);
+  }
+  auto results = swarm.StepAll();
+  const std::vector<double> weights(4, 1.0);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    EXPECT_TRUE(results[i]->verification.banned.empty()) << results[i]->verification.reasons[0];
+    EXPECT_TRUE(results[i]->verification.discarded.empty());
+    // Evaluated here: sum_i clip_tau(x_i - r) over each part is ~0 against the sum of the
+    // clipped deviations' norms.
+    const auto& r = swarm.peers()[i]->data;
+    for (const auto& part : results[i]->parts) {
+      ASSERT_EQ(part.contributors.size(), 4u);
+      std::vector<double> residual(part.end - part.begin, 0.0);
+      double norms = 0;
+      for (const auto& x : inputs) {
+        double norm2 = 0;
+        for (uint64_t k = part.begin; k < part.end; ++k) {
+          norm2 += (static_cast<double>(x[k]) - r[k]) * (static_cast<double>(x[k]) - r[k]);
+        }
+        const double clip = std::min(1.0, 0.5 / std::sqrt(norm2));
+        for (uint64_t k = part.begin; k < part.end; ++k) {
+          residual[k - part.begin] += clip * (static_cast<double>(x[k]) - r[k]);
+        }
+        norms += clip * std::sqrt(norm2);
+      }
+      double res2 = 0;
+      for (double d : residual) res2 += d * d;
+      EXPECT_LT(std::sqrt(res2), 2e-3 * norms) << "peer " << i << " part at " << part.begin;
+    }
+  }
+}
+
+TEST(Verification, AReducerReturningAWrongResultIsBannedByEveryHonestMember) {
+  const size_t n = 40'000;
+  Swarm swarm(n);
+  AveragerOptions o = VerifyOptions(4);
+  o.min_group_size = 3;
+  for (uint64_t i = 0; i < 3; ++i) swarm.Add(i, o);
+  AveragerOptions liar = o;
+  liar.testing.wrong_result = true;  // returns its own values as every part's result
+  swarm.Add(3, liar);
+  std::vector<std::vector<float>> inputs;
+  for (uint64_t i = 0; i < 4; ++i) inputs.push_back(Synthetic(i, n));
+  const std::vector<double> all_four = WeightedMean(inputs, std::vector<double>(4, 1.0));
+  const PeerId liar_id = swarm.peers()[3]->averager->peer_id();
+
+  auto results = swarm.StepAll();
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    const StepResult& r = *results[i];
+    ASSERT_EQ(r.members.size(), 4u);
+    const uint32_t liar_index = IndexOf(r, liar_id);
+    EXPECT_EQ(r.verification.banned, std::vector<uint32_t>{liar_index});
+    EXPECT_EQ(r.verification.discarded, std::vector<uint32_t>{liar_index});
+    // The liar's span holds this peer's own values; every other part the exact mean of all
+    // four (the liar sent its true values as a sender).
+    for (const auto& part : r.parts) {
+      const bool own = part.contributors == std::vector<uint32_t>{r.self_index};
+      for (uint64_t k = part.begin; k < part.end; ++k) {
+        if (own) {
+          ASSERT_EQ(swarm.peers()[i]->data[k], inputs[i][k]) << "peer " << i << " at " << k;
+        } else {
+          ASSERT_NEAR(swarm.peers()[i]->data[k], all_four[k], 2e-6) << "peer " << i << " at " << k;
+        }
+      }
+    }
+    const auto banned = swarm.peers()[i]->averager->banned();
+    ASSERT_EQ(banned.size(), 1u);
+    EXPECT_EQ(banned[0].first, liar_id);
+    EXPECT_NE(banned[0].second.find("not the weighted mean"), std::string::npos)
+        << banned[0].second;
+  }
+
+  // The next round: the honest three average among themselves; the liar's data is in no part.
+  std::vector<std::vector<float>> before;
+  for (size_t i = 0; i < 3; ++i) before.push_back(swarm.peers()[i]->data);
+  const std::vector<double> honest = WeightedMean(before, std::vector<double>(3, 1.0));
+  results = swarm.StepAll({}, 15s);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    for (const StepResult& r = *results[i]; const auto& part : r.parts) {
+      for (uint32_t c : part.contributors) EXPECT_NE(r.members[c].peer, liar_id);
+    }
+    for (size_t k = 0; k < n; ++k) {
+      ASSERT_NEAR(swarm.peers()[i]->data[k], honest[k], 2e-6) << "peer " << i << " at " << k;
+    }
+  }
+}
+
+TEST(Verification, AMemberLyingAboutItsProjectionsIsBannedAndNoHonestMemberIs) {
+  const size_t n = 30'000;
+  Swarm swarm(n);
+  for (uint64_t i = 0; i < 3; ++i) swarm.Add(i, VerifyOptions(4));
+  AveragerOptions liar = VerifyOptions(4);
+  liar.testing.wrong_projections = true;
+  swarm.Add(3, liar);
+  std::vector<std::vector<float>> inputs;
+  for (uint64_t i = 0; i < 4; ++i) inputs.push_back(Synthetic(i, n));
+  const std::vector<double> all_four = WeightedMean(inputs, std::vector<double>(4, 1.0));
+  const PeerId liar_id = swarm.peers()[3]->averager->peer_id();
+  auto results = swarm.StepAll();
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    const StepResult& r = *results[i];
+    const uint32_t liar_index = IndexOf(r, liar_id);
+    EXPECT_EQ(r.verification.banned, std::vector<uint32_t>{liar_index});
+    for (const auto& part : r.parts) {
+      const bool own = part.contributors == std::vector<uint32_t>{r.self_index};
+      for (uint64_t k = part.begin; k < part.end; ++k) {
+        const double want = own ? inputs[i][k] : all_four[k];
+        ASSERT_NEAR(swarm.peers()[i]->data[k], want, 2e-6) << "peer " << i << " at " << k;
+      }
+    }
+    const auto banned = swarm.peers()[i]->averager->banned();
+    ASSERT_EQ(banned.size(), 1u);
+    EXPECT_EQ(banned[0].first, liar_id);
+  }
+}
+
+}  // namespace
+}  // namespace colony::averaging
