@@ -353,6 +353,13 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
       ->capture_default_str();
   cmd->add_option("--grad-codec", f->grad_codec, "compression of averaged gradients")
       ->capture_default_str();
+  cmd->add_option("--centered-clip-tau", c.centered_clip_tau,
+                  "reduce gradients with CenteredClip of this radius instead of the mean "
+                  "(Byzantine-tolerant; 0: the mean)")
+      ->capture_default_str();
+  cmd->add_flag("--verify-rounds", c.verify_rounds,
+                "check every reducer's result with the group after each round and ban cheaters "
+                "(BTARD; needs --grad-codec none)");
   cmd->add_option("--average-state-every", c.average_state_every,
                   "also average parameters every this many epochs (0: never)")
       ->capture_default_str();

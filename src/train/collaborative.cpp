@@ -438,6 +438,15 @@ Result<std::unique_ptr<CollaborativeOptimizer>> CollaborativeOptimizer::Create(
   if (!(options.outer_lr > 0) || !(options.outer_momentum >= 0 && options.outer_momentum < 1)) {
     return InvalidArgument("DiLoCo needs outer_lr > 0 and 0 <= outer_momentum < 1");
   }
+  if (!(options.centered_clip_tau >= 0) || !std::isfinite(options.centered_clip_tau)) {
+    return InvalidArgument("centered_clip_tau must be finite and not negative (0: the mean)");
+  }
+  if ((options.centered_clip_tau > 0 || options.verify_rounds) &&
+      (options.diloco_inner_steps > 0 || options.local_updates)) {
+    return InvalidArgument(
+        "CenteredClip and verified rounds apply to gradient rounds, not to DiLoCo or local "
+        "updates (which average parameters)");
+  }
   auto impl =
       std::make_unique<Impl>(node, std::move(params), std::move(optimizer), std::move(options));
   COLONY_RETURN_IF_ERROR(impl->Init());

@@ -82,6 +82,12 @@ struct CollaborativeOptions {
   bool local_updates = false;
   // Clips the averaged gradient's global L2 norm before the optimizer step (0: no clipping).
   double max_grad_norm = 0;
+  // Byzantine tolerance for gradient rounds (docs/training.md, "Strangers"): reduce each part
+  // with CenteredClip of this radius instead of the sample-weighted mean (0: the mean), and
+  // with verify_rounds, check every reducer's result with the group and ban cheaters
+  // (averaging::AveragerOptions::verify; needs grad_codec kNone).
+  double centered_clip_tau = 0;
+  bool verify_rounds = false;
 
   // DiLoCo.
   int diloco_inner_steps = 0;  // H; 0: synchronous mode

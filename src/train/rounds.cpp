@@ -37,6 +37,10 @@ class GradientRounds final : public TargetBatchStepping {
     auto a = peer_.AveragerDefaults();
     a.prefix = peer_.options_.run_id + ".grads";
     a.codec = peer_.options_.grad_codec;
+    if (peer_.options_.centered_clip_tau > 0) {
+      a.centered_clip = averaging::CenteredClipOptions{.tau = peer_.options_.centered_clip_tau};
+    }
+    a.verify = peer_.options_.verify_rounds;
     COLONY_ASSIGN_OR_RETURN(averager_, averaging::Averager::Create(peer_.node_, {wire_}, a));
     if (peer_.options_.average_state_every > 0) {
       COLONY_ASSIGN_OR_RETURN(params_, ParameterAveraging::Create(peer_));

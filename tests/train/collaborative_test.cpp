@@ -50,6 +50,26 @@ TEST(CollaborativeTest, AveragedGradientIsTheSampleWeightedMean) {
   EXPECT_LE(static_cast<double>(total), 1.2 * static_cast<double>(target));
 }
 
+// Verified rounds (BTARD's check of the reducers): honest peers ban nobody and still step with
+// the exact sample-weighted mean.
+TEST(CollaborativeTest, VerifiedRoundsStepWithTheSampleWeightedMean) {
+  Swarm swarm;
+  for (int i = 0; i < 3; ++i) swarm.Add({.target_batch_size = 600, .verify_rounds = true});
+  const std::vector<StepReport> reports = test::TrainOneEpochEach(swarm);
+  ASSERT_EQ(reports.size(), 3u);
+  const auto [expected, total] = test::SampleWeightedStep(swarm);
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(reports[i].averaged) << reports[i].note;
+    EXPECT_EQ(reports[i].group_size, 3u);
+    EXPECT_TRUE(at::allclose(swarm.peers()[i]->w.detach(), expected, 1e-5, 1e-6));
+  }
+  EXPECT_FALSE(CollaborativeOptimizer::Create(
+                   *swarm.peers()[0]->node, {at::zeros({4})}, swarm.peers()[0]->opt,
+                   {.run_id = "x", .verify_rounds = true, .diloco_inner_steps = 2})
+                   .ok());
+}
+
 // Delayed updates: each round runs in the background during the next batch and is applied a
 // batch later; the peers still apply the same averaged gradients.
 TEST(CollaborativeTest, DelayedAveragingAppliesTheSameStepsOnEveryPeer) {
