@@ -1,10 +1,11 @@
 // Fuzz target for every averaging decoder (join requests and responses with their groups,
 // declarations, reduce hellos, part headers, state adverts, requests and headers, verification
-// statements): whatever a decoder accepts must re-encode to bytes that decode again to the
-// same encoding.
+// statements, ban lists): whatever a decoder accepts must re-encode to bytes that decode again to
+// the same encoding.
 #include <cstddef>
 #include <cstdint>
 
+#include "averaging/ban_evidence.h"
 #include "averaging/wire.h"
 #include "dht_roundtrip.h"
 
@@ -25,5 +26,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckFixedPoint(in, DecodeStateAdvert, EncodeStateAdvert);
   CheckFixedPoint(in, DecodeStateRequest, EncodeStateRequest);
   CheckFixedPoint(in, DecodeStateHeader, EncodeStateHeader);
+  CheckFixedPoint(in, DecodeBanList, EncodeBanList);
   return 0;
 }

@@ -89,7 +89,7 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   // ---- Verification (verify.cpp).
   asio::awaitable<Verification> Verify();
   // Sends our statement of a phase to every member taking part, and keeps it on our board.
-  void Broadcast(const VerifyStatement& statement, const std::vector<bool>& to, SteadyTime until);
+  void Broadcast(VerifyStatement statement, const std::vector<bool>& to, SteadyTime until);
   // Waits until every member in `from` has a statement of `phase` on the board, or `until`.
   asio::awaitable<void> AwaitPhase(VerifyPhase phase, const std::vector<bool>& from,
                                    SteadyTime until);

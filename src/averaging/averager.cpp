@@ -150,6 +150,7 @@ Status Averager::Impl::Init() {
         if (!self) co_return Unavailable("the averager was shut down");
         co_return co_await self->HandleStateRequest(ctx, std::move(m));
       });
+  if (options_.verify) StartLearningBans();
   return {};
 }
 
@@ -201,18 +202,6 @@ void Averager::Impl::ReadRange(uint64_t begin, std::span<float> out) const {
   }
 }
 
-bool Averager::Impl::IsBanned(const PeerId& peer) const {
-  std::lock_guard lock(ban_mu_);
-  return banned_.contains(peer);
-}
-
-void Averager::Impl::Ban(const PeerId& peer, const std::string& reason) {
-  std::lock_guard lock(ban_mu_);
-  if (banned_.emplace(peer, reason).second) {
-    COLONY_LOG_WARN("averaging: banned {}: {}", peer.ToString(), reason);
-  }
-}
-
 void Averager::Impl::Scatter(uint64_t begin, std::span<const float> values) {
   ScatterBytes(begin, ByteSpan(reinterpret_cast<const uint8_t*>(values.data()),
                                values.size() * sizeof(float)));
@@ -251,6 +240,7 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
     if (Status st = CheckGroupBits(*o.group_bits); !st.ok()) co_return st;
   }
   if (step_running_.exchange(true)) co_return FailedPrecondition("a step is already running");
+  if (options_.verify) StartLearningBans();
   if (o.group_bits) group_bits_ = *o.group_bits;
   cancel_requested_ = false;
   const SteadyTime start = SteadyNow();
@@ -340,7 +330,7 @@ void Averager::Impl::Shutdown() {
   const SteadyTime until = SteadyNow() + options_.part_timeout + std::chrono::seconds(2);
   // Then let every run's coroutines end (their streams are cancelled), so that none touches the
   // host or the tensors after we return.
-  while ((step_running_ || live_runs_ > 0) && SteadyNow() < until) {
+  while ((step_running_ || live_runs_ > 0 || ban_tasks_ > 0) && SteadyNow() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (live_runs_ > 0) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "averaging/averager.h"
+#include "averaging/ban_evidence.h"
 #include "averaging/wire.h"
 #include "core/log.h"
 #include "net/host.h"
@@ -159,9 +160,16 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   // ---- all-reduce (allreduce.cpp) and its verification (verify.cpp)
   asio::awaitable<Status> HandleReduce(net::CallContext& ctx);
   asio::awaitable<Result<net::Message>> HandleVerify(PeerId from, net::Message request);
-  // Bans (verification); thread-safe.
+  // ---- bans (bans.cpp): thread-safe.
   bool IsBanned(const PeerId& peer) const;
-  void Ban(const PeerId& peer, const std::string& reason);
+  // With `evidence` (the peer's signed checks that convict it, ban_evidence.h), the ban is
+  // published under "<prefix>.bans" for newcomers.
+  void Ban(const PeerId& peer, const std::string& reason, std::string evidence = {});
+  // Reads "<prefix>.bans" and bans every peer whose evidence holds (on strand_).
+  asio::awaitable<void> LearnBans();
+  asio::awaitable<void> PublishBans();  // on strand_
+  // Reads the bans in the background, and stores ours again when they near their expiration.
+  void StartLearningBans();
 
   // ---- state sharing (state_sharing.cpp)
   void ShareState(StateProvider provider, double priority);
@@ -223,6 +231,8 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   // Shutdown waits for them to end.
   std::atomic<int> live_runs_{0};
   std::atomic<bool> cancel_requested_{false};
+  // Ban reads and publications in flight (bans.cpp): Shutdown waits for them too.
+  std::atomic<int> ban_tasks_{0};
 
   // State sharing; guarded by state_mu_.
   std::mutex state_mu_;
@@ -240,6 +250,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
 
   mutable std::mutex ban_mu_;
   std::map<PeerId, std::string> banned_;  // guarded by ban_mu_
+  std::vector<BanEvidence> evidence_;     // guarded by ban_mu_; the newest kMaxBanEvidence
+  bool learning_bans_ = false;            // strand_
+  double bans_published_at_ = 0;          // strand_; dht::Now() of our last publication
 };
 
 }  // namespace colony::averaging

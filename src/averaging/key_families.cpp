@@ -1,5 +1,6 @@
 #include "averaging/key_families.h"
 
+#include "averaging/ban_evidence.h"
 #include "averaging/wire.h"
 
 namespace colony::averaging {
@@ -8,6 +9,7 @@ namespace {
 constexpr std::string_view kGroupInfix = ".0b";
 constexpr size_t kMaxGroupBits = 32;  // CheckGroupBits
 constexpr std::string_view kStateSuffix = ".state";
+constexpr std::string_view kBansSuffix = ".bans";
 
 bool IsGroupKey(std::string_view key) {
   const size_t at = key.rfind(kGroupInfix);
@@ -36,8 +38,25 @@ dht::KeyFamily StateAdvertFamily() {
                       std::string_view value) { return DecodeStateAdvert(value).status(); }};
 }
 
+dht::KeyFamily BanListFamily() {
+  return {.name = "averaging bans",
+          .matches =
+              [](std::string_view key) {
+                return key.size() > kBansSuffix.size() && key.ends_with(kBansSuffix);
+              },
+          // Structure only: the evidence's signatures and numbers are checked by the readers
+          // (a bounded number per reading), not on every store and lookup.
+          .check = [](std::string_view, const PeerId&, std::string_view value) -> Status {
+            COLONY_ASSIGN_OR_RETURN(auto bans, DecodeBanList(value));
+            for (const BanEvidence& b : bans) {
+              COLONY_RETURN_IF_ERROR(DecodeVerifyStatement(b.statement, kMaxGroupSize).status());
+            }
+            return {};
+          }};
+}
+
 std::vector<dht::KeyFamily> AveragingKeyFamilies() {
-  return {GroupKeyFamily(), StateAdvertFamily()};
+  return {GroupKeyFamily(), StateAdvertFamily(), BanListFamily()};
 }
 
 }  // namespace colony::averaging

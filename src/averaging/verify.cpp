@@ -29,6 +29,7 @@
 #include <set>
 
 #include "averaging/allreduce.h"
+#include "averaging/ban_evidence.h"
 #include "averaging/verify_math.h"
 
 namespace colony::averaging {
@@ -102,19 +103,6 @@ bool Agree(const SpanCheck& reducer, const SpanCheck& other, uint32_t member, do
   return true;
 }
 
-// A reducer's statement on its own span covers its parts in runs, with a value per contributor.
-bool WellFormed(const SpanCheck& span, size_t parts) {
-  uint32_t at = 0;
-  for (const RunCheck& run : span.runs) {
-    if (run.first_part != at || run.weights.size() != run.contributors.size() ||
-        run.norms.size() != run.contributors.size()) {
-      return false;
-    }
-    at = run.end_part;
-  }
-  return at == parts;
-}
-
 }  // namespace
 
 Status AllReduceRun::AddStatement(const PeerId& from, const std::string& bytes) {
@@ -125,6 +113,9 @@ Status AllReduceRun::AddStatement(const PeerId& from, const std::string& bytes) 
   if (statement->group_id != group_.group_id || group_.members[m].peer != from) {
     return PermissionDenied("the statement's member index does not match the authenticated peer");
   }
+  if (!SignedBy(from, impl_->options_.prefix, *statement)) {
+    return PermissionDenied("the statement's signature is not its member's");
+  }
   if (banned_[m]) return PermissionDenied("this peer banned you: verification caught you");
   auto& slot = board_[PhaseIndex(statement->phase)][m];
   if (slot) return AlreadyExists("this member's statement of this phase arrived already");
@@ -133,8 +124,9 @@ Status AllReduceRun::AddStatement(const PeerId& from, const std::string& bytes) 
   return {};
 }
 
-void AllReduceRun::Broadcast(const VerifyStatement& statement, const std::vector<bool>& to,
+void AllReduceRun::Broadcast(VerifyStatement statement, const std::vector<bool>& to,
                              SteadyTime until) {
+  SignStatement(impl_->host_.identity(), impl_->options_.prefix, statement);
   board_[PhaseIndex(statement.phase)][self_] = statement;
   auto bytes = std::make_shared<const std::string>(EncodeVerifyStatement(statement));
   auto self = shared_from_this();
@@ -190,6 +182,7 @@ VerifyStatement AllReduceRun::OwnChecks(uint64_t seed, const std::string& seed_b
   out.member = self_;
   out.phase = VerifyPhase::kChecks;
   out.seed = seed_bytes;
+  out.clip_tau = tau;
   out.weight = sends_ ? weight_ : 0.0;
   std::vector<float> z;
   // Our own span: every contributor's projection, from the inputs we kept.
@@ -330,9 +323,9 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
     const auto& s = board_[2][m];
     return s && s->seed == seed_bytes ? &*s : nullptr;
   };
-  const bool clipped = impl_->options_.centered_clip.has_value();
+  const double tau = impl_->options_.centered_clip ? impl_->options_.centered_clip->tau : 0.0;
   std::vector<bool> discard(n), ban(n);
-  std::vector<std::string> why(n);
+  std::vector<std::string> why(n), evidence(n);
   std::set<std::pair<uint32_t, uint32_t>> disputes;  // (reducer, contributor)
   std::vector<size_t> counterparts(n), disputed(n);
   auto convict = [&](uint32_t m, std::string reason) {
@@ -354,22 +347,23 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
       }
       continue;
     }
-    if (!WellFormed(*reduced, PartsOf(j))) {
-      convict(j, "its checks of its own span do not cover its parts with a value per contributor");
+    if (rs->clip_tau != tau) {  // another reduction than ours: a misconfigured peer
+      discard[j] = j != self_;
+      out.reasons.push_back(fmt::format(
+          "member {} ({}) checked its span as a reduction with tau {:g}, this peer uses {:g}; its "
+          "results are replaced by this peer's own values",
+          j, group_.members[j].peer.Short(), rs->clip_tau, tau));
       continue;
     }
-    std::vector<RunValues> values;
-    for (const RunCheck& run : reduced->runs) {
-      RunValues v{run.weights, {}, run.result_norm};
-      for (size_t c = 0; c < run.norms.size(); ++c) v.projections.push_back(EntryOf(run, c));
-      values.push_back(std::move(v));
+    if (reduced->runs.empty() || reduced->runs.back().end_part != PartsOf(j)) {
+      convict(j, "its checks of its own span do not cover its parts");
+      continue;
     }
-    const FixedPointCheck fixed = CheckFixedPoint(values, clipped);
-    if (!fixed.ok) {
-      convict(j, fmt::format("its result is not the {} of its inputs: the residual on a random "
-                             "direction is {:.4g}, an honest one stays under {:.4g}",
-                             clipped ? "CenteredClip" : "weighted mean", fixed.residual,
-                             fixed.tolerance));
+    // Its own numbers convict it: the statement is evidence anyone can check.
+    if (auto conviction = ReducerConviction(*rs); conviction.ok()) {
+      convict(j, *conviction);
+      evidence[j] = EncodeVerifyStatement(*rs);
+      continue;
     }
     for (uint32_t c = 0; c < n; ++c) {
       if (c == j) continue;
@@ -400,7 +394,7 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
   }
   for (uint32_t m = 0; m < n; ++m) {
     if (ban[m]) {
-      impl_->Ban(group_.members[m].peer, why[m]);
+      impl_->Ban(group_.members[m].peer, why[m], std::move(evidence[m]));
       out.banned.push_back(m);
       out.reasons.push_back(
           fmt::format("member {} ({}) is banned: {}", m, group_.members[m].peer.Short(), why[m]));

@@ -356,6 +356,8 @@ std::string EncodeVerifyStatement(const VerifyStatement& v) {
   p.set_reveal(v.reveal);
   p.set_weight(v.weight);
   p.set_seed(v.seed);
+  p.set_clip_tau(v.clip_tau);
+  p.set_signature(v.signature);
   for (const SpanCheck& span : v.spans) {
     auto* ps = p.add_spans();
     ps->set_reducer(span.reducer);
@@ -443,12 +445,19 @@ Result<VerifyStatement> DecodeVerifyStatement(std::string_view bytes, size_t gro
   if ((commit && p.commitment().size() != kVerifyRevealBytes) ||
       (!commit && !p.commitment().empty()) || (reveal && p.reveal().size() != kVerifyRevealBytes) ||
       (!reveal && !p.reveal().empty()) || (checks && p.seed().size() != kVerifyRevealBytes) ||
-      (!checks && (p.spans_size() != 0 || p.weight() != 0 || !p.seed().empty()))) {
+      (!checks &&
+       (p.spans_size() != 0 || p.weight() != 0 || !p.seed().empty() || p.clip_tau() != 0))) {
     return ProtocolError("a verification statement carries fields of another phase");
   }
   v.commitment = p.commitment();
   v.reveal = p.reveal();
   v.seed = p.seed();
+  if (!FiniteNotNegative(p.clip_tau())) return ProtocolError("a verification tau is bad");
+  v.clip_tau = p.clip_tau();
+  if (p.signature().size() != kSignatureSize) {
+    return ProtocolError("a verification statement must carry a 64-byte signature");
+  }
+  v.signature = p.signature();
   if (!FiniteNotNegative(p.weight())) return ProtocolError("a verification weight is bad");
   v.weight = p.weight();
   if (static_cast<size_t>(p.spans_size()) > group_size) {

@@ -117,7 +117,9 @@ struct VerifyStatement {
   std::string reveal;      // kReveal: 32 bytes
   double weight = 0;       // kChecks
   std::vector<SpanCheck> spans;
-  std::string seed;  // kChecks: 32 bytes
+  std::string seed;       // kChecks: 32 bytes
+  double clip_tau = 0;    // kChecks: CenteredClip's tau, 0 for the weighted mean
+  std::string signature;  // the member's, 64 bytes (ban_evidence.h)
 };
 
 // The binary form of a peer id, as a string (protobuf bytes fields, map keys).

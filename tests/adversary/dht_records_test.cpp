@@ -213,6 +213,7 @@ TEST_F(AttackedSwarm, EveryLayersKeysTakeOnlyTheirOwnersWellFormedEntries) {
       {"run1.grads.0b0110", "averaging group declarations"},
       {"run1.grads.0b", "averaging group declarations"},
       {"run1.state", "state donor adverts"},
+      {"run1.grads.bans", "averaging bans"},
       {kRelaysKey, "relay announcements"},
       {"colony.models", "model announcements"},
       {"colony.runs", "training run announcements"},

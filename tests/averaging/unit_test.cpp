@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "averaging/ban_evidence.h"
 #include "averaging/group_key.h"
 #include "averaging/load_balance.h"
 #include "averaging/reduce.h"
@@ -289,6 +290,7 @@ TEST(Wire, VerificationStatementsAreBoundedAndValidated) {
   v.phase = VerifyPhase::kChecks;
   v.seed = std::string(32, 's');
   v.weight = 2;
+  v.signature = std::string(64, 'x');
   v.spans = {{1, {{0, 2, {0, 1}, {1.0, 2.0}, {0.5, -0.25, 1, 2, 3, 4, 5, 6}, {1.5, 0.75}, 3.0}}}};
   auto back = DecodeVerifyStatement(EncodeVerifyStatement(v), 4);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
@@ -336,7 +338,11 @@ TEST(Wire, VerificationStatementsAreBoundedAndValidated) {
   commit.group_id = v.group_id;
   commit.phase = VerifyPhase::kCommit;
   commit.commitment = std::string(32, 'c');
+  commit.signature = std::string(64, 'x');
   EXPECT_TRUE(DecodeVerifyStatement(EncodeVerifyStatement(commit), 4).ok());
+  commit.signature.resize(63);
+  EXPECT_TRUE(refused(commit));
+  commit.signature.resize(64);
   commit.commitment.resize(31);
   EXPECT_TRUE(refused(commit));
   commit.commitment.resize(32);
@@ -344,6 +350,63 @@ TEST(Wire, VerificationStatementsAreBoundedAndValidated) {
   EXPECT_TRUE(refused(commit));
   EXPECT_FALSE(DecodeVerifyStatement(std::string(kMaxVerifyStatementBytes + 1, '\0'), 4).ok());
   EXPECT_FALSE(DecodeVerifyStatement("\x18\x07", 4).ok());  // phase 7
+}
+
+// A reducer's checks of its own span (member 0 of 3, one run, one part), as its statement says.
+VerifyStatement ReducerChecks(const std::vector<std::vector<float>>& xs,
+                              const std::vector<float>& r) {
+  const RunValues run = ProjectAll(xs, r, std::vector<double>(xs.size(), 1.0), 0);
+  VerifyStatement v;
+  v.group_id = std::string(16, 'g');
+  v.member = 0;
+  v.phase = VerifyPhase::kChecks;
+  v.seed = std::string(32, 's');
+  RunCheck c{0, 1, {}, run.weights, {}, {}, run.result_norm};
+  for (uint32_t i = 0; i < xs.size(); ++i) {
+    c.contributors.push_back(i);
+    c.projections.insert(c.projections.end(), run.projections[i].values.begin(),
+                         run.projections[i].values.end());
+    c.norms.push_back(run.projections[i].norm);
+  }
+  v.spans = {{0, {c}}};
+  return v;
+}
+
+TEST(BanEvidence, OnlyAReducersOwnFailingSignedChecksConvictIt) {
+  const auto xs = RandomInputs(3, 2000, 0.1f);
+  std::vector<float> mean(2000, 0.0f);
+  for (const auto& x : xs) {
+    for (size_t i = 0; i < mean.size(); ++i) mean[i] += x[i] / 3.0f;
+  }
+  const KeyPair liar = KeyPair::Generate(), other = KeyPair::Generate();
+  auto evidence = [&](VerifyStatement v, const KeyPair& signer, const PeerId& peer,
+                      std::string_view prefix = "run.grads") {
+    SignStatement(signer, prefix, v);
+    return CheckBanEvidence("run.grads", BanEvidence{peer, EncodeVerifyStatement(v)});
+  };
+  // Its own input as the result: its signed numbers convict it.
+  auto convicted = evidence(ReducerChecks(xs, xs[0]), liar, liar.peer_id());
+  ASSERT_TRUE(convicted.ok()) << convicted.status().ToString();
+  EXPECT_NE(convicted->find("not the weighted mean"), std::string::npos) << *convicted;
+  // Honest numbers do not; nor do failing numbers signed by someone else (a framer), or
+  // signed for another run.
+  EXPECT_FALSE(evidence(ReducerChecks(xs, mean), liar, liar.peer_id()).ok());
+  EXPECT_FALSE(evidence(ReducerChecks(xs, xs[0]), other, liar.peer_id()).ok());
+  EXPECT_FALSE(evidence(ReducerChecks(xs, xs[0]), liar, liar.peer_id(), "run2.grads").ok());
+  // A signed statement changed afterwards (its numbers) no longer verifies.
+  VerifyStatement v = ReducerChecks(xs, mean);
+  SignStatement(liar, "run.grads", v);
+  v.spans[0].runs[0].projections[0] += 100.0;
+  EXPECT_FALSE(CheckBanEvidence("run.grads", {liar.peer_id(), EncodeVerifyStatement(v)}).ok());
+
+  // Ban lists: bounded, and every entry names a valid peer.
+  std::vector<BanEvidence> list(kMaxBanEvidence, {liar.peer_id(), "x"});
+  auto decoded = DecodeBanList(EncodeBanList(list));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(decoded->size(), kMaxBanEvidence);
+  list.push_back(list[0]);
+  EXPECT_FALSE(DecodeBanList(EncodeBanList(list)).ok());
+  EXPECT_FALSE(DecodeBanList("\x0a\x04\x0a\x02zz").ok());  // a peer id of junk
 }
 
 TEST(Wire, RoundTripsAndRejectsHostileMessages) {

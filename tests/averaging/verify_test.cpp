@@ -8,6 +8,7 @@
 
 #include "averaging/averager.h"
 #include "averaging_swarm.h"
+#include "test_support.h"
 
 namespace colony::averaging {
 namespace {
@@ -88,8 +89,9 @@ TEST(Verification, ItsTrafficDoesNotGrowWithTheTensors) {
   EXPECT_GT(sent[0], 0u);
   // Equal but for the varint sizes of part indices (and which member the first peer was).
   EXPECT_NEAR(static_cast<double>(sent[1]), static_cast<double>(sent[0]), 0.05 * sent[0]);
-  // 3 phases to 3 members: commit and reveal ~70 bytes each, the checks of 4 spans with one
-  // run each (4 contributors on our own span, 1 on the others) ~600 bytes.
+  // 3 phases to 3 members, each signed (64 bytes): commit and reveal ~140 bytes each, the
+  // checks of 4 spans with one run each (4 contributors on our own span, 1 on the others)
+  // ~500 bytes.
   EXPECT_LT(sent[0], 3u * 1024) << sent[0];
   std::cout << "verification statements sent per member per round (group of 4): " << sent[0]
             << " bytes, for 80,000 and for 1,600,000 values\n";
@@ -183,6 +185,17 @@ TEST(Verification, AReducerReturningAWrongResultIsBannedByEveryHonestMember) {
     EXPECT_NE(banned[0].second.find("not the weighted mean"), std::string::npos)
         << banned[0].second;
   }
+
+  // A newcomer that never met the liar learns the ban from the DHT: the evidence is the liar's
+  // own signed checks.
+  auto& newcomer = swarm.Add(9, VerifyOptions(4));
+  EXPECT_TRUE(colony::test::WaitUntil([&] { return !newcomer.averager->banned().empty(); },
+                                      std::chrono::seconds(20)));
+  const auto learned = newcomer.averager->banned();
+  ASSERT_EQ(learned.size(), 1u);
+  EXPECT_EQ(learned[0].first, liar_id);
+  EXPECT_NE(learned[0].second.find("signed checks"), std::string::npos) << learned[0].second;
+  swarm.peers().pop_back();
 
   // The next round: the honest three average among themselves; the liar's data is in no part.
   std::vector<std::vector<float>> before;

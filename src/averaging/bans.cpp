@@ -1,0 +1,109 @@
+// Bans: peers that verification caught (verify.cpp), refused for the averager's lifetime, and the
+// evidence against reducers shared under "<prefix>.bans" (ban_evidence.h), so that newcomers ban
+// them too without trusting whoever published it.
+#include <fmt/format.h>
+
+#include "averaging/internal.h"
+
+namespace colony::averaging {
+
+namespace {
+std::string BansKey(const std::string& prefix) { return prefix + ".bans"; }
+// Evidence examined per reading of the key: each costs a signature check and a pass over a
+// statement, and the key may hold entries from many identities.
+constexpr size_t kMaxEvidencePerRead = 64;
+// Published bans live a day in the DHT (its limit); they are stored again when a step starts
+// after this long.
+constexpr double kBansTtl = 23 * 3600.0;
+}  // namespace
+
+bool Averager::Impl::IsBanned(const PeerId& peer) const {
+  std::lock_guard lock(ban_mu_);
+  return banned_.contains(peer);
+}
+
+void Averager::Impl::Ban(const PeerId& peer, const std::string& reason, std::string evidence) {
+  {
+    std::lock_guard lock(ban_mu_);
+    if (!banned_.emplace(peer, reason).second) return;
+    COLONY_LOG_WARN("averaging: banned {}: {}", peer.ToString(), reason);
+    if (evidence.empty()) return;
+    evidence_.push_back({peer, std::move(evidence)});
+    if (evidence_.size() > kMaxBanEvidence) evidence_.erase(evidence_.begin());
+  }
+  auto self = shared_from_this();
+  ++ban_tasks_;
+  asio::co_spawn(
+      strand_,
+      [self]() -> asio::awaitable<void> {
+        co_await self->PublishBans();
+        --self->ban_tasks_;
+      },
+      asio::detached);
+}
+
+void Averager::Impl::StartLearningBans() {
+  auto self = shared_from_this();
+  ++ban_tasks_;
+  asio::co_spawn(
+      strand_,
+      [self]() -> asio::awaitable<void> {
+        co_await self->LearnBans();
+        if (dht::Now() - self->bans_published_at_ > kBansTtl / 2) co_await self->PublishBans();
+        --self->ban_tasks_;
+      },
+      asio::detached);
+}
+
+asio::awaitable<void> Averager::Impl::PublishBans() {
+  std::string value;
+  {
+    std::lock_guard lock(ban_mu_);
+    if (evidence_.empty()) co_return;
+    value = EncodeBanList(evidence_);
+  }
+  if (shut_down_) co_return;
+  bans_published_at_ = dht::Now();
+  std::optional<std::string> subkey = dht::OwnerMarker(host_.peer_id());
+  Status st = co_await node_.Store(BansKey(options_.prefix), std::move(value),
+                                   dht::Now() + kBansTtl, std::move(subkey));
+  if (!st.ok()) COLONY_LOG_WARN("averaging: publishing bans failed: {}", st.ToString());
+}
+
+asio::awaitable<void> Averager::Impl::LearnBans() {
+  if (learning_bans_ || shut_down_) co_return;
+  learning_bans_ = true;
+  auto record = co_await node_.Get(BansKey(options_.prefix), dht::Freshness::kLatest);
+  std::vector<BanEvidence> candidates;
+  if (record.ok() && record->is_dict) {
+    const double now = dht::Now();
+    for (const auto& [subkey, entry] : record->subkeys) {
+      auto accuser = dht::ParseOwnerMarker(subkey);
+      if (entry.expiration <= now || !accuser || *accuser == host_.peer_id()) continue;
+      auto bans = DecodeBanList(entry.value);
+      if (!bans.ok()) continue;
+      for (auto& b : *bans) {
+        if (candidates.size() < kMaxEvidencePerRead && b.peer != host_.peer_id() &&
+            !IsBanned(b.peer)) {
+          candidates.push_back(std::move(b));
+        }
+      }
+    }
+  }
+  // Checked on the compute pool: signature checks do not belong on an I/O thread.
+  auto check = [prefix = options_.prefix, candidates = std::move(candidates)]() {
+    std::vector<std::pair<PeerId, std::string>> convicted;
+    for (const BanEvidence& b : candidates) {
+      if (auto why = CheckBanEvidence(prefix, b); why.ok()) convicted.emplace_back(b.peer, *why);
+    }
+    return convicted;
+  };
+  auto convicted =
+      co_await RunOn<std::vector<std::pair<PeerId, std::string>>>(PoolExecutor(), std::move(check));
+  for (const auto& [peer, why] : convicted) {
+    Ban(peer, "a published ban carries its own signed checks: " + why);
+  }
+  learning_bans_ = false;
+}
+
+}  // namespace colony::averaging
