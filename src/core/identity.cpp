@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -29,7 +30,14 @@ std::string ErrnoText() { return std::strerror(errno); }
 
 }  // namespace
 
+namespace {
+std::atomic<uint64_t> g_signature_checks{0};
+}  // namespace
+
+uint64_t SignatureChecks() { return g_signature_checks.load(std::memory_order_relaxed); }
+
 bool VerifySignature(const PublicKey& key, ByteSpan message, const Signature& signature) {
+  g_signature_checks.fetch_add(1, std::memory_order_relaxed);
   EnsureSodium();
   return crypto_sign_verify_detached(signature.data(), message.data(), message.size(),
                                      key.data()) == 0;

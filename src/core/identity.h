@@ -25,6 +25,9 @@ using Signature = std::array<uint8_t, kSignatureSize>;
 
 // Checks an Ed25519 signature made by `key` over `message`.
 bool VerifySignature(const PublicKey& key, ByteSpan message, const Signature& signature);
+// Signature checks this process has made (VerifySignature calls): the costly part of
+// validating remote records, for tests and metrics that bound it.
+uint64_t SignatureChecks();
 
 class PeerId {
  public:

@@ -466,6 +466,18 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
   if (l.key && result.record) {
     // Keep only entries that validate and have not expired; merge with what we have.
     Record& r = *result.record;
+    // No honest replica holds more than its storage limits allow (the wire allows 64 MiB and
+    // 65,536 subkeys): a reply with more is ignored before any of it is validated, so a liar
+    // cannot make us check tens of thousands of signatures; and what several replicas' copies
+    // merge into is trimmed to those limits, so a lookup holds at most one record's worth.
+    if (!FitsLimits(*l.key, r, options_.storage)) {
+      COLONY_LOG_DEBUG("DHT: ignoring {}'s copy of '{}': larger than a node stores",
+                       contact.peer.ToString(), *l.key);
+      result.record.reset();
+    }
+  }
+  if (l.key && result.record) {
+    Record& r = *result.record;
     const double now = Wall();
     // A replica's copy is as untrusted as a store: too far an expiration is not believed either.
     const double latest = now + options_.storage.max_ttl_seconds + kExpirationClockSlack;
@@ -478,14 +490,6 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
       had_value = !r.subkeys.empty();
     } else {
       had_value = valid(std::nullopt, r.value);
-    }
-    // No honest replica holds more than its storage limits allow (the wire allows 64 MiB): a
-    // reply with more is ignored, and what several replicas' copies merge into is trimmed to
-    // those limits, so a lookup holds at most one stored record's worth.
-    if (had_value && !FitsLimits(*l.key, r, options_.storage)) {
-      COLONY_LOG_DEBUG("DHT: ignoring {}'s copy of '{}': larger than a node stores",
-                       contact.peer.ToString(), *l.key);
-      had_value = false;
     }
     if (had_value) {
       if (!l.found) {
