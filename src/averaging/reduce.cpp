@@ -102,6 +102,18 @@ std::vector<double> WeightsCappedAtMedian(std::span<const double> weights) {
   return out;
 }
 
+namespace {
+// |x - v| (L2).
+double Distance(std::span<const float> x, const std::vector<double>& v) {
+  double norm2 = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double d = x[i] - v[i];
+    norm2 += d * d;
+  }
+  return std::sqrt(norm2);
+}
+}  // namespace
+
 bool CenteredClip(std::span<const std::span<const float>> xs, std::span<const double> declared,
                   const CenteredClipOptions& options, std::span<float> out) {
   const size_t n = out.size();
@@ -128,12 +140,7 @@ bool CenteredClip(std::span<const std::span<const float>> xs, std::span<const do
     std::fill(delta.begin(), delta.end(), 0.0);
     double moved = 0;
     for (size_t k = 0; k < xs.size(); ++k) {
-      double norm2 = 0;
-      for (size_t i = 0; i < n; ++i) {
-        const double d = xs[k][i] - v[i];
-        norm2 += d * d;
-      }
-      const double norm = std::sqrt(norm2);
+      const double norm = Distance(xs[k], v);
       const double clip = norm > options.tau ? options.tau / norm : 1.0;
       const double w = weights[k] / total_weight * clip;
       for (size_t i = 0; i < n; ++i) delta[i] += w * (xs[k][i] - v[i]);
@@ -156,12 +163,7 @@ bool CenteredClip(std::span<const std::span<const float>> xs, std::span<const do
       std::fill(next.begin(), next.end(), 0.0);
       double clipped_norms = 0, clipped_weight = 0;
       for (size_t k = 0; k < xs.size(); ++k) {
-        double norm2 = 0;
-        for (size_t i = 0; i < n; ++i) {
-          const double d = xs[k][i] - v[i];
-          norm2 += d * d;
-        }
-        const double norm = std::sqrt(norm2);
+        const double norm = Distance(xs[k], v);
         const double clip = norm > options.tau ? options.tau / norm : 1.0;
         const double w = weights[k] * clip;
         clipped_norms += weights[k] * clip * norm;

@@ -36,6 +36,23 @@ Result<std::vector<std::string>> Addrs(const Repeated& in, const char* what) {
   return out;
 }
 
+// Member indices that must be increasing and below the group's size (at most one per member).
+template <typename Repeated>
+Result<std::vector<uint32_t>> Contributors(const Repeated& in, size_t group_size,
+                                           const char* what) {
+  if (static_cast<size_t>(in.size()) > group_size) {
+    return ProtocolError(std::string(what) + " names more contributors than the group has");
+  }
+  std::vector<uint32_t> out;
+  for (uint32_t c : in) {
+    if (c >= group_size || (!out.empty() && c <= out.back())) {
+      return ProtocolError(std::string(what) + "'s contributors must be increasing member indices");
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
 Result<Mode> ModeFromWire(uint32_t v) {
   if (v > static_cast<uint32_t>(Mode::kAux)) {
     return ProtocolError("unknown averaging mode " + std::to_string(v));
@@ -266,15 +283,7 @@ Result<PartHeader> DecodePartHeader(std::string_view bytes, size_t group_size) {
   COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::Part>(bytes, "part header"));
   PartHeader h;
   h.index = p.index();
-  if (static_cast<size_t>(p.contributors_size()) > group_size) {
-    return ProtocolError("a part names more contributors than the group has members");
-  }
-  for (uint32_t c : p.contributors()) {
-    if (c >= group_size || (!h.contributors.empty() && c <= h.contributors.back())) {
-      return ProtocolError("a part's contributors must be increasing member indices");
-    }
-    h.contributors.push_back(c);
-  }
+  COLONY_ASSIGN_OR_RETURN(h.contributors, Contributors(p.contributors(), group_size, "a part"));
   return h;
 }
 
@@ -386,15 +395,8 @@ Result<RunCheck> DecodeRunCheck(const pb::RunCheck& p, uint32_t after_part, size
   if (r.first_part < after_part || r.end_part <= r.first_part) {
     return ProtocolError("a verification run's parts must be non-empty and in order");
   }
-  if (static_cast<size_t>(p.contributors_size()) > group_size) {
-    return ProtocolError("a verification run names more contributors than the group has");
-  }
-  for (uint32_t c : p.contributors()) {
-    if (c >= group_size || (!r.contributors.empty() && c <= r.contributors.back())) {
-      return ProtocolError("a verification run's contributors must be increasing member indices");
-    }
-    r.contributors.push_back(c);
-  }
+  COLONY_ASSIGN_OR_RETURN(r.contributors,
+                          Contributors(p.contributors(), group_size, "a verification run"));
   const int n = p.norms_size();
   if (static_cast<size_t>(n) > r.contributors.size() ||
       static_cast<size_t>(p.projections_size()) != kDirections * static_cast<size_t>(n) ||

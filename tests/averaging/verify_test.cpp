@@ -49,6 +49,24 @@ std::vector<double> WeightedMean(const std::vector<std::vector<float>>& inputs,
   return out;
 }
 
+// Three honest peers (seeds 0-2) and a liar (seed 3) whose options `lie` changes, all with
+// `options`; their inputs and the exact mean of all four, computed here.
+struct LiarSwarm {
+  LiarSwarm(size_t n, const AveragerOptions& options, void (*lie)(AveragerOptions&)) : swarm(n) {
+    for (uint64_t i = 0; i < 3; ++i) swarm.Add(i, options);
+    AveragerOptions liar = options;
+    lie(liar);
+    swarm.Add(3, liar);
+    for (uint64_t i = 0; i < 4; ++i) inputs.push_back(Synthetic(i, n));
+    all_four = WeightedMean(inputs, std::vector<double>(4, 1.0));
+    liar_id = swarm.peers()[3]->averager->peer_id();
+  }
+  Swarm swarm;
+  std::vector<std::vector<float>> inputs;
+  std::vector<double> all_four;
+  PeerId liar_id;
+};
+
 TEST(Verification, HonestRoundsBanNobodyAndKeepTheExactWeightedMean) {
   const size_t n = 50'003;
   Swarm swarm(n);
@@ -147,17 +165,11 @@ TEST(Verification, CenteredClipWithAnOutlierIsItsFixedPointAndBansNobody) {
 
 TEST(Verification, AReducerReturningAWrongResultIsBannedByEveryHonestMember) {
   const size_t n = 40'000;
-  Swarm swarm(n);
   AveragerOptions o = VerifyOptions(4);
   o.min_group_size = 3;
-  for (uint64_t i = 0; i < 3; ++i) swarm.Add(i, o);
-  AveragerOptions liar = o;
-  liar.testing.wrong_result = true;  // returns its own values as every part's result
-  swarm.Add(3, liar);
-  std::vector<std::vector<float>> inputs;
-  for (uint64_t i = 0; i < 4; ++i) inputs.push_back(Synthetic(i, n));
-  const std::vector<double> all_four = WeightedMean(inputs, std::vector<double>(4, 1.0));
-  const PeerId liar_id = swarm.peers()[3]->averager->peer_id();
+  // The liar returns its own values as every part's result.
+  LiarSwarm liars(n, o, [](AveragerOptions& l) { l.testing.wrong_result = true; });
+  auto& [swarm, inputs, all_four, liar_id] = liars;
 
   auto results = swarm.StepAll();
   for (size_t i = 0; i < 3; ++i) {
@@ -215,15 +227,9 @@ TEST(Verification, AReducerReturningAWrongResultIsBannedByEveryHonestMember) {
 
 TEST(Verification, AMemberLyingAboutItsProjectionsIsBannedAndNoHonestMemberIs) {
   const size_t n = 30'000;
-  Swarm swarm(n);
-  for (uint64_t i = 0; i < 3; ++i) swarm.Add(i, VerifyOptions(4));
-  AveragerOptions liar = VerifyOptions(4);
-  liar.testing.wrong_projections = true;
-  swarm.Add(3, liar);
-  std::vector<std::vector<float>> inputs;
-  for (uint64_t i = 0; i < 4; ++i) inputs.push_back(Synthetic(i, n));
-  const std::vector<double> all_four = WeightedMean(inputs, std::vector<double>(4, 1.0));
-  const PeerId liar_id = swarm.peers()[3]->averager->peer_id();
+  LiarSwarm liars(n, VerifyOptions(4),
+                  [](AveragerOptions& l) { l.testing.wrong_projections = true; });
+  auto& [swarm, inputs, all_four, liar_id] = liars;
   auto results = swarm.StepAll();
   for (size_t i = 0; i < 3; ++i) {
     ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
