@@ -119,6 +119,7 @@ struct AveragerOptions {
     // result; as a contributor, publish projections that are not those of its values.
     bool wrong_result = false;
     bool wrong_projections = false;
+    bool withhold_checks = false;  // sends no checks (phase 3) to anyone
   } testing = {};
 };
 

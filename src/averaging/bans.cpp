@@ -17,6 +17,17 @@ constexpr size_t kMaxEvidencePerRead = 64;
 constexpr double kBansTtl = 23 * 3600.0;
 }  // namespace
 
+int Averager::Impl::NoteReducerSilence(const PeerId& peer, bool silent) {
+  constexpr size_t kMaxSilentReducers = 4096;
+  std::lock_guard lock(ban_mu_);
+  if (!silent) {
+    silent_rounds_.erase(peer);
+    return 0;
+  }
+  if (silent_rounds_.size() >= kMaxSilentReducers && !silent_rounds_.contains(peer)) return 1;
+  return ++silent_rounds_[peer];
+}
+
 bool Averager::Impl::IsBanned(const PeerId& peer) const {
   std::lock_guard lock(ban_mu_);
   return banned_.contains(peer);

@@ -170,6 +170,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   asio::awaitable<void> PublishBans();  // on strand_
   // Reads the bans in the background, and stores ours again when they near their expiration.
   void StartLearningBans();
+  // Counts the rounds in a row in which a reducer whose results we received sent no checks of
+  // its span (silent) and returns that count; a round with its checks resets it.
+  int NoteReducerSilence(const PeerId& peer, bool silent);
 
   // ---- state sharing (state_sharing.cpp)
   void ShareState(StateProvider provider, double priority);
@@ -251,6 +254,7 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   mutable std::mutex ban_mu_;
   std::map<PeerId, std::string> banned_;  // guarded by ban_mu_
   std::vector<BanEvidence> evidence_;     // guarded by ban_mu_; the newest kMaxBanEvidence
+  std::map<PeerId, int> silent_rounds_;   // guarded by ban_mu_; at most kMaxSilentReducers
   bool learning_bans_ = false;            // strand_
   double bans_published_at_ = 0;          // strand_; dht::Now() of our last publication
 };

@@ -80,6 +80,7 @@ JoinRequest Averager::Impl::OwnJoinRequest(const std::string& key,
   r.bandwidth = options_.bandwidth;
   r.gathered = gathered;
   r.addrs = OwnAddrs();
+  r.verify = options_.verify;
   return r;
 }
 
@@ -343,8 +344,12 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
       case JoinResponse::Code::kRejected:
       case JoinResponse::Code::kDisbanded:
         COLONY_LOG_DEBUG("averaging: {} did not take us: {}", leader->peer.Short(), answer->reason);
+        // Refusals about this peer itself (its tensors, its verification, a ban) are what the
+        // caller must fix or know: they go into the step's error.
         if (answer->code == JoinResponse::Code::kRejected &&
-            answer->reason.find("schema") != std::string::npos) {
+            (answer->reason.find("schema") != std::string::npos ||
+             answer->reason.find("verifies its rounds") != std::string::npos ||
+             answer->reason.find("banned you") != std::string::npos)) {
           reasons.push_back("peer " + leader->peer.ToString() + " refused: " + answer->reason);
         }
         continue;
@@ -372,6 +377,13 @@ asio::awaitable<Result<net::Message>> Averager::Impl::HandleJoin(PeerId from,
         "the request's schema is {}; all peers under one prefix must average the same shapes",
         total_, tensors_.size(), HexEncode(AsBytes(schema_hash_)).substr(0, 16),
         HexEncode(AsBytes(request->schema_hash)).substr(0, 16)));
+  }
+  if (request->verify != options_.verify) {
+    co_return reject(options_.verify
+                         ? "this peer verifies its rounds (--verify) and the request does not: "
+                           "all peers under one prefix must agree"
+                         : "the request verifies its rounds (--verify) and this peer does not: "
+                           "all peers under one prefix must agree");
   }
   if (!looking_ || looking_->group_key != request->group_key) {
     co_return reject("not looking for a group under " + request->group_key);

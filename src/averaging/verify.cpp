@@ -19,7 +19,8 @@
 //    in dispute with more than half of the members it was checked against is banned (with an
 //    honest majority, an honest member's disputes are only with liars);
 //  - a span we cannot check (its reducer sent no checks on our direction) is replaced by our
-//    own values, without a ban.
+//    own values, without a ban the first times (a crash, a lost message); a reducer silent in
+//    3 rounds in a row is banned.
 // Banned members are refused as group mates, senders, reducers and in matchmaking for the
 // averager's lifetime.
 #include <fmt/format.h>
@@ -37,6 +38,9 @@ namespace colony::averaging {
 namespace {
 
 size_t PhaseIndex(VerifyPhase p) { return static_cast<size_t>(p) - 1; }
+
+// Rounds in a row without checks after which a reducer is banned.
+constexpr int kMaxSilentRounds = 3;
 
 std::string Sha256(std::string_view bytes) {
   std::string out(crypto_hash_sha256_BYTES, '\0');
@@ -315,7 +319,8 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
   auto compute = [self, seed, seed_bytes]() { return self->OwnChecks(seed, seed_bytes); };
   VerifyStatement checks = co_await RunOn<VerifyStatement>(PoolExecutor(), std::move(compute));
   until = SteadyNow() + timeout;
-  Broadcast(checks, party, until);
+  Broadcast(checks, impl_->options_.testing.withhold_checks ? std::vector<bool>(n, false) : party,
+            until);
   co_await AwaitPhase(VerifyPhase::kChecks, revealed, until);
 
   // Judge, from the checks made on our direction.
@@ -344,9 +349,16 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
             "member {} ({}) sent no checks of its span on this round's direction; its results "
             "are replaced by this peer's own values",
             j, group_.members[j].peer.Short()));
+        // Once may be a crash or a lost message; round after round, it is a reducer that
+        // hands out results it will not let anyone check.
+        const int silent = impl_->NoteReducerSilence(group_.members[j].peer, true);
+        if (silent >= kMaxSilentRounds) {
+          convict(j, fmt::format("it sent no checks of its results in {} rounds in a row", silent));
+        }
       }
       continue;
     }
+    if (j != self_) impl_->NoteReducerSilence(group_.members[j].peer, false);
     if (rs->clip_tau != tau) {  // another reduction than ours: a misconfigured peer
       discard[j] = j != self_;
       out.reasons.push_back(fmt::format(

@@ -123,6 +123,7 @@ std::string EncodeJoinRequest(const JoinRequest& r) {
   p.set_bandwidth(r.bandwidth);
   p.set_gathered(r.gathered);
   for (const auto& a : r.addrs) p.add_addrs(a);
+  p.set_verify(r.verify);
   return p.SerializeAsString();
 }
 
@@ -141,6 +142,7 @@ Result<JoinRequest> DecodeJoinRequest(std::string_view bytes) {
   r.bandwidth = p.bandwidth();
   r.gathered = p.gathered();
   COLONY_ASSIGN_OR_RETURN(r.addrs, Addrs(p.addrs(), "a join request"));
+  r.verify = p.verify();
   return r;
 }
 

@@ -42,6 +42,7 @@ struct JoinRequest {
   double bandwidth = 0;
   std::string gathered;
   std::vector<std::string> addrs;
+  bool verify = false;
 };
 
 struct MemberInfo {

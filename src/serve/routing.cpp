@@ -189,6 +189,9 @@ std::vector<std::optional<double>> SequenceManager::MeasureRtts(
   {
     std::lock_guard lock(mu_);
     const auto now = Clock::now();
+    // Entries whose time is up are forgotten: the map holds only peers that failed a ping
+    // within the last refresh period, not one entry per fake record ever seen.
+    std::erase_if(unreachable_, [now](const auto& kv) { return kv.second <= now; });
     for (size_t i = 0; i < servers.size(); ++i) {
       if (auto it = rtt_.find(servers[i].peer); it != rtt_.end()) {
         out[i] = it->second;

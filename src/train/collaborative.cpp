@@ -187,6 +187,7 @@ averaging::AveragerOptions CollaborativeOptimizer::Impl::AveragerDefaults() cons
   a.bandwidth = options_.bandwidth;
   a.max_send_rate = options_.max_send_rate;
   a.testing.fault = options_.testing.fault;
+  a.testing.wrong_result = options_.testing.wrong_result;
   return a;
 }
 

@@ -112,6 +112,9 @@ struct CollaborativeOptions {
     averaging::Fault fault = averaging::Fault::kNone;  // injected into its averagers
     // A broken peer: it sends its non-finite gradients to the group instead of skipping them.
     bool unchecked_local_gradients = false;
+    // A cheating reducer in gradient rounds: returns its own mean gradient as every part's
+    // result (averaging::AveragerOptions::Testing::wrong_result).
+    bool wrong_result = false;
   } testing = {};
 };
 
@@ -126,6 +129,9 @@ struct StepReport {
   bool loaded_state = false;       // this peer was behind and downloaded the swarm's state
   double averaging_seconds = 0;
   std::string note;  // why a round failed, when it did
+  // Peers that verification (verify_rounds) banned in this round: they cheated as reducers or
+  // in their checks, and this peer averages with them no more.
+  std::vector<std::string> banned;
 };
 
 struct TrainingCounters {

@@ -13,6 +13,7 @@ Result<std::unique_ptr<ParameterAveraging>> ParameterAveraging::Create(
   a.prefix = peer.options_.run_id + ".params";
   a.codec = peer.options_.state_codec;
   a.testing.fault = averaging::Fault::kNone;
+  a.testing.wrong_result = false;
   p->values_.assign(peer.total_, 0.0f);
   COLONY_ASSIGN_OR_RETURN(p->averager_, averaging::Averager::Create(peer.node_, {p->values_}, a));
   return p;

@@ -165,6 +165,12 @@ class ProgressTracker::Impl {
     }
   }
 
+  void Ignore(const PeerId& peer) {
+    std::lock_guard lock(mu_);
+    if (ignored_.size() < kMaxIgnored) ignored_.insert(peer);
+    no_shows_.erase(peer);
+  }
+
   void DistrustEpochsFrom(int64_t epoch, std::chrono::milliseconds period) {
     std::lock_guard lock(mu_);
     distrusted_from_ = epoch;
@@ -228,12 +234,13 @@ class ProgressTracker::Impl {
     };
     consider(self_);
     for (const auto& [peer, s] : others_) {
-      if (s.expiration >= now) consider(s.p);
+      if (s.expiration >= now && ignored_.count(peer) == 0) consider(s.p);
     }
     if (!any) g.epoch = self_.epoch;
 
     // Peers that did not come to a round they claimed samples for are set aside (NoteRound).
     auto set_aside = [&](const PeerId& peer) {
+      if (ignored_.count(peer) > 0) return true;
       auto it = no_shows_.find(peer);
       return it != no_shows_.end() && g.epoch <= it->second.until_epoch;
     };
@@ -502,6 +509,8 @@ class ProgressTracker::Impl {
   PeerProgress self_;
   std::map<PeerId, Seen> others_;
   std::map<PeerId, NoShow> no_shows_;
+  static constexpr size_t kMaxIgnored = 4096;
+  std::set<PeerId> ignored_;  // banned by verification (Ignore)
   double fetched_at_ = 0;
   double previous_fetch_start_ = 0;
   Clock::time_point last_seen_others_;
@@ -546,6 +555,7 @@ void ProgressTracker::DistrustEpochsFrom(int64_t epoch, std::chrono::millisecond
 void ProgressTracker::NoteRound(int64_t epoch, const std::vector<PeerId>& members) {
   impl_->NoteRound(epoch, members);
 }
+void ProgressTracker::Ignore(const PeerId& peer) { impl_->Ignore(peer); }
 void ProgressTracker::NoteRoundEnd(int64_t epoch,
                                    const std::vector<std::pair<PeerId, double>>& members) {
   impl_->NoteRoundEnd(epoch, members);

@@ -108,6 +108,9 @@ class ProgressTracker {
   // moved on. A peer seen in a round counts again at once. So a record that claims the target
   // and never averages (a hostile or broken peer) stalls one epoch, not every epoch.
   void NoteRound(int64_t epoch, const std::vector<PeerId>& members);
+  // A peer that verification banned (averaging::AveragerOptions::verify): its records count for
+  // nothing from now on, not even its epoch (at most 4,096 such peers are remembered).
+  void Ignore(const PeerId& peer);
 
   class Impl;
 

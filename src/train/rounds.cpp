@@ -117,6 +117,7 @@ class GradientRounds final : public TargetBatchStepping {
     std::string group_id = {};
     double seconds = 0;
     std::string note;
+    std::vector<std::string> banned = {};  // peers verification banned in the round
   };
 
   Status Average(StepReport& report) override {
@@ -207,6 +208,10 @@ class GradientRounds final : public TargetBatchStepping {
     out.realized = m.realized;
     out.group = m.group;
     out.group_id = ShortGroupId(*r);
+    for (uint32_t b : r->verification.banned) {
+      out.banned.push_back(r->members[b].peer.ToString());
+      peer_.tracker_->Ignore(r->members[b].peer);
+    }
     if (r->members.size() < peer_.options_.target_group_size) {
       // The group had room for everyone at the epoch: those who claimed samples and did not
       // come are set aside for a while (in a full group, they may have averaged in another).
@@ -234,6 +239,7 @@ class GradientRounds final : public TargetBatchStepping {
     r.group = o.group_id;
     r.averaging_seconds = o.seconds;
     r.note = o.note;
+    r.banned = o.banned;
     if (o.averaged && !peer_.device_.is_cpu()) FromWire();
     // Nothing to apply: no samples and no group, or a group of peers without samples (SWARM
     // stage peers that got none of the epoch's microbatches) whose mean is all zeros.

@@ -283,6 +283,7 @@ class Trainer::Impl {
               {"bytes_received", c.bytes_received}};
     if (eval) j["eval_loss"] = Evaluate();
     if (!r.note.empty()) j["note"] = r.note;
+    if (!r.banned.empty()) j["banned"] = r.banned;
     events_(j);
     if (metrics_)
       metrics_ << j.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n" << std::flush;

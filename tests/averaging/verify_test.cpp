@@ -92,6 +92,26 @@ TEST(Verification, HonestRoundsBanNobodyAndKeepTheExactWeightedMean) {
   for (auto& p : swarm.peers()) EXPECT_TRUE(p->averager->banned().empty());
 }
 
+TEST(Verification, APeerThatDoesNotVerifyIsRefusedWithAReason) {
+  // A group verifies its rounds or does not: a peer of the other kind is refused at the join,
+  // rather than having its span discarded in every round.
+  Swarm swarm(1000);
+  AveragerOptions plain = Options(2);
+  plain.matchmaking_time = 2s;
+  AveragerOptions verified = plain;
+  verified.verify = true;
+  swarm.Add(0, verified);
+  swarm.Add(1, plain);
+  auto results = swarm.StepAll({}, 4s);
+  int mentions = 0;
+  for (auto& r : results) {
+    ASSERT_FALSE(r.ok());
+    mentions += r.status().message().find("verifies its rounds") != std::string::npos;
+  }
+  EXPECT_GE(mentions, 1) << results[0].status().ToString() << " | "
+                         << results[1].status().ToString();
+}
+
 TEST(Verification, ItsTrafficDoesNotGrowWithTheTensors) {
   // The same group of 4 over 20 and 20 x 20 parts: each member sends the same statements
   // (scalars per member and per run of parts, not per value or per part).
@@ -199,7 +219,14 @@ TEST(Verification, AReducerReturningAWrongResultIsBannedByEveryHonestMember) {
   }
 
   // A newcomer that never met the liar learns the ban from the DHT: the evidence is the liar's
-  // own signed checks.
+  // own signed checks. (The honest peers publish it in the background: wait until it is there,
+  // since a newcomer reads the bans when it starts and at each step.)
+  EXPECT_TRUE(colony::test::WaitUntil(
+      [&] {
+        auto bans = swarm.peers()[0]->node->GetSync("test.avg.bans", dht::Freshness::kLatest);
+        return bans.ok() && bans->is_dict && !bans->subkeys.empty();
+      },
+      std::chrono::seconds(20)));
   auto& newcomer = swarm.Add(9, VerifyOptions(4));
   EXPECT_TRUE(colony::test::WaitUntil([&] { return !newcomer.averager->banned().empty(); },
                                       std::chrono::seconds(20)));
@@ -221,6 +248,25 @@ TEST(Verification, AReducerReturningAWrongResultIsBannedByEveryHonestMember) {
     }
     for (size_t k = 0; k < n; ++k) {
       ASSERT_NEAR(swarm.peers()[i]->data[k], honest[k], 2e-6) << "peer " << i << " at " << k;
+    }
+  }
+}
+
+TEST(Verification, AReducerThatWithholdsItsChecksIsBannedInTheThirdRound) {
+  LiarSwarm liars(20'000, VerifyOptions(4),
+                  [](AveragerOptions& l) { l.testing.withhold_checks = true; });
+  auto& [swarm, inputs, all_four, liar_id] = liars;
+  for (int round = 0; round < 3; ++round) {
+    auto results = swarm.StepAll();
+    for (size_t i = 0; i < 3; ++i) {
+      ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+      const StepResult& r = *results[i];
+      const uint32_t liar_index = IndexOf(r, liar_id);
+      // Its span is discarded every round (its results cannot be checked); banned in the third.
+      EXPECT_EQ(r.verification.discarded, std::vector<uint32_t>{liar_index}) << "round " << round;
+      EXPECT_EQ(r.verification.banned,
+                round < 2 ? std::vector<uint32_t>{} : std::vector<uint32_t>{liar_index})
+          << "round " << round;
     }
   }
 }

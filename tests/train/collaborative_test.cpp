@@ -70,6 +70,36 @@ TEST(CollaborativeTest, VerifiedRoundsStepWithTheSampleWeightedMean) {
                    .ok());
 }
 
+// A reducer that returns its own gradient as every part's mean: with verified rounds the honest
+// peers ban it at the first epoch and average the next epochs among themselves.
+TEST(CollaborativeTest, VerifiedRoundsBanACheatingReducerAndTrainOnWithoutIt) {
+  Swarm swarm;
+  for (int i = 0; i < 3; ++i) swarm.Add({.target_batch_size = 300, .verify_rounds = true});
+  CollaborativeOptions liar{.target_batch_size = 300, .verify_rounds = true};
+  liar.testing.wrong_result = true;
+  swarm.Add(liar);
+  const std::string liar_id = swarm.peers()[3]->node->peer_id().ToString();
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (size_t i = 0; i < 4; ++i) {
+    runs.push_back(std::async(std::launch::async, [&swarm, i] {
+      return Train(*swarm.peers()[i], Gradient(static_cast<int>(i)), 10, i < 3 ? 3 : 1);
+    }));
+  }
+  std::vector<std::vector<StepReport>> steps;
+  for (auto& r : runs) steps.push_back(r.get());
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_EQ(steps[i].size(), 3u);
+    EXPECT_TRUE(steps[i][0].averaged) << steps[i][0].note;
+    EXPECT_EQ(steps[i][0].banned, std::vector<std::string>{liar_id});
+    for (size_t e = 1; e < 3; ++e) {
+      EXPECT_TRUE(steps[i][e].averaged) << steps[i][e].note;
+      EXPECT_EQ(steps[i][e].group_size, 3u) << "epoch " << e;
+      EXPECT_TRUE(steps[i][e].banned.empty());
+    }
+  }
+}
+
 // Delayed updates: each round runs in the background during the next batch and is applied a
 // batch later; the peers still apply the same averaged gradients.
 TEST(CollaborativeTest, DelayedAveragingAppliesTheSameStepsOnEveryPeer) {
