@@ -36,6 +36,13 @@ bool SignedBy(const PeerId& peer, std::string_view prefix, const VerifyStatement
   return peer.Verify(AsBytes(bytes), sig);
 }
 
+Projection EntryOf(const RunCheck& run, size_t at) {
+  Projection p;
+  for (size_t d = 0; d < kDirections; ++d) p.values[d] = run.projections[kDirections * at + d];
+  p.norm = run.norms[at];
+  return p;
+}
+
 Result<std::string> ReducerConviction(const VerifyStatement& statement) {
   if (statement.phase != VerifyPhase::kChecks) {
     return InvalidArgument("not a statement of checks");
@@ -55,12 +62,7 @@ Result<std::string> ReducerConviction(const VerifyStatement& statement) {
     }
     at = run.end_part;
     RunValues v{run.weights, {}, run.result_norm};
-    for (size_t c = 0; c < run.norms.size(); ++c) {
-      Projection p;
-      for (size_t d = 0; d < kDirections; ++d) p.values[d] = run.projections[kDirections * c + d];
-      p.norm = run.norms[c];
-      v.projections.push_back(p);
-    }
+    for (size_t c = 0; c < run.norms.size(); ++c) v.projections.push_back(EntryOf(run, c));
     values.push_back(std::move(v));
   }
   const bool clipped = statement.clip_tau > 0;

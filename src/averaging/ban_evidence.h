@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "averaging/verify_math.h"
 #include "averaging/wire.h"
 #include "core/identity.h"
 #include "core/status.h"
@@ -21,6 +22,9 @@ namespace colony::averaging {
 std::string StatementSigningBytes(std::string_view prefix, const VerifyStatement& statement);
 void SignStatement(const KeyPair& key, std::string_view prefix, VerifyStatement& statement);
 bool SignedBy(const PeerId& peer, std::string_view prefix, const VerifyStatement& statement);
+
+// Entry `at` of a run's values (its projections on the kDirections directions and its norm).
+Projection EntryOf(const RunCheck& run, size_t at);
 
 // Why a checks statement convicts its member as a reducer (its own span's runs, with a weight,
 // projections and a norm per contributor, fail CheckFixedPoint for the reduction it names, or

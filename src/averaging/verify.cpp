@@ -67,14 +67,6 @@ const SpanCheck* SpanOf(const VerifyStatement& statement, uint32_t reducer) {
   return nullptr;
 }
 
-// Entry `at` of a run's values.
-Projection EntryOf(const RunCheck& run, size_t at) {
-  Projection p;
-  for (size_t d = 0; d < kDirections; ++d) p.values[d] = run.projections[kDirections * at + d];
-  p.norm = run.norms[at];
-  return p;
-}
-
 void AppendEntry(RunCheck& run, const Projection& p) {
   run.projections.insert(run.projections.end(), p.values.begin(), p.values.end());
   run.norms.push_back(p.norm);
