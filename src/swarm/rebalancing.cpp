@@ -270,7 +270,13 @@ void StagePeer::Check(uint64_t round) {
     view_ = peers;
   }
   auto move = PlanMove(options_.layout, peers, options_.rebalance.balance_quality, round);
-  if (!move || move->peer != node_.peer_id()) return;
+  // A stage must have looked short of peers in the previous round too: one lookup that timed out
+  // reads as an empty stage, and a move on it would be undone by the next round's.
+  std::optional<size_t> short_before;
+  if (last_check_round_ + 1 == round) short_before = short_stage_;
+  last_check_round_ = round;
+  short_stage_ = move ? std::optional<size_t>(move->to) : std::nullopt;
+  if (!move || move->to != short_before || move->peer != node_.peer_id()) return;
   StageMove event;
   event.from = options_.layout.stages[move->from];
   event.to = options_.layout.stages[move->to];

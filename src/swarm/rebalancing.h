@@ -14,7 +14,9 @@
 // end; with two stages empty, the first is filled, then the other. Only one peer moves per round:
 // of those that may, the one whose hash of (peer id, round) is least, so that the peers of a stage
 // do not all leave together, and a peer that never moves holds the others back for a round, not
-// for ever.
+// for ever. A peer moves only when the stage it moves to was short in its previous round's check
+// as well: a DHT lookup that timed out reads as an empty stage, and one such read must not move a
+// peer.
 // Queue lengths are not used: with few trainers nothing queues, while capacities already say which
 // stage every microbatch waits for.
 //
@@ -126,6 +128,9 @@ class StagePeer {
   size_t index_ = 0;
   uint64_t moves_ = 0;
   std::vector<PeerLoad> view_;
+  // The rebalancing thread's: the stage the last check found short of peers, and its round.
+  uint64_t last_check_round_ = 0;
+  std::optional<size_t> short_stage_;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;
