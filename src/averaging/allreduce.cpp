@@ -46,7 +46,7 @@ std::vector<uint64_t> SpanBegins(const GroupInfo& group) {
 }
 
 AllReduceRun::AllReduceRun(std::shared_ptr<Averager::Impl> impl, GroupInfo group, uint32_t self,
-                           double weight, SteadyTime deadline)
+                           double weight, SteadyTime deadline, std::string audit_claim)
     : impl_(std::move(impl)),
       group_(std::move(group)),
       self_(self),
@@ -55,7 +55,8 @@ AllReduceRun::AllReduceRun(std::shared_ptr<Averager::Impl> impl, GroupInfo group
       strand_(asio::make_strand(PoolExecutor())),
       changed_(strand_),
       begins_(SpanBegins(group_)),
-      part_size_(group_.part_size) {
+      part_size_(group_.part_size),
+      audit_claim_(std::move(audit_claim)) {
   ++impl_->live_runs_;
   const Mode mode = group_.members[self_].mode;
   wants_results_ = mode != Mode::kAux;
@@ -222,7 +223,7 @@ void AllReduceRun::Finalize(size_t k) {
       *mean = std::move(part.acc);
       Scale(*mean, static_cast<float>(1.0 / part.weight));
     }
-    if (impl_->options_.testing.wrong_result && sends_) {  // tests: a reducer that lies
+    if (impl_->options_.testing.WrongResult() && sends_) {  // tests: a reducer that lies
       std::copy(input_->begin() + static_cast<ptrdiff_t>(b),
                 input_->begin() + static_cast<ptrdiff_t>(e), mean->begin());
     }

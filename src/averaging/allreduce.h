@@ -14,7 +14,7 @@ namespace colony::averaging {
 class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
  public:
   AllReduceRun(std::shared_ptr<Averager::Impl> impl, GroupInfo group, uint32_t self, double weight,
-               SteadyTime deadline);
+               SteadyTime deadline, std::string audit_claim = {});
   ~AllReduceRun() { --impl_->live_runs_; }
 
   // Runs this member's part of the all-reduce; on strand().
@@ -97,6 +97,13 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   VerifyStatement OwnChecks(uint64_t seed, const std::string& seed_bytes) const;
   // Replaces span `reducer`'s values with our own, and says so in the reports.
   void DiscardSpan(uint32_t reducer);
+  // The members this round's seed picks for audits (every member picks the same ones).
+  std::vector<uint32_t> AuditTargets(const std::string& seed_bytes) const;
+  // What target t sent us for our span (every part), or empty when we lack a part of it.
+  std::vector<float> InputOf(uint32_t t) const;
+  // Audits target t (see AveragerOptions::audit_targets): empty when it passes or cannot be
+  // judged, else why it is banned; `note` says why it could not be judged.
+  asio::awaitable<std::string> Audit(uint32_t t, std::string* note);
 
   std::shared_ptr<Averager::Impl> impl_;
   const GroupInfo group_;
@@ -107,8 +114,9 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   Event changed_;  // any progress: parts, exclusions, tasks ending
   const std::vector<uint64_t> begins_;
   const uint64_t part_size_;
-  bool wants_results_ = true;  // not an aux peer
-  bool sends_ = true;          // has data with a positive weight
+  const std::string audit_claim_;  // StepOptions::audit_claim
+  bool wants_results_ = true;      // not an aux peer
+  bool sends_ = true;              // has data with a positive weight
 
   // Everything below lives on strand_.
   // Snapshot of our flattened tensors (results overwrite the tensors while we still send).

@@ -113,6 +113,11 @@ Status Averager::Impl::Init() {
         "verification needs codec none: a lossy codec moves each result away from the fixed "
         "point that its contributors check it against");
   }
+  if (options_.audit_targets > 0 && (!options_.verify || !options_.recompute)) {
+    return InvalidArgument(
+        "audits need verification (they run in its rounds) and a function that recomputes a "
+        "member's values from its claim");
+  }
   if (options_.verify && options_.mode == Mode::kClient) {
     return InvalidArgument(
         "verification needs a peer that accepts connections (mode node or aux): members send "
@@ -230,6 +235,9 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
   if (o.gather.size() > kMaxGatheredBytes) {
     co_return InvalidArgument("gathered metadata is limited to 64 KiB");
   }
+  if (o.audit_claim.size() > kMaxAuditClaimBytes) {
+    co_return InvalidArgument("an audit claim is limited to 4 KiB");
+  }
   if (!std::isfinite(o.weight) || o.weight < 0 || o.weight > options_.max_weight) {
     co_return InvalidArgument(fmt::format(
         "the step's weight {:g} must be finite, not negative and at most max_weight {:g} "
@@ -277,8 +285,8 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
       if (group->members[i].peer == host_.peer_id()) self_index = i;
     }
     const double weight = options_.mode == Mode::kAux ? 0.0 : o.weight;
-    auto run =
-        std::make_shared<AllReduceRun>(shared_from_this(), *group, self_index, weight, deadline);
+    auto run = std::make_shared<AllReduceRun>(shared_from_this(), *group, self_index, weight,
+                                              deadline, o.audit_claim);
     runs_[group->group_id] = run;
     current_run_ = run;
     runs_changed_.Notify();

@@ -101,6 +101,22 @@ struct AveragerOptions {
   // of their span until the round is verified, and up to 4 part_timeouts when members do not
   // answer.
   bool verify = false;
+  // Spans that verification cannot trust become zeros rather than this peer's own values:
+  // for gradients (a step that skips them), so that every honest member that discards the same
+  // spans steps alike and their parameters stay equal (which audits compare).
+  bool discard_to_zeros = false;
+  // BTARD's audits (with verify): every round the group's shared seed (the one its checks use)
+  // picks audit_targets of its members, and every member that reduced a span of their values
+  // recomputes them from what each target claimed it computed them from
+  // (StepOptions::audit_claim, in its signed commitment, sent before the seed was known) and
+  // compares them with what it received (relative L2 error at most kAuditTolerance). A target
+  // whose claim does not give what it sent, whose claim is invalid, or that claimed nothing is
+  // banned. `recompute` fills `out` (every value) from a claim and the weight its sender
+  // declared; it returns FailedPrecondition when this peer cannot reproduce the claim (e.g. it
+  // was made on other parameters: no verdict) and any other error for an invalid claim (a
+  // ban). It runs on the averager's compute pool, one call at a time per round.
+  size_t audit_targets = 0;
+  std::function<Status(std::string_view claim, double weight, std::span<float> out)> recompute = {};
   // State sharing: donors advertise themselves under "<prefix>.state" every
   // state_advert_period; at most max_concurrent_state_transfers downloads (or digests) are
   // served at once, at most max_state_transfers_per_address of them to callers from one address
@@ -120,12 +136,20 @@ struct AveragerOptions {
     bool wrong_result = false;
     bool wrong_projections = false;
     bool withhold_checks = false;  // sends no checks (phase 3) to anyone
+    // When set, the two lies above only while it returns true (e.g. from a training epoch on);
+    // called on the averager's threads.
+    std::function<bool()> lying = {};
+    bool WrongResult() const { return wrong_result && (!lying || lying()); }
+    bool WrongProjections() const { return wrong_projections && (!lying || lying()); }
   } testing = {};
 };
 
 struct StepOptions {
   double weight = 1.0;  // this peer's weight in the mean (e.g. its sample count); ignored for kAux
-  std::string gather;   // metadata delivered to every group member (at most 64 KiB)
+  // With audits: what this step's values are recomputed from (AveragerOptions::recompute; at
+  // most 4 KiB). Empty: a member that cannot be audited, banned when picked.
+  std::string audit_claim = {};
+  std::string gather;  // metadata delivered to every group member (at most 64 KiB)
   // The step (matchmaking, all-reduce and retries) ends by this deadline.
   std::chrono::milliseconds timeout{60'000};
   // Try matchmaking again (until the deadline) when no group formed in one attempt.
@@ -159,6 +183,7 @@ struct Verification {
   std::vector<uint32_t> discarded;
   std::vector<uint32_t> banned;      // members banned after this round (indices into members)
   std::vector<std::string> reasons;  // one line per discarded span or ban
+  std::vector<uint32_t> audited;     // members this peer audited and found honest
   // Bytes of statements this peer sent (to every member): scalars and hashes per member and
   // per run of parts, independent of the size of the tensors.
   uint64_t bytes_sent = 0;

@@ -81,6 +81,7 @@ JoinRequest Averager::Impl::OwnJoinRequest(const std::string& key,
   r.gathered = gathered;
   r.addrs = OwnAddrs();
   r.verify = options_.verify;
+  r.audit = options_.audit_targets > 0;
   return r;
 }
 
@@ -344,11 +345,12 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
       case JoinResponse::Code::kRejected:
       case JoinResponse::Code::kDisbanded:
         COLONY_LOG_DEBUG("averaging: {} did not take us: {}", leader->peer.Short(), answer->reason);
-        // Refusals about this peer itself (its tensors, its verification, a ban) are what the
+        // Refusals about this peer itself (its tensors, verification or audits, a ban) are what the
         // caller must fix or know: they go into the step's error.
         if (answer->code == JoinResponse::Code::kRejected &&
             (answer->reason.find("schema") != std::string::npos ||
              answer->reason.find("verifies its rounds") != std::string::npos ||
+             answer->reason.find("audits its group's values") != std::string::npos ||
              answer->reason.find("banned you") != std::string::npos)) {
           reasons.push_back("peer " + leader->peer.ToString() + " refused: " + answer->reason);
         }
@@ -384,6 +386,13 @@ asio::awaitable<Result<net::Message>> Averager::Impl::HandleJoin(PeerId from,
                            "all peers under one prefix must agree"
                          : "the request verifies its rounds (--verify) and this peer does not: "
                            "all peers under one prefix must agree");
+  }
+  if (request->audit != (options_.audit_targets > 0)) {
+    co_return reject(options_.audit_targets > 0
+                         ? "this peer audits its group's values and the request does not: all "
+                           "peers under one prefix must agree"
+                         : "the request audits its group's values and this peer does not: all "
+                           "peers under one prefix must agree");
   }
   if (!looking_ || looking_->group_key != request->group_key) {
     co_return reject("not looking for a group under " + request->group_key);

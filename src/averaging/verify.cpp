@@ -13,7 +13,8 @@
 //     for itself, on each span it received whole.
 // Then every member judges on its own, from what it received:
 //  - a reducer whose own numbers say that its result is not the fixed point of its reduction
-//    (CheckFixedPoint) is banned, and its span replaced by our own values;
+//    (CheckFixedPoint) is banned, and its span replaced by our own values (or zeros:
+//    AveragerOptions::discard_to_zeros);
 //  - a reducer and a contributor whose numbers for the contributor differ dispute: one of them
 //    lies. When we are one of the two we know the other lies and ban it; otherwise a member
 //    in dispute with more than half of the members it was checked against is banned (with an
@@ -26,6 +27,7 @@
 #include <fmt/format.h>
 #include <sodium.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -240,7 +242,7 @@ VerifyStatement AllReduceRun::OwnChecks(uint64_t seed, const std::string& seed_b
               ProjectDeviation(z, std::span<const float>(input_->data() + b, e - b), result, tau);
       }
       if (mine) {
-        if (options.testing.wrong_projections) {
+        if (options.testing.WrongProjections()) {
           for (double& v : own.values) v = -v + own.norm + 1.0;
         }
         AppendEntry(run, own);
@@ -257,9 +259,81 @@ void AllReduceRun::DiscardSpan(uint32_t r) {
   if (!wants_results_) return;
   const uint64_t b = begins_[r];
   const uint64_t e = b + group_.members[r].span;
-  if (input_) impl_->Scatter(b, std::span<const float>(input_->data() + b, e - b));
+  if (impl_->options_.discard_to_zeros) {
+    const std::vector<float> zeros(e - b, 0.0f);
+    impl_->Scatter(b, zeros);
+  } else if (input_) {
+    impl_->Scatter(b, std::span<const float>(input_->data() + b, e - b));
+  }
   std::erase_if(reports_, [&](const PartReport& p) { return p.begin >= b && p.end <= e; });
   KeepLocal(r, 0);
+}
+
+std::vector<uint32_t> AllReduceRun::AuditTargets(const std::string& seed_bytes) const {
+  // Every member that may have sent values, ranked by a hash of (seed, member): the first
+  // audit_targets of them.
+  std::vector<std::pair<std::string, uint32_t>> ranked;
+  for (uint32_t m = 0; m < group_.members.size(); ++m) {
+    if (group_.members[m].mode == Mode::kAux) continue;
+    std::string input = seed_bytes + "audit";
+    for (int i = 0; i < 4; ++i) input.push_back(static_cast<char>((m >> (8 * i)) & 0xff));
+    ranked.emplace_back(Sha256(input), m);
+  }
+  std::sort(ranked.begin(), ranked.end());
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < ranked.size() && i < impl_->options_.audit_targets; ++i) {
+    out.push_back(ranked[i].second);
+  }
+  return out;
+}
+
+std::vector<float> AllReduceRun::InputOf(uint32_t t) const {
+  std::vector<float> out;
+  for (size_t q = 0; q < my_parts_; ++q) {
+    const Reduced& part = parts_[q];
+    const auto it = std::find(part.input_senders.begin(), part.input_senders.end(), t);
+    if (it == part.input_senders.end()) return {};
+    const auto& in = part.inputs[static_cast<size_t>(it - part.input_senders.begin())];
+    out.insert(out.end(), in.begin(), in.end());
+  }
+  return out;
+}
+
+asio::awaitable<std::string> AllReduceRun::Audit(uint32_t t, std::string* note) {
+  const auto& commit = board_[PhaseIndex(VerifyPhase::kCommit)][t];
+  if (!commit) {
+    *note = "it sent no commitment";
+    co_return std::string();
+  }
+  std::vector<float> sent = InputOf(t);
+  if (sent.empty()) {
+    *note = "this peer did not get its values for every part of its span";
+    co_return std::string();
+  }
+  if (commit->audit_claim.empty()) {
+    co_return std::string(
+        "it was picked for an audit and claimed no data its values can be "
+        "recomputed from");
+  }
+  auto recomputed = std::make_shared<std::vector<float>>(impl_->total_);
+  auto work = [self = shared_from_this(), recomputed, claim = commit->audit_claim,
+               weight = senders_[t].weight]() {
+    return self->impl_->options_.recompute(claim, weight, *recomputed);
+  };
+  const Status st = co_await RunOn<Status>(PoolExecutor(), std::move(work));
+  if (st.code() == StatusCode::kFailedPrecondition) {
+    *note = st.message();
+    co_return std::string();
+  }
+  if (!st.ok()) co_return fmt::format("its audit claim is invalid: {}", st.message());
+  const uint64_t b = begins_[self_];
+  const auto c = CompareAudited(
+      sent, std::span<const float>(recomputed->data() + b, group_.members[self_].span));
+  if (c.ok) co_return std::string();
+  co_return fmt::format(
+      "an audit recomputed its values from the data it claimed, and they differ from what it "
+      "sent (relative error {:.3g})",
+      c.relative_error);
 }
 
 asio::awaitable<Verification> AllReduceRun::Verify() {
@@ -278,6 +352,7 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
   commit.member = self_;
   commit.phase = VerifyPhase::kCommit;
   commit.commitment = Sha256(secret);
+  if (sends_) commit.audit_claim = audit_claim_;
   SteadyTime until = SteadyNow() + 2 * timeout;
   Broadcast(commit, party, until);
   co_await AwaitPhase(VerifyPhase::kCommit, party, until);
@@ -315,12 +390,33 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
             until);
   co_await AwaitPhase(VerifyPhase::kChecks, revealed, until);
 
+  // Audits of the members the seed picked, on our span.
+  std::vector<std::pair<uint32_t, std::string>> audit_failures;
+  if (impl_->options_.audit_targets > 0 && my_parts_ > 0) {
+    for (uint32_t t : AuditTargets(seed_bytes)) {
+      if (t == self_ || banned_[t]) continue;
+      std::string note;
+      std::string guilty = co_await Audit(t, &note);
+      if (!guilty.empty()) {
+        audit_failures.emplace_back(t, std::move(guilty));
+      } else if (!note.empty()) {
+        out.reasons.push_back(
+            fmt::format("member {} ({}) was picked for an audit that this peer "
+                        "could not make: {}",
+                        t, group_.members[t].peer.Short(), note));
+      } else {
+        out.audited.push_back(t);
+      }
+    }
+  }
+
   // Judge, from the checks made on our direction.
   auto checks_of = [&](uint32_t m) -> const VerifyStatement* {
     const auto& s = board_[2][m];
     return s && s->seed == seed_bytes ? &*s : nullptr;
   };
   const double tau = impl_->options_.centered_clip ? impl_->options_.centered_clip->tau : 0.0;
+  const char* replaced_by = impl_->options_.discard_to_zeros ? "zeros" : "this peer's own values";
   std::vector<bool> discard(n), ban(n);
   std::vector<std::string> why(n), evidence(n);
   std::set<std::pair<uint32_t, uint32_t>> disputes;  // (reducer, contributor)
@@ -339,8 +435,8 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
         discard[j] = true;
         out.reasons.push_back(fmt::format(
             "member {} ({}) sent no checks of its span on this round's direction; its results "
-            "are replaced by this peer's own values",
-            j, group_.members[j].peer.Short()));
+            "are replaced by {}",
+            j, group_.members[j].peer.Short(), replaced_by));
         // Once may be a crash or a lost message; round after round, it is a reducer that
         // hands out results it will not let anyone check.
         const int silent = impl_->NoteReducerSilence(group_.members[j].peer, true);
@@ -355,8 +451,8 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
       discard[j] = j != self_;
       out.reasons.push_back(fmt::format(
           "member {} ({}) checked its span as a reduction with tau {:g}, this peer uses {:g}; its "
-          "results are replaced by this peer's own values",
-          j, group_.members[j].peer.Short(), rs->clip_tau, tau));
+          "results are replaced by {}",
+          j, group_.members[j].peer.Short(), rs->clip_tau, tau, replaced_by));
       continue;
     }
     if (reduced->runs.empty() || reduced->runs.back().end_part != PartsOf(j)) {
@@ -396,13 +492,21 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
                              disputed[m], counterparts[m]));
     }
   }
+  // A member convicted by an audit only lied about its own data: the span it reduced passed
+  // its checks, and is kept (which keeps the honest members' results, and so their parameters,
+  // alike: the next rounds' audits compare parameters).
+  std::vector<bool> audit_only(n);
+  for (auto& [t, reason] : audit_failures) {
+    audit_only[t] = !ban[t];
+    convict(t, std::move(reason));
+  }
   for (uint32_t m = 0; m < n; ++m) {
     if (ban[m]) {
       impl_->Ban(group_.members[m].peer, why[m], std::move(evidence[m]));
       out.banned.push_back(m);
       out.reasons.push_back(
           fmt::format("member {} ({}) is banned: {}", m, group_.members[m].peer.Short(), why[m]));
-      if (group_.members[m].span > 0) discard[m] = true;
+      if (group_.members[m].span > 0 && !audit_only[m]) discard[m] = true;
     }
     if (discard[m] && m != self_) {
       DiscardSpan(m);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "averaging/reduce.h"
 
@@ -77,6 +78,28 @@ FixedPointCheck CheckFixedPoint(std::span<const RunValues> runs, bool capped_wei
   check.tolerance = 10 * kReducerTolerance * norms + 1e-4 * rounding + 1e-30;
   check.ok = check.residual <= check.tolerance;
   return check;
+}
+
+AuditComparison CompareAudited(std::span<const float> sent, std::span<const float> recomputed) {
+  AuditComparison out;
+  if (sent.size() != recomputed.size()) {
+    out.relative_error = std::numeric_limits<double>::infinity();
+    out.ok = false;
+    return out;
+  }
+  double diff = 0, a = 0, b = 0;
+  for (size_t k = 0; k < sent.size(); ++k) {
+    const double x = sent[k], y = recomputed[k];
+    diff += (x - y) * (x - y);
+    a += x * x;
+    b += y * y;
+  }
+  diff = std::sqrt(diff);
+  const double scale = std::sqrt(std::max(a, b));
+  out.relative_error = scale > 0 ? diff / scale : (diff > 0 ? 1.0 : 0.0);
+  out.ok = std::isfinite(diff) &&
+           diff <= kAuditTolerance * scale + 1e-6 * std::sqrt(static_cast<double>(sent.size()));
+  return out;
 }
 
 }  // namespace colony::averaging

@@ -70,4 +70,15 @@ inline constexpr double kReducerTolerance = 1e-3;
 // (1e-4 of |r| times the run's weight).
 FixedPointCheck CheckFixedPoint(std::span<const RunValues> runs, bool capped_weights);
 
+// Audits (AveragerOptions::audit_targets): values a member sent against those recomputed from
+// its claim. They agree when |sent - recomputed| <= kAuditTolerance x max(|sent|, |recomputed|)
+// (L2) plus 1e-6 per sqrt(value): room for another thread count's or device's rounding, far
+// below what a changed gradient (another sign, other labels, older parameters) moves.
+inline constexpr double kAuditTolerance = 1e-2;
+struct AuditComparison {
+  double relative_error = 0;  // |sent - recomputed| / max(|sent|, |recomputed|)
+  bool ok = true;
+};
+AuditComparison CompareAudited(std::span<const float> sent, std::span<const float> recomputed);
+
 }  // namespace colony::averaging

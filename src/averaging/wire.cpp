@@ -124,6 +124,7 @@ std::string EncodeJoinRequest(const JoinRequest& r) {
   p.set_gathered(r.gathered);
   for (const auto& a : r.addrs) p.add_addrs(a);
   p.set_verify(r.verify);
+  p.set_audit(r.audit);
   return p.SerializeAsString();
 }
 
@@ -143,6 +144,7 @@ Result<JoinRequest> DecodeJoinRequest(std::string_view bytes) {
   r.gathered = p.gathered();
   COLONY_ASSIGN_OR_RETURN(r.addrs, Addrs(p.addrs(), "a join request"));
   r.verify = p.verify();
+  r.audit = p.audit();
   return r;
 }
 
@@ -368,6 +370,7 @@ std::string EncodeVerifyStatement(const VerifyStatement& v) {
   p.set_weight(v.weight);
   p.set_seed(v.seed);
   p.set_clip_tau(v.clip_tau);
+  p.set_audit_claim(v.audit_claim);
   p.set_signature(v.signature);
   for (const SpanCheck& span : v.spans) {
     auto* ps = p.add_spans();
@@ -450,9 +453,12 @@ Result<VerifyStatement> DecodeVerifyStatement(std::string_view bytes, size_t gro
       (!commit && !p.commitment().empty()) || (reveal && p.reveal().size() != kVerifyRevealBytes) ||
       (!reveal && !p.reveal().empty()) || (checks && p.seed().size() != kVerifyRevealBytes) ||
       (!checks &&
-       (p.spans_size() != 0 || p.weight() != 0 || !p.seed().empty() || p.clip_tau() != 0))) {
+       (p.spans_size() != 0 || p.weight() != 0 || !p.seed().empty() || p.clip_tau() != 0)) ||
+      (!commit && !p.audit_claim().empty())) {
     return ProtocolError("a verification statement carries fields of another phase");
   }
+  COLONY_RETURN_IF_ERROR(CheckBytes(p.audit_claim(), kMaxAuditClaimBytes, "an audit claim"));
+  v.audit_claim = p.audit_claim();
   v.commitment = p.commitment();
   v.reveal = p.reveal();
   v.seed = p.seed();

@@ -43,6 +43,7 @@ struct JoinRequest {
   std::string gathered;
   std::vector<std::string> addrs;
   bool verify = false;
+  bool audit = false;
 };
 
 struct MemberInfo {
@@ -95,6 +96,8 @@ inline constexpr size_t kStateDigestBytes = 32;
 
 // Verification (docs/averaging.md): one member's statement in one phase.
 inline constexpr size_t kMaxVerifyStatementBytes = 1 << 20;
+// What a member's values are recomputed from in an audit (StepOptions::audit_claim).
+inline constexpr size_t kMaxAuditClaimBytes = 4096;
 inline constexpr size_t kMaxVerifyRuns = 1024;  // per span
 inline constexpr size_t kVerifyRevealBytes = 32;
 enum class VerifyPhase : uint32_t { kCommit = 1, kReveal = 2, kChecks = 3 };
@@ -118,9 +121,10 @@ struct VerifyStatement {
   std::string reveal;      // kReveal: 32 bytes
   double weight = 0;       // kChecks
   std::vector<SpanCheck> spans;
-  std::string seed;       // kChecks: 32 bytes
-  double clip_tau = 0;    // kChecks: CenteredClip's tau, 0 for the weighted mean
-  std::string signature;  // the member's, 64 bytes (ban_evidence.h)
+  std::string seed;         // kChecks: 32 bytes
+  double clip_tau = 0;      // kChecks: CenteredClip's tau, 0 for the weighted mean
+  std::string audit_claim;  // kCommit: at most kMaxAuditClaimBytes (audits)
+  std::string signature;    // the member's, 64 bytes (ban_evidence.h)
 };
 
 // The binary form of a peer id, as a string (protobuf bytes fields, map keys).

@@ -59,15 +59,19 @@ class Swarm {
     return *peers_.back();
   }
 
-  // Runs one step on every peer at once.
+  // Runs one step on every peer at once (with audit claims[i] when given).
   std::vector<Result<StepResult>> StepAll(std::vector<double> weights = {},
-                                          std::chrono::milliseconds timeout = 30s) {
+                                          std::chrono::milliseconds timeout = 30s,
+                                          std::vector<std::string> claims = {}) {
     std::vector<std::future<Result<StepResult>>> futures;
     for (size_t i = 0; i < peers_.size(); ++i) {
       const double w = weights.empty() ? 1.0 : weights[i];
-      futures.push_back(std::async(std::launch::async, [this, i, w, timeout]() {
-        return peers_[i]->averager->StepSync(
-            {.weight = w, .gather = "peer" + std::to_string(i), .timeout = timeout});
+      std::string claim = claims.empty() ? std::string() : claims[i];
+      futures.push_back(std::async(std::launch::async, [this, i, w, timeout, claim]() {
+        return peers_[i]->averager->StepSync({.weight = w,
+                                              .audit_claim = claim,
+                                              .gather = "peer" + std::to_string(i),
+                                              .timeout = timeout});
       }));
     }
     std::vector<Result<StepResult>> out;

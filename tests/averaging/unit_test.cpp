@@ -283,6 +283,31 @@ TEST(Verify, CenteredClipToItsToleranceIsTheFixedPointTheMembersCheck) {
   EXPECT_FALSE(CheckFixedPoint(runs, true).ok);
 }
 
+TEST(Verify, AnAuditToleratesRoundingAndCatchesAChangedGradient) {
+  std::vector<float> g(1000);
+  for (size_t k = 0; k < g.size(); ++k) g[k] = std::sin(0.1 * static_cast<double>(k));
+  std::vector<float> rounded = g, flipped = g, scaled = g, stale = g;
+  for (size_t k = 0; k < g.size(); ++k) {
+    rounded[k] = g[k] * (1 + 1e-5f * ((k % 3) - 1.0f));  // another summation order's error
+    flipped[k] = -g[k];
+    scaled[k] = 1.05f * g[k];
+    stale[k] = std::sin(0.1 * static_cast<double>(k) + 0.05);  // older parameters
+  }
+  EXPECT_TRUE(CompareAudited(g, g).ok);
+  EXPECT_TRUE(CompareAudited(rounded, g).ok);
+  EXPECT_FALSE(CompareAudited(flipped, g).ok);
+  EXPECT_NEAR(CompareAudited(flipped, g).relative_error, 2.0, 1e-9);
+  EXPECT_FALSE(CompareAudited(scaled, g).ok);
+  EXPECT_FALSE(CompareAudited(stale, g).ok);
+  EXPECT_FALSE(CompareAudited(std::vector<float>(999), g).ok);  // another length
+  std::vector<float> zeros(1000, 0.0f), tiny(1000, 1e-9f);
+  EXPECT_TRUE(CompareAudited(zeros, zeros).ok);
+  EXPECT_TRUE(CompareAudited(tiny, zeros).ok);  // below float rounding of any real gradient
+  std::vector<float> nan = g;
+  nan[3] = std::nanf("");
+  EXPECT_FALSE(CompareAudited(nan, g).ok);
+}
+
 TEST(Wire, VerificationStatementsAreBoundedAndValidated) {
   VerifyStatement v;
   v.group_id = std::string(16, 'g');
@@ -348,6 +373,14 @@ TEST(Wire, VerificationStatementsAreBoundedAndValidated) {
   commit.commitment.resize(32);
   commit.weight = 1;  // the checks' weight in a commit
   EXPECT_TRUE(refused(commit));
+  commit.weight = 0;
+  commit.audit_claim = std::string(kMaxAuditClaimBytes, 'a');
+  EXPECT_TRUE(DecodeVerifyStatement(EncodeVerifyStatement(commit), 4).ok());
+  commit.audit_claim.push_back('a');
+  EXPECT_TRUE(refused(commit));
+  bad = v;
+  bad.audit_claim = "a claim in the checks";  // claims come with the commitment only
+  EXPECT_TRUE(refused(bad));
   EXPECT_FALSE(DecodeVerifyStatement(std::string(kMaxVerifyStatementBytes + 1, '\0'), 4).ok());
   EXPECT_FALSE(DecodeVerifyStatement("\x18\x07", 4).ok());  // phase 7
 }

@@ -295,5 +295,95 @@ TEST(Verification, AMemberLyingAboutItsProjectionsIsBannedAndNoHonestMemberIs) {
   }
 }
 
+// Audits: a claim "synthetic:<seed>" says the values are SyntheticValues(seed), recomputed
+// here independently of the averager; "elsewhere" is a claim this peer cannot reproduce (made
+// on other parameters, say).
+AveragerOptions AuditOptions(size_t group) {
+  AveragerOptions o = VerifyOptions(group);
+  o.audit_targets = group;  // everyone, every round: the test does not depend on the draw
+  o.recompute = [](std::string_view claim, double weight, std::span<float> out) -> Status {
+    if (claim == "elsewhere") return FailedPrecondition("made on other parameters");
+    if (!claim.starts_with("synthetic:") || weight != 1.0) {
+      return InvalidArgument("not a claim of this test");
+    }
+    SyntheticValues(std::stoull(std::string(claim.substr(10))), 0, out);
+    return Status::Ok();
+  };
+  return o;
+}
+
+TEST(Verification, AnAuditBansAMemberWhoseValuesAreNotWhatItsClaimedDataGives) {
+  const size_t n = 20'000;
+  Swarm swarm(n);
+  for (uint64_t i = 0; i < 5; ++i) swarm.Add(i, AuditOptions(5));
+  // Member 3 sends its values' negation (a sign-flipping attacker) and claims its true data;
+  // member 4 is honest, with a claim the others cannot reproduce.
+  for (float& v : swarm.peers()[3]->data) v = -v;
+  const PeerId flipper = swarm.peers()[3]->averager->peer_id();
+  const PeerId elsewhere = swarm.peers()[4]->averager->peer_id();
+  auto results = swarm.StepAll(
+      {}, 30s, {"synthetic:0", "synthetic:1", "synthetic:2", "synthetic:3", "elsewhere"});
+  for (size_t i : {0, 1, 2, 4}) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    const StepResult& r = *results[i];
+    ASSERT_EQ(r.members.size(), 5u);
+    EXPECT_EQ(r.verification.banned, std::vector<uint32_t>{IndexOf(r, flipper)}) << "peer " << i;
+    // Every other honest member was audited (and passed), except the unreproducible one.
+    std::vector<uint32_t> audited = r.verification.audited;
+    std::sort(audited.begin(), audited.end());
+    std::vector<uint32_t> want;
+    for (uint32_t m = 0; m < 5; ++m) {
+      if (m != r.self_index && r.members[m].peer != flipper && r.members[m].peer != elsewhere) {
+        want.push_back(m);
+      }
+    }
+    EXPECT_EQ(audited, want) << "peer " << i;
+    bool noted = false;
+    for (const auto& reason : r.verification.reasons) {
+      noted = noted || reason.find("could not make: made on other parameters") != std::string::npos;
+    }
+    EXPECT_EQ(noted, r.members[r.self_index].peer != elsewhere) << "peer " << i;
+    const auto banned = swarm.peers()[i]->averager->banned();
+    ASSERT_EQ(banned.size(), 1u);
+    EXPECT_EQ(banned[0].first, flipper);
+    EXPECT_NE(banned[0].second.find("differ from what it sent"), std::string::npos)
+        << banned[0].second;
+  }
+}
+
+TEST(Verification, AMemberPickedForAnAuditWithoutAClaimIsBanned) {
+  const size_t n = 8'000;
+  Swarm swarm(n);
+  for (uint64_t i = 0; i < 4; ++i) swarm.Add(i, AuditOptions(4));
+  const PeerId silent = swarm.peers()[3]->averager->peer_id();
+  auto results =
+      swarm.StepAll({}, 30s, {"synthetic:0", "synthetic:1", "synthetic:2", std::string()});
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    EXPECT_EQ(results[i]->verification.banned, std::vector<uint32_t>{IndexOf(*results[i], silent)});
+    const auto banned = swarm.peers()[i]->averager->banned();
+    ASSERT_EQ(banned.size(), 1u);
+    EXPECT_NE(banned[0].second.find("claimed no data"), std::string::npos) << banned[0].second;
+  }
+}
+
+TEST(Verification, AnAuditingPeerAndOneThatDoesNotAuditAreRefusedWithAReason) {
+  Swarm swarm(1000);
+  AveragerOptions audits = AuditOptions(2);
+  audits.matchmaking_time = 2s;
+  AveragerOptions verifies = VerifyOptions(2);
+  verifies.matchmaking_time = 2s;
+  swarm.Add(0, audits);
+  swarm.Add(1, verifies);
+  auto results = swarm.StepAll({}, 4s, {"synthetic:0", ""});
+  int mentions = 0;
+  for (auto& r : results) {
+    ASSERT_FALSE(r.ok());
+    mentions += r.status().message().find("audits its group's values") != std::string::npos;
+  }
+  EXPECT_GE(mentions, 1) << results[0].status().ToString() << " | "
+                         << results[1].status().ToString();
+}
+
 }  // namespace
 }  // namespace colony::averaging
