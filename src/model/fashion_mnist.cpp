@@ -170,4 +170,18 @@ ImageBatchStream::Batch ImageBatchStream::Next() {
   return b;
 }
 
+int64_t ImageBatchStream::position() const {
+  return pass_ * static_cast<int64_t>(order_.size()) + static_cast<int64_t>(pos_);
+}
+
+void ImageBatchStream::Seek(int64_t samples) {
+  const auto n = static_cast<int64_t>(order_.size());
+  if (n == 0 || samples < 0) return;
+  if (samples / n != pass_) {
+    pass_ = samples / n;
+    Reshuffle();
+  }
+  pos_ = static_cast<size_t>(samples % n);
+}
+
 }  // namespace colony::model

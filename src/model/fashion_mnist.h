@@ -54,6 +54,11 @@ class ImageBatchStream {
   Batch Next();
   // Completed passes over the dataset (0 during the first).
   int64_t pass() const { return pass_; }
+  // Samples drawn so far; the stream of (dataset, seed, batch_size) is the same in every
+  // process, so batch i is samples [i * batch_size, (i + 1) * batch_size) of it.
+  int64_t position() const;
+  // Continues from `samples` drawn (0 or more).
+  void Seek(int64_t samples);
 
  private:
   void Reshuffle();

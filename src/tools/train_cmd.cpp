@@ -54,6 +54,8 @@ struct TrainFlags {
   std::string classifier = "cnn";
   bool client_mode = false, aux = false, json = false;
   std::string grad_codec = "none", diloco_codec = "blockwise8", fault = "none";
+  std::string attack = "none";
+  int64_t attack_from = 0;
   double matchmaking_time = 5, averaging_timeout = 60, rejoin_after = 30;
   double bandwidth_mbps = 1000, max_send_mbps = 0;
   std::string moe_grid;
@@ -120,6 +122,45 @@ Status CheckTaskOptions(const CLI::App& cmd, const std::string& task) {
   return Status::Ok();
 }
 
+// --attack: a Byzantine peer for benchmarks and tests (docs/training.md, "Among strangers").
+Status ApplyAttack(const std::string& attack, int64_t from, train::TrainerOptions& o) {
+  auto& t = o.collaborative.testing;
+  t.attack_from_epoch = from;
+  if (attack == "none") return Status::Ok();
+  if (o.collaborative.diloco_inner_steps > 0 || o.collaborative.local_updates) {
+    return InvalidArgument(
+        "--attack plays a peer of gradient rounds: not with DiLoCo or "
+        "--local-updates");
+  }
+  if (attack == "sign-flip") {
+    t.gradient_attack = train::GradientAttack::kSignFlip;
+  } else if (attack == "constant") {
+    t.gradient_attack = train::GradientAttack::kConstant;
+  } else if (attack == "stale") {
+    t.gradient_attack = train::GradientAttack::kStale;
+  } else if (attack == "label-flip") {
+    if (o.task.task != "fashion-mnist") {
+      return InvalidArgument("--attack label-flip needs a classifier: --task fashion-mnist");
+    }
+    o.task.flip_labels_from_epoch = from;
+  } else if (attack == "wrong-result") {
+    t.wrong_result = true;
+  } else if (attack == "false-accusation") {
+    if (!o.collaborative.verify_rounds) {
+      return InvalidArgument(
+          "--attack false-accusation lies in verification's checks: it needs "
+          "--verify-rounds");
+    }
+    t.wrong_projections = true;
+  } else {
+    return InvalidArgument(fmt::format(
+        "--attack must be none, sign-flip, label-flip, constant, stale, wrong-result or "
+        "false-accusation, not '{}'",
+        attack));
+  }
+  return Status::Ok();
+}
+
 Result<train::TrainerOptions> ToOptions(const TrainFlags& f) {
   train::TrainerOptions o = f.o;
   o.dht_validators = {SwarmRecordRules()};
@@ -150,6 +191,7 @@ Result<train::TrainerOptions> ToOptions(const TrainFlags& f) {
   COLONY_ASSIGN_OR_RETURN(c.grad_codec, compression::ParseCodec(f.grad_codec));
   COLONY_ASSIGN_OR_RETURN(c.diloco_codec, compression::ParseCodec(f.diloco_codec));
   COLONY_ASSIGN_OR_RETURN(c.testing.fault, averaging::ParseFault(f.fault));
+  COLONY_RETURN_IF_ERROR(ApplyAttack(f.attack, f.attack_from, o));
   c.matchmaking_time = SecondsToMillis(f.matchmaking_time);
   c.averaging_timeout = SecondsToMillis(f.averaging_timeout);
   c.load_state_timeout = SecondsToMillis(f.averaging_timeout);
@@ -360,6 +402,11 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
   cmd->add_flag("--verify-rounds", c.verify_rounds,
                 "check every reducer's result with the group after each round and ban cheaters "
                 "(BTARD; needs --grad-codec none)");
+  cmd->add_option("--audit-targets", c.audit_targets,
+                  "with --verify-rounds: members each round's shared seed picks, whose gradients "
+                  "every reducer recomputes from the data they claim, banning those whose "
+                  "gradients are not what their data gives (BTARD's audits; fashion-mnist)")
+      ->capture_default_str();
   cmd->add_option("--average-state-every", c.average_state_every,
                   "also average parameters every this many epochs (0: never)")
       ->capture_default_str();
@@ -426,6 +473,14 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
   cmd->add_option("--inject-fault", f->fault, "tests: an averaging fault (see colony average)");
   cmd->add_option("--nan-gradients-every", o.testing.nan_gradients_every,
                   "tests: every Nth batch, send NaN gradients to the group (unchecked)");
+  cmd->add_option("--attack", f->attack,
+                  "benchmarks and tests: play a Byzantine peer from --attack-from on: sign-flip, "
+                  "label-flip (fashion-mnist), constant or stale gradients; wrong-result (a "
+                  "cheating reducer) or false-accusation (lying checks; with --verify-rounds)")
+      ->capture_default_str();
+  cmd->add_option("--attack-from", f->attack_from, "the epoch --attack starts at")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 }
 
 }  // namespace

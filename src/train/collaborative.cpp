@@ -140,12 +140,13 @@ CollaborativeOptimizer::Impl::~Impl() {
   tracker_.reset();
 }
 
-Result<StepReport> CollaborativeOptimizer::Impl::Step(int64_t batch_size) {
+Result<StepReport> CollaborativeOptimizer::Impl::Step(int64_t batch_size, int64_t data_index) {
   if (batch_size <= 0) return InvalidArgument("Step() needs the batch's (positive) sample count");
   if (options_.mode == averaging::Mode::kAux) {
     return FailedPrecondition("an auxiliary peer trains nothing: call RunAuxiliary()");
   }
   StepReport report;
+  data_index_ = data_index;
   COLONY_RETURN_IF_ERROR(TakeBatch(batch_size, report));
   COLONY_RETURN_IF_ERROR(stepping_->Advance(report));
   AfterStep(report);
@@ -157,7 +158,10 @@ Status CollaborativeOptimizer::Impl::TakeBatch(int64_t batch_size, StepReport& r
   last_batch_ = batch_size;
   const bool finite = options_.testing.unchecked_local_gradients || GradsFinite();
   counters_.local_batches++;
-  if (finite) return stepping_->Contribute(batch_size, report);
+  if (finite) {
+    NoteClaimedBatch(data_index_);
+    return stepping_->Contribute(batch_size, report);
+  }
   counters_.skipped_batches++;
   report.skipped_nonfinite = true;
   COLONY_LOG_WARN("train: skipped a batch with non-finite gradients (epoch {}, {} so far)", epoch_,
@@ -188,7 +192,34 @@ averaging::AveragerOptions CollaborativeOptimizer::Impl::AveragerDefaults() cons
   a.max_send_rate = options_.max_send_rate;
   a.testing.fault = options_.testing.fault;
   a.testing.wrong_result = options_.testing.wrong_result;
+  a.testing.wrong_projections = options_.testing.wrong_projections;
+  a.testing.lying = [this] {
+    return attack_epoch_.load(std::memory_order_relaxed) >= options_.testing.attack_from_epoch;
+  };
   return a;
+}
+
+void CollaborativeOptimizer::Impl::Attack(at::Tensor& mean, int64_t epoch) {
+  attack_epoch_.store(epoch, std::memory_order_relaxed);
+  const auto attack = options_.testing.gradient_attack;
+  if (attack == GradientAttack::kNone || epoch < options_.testing.attack_from_epoch) return;
+  at::NoGradGuard no_grad;
+  switch (attack) {
+    case GradientAttack::kSignFlip:
+      mean.neg_();
+      break;
+    case GradientAttack::kConstant: {
+      const double norm = mean.norm().item<double>();
+      mean.fill_(100.0 * std::max(norm, 1e-3) / std::sqrt(static_cast<double>(mean.numel())));
+      break;
+    }
+    case GradientAttack::kStale:
+      if (!stale_.defined()) stale_ = mean.clone();
+      mean.copy_(stale_);
+      break;
+    case GradientAttack::kNone:
+      break;
+  }
 }
 
 bool CollaborativeOptimizer::Impl::Interrupted() const {
@@ -448,6 +479,13 @@ Result<std::unique_ptr<CollaborativeOptimizer>> CollaborativeOptimizer::Create(
         "CenteredClip and verified rounds apply to gradient rounds, not to DiLoCo or local "
         "updates (which average parameters)");
   }
+  if (options.audit_targets > 0 &&
+      (!options.verify_rounds || options.delay_grad_averaging ||
+       !options.audit_data.compute_batch || options.audit_data.batch_size < 1)) {
+    return InvalidArgument(
+        "audits need verified rounds, no delayed averaging (they recompute gradients with the "
+        "model between batches) and a task that recomputes another peer's batches");
+  }
   auto impl =
       std::make_unique<Impl>(node, std::move(params), std::move(optimizer), std::move(options));
   COLONY_RETURN_IF_ERROR(impl->Init());
@@ -458,8 +496,8 @@ CollaborativeOptimizer::CollaborativeOptimizer(std::unique_ptr<Impl> impl)
     : impl_(std::move(impl)) {}
 CollaborativeOptimizer::~CollaborativeOptimizer() = default;
 
-Result<StepReport> CollaborativeOptimizer::Step(int64_t batch_size) {
-  return impl_->Step(batch_size);
+Result<StepReport> CollaborativeOptimizer::Step(int64_t batch_size, int64_t data_index) {
+  return impl_->Step(batch_size, data_index);
 }
 void CollaborativeOptimizer::ReportLoss(double loss) {
   if (std::isfinite(loss)) impl_->loss_.store(loss, std::memory_order_relaxed);

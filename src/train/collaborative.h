@@ -62,6 +62,11 @@ class Optimizer;
 
 namespace colony::train {
 
+// What a Byzantine peer sends as its mean gradient (BTARD's attacks): its negation (kSignFlip),
+// every component equal with 100 times the gradient's norm (kConstant), or the gradient of the
+// epoch its attack started at, for ever after (kStale).
+enum class GradientAttack { kNone, kSignFlip, kConstant, kStale };
+
 struct CollaborativeOptions {
   std::string run_id = {};
   int64_t target_batch_size = 4096;
@@ -88,6 +93,20 @@ struct CollaborativeOptions {
   // (averaging::AveragerOptions::verify; needs grad_codec kNone).
   double centered_clip_tau = 0;
   bool verify_rounds = false;
+  // BTARD's audits (with verify_rounds; averaging::AveragerOptions::audit_targets): each round
+  // the group's shared seed picks this many members, and every reducer recomputes their mean
+  // gradients from the batches they claim (each Step()'s data_index in their data stream) at
+  // its own parameters, and bans a member whose gradient is not what its data gives (another
+  // sign, other labels, a constant, an old gradient). Needs compute_batch, and no delayed
+  // averaging (the recomputation uses the model between batches).
+  size_t audit_targets = 0;
+  struct AuditData {
+    uint64_t seed = 0;       // this peer's data stream ...
+    int64_t batch_size = 0;  // ... and its batches' size
+    // Forward and backward of batch `index` of the stream (seed, batch_size), another peer's,
+    // at the current parameters: its gradients in the parameters' .grad; returns its samples.
+    std::function<Result<int64_t>(uint64_t seed, int64_t batch_size, int64_t index)> compute_batch;
+  } audit_data = {};
 
   // DiLoCo.
   int diloco_inner_steps = 0;  // H; 0: synchronous mode
@@ -112,9 +131,15 @@ struct CollaborativeOptions {
     averaging::Fault fault = averaging::Fault::kNone;  // injected into its averagers
     // A broken peer: it sends its non-finite gradients to the group instead of skipping them.
     bool unchecked_local_gradients = false;
-    // A cheating reducer in gradient rounds: returns its own mean gradient as every part's
-    // result (averaging::AveragerOptions::Testing::wrong_result).
+    // A Byzantine peer (docs/training.md, "Among strangers"), from attack_from_epoch on: as a
+    // reducer in gradient rounds it returns its own mean gradient as every part's result
+    // (averaging::AveragerOptions::Testing::wrong_result); with wrong_projections its checks
+    // contradict every honest reducer (a false accuser); its gradient attack changes what it
+    // sends as its own gradient.
+    int64_t attack_from_epoch = 0;
     bool wrong_result = false;
+    bool wrong_projections = false;
+    GradientAttack gradient_attack = GradientAttack::kNone;
   } testing = {};
 };
 
@@ -161,7 +186,8 @@ class CollaborativeOptimizer {
   CollaborativeOptimizer& operator=(const CollaborativeOptimizer&) = delete;
 
   // Call after backward() on a batch of `batch_size` samples; consumes and zeroes the gradients.
-  Result<StepReport> Step(int64_t batch_size);
+  // `data_index`: the batch's index in this peer's data stream (audits; -1: unknown).
+  Result<StepReport> Step(int64_t batch_size, int64_t data_index = -1);
   // Driven epochs (a SWARM stage, swarm/stage_training.h): the caller, not the swarm's progress,
   // says when an epoch ends. Synchronous gradient rounds only (no DiLoCo, local updates or
   // delayed averaging); use either Step() or these, not both.

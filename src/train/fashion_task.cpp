@@ -1,4 +1,5 @@
 // The "fashion-mnist" task (task.h): a classifier on Debian's dataset-fashion-mnist.
+#include <fmt/format.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
@@ -15,10 +16,12 @@ class FashionTask final : public Task {
     auto t = std::unique_ptr<FashionTask>(new FashionTask());
     COLONY_ASSIGN_OR_RETURN(auto train, model::LoadFashionMnist(true));
     COLONY_ASSIGN_OR_RETURN(auto test, model::LoadFashionMnist(false));
-    t->stream_ = std::make_unique<model::ImageBatchStream>(
-        std::make_shared<const model::ImageDataset>(std::move(train)), a.seed, a.batch_size);
+    t->train_ = std::make_shared<const model::ImageDataset>(std::move(train));
+    t->stream_ = std::make_unique<model::ImageBatchStream>(t->train_, a.seed, a.batch_size);
+    t->batch_size_ = a.batch_size;
     const int64_t n = std::min<int64_t>(a.eval_batch_size * 8, test.size);
     t->device_ = a.device;
+    t->flip_labels_from_ = a.flip_labels_from_epoch;
     t->test_images_ = at::from_blob(test.images.data(), {n, 1, 28, 28}, at::kFloat)
                           .to(a.device, /*non_blocking=*/false, /*copy=*/true);
     t->test_labels_ = at::from_blob(test.labels.data(), {n}, at::kLong)
@@ -30,14 +33,30 @@ class FashionTask final : public Task {
   }
 
   std::vector<at::Tensor> Parameters() override { return model_->parameters(); }
+  void SetEpoch(int64_t epoch) override { epoch_ = epoch; }
 
   Result<Batch> TrainBatch() override {
     auto b = stream_->Next();
-    auto images = at::from_blob(b.images.data(), {b.batch_size, 1, 28, 28}, at::kFloat).to(device_);
-    auto labels = at::from_blob(b.labels.data(), {b.batch_size}, at::kLong).to(device_);
-    auto loss = torch::nn::functional::cross_entropy(model_->forward(images), labels);
-    loss.backward();
-    return Batch{loss.item<double>(), b.batch_size};
+    const bool flip = flip_labels_from_ >= 0 && epoch_ >= flip_labels_from_;
+    return Batch{Backward(b, flip), b.batch_size};
+  }
+
+  std::optional<int64_t> NextBatchIndex() override { return stream_->position() / batch_size_; }
+
+  Result<int64_t> ComputeBatchOf(uint64_t seed, int64_t batch_size, int64_t index) override {
+    if (batch_size < 1 || batch_size > (int64_t{1} << 16) || index < 0 ||
+        index > (int64_t{1} << 40) / batch_size) {
+      return InvalidArgument(fmt::format("batch {} of size {} is out of range", index, batch_size));
+    }
+    if (!audit_stream_ || audit_seed_ != seed || audit_batch_ != batch_size) {
+      audit_stream_ = std::make_unique<model::ImageBatchStream>(train_, seed, batch_size);
+      audit_seed_ = seed;
+      audit_batch_ = batch_size;
+    }
+    audit_stream_->Seek(index * batch_size);
+    auto b = audit_stream_->Next();
+    Backward(b, /*flip_labels=*/false);
+    return b.batch_size;
   }
 
   double Evaluate() override {
@@ -59,11 +78,28 @@ class FashionTask final : public Task {
 
  private:
   FashionTask() = default;
+
+  // Forward and backward of a batch: the gradients into the parameters; returns the loss.
+  double Backward(model::ImageBatchStream::Batch& b, bool flip_labels) {
+    auto images = at::from_blob(b.images.data(), {b.batch_size, 1, 28, 28}, at::kFloat).to(device_);
+    auto labels = at::from_blob(b.labels.data(), {b.batch_size}, at::kLong).to(device_);
+    if (flip_labels) labels = (model::kFashionMnistClasses - 1) - labels;
+    auto loss = torch::nn::functional::cross_entropy(model_->forward(images), labels);
+    loss.backward();
+    return loss.item<double>();
+  }
+
+  std::shared_ptr<const model::ImageDataset> train_;
+  int64_t batch_size_ = 1;
+  std::unique_ptr<model::ImageBatchStream> audit_stream_;  // another peer's, for audits
+  uint64_t audit_seed_ = 0;
+  int64_t audit_batch_ = 0;
   std::unique_ptr<model::ImageBatchStream> stream_;
   at::Tensor test_images_, test_labels_;
   model::FashionClassifier model_{nullptr};
   c10::Device device_ = c10::kCPU;
   double accuracy_ = 0;
+  int64_t flip_labels_from_ = -1, epoch_ = 0;
 };
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "averaging/averager.h"
+#include "train/audit.h"
 #include "train/collaborative.h"
 #include "train/progress.h"
 
@@ -168,7 +169,7 @@ class CollaborativeOptimizer::Impl {
   ~Impl();
 
   // ---- collaborative.cpp
-  Result<StepReport> Step(int64_t batch_size);
+  Result<StepReport> Step(int64_t batch_size, int64_t data_index = -1);
   // A batch's gradients into the way of stepping (skipped, and the report says so, when they
   // are not finite); and what every call that may step ends with (the report's epoch, the last
   // round's summary, the compute clock).
@@ -207,6 +208,19 @@ class CollaborativeOptimizer::Impl {
   at::Tensor FlatZeros() const;
   at::Tensor FlatOver(std::vector<float>& host) const;
   void UpdateThroughput(int64_t batch_size);
+  // A Byzantine peer's gradient attack (options_.testing) on its mean gradient of `epoch`; and
+  // the epoch its lies as a reducer or in its checks go by.
+  void Attack(at::Tensor& mean, int64_t epoch);
+
+  // ---- gradient_audits.cpp (CollaborativeOptions::audit_targets)
+  // A contributed batch's index in this peer's data stream, into this round's claim.
+  void NoteClaimedBatch(int64_t index);
+  // This round's claim (what its mean gradient is recomputed from); empty when it cannot be
+  // made (a batch of unknown index). Starts the next round's.
+  std::string TakeClaim();
+  void DropClaim();  // the round's sum was dropped (a state load)
+  // averaging::AveragerOptions::recompute: another member's mean gradient from its claim.
+  Status Recompute(std::string_view claim, double weight, std::span<float> out);
 
   // ---- state_sync.cpp
   Status LoadStateFromPeers();
@@ -253,6 +267,11 @@ class CollaborativeOptimizer::Impl {
   Clock::time_point next_catch_up_{};
   int failed_catch_ups_ = 0;  // in a row, for want of a donor
   TrainingCounters counters_;
+  std::atomic<int64_t> attack_epoch_{0};  // the round the averagers are in (Attack())
+  int64_t data_index_ = -1;               // Step()'s
+  AuditClaim claim_;                      // this round's batches (NoteClaimedBatch())
+  bool claim_broken_ = false;             // a batch of unknown index, or too many runs
+  at::Tensor stale_;                      // GradientAttack::kStale's gradient
 };
 
 }  // namespace colony::train

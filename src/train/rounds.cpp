@@ -41,6 +41,13 @@ class GradientRounds final : public TargetBatchStepping {
       a.centered_clip = averaging::CenteredClipOptions{.tau = peer_.options_.centered_clip_tau};
     }
     a.verify = peer_.options_.verify_rounds;
+    a.discard_to_zeros = true;  // a gradient span nobody can vouch for is skipped, alike
+    a.audit_targets = peer_.options_.audit_targets;
+    if (a.audit_targets > 0) {
+      a.recompute = [p = &peer_](std::string_view claim, double weight, std::span<float> out) {
+        return p->Recompute(claim, weight, out);
+      };
+    }
     COLONY_ASSIGN_OR_RETURN(averager_, averaging::Averager::Create(peer_.node_, {wire_}, a));
     if (peer_.options_.average_state_every > 0) {
       COLONY_ASSIGN_OR_RETURN(params_, ParameterAveraging::Create(peer_));
@@ -90,9 +97,13 @@ class GradientRounds final : public TargetBatchStepping {
   void DropEpoch() override {
     TargetBatchStepping::DropEpoch();
     acc_.zero_();
+    peer_.DropClaim();
   }
 
-  void InstallState(const NamedTensors&, int64_t, int64_t) override { acc_.zero_(); }
+  void InstallState(const NamedTensors&, int64_t, int64_t) override {
+    acc_.zero_();
+    peer_.DropClaim();
+  }
 
   averaging::Averager& Sharing() override { return *averager_; }
   // Every member applies the same averaged gradients (each part's reducer sends the same values
@@ -128,6 +139,8 @@ class GradientRounds final : public TargetBatchStepping {
     const float inv = samples > 0 ? 1.0f / static_cast<float>(samples) : 0.0f;
     mean_.copy_(acc_).mul_(inv);
     acc_.zero_();
+    claim_ = peer_.options_.audit_targets > 0 ? peer_.TakeClaim() : std::string();
+    peer_.Attack(mean_, round_epoch);
     // A GPU peer's mean goes to host memory only for a round (mean_ is wire_ on the CPU).
     if (expected > 1 && !peer_.device_.is_cpu()) ToWire();
     if (peer_.options_.delay_grad_averaging && expected > 1) {
@@ -195,6 +208,7 @@ class GradientRounds final : public TargetBatchStepping {
     so.allow_retries = false;  // the group of an epoch forms once; a retry would wait alone
     so.expected_group_size = expected;
     so.group_bits = EpochBits(epoch);
+    so.audit_claim = claim_;
     std::vector<float> local(wire_);  // restored if the round fails before the all-reduce
     auto r = averager_->StepSync(so);
     if (!r.ok()) {
@@ -311,6 +325,7 @@ class GradientRounds final : public TargetBatchStepping {
   at::Tensor acc_, mean_;
   std::vector<float> wire_;
   std::unique_ptr<averaging::Averager> averager_;
+  std::string claim_;  // this round's audit claim (CollaborativeOptions::audit_targets)
   std::unique_ptr<ParameterAveraging> params_;  // with average_state_every
   std::future<Outcome> pending_;                // a delayed round
 };

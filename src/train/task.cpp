@@ -12,6 +12,9 @@ Result<std::unique_ptr<Task>> Task::Create(const TaskOptions& options) {
   if (options.batch_size <= 0 || options.eval_batch_size <= 0) {
     return InvalidArgument("a task needs positive batch sizes");
   }
+  if (options.flip_labels_from_epoch >= 0 && options.task != "fashion-mnist") {
+    return InvalidArgument("label flipping needs a classifier: the fashion-mnist task");
+  }
   if (options.task == "lm") return MakeLmTask(options);
   if (options.task == "moe-lm") {
     return InvalidArgument(
@@ -24,6 +27,10 @@ Result<std::unique_ptr<Task>> Task::Create(const TaskOptions& options) {
 }
 
 Status Task::Connect(dht::Node&) { return Status::Ok(); }
+
+Result<int64_t> Task::ComputeBatchOf(uint64_t, int64_t, int64_t) {
+  return Unimplemented("this task cannot recompute another peer's batches");
+}
 
 Status Task::Save(const std::filesystem::path&) {
   return Unimplemented("only the lm task saves its model");

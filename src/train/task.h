@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,9 @@ struct TaskOptions {
   std::string swarm_boundary_codec = "none";  // hidden states between stages: serve/wire.h
   // fashion-mnist
   model::FashionArchitecture classifier = model::FashionArchitecture::kCnn;
+  // Tests and benchmarks: a Byzantine peer that trains on wrong labels (class c as 9 - c) from
+  // this epoch on (-1: never); fashion-mnist only.
+  int64_t flip_labels_from_epoch = -1;
 };
 
 class Task {
@@ -85,6 +89,12 @@ class Task {
   // One forward and backward pass on the next batch: the gradients are in the parameters. An
   // error (moe-lm: no expert answered) leaves the gradients as they were.
   virtual Result<Batch> TrainBatch() = 0;
+  // Audits (CollaborativeOptions::audit_targets): the index of the batch TrainBatch() reads
+  // next in this peer's data stream (fixed by its seed and batch size), or nullopt for a task
+  // that cannot recompute batches; and one forward and backward pass on batch `index` of the
+  // stream (seed, batch_size) of another peer, with true labels, at the current parameters.
+  virtual std::optional<int64_t> NextBatchIndex() { return std::nullopt; }
+  virtual Result<int64_t> ComputeBatchOf(uint64_t seed, int64_t batch_size, int64_t index);
   // The loss on a fixed held-out batch (no gradients); NaN, with a warning in the log, when the
   // swarm could not compute it (moe-lm).
   virtual double Evaluate() = 0;

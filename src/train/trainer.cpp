@@ -96,6 +96,22 @@ class Trainer::Impl {
     CollaborativeOptions co = o_.collaborative;
     co.interrupt = o_.stop;
     if (o_.testing.nan_gradients_every > 0) co.testing.unchecked_local_gradients = true;
+    if (co.audit_targets > 0) {
+      if (!task_->NextBatchIndex()) {
+        return InvalidArgument(fmt::format(
+            "audits recompute other peers' batches, which the {} task cannot (fashion-mnist can)",
+            o_.task.task));
+      }
+      co.audit_data.seed = o_.task.seed;
+      co.audit_data.batch_size = o_.task.batch_size;
+      // On the averager's compute pool, while this peer's Step() waits for its round.
+      co.audit_data.compute_batch = [this](uint64_t seed, int64_t batch_size,
+                                           int64_t index) -> Result<int64_t> {
+        COLONY_ASSIGN_OR_RETURN(int64_t n, task_->ComputeBatchOf(seed, batch_size, index));
+        mirror_->PullGradients();
+        return n;
+      };
+    }
     COLONY_ASSIGN_OR_RETURN(opt_, CollaborativeOptimizer::Create(*node_, params_, optimizer, co));
 
     Json ready = {{"event", "ready"},
@@ -210,6 +226,7 @@ class Trainer::Impl {
     const int64_t first_epoch = opt_->local_epoch();
     while (!Done()) {
       task_->SetEpoch(opt_->local_epoch());
+      const int64_t data_index = task_->NextBatchIndex().value_or(-1);
       const Result<Task::Batch> batch = task_->TrainBatch();
       if (!batch.ok()) {
         // The swarm could not compute this batch (moe-lm: no expert answered): try the next
@@ -242,7 +259,7 @@ class Trainer::Impl {
         // What monitors show: the mean over this epoch's batches so far.
         opt_->ReportLoss(loss_sum_ / static_cast<double>(loss_count_));
       }
-      COLONY_ASSIGN_OR_RETURN(StepReport r, opt_->Step(b.samples));
+      COLONY_ASSIGN_OR_RETURN(StepReport r, opt_->Step(b.samples, data_index));
       if (opt_->ParametersChanged(r)) mirror_->PushParameters();
       if (r.stepped || r.loaded_state) OnStep(r);
       if (o_.progress_interval > 0 && Since(last_progress_) >= o_.progress_interval) {

@@ -915,6 +915,31 @@ TEST(ImageBatchStreamTest, EachPassIsAPermutation) {
   EXPECT_NE(a, b);
 }
 
+// Audits recompute another peer's batch i: a stream that seeks to it must read what the
+// peer's stream read, across pass boundaries (10 images, batches of 3: batch 3 spans passes).
+TEST(ImageBatchStreamTest, SeekingToABatchReadsWhatTheStreamRead) {
+  auto data = std::make_shared<ImageDataset>();
+  data->size = 10;
+  data->labels.resize(10);
+  data->images.resize(10 * 784);
+  for (int i = 0; i < 10; ++i) {
+    data->labels[static_cast<size_t>(i)] = i;
+    std::fill_n(data->images.begin() + i * 784, 784, static_cast<float>(i));
+  }
+  ImageBatchStream s(data, 9, 3);
+  std::vector<std::vector<int64_t>> batches;
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(s.position(), 3 * i);
+    batches.push_back(s.Next().labels);
+  }
+  ImageBatchStream seeker(data, 9, 3);
+  for (int i : {7, 3, 0, 11, 3, 10}) {
+    seeker.Seek(3 * i);
+    EXPECT_EQ(seeker.position(), 3 * i);
+    EXPECT_EQ(seeker.Next().labels, batches[static_cast<size_t>(i)]) << "batch " << i;
+  }
+}
+
 TEST(ImageBatchStreamTest, StreamsFashionMnist) {
   auto test = LoadFashionMnist(false);
   ASSERT_TRUE(test.ok()) << test.status().ToString();

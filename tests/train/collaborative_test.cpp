@@ -100,6 +100,69 @@ TEST(CollaborativeTest, VerifiedRoundsBanACheatingReducerAndTrainOnWithoutIt) {
   }
 }
 
+// Audits: batch i of the data stream `seed` pulls w toward a target of its own (gradient
+// w - target(seed, i)), which every peer can recompute for any other peer's claimed batches. A
+// peer that sends its gradient's negation from epoch 1 on is banned by every honest peer in
+// that epoch's round; the honest peers audit one another and find nothing.
+at::Tensor AuditTarget(uint64_t seed, int64_t index) {
+  return at::arange(kSize, at::kFloat)
+      .mul(0.05f)
+      .add(static_cast<float>(seed % 7) + 0.3f * static_cast<float>(index % 11))
+      .sin();
+}
+
+TEST(CollaborativeTest, AuditsBanAPeerWhoseGradientIsNotWhatItsDataGives) {
+  Swarm swarm;
+  const int64_t batch = 10;
+  std::vector<std::shared_ptr<at::Tensor>> params;
+  for (int i = 0; i < 4; ++i) {
+    auto w = std::make_shared<at::Tensor>();
+    CollaborativeOptions o{.target_batch_size = 120, .verify_rounds = true, .audit_targets = 4};
+    o.audit_data.seed = static_cast<uint64_t>(i);
+    o.audit_data.batch_size = batch;
+    o.audit_data.compute_batch = [w](uint64_t seed, int64_t, int64_t index) -> Result<int64_t> {
+      w->mutable_grad() = w->detach() - AuditTarget(seed, index);
+      return int64_t{10};
+    };
+    if (i == 3) {
+      o.testing.gradient_attack = GradientAttack::kSignFlip;
+      o.testing.attack_from_epoch = 1;
+    }
+    *w = swarm.Add(o).w;
+    params.push_back(w);
+  }
+  const std::string attacker = swarm.peers()[3]->node->peer_id().ToString();
+  std::vector<std::future<std::vector<StepReport>>> runs;
+  for (size_t i = 0; i < 4; ++i) {
+    runs.push_back(std::async(std::launch::async, [&swarm, i] {
+      Peer& p = *swarm.peers()[i];
+      std::vector<StepReport> steps;
+      for (int64_t b = 0; b < 2000 && steps.size() < (i < 3 ? 3u : 2u); ++b) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        p.w.mutable_grad() = p.w.detach() - AuditTarget(i, b);
+        auto r = p.co->Step(batch, b);
+        EXPECT_TRUE(r.ok()) << r.status().ToString();
+        if (!r.ok()) break;
+        if (r->stepped) steps.push_back(*r);
+      }
+      return steps;
+    }));
+  }
+  std::vector<std::vector<StepReport>> steps;
+  for (auto& r : runs) steps.push_back(r.get());
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_EQ(steps[i].size(), 3u);
+    EXPECT_TRUE(steps[i][0].banned.empty());  // honest data at epoch 0, the attacker's too
+    EXPECT_EQ(steps[i][1].banned, std::vector<std::string>{attacker});
+    EXPECT_TRUE(steps[i][2].banned.empty());
+    for (const auto& s : steps[i]) EXPECT_TRUE(s.averaged) << s.note;
+    EXPECT_EQ(steps[i][2].group_size, 3u);
+    // The honest peers stepped alike (audits need it: they compare parameters).
+    EXPECT_TRUE(at::equal(swarm.peers()[i]->w.detach(), swarm.peers()[0]->w.detach()));
+  }
+}
+
 // Delayed updates: each round runs in the background during the next batch and is applied a
 // batch later; the peers still apply the same averaged gradients.
 TEST(CollaborativeTest, DelayedAveragingAppliesTheSameStepsOnEveryPeer) {

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -676,6 +677,63 @@ TEST(TrainProcesses, HonestPeersIgnoreAPeerSendingNanGradients) {
     std::printf("[nan] nan-peer: %s\n", nan_done->dump().c_str());
   } else {
     std::printf("[nan] nan-peer did not finish: %s\n", nan_done.status().ToString().c_str());
+  }
+}
+
+// ---- BTARD's audits: Byzantine peers are banned by every honest peer --------------------------
+
+// Three honest peers and two attackers from epoch 2 on, one sending its gradient's negation and
+// one training on wrong labels, both claiming their true data. With everyone audited every round
+// (--audit-targets 5), every honest peer bans both in the round of epoch 2 (the step to epoch 3),
+// bans nobody else, and the honest peers end with one model. The attackers' gradients of epochs
+// 0 and 1 are honest and pass their audits.
+TEST(TrainProcesses, AuditsBanASignFlipperAndALabelFlipperAndNoHonestPeer) {
+  constexpr int kEpochs = 5;
+  TrainSwarm swarm(RunId("audits"));
+  ASSERT_TRUE(swarm.ok());
+  const std::vector<std::string> attacks = {"", "", "", "sign-flip", "label-flip"};
+  for (size_t i = 0; i < attacks.size(); ++i) {
+    std::vector<std::string> a = {"--classifier",
+                                  "linear",
+                                  "--batch-size",
+                                  "32",
+                                  "--target-batch-size",
+                                  "320",
+                                  "--max-epochs",
+                                  std::to_string(kEpochs),
+                                  "--seed",
+                                  std::to_string(i + 1),
+                                  "--min-peers",
+                                  "5",
+                                  "--verify-rounds",
+                                  "--centered-clip-tau",
+                                  "1",
+                                  "--audit-targets",
+                                  "5"};
+    if (!attacks[i].empty()) a.insert(a.end(), {"--attack", attacks[i], "--attack-from", "2"});
+    swarm.Spawn(attacks[i].empty() ? "peer" + std::to_string(i) : attacks[i], a);
+  }
+  for (size_t i = 0; i < attacks.size(); ++i) {
+    Status st = swarm.WaitReady(i);
+    ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << swarm.Logs();
+  }
+  const std::set<std::string> attackers = {swarm.trainer(3).ready["peer"].get<std::string>(),
+                                           swarm.trainer(4).ready["peer"].get<std::string>()};
+  auto done = AllDone(swarm, 0, 3, HangGuard(120s));
+  ASSERT_EQ(done.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& t = swarm.trainer(i);
+    EXPECT_EQ(done[i]["epoch"], kEpochs) << t.label;
+    for (const json& step : t.steps) {
+      const int64_t epoch = step["epoch"].get<int64_t>();
+      std::set<std::string> banned;
+      if (step.contains("banned")) {
+        for (const auto& b : step["banned"]) banned.insert(b.get<std::string>());
+      }
+      EXPECT_EQ(banned, epoch == 3 ? attackers : std::set<std::string>{})
+          << t.label << " at epoch " << epoch << ": " << step.dump();
+    }
+    EXPECT_EQ(done[i]["params_hash"], done[0]["params_hash"]) << t.label << " differs from peer0";
   }
 }
 

@@ -1,0 +1,99 @@
+// BTARD's audits of gradient rounds (CollaborativeOptions::audit_targets): the claim a peer
+// sends with its round's mean gradient, and the recomputation of another member's.
+//
+// A claim names this peer's data stream, the batches of it summed into the round's gradient and
+// a digest of the parameters they were computed at (audit.h). An auditor at other parameters
+// (it stepped alone, or loaded another state) cannot reproduce it and gives no verdict; one at
+// the same parameters computes the same batches as Step() did (each batch's gradient weighted
+// by its samples, summed, divided by the samples), so an honest claim gives the values sent up
+// to rounding.
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "train/internal.h"
+
+namespace colony::train {
+
+void CollaborativeOptimizer::Impl::NoteClaimedBatch(int64_t index) {
+  if (options_.audit_targets == 0) return;
+  if (index < 0 || !claim_.Add(index)) claim_broken_ = true;
+}
+
+std::string CollaborativeOptimizer::Impl::TakeClaim() {
+  AuditClaim claim = std::move(claim_);
+  const bool broken = claim_broken_;
+  DropClaim();
+  if (broken) {
+    COLONY_LOG_WARN(
+        "train: this round's gradient has batches that cannot be named (of unknown index, or "
+        "in more than {} runs): it cannot be audited, and an audit that picks it bans this peer",
+        kMaxAuditRuns);
+    return {};
+  }
+  claim.seed = options_.audit_data.seed;
+  claim.batch_size = options_.audit_data.batch_size;
+  std::vector<float> flat(total_);
+  CopyParamsTo(flat.data());
+  claim.params = ParamsDigest(flat);
+  return EncodeAuditClaim(claim);
+}
+
+void CollaborativeOptimizer::Impl::DropClaim() {
+  claim_ = {};
+  claim_broken_ = false;
+}
+
+Status CollaborativeOptimizer::Impl::Recompute(std::string_view bytes, double weight,
+                                               std::span<float> out) {
+  COLONY_ASSIGN_OR_RETURN(AuditClaim claim, DecodeAuditClaim(bytes));
+  if (out.size() != total_) return Internal("an audit's output does not match the parameters");
+  // The weight the member declared is its samples (a member without samples declares ~0).
+  const int64_t batches = claim.Batches();
+  if (claim.batch_size > 0 && batches > std::numeric_limits<int64_t>::max() / claim.batch_size) {
+    return InvalidArgument("the claim names more samples than can be counted");
+  }
+  const int64_t samples = batches * claim.batch_size;
+  const int64_t declared = weight < 0.5 ? 0 : static_cast<int64_t>(std::llround(weight));
+  if (samples != declared) {
+    return InvalidArgument(
+        fmt::format("it claims {} samples and declared a weight of {:g} samples", samples, weight));
+  }
+  // A bound on the work a claim may ask of its auditors: a few of the swarm's steps.
+  if (samples > 4 * options_.target_batch_size + kMaxAuditBatchSize) {
+    return InvalidArgument(fmt::format("it claims {} samples, more than 4 of the run's steps of {}",
+                                       samples, options_.target_batch_size));
+  }
+  std::vector<float> flat(total_);
+  CopyParamsTo(flat.data());
+  if (ParamsDigest(flat) != claim.params) {
+    return FailedPrecondition("its claim was made at other parameters than this peer's");
+  }
+  std::fill(out.begin(), out.end(), 0.0f);
+  if (samples == 0) return Status::Ok();
+  at::Tensor acc = FlatZeros();
+  ZeroGrads();
+  for (const auto& [first, count] : claim.runs) {
+    for (int64_t index = first; index < first + count; ++index) {
+      auto n = options_.audit_data.compute_batch(claim.seed, claim.batch_size, index);
+      if (!n.ok()) {
+        ZeroGrads();
+        return FailedPrecondition(
+            fmt::format("this peer could not compute batch {}: {}", index, n.status().message()));
+      }
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        const at::Tensor& g = params_[i].grad();
+        if (!g.defined()) continue;
+        acc.narrow(0, static_cast<int64_t>(offsets_[i]), g.numel())
+            .add_(g.reshape({-1}), static_cast<double>(*n));
+      }
+      ZeroGrads();
+    }
+  }
+  acc.mul_(1.0f / static_cast<float>(samples));
+  at::from_blob(out.data(), {static_cast<int64_t>(out.size())}, at::kFloat).copy_(acc);
+  return Status::Ok();
+}
+
+}  // namespace colony::train
