@@ -873,7 +873,8 @@ TEST(FashionMnistTest, CorruptFilesGiveErrors) {
   expect_error("empty");
 }
 
-TEST(ImageBatchStreamTest, EachPassIsAPermutation) {
+// Ten images whose pixels and label are their index.
+std::shared_ptr<ImageDataset> TenImages() {
   auto data = std::make_shared<ImageDataset>();
   data->size = 10;
   data->labels.resize(10);
@@ -882,6 +883,11 @@ TEST(ImageBatchStreamTest, EachPassIsAPermutation) {
     data->labels[static_cast<size_t>(i)] = i;
     std::fill_n(data->images.begin() + i * 784, 784, static_cast<float>(i));
   }
+  return data;
+}
+
+TEST(ImageBatchStreamTest, EachPassIsAPermutation) {
+  auto data = TenImages();
   ImageBatchStream s(data, 5, 3);
   std::vector<int64_t> seen;
   while (seen.size() < 30) {
@@ -918,14 +924,7 @@ TEST(ImageBatchStreamTest, EachPassIsAPermutation) {
 // Audits recompute another peer's batch i: a stream that seeks to it must read what the
 // peer's stream read, across pass boundaries (10 images, batches of 3: batch 3 spans passes).
 TEST(ImageBatchStreamTest, SeekingToABatchReadsWhatTheStreamRead) {
-  auto data = std::make_shared<ImageDataset>();
-  data->size = 10;
-  data->labels.resize(10);
-  data->images.resize(10 * 784);
-  for (int i = 0; i < 10; ++i) {
-    data->labels[static_cast<size_t>(i)] = i;
-    std::fill_n(data->images.begin() + i * 784, 784, static_cast<float>(i));
-  }
+  auto data = TenImages();
   ImageBatchStream s(data, 9, 3);
   std::vector<std::vector<int64_t>> batches;
   for (int i = 0; i < 12; ++i) {
