@@ -22,7 +22,8 @@
 // training runs, byzantine_accuracy_gap=<points> (the worst attack's),
 // byzantine_attackers_banned=<k>/<n> and byzantine_honest_banned=<n> (with the verification
 // round's). Exits non-zero when a check fails (an honest peer banned, a cheating reducer or
-// false accuser not banned, values not the exact mean, a run that did not finish); the goals
+// false accuser not banned, values not the exact mean, a run that did not finish, a clean run
+// that did not learn); the goals
 // (a gap of at most 1.5 points, every attacker banned within 50 epochs) are reported, not
 // enforced.
 #include <CLI/CLI.hpp>

@@ -28,6 +28,7 @@ namespace colony::bench {
 namespace {
 
 constexpr int64_t kBanWithin = 50;  // epochs after the attack's start (the goal)
+constexpr double kLearned = 0.5;    // the clean run's accuracy must pass it
 
 struct TrainPeer {
   bool attacker = false;
@@ -145,7 +146,9 @@ TrainRun RunTraining(const TrainingConfig& c, const std::string& tag, const std:
     } else if (!p.attacker && !p.done) {
       run.problem += "\n  peer " + std::to_string(i) + " did not finish (at epoch " +
                      std::to_string(p.epoch) + ")" + Tail(p.stderr_path, 4);
-    } else if (!p.attacker && std::isfinite(p.accuracy)) {
+    } else if (!p.attacker && !(p.accuracy >= 0 && p.accuracy <= 1)) {
+      run.problem += "\n  peer " + std::to_string(i) + " reported no accuracy in [0, 1]";
+    } else if (!p.attacker) {
       honest.push_back(p.accuracy);
     }
   }
@@ -211,6 +214,13 @@ TrainingOutcome RunTrainingExperiment(const TrainingConfig& c) {
   }
   std::printf("  no attacker: accuracy %s%% (%.0f s)\n", Points(clean.accuracy).c_str(),
               clean.seconds);
+  // The reference must have learned (chance is 10%; a linear classifier passes 75% within 15
+  // epochs): a broken task or swarm would make every gap meaningless.
+  if (!(clean.accuracy > kLearned)) {
+    std::printf("FAIL: the clean run did not learn (accuracy at most %.0f%%)\n", 100 * kLearned);
+    out.failed = true;
+    return out;
+  }
   std::fflush(stdout);
   for (const std::string& attack : c.attacks) {
     // A false accuser lies in verification's checks: without verification it does nothing.

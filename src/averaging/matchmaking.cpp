@@ -29,6 +29,10 @@
 
 namespace colony::averaging {
 
+// Ends a leader's refusal of a requester that does what the group does not (or the reverse):
+// the requester's step reports it, since the requester must change to join.
+constexpr std::string_view kMustAgree = "all peers under one prefix must agree";
+
 namespace {
 
 bool Before(double exp_a, const PeerId& a, double exp_b, const PeerId& b) {
@@ -349,8 +353,7 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
         // caller must fix or know: they go into the step's error.
         if (answer->code == JoinResponse::Code::kRejected &&
             (answer->reason.find("schema") != std::string::npos ||
-             answer->reason.find("verifies its rounds") != std::string::npos ||
-             answer->reason.find("audits its group's values") != std::string::npos ||
+             answer->reason.find(kMustAgree) != std::string::npos ||
              answer->reason.find("banned you") != std::string::npos)) {
           reasons.push_back("peer " + leader->peer.ToString() + " refused: " + answer->reason);
         }
@@ -380,19 +383,16 @@ asio::awaitable<Result<net::Message>> Averager::Impl::HandleJoin(PeerId from,
         total_, tensors_.size(), HexEncode(AsBytes(schema_hash_)).substr(0, 16),
         HexEncode(AsBytes(request->schema_hash)).substr(0, 16)));
   }
+  // What a whole group does or does not: a requester that differs is refused, named.
+  auto differs = [](bool mine, std::string_view what) {
+    return fmt::format("{} {} and {} not: {}", mine ? "this peer" : "the request", what,
+                       mine ? "the request does" : "this peer does", kMustAgree);
+  };
   if (request->verify != options_.verify) {
-    co_return reject(options_.verify
-                         ? "this peer verifies its rounds (--verify) and the request does not: "
-                           "all peers under one prefix must agree"
-                         : "the request verifies its rounds (--verify) and this peer does not: "
-                           "all peers under one prefix must agree");
+    co_return reject(differs(options_.verify, "verifies its rounds (--verify)"));
   }
   if (request->audit != (options_.audit_targets > 0)) {
-    co_return reject(options_.audit_targets > 0
-                         ? "this peer audits its group's values and the request does not: all "
-                           "peers under one prefix must agree"
-                         : "the request audits its group's values and this peer does not: all "
-                           "peers under one prefix must agree");
+    co_return reject(differs(options_.audit_targets > 0, "audits its group's values"));
   }
   if (!looking_ || looking_->group_key != request->group_key) {
     co_return reject("not looking for a group under " + request->group_key);

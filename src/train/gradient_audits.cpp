@@ -24,6 +24,10 @@ std::string CollaborativeOptimizer::Impl::TakeClaim() {
   AuditClaim claim = std::move(claim_);
   const bool broken = claim_broken_;
   DropClaim();
+  // The parameters of this round, which its audits of others compare their claims with.
+  std::vector<float> flat(total_);
+  CopyParamsTo(flat.data());
+  round_params_ = ParamsDigest(flat);
   if (broken) {
     COLONY_LOG_WARN(
         "train: this round's gradient has batches that cannot be named (of unknown index, or "
@@ -33,9 +37,7 @@ std::string CollaborativeOptimizer::Impl::TakeClaim() {
   }
   claim.seed = options_.audit_data.seed;
   claim.batch_size = options_.audit_data.batch_size;
-  std::vector<float> flat(total_);
-  CopyParamsTo(flat.data());
-  claim.params = ParamsDigest(flat);
+  claim.params = round_params_;
   return EncodeAuditClaim(claim);
 }
 
@@ -64,9 +66,7 @@ Status CollaborativeOptimizer::Impl::Recompute(std::string_view bytes, double we
     return InvalidArgument(fmt::format("it claims {} samples, more than 4 of the run's steps of {}",
                                        samples, options_.target_batch_size));
   }
-  std::vector<float> flat(total_);
-  CopyParamsTo(flat.data());
-  if (ParamsDigest(flat) != claim.params) {
+  if (round_params_ != claim.params) {
     return FailedPrecondition("its claim was made at other parameters than this peer's");
   }
   std::fill(out.begin(), out.end(), 0.0f);

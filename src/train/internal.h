@@ -216,7 +216,8 @@ class CollaborativeOptimizer::Impl {
   // A contributed batch's index in this peer's data stream, into this round's claim.
   void NoteClaimedBatch(int64_t index);
   // This round's claim (what its mean gradient is recomputed from); empty when it cannot be
-  // made (a batch of unknown index). Starts the next round's.
+  // made (a batch of unknown index). Starts the next round's, and notes this round's
+  // parameters, which Recompute() compares others' claims with.
   std::string TakeClaim();
   void DropClaim();  // the round's sum was dropped (a state load)
   // averaging::AveragerOptions::recompute: another member's mean gradient from its claim.
@@ -271,6 +272,7 @@ class CollaborativeOptimizer::Impl {
   int64_t data_index_ = -1;               // Step()'s
   AuditClaim claim_;                      // this round's batches (NoteClaimedBatch())
   bool claim_broken_ = false;             // a batch of unknown index, or too many runs
+  std::string round_params_;              // ParamsDigest() at this round (TakeClaim())
   at::Tensor stale_;                      // GradientAttack::kStale's gradient
 };
 
