@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "core/files.h"
 #include "core/subprocess.h"
 #include "model/checkpoint.h"
 #include "model/llama.h"
@@ -117,8 +118,7 @@ int main(int argc, char** argv) {
       it->Signal(SIGTERM);
       (void)it->Wait(15s);
     }
-    std::error_code ec;
-    fs::remove_all(dir, ec);
+    RemoveTree(dir);
   };
   const std::vector<std::string> serve = {
       "serve", "--model",  model_dir.string(),     "--model-name",

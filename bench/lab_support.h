@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench_support.h"
+#include "core/files.h"
 #include "core/subprocess.h"
 
 namespace colony::bench {
@@ -106,8 +107,7 @@ inline void StartSignalThread(const std::string& program) {
     std::fprintf(stderr, "\n%s: interrupted (signal %d)%s%s\n", program.c_str(), sig,
                  g_lab_up.empty() ? "" : "; tearing down lab ", g_lab_up.c_str());
     if (!g_lab_up.empty()) LabDown(g_lab_up);
-    std::error_code ec;
-    if (!g_scratch_dir.empty()) std::filesystem::remove_all(g_scratch_dir, ec);
+    if (!g_scratch_dir.empty()) colony::RemoveTree(g_scratch_dir);
     std::_Exit(128 + sig);  // the children die with us (PR_SET_PDEATHSIG)
   }).detach();
 }

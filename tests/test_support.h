@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/files.h"
 #include "core/subprocess.h"
 
 namespace colony::test {
@@ -39,8 +40,7 @@ class TempDir {
   }
   ~TempDir() {
     if (keep_) return;
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    RemoveTree(path_);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

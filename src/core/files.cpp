@@ -1,7 +1,9 @@
 #include "core/files.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -98,6 +100,23 @@ std::filesystem::path UniqueTempPath(const std::filesystem::path& final_path) {
   return p;
 }
 
+namespace {
+int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
+  return ::remove(path) == 0 || errno == ENOENT ? 0 : errno;
+}
+}  // namespace
+
+std::error_code RemoveTree(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    return errno == ENOENT ? std::error_code() : std::error_code(errno, std::generic_category());
+  }
+  // Depth first (children before their folder), links not followed, up to 64 open folders.
+  const int rc = ::nftw(path.c_str(), RemoveEntry, 64, FTW_DEPTH | FTW_PHYS);
+  if (rc == 0) return {};
+  return std::error_code(rc > 0 ? rc : (errno != 0 ? errno : EIO), std::generic_category());
+}
+
 void RemoveStaleTemps(const std::filesystem::path& final_path) {
   const std::string prefix = final_path.filename().string() + ".tmp-";
   std::error_code ec;
@@ -106,8 +125,7 @@ void RemoveStaleTemps(const std::filesystem::path& final_path) {
   for (auto it = std::filesystem::directory_iterator(dir, ec);
        !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     if (it->path().filename().string().starts_with(prefix)) {
-      std::error_code ignored;
-      std::filesystem::remove_all(it->path(), ignored);
+      RemoveTree(it->path());
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include "core/status.h"
@@ -41,6 +42,14 @@ class FileLock {
   explicit FileLock(int fd) : fd_(fd) {}
   int fd_ = -1;
 };
+
+// Removes `path` and everything under it, without following symbolic links (a link is removed,
+// not its target); a missing path is not an error. What std::filesystem::remove_all does, on
+// libc's nftw: a PyTorch wheel's LibTorch exports its own copy of remove_all (it links part of
+// libstdc++ statically, pytorch/pytorch#133437), programs that link it may bind their calls to
+// that copy, and with PyTorch 2.11 it called a null pointer (docs/architecture.md). Colony's
+// code calls this instead.
+std::error_code RemoveTree(const std::filesystem::path& path);
 
 // A path next to `final_path` that no other process or thread will pick:
 // "<final_path>.tmp-<pid>-<counter>".

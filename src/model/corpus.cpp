@@ -496,8 +496,7 @@ Result<fs::path> PrepareTokenShards(const fs::path& corpus, const Tokenizer& tok
   fs::create_directories(tmp, ec);
   if (ec) return PermissionDenied("cannot create " + tmp.string() + ": " + ec.message());
   auto fail = [&](Status st) {
-    std::error_code ignored;
-    fs::remove_all(tmp, ignored);
+    RemoveTree(tmp);
     return st;
   };
   nlohmann::json shards = nlohmann::json::array();
@@ -530,7 +529,7 @@ Result<fs::path> PrepareTokenShards(const fs::path& corpus, const Tokenizer& tok
   }
   // A directory left by another corpus or tokenizer (or a crashed run): replace it. Streams
   // that have its shards mapped keep reading the unlinked files.
-  fs::remove_all(out_dir, ec);
+  ec = RemoveTree(out_dir);
   fs::rename(tmp, out_dir, ec);
   if (ec) {
     return fail(Internal("cannot rename " + tmp.string() + " to " + out_dir.string() + ": " +

@@ -375,10 +375,7 @@ Result<Tokenizer> Tokenizer::TrainOrLoad(const std::filesystem::path& corpus,
   if (ec) return PermissionDenied("cannot create " + work.string() + ": " + ec.message());
   struct RemoveDir {
     std::filesystem::path dir;
-    ~RemoveDir() {
-      std::error_code ignored;
-      std::filesystem::remove_all(dir, ignored);
-    }
+    ~RemoveDir() { RemoveTree(dir); }
   } cleanup{work};
   const std::filesystem::path log = work / "spm_train.log";
   const std::vector<std::string> argv = {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
 #include "core/subprocess.h"
 #include "test_support.h"
 
@@ -48,7 +49,7 @@ class PrivateSwarmCli : public ::testing::Test {
       boot_->Signal(SIGTERM);
       (void)boot_->Wait(10s);
     }
-    std::filesystem::remove_all(dir_);
+    RemoveTree(dir_);
   }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/files.h"
 #include "core/subprocess.h"
 #include "model/checkpoint.h"
 #include "model/llama.h"
@@ -81,8 +82,7 @@ class ApiProcessTest : public ::testing::Test {
       }
     }
     procs_.clear();
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
+    RemoveTree(dir_);
   }
 
   // Starts `colony ARGS` and reads the first line it prints (an address or a URL).

@@ -78,6 +78,33 @@ TEST(Files, RemoveStaleTempsRemovesOnlyThatFilesTemporaries) {
   EXPECT_TRUE(fs::exists(f));
 }
 
+// Nested folders, files, an empty folder and links (to a file and to a folder outside the
+// tree, which must survive): all gone, the links' targets intact; a missing path is fine.
+TEST(Files, RemoveTreeRemovesEverythingUnderAPathButNotWhatLinksPointTo) {
+  TempDir dir;
+  const fs::path tree = dir.path() / "tree", outside = dir.path() / "outside";
+  fs::create_directories(tree / "a" / "b" / "c");
+  fs::create_directories(tree / "empty");
+  fs::create_directories(outside);
+  colony::test::WriteFile((outside / "keep").string(), "k");
+  colony::test::WriteFile((tree / "top").string(), "1");
+  colony::test::WriteFile((tree / "a" / "b" / "c" / "deep").string(), "2");
+  fs::create_directory_symlink(outside, tree / "a" / "dir-link");
+  fs::create_symlink(outside / "keep", tree / "file-link");
+  EXPECT_FALSE(RemoveTree(tree));
+  EXPECT_FALSE(fs::exists(tree));
+  EXPECT_TRUE(fs::exists(outside / "keep"));
+  EXPECT_FALSE(RemoveTree(tree));  // already gone
+  // A single file, and a link whose target is a folder: the link alone goes.
+  colony::test::WriteFile((dir.path() / "file").string(), "f");
+  EXPECT_FALSE(RemoveTree(dir.path() / "file"));
+  EXPECT_FALSE(fs::exists(dir.path() / "file"));
+  fs::create_directory_symlink(outside, dir.path() / "link");
+  EXPECT_FALSE(RemoveTree(dir.path() / "link"));
+  EXPECT_FALSE(fs::exists(fs::symlink_status(dir.path() / "link")));
+  EXPECT_TRUE(fs::exists(outside / "keep"));
+}
+
 TEST(Files, FileLockSerializesThreads) {
   TempDir dir;
   const fs::path lock_path = dir.File("lock");

@@ -367,14 +367,14 @@ TEST(HfTokenizerTest, HostileFilesGiveErrors) {
 
 TEST(HfTokenizerTest, ModelDirPrefersTokenizerModel) {
   const auto dir = std::filesystem::temp_directory_path() / "colony_hf_tokenizer_dir";
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
   std::filesystem::create_directories(dir);
   EXPECT_EQ(Tokenizer::FindInModelDir(dir).status().code(), StatusCode::kNotFound);
   ASSERT_TRUE(WriteFileAtomically(dir / "tokenizer.json", "{}").ok());
   EXPECT_EQ(Tokenizer::FindInModelDir(dir)->filename(), "tokenizer.json");
   ASSERT_TRUE(WriteFileAtomically(dir / "tokenizer.model", "").ok());
   EXPECT_EQ(Tokenizer::FindInModelDir(dir)->filename(), "tokenizer.model");
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/files.h"
 #include "core/subprocess.h"
 #include "model/checkpoint.h"
 #include "model/llama.h"
@@ -144,8 +145,7 @@ TEST(MonitorPage, ShowsAHealthySwarmAndAKilledServerInAHeadlessBrowser) {
     ADD_FAILURE() << label << " did not exit within 15 s of SIGTERM:\n" << swarm.Tail(label);
   }
   if (!::testing::Test::HasFailure()) {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
+    RemoveTree(dir);
   }
 }
 

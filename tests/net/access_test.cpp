@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/clock.h"
+#include "core/files.h"
 #include "core/periodic.h"
 #include "net/access_control.h"
 #include "net/access_token.h"
@@ -362,7 +363,7 @@ TEST(PrivateSwarm, TokensRenewWithoutFailingACall) {
   EXPECT_EQ(server.host->access_refusals().count, 0u);
   // One connection all along: renewals reached the open connection (TOKEN frames).
   EXPECT_EQ(server.host->connection_count(), 1u);
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 TEST(PrivateSwarm, ATokenCommandGetsThePeerIdAndItsFailureIsClear) {

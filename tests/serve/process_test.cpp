@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/files.h"
 #include "core/identity.h"
 #include "core/subprocess.h"
 #include "dht/node.h"
@@ -84,8 +85,7 @@ class ServeProcessTest : public ::testing::Test {
       }
     }
     servers_.clear();
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
+    RemoveTree(dir_);
   }
 
   // Starts `colony serve` for blocks [first, last) (joining through the first server, if any)

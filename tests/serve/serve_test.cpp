@@ -19,6 +19,7 @@
 
 #include "adversary/attack_measurements.h"
 #include "adversary/hostile_peer.h"
+#include "core/files.h"
 #include "dht/node.h"
 #include "dht/validation.h"
 #include "model/checkpoint.h"
@@ -69,7 +70,7 @@ class ServeTest : public ::testing::Test {
     if (client_) client_->Shutdown();
     for (auto& n : nodes_) n->Shutdown();
     if (bootstrap_) bootstrap_->Shutdown();
-    std::filesystem::remove_all(dir_);
+    RemoveTree(dir_);
   }
 
   std::string BootstrapAddress() { return bootstrap_->VisibleAddresses().at(0).ToString(); }

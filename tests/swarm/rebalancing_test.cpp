@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 
+#include "core/files.h"
 #include "dht/validation.h"
 #include "loopback_dht.h"
 #include "model/checkpoint.h"
@@ -85,7 +86,7 @@ TEST(StageLayoutTest, ReadRefusesWhatItDoesNotUnderstand) {
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
   }
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 TEST(RebalancingTest, MovesAPeerOnlyWhenThePipelineGainsClearly) {
@@ -215,7 +216,7 @@ class StagePeerTest : public ::testing::Test {
   void TearDown() override {
     peers_.clear();
     dht_.Shutdown();
-    std::filesystem::remove_all(dir_);
+    RemoveTree(dir_);
   }
 
   dht::Node& AddNode() { return dht_.Add(); }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/files.h"
 #include "dht/validation.h"
 #include "loopback_dht.h"
 #include "model/checkpoint.h"
@@ -75,7 +76,7 @@ class SwarmTest : public ::testing::Test {
     pipeline_.reset();
     stages_.clear();
     dht_.Shutdown();
-    std::filesystem::remove_all(dir_);
+    RemoveTree(dir_);
   }
 
   dht::Node& AddNode() { return dht_.Add(); }
