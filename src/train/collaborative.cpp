@@ -37,7 +37,9 @@ bool AllFinite(const at::Tensor& t) {
     const at::Tensor c = t.contiguous();
     return AllFinite(c.data_ptr<float>(), static_cast<size_t>(c.numel()));
   }
-  return at::isfinite(t).all().item<bool>();
+  // One reduction: inf and NaN make the sum inf or NaN, and float32 values cannot overflow a
+  // double.
+  return std::isfinite(t.sum(at::kDouble).item<double>());
 }
 
 std::string GatherMetadata(int64_t samples, double samples_per_second) {
@@ -101,6 +103,7 @@ CollaborativeOptimizer::Impl::Impl(dht::Node& node, std::vector<at::Tensor> para
     total_ += static_cast<size_t>(p.numel());
   }
   offsets_.push_back(total_);
+  if (!device_.is_cpu()) grads_ = std::make_unique<FlatGradients>(params_);
 }
 
 Status CollaborativeOptimizer::Impl::Init() {
@@ -286,16 +289,35 @@ bool CollaborativeOptimizer::Impl::GradsFinite() const {
     return true;
   }
   // On a GPU: one check over all gradients and one synchronization, not one per parameter.
-  std::vector<at::Tensor> flat;
-  for (const auto& p : params_) {
-    if (p.grad().defined()) flat.push_back(p.grad().reshape({-1}));
-  }
-  return flat.empty() || at::isfinite(at::cat(flat)).all().item<bool>();
+  return grads_->AllFinite();
 }
 
 void CollaborativeOptimizer::Impl::ZeroGrads() {
+  if (grads_) {
+    grads_->Zero();
+    return;
+  }
   for (auto& p : params_) {
     if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+void CollaborativeOptimizer::Impl::AddGradsTo(at::Tensor& acc, double weight) {
+  at::NoGradGuard no_grad;
+  if (grads_) {
+    acc.add_(grads_->Bind(), weight);
+    return;
+  }
+  const auto w = static_cast<float>(weight);
+  float* out = acc.data_ptr<float>();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& g = params_[i].grad();
+    if (!g.defined()) continue;
+    const at::Tensor c = g.contiguous();
+    const float* src = c.data_ptr<float>();
+    float* dst = out + offsets_[i];
+    const auto n = static_cast<size_t>(c.numel());
+    for (size_t k = 0; k < n; ++k) dst[k] += w * src[k];
   }
 }
 
@@ -337,6 +359,13 @@ void CollaborativeOptimizer::Impl::CopyToParams(const float* in, size_t begin, s
 }
 
 void CollaborativeOptimizer::Impl::StepOptimizerWith(const at::Tensor& gradient) {
+  if (grads_) {
+    at::NoGradGuard no_grad;
+    grads_->Bind().copy_(gradient);
+    optimizer_->step();
+    ZeroGrads();
+    return;
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     at::Tensor g = gradient.narrow(0, static_cast<int64_t>(offsets_[i]), p.numel()).view(p.sizes());

@@ -40,29 +40,23 @@ DeviceMirror::DeviceMirror(std::vector<at::Tensor> params, bool offload)
     at::Tensor m = at::empty(p.sizes(), host);
     m.copy_(p.detach());
     m.set_requires_grad(true);
-    m.mutable_grad() = at::zeros(p.sizes(), host);
     master_.push_back(m);
   }
+  // One copy over the bus and one zeroing per batch, not one per parameter.
+  device_grads_ = std::make_unique<FlatGradients>(device_);
+  master_grads_ = std::make_unique<FlatGradients>(master_, model::CudaAvailable());
 }
+
+DeviceMirror::~DeviceMirror() = default;
 
 void DeviceMirror::PullGradients() {
   if (!offloaded_) return;
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < device_.size(); ++i) {
-    at::Tensor& g = master_[i].mutable_grad();
-    if (!g.defined()) g = at::zeros_like(master_[i]);  // the optimizer dropped it
-    const at::Tensor& d = device_[i].grad();
-    if (d.defined()) {
-      g.copy_(d, /*non_blocking=*/true);
-    } else {
-      g.zero_();
-    }
-  }
-  // The host must see the copies complete before the optimizer reads them.
+  // Bind(): a gradient the optimizer dropped is a zero (the views are bound again).
+  master_grads_->Bind().copy_(device_grads_->Bind(), /*non_blocking=*/true);
+  // The host must see the copy complete before the optimizer reads it.
   model::Synchronize(device_.front().device());
-  for (auto& p : device_) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
-  }
+  device_grads_->Zero();
 }
 
 void DeviceMirror::PushParameters() {

@@ -20,9 +20,11 @@
 
 #include <ATen/Tensor.h>
 
+#include <memory>
 #include <vector>
 
 #include "core/status.h"
+#include "train/flat_grads.h"
 
 namespace colony::train {
 
@@ -33,6 +35,9 @@ class DeviceMirror {
   // in host memory when the parameters are elsewhere (non-contiguous parameters are always
   // copied, to contiguous ones).
   DeviceMirror(std::vector<at::Tensor> params, bool offload);
+  ~DeviceMirror();
+  DeviceMirror(const DeviceMirror&) = delete;
+  DeviceMirror& operator=(const DeviceMirror&) = delete;
   // Why `params` cannot be mirrored (InvalidArgument), or Ok.
   static Status Check(const std::vector<at::Tensor>& params);
 
@@ -50,6 +55,8 @@ class DeviceMirror {
  private:
   std::vector<at::Tensor> device_;
   std::vector<at::Tensor> master_;
+  // When offloaded: both sides' .grad as views of one flat buffer each.
+  std::unique_ptr<FlatGradients> device_grads_, master_grads_;
   bool offloaded_ = false;
 };
 

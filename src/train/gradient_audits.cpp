@@ -81,13 +81,7 @@ Status CollaborativeOptimizer::Impl::Recompute(std::string_view bytes, double we
         return FailedPrecondition(
             fmt::format("this peer could not compute batch {}: {}", index, n.status().message()));
       }
-      at::NoGradGuard no_grad;
-      for (size_t i = 0; i < params_.size(); ++i) {
-        const at::Tensor& g = params_[i].grad();
-        if (!g.defined()) continue;
-        acc.narrow(0, static_cast<int64_t>(offsets_[i]), g.numel())
-            .add_(g.reshape({-1}), static_cast<double>(*n));
-      }
+      AddGradsTo(acc, static_cast<double>(*n));
       ZeroGrads();
     }
   }

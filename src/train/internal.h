@@ -35,6 +35,7 @@
 #include "averaging/averager.h"
 #include "train/audit.h"
 #include "train/collaborative.h"
+#include "train/flat_grads.h"
 #include "train/progress.h"
 
 namespace colony::train {
@@ -196,6 +197,8 @@ class CollaborativeOptimizer::Impl {
   void UpdatePriority();
   bool GradsFinite() const;
   void ZeroGrads();
+  // acc (total_ values on the parameters' device) += weight x the gradients (none: zeros).
+  void AddGradsTo(at::Tensor& acc, double weight);
   // The parameters as one flat float32 vector in host memory, or a range [begin, end) of it
   // (copied from the device when the parameters live on a GPU).
   void CopyParamsTo(float* out, size_t begin = 0, size_t end = SIZE_MAX) const;
@@ -248,6 +251,9 @@ class CollaborativeOptimizer::Impl {
   std::vector<at::Tensor> params_;
   at::Device device_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  // On a GPU, the parameters' .grad as views of one buffer (one kernel per check, sum or zeroing
+  // instead of one per parameter); null on the CPU, whose loops read each .grad directly.
+  std::unique_ptr<FlatGradients> grads_;
   const CollaborativeOptions options_;
   std::vector<size_t> offsets_;  // where each parameter starts in the flat vector; then total_
   size_t total_ = 0;

@@ -56,25 +56,7 @@ class GradientRounds final : public TargetBatchStepping {
   }
 
   Status Contribute(int64_t batch_size, StepReport&) override {
-    const float w = static_cast<float>(batch_size);
-    if (peer_.device_.is_cpu()) {
-      float* acc = acc_.data_ptr<float>();
-      for (size_t i = 0; i < peer_.params_.size(); ++i) {
-        const at::Tensor& g = peer_.params_[i].grad();
-        if (!g.defined()) continue;
-        at::Tensor c = g.contiguous();
-        const float* src = c.data_ptr<float>();
-        float* dst = acc + peer_.offsets_[i];
-        const size_t n = static_cast<size_t>(c.numel());
-        for (size_t k = 0; k < n; ++k) dst[k] += w * src[k];
-      }
-    } else {
-      for (size_t i = 0; i < peer_.params_.size(); ++i) {
-        const at::Tensor& g = peer_.params_[i].grad();
-        if (!g.defined()) continue;
-        acc_.narrow(0, static_cast<int64_t>(peer_.offsets_[i]), g.numel()).add_(g.reshape({-1}), w);
-      }
-    }
+    peer_.AddGradsTo(acc_, static_cast<double>(batch_size));
     peer_.ZeroGrads();
     Counted(batch_size);
     return Status::Ok();
