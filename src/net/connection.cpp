@@ -769,7 +769,7 @@ Status Connection::HandleOpen(uint32_t id, ByteSpan payload) {
   StreamHandler handler = handlers_ ? handlers_(header.method()) : StreamHandler();
   if (!handler) {
     EnqueueControl(FrameType::kStatus, id,
-                   EncodeStatus(Unimplemented("peer " + Describe() + " has no handler for '" +
+                   EncodeStatus(Unimplemented("the called peer has no handler for '" +
                                               header.method() + "'")));
     s->local_done_ = true;
     s->deadline_timer_.cancel();

@@ -128,6 +128,12 @@ TEST(Rpc, UnknownMethodIsUnimplemented) {
   ASSERT_FALSE(reply.ok());
   EXPECT_EQ(reply.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(reply.status().message().find("nope"), std::string::npos);
+  // It speaks of the called peer, not of the caller (it once described the caller's own
+  // identity and address as the peer without the handler).
+  EXPECT_EQ(reply.status().message().find(client->peer_id().ToString()), std::string::npos)
+      << reply.status().ToString();
+  EXPECT_NE(reply.status().message().find("the called peer has no handler"), std::string::npos)
+      << reply.status().ToString();
 }
 
 TEST(Rpc, ServerStreaming) {
