@@ -10,7 +10,8 @@
 // And against a circuit relay (net/relay.h), the same way:
 //  - one address reserving with many identities gets max_reservations_per_address of them;
 //  - one address flooding the circuit port holds max_circuit_sockets_per_address sockets;
-//  - a circuit that goes silent is closed after circuit_idle_timeout;
+//  - a circuit that goes silent is closed after circuit_idle_timeout, and one that one side
+//    half-closed while the other keeps sending after half_closed_timeout;
 //  - a hostile relay's flood of circuit notices makes its holder connect back a bounded number
 //    of times at once.
 // An honest peer's calls succeed beside each attack.
@@ -301,6 +302,91 @@ TEST(RelayAttack, ASilentCircuitIsReclaimed) {
   Status through = Echo(*caller, honest.reservation->address());
   EXPECT_TRUE(through.ok()) << through.ToString();
   ::close(fd);
+}
+
+// Sends all of `text` on a blocking socket.
+void SendAll(int fd, const std::string& text) {
+  ASSERT_EQ(::send(fd, text.data(), text.size(), MSG_NOSIGNAL), static_cast<ssize_t>(text.size()));
+}
+
+// The relay's reply line on a circuit socket, without its newline ("" when none came in time).
+std::string ReplyLine(int fd) {
+  timeval tv{.tv_sec = 10, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string line;
+  char c = 0;
+  while (line.size() < kMaxRelayLine && ::recv(fd, &c, 1, 0) == 1 && c != '\n') line += c;
+  return line;
+}
+
+// Both ends of a circuit are the attacker's: it holds a reservation by hand (an ordinary
+// relay.reserve stream, whose notices name the circuits to accept), dials itself through the
+// relay, and once the relay has spliced the two sockets, the dialing end half-closes while the
+// reserved end keeps the circuit busy with a byte every 100 ms and never closes. The idle timeout
+// never fires on a circuit that carries bytes, so without half_closed_timeout the circuit (one of
+// the relay's max_circuits, and of the attacker address's sockets) would be held for as long as
+// the attacker likes.
+TEST(RelayAttack, ACircuitThatOneSideHalfClosedIsReclaimed) {
+  RelayOptions o;
+  o.half_closed_timeout = 1s;
+  RelayVictim victim(o);
+  ASSERT_TRUE(victim.relay);
+  Behind honest(victim.address(), "");
+  ASSERT_TRUE(honest.status.ok()) << honest.status.ToString();
+  auto caller = Peer();
+  ASSERT_TRUE(Echo(*caller, honest.reservation->address()).ok());
+  const auto before = EchoLatencies(*caller, honest.reservation->address());
+
+  auto attacker = Peer("127.0.0.2");
+  auto open = [&]() -> asio::awaitable<Result<std::shared_ptr<Stream>>> {
+    co_return co_await attacker->OpenStream(victim.address(), kRelayReserveMethod,
+                                            {.timeout = 120s});
+  };
+  auto reservation = asio::co_spawn(attacker->io_context(), open(), asio::use_future).get();
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  auto next = [&]() -> asio::awaitable<Result<std::optional<Message>>> {
+    co_return co_await (*reservation)->Read();
+  };
+  auto granted = asio::co_spawn(attacker->io_context(), next(), asio::use_future).get();
+  ASSERT_TRUE(granted.ok() && granted->has_value()) << granted.status().ToString();
+
+  const uint16_t port = victim.relay->address().port();
+  const size_t honest_circuits = victim.relay->stats().circuits;
+  const int dialer = Mute(port);
+  RelayRequest connect;
+  connect.target = attacker->peer_id();
+  SendAll(dialer, FormatRelayRequest(connect));
+  auto notice = asio::co_spawn(attacker->io_context(), next(), asio::use_future).get();
+  ASSERT_TRUE(notice.ok() && notice->has_value()) << notice.status().ToString();
+  auto accept = ParseRelayRequest("COLONY-RELAY/1 ACCEPT " + (*notice)->meta);
+  ASSERT_TRUE(accept.ok()) << accept.status().ToString();
+  const int holder = Mute(port);
+  SendAll(holder, FormatRelayRequest(*accept));
+  ASSERT_EQ(ReplyLine(holder), "OK");
+  ASSERT_EQ(ReplyLine(dialer), "OK");
+  EXPECT_TRUE(test::WaitUntil([&] { return victim.relay->stats().circuits == honest_circuits + 1; },
+                              test::HangGuard(10s)));
+
+  ::shutdown(dialer, SHUT_WR);  // the relay passes it on: the holder reads an end of stream
+  // The holder keeps sending; once the relay has closed its socket, a send fails.
+  const auto start = std::chrono::steady_clock::now();
+  bool closed = false;
+  while (!closed && std::chrono::steady_clock::now() - start < test::HangGuard(20s)) {
+    closed = ::send(holder, "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
+             (errno == EPIPE || errno == ECONNRESET);
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(closed) << "the relay kept a circuit that one side half-closed";
+  EXPECT_EQ(victim.relay->stats().reclaimed, 1u);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, o.half_closed_timeout);
+  EXPECT_TRUE(test::WaitUntil([&] { return victim.relay->stats().circuits == honest_circuits; },
+                              test::HangGuard(10s)));
+  // The honest circuit is still served, as fast.
+  EXPECT_LT(
+      test::RecordHonestSlowdown(before, EchoLatencies(*caller, honest.reservation->address())),
+      10);
+  ::close(dialer);
+  ::close(holder);
 }
 
 // A hostile relay (one a peer behind NAT picked from the swarm's list) floods its reservation

@@ -7,15 +7,19 @@
 // did not come to a round with room for it is set aside for 1, 2, 4, ... epochs
 // (ProgressTracker::NoteRound), the penalty growing with every such round, set aside or not, so
 // a forger that keeps claiming fools the swarm at its first epoch only.
+// And a forged state donor (ForgedDonor below): a state advertised at the top priority that
+// claims an epoch far ahead of the swarm, with poisoned parameters.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
 #include "adversary/attack_measurements.h"
+#include "averaging/averager.h"
 #include "dht/node.h"
 #include "dht/validation.h"
 #include "test_support.h"
@@ -126,6 +130,66 @@ TEST(ForgedProgress, AClaimOfTheWholeTargetFoolsTheSwarmOnceNotAtEveryEpoch) {
     EXPECT_EQ(swarm.peers()[i]->co->counters().failed_rounds, 0);
   }
   ::testing::Test::RecordProperty("attack", "forged progress record claiming the target");
+}
+
+// A forged state donor: a plain DHT node with an averager under the run's prefix, advertising a
+// state whose header is right in every other way (this run, the model's one float32 parameter,
+// no optimizer state, as the honest SGD peers' states) but claims epoch 1,000,000, at the top
+// priority, with poisoned parameters (all 1e6). A newcomer asks donors in priority order and
+// checks each header before any tensor data: the forged claim is refused, naming the epochs, and
+// an honest donor serves. Before the check, the newcomer installed the poisoned parameters at
+// epoch 1,000,000, and the swarm would have followed it there (the epoch of the newest peer
+// leads).
+TEST(ForgedDonor, AStateClaimingAnEpochFarAheadOfTheSwarmIsRefused) {
+  Swarm swarm;
+  for (int i = 0; i < 2; ++i) swarm.Add({.target_batch_size = 100});
+  {
+    std::vector<std::future<std::vector<StepReport>>> runs;
+    for (int i = 0; i < 2; ++i) {
+      runs.push_back(std::async(std::launch::async, [&, i] {
+        return Train(*swarm.peers()[i], Gradient(i), /*batch=*/5, /*epochs=*/3);
+      }));
+    }
+    for (auto& r : runs) ASSERT_EQ(r.get().size(), 3u);
+  }
+
+  dht::NodeOptions o;
+  o.initial_peers = {swarm.bootstrap_address()};
+  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  auto node = dht::Node::Start(KeyPair::Generate(), o);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  std::vector<float> unused(test::kSize);
+  averaging::AveragerOptions a;
+  a.prefix = "test.run.grads";  // where the run's peers share their state
+  auto forged = averaging::Averager::Create(**node, {unused}, a);
+  ASSERT_TRUE(forged.ok()) << forged.status().ToString();
+  constexpr int64_t kClaimed = 1'000'000;
+  const nlohmann::json metadata = {
+      {"epoch", kClaimed},
+      {"inner_step", 0},
+      {"diverged", false},
+      {"run_id", "test.run"},
+      {"tensors", nlohmann::json::array(
+                      {{{"name", "param.0"}, {"dtype", "Float"}, {"shape", {test::kSize}}}})}};
+  std::atomic<int> served{0};
+  (*forged)->ShareState(
+      [&]() -> Result<averaging::SharedState> {
+        ++served;
+        return averaging::SharedState{metadata.dump(), {std::vector<float>(test::kSize, 1e6f)}};
+      },
+      static_cast<double>(kClaimed) + 0.5);
+
+  test::Peer& late = swarm.Add({.target_batch_size = 100});
+  Status st = late.co->LoadStateFromPeers();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(late.co->local_epoch(), 3);
+  EXPECT_TRUE(at::equal(late.Host(), swarm.peers()[0]->Host()));
+  EXPECT_LT(late.Host().abs().max().item<float>(), 1e3f) << "the poisoned parameters came in";
+  EXPECT_GE(served.load(), 1)
+      << "the newcomer never asked the forged donor (the test proves nothing)";
+  (*forged)->Shutdown();
+  (*node)->Shutdown();
+  ::testing::Test::RecordProperty("attack", "forged state donor claiming a far epoch");
 }
 
 }  // namespace
