@@ -185,6 +185,14 @@ TEST(SlotAttack, ManyIdentitiesFromOneAddressGetOnlyItsConnectionSlots) {
 TEST(SlotAttack, AFullHostEvictsTheHeaviestAddressForAnHonestNewcomer) {
   auto victim = Victim(kPerAddress);  // one address can fill it
   const Multiaddr addr = victim->ListenAddresses()[0];
+  std::vector<double> before;
+  {
+    auto early = Peer();  // the honest workload's pace on the unattacked host; leaves again
+    ASSERT_TRUE(Echo(*early, addr).ok());
+    before = EchoLatencies(*early, addr);
+  }
+  ASSERT_TRUE(
+      test::WaitUntil([&] { return victim->connection_count() == 0; }, test::HangGuard(10s)));
   std::vector<std::unique_ptr<Host>> sybils;
   for (size_t i = 0; i < kPerAddress; ++i) {
     sybils.push_back(Peer("127.0.0.2"));
@@ -199,6 +207,7 @@ TEST(SlotAttack, AFullHostEvictsTheHeaviestAddressForAnHonestNewcomer) {
   EXPECT_FALSE(Echo(*more, addr).ok());
   EXPECT_EQ(victim->slot_refusals().full, 1u);
   EXPECT_TRUE(Echo(*honest, addr).ok());
+  EXPECT_LT(test::RecordHonestSlowdown(before, EchoLatencies(*honest, addr)), 10);
   int still_served = 0;
   for (auto& s : sybils) still_served += Echo(*s, addr).ok();
   EXPECT_EQ(still_served, static_cast<int>(kPerAddress) - 1);
@@ -283,23 +292,30 @@ TEST(RelayAttack, ASilentCircuitIsReclaimed) {
   ASSERT_TRUE(victim.relay);
   Behind honest(victim.address(), "");
   ASSERT_TRUE(honest.status.ok()) << honest.status.ToString();
+  auto caller = Peer();
+  ASSERT_TRUE(Echo(*caller, honest.reservation->address()).ok());
+  const auto before = EchoLatencies(*caller, honest.reservation->address());
   // The attacker asks for a circuit to the honest peer, gets it, and says nothing more.
   const int fd = Mute(victim.relay->address().port());
   RelayRequest request;
   request.target = honest.host->peer_id();
   const std::string line = FormatRelayRequest(request);
   ASSERT_EQ(::send(fd, line.data(), line.size(), 0), static_cast<ssize_t>(line.size()));
-  EXPECT_TRUE(test::WaitUntil([&] { return victim.relay->stats().circuits_total == 1; },
+  EXPECT_TRUE(test::WaitUntil([&] { return victim.relay->stats().circuits_total == 2; },
                               test::HangGuard(10s)));
+  // While the silent circuit is held, the honest circuit carries calls as fast.
+  EXPECT_LT(
+      test::RecordHonestSlowdown(before, EchoLatencies(*caller, honest.reservation->address())),
+      10);
   EXPECT_TRUE(
       test::WaitUntil([&] { return victim.relay->stats().reclaimed == 1; }, test::HangGuard(10s)));
   EXPECT_TRUE(test::WaitUntil([&] { return Closed(fd); }, test::HangGuard(10s)));
   // The circuit leaves the count once both of its pumps have ended (just after the close).
   EXPECT_TRUE(
       test::WaitUntil([&] { return victim.relay->stats().circuits == 0; }, test::HangGuard(10s)));
-  // An honest caller's circuit carries its call.
-  auto caller = Peer();
-  Status through = Echo(*caller, honest.reservation->address());
+  // A new honest caller's circuit carries its call.
+  auto another = Peer();
+  Status through = Echo(*another, honest.reservation->address());
   EXPECT_TRUE(through.ok()) << through.ToString();
   ::close(fd);
 }
@@ -423,7 +439,19 @@ TEST(RelayAttack, AFloodOfCircuitNoticesFromARelayIsCapped) {
         auto end = co_await ctx.stream().Read();  // until the holder leaves
         co_return end.ok() ? Status::Ok() : end.status();
       });
-  auto holder = Peer();
+  // The victim holds the reservation and also serves calls on a listener of its own: the honest
+  // workload, timed before the reservation and during the flood.
+  HostOptions ho;
+  ho.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  Host holder_host(KeyPair::Generate(), ho);
+  ASSERT_TRUE(holder_host.Start().ok());
+  Host* holder = &holder_host;
+  holder->RegisterUnary(
+      "echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
+  auto caller = Peer();
+  const Multiaddr holder_addr = holder->ListenAddresses()[0];
+  ASSERT_TRUE(Echo(*caller, holder_addr).ok());
+  const auto before = EchoLatencies(*caller, holder_addr);
   auto reservation = RelayReservation::Start(*holder, relay.ListenAddresses()[0], 10s);
   ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
   // Count the connections that reach the circuit port until none has come for a second.
@@ -444,6 +472,7 @@ TEST(RelayAttack, AFloodOfCircuitNoticesFromARelayIsCapped) {
   }
   EXPECT_GT(connections, 0);
   EXPECT_LE(connections, 64);
+  EXPECT_LT(test::RecordHonestSlowdown(before, EchoLatencies(*caller, holder_addr)), 10);
   (*reservation).reset();
   for (int fd : accepted) ::close(fd);
   ::close(port_fd);
