@@ -247,6 +247,27 @@ struct Behind {
   }
 };
 
+// A relay with an honest peer behind it and an honest caller, whose calls over the circuit to
+// that peer are the workload beside an attack on the relay, timed once before it.
+struct RelayWithHonestCircuit {
+  RelayVictim victim;
+  Behind honest;
+  std::unique_ptr<Host> caller = Peer();
+  std::vector<double> before;
+
+  explicit RelayWithHonestCircuit(RelayOptions o)
+      : victim(std::move(o)), honest(victim.address(), "") {
+    if (!victim.relay || !honest.status.ok() || !Echo(*caller, address()).ok()) return;
+    before = EchoLatencies(*caller, address());
+  }
+  bool ready() const { return !before.empty(); }
+  Multiaddr address() const { return honest.reservation->address(); }
+  // The workload's slowdown now against its pace before the attack.
+  double Slowdown() {
+    return test::RecordHonestSlowdown(before, EchoLatencies(*caller, address()));
+  }
+};
+
 TEST(RelayAttack, OneAddressGetsItsShareOfReservationsAndCircuitSockets) {
   RelayOptions o;
   o.max_reservations_per_address = 2;
@@ -288,25 +309,19 @@ TEST(RelayAttack, ASilentCircuitIsReclaimed) {
   // Short, but long enough that an honest circuit's handshake on a loaded machine never pauses
   // that long between bytes.
   o.circuit_idle_timeout = 2s;
-  RelayVictim victim(o);
-  ASSERT_TRUE(victim.relay);
-  Behind honest(victim.address(), "");
-  ASSERT_TRUE(honest.status.ok()) << honest.status.ToString();
-  auto caller = Peer();
-  ASSERT_TRUE(Echo(*caller, honest.reservation->address()).ok());
-  const auto before = EchoLatencies(*caller, honest.reservation->address());
+  RelayWithHonestCircuit relay(o);
+  ASSERT_TRUE(relay.ready()) << relay.honest.status.ToString();
+  RelayVictim& victim = relay.victim;
   // The attacker asks for a circuit to the honest peer, gets it, and says nothing more.
   const int fd = Mute(victim.relay->address().port());
   RelayRequest request;
-  request.target = honest.host->peer_id();
+  request.target = relay.honest.host->peer_id();
   const std::string line = FormatRelayRequest(request);
   ASSERT_EQ(::send(fd, line.data(), line.size(), 0), static_cast<ssize_t>(line.size()));
   EXPECT_TRUE(test::WaitUntil([&] { return victim.relay->stats().circuits_total == 2; },
                               test::HangGuard(10s)));
   // While the silent circuit is held, the honest circuit carries calls as fast.
-  EXPECT_LT(
-      test::RecordHonestSlowdown(before, EchoLatencies(*caller, honest.reservation->address())),
-      10);
+  EXPECT_LT(relay.Slowdown(), 10);
   EXPECT_TRUE(
       test::WaitUntil([&] { return victim.relay->stats().reclaimed == 1; }, test::HangGuard(10s)));
   EXPECT_TRUE(test::WaitUntil([&] { return Closed(fd); }, test::HangGuard(10s)));
@@ -315,7 +330,7 @@ TEST(RelayAttack, ASilentCircuitIsReclaimed) {
       test::WaitUntil([&] { return victim.relay->stats().circuits == 0; }, test::HangGuard(10s)));
   // A new honest caller's circuit carries its call.
   auto another = Peer();
-  Status through = Echo(*another, honest.reservation->address());
+  Status through = Echo(*another, relay.address());
   EXPECT_TRUE(through.ok()) << through.ToString();
   ::close(fd);
 }
@@ -345,13 +360,9 @@ std::string ReplyLine(int fd) {
 TEST(RelayAttack, ACircuitThatOneSideHalfClosedIsReclaimed) {
   RelayOptions o;
   o.half_closed_timeout = 1s;
-  RelayVictim victim(o);
-  ASSERT_TRUE(victim.relay);
-  Behind honest(victim.address(), "");
-  ASSERT_TRUE(honest.status.ok()) << honest.status.ToString();
-  auto caller = Peer();
-  ASSERT_TRUE(Echo(*caller, honest.reservation->address()).ok());
-  const auto before = EchoLatencies(*caller, honest.reservation->address());
+  RelayWithHonestCircuit relay(o);
+  ASSERT_TRUE(relay.ready()) << relay.honest.status.ToString();
+  RelayVictim& victim = relay.victim;
 
   auto attacker = Peer("127.0.0.2");
   auto open = [&]() -> asio::awaitable<Result<std::shared_ptr<Stream>>> {
@@ -398,9 +409,7 @@ TEST(RelayAttack, ACircuitThatOneSideHalfClosedIsReclaimed) {
   EXPECT_TRUE(test::WaitUntil([&] { return victim.relay->stats().circuits == honest_circuits; },
                               test::HangGuard(10s)));
   // The honest circuit is still served, as fast.
-  EXPECT_LT(
-      test::RecordHonestSlowdown(before, EchoLatencies(*caller, honest.reservation->address())),
-      10);
+  EXPECT_LT(relay.Slowdown(), 10);
   ::close(dialer);
   ::close(holder);
 }
