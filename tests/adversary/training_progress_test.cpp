@@ -179,6 +179,19 @@ TEST(ForgedDonor, AStateClaimingAnEpochFarAheadOfTheSwarmIsRefused) {
       },
       static_cast<double>(kClaimed) + 0.5);
 
+  // The forged advert must be out before the newcomer looks for donors.
+  const PeerId forger = (*node)->peer_id();
+  ASSERT_TRUE(colony::test::WaitUntil(
+      [&] {
+        auto r = (*node)->GetSync("test.run.grads.state", dht::Freshness::kLatest);
+        if (!r.ok() || !r->is_dict) return false;
+        for (const auto& [subkey, entry] : r->subkeys) {
+          if (dht::ParseOwnerMarker(subkey) == forger) return true;
+        }
+        return false;
+      },
+      colony::test::HangGuard(20s)))
+      << "the forged donor's advert never appeared";
   test::Peer& late = swarm.Add({.target_batch_size = 100});
   Status st = late.co->LoadStateFromPeers();
   ASSERT_TRUE(st.ok()) << st.ToString();
