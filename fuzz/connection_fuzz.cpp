@@ -11,7 +11,6 @@
 // runs once, the Connection object is freed (no reference cycle keeps it), and every byte it
 // charged to its host's and its address's budgets (messages received, replies being sent) is
 // given back. A hang (the connection does not close within 20 s) traps.
-#include <google/protobuf/stubs/logging.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -38,6 +37,7 @@
 #include "core/multiaddr.h"
 #include "net/connection.h"
 #include "net/crypto.h"
+#include "net/protobuf_logs.h"
 #include "net/wire.h"
 
 using namespace colony;
@@ -323,12 +323,9 @@ const KeyPair& PeerIdentity() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const bool init = [] {
     std::signal(SIGPIPE, SIG_IGN);
+    RouteProtobufLogs();  // as a Host does
     // The victim logs every connection it closes; COLONY_FUZZ_LOG=1 shows why.
-    if (std::getenv("COLONY_FUZZ_LOG") == nullptr) {
-      spdlog::set_level(spdlog::level::off);
-      google::protobuf::SetLogHandler(
-          [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
-    }
+    if (std::getenv("COLONY_FUZZ_LOG") == nullptr) spdlog::set_level(spdlog::level::off);
     return true;
   }();
   (void)init;

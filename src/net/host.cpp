@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "core/log.h"
+#include "net/protobuf_logs.h"
 #include "net/relay.h"
 #include "net/relay_wire.h"
 #include "net/run_on_strand.h"
@@ -89,6 +90,7 @@ Host::Host(KeyPair identity, HostOptions options)
     : identity_(std::move(identity)),
       options_(std::move(options)),
       dial_strand_(asio::make_strand(io_)) {
+  RouteProtobufLogs();  // remote bytes must not write to this process's stderr
   if (options_.io_threads == 0) options_.io_threads = 1;
   options_.connection.host_reply_budget = std::make_shared<ByteBudget>(options_.max_reply_bytes);
   options_.connection.host_received_budget =

@@ -19,6 +19,8 @@
 #include "net/dial_targets.h"
 #include "net/notifier.h"
 #include "net/observed_addresses.h"
+#include "net/protobuf_logs.h"
+#include "net/protocol.pb.h"
 
 namespace colony::net {
 namespace {
@@ -162,6 +164,22 @@ TEST(Notifier, WaitUntilReturnsAtItsTime) {
   io.run_for(2s);
   EXPECT_TRUE(done);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 50ms);
+}
+
+// What a peer's OPEN frame carries, with a method name that is not UTF-8 (Colony's own callers
+// refuse to send one; a hostile peer writes the bytes itself): protobuf refuses the proto3
+// string and logs an ERROR about it, which once went straight to stderr, one line per frame.
+// With protobuf's logs routed to Colony's debug log (Host's constructor does this), nothing
+// reaches stderr.
+TEST(ProtobufLogs, AnInvalidUtf8StringFromAPeerWritesNothingToStderr) {
+  RouteProtobufLogs();
+  const std::string bytes = std::string("\x0a\x05") + "bad\xff\xfe";  // field 1, 5 bytes
+  ::testing::internal::CaptureStderr();
+  proto::CallHeader header;
+  const bool parsed = header.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(parsed);
+  EXPECT_TRUE(err.empty()) << err;
 }
 
 }  // namespace
