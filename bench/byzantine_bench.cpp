@@ -309,7 +309,10 @@ int RunAveraging(Config& c, int& honest_banned_total) {
                 verify ? "verified" : "not verified", times[verify]);
   }
   honest_banned_total += honest_banned;
-  if (times[0] > 0) std::printf("RESULT byzantine_verify_overhead=%.3f\n", times[1] / times[0]);
+  // RESULT lines only for runs whose results were right.
+  if (!failed && times[0] > 0) {
+    std::printf("RESULT byzantine_verify_overhead=%.3f\n", times[1] / times[0]);
+  }
   return failed ? 1 : 0;
 }
 
@@ -333,7 +336,7 @@ int Run(Config& c) {
   int honest_banned = 0;
   if (c.part != "training" && RunAveraging(c, honest_banned) != 0) failed = true;
   if (c.part == "averaging") {
-    std::printf("RESULT byzantine_honest_banned=%d\n", honest_banned);
+    if (!failed) std::printf("RESULT byzantine_honest_banned=%d\n", honest_banned);
     return failed ? 1 : 0;
   }
   c.training.peers = c.peers;
@@ -341,10 +344,14 @@ int Run(Config& c) {
   c.training.dir = c.dir;
   c.training.bootstrap = c.bootstrap;
   const TrainingOutcome t = RunTrainingExperiment(c.training);
+  if (failed || t.failed) {
+    std::printf("FAIL: see above; no RESULT lines\n");
+    return 1;
+  }
   std::printf("RESULT byzantine_accuracy_gap=%.2f\n", t.accuracy_gap);
   std::printf("RESULT byzantine_attackers_banned=%d/%d\n", t.attackers_banned, t.attackers);
   std::printf("RESULT byzantine_honest_banned=%d\n", honest_banned + t.honest_banned);
-  return failed || t.failed ? 1 : 0;
+  return 0;
 }
 
 }  // namespace
