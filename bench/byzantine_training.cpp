@@ -100,16 +100,17 @@ TrainRun RunTraining(const TrainingConfig& c, const std::string& tag, const std:
                                   c.bootstrap,
                                   "--run-id",
                                   run_id,
-                                  "--seed",
-                                  std::to_string(i + 1),
                                   "--matchmaking-time",
                                   "10",
                                   "--threads",
                                   "1",
                                   "--json"};
     if (protect) {
+      // The run gives each audited peer its data (audit.h).
       args.insert(args.end(), {"--verify-rounds", "--centered-clip-tau", Fixed(c.tau, 6),
                                "--audit-targets", std::to_string(c.audit_targets)});
+    } else {
+      args.insert(args.end(), {"--seed", std::to_string(i + 1)});
     }
     if (p.attacker) {
       args.insert(args.end(), {"--attack", attack, "--attack-from", std::to_string(c.attack_from)});

@@ -111,12 +111,14 @@ struct AveragerOptions {
   // (StepOptions::audit_claim, in its signed commitment, sent before the seed was known) and
   // compares them with what it received (relative L2 error at most kAuditTolerance). A target
   // whose claim does not give what it sent, whose claim is invalid, or that claimed nothing is
-  // banned. `recompute` fills `out` (every value) from a claim and the weight its sender
+  // banned. `recompute` fills `out` (every value) from the claim of `member` and the weight it
   // declared; it returns FailedPrecondition when this peer cannot reproduce the claim (e.g. it
   // was made on other parameters: no verdict) and any other error for an invalid claim (a
   // ban). It runs on the averager's compute pool, one call at a time per round.
   size_t audit_targets = 0;
-  std::function<Status(std::string_view claim, double weight, std::span<float> out)> recompute = {};
+  std::function<Status(const PeerId& member, std::string_view claim, double weight,
+                       std::span<float> out)>
+      recompute = {};
   // State sharing: donors advertise themselves under "<prefix>.state" every
   // state_advert_period; at most max_concurrent_state_transfers downloads (or digests) are
   // served at once, at most max_state_transfers_per_address of them to callers from one address

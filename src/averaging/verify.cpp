@@ -316,9 +316,9 @@ asio::awaitable<std::string> AllReduceRun::Audit(uint32_t t, std::string* note) 
         "recomputed from");
   }
   auto recomputed = std::make_shared<std::vector<float>>(impl_->total_);
-  auto work = [self = shared_from_this(), recomputed, claim = commit->audit_claim,
-               weight = senders_[t].weight]() {
-    return self->impl_->options_.recompute(claim, weight, *recomputed);
+  auto work = [self = shared_from_this(), recomputed, member = group_.members[t].peer,
+               claim = commit->audit_claim, weight = senders_[t].weight]() {
+    return self->impl_->options_.recompute(member, claim, weight, *recomputed);
   };
   const Status st = co_await RunOn<Status>(PoolExecutor(), std::move(work));
   if (st.code() == StatusCode::kFailedPrecondition) {

@@ -645,7 +645,30 @@ TokenBatch TokenStream::Next() {
     int32_t* dst = b.tokens.data() + static_cast<size_t>(row) * window;
     for (size_t k = 0; k < window; ++k) dst[k] = shard.at(first + k);
   }
+  windows_drawn_ += batch_size_;
   return b;
+}
+
+void TokenStream::Skip(int64_t batches) {
+  auto left =
+      static_cast<uint64_t>(std::max<int64_t>(batches, 0)) * static_cast<uint64_t>(batch_size_);
+  windows_drawn_ += static_cast<int64_t>(left);
+  while (left > 0) {
+    while (window_pos_ == windows_.size()) NextShard();
+    const uint64_t take = std::min<uint64_t>(left, windows_.size() - window_pos_);
+    window_pos_ += take;
+    left -= take;
+  }
+}
+
+TokenStream TokenStream::Reseeded(uint64_t seed, int64_t batch_size) const {
+  TokenStream s;
+  s.shards_ = shards_;
+  s.seed_ = seed;
+  s.batch_size_ = batch_size;
+  s.seq_len_ = seq_len_;
+  s.StartPass();
+  return s;
 }
 
 Result<TokenBatch> TokenStream::ValidationBatch(const fs::path& shard_dir, int64_t batch_size,

@@ -97,6 +97,13 @@ class TokenStream {
   Batch Next();
   // Completed passes over all shards (0 during the first).
   int64_t pass() const { return pass_; }
+  // Batches drawn so far (Next() calls and skipped ones).
+  int64_t batches() const { return windows_drawn_ / batch_size_; }
+  // Skips `batches` batches, as many Next() calls would, without reading their tokens.
+  void Skip(int64_t batches);
+  // The stream of the same shards with another seed and batch size (positive), from its
+  // start, without mapping the shards again: another peer's stream, for audits.
+  TokenStream Reseeded(uint64_t seed, int64_t batch_size) const;
 
   // A deterministic batch from valid.bin: batch_size windows spread evenly over it. Fails when
   // valid.bin holds fewer than batch_size windows of seq_len + 1 tokens.
@@ -120,6 +127,7 @@ class TokenStream {
   std::vector<uint64_t> windows_;  // start offsets in the current shard, in serving order
   size_t window_pos_ = 0;
   uint64_t visit_ = 0;  // shards visited so far: seeds each visit's window shuffle
+  int64_t windows_drawn_ = 0;
 };
 
 }  // namespace colony::model

@@ -119,6 +119,12 @@ Status CheckTaskOptions(const CLI::App& cmd, const std::string& task) {
       return InvalidArgument(fmt::format("{} does not apply to --task {}", name, task));
     }
   }
+  const CLI::Option* audits = cmd.get_option_no_throw("--audit-targets");
+  if (cmd.count("--seed") > 0 && audits != nullptr && audits->as<size_t>() > 0) {
+    return InvalidArgument(
+        "--seed does not apply with --audit-targets: an audited peer trains at each epoch on "
+        "the data its run, identity and epoch give it (docs/training.md, \"Among strangers\")");
+  }
   return Status::Ok();
 }
 
@@ -358,7 +364,9 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
   cmd->add_option("--eval-batch-size", t.eval_batch_size, "samples in the held-out batch")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))
       ->capture_default_str();
-  cmd->add_option("--seed", t.seed, "this peer's data order")->capture_default_str();
+  cmd->add_option("--seed", t.seed,
+                  "this peer's data order (not with --audit-targets, where the run sets it)")
+      ->capture_default_str();
   cmd->add_option("--init-seed", t.init_seed, "initial weights (the same on every peer of a run)")
       ->capture_default_str();
   cmd->add_option("--batch-delay", o.batch_delay_ms,

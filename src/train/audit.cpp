@@ -91,6 +91,21 @@ Result<AuditClaim> DecodeAuditClaim(std::string_view in) {
   return c;
 }
 
+uint64_t AuditDataSeed(std::string_view run_id, const PeerId& peer, int64_t epoch) {
+  // Lengths first, so that no two (run, peer) pairs hash the same bytes.
+  std::string in = "colony.audit-data.v1";
+  PutU64(in, run_id.size());
+  in += run_id;
+  const Bytes id = peer.ToBytes();
+  PutU64(in, id.size());
+  in.append(id.begin(), id.end());
+  PutU64(in, static_cast<uint64_t>(epoch));
+  unsigned char digest[8];
+  crypto_generichash(digest, sizeof digest, reinterpret_cast<const unsigned char*>(in.data()),
+                     in.size(), nullptr, 0);
+  return GetU64(std::string_view(reinterpret_cast<const char*>(digest), sizeof digest), 0);
+}
+
 std::string ParamsDigest(std::span<const float> flat) {
   std::string out(kDigestBytes, '\0');
   crypto_generichash(reinterpret_cast<unsigned char*>(out.data()), out.size(),

@@ -4,7 +4,12 @@
 // a digest of the parameters it computed them at. Sent with the peer's signed commitment before
 // the round's seed picks who is audited; every field is bounded on decoding.
 //
-//   AuditClaim c{.seed = 7, .batch_size = 32, .runs = {{120, 2}}, .params = ParamsDigest(flat)};
+// The stream is not the peer's to choose: at each epoch it is AuditDataSeed(run, peer, epoch),
+// and a claim sums the stream's first batches (BTARD derives every peer's data from values it
+// cannot pick, so that it cannot steer the model with data it selected).
+//
+//   AuditClaim c{.seed = AuditDataSeed("run", id, 3), .batch_size = 32, .runs = {{0, 2}},
+//                .params = ParamsDigest(flat)};
 //   auto back = DecodeAuditClaim(EncodeAuditClaim(c));
 #pragma once
 
@@ -15,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/identity.h"
 #include "core/status.h"
 
 namespace colony::train {
@@ -37,6 +43,12 @@ struct AuditClaim {
 
 std::string EncodeAuditClaim(const AuditClaim& claim);
 Result<AuditClaim> DecodeAuditClaim(std::string_view bytes);
+
+// The seed of the data stream that `peer` of run `run_id` trains on at `epoch` in an audited
+// run: the first 8 bytes (little-endian) of BLAKE2b over a domain tag, the run id, the peer's
+// id and the epoch. A peer chooses neither; an identity made to give pleasing data at one epoch
+// gives other data at the next.
+uint64_t AuditDataSeed(std::string_view run_id, const PeerId& peer, int64_t epoch);
 
 // BLAKE2b (16 bytes) of the flat float32 parameters.
 std::string ParamsDigest(std::span<const float> flat);

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,12 +98,13 @@ struct CollaborativeOptions {
   // the group's shared seed picks this many members, and every reducer recomputes their mean
   // gradients from the batches they claim (each Step()'s data_index in their data stream) at
   // its own parameters, and bans a member whose gradient is not what its data gives (another
-  // sign, other labels, a constant, an old gradient). Needs compute_batch, and no delayed
-  // averaging (the recomputation uses the model between batches).
+  // sign, other labels, a constant, an old gradient). A peer's data is not its choice: at each
+  // epoch it trains on the first batches of stream AuditDataSeed(run_id, its id, epoch)
+  // (audit.h), and leaves out only batches whose gradient is not finite. Needs compute_batch,
+  // and no delayed averaging (the recomputation uses the model between batches).
   size_t audit_targets = 0;
   struct AuditData {
-    uint64_t seed = 0;       // this peer's data stream ...
-    int64_t batch_size = 0;  // ... and its batches' size
+    int64_t batch_size = 0;  // this peer's batches' size
     // Forward and backward of batch `index` of the stream (seed, batch_size), another peer's,
     // at the current parameters: its gradients in the parameters' .grad; returns its samples.
     std::function<Result<int64_t>(uint64_t seed, int64_t batch_size, int64_t index)> compute_batch;
@@ -140,6 +142,9 @@ struct CollaborativeOptions {
     bool wrong_result = false;
     bool wrong_projections = false;
     GradientAttack gradient_attack = GradientAttack::kNone;
+    // With audits: it trains on a data stream of its choosing and names it in its claims (an
+    // honest peer names the one the run gives it, audit.h).
+    std::optional<uint64_t> chosen_data_seed = std::nullopt;
   } testing = {};
 };
 

@@ -3,6 +3,8 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
+#include <algorithm>
+
 #include "model/classifier.h"
 #include "model/fashion_mnist.h"
 #include "train/task.h"
@@ -33,12 +35,24 @@ class FashionTask final : public Task {
   }
 
   std::vector<at::Tensor> Parameters() override { return model_->parameters(); }
-  void SetEpoch(int64_t epoch) override { epoch_ = epoch; }
+  void SetEpoch(int64_t epoch) override {
+    epoch_ = epoch;
+    if (seed_of_ && epoch != stream_epoch_) {
+      stream_ = std::make_unique<model::ImageBatchStream>(train_, seed_of_(epoch), batch_size_);
+      stream_epoch_ = epoch;
+    }
+  }
+
+  Status DrawDataByEpoch(std::function<uint64_t(int64_t)> seed_of) override {
+    seed_of_ = std::move(seed_of);
+    stream_epoch_ = -1;
+    return Status::Ok();
+  }
 
   Result<Batch> TrainBatch() override {
     auto b = stream_->Next();
     const bool flip = flip_labels_from_ >= 0 && epoch_ >= flip_labels_from_;
-    return Batch{Backward(b, flip), b.batch_size};
+    return Batch{Backward(b, 0, b.batch_size, flip, 1.0), b.batch_size};
   }
 
   std::optional<int64_t> NextBatchIndex() override { return stream_->position() / batch_size_; }
@@ -55,7 +69,13 @@ class FashionTask final : public Task {
     }
     audit_stream_->Seek(index * batch_size);
     auto b = audit_stream_->Next();
-    Backward(b, /*flip_labels=*/false);
+    // In pieces of at most this peer's batch size (the memory it trains with), each piece's
+    // loss weighted by its share: the gradient of the whole batch's mean loss.
+    for (int64_t row = 0; row < b.batch_size; row += batch_size_) {
+      const int64_t rows = std::min(batch_size_, b.batch_size - row);
+      Backward(b, row, rows, /*flip_labels=*/false,
+               static_cast<double>(rows) / static_cast<double>(b.batch_size));
+    }
     return b.batch_size;
   }
 
@@ -79,13 +99,20 @@ class FashionTask final : public Task {
  private:
   FashionTask() = default;
 
-  // Forward and backward of a batch: the gradients into the parameters; returns the loss.
-  double Backward(model::ImageBatchStream::Batch& b, bool flip_labels) {
-    auto images = at::from_blob(b.images.data(), {b.batch_size, 1, 28, 28}, at::kFloat).to(device_);
-    auto labels = at::from_blob(b.labels.data(), {b.batch_size}, at::kLong).to(device_);
+  // Forward and backward of rows [first, first + rows) of a batch: the gradients of `scale`
+  // times their mean loss into the parameters; returns the mean loss.
+  double Backward(model::ImageBatchStream::Batch& b, int64_t first, int64_t rows, bool flip_labels,
+                  double scale) {
+    auto images =
+        at::from_blob(b.images.data() + first * 28 * 28, {rows, 1, 28, 28}, at::kFloat).to(device_);
+    auto labels = at::from_blob(b.labels.data() + first, {rows}, at::kLong).to(device_);
     if (flip_labels) labels = (model::kFashionMnistClasses - 1) - labels;
     auto loss = torch::nn::functional::cross_entropy(model_->forward(images), labels);
-    loss.backward();
+    if (scale == 1.0) {
+      loss.backward();
+    } else {
+      (loss * scale).backward();
+    }
     return loss.item<double>();
   }
 
@@ -95,6 +122,8 @@ class FashionTask final : public Task {
   uint64_t audit_seed_ = 0;
   int64_t audit_batch_ = 0;
   std::unique_ptr<model::ImageBatchStream> stream_;
+  std::function<uint64_t(int64_t)> seed_of_;  // DrawDataByEpoch()
+  int64_t stream_epoch_ = -1;                 // the epoch stream_ was drawn for
   at::Tensor test_images_, test_labels_;
   model::FashionClassifier model_{nullptr};
   c10::Device device_ = c10::kCPU;

@@ -216,15 +216,17 @@ class CollaborativeOptimizer::Impl {
   void Attack(at::Tensor& mean, int64_t epoch);
 
   // ---- gradient_audits.cpp (CollaborativeOptions::audit_targets)
-  // A contributed batch's index in this peer's data stream, into this round's claim.
+  // A contributed batch's index in this peer's data stream of this epoch, into this round's
+  // claim.
   void NoteClaimedBatch(int64_t index);
   // This round's claim (what its mean gradient is recomputed from); empty when it cannot be
-  // made (a batch of unknown index). Starts the next round's, and notes this round's
+  // made (a batch of unknown index). Starts the next round's, and notes this round's epoch and
   // parameters, which Recompute() compares others' claims with.
   std::string TakeClaim();
   void DropClaim();  // the round's sum was dropped (a state load)
   // averaging::AveragerOptions::recompute: another member's mean gradient from its claim.
-  Status Recompute(std::string_view claim, double weight, std::span<float> out);
+  Status Recompute(const PeerId& member, std::string_view claim, double weight,
+                   std::span<float> out);
 
   // ---- state_sync.cpp
   Status LoadStateFromPeers();
@@ -277,8 +279,10 @@ class CollaborativeOptimizer::Impl {
   std::atomic<int64_t> attack_epoch_{0};  // the round the averagers are in (Attack())
   int64_t data_index_ = -1;               // Step()'s
   AuditClaim claim_;                      // this round's batches (NoteClaimedBatch())
-  bool claim_broken_ = false;             // a batch of unknown index, or too many runs
-  std::string round_params_;              // ParamsDigest() at this round (TakeClaim())
+  int64_t claim_epoch_ = -1;              // the epoch of claim_'s batches
+  bool claim_broken_ = false;             // a batch of unknown index or epoch, or too many runs
+  int64_t round_epoch_ = -1;              // the epoch of this round (TakeClaim()) ...
+  std::string round_params_;              // ... and ParamsDigest() of its parameters
   at::Tensor stale_;                      // GradientAttack::kStale's gradient
 };
 

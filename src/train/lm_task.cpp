@@ -1,5 +1,8 @@
 // The "lm" task (task.h): a Llama-style decoder trained on the Linux kernel's documentation.
+#include <fmt/format.h>
 #include <torch/utils.h>
+
+#include <algorithm>
 
 #include "model/checkpoint.h"
 #include "model/corpus.h"
@@ -24,18 +27,56 @@ class LmTask final : public Task {
     t->device_ = a.device;
     t->model_->to(a.device);
     t->data_.valid = t->data_.valid.to(a.device);
+    t->batch_size_ = a.batch_size;
     return t;
   }
 
   std::vector<at::Tensor> Parameters() override { return model_->parameters(); }
 
+  void SetEpoch(int64_t epoch) override {
+    if (seed_of_ && epoch != stream_epoch_) {
+      *data_.stream = data_.stream->Reseeded(seed_of_(epoch), batch_size_);
+      stream_epoch_ = epoch;
+    }
+  }
+
+  Status DrawDataByEpoch(std::function<uint64_t(int64_t)> seed_of) override {
+    seed_of_ = std::move(seed_of);
+    stream_epoch_ = -1;
+    return Status::Ok();
+  }
+
   Result<Batch> TrainBatch() override {
     at::Tensor batch = TokensToTensor(data_.stream->Next()).to(device_);
-    auto inputs = batch.slice(1, 0, batch.size(1) - 1);
-    auto targets = batch.slice(1, 1, batch.size(1));
-    auto loss = model::LanguageModelLoss(model_->forward(inputs), targets);
-    loss.backward();
-    return Batch{loss.item<double>(), batch.size(0)};
+    const double loss = Backward(batch, 1.0);
+    return Batch{loss, batch.size(0)};
+  }
+
+  std::optional<int64_t> NextBatchIndex() override { return data_.stream->batches(); }
+
+  // Another peer's batch, in pieces of at most this peer's batch size (the memory it trains
+  // with), each piece's loss weighted by its share of the rows: the same gradient as the whole
+  // batch's mean loss.
+  Result<int64_t> ComputeBatchOf(uint64_t seed, int64_t batch_size, int64_t index) override {
+    if (batch_size < 1 || batch_size > (int64_t{1} << 16) || index < 0 ||
+        index > (int64_t{1} << 40) / batch_size) {
+      return InvalidArgument(fmt::format("batch {} of size {} is out of range", index, batch_size));
+    }
+    if (!audit_stream_ || audit_seed_ != seed || audit_batch_ != batch_size ||
+        audit_stream_->batches() > index) {
+      audit_stream_ =
+          std::make_unique<model::TokenStream>(data_.stream->Reseeded(seed, batch_size));
+      audit_seed_ = seed;
+      audit_batch_ = batch_size;
+    }
+    audit_stream_->Skip(index - audit_stream_->batches());
+    at::Tensor batch = TokensToTensor(audit_stream_->Next());
+    for (int64_t row = 0; row < batch_size; row += batch_size_) {
+      const int64_t rows = std::min(batch_size_, batch_size - row);
+      Backward(batch.slice(0, row, row + rows).to(device_),
+               static_cast<double>(rows) / static_cast<double>(batch_size));
+    }
+    return batch_size;
   }
 
   double Evaluate() override {
@@ -77,7 +118,28 @@ class LmTask final : public Task {
 
  private:
   LmTask() = default;
+
+  // Forward and backward of rows [batch, seq_len + 1]: the gradients of `scale` times their
+  // mean loss into the parameters; returns the mean loss.
+  double Backward(const at::Tensor& batch, double scale) {
+    auto inputs = batch.slice(1, 0, batch.size(1) - 1);
+    auto targets = batch.slice(1, 1, batch.size(1));
+    auto loss = model::LanguageModelLoss(model_->forward(inputs), targets);
+    if (scale == 1.0) {
+      loss.backward();
+    } else {
+      (loss * scale).backward();
+    }
+    return loss.item<double>();
+  }
+
   LmData data_;
+  int64_t batch_size_ = 1;
+  std::function<uint64_t(int64_t)> seed_of_;          // DrawDataByEpoch()
+  int64_t stream_epoch_ = -1;                         // the epoch data_.stream was drawn for
+  std::unique_ptr<model::TokenStream> audit_stream_;  // another peer's, for audits
+  uint64_t audit_seed_ = 0;
+  int64_t audit_batch_ = 0;
   model::LlamaConfig config_;
   model::LlamaModel model_{nullptr};
   c10::Device device_ = c10::kCPU;

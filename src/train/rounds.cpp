@@ -44,8 +44,9 @@ class GradientRounds final : public TargetBatchStepping {
     a.discard_to_zeros = true;  // a gradient span nobody can vouch for is skipped, alike
     a.audit_targets = peer_.options_.audit_targets;
     if (a.audit_targets > 0) {
-      a.recompute = [p = &peer_](std::string_view claim, double weight, std::span<float> out) {
-        return p->Recompute(claim, weight, out);
+      a.recompute = [p = &peer_](const PeerId& member, std::string_view claim, double weight,
+                                 std::span<float> out) {
+        return p->Recompute(member, claim, weight, out);
       };
     }
     COLONY_ASSIGN_OR_RETURN(averager_, averaging::Averager::Create(peer_.node_, {wire_}, a));

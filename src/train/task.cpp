@@ -32,6 +32,10 @@ Result<int64_t> Task::ComputeBatchOf(uint64_t, int64_t, int64_t) {
   return Unimplemented("this task cannot recompute another peer's batches");
 }
 
+Status Task::DrawDataByEpoch(std::function<uint64_t(int64_t)>) {
+  return Unimplemented("this task cannot draw its data by epoch");
+}
+
 Status Task::Save(const std::filesystem::path&) {
   return Unimplemented("only the lm task saves its model");
 }

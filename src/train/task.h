@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -95,6 +96,9 @@ class Task {
   // stream (seed, batch_size) of another peer, with true labels, at the current parameters.
   virtual std::optional<int64_t> NextBatchIndex() { return std::nullopt; }
   virtual Result<int64_t> ComputeBatchOf(uint64_t seed, int64_t batch_size, int64_t index);
+  // Audits: from now on each epoch's data is stream seed_of(epoch) (instead of one stream by
+  // TaskOptions::seed), read from its start when SetEpoch() moves to the epoch.
+  virtual Status DrawDataByEpoch(std::function<uint64_t(int64_t epoch)> seed_of);
   // The loss on a fixed held-out batch (no gradients); NaN, with a warning in the log, when the
   // swarm could not compute it (moe-lm).
   virtual double Evaluate() = 0;

@@ -15,6 +15,7 @@
 #include "core/multiaddr.h"
 #include "dht/node.h"
 #include "model/device.h"
+#include "train/audit.h"
 #include "train/device_mirror.h"
 #include "train/progress.h"
 
@@ -98,11 +99,15 @@ class Trainer::Impl {
     if (o_.testing.nan_gradients_every > 0) co.testing.unchecked_local_gradients = true;
     if (co.audit_targets > 0) {
       if (!task_->NextBatchIndex()) {
-        return InvalidArgument(fmt::format(
-            "audits recompute other peers' batches, which the {} task cannot (fashion-mnist can)",
-            o_.task.task));
+        return InvalidArgument(
+            fmt::format("audits recompute other peers' batches, which the {} task cannot "
+                        "(fashion-mnist and lm can)",
+                        o_.task.task));
       }
-      co.audit_data.seed = o_.task.seed;
+      // The run, not the peer, picks its data (audit.h).
+      COLONY_RETURN_IF_ERROR(
+          task_->DrawDataByEpoch([run = o_.collaborative.run_id, peer = node_->peer_id()](
+                                     int64_t epoch) { return AuditDataSeed(run, peer, epoch); }));
       co.audit_data.batch_size = o_.task.batch_size;
       // On the averager's compute pool, while this peer's Step() waits for its round.
       co.audit_data.compute_batch = [this](uint64_t seed, int64_t batch_size,

@@ -306,7 +306,8 @@ TEST(Verification, AMemberLyingAboutItsProjectionsIsBannedAndNoHonestMemberIs) {
 AveragerOptions AuditOptions(size_t group) {
   AveragerOptions o = VerifyOptions(group);
   o.audit_targets = group;  // everyone, every round: the test does not depend on the draw
-  o.recompute = [](std::string_view claim, double weight, std::span<float> out) -> Status {
+  o.recompute = [](const PeerId&, std::string_view claim, double weight,
+                   std::span<float> out) -> Status {
     if (claim == "elsewhere") return FailedPrecondition("made on other parameters");
     if (!claim.starts_with("synthetic:") || weight != 1.0) {
       return InvalidArgument("not a claim of this test");

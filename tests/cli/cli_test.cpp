@@ -282,7 +282,8 @@ TEST_F(CliTest, UsageErrorsAreOneLineWithExitCodeTwo) {
   }
 }
 
-// An option of another task is an error that names it, not ignored; so is a grid that is not one.
+// An option of another task is an error that names it, not ignored; so is a grid that is not one,
+// and a data seed for an audited peer.
 TEST_F(CliTest, TrainRefusesOptionsOfAnotherTaskAndMalformedGrids) {
   struct Case {
     std::vector<std::string> args;
@@ -298,6 +299,10 @@ TEST_F(CliTest, TrainRefusesOptionsOfAnotherTaskAndMalformedGrids) {
        "--classifier does not apply to --task moe-lm"},
       {{"train", "--task", "moe-lm", "--moe-grid", "4y4"}, "--moe-grid '4y4'"},
       {{"train", "--task", "moe-lm", "--moe-grid", "4x0"}, "--moe-grid '4x0'"},
+      // An audited peer's data is the run's to pick, not its own (docs/training.md).
+      {{"train", "--task", "fashion-mnist", "--verify-rounds", "--audit-targets", "2", "--seed",
+        "3"},
+       "--seed does not apply with --audit-targets"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c.args));

@@ -747,6 +747,34 @@ TEST(TokenStreamTest, WrapsAroundWithNewPasses) {
   EXPECT_GE(s->pass(), 3);
 }
 
+// Audits recompute batch i of another peer's stream: a reseeded copy of any stream reads what a
+// stream opened with that seed reads, and skipping to a batch reads that batch, across shards
+// (batches of 64 windows of 256 tokens: a shard of 100,000 tokens holds ~390 windows).
+TEST(TokenStreamTest, AReseededStreamSkippingToABatchReadsWhatTheStreamRead) {
+  const fs::path& dir = SmallShards();
+  auto opened = TokenStream::Open(dir, 5, 64, 256);
+  auto other = TokenStream::Open(dir, 9, 2, 256);
+  ASSERT_TRUE(opened.ok() && other.ok());
+  std::vector<std::vector<int32_t>> batches;
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(opened->batches(), i);
+    batches.push_back(opened->Next().tokens);
+  }
+  TokenStream copy = other->Reseeded(5, 64);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(copy.Next().tokens, batches[static_cast<size_t>(i)]);
+  for (int64_t i : {0, 3, 7, 11}) {
+    TokenStream seeker = other->Reseeded(5, 64);
+    seeker.Skip(i);
+    EXPECT_EQ(seeker.batches(), i);
+    EXPECT_EQ(seeker.Next().tokens, batches[static_cast<size_t>(i)]) << "batch " << i;
+  }
+  TokenStream seeker = other->Reseeded(5, 64);
+  seeker.Skip(4);
+  seeker.Skip(5);
+  EXPECT_EQ(seeker.Next().tokens, batches[9]);
+  EXPECT_NE(other->Reseeded(6, 64).Next().tokens, batches[0]);
+}
+
 TEST(TokenStreamTest, ValidationBatchIsDeterministic) {
   const fs::path& dir = SmallShards();
   auto a = TokenStream::ValidationBatch(dir, 8, 64);

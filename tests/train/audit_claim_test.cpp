@@ -88,5 +88,21 @@ TEST(AuditClaim, TheDecoderRefusesWhatIsNotAClaim) {
   refused(EncodeAuditClaim(c), "too many runs");
 }
 
+// The data stream the run gives a peer at an epoch, against a value computed apart (Python's
+// hashlib and the cryptography package, from the format audit.h states):
+//   pub = Ed25519PrivateKey.from_private_bytes(bytes([7]) * 32).public_key() (raw bytes)
+//   id = b"\x00\x24\x08\x01\x12\x20" + pub
+//   m = b"colony.audit-data.v1" + le64(len(run)) + run + le64(len(id)) + id + le64(epoch)
+//   int.from_bytes(hashlib.blake2b(m, digest_size=8).digest(), "little")
+TEST(AuditDataSeed, IsTheDigestOfTheRunThePeerAndTheEpoch) {
+  const std::vector<uint8_t> seed(32, 7);
+  const PeerId peer = KeyPair::FromSeed(seed).peer_id();
+  EXPECT_EQ(AuditDataSeed("fmnist-1", peer, 3), 0xfac40a94b5b5ddbeULL);
+  EXPECT_EQ(AuditDataSeed("fmnist-1", peer, 4), 0xf8909a92d36ec1d7ULL);
+  const PeerId other = KeyPair::FromSeed(std::vector<uint8_t>(32, 8)).peer_id();
+  EXPECT_NE(AuditDataSeed("fmnist-1", other, 3), AuditDataSeed("fmnist-1", peer, 3));
+  EXPECT_NE(AuditDataSeed("fmnist-2", peer, 3), AuditDataSeed("fmnist-1", peer, 3));
+}
+
 }  // namespace
 }  // namespace colony::train

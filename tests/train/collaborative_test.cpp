@@ -11,9 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "test_support.h"
+#include "train/audit.h"
 #include "train/collaborative_swarm.h"
 #include "train/optimizer_state.h"
 #include "train/optimizers.h"
@@ -101,9 +103,7 @@ TEST(CollaborativeTest, VerifiedRoundsBanACheatingReducerAndTrainOnWithoutIt) {
 }
 
 // Audits: batch i of the data stream `seed` pulls w toward a target of its own (gradient
-// w - target(seed, i)), which every peer can recompute for any other peer's claimed batches. A
-// peer that sends its gradient's negation from epoch 1 on is banned by every honest peer in
-// that epoch's round; the honest peers audit one another and find nothing.
+// w - target(seed, i)), which every peer can recompute for any other peer's claimed batches.
 at::Tensor AuditTarget(uint64_t seed, int64_t index) {
   return at::arange(kSize, at::kFloat)
       .mul(0.05f)
@@ -111,36 +111,58 @@ at::Tensor AuditTarget(uint64_t seed, int64_t index) {
       .sin();
 }
 
-TEST(CollaborativeTest, AuditsBanAPeerWhoseGradientIsNotWhatItsDataGives) {
+// What the attacker of an audited swarm does from epoch 1 on.
+struct AuditedAttack {
+  GradientAttack gradient = GradientAttack::kNone;       // what it sends instead of its gradient
+  std::optional<uint64_t> chosen_stream = std::nullopt;  // it trains on this stream, claims it
+  bool skips_odd_batches = false;                        // it leaves out its stream's odd batches
+};
+
+// Four peers, everyone audited every round, each training at every epoch on the first batches
+// of the stream the run gives it (AuditDataSeed); peer 3 attacks from epoch 1 on. Every honest
+// peer bans it in that epoch's round and nobody else, and the honest peers step alike.
+void ExpectAuditsBanTheAttacker(const AuditedAttack& attack) {
   Swarm swarm;
   const int64_t batch = 10;
-  std::vector<std::shared_ptr<at::Tensor>> params;
   for (int i = 0; i < 4; ++i) {
     auto w = std::make_shared<at::Tensor>();
     CollaborativeOptions o{.target_batch_size = 120, .verify_rounds = true, .audit_targets = 4};
-    o.audit_data.seed = static_cast<uint64_t>(i);
     o.audit_data.batch_size = batch;
     o.audit_data.compute_batch = [w](uint64_t seed, int64_t, int64_t index) -> Result<int64_t> {
       w->mutable_grad() = w->detach() - AuditTarget(seed, index);
       return int64_t{10};
     };
     if (i == 3) {
-      o.testing.gradient_attack = GradientAttack::kSignFlip;
       o.testing.attack_from_epoch = 1;
+      o.testing.gradient_attack = attack.gradient;
+      o.testing.chosen_data_seed = attack.chosen_stream;
     }
     *w = swarm.Add(o).w;
-    params.push_back(w);
   }
   const std::string attacker = swarm.peers()[3]->node->peer_id().ToString();
   std::vector<std::future<std::vector<StepReport>>> runs;
   for (size_t i = 0; i < 4; ++i) {
-    runs.push_back(std::async(std::launch::async, [&swarm, i] {
+    runs.push_back(std::async(std::launch::async, [&swarm, &attack, i] {
       Peer& p = *swarm.peers()[i];
       std::vector<StepReport> steps;
+      int64_t epoch = -1;
+      int64_t index = 0;  // in the epoch's stream
       for (int64_t b = 0; b < 2000 && steps.size() < (i < 3 ? 3u : 2u); ++b) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        p.w.mutable_grad() = p.w.detach() - AuditTarget(i, b);
-        auto r = p.co->Step(batch, b);
+        if (p.co->local_epoch() != epoch) {
+          epoch = p.co->local_epoch();
+          index = 0;
+        }
+        const bool attacking = i == 3 && epoch >= 1;
+        if (attacking && attack.skips_odd_batches && index % 2 == 1) {
+          ++index;
+          continue;
+        }
+        const uint64_t stream = attacking && attack.chosen_stream
+                                    ? *attack.chosen_stream
+                                    : AuditDataSeed("test.run", p.node->peer_id(), epoch);
+        p.w.mutable_grad() = p.w.detach() - AuditTarget(stream, index);
+        auto r = p.co->Step(batch, index++);
         EXPECT_TRUE(r.ok()) << r.status().ToString();
         if (!r.ok()) break;
         if (r->stepped) steps.push_back(*r);
@@ -161,6 +183,23 @@ TEST(CollaborativeTest, AuditsBanAPeerWhoseGradientIsNotWhatItsDataGives) {
     // The honest peers stepped alike (audits need it: they compare parameters).
     EXPECT_TRUE(at::equal(swarm.peers()[i]->w.detach(), swarm.peers()[0]->w.detach()));
   }
+}
+
+// A peer that sends its gradient's negation, claiming its true data.
+TEST(CollaborativeTest, AuditsBanAPeerWhoseGradientIsNotWhatItsDataGives) {
+  ExpectAuditsBanTheAttacker({.gradient = GradientAttack::kSignFlip});
+}
+
+// A peer that trains on data it chose (another stream: one it searched for, say) and says so:
+// its values are what that data gives, but the run gave it other data.
+TEST(CollaborativeTest, AuditsBanAPeerThatTrainedOnDataOfItsOwnChoosing) {
+  ExpectAuditsBanTheAttacker({.chosen_stream = 12345});
+}
+
+// A peer that picks which of its batches to send (here every other one): the batches it left
+// out give finite gradients, which an honest peer would have sent.
+TEST(CollaborativeTest, AuditsBanAPeerThatLeftOutBatchesOfItsData) {
+  ExpectAuditsBanTheAttacker({.skips_odd_batches = true});
 }
 
 // Delayed updates: each round runs in the background during the next batch and is applied a

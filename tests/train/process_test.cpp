@@ -701,8 +701,6 @@ TEST(TrainProcesses, AuditsBanASignFlipperAndALabelFlipperAndNoHonestPeer) {
                                   "320",
                                   "--max-epochs",
                                   std::to_string(kEpochs),
-                                  "--seed",
-                                  std::to_string(i + 1),
                                   "--min-peers",
                                   "5",
                                   "--verify-rounds",
