@@ -388,6 +388,10 @@ int main(int argc, char** argv) {
   app.add_option("--audit-targets", t.audit_targets, "training: audits a round (protected runs)")
       ->check(CLI::Range(0, 16))
       ->capture_default_str();
+  app.add_option("--clean-runs", t.clean_runs,
+                 "training: runs with no attacker, whose median accuracy is the reference")
+      ->check(CLI::Range(1, 9))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (c.attackers < 0 || c.peers < 2 || 2 * c.attackers >= c.peers) {
     std::fprintf(stderr, "need 2 <= peers and 0 <= attackers < peers / 2 (an honest majority)\n");

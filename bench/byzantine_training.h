@@ -17,6 +17,9 @@ struct TrainingConfig {
   double lr = 0.01;
   double tau = 0.3;       // --centered-clip-tau of the protected runs
   int audit_targets = 2;  // --audit-targets of the protected runs
+  // Runs with no attacker; their median accuracy is the reference (one run's accuracy moves by
+  // about a point with the timing that decides which batches make each step).
+  int clean_runs = 3;
   // sign-flip, label-flip, constant, stale, wrong-result, false-accusation
   std::vector<std::string> attacks;
   std::string dir;        // for the peers' logs
