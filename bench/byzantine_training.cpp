@@ -221,10 +221,9 @@ TrainingOutcome RunTrainingExperiment(const TrainingConfig& c) {
     each += (each.empty() ? "" : ", ") + Points(run.accuracy) + "%";
     clean_seconds += run.seconds;
   }
-  TrainRun clean;
-  clean.accuracy = Median(clean_accuracies);
+  const double clean_accuracy = Median(clean_accuracies);
   std::printf("  no attacker: accuracy %s%% (the median of %zu runs: %s; %.0f s)\n",
-              Points(clean.accuracy).c_str(), clean_accuracies.size(), each.c_str(), clean_seconds);
+              Points(clean_accuracy).c_str(), clean_accuracies.size(), each.c_str(), clean_seconds);
   // The reference must have learned (chance is 10%; a linear classifier passes 75% within 15
   // epochs): a broken task or swarm would make every gap meaningless.
   if (!(*std::min_element(clean_accuracies.begin(), clean_accuracies.end()) > kLearned)) {
@@ -252,7 +251,7 @@ TrainingOutcome RunTrainingExperiment(const TrainingConfig& c) {
       continue;
     }
     const Bans bans = CountBans(c, prot);
-    const double gap = 100 * (clean.accuracy - prot.accuracy);
+    const double gap = 100 * (clean_accuracy - prot.accuracy);
     out.accuracy_gap = std::max(out.accuracy_gap, std::isfinite(gap) ? gap : 100.0);
     out.attackers += c.attackers;
     out.attackers_banned += static_cast<int>(bans.attackers_banned_at.size());

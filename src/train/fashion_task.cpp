@@ -1,5 +1,4 @@
 // The "fashion-mnist" task (task.h): a classifier on Debian's dataset-fashion-mnist.
-#include <fmt/format.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
@@ -37,16 +36,9 @@ class FashionTask final : public Task {
   std::vector<at::Tensor> Parameters() override { return model_->parameters(); }
   void SetEpoch(int64_t epoch) override {
     epoch_ = epoch;
-    if (seed_of_ && epoch != stream_epoch_) {
-      stream_ = std::make_unique<model::ImageBatchStream>(train_, seed_of_(epoch), batch_size_);
-      stream_epoch_ = epoch;
+    if (auto seed = NewEpochStream(epoch)) {
+      stream_ = std::make_unique<model::ImageBatchStream>(train_, *seed, batch_size_);
     }
-  }
-
-  Status DrawDataByEpoch(std::function<uint64_t(int64_t)> seed_of) override {
-    seed_of_ = std::move(seed_of);
-    stream_epoch_ = -1;
-    return Status::Ok();
   }
 
   Result<Batch> TrainBatch() override {
@@ -58,10 +50,7 @@ class FashionTask final : public Task {
   std::optional<int64_t> NextBatchIndex() override { return stream_->position() / batch_size_; }
 
   Result<int64_t> ComputeBatchOf(uint64_t seed, int64_t batch_size, int64_t index) override {
-    if (batch_size < 1 || batch_size > (int64_t{1} << 16) || index < 0 ||
-        index > (int64_t{1} << 40) / batch_size) {
-      return InvalidArgument(fmt::format("batch {} of size {} is out of range", index, batch_size));
-    }
+    COLONY_RETURN_IF_ERROR(CheckBatchOfStream(batch_size, index));
     if (!audit_stream_ || audit_seed_ != seed || audit_batch_ != batch_size) {
       audit_stream_ = std::make_unique<model::ImageBatchStream>(train_, seed, batch_size);
       audit_seed_ = seed;
@@ -69,13 +58,9 @@ class FashionTask final : public Task {
     }
     audit_stream_->Seek(index * batch_size);
     auto b = audit_stream_->Next();
-    // In pieces of at most this peer's batch size (the memory it trains with), each piece's
-    // loss weighted by its share: the gradient of the whole batch's mean loss.
-    for (int64_t row = 0; row < b.batch_size; row += batch_size_) {
-      const int64_t rows = std::min(batch_size_, b.batch_size - row);
-      Backward(b, row, rows, /*flip_labels=*/false,
-               static_cast<double>(rows) / static_cast<double>(b.batch_size));
-    }
+    InPieces(b.batch_size, batch_size_, [&](int64_t first, int64_t rows, double share) {
+      Backward(b, first, rows, /*flip_labels=*/false, share);
+    });
     return b.batch_size;
   }
 
@@ -108,11 +93,7 @@ class FashionTask final : public Task {
     auto labels = at::from_blob(b.labels.data() + first, {rows}, at::kLong).to(device_);
     if (flip_labels) labels = (model::kFashionMnistClasses - 1) - labels;
     auto loss = torch::nn::functional::cross_entropy(model_->forward(images), labels);
-    if (scale == 1.0) {
-      loss.backward();
-    } else {
-      (loss * scale).backward();
-    }
+    loss.mul(scale).backward();
     return loss.item<double>();
   }
 
@@ -122,8 +103,6 @@ class FashionTask final : public Task {
   uint64_t audit_seed_ = 0;
   int64_t audit_batch_ = 0;
   std::unique_ptr<model::ImageBatchStream> stream_;
-  std::function<uint64_t(int64_t)> seed_of_;  // DrawDataByEpoch()
-  int64_t stream_epoch_ = -1;                 // the epoch stream_ was drawn for
   at::Tensor test_images_, test_labels_;
   model::FashionClassifier model_{nullptr};
   c10::Device device_ = c10::kCPU;

@@ -1,5 +1,4 @@
 // The "lm" task (task.h): a Llama-style decoder trained on the Linux kernel's documentation.
-#include <fmt/format.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -34,16 +33,8 @@ class LmTask final : public Task {
   std::vector<at::Tensor> Parameters() override { return model_->parameters(); }
 
   void SetEpoch(int64_t epoch) override {
-    if (seed_of_ && epoch != stream_epoch_) {
-      *data_.stream = data_.stream->Reseeded(seed_of_(epoch), batch_size_);
-      stream_epoch_ = epoch;
-    }
-  }
-
-  Status DrawDataByEpoch(std::function<uint64_t(int64_t)> seed_of) override {
-    seed_of_ = std::move(seed_of);
-    stream_epoch_ = -1;
-    return Status::Ok();
+    if (auto seed = NewEpochStream(epoch))
+      *data_.stream = data_.stream->Reseeded(*seed, batch_size_);
   }
 
   Result<Batch> TrainBatch() override {
@@ -54,14 +45,9 @@ class LmTask final : public Task {
 
   std::optional<int64_t> NextBatchIndex() override { return data_.stream->batches(); }
 
-  // Another peer's batch, in pieces of at most this peer's batch size (the memory it trains
-  // with), each piece's loss weighted by its share of the rows: the same gradient as the whole
-  // batch's mean loss.
+  // Another peer's batch, in pieces of at most this peer's batch size.
   Result<int64_t> ComputeBatchOf(uint64_t seed, int64_t batch_size, int64_t index) override {
-    if (batch_size < 1 || batch_size > (int64_t{1} << 16) || index < 0 ||
-        index > (int64_t{1} << 40) / batch_size) {
-      return InvalidArgument(fmt::format("batch {} of size {} is out of range", index, batch_size));
-    }
+    COLONY_RETURN_IF_ERROR(CheckBatchOfStream(batch_size, index));
     if (!audit_stream_ || audit_seed_ != seed || audit_batch_ != batch_size ||
         audit_stream_->batches() > index) {
       audit_stream_ =
@@ -71,11 +57,9 @@ class LmTask final : public Task {
     }
     audit_stream_->Skip(index - audit_stream_->batches());
     at::Tensor batch = TokensToTensor(audit_stream_->Next());
-    for (int64_t row = 0; row < batch_size; row += batch_size_) {
-      const int64_t rows = std::min(batch_size_, batch_size - row);
-      Backward(batch.slice(0, row, row + rows).to(device_),
-               static_cast<double>(rows) / static_cast<double>(batch_size));
-    }
+    InPieces(batch_size, batch_size_, [&](int64_t first, int64_t rows, double share) {
+      Backward(batch.slice(0, first, first + rows).to(device_), share);
+    });
     return batch_size;
   }
 
@@ -125,18 +109,12 @@ class LmTask final : public Task {
     auto inputs = batch.slice(1, 0, batch.size(1) - 1);
     auto targets = batch.slice(1, 1, batch.size(1));
     auto loss = model::LanguageModelLoss(model_->forward(inputs), targets);
-    if (scale == 1.0) {
-      loss.backward();
-    } else {
-      (loss * scale).backward();
-    }
+    loss.mul(scale).backward();
     return loss.item<double>();
   }
 
   LmData data_;
   int64_t batch_size_ = 1;
-  std::function<uint64_t(int64_t)> seed_of_;          // DrawDataByEpoch()
-  int64_t stream_epoch_ = -1;                         // the epoch data_.stream was drawn for
   std::unique_ptr<model::TokenStream> audit_stream_;  // another peer's, for audits
   uint64_t audit_seed_ = 0;
   int64_t audit_batch_ = 0;

@@ -96,9 +96,10 @@ class Task {
   // stream (seed, batch_size) of another peer, with true labels, at the current parameters.
   virtual std::optional<int64_t> NextBatchIndex() { return std::nullopt; }
   virtual Result<int64_t> ComputeBatchOf(uint64_t seed, int64_t batch_size, int64_t index);
-  // Audits: from now on each epoch's data is stream seed_of(epoch) (instead of one stream by
-  // TaskOptions::seed), read from its start when SetEpoch() moves to the epoch.
-  virtual Status DrawDataByEpoch(std::function<uint64_t(int64_t epoch)> seed_of);
+  // Audits, for a task with NextBatchIndex(): from now on each epoch's data is stream
+  // seed_of(epoch) (instead of one stream by TaskOptions::seed), read from its start when
+  // SetEpoch() moves to the epoch.
+  void DrawDataByEpoch(std::function<uint64_t(int64_t epoch)> seed_of);
   // The loss on a fixed held-out batch (no gradients); NaN, with a warning in the log, when the
   // swarm could not compute it (moe-lm).
   virtual double Evaluate() = 0;
@@ -108,6 +109,22 @@ class Task {
   virtual Status Save(const std::filesystem::path& dir);
   // lm: text sampled from the model after `prompt`.
   virtual Result<std::string> Sample(const std::string& prompt, int64_t tokens);
+
+ protected:
+  // For SetEpoch() of a task that can be audited: the seed of the stream to start when data is
+  // drawn by epoch and `epoch` is not the one the current stream was drawn for; else nullopt.
+  std::optional<uint64_t> NewEpochStream(int64_t epoch);
+  // For ComputeBatchOf(): refuses a batch size or index out of any stream's range.
+  static Status CheckBatchOfStream(int64_t batch_size, int64_t index);
+  // For ComputeBatchOf(): rows [0, rows) in pieces of at most `piece` (the memory this peer
+  // trains with): fn(first row, rows of the piece, the piece's share of all rows), so that the
+  // pieces' losses weighted by their shares give the whole batch's mean loss.
+  static void InPieces(int64_t rows, int64_t piece,
+                       const std::function<void(int64_t, int64_t, double)>& fn);
+
+ private:
+  std::function<uint64_t(int64_t)> seed_of_;  // DrawDataByEpoch()
+  int64_t stream_epoch_ = -1;                 // the epoch the current stream was drawn for
 };
 
 }  // namespace colony::train

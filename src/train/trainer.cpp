@@ -105,9 +105,8 @@ class Trainer::Impl {
                         o_.task.task));
       }
       // The run, not the peer, picks its data (audit.h).
-      COLONY_RETURN_IF_ERROR(
-          task_->DrawDataByEpoch([run = o_.collaborative.run_id, peer = node_->peer_id()](
-                                     int64_t epoch) { return AuditDataSeed(run, peer, epoch); }));
+      task_->DrawDataByEpoch([run = o_.collaborative.run_id, peer = node_->peer_id()](
+                                 int64_t epoch) { return AuditDataSeed(run, peer, epoch); });
       co.audit_data.batch_size = o_.task.batch_size;
       // On the averager's compute pool, while this peer's Step() waits for its round.
       co.audit_data.compute_batch = [this](uint64_t seed, int64_t batch_size,
