@@ -382,6 +382,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--lr", t.lr, "training: Adam's learning rate")->capture_default_str();
+  app.add_option("--lr-schedule", t.lr_schedule,
+                 "training: colony train --lr-schedule of every run (decaying to 0 at --epochs)")
+      ->check(CLI::IsMember({"constant", "linear", "cosine"}))
+      ->capture_default_str();
   app.add_option("--tau", t.tau, "training: CenteredClip's radius in the protected runs")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -1,7 +1,8 @@
 // The training experiment of scripts/bench byzantine (byzantine_training.h).
 //
 // Every run: N `colony train --task fashion-mnist --classifier linear` processes (batches of 32,
-// the swarm's target N x 32 samples per step, Adam, 1 thread each), started together
+// the swarm's target N x 32 samples per step, Adam with a rate that decays linearly to 0 at the
+// last epoch, 1 thread each), started together
 // (--min-peers N) and stopped at the same epoch; accuracy is measured by every peer on the
 // whole held-out set (10,000 images) at the end, and a run's is the median of its honest peers'.
 // Attackers are the last K peers, attacking from --attack-from on (colony train --attack).
@@ -92,6 +93,8 @@ TrainRun RunTraining(const TrainingConfig& c, const std::string& tag, const std:
                                   "1250",  // x 8: the whole held-out set
                                   "--lr",
                                   Fixed(c.lr, 6),
+                                  "--lr-schedule",
+                                  c.lr_schedule,
                                   "--max-epochs",
                                   std::to_string(c.epochs),
                                   "--min-peers",
@@ -203,10 +206,11 @@ std::string Points(double accuracy) {
 TrainingOutcome RunTrainingExperiment(const TrainingConfig& c) {
   TrainingOutcome out;
   std::printf(
-      "training: %d peers (fashion-mnist, linear classifier, %d samples a step, lr %g), %d "
+      "training: %d peers (fashion-mnist, linear classifier, %d samples a step, lr %g %s), %d "
       "epochs; %d attackers from epoch %d; protection: CenteredClip (tau %g), verification and "
       "%d audits a round\n",
-      c.peers, 32 * c.peers, c.lr, c.epochs, c.attackers, c.attack_from, c.tau, c.audit_targets);
+      c.peers, 32 * c.peers, c.lr, c.lr_schedule.c_str(), c.epochs, c.attackers, c.attack_from,
+      c.tau, c.audit_targets);
   std::vector<double> clean_accuracies;
   std::string each;
   double clean_seconds = 0;

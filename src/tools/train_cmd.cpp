@@ -23,6 +23,7 @@
 #include "tools/access_options.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
+#include "train/lr_schedule.h"
 #include "train/trainer.h"
 
 namespace colony::cli {
@@ -56,6 +57,8 @@ struct TrainFlags {
   std::string grad_codec = "none", diloco_codec = "blockwise8", fault = "none";
   std::string attack = "none";
   int64_t attack_from = 0;
+  std::string lr_schedule = "constant";
+  int64_t warmup_epochs = 0, lr_decay_epochs = 0;
   double matchmaking_time = 5, averaging_timeout = 60, rejoin_after = 30;
   double bandwidth_mbps = 1000, max_send_mbps = 0;
   std::string moe_grid;
@@ -198,6 +201,16 @@ Result<train::TrainerOptions> ToOptions(const TrainFlags& f) {
   COLONY_ASSIGN_OR_RETURN(c.diloco_codec, compression::ParseCodec(f.diloco_codec));
   COLONY_ASSIGN_OR_RETURN(c.testing.fault, averaging::ParseFault(f.fault));
   COLONY_RETURN_IF_ERROR(ApplyAttack(f.attack, f.attack_from, o));
+  COLONY_ASSIGN_OR_RETURN(c.lr_schedule.kind, train::ParseLrScheduleKind(f.lr_schedule));
+  c.lr_schedule.warmup_epochs = f.warmup_epochs;
+  c.lr_schedule.total_epochs = f.lr_decay_epochs > 0 ? f.lr_decay_epochs : o.max_epochs;
+  if (c.lr_schedule.kind != train::LrSchedule::Kind::kConstant &&
+      c.lr_schedule.total_epochs <= c.lr_schedule.warmup_epochs) {
+    return InvalidArgument(fmt::format(
+        "--lr-schedule {} decays the rate to 0 at --lr-decay-epochs (default: --max-epochs), "
+        "which must be above --warmup-epochs ({}); given {}",
+        f.lr_schedule, f.warmup_epochs, c.lr_schedule.total_epochs));
+  }
   c.matchmaking_time = SecondsToMillis(f.matchmaking_time);
   c.averaging_timeout = SecondsToMillis(f.averaging_timeout);
   c.load_state_timeout = SecondsToMillis(f.averaging_timeout);
@@ -391,6 +404,19 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
   cmd->add_option("--lr", o.optimizer_config.lr,
                   "learning rate (of the inner optimizer with DiLoCo)")
       ->capture_default_str();
+  cmd->add_option("--lr-schedule", f->lr_schedule,
+                  "the rate by global epoch: constant, linear or cosine (both decay to 0 at "
+                  "--lr-decay-epochs, as transformers' schedules with warmup)")
+      ->check(CLI::IsMember({"constant", "linear", "cosine"}))
+      ->capture_default_str();
+  cmd->add_option("--warmup-epochs", f->warmup_epochs,
+                  "grow the rate linearly from 0 over this many global epochs")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--lr-decay-epochs", f->lr_decay_epochs,
+                  "linear, cosine: the global epoch at which the rate reaches 0 (0: --max-epochs)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--weight-decay", o.optimizer_config.weight_decay, "weight decay")
       ->capture_default_str();
   cmd->add_option("--momentum", o.optimizer_config.momentum, "sgd momentum")->capture_default_str();
@@ -413,7 +439,7 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
   cmd->add_option("--audit-targets", c.audit_targets,
                   "with --verify-rounds: members each round's shared seed picks, whose gradients "
                   "every reducer recomputes from the data they claim, banning those whose "
-                  "gradients are not what their data gives (BTARD's audits; fashion-mnist)")
+                  "gradients are not what their data gives (BTARD's audits; fashion-mnist and lm)")
       ->capture_default_str();
   cmd->add_option("--average-state-every", c.average_state_every,
                   "also average parameters every this many epochs (0: never)")

@@ -97,6 +97,7 @@ CollaborativeOptimizer::Impl::Impl(dht::Node& node, std::vector<at::Tensor> para
       params_(std::move(params)),
       device_(params_.front().device()),
       optimizer_(std::move(optimizer)),
+      base_lrs_(LearningRates(*optimizer_)),
       options_(std::move(options)) {
   for (const auto& p : params_) {
     offsets_.push_back(total_);
@@ -358,11 +359,18 @@ void CollaborativeOptimizer::Impl::CopyToParams(const float* in, size_t begin, s
   }
 }
 
-void CollaborativeOptimizer::Impl::StepOptimizerWith(const at::Tensor& gradient) {
+void CollaborativeOptimizer::Impl::StepOptimizer(int64_t epoch) {
+  if (options_.lr_schedule.Active()) {
+    SetLearningRates(*optimizer_, base_lrs_, options_.lr_schedule.Factor(epoch));
+  }
+  optimizer_->step();
+}
+
+void CollaborativeOptimizer::Impl::StepOptimizerWith(const at::Tensor& gradient, int64_t epoch) {
   if (grads_) {
     at::NoGradGuard no_grad;
     grads_->Bind().copy_(gradient);
-    optimizer_->step();
+    StepOptimizer(epoch);
     ZeroGrads();
     return;
   }
@@ -375,7 +383,7 @@ void CollaborativeOptimizer::Impl::StepOptimizerWith(const at::Tensor& gradient)
       p.mutable_grad() = g.clone();
     }
   }
-  optimizer_->step();
+  StepOptimizer(epoch);
   ZeroGrads();
 }
 
@@ -489,6 +497,9 @@ Result<std::unique_ptr<CollaborativeOptimizer>> CollaborativeOptimizer::Create(
   }
   if (options.diloco_inner_steps > 0 && options.local_updates) {
     return InvalidArgument("DiLoCo and local_updates are exclusive (DiLoCo already steps locally)");
+  }
+  if (Status st = options.lr_schedule.Check(); !st.ok()) {
+    return InvalidArgument("the learning-rate schedule: " + st.message());
   }
   if (options.mode == averaging::Mode::kAux &&
       (options.diloco_inner_steps > 0 || options.local_updates || options.delay_grad_averaging)) {

@@ -52,6 +52,7 @@
 #include "averaging/averager.h"
 #include "core/status.h"
 #include "dht/node.h"
+#include "train/lr_schedule.h"
 #include "train/progress.h"
 
 namespace at {
@@ -109,6 +110,11 @@ struct CollaborativeOptions {
     // at the current parameters: its gradients in the parameters' .grad; returns its samples.
     std::function<Result<int64_t>(uint64_t seed, int64_t batch_size, int64_t index)> compute_batch;
   } audit_data = {};
+
+  // The learning rate by global epoch (lr_schedule.h): before each optimizer step at epoch e
+  // (with DiLoCo and local updates, each inner step of epoch e) every parameter group's rate is
+  // its rate when the optimizer came in x lr_schedule.Factor(e). Default: left alone.
+  LrSchedule lr_schedule = {};
 
   // DiLoCo.
   int diloco_inner_steps = 0;  // H; 0: synchronous mode

@@ -59,7 +59,7 @@ class Diloco final : public Stepping {
   Status Contribute(int64_t batch_size, StepReport& report) override {
     {
       std::lock_guard lock(peer_.state_mu_);
-      peer_.optimizer_->step();
+      peer_.StepOptimizer(peer_.epoch_);
     }
     peer_.ZeroGrads();
     {

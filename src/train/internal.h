@@ -203,9 +203,12 @@ class CollaborativeOptimizer::Impl {
   // (copied from the device when the parameters live on a GPU).
   void CopyParamsTo(float* out, size_t begin = 0, size_t end = SIZE_MAX) const;
   void CopyToParams(const float* in, size_t begin = 0, size_t end = SIZE_MAX);
+  // Steps the optimizer at global epoch `epoch`, at the rate options_.lr_schedule gives it
+  // there (state_mu_ held by the caller).
+  void StepOptimizer(int64_t epoch);
   // Writes a flat gradient (total_ values, on the parameters' device) into the parameters'
-  // .grad and steps the optimizer (state_mu_ held by the caller).
-  void StepOptimizerWith(const at::Tensor& gradient);
+  // .grad and steps the optimizer at `epoch` (state_mu_ held by the caller).
+  void StepOptimizerWith(const at::Tensor& gradient, int64_t epoch);
   // A flat float32 tensor of total_ values on the parameters' device: zeros, or a view of
   // `host` when the parameters are in host memory (then writes to either are seen by both).
   at::Tensor FlatZeros() const;
@@ -253,6 +256,7 @@ class CollaborativeOptimizer::Impl {
   std::vector<at::Tensor> params_;
   at::Device device_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<double> base_lrs_;  // each parameter group's rate as it came in (lr_schedule.h)
   // On a GPU, the parameters' .grad as views of one buffer (one kernel per check, sum or zeroing
   // instead of one per parameter); null on the CPU, whose loops read each .grad directly.
   std::unique_ptr<FlatGradients> grads_;

@@ -27,7 +27,7 @@ class LocalUpdates final : public TargetBatchStepping {
   Status Contribute(int64_t batch_size, StepReport&) override {
     {
       std::lock_guard lock(peer_.state_mu_);
-      peer_.optimizer_->step();
+      peer_.StepOptimizer(peer_.epoch_);
     }
     peer_.ZeroGrads();
     Counted(batch_size);

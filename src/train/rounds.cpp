@@ -280,7 +280,7 @@ class GradientRounds final : public TargetBatchStepping {
       }
     }
     std::lock_guard lock(peer_.state_mu_);
-    peer_.StepOptimizerWith(mean_);
+    peer_.StepOptimizerWith(mean_, o.epoch);
     peer_.params_epoch_ = o.epoch + 1;
   }
 

@@ -284,24 +284,27 @@ class Trainer::Impl {
     const bool eval = o_.eval_every > 0 && opt_->local_epoch() % o_.eval_every == 0;
     const auto g = opt_->global();
     const auto c = opt_->counters();
-    Json j = {{"event", "step"},
-              {"time", dht::Now()},
-              {"elapsed", Since(start_)},
-              {"epoch", opt_->local_epoch()},
-              {"loss", Number(last_loss_)},
-              {"realized_batch", r.realized_batch},
-              {"group_size", r.group_size},
-              {"averaged", r.averaged},
-              {"loaded_state", r.loaded_state},
-              {"samples", c.local_samples},
-              {"samples_per_second", opt_->samples_per_second()},
-              {"swarm_samples_per_second", g.samples_per_second},
-              {"peers", g.num_peers},
-              {"skipped_batches", c.skipped_batches},
-              {"missed_rounds", c.missed_rounds},
-              {"state_loads", c.state_loads},
-              {"bytes_sent", c.bytes_sent},
-              {"bytes_received", c.bytes_received}};
+    Json j = {
+        {"event", "step"},
+        {"time", dht::Now()},
+        {"elapsed", Since(start_)},
+        {"epoch", opt_->local_epoch()},
+        {"loss", Number(last_loss_)},
+        // The rate of the next step (the inner optimizer's with DiLoCo).
+        {"lr", o_.optimizer_config.lr * o_.collaborative.lr_schedule.Factor(opt_->local_epoch())},
+        {"realized_batch", r.realized_batch},
+        {"group_size", r.group_size},
+        {"averaged", r.averaged},
+        {"loaded_state", r.loaded_state},
+        {"samples", c.local_samples},
+        {"samples_per_second", opt_->samples_per_second()},
+        {"swarm_samples_per_second", g.samples_per_second},
+        {"peers", g.num_peers},
+        {"skipped_batches", c.skipped_batches},
+        {"missed_rounds", c.missed_rounds},
+        {"state_loads", c.state_loads},
+        {"bytes_sent", c.bytes_sent},
+        {"bytes_received", c.bytes_received}};
     if (eval) j["eval_loss"] = Evaluate();
     if (!r.note.empty()) j["note"] = r.note;
     if (!r.banned.empty()) j["banned"] = r.banned;

@@ -303,6 +303,11 @@ TEST_F(CliTest, TrainRefusesOptionsOfAnotherTaskAndMalformedGrids) {
       {{"train", "--task", "fashion-mnist", "--verify-rounds", "--audit-targets", "2", "--seed",
         "3"},
        "--seed does not apply with --audit-targets"},
+      // A decaying schedule needs its end (by default --max-epochs) beyond the warmup.
+      {{"train", "--task", "fashion-mnist", "--lr-schedule", "cosine", "--warmup-epochs", "5",
+        "--max-epochs", "5"},
+       "--lr-schedule cosine decays the rate to 0 at --lr-decay-epochs (default: --max-epochs), "
+       "which must be above --warmup-epochs (5); given 5"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c.args));

@@ -277,6 +277,44 @@ TEST(CollaborativeTest, LocallyNonFiniteBatchesAreSkipped) {
   EXPECT_TRUE(at::allclose(p.w.detach(), -Gradient(0)));
 }
 
+// A learning-rate schedule scales each global step's rate by its factor at the step's epoch:
+// SGD with rate 1 and a constant gradient G moves w by -factor(e) G at epoch e. Factors of
+// transformers' linear schedule with 1 warmup step and 4 in all: 0, 1, 2/3, 1/3, 0.
+TEST(CollaborativeTest, ALearningRateScheduleScalesEachGlobalStep) {
+  Swarm swarm;
+  Peer& p = swarm.Add(
+      {.target_batch_size = 8,
+       .lr_schedule = {.kind = LrSchedule::Kind::kLinear, .warmup_epochs = 1, .total_epochs = 4}});
+  const double factors[] = {0.0, 1.0, 2.0 / 3.0, 1.0 / 3.0, 0.0};
+  double moved = 0;
+  for (int e = 0; e < 5; ++e) {
+    SCOPED_TRACE(e);
+    ASSERT_EQ(Train(p, Gradient(0), 4, 1, 0ms).size(), 1u);
+    moved += factors[e];
+    EXPECT_TRUE(at::allclose(p.w.detach(), Gradient(0).mul(-moved), 1e-5, 1e-6));
+  }
+  // The optimizer's own rate is the schedule's at the last step, from the rate it came with.
+  EXPECT_DOUBLE_EQ(p.opt->param_groups()[0].options().get_lr(), 0.0);
+}
+
+TEST(CollaborativeTest, ADecayingScheduleNeedsEpochsBeyondItsWarmup) {
+  dht::NodeOptions o;
+  o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  auto node = dht::Node::Start(KeyPair::Generate(), o);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  at::Tensor w = at::zeros({4}).set_requires_grad(true);
+  auto opt = std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{w},
+                                                 torch::optim::SGDOptions(1.0));
+  auto co = CollaborativeOptimizer::Create(
+      **node, {w}, opt,
+      {.run_id = "r",
+       .lr_schedule = {
+           .kind = LrSchedule::Kind::kCosine, .warmup_epochs = 10, .total_epochs = 10}});
+  ASSERT_FALSE(co.ok());
+  EXPECT_NE(co.status().message().find("above the warmup's 10"), std::string::npos)
+      << co.status().ToString();
+}
+
 // Two Adam peers (global batch 100) train three epochs together: the donors of the tests below.
 void TwoAdamPeersTrainThreeEpochs(Swarm& swarm) {
   for (int i = 0; i < 2; ++i) swarm.Add({.target_batch_size = 100}, /*adam=*/true);
