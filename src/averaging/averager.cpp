@@ -407,4 +407,13 @@ std::vector<std::pair<PeerId, std::string>> Averager::banned() const {
   return {impl_->banned_.begin(), impl_->banned_.end()};
 }
 
+std::vector<PeerId> Averager::suspects() const {
+  std::lock_guard lock(impl_->ban_mu_);
+  std::vector<PeerId> out;
+  for (const auto& [peer, cleared] : impl_->suspects_) {
+    if (!cleared && !impl_->banned_.contains(peer)) out.push_back(peer);
+  }
+  return out;
+}
+
 }  // namespace colony::averaging

@@ -115,6 +115,9 @@ struct AveragerOptions {
   // declared; it returns FailedPrecondition when this peer cannot reproduce the claim (e.g. it
   // was made on other parameters: no verdict) and any other error for an invalid claim (a
   // ban). It runs on the averager's compute pool, one call at a time per round.
+  // A member banned after an audit is published under "<prefix>.bans" as accused (its word
+  // only: no ban follows from it); every auditing peer that reads it audits the accused at its
+  // first round with it, besides the seed's picks, until one such audit passes.
   size_t audit_targets = 0;
   std::function<Status(const PeerId& member, std::string_view claim, double weight,
                        std::span<float> out)>
@@ -186,6 +189,9 @@ struct Verification {
   std::vector<uint32_t> banned;      // members banned after this round (indices into members)
   std::vector<std::string> reasons;  // one line per discarded span or ban
   std::vector<uint32_t> audited;     // members this peer audited and found honest
+  // Members audited because a published audit verdict accused them (whatever the seed picked;
+  // AveragerOptions::audit_targets), whatever the audit found.
+  std::vector<uint32_t> audited_on_accusation;
   // Bytes of statements this peer sent (to every member): scalars and hashes per member and
   // per run of parts, independent of the size of the tensors.
   uint64_t bytes_sent = 0;
@@ -277,6 +283,9 @@ class Averager {
   const PeerId& peer_id() const;
   // Peers that verification banned (AveragerOptions::verify), with the reason; thread-safe.
   std::vector<std::pair<PeerId, std::string>> banned() const;
+  // With audits: peers a published audit verdict accused, not yet audited here with success
+  // (each is audited at this peer's first round with it); thread-safe.
+  std::vector<PeerId> suspects() const;
   uint64_t total_values() const;
 
   class Impl;

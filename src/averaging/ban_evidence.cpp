@@ -88,18 +88,22 @@ Result<std::string> CheckBanEvidence(std::string_view prefix, const BanEvidence&
   return conviction;
 }
 
-std::string EncodeBanList(const std::vector<BanEvidence>& bans) {
+std::string EncodeBanList(const BanList& bans) {
   pb::BanList list;
-  for (const BanEvidence& b : bans) {
+  for (const BanEvidence& b : bans.evidence) {
     auto* e = list.add_bans();
     const Bytes id = b.peer.ToBytes();
     e->set_peer_id(std::string(id.begin(), id.end()));
     e->set_statement(b.statement);
   }
+  for (const PeerId& peer : bans.accused) {
+    const Bytes id = peer.ToBytes();
+    list.add_accused(std::string(id.begin(), id.end()));
+  }
   return list.SerializeAsString();
 }
 
-Result<std::vector<BanEvidence>> DecodeBanList(std::string_view bytes) {
+Result<BanList> DecodeBanList(std::string_view bytes) {
   pb::BanList list;
   if (!list.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return ProtocolError("malformed ban list");
@@ -107,14 +111,22 @@ Result<std::vector<BanEvidence>> DecodeBanList(std::string_view bytes) {
   if (static_cast<size_t>(list.bans_size()) > kMaxBanEvidence) {
     return ProtocolError(fmt::format("a ban list holds at most {} entries", kMaxBanEvidence));
   }
-  std::vector<BanEvidence> out;
+  if (static_cast<size_t>(list.accused_size()) > kMaxAccusations) {
+    return ProtocolError(fmt::format("a ban list accuses at most {} peers", kMaxAccusations));
+  }
+  BanList out;
   for (const auto& e : list.bans()) {
     auto peer = PeerId::FromBytes(AsBytes(e.peer_id()));
     if (!peer.ok()) return ProtocolError("a ban names an invalid peer id");
     if (e.statement().size() > kMaxVerifyStatementBytes) {
       return ProtocolError("a ban's evidence is over the statement size limit");
     }
-    out.push_back({*peer, e.statement()});
+    out.evidence.push_back({*peer, e.statement()});
+  }
+  for (const auto& id : list.accused()) {
+    auto peer = PeerId::FromBytes(AsBytes(id));
+    if (!peer.ok()) return ProtocolError("an accusation names an invalid peer id");
+    out.accused.push_back(*peer);
   }
   return out;
 }

@@ -4,6 +4,11 @@
 // signed statement that fails convicts its signer. Members that ban a reducer for this publish
 // the statement under "<prefix>.bans" (BanList), and newcomers ban it too (docs/averaging.md,
 // "Verification").
+//
+// An audit's verdict is not such evidence (a third party would need the parameters the audited
+// gradient was computed at), so a member that bans after an audit publishes only an accusation:
+// the peer's id. Readers ban nobody on it; they audit the accused themselves at their first
+// round with it, whatever the round's seed picks.
 #pragma once
 
 #include <string>
@@ -37,13 +42,20 @@ struct BanEvidence {
   std::string statement;  // the encoded, signed VerifyStatement
 };
 inline constexpr size_t kMaxBanEvidence = 32;  // per BanList
+inline constexpr size_t kMaxAccusations = 32;  // per BanList
 // The conviction (ReducerConviction's reason) when the statement decodes, is signed by `peer`
 // for `prefix` and convicts it; an error naming what fails otherwise.
 Result<std::string> CheckBanEvidence(std::string_view prefix, const BanEvidence& evidence);
 
-std::string EncodeBanList(const std::vector<BanEvidence>& bans);
-// At most kMaxBanEvidence entries, each with a valid peer id and a statement within
-// kMaxVerifyStatementBytes (the evidence itself is checked by CheckBanEvidence).
-Result<std::vector<BanEvidence>> DecodeBanList(std::string_view bytes);
+// What one peer publishes under "<prefix>.bans".
+struct BanList {
+  std::vector<BanEvidence> evidence = {};  // convictions anyone can check
+  std::vector<PeerId> accused = {};        // banned after an audit: to be audited by readers
+};
+std::string EncodeBanList(const BanList& bans);
+// At most kMaxBanEvidence entries of evidence, each with a valid peer id and a statement within
+// kMaxVerifyStatementBytes (the evidence itself is checked by CheckBanEvidence), and at most
+// kMaxAccusations valid peer ids.
+Result<BanList> DecodeBanList(std::string_view bytes);
 
 }  // namespace colony::averaging

@@ -163,10 +163,17 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   // ---- bans (bans.cpp): thread-safe.
   bool IsBanned(const PeerId& peer) const;
   // With `evidence` (the peer's signed checks that convict it, ban_evidence.h), the ban is
-  // published under "<prefix>.bans" for newcomers.
-  void Ban(const PeerId& peer, const std::string& reason, std::string evidence = {});
-  // Reads "<prefix>.bans" and bans every peer whose evidence holds (on strand_).
+  // published under "<prefix>.bans" for newcomers; with `accuse` (an audit's verdict), the peer
+  // is published as accused, for readers to audit.
+  void Ban(const PeerId& peer, const std::string& reason, std::string evidence = {},
+           bool accuse = false);
+  // Reads "<prefix>.bans": bans every peer whose evidence holds and, with audits, notes the
+  // accused as suspects (on strand_).
   asio::awaitable<void> LearnBans();
+  // Suspects: peers a published audit verdict accused, which this peer audits at its first
+  // round with them (verify.cpp) until one audit of theirs passes.
+  bool IsSuspect(const PeerId& peer) const;
+  void ClearSuspect(const PeerId& peer);
   asio::awaitable<void> PublishBans();  // on strand_
   // Reads the bans in the background, and stores ours again when they near their expiration.
   void StartLearningBans();
@@ -254,9 +261,13 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   mutable std::mutex ban_mu_;
   std::map<PeerId, std::string> banned_;  // guarded by ban_mu_
   std::vector<BanEvidence> evidence_;     // guarded by ban_mu_; the newest kMaxBanEvidence
-  std::map<PeerId, int> silent_rounds_;   // guarded by ban_mu_; at most kMaxSilentReducers
-  bool learning_bans_ = false;            // strand_
-  double bans_published_at_ = 0;          // strand_; dht::Now() of our last publication
+  std::vector<PeerId> accused_;           // guarded by ban_mu_; the newest kMaxAccusations
+  // Accused peers read from the DHT -> whether an audit of ours has since passed (guarded by
+  // ban_mu_; at most kMaxSuspects entries, bans.cpp).
+  std::map<PeerId, bool> suspects_;
+  std::map<PeerId, int> silent_rounds_;  // guarded by ban_mu_; at most kMaxSilentReducers
+  bool learning_bans_ = false;           // strand_
+  double bans_published_at_ = 0;         // strand_; dht::Now() of our last publication
 };
 
 }  // namespace colony::averaging

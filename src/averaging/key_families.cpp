@@ -48,7 +48,7 @@ dht::KeyFamily BanListFamily() {
           // (a bounded number per reading), not on every store and lookup.
           .check = [](std::string_view, const PeerId&, std::string_view value) -> Status {
             COLONY_ASSIGN_OR_RETURN(auto bans, DecodeBanList(value));
-            for (const BanEvidence& b : bans) {
+            for (const BanEvidence& b : bans.evidence) {
               COLONY_RETURN_IF_ERROR(DecodeVerifyStatement(b.statement, kMaxGroupSize).status());
             }
             return {};

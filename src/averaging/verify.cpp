@@ -390,10 +390,21 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
             until);
   co_await AwaitPhase(VerifyPhase::kChecks, revealed, until);
 
-  // Audits of the members the seed picked, on our span.
+  // Audits, on our span: first of the members a published verdict accused (ban_evidence.h),
+  // then of those the seed picked.
   std::vector<std::pair<uint32_t, std::string>> audit_failures;
   if (impl_->options_.audit_targets > 0 && my_parts_ > 0) {
+    std::vector<uint32_t> targets;
+    for (uint32_t m = 0; m < n; ++m) {
+      if (group_.members[m].mode != Mode::kAux && impl_->IsSuspect(group_.members[m].peer)) {
+        targets.push_back(m);
+        out.audited_on_accusation.push_back(m);
+      }
+    }
     for (uint32_t t : AuditTargets(seed_bytes)) {
+      if (std::find(targets.begin(), targets.end(), t) == targets.end()) targets.push_back(t);
+    }
+    for (uint32_t t : targets) {
       if (t == self_ || banned_[t]) continue;
       std::string note;
       std::string guilty = co_await Audit(t, &note);
@@ -406,6 +417,7 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
                         t, group_.members[t].peer.Short(), note));
       } else {
         out.audited.push_back(t);
+        impl_->ClearSuspect(group_.members[t].peer);
       }
     }
   }
@@ -502,7 +514,7 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
   }
   for (uint32_t m = 0; m < n; ++m) {
     if (ban[m]) {
-      impl_->Ban(group_.members[m].peer, why[m], std::move(evidence[m]));
+      impl_->Ban(group_.members[m].peer, why[m], std::move(evidence[m]), audit_only[m]);
       out.banned.push_back(m);
       out.reasons.push_back(
           fmt::format("member {} ({}) is banned: {}", m, group_.members[m].peer.Short(), why[m]));

@@ -63,10 +63,21 @@ class Swarm {
   std::vector<Result<StepResult>> StepAll(std::vector<double> weights = {},
                                           std::chrono::milliseconds timeout = 30s,
                                           std::vector<std::string> claims = {}) {
+    std::vector<size_t> all(peers_.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    return StepSome(all, std::move(weights), timeout, std::move(claims));
+  }
+
+  // One step on the peers `who` at once (weights and claims in the order of `who`).
+  std::vector<Result<StepResult>> StepSome(const std::vector<size_t>& who,
+                                           std::vector<double> weights = {},
+                                           std::chrono::milliseconds timeout = 30s,
+                                           std::vector<std::string> claims = {}) {
     std::vector<std::future<Result<StepResult>>> futures;
-    for (size_t i = 0; i < peers_.size(); ++i) {
-      const double w = weights.empty() ? 1.0 : weights[i];
-      std::string claim = claims.empty() ? std::string() : claims[i];
+    for (size_t k = 0; k < who.size(); ++k) {
+      const size_t i = who[k];
+      const double w = weights.empty() ? 1.0 : weights[k];
+      std::string claim = claims.empty() ? std::string() : claims[k];
       futures.push_back(std::async(std::launch::async, [this, i, w, timeout, claim]() {
         return peers_[i]->averager->StepSync({.weight = w,
                                               .audit_claim = claim,

@@ -433,13 +433,22 @@ TEST(BanEvidence, OnlyAReducersOwnFailingSignedChecksConvictIt) {
   EXPECT_FALSE(CheckBanEvidence("run.grads", {liar.peer_id(), EncodeVerifyStatement(v)}).ok());
 
   // Ban lists: bounded, and every entry names a valid peer.
-  std::vector<BanEvidence> list(kMaxBanEvidence, {liar.peer_id(), "x"});
+  BanList list{.evidence = std::vector<BanEvidence>(kMaxBanEvidence, {liar.peer_id(), "x"}),
+               .accused = std::vector<PeerId>(kMaxAccusations, other.peer_id())};
   auto decoded = DecodeBanList(EncodeBanList(list));
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
-  EXPECT_EQ(decoded->size(), kMaxBanEvidence);
-  list.push_back(list[0]);
-  EXPECT_FALSE(DecodeBanList(EncodeBanList(list)).ok());
+  EXPECT_EQ(decoded->evidence.size(), kMaxBanEvidence);
+  EXPECT_EQ(decoded->accused, list.accused);
+  BanList over = list;
+  over.evidence.push_back(list.evidence[0]);
+  EXPECT_FALSE(DecodeBanList(EncodeBanList(over)).ok());
+  over = list;
+  over.accused.push_back(liar.peer_id());
+  auto too_many = DecodeBanList(EncodeBanList(over));
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.status().message().find("accuses at most 32"), std::string::npos);
   EXPECT_FALSE(DecodeBanList("\x0a\x04\x0a\x02zz").ok());  // a peer id of junk
+  EXPECT_FALSE(DecodeBanList("\x12\x02zz").ok());          // an accused id of junk
 }
 
 TEST(Wire, RoundTripsAndRejectsHostileMessages) {

@@ -3,11 +3,14 @@
 // CenteredClip fixed-point condition evaluated here), not by the averager's own code.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 
 #include "averaging/averager.h"
+#include "averaging/ban_evidence.h"
 #include "averaging_swarm.h"
+#include "dht/validation.h"
 #include "test_support.h"
 
 namespace colony::averaging {
@@ -354,6 +357,89 @@ TEST(Verification, AnAuditBansAMemberWhoseValuesAreNotWhatItsClaimedDataGives) {
     EXPECT_EQ(banned[0].first, flipper);
     EXPECT_NE(banned[0].second.find("differ from what it sent"), std::string::npos)
         << banned[0].second;
+  }
+}
+
+// An audit's verdict is published as an accusation (the accused's id: a third party could not
+// recompute the gradient at that round's parameters). A peer that reads it audits the accused at
+// its first round with it, whatever the seed picks: a cheater is banned by a newcomer at their
+// first round together, and a framed honest peer passes its audit and is not banned.
+TEST(Verification, APublishedAuditVerdictMakesEveryReaderAuditTheAccused) {
+  const size_t n = 8'000;
+  Swarm swarm(n);
+  AveragerOptions o = AuditOptions(4);
+  o.min_group_size = 3;
+  for (uint64_t i = 0; i < 4; ++i) swarm.Add(i, o);
+  auto negate = [](std::vector<float>& data) {
+    for (float& v : data) v = -v;
+  };
+  negate(swarm.peers()[3]->data);  // a sign flipper that claims its true data
+  const PeerId flipper = swarm.peers()[3]->averager->peer_id();
+  auto results = swarm.StepSome({0, 1, 2, 3}, {}, 30s,
+                                {"synthetic:0", "synthetic:1", "synthetic:2", "synthetic:3"});
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    EXPECT_EQ(results[i]->verification.banned,
+              std::vector<uint32_t>{IndexOf(*results[i], flipper)});
+  }
+  // The three publish the flipper as accused (no evidence: a ban of an audit).
+  ASSERT_TRUE(colony::test::WaitUntil(
+      [&] {
+        auto record = swarm.peers()[0]->node->GetSync("test.avg.bans", dht::Freshness::kLatest);
+        if (!record.ok() || !record->is_dict) return false;
+        size_t accusers = 0;
+        for (const auto& [subkey, entry] : record->subkeys) {
+          auto list = DecodeBanList(entry.value);
+          accusers +=
+              list.ok() && list->evidence.empty() && list->accused == std::vector<PeerId>{flipper};
+        }
+        return accusers == 3;
+      },
+      20s));
+  // The flipper, as a false accuser, frames an honest peer that has not trained yet.
+  auto& framed = swarm.Add(7, o);
+  const PeerId framed_id = framed.averager->peer_id();
+  auto& false_accuser = *swarm.peers()[3]->node;
+  ASSERT_TRUE(false_accuser
+                  .StoreSync("test.avg.bans", EncodeBanList({.accused = {framed_id}}),
+                             dht::Now() + 600, dht::OwnerMarker(false_accuser.peer_id()))
+                  .ok());
+
+  // Two newcomers, whose seed audits pick one member a round: each reads both accusations and
+  // audits both accused at its first round with them, bans the flipper and clears the framed.
+  AveragerOptions newcomer = o;
+  newcomer.audit_targets = 1;
+  swarm.Add(5, newcomer);
+  swarm.Add(6, newcomer);
+  for (size_t i : {5, 6}) {
+    auto* avg = swarm.peers()[i]->averager.get();
+    ASSERT_TRUE(colony::test::WaitUntil([&] { return avg->suspects().size() == 2; }, 20s))
+        << "peer " << i << " read " << avg->suspects().size() << " accusations";
+    EXPECT_TRUE(avg->banned().empty());  // an accusation bans nobody
+  }
+  SyntheticValues(3, 0, swarm.peers()[3]->data);  // in place: the averager holds a span of it
+  negate(swarm.peers()[3]->data);
+  results = swarm.StepSome({3, 4, 5, 6}, {}, 30s,
+                           {"synthetic:3", "synthetic:7", "synthetic:5", "synthetic:6"});
+  for (size_t k : {2, 3}) {
+    SCOPED_TRACE(k);
+    ASSERT_TRUE(results[k].ok()) << results[k].status().ToString();
+    const StepResult& r = *results[k];
+    ASSERT_EQ(r.members.size(), 4u);
+    std::vector<uint32_t> accused{IndexOf(r, flipper), IndexOf(r, framed_id)};
+    std::sort(accused.begin(), accused.end());
+    std::vector<uint32_t> audited = r.verification.audited_on_accusation;
+    std::sort(audited.begin(), audited.end());
+    EXPECT_EQ(audited, accused);
+    EXPECT_EQ(r.verification.banned, std::vector<uint32_t>{IndexOf(r, flipper)});
+    const auto& v = r.verification.audited;
+    EXPECT_NE(std::find(v.begin(), v.end(), IndexOf(r, framed_id)), v.end());
+    const auto* avg = swarm.peers()[k + 3]->averager.get();
+    const auto banned = avg->banned();
+    ASSERT_EQ(banned.size(), 1u);
+    EXPECT_EQ(banned[0].first, flipper);
+    EXPECT_NE(banned[0].second.find("differ from what it sent"), std::string::npos);
+    EXPECT_TRUE(avg->suspects().empty());
   }
 }
 
