@@ -53,7 +53,12 @@ void Averager::Impl::Ban(const PeerId& peer, const std::string& reason, std::str
   {
     std::lock_guard lock(ban_mu_);
     if (!banned_.emplace(peer, reason).second) return;
-    COLONY_LOG_WARN("averaging: banned {}: {}", peer.ToString(), reason);
+  }
+  COLONY_LOG_WARN("averaging: banned {}: {}", peer.ToString(), reason);
+  // Not only averaging: the whole host refuses it (its DHT calls, downloads, every protocol).
+  host_.Block(peer, fmt::format("it was banned from averaging '{}': {}", options_.prefix, reason));
+  {
+    std::lock_guard lock(ban_mu_);
     if (!evidence.empty()) {
       evidence_.push_back({peer, std::move(evidence)});
       if (evidence_.size() > kMaxBanEvidence) evidence_.erase(evidence_.begin());

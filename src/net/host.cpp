@@ -590,6 +590,7 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
   PeerId peer = hs->peer.peer;
   if (relay) remote = relay->Relaying(peer);
   size_t lanes_in_use = 0;
+  std::optional<std::string> blocked = BlockedReason(peer);
   {
     std::lock_guard lock(mu_);
     auto it = pool_.find(peer);
@@ -606,7 +607,9 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
       [this](Connection* c) { OnConnectionClosed(c); });
   AddConnection(conn, 0);
   EndInboundHandshake(inbound_key, conn);
-  if (lanes_in_use >= options_.max_connections_per_peer) {
+  if (blocked) {
+    conn->Shutdown("this peer refuses you: " + *blocked);
+  } else if (lanes_in_use >= options_.max_connections_per_peer) {
     conn->Shutdown("too many connections from one peer (limit " +
                    std::to_string(options_.max_connections_per_peer) + ")");
   } else if (relay && options_.hole_punching) {
@@ -617,6 +620,10 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
 
 asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Connect(Multiaddr address, size_t lane) {
   if (address.peer_id()) {
+    if (auto why = BlockedReason(*address.peer_id())) {
+      co_return PermissionDenied("peer " + address.peer_id()->ToString() +
+                                 " is blocked here: " + *why);
+    }
     if (auto c = FindConnection(*address.peer_id(), lane)) co_return c;
   }
   {
@@ -798,12 +805,38 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
   const std::string budget_key = address.is_relayed()
                                      ? RelayedKey(ep.address())
                                      : SourceKey(ep.address(), options_.limit_loopback_addresses);
+  if (auto why = BlockedReason(hs->peer.peer)) {  // a dial without /p2p/ reached it
+    abandon();
+    co_return PermissionDenied("peer " + hs->peer.peer.ToString() + " at " + desc +
+                               " is blocked here: " + *why);
+  }
   auto conn = Connection::Start(
       std::move(socket), strand, Role::kInitiator, std::move(*hs), address,
       ConnectionOptionsFor(budget_key), [this](const std::string& m) { return LookupHandler(m); },
       [this](Connection* c) { OnConnectionClosed(c); });
   if (lane != kProbeLane) AddConnection(conn, lane);
   co_return conn;
+}
+
+bool Host::Block(const PeerId& peer, std::string reason) {
+  std::vector<std::shared_ptr<Connection>> open;
+  {
+    std::lock_guard lock(mu_);
+    if (!blocked_.contains(peer) && blocked_.size() >= kMaxBlockedPeers) return false;
+    blocked_[peer] = reason;
+    if (auto it = pool_.find(peer); it != pool_.end()) open = it->second;
+  }
+  for (auto& c : open) {
+    if (c) c->Shutdown("this peer refuses you: " + reason);
+  }
+  return true;
+}
+
+std::optional<std::string> Host::BlockedReason(const PeerId& peer) const {
+  std::lock_guard lock(mu_);
+  auto it = blocked_.find(peer);
+  if (it == blocked_.end()) return std::nullopt;
+  return it->second;
 }
 
 asio::awaitable<Status> Host::Probe(Multiaddr address) {

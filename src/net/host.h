@@ -152,6 +152,14 @@ class Host {
     uint64_t evicted = 0;      // connections closed to make room for a lighter address
   };
   SlotRefusals slot_refusals() const;
+  // Refuses `peer` for the host's lifetime (e.g. a peer that averaging verification banned):
+  // its open connections close now and later ones right after their handshake, with `reason`
+  // (the peer is told), and dials to it fail at once. At most kMaxBlockedPeers are held (beyond,
+  // Block returns false and the peer is not blocked).
+  static constexpr size_t kMaxBlockedPeers = 65'536;
+  bool Block(const PeerId& peer, std::string reason);
+  // Why `peer` is blocked, if it is.
+  std::optional<std::string> BlockedReason(const PeerId& peer) const;
   // Our address as peers have reported seeing it: at most kMaxObservedAddresses, those that
   // more peers reported first (observed_addresses.h).
   std::vector<std::string> ObservedAddresses() const;
@@ -253,6 +261,7 @@ class Host {
   mutable std::mutex mu_;
   // Open connections per peer; index = lane. Null entries are free lanes.
   std::unordered_map<PeerId, std::vector<std::shared_ptr<Connection>>> pool_;
+  std::unordered_map<PeerId, std::string> blocked_;  // Block(); at most kMaxBlockedPeers
   AccessRefusals refusals_;
   std::unordered_map<std::string, StreamHandler> handlers_;
   // Dials in progress, so that concurrent calls to one peer share one connection. Touched only

@@ -225,6 +225,20 @@ TEST(Verification, AReducerReturningAWrongResultIsBannedByEveryHonestMember) {
     EXPECT_NE(banned[0].second.find("not the weighted mean"), std::string::npos)
         << banned[0].second;
   }
+  // The ban is the whole host's, not only averaging's: the liar's connections are refused with
+  // the reason, and the honest peers no longer dial it.
+  net::Host& liar_host = swarm.peers()[3]->node->host();
+  for (size_t i = 0; i < 3; ++i) {
+    net::Host& honest_host = swarm.peers()[i]->node->host();
+    auto ping = liar_host.PingSync(honest_host.ListenAddresses()[0]);
+    ASSERT_FALSE(ping.ok()) << "peer " << i;
+    EXPECT_NE(ping.status().message().find("refuses you: it was banned from averaging 'test.avg'"),
+              std::string::npos)
+        << ping.status().ToString();
+    auto dial = honest_host.PingSync(liar_host.ListenAddresses()[0]);
+    ASSERT_FALSE(dial.ok()) << "peer " << i;
+    EXPECT_EQ(dial.status().code(), StatusCode::kPermissionDenied) << dial.status().ToString();
+  }
 
   // A newcomer that never met the liar learns the ban from the DHT: the evidence is the liar's
   // own signed checks. (The honest peers publish it in the background: wait until it is there,
