@@ -168,7 +168,10 @@ std::vector<std::string> FaultArgs(const std::string& start_at) {
 // Runs 4 peers where peer 3 injects `fault` and checks the survivors' rounds.
 void RunFault(const std::string& fault, bool faulty_reports, bool faulty_absent) {
   ProcessSwarm swarm;
-  const std::string start = StartAt(3);
+  // The four start their round together: spawned at once (not one after another's "ready",
+  // which on a loaded machine took longer than the margin, and a late peer found the other
+  // three already averaging as a group of three).
+  const std::string start = StartAt(4);
   const std::vector<double> weights = {1, 2, 3, 4};
   for (uint64_t i = 0; i < 4; ++i) {
     auto args = FaultArgs(start);
@@ -176,8 +179,9 @@ void RunFault(const std::string& fault, bool faulty_reports, bool faulty_absent)
       args.push_back("--inject-fault");
       args.push_back(fault);
     }
-    swarm.Add(i, args, weights[i]);
+    swarm.Add(i, args, weights[i], /*wait=*/false);
   }
+  for (size_t i = 0; i < 4; ++i) ASSERT_NO_FATAL_FAILURE(swarm.WaitReady(i));
   for (size_t i = 0; i < 3; ++i) {
     auto round = swarm.NextEvent(i);
     ASSERT_TRUE(round.ok()) << "peer " << i << ": " << round.status().ToString();
@@ -208,14 +212,15 @@ TEST(AveragingFaults, AReducerReturningAWrongResultIsBannedAndLeftOut) {
   // reduces. The honest three ban it after the first round (their values for its span are
   // their own, every other part the exact mean of all four), and average without it next.
   ProcessSwarm swarm;
-  const std::string start = StartAt(3);
+  const std::string start = StartAt(4);  // spawned at once, as in RunFault
   std::string liar_id;
   for (uint64_t i = 0; i < 4; ++i) {
     auto args = FaultArgs(start);
     args.insert(args.end(), {"--verify", "--rounds", "2"});
     if (i == 3) args.insert(args.end(), {"--lie", "wrong-result"});
-    swarm.Add(i, args, 1.0);
+    swarm.Add(i, args, 1.0, /*wait=*/false);
   }
+  for (size_t i = 0; i < 4; ++i) ASSERT_NO_FATAL_FAILURE(swarm.WaitReady(i));
   for (size_t i = 0; i < 3; ++i) {
     auto round = swarm.NextEvent(i);
     ASSERT_TRUE(round.ok()) << "peer " << i << ": " << round.status().ToString();
