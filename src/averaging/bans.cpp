@@ -127,13 +127,14 @@ asio::awaitable<void> Averager::Impl::LearnBans() {
           candidates.push_back(std::move(b));
         }
       }
+      // Only a peer that audits can check an accusation; it bans nobody on one.
+      if (options_.audit_targets == 0) continue;
       for (const PeerId& peer : bans->accused) {
         if (peer != host_.peer_id()) accused.push_back(peer);
       }
     }
   }
-  // Only a peer that audits can check an accusation; it bans nobody on one.
-  if (options_.audit_targets > 0) {
+  if (!accused.empty()) {
     std::lock_guard lock(ban_mu_);
     for (const PeerId& peer : accused) {
       if (suspects_.size() >= kMaxSuspects) break;

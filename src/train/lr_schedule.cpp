@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 namespace colony::train {
 
@@ -35,22 +36,25 @@ Status LrSchedule::Check() const {
   return Status::Ok();
 }
 
+namespace {
+constexpr std::pair<std::string_view, LrSchedule::Kind> kKinds[] = {
+    {"constant", LrSchedule::Kind::kConstant},
+    {"linear", LrSchedule::Kind::kLinear},
+    {"cosine", LrSchedule::Kind::kCosine},
+};
+}  // namespace
+
 Result<LrSchedule::Kind> ParseLrScheduleKind(std::string_view name) {
-  if (name == "constant") return LrSchedule::Kind::kConstant;
-  if (name == "linear") return LrSchedule::Kind::kLinear;
-  if (name == "cosine") return LrSchedule::Kind::kCosine;
+  for (const auto& [known, kind] : kKinds) {
+    if (name == known) return kind;
+  }
   return InvalidArgument(
       fmt::format("unknown learning-rate schedule '{}' (known: constant, linear, cosine)", name));
 }
 
 std::string LrScheduleKindName(LrSchedule::Kind kind) {
-  switch (kind) {
-    case LrSchedule::Kind::kConstant:
-      return "constant";
-    case LrSchedule::Kind::kLinear:
-      return "linear";
-    case LrSchedule::Kind::kCosine:
-      return "cosine";
+  for (const auto& [name, known] : kKinds) {
+    if (kind == known) return std::string(name);
   }
   return "unknown";
 }
