@@ -5,6 +5,7 @@
 //   {"event":"round","round":0,"ok":true,"group_size":4,"members":[...],"parts":[...],...}
 //   {"event":"state","ok":true,...}                      (with --load-state)
 //   {"event":"done"}
+#include <fmt/format.h>
 #include <signal.h>
 
 #include <chrono>
@@ -53,6 +54,7 @@ struct AverageArgs {
   bool verify = false;
   std::string lie = "none";
   double start_at = 0;
+  bool start_on_signal = false;
   std::string gather;
   std::string output;
   std::string fault = "none";
@@ -64,6 +66,24 @@ struct AverageArgs {
   std::string relay_listen;
   bool no_hole_punching = false;
 };
+
+// Set by SIGUSR1 (--start-on-signal). A handler rather than a blocked signal: any thread may take
+// it, including those the libraries started before Run.
+volatile sig_atomic_t start_signalled = 0;
+extern "C" void OnStartSignal(int) { start_signalled = 1; }
+
+// Waits until SIGUSR1 has arrived, or fails after `timeout` seconds.
+Status WaitForStartSignal(double timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  while (!start_signalled) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return DeadlineExceeded(
+          fmt::format("--start-on-signal: no SIGUSR1 within --timeout ({} s)", timeout));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return Status::Ok();
+}
 
 void Emit(const nlohmann::json& j) {
   std::printf("%s\n", Dump(j).c_str());
@@ -77,6 +97,14 @@ int Run(const AverageArgs& a) {
   if (!codec.ok()) return Fail(codec.status());
   auto fault = averaging::ParseFault(a.fault);
   if (!fault.ok()) return Fail(fault.status());
+  if (a.start_on_signal) {
+    if (a.start_at > 0) return Fail(InvalidArgument("--start-on-signal excludes --start-at"));
+    struct sigaction action = {};
+    action.sa_handler = OnStartSignal;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGUSR1, &action, nullptr) != 0)
+      return Fail(Internal("--start-on-signal: cannot handle SIGUSR1"));
+  }
 
   auto identity = a.identity.empty() ? KeyPair::Generate() : KeyPair::Load(a.identity);
   if (!identity.ok()) return Fail(identity.status());
@@ -166,6 +194,9 @@ int Run(const AverageArgs& a) {
   if (a.start_at > 0) {
     const double wait = a.start_at - dht::Now();
     if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+  }
+  if (a.start_on_signal) {
+    if (auto st = WaitForStartSignal(a.timeout); !st.ok()) return Fail(st);
   }
   if (a.load_state) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -319,6 +350,9 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
   cmd->add_flag("--no-hole-punching", a->no_hole_punching,
                 "keep relayed connections instead of trying to replace them with direct ones");
   cmd->add_option("--start-at", a->start_at, "wall-clock time (Unix seconds) to start at");
+  cmd->add_flag("--start-on-signal", a->start_on_signal,
+                "after the ready line, wait for SIGUSR1 before the first round (a script that "
+                "starts many peers starts their rounds together, however slowly each started)");
   cmd->add_option("--gather", a->gather, "metadata sent to the group (default: the peer id)");
   cmd->add_option("--output", a->output, "write the averaged values (raw float32) to this file");
   cmd->add_option("--inject-fault", a->fault,

@@ -84,6 +84,11 @@ class ProcessSwarm {
     ASSERT_EQ(json::parse(*ready)["event"], "ready") << *ready;
   }
 
+  // Starts the first round of every peer added with --start-on-signal, all at once.
+  void StartRounds() {
+    for (auto& p : peers_) p.process->Signal(SIGUSR1);
+  }
+
   // The next "round" (or "state") line of peer i.
   Result<json> NextEvent(size_t i, std::chrono::milliseconds timeout = 90s) {
     for (;;) {
@@ -146,7 +151,9 @@ std::string StartAt(double seconds_from_now) {
 
 constexpr size_t kValues = 200'000;
 
-std::vector<std::string> FaultArgs(const std::string& start_at) {
+// The peers wait for StartRounds(): their processes may take seconds to start on a loaded
+// machine, and one that started late would find the others already averaging without it.
+std::vector<std::string> FaultArgs() {
   // min 3: when the faulty peer is the leader and dies before its followers read BEGIN, the
   // other three form a group of their own.
   return {"--values",
@@ -161,20 +168,15 @@ std::vector<std::string> FaultArgs(const std::string& start_at) {
           "2",
           "--timeout",
           "40",
-          "--start-at",
-          start_at};
+          "--start-on-signal"};
 }
 
 // Runs 4 peers where peer 3 injects `fault` and checks the survivors' rounds.
 void RunFault(const std::string& fault, bool faulty_reports, bool faulty_absent) {
   ProcessSwarm swarm;
-  // The four start their round together: spawned at once (not one after another's "ready",
-  // which on a loaded machine took longer than the margin, and a late peer found the other
-  // three already averaging as a group of three).
-  const std::string start = StartAt(4);
   const std::vector<double> weights = {1, 2, 3, 4};
   for (uint64_t i = 0; i < 4; ++i) {
-    auto args = FaultArgs(start);
+    auto args = FaultArgs();
     if (i == 3) {
       args.push_back("--inject-fault");
       args.push_back(fault);
@@ -182,6 +184,7 @@ void RunFault(const std::string& fault, bool faulty_reports, bool faulty_absent)
     swarm.Add(i, args, weights[i], /*wait=*/false);
   }
   for (size_t i = 0; i < 4; ++i) ASSERT_NO_FATAL_FAILURE(swarm.WaitReady(i));
+  swarm.StartRounds();
   for (size_t i = 0; i < 3; ++i) {
     auto round = swarm.NextEvent(i);
     ASSERT_TRUE(round.ok()) << "peer " << i << ": " << round.status().ToString();
@@ -212,15 +215,15 @@ TEST(AveragingFaults, AReducerReturningAWrongResultIsBannedAndLeftOut) {
   // reduces. The honest three ban it after the first round (their values for its span are
   // their own, every other part the exact mean of all four), and average without it next.
   ProcessSwarm swarm;
-  const std::string start = StartAt(4);  // spawned at once, as in RunFault
   std::string liar_id;
   for (uint64_t i = 0; i < 4; ++i) {
-    auto args = FaultArgs(start);
+    auto args = FaultArgs();
     args.insert(args.end(), {"--verify", "--rounds", "2"});
     if (i == 3) args.insert(args.end(), {"--lie", "wrong-result"});
     swarm.Add(i, args, 1.0, /*wait=*/false);
   }
   for (size_t i = 0; i < 4; ++i) ASSERT_NO_FATAL_FAILURE(swarm.WaitReady(i));
+  swarm.StartRounds();
   for (size_t i = 0; i < 3; ++i) {
     auto round = swarm.NextEvent(i);
     ASSERT_TRUE(round.ok()) << "peer " << i << ": " << round.status().ToString();
@@ -250,9 +253,8 @@ TEST(AveragingFaults, ARoundThatAveragedWithNobodyIsNotOk) {
   // part timeout and its result holds only its own data. That is not a round of two that
   // succeeded (it used to say ok with group_size 2).
   ProcessSwarm swarm;
-  const std::string start = StartAt(3);
   for (uint64_t i = 0; i < 2; ++i) {
-    auto args = FaultArgs(start);
+    auto args = FaultArgs();
     for (size_t k = 0; k + 1 < args.size(); ++k) {
       if (args[k] == "--target-group-size" || args[k] == "--min-group-size") args[k + 1] = "2";
     }
@@ -267,6 +269,7 @@ TEST(AveragingFaults, ARoundThatAveragedWithNobodyIsNotOk) {
     }
     swarm.Add(i, args, 1.0);
   }
+  swarm.StartRounds();
   auto round = swarm.NextEvent(0);
   ASSERT_TRUE(round.ok()) << round.status().ToString();
   EXPECT_FALSE((*round)["ok"].get<bool>()) << round->dump();
@@ -286,10 +289,9 @@ TEST(AveragingProcesses, SixteenPeersReachTheGlobalMeanInTwoMoshpitRounds) {
   ProcessSwarm swarm;
   const size_t n = 20'000;
   // A peer whose group does not form keeps its bits and lands in the wrong bucket next round,
-  // so every group must form. The 16 processes start together (not one after another's
-  // readiness), and a wide matchmaking window absorbs slow starts (sanitizers, a loaded
-  // machine); it costs nothing otherwise, since a group starts as soon as it has 4.
-  const std::string start = StartAt(8);
+  // so every group must form. The 16 processes start their rounds together once all are ready,
+  // and a wide matchmaking window absorbs a slow one (sanitizers, a loaded machine); it costs
+  // nothing otherwise, since a group starts as soon as it has 4.
   for (uint64_t i = 0; i < 16; ++i) {
     const std::string bits = std::string(1, '0' + static_cast<char>((i >> 1) & 1)) +
                              std::string(1, '0' + static_cast<char>(i & 1));
@@ -297,10 +299,11 @@ TEST(AveragingProcesses, SixteenPeersReachTheGlobalMeanInTwoMoshpitRounds) {
         swarm.Add(i,
                   {"--values", std::to_string(n), "--target-group-size", "4", "--min-group-size",
                    "4", "--group-bits", bits, "--rounds", "2", "--matchmaking-time", "60",
-                   "--timeout", "120", "--part-size-kib", "16", "--start-at", start},
+                   "--timeout", "120", "--part-size-kib", "16", "--start-on-signal"},
                   1.0, /*wait=*/false));
   }
   for (size_t i = 0; i < 16; ++i) ASSERT_NO_FATAL_FAILURE(swarm.WaitReady(i));
+  swarm.StartRounds();
   std::vector<double> mean(n, 0.0);
   std::vector<float> v(n);
   for (uint64_t i = 0; i < 16; ++i) {
