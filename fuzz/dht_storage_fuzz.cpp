@@ -1,8 +1,9 @@
 // Fuzz target for dht::Storage, the records a node holds for strangers: the input is a sequence of
-// stores (by several writers, under a few keys, plain or with subkeys, some naming an owner) and
-// clock advances. After every step the storage's rules must hold: its byte and quota accounting
-// equals what it holds, no dictionary exceeds its limits, a plain value never replaces a
-// dictionary, and no owner's entry disappears before it expires unless the owner replaced it.
+// stores (by several writers from a few source addresses, under a few keys, plain or with subkeys,
+// some naming an owner) and clock advances. After every step the storage's rules must hold: its
+// byte and quota accounting (per writer and per address) equals what it holds, no dictionary
+// exceeds its limits, a plain value never replaces a dictionary, and no owner's entry disappears
+// before it expires unless the owner replaced it.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -57,10 +58,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_subkeys = 6;
   limits.max_record_bytes = 1200;
   limits.per_peer_quota_bytes = 2000;
+  limits.per_source_quota_bytes = 2600;
   limits.capacity_bytes = 3500;
   limits.max_ttl_seconds = 1000;
   Storage storage(limits);
   const std::vector<std::string> keys{"a", "b", "c"};
+  const std::vector<std::string> sources{"", "10.0.0.1", "10.0.0.2"};  // "": exempt
   // The owners' entries the storage accepted: (key, subkey) -> entry.
   std::map<std::pair<std::string, std::string>, ValueEntry> owned;
   double now = kStart;
@@ -99,7 +102,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (v.expiration > now && !HasOwnerMarker(s)) ++unsigned_before;
       }
     }
-    const Status st = storage.Store(id, item, writer, now, (op & 16) == 0);
+    const Status st =
+        storage.Store(id, item, writer, now, (op & 16) == 0, sources[(op >> 5) % sources.size()]);
     // A full dictionary makes room for an owner by pushing out unsigned entries.
     if (st.code() == StatusCode::kResourceExhausted && item.subkey &&
         HasOwnerMarker(*item.subkey) && unsigned_before > 0 &&
@@ -134,6 +138,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       charged += storage.usage_of(p);
     }
     if (charged > total) Fail();
+    size_t charged_to_sources = 0;
+    for (const std::string& source : sources) {
+      if (storage.usage_of_source(source) > limits.per_source_quota_bytes) Fail();
+      charged_to_sources += storage.usage_of_source(source);
+    }
+    if (storage.usage_of_source("") != 0 || charged_to_sources > charged) Fail();
     // Every owner's entry that has not expired is still there, as new as the owner left it.
     for (auto it = owned.begin(); it != owned.end();) {
       if (it->second.expiration <= now) {

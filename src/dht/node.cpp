@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "dht/wire.h"
 #include "net/run_on_strand.h"
+#include "net/source_address.h"
 
 namespace colony::dht {
 
@@ -193,21 +194,25 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
     Register(kFind, &DecodeFindRequest, &DhtCore::HandleFind, &EncodeFindResponse);
   }
 
-  // Serves `method`: decode the request, let the core handle it on the strand, encode the reply.
+  // Serves `method`: decode the request, let the core handle it on the strand (with the
+  // caller's peer id and source address key), encode the reply.
   template <typename Request, typename Response>
   void Register(const char* method, Result<Request> (*decode)(std::string_view),
-                Result<Response> (DhtCore::*handle)(const PeerId&, const Request&),
+                Result<Response> (DhtCore::*handle)(const PeerId&, const Request&,
+                                                    const std::string&),
                 std::string (*encode)(const Response&)) {
     std::weak_ptr<Impl> weak = weak_from_this();
+    const bool limit_loopback = host_->limits_loopback();
     host_->RegisterUnary(
         method,
-        [weak, decode, handle, encode](net::CallContext& ctx,
-                                       net::Message m) -> asio::awaitable<Result<net::Message>> {
+        [weak, decode, handle, encode, limit_loopback](
+            net::CallContext& ctx, net::Message m) -> asio::awaitable<Result<net::Message>> {
           auto req = decode(m.meta);
           if (!req.ok()) co_return req.status();
-          auto serve = [from = ctx.peer(), req = std::move(*req), handle,
+          auto serve = [from = ctx.peer(), source = net::SourceKey(ctx, limit_loopback),
+                        req = std::move(*req), handle,
                         encode](DhtCore& core) -> Result<net::Message> {
-            auto r = (core.*handle)(from, req);
+            auto r = (core.*handle)(from, req, source);
             if (!r.ok()) return r.status();
             return net::Message(encode(*r));
           };

@@ -89,6 +89,8 @@ DhtCore::DhtCore(const KeyPair& identity, std::vector<std::string> addrs, DhtOpt
         StorageLimits l = options.storage;
         l.capacity_bytes = options.cache_capacity_bytes;
         l.per_peer_quota_bytes = std::min(l.per_peer_quota_bytes, options.cache_capacity_bytes / 4);
+        l.per_source_quota_bytes =
+            std::min(l.per_source_quota_bytes, options.cache_capacity_bytes / 2);
         return l;
       }()),
       rng_([&] {
@@ -220,6 +222,8 @@ void DhtCore::Maintain() {
                 [&](const auto& kv) { return kv.second.until + options_.backoff_max < now; });
   std::erase_if(rate_,
                 [&](const auto& kv) { return now - kv.second.last > std::chrono::minutes(1); });
+  std::erase_if(source_rate_,
+                [&](const auto& kv) { return now - kv.second.last > std::chrono::minutes(1); });
   if (!options_.client_mode || routing_.size() > 0) {
     // The first round after joining refreshes every sparse bucket: peers that joined at the
     // same moment as us were not there to be found during our own join.
@@ -274,22 +278,20 @@ void DhtCore::OnFailure(const Contact& contact) {
   b.until = Now() + std::min(wait, options_.backoff_max);
 }
 
-bool DhtCore::RateLimited(const PeerId& peer) {
+template <typename Key>
+bool DhtCore::TakeToken(std::unordered_map<Key, Bucket>& buckets, const Key& key, double rate) {
   const SteadyTime now = Now();
-  const double burst = 2 * options_.max_requests_per_second;
-  auto [it, fresh] = rate_.try_emplace(peer, Bucket{burst, now});
+  const double burst = 2 * rate;
+  auto [it, fresh] = buckets.try_emplace(key, Bucket{burst, now});
   Bucket& b = it->second;
   if (!fresh) {
     const double dt = std::chrono::duration<double>(now - b.last).count();
-    b.tokens = std::min(burst, b.tokens + dt * options_.max_requests_per_second);
+    b.tokens = std::min(burst, b.tokens + dt * rate);
     b.last = now;
   }
-  if (b.tokens < 1) {
-    ++stats_.requests_refused;
-    return true;
-  }
+  if (b.tokens < 1) return false;
   b.tokens -= 1;
-  return false;
+  return true;
 }
 
 void DhtCore::NoteSender(const PeerId& from, const NodeHeader& header) {
@@ -874,18 +876,28 @@ void DhtCore::ScheduleCacheRefresh(const DhtId& id, double expiration) {
 // ---------------------------------------------------------------------------------------------
 // Serving
 
-Status DhtCore::Admit(const PeerId& from) {
+Status DhtCore::Admit(const PeerId& from, const std::string& source) {
   if (options_.client_mode) {
     return Unavailable("this DHT node is in client mode and serves no requests");
   }
   if (stopped_) return Unavailable("this DHT node is shutting down");
-  if (RateLimited(from)) return ResourceExhausted("too many DHT requests; slow down");
+  if (!TakeToken(rate_, from, options_.max_requests_per_second)) {
+    ++stats_.requests_refused;
+    return ResourceExhausted("too many DHT requests; slow down");
+  }
+  if (!source.empty() &&
+      !TakeToken(source_rate_, source, options_.max_requests_per_second_per_source)) {
+    ++stats_.requests_refused;
+    return ResourceExhausted(
+        fmt::format("too many DHT requests from address {}; slow down", source));
+  }
   ++stats_.requests_served;
   return Status::Ok();
 }
 
-Result<PingResponse> DhtCore::HandlePing(const PeerId& from, const PingRequest& request) {
-  COLONY_RETURN_IF_ERROR(Admit(from));
+Result<PingResponse> DhtCore::HandlePing(const PeerId& from, const PingRequest& request,
+                                         const std::string& source) {
+  COLONY_RETURN_IF_ERROR(Admit(from, source));
   const double skew = request.wall_time - Wall();
   if (!std::isfinite(skew) || std::abs(skew) > options_.max_clock_skew_seconds + 1.0) {
     return FailedPrecondition(
@@ -897,8 +909,9 @@ Result<PingResponse> DhtCore::HandlePing(const PeerId& from, const PingRequest& 
   return PingResponse{self_.peer, Wall(), options_.client_mode};
 }
 
-Result<StoreResponse> DhtCore::HandleStore(const PeerId& from, const StoreRequest& request) {
-  COLONY_RETURN_IF_ERROR(Admit(from));
+Result<StoreResponse> DhtCore::HandleStore(const PeerId& from, const StoreRequest& request,
+                                           const std::string& source) {
+  COLONY_RETURN_IF_ERROR(Admit(from, source));
   NoteSender(from, request.sender);
   StoreResponse response;
   const double now = Wall();
@@ -921,10 +934,10 @@ Result<StoreResponse> DhtCore::HandleStore(const PeerId& from, const StoreReques
       const DhtId id = DhtId::ForKey(item.key);
       if (ri.in_cache) {
         if (storage_.Get(id, now) == nullptr) {
-          st = cache_.Store(id, item, from, now, true);
+          st = cache_.Store(id, item, from, now, true, source);
         }
       } else {
-        st = storage_.Store(id, item, from, now, true);
+        st = storage_.Store(id, item, from, now, true, source);
       }
     }
     response.results.push_back(std::move(st));
@@ -932,8 +945,9 @@ Result<StoreResponse> DhtCore::HandleStore(const PeerId& from, const StoreReques
   return response;
 }
 
-Result<FindResponse> DhtCore::HandleFind(const PeerId& from, const FindRequest& request) {
-  COLONY_RETURN_IF_ERROR(Admit(from));
+Result<FindResponse> DhtCore::HandleFind(const PeerId& from, const FindRequest& request,
+                                         const std::string& source) {
+  COLONY_RETURN_IF_ERROR(Admit(from, source));
   NoteSender(from, request.sender);
   FindResponse response;
   for (const DhtId& id : request.ids) {

@@ -70,6 +70,9 @@ struct DhtOptions {
   Duration backoff_max = std::chrono::seconds(60);
   // Requests served per peer per second (token bucket of twice this size).
   double max_requests_per_second = 500;
+  // Requests served per second to all the peers at one source address together (identities
+  // are free; a bucket of twice this size).
+  double max_requests_per_second_per_source = 2000;
   // Buckets not refreshed for this long are refreshed by a lookup of a random id in them.
   Duration bucket_refresh_interval = std::chrono::minutes(10);
   // Buckets with fewer than k contacts are refreshed more often, and once shortly after
@@ -116,10 +119,15 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   // Nearest known live nodes to `target` after a network lookup.
   void FindNodes(DhtId target, Callback<std::vector<Contact>> done);
 
-  // Request handlers (the sender's PeerId is authenticated by the transport).
-  Result<PingResponse> HandlePing(const PeerId& from, const PingRequest& request);
-  Result<StoreResponse> HandleStore(const PeerId& from, const StoreRequest& request);
-  Result<FindResponse> HandleFind(const PeerId& from, const FindRequest& request);
+  // Request handlers (the sender's PeerId is authenticated by the transport; `source` is its
+  // address as net::SourceKey names it, "" when exempt, e.g. loopback). Requests are rate
+  // limited per sender and per source; a store is charged to both.
+  Result<PingResponse> HandlePing(const PeerId& from, const PingRequest& request,
+                                  const std::string& source = {});
+  Result<StoreResponse> HandleStore(const PeerId& from, const StoreRequest& request,
+                                    const std::string& source = {});
+  Result<FindResponse> HandleFind(const PeerId& from, const FindRequest& request,
+                                  const std::string& source = {});
 
   // Stops timers and lookups; pending operations fail with Closed. Idempotent.
   void Shutdown();
@@ -151,9 +159,9 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   void StartMaintenance();
   void Maintain();
   void RefreshBuckets(std::vector<size_t> buckets, std::function<void()> done);
-  bool RateLimited(const PeerId& peer);
-  // Whether a request from `from` is served at all (client mode, shutdown, rate limit).
-  Status Admit(const PeerId& from);
+  // Whether a request from `from` at `source` is served at all (client mode, shutdown, rate
+  // limits).
+  Status Admit(const PeerId& from, const std::string& source);
   void NoteSender(const PeerId& from, const NodeHeader& header);
   bool BackedOff(const PeerId& peer) const;
   void OnSuccess(const Contact& contact, bool client_mode);
@@ -212,7 +220,12 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
     double tokens = 0;
     SteadyTime last;
   };
+  // Takes a token from `key`'s bucket (refilled at `rate` per second, holding at most twice
+  // that); false when it is empty.
+  template <typename Key>
+  bool TakeToken(std::unordered_map<Key, Bucket>& buckets, const Key& key, double rate);
   std::unordered_map<PeerId, Bucket> rate_;
+  std::unordered_map<std::string, Bucket> source_rate_;
   // Gets in flight, so that concurrent gets of one key share one lookup.
   std::map<std::pair<DhtId, Freshness>, std::shared_ptr<GetOp>> gets_in_flight_;
   // Finds queued for a peer during the current event: lookups running at the same time (a

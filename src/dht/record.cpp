@@ -133,9 +133,15 @@ size_t Storage::usage_of(const PeerId& peer) const {
   return it == usage_.end() ? 0 : it->second;
 }
 
+size_t Storage::usage_of_source(const std::string& source) const {
+  auto it = source_usage_.find(source);
+  return it == source_usage_.end() ? 0 : it->second;
+}
+
 void Storage::Acquire(const Charge& c) {
   total_bytes_ += c.bytes;
   usage_[c.writer] += c.bytes;
+  if (!c.source.empty()) source_usage_[c.source] += c.bytes;
 }
 
 void Storage::Release(const Charge& c) {
@@ -144,6 +150,12 @@ void Storage::Release(const Charge& c) {
   if (it != usage_.end()) {
     it->second -= std::min(it->second, c.bytes);
     if (it->second == 0) usage_.erase(it);
+  }
+  if (c.source.empty()) return;
+  auto source = source_usage_.find(c.source);
+  if (source != source_usage_.end()) {
+    source->second -= std::min(source->second, c.bytes);
+    if (source->second == 0) source_usage_.erase(source);
   }
 }
 
@@ -181,7 +193,7 @@ void Storage::Erase(std::unordered_map<DhtId, Slot>::iterator it) {
 }
 
 Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writer, double now,
-                      bool charge) {
+                      bool charge, const std::string& source) {
   COLONY_RETURN_IF_ERROR(CheckItem(item, limits_, now));
   auto it = records_.find(id);
   if (it != records_.end() && !PruneSlot(it->second, now)) {
@@ -193,8 +205,9 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
     return InvalidArgument("another key is stored under this key's DHT id");
   }
 
-  Charge fresh{writer, item.key.size() + (item.subkey ? item.subkey->size() : 0) +
-                           item.value.size() + kEntryOverhead};
+  Charge fresh{writer, charge ? source : std::string(),
+               item.key.size() + (item.subkey ? item.subkey->size() : 0) + item.value.size() +
+                   kEntryOverhead};
   const ValueEntry entry{item.value, item.expiration};
 
   // What the store would free, to check quotas against the state after it.
@@ -266,15 +279,22 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
     }
   }
 
-  size_t freed_total = 0, freed_by_writer = 0;
+  size_t freed_total = 0, freed_by_writer = 0, freed_by_source = 0;
   for (const Charge* c : freed) {
     freed_total += c->bytes;
     if (c->writer == writer) freed_by_writer += c->bytes;
+    if (!fresh.source.empty() && c->source == fresh.source) freed_by_source += c->bytes;
   }
   if (charge && usage_of(writer) - freed_by_writer + fresh.bytes > limits_.per_peer_quota_bytes) {
     return ResourceExhausted(
         fmt::format("peer {} has used its storage quota of {} bytes on this node", writer.Short(),
                     limits_.per_peer_quota_bytes));
+  }
+  if (!fresh.source.empty() && usage_of_source(fresh.source) - freed_by_source + fresh.bytes >
+                                   limits_.per_source_quota_bytes) {
+    return ResourceExhausted(
+        fmt::format("the peers at address {} have used its storage quota of {} bytes on this node",
+                    fresh.source, limits_.per_source_quota_bytes));
   }
   if (total_bytes_ - freed_total + fresh.bytes > limits_.capacity_bytes) {
     return ResourceExhausted(

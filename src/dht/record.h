@@ -72,6 +72,9 @@ struct StorageLimits {
   size_t capacity_bytes = 256u << 20;
   // What any one remote peer may make this node hold.
   size_t per_peer_quota_bytes = 32u << 20;
+  // What all the peers that reach this node from one source address may make it hold together
+  // (identities are free: without it, 8 identities from one machine fill capacity_bytes).
+  size_t per_source_quota_bytes = 64u << 20;
   // How far ahead an expiration may be. Longer is refused (not shortened: owners sign the exact
   // expiration), so that nobody can park a record for weeks.
   double max_ttl_seconds = 24 * 3600.0;
@@ -99,13 +102,14 @@ class Storage {
  public:
   explicit Storage(StorageLimits limits = {}) : limits_(limits) {}
 
-  // Stores `item` under `id`, written by `writer` (quota-charged unless `charge` is false).
+  // Stores `item` under `id`, written by `writer` from `source` (net::SourceKey: its address,
+  // or "" when exempt), quota-charged to both unless `charge` is false.
   // The caller has validated it: a subkey that names an owner is taken as signed by the owner.
   // OK also when an identical entry is already stored. Errors: AlreadyExists ("a newer value
-  // is stored", "a plain value cannot replace a dictionary"), ResourceExhausted (quota,
+  // is stored", "a plain value cannot replace a dictionary"), ResourceExhausted (a quota,
   // capacity, dictionary full), InvalidArgument (sizes, expiration in the past or too far).
   Status Store(const DhtId& id, const StoreItem& item, const PeerId& writer, double now,
-               bool charge = true);
+               bool charge = true, const std::string& source = {});
   // The unexpired record under `id`, or nullptr. Expired entries are dropped on the way.
   const Record* Get(const DhtId& id, double now);
   // The record under `id` as held, expired entries included (for inspection).
@@ -120,6 +124,7 @@ class Storage {
   size_t size() const { return records_.size(); }
   size_t bytes() const { return total_bytes_; }
   size_t usage_of(const PeerId& peer) const;
+  size_t usage_of_source(const std::string& source) const;
   const StorageLimits& limits() const { return limits_; }
   template <typename F>
   void ForEach(F&& f) const {
@@ -129,6 +134,7 @@ class Storage {
  private:
   struct Charge {
     PeerId writer;
+    std::string source;  // "" when exempt or uncharged
     size_t bytes = 0;
   };
   struct Slot {
@@ -145,6 +151,7 @@ class Storage {
   StorageLimits limits_;
   std::unordered_map<DhtId, Slot> records_;
   std::unordered_map<PeerId, size_t> usage_;
+  std::unordered_map<std::string, size_t> source_usage_;  // only sources holding something
   size_t total_bytes_ = 0;
 };
 

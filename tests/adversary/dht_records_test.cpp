@@ -304,6 +304,62 @@ TEST_F(AttackedSwarm, AReplicaAnsweringMoreThanANodeStoresIsIgnored) {
   (*victim)->Shutdown();
 }
 
+net::HostOptions DialingFrom(const std::string& ip) {
+  net::HostOptions o;
+  o.dial_from = ip;
+  return o;
+}
+
+TEST(StorageAttack, ManyIdentitiesFromOneAddressHoldOnlyThatAddresssQuota) {
+  // The victim applies its per-address caps to loopback, so that 127.0.0.2 plays the attacker's
+  // machine and 127.0.0.3 an honest one. Six identities could each fill a quarter of its
+  // storage; together they get the address's half, and the honest peer still stores.
+  NodeOptions o = GuardedOptions({});
+  o.host.limit_loopback_addresses = true;
+  o.dht.storage.per_peer_quota_bytes = 1u << 20;
+  o.dht.storage.per_source_quota_bytes = 2u << 20;
+  o.dht.storage.capacity_bytes = 4u << 20;
+  auto victim = Node::Start(KeyPair::Generate(), o);
+  ASSERT_TRUE(victim.ok()) << victim.status().ToString();
+  const Multiaddr at = (*victim)->VisibleAddresses().at(0);
+  const std::string value(256u << 10, 'v');
+  const size_t entry = value.size() + 100;  // a key and the storage's bookkeeping, at most
+  size_t accepted = 0;
+  Status refusal;
+  for (int id = 0; id < 6; ++id) {
+    HostilePeer sybil(DialingFrom("127.0.0.2"));
+    ASSERT_TRUE(sybil.start_error().ok()) << sybil.start_error().ToString();
+    for (int i = 0; i < 4; ++i) {
+      const std::string key = "fill." + std::to_string(id) + "." + std::to_string(i);
+      auto r = sybil.Store(at, {{key, std::nullopt, value, Now() + 600}});
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      if (r->at(0).ok()) {
+        ++accepted;
+      } else {
+        refusal = r->at(0);
+      }
+    }
+  }
+  std::printf("6 identities from one address stored %zu of 24 values of 256 KiB\n", accepted);
+  EXPECT_LE(accepted * value.size(), o.dht.storage.per_source_quota_bytes);
+  EXPECT_GE(accepted * entry, o.dht.storage.per_source_quota_bytes - entry);  // it was used
+  EXPECT_EQ(refusal.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refusal.message().find("address 127.0.0.2"), std::string::npos) << refusal.message();
+
+  HostilePeer honest(DialingFrom("127.0.0.3"));
+  ASSERT_TRUE(honest.start_error().ok()) << honest.start_error().ToString();
+  for (int i = 0; i < 3; ++i) {
+    const std::string key = "honest." + std::to_string(i);
+    auto r = honest.Store(at, {{key, std::nullopt, value, Now() + 600}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r->at(0).ok()) << r->at(0).ToString();
+    auto got = (*victim)->GetSync(key, Freshness::kLatest);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->value.value.size(), value.size());
+  }
+  (*victim)->Shutdown();
+}
+
 TEST(AttackedSwarmCli, TheForgerGetsAClearRefusalAndTheOwnersRecordStays) {
   test::TempDir dir("adversary-cli");
   auto boot = test::SpawnLocalDht();

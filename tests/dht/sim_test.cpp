@@ -432,6 +432,33 @@ TEST_F(SmallSwarm, RateLimitRefusesFloods) {
   EXPECT_TRUE(target.HandleFind(sim.node(5).peer_id(), {}).ok());
 }
 
+TEST_F(SmallSwarm, RateLimitPerSourceAddressHoldsWhateverIdentitiesItUses) {
+  DhtCore& target = sim.node(3);
+  const double per_source = target.options().max_requests_per_second_per_source;
+  ASSERT_LT(300, 2 * target.options().max_requests_per_second);  // each within its own bucket
+  // 20 identities at one address, 300 requests each (the clock stands still): the address's
+  // bucket of 2x its rate serves 4,000, and refuses the rest naming the address.
+  size_t served = 0;
+  Status refusal;
+  for (int id = 0; id < 20; ++id) {
+    const PeerId sybil = KeyPair::Generate().peer_id();
+    for (int i = 0; i < 300; ++i) {
+      auto r = target.HandleFind(sybil, {}, "10.0.0.2");
+      if (r.ok()) {
+        ++served;
+      } else {
+        refusal = r.status();
+      }
+    }
+  }
+  EXPECT_EQ(served, static_cast<size_t>(2 * per_source));
+  EXPECT_EQ(refusal.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refusal.message().find("address 10.0.0.2"), std::string::npos) << refusal.message();
+  // Another address, and an exempt caller (loopback: ""), are unaffected.
+  EXPECT_TRUE(target.HandleFind(KeyPair::Generate().peer_id(), {}, "10.0.0.3").ok());
+  EXPECT_TRUE(target.HandleFind(KeyPair::Generate().peer_id(), {}, "").ok());
+}
+
 TEST_F(SmallSwarm, PerPeerQuotaBoundsWhatOnePeerCanMakeANodeHold) {
   DhtCore& target = sim.node(3);
   const PeerId greedy = sim.node(4).peer_id();

@@ -209,6 +209,43 @@ TEST(DhtStorage, LimitsQuotaCapacityAndExpirationCap) {
           .ok());
 }
 
+TEST(DhtStorage, OneSourceAddressHoldsAtMostItsQuotaWhateverIdentitiesItUses) {
+  StorageLimits limits;
+  limits.per_peer_quota_bytes = 10'000;
+  limits.per_source_quota_bytes = 15'000;
+  limits.capacity_bytes = 100'000;
+  Storage s(limits);
+  const std::string v(4000, 'v');
+  int accepted = 0;
+  Status last;
+  for (int id = 0; id < 5; ++id) {
+    const PeerId sybil = KeyPair::Generate().peer_id();
+    for (int i = 0; i < 2; ++i) {
+      const std::string key = "s" + std::to_string(id) + "." + std::to_string(i);
+      last = s.Store(DhtId::ForKey(key), Item(key, v, kNow + 10), sybil, kNow, true, "10.0.0.2");
+      accepted += last.ok();
+    }
+  }
+  // 3 of ~4,070 bytes fit in 15,000, though 5 identities could each hold 2.
+  EXPECT_EQ(accepted, 3);
+  EXPECT_LE(s.usage_of_source("10.0.0.2"), limits.per_source_quota_bytes);
+  EXPECT_EQ(last.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(last.message().find("address 10.0.0.2"), std::string::npos) << last.message();
+  // Another address, and an exempt one (""), are not held back by it.
+  const PeerId other = KeyPair::Generate().peer_id(), local = KeyPair::Generate().peer_id();
+  EXPECT_TRUE(
+      s.Store(DhtId::ForKey("o"), Item("o", v, kNow + 10), other, kNow, true, "10.0.0.3").ok());
+  EXPECT_TRUE(s.Store(DhtId::ForKey("l"), Item("l", v, kNow + 10), local, kNow, true, "").ok());
+  EXPECT_EQ(s.usage_of_source(""), 0u);
+  // Replacing one's own entry is charged only for the difference; expiry gives the bytes back.
+  EXPECT_TRUE(s.Store(DhtId::ForKey("s0.0"), Item("s0.0", v, kNow + 11),
+                      KeyPair::Generate().peer_id(), kNow, true, "10.0.0.2")
+                  .ok());
+  s.Purge(kNow + 20);
+  EXPECT_EQ(s.usage_of_source("10.0.0.2"), 0u);
+  EXPECT_EQ(s.usage_of_source("10.0.0.3"), 0u);
+}
+
 TEST(DhtStorage, CheckItemNamesTheProblem) {
   StorageLimits l;
   EXPECT_NE(CheckItem(Item("", "v", kNow + 1), l, kNow).message().find("empty"), std::string::npos);
