@@ -31,6 +31,7 @@ std::string TempPath(const std::string& name) {
 struct PeerProcess {
   std::optional<Subprocess> process;
   std::string output;
+  std::string err;  // its stderr
   uint64_t seed = 0;
   double weight = 1;
 };
@@ -69,7 +70,8 @@ class ProcessSwarm {
                                      "--output",
                                      p.output};
     argv.insert(argv.end(), args.begin(), args.end());
-    auto proc = Subprocess::Spawn(argv, TempPath("peer" + std::to_string(seed) + ".err"));
+    p.err = TempPath("peer" + std::to_string(seed) + ".err");
+    auto proc = Subprocess::Spawn(argv, p.err);
     ASSERT_TRUE(proc.ok()) << proc.status().ToString();
     p.process.emplace(std::move(*proc));
     peers_.push_back(std::move(p));
@@ -324,6 +326,17 @@ TEST(AveragingProcesses, SixteenPeersReachTheGlobalMeanInTwoMoshpitRounds) {
     ASSERT_EQ(out.size(), n);
     for (size_t k = 0; k < n; ++k) ASSERT_NEAR(out[k], mean[k], 1e-6) << "peer " << i;
   }
+}
+
+TEST(AveragingProcesses, APeerWaitingForItsStartSignalGivesUpAtItsTimeout) {
+  ProcessSwarm swarm;
+  swarm.Add(0, {"--values", "1000", "--start-on-signal", "--timeout", "1"});
+  auto code = swarm.peer(0).process->Wait(60s);
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 1);
+  const std::string err = colony::test::ReadFile(swarm.peer(0).err);
+  EXPECT_NE(err.find("--start-on-signal: no SIGUSR1 within --timeout (1 s)"), std::string::npos)
+      << err;
 }
 
 TEST(AveragingProcesses, StateDownloadSurvivesADonorKilledMidTransfer) {
