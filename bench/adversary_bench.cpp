@@ -35,6 +35,7 @@ const std::vector<Suite>& Suites() {
       {"private swarms", "net_access_tests", "PrivateSwarm.*"},
       {"private swarms", "adversary_private_swarm_tests", "*"},
       {"slots", "adversary_slot_tests", "*"},
+      {"reflection", "adversary_reflection_tests", "*"},
       {"slots", "adversary_state_donor_tests", "*"},
       {"dht records", "adversary_dht_tests", "*"},
       {"dht", "dht_node_tests", "TenNodes.Malformed*"},
