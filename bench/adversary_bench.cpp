@@ -38,6 +38,7 @@ const std::vector<Suite>& Suites() {
       {"reflection", "adversary_reflection_tests", "*"},
       {"slots", "adversary_state_donor_tests", "*"},
       {"dht records", "adversary_dht_tests", "*"},
+      {"dht", "adversary_routing_tests", "*"},
       {"dht", "dht_node_tests", "TenNodes.Malformed*"},
       {"memory", "adversary_memory_tests", "*"},
       {"serving", "serve_test",

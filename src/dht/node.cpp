@@ -100,6 +100,16 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
     });
   }
 
+  std::optional<std::string> AddressGroupOf(const PeerId& peer) const override {
+    const auto conn = host_->FindConnection(peer);
+    if (!conn) return std::nullopt;
+    const Multiaddr& remote = conn->remote_address();
+    const std::string key = net::SourceKey(remote.host(), host_->limits_loopback());
+    // A peer reached through a relay counts under the relay's address: one machine could
+    // otherwise relay any number of its own identities.
+    return remote.is_relayed() && !key.empty() ? "relay " + key : key;
+  }
+
   // Calls `method` on the peer, trying its addresses in turn within one deadline.
   asio::awaitable<Result<std::string>> CallPeer(Contact to, std::string method, std::string payload,
                                                 Duration timeout, PeerId* answered_by) {

@@ -83,7 +83,8 @@ DhtCore::DhtCore(const KeyPair& identity, std::vector<std::string> addrs, DhtOpt
     : self_{identity.peer_id(), DhtId::ForPeer(identity.peer_id()), std::move(addrs)},
       options_(options),
       env_(env),
-      routing_(self_.id, options.bucket_size),
+      routing_(self_.id, options.bucket_size, /*max_failures=*/2,
+               options.max_contacts_per_address_per_bucket),
       storage_(options.storage),
       cache_([&] {
         StorageLimits l = options.storage;
@@ -264,7 +265,11 @@ bool DhtCore::BackedOff(const PeerId& peer) const {
 void DhtCore::OnSuccess(const Contact& contact, bool client_mode) {
   if (!contact.peer.valid()) return;
   backoff_.erase(contact.peer);
-  if (!client_mode && !contact.addrs.empty()) routing_.Seen(contact, Now());
+  if (client_mode || contact.addrs.empty()) return;
+  const std::optional<std::string> group = env_.AddressGroupOf(contact.peer);
+  if (!group) return;  // its connection closed already: it enters when it answers again
+  routing_.Seen(contact, Now(), *group);
+  stats_.contacts_refused_for_address = routing_.refused_for_address();
 }
 
 void DhtCore::OnFailure(const Contact& contact) {

@@ -45,6 +45,13 @@ class Environment {
   virtual void Find(const Contact& to, FindRequest request, Duration timeout,
                     Callback<FindResponse> done) = 0;
   virtual void Schedule(Duration delay, std::function<void()> fn) = 0;
+  // The address group `peer` is capped under in routing tables (RoutingTable): the source
+  // address of the connection it answered on, "" when that address is not capped (loopback),
+  // nullopt when no connection to it is open (it is then not added). Default: not capped.
+  virtual std::optional<std::string> AddressGroupOf(const PeerId& peer) const {
+    (void)peer;
+    return std::string();
+  }
 };
 
 struct DhtOptions {
@@ -80,6 +87,9 @@ struct DhtOptions {
   Duration sparse_bucket_refresh_interval = std::chrono::minutes(5);
   Duration join_refresh_delay = std::chrono::seconds(2);
   Duration maintenance_interval = std::chrono::seconds(15);
+  // Contacts at one address a routing table bucket holds at most (0: no cap): identities are
+  // free, addresses are not.
+  size_t max_contacts_per_address_per_bucket = 2;
   StorageLimits storage;
 };
 
@@ -91,6 +101,8 @@ struct DhtStats {
   uint64_t requests_served = 0;
   uint64_t requests_refused = 0;  // rate-limited or malformed
   uint64_t shared_gets = 0;       // gets that joined a lookup already running for their key
+  // Contacts kept out of the routing table: their address had its share of their bucket.
+  uint64_t contacts_refused_for_address = 0;
 };
 
 class DhtCore : public std::enable_shared_from_this<DhtCore> {

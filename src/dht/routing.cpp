@@ -4,14 +4,28 @@
 
 namespace colony::dht {
 
-RoutingTable::RoutingTable(DhtId self, size_t bucket_size, size_t max_failures)
-    : self_(self), k_(bucket_size), max_failures_(max_failures), buckets_(kIdBits) {}
+RoutingTable::RoutingTable(DhtId self, size_t bucket_size, size_t max_failures,
+                           size_t max_per_address)
+    : self_(self),
+      k_(bucket_size),
+      max_failures_(max_failures),
+      max_per_address_(max_per_address),
+      buckets_(kIdBits) {}
 
 size_t RoutingTable::BucketOf(const DhtId& id) const {
   return std::min(self_.CommonPrefixBits(id), kIdBits - 1);
 }
 
-bool RoutingTable::Seen(const Contact& contact, SteadyTime now) {
+bool RoutingTable::GroupFits(const Bucket& b, const std::string& group,
+                             const Entry* leaving) const {
+  if (group.empty() || max_per_address_ == 0) return true;
+  const auto held = std::count_if(b.entries.begin(), b.entries.end(), [&](const Entry& e) {
+    return &e != leaving && e.group == group;
+  });
+  return static_cast<size_t>(held) < max_per_address_;
+}
+
+bool RoutingTable::Seen(const Contact& contact, SteadyTime now, const std::string& group) {
   if (contact.id == self_) return false;
   Bucket& b = buckets_[BucketOf(contact.id)];
   auto it = std::find_if(b.entries.begin(), b.entries.end(),
@@ -25,21 +39,26 @@ bool RoutingTable::Seen(const Contact& contact, SteadyTime now) {
     b.entries.push_back(std::move(e));
     return true;
   }
+  auto failing = std::find_if(b.entries.begin(), b.entries.end(),
+                              [](const Entry& e) { return e.failures > 0; });
+  const Entry* leaving = b.entries.size() < k_ || failing == b.entries.end() ? nullptr : &*failing;
+  if (!GroupFits(b, group, leaving)) {
+    ++refused_for_address_;
+    return false;  // not a replacement either: its address has its share of this bucket
+  }
   if (b.entries.size() < k_) {
-    b.entries.push_back({contact, now, 0});
+    b.entries.push_back({contact, group, now, 0});
     return true;
   }
   // Full: a contact that has been failing makes way at once; otherwise the newcomer waits in
   // the replacement list (Kademlia prefers long-lived contacts).
-  auto failing = std::find_if(b.entries.begin(), b.entries.end(),
-                              [](const Entry& e) { return e.failures > 0; });
   if (failing != b.entries.end()) {
     b.entries.erase(failing);
-    b.entries.push_back({contact, now, 0});
+    b.entries.push_back({contact, group, now, 0});
     return true;
   }
-  std::erase_if(b.replacements, [&](const Contact& c) { return c.peer == contact.peer; });
-  b.replacements.push_back(contact);
+  std::erase_if(b.replacements, [&](const Entry& e) { return e.contact.peer == contact.peer; });
+  b.replacements.push_back({contact, group, now, 0});
   if (b.replacements.size() > k_) b.replacements.erase(b.replacements.begin());
   return false;
 }
@@ -50,22 +69,27 @@ void RoutingTable::Failed(const PeerId& peer) {
   auto it = std::find_if(b.entries.begin(), b.entries.end(),
                          [&](const Entry& e) { return e.contact.peer == peer; });
   if (it == b.entries.end()) {
-    std::erase_if(b.replacements, [&](const Contact& c) { return c.peer == peer; });
+    std::erase_if(b.replacements, [&](const Entry& e) { return e.contact.peer == peer; });
     return;
   }
   if (++it->failures < max_failures_) return;
   const SteadyTime seen = it->last_seen;
   b.entries.erase(it);
-  if (!b.replacements.empty()) {
-    b.entries.push_back({b.replacements.back(), seen, 0});
-    b.replacements.pop_back();
+  // The freshest replacement whose address has room left in the bucket.
+  for (auto r = b.replacements.rbegin(); r != b.replacements.rend(); ++r) {
+    if (!GroupFits(b, r->group, nullptr)) continue;
+    Entry promoted = std::move(*r);
+    promoted.last_seen = seen;
+    b.replacements.erase(std::next(r).base());
+    b.entries.push_back(std::move(promoted));
+    break;
   }
 }
 
 void RoutingTable::Remove(const PeerId& peer) {
   Bucket& b = buckets_[BucketOf(DhtId::ForPeer(peer))];
   std::erase_if(b.entries, [&](const Entry& e) { return e.contact.peer == peer; });
-  std::erase_if(b.replacements, [&](const Contact& c) { return c.peer == peer; });
+  std::erase_if(b.replacements, [&](const Entry& e) { return e.contact.peer == peer; });
 }
 
 namespace {

@@ -2,6 +2,7 @@
 // and the routing table.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 #include "dht/id.h"
@@ -409,6 +410,65 @@ TEST(DhtRouting, BucketsNearestAndFailures) {
   table.Remove(nearest[0].peer);
   EXPECT_EQ(table.size(), before - 1);
   EXPECT_FALSE(table.Seen({KeyPair::Generate().peer_id(), self, {}}, SteadyTime{}));
+}
+
+// One address holds at most 2 contacts per bucket however many identities it brings; other
+// addresses and uncapped ones ("", loopback) still enter; a contact that fails makes way for a
+// replacement whose address has room, not for one whose address is full.
+TEST(DhtRouting, OneAddressHoldsAtMostItsShareOfEachBucket) {
+  std::mt19937_64 rng(5);
+  const DhtId self = DhtId::Random(rng);
+  RoutingTable table(self, 8, 2, /*max_per_address=*/2);
+  auto fresh = [] {
+    KeyPair k = KeyPair::Generate();
+    return Contact{k.peer_id(), DhtId::ForPeer(k.peer_id()), {"/ip4/203.0.113.7/tcp/1"}};
+  };
+  // Expected, counted apart: per bucket (shared prefix length with self), min(2, identities).
+  std::map<size_t, size_t> per_bucket;
+  size_t held = 0;
+  for (int i = 0; i < 300; ++i) {
+    const Contact c = fresh();
+    const size_t bucket = std::min(self.CommonPrefixBits(c.id), kIdBits - 1);
+    const bool room = per_bucket[bucket] < 2;
+    EXPECT_EQ(table.Seen(c, SteadyTime{}, "203.0.113.7"), room) << i;
+    if (room) ++per_bucket[bucket], ++held;
+  }
+  EXPECT_EQ(table.size(), held);
+  EXPECT_LE(held, 2 * per_bucket.size());
+  EXPECT_EQ(table.refused_for_address(), 300 - held);
+
+  // Bucket 0 (the half of the id space that differs in the first bit): the attacker's 2, then
+  // honest contacts from other addresses fill it to k.
+  auto in_bucket0 = [&] {
+    for (;;) {
+      Contact c = fresh();
+      if (self.CommonPrefixBits(c.id) == 0) return c;
+    }
+  };
+  std::vector<Contact> honest;
+  for (int i = 0; i < 6; ++i) {
+    honest.push_back(in_bucket0());
+    EXPECT_TRUE(table.Seen(honest.back(), SteadyTime{}, "198.51.100." + std::to_string(i)));
+  }
+  // Full: an uncapped newcomer waits as a replacement, and so does one from a fresh address;
+  // the attacker's address gets neither.
+  const Contact waiting_uncapped = in_bucket0();
+  EXPECT_FALSE(table.Seen(waiting_uncapped, SteadyTime{}, ""));
+  const Contact attacker = in_bucket0();
+  const uint64_t refused = table.refused_for_address();
+  EXPECT_FALSE(table.Seen(attacker, SteadyTime{}, "203.0.113.7"));
+  EXPECT_EQ(table.refused_for_address(), refused + 1);
+  // An honest contact fails twice: the freshest replacement with room takes its place.
+  table.Failed(honest[0].peer);
+  table.Failed(honest[0].peer);
+  EXPECT_FALSE(table.Find(honest[0].peer).has_value());
+  EXPECT_TRUE(table.Find(waiting_uncapped.peer).has_value());
+  EXPECT_FALSE(table.Find(attacker.peer).has_value());
+  // Without a cap the same address fills a bucket.
+  RoutingTable open(self, 8, 2);
+  size_t open_held = 0;
+  for (int i = 0; i < 40; ++i) open_held += open.Seen(in_bucket0(), SteadyTime{}, "203.0.113.7");
+  EXPECT_EQ(open_held, 8u);
 }
 
 }  // namespace
