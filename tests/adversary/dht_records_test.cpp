@@ -19,6 +19,7 @@ namespace colony::dht {
 namespace {
 
 using namespace std::chrono_literals;
+using test::DialingFrom;
 using test::HostilePeer;
 
 constexpr double kDay = 24 * 3600.0;
@@ -302,12 +303,6 @@ TEST_F(AttackedSwarm, AReplicaAnsweringMoreThanANodeStoresIsIgnored) {
   ASSERT_EQ(got->subkeys.size(), 1u);
   EXPECT_EQ(got->subkeys.begin()->second.value, "mine");
   (*victim)->Shutdown();
-}
-
-net::HostOptions DialingFrom(const std::string& ip) {
-  net::HostOptions o;
-  o.dial_from = ip;
-  return o;
 }
 
 TEST(StorageAttack, ManyIdentitiesFromOneAddressHoldOnlyThatAddresssQuota) {

@@ -19,6 +19,14 @@
 
 namespace colony::test {
 
+// Options for a host whose connections come from `ip`: 127.0.0.2 plays another machine against
+// a victim that applies its per-address caps to loopback.
+inline net::HostOptions DialingFrom(const std::string& ip) {
+  net::HostOptions o;
+  o.dial_from = ip;
+  return o;
+}
+
 class HostilePeer {
  public:
   explicit HostilePeer(net::HostOptions options = {})

@@ -24,10 +24,10 @@
 #include <thread>
 #include <vector>
 
-#include "adversary/attack_measurements.h"
 #include "net/host.h"
 #include "net/relay.h"
 #include "net/relay_wire.h"
+#include "net/test_util.h"
 #include "test_support.h"
 
 namespace colony::net {
@@ -35,6 +35,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using tcp = asio::ip::tcp;
+using testing::StartHost;
 
 // An IPv4 address of an interface that is up and not loopback or link-local.
 std::optional<asio::ip::address> NonLoopbackAddress() {
@@ -100,7 +101,7 @@ struct RelayedVictim {
     const Multiaddr any_port = Target(here, 0);
     HostOptions relay_options;
     relay_options.listen = {any_port};
-    relay_host = Start(relay_options);
+    relay_host = StartHost(relay_options);
     RelayOptions ro;
     ro.listen = any_port;
     auto started = Relay::Start(*relay_host, ro);
@@ -109,27 +110,20 @@ struct RelayedVictim {
 
     HostOptions attacker_options;
     attacker_options.hole_punching = false;  // it names targets of its own choosing instead
-    attacker = Start(attacker_options);
+    attacker = StartHost(attacker_options);
     attacker->RegisterUnary(
         "echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
     auto reserved = RelayReservation::Start(*attacker, relay_host->ListenAddresses().at(0));
     ASSERT_TRUE(reserved.ok()) << reserved.status().ToString();
     reservation = std::move(*reserved);
 
-    victim = Start(HostOptions{});
+    victim = StartHost(HostOptions{});
     // The victim learns the address it is seen at, as peers do from the DHT; without one it
     // would have no address of its own to offer and could not punch at all.
     ASSERT_TRUE(victim->PingSync(relay_host->ListenAddresses().at(0)).ok());
     ASSERT_FALSE(victim->ObservedAddresses().empty());
     auto reply = victim->CallSync(reservation->address(), "echo", Message("hello"));
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
-  }
-
-  static std::unique_ptr<Host> Start(HostOptions options) {
-    auto host = std::make_unique<Host>(KeyPair::Generate(), std::move(options));
-    const Status st = host->Start();
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    return host;
   }
 
   // The attacker's side of a punch over its relayed connection to the victim: `connect

@@ -19,14 +19,8 @@
 namespace colony::dht {
 namespace {
 
-using namespace std::chrono_literals;
+using test::DialingFrom;
 using test::HostilePeer;
-
-net::HostOptions DialingFrom(const std::string& ip) {
-  net::HostOptions o;
-  o.dial_from = ip;
-  return o;
-}
 
 // A dht.ping from `peer` that says it serves the DHT at `addr`: a node that answers puts the
 // sender in its routing table.
