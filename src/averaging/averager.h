@@ -141,6 +141,9 @@ struct AveragerOptions {
     bool wrong_result = false;
     bool wrong_projections = false;
     bool withhold_checks = false;  // sends no checks (phase 3) to anyone
+    // Computes its checks (phase 3) this much later: the last of its group to state them, it
+    // holds everyone else's checks when it judges.
+    std::chrono::milliseconds checks_delay{0};
     // When set, the two lies above only while it returns true (e.g. from a training epoch on);
     // called on the averager's threads.
     std::function<bool()> lying = {};

@@ -382,6 +382,10 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
   for (int i = 0; i < 8; ++i) seed |= uint64_t{static_cast<uint8_t>(seed_bytes[i])} << (8 * i);
 
   // 3. Checks.
+  if (const auto delay = impl_->options_.testing.checks_delay; delay.count() > 0) {
+    asio::steady_timer wait(strand_, delay);
+    co_await wait.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+  }
   auto self = shared_from_this();
   auto compute = [self, seed, seed_bytes]() { return self->OwnChecks(seed, seed_bytes); };
   VerifyStatement checks = co_await RunOn<VerifyStatement>(PoolExecutor(), std::move(compute));
@@ -512,6 +516,11 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
     audit_only[t] = !ban[t];
     convict(t, std::move(reason));
   }
+  // Our statements must reach the others before we ban anyone: a ban closes our connections to
+  // the banned peer, and with them our checks still on their way to it. Otherwise a liar that
+  // judges last convicts the honest members and cuts them off from the very checks that would
+  // convict it. They must also reach the others before the step returns (a process may exit).
+  while (statement_sends_ > 0 && SteadyNow() < until) co_await changed_.WaitUntil(until);
   for (uint32_t m = 0; m < n; ++m) {
     if (ban[m]) {
       impl_->Ban(group_.members[m].peer, why[m], std::move(evidence[m]), audit_only[m]);
@@ -525,8 +534,6 @@ asio::awaitable<Verification> AllReduceRun::Verify() {
       out.discarded.push_back(m);
     }
   }
-  // Our statements should reach the others before the step returns (a process may exit then).
-  while (statement_sends_ > 0 && SteadyNow() < until) co_await changed_.WaitUntil(until);
   out.bytes_sent = statement_bytes_;
   co_return out;
 }

@@ -317,6 +317,28 @@ TEST(Verification, AMemberLyingAboutItsProjectionsIsBannedAndNoHonestMemberIs) {
   }
 }
 
+// The liar states its checks last, so that it holds everyone's when it judges: it convicts the
+// honest members at once, and a ban closes its connections to them. Its own checks must still
+// reach them first, or none of them could convict it (they would see no checks from it at all).
+TEST(Verification, ALiarThatJudgesLastCannotKeepItsChecksFromTheHonestMembers) {
+  LiarSwarm liars(20'000, VerifyOptions(4), [](AveragerOptions& l) {
+    l.testing.wrong_projections = true;
+    l.testing.checks_delay = 300ms;
+  });
+  auto& [swarm, inputs, all_four, liar_id] = liars;
+  auto results = swarm.StepAll();
+  ASSERT_TRUE(results[3].ok()) << results[3].status().ToString();
+  EXPECT_EQ(results[3]->verification.banned.size(), 3u);  // the liar's verdict on the others
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    const StepResult& r = *results[i];
+    EXPECT_EQ(r.verification.banned, std::vector<uint32_t>{IndexOf(r, liar_id)}) << "peer " << i;
+    for (const auto& reason : r.verification.reasons) {
+      EXPECT_EQ(reason.find("sent no checks"), std::string::npos) << "peer " << i << ": " << reason;
+    }
+  }
+}
+
 // Audits: a claim "synthetic:<seed>" says the values are SyntheticValues(seed), recomputed
 // here independently of the averager; "elsewhere" is a claim this peer cannot reproduce (made
 // on other parameters, say).
