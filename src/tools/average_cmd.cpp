@@ -98,7 +98,6 @@ int Run(const AverageArgs& a) {
   auto fault = averaging::ParseFault(a.fault);
   if (!fault.ok()) return Fail(fault.status());
   if (a.start_on_signal) {
-    if (a.start_at > 0) return Fail(InvalidArgument("--start-on-signal excludes --start-at"));
     struct sigaction action = {};
     action.sa_handler = OnStartSignal;
     sigemptyset(&action.sa_mask);
@@ -349,10 +348,12 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
       ->check(MultiaddrCheck());
   cmd->add_flag("--no-hole-punching", a->no_hole_punching,
                 "keep relayed connections instead of trying to replace them with direct ones");
-  cmd->add_option("--start-at", a->start_at, "wall-clock time (Unix seconds) to start at");
+  auto* start_at =
+      cmd->add_option("--start-at", a->start_at, "wall-clock time (Unix seconds) to start at");
   cmd->add_flag("--start-on-signal", a->start_on_signal,
                 "after the ready line, wait for SIGUSR1 before the first round (a script that "
-                "starts many peers starts their rounds together, however slowly each started)");
+                "starts many peers starts their rounds together, however slowly each started)")
+      ->excludes(start_at);
   cmd->add_option("--gather", a->gather, "metadata sent to the group (default: the peer id)");
   cmd->add_option("--output", a->output, "write the averaged values (raw float32) to this file");
   cmd->add_option("--inject-fault", a->fault,

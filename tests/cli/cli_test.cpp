@@ -272,6 +272,9 @@ TEST_F(CliTest, UsageErrorsAreOneLineWithExitCodeTwo) {
       {{"ping", "-c", "0", "/ip4/127.0.0.1/tcp/1"}, "--count"},
       {{"identity", "new"}, "--out is required; see 'colony identity new --help'"},
       {{"listen", "--no-such-flag"}, "--no-such-flag"},
+      {{"average", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--values", "1", "--start-on-signal",
+        "--start-at", "1"},
+       "--start-at excludes --start-on-signal"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c.args));
