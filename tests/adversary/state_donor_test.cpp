@@ -123,6 +123,12 @@ Status Drain(HostilePeer& peer, const std::shared_ptr<net::Stream>& stream) {
   return asio::co_spawn(peer.host().io_context(), drain(), asio::use_future).get();
 }
 
+// Whether `stream` was reset (by the donor's stall verdict), without reading it.
+bool Reset(net::Stream& stream) {
+  auto check = [&]() -> asio::awaitable<bool> { co_return stream.cancelled(); };
+  return asio::co_spawn(stream.strand(), check(), asio::use_future).get();
+}
+
 TEST(StateDonorAttack, OneAddressHoldsOnlyItsShareOfTheDonorsSlots) {
   AveragerOptions o;  // the defaults: 2 slots, 1 per address
   DonorAndNewcomer swarm(/*limit_loopback=*/true, o);
@@ -194,8 +200,10 @@ TEST(StateDonorAttack, ACallerThatStopsReadingLosesItsSlot) {
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   during.push_back(loaded);
-  // Both held downloads ended with the donor's stall verdict (the values they had been sent
-  // before are read first), which names the credit it waited for.
+  // Both held downloads end with the donor's stall verdict, which names the credit it waited
+  // for. One slot coming back is enough for the newcomer: wait for the other reset too before
+  // reading (reading gives credit, and would let a download not cut yet complete).
+  EXPECT_TRUE(test::WaitUntil([&] { return Reset(**held_a) && Reset(**held_b); }, 20s));
   for (auto* held : {&held_a, &held_b}) {
     Status st = Drain(held == &held_a ? a : b, **held);
     EXPECT_FALSE(st.ok());
