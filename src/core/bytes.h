@@ -37,6 +37,11 @@ struct DefaultInitAllocator : std::allocator<T> {
 };
 // A byte buffer that grows without zero-filling.
 using RawBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+// Makes room for at least `capacity` bytes (at least doubling), moving the contents with one
+// memcpy. Grow hot buffers with this before resize(): the vector's own reallocation moves a
+// RawBuffer byte by byte (its allocator's construct() keeps libstdc++ off its memmove path),
+// which cost ~6% of an all-reduce's CPU when the write buffer regrew after every small write.
+void ReserveRaw(RawBuffer& buffer, size_t capacity);
 using ByteSpan = std::span<const uint8_t>;
 using MutableByteSpan = std::span<uint8_t>;
 

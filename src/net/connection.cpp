@@ -24,7 +24,12 @@ constexpr size_t kWriteBatch = 1u << 20;  // bytes sealed before one socket writ
 constexpr size_t kInitialReadBuffer = 64u << 10;
 // Room for several large records, so compaction (moving a partial record to the front) is rare.
 constexpr size_t kMaxReadBuffer = 8 * (kMaxRecordPlaintext + kTagSize + 4);
+// Records holding one DATA frame of at least this many bytes, for a message already begun, are
+// decrypted straight into the message's buffer (no copy out of the read buffer). So the sender
+// gives such frames a record of their own, and starts a large message with a small frame (the
+// frame that begins a message cannot go straight in: its buffer does not exist yet).
 constexpr size_t kDirectDecryptMin = 64u << 10;
+constexpr size_t kFirstChunkOfLargeMessage = 4u << 10;
 // Buffers above this size are released once traffic is small again.
 constexpr size_t kShrinkAbove = 512u << 10;
 // Backlog accounting per queued control frame beyond its payload: what the queue entry and the
@@ -239,6 +244,9 @@ asio::awaitable<Status> Stream::WriteOnStrand(const Message& message) {
     }
     size_t credit = static_cast<size_t>(std::min(send_credit_, conn_->conn_send_credit_)) - prefix;
     size_t n = std::min({total - sent, credit, kMaxDataChunk});
+    if (sent == 0 && total >= kDirectDecryptMin + kFirstChunkOfLargeMessage) {
+      n = std::min(n, kFirstChunkOfLargeMessage);
+    }
     Connection::OutFrame f;
     f.type = FrameType::kData;
     f.stream_id = id_;
@@ -492,13 +500,15 @@ asio::awaitable<void> Connection::WriterLoop() {
         size_t before = headers.size();
         EncodeFrameHeader({f.type, f.flags, f.stream_id, f.payload.size() + f.length}, headers);
         size_t size = headers.size() - before + f.payload.size() + f.length;
-        if (k > 0 && plain + size > kMaxRecordPlaintext) {
+        // A bulk DATA frame gets a record of its own (see kDirectDecryptMin).
+        const bool bulk = f.type == FrameType::kData && f.flags == 0 && size >= kDirectDecryptMin;
+        if (k > 0 && (bulk || plain + size > kMaxRecordPlaintext)) {
           headers.resize(before);
           break;
         }
         plain += size;
         header_ends.push_back(headers.size());
-        if (++k == 4096) break;
+        if (++k == 4096 || bulk) break;
       }
       sealer_->Begin(plain, wbuf);
       size_t hstart = 0;
@@ -561,7 +571,9 @@ asio::awaitable<void> Connection::ReaderLoop() {
     while (end - begin < need) {
       if (buf.size() - begin < need) {
         if (buf.size() < kMaxReadBuffer && need > buf.size() / 4) {
-          buf.resize(std::min(kMaxReadBuffer, std::max(buf.size() * 2, need * 4)));
+          const size_t size = std::min(kMaxReadBuffer, std::max(buf.size() * 2, need * 4));
+          ReserveRaw(buf, size);
+          buf.resize(size);
         }
         if (buf.size() - begin < need) {
           std::memmove(buf.data(), buf.data() + begin, end - begin);

@@ -93,6 +93,7 @@ void RecordSealer::Begin(size_t plaintext_length, RawBuffer& out) {
   for (int i = 0; i < 4; ++i) len[i] = static_cast<uint8_t>(sealed >> (8 * i));
   int outl = 0;
   Check(EVP_EncryptUpdate(ctx_, nullptr, &outl, len, 4), "aad");
+  ReserveRaw(out, out.size() + 4 + plaintext_length + kTagSize);  // Update and Finish only fill
   out.insert(out.end(), len, len + 4);
   expected_ = plaintext_length;
   seen_ = 0;

@@ -29,6 +29,23 @@ TEST(BytesTest, AsBytesAndBack) {
   EXPECT_EQ(AsStringView(b), s);
 }
 
+TEST(BytesTest, ReserveRawKeepsTheContentsAndAtLeastDoubles) {
+  RawBuffer b;
+  ReserveRaw(b, 0);
+  EXPECT_TRUE(b.empty());
+  for (int i = 0; i < 1000; ++i) b.push_back(static_cast<uint8_t>(i * 7));
+  const size_t before = b.capacity();
+  ReserveRaw(b, before);  // already enough: nothing moves
+  EXPECT_EQ(b.capacity(), before);
+  const uint8_t* old = b.data();
+  ReserveRaw(b, before + 1);
+  EXPECT_NE(b.data(), old);
+  EXPECT_GE(b.capacity(), 2 * before);
+  ReserveRaw(b, 10 * before);
+  EXPECT_GE(b.capacity(), 10 * before);
+  ASSERT_EQ(b.size(), 1000u);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(b[i], static_cast<uint8_t>(i * 7)) << i;
+}
 TEST(ByteWriterTest, LittleEndianLayout) {
   Bytes out;
   ByteWriter w(out);
