@@ -322,6 +322,7 @@ struct Config {
   std::vector<std::string> codecs{"none", "blockwise8"};
   double matchmaking_time = 5;
   double timeout = 300;
+  unsigned part_size_kib = 512;  // colony average --part-size-kib
   bool keep_lab = false, keep_logs = false, no_raw = false;
   // derived
   size_t values = 0;
@@ -507,6 +508,8 @@ Measure RunColony(const Config& c, const Lab& lab, const std::string& bootstrap,
                                              std::to_string(rounds),
                                              "--codec",
                                              codec,
+                                             "--part-size-kib",
+                                             std::to_string(c.part_size_kib),
                                              "--start-at",
                                              Fixed(start_at),
                                              "--output",
@@ -726,6 +729,8 @@ int main(int argc, char** argv) {
   app.add_option("--matchmaking-time", c.matchmaking_time, "colony average --matchmaking-time")
       ->capture_default_str();
   app.add_option("--timeout", c.timeout, "colony average --timeout, seconds per step")
+      ->capture_default_str();
+  app.add_option("--part-size-kib", c.part_size_kib, "colony average --part-size-kib")
       ->capture_default_str();
   app.add_flag("--no-raw", c.no_raw, "skip the raw TCP reference");
   app.add_flag("--keep-lab", c.keep_lab, "leave the labs up at the end (debugging)");
