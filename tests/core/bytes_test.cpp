@@ -46,6 +46,7 @@ TEST(BytesTest, ReserveRawKeepsTheContentsAndAtLeastDoubles) {
   ASSERT_EQ(b.size(), 1000u);
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(b[i], static_cast<uint8_t>(i * 7)) << i;
 }
+
 TEST(ByteWriterTest, LittleEndianLayout) {
   Bytes out;
   ByteWriter w(out);
