@@ -731,6 +731,7 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", c.timeout, "colony average --timeout, seconds per step")
       ->capture_default_str();
   app.add_option("--part-size-kib", c.part_size_kib, "colony average --part-size-kib")
+      ->check(CLI::Range(1u, 65536u))
       ->capture_default_str();
   app.add_flag("--no-raw", c.no_raw, "skip the raw TCP reference");
   app.add_flag("--keep-lab", c.keep_lab, "leave the labs up at the end (debugging)");
