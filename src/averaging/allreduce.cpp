@@ -193,6 +193,14 @@ net::TensorFrame AllReduceRun::PartFrame(std::shared_ptr<const void> owner, Byte
   return t;
 }
 
+std::span<const float> AllReduceRun::Input(uint64_t b, uint64_t e, std::vector<float>& copy) const {
+  if (input_) return {input_->data() + b, e - b};
+  if (const std::span<const float> view = impl_->View(b, e); !view.empty()) return view;
+  copy.resize(e - b);
+  impl_->ReadRange(b, copy);
+  return copy;
+}
+
 void AllReduceRun::CheckParts() {
   while (parts_done_ < my_parts_) {
     const size_t k = parts_done_;
@@ -224,8 +232,9 @@ void AllReduceRun::Finalize(size_t k) {
       Scale(*mean, static_cast<float>(1.0 / part.weight));
     }
     if (impl_->options_.testing.WrongResult() && sends_) {  // tests: a reducer that lies
-      std::copy(input_->begin() + static_cast<ptrdiff_t>(b),
-                input_->begin() + static_cast<ptrdiff_t>(e), mean->begin());
+      std::vector<float> copy;
+      const std::span<const float> own = Input(b, e, copy);
+      std::copy(own.begin(), own.end(), mean->begin());
     }
     // A reducer checks its own output before anyone gets it: a mean never leaves the range of
     // its inputs, so one that does (an overflow of the weighted sums, a bug) is not sent, and
@@ -533,15 +542,22 @@ asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
   asio::co_spawn(strand_, std::move(watchdog), asio::detached);
 
   const auto& options = impl_->options_;
+  ++tensor_users_;  // until the last part's write completes
   for (size_t k = 0; st.ok() && sends_ && k < n && abort_reason_.ok(); ++k) {
     const auto [b, e] = PartRange(r, k);
-    // Uncompressed parts go out straight from the snapshot (the run keeps it alive).
-    std::shared_ptr<const void> owner = self;
-    ByteSpan bytes(reinterpret_cast<const uint8_t*>(input_->data() + b), (e - b) * sizeof(float));
-    if (!raw()) {
+    ByteSpan bytes;
+    std::shared_ptr<const void> owner;
+    if (raw()) {  // sent straight from the tensors (or the snapshot, kept alive by the run)
+      std::vector<float> copy;
+      const std::span<const float> values = Input(b, e, copy);
+      bytes = ByteSpan(reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes());
+      owner = copy.empty() ? std::shared_ptr<const void>(self)
+                           : std::make_shared<const std::vector<float>>(std::move(copy));
+    } else {
       auto encode = [self, b = b, e = e]() -> Result<std::shared_ptr<Bytes>> {
         auto out = std::make_shared<Bytes>();
-        std::span<const float> values(self->input_->data() + b, e - b);
+        std::vector<float> copy;
+        const std::span<const float> values = self->Input(b, e, copy);
         COLONY_RETURN_IF_ERROR(compression::Encode(self->impl_->options_.codec, values, *out,
                                                    self->impl_->options_.codec_options));
         return out;
@@ -571,6 +587,8 @@ asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
       MaybeFault(Fault::kCancelWhileSending);
     }
   }
+  --tensor_users_;
+  changed_.Notify();
   if (!st.ok() && abort_reason_.ok()) {
     COLONY_LOG_DEBUG("averaging: sending to {} stopped: {}", reducer.peer.Short(), st.ToString());
     stream->Cancel(st);
@@ -628,7 +646,10 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
         self->impl_->Scatter(b, values);
         return {};
       };
+      ++tensor_users_;
       Status st = co_await RunOn<Status>(PoolExecutor(), std::move(decode));
+      --tensor_users_;
+      changed_.Notify();
       if (!st.ok()) {
         COLONY_LOG_WARN("averaging: bad result from reducer {}: {}; keeping local values",
                         group_.members[r].peer.ToString(), st.ToString());
@@ -650,8 +671,9 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
 asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   const SteadyTime started = SteadyNow();
   MaybeFault(Fault::kKillBeforeSending);
-  // Verification may give a span back to our own values: keep them even when we send nothing.
-  if (sends_ || (impl_->options_.verify && wants_results_)) {
+  // Verification may give a span back to our own values after the round: only it needs a
+  // snapshot (kept even when we send nothing). Otherwise parts are sent from the tensors.
+  if (impl_->options_.verify && (sends_ || wants_results_)) {
     // One step runs at a time, so only a finished run (still winding down) may share it.
     if (impl_->snapshot_ && impl_->snapshot_.use_count() == 1) {
       input_ = impl_->snapshot_;
@@ -677,9 +699,10 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     // (a diverged peer), the span is reduced without it rather than poisoned for the group.
     bool own_finite = true;
     std::vector<float> own_max_abs(sends_ ? my_parts_ : 0);
+    std::vector<float> copy;
     for (size_t k = 0; k < own_max_abs.size() && own_finite; ++k) {
       const auto [b, e] = PartRange(self_, k);
-      own_max_abs[k] = MaxAbs(std::span<const float>(input_->data() + b, e - b));
+      own_max_abs[k] = MaxAbs(Input(b, e, copy));
       own_finite = own_max_abs[k] >= 0;
     }
     if (!own_finite) {
@@ -690,9 +713,10 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     if (sends_ && own_finite) {
       for (size_t k = 0; k < my_parts_; ++k) {
         const auto [b, e] = PartRange(self_, k);
+        const std::span<const float> values = Input(b, e, copy);
         AccumulateRaw(
             self_, k,
-            ByteSpan(reinterpret_cast<const uint8_t*>(input_->data() + b), (e - b) * sizeof(float)),
+            ByteSpan(reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()),
             own_max_abs[k]);
       }
     }
@@ -746,6 +770,10 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   }
   for (auto& s : out_streams_) s->Cancel(Cancelled("the all-reduce is over"));
   out_streams_.clear();
+  // The caller owns the tensors again once we return: our writes borrowing them and our
+  // decodes into them end first (promptly once their streams are cancelled; by the streams'
+  // deadlines at the latest).
+  while (tensor_users_ > 0) co_await changed_.WaitUntil(SteadyNow() + std::chrono::seconds(1));
   if (impl_->cancel_requested_) co_return Cancelled("the averaging step was cancelled");
   if (abort_reason_.code() == StatusCode::kCancelled) co_return abort_reason_;
   Verification verification;

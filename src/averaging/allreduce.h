@@ -77,6 +77,10 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   bool keep_inputs() const {
     return impl_->options_.centered_clip.has_value() || impl_->options_.verify;
   }
+  // Our values [b, e): from the snapshot when the run keeps one, else straight from the
+  // tensors (a range is read before any result overwrites it); copied into `copy` when
+  // several tensors hold them.
+  std::span<const float> Input(uint64_t b, uint64_t e, std::vector<float>& copy) const;
   void CheckParts();
   void Finalize(size_t k);
   void KeepLocal(uint32_t reducer, size_t from);
@@ -119,9 +123,13 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   bool sends_ = true;              // has data with a positive weight
 
   // Everything below lives on strand_.
-  // Snapshot of our flattened tensors (results overwrite the tensors while we still send).
+  // Snapshot of our flattened tensors, taken only with verification, which gives spans back
+  // to our own values after the round (null otherwise: parts are sent from the tensors).
   // Reused from step to step (Averager::Impl::snapshot_) to avoid a large allocation per step.
   std::shared_ptr<std::vector<float>> input_;
+  // Writes borrowing the tensors' memory and decodes writing into them, in flight: Run waits
+  // for them before returning, after which the caller owns the tensors again.
+  size_t tensor_users_ = 0;
   size_t my_parts_ = 0;
   std::vector<Sender> senders_;
   std::vector<Reduced> parts_;

@@ -207,6 +207,15 @@ void Averager::Impl::ReadRange(uint64_t begin, std::span<float> out) const {
   }
 }
 
+std::span<float> Averager::Impl::View(uint64_t begin, uint64_t end) const {
+  auto it = std::upper_bound(tensor_begins_.begin(), tensor_begins_.end(), begin);
+  if (it == tensor_begins_.begin()) return {};
+  const size_t t = static_cast<size_t>(it - tensor_begins_.begin()) - 1;
+  if (t >= tensors_.size() || end < begin || end - tensor_begins_[t] > tensors_[t].size())
+    return {};
+  return tensors_[t].subspan(begin - tensor_begins_[t], end - begin);
+}
+
 void Averager::Impl::Scatter(uint64_t begin, std::span<const float> values) {
   ScatterBytes(begin, ByteSpan(reinterpret_cast<const uint8_t*>(values.data()),
                                values.size() * sizeof(float)));

@@ -19,8 +19,9 @@
 // and must not be called from the host's I/O threads. One Step() runs at a time. The caller must
 // not touch the tensors while a step runs.
 //
-// Memory: a step keeps one snapshot of the tensors (reused from step to step) and moves
-// part-sized buffers. Processes that average every round should let glibc keep freed heap
+// Memory: a step sends from the tensors and moves part-sized buffers; with verification it also
+// keeps one snapshot of the tensors (reused from step to step). Processes that average every round
+// should let glibc keep freed heap
 // (`colony` calls mallopt(M_MMAP_THRESHOLD / M_TRIM_THRESHOLD) at start); otherwise page faults
 // cost a third of the all-reduce time (docs/benchmarks.md).
 #pragma once

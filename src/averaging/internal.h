@@ -205,6 +205,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   void Scatter(uint64_t begin, std::span<const float> values);
   // Copies the flattened values [begin, begin + out.size()) out of the tensors.
   void ReadRange(uint64_t begin, std::span<float> out) const;
+  // The flattened values [begin, end) as one view when a single tensor holds them all, else
+  // an empty span (the caller copies them with ReadRange).
+  std::span<float> View(uint64_t begin, uint64_t end) const;
   // The same from little-endian float32 bytes at any alignment.
   void ScatterBytes(uint64_t begin, ByteSpan bytes);
 

@@ -67,6 +67,34 @@ TEST(Averager, ExactWeightedMeanWithNodeClientAndAuxPeers) {
   }
 }
 
+// Parts are sent from the tensors themselves; parts that span several tensors are copied
+// first. Every peer must still end with the exact mean, computed here in double precision.
+TEST(Averager, ExactMeanWhenPartsSpanSeveralTensors) {
+  // 4,096 values per part: parts start and end inside tensors, and some hold four tensors.
+  const std::vector<size_t> split = {1000, 7, 4099, 3, 1, 8190, 12'000, 5};
+  size_t n = 0;
+  for (size_t size : split) n += size;
+  Swarm swarm(n);
+  const std::vector<double> weights = {1.0, 2.0, 0.25};
+  for (size_t i = 0; i < weights.size(); ++i) swarm.Add(i, Options(weights.size()), {}, 0, split);
+  auto results = swarm.StepAll(weights);
+  std::vector<double> expect(n, 0.0);
+  double total = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const auto v = Synthetic(i, n);
+    for (size_t k = 0; k < n; ++k) expect[k] += weights[i] * v[k];
+    total += weights[i];
+  }
+  for (size_t i = 0; i < weights.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status().ToString();
+    for (const auto& part : results[i]->parts) EXPECT_EQ(part.contributors.size(), 3u);
+    const auto& data = swarm.peers()[i]->data;
+    for (size_t k = 0; k < n; ++k) {
+      ASSERT_NEAR(data[k], expect[k] / total, 1e-6) << "peer " << i << " value " << k;
+    }
+  }
+}
+
 TEST(Averager, MismatchedShapesAreRefusedWithAReason) {
   Swarm swarm(1000);
   auto o = Options(2);

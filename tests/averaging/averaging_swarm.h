@@ -8,6 +8,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,9 +35,10 @@ class Swarm {
     bootstrap_ = std::move(*boot);
   }
 
-  // A peer with SyntheticValues(seed) (or `fill` when given).
+  // A peer with SyntheticValues(seed) (or `fill` when given), averaged as one tensor or, with
+  // `split`, as consecutive tensors of those sizes (views into Peer::data).
   Peer& Add(uint64_t seed, AveragerOptions options, std::optional<float> fill = std::nullopt,
-            size_t values = 0) {
+            size_t values = 0, const std::vector<size_t>& split = {}) {
     auto p = std::make_unique<Peer>();
     dht::NodeOptions o;
     o.initial_peers = {bootstrap_->VisibleAddresses()[0].ToString()};
@@ -52,7 +54,15 @@ class Swarm {
     SyntheticValues(seed, 0, p->data);
     if (fill) std::fill(p->data.begin(), p->data.end(), *fill);
     if (options.prefix.empty()) options.prefix = "test.avg";
-    auto avg = Averager::Create(*p->node, {p->data}, options);
+    std::vector<std::span<float>> tensors;
+    size_t at = 0;
+    for (size_t size : split) {
+      tensors.push_back(std::span<float>(p->data).subspan(at, size));
+      at += size;
+    }
+    EXPECT_TRUE(split.empty() || at == p->data.size()) << "the split does not cover the values";
+    if (split.empty()) tensors.push_back(p->data);
+    auto avg = Averager::Create(*p->node, tensors, options);
     EXPECT_TRUE(avg.ok()) << avg.status().ToString();
     p->averager = std::move(*avg);
     peers_.push_back(std::move(p));
