@@ -133,26 +133,25 @@ void AllReduceRun::Exclude(uint32_t s, const std::string& why) {
   changed_.Notify();
 }
 
-void AllReduceRun::Accumulate(uint32_t s, size_t k, std::vector<float> values, float max_abs) {
+void AllReduceRun::KeepInput(uint32_t s, size_t k, std::vector<float> values, float max_abs) {
   Reduced& part = parts_[k];
   const double w = senders_[s].weight;
   part.max_abs = std::max(part.max_abs, max_abs);
-  if (keep_inputs()) {
-    if (!impl_->options_.centered_clip) {  // verification keeps the input besides the sum
-      if (part.acc.empty()) part.acc.assign(values.size(), 0.0f);
-      AddScaled(part.acc, values, static_cast<float>(w));
-    }
-    part.inputs.push_back(std::move(values));
-    part.input_weights.push_back(w);
-    part.input_senders.push_back(s);
-  } else if (part.acc.empty()) {
-    Scale(values, static_cast<float>(w));
-    part.acc = std::move(values);
-  } else {
+  if (!impl_->options_.centered_clip) {  // verification keeps the input besides the sum
+    if (part.acc.empty()) part.acc.assign(values.size(), 0.0f);
     AddScaled(part.acc, values, static_cast<float>(w));
   }
+  part.inputs.push_back(std::move(values));
+  part.input_weights.push_back(w);
+  part.input_senders.push_back(s);
   part.weight += w;
   part.contributors.push_back(s);
+}
+
+void AllReduceRun::Accumulate(uint32_t s, size_t k, std::span<const float> values, float max_abs) {
+  AccumulateRaw(s, k,
+                ByteSpan(reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()),
+                max_abs);
 }
 
 void AllReduceRun::AccumulateRaw(uint32_t s, size_t k, ByteSpan values, float max_abs) {
@@ -162,7 +161,7 @@ void AllReduceRun::AccumulateRaw(uint32_t s, size_t k, ByteSpan values, float ma
   if (keep_inputs()) {
     std::vector<float> copy(n);
     CopyScaledBytes(copy, values, 1.0f);
-    Accumulate(s, k, std::move(copy), max_abs);
+    KeepInput(s, k, std::move(copy), max_abs);
     return;
   }
   part.max_abs = std::max(part.max_abs, max_abs);
@@ -405,13 +404,14 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
       continue;
     }
     struct Decoded {
-      std::vector<float> values;
+      std::unique_ptr<float[]> values;  // not zeroed first: the decoder writes every value
       float max_abs = 0;
     };
     auto decode = [frame, n = e - b]() -> Result<Decoded> {
-      Decoded d{std::vector<float>(n)};
-      COLONY_RETURN_IF_ERROR(compression::Decode(frame.data, d.values));
-      d.max_abs = MaxAbs(d.values);
+      Decoded d{std::make_unique_for_overwrite<float[]>(n)};
+      const std::span<float> values(d.values.get(), n);
+      COLONY_RETURN_IF_ERROR(compression::Decode(frame.data, values));
+      d.max_abs = MaxAbs(values);
       if (d.max_abs < 0) return InvalidArgument("it sent non-finite values (NaN or Inf)");
       return d;
     };
@@ -421,7 +421,7 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
       Exclude(s, decoded.status().message());
       break;
     }
-    Accumulate(s, k, std::move(decoded->values), decoded->max_abs);
+    Accumulate(s, k, std::span<const float>(decoded->values.get(), e - b), decoded->max_abs);
     ++sender.received;
     sender.last_progress = SteadyNow();
     CheckParts();
@@ -640,7 +640,8 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
           self->impl_->ScatterBytes(b, frame.data);
           return {};
         }
-        std::vector<float> values(e - b);
+        const auto buffer = std::make_unique_for_overwrite<float[]>(e - b);
+        const std::span<float> values(buffer.get(), e - b);  // the decoder writes every value
         COLONY_RETURN_IF_ERROR(compression::Decode(frame.data, values));
         if (!AllFinite(values)) return InvalidArgument("the reducer sent non-finite values");
         self->impl_->Scatter(b, values);

@@ -67,10 +67,13 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   void MaybeFault(Fault when);
   void Abort(Status reason);
   void Exclude(uint32_t sender, const std::string& why);
-  // `max_abs`: the values' largest magnitude (MaxAbs), computed where they were checked.
-  void Accumulate(uint32_t sender, size_t k, std::vector<float> values, float max_abs);
+  // Adds a sender's part k to the weighted sum (or keeps it, see keep_inputs). `max_abs`: the
+  // values' largest magnitude (MaxAbs), computed where they were checked.
+  void Accumulate(uint32_t sender, size_t k, std::span<const float> values, float max_abs);
   // The same from a received raw float32 frame (no copy for the weighted mean).
   void AccumulateRaw(uint32_t sender, size_t k, ByteSpan values, float max_abs);
+  // Keeps a sender's part k besides the sum, for CenteredClip and verification.
+  void KeepInput(uint32_t sender, size_t k, std::vector<float> values, float max_abs);
   // The wire form of a part: a raw float32 tensor frame (codec none) or the encoded bytes.
   net::TensorFrame PartFrame(std::shared_ptr<const void> owner, ByteSpan bytes, bool raw) const;
   bool raw() const { return impl_->options_.codec == compression::Codec::kNone; }

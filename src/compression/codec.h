@@ -72,7 +72,8 @@ Status Encode(Codec codec, std::span<const float> values, Bytes& out,
 size_t MaxEncodedSize(Codec codec, size_t count, const CodecOptions& options = {});
 
 // Decodes `encoded` (one complete output of Encode) into `out`, whose size must equal the
-// encoded element count. On error `out` may be partially written.
+// encoded element count. On success every value of `out` is written (it need not be
+// initialized first); on error `out` may be partially written.
 Status Decode(ByteSpan encoded, std::span<float> out);
 // The same with a thread limit (see CodecOptions::max_threads).
 Status Decode(ByteSpan encoded, std::span<float> out, int max_threads);

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -154,6 +155,10 @@ TEST(CodecRoundTrip, EverySizeAndCodec) {
         EXPECT_EQ(info->count, n);
         auto y = MustDecode(enc, n);
         ExpectClose(codec, x, y, o);
+        // Every value is written: callers may decode into memory they did not initialize.
+        std::vector<float> dirty(n, std::numeric_limits<float>::quiet_NaN());
+        ASSERT_TRUE(Decode(enc, dirty).ok());
+        EXPECT_TRUE(n == 0 || std::memcmp(dirty.data(), y.data(), n * sizeof(float)) == 0);
         // Appends: a prefix in the buffer is left alone.
         Bytes prefixed = {1, 2, 3};
         ASSERT_TRUE(Encode(codec, x, prefixed, o).ok());
