@@ -17,6 +17,7 @@
 // a leader refuses a mismatched peer with a reason, which the refused peer reports if it finds
 // no group. Client-mode peers never declare and never lead; they only ask.
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in fmt/format.h only before fmt 11)
 
 #include <algorithm>
 #include <random>

@@ -18,6 +18,7 @@
 // left. A donor must send a download's header within half the time left, so a silent donor costs
 // that half.
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (in fmt/format.h only before fmt 11)
 #include <sodium.h>
 
 #include <algorithm>
