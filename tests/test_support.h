@@ -55,6 +55,19 @@ class TempDir {
   bool keep_ = false;
 };
 
+// This program's scratch directory ("<tmp>/colony-scratch-XXXXXX"), removed with everything in
+// it when the program exits: the logs, outputs and lab files of the processes its tests start.
+inline const TempDir& ScratchDir() {
+  static const TempDir dir("scratch");
+  return dir;
+}
+
+// A fresh path in ScratchDir() ("<n>_<name>"); nothing is created.
+inline std::string ScratchPath(const std::string& name) {
+  static std::atomic<uint64_t> counter{0};
+  return ScratchDir().File(std::to_string(counter.fetch_add(1)) + "_" + name);
+}
+
 // A path in the system's temporary directory that no other process or call picks
 // ("<tmp>/colony-<name>-<pid>-<n>"); nothing is created.
 inline std::filesystem::path TempPath(const std::string& name) {

@@ -20,13 +20,8 @@ namespace {
 using namespace std::chrono_literals;
 using colony::test::ColonyBinary;
 using colony::test::ReadFloats;
+using colony::test::ScratchPath;
 using nlohmann::json;
-
-std::string TempPath(const std::string& name) {
-  static int counter = 0;
-  return ::testing::TempDir() + "/avg_" + std::to_string(::getpid()) + "_" +
-         std::to_string(counter++) + "_" + name;
-}
 
 struct PeerProcess {
   std::optional<Subprocess> process;
@@ -54,7 +49,7 @@ class ProcessSwarm {
     PeerProcess p;
     p.seed = seed;
     p.weight = weight;
-    p.output = TempPath("peer" + std::to_string(seed) + ".bin");
+    p.output = ScratchPath("peer" + std::to_string(seed) + ".bin");
     std::vector<std::string> argv = {ColonyBinary(),
                                      "--log-level",
                                      "warn",
@@ -70,7 +65,7 @@ class ProcessSwarm {
                                      "--output",
                                      p.output};
     argv.insert(argv.end(), args.begin(), args.end());
-    p.err = TempPath("peer" + std::to_string(seed) + ".err");
+    p.err = ScratchPath("peer" + std::to_string(seed) + ".err");
     auto proc = Subprocess::Spawn(argv, p.err);
     ASSERT_TRUE(proc.ok()) << proc.status().ToString();
     p.process.emplace(std::move(*proc));

@@ -38,6 +38,7 @@ namespace {
 using namespace std::chrono_literals;
 using colony::test::ColonyBinary;
 using colony::test::ReadFloats;
+using colony::test::ScratchPath;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -57,12 +58,6 @@ using bench::IpBinary;
 using bench::LabScript;
 using bench::RunCommand;
 
-std::string TempPath(const std::string& name) {
-  static int counter = 0;
-  return ::testing::TempDir() + "/lab_" + std::to_string(::getpid()) + "_" +
-         std::to_string(counter++) + "_" + name;
-}
-
 // Why this machine cannot run the lab, or empty.
 std::string CannotRunLab() { return bench::LabUnavailable(::testing::TempDir()); }
 
@@ -77,7 +72,7 @@ std::string CannotRunLab() { return bench::LabUnavailable(::testing::TempDir());
 class Lab : public bench::Lab {
  public:
   explicit Lab(const std::string& topology_text)
-      : bench::Lab(UniqueName(), ::testing::TempDir(), /*keep=*/false) {
+      : bench::Lab(UniqueName(), test::ScratchDir().path().string(), /*keep=*/false) {
     bench::UseLabLinkNextToColony();
     error_ = Up(topology_text);
   }
@@ -106,7 +101,7 @@ std::string StartBootstrap(const Lab& lab, const std::string& host,
                            std::optional<Subprocess>& process) {
   process.emplace(StartColony(lab, host,
                               {"dht", "--listen", "/ip4/" + lab.addr(host) + "/tcp/4001"},
-                              TempPath("boot.err")));
+                              ScratchPath("boot.err")));
   auto line = process->ReadLine(20s);
   EXPECT_TRUE(line.ok()) << line.status().ToString();
   return line.ok() ? *line : std::string();
@@ -124,8 +119,8 @@ void StartAveragePeer(const Lab& lab, const std::string& host, uint64_t seed,
                       const std::string& bootstrap, std::vector<std::string> extra,
                       AveragePeer& peer) {
   peer.seed = seed;
-  peer.output = TempPath(host + ".out");
-  peer.err = TempPath(host + ".err");
+  peer.output = ScratchPath(host + ".out");
+  peer.err = ScratchPath(host + ".err");
   std::vector<std::string> args = {
       "average", "--initial-peers",    bootstrap,  "--listen", "/ip4/" + lab.addr(host) + "/tcp/0",
       "--seed",  std::to_string(seed), "--output", peer.output};
@@ -192,7 +187,7 @@ TEST(Lab, DelayRateAndNatAreAsConfiguredAndTeardownLeavesNothing) {
   std::optional<Subprocess> server;
   server.emplace(StartColony(*lab, "server",
                              {"listen", "--listen", "/ip4/" + lab->addr("server") + "/tcp/4000"},
-                             TempPath("server.err")));
+                             ScratchPath("server.err")));
   auto server_addr = server->ReadLine(20s);
   ASSERT_TRUE(server_addr.ok()) << server_addr.status().ToString();
   auto ping =
@@ -217,7 +212,7 @@ TEST(Lab, DelayRateAndNatAreAsConfiguredAndTeardownLeavesNothing) {
   std::optional<Subprocess> laptop;
   laptop.emplace(StartColony(*lab, "laptop",
                              {"listen", "--listen", "/ip4/" + lab->addr("laptop") + "/tcp/4000"},
-                             TempPath("laptop.err")));
+                             ScratchPath("laptop.err")));
   auto laptop_addr = laptop->ReadLine(20s);
   ASSERT_TRUE(laptop_addr.ok());
   auto direct = RunCommand(lab->In("server", {ColonyBinary(), "ping", *laptop_addr}), 30s);
@@ -322,7 +317,7 @@ void AverageBehindTwoNats(bool hole_punching) {
   boot.emplace(StartColony(lab, "boot",
                            {"dht", "--listen", "/ip4/" + lab.addr("boot") + "/tcp/4001",
                             "--relay-listen", "/ip4/" + lab.addr("boot") + "/tcp/4002"},
-                           TempPath("boot.err")));
+                           ScratchPath("boot.err")));
   auto bootstrap = boot->ReadLine(20s);
   ASSERT_TRUE(bootstrap.ok()) << bootstrap.status().ToString();
 
@@ -407,7 +402,7 @@ TEST(LabWan, PeersBehindNatFindOutAndPickARelayByThemselves) {
   std::optional<Subprocess> boot, relay;
   const std::string bootstrap = StartBootstrap(lab, "boot", boot);
   ASSERT_FALSE(bootstrap.empty());
-  const std::string relay_err = TempPath("relay.err");
+  const std::string relay_err = ScratchPath("relay.err");
   relay.emplace(
       StartColony(lab, "relay",
                   {"dht", "--listen", "/ip4/" + lab.addr("relay") + "/tcp/4001", "--relay-listen",
@@ -575,24 +570,24 @@ TEST(LabSwarm, EightBitStageBoundariesCutTheTrainersTraffic) {
   std::optional<Subprocess> boot;
   const std::string bootstrap = StartBootstrap(lab, "boot", boot);
   ASSERT_FALSE(bootstrap.empty());
-  const std::string model = TempPath("swarm-init"), cache = TempPath("swarm-cache");
+  const std::string model = ScratchPath("swarm-init"), cache = ScratchPath("swarm-cache");
   const std::vector<std::string> data = {"--cache-dir",  cache, "--corpus-bytes", "300000",
                                          "--vocab-size", "512", "--seq-len",      "32"};
   std::vector<std::string> init_args = {"swarm-train",   "init", "--out",    model,
                                         "--hidden-size", "64",   "--layers", "4",
                                         "--init-seed",   "2"};
   init_args.insert(init_args.end(), data.begin(), data.end());
-  Subprocess init = StartColony(lab, "boot", init_args, TempPath("init.err"));
+  const std::string init_err = ScratchPath("init.err");
+  Subprocess init = StartColony(lab, "boot", init_args, init_err);
   auto made = NextEvent(init, 120s);
-  ASSERT_TRUE(made.ok() && (*made)["event"] == "initialized")
-      << test::ReadFile(TempPath("init.err"));
+  ASSERT_TRUE(made.ok() && (*made)["event"] == "initialized") << test::ReadFile(init_err);
   std::map<std::string, double> bytes;
   for (const std::string codec : {"none", "blockwise8"}) {
     const std::string run = "lab-swarm-" + codec;
     std::vector<Subprocess> stages;
     for (const auto& [host, blocks] :
          std::vector<std::pair<std::string, std::string>>{{"p1", "0:2"}, {"p2", "2:4"}}) {
-      const std::string err = TempPath(host + "-" + codec + ".err");
+      const std::string err = ScratchPath(host + "-" + codec + ".err");
       stages.push_back(StartColony(lab, host,
                                    {"swarm-train",
                                     "stage",
@@ -645,7 +640,7 @@ TEST(LabSwarm, EightBitStageBoundariesCutTheTrainersTraffic) {
                                      "--boundary-codec",
                                      codec};
     args.insert(args.end(), data.begin(), data.end());
-    const std::string err = TempPath("trainer-" + codec + ".err");
+    const std::string err = ScratchPath("trainer-" + codec + ".err");
     Subprocess trainer = StartColony(lab, "p3", args, err);
     json done;
     while (done.is_null()) {

@@ -33,14 +33,9 @@ namespace {
 using namespace std::chrono_literals;
 using colony::test::ColonyBinary;
 using colony::test::HangGuard;
+using colony::test::ScratchPath;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-std::string TempPath(const std::string& name) {
-  static int counter = 0;
-  return ::testing::TempDir() + "/train_" + std::to_string(::getpid()) + "_" +
-         std::to_string(counter++) + "_" + name;
-}
 
 // The last `max_chars` characters of a file (a peer's stderr), for failure messages.
 std::string Tail(const std::string& path, size_t max_chars = 3000) {
@@ -72,7 +67,7 @@ struct Trainer {
 class TrainSwarm {
  public:
   explicit TrainSwarm(std::string run_id) : run_id_(std::move(run_id)) {
-    boot_err_ = TempPath("boot.err");
+    boot_err_ = ScratchPath("boot.err");
     auto boot = Subprocess::Spawn(
         {ColonyBinary(), "--log-level", "warn", "dht", "--listen", "/ip4/127.0.0.1/tcp/0"},
         boot_err_);
@@ -106,7 +101,7 @@ class TrainSwarm {
   size_t Spawn(const std::string& label, const std::vector<std::string>& args) {
     Trainer t;
     t.label = label;
-    t.stderr_path = TempPath(label + ".err");
+    t.stderr_path = ScratchPath(label + ".err");
     auto p = Subprocess::Spawn(Argv(args), t.stderr_path);
     EXPECT_TRUE(p.ok()) << label << ": " << p.status().ToString();
     if (p.ok()) t.process.emplace(std::move(*p));
