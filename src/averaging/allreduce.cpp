@@ -219,6 +219,7 @@ void AllReduceRun::Finalize(size_t k) {
   if (part.weight > 0) {
     auto mean = std::make_shared<std::vector<float>>();
     bool converged = true;
+    bool in_tensors = false;  // the result was decoded straight into the tensors
     if (impl_->options_.centered_clip) {
       mean->resize(e - b);
       std::vector<std::span<const float>> views(part.inputs.begin(), part.inputs.end());
@@ -266,16 +267,22 @@ void AllReduceRun::Finalize(size_t k) {
         part.result_bytes = ByteSpan(encoded->data(), encoded->size());
         part.result_owner = std::move(encoded);
         // This peer keeps what every other member receives, not the exact mean, so that a
-        // lossy codec leaves all members with the same values.
-        st = compression::Decode(part.result_bytes, *mean);
+        // lossy codec leaves all members with the same values: decoded straight into the
+        // tensors when one holds the part and verification does not need the values.
+        std::span<float> into = *mean;
+        if (wants_results_ && !impl_->options_.verify) {
+          if (const std::span<float> view = impl_->View(b, e); !view.empty()) into = view;
+        }
+        st = compression::Decode(part.result_bytes, into);  // writes nothing when it fails
         if (!st.ok()) {
           COLONY_LOG_ERROR("averaging: decoding a reduced part failed: {}", st.ToString());
           part.contributors.clear();
         }
+        in_tensors = st.ok() && into.data() != mean->data();
       }
     }
     if (wants_results_ && !part.contributors.empty()) {
-      impl_->Scatter(b, *mean);
+      if (!in_tensors) impl_->Scatter(b, *mean);
       reports_.push_back({b, e, part.contributors});
     }
     if (impl_->options_.verify && !part.contributors.empty()) part.result = mean;
@@ -639,6 +646,14 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
           }
           self->impl_->ScatterBytes(b, frame.data);
           return {};
+        }
+        // Codecs whose values are finite whatever the input are decoded straight into the
+        // tensor that holds the part, if one does (a failed decode writes nothing).
+        const auto info = compression::PeekHeader(frame.data);
+        if (info.ok() && compression::DecodesFinite(info->codec)) {
+          if (const std::span<float> view = self->impl_->View(b, e); !view.empty()) {
+            return compression::Decode(frame.data, view);
+          }
         }
         const auto buffer = std::make_unique_for_overwrite<float[]>(e - b);
         const std::span<float> values(buffer.get(), e - b);  // the decoder writes every value

@@ -342,47 +342,47 @@ COLONY_KERNEL void KBlockwise4(const float* __restrict p, size_t pairs, float pr
   for (size_t j = 0; j < pairs; ++j)
     q[j] = static_cast<uint8_t>(Code4(p[2 * j], pre, inv) | (Code4(p[2 * j + 1], pre, inv) << 4));
 }
-// Returns non-zero when a code is -128 (never written by the encoder).
 inline float FromCode8(uint8_t c, float step) {
   const int v = static_cast<int>(c) - ((c & 0x80) << 1);  // two's complement int8
   return SaturateFinite(static_cast<float>(v) * step);
 }
-COLONY_KERNEL unsigned KFromBlockwise8(const uint8_t* __restrict q, size_t m, float step,
-                                       float* __restrict o) {
+COLONY_KERNEL void KFromBlockwise8(const uint8_t* __restrict q, size_t m, float step,
+                                   float* __restrict o) {
+#pragma omp simd
+  for (size_t j = 0; j < m; ++j) o[j] = FromCode8(q[j], step);
+}
+COLONY_KERNEL void KFromBlockwise4(const uint8_t* __restrict q, size_t pairs, float step,
+                                   float* __restrict o) {
+#pragma omp simd
+  for (size_t j = 0; j < pairs; ++j) {
+    o[2 * j] = SaturateFinite(static_cast<float>((q[j] & 0xf) - 8) * step);
+    o[2 * j + 1] = SaturateFinite(static_cast<float>((q[j] >> 4) - 8) * step);
+  }
+}
+// Codes the encoders never write, found before anything is decoded. Non-zero when one of the
+// m 8-bit codes is -128.
+COLONY_KERNEL unsigned KAnyCode8Outside(const uint8_t* __restrict q, size_t m) {
   uint8_t acc[kLanes] = {};
   size_t j = 0;
   for (; j + kLanes <= m; j += kLanes) {
-    for (size_t k = 0; k < kLanes; ++k) {
-      acc[k] = static_cast<uint8_t>(acc[k] | (q[j + k] == 0x80));
-      o[j + k] = FromCode8(q[j + k], step);
-    }
+    for (size_t k = 0; k < kLanes; ++k) acc[k] = static_cast<uint8_t>(acc[k] | (q[j + k] == 0x80));
   }
-  for (size_t k = 0; j < m; ++j, ++k) {
-    acc[k] = static_cast<uint8_t>(acc[k] | (q[j] == 0x80));
-    o[j] = FromCode8(q[j], step);
-  }
+  for (size_t k = 0; j < m; ++j, ++k) acc[k] = static_cast<uint8_t>(acc[k] | (q[j] == 0x80));
   unsigned flag = 0;
   for (uint8_t a : acc) flag |= a;
   return flag;
 }
-// Returns non-zero when a nibble is 0 (never written by the encoder).
-COLONY_KERNEL unsigned KFromBlockwise4(const uint8_t* __restrict q, size_t pairs, float step,
-                                       float* __restrict o) {
+// Non-zero when one of the 2 x `bytes` 4-bit codes is 0.
+COLONY_KERNEL unsigned KAnyCode4Outside(const uint8_t* __restrict q, size_t bytes) {
   uint8_t acc[kLanes] = {};
   size_t j = 0;
-  for (; j + kLanes <= pairs; j += kLanes) {
+  for (; j + kLanes <= bytes; j += kLanes) {
     for (size_t k = 0; k < kLanes; ++k) {
-      const int lo = q[j + k] & 0xf, hi = q[j + k] >> 4;
-      acc[k] = static_cast<uint8_t>(acc[k] | (lo == 0) | (hi == 0));
-      o[2 * (j + k)] = SaturateFinite(static_cast<float>(lo - 8) * step);
-      o[2 * (j + k) + 1] = SaturateFinite(static_cast<float>(hi - 8) * step);
+      acc[k] = static_cast<uint8_t>(acc[k] | ((q[j + k] & 0xf) == 0) | ((q[j + k] >> 4) == 0));
     }
   }
-  for (; j < pairs; ++j) {
-    const int lo = q[j] & 0xf, hi = q[j] >> 4;
-    acc[0] = static_cast<uint8_t>(acc[0] | (lo == 0) | (hi == 0));
-    o[2 * j] = SaturateFinite(static_cast<float>(lo - 8) * step);
-    o[2 * j + 1] = SaturateFinite(static_cast<float>(hi - 8) * step);
+  for (size_t k = 0; j < bytes; ++j, ++k) {
+    acc[k] = static_cast<uint8_t>(acc[k] | ((q[j] & 0xf) == 0) | ((q[j] >> 4) == 0));
   }
   unsigned flag = 0;
   for (uint8_t a : acc) flag |= a;
@@ -817,47 +817,44 @@ Status DecodeBlockwise(Codec codec, ByteReader& r, std::span<float> out, int max
   const uint8_t* codes = payload.data() + blocks * 4;
   if (n == 0) return Status::Ok();
 
-  // Codes the encoder never writes (-128; nibble 0) are flagged per chunk without branching in
-  // the loops, and reported after.
+  // Codes the encoder never writes (-128; nibble 0) are refused before anything is written, so
+  // a failed decode leaves `out` as it was.
+  auto code_of = [&](size_t i) {
+    return four ? (i & 1 ? codes[i / 2] >> 4 : codes[i / 2] & 0xf) : codes[i];
+  };
+  const unsigned outside =
+      four ? KAnyCode4Outside(codes, n / 2) | ((n & 1) && (codes[n / 2] & 0xf) == 0 ? 1u : 0u)
+           : KAnyCode8Outside(codes, n);
+  if (outside != 0) {
+    size_t i = 0;
+    while (i + 1 < n && code_of(i) != (four ? 0 : 0x80)) ++i;
+    return Malformed(fmt::format("{} has a code outside [-{}, {}] at value {} (block {})", name,
+                                 four ? 7 : 127, four ? 7 : 127, i, i / bs));
+  }
+  if (four && (n & 1) && (codes[n / 2] >> 4) != 0)
+    return Malformed(fmt::format("{} padding nibble is {}, expected 0", name, codes[n / 2] >> 4));
+
   const size_t per_chunk = four ? Blockwise4BlocksPerChunk(bs) : std::max<size_t>(1, kChunk / bs);
-  const size_t chunks = (blocks + per_chunk - 1) / per_chunk;
-  std::vector<uint8_t> bad(chunks, 0);
-  ForChunks(blocks, per_chunk, n, max_threads, [&](size_t c, size_t b, size_t e) {
-    unsigned flag = 0;
+  ForChunks(blocks, per_chunk, n, max_threads, [&](size_t, size_t b, size_t e) {
     float* o = out.data();
     for (size_t blk = b; blk < e; ++blk) {
       size_t i = blk * bs;
       const size_t end = std::min<size_t>(n, i + bs);
       if (!four) {
-        flag |= KFromBlockwise8(codes + i, end - i, scales[blk] / 127.0f, o + i);
+        KFromBlockwise8(codes + i, end - i, scales[blk] / 127.0f, o + i);
         continue;
       }
       const float step = scales[blk] / 7.0f;
       if (i & 1) {
-        const int nib = codes[i / 2] >> 4;
-        flag |= nib == 0 ? 1u : 0u;
-        o[i] = SaturateFinite(static_cast<float>(nib - 8) * step);
+        o[i] = SaturateFinite(static_cast<float>((codes[i / 2] >> 4) - 8) * step);
         ++i;
       }
       const size_t pairs = (end - i) / 2;
-      flag |= KFromBlockwise4(codes + i / 2, pairs, step, o + i);
+      KFromBlockwise4(codes + i / 2, pairs, step, o + i);
       i += 2 * pairs;
-      if (i < end) {
-        const int nib = codes[i / 2] & 0xf;
-        flag |= nib == 0 ? 1u : 0u;
-        o[i] = SaturateFinite(static_cast<float>(nib - 8) * step);
-      }
+      if (i < end) o[i] = SaturateFinite(static_cast<float>((codes[i / 2] & 0xf) - 8) * step);
     }
-    bad[c] = static_cast<uint8_t>(flag);
   });
-  for (size_t c = 0; c < chunks; ++c) {
-    if (!bad[c]) continue;
-    return Malformed(fmt::format("{} has a code outside [-{}, {}] in blocks {} to {}", name,
-                                 four ? 7 : 127, four ? 7 : 127, c * per_chunk,
-                                 std::min(blocks, (c + 1) * per_chunk) - 1));
-  }
-  if (four && (n & 1) && (codes[n / 2] >> 4) != 0)
-    return Malformed(fmt::format("{} padding nibble is {}, expected 0", name, codes[n / 2] >> 4));
   return Status::Ok();
 }
 
@@ -872,7 +869,9 @@ Status DecodeTopK(ByteReader& r, std::span<float> out) {
   if (!r.ok())
     return Malformed(fmt::format("topk payload has {} bytes, expected at least {} for {} values",
                                  r.remaining(), k * 4, k));
-  std::fill(out.begin(), out.end(), 0.0f);
+  // The indices are checked before anything is written, so a failed decode leaves `out` as it
+  // was; then read again to write.
+  const ByteReader indices = r;
   uint64_t index = 0;
   for (uint64_t j = 0; j < k; ++j) {
     const uint64_t delta = r.Varint();
@@ -883,10 +882,17 @@ Status DecodeTopK(ByteReader& r, std::span<float> out) {
     if (delta >= n || (j > 0 && delta >= n - index))
       return Malformed(fmt::format("topk index {} is out of range for {} values", j, n));
     index = j == 0 ? delta : index + delta;
-    out[index] = LoadOneF32(vals.data() + 4 * j);
   }
   if (r.remaining() != 0)
     return Malformed(fmt::format("topk encoding has {} trailing bytes", r.remaining()));
+  std::fill(out.begin(), out.end(), 0.0f);
+  ByteReader again = indices;
+  index = 0;
+  for (uint64_t j = 0; j < k; ++j) {
+    const uint64_t delta = again.Varint();
+    index = j == 0 ? delta : index + delta;
+    out[index] = LoadOneF32(vals.data() + 4 * j);
+  }
   return Status::Ok();
 }
 
@@ -950,6 +956,23 @@ Result<Codec> ParseCodec(std::string_view name) {
       "unknown codec '{}', expected one of none, fp16, bf16, scaled-fp16, uniform8, quantile8, "
       "blockwise8, blockwise4, topk",
       name));
+}
+
+bool DecodesFinite(Codec codec) {
+  switch (codec) {
+    case Codec::kNone:
+    case Codec::kFloat16:
+    case Codec::kBFloat16:
+    case Codec::kScaledFloat16:  // non-finite inputs travel as such
+    case Codec::kTopK:
+      return false;
+    case Codec::kUniform8:
+    case Codec::kQuantile8:
+    case Codec::kBlockwise8:
+    case Codec::kBlockwise4:
+      return true;
+  }
+  return false;
 }
 
 std::optional<Codec> CodecFromWire(uint8_t value) {

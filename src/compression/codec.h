@@ -50,6 +50,10 @@ std::string_view CodecName(Codec codec);
 Result<Codec> ParseCodec(std::string_view name);
 // Validates a codec id read from untrusted input.
 std::optional<Codec> CodecFromWire(uint8_t value);
+// Whether Decode() of this codec yields only finite values, whatever the (hostile) input: its
+// decoder saturates or checks what it reads. False for the codecs that carry raw floats or
+// pass non-finite inputs through.
+bool DecodesFinite(Codec codec);
 
 struct CodecOptions {
   // Blockwise codecs: values per block (each block stores one float32 absmax scale).
@@ -73,7 +77,7 @@ size_t MaxEncodedSize(Codec codec, size_t count, const CodecOptions& options = {
 
 // Decodes `encoded` (one complete output of Encode) into `out`, whose size must equal the
 // encoded element count. On success every value of `out` is written (it need not be
-// initialized first); on error `out` may be partially written.
+// initialized first); on error nothing is: everything is checked before the first write.
 Status Decode(ByteSpan encoded, std::span<float> out);
 // The same with a thread limit (see CodecOptions::max_threads).
 Status Decode(ByteSpan encoded, std::span<float> out, int max_threads);

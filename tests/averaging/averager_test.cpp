@@ -67,16 +67,22 @@ TEST(Averager, ExactWeightedMeanWithNodeClientAndAuxPeers) {
   }
 }
 
-// Parts are sent from the tensors themselves; parts that span several tensors are copied
-// first. Every peer must still end with the exact mean, computed here in double precision.
-TEST(Averager, ExactMeanWhenPartsSpanSeveralTensors) {
+// Parts are sent from the tensors themselves (copied first when they span several tensors), and
+// results are written into them. Every peer must end with the mean computed here in double
+// precision: exactly without compression; with blockwise8, within its quantization error and
+// with the same values on every peer (each keeps what the others receive).
+void ExpectMeanWhenPartsSpanSeveralTensors(compression::Codec codec) {
   // 4,096 values per part: parts start and end inside tensors, and some hold four tensors.
   const std::vector<size_t> split = {1000, 7, 4099, 3, 1, 8190, 12'000, 5};
   size_t n = 0;
   for (size_t size : split) n += size;
   Swarm swarm(n);
   const std::vector<double> weights = {1.0, 2.0, 0.25};
-  for (size_t i = 0; i < weights.size(); ++i) swarm.Add(i, Options(weights.size()), {}, 0, split);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    AveragerOptions o = Options(weights.size());
+    o.codec = codec;
+    swarm.Add(i, o, {}, 0, split);
+  }
   auto results = swarm.StepAll(weights);
   std::vector<double> expect(n, 0.0);
   double total = 0;
@@ -85,14 +91,33 @@ TEST(Averager, ExactMeanWhenPartsSpanSeveralTensors) {
     for (size_t k = 0; k < n; ++k) expect[k] += weights[i] * v[k];
     total += weights[i];
   }
+  for (double& x : expect) x /= total;
   for (size_t i = 0; i < weights.size(); ++i) {
     ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status().ToString();
     for (const auto& part : results[i]->parts) EXPECT_EQ(part.contributors.size(), 3u);
     const auto& data = swarm.peers()[i]->data;
-    for (size_t k = 0; k < n; ++k) {
-      ASSERT_NEAR(data[k], expect[k] / total, 1e-6) << "peer " << i << " value " << k;
+    if (codec == compression::Codec::kNone) {
+      for (size_t k = 0; k < n; ++k) {
+        ASSERT_NEAR(data[k], expect[k], 1e-6) << "peer " << i << " value " << k;
+      }
+      continue;
     }
+    EXPECT_TRUE(data == swarm.peers()[0]->data) << "peer " << i << " holds other values";
+    double err = 0, norm = 0;
+    for (size_t k = 0; k < n; ++k) {
+      err += (data[k] - expect[k]) * (data[k] - expect[k]);
+      norm += expect[k] * expect[k];
+    }
+    EXPECT_LT(std::sqrt(err / norm), 0.01) << "peer " << i;
   }
+}
+
+TEST(Averager, ExactMeanWhenPartsSpanSeveralTensors) {
+  ExpectMeanWhenPartsSpanSeveralTensors(compression::Codec::kNone);
+}
+
+TEST(Averager, Blockwise8MeanWhenPartsSpanSeveralTensors) {
+  ExpectMeanWhenPartsSpanSeveralTensors(compression::Codec::kBlockwise8);
 }
 
 TEST(Averager, MismatchedShapesAreRefusedWithAReason) {
