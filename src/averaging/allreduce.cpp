@@ -662,6 +662,9 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
         self->impl_->Scatter(b, values);
         return {};
       };
+      // A result that arrived as the step ended (its stream's cancellation still on the way)
+      // is dropped: the tensors are the caller's again.
+      if (tensors_released_) break;
       ++tensor_users_;
       Status st = co_await RunOn<Status>(PoolExecutor(), std::move(decode));
       --tensor_users_;
@@ -790,6 +793,7 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   // decodes into them end first (promptly once their streams are cancelled; by the streams'
   // deadlines at the latest).
   while (tensor_users_ > 0) co_await changed_.WaitUntil(SteadyNow() + std::chrono::seconds(1));
+  tensors_released_ = true;
   if (impl_->cancel_requested_) co_return Cancelled("the averaging step was cancelled");
   if (abort_reason_.code() == StatusCode::kCancelled) co_return abort_reason_;
   Verification verification;

@@ -133,6 +133,7 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   // Writes borrowing the tensors' memory and decodes writing into them, in flight: Run waits
   // for them before returning, after which the caller owns the tensors again.
   size_t tensor_users_ = 0;
+  bool tensors_released_ = false;  // Run is done with the tensors: no decode into them starts
   size_t my_parts_ = 0;
   std::vector<Sender> senders_;
   std::vector<Reduced> parts_;
