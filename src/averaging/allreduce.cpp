@@ -708,7 +708,6 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   parts_.assign(my_parts_, {});
   for (uint32_t m = 0; m < group_.members.size(); ++m) {
     senders_[m].expected = my_parts_ > 0 && group_.members[m].mode != Mode::kAux && !banned_[m];
-    senders_[m].last_progress = started;
   }
   if (my_parts_ > 0 && senders_[self_].expected) {
     Sender& me = senders_[self_];
@@ -742,11 +741,19 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     me.received = my_parts_;
   }
   CheckParts();
+  // Part timeouts run from here, when this reducer starts listening: reducing its own span above
+  // can take longer than part_timeout on a slow or busy machine, and then every sender was
+  // excluded before it could have sent anything.
+  for (Sender& s : senders_) s.last_progress = SteadyNow();
 
   auto self = shared_from_this();
-  size_t tasks = 0;
+  // A task may run to its end inside co_spawn (which dispatches: we are on its strand), e.g.
+  // SendTo to a reducer with no address we can dial, so each is counted before it starts.
+  // Counting them after spawning lost those that had already ended, and the round then waited
+  // for its deadline.
+  pending_tasks_ = 0;
   auto spawn = [&](auto fn) {
-    ++tasks;
+    ++pending_tasks_;
     auto wrapped = [self, fn = std::move(fn)]() mutable -> asio::awaitable<void> {
       co_await fn();
       --self->pending_tasks_;
@@ -754,7 +761,6 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     };
     asio::co_spawn(strand_, std::move(wrapped), asio::detached);
   };
-  pending_tasks_ = 0;
   if (wants_results_) {
     for (uint32_t r = 0; r < group_.members.size(); ++r) {
       if (r == self_ || group_.members[r].span == 0) continue;
@@ -766,7 +772,6 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     }
   }
   if (my_parts_ > 0) spawn([self]() { return self->SenderWatchdog(); });
-  pending_tasks_ = tasks;
 
   while (pending_tasks_ > 0 || parts_done_ < my_parts_) {
     if (SteadyNow() >= deadline_ + impl_->options_.part_timeout) {

@@ -152,7 +152,8 @@ Result<GroupInfo> Averager::Impl::FormGroup() {
   g.part_size = std::clamp<uint64_t>(options_.part_size_bytes / sizeof(float), 1, kMaxPartSize);
   MemberInfo self;
   self.peer = host_.peer_id();
-  self.addrs = OwnAddrs();
+  self.addrs = options_.testing.addrs_in_led_groups.empty() ? OwnAddrs()
+                                                            : options_.testing.addrs_in_led_groups;
   self.mode = options_.mode;
   self.bandwidth = options_.bandwidth;
   self.gathered = looking_->gathered;
@@ -377,6 +378,13 @@ asio::awaitable<Result<net::Message>> Averager::Impl::HandleJoin(PeerId from,
   if (shut_down_) co_return reject("the averager is shutting down");
   if (options_.mode == Mode::kClient) co_return reject("client-mode peers do not lead groups");
   if (IsBanned(from)) co_return reject("this peer banned you: verification caught you cheating");
+  if (request->mode != Mode::kClient) {
+    // Every member dials it: one that cannot be dialed would only cost the group its span.
+    if (auto dial = DialAddress(request->addrs, from); !dial.ok()) {
+      co_return reject("a node-mode peer must announce an address to dial it at: " +
+                       dial.status().message());
+    }
+  }
   if (request->schema_hash != schema_hash_) {
     co_return reject(fmt::format(
         "tensor schema mismatch: this peer averages {} values in {} tensor(s) (schema {}); "
@@ -405,9 +413,6 @@ asio::awaitable<Result<net::Message>> Averager::Impl::HandleJoin(PeerId from,
     r.leader = looking_->requesting->peer;
     r.leader_addrs = looking_->requesting->addrs;
     co_return reply(std::move(r));
-  }
-  if (request->mode != Mode::kClient && request->addrs.empty()) {
-    co_return reject("a node-mode peer must announce an address");
   }
   for (const auto& f : looking_->followers) {
     if (f->peer == from) co_return reject("this peer has already asked to join");

@@ -1,6 +1,7 @@
 // Averagers on real sockets in one process: exact means for node/client/aux mixes, weights,
 // refused mismatched shapes, CenteredClip against a malicious peer, non-finite input, state
-// sharing, and memory that stays flat over many rounds at limited bandwidth.
+// sharing, a leader nobody can dial, and memory that stays flat over many rounds at limited
+// bandwidth.
 #include "averaging/averager.h"
 
 #include <gtest/gtest.h>
@@ -523,15 +524,27 @@ TEST(Averager, HostileRequestsGetErrorsAndTheAveragerKeepsWorking) {
     lie.group_key = "test.avg.0b";
     lie.schema_hash = "not-ours";
     lie.bandwidth = 1;
-    auto refused =
-        attacker.CallSync(addr, "avg.join/test.avg", net::Message(EncodeJoinRequest(lie)));
-    auto answer =
-        refused.ok() ? DecodeJoinResponse(refused->meta) : Result<JoinResponse>(refused.status());
-    EXPECT_TRUE(answer.ok()) << answer.status().ToString();
-    if (answer.ok()) {
+    lie.addrs = {"/ip4/127.0.0.1/tcp/1"};  // the attacker's (nothing listens there)
+    auto expect_rejected = [&](const JoinRequest& request, const std::string& reason) {
+      auto refused =
+          attacker.CallSync(addr, "avg.join/test.avg", net::Message(EncodeJoinRequest(request)));
+      auto answer =
+          refused.ok() ? DecodeJoinResponse(refused->meta) : Result<JoinResponse>(refused.status());
+      EXPECT_TRUE(answer.ok()) << answer.status().ToString();
+      if (!answer.ok()) return;
       EXPECT_EQ(answer->code, JoinResponse::Code::kRejected);
-      EXPECT_NE(answer->reason.find("schema mismatch"), std::string::npos) << answer->reason;
+      EXPECT_NE(answer->reason.find(reason), std::string::npos) << answer->reason;
+    };
+    expect_rejected(lie, "schema mismatch");
+    // A member that cannot be dialed would cost its group the span it reduces.
+    for (const std::string& bad : {std::string("garbage"), "/ip4/127.0.0.1/tcp/1/p2p/" +
+                                                               victim.node->peer_id().ToString()}) {
+      JoinRequest undialable = lie;
+      undialable.addrs = {bad};  // not an address; one naming another peer (the victim)
+      expect_rejected(undialable, "must announce an address to dial it at");
     }
+    lie.addrs = {};
+    expect_rejected(lie, "announced no address");
     // A reduce stream for a group that does not exist, and one whose hello is garbage.
     for (const std::string& hello :
          {EncodeReduceHello({std::string(16, 'x'), 0, 1.0}), std::string("\x01\x02\x03")}) {
@@ -547,6 +560,57 @@ TEST(Averager, HostileRequestsGetErrorsAndTheAveragerKeepsWorking) {
   // The averager still averages, exactly, after the attack too.
   during.push_back(honest_round());
   EXPECT_LT(colony::test::RecordHonestSlowdown(before, during), 10);
+}
+
+// A leader that lists an address for itself that nobody can dial (a lie, or a bug): its members
+// send it nothing and keep their own values for its span, and it keeps its own values after
+// excluding them. Every step still ends within a few part timeouts, not at its deadline, with the
+// other spans holding the exact mean of all three. (A sender task that ended inside co_spawn, as
+// the one for an undialable reducer does, was not counted, and every member waited for the
+// step's deadline.)
+TEST(Averager, ALeaderNobodyCanDialCostsItsSpanNotTheDeadline) {
+  const size_t n = 30'011;
+  Swarm swarm(n);
+  for (size_t i = 0; i < 3; ++i) {
+    auto o = Options(3);
+    o.part_timeout = 1s;
+    o.testing.addrs_in_led_groups = {
+        "/ip4/127.0.0.1/tcp/1/p2p/" +
+        PeerId::FromPublicKey(KeyPair::Generate().public_key()).ToString()};  // whoever leads lies
+    swarm.Add(i, o);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto results = swarm.StepAll({}, 120s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<double> mean(n, 0.0);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto v = Synthetic(i, n);
+    for (size_t k = 0; k < n; ++k) mean[k] += v[k] / 3.0;
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status().ToString();
+    const uint32_t self = results[i]->self_index;
+    const auto own = Synthetic(i, n);
+    const auto& data = swarm.peers()[i]->data;
+    size_t kept = 0, averaged = 0;
+    for (const auto& part : results[i]->parts) {
+      const bool alone = part.contributors == std::vector<uint32_t>{self};
+      ASSERT_TRUE(alone || part.contributors.size() == 3)
+          << "peer " << i << " part [" << part.begin << ", " << part.end << ")";
+      for (uint64_t k = part.begin; k < part.end; ++k) {
+        if (alone) {
+          ASSERT_EQ(data[k], own[k]) << "peer " << i << " value " << k;
+        } else {
+          ASSERT_NEAR(data[k], mean[k], 1e-6) << "peer " << i << " value " << k;
+        }
+      }
+      (alone ? kept : averaged) += part.end - part.begin;
+    }
+    EXPECT_GT(kept, 0u) << "peer " << i << ": the leader's span was averaged";
+    EXPECT_GT(averaged, 0u) << "peer " << i;
+  }
+  // Matchmaking, then about one part timeout until the leader excludes its silent senders.
+  EXPECT_LT(took, 30.0) << "the step waited for its deadline (120 s)";
 }
 
 size_t RssKiB() {
