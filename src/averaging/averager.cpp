@@ -192,25 +192,33 @@ void Averager::Impl::Gather(std::span<float> out) const {
   }
 }
 
-void Averager::Impl::ReadRange(uint64_t begin, std::span<float> out) const {
-  auto it = std::upper_bound(tensor_begins_.begin(), tensor_begins_.end(), begin);
-  size_t t = static_cast<size_t>(it - tensor_begins_.begin()) - 1;
+size_t Averager::Impl::TensorAt(uint64_t index) const {
+  auto it = std::upper_bound(tensor_begins_.begin(), tensor_begins_.end(), index);
+  if (it == tensor_begins_.begin()) return tensors_.size();
+  return static_cast<size_t>(it - tensor_begins_.begin()) - 1;
+}
+
+template <typename Fn>
+void Averager::Impl::ForEachPiece(uint64_t begin, size_t count, Fn&& fn) const {
   uint64_t at = begin;
   size_t done = 0;
-  while (done < out.size() && t < tensors_.size()) {
+  for (size_t t = TensorAt(begin); done < count && t < tensors_.size(); ++t) {
     const uint64_t offset = at - tensor_begins_[t];
-    const size_t n = std::min<size_t>(out.size() - done, tensors_[t].size() - offset);
-    std::copy_n(tensors_[t].data() + offset, n, out.data() + done);
+    const size_t n = std::min<size_t>(count - done, tensors_[t].size() - offset);
+    fn(tensors_[t].subspan(offset, n), done);
     done += n;
     at += n;
-    ++t;
   }
 }
 
+void Averager::Impl::ReadRange(uint64_t begin, std::span<float> out) const {
+  ForEachPiece(begin, out.size(), [&](std::span<float> piece, size_t done) {
+    std::copy(piece.begin(), piece.end(), out.begin() + static_cast<ptrdiff_t>(done));
+  });
+}
+
 std::span<float> Averager::Impl::View(uint64_t begin, uint64_t end) const {
-  auto it = std::upper_bound(tensor_begins_.begin(), tensor_begins_.end(), begin);
-  if (it == tensor_begins_.begin()) return {};
-  const size_t t = static_cast<size_t>(it - tensor_begins_.begin()) - 1;
+  const size_t t = TensorAt(begin);
   if (t >= tensors_.size() || end < begin || end - tensor_begins_[t] > tensors_[t].size())
     return {};
   return tensors_[t].subspan(begin - tensor_begins_[t], end - begin);
@@ -222,21 +230,9 @@ void Averager::Impl::Scatter(uint64_t begin, std::span<const float> values) {
 }
 
 void Averager::Impl::ScatterBytes(uint64_t begin, ByteSpan bytes) {
-  // The tensor holding `begin`, then onwards.
-  auto it = std::upper_bound(tensor_begins_.begin(), tensor_begins_.end(), begin);
-  size_t t = static_cast<size_t>(it - tensor_begins_.begin()) - 1;
-  uint64_t at = begin;
-  const size_t count = bytes.size() / sizeof(float);
-  size_t done = 0;
-  while (done < count && t < tensors_.size()) {
-    const uint64_t offset = at - tensor_begins_[t];
-    const size_t n = std::min<size_t>(count - done, tensors_[t].size() - offset);
-    std::memcpy(tensors_[t].data() + offset, bytes.data() + done * sizeof(float),
-                n * sizeof(float));
-    done += n;
-    at += n;
-    ++t;
-  }
+  ForEachPiece(begin, bytes.size() / sizeof(float), [&](std::span<float> piece, size_t done) {
+    std::memcpy(piece.data(), bytes.data() + done * sizeof(float), piece.size_bytes());
+  });
 }
 
 asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {

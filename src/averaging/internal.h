@@ -210,6 +210,12 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   std::span<float> View(uint64_t begin, uint64_t end) const;
   // The same from little-endian float32 bytes at any alignment.
   void ScatterBytes(uint64_t begin, ByteSpan bytes);
+  // The tensor holding flattened index `index` (tensors_.size() when none does).
+  size_t TensorAt(uint64_t index) const;
+  // Calls fn(piece, done) on the consecutive pieces of the tensors that hold the flattened
+  // values [begin, begin + count); `done` counts the values before the piece.
+  template <typename Fn>
+  void ForEachPiece(uint64_t begin, size_t count, Fn&& fn) const;
 
   std::string MethodName(std::string_view what) const {
     return "avg." + std::string(what) + "/" + options_.prefix;
