@@ -744,7 +744,8 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   // Part timeouts run from here, when this reducer starts listening: reducing its own span above
   // can take longer than part_timeout on a slow or busy machine, and then every sender was
   // excluded before it could have sent anything.
-  for (Sender& s : senders_) s.last_progress = SteadyNow();
+  const SteadyTime listening = SteadyNow();
+  for (Sender& s : senders_) s.last_progress = listening;
 
   auto self = shared_from_this();
   // A task may run to its end inside co_spawn (which dispatches: we are on its strand), e.g.

@@ -145,14 +145,14 @@ struct AveragerOptions {
     // Computes its checks (phase 3) this much later: the last of its group to state them, it
     // holds everyone else's checks when it judges.
     std::chrono::milliseconds checks_delay{0};
-    // As the leader, lists these addresses for itself in the groups it forms instead of its
-    // own (a leader lying about itself: its members cannot dial it).
-    std::vector<std::string> addrs_in_led_groups = {};
     // When set, the two lies above only while it returns true (e.g. from a training epoch on);
     // called on the averager's threads.
     std::function<bool()> lying = {};
     bool WrongResult() const { return wrong_result && (!lying || lying()); }
     bool WrongProjections() const { return wrong_projections && (!lying || lying()); }
+    // As the leader, lists these addresses for itself in the groups it forms instead of its
+    // own (a leader lying about itself: its members cannot dial it).
+    std::vector<std::string> addrs_in_led_groups = {};
   } testing = {};
 };
 
