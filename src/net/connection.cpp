@@ -308,6 +308,7 @@ asio::awaitable<Status> Stream::CloseWriteOnStrand() {
 void Stream::Fail(const Status& status) {
   if (!error_.ok()) return;
   error_ = status;
+  dead_.store(!error_.ok(), std::memory_order_release);
   // Frames still queued may borrow the caller's memory; drop them now.
   std::erase_if(conn_->outq_, [this](const Connection::OutFrame& f) {
     return f.type == FrameType::kData && f.stream.get() == this;

@@ -22,6 +22,7 @@
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -62,8 +63,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // The other end's address as this side sees it (for incoming calls: its IP and source port).
   Multiaddr remote_address() const;
   SteadyTime deadline() const { return deadline_; }
-  // True once the stream was reset, cancelled, timed out or its connection closed.
-  bool cancelled() const { return !error_.ok(); }
+  // True once the stream was reset, cancelled, timed out or its connection closed. Safe from
+  // any thread (handlers poll it off the connection's strand).
+  bool cancelled() const { return dead_.load(std::memory_order_acquire); }
 
  private:
   friend class Connection;
@@ -114,8 +116,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   bool waiting_conn_credit_ = false;  // listed in the connection's credit_waiters_
   bool local_done_ = false;           // we sent CLOSE_WRITE or STATUS
 
-  Status error_;            // non-OK once the stream is dead
-  bool registered_ = true;  // still in the connection's stream table
+  Status error_;                   // non-OK once the stream is dead
+  std::atomic<bool> dead_{false};  // error_ is non-OK: what cancelled() reads from any thread
+  bool registered_ = true;         // still in the connection's stream table
   Notifier notifier_;
   asio::steady_timer deadline_timer_;
   asio::cancellation_signal handler_cancel_;
