@@ -277,6 +277,8 @@ void AllReduceRun::Finalize(size_t k) {
         if (!st.ok()) {
           COLONY_LOG_ERROR("averaging: decoding a reduced part failed: {}", st.ToString());
           part.contributors.clear();
+          part.result_bytes = {};  // a result listing no contributors carries no values
+          part.result_owner.reset();
         }
         in_tensors = st.ok() && into.data() != mean->data();
       }
