@@ -342,8 +342,14 @@ void Averager::Impl::Shutdown() {
   // Let a running step observe the shutdown (it ends within a part timeout).
   const SteadyTime until = SteadyNow() + options_.part_timeout + std::chrono::seconds(2);
   // Then let every run's coroutines end (their streams are cancelled), so that none touches the
-  // host or the tensors after we return.
-  while ((step_running_ || live_runs_ > 0 || ban_tasks_ > 0) && SteadyNow() < until) {
+  // host or the tensors after we return; and the state downloads being served, whose snapshot
+  // and digest run on the compute pool and then return to the host's threads (the host may be
+  // destroyed right after us).
+  auto serving = [this] {
+    std::lock_guard lock(state_mu_);
+    return transfers_in_flight_ > 0;
+  };
+  while ((step_running_ || live_runs_ > 0 || ban_tasks_ > 0 || serving()) && SteadyNow() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (live_runs_ > 0) {
