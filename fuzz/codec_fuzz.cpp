@@ -2,13 +2,14 @@
 //  - PeekHeader and Decode never crash on any bytes; when Decode accepts an encoding, the header
 //    agrees with it, and every codec that DecodesFinite() (all but none, fp16, bf16, scaled-fp16
 //    and topk, which carry values as they are) produces finite values; when it refuses one, it
-//    wrote nothing into its output.
+//    wrote nothing into its output. MaxAbsBound, when set, is finite and bounds every value.
 //  - Encoding the input bytes read as floats, with a codec chosen by the first byte, always decodes
 //    again to the same number of values; finite inputs stay finite.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "compression/codec.h"
@@ -27,6 +28,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (st.ok() && DecodesFinite(info->codec)) {
       for (float v : out)
         if (!std::isfinite(v)) __builtin_trap();
+    }
+    // A block-scale bound, when there is one, is finite and bounds every decoded value.
+    if (const std::optional<float> bound = MaxAbsBound(in); st.ok() && bound) {
+      if (!std::isfinite(*bound)) __builtin_trap();
+      for (float v : out)
+        if (std::fabs(v) > *bound) __builtin_trap();
     }
     if (!st.ok()) {
       for (float v : out)

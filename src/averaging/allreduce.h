@@ -50,7 +50,7 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
     std::vector<uint32_t> input_senders;
     std::shared_ptr<std::vector<float>> result;  // the result sent (kept for verification)
     double weight = 0;
-    float max_abs = 0;  // the largest |value| received: the output must not exceed it
+    float max_abs = 0;  // bounds every |value| received: the output must not exceed it
     std::vector<uint32_t> contributors;
     // The final part as it goes on the wire (null when nobody contributed): raw float32 when
     // the codec is none, else the encoded bytes.
@@ -68,7 +68,8 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   void Abort(Status reason);
   void Exclude(uint32_t sender, const std::string& why);
   // Adds a sender's part k to the weighted sum (or keeps it, see keep_inputs). `max_abs`: the
-  // values' largest magnitude (MaxAbs), computed where they were checked.
+  // values' largest magnitude (MaxAbs) or a bound of it (a blockwise codec's scales), computed
+  // where they were checked.
   void Accumulate(uint32_t sender, size_t k, std::span<const float> values, float max_abs);
   // The same from a received raw float32 frame (no copy for the weighted mean).
   void AccumulateRaw(uint32_t sender, size_t k, ByteSpan values, float max_abs);

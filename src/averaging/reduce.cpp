@@ -4,31 +4,45 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/simd.h"
+
 namespace colony::averaging {
-
-void AddScaled(std::span<float> acc, std::span<const float> x, float w) {
-  float* __restrict a = acc.data();
-  const float* __restrict v = x.data();
-  const size_t n = std::min(acc.size(), x.size());
-  for (size_t i = 0; i < n; ++i) a[i] += w * v[i];
-}
-
-void Scale(std::span<float> x, float w) {
-  float* __restrict a = x.data();
-  for (size_t i = 0; i < x.size(); ++i) a[i] *= w;
-}
 
 namespace {
 
-inline float LoadFloat(const uint8_t* p) {
-  float v;
-  std::memcpy(&v, p, sizeof(v));  // any alignment; compiles to an unaligned load
-  return v;
+// The kernels: plain loops over restrict pointers (vectorized: -ftree-vectorize in
+// CMakeLists.txt), each also compiled for AVX2 (core/simd.h). Received parts are little-endian
+// float32 bytes at any alignment; memcpy compiles to an unaligned load.
+
+COLONY_KERNEL void KAddScaled(float* __restrict a, const float* __restrict v, size_t n, float w) {
+  for (size_t i = 0; i < n; ++i) a[i] += w * v[i];
+}
+
+COLONY_KERNEL void KScale(float* __restrict a, size_t n, float w) {
+  for (size_t i = 0; i < n; ++i) a[i] *= w;
+}
+
+COLONY_KERNEL void KAddScaledBytes(float* __restrict a, const uint8_t* __restrict v, size_t n,
+                                   float w) {
+  for (size_t i = 0; i < n; ++i) {
+    float x;
+    std::memcpy(&x, v + 4 * i, sizeof(x));
+    a[i] += w * x;
+  }
+}
+
+COLONY_KERNEL void KCopyScaledBytes(float* __restrict a, const uint8_t* __restrict v, size_t n,
+                                    float w) {
+  for (size_t i = 0; i < n; ++i) {
+    float x;
+    std::memcpy(&x, v + 4 * i, sizeof(x));
+    a[i] = w * x;
+  }
 }
 
 // Integer test on the bits, so the loop vectorizes (a float reduction would not without
 // -ffast-math): an all-ones exponent plus one carries into bit 31.
-bool AllFiniteBits(const uint8_t* p, size_t n) {
+COLONY_KERNEL bool AllFiniteBits(const uint8_t* __restrict p, size_t n) {
   uint32_t bad = 0;
   for (size_t i = 0; i < n; ++i) {
     uint32_t b;
@@ -39,8 +53,9 @@ bool AllFiniteBits(const uint8_t* p, size_t n) {
 }
 
 // The bits of |x| order as unsigned integers for finite floats; the finiteness test is the one
-// of AllFiniteBits, in the same pass, so a received part is read once. The loop vectorizes.
-float MaxAbsBits(const uint8_t* p, size_t n) {
+// of AllFiniteBits, in the same pass, so a received part is read once. SSE2 has no unsigned
+// 32-bit max (five instructions stand in for it); AVX2 does, which makes this ~4x faster.
+COLONY_KERNEL float MaxAbsBits(const uint8_t* __restrict p, size_t n) {
   uint32_t bad = 0, most = 0;
   for (size_t i = 0; i < n; ++i) {
     uint32_t b;
@@ -55,6 +70,12 @@ float MaxAbsBits(const uint8_t* p, size_t n) {
 }
 
 }  // namespace
+
+void AddScaled(std::span<float> acc, std::span<const float> x, float w) {
+  KAddScaled(acc.data(), x.data(), std::min(acc.size(), x.size()), w);
+}
+
+void Scale(std::span<float> x, float w) { KScale(x.data(), x.size(), w); }
 
 float MaxAbs(std::span<const float> x) {
   return MaxAbsBits(reinterpret_cast<const uint8_t*>(x.data()), x.size());
@@ -78,17 +99,11 @@ bool AllFiniteBytes(std::span<const uint8_t> x) {
 }
 
 void AddScaledBytes(std::span<float> acc, std::span<const uint8_t> x, float w) {
-  float* __restrict a = acc.data();
-  const uint8_t* __restrict v = x.data();
-  const size_t n = std::min(acc.size(), x.size() / sizeof(float));
-  for (size_t i = 0; i < n; ++i) a[i] += w * LoadFloat(v + 4 * i);
+  KAddScaledBytes(acc.data(), x.data(), std::min(acc.size(), x.size() / sizeof(float)), w);
 }
 
 void CopyScaledBytes(std::span<float> out, std::span<const uint8_t> x, float w) {
-  float* __restrict a = out.data();
-  const uint8_t* __restrict v = x.data();
-  const size_t n = std::min(out.size(), x.size() / sizeof(float));
-  for (size_t i = 0; i < n; ++i) a[i] = w * LoadFloat(v + 4 * i);
+  KCopyScaledBytes(out.data(), x.data(), std::min(out.size(), x.size() / sizeof(float)), w);
 }
 
 std::vector<double> WeightsCappedAtMedian(std::span<const double> weights) {

@@ -42,6 +42,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/simd.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -233,26 +235,7 @@ void ForChunks(size_t n, size_t chunk, size_t parallel_items, int max_threads, c
 
 constexpr size_t kLanes = 16;
 
-// x86-64 builds also compile each kernel for AVX2 and pick the variant at load time (ifunc): the
-// baseline target is SSE2, whose 4-wide vectors leave blockwise8 encoding compute-bound. Results
-// are bit-identical (same IEEE operations, no FMA contraction). Not under sanitizers, whose
-// runtime may not be initialised when ifunc resolvers run.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
-#define COLONY_NO_CLONES 1
-#endif
-#endif
-#if defined(__x86_64__) && defined(__has_attribute) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(COLONY_NO_CLONES)
-#if __has_attribute(target_clones)
-#define COLONY_KERNEL __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef COLONY_KERNEL
-#define COLONY_KERNEL
-#endif
-
-// (Not templates: clang cannot multiversion function templates.)
+// Each kernel is also compiled for AVX2 (COLONY_KERNEL, core/simd.h), so none is a template.
 COLONY_KERNEL void KToHalf(const float* __restrict p, size_t m, uint16_t* __restrict t) {
 #pragma omp simd
   for (size_t j = 0; j < m; ++j) t[j] = ToHalf(p[j]);
@@ -1074,6 +1057,28 @@ Result<EncodedInfo> PeekHeader(ByteSpan encoded) {
   ByteReader r(encoded);
   COLONY_ASSIGN_OR_RETURN(Header h, ReadHeader(r));
   return EncodedInfo{h.codec, h.count};
+}
+
+std::optional<float> MaxAbsBound(ByteSpan encoded) {
+  ByteReader r(encoded);
+  const Result<Header> h = ReadHeader(r);
+  if (!h.ok() || (h->codec != Codec::kBlockwise8 && h->codec != Codec::kBlockwise4))
+    return std::nullopt;
+  const uint32_t bs = r.U32();
+  if (!r.ok() || bs < kMinBlock || bs > kMaxBlock) return std::nullopt;
+  const uint64_t blocks = h->count / bs + (h->count % bs != 0 ? 1 : 0);
+  if (blocks > r.remaining() / 4) return std::nullopt;
+  const float levels = h->codec == Codec::kBlockwise8 ? 127.0f : 7.0f;
+  float most = 0;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const float scale = GetF32(r);
+    if (!(scale >= 0.0f && scale <= FLT_MAX)) return std::nullopt;  // as ReadScales refuses
+    most = std::max(most, scale);
+  }
+  // The decoders write SaturateFinite(code * (scale / levels)) with |code| <= levels; rounding is
+  // monotonic, so the largest scale's product with `levels` bounds them all, exactly as computed
+  // (it may round above the scale itself, by far for a subnormal one).
+  return SaturateFinite(most / levels * levels);
 }
 
 Status Decode(ByteSpan encoded, std::span<float> out) { return Decode(encoded, out, 0); }

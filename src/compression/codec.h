@@ -82,6 +82,14 @@ Status Decode(ByteSpan encoded, std::span<float> out);
 // The same with a thread limit (see CodecOptions::max_threads).
 Status Decode(ByteSpan encoded, std::span<float> out, int max_threads);
 
+// An upper bound of |v| over the values a successful Decode() of `encoded` writes, read from the
+// block scales of the codecs that carry them (blockwise8, blockwise4: a decoded value is at most
+// its block's scale / levels * levels, computed as the decoder computes it) without touching the
+// values; for an honest encoder, whose blocks each hold their scale, it equals the largest
+// decoded magnitude. nullopt for the other codecs and for a header or scales that Decode()
+// refuses. Finite whenever set.
+std::optional<float> MaxAbsBound(ByteSpan encoded);
+
 // Reads only the header: the codec and the number of values `encoded` holds.
 struct EncodedInfo {
   Codec codec = Codec::kNone;

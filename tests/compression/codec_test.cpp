@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -609,6 +610,84 @@ TEST(CodecHostile, BlockwiseErrors) {
   ExpectError(make4(0x90, 0x01), 21, "outside [-7, 7]");
   ExpectError(make4(0x9f, 0x00), 21, "outside [-7, 7]");
   ExpectError(make4(0x9f, 0x11), 21, "padding nibble is 1");
+}
+
+// A reducer bounds its inputs' magnitudes with MaxAbsBound instead of a pass over the decoded
+// values: the bound must hold for any scales and codes Decode() accepts, and be tight for an
+// honest encoder (else the reducer's check of its own mean, OutputWithinInputs, goes soft).
+TEST(CodecBound, BlockScalesBoundEveryDecodedValue) {
+  auto max_abs = [](const std::vector<float>& v) {
+    float m = 0;
+    for (float x : v) m = std::max(m, std::fabs(x));
+    return m;
+  };
+  // Honest encodings: the bound is the largest decoded magnitude, exactly.
+  for (const Codec codec : {Codec::kBlockwise8, Codec::kBlockwise4}) {
+    for (const float magnitude : {1.0f, 1e-30f, 1e-42f, 1e30f, 3e37f}) {
+      for (const uint32_t bs : {16u, 100u, 4096u}) {
+        std::vector<float> x = Normal(5000, bs);
+        for (float& v : x) v *= magnitude;
+        CodecOptions o;
+        o.block_size = bs;
+        const Bytes enc = MustEncode(codec, x, o);
+        const std::vector<float> y = MustDecode(enc, x.size());
+        const std::optional<float> bound = MaxAbsBound(enc);
+        ASSERT_TRUE(bound.has_value()) << CodecName(codec);
+        EXPECT_EQ(*bound, max_abs(y))
+            << CodecName(codec) << " magnitude " << magnitude << " block " << bs;
+      }
+    }
+  }
+  // Hostile scales and codes: still a bound. A subnormal scale's step rounds up by up to half
+  // its ulp, so 127 * step can be twice the scale: a bound of the largest scale would not hold.
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const bool four = trial % 2 == 1;
+    const uint32_t count = 1 + static_cast<uint32_t>(rng() % 64);
+    Bytes b = Header(four ? 7 : 6, count);
+    ByteWriter(b).U32(16);
+    for (uint32_t blk = 0; blk < (count + 15) / 16; ++blk) {
+      const uint32_t bits = trial < 1000 ? static_cast<uint32_t>(rng() % 4096)          // subnormal
+                                         : static_cast<uint32_t>(rng() % 0x7f800000u);  // finite
+      PutF32(b, std::bit_cast<float>(bits));
+    }
+    for (uint32_t i = 0; i < (four ? (count + 1) / 2 : count); ++i) {
+      uint8_t code = static_cast<uint8_t>(rng());
+      if (!four && code == 0x80) code = 0x81;
+      if (four)
+        code = static_cast<uint8_t>((code & 0xf ? code : code | 1) | (code & 0xf0 ? 0 : 0x10));
+      if (four && count % 2 == 1 && i == count / 2) code &= 0x0f;  // the padding nibble
+      b.push_back(code);
+    }
+    const std::vector<float> y = MustDecode(b, count);
+    const std::optional<float> bound = MaxAbsBound(b);
+    ASSERT_TRUE(bound.has_value());
+    ASSERT_TRUE(std::isfinite(*bound));
+    ASSERT_GE(*bound, max_abs(y)) << "trial " << trial;
+  }
+  // The case the exact computation is for: scale 65 * 2^-149 has step 2^-149 (0.51 ulp rounds
+  // up), so the code 127 decodes to 127 * 2^-149, nearly twice the scale.
+  Bytes sub = Header(6, 16);
+  ByteWriter(sub).U32(16);
+  PutF32(sub, 65 * 0x1p-149f);
+  sub.insert(sub.end(), 16, 127);
+  EXPECT_EQ(MustDecode(sub, 16)[0], 127 * 0x1p-149f);
+  EXPECT_EQ(MaxAbsBound(sub), 127 * 0x1p-149f);
+
+  // No bound for codecs without block scales, nor for what Decode() refuses.
+  const std::vector<float> x = Normal(100);
+  for (const Codec codec : kAll) {
+    if (codec == Codec::kBlockwise8 || codec == Codec::kBlockwise4) continue;
+    EXPECT_FALSE(MaxAbsBound(MustEncode(codec, x)).has_value()) << CodecName(codec);
+  }
+  Bytes bad = MustEncode(Codec::kBlockwise8, x);
+  EXPECT_FALSE(MaxAbsBound(ByteSpan(bad.data(), 8)).has_value());  // truncated scales
+  bad[6] = 0xff;                                                   // first scale: NaN
+  bad[7] = 0xff;
+  bad[8] = 0xff;
+  bad[9] = 0xff;
+  EXPECT_FALSE(MaxAbsBound(bad).has_value());
+  EXPECT_FALSE(MaxAbsBound(ByteSpan()).has_value());
 }
 
 TEST(CodecHostile, StatisticsErrors) {
