@@ -217,7 +217,7 @@ void AllReduceRun::Finalize(size_t k) {
   const auto [b, e] = PartRange(self_, k);
   std::sort(part.contributors.begin(), part.contributors.end());
   if (part.weight > 0) {
-    auto mean = std::make_shared<std::vector<float>>();
+    auto mean = std::make_shared<Floats>();
     bool converged = true;
     bool in_tensors = false;  // the result was decoded straight into the tensors
     if (impl_->options_.centered_clip) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "averaging/internal.h"
+#include "core/bytes.h"
 
 namespace colony::averaging {
 
@@ -43,12 +44,14 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
     SteadyTime last_progress;
     std::shared_ptr<net::Stream> stream;
   };
+  // Grows without zero-filling: every value is written before it is read.
+  using Floats = std::vector<float, DefaultInitAllocator<float>>;
   struct Reduced {
-    std::vector<float> acc;                  // weighted sum (mean reduction)
+    Floats acc;                              // weighted sum (mean reduction)
     std::vector<std::vector<float>> inputs;  // CenteredClip and verification keep every input
     std::vector<double> input_weights;
     std::vector<uint32_t> input_senders;
-    std::shared_ptr<std::vector<float>> result;  // the result sent (kept for verification)
+    std::shared_ptr<Floats> result;  // the result sent (kept for verification)
     double weight = 0;
     float max_abs = 0;  // bounds every |value| received: the output must not exceed it
     std::vector<uint32_t> contributors;
