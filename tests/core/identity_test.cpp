@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -79,6 +81,71 @@ TEST(KeyPairTest, TamperedMessageOrSignatureFails) {
   // A different key does not verify it either.
   KeyPair other = KeyPair::Generate();
   EXPECT_FALSE(other.peer_id().Verify(AsBytes(msg), sig));
+}
+
+// VerifySignature remembers the triples it found valid: checking the same bytes again skips
+// Ed25519 (SignatureChecks does not move), while anything that differs in one bit (key,
+// signature, message) is checked and refused, and failures are never remembered.
+TEST(SignatureCache, OnlyTheExactValidBytesAreRemembered) {
+  KeyPair kp = KeyPair::Generate();
+  const std::string msg = "a record's value and expiration";
+  const Signature sig = kp.Sign(AsBytes(msg));
+  auto checks = [](auto&& fn) {
+    const uint64_t before = SignatureChecks();
+    fn();
+    return SignatureChecks() - before;
+  };
+  EXPECT_EQ(checks([&] { EXPECT_TRUE(VerifySignature(kp.public_key(), AsBytes(msg), sig)); }), 1u);
+  EXPECT_EQ(checks([&] { EXPECT_TRUE(VerifySignature(kp.public_key(), AsBytes(msg), sig)); }), 0u)
+      << "the same valid bytes were checked twice";
+  for (size_t bit = 0; bit < msg.size() * 8; bit += 3) {
+    std::string bad = msg;
+    bad[bit / 8] = static_cast<char>(bad[bit / 8] ^ (1 << (bit % 8)));
+    EXPECT_EQ(checks([&] { EXPECT_FALSE(VerifySignature(kp.public_key(), AsBytes(bad), sig)); }),
+              1u)
+        << "message bit " << bit;
+  }
+  for (size_t bit = 0; bit < sig.size() * 8; bit += 5) {
+    Signature bad = sig;
+    bad[bit / 8] ^= static_cast<uint8_t>(1 << (bit % 8));
+    EXPECT_EQ(checks([&] { EXPECT_FALSE(VerifySignature(kp.public_key(), AsBytes(msg), bad)); }),
+              1u)
+        << "signature bit " << bit;
+  }
+  PublicKey other = kp.public_key();
+  other[0] ^= 0x01;
+  EXPECT_FALSE(VerifySignature(other, AsBytes(msg), sig));
+  EXPECT_FALSE(VerifySignature(KeyPair::Generate().public_key(), AsBytes(msg), sig));
+  // A shorter or longer message is another message.
+  EXPECT_FALSE(VerifySignature(kp.public_key(), AsBytes(msg.substr(1)), sig));
+  EXPECT_FALSE(VerifySignature(kp.public_key(), AsBytes(msg + "x"), sig));
+  // A failure is checked every time.
+  Signature bad = sig;
+  bad[9] ^= 0x40;
+  EXPECT_EQ(checks([&] {
+              EXPECT_FALSE(VerifySignature(kp.public_key(), AsBytes(msg), bad));
+              EXPECT_FALSE(VerifySignature(kp.public_key(), AsBytes(msg), bad));
+            }),
+            2u);
+  // After more valid signatures than the cache holds, the first is still valid (checked again
+  // if it was evicted), and the original stays true from four threads at once.
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      KeyPair mine = KeyPair::Generate();
+      for (int i = 0; i < 1500; ++i) {
+        const std::string m = "t" + std::to_string(t) + " m" + std::to_string(i);
+        const Signature ms = mine.Sign(AsBytes(m));
+        if (!VerifySignature(mine.public_key(), AsBytes(m), ms)) ++wrong;
+        if (VerifySignature(mine.public_key(), AsBytes(m + "!"), ms)) ++wrong;
+        if (!VerifySignature(kp.public_key(), AsBytes(msg), sig)) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_TRUE(VerifySignature(kp.public_key(), AsBytes(msg), sig));
 }
 
 TEST(KeyPairTest, InvalidPeerIdNeverVerifies) {
