@@ -24,8 +24,8 @@ using PublicKey = std::array<uint8_t, kPublicKeySize>;
 using Signature = std::array<uint8_t, kSignatureSize>;
 
 // Checks an Ed25519 signature made by `key` over `message`. The exact triples found valid are
-// remembered (a bounded cache of their digests), so the same record checked again, as the DHT
-// does with every replica's copy, costs a hash instead of a signature check.
+// remembered (a bounded cache of their digests; messages up to 4 KiB), so the same record
+// checked again, as the DHT does with every replica's copy, costs a hash instead of a check.
 bool VerifySignature(const PublicKey& key, ByteSpan message, const Signature& signature);
 // Ed25519 checks this process has made (VerifySignature calls the cache did not answer): the
 // costly part of validating remote records, for tests and metrics that bound it.

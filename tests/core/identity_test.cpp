@@ -146,6 +146,14 @@ TEST(SignatureCache, OnlyTheExactValidBytesAreRemembered) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_TRUE(VerifySignature(kp.public_key(), AsBytes(msg), sig));
+  // Messages over 4 KiB are checked every time (hashing them is most of their check).
+  const std::string big(5000, 'b');
+  const Signature big_sig = kp.Sign(AsBytes(big));
+  EXPECT_EQ(checks([&] {
+              EXPECT_TRUE(VerifySignature(kp.public_key(), AsBytes(big), big_sig));
+              EXPECT_TRUE(VerifySignature(kp.public_key(), AsBytes(big), big_sig));
+            }),
+            2u);
 }
 
 TEST(KeyPairTest, InvalidPeerIdNeverVerifies) {
