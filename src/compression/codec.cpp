@@ -1068,13 +1068,10 @@ std::optional<float> MaxAbsBound(ByteSpan encoded) {
   if (!r.ok() || bs < kMinBlock || bs > kMaxBlock) return std::nullopt;
   const uint64_t blocks = h->count / bs + (h->count % bs != 0 ? 1 : 0);
   if (blocks > r.remaining() / 4) return std::nullopt;
+  std::vector<float> scales;
+  if (!ReadScales(CodecName(h->codec), r.Rest().data(), blocks, scales).ok()) return std::nullopt;
   const float levels = h->codec == Codec::kBlockwise8 ? 127.0f : 7.0f;
-  float most = 0;
-  for (uint64_t b = 0; b < blocks; ++b) {
-    const float scale = GetF32(r);
-    if (!(scale >= 0.0f && scale <= FLT_MAX)) return std::nullopt;  // as ReadScales refuses
-    most = std::max(most, scale);
-  }
+  const float most = blocks == 0 ? 0.0f : *std::max_element(scales.begin(), scales.end());
   // The decoders write SaturateFinite(code * (scale / levels)) with |code| <= levels; rounding is
   // monotonic, so the largest scale's product with `levels` bounds them all, exactly as computed
   // (it may round above the scale itself, by far for a subnormal one).
