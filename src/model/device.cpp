@@ -46,6 +46,13 @@ void Synchronize(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
 }
 
+at::Tensor ToDevice(const at::Tensor& t, const c10::Device& device, at::ScalarType dtype) {
+  if (!device.is_cuda() || !t.device().is_cpu()) return t.to(device, dtype);
+  const at::Tensor pinned = t.is_pinned() ? t : t.pin_memory();
+  // LibTorch's pinned-memory allocator keeps `pinned`'s block until the copy has run.
+  return pinned.to(device, pinned.scalar_type(), /*non_blocking=*/true).to(dtype);
+}
+
 c10::Device DeviceOf(const torch::nn::Module& module) {
   for (const auto& p : module.parameters()) return p.device();
   for (const auto& b : module.buffers()) return b.device();

@@ -18,7 +18,7 @@ namespace colony::model {
 
 void KVCache::Reorder(const torch::Tensor& index) {
   if (length == 0 || !k.defined()) return;
-  auto idx = index.to(k.device(), at::kLong);
+  auto idx = ToDevice(index, k.device(), at::kLong);
   k = k.index_select(0, idx);
   v = v.index_select(0, idx);
 }

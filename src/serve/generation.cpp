@@ -61,9 +61,11 @@ Result<at::Tensor> LocalBackend::Step(const at::Tensor& tokens, int64_t position
     return InvalidArgument(fmt::format("position {} is outside [0, {}]", position, position_));
   }
   at::NoGradGuard no_grad;
+  const at::Tensor hypo =
+      hypo_ids.defined() ? model::ToDevice(hypo_ids, device_, at::kLong) : hypo_ids;
   for (auto& c : caches_) {
     c.Truncate(position);
-    if (hypo_ids.defined()) c.Reorder(hypo_ids);
+    if (hypo.defined()) c.Reorder(hypo);
   }
   at::Tensor logits = model_->ForwardWithCache(tokens.to(device_), caches_);
   position_ = position + tokens.size(1);
@@ -101,7 +103,8 @@ Result<at::Tensor> RemoteBackend::Step(const at::Tensor& tokens, int64_t positio
   const int64_t session_position = position == 0 ? 0 : position + p;
   COLONY_ASSIGN_OR_RETURN(at::Tensor out, session_.Step(h, hypo_ids, session_position));
   if (p > 0 && position == 0) out = out.narrow(1, p, tokens.size(1));
-  return head_->Head(out.to(device_)).to(at::kCPU, at::kFloat);
+  // The servers' output goes to the GPU without waiting for it (model::ToDevice).
+  return head_->Head(model::ToDevice(out, device_)).to(at::kCPU, at::kFloat);
 }
 
 // ---------------------------------------------------------------- decoding

@@ -178,7 +178,8 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
       return out;
     }
     at::AutoGradMode grad_mode(backward);
-    at::Tensor xin = x.to(self->device_, self->dtype_).detach().requires_grad_(backward);
+    at::Tensor xin =
+        model::ToDevice(x, self->device_, self->dtype_).detach().requires_grad_(backward);
     at::Tensor pin;
     if (tuning.prompts.defined()) {
       pin = tuning.prompts.to(self->device_, self->dtype_).detach().requires_grad_(backward);
@@ -194,10 +195,10 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
     std::vector<at::Tensor> inputs{xin};
     if (pin.defined()) inputs.push_back(pin);
     for (const auto& t : lin) inputs.push_back(t);
-    auto grads =
-        torch::autograd::grad({out}, inputs, {grad_out.to(out.device(), out.scalar_type())},
-                              /*retain_graph=*/false, /*create_graph=*/false,
-                              /*allow_unused=*/true);
+    auto grads = torch::autograd::grad({out}, inputs,
+                                       {model::ToDevice(grad_out, out.device(), out.scalar_type())},
+                                       /*retain_graph=*/false, /*create_graph=*/false,
+                                       /*allow_unused=*/true);
     std::vector<at::Tensor> res;
     for (size_t i = 0; i < grads.size(); ++i) {
       at::Tensor g = grads[i].defined() ? grads[i] : at::zeros_like(inputs[i]);

@@ -383,17 +383,19 @@ asio::awaitable<Status> BlockServer::Impl::Step(net::Stream& stream, Session& s,
     }
     if (!self->Holds(sp->start, sp->end)) return self->MovedError();
     at::NoGradGuard no_grad;
+    // Inputs go to the GPU without waiting for it to finish other processes' work (ToDevice).
+    const at::Tensor hypo_d = hypo.defined() ? model::ToDevice(hypo, self->device_) : hypo;
     for (auto& c : sp->caches) {
       c.Truncate(position);
-      if (hypo.defined()) c.Reorder(hypo);
+      if (hypo_d.defined()) c.Reorder(hypo_d);
     }
     // Per-row prompts belong to their rows: they move with them.
-    if (hypo.defined() && sp->prompts.defined() && sp->prompts.size(1) > 1) {
-      sp->prompts = sp->prompts.index_select(1, hypo.to(self->device_));
+    if (hypo_d.defined() && sp->prompts.defined() && sp->prompts.size(1) > 1) {
+      sp->prompts = sp->prompts.index_select(1, hypo_d);
     }
-    at::Tensor h =
-        self->RunBlocks(sp->start, sp->end, x.to(self->device_, self->dtype_), position,
-                        &sp->caches, sp->prompts, sp->adapters.empty() ? nullptr : &sp->adapters);
+    at::Tensor h = self->RunBlocks(
+        sp->start, sp->end, model::ToDevice(x, self->device_, self->dtype_), position, &sp->caches,
+        sp->prompts, sp->adapters.empty() ? nullptr : &sp->adapters);
     return h.to(at::kCPU, client_dtype);
   };
   auto out =

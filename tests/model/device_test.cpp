@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 
+#include <memory>
+#include <vector>
+
 namespace colony::model {
 namespace {
 
@@ -56,6 +59,33 @@ TEST(Device, DeviceOfAModuleIsItsParameters) {
     linear->to(c10::Device(c10::kCUDA, 0));
     EXPECT_EQ(DeviceOf(*linear).str(), "cuda:0");
   }
+}
+
+// ToDevice stages a host tensor in pinned memory and copies it to a GPU without waiting: the
+// result must hold the values the source had at the call even when the source is overwritten or
+// freed at once (a copy that read pageable memory later would see zeros or freed memory). On the
+// tensor's own device it is Tensor::to: the same tensor.
+TEST(Device, ToDeviceCopiesTheValuesAtTheCallAndConvertsTheDtype) {
+  const at::Tensor expected = at::randn({1 << 20});
+  EXPECT_TRUE(ToDevice(expected, c10::Device(c10::kCPU)).is_same(expected));
+  EXPECT_TRUE(at::equal(ToDevice(expected, c10::Device(c10::kCPU), at::kBFloat16),
+                        expected.to(at::kBFloat16)));
+  if (!CudaAvailable()) GTEST_SKIP() << "no GPU is usable here";
+  const c10::Device gpu(c10::kCUDA, 0);
+  at::Tensor source = expected.clone();
+  const at::Tensor copied = ToDevice(source, gpu);
+  source.zero_();
+  auto buffer = std::make_unique<std::vector<float>>(expected.data_ptr<float>(),
+                                                     expected.data_ptr<float>() + (1 << 20));
+  const at::Tensor from_buffer = ToDevice(at::from_blob(buffer->data(), {1 << 20}), gpu);
+  buffer.reset();
+  const at::Tensor converted = ToDevice(expected, gpu, at::kBFloat16);
+  EXPECT_EQ(copied.device(), gpu);
+  EXPECT_EQ(converted.device(), gpu);
+  EXPECT_EQ(converted.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(copied.cpu(), expected));
+  EXPECT_TRUE(at::equal(from_buffer.cpu(), expected));
+  EXPECT_TRUE(at::equal(converted.cpu(), expected.to(at::kBFloat16)));
 }
 
 }  // namespace
