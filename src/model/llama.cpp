@@ -73,7 +73,8 @@ const LoraAdapter* AdapterOf(const BlockAdapters* adapters, LoraAdapter BlockAda
 }  // namespace
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t position_offset,
-                                          KVCache* cache, const BlockAdapters* adapters) {
+                                          KVCache* cache, const BlockAdapters* adapters,
+                                          const RopeTables* rope) {
   const int64_t b = x.size(0), t = x.size(1);
   auto q = Project(q_proj, x, AdapterOf(adapters, &BlockAdapters::q_proj))
                .view({b, t, num_heads_, head_dim_})
@@ -85,7 +86,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t positi
                .view({b, t, num_kv_heads_, head_dim_})
                .transpose(1, 2);
 
-  auto [cos, sin] = rotary_.Tables(t, position_offset, q.options());
+  const bool shared = rope != nullptr && rope->first.defined() && rope->first.size(0) == t &&
+                      rope->first.scalar_type() == q.scalar_type() &&
+                      rope->first.device() == q.device();
+  const auto [cos, sin] = shared ? *rope : rotary_.Tables(t, position_offset, q.options());
   q = q * cos + RotateHalf(q) * sin;
   k = k * cos + RotateHalf(k) * sin;
 
@@ -155,14 +159,20 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config) {
 }
 
 torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, int64_t position_offset,
-                                      KVCache* cache, const BlockAdapters* adapters) {
-  auto h = x + self_attn->forward(input_layernorm(x), position_offset, cache, adapters);
+                                      KVCache* cache, const BlockAdapters* adapters,
+                                      const RopeTables* rope) {
+  auto h = x + self_attn->forward(input_layernorm(x), position_offset, cache, adapters, rope);
   if (block_sparse_moe) {
     TORCH_CHECK(adapters == nullptr || !adapters->AnyMlp(),
                 "LoRA adapters on the MLP of a mixture-of-experts block are not supported");
     return h + block_sparse_moe->forward(post_attention_layernorm(h));
   }
   return h + mlp->forward(post_attention_layernorm(h), adapters);
+}
+
+RopeTables LlamaBlockImpl::Rope(int64_t length, int64_t offset,
+                                const at::TensorOptions& options) const {
+  return self_attn->rotary().Tables(length, offset, options);
 }
 
 void LlamaBlockImpl::QuantizeInt8() {
@@ -212,7 +222,9 @@ torch::Tensor LlamaModelImpl::Head(const torch::Tensor& hidden) {
 
 torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
   auto h = Embed(tokens);
-  for (auto& block : blocks_) h = block(h);
+  if (blocks_.empty()) return Head(h);
+  const RopeTables rope = blocks_[0]->Rope(h.size(1), 0, h.options());
+  for (auto& block : blocks_) h = block(h, 0, nullptr, nullptr, &rope);
   return Head(h);
 }
 
@@ -223,7 +235,9 @@ torch::Tensor LlamaModelImpl::ForwardWithCache(const torch::Tensor& tokens,
               blocks_.size(), " blocks");
   const int64_t offset = caches[0].length;
   auto h = Embed(tokens);
-  for (size_t i = 0; i < blocks_.size(); ++i) h = blocks_[i](h, offset, &caches[i]);
+  if (blocks_.empty()) return Head(h);
+  const RopeTables rope = blocks_[0]->Rope(h.size(1), offset, h.options());
+  for (size_t i = 0; i < blocks_.size(); ++i) h = blocks_[i](h, offset, &caches[i], nullptr, &rope);
   return Head(h);
 }
 

@@ -65,8 +65,11 @@ TORCH_MODULE(RMSNorm);
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& config);
+  // rope (optional): the tables for x's positions (Rotary::Tables), shared by the blocks of one
+  // pass; built here when absent or not in q's length, dtype and device.
   torch::Tensor forward(const torch::Tensor& x, int64_t position_offset, KVCache* cache,
-                        const BlockAdapters* adapters = nullptr);
+                        const BlockAdapters* adapters = nullptr, const RopeTables* rope = nullptr);
+  const Rotary& rotary() const { return rotary_; }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
@@ -97,9 +100,14 @@ class LlamaBlockImpl : public torch::nn::Module {
   // and x attends to all cached positions plus its own causal prefix; position_offset should then
   // be cache->length. Appending copies the cache (torch::cat), fine for the lengths served here.
   // Adapters (optional) add LoRA terms to the projections; a mixture-of-experts block takes
-  // none on its MLP (c10::Error).
+  // none on its MLP (c10::Error). rope (optional): Rope(T, position_offset, x.options()) of any
+  // block of the model, computed once for all the blocks of a pass (its ~5 kernels per block are
+  // a tenth of a decode step's launches on a GPU).
   torch::Tensor forward(const torch::Tensor& x, int64_t position_offset = 0,
-                        KVCache* cache = nullptr, const BlockAdapters* adapters = nullptr);
+                        KVCache* cache = nullptr, const BlockAdapters* adapters = nullptr,
+                        const RopeTables* rope = nullptr);
+  // The rotary tables for `length` positions from `offset`, in options' dtype and device.
+  RopeTables Rope(int64_t length, int64_t offset, const at::TensorOptions& options) const;
   // Quantizes every projection to int8 (QuantizeInt8); norms and the router stay in their dtype.
   void QuantizeInt8();
 

@@ -50,6 +50,9 @@ class Rotary {
   std::shared_ptr<DeviceCopy> device_copy_ = std::make_shared<DeviceCopy>();
 };
 
+// cos and sin tables, as Rotary::Tables returns them.
+using RopeTables = std::pair<at::Tensor, at::Tensor>;
+
 // Rotary(config).Tables(length, offset, options), for a one-off table.
 std::pair<at::Tensor, at::Tensor> RotaryTables(const LlamaConfig& config, int64_t length,
                                                int64_t offset, const at::TensorOptions& options);

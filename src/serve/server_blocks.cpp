@@ -45,6 +45,10 @@ at::Tensor BlockServer::Impl::RunBlocks(int64_t start, int64_t end, at::Tensor h
                                         std::vector<model::KVCache>* caches,
                                         const at::Tensor& prompts,
                                         const std::vector<model::BlockAdapters>* adapters) {
+  if (start >= end) return h;
+  // One set of rotary tables for all the blocks (they share the model's config).
+  const model::RopeTables rope =
+      blocks_[static_cast<size_t>(start - first_)]->Rope(h.size(1), offset, h.options());
   for (int64_t i = start; i < end; ++i) {
     if (prompts.defined() && offset < prompts.size(2)) {
       const int64_t n = std::min(prompts.size(2) - offset, h.size(1));
@@ -53,7 +57,7 @@ at::Tensor BlockServer::Impl::RunBlocks(int64_t start, int64_t end, at::Tensor h
     }
     h = blocks_[static_cast<size_t>(i - first_)]->forward(
         h, offset, caches ? &(*caches)[static_cast<size_t>(i - start)] : nullptr,
-        adapters ? &(*adapters)[static_cast<size_t>(i - start)] : nullptr);
+        adapters ? &(*adapters)[static_cast<size_t>(i - start)] : nullptr, &rope);
   }
   return h;
 }

@@ -519,6 +519,37 @@ TEST(Llama, IncrementalDecodingMatchesFullForward) {
   EXPECT_TRUE(at::allclose(at::cat({first, second}, 1), block(h), 0, 1e-4));
 }
 
+// A pass computes the rotary tables once for all its blocks (LlamaModel, a server's RunBlocks):
+// a block given them computes exactly what it computes with its own, uses them (tables for other
+// positions change what new tokens see of the cached ones), and builds its own when they do not
+// fit its input.
+TEST(Llama, SharedRopeTablesAreUsedWhenTheyFitAndIgnoredOtherwise) {
+  at::manual_seed(4);
+  LlamaModel model(TinyConfig());
+  torch::NoGradGuard no_grad;
+  const auto x = model->Embed(RandomTokens(2, 6, 64));
+  auto block = model->block(1);
+  // Larger queries and keys than the initialisation's, so that attention depends on positions.
+  block->self_attn->q_proj->weight.mul_(30);
+  block->self_attn->k_proj->weight.mul_(30);
+  KVCache cached;
+  block(x.narrow(1, 0, 3), 0, &cached);
+  auto next = [&](const RopeTables* rope) {
+    KVCache cache = cached;  // appending replaces the tensors: `cached` stays as it is
+    return block(x.narrow(1, 3, 3), 3, &cache, nullptr, rope);
+  };
+  const auto own = next(nullptr);
+  const auto options = x.options();
+  const RopeTables fitting = model->block(0)->Rope(3, 3, options);
+  EXPECT_TRUE(at::equal(next(&fitting), own));
+  const RopeTables elsewhere = model->block(0)->Rope(3, 10, options);
+  EXPECT_FALSE(at::allclose(next(&elsewhere), own, 0, 1e-3));
+  const RopeTables longer = model->block(0)->Rope(5, 3, options);
+  const RopeTables in_double = model->block(0)->Rope(3, 3, options.dtype(at::kDouble));
+  EXPECT_TRUE(at::equal(next(&longer), own));
+  EXPECT_TRUE(at::equal(next(&in_double), own));
+}
+
 TEST(Llama, KVCacheReorder) {
   at::manual_seed(3);
   LlamaModel model(TinyConfig());
