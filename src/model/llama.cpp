@@ -221,11 +221,7 @@ torch::Tensor LlamaModelImpl::Head(const torch::Tensor& hidden) {
 }
 
 torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
-  auto h = Embed(tokens);
-  if (blocks_.empty()) return Head(h);
-  const RopeTables rope = blocks_[0]->Rope(h.size(1), 0, h.options());
-  for (auto& block : blocks_) h = block(h, 0, nullptr, nullptr, &rope);
-  return Head(h);
+  return Head(RunBlocks(Embed(tokens), 0, nullptr));
 }
 
 torch::Tensor LlamaModelImpl::ForwardWithCache(const torch::Tensor& tokens,
@@ -234,11 +230,17 @@ torch::Tensor LlamaModelImpl::ForwardWithCache(const torch::Tensor& tokens,
   TORCH_CHECK(caches.size() == blocks_.size(), "ForwardWithCache: ", caches.size(), " caches for ",
               blocks_.size(), " blocks");
   const int64_t offset = caches[0].length;
-  auto h = Embed(tokens);
-  if (blocks_.empty()) return Head(h);
+  return Head(RunBlocks(Embed(tokens), offset, &caches));
+}
+
+torch::Tensor LlamaModelImpl::RunBlocks(torch::Tensor h, int64_t offset,
+                                        std::vector<KVCache>* caches) {
+  if (blocks_.empty()) return h;
   const RopeTables rope = blocks_[0]->Rope(h.size(1), offset, h.options());
-  for (size_t i = 0; i < blocks_.size(); ++i) h = blocks_[i](h, offset, &caches[i], nullptr, &rope);
-  return Head(h);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    h = blocks_[i](h, offset, caches ? &(*caches)[i] : nullptr, nullptr, &rope);
+  }
+  return h;
 }
 
 NamedTensors LlamaModelImpl::NamedParametersHF() {

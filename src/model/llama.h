@@ -155,6 +155,10 @@ class LlamaModelImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // null when tied
 
  private:
+  // Hidden states through every block at positions offset.., with the blocks' caches if given;
+  // the rotary tables are built once for all of them.
+  torch::Tensor RunBlocks(torch::Tensor h, int64_t offset, std::vector<KVCache>* caches);
+
   LlamaConfig config_;
   std::vector<LlamaBlock> blocks_;
 };

@@ -92,8 +92,7 @@ Rotary::Rotary(const LlamaConfig& config) : config_(config) {
   std::tie(inv_freq_, scale_) = RopeInverseFrequencies(config, config.max_seq_len, at::kCPU);
 }
 
-std::pair<at::Tensor, at::Tensor> Rotary::Tables(int64_t length, int64_t offset,
-                                                 const at::TensorOptions& options) const {
+RopeTables Rotary::Tables(int64_t length, int64_t offset, const at::TensorOptions& options) const {
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device());
   at::Tensor inv_freq = InverseFrequenciesOn(options.device());
   double scale = scale_;
@@ -119,8 +118,8 @@ at::Tensor Rotary::InverseFrequenciesOn(const c10::Device& device) const {
   return copy;
 }
 
-std::pair<at::Tensor, at::Tensor> RotaryTables(const LlamaConfig& config, int64_t length,
-                                               int64_t offset, const at::TensorOptions& options) {
+RopeTables RotaryTables(const LlamaConfig& config, int64_t length, int64_t offset,
+                        const at::TensorOptions& options) {
   return Rotary(config).Tables(length, offset, options);
 }
 

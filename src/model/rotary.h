@@ -17,6 +17,9 @@
 
 namespace colony::model {
 
+// cos and sin tables [length, head_dim] for a run of positions.
+using RopeTables = std::pair<at::Tensor, at::Tensor>;
+
 // The inverse frequencies [head_dim / 2] (float32, on `device`) for a sequence whose positions
 // reach `seq_len` - 1 (only dynamic scaling depends on it), and the factor cos and sin are
 // multiplied by (yarn's attention factor; 1 otherwise).
@@ -32,8 +35,7 @@ class Rotary {
   explicit Rotary(const LlamaConfig& config);
   // cos and sin [length, head_dim] for positions offset .. offset + length - 1, computed in
   // float32 and returned in options' dtype.
-  std::pair<at::Tensor, at::Tensor> Tables(int64_t length, int64_t offset,
-                                           const at::TensorOptions& options) const;
+  RopeTables Tables(int64_t length, int64_t offset, const at::TensorOptions& options) const;
 
  private:
   // inv_freq_ on `device`: copied there once, not at every call (a blocking host-to-GPU copy
@@ -50,12 +52,9 @@ class Rotary {
   std::shared_ptr<DeviceCopy> device_copy_ = std::make_shared<DeviceCopy>();
 };
 
-// cos and sin tables, as Rotary::Tables returns them.
-using RopeTables = std::pair<at::Tensor, at::Tensor>;
-
 // Rotary(config).Tables(length, offset, options), for a one-off table.
-std::pair<at::Tensor, at::Tensor> RotaryTables(const LlamaConfig& config, int64_t length,
-                                               int64_t offset, const at::TensorOptions& options);
+RopeTables RotaryTables(const LlamaConfig& config, int64_t length, int64_t offset,
+                        const at::TensorOptions& options);
 
 // transformers' rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
 at::Tensor RotateHalf(const at::Tensor& x);
