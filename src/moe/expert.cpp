@@ -27,6 +27,25 @@ at::Tensor ExpertFunction(const at::Tensor& x, const std::vector<at::Tensor>& p)
   return at::linear(at::gelu(at::linear(x, p[0], p[1])), p[2], p[3]);
 }
 
+namespace {
+
+// Scales the gradients by max_norm / their global L2 norm when that is below 1 (as PyTorch's
+// clip_grad_norm_, whose 1e-6 keeps a zero norm from dividing).
+void ClipGradNorm(const std::vector<at::Tensor>& params, double max_norm) {
+  at::NoGradGuard no_grad;
+  double squares = 0;
+  for (const auto& p : params) {
+    if (p.grad().defined()) squares += p.grad().pow(2).sum().item<double>();
+  }
+  const double scale = max_norm / (std::sqrt(squares) + 1e-6);
+  if (scale >= 1) return;
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().mul_(scale);
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Expert>> Expert::Create(const ExpertOptions& o) {
   const int64_t ffn = o.ffn_hidden > 0 ? o.ffn_hidden : 4 * o.hidden;
   if (o.hidden < 1 || o.hidden > 65536 || ffn > 4 * 65536) {
@@ -35,6 +54,11 @@ Result<std::unique_ptr<Expert>> Expert::Create(const ExpertOptions& o) {
   if (!std::isfinite(o.lr) || o.lr < 0) {
     return InvalidArgument(
         fmt::format("expert learning rate {} is not a non-negative number", o.lr));
+  }
+  if (Status st = o.schedule.Check(); !st.ok()) return st.WithContext("expert learning rate");
+  if (!std::isfinite(o.clip_grad_norm) || o.clip_grad_norm < 0) {
+    return InvalidArgument(fmt::format(
+        "expert gradient clipping norm {} is not a non-negative number", o.clip_grad_norm));
   }
   auto impl = std::make_unique<Impl>();
   impl->options = o;
@@ -81,6 +105,10 @@ at::Tensor Expert::Backward(const at::Tensor& x, const at::Tensor& grad_y) {
   impl_->optimizer->zero_grad();
   at::Tensor y = ExpertFunction(input, impl_->params);
   torch::autograd::backward({y}, {grad_y});
+  if (impl_->options.clip_grad_norm > 0) ClipGradNorm(impl_->params, impl_->options.clip_grad_norm);
+  const double rate = impl_->options.lr;  // the schedule's base: this server's --lr
+  train::SetLearningRates(*impl_->optimizer, {&rate, 1},
+                          impl_->options.schedule.Factor(static_cast<int64_t>(impl_->steps)));
   impl_->optimizer->step();
   ++impl_->steps;
   return input.grad();
@@ -143,6 +171,10 @@ Status Expert::Load(const std::string& path) {
     }
     at::Tensor steps;
     archive.read("steps", steps);
+    if (steps.numel() != 1 || steps.scalar_type() != at::kLong || steps.item<int64_t>() < 0) {
+      return InvalidArgument(
+          fmt::format("expert checkpoint {}: its step count is not a count", path));
+    }
     torch::serialize::InputArchive opt;
     archive.read("optimizer", opt);
     {

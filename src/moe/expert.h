@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "train/lr_schedule.h"
 
 namespace colony::moe {
 
@@ -28,19 +29,26 @@ struct ExpertOptions {
   int64_t ffn_hidden = 0;          // 0: 4 x hidden
   std::string optimizer = "adam";  // adam or sgd
   double lr = 1e-3;
+  // The learning rate by the expert's own optimizer steps (hivemind's expert servers take
+  // transformers' schedules with warmup too): the step after s steps uses lr x Factor(s). The
+  // step count is part of a checkpoint, so a restored expert goes on where it was.
+  train::LrSchedule schedule{};
+  // > 0: each step first scales the gradients down to this global L2 norm when above it.
+  double clip_grad_norm = 0;
   uint64_t seed = 0;  // the initial weights (PyTorch's Linear init, from this seed)
 };
 
 class Expert {
  public:
-  // InvalidArgument for sizes outside [1, 65536], an unknown optimizer or a bad learning rate.
+  // InvalidArgument for sizes outside [1, 65536], an unknown optimizer, a bad learning rate,
+  // schedule or clipping norm.
   static Result<std::unique_ptr<Expert>> Create(const ExpertOptions& options);
   ~Expert();
 
   // x [batch, hidden] float32 -> [batch, hidden].
   at::Tensor Forward(const at::Tensor& x);
-  // The gradient w.r.t. x of sum(Forward(x) * grad_y); accumulates the parameters' gradients and
-  // applies one optimizer step.
+  // The gradient w.r.t. x of sum(Forward(x) * grad_y); computes the parameters' gradients,
+  // clips them (clip_grad_norm) and applies one optimizer step at the schedule's rate.
   at::Tensor Backward(const at::Tensor& x, const at::Tensor& grad_y);
 
   // ffn: w1 [ffn, hidden], b1 [ffn], w2 [hidden, ffn], b2 [hidden]; swiglu: w1 [ffn, hidden],
@@ -49,9 +57,9 @@ class Expert {
   // Copies `weights` (as parameters() orders them, float32, the same shapes) into the expert;
   // an error naming the first that does not fit.
   Status SetWeights(const std::vector<at::Tensor>& weights);
-  // Weights, optimizer state and step count, written to `path` (atomically: a temporary file
-  // renamed), and read back into an expert of the same options. Load refuses a checkpoint of
-  // other sizes, naming them.
+  // Weights, optimizer state and step count (the schedule's position), written to `path`
+  // (atomically: a temporary file renamed), and read back into an expert of the same options. Load
+  // refuses a checkpoint of other sizes, naming them.
   Status Save(const std::string& path) const;
   Status Load(const std::string& path);
   int64_t hidden() const;

@@ -19,6 +19,7 @@
 #include "tools/access_options.h"
 #include "tools/commands.h"
 #include "tools/swarm_args.h"
+#include "train/lr_schedule.h"
 
 namespace colony::cli {
 namespace {
@@ -34,6 +35,9 @@ struct ExpertsServeArgs {
   int64_t ffn_hidden = 0;
   std::string optimizer = "adam";
   double lr = 1e-3;
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0, total_steps = 0;
+  double clip_grad_norm = 0;
   uint64_t seed = 0;
   int64_t max_batch = 4096;
   int threads = 0;
@@ -69,6 +73,21 @@ Result<std::vector<std::string>> FreeIds(dht::Node& node, const moe::ExpertPatte
   return out;
 }
 
+// Each expert's learning-rate schedule by its own steps, as the flags give it.
+Result<train::LrSchedule> ExpertSchedule(const ExpertsServeArgs& a) {
+  auto kind = train::ParseLrScheduleKind(a.lr_schedule);
+  if (!kind.ok()) return kind.status().WithContext("--lr-schedule");
+  train::LrSchedule s{
+      .kind = *kind, .warmup_epochs = a.warmup_steps, .total_epochs = a.total_steps};
+  if (s.kind != train::LrSchedule::Kind::kConstant && s.total_epochs <= s.warmup_epochs) {
+    return InvalidArgument(
+        fmt::format("--lr-schedule {} decays each expert's rate to 0 at --total-steps, which "
+                    "must be above --warmup-steps ({}); given {}",
+                    a.lr_schedule, a.warmup_steps, a.total_steps));
+  }
+  return s;
+}
+
 int RunExpertsServe(const ExpertsServeArgs& a) {
   if (a.pattern.empty() == a.expert_ids.empty()) {
     return Fail("give either --pattern (with --num-experts) or --expert-ids");
@@ -81,6 +100,8 @@ int RunExpertsServe(const ExpertsServeArgs& a) {
   if (!a.model.empty() && a.ffn_hidden != 0) {
     return Fail("--ffn-dim does not apply with --model (the checkpoint sets the experts' sizes)");
   }
+  auto schedule = ExpertSchedule(a);
+  if (!schedule.ok()) return Fail(schedule.status());
   if (a.threads > 0) at::set_num_threads(a.threads);
   BlockTerminationSignals();
   dht::NodeOptions node_options;
@@ -106,6 +127,8 @@ int RunExpertsServe(const ExpertsServeArgs& a) {
               .ffn_hidden = a.ffn_hidden,
               .optimizer = a.optimizer,
               .lr = a.lr,
+              .schedule = *schedule,
+              .clip_grad_norm = a.clip_grad_norm,
               .seed = a.seed};
   if (!a.model.empty()) {
     // The checkpoint's experts, with its weights and sizes; the ids name layer and expert.
@@ -247,6 +270,27 @@ void AddExpertsCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>
       ->capture_default_str();
   serve->add_option("--lr", a->lr, "the experts' learning rate")
       ->check(CLI::Range(0.0, 1e3))
+      ->capture_default_str();
+  serve
+      ->add_option("--lr-schedule", a->lr_schedule,
+                   "each expert's rate by its own optimizer steps: constant, linear or cosine "
+                   "(both decay to 0 at --total-steps, as transformers' schedules with warmup)")
+      ->check(CLI::IsMember({"constant", "linear", "cosine"}))
+      ->capture_default_str();
+  serve
+      ->add_option("--warmup-steps", a->warmup_steps,
+                   "grow each expert's rate linearly from 0 over its first this many steps")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  serve
+      ->add_option("--total-steps", a->total_steps,
+                   "linear, cosine: the expert's step at which its rate reaches 0")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  serve
+      ->add_option("--clip-grad-norm", a->clip_grad_norm,
+                   "clip each expert's gradients to this L2 norm before its step (0: off)")
+      ->check(CLI::Range(0.0, 1e9))
       ->capture_default_str();
   serve->add_option("--seed", a->seed, "seed of the experts' initial weights")
       ->capture_default_str();

@@ -320,6 +320,16 @@ TEST_F(CliTest, TrainRefusesOptionsOfAnotherTaskAndMalformedGrids) {
   }
 }
 
+// An expert server's schedule runs by its experts' own steps; a decaying one needs its end beyond
+// the warmup, checked before the server joins the swarm.
+TEST_F(CliTest, ExpertsServeRefusesAScheduleThatEndsBeforeItsWarmup) {
+  RunResult r = Run({"experts", "serve", "--expert-ids", "ffn.0.0", "--hidden-dim", "8",
+                     "--lr-schedule", "linear", "--warmup-steps", "5", "--total-steps", "5"});
+  EXPECT_NE(r.code, 0) << r.Describe();
+  ExpectOneErrorLine(r.err, {"--lr-schedule linear decays each expert's rate to 0 at "
+                             "--total-steps, which must be above --warmup-steps (5); given 5"});
+}
+
 // --- identity --------------------------------------------------------------------------------
 
 TEST_F(CliTest, IdentityNewCreatesPrivateFileAndShowPrintsSameId) {

@@ -1,15 +1,19 @@
-// Expert servers and remote experts over DHT nodes on loopback: forward and backward through a
-// remote expert equal the expert's function computed here with the same weights (outputs, input
-// gradients, and the server's SGD step), a call larger than one message travels in chunks,
-// hostile requests and chunked calls get errors while the server keeps serving and holds a
-// bounded number of request bytes, and a backward reaching a restarted server works.
+// An expert's own training (its learning-rate schedule by steps, which a checkpoint restores,
+// and gradient clipping), and expert servers and remote experts over DHT nodes on loopback:
+// forward and backward through a remote expert equal the expert's function computed here with
+// the same weights (outputs, input gradients, and the server's SGD step), a call larger than one
+// message travels in chunks, hostile requests and chunked calls get errors while the server keeps
+// serving and holds a bounded number of request bytes, and a backward reaching a restarted server
+// works.
 #include "moe/expert.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/serialize/output-archive.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
+#include <cmath>
 #include <thread>
 
 #include "loopback_node.h"
@@ -29,6 +33,125 @@ constexpr int64_t kHidden = 16;
 // hivemind's ffn expert written out here: Linear, GELU, Linear.
 at::Tensor Ffn(const at::Tensor& x, const std::vector<at::Tensor>& p) {
   return at::matmul(at::gelu(at::matmul(x, p[0].t()) + p[1]), p[2].t()) + p[3];
+}
+
+// One backward step of the expert written out here: the parameters' gradients for input x and
+// output gradient g.
+std::vector<at::Tensor> FfnGrads(const std::vector<at::Tensor>& p, const at::Tensor& x,
+                                 const at::Tensor& g) {
+  std::vector<at::Tensor> leaves;
+  for (const auto& t : p) leaves.push_back(t.detach().clone().requires_grad_(true));
+  (Ffn(x, leaves) * g).sum().backward();
+  std::vector<at::Tensor> grads;
+  for (const auto& t : leaves) grads.push_back(t.grad());
+  return grads;
+}
+
+std::vector<at::Tensor> Detached(const std::vector<at::Tensor>& p) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : p) out.push_back(t.detach().clone());
+  return out;
+}
+
+// An expert's own optimizer follows its learning-rate schedule by its steps (here linear: warmup
+// over 2 steps, 0 at step 6; transformers' formula written out below) and clips its gradients'
+// global norm; each step equals plain SGD at that rate on the clipped gradients computed here.
+TEST(ExpertTraining, TheRateFollowsTheScheduleByStepsAndGradientsAreClipped) {
+  constexpr double kLr = 0.1, kClip = 0.05;
+  const auto rate = [](int64_t s) {
+    return s < 2 ? kLr * static_cast<double>(s) / 2
+                 : kLr * std::max(0.0, static_cast<double>(6 - s) / 4);
+  };
+  for (const double clip : {0.0, kClip}) {
+    SCOPED_TRACE(clip);
+    auto e = Expert::Create({.hidden = kHidden,
+                             .optimizer = "sgd",
+                             .lr = kLr,
+                             .schedule = {.kind = train::LrSchedule::Kind::kLinear,
+                                          .warmup_epochs = 2,
+                                          .total_epochs = 6},
+                             .clip_grad_norm = clip,
+                             .seed = 3});
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    std::vector<at::Tensor> ref = Detached((*e)->parameters());
+    bool clipped = false;
+    for (int64_t s = 0; s < 8; ++s) {
+      const at::Tensor x = at::randn({5, kHidden}), g = at::randn({5, kHidden});
+      std::vector<at::Tensor> grads = FfnGrads(ref, x, g);
+      double squares = 0;
+      for (const auto& gr : grads) squares += gr.pow(2).sum().item<double>();
+      const double norm = std::sqrt(squares);
+      const double scale = clip > 0 && norm > clip ? clip / (norm + 1e-6) : 1.0;
+      clipped = clipped || scale < 1;
+      (*e)->Backward(x, g);
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] -= rate(s) * scale * grads[i];
+      for (size_t i = 0; i < ref.size(); ++i) {
+        EXPECT_TRUE(at::allclose((*e)->parameters()[i], ref[i], 1e-5, 1e-7))
+            << "step " << s << ", parameter " << i;
+      }
+    }
+    EXPECT_EQ(clipped, clip > 0);
+  }
+}
+
+// A checkpoint carries the schedule's position (the step count): an expert restored from it
+// takes its next step at the rate of that step, scaled from the learning rate it was started
+// with now.
+TEST(ExpertTraining, ARestoredExpertGoesOnWithItsScheduleWhereItWas) {
+  test::TempDir dir("expert-schedule");
+  const train::LrSchedule schedule{
+      .kind = train::LrSchedule::Kind::kLinear, .warmup_epochs = 1, .total_epochs = 5};
+  auto first = Expert::Create(
+      {.hidden = kHidden, .optimizer = "sgd", .lr = 0.1, .schedule = schedule, .seed = 4});
+  ASSERT_TRUE(first.ok());
+  for (int s = 0; s < 3; ++s) (*first)->Backward(at::randn({2, kHidden}), at::randn({2, kHidden}));
+  const std::string path = (dir.path() / "e.pt").string();
+  ASSERT_TRUE((*first)->Save(path).ok());
+  auto second = Expert::Create(
+      {.hidden = kHidden, .optimizer = "sgd", .lr = 0.4, .schedule = schedule, .seed = 9});
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE((*second)->Load(path).ok());
+  EXPECT_EQ((*second)->steps(), 3u);
+  std::vector<at::Tensor> ref = Detached((*second)->parameters());
+  const at::Tensor x = at::randn({2, kHidden}), g = at::randn({2, kHidden});
+  const std::vector<at::Tensor> grads = FfnGrads(ref, x, g);
+  (*second)->Backward(x, g);
+  // Step 3 of warmup 1 and end 5: 0.4 x (5 - 3) / (5 - 1).
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_TRUE(at::allclose((*second)->parameters()[i], ref[i] - 0.2 * grads[i], 1e-5, 1e-7))
+        << "parameter " << i;
+  }
+}
+
+TEST(ExpertTraining, BadSchedulesClippingNormsAndStepCountsAreRefused) {
+  const auto refused = [](ExpertOptions o, const std::string& says) {
+    o.hidden = kHidden;
+    auto e = Expert::Create(o);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find(says), std::string::npos) << e.status().ToString();
+  };
+  refused({.schedule = {.warmup_epochs = -1}}, "warmup epochs must be >= 0");
+  refused({.schedule = {.kind = train::LrSchedule::Kind::kCosine,
+                        .warmup_epochs = 4,
+                        .total_epochs = 4}},
+          "must be above the warmup's 4");
+  refused({.clip_grad_norm = -1}, "clipping norm -1");
+  refused({.clip_grad_norm = std::nan("")}, "clipping norm nan");
+  // A checkpoint whose step count is negative is not read (the check comes before the
+  // optimizer's state, which this one leaves out).
+  test::TempDir dir("expert-steps");
+  auto e = Expert::Create({.hidden = kHidden, .seed = 1});
+  ASSERT_TRUE(e.ok());
+  torch::serialize::OutputArchive archive;
+  for (size_t i = 0; i < (*e)->parameters().size(); ++i) {
+    archive.write("param" + std::to_string(i), (*e)->parameters()[i].detach());
+  }
+  archive.write("steps", at::tensor(int64_t{-3}));
+  const std::string path = (dir.path() / "e.pt").string();
+  archive.save_to(path);
+  Status st = (*e)->Load(path);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("its step count is not a count"), std::string::npos) << st.ToString();
 }
 
 class ExpertServers : public ::testing::Test {

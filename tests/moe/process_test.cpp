@@ -136,8 +136,11 @@ TEST(ExpertProcesses, ARestartedServerAnswersAsBeforeFromItsCheckpoint) {
   auto boot = swarm.Start("dht", {"dht", "--listen", "/ip4/127.0.0.1/tcp/0"}, "warn");
   ASSERT_TRUE(boot.ok()) << boot.status().ToString();
   const std::string ckpt = (dir.path() / "ckpt").string();
-  const auto args = ServeArgs(*boot, {"--expert-ids", "ffn.1.2", "--optimizer", "adam", "--lr",
-                                      "0.05", "--checkpoint-dir", ckpt});
+  // Warmup over one step: the first step's rate is 0.
+  const auto args =
+      ServeArgs(*boot, {"--expert-ids", "ffn.1.2", "--optimizer", "adam", "--lr", "0.05",
+                        "--lr-schedule", "linear", "--warmup-steps", "1", "--total-steps", "1000",
+                        "--clip-grad-norm", "10", "--checkpoint-dir", ckpt});
   auto first = swarm.Start("first", args, "warn");
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_EQ(json::parse(*first)["restored"], 0);
@@ -150,10 +153,18 @@ TEST(ExpertProcesses, ARestartedServerAnswersAsBeforeFromItsCheckpoint) {
     return found[0].value_or(RemoteExpertInfo{.uid = "ffn.1.2"});
   };
   RemoteExpert before(node->host(), find());
-  // Two training steps move the weights and Adam's moments away from their seeded start.
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(before.Backward(x, at::ones_like(x), 10s).ok());
+  auto y0 = before.Forward(x, 10s);
+  ASSERT_TRUE(y0.ok()) << y0.status().ToString();
+  // The schedule's first step leaves the weights; the second moves them and Adam's moments away
+  // from their seeded start.
+  ASSERT_TRUE(before.Backward(x, at::ones_like(x), 10s).ok());
+  auto y0b = before.Forward(x, 10s);
+  ASSERT_TRUE(y0b.ok()) << y0b.status().ToString();
+  EXPECT_TRUE(at::equal(*y0, *y0b));
+  ASSERT_TRUE(before.Backward(x, at::ones_like(x), 10s).ok());
   auto y1 = before.Forward(x, 10s);
   ASSERT_TRUE(y1.ok()) << y1.status().ToString();
+  EXPECT_FALSE(at::equal(*y0, *y1));
   swarm["first"].Signal(SIGTERM);
   auto code = swarm["first"].Wait(30s);
   ASSERT_TRUE(code.ok() && *code == 0) << swarm.Tail("first");
