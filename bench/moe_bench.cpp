@@ -12,8 +12,10 @@
 // Then one server is stopped (SIGSTOP: its connections stay open and never answer) and the
 // layer runs with timeout_after_k_min = --cut: each step costs about the cut after the other
 // experts answered. Its outputs are checked against the local layer over the 12 live experts.
-// RESULT moe_hang_step_vs_timeout = median step / (the same layer's median step with every
-// server answering + cut + median round trip) (goal <= 1.1): what the hang adds beyond the cut.
+// RESULT moe_hang_step_vs_timeout = (median step - median round trip) / cut (goal <= 1.1, i.e. a
+// step within 1.1 x cut + one round trip, as the issue states it; the step's own compute counts
+// against it). It also prints the step over the healthy step + cut + round trip: what the hang
+// adds beyond the cut.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -252,7 +254,12 @@ int main(int argc, char** argv) {
       "k 8, batch 64: %.1f ms per step with every server answering, %.1f ms with server3 "
       "hanging (cut %.0f ms, round trip %.2f ms)\n",
       base * 1e3, hang * 1e3, cut * 1e3, rtt * 1e3);
-  std::printf("RESULT moe_hang_step_vs_timeout=%.3f\n", hang / (base + cut + rtt));
+  // The issue's goal, step <= 1.1 x cut + one round trip, as a ratio to hold <= 1.1. The step
+  // includes its own compute (the healthy step), which the goal leaves no room for; against
+  // the healthy step plus the cut, the hang costs:
+  std::printf("hanging step / (healthy step + cut + round trip) = %.3f\n",
+              hang / (base + cut + rtt));
+  std::printf("RESULT moe_hang_step_vs_timeout=%.3f\n", (hang - rtt) / cut);
   std::printf("RESULT moe_remote_vs_local=%.3f\n", ratio512);
   return 0;
 }

@@ -1,10 +1,11 @@
-// An expert's own training (its learning-rate schedule by steps, which a checkpoint restores,
-// and gradient clipping), and expert servers and remote experts over DHT nodes on loopback:
-// forward and backward through a remote expert equal the expert's function computed here with
-// the same weights (outputs, input gradients, and the server's SGD step), a call larger than one
+// An expert's own training (its learning-rate schedule by steps and its Adam state, which a
+// checkpoint restores, and gradient clipping), and expert servers and remote experts over DHT
+// nodes on loopback: forward and backward through a remote expert equal the expert's function
+// computed here with the same weights (outputs, input gradients, and the server's SGD step),
+// declarations renewed while a server serves and gone after it stops, a call larger than one
 // message travels in chunks, hostile requests and chunked calls get errors while the server keeps
-// serving and holds a bounded number of request bytes, and a backward reaching a restarted server
-// works.
+// serving and holds a bounded number of request bytes, remote errors reach the caller with the
+// server's reason, and a backward reaching a restarted server works.
 #include "moe/expert.h"
 
 #include <ATen/ATen.h>
@@ -337,6 +338,92 @@ TEST_F(ExpertServers, HostileRequestsGetErrorsAndTheServerKeepsServing) {
   auto ok = Raw("moe.forward", "ffn.0.1", {good});
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->tensors.size(), 1u);
+}
+
+// A server's refusal reaches the caller of a remote expert with the server's reason, through the
+// plain calls and through autograd (an exception), and a call to an id nobody hosts says so.
+TEST_F(ExpertServers, RemoteErrorsReachTheCallerWithTheServersReason) {
+  RemoteExpert expert = Find("ffn.0.1");
+  auto wide = expert.Forward(at::randn({2, kHidden + 1}), 10s);
+  ASSERT_FALSE(wide.ok());
+  EXPECT_NE(wide.status().message().find("this expert takes"), std::string::npos)
+      << wide.status().ToString();
+  at::Tensor nan = at::randn({2, kHidden});
+  nan[0][0] = std::nanf("");
+  auto backward = expert.Backward(at::randn({2, kHidden}), nan, 10s);
+  ASSERT_FALSE(backward.ok());
+  EXPECT_NE(backward.status().message().find("NaN"), std::string::npos)
+      << backward.status().ToString();
+  try {
+    (void)CallRemoteExpert(expert, at::randn({3, kHidden + 2}), {});
+    ADD_FAILURE() << "a refused call through autograd returned";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("this expert takes"), std::string::npos) << e.what();
+  }
+  auto found = GetExperts(*client_node_, {"ffn.0.1"});
+  ASSERT_TRUE(found.at(0).has_value());
+  RemoteExpertInfo elsewhere = *found[0];
+  elsewhere.uid = "ffn.7.7";  // this server, an id it does not host
+  RemoteExpert nobody(client_node_->host(), elsewhere);
+  auto missing = nobody.Forward(at::randn({1, kHidden}), 10s);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("not hosted here"), std::string::npos)
+      << missing.status().ToString();
+}
+
+// An expert's checkpoint restores its optimizer's state too: Adam's moments and step count make
+// the next step of a restored expert equal the next step of the expert that saved it (a fresh
+// Adam would take a step of another size).
+TEST(ExpertTraining, ARestoredAdamExpertStepsAsTheOneThatSavedIt) {
+  test::TempDir dir("expert-adam");
+  const ExpertOptions o{.hidden = kHidden, .optimizer = "adam", .lr = 0.01, .seed = 6};
+  auto saved = Expert::Create(o);
+  ASSERT_TRUE(saved.ok());
+  for (int s = 0; s < 3; ++s) (*saved)->Backward(at::randn({4, kHidden}), at::randn({4, kHidden}));
+  const std::string path = (dir.path() / "e.pt").string();
+  ASSERT_TRUE((*saved)->Save(path).ok());
+  auto restored = Expert::Create(o);
+  auto fresh = Expert::Create(o);
+  ASSERT_TRUE(restored.ok() && fresh.ok());
+  ASSERT_TRUE((*restored)->Load(path).ok());
+  ASSERT_TRUE((*fresh)->SetWeights(Detached((*saved)->parameters())).ok());
+  const at::Tensor x = at::randn({4, kHidden}), g = at::randn({4, kHidden});
+  for (auto* e : {saved->get(), restored->get(), fresh->get()}) e->Backward(x, g);
+  bool fresh_differs = false;
+  for (size_t i = 0; i < (*saved)->parameters().size(); ++i) {
+    EXPECT_TRUE(at::equal((*restored)->parameters()[i], (*saved)->parameters()[i])) << i;
+    fresh_differs =
+        fresh_differs || !at::allclose((*fresh)->parameters()[i], (*saved)->parameters()[i]);
+  }
+  EXPECT_TRUE(fresh_differs);
+}
+
+// A server re-declares its experts before their records expire (here every 0.2 s for 2 s, as
+// hivemind's 30 s for 60 s), so they stay findable for as long as it serves; once it stops they
+// disappear with their last record's expiration.
+TEST(ExpertDeclarations, AreRenewedWhileTheServerServesAndExpireAfterItStops) {
+  auto server_node = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions({}));
+  ASSERT_TRUE(server_node.ok()) << server_node.status().ToString();
+  auto client_node = dht::Node::Start(
+      KeyPair::Generate(),
+      test::LoopbackNodeOptions({(*server_node)->VisibleAddresses().at(0).ToString()}));
+  ASSERT_TRUE(client_node.ok()) << client_node.status().ToString();
+  ExpertServerOptions o;
+  o.uids = {"ffn.3.4"};
+  o.expert = {.hidden = kHidden, .seed = 2};
+  o.declare_interval = 200ms;
+  o.declaration_ttl_seconds = 2;
+  auto server = ExpertServer::Start(**server_node, o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const auto found = [&] { return GetExperts(**client_node, {"ffn.3.4"}).at(0).has_value(); };
+  EXPECT_TRUE(found());
+  // Past the first declaration's expiration: found only because it was declared again.
+  std::this_thread::sleep_for(4500ms);
+  EXPECT_TRUE(found());
+  (*server)->Shutdown();
+  EXPECT_TRUE(test::WaitUntil([&] { return !found(); }, 20s));
+  (*client_node)->Shutdown();
+  (*server_node)->Shutdown();
 }
 
 // A call bigger than the transport lets one message be (64 MiB): 4200 rows of 4096 floats, 69 MB
