@@ -10,11 +10,14 @@
 //   at::Tensor y = (*moe)->Forward(x).value();   // [batch, 64]
 //   y.sum().backward();
 //
-// hivemind's options, with its meanings: an input needs k_min experts to answer its forward
-// (backward_k_min its backward) or the call fails (allow_zero_outputs: its output is zero
-// instead); once every input has k_min answers, the layer waits at most timeout_after_k_min for
-// the rest; detect_anomalies refuses non-finite inputs and gradients. An expert that failed or
-// came late has weight 0 and gets no gradient. Unlike hivemind, the servers of a failed call are
+// hivemind's options: once every input has k_min answers, the layer waits at most
+// timeout_after_k_min for the rest (as hivemind); an input with fewer than k_min answers to its
+// forward (backward_k_min: its backward) fails the call, or with allow_zero_outputs gets a zero
+// output (hivemind counts the answers of the whole batch against k_min, so there an input may go
+// unanswered while others have answers); detect_anomalies refuses non-finite inputs and
+// gradients, and a non-finite answer is always dropped (hivemind drops it only with
+// detect_anomalies). An expert that failed or came late has weight 0 and gets no gradient.
+// Unlike hivemind, the servers of a failed call are
 // left out of the next searches (BeamSearchOptions::avoid_failed_for) and the DHT keys that named
 // them are read again from the nearest replicas, so that a dead server costs a step, not the
 // minute its records live, and a partial copy of a prefix record cannot hide live experts. An input

@@ -526,6 +526,12 @@ TEST_F(ExpertServers, ABackwardReachesARestartedServer) {
   y.sum().backward();
   ASSERT_TRUE(x.grad().defined());
   EXPECT_EQ(server_->stats().backwards, 1u);
+  // The input gradient is the expert's, from the seeded weights both servers started from.
+  auto seeded = Expert::Create({.hidden = kHidden, .seed = ExpertSeed(5, "ffn.2.3")});
+  ASSERT_TRUE(seeded.ok());
+  at::Tensor x_ref = x.detach().clone().requires_grad_(true);
+  Ffn(x_ref, Detached((*seeded)->parameters())).sum().backward();
+  EXPECT_TRUE(at::allclose(x.grad(), x_ref.grad(), 1e-5, 1e-6));
   // A shut-down server says so.
   server_->Shutdown();
   auto refused = Raw("moe.forward", "ffn.2.3", {at::randn({1, kHidden})});
