@@ -16,11 +16,66 @@ namespace colony::model {
 // ---------------------------------------------------------------------------------------------
 // KVCache
 
+void KVCache::Rehome(int64_t room, int64_t batch) {
+  const auto shape = [&](const torch::Tensor& t) {
+    return std::vector<int64_t>{batch, t.size(1), room, t.size(3)};
+  };
+  torch::Tensor nk = at::empty(shape(k), k.options());
+  torch::Tensor nv = at::empty(shape(v), v.options());
+  if (length > 0) {
+    nk.narrow(2, 0, length).copy_(k);
+    nv.narrow(2, 0, length).copy_(v);
+  }
+  k_room_ = nk;
+  v_room_ = nv;
+  room_owner_ = std::make_shared<const int>(0);
+}
+
+void KVCache::Append(const torch::Tensor& k_new, const torch::Tensor& v_new) {
+  const int64_t t = k_new.size(2);
+  if (at::GradMode::is_enabled() && (k_new.requires_grad() || v_new.requires_grad())) {
+    // Differentiable decoding: writing in place would break the graph of earlier steps.
+    k = length > 0 && k.defined() ? at::cat({k, k_new}, 2) : k_new;
+    v = length > 0 && v.defined() ? at::cat({v, v_new}, 2) : v_new;
+    length += t;
+    k_room_ = v_room_ = torch::Tensor();
+    room_owner_.reset();
+    return;
+  }
+  if (length == 0 || !k.defined()) {
+    // The first positions decide the layout: the new tensors' shape and options.
+    Clear();
+    k = k_new;
+    v = v_new;
+    Rehome(std::max(t, reserve), k_new.size(0));
+  } else if (!OwnsRoom() || length + t > capacity()) {
+    // Doubling (within `reserve` when set, unless the positions need more).
+    int64_t room = std::max(length + t, 2 * capacity());
+    if (reserve > 0) room = std::max(length + t, std::min(room, reserve));
+    Rehome(room, k.size(0));
+  }
+  k_room_.narrow(2, length, t).copy_(k_new);
+  v_room_.narrow(2, length, t).copy_(v_new);
+  length += t;
+  k = k_room_.narrow(2, 0, length);
+  v = v_room_.narrow(2, 0, length);
+}
+
 void KVCache::Reorder(const torch::Tensor& index) {
   if (length == 0 || !k.defined()) return;
   auto idx = ToDevice(index, k.device(), at::kLong);
-  k = k.index_select(0, idx);
-  v = v.index_select(0, idx);
+  const torch::Tensor nk = k.index_select(0, idx), nv = v.index_select(0, idx);
+  if (OwnsRoom() && nk.size(0) == k_room_.size(0)) {
+    k.copy_(nk);
+    v.copy_(nv);
+    return;
+  }
+  // Another batch size, or storage a copy shares: the same room, new storage.
+  k = nk;
+  v = nv;
+  Rehome(capacity(), nk.size(0));
+  k = k_room_.narrow(2, 0, length);
+  v = v_room_.narrow(2, 0, length);
 }
 
 void KVCache::Truncate(int64_t new_length) {
@@ -35,8 +90,8 @@ void KVCache::Truncate(int64_t new_length) {
 }
 
 void KVCache::Clear() {
-  k = torch::Tensor();
-  v = torch::Tensor();
+  k = v = k_room_ = v_room_ = torch::Tensor();
+  room_owner_.reset();
   length = 0;
 }
 
@@ -95,27 +150,20 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t positi
 
   int64_t past = 0;
   if (cache != nullptr) {
-    if (cache->length > 0 && cache->k.defined()) {
-      past = cache->k.size(2);
-      k = at::cat({cache->k, k}, 2);
-      v = at::cat({cache->v, v}, 2);
-    }
-    cache->k = k;
-    cache->v = v;
-    cache->length = k.size(2);
+    past = cache->length;
+    cache->Append(k, v);
+    k = cache->k;
+    v = cache->v;
   }
   const int64_t s = k.size(2);
-  // Grouped-query attention: query head i reads kv head i / n_rep (HF's repeat_kv).
+  // Grouped-query attention: query head i reads kv head i / n_rep (HF's repeat_kv). The n_rep
+  // query heads of a kv head are stacked as rows of one product with it, instead of copying
+  // each kv head n_rep times.
   const int64_t n_rep = num_heads_ / num_kv_heads_;
-  if (n_rep > 1) {
-    k = k.unsqueeze(2)
-            .expand({b, num_kv_heads_, n_rep, s, head_dim_})
-            .reshape({b, num_heads_, s, head_dim_});
-    v = v.unsqueeze(2)
-            .expand({b, num_kv_heads_, n_rep, s, head_dim_})
-            .reshape({b, num_heads_, s, head_dim_});
-  }
-  auto scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
+  const at::Tensor grouped_q = q.reshape({b, num_kv_heads_, n_rep * t, head_dim_});
+  auto scores = at::matmul(grouped_q, k.transpose(-2, -1))
+                    .view({b, num_heads_, t, s})
+                    .div(std::sqrt(static_cast<double>(head_dim_)));
   if (t > 1 || (sliding_window_ > 0 && s > sliding_window_)) {
     // Query i (at key index past + i) must not see keys after it, nor (with a sliding window W)
     // keys W or more positions before it.
@@ -127,7 +175,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t positi
     scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
   }
   auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  auto out = at::matmul(probs, v).transpose(1, 2).reshape({b, t, num_heads_ * head_dim_});
+  auto out = at::matmul(probs.view({b, num_kv_heads_, n_rep * t, s}), v)
+                 .view({b, num_heads_, t, head_dim_})
+                 .transpose(1, 2)
+                 .reshape({b, t, num_heads_ * head_dim_});
   return Project(o_proj, out, AdapterOf(adapters, &BlockAdapters::o_proj));
 }
 

@@ -23,6 +23,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <random>
 #include <string>
@@ -37,16 +38,38 @@
 
 namespace colony::model {
 
-// Keys and values of one block for the positions seen so far, after rotary embedding.
+// Keys and values of one block for the positions seen so far, after rotary embedding. They live
+// in storage with room for more positions, which an append fills in place: a decoding step
+// copies its own keys and values, not the whole cache (the room doubles when full, so appends
+// cost O(1) amortized; `reserve` sizes it once). Copies of a cache share the storage until one
+// of them changes it (append, reorder): that one first moves to storage of its own, so copies
+// behave as values.
 struct KVCache {
-  torch::Tensor k, v;  // [B, num_kv_heads, length, head_dim]; undefined while empty
+  torch::Tensor k, v;  // [B, num_kv_heads, length, head_dim] views; undefined while empty
   int64_t length = 0;
+  // > 0: the first append makes room for this many positions (a server's session max_length,
+  // whose memory it reserved): no later append copies the cache while it stays within.
+  int64_t reserve = 0;
 
+  // Adds positions: k_new, v_new [B, num_kv_heads, t, head_dim], of the cache's batch, dtype and
+  // device once it holds any. With autograd recording them, it concatenates instead (earlier
+  // steps' graphs keep their tensors).
+  void Append(const torch::Tensor& k_new, const torch::Tensor& v_new);
   // Keeps batch rows `index` ([B'] int64), in that order (beam search).
   void Reorder(const torch::Tensor& index);
   // Keeps the first `new_length` positions (<= length): rolls a session back.
   void Truncate(int64_t new_length);
   void Clear();
+  // Positions the storage holds without growing (0 while empty).
+  int64_t capacity() const { return k_room_.defined() ? k_room_.size(2) : 0; }
+
+ private:
+  // Moves the positions held to new storage of `room` positions for `batch` rows.
+  void Rehome(int64_t room, int64_t batch);
+  // Whether no copy of this cache shares its storage.
+  bool OwnsRoom() const { return room_owner_.use_count() == 1; }
+  torch::Tensor k_room_, v_room_;          // [B, num_kv_heads, capacity, head_dim]
+  std::shared_ptr<const int> room_owner_;  // one per storage, shared by the copies using it
 };
 
 class RMSNormImpl : public torch::nn::Module {

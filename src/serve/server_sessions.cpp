@@ -227,6 +227,8 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
   COLONY_CO_RETURN_IF_ERROR(CheckPushTarget(open.next, s->client_ip));
   s->next = open.next;
   s->caches.resize(static_cast<size_t>(s->end - s->start));
+  // The reservation counts max_length positions: their storage is made once, at the first step.
+  for (auto& c : s->caches) c.reserve = s->max_length;
   // Kept in the server's dtype and counted in the session's reservation with its cache.
   int64_t tuning_bytes = 0;
   if (tuning->prompts.defined()) {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -565,6 +566,79 @@ TEST(Llama, KVCacheReorder) {
   auto full = model->forward(tokens.narrow(0, 1, 1));
   EXPECT_TRUE(at::allclose(step[0][0], full[0][7], 0, 1e-4));
   EXPECT_TRUE(at::allclose(step[1][0], full[0][7], 0, 1e-4));
+}
+
+// A cache holds exactly what was appended (against the concatenation of the pieces), fills its
+// storage in place and doubles it when full (few storages over many one-token appends; one with
+// `reserve`), and its copies behave as values: changing one (append after a rollback, reorder)
+// leaves the other as it was.
+TEST(Llama, KVCacheAppendsInPlaceAndCopiesAreValues) {
+  at::manual_seed(5);
+  const auto piece = [](int64_t b, int64_t t) { return at::randn({b, 2, t, 4}); };
+  KVCache cache;
+  std::vector<at::Tensor> ks, vs;
+  std::set<const void*> storages;
+  for (int i = 0; i < 100; ++i) {
+    const int64_t t = i % 7 == 0 ? 3 : 1;
+    ks.push_back(piece(2, t));
+    vs.push_back(piece(2, t));
+    cache.Append(ks.back(), vs.back());
+    ASSERT_TRUE(at::equal(cache.k, at::cat(ks, 2))) << "append " << i;
+    ASSERT_TRUE(at::equal(cache.v, at::cat(vs, 2))) << "append " << i;
+    storages.insert(cache.k.storage().data());
+  }
+  EXPECT_EQ(cache.length, at::cat(ks, 2).size(2));
+  EXPECT_LE(storages.size(), 9u);  // doubling: about log2(128) storages, not one per append
+  EXPECT_GE(cache.capacity(), cache.length);
+
+  KVCache reserved;
+  reserved.reserve = 50;
+  storages.clear();
+  for (int i = 0; i < 50; ++i) {
+    reserved.Append(piece(1, 1), piece(1, 1));
+    storages.insert(reserved.k.storage().data());
+  }
+  EXPECT_EQ(storages.size(), 1u);
+  EXPECT_EQ(reserved.capacity(), 50);
+
+  // Copies: the original rolls back and appends, the copy reorders; neither sees the other.
+  KVCache a;
+  a.Append(piece(2, 4), piece(2, 4));
+  const at::Tensor a_k = a.k.clone();
+  KVCache b = a;
+  a.Truncate(2);
+  const at::Tensor x = piece(2, 3);
+  a.Append(x, x);
+  EXPECT_TRUE(at::equal(b.k, a_k));
+  EXPECT_TRUE(at::equal(a.k, at::cat({a_k.narrow(2, 0, 2), x}, 2)));
+  const at::Tensor a_after = a.k.clone();
+  b.Reorder(at::tensor(std::vector<int64_t>{1, 1}));
+  EXPECT_TRUE(at::equal(b.k, a_k.index_select(0, at::tensor(std::vector<int64_t>{1, 1}))));
+  EXPECT_TRUE(at::equal(a.k, a_after));
+  // Reordering into another batch size keeps the positions.
+  b.Reorder(at::tensor(std::vector<int64_t>{0}));
+  EXPECT_EQ(b.k.sizes().vec(), (std::vector<int64_t>{1, 2, 4, 4}));
+  b.Append(piece(1, 1), piece(1, 1));
+  EXPECT_EQ(b.length, 5);
+}
+
+// With autograd on, decoding through a cache stays differentiable: the gradients of two cached
+// steps equal those of one pass over the whole sequence.
+TEST(Llama, CachedStepsAreDifferentiable) {
+  at::manual_seed(6);
+  LlamaModel model(TinyConfig());
+  auto block = model->block(0);
+  const auto h = model->Embed(RandomTokens(2, 9, 64)).detach();
+  const at::Tensor probe = at::randn({2, 9, TinyConfig().hidden_size});
+  KVCache cache;
+  cache.reserve = 16;  // room for both steps: the second would write into the first's storage
+  auto stepped =
+      at::cat({block(h.narrow(1, 0, 5), 0, &cache), block(h.narrow(1, 5, 4), 5, &cache)}, 1);
+  (stepped * probe).sum().backward();
+  const at::Tensor cached_grad = block->self_attn->k_proj->weight.grad().clone();
+  block->zero_grad();
+  (block(h) * probe).sum().backward();
+  EXPECT_TRUE(at::allclose(cached_grad, block->self_attn->k_proj->weight.grad(), 1e-4, 1e-5));
 }
 
 TEST(Llama, GroupedQueryAttentionEqualsRepeatedHeads) {
