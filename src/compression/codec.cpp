@@ -1003,7 +1003,7 @@ size_t MaxEncodedSize(Codec codec, size_t count, const CodecOptions& options) {
   return header + 14 * count + 1024;
 }
 
-Status Encode(Codec codec, std::span<const float> values, Bytes& out, const CodecOptions& options) {
+Status AppendHeader(Codec codec, size_t count, const CodecOptions& options, Bytes& out) {
   if (!CodecFromWire(static_cast<uint8_t>(codec)))
     return InvalidArgument(fmt::format("unknown codec {}", static_cast<int>(codec)));
   const bool blockwise = codec == Codec::kBlockwise8 || codec == Codec::kBlockwise4;
@@ -1011,10 +1011,16 @@ Status Encode(Codec codec, std::span<const float> values, Bytes& out, const Code
     return InvalidArgument(fmt::format("{} block size is {}, expected a value in [{}, {}]",
                                        CodecName(codec), options.block_size, kMinBlock, kMaxBlock));
   }
-  const size_t start = out.size();
   ByteWriter w(out);
   w.U8(static_cast<uint8_t>(codec));
-  w.Varint(values.size());
+  w.Varint(count);
+  if (blockwise) w.U32(options.block_size);
+  return Status::Ok();
+}
+
+Status Encode(Codec codec, std::span<const float> values, Bytes& out, const CodecOptions& options) {
+  const size_t start = out.size();
+  COLONY_RETURN_IF_ERROR(AppendHeader(codec, values.size(), options, out));
   const int threads = options.max_threads;
   switch (codec) {
     case Codec::kNone:
@@ -1036,11 +1042,9 @@ Status Encode(Codec codec, std::span<const float> values, Bytes& out, const Code
       EncodeQuantile8(values, out, threads);
       break;
     case Codec::kBlockwise8:
-      w.U32(options.block_size);
       EncodeBlockwise8(values, options.block_size, out, threads);
       break;
     case Codec::kBlockwise4:
-      w.U32(options.block_size);
       EncodeBlockwise4(values, options.block_size, out, threads);
       break;
     case Codec::kTopK:

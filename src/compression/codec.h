@@ -67,6 +67,13 @@ struct CodecOptions {
   int max_threads = 0;
 };
 
+// Appends what Encode() writes before a codec's payload: its id, the element count and, for the
+// blockwise codecs, the block size (checked as Encode checks it). An encoder of the payload
+// elsewhere (on a GPU: runtime/device_codec.h) appends it after these, in Encode's layout:
+//   fp16, bf16:  `count` 16-bit values, little-endian;
+//   blockwise8:  one float32 scale per block (little-endian), then `count` int8 codes.
+Status AppendHeader(Codec codec, size_t count, const CodecOptions& options, Bytes& out);
+
 // Appends the encoding of `values` to `out`. Non-finite inputs are encoded best-effort (callers
 // that must reject them check first). Errors only for invalid options.
 Status Encode(Codec codec, std::span<const float> values, Bytes& out,

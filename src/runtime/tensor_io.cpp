@@ -9,6 +9,8 @@
 #include <span>
 #include <string>
 
+#include "runtime/device_codec.h"
+
 namespace colony::runtime {
 
 std::optional<DType> WireDType(at::ScalarType type) {
@@ -93,15 +95,22 @@ Result<net::TensorFrame> ToFrame(const at::Tensor& tensor, compression::Codec co
   if (tensor.dim() > static_cast<int64_t>(kMaxTensorRank)) {
     return InvalidArgument(fmt::format("tensor rank {} exceeds {}", tensor.dim(), kMaxTensorRank));
   }
-  const at::Tensor values = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
-  auto bytes = std::make_shared<Bytes>();
-  COLONY_RETURN_IF_ERROR(compression::Encode(
-      codec, std::span<const float>(values.data_ptr<float>(), static_cast<size_t>(values.numel())),
-      *bytes, options));
+  std::shared_ptr<Bytes> bytes;
+  if (!tensor.is_cpu() && EncodesOnDevice(codec) && tensor.numel() >= kDeviceEncodeMinElements) {
+    // Encoded on the GPU: only the encoded bytes cross to the host.
+    COLONY_ASSIGN_OR_RETURN(bytes, EncodeOnDevice(tensor, codec, options));
+  } else {
+    const at::Tensor values = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
+    bytes = std::make_shared<Bytes>();
+    COLONY_RETURN_IF_ERROR(compression::Encode(
+        codec,
+        std::span<const float>(values.data_ptr<float>(), static_cast<size_t>(values.numel())),
+        *bytes, options));
+  }
   net::TensorFrame frame;
   frame.dtype = DType::kFloat32;
   frame.codec = static_cast<uint8_t>(codec);
-  frame.shape.assign(values.sizes().begin(), values.sizes().end());
+  frame.shape.assign(tensor.sizes().begin(), tensor.sizes().end());
   frame.data = ByteSpan(bytes->data(), bytes->size());
   frame.owner = bytes;
   return frame;

@@ -33,7 +33,8 @@ at::ScalarType TorchDType(DType dtype);
 // keeps that tensor alive. Fails for dtypes the wire lacks.
 Result<net::TensorFrame> ToFrame(const at::Tensor& tensor);
 // A frame of a floating-point tensor's values as float32 encoded with `codec`
-// (compression/codec.h; lossy for most); kNone is ToFrame(tensor).
+// (compression/codec.h; lossy for most); kNone is ToFrame(tensor). A large GPU tensor is
+// encoded on the GPU where the codec allows (device_codec.h), so only encoded bytes cross.
 Result<net::TensorFrame> ToFrame(const at::Tensor& tensor, compression::Codec codec,
                                  const compression::CodecOptions& options = {});
 
