@@ -33,7 +33,21 @@ void KVCache::Rehome(int64_t room, int64_t batch) {
 
 void KVCache::Append(const torch::Tensor& k_new, const torch::Tensor& v_new) {
   const int64_t t = k_new.size(2);
-  if (at::GradMode::is_enabled() && (k_new.requires_grad() || v_new.requires_grad())) {
+  if (length > 0 && k.defined()) {
+    // What the caller steps must continue the cache: a batch of another size would broadcast
+    // into it, another dtype or device be converted silently.
+    for (const auto& [held, added] : {std::pair{k, k_new}, std::pair{v, v_new}}) {
+      TORCH_CHECK(added.dim() == 4 && added.size(0) == held.size(0) &&
+                      added.size(1) == held.size(1) && added.size(3) == held.size(3) &&
+                      added.scalar_type() == held.scalar_type() && added.device() == held.device(),
+                  "KVCache: appending ", added.sizes(), " ", added.scalar_type(), " on ",
+                  added.device(), " to a cache of ", held.sizes(), " ", held.scalar_type(), " on ",
+                  held.device());
+    }
+  }
+  const bool recorded = k_new.requires_grad() || v_new.requires_grad() ||
+                        (k.defined() && (k.requires_grad() || v.requires_grad()));
+  if (at::GradMode::is_enabled() && recorded) {
     // Differentiable decoding: writing in place would break the graph of earlier steps.
     k = length > 0 && k.defined() ? at::cat({k, k_new}, 2) : k_new;
     v = length > 0 && v.defined() ? at::cat({v, v_new}, 2) : v_new;
@@ -49,9 +63,9 @@ void KVCache::Append(const torch::Tensor& k_new, const torch::Tensor& v_new) {
     v = v_new;
     Rehome(std::max(t, reserve), k_new.size(0));
   } else if (!OwnsRoom() || length + t > capacity()) {
-    // Doubling (within `reserve` when set, unless the positions need more).
+    // Doubling, within `reserve` while the positions fit in it.
     int64_t room = std::max(length + t, 2 * capacity());
-    if (reserve > 0) room = std::max(length + t, std::min(room, reserve));
+    if (reserve > 0 && length + t <= reserve) room = std::min(room, reserve);
     Rehome(room, k.size(0));
   }
   k_room_.narrow(2, length, t).copy_(k_new);
@@ -73,7 +87,7 @@ void KVCache::Reorder(const torch::Tensor& index) {
   // Another batch size, or storage a copy shares: the same room, new storage.
   k = nk;
   v = nv;
-  Rehome(capacity(), nk.size(0));
+  Rehome(std::max(capacity(), length), nk.size(0));
   k = k_room_.narrow(2, 0, length);
   v = v_room_.narrow(2, 0, length);
 }

@@ -13,6 +13,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/log.h"
+
 namespace colony::moe {
 
 struct Expert::Impl {
@@ -20,6 +22,7 @@ struct Expert::Impl {
   std::vector<at::Tensor> params;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   uint64_t steps = 0;
+  uint64_t skipped_steps = 0;  // backward calls whose gradients were not finite
 };
 
 at::Tensor ExpertFunction(const at::Tensor& x, const std::vector<at::Tensor>& p) {
@@ -29,16 +32,24 @@ at::Tensor ExpertFunction(const at::Tensor& x, const std::vector<at::Tensor>& p)
 
 namespace {
 
-// Scales the gradients by max_norm / their global L2 norm when that is below 1 (as PyTorch's
-// clip_grad_norm_, whose 1e-6 keeps a zero norm from dividing).
-void ClipGradNorm(const std::vector<at::Tensor>& params, double max_norm) {
-  at::NoGradGuard no_grad;
+// The gradients' global L2 norm, accumulated in double (float32 squares overflow past ~1.8e19).
+double GradNorm(const std::vector<at::Tensor>& params) {
   double squares = 0;
   for (const auto& p : params) {
-    if (p.grad().defined()) squares += p.grad().pow(2).sum().item<double>();
+    if (!p.grad().defined()) continue;
+    const double n =
+        at::linalg_vector_norm(p.grad(), 2, c10::nullopt, false, at::kDouble).item<double>();
+    squares += n * n;
   }
-  const double scale = max_norm / (std::sqrt(squares) + 1e-6);
+  return std::sqrt(squares);
+}
+
+// Scales the gradients by max_norm / their norm when that is below 1 (as PyTorch's
+// clip_grad_norm_, whose 1e-6 keeps a zero norm from dividing).
+void ClipGradNorm(const std::vector<at::Tensor>& params, double norm, double max_norm) {
+  const double scale = max_norm / (norm + 1e-6);
   if (scale >= 1) return;
+  at::NoGradGuard no_grad;
   for (const auto& p : params) {
     if (p.grad().defined()) p.grad().mul_(scale);
   }
@@ -105,7 +116,17 @@ at::Tensor Expert::Backward(const at::Tensor& x, const at::Tensor& grad_y) {
   impl_->optimizer->zero_grad();
   at::Tensor y = ExpertFunction(input, impl_->params);
   torch::autograd::backward({y}, {grad_y});
-  if (impl_->options.clip_grad_norm > 0) ClipGradNorm(impl_->params, impl_->options.clip_grad_norm);
+  const double norm = GradNorm(impl_->params);
+  if (!std::isfinite(norm)) {
+    // Finite inputs and weights can still overflow: a step would make every weight NaN.
+    COLONY_LOG_WARN("expert: gradient norm {} is not finite; its optimizer step is skipped", norm);
+    impl_->optimizer->zero_grad();
+    ++impl_->skipped_steps;
+    return input.grad();
+  }
+  if (impl_->options.clip_grad_norm > 0) {
+    ClipGradNorm(impl_->params, norm, impl_->options.clip_grad_norm);
+  }
   const double rate = impl_->options.lr;  // the schedule's base: this server's --lr
   train::SetLearningRates(*impl_->optimizer, {&rate, 1},
                           impl_->options.schedule.Factor(static_cast<int64_t>(impl_->steps)));
@@ -191,5 +212,6 @@ Status Expert::Load(const std::string& path) {
 }
 int64_t Expert::hidden() const { return impl_->options.hidden; }
 uint64_t Expert::steps() const { return impl_->steps; }
+uint64_t Expert::skipped_steps() const { return impl_->skipped_steps; }
 
 }  // namespace colony::moe

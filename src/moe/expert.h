@@ -48,7 +48,8 @@ class Expert {
   // x [batch, hidden] float32 -> [batch, hidden].
   at::Tensor Forward(const at::Tensor& x);
   // The gradient w.r.t. x of sum(Forward(x) * grad_y); computes the parameters' gradients,
-  // clips them (clip_grad_norm) and applies one optimizer step at the schedule's rate.
+  // clips them (clip_grad_norm) and applies one optimizer step at the schedule's rate (none,
+  // with a warning, when the gradients are not finite).
   at::Tensor Backward(const at::Tensor& x, const at::Tensor& grad_y);
 
   // ffn: w1 [ffn, hidden], b1 [ffn], w2 [hidden, ffn], b2 [hidden]; swiglu: w1 [ffn, hidden],
@@ -64,6 +65,8 @@ class Expert {
   Status Load(const std::string& path);
   int64_t hidden() const;
   uint64_t steps() const;
+  // Backward calls whose parameter gradients were not finite (overflow): no step was taken.
+  uint64_t skipped_steps() const;
 
  private:
   struct Impl;

@@ -27,18 +27,21 @@ at::Tensor Saturated16(const at::Tensor& x, at::ScalarType type, float largest) 
 at::Tensor Blockwise8(const at::Tensor& x, int64_t bs) {
   const int64_t n = x.numel();
   const int64_t blocks = (n + bs - 1) / bs;
-  const at::Tensor padded = at::constant_pad_nd(x, {0, blocks * bs - n}, 0).view({blocks, bs});
-  const at::Tensor zero = at::zeros({}, x.options());
-  const at::Tensor scale = at::where(at::isfinite(padded), padded.abs(), zero).amax(1);
-  const at::Tensor pre =
-      at::where(scale < 0x1p-60f, at::full({}, 0x1p64f, x.options()), at::ones({}, x.options()));
-  const at::Tensor inv = at::where(scale > 0, 127.0f / (scale * pre), zero);
-  const at::Tensor codes = at::nan_to_num((padded * pre.unsqueeze(1)) * inv.unsqueeze(1), 0.0)
-                               .clamp(-127.0, 127.0)
-                               .round()
-                               .to(at::kChar)
-                               .view(-1)
-                               .narrow(0, 0, n);
+  // In place where possible: at most two float copies of the values live at once.
+  const at::Tensor padded =
+      (n % bs == 0 ? x : at::constant_pad_nd(x, {0, blocks * bs - n}, 0)).view({blocks, bs});
+  at::Tensor scale;
+  {
+    at::Tensor finite_abs = padded.abs();
+    finite_abs.masked_fill_(at::isfinite(padded).logical_not_(), 0.0);
+    scale = finite_abs.amax(1);
+  }
+  const at::Tensor tiny = scale < 0x1p-60f;
+  const at::Tensor pre = at::ones_like(scale).masked_fill_(tiny, 0x1p64f);
+  const at::Tensor inv = (127.0f / (scale * pre)).masked_fill_(scale <= 0, 0.0);
+  at::Tensor u = padded * pre.unsqueeze(1);
+  u.mul_(inv.unsqueeze(1)).nan_to_num_(0.0).clamp_(-127.0, 127.0).round_();
+  const at::Tensor codes = u.to(at::kChar).view(-1).narrow(0, 0, n);
   return at::cat({scale.view(at::kByte), codes.view(at::kByte)});
 }
 
@@ -64,20 +67,28 @@ Result<std::shared_ptr<Bytes>> EncodeOnDevice(const at::Tensor& values, Codec co
   COLONY_RETURN_IF_ERROR(
       compression::AppendHeader(codec, static_cast<size_t>(values.numel()), options, *out));
   at::NoGradGuard no_grad;
-  const at::Tensor x = values.detach().to(at::kFloat).contiguous().view(-1);
-  at::Tensor payload;
-  switch (codec) {
-    case Codec::kFloat16:
-      payload = Saturated16(x, at::kHalf, 65504.0f);
-      break;
-    case Codec::kBFloat16:
-      payload = Saturated16(x, at::kBFloat16, std::bit_cast<float>(0x7f7f0000u));
-      break;
-    default:
-      payload = Blockwise8(x, options.block_size);
-      break;
+  at::Tensor host;
+  try {
+    const at::Tensor x = values.detach().to(at::kFloat).contiguous().view(-1);
+    at::Tensor payload;
+    switch (codec) {
+      case Codec::kFloat16:
+        payload = Saturated16(x, at::kHalf, 65504.0f);
+        break;
+      case Codec::kBFloat16:
+        payload = Saturated16(x, at::kBFloat16, std::bit_cast<float>(0x7f7f0000u));
+        break;
+      default:
+        payload = Blockwise8(x, options.block_size);
+        break;
+    }
+    host = payload.to(at::kCPU).contiguous();
+  } catch (const c10::Error& e) {
+    // Out of device memory, most likely: an error for this frame, not a crash.
+    return ResourceExhausted(fmt::format("encoding a tensor of {} values as {} on {}: {}",
+                                         values.numel(), compression::CodecName(codec),
+                                         values.device().str(), e.what_without_backtrace()));
   }
-  const at::Tensor host = payload.to(at::kCPU).contiguous();
   const size_t at = out->size();
   out->resize(at + static_cast<size_t>(host.numel()));
   if (host.numel() > 0) std::memcpy(out->data() + at, host.data_ptr<uint8_t>(), host.numel());

@@ -6,9 +6,10 @@
 //
 // The bytes are compression::Encode's for the same values (its header, then its payload in its
 // layout, rounding and saturation), so any decoder reads them: the tests compare the two byte
-// for byte on the CPU, and on a GPU where one is present. Only a NaN's payload bits may differ
-// in fp16 and bf16 (it decodes to a NaN either way). ToFrame uses it for GPU tensors of at least
-// kDeviceEncodeMinElements values; below that a kernel launch costs more than the host's work.
+// for byte on the CPU, and on a GPU where one is present. Only a NaN's bits (sign and payload)
+// may differ in fp16 and bf16 (it decodes to a NaN either way). ToFrame uses it for GPU tensors of
+// at least kDeviceEncodeMinElements values; below that a kernel launch costs more than the host's
+// work.
 #pragma once
 
 #include <ATen/Tensor.h>

@@ -114,18 +114,18 @@ Result<Tuning> BlockServer::Impl::ReadTuning(const std::vector<net::TensorFrame>
 }
 
 // A trainable server's pass: the forward, or the backward that also leaves the blocks'
-// parameter gradients in their .grad (BlockTraining::Run takes them).
+// parameter gradients in their .grad (BlockTraining::Run takes them). The result stays on the
+// server's device (the reply is encoded from there).
 Result<std::vector<at::Tensor>> BlockServer::Impl::TrainingPass(int64_t start, int64_t end,
                                                                 const at::Tensor& x,
-                                                                const at::Tensor& grad_out,
-                                                                at::ScalarType client_dtype) {
+                                                                const at::Tensor& grad_out) {
   const bool backward = grad_out.defined();
   at::AutoGradMode grad_mode(backward);
   at::Tensor xin = x.to(device_, dtype_).detach().requires_grad_(backward);
   at::Tensor out = RunBlocks(start, end, xin, 0, nullptr, {});
-  if (!backward) return std::vector<at::Tensor>{out.to(at::kCPU, client_dtype)};
+  if (!backward) return std::vector<at::Tensor>{out.detach()};
   out.backward(grad_out.to(out.device(), out.scalar_type()));
-  return std::vector<at::Tensor>{xin.grad().to(at::kCPU, client_dtype)};
+  return std::vector<at::Tensor>{xin.grad()};
 }
 
 asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m, bool backward) {
@@ -161,8 +161,8 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
   auto self = shared_from_this();
   const int64_t epoch = req->epoch;
   // Named first: g++ 12 mishandles temporaries (lambdas) inside co_await expressions.
-  auto work = [self, start, end, x = *x, grad_out, backward, client_dtype, epoch,
-               tuning = std::move(*tuning), spec]() -> Result<std::vector<at::Tensor>> {
+  auto compute = [self, start, end, x = *x, grad_out, backward, epoch, tuning = std::move(*tuning),
+                  spec]() -> Result<std::vector<at::Tensor>> {
     const bool finite = at::isfinite(x).all().item<bool>() &&
                         (!grad_out.defined() || at::isfinite(grad_out).all().item<bool>()) &&
                         AllFinite(tuning);
@@ -171,7 +171,7 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
     if (self->training_) {
       Result<std::vector<at::Tensor>> out = std::vector<at::Tensor>{};
       Status st = self->training_->Run(epoch, x.size(0), backward, [&]() -> Status {
-        out = self->TrainingPass(start, end, x, grad_out, client_dtype);
+        out = self->TrainingPass(start, end, x, grad_out);
         return out.status();
       });
       if (!st.ok()) return st;
@@ -191,7 +191,7 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
     const std::vector<model::BlockAdapters> adapters = MakeAdapters(lin, end - start, spec);
     at::Tensor out =
         self->RunBlocks(start, end, xin, 0, nullptr, pin, adapters.empty() ? nullptr : &adapters);
-    if (!backward) return std::vector<at::Tensor>{out.to(at::kCPU, client_dtype)};
+    if (!backward) return std::vector<at::Tensor>{out};
     std::vector<at::Tensor> inputs{xin};
     if (pin.defined()) inputs.push_back(pin);
     for (const auto& t : lin) inputs.push_back(t);
@@ -201,27 +201,37 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
                                        /*allow_unused=*/true);
     std::vector<at::Tensor> res;
     for (size_t i = 0; i < grads.size(); ++i) {
-      at::Tensor g = grads[i].defined() ? grads[i] : at::zeros_like(inputs[i]);
-      res.push_back(g.to(at::kCPU, client_dtype));
+      res.push_back(grads[i].defined() ? grads[i] : at::zeros_like(inputs[i]));
     }
     return res;
   };
-  auto result = co_await runtime::RunOnPool<std::vector<at::Tensor>>(
+  // The hidden states (or their gradient) in the client's codec, prompt and adapter gradients
+  // raw, all in the client's dtype; encoded in the compute task, off the network threads (a GPU
+  // server's in a codec that allows it on the GPU: runtime/device_codec.h).
+  const compression::Codec codec = req->boundary_codec;
+  auto work = [compute = std::move(compute), codec,
+               client_dtype]() -> Result<std::vector<net::TensorFrame>> {
+    auto tensors = compute();
+    if (!tensors.ok()) return tensors.status();
+    std::vector<net::TensorFrame> frames;
+    for (size_t i = 0; i < tensors->size(); ++i) {
+      const at::Tensor t = (*tensors)[i].to(client_dtype);
+      auto f = runtime::ToFrame(t, i == 0 ? codec : compression::Codec::kNone,
+                                {.block_size = kBoundaryBlockSize, .max_threads = 1});
+      if (!f.ok()) return f.status();
+      frames.push_back(std::move(*f));
+    }
+    return frames;
+  };
+  auto result = co_await runtime::RunOnPool<std::vector<net::TensorFrame>>(
       pool_, runtime::kPriorityTraining, std::move(work));
   if (!result.ok()) co_return result.status();
   {
     std::lock_guard lock(mu_);
     ++(backward ? backwards_ : forwards_);
   }
-  // The hidden states (or their gradient) in the client's codec; prompt and adapter gradients raw.
   net::Message reply;
-  const compression::Codec codec = req->boundary_codec;
-  for (size_t i = 0; i < result->size(); ++i) {
-    auto f = runtime::ToFrame((*result)[i], i == 0 ? codec : compression::Codec::kNone,
-                              {.block_size = kBoundaryBlockSize, .max_threads = 1});
-    if (!f.ok()) co_return f.status();
-    reply.tensors.push_back(std::move(*f));
-  }
+  reply.tensors = std::move(*result);
   co_return reply;
 }
 

@@ -144,8 +144,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
                             int64_t max_prompt) const;
   asio::awaitable<Result<net::Message>> Forward(net::Message m, bool backward);
   Result<std::vector<at::Tensor>> TrainingPass(int64_t start, int64_t end, const at::Tensor& x,
-                                               const at::Tensor& grad_out,
-                                               at::ScalarType client_dtype);
+                                               const at::Tensor& grad_out);
 
   // ---- server_sessions.cpp
   asio::awaitable<Result<net::Message>> Push(const PeerId& from, net::Message m);

@@ -576,7 +576,7 @@ TEST(Llama, KVCacheAppendsInPlaceAndCopiesAreValues) {
   at::manual_seed(5);
   const auto piece = [](int64_t b, int64_t t) { return at::randn({b, 2, t, 4}); };
   KVCache cache;
-  std::vector<at::Tensor> ks, vs;
+  std::vector<at::Tensor> ks, vs, alive;  // alive: no storage is freed, so none reuses an address
   std::set<const void*> storages;
   for (int i = 0; i < 100; ++i) {
     const int64_t t = i % 7 == 0 ? 3 : 1;
@@ -586,6 +586,7 @@ TEST(Llama, KVCacheAppendsInPlaceAndCopiesAreValues) {
     ASSERT_TRUE(at::equal(cache.k, at::cat(ks, 2))) << "append " << i;
     ASSERT_TRUE(at::equal(cache.v, at::cat(vs, 2))) << "append " << i;
     storages.insert(cache.k.storage().data());
+    alive.push_back(cache.k);
   }
   EXPECT_EQ(cache.length, at::cat(ks, 2).size(2));
   EXPECT_LE(storages.size(), 9u);  // doubling: about log2(128) storages, not one per append
@@ -597,6 +598,7 @@ TEST(Llama, KVCacheAppendsInPlaceAndCopiesAreValues) {
   for (int i = 0; i < 50; ++i) {
     reserved.Append(piece(1, 1), piece(1, 1));
     storages.insert(reserved.k.storage().data());
+    alive.push_back(reserved.k);
   }
   EXPECT_EQ(storages.size(), 1u);
   EXPECT_EQ(reserved.capacity(), 50);
@@ -615,6 +617,13 @@ TEST(Llama, KVCacheAppendsInPlaceAndCopiesAreValues) {
   b.Reorder(at::tensor(std::vector<int64_t>{1, 1}));
   EXPECT_TRUE(at::equal(b.k, a_k.index_select(0, at::tensor(std::vector<int64_t>{1, 1}))));
   EXPECT_TRUE(at::equal(a.k, a_after));
+  // A copy that reorders in place (same batch) leaves the cache it was copied from.
+  KVCache c = a;
+  c.Reorder(at::tensor(std::vector<int64_t>{1, 0}));
+  EXPECT_TRUE(at::equal(a.k, a_after));
+  EXPECT_TRUE(at::equal(c.k, a_after.index_select(0, at::tensor(std::vector<int64_t>{1, 0}))));
+  // Appending a batch of another size is refused, not broadcast into the cache.
+  EXPECT_THROW(a.Append(piece(1, 1), piece(1, 1)), c10::Error);
   // Reordering into another batch size keeps the positions.
   b.Reorder(at::tensor(std::vector<int64_t>{0}));
   EXPECT_EQ(b.k.sizes().vec(), (std::vector<int64_t>{1, 2, 4, 4}));
@@ -643,7 +652,7 @@ TEST(Llama, CachedStepsAreDifferentiable) {
 
 TEST(Llama, GroupedQueryAttentionEqualsRepeatedHeads) {
   LlamaConfig gqa = TinyConfig();
-  gqa.num_kv_heads = 1;  // 4 query heads share one kv head
+  gqa.num_kv_heads = 2;  // query heads 0, 1 read kv head 0; 2, 3 read kv head 1
   LlamaConfig mha = gqa;
   mha.num_kv_heads = 4;
   at::manual_seed(4);
@@ -651,7 +660,8 @@ TEST(Llama, GroupedQueryAttentionEqualsRepeatedHeads) {
   LlamaModel b(mha);
   torch::NoGradGuard no_grad;
   const int64_t hd = gqa.head_dim(), h = gqa.hidden_size;
-  EXPECT_EQ(a->block(0)->self_attn->k_proj->weight.sizes().vec(), (std::vector<int64_t>{hd, h}));
+  EXPECT_EQ(a->block(0)->self_attn->k_proj->weight.sizes().vec(),
+            (std::vector<int64_t>{gqa.num_kv_heads * hd, h}));
   // Copy a into b, repeating each kv head for the query heads that read it.
   auto pa = a->NamedParametersHF(), pb = b->NamedParametersHF();
   ASSERT_EQ(pa.size(), pb.size());
@@ -659,12 +669,18 @@ TEST(Llama, GroupedQueryAttentionEqualsRepeatedHeads) {
     ASSERT_EQ(pa[i].first, pb[i].first);
     auto src = pa[i].second;
     if (src.sizes() != pb[i].second.sizes()) {
-      src = src.view({gqa.num_kv_heads, hd, h}).repeat_interleave(4, 0).reshape({-1, h});
+      src = src.view({gqa.num_kv_heads, hd, h}).repeat_interleave(2, 0).reshape({-1, h});
     }
     pb[i].second.copy_(src);
   }
   auto tokens = RandomTokens(2, 9, 64);
-  EXPECT_TRUE(at::allclose(a->forward(tokens), b->forward(tokens), 0, 1e-5));
+  const at::Tensor reference = b->forward(tokens);
+  EXPECT_TRUE(at::allclose(a->forward(tokens), reference, 0, 1e-5));
+  // Also decoding through a cache, several tokens a step.
+  std::vector<KVCache> caches;
+  const at::Tensor first = a->ForwardWithCache(tokens.narrow(1, 0, 5), caches);
+  const at::Tensor second = a->ForwardWithCache(tokens.narrow(1, 5, 4), caches);
+  EXPECT_TRUE(at::allclose(at::cat({first, second}, 1), reference, 0, 1e-5));
 }
 
 TEST(Llama, TiedAndUntiedNames) {

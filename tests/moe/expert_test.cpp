@@ -124,6 +124,20 @@ TEST(ExpertTraining, ARestoredExpertGoesOnWithItsScheduleWhereItWas) {
   }
 }
 
+// Finite inputs can still overflow an expert's gradients; a step would then make its weights
+// NaN for everyone. It is skipped instead, and counted.
+TEST(ExpertTraining, AStepWhoseGradientsOverflowIsSkipped) {
+  auto e = Expert::Create({.hidden = 4, .optimizer = "sgd", .lr = 0.1, .seed = 2});
+  ASSERT_TRUE(e.ok());
+  std::vector<at::Tensor> big = Detached((*e)->parameters());
+  big[0].fill_(1e19f);  // hidden activations of 4e19, times an output gradient of 1e20
+  ASSERT_TRUE((*e)->SetWeights(big).ok());
+  (*e)->Backward(at::ones({1, 4}), at::full({1, 4}, 1e20f));
+  EXPECT_EQ((*e)->steps(), 0u);
+  EXPECT_EQ((*e)->skipped_steps(), 1u);
+  for (size_t i = 0; i < big.size(); ++i) EXPECT_TRUE(at::equal((*e)->parameters()[i], big[i]));
+}
+
 TEST(ExpertTraining, BadSchedulesClippingNormsAndStepCountsAreRefused) {
   const auto refused = [](ExpertOptions o, const std::string& says) {
     o.hidden = kHidden;
