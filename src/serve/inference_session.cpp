@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "runtime/tensor_io.h"
 #include "serve/client_internal.h"
+#include "serve/step_history.h"
 
 namespace colony::serve {
 
@@ -19,8 +20,8 @@ struct InferenceSession::Link {
   Multiaddr address;
   std::string session_id = RandomId();
   std::shared_ptr<net::Stream> stream;
-  at::Tensor history;  // every input this span's cache holds, [B, length, H]
-  at::Tensor prompts;  // this span's deep prompts, rows in the order of the cached rows
+  StepHistory history;  // every input this span's cache holds, [B, length, H]
+  at::Tensor prompts;   // this span's deep prompts, rows in the order of the cached rows
 };
 
 InferenceSession::InferenceSession(std::shared_ptr<SequenceManager> manager, int64_t start,
@@ -145,6 +146,7 @@ Status InferenceSession::OpenChain(int64_t start, int64_t end, std::vector<Link>
     auto addr = AddressOf(route[i].server);
     if (addr.ok()) links[i].address = *addr;
     links[i].prompts = PromptsOf(options_.prompts, start_, route[i]);
+    links[i].history = StepHistory(options_.max_length);
   }
   // Open back to front so that each OpenSession can name its successor's session.
   for (size_t i = links.size(); i-- > 0;) {
@@ -224,20 +226,6 @@ Result<at::Tensor> InferenceSession::ReadResult(Link& link, uint64_t step_id,
   return ProtocolError("the server sent too many results for old steps");
 }
 
-namespace {
-
-// The inputs a server's cache holds after a step: roll back to `position`, reorder rows by
-// hypo_ids, append x (the same order the server applies them).
-at::Tensor AdvanceHistory(const at::Tensor& history, int64_t position, const at::Tensor& hypo_ids,
-                          const at::Tensor& x) {
-  if (!history.defined() || position == 0) return x.clone();
-  at::Tensor h = history.narrow(1, 0, position);
-  if (hypo_ids.defined()) h = h.index_select(0, hypo_ids.to(at::kLong));
-  return at::cat({h, x}, 1);
-}
-
-}  // namespace
-
 Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Tensor& hypo_ids,
                                           int64_t position) {
   if (closed_) return FailedPrecondition("the inference session is closed");
@@ -294,7 +282,8 @@ Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Te
       continue;
     }
     manager_->ReportSuccess(chain_[k].span.server.peer);
-    chain_[k].history = AdvanceHistory(chain_[k].history, position, hypo, x);
+    // The inputs the server's cache now holds, in the order it applied them.
+    chain_[k].history.Advance(position, hypo, x);
     // Per-row prompts moved with their rows on the server.
     if (hypo.defined() && chain_[k].prompts.defined() && chain_[k].prompts.size(1) > 1) {
       chain_[k].prompts = chain_[k].prompts.index_select(1, hypo);
@@ -316,7 +305,7 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
       "inference: server {} (blocks [{}, {})) failed: {}; replaying {} tokens to a "
       "replacement",
       old.span.server.peer.ToString(), old.span.start, old.span.end, why.ToString(),
-      old.history.defined() ? old.history.size(1) : 0);
+      old.history.length());
   const int max_attempts = manager_->options().max_attempts;
   Status last = why;
   for (int attempt = 1; attempt <= max_attempts; ++attempt) {
@@ -333,6 +322,7 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
       if (addr.ok()) links[i].address = *addr;
       // The replacements continue with the old server's prompts (in its current row order).
       links[i].prompts = PromptsOf(old.prompts, old.span.start, (*route)[i]);
+      links[i].history = StepHistory(options_.max_length);
     }
     const Link* after = k + 1 < chain_.size() ? &chain_[k + 1] : nullptr;
     bool failed = false;
@@ -346,7 +336,7 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
       }
     }
     // Rebuild the replacements' caches: the old server's inputs, chained through them.
-    at::Tensor h = old.history;
+    at::Tensor h = old.history.tensor();
     for (size_t i = 0; i < links.size() && !failed; ++i) {
       if (!h.defined() || h.size(1) == 0) break;
       // The replay is pushed only within the replacements: the server after them already holds
@@ -362,7 +352,7 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
         failed = true;
         break;
       }
-      links[i].history = h;
+      links[i].history.Assign(h);
       stats_.replayed_tokens += h.size(1);
       h = *out;
     }
