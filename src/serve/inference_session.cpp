@@ -354,7 +354,10 @@ Status InferenceSession::Recover(size_t k, const Status& why) {
       }
       links[i].history.Assign(h);
       stats_.replayed_tokens += h.size(1);
-      h = *out;
+      // In the history's dtype, as Step passes each server's output on (a reply in a codec
+      // decodes to float32): the next server gets what it got before, and its history appends in
+      // place.
+      h = out->to(h.scalar_type());
     }
     if (failed) {
       for (auto& l : links) {

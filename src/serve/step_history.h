@@ -4,9 +4,10 @@
 // A step rolls the history back to its position, reorders its rows by the step's hypo_ids (beam
 // search) and appends the step's tokens, as the server does to its cache. The tokens are copied
 // into storage with room for more (doubled when full, never past the session's max_length), so
-// a decoding step copies its own tokens instead of the whole history: concatenating anew at
-// every step (what Petals' client does) costs O(length) per step, e.g. 64 MiB per server and
-// token for a 2048-token float32 history of hidden size 8192.
+// a greedy or sampling step copies its own tokens instead of the whole history: concatenating
+// anew at every step (what Petals' client does) costs O(length) per step, e.g. 64 MiB per
+// server and token for a 2048-token float32 history of hidden size 8192. A beam search step's
+// reorder still copies the history's rows once (as the servers' caches copy theirs).
 //
 //   StepHistory h(/*max_length=*/128);
 //   h.Advance(/*position=*/0, /*hypo_ids=*/{}, prompt_hidden);  // [B, T, H]
@@ -17,6 +18,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace colony::serve {
 
@@ -27,8 +29,16 @@ class StepHistory {
   // One owner per storage: a copy appending in place would overwrite the other's positions.
   StepHistory(const StepHistory&) = delete;
   StepHistory& operator=(const StepHistory&) = delete;
-  StepHistory(StepHistory&&) = default;
-  StepHistory& operator=(StepHistory&&) = default;
+  // A moved-from history is empty.
+  StepHistory(StepHistory&& other) noexcept { *this = std::move(other); }
+  StepHistory& operator=(StepHistory&& other) noexcept {
+    max_length_ = other.max_length_;
+    room_ = std::move(other.room_);
+    other.room_.reset();
+    length_ = std::exchange(other.length_, 0);
+    owned_ = std::exchange(other.owned_, false);
+    return *this;
+  }
 
   // Keeps positions [0, position) (position <= length()), then rows hypo_ids ([B] int64, may be
   // undefined) in that order, then appends x [B, T, H]. Position 0 starts afresh. An x of another

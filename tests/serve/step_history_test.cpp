@@ -24,7 +24,8 @@ at::Tensor Reference(const at::Tensor& history, int64_t position, const at::Tens
 TEST(StepHistory, RandomStepsEqualConcatenation) {
   constexpr int64_t kBatch = 3, kHidden = 5;
   std::mt19937 rng(7);
-  for (int64_t max_length : {0, 300}) {
+  // Unbounded, and capped at a max_length the history reaches often (restarts when full).
+  for (int64_t max_length : {0, 24}) {
     StepHistory history(max_length);
     at::Tensor expected;
     int64_t reorders = 0;
@@ -52,6 +53,9 @@ TEST(StepHistory, RandomStepsEqualConcatenation) {
       }
     }
     EXPECT_GT(reorders, 10);
+    if (max_length > 0) {
+      EXPECT_EQ(history.capacity(), max_length);
+    }
   }
 }
 
@@ -105,6 +109,41 @@ TEST(StepHistory, DoesNotAliasItsInputs) {
                         before_reorder.index_select(0, at::tensor({1, 0}, at::kLong))));
 }
 
+TEST(StepHistory, AssignedReplayIsExtendedAndReorderedWithoutBeingWritten) {
+  const at::Tensor hypo = at::tensor({2, 2, 0}, at::kLong);
+  for (const bool reorder : {false, true}) {
+    const at::Tensor replayed = at::randn({3, 5, 2});
+    const at::Tensor replayed_before = replayed.clone();
+    StepHistory history(64);
+    history.Assign(replayed);
+    at::Tensor expected = replayed_before;
+    for (int64_t t = 0; t < 20; ++t) {  // past the assigned positions, then past the doubling
+      const at::Tensor rows = reorder ? hypo : at::Tensor();
+      const at::Tensor x = at::randn({3, 1, 2});
+      expected = Reference(expected, expected.size(1), rows, x);
+      history.Advance(history.length(), rows, x);
+      ASSERT_TRUE(at::equal(history.tensor(), expected)) << "step " << t;
+    }
+    EXPECT_TRUE(at::equal(replayed, replayed_before));
+  }
+}
+
+TEST(StepHistory, FailedStepsLeaveTheHistoryAndMovesLeaveItEmpty) {
+  StepHistory history;
+  history.Advance(0, {}, at::randn({2, 3, 4}));
+  const at::Tensor kept = history.tensor().clone();
+  // A row index out of range fails in the reorder, before anything is replaced.
+  EXPECT_THROW(history.Advance(3, at::tensor({0, 7}, at::kLong), at::randn({2, 1, 4})), c10::Error);
+  EXPECT_TRUE(at::equal(history.tensor(), kept));
+  EXPECT_EQ(history.length(), 3);
+
+  StepHistory moved = std::move(history);
+  EXPECT_TRUE(at::equal(moved.tensor(), kept));
+  EXPECT_EQ(history.length(), 0);  // NOLINT(bugprone-use-after-move): what is checked
+  EXPECT_FALSE(history.tensor().defined());
+  EXPECT_EQ(history.capacity(), 0);
+}
+
 TEST(StepHistory, OtherShapesAndTypesBehaveAsConcatenation) {
   StepHistory history;
   history.Advance(0, {}, at::ones({2, 3, 4}));
@@ -112,6 +151,13 @@ TEST(StepHistory, OtherShapesAndTypesBehaveAsConcatenation) {
   history.Advance(3, {}, at::ones({2, 1, 4}, at::kDouble));
   EXPECT_EQ(history.tensor().scalar_type(), at::kDouble);
   EXPECT_EQ(history.length(), 4);
+  // The promoted history then appends in place (into the storage the concatenation made).
+  const void* storage = history.tensor().data_ptr();
+  history.Advance(2, {}, at::full({2, 2, 4}, 3.0, at::kDouble));
+  EXPECT_EQ(history.tensor().data_ptr(), storage);
+  EXPECT_TRUE(at::equal(
+      history.tensor(),
+      at::cat({at::ones({2, 2, 4}, at::kDouble), at::full({2, 2, 4}, 3.0, at::kDouble)}, 1)));
   // Another batch or hidden size fails as at::cat fails, and the history is unchanged.
   const at::Tensor kept = history.tensor().clone();
   EXPECT_THROW(history.Advance(4, {}, at::ones({3, 1, 4}, at::kDouble)), c10::Error);
