@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <bit>
-#include <cstring>
 
 namespace colony::runtime {
 
@@ -67,7 +66,6 @@ Result<std::shared_ptr<Bytes>> EncodeOnDevice(const at::Tensor& values, Codec co
   COLONY_RETURN_IF_ERROR(
       compression::AppendHeader(codec, static_cast<size_t>(values.numel()), options, *out));
   at::NoGradGuard no_grad;
-  at::Tensor host;
   try {
     const at::Tensor x = values.detach().to(at::kFloat).contiguous().view(-1);
     at::Tensor payload;
@@ -82,16 +80,19 @@ Result<std::shared_ptr<Bytes>> EncodeOnDevice(const at::Tensor& values, Codec co
         payload = Blockwise8(x, options.block_size);
         break;
     }
-    host = payload.to(at::kCPU).contiguous();
+    // Copied from the device straight into the frame's bytes, after the header.
+    const size_t offset = out->size();
+    out->resize(offset + static_cast<size_t>(payload.numel()));
+    if (payload.numel() > 0) {
+      at::from_blob(out->data() + offset, {payload.numel()}, at::TensorOptions().dtype(at::kByte))
+          .copy_(payload);
+    }
   } catch (const c10::Error& e) {
     // Out of device memory, most likely: an error for this frame, not a crash.
     return ResourceExhausted(fmt::format("encoding a tensor of {} values as {} on {}: {}",
                                          values.numel(), compression::CodecName(codec),
                                          values.device().str(), e.what_without_backtrace()));
   }
-  const size_t at = out->size();
-  out->resize(at + static_cast<size_t>(host.numel()));
-  if (host.numel() > 0) std::memcpy(out->data() + at, host.data_ptr<uint8_t>(), host.numel());
   return out;
 }
 
