@@ -66,7 +66,8 @@ Result<std::unique_ptr<Expert>> Expert::Create(const ExpertOptions& o) {
     return InvalidArgument(
         fmt::format("expert learning rate {} is not a non-negative number", o.lr));
   }
-  if (Status st = o.schedule.Check(); !st.ok()) return st.WithContext("expert learning rate");
+  if (Status st = o.schedule.Check({.warmup = "warmup steps", .total = "total steps"}); !st.ok())
+    return st.WithContext("expert learning rate");
   if (!std::isfinite(o.clip_grad_norm) || o.clip_grad_norm < 0) {
     return InvalidArgument(fmt::format(
         "expert gradient clipping norm {} is not a non-negative number", o.clip_grad_norm));

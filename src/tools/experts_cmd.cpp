@@ -79,12 +79,8 @@ Result<train::LrSchedule> ExpertSchedule(const ExpertsServeArgs& a) {
   if (!kind.ok()) return kind.status().WithContext("--lr-schedule");
   train::LrSchedule s{
       .kind = *kind, .warmup_epochs = a.warmup_steps, .total_epochs = a.total_steps};
-  if (s.kind != train::LrSchedule::Kind::kConstant && s.total_epochs <= s.warmup_epochs) {
-    return InvalidArgument(
-        fmt::format("--lr-schedule {} decays each expert's rate to 0 at --total-steps, which "
-                    "must be above --warmup-steps ({}); given {}",
-                    a.lr_schedule, a.warmup_steps, a.total_steps));
-  }
+  COLONY_RETURN_IF_ERROR(
+      s.Check({.kind = "--lr-schedule", .warmup = "--warmup-steps", .total = "--total-steps"}));
   return s;
 }
 

@@ -204,13 +204,10 @@ Result<train::TrainerOptions> ToOptions(const TrainFlags& f) {
   COLONY_ASSIGN_OR_RETURN(c.lr_schedule.kind, train::ParseLrScheduleKind(f.lr_schedule));
   c.lr_schedule.warmup_epochs = f.warmup_epochs;
   c.lr_schedule.total_epochs = f.lr_decay_epochs > 0 ? f.lr_decay_epochs : o.max_epochs;
-  if (c.lr_schedule.kind != train::LrSchedule::Kind::kConstant &&
-      c.lr_schedule.total_epochs <= c.lr_schedule.warmup_epochs) {
-    return InvalidArgument(fmt::format(
-        "--lr-schedule {} decays the rate to 0 at --lr-decay-epochs (default: --max-epochs), "
-        "which must be above --warmup-epochs ({}); given {}",
-        f.lr_schedule, f.warmup_epochs, c.lr_schedule.total_epochs));
-  }
+  COLONY_RETURN_IF_ERROR(
+      c.lr_schedule.Check({.kind = "--lr-schedule",
+                           .warmup = "--warmup-epochs",
+                           .total = f.lr_decay_epochs > 0 ? "--lr-decay-epochs" : "--max-epochs"}));
   c.matchmaking_time = SecondsToMillis(f.matchmaking_time);
   c.averaging_timeout = SecondsToMillis(f.averaging_timeout);
   c.load_state_timeout = SecondsToMillis(f.averaging_timeout);

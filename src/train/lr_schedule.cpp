@@ -22,16 +22,15 @@ double LrSchedule::Factor(int64_t epoch) const {
   return 0.5 * (1.0 + std::cos(std::numbers::pi * p));
 }
 
-Status LrSchedule::Check() const {
+Status LrSchedule::Check(const LrScheduleNames& names) const {
   if (warmup_epochs < 0) {
-    return InvalidArgument(fmt::format("warmup epochs must be >= 0, not {}", warmup_epochs));
+    return InvalidArgument(fmt::format("{} must be >= 0, not {}", names.warmup, warmup_epochs));
   }
   if (kind == Kind::kConstant) return Status::Ok();
   if (total_epochs <= warmup_epochs) {
     return InvalidArgument(fmt::format(
-        "a {} learning-rate schedule decays to 0 at its total epochs, which must be above the "
-        "warmup's {} (given {})",
-        LrScheduleKindName(kind), warmup_epochs, total_epochs));
+        "{} {} decays the rate to 0 at {} ({}), which must be above {} ({})", names.kind,
+        LrScheduleKindName(kind), names.total, total_epochs, names.warmup, warmup_epochs));
   }
   return Status::Ok();
 }

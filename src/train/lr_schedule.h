@@ -20,6 +20,15 @@
 
 namespace colony::train {
 
+// What an error of LrSchedule::Check calls the schedule's fields: a command passes its flags'
+// names (e.g. {"--lr-schedule", "--warmup-steps", "--total-steps"}), so that its users read the
+// flags they gave.
+struct LrScheduleNames {
+  std::string_view kind = "learning-rate schedule";
+  std::string_view warmup = "warmup epochs";
+  std::string_view total = "total epochs";
+};
+
 struct LrSchedule {
   enum class Kind { kConstant, kLinear, kCosine };
   Kind kind = Kind::kConstant;
@@ -36,8 +45,9 @@ struct LrSchedule {
   double Factor(int64_t epoch) const;
   // Whether the schedule changes the rate at all (kConstant without warmup does not).
   bool Active() const { return kind != Kind::kConstant || warmup_epochs > 0; }
-  // An error naming the field: negative epochs, or a decaying schedule whose T is not above W.
-  Status Check() const;
+  // An error naming the field (as `names` calls it): negative epochs, or a decaying schedule
+  // whose T is not above W.
+  Status Check(const LrScheduleNames& names = {}) const;
 };
 
 // "constant", "linear" or "cosine"; anything else is an error that lists them.

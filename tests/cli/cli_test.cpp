@@ -309,8 +309,12 @@ TEST_F(CliTest, TrainRefusesOptionsOfAnotherTaskAndMalformedGrids) {
       // A decaying schedule needs its end (by default --max-epochs) beyond the warmup.
       {{"train", "--task", "fashion-mnist", "--lr-schedule", "cosine", "--warmup-epochs", "5",
         "--max-epochs", "5"},
-       "--lr-schedule cosine decays the rate to 0 at --lr-decay-epochs (default: --max-epochs), "
-       "which must be above --warmup-epochs (5); given 5"},
+       "--lr-schedule cosine decays the rate to 0 at --max-epochs (5), which must be above "
+       "--warmup-epochs (5)"},
+      {{"train", "--task", "fashion-mnist", "--lr-schedule", "linear", "--warmup-epochs", "5",
+        "--lr-decay-epochs", "3"},
+       "--lr-schedule linear decays the rate to 0 at --lr-decay-epochs (3), which must be above "
+       "--warmup-epochs (5)"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c.args));
@@ -326,8 +330,8 @@ TEST_F(CliTest, ExpertsServeRefusesAScheduleThatEndsBeforeItsWarmup) {
   RunResult r = Run({"experts", "serve", "--expert-ids", "ffn.0.0", "--hidden-dim", "8",
                      "--lr-schedule", "linear", "--warmup-steps", "5", "--total-steps", "5"});
   EXPECT_NE(r.code, 0) << r.Describe();
-  ExpectOneErrorLine(r.err, {"--lr-schedule linear decays each expert's rate to 0 at "
-                             "--total-steps, which must be above --warmup-steps (5); given 5"});
+  ExpectOneErrorLine(r.err, {"--lr-schedule linear decays the rate to 0 at --total-steps (5), "
+                             "which must be above --warmup-steps (5)"});
 }
 
 // --- identity --------------------------------------------------------------------------------

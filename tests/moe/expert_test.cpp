@@ -145,11 +145,11 @@ TEST(ExpertTraining, BadSchedulesClippingNormsAndStepCountsAreRefused) {
     ASSERT_FALSE(e.ok());
     EXPECT_NE(e.status().message().find(says), std::string::npos) << e.status().ToString();
   };
-  refused({.schedule = {.warmup_epochs = -1}}, "warmup epochs must be >= 0");
+  refused({.schedule = {.warmup_epochs = -1}}, "warmup steps must be >= 0");
   refused({.schedule = {.kind = train::LrSchedule::Kind::kCosine,
                         .warmup_epochs = 4,
                         .total_epochs = 4}},
-          "must be above the warmup's 4");
+          "decays the rate to 0 at total steps (4), which must be above warmup steps (4)");
   refused({.clip_grad_norm = -1}, "clipping norm -1");
   refused({.clip_grad_norm = std::nan("")}, "clipping norm nan");
   // A checkpoint whose step count is negative is not read (the check comes before the

@@ -34,8 +34,16 @@ TEST(LrSchedule, ConstantWithWarmupOnlyWarmsUp) {
 TEST(LrSchedule, BadSchedulesAreErrorsThatNameWhatIsWrong) {
   EXPECT_TRUE(LrSchedule{}.Check().ok());
   auto st = LrSchedule{.kind = LrSchedule::Kind::kLinear, .total_epochs = 0}.Check();
-  EXPECT_NE(st.message().find("a linear learning-rate schedule"), std::string::npos)
+  EXPECT_NE(st.message().find("learning-rate schedule linear decays the rate to 0 at total "
+                              "epochs (0), which must be above warmup epochs (0)"),
+            std::string::npos)
       << st.ToString();
+  // A command's flags name the fields.
+  st = LrSchedule{.kind = LrSchedule::Kind::kCosine, .warmup_epochs = 3, .total_epochs = 2}.Check(
+      {.kind = "--sched", .warmup = "--warm", .total = "--end"});
+  EXPECT_EQ(st.message(),
+            "--sched cosine decays the rate to 0 at --end (2), which must be above "
+            "--warm (3)");
   st = LrSchedule{.warmup_epochs = -1}.Check();
   EXPECT_NE(st.message().find("warmup epochs must be >= 0"), std::string::npos) << st.ToString();
   auto kind = ParseLrScheduleKind("exponential");
