@@ -498,9 +498,10 @@ Result<std::unique_ptr<CollaborativeOptimizer>> CollaborativeOptimizer::Create(
   if (options.diloco_inner_steps > 0 && options.local_updates) {
     return InvalidArgument("DiLoCo and local_updates are exclusive (DiLoCo already steps locally)");
   }
-  if (Status st = options.lr_schedule.Check(); !st.ok()) {
-    return InvalidArgument("the learning-rate schedule: " + st.message());
-  }
+  // Named as the options' fields.
+  COLONY_RETURN_IF_ERROR(options.lr_schedule.Check({.kind = "lr_schedule",
+                                                    .warmup = "lr_schedule.warmup_epochs",
+                                                    .total = "lr_schedule.total_epochs"}));
   if (options.mode == averaging::Mode::kAux &&
       (options.diloco_inner_steps > 0 || options.local_updates || options.delay_grad_averaging)) {
     return InvalidArgument(

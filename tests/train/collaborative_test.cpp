@@ -311,7 +311,10 @@ TEST(CollaborativeTest, ADecayingScheduleNeedsEpochsBeyondItsWarmup) {
        .lr_schedule = {
            .kind = LrSchedule::Kind::kCosine, .warmup_epochs = 10, .total_epochs = 10}});
   ASSERT_FALSE(co.ok());
-  EXPECT_NE(co.status().message().find("above the warmup's 10"), std::string::npos)
+  EXPECT_NE(co.status().message().find("lr_schedule cosine decays the rate to 0 at "
+                                       "lr_schedule.total_epochs (10), which must be above "
+                                       "lr_schedule.warmup_epochs (10)"),
+            std::string::npos)
       << co.status().ToString();
 }
 
