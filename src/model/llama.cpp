@@ -164,6 +164,9 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, int64_t positi
 
   int64_t past = 0;
   if (cache != nullptr) {
+    // The keys appended below are rotated for position_offset: they must land there.
+    TORCH_CHECK(cache->length == position_offset, "attention at position ", position_offset,
+                " with a KV cache of ", cache->length, " positions");
     past = cache->length;
     cache->Append(k, v);
     k = cache->k;

@@ -1,5 +1,7 @@
 #include "runtime/task_pool.h"
 
+#include <algorithm>
+
 namespace colony::runtime {
 
 TaskPool::TaskPool(TaskPoolOptions options) : options_(std::move(options)) {
@@ -12,7 +14,11 @@ TaskPool::~TaskPool() { Shutdown(); }
 bool TaskPool::Submit(int priority, Task task) {
   {
     std::lock_guard lock(mu_);
-    if (stop_ || queued_ >= options_.max_queued) return false;
+    const size_t limit =
+        priority <= kPriorityInference
+            ? options_.max_queued
+            : options_.max_queued - std::min(options_.reserved_urgent, options_.max_queued);
+    if (stop_ || queued_ >= limit) return false;
     queue_[priority].push_back(std::move(task));
     ++queued_;
   }

@@ -10,7 +10,9 @@
 //
 // Lower priority values run first; equal priorities run in submission order. A full queue
 // refuses work at once (ResourceExhausted) instead of growing: a client flooding a server
-// cannot exhaust its memory or threads. Tasks still queued at Shutdown() complete with Closed.
+// cannot exhaust its memory or threads. Slots reserved for urgent work (priority <=
+// kPriorityInference) stay free of bulk work, so that a flood of bulk requests cannot get an
+// inference step refused. Tasks still queued at Shutdown() complete with Closed.
 #pragma once
 
 #include <asio/associated_executor.hpp>
@@ -39,6 +41,8 @@ struct TaskPoolOptions {
   size_t threads = 1;
   // Queued (not yet running) tasks beyond which Submit() refuses work.
   size_t max_queued = 1024;
+  // Of max_queued, the slots only urgent tasks (priority <= kPriorityInference) may take.
+  size_t reserved_urgent = 0;
   // Called on each compute thread before it takes work (e.g. to set LibTorch's thread count).
   std::function<void()> thread_init = {};
 };

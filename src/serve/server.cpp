@@ -22,8 +22,11 @@ std::string Hex(std::string_view bytes) {
 BlockServer::Impl::Impl(dht::Node& node, ServerOptions options)
     : node_(node),
       options_(std::move(options)),
+      // Each session has at most one step queued: its slots are kept from forward and backward
+      // requests, which a client could otherwise queue until every session's step is refused.
       pool_({.threads = 1,
-             .max_queued = options_.max_queued_tasks,
+             .max_queued = options_.max_queued_tasks + options_.max_sessions,
+             .reserved_urgent = options_.max_sessions,
              .thread_init = [t = options_.torch_threads] {
                if (t > 0) at::set_num_threads(t);
              }}) {}

@@ -81,6 +81,8 @@ struct ServerOptions {
   bool limit_loopback_addresses = false;
   // Elements (batch x tokens x hidden) per forward/backward request.
   int64_t max_request_elements = int64_t{1} << 24;
+  // Forward and backward tasks waiting for the compute thread (beyond: refused at once). The
+  // sessions' steps have max_sessions slots of their own.
   size_t max_queued_tasks = 256;
   int torch_threads = 0;  // 0: LibTorch's default
   std::chrono::milliseconds announce_period{5'000};

@@ -16,6 +16,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/experimental/concurrent_channel.hpp>
 #include <asio/steady_timer.hpp>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -57,6 +58,16 @@ struct Session {
   std::vector<model::KVCache> caches;
   int64_t length = 0;
   uint64_t last_step = 0;
+  // The highest step id the client itself sent: a push may run at most the step after it (the
+  // client's ids go up by 2), so that a push cannot claim a step id ahead of the client's and
+  // get the client's own steps dropped as duplicates.
+  uint64_t client_step = 0;
+  // Set (on the compute thread) while a step changes the caches and prompts: a step that fails
+  // with it set leaves them changed, so the session ends even when the step came by push.
+  bool dirty = false;
+  // Whether a push to `next` is in flight: at most one is, a later step's push is dropped then
+  // (the client's own copy of the step follows anyway).
+  std::shared_ptr<std::atomic<bool>> pushing = std::make_shared<std::atomic<bool>>(false);
   PushTarget next;        // set by the client (open or any step); empty: no push
   std::string client_ip;  // where the client's session stream comes from (push targets' rule)
   // What the per-address caps count the session under ("": exempt).
@@ -151,14 +162,18 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   // A push target a client at `client_ip` may name: a /p2p/ address this server may dial for it
   // (net/dial_targets.h: no loopback or private address for a client on the Internet).
   static Status CheckPushTarget(const PushTarget& target, const std::string& client_ip);
-  // Whether a step's tensors fit the session (Session::max_step_bytes).
-  static Status CheckStepSize(const Session& s, const std::vector<net::TensorFrame>& tensors);
+  // Whether a step message fits the session: its tensors within Session::max_step_bytes, at
+  // most two of them, and metadata within kMaxStepMetaBytes (the frames keep the whole received
+  // message alive while the step waits in the session's queue).
+  static Status CheckStepSize(const Session& s, const net::Message& m);
   // Reserves `bytes` of the cache budget for a session from `source` (waiting up to
   // alloc_timeout for room, within the server's and the address's share).
   asio::awaitable<Status> ReserveCache(net::CallContext& ctx, const std::string& source,
                                        int64_t bytes);
+  // Sends a step's output to the next server; clears `pushing` when done.
   static asio::awaitable<void> SendPush(std::shared_ptr<Impl> self, Multiaddr addr,
-                                        net::Message message);
+                                        net::Message message,
+                                        std::shared_ptr<std::atomic<bool>> pushing);
   static asio::awaitable<void> ReadSteps(std::shared_ptr<net::Stream> stream,
                                          std::shared_ptr<Session> s);
   static asio::awaitable<void> Watchdog(std::shared_ptr<net::Stream> stream,

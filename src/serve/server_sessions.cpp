@@ -40,7 +40,7 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Push(const PeerId& from
     co_return PermissionDenied(
         "this session accepts pushes only from the server its client named before it");
   }
-  if (Status st = CheckStepSize(*s, m.tensors); !st.ok()) co_return st;
+  if (Status st = CheckStepSize(*s, m); !st.ok()) co_return st;
   auto input = std::make_shared<Input>();
   input->step = std::move(req->step);  // never with a next hop: the client chooses it
   input->tensors = std::move(m.tensors);
@@ -50,10 +50,14 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Push(const PeerId& from
   co_return net::Message();
 }
 
-Status BlockServer::Impl::CheckStepSize(const Session& s,
-                                        const std::vector<net::TensorFrame>& tensors) {
+Status BlockServer::Impl::CheckStepSize(const Session& s, const net::Message& m) {
+  if (m.meta.size() > kMaxStepMetaBytes || m.tensors.size() > 2) {
+    return InvalidArgument(
+        fmt::format("a step carries {} bytes of metadata and {} tensors (at most {} and 2)",
+                    m.meta.size(), m.tensors.size(), kMaxStepMetaBytes));
+  }
   uint64_t bytes = 0;
-  for (const auto& t : tensors) bytes += t.data.size();
+  for (const auto& t : m.tensors) bytes += t.data.size();
   if (bytes > s.max_step_bytes) {
     return InvalidArgument(fmt::format(
         "a step of {} bytes is larger than this session can use (at most {}: batch {} x "
@@ -135,11 +139,13 @@ asio::awaitable<Status> BlockServer::Impl::ReserveCache(net::CallContext& ctx,
 }
 
 asio::awaitable<void> BlockServer::Impl::SendPush(std::shared_ptr<Impl> self, Multiaddr addr,
-                                                  net::Message message) {
+                                                  net::Message message,
+                                                  std::shared_ptr<std::atomic<bool>> pushing) {
   const std::string method = "serve.push";
   const net::CallOptions call{.timeout = std::chrono::seconds(5)};
   auto r = co_await self->node_.host().Call(addr, method, std::move(message), call);
   if (!r.ok()) COLONY_LOG_DEBUG("serve: push failed: {}", r.status().ToString());
+  pushing->store(false);
 }
 
 asio::awaitable<void> BlockServer::Impl::ReadSteps(std::shared_ptr<net::Stream> stream,
@@ -149,7 +155,7 @@ asio::awaitable<void> BlockServer::Impl::ReadSteps(std::shared_ptr<net::Stream> 
     InputPtr input;
     if (m.ok() && *m) {
       auto step = DecodeStep((*m)->meta);
-      Status size = step.ok() ? CheckStepSize(*s, (*m)->tensors) : step.status();
+      Status size = step.ok() ? CheckStepSize(*s, **m) : step.status();
       if (!size.ok()) {
         stream->Cancel(size);
       } else {
@@ -229,18 +235,11 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
   s->caches.resize(static_cast<size_t>(s->end - s->start));
   // The reservation counts max_length positions: their storage is made once, at the first step.
   for (auto& c : s->caches) c.reserve = s->max_length;
-  // Kept in the server's dtype and counted in the session's reservation with its cache.
-  int64_t tuning_bytes = 0;
-  if (tuning->prompts.defined()) {
-    s->prompts = tuning->prompts.to(device_, dtype_).contiguous();
-    tuning_bytes += static_cast<int64_t>(s->prompts.nbytes());
-  }
-  std::vector<at::Tensor> lora;
-  for (const auto& t : tuning->lora) {
-    lora.push_back(t.to(device_, dtype_).contiguous());
-    tuning_bytes += static_cast<int64_t>(lora.back().nbytes());
-  }
-  s->adapters = MakeAdapters(lora, s->end - s->start, spec);
+  // Kept in the server's dtype and counted in the session's reservation with its cache: they
+  // move to the device only once it is reserved.
+  const auto element = static_cast<int64_t>(c10::elementSize(dtype_));
+  int64_t tuning_bytes = tuning->prompts.defined() ? tuning->prompts.numel() * element : 0;
+  for (const auto& t : tuning->lora) tuning_bytes += t.numel() * element;
   const auto ex = co_await asio::this_coro::executor;
   s->channel = std::make_unique<Channel>(ex, 4);
   s->idle_timer = std::make_unique<asio::steady_timer>(ex);
@@ -286,6 +285,10 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
       tuning_bytes;
   COLONY_CO_RETURN_IF_ERROR(co_await ReserveCache(ctx, s->source, bytes));
   s->reserved = bytes;
+  if (tuning->prompts.defined()) s->prompts = tuning->prompts.to(device_, dtype_).contiguous();
+  std::vector<at::Tensor> lora;
+  for (const auto& t : tuning->lora) lora.push_back(t.to(device_, dtype_).contiguous());
+  s->adapters = MakeAdapters(lora, s->end - s->start, spec);
   COLONY_LOG_DEBUG(
       "serve: session {} opened: blocks [{}, {}), batch {}, max_length {}, "
       "{} prompt tokens, LoRA rank {}",
@@ -317,6 +320,13 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
                         ? std::nullopt
                         : std::optional<PeerId>(*PeerId::Parse(*input->step.upstream));
     }
+    if (!input->from_push) {
+      s->client_step = std::max(s->client_step, input->step.step_id);
+    } else if (input->step.step_id > s->client_step && input->step.step_id - s->client_step > 2) {
+      COLONY_LOG_DEBUG("serve: ignoring a push of step {} for session {}: its client is at {}",
+                       input->step.step_id, Hex(s->id), s->client_step);
+      continue;
+    }
     if (input->step.step_id <= s->last_step) {
       std::lock_guard lock(mu_);
       ++duplicates_;
@@ -324,7 +334,7 @@ asio::awaitable<Status> BlockServer::Impl::Inference(net::CallContext& ctx) {
     }
     Status st = co_await Step(stream, *s, *input);
     if (!st.ok()) {
-      if (input->from_push) {
+      if (input->from_push && !s->dirty) {
         COLONY_LOG_DEBUG("serve: ignoring a bad push for session {}: {}", Hex(s->id),
                          st.ToString());
         continue;
@@ -385,6 +395,7 @@ asio::awaitable<Status> BlockServer::Impl::Step(net::Stream& stream, Session& s,
     }
     if (!self->Holds(sp->start, sp->end)) return self->MovedError();
     at::NoGradGuard no_grad;
+    sp->dirty = true;  // cleared once the blocks have run (an exception leaves it set)
     // Inputs go to the GPU without waiting for it to finish other processes' work (ToDevice).
     const at::Tensor hypo_d = hypo.defined() ? model::ToDevice(hypo, self->device_) : hypo;
     for (auto& c : sp->caches) {
@@ -398,7 +409,9 @@ asio::awaitable<Status> BlockServer::Impl::Step(net::Stream& stream, Session& s,
     at::Tensor h = self->RunBlocks(
         sp->start, sp->end, model::ToDevice(x, self->device_, self->dtype_), position, &sp->caches,
         sp->prompts, sp->adapters.empty() ? nullptr : &sp->adapters);
-    return h.to(at::kCPU, client_dtype);
+    at::Tensor out = h.to(at::kCPU, client_dtype);
+    sp->dirty = false;
+    return out;
   };
   auto out =
       co_await runtime::RunOnPool<at::Tensor>(pool_, runtime::kPriorityInference, std::move(work));
@@ -412,18 +425,23 @@ asio::awaitable<Status> BlockServer::Impl::Step(net::Stream& stream, Session& s,
   }
   auto frame = runtime::ToFrame(*out);
   if (!frame.ok()) co_return frame.status();
-  if (!s.next.empty()) {
+  if (!s.next.empty() && !s.pushing->exchange(true)) {
     auto addr = Multiaddr::Parse(s.next.address);  // checked when decoded
+    if (!addr.ok()) s.pushing->store(false);
     if (addr.ok()) {
       PushRequest push{.session_id = s.next.session_id, .step = step};
       push.step.next.reset();
       push.step.upstream.reset();
       net::Message pm(EncodePush(push));
       pm.tensors.push_back(*frame);
-      if (hypo.defined()) pm.tensors.push_back(input.tensors[1]);
+      // A frame of its own: the client's would keep its whole message alive until the push ends.
+      if (hypo.defined()) {
+        auto hf = runtime::ToFrame(hypo);
+        if (hf.ok()) pm.tensors.push_back(std::move(*hf));
+      }
       // (g++ 12: no temporaries in an expression that also co_awaits.)
       const auto ex = co_await asio::this_coro::executor;
-      asio::co_spawn(ex, SendPush(self, *addr, std::move(pm)), asio::detached);
+      asio::co_spawn(ex, SendPush(self, *addr, std::move(pm), s.pushing), asio::detached);
     }
   }
   net::Message reply(EncodeStepReply({.step_id = step.step_id, .length = s.length}));

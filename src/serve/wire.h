@@ -25,6 +25,9 @@ inline constexpr size_t kMaxLoraTargets = 7;
 inline constexpr int64_t kMaxEpoch = int64_t{1} << 48;  // a SWARM trainer's epoch
 inline constexpr size_t kSessionIdBytes = 16;
 inline constexpr size_t kMaxAddressBytes = 512;
+// The most metadata a step or push carries (two addresses, a session id and a few numbers fit
+// in a third of it).
+inline constexpr size_t kMaxStepMetaBytes = 4096;
 inline constexpr size_t kMaxInfoStringBytes = 256;
 
 // The projections of a block a LoRA adapter may target.

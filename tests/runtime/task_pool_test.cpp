@@ -51,6 +51,30 @@ TEST(TaskPool, RunsHigherPriorityFirstAndBoundsItsQueue) {
   EXPECT_EQ(order, (std::vector<int>{3, 4, 1, 2}));
 }
 
+// Bulk work fills only the unreserved slots: urgent work is still taken once bulk work is
+// refused, up to the whole queue.
+TEST(TaskPool, BulkWorkCannotTakeTheSlotsReservedForUrgentWork) {
+  TaskPool pool({.threads = 1, .max_queued = 5, .reserved_urgent = 2});
+  std::promise<void> release;
+  auto gate = release.get_future().share();
+  ASSERT_TRUE(pool.Submit(kPriorityTraining, [gate](bool) { gate.wait(); }));
+  const auto started = Clock::now() + 5s;
+  while (pool.running() != 1 && Clock::now() < started) std::this_thread::yield();
+  ASSERT_EQ(pool.running(), 1u);
+  std::atomic<int> ran{0};
+  auto task = [&](bool ok) { ran += ok ? 1 : 0; };
+  int bulk = 0;
+  while (bulk < 10 && pool.Submit(kPriorityTraining, task)) ++bulk;
+  EXPECT_EQ(bulk, 3);
+  EXPECT_TRUE(pool.Submit(kPriorityInference, task));
+  EXPECT_TRUE(pool.Submit(kPriorityInference, task));
+  EXPECT_FALSE(pool.Submit(kPriorityInference, task));  // the whole queue is full now
+  EXPECT_FALSE(pool.Submit(kPriorityTraining, task));
+  release.set_value();
+  colony::test::WaitUntil([&] { return ran == 5; }, 5s);
+  EXPECT_EQ(ran, 5);
+}
+
 TEST(TaskPool, QueuedTasksCompleteWithClosedAtShutdown) {
   TaskPool pool({.threads = 1, .max_queued = size_t{1} << 20});
   std::promise<void> release;

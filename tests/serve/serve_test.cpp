@@ -848,6 +848,118 @@ TEST_F(ServeTest, HostileRequestsGetErrorsAndTheServerKeepsServing) {
   EXPECT_TRUE(r.ok()) << r.status().ToString();
 }
 
+// Writes one message on a session's stream.
+Status WriteOnly(net::Host& host, std::shared_ptr<net::Stream> stream, net::Message m) {
+  auto fut = asio::co_spawn(
+      host.io_context(),
+      [stream, m]() -> asio::awaitable<Status> { co_return co_await stream->Write(m); },
+      asio::use_future);
+  return fut.get();
+}
+
+// The next result a session's stream carries, waiting at most 10 s (then the stream is
+// cancelled).
+Result<pb::StepResult> NextResult(net::Host& host, std::shared_ptr<net::Stream> stream) {
+  auto fut = asio::co_spawn(
+      host.io_context(),
+      [stream]() -> asio::awaitable<Result<pb::StepResult>> {
+        auto m = co_await stream->Read();
+        if (!m.ok()) co_return m.status();
+        if (!*m) co_return Closed("the server ended the session");
+        pb::StepResult r;
+        if (!r.ParseFromString((*m)->meta)) co_return ProtocolError("not a StepResult");
+        co_return r;
+      },
+      asio::use_future);
+  if (fut.wait_for(10s) != std::future_status::ready) {
+    stream->Cancel();
+    fut.wait();
+    return DeadlineExceeded("no result within 10 s");
+  }
+  return fut.get();
+}
+
+// `extra` bytes of a field no message here has (protobuf parses and skips it): field 1000,
+// length-delimited.
+std::string Padding(size_t extra) {
+  if (extra == 0) return {};
+  std::string out = "\xc2\x3e";  // the tag, varint 8002
+  for (size_t n = extra; true; n >>= 7) {
+    out += static_cast<char>(n < 0x80 ? n : (n & 0x7f) | 0x80);
+    if (n < 0x80) break;
+  }
+  return out + std::string(extra, 'p');
+}
+
+pb::Step MakeStep(uint64_t step_id, int64_t position) {
+  pb::Step step;
+  step.set_step_id(step_id);
+  step.set_position(position);
+  return step;
+}
+
+// A step message with `extra` bytes of padding in its metadata.
+net::Message StepWithPadding(uint64_t step_id, int64_t position, size_t extra, at::Tensor x) {
+  net::Message m(MakeStep(step_id, position).SerializeAsString() + Padding(extra));
+  m.tensors.push_back(*runtime::ToFrame(x));
+  return m;
+}
+
+// The server a client named as upstream may push the client's next step, not one beyond it: a
+// push claiming a later step id would get every step the client sends dropped as a duplicate
+// (no result, the client's step times out and the honest server is blamed). A step or push with
+// metadata beyond a few KiB is refused before it is queued (its frames would keep the whole
+// message alive while it waits).
+TEST_F(ServeTest, APushCannotRunAheadOfTheClientNorCarryAHugeMessage) {
+  AddServer(0, 4, 100);
+  Connect(1);
+  net::Host& host = client_->host();
+  const Multiaddr addr = ServerAddress(0);
+  auto push = [&](const pb::OpenSession& open, uint64_t step_id, int64_t position,
+                  size_t extra = 0) {
+    pb::PushRequest req;
+    req.set_session_id(open.session_id());
+    *req.mutable_step() = MakeStep(step_id, position);
+    net::Message pm(req.SerializeAsString() + Padding(extra));
+    pm.tensors.push_back(*runtime::ToFrame(at::randn({1, 1, config_.hidden_size})));
+    return host.CallSync(addr, "serve.push", std::move(pm), {.timeout = 10s});
+  };
+  const int64_t h = config_.hidden_size;
+  // This host is the session's client and its named upstream (a server the client chose, and
+  // which turned hostile or was replaced).
+  pb::OpenSession open = MakeOpen(8, 1);
+  open.set_upstream(host.peer_id().ToString());
+  auto session = RawSession(host, addr, open);
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  auto far = push(open, UINT64_MAX - 1, 0);
+  ASSERT_TRUE(far.ok()) << far.status().ToString();  // queued before the client's step
+  ASSERT_TRUE(WriteOnly(host, *session, StepWithPadding(2, 0, 0, at::randn({1, 1, h}))).ok());
+  auto first = NextResult(host, *session);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->step_id(), 2u) << "the push ran ahead of the client";
+  EXPECT_EQ(first->length(), 1);
+  // The client's next step may come by push: it runs, and the client's own copy is a duplicate.
+  const auto duplicates = servers_[0]->Stats().duplicates;
+  auto next = push(open, 4, 1);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  auto pushed = NextResult(host, *session);
+  ASSERT_TRUE(pushed.ok()) << pushed.status().ToString();
+  EXPECT_EQ(pushed->step_id(), 4u);
+  EXPECT_EQ(pushed->length(), 2);
+  ASSERT_TRUE(WriteOnly(host, *session, StepWithPadding(4, 1, 0, at::randn({1, 1, h}))).ok());
+  colony::test::WaitUntil([&] { return servers_[0]->Stats().duplicates > duplicates; }, 5s);
+  EXPECT_EQ(servers_[0]->Stats().duplicates, duplicates + 1);
+  // Padded metadata: refused by push, and it ends a client's session.
+  auto padded_push = push(open, 6, 2, 8000);
+  EXPECT_EQ(padded_push.status().code(), StatusCode::kInvalidArgument)
+      << padded_push.status().ToString();
+  EXPECT_NE(padded_push.status().message().find("bytes of metadata"), std::string::npos)
+      << padded_push.status().ToString();
+  Status padded = StepOnce(host, *session, StepWithPadding(6, 2, 8000, at::randn({1, 1, h})));
+  EXPECT_EQ(padded.code(), StatusCode::kInvalidArgument) << padded.ToString();
+  EXPECT_NE(padded.message().find("bytes of metadata"), std::string::npos) << padded.ToString();
+}
+
 // One machine cannot take every inference session or the whole KV cache (issue 15, part 5). The
 // server applies its per-address caps to loopback here, so that 127.0.0.2 plays the attacker's
 // machine (with a new identity per connection: identities are free) and 127.0.0.3 an honest
