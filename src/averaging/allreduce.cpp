@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <limits>
 
 #include "averaging/reduce.h"
 #include "averaging/verify_math.h"
@@ -152,6 +153,16 @@ void AllReduceRun::Accumulate(uint32_t s, size_t k, std::span<const float> value
   AccumulateRaw(s, k,
                 ByteSpan(reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()),
                 max_abs);
+}
+
+Status AllReduceRun::CheckSummable(float max_abs, double weight) const {
+  // Every sender's weighted values within FLT_MAX / n keep the sum of n of them finite.
+  const double limit = std::numeric_limits<float>::max() / static_cast<double>(senders_.size());
+  if (static_cast<double>(max_abs) * weight <= limit) return Status::Ok();
+  return InvalidArgument(fmt::format(
+      "it sent values of magnitude {:g} at weight {:g}: the weighted sum of a group of {} could "
+      "overflow float32",
+      max_abs, weight, senders_.size()));
 }
 
 void AllReduceRun::AccumulateRaw(uint32_t s, size_t k, ByteSpan values, float max_abs) {
@@ -406,6 +417,10 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
         Exclude(s, "it sent non-finite values (NaN or Inf)");
         break;
       }
+      if (Status st = CheckSummable(max_abs, sender.weight); !st.ok()) {
+        Exclude(s, st.message());
+        break;
+      }
       AccumulateRaw(s, k, frame.data, max_abs);
       ++sender.received;
       sender.last_progress = SteadyNow();
@@ -431,6 +446,10 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
     if (sender.excluded) break;
     if (!decoded.ok()) {
       Exclude(s, decoded.status().message());
+      break;
+    }
+    if (Status st = CheckSummable(decoded->max_abs, sender.weight); !st.ok()) {
+      Exclude(s, st.message());
       break;
     }
     Accumulate(s, k, std::span<const float>(decoded->values.get(), e - b), decoded->max_abs);
@@ -467,7 +486,12 @@ asio::awaitable<void> AllReduceRun::WriteResults(uint32_t s, std::shared_ptr<net
     }
     if (sender.excluded) co_return;
     const Reduced& part = parts_[k];
-    net::Message msg(EncodePartHeader({static_cast<uint32_t>(k), part.contributors}));
+    std::vector<uint32_t> contributors = part.contributors;
+    if (impl_->options_.testing.claim_everyone && !contributors.empty()) {
+      contributors.resize(group_.members.size());
+      for (uint32_t m = 0; m < contributors.size(); ++m) contributors[m] = m;
+    }
+    net::Message msg(EncodePartHeader({static_cast<uint32_t>(k), std::move(contributors)}));
     if (part.result_owner)
       msg.tensors.push_back(PartFrame(part.result_owner, part.result_bytes, raw()));
     Status st = co_await stream->Write(msg);
@@ -593,6 +617,7 @@ asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
     net::Message msg(EncodePartHeader({static_cast<uint32_t>(k), {}}));
     msg.tensors.push_back(PartFrame(std::move(owner), bytes, raw()));
     st = co_await stream->Write(msg);
+    if (st.ok()) state->written = k + 1;
     if (st.ok() && k + 1 == std::max<size_t>(1, n / 2)) {
       MaybeFault(Fault::kKillWhileSending);
       MaybeFault(Fault::kStopWhileSending);
@@ -600,6 +625,7 @@ asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
     }
   }
   --tensor_users_;
+  state->sending = false;
   changed_.Notify();
   if (!st.ok() && abort_reason_.ok()) {
     COLONY_LOG_DEBUG("averaging: sending to {} stopped: {}", reducer.peer.Short(), st.ToString());
@@ -632,6 +658,22 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
       COLONY_LOG_WARN("averaging: reducer {} sent a malformed result; keeping local values",
                       group_.members[r].peer.ToString());
       stream->Cancel(ProtocolError("malformed result part"));
+      break;
+    }
+    // The list must be one the reducer can know: not us for a part we did not send, nor an aux
+    // member (they send nothing); and no result before we sent the part (checked or not, it
+    // would be written into the tensors while they are still read for that part).
+    const bool sent = sends_ && next < state->written;
+    std::string lie;
+    if (sends_ && state->sending && !sent) lie = "a result for a part it did not receive yet";
+    for (uint32_t c : header->contributors) {
+      if (c == self_ && !sent) lie = "a result that lists this peer, which sent no such part";
+      if (group_.members[c].mode == Mode::kAux) lie = "a result that lists an aux member";
+    }
+    if (!lie.empty()) {
+      COLONY_LOG_WARN("averaging: reducer {} sent {}; keeping local values",
+                      group_.members[r].peer.ToString(), lie);
+      stream->Cancel(ProtocolError(lie));
       break;
     }
     const auto [b, e] = PartRange(r, next);
@@ -714,6 +756,13 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   for (uint32_t m = 0; m < group_.members.size(); ++m) {
     senders_[m].expected = my_parts_ > 0 && group_.members[m].mode != Mode::kAux && !banned_[m];
   }
+  if (!abort_reason_.ok()) {
+    // Cancelled before it started: Abort found no senders to exclude then. None may join now,
+    // and nothing of this run touches the tensors.
+    for (uint32_t i = 0; i < senders_.size(); ++i) Exclude(i, abort_reason_.message());
+    tensors_released_ = true;
+    co_return abort_reason_;
+  }
   if (my_parts_ > 0 && senders_[self_].expected) {
     Sender& me = senders_[self_];
     me.connected = true;
@@ -726,12 +775,12 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     for (size_t k = 0; k < own_max_abs.size() && own_finite; ++k) {
       const auto [b, e] = PartRange(self_, k);
       own_max_abs[k] = MaxAbs(Input(b, e, copy));
-      own_finite = own_max_abs[k] >= 0;
+      own_finite = own_max_abs[k] >= 0 && CheckSummable(own_max_abs[k], me.weight).ok();
     }
     if (!own_finite) {
       COLONY_LOG_WARN(
-          "averaging: this peer's own values are not finite; its span is reduced "
-          "without them");
+          "averaging: this peer's own values are not finite (or too large to sum in float32); "
+          "its span is reduced without them");
     }
     if (sends_ && own_finite) {
       for (size_t k = 0; k < my_parts_; ++k) {
@@ -800,6 +849,11 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
   }
   for (auto& s : out_streams_) s->Cancel(Cancelled("the all-reduce is over"));
   out_streams_.clear();
+  // Sending and reading tasks still running (the deadline passed) end promptly now that their
+  // streams are cancelled; each reports the parts it did not get before it ends, so the result
+  // lists every part.
+  const SteadyTime tasks_until = SteadyNow() + impl_->options_.part_timeout;
+  while (pending_tasks_ > 0 && SteadyNow() < tasks_until) co_await changed_.WaitUntil(tasks_until);
   // The caller owns the tensors again once we return: our writes borrowing them and our
   // decodes into them end first (promptly once their streams are cancelled; by the streams'
   // deadlines at the latest).

@@ -63,6 +63,10 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   struct ReaderState {
     bool done = false;
     SteadyTime last_result;
+    // Our parts written to the reducer so far, and whether more may follow: a result for a part
+    // we are still to send would be written into the tensors while they are read for it.
+    size_t written = 0;
+    bool sending = true;
   };
 
   size_t PartsOf(uint32_t member) const;
@@ -75,6 +79,10 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   // where they were checked.
   void Accumulate(uint32_t sender, size_t k, std::span<const float> values, float max_abs);
   // The same from a received raw float32 frame (no copy for the weighted mean).
+  // Whether a part of largest magnitude max_abs at `weight` keeps the weighted sum of the
+  // group's parts finite (a finite part can still overflow it, and a reducer whose output fails
+  // its check drops the part for everyone, without knowing whom to blame).
+  Status CheckSummable(float max_abs, double weight) const;
   void AccumulateRaw(uint32_t sender, size_t k, ByteSpan values, float max_abs);
   // Keeps a sender's part k besides the sum, for CenteredClip and verification.
   void KeepInput(uint32_t sender, size_t k, std::vector<float> values, float max_abs);

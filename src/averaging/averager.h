@@ -142,6 +142,9 @@ struct AveragerOptions {
     bool wrong_result = false;
     bool wrong_projections = false;
     bool withhold_checks = false;  // sends no checks (phase 3) to anyone
+    // As a reducer, lists every member as a contributor of each result, those that sent it
+    // nothing included (a contributor list its members must not believe).
+    bool claim_everyone = false;
     // Computes its checks (phase 3) this much later: the last of its group to state them, it
     // holds everyone else's checks when it judges.
     std::chrono::milliseconds checks_delay{0};

@@ -316,6 +316,15 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
                             " sent an inconsistent group; ignored");
           continue;
         }
+        const uint64_t own_part_size =
+            std::clamp<uint64_t>(options_.part_size_bytes / sizeof(float), 1, kMaxPartSize);
+        if (answer->group.part_size < std::min(own_part_size, kMinPartSize)) {
+          reasons.push_back(fmt::format(
+              "leader {} chose parts of {} values (this peer takes at least {}); ignored",
+              leader->peer.ToString(), answer->group.part_size,
+              std::min(own_part_size, kMinPartSize)));
+          continue;
+        }
         // The leader sized the spans: one that hands itself or a friend far more than the
         // announced bandwidths justify is not followed.
         std::vector<uint64_t> spans;

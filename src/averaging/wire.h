@@ -26,6 +26,10 @@ inline constexpr size_t kMaxStateMetadataBytes = 1 << 20;
 inline constexpr size_t kMaxStateTensors = 1 << 16;
 // Values per message part: at most 16 Mi values (64 MiB of float32).
 inline constexpr uint64_t kMaxPartSize = uint64_t{1} << 24;
+// A follower takes parts of at least this many values (or of its own part size, if smaller)
+// from a leader: every part costs a reducer a few hundred bytes of state and a message, so a
+// leader's tiny parts could otherwise cost its followers far more memory than their tensors.
+inline constexpr uint64_t kMinPartSize = 1024;
 // At most 2^40 values are averaged at once (4 TiB of float32).
 inline constexpr uint64_t kMaxTotalValues = uint64_t{1} << 40;
 

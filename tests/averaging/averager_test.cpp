@@ -228,6 +228,130 @@ TEST(Averager, AHugeDeclaredWeightIsExcludedAndTheRestAverageExactly) {
   EXPECT_GE(averaged, 9u);
 }
 
+// Finite values near FLT_MAX pass every finiteness check, but their weighted sum overflows: a
+// reducer would then drop each part for everyone without knowing whom to blame. Such a sender is
+// excluded instead, and the others average exactly.
+TEST(Averager, ValuesWhoseSumWouldOverflowAreExcludedAndTheRestAverageExactly) {
+  const size_t n = 10'000;
+  Swarm swarm(n);
+  for (uint64_t i = 0; i < 3; ++i) swarm.Add(i, Options(4));
+  swarm.Add(3, Options(4), 3e38f);
+  auto results = swarm.StepAll();
+  std::vector<std::vector<float>> honest;
+  for (uint64_t i = 0; i < 3; ++i) honest.push_back(Synthetic(i, n));
+  size_t averaged = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    const auto& data = swarm.peers()[i]->data;
+    for (const auto& part : results[i]->parts) {
+      for (uint32_t c : part.contributors) {
+        EXPECT_NE(results[i]->members[c].gathered, "peer3") << "peer " << i;
+      }
+      if (part.contributors.size() != 3) continue;
+      ++averaged;
+      for (uint64_t k = part.begin; k < part.end; ++k) {
+        const double mean = (double{honest[0][k]} + honest[1][k] + honest[2][k]) / 3;
+        ASSERT_NEAR(data[k], mean, 1e-6) << "peer " << i << " value " << k;
+      }
+    }
+  }
+  // The three honest reducers' spans are averaged by all three honest members.
+  EXPECT_GE(averaged, 9u);
+}
+
+// A reducer's contributor list is checked against what its member knows: one that names a member
+// which sent it nothing (here a member of weight 0, which only takes results, and an aux peer) is
+// not believed, and that member keeps its own values for the span. The honest reducers' results
+// are taken as before.
+TEST(Averager, AResultListingMembersThatSentNothingIsRefused) {
+  const size_t n = 10'000;
+  Swarm swarm(n);
+  swarm.Add(0, Options(4));
+  swarm.Add(1, Options(4));
+  auto liar = Options(4);
+  liar.testing.claim_everyone = true;
+  swarm.Add(2, liar);
+  auto aux = Options(4);
+  aux.mode = Mode::kAux;
+  swarm.Add(3, aux);
+  auto results = swarm.StepAll({0, 1, 1, 1});
+  ASSERT_TRUE(results[0].ok()) << results[0].status().ToString();
+  const auto& r = *results[0];
+  const auto own = Synthetic(0, n);
+  size_t from_honest = 0, refused = 0;
+  for (const auto& part : r.parts) {
+    for (uint32_t c : part.contributors) {
+      EXPECT_NE(c, r.self_index) << "a member of weight 0 listed as a contributor";
+      EXPECT_NE(r.members[c].mode, Mode::kAux) << "an aux member listed as a contributor";
+    }
+    if (part.contributors.empty()) {
+      ++refused;
+      for (uint64_t k = part.begin; k < part.end; ++k) ASSERT_EQ(swarm.peers()[0]->data[k], own[k]);
+    } else {
+      ++from_honest;
+    }
+  }
+  EXPECT_GT(from_honest, 0u);
+  EXPECT_GT(refused, 0u);
+}
+
+// A follower whose step is cancelled while it waits for its leader's answer leaves the group when
+// it forms: its values stay its own, and it serves no part of it.
+TEST(Averager, AStepCancelledBeforeItsGroupBeginsLeavesTheValuesAlone) {
+  const size_t n = 10'000;
+  Swarm swarm(n);
+  auto o = Options(3);  // a group of 3 is never reached: the leader begins at its deadline
+  o.min_group_size = 2;
+  o.matchmaking_time = 3s;
+  Peer& leader = swarm.Add(0, o);
+  Peer& follower = swarm.Add(1, o);
+  // The earlier declaration leads: the leader steps first.
+  auto led = std::async(std::launch::async, [&] {
+    return leader.averager->StepSync({.gather = "leader", .timeout = 15s, .allow_retries = false});
+  });
+  std::this_thread::sleep_for(1s);
+  auto followed = std::async(std::launch::async, [&] {
+    return follower.averager->StepSync(
+        {.gather = "follower", .timeout = 15s, .allow_retries = false});
+  });
+  std::this_thread::sleep_for(1s);  // the follower waits for the leader's answer now
+  follower.averager->CancelStep();
+  auto f = followed.get();
+  EXPECT_EQ(f.status().code(), StatusCode::kCancelled) << f.status().ToString();
+  EXPECT_EQ(follower.data, Synthetic(1, n)) << "the cancelled step changed the follower's values";
+  auto l = led.get();
+  if (l.ok()) {
+    for (const auto& part : l->parts) {
+      for (uint32_t c : part.contributors) EXPECT_NE(l->members[c].gathered, "follower");
+    }
+  }
+}
+
+// A leader cannot make its followers hold millions of tiny parts: parts below kMinPartSize values
+// (or below the follower's own part size) are refused with the reason.
+TEST(Averager, AFollowerRefusesALeadersTinyParts) {
+  const size_t n = 10'000;
+  Swarm swarm(n);
+  auto tiny = Options(2);
+  tiny.part_size_bytes = 64;  // 16 values
+  tiny.matchmaking_time = 3s;
+  Peer& leader = swarm.Add(0, tiny);
+  auto o = Options(2);
+  o.matchmaking_time = 3s;
+  Peer& follower = swarm.Add(1, o);
+  auto led = std::async(std::launch::async, [&] {
+    return leader.averager->StepSync({.gather = "", .timeout = 6s, .allow_retries = false});
+  });
+  std::this_thread::sleep_for(1s);
+  auto f = follower.averager->StepSync({.gather = "", .timeout = 5s, .allow_retries = false});
+  EXPECT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("chose parts of 16 values (this peer takes at least 1024)"),
+            std::string::npos)
+      << f.status().ToString();
+  EXPECT_EQ(follower.data, Synthetic(1, n));
+  EXPECT_FALSE(led.get().ok());
+}
+
 TEST(Averager, LoadStatePicksTheHighestPriorityDonor) {
   const size_t n = 300'000;
   Swarm swarm(n);
