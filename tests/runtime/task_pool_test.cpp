@@ -18,6 +18,14 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
+// Occupies the pool's only thread with a task that waits for `gate`: true once it runs.
+bool BlockTheOnlyThread(TaskPool& pool, std::shared_future<void> gate) {
+  if (!pool.Submit(kPriorityTraining, [gate](bool) { gate.wait(); })) return false;
+  const auto started = Clock::now() + 5s;
+  while (pool.running() != 1 && Clock::now() < started) std::this_thread::yield();
+  return pool.running() == 1;
+}
+
 TEST(TaskPool, RunsHigherPriorityFirstAndBoundsItsQueue) {
   TaskPool pool({.threads = 1, .max_queued = 4});
   std::mutex mu;
@@ -25,10 +33,7 @@ TEST(TaskPool, RunsHigherPriorityFirstAndBoundsItsQueue) {
   std::promise<void> release;
   auto gate = release.get_future().share();
   // Block the only thread, then queue training work before inference work.
-  ASSERT_TRUE(pool.Submit(kPriorityTraining, [gate](bool) { gate.wait(); }));
-  const auto started = Clock::now() + 5s;
-  while (pool.running() != 1 && Clock::now() < started) std::this_thread::yield();
-  ASSERT_EQ(pool.running(), 1u);
+  ASSERT_TRUE(BlockTheOnlyThread(pool, gate));
   auto record = [&](int v) {
     return [&, v](bool ok) {
       std::lock_guard lock(mu);
@@ -57,10 +62,7 @@ TEST(TaskPool, BulkWorkCannotTakeTheSlotsReservedForUrgentWork) {
   TaskPool pool({.threads = 1, .max_queued = 5, .reserved_urgent = 2});
   std::promise<void> release;
   auto gate = release.get_future().share();
-  ASSERT_TRUE(pool.Submit(kPriorityTraining, [gate](bool) { gate.wait(); }));
-  const auto started = Clock::now() + 5s;
-  while (pool.running() != 1 && Clock::now() < started) std::this_thread::yield();
-  ASSERT_EQ(pool.running(), 1u);
+  ASSERT_TRUE(BlockTheOnlyThread(pool, gate));
   std::atomic<int> ran{0};
   auto task = [&](bool ok) { ran += ok ? 1 : 0; };
   int bulk = 0;
