@@ -90,11 +90,17 @@ Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
         return InvalidArgument(fmt::format("input {} has {} scores for dimension {} of size {}", i,
                                            s.size(), d, grid_size[d]));
       }
-      if (!std::all_of(s.begin(), s.end(), [](float v) { return std::isfinite(v); })) {
+      // -inf rules a coordinate out (e.g. grid dropout); NaN and +inf are errors.
+      if (!std::all_of(s.begin(), s.end(), [](float v) { return std::isfinite(v) || v < 0; })) {
         return InvalidArgument(
-            fmt::format("input {} has a non-finite score in dimension {}", i, d));
+            fmt::format("input {} has a score of NaN or +infinity in dimension {}", i, d));
       }
-      suffix_best[i][d] = suffix_best[i][d + 1] + *std::max_element(s.begin(), s.end());
+      const float best = *std::max_element(s.begin(), s.end());
+      if (!std::isfinite(best)) {
+        return InvalidArgument(
+            fmt::format("input {} rules out every coordinate of dimension {}", i, d));
+      }
+      suffix_best[i][d] = suffix_best[i][d + 1] + best;
     }
   }
 
@@ -103,6 +109,7 @@ Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
   for (size_t i = 0; i < batch; ++i) {
     for (int64_t c = 0; c < grid_size[0]; ++c) {
       const double s = batch_scores[i][0][static_cast<size_t>(c)];
+      if (std::isinf(s)) continue;  // ruled out
       frontier[i].push({.bound = s + suffix_best[i][1], .partial = s, .coords = {c}});
     }
   }
@@ -161,6 +168,7 @@ Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
           }
         }
         for (auto& [c, servers] : next) {
+          if (std::isinf(batch_scores[i][fixed][static_cast<size_t>(c)])) continue;  // ruled out
           Candidate child{.partial = p.partial + batch_scores[i][fixed][static_cast<size_t>(c)],
                           .coords = p.coords,
                           .keys = keys};

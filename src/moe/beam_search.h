@@ -39,8 +39,9 @@ using EntryFetcher = std::function<std::map<std::string, std::vector<ServerEntry
     const std::vector<std::string>& keys)>;
 
 // The search itself, over any fetcher. `batch_scores[i][d][c]`: input i's score of coordinate c
-// in dimension d (finite; grid_size[d] values). Returns each input's best min(k, live) experts,
-// best first. After `max_rounds` rounds it returns the best experts found so far.
+// in dimension d (grid_size[d] values, finite or -inf, which rules the coordinate out; at least
+// one finite per dimension). Returns each input's best min(k, live) experts that no -inf rules
+// out, best first. After `max_rounds` rounds it returns the best experts found so far.
 Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
     const std::string& grid_name, const std::vector<int64_t>& grid_size,
     const std::vector<std::vector<std::vector<float>>>& batch_scores, size_t k,

@@ -292,10 +292,12 @@ struct ExpertDispatcher::Impl {
     std::string key = info.uid;
     for (const auto& s : info.servers) key += "|" + s.ToString();
     for (const auto& a : info.addrs) key += "|" + (a.empty() ? std::string() : a[0]);
-    auto& slot = experts[key];
-    if (!slot) slot = std::make_shared<RemoteExpert>(node.host(), info);
-    if (experts.size() > 65536) experts.clear();  // bounded; rebuilt on demand
-    return slot;
+    if (auto it = experts.find(key); it != experts.end()) return it->second;
+    // Bounded (rebuilt on demand): the keys come from the DHT's records.
+    if (experts.size() >= 65536) experts.clear();
+    auto expert = std::make_shared<RemoteExpert>(node.host(), info);
+    experts.emplace(std::move(key), expert);
+    return expert;
   }
 
   Result<Routed> Call(const at::Tensor& x, const at::Tensor& logits) {

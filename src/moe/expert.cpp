@@ -118,9 +118,13 @@ at::Tensor Expert::Backward(const at::Tensor& x, const at::Tensor& grad_y) {
   at::Tensor y = ExpertFunction(input, impl_->params);
   torch::autograd::backward({y}, {grad_y});
   const double norm = GradNorm(impl_->params);
-  if (!std::isfinite(norm)) {
-    // Finite inputs and weights can still overflow: a step would make every weight NaN.
-    COLONY_LOG_WARN("expert: gradient norm {} is not finite; its optimizer step is skipped", norm);
+  // Finite inputs and weights can still overflow: a step would make every weight NaN. Finite
+  // gradients beyond kMaxStepGradNorm (unclipped) are skipped too: their squares overflow
+  // float32 in Adam's second moment, which then stays infinite and freezes the expert for good
+  // (one client's request would end its training for everyone).
+  if (!std::isfinite(norm) || (impl_->options.clip_grad_norm <= 0 && norm > kMaxStepGradNorm)) {
+    COLONY_LOG_WARN("expert: gradient norm {:g} is {}; its optimizer step is skipped", norm,
+                    std::isfinite(norm) ? "too large to step with" : "not finite");
     impl_->optimizer->zero_grad();
     ++impl_->skipped_steps;
     return input.grad();

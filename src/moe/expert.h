@@ -21,6 +21,10 @@
 
 namespace colony::moe {
 
+// The largest gradient norm an unclipped step takes: every gradient value's square stays far
+// inside float32 (Adam keeps their moving average).
+inline constexpr double kMaxStepGradNorm = 1e18;
+
 struct ExpertOptions {
   // "ffn": hivemind's Linear, GELU, Linear (with biases); "swiglu": Mixtral's expert,
   // w2(silu(w1 x) * w3 x) without biases (served from a checkpoint's experts).

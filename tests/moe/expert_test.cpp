@@ -138,6 +138,28 @@ TEST(ExpertTraining, AStepWhoseGradientsOverflowIsSkipped) {
   for (size_t i = 0; i < big.size(); ++i) EXPECT_TRUE(at::equal((*e)->parameters()[i], big[i]));
 }
 
+// A finite gradient too large to square in float32 (one hostile backward request) would make
+// Adam's second moment infinite for good: every later update would be 0. The step is skipped,
+// and the expert goes on training.
+TEST(ExpertTraining, AGradientTooLargeToSquareIsSkippedAndTrainingGoesOn) {
+  auto e = Expert::Create({.hidden = 4, .optimizer = "adam", .lr = 0.1, .seed = 3});
+  ASSERT_TRUE(e.ok());
+  const std::vector<at::Tensor> before = Detached((*e)->parameters());
+  (*e)->Backward(at::ones({2, 4}), at::full({2, 4}, 1e22f));
+  EXPECT_EQ((*e)->steps(), 0u);
+  EXPECT_EQ((*e)->skipped_steps(), 1u);
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(at::equal((*e)->parameters()[i], before[i]));
+  }
+  (*e)->Backward(at::ones({2, 4}), at::full({2, 4}, 0.5f));
+  EXPECT_EQ((*e)->steps(), 1u);
+  for (size_t i = 0; i < before.size(); ++i) {
+    // Adam's first step moves every weight with a gradient by about lr.
+    EXPECT_GT(((*e)->parameters()[i] - before[i]).abs().max().item<float>(), 0.05f) << i;
+    EXPECT_TRUE(at::isfinite((*e)->parameters()[i]).all().item<bool>()) << i;
+  }
+}
+
 TEST(ExpertTraining, BadSchedulesClippingNormsAndStepCountsAreRefused) {
   const auto refused = [](ExpertOptions o, const std::string& says) {
     o.hidden = kHidden;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -52,11 +54,12 @@ double Score(const std::vector<std::vector<float>>& scores, const std::string& u
   return s;
 }
 
-// The reference: every live expert scored, sorted.
+// The reference: every live expert scored, sorted; those with a -inf score are ruled out.
 std::vector<std::string> Exhaustive(const std::vector<std::vector<float>>& scores,
                                     std::vector<std::string> live, size_t k) {
   std::sort(live.begin(), live.end());
   live.erase(std::unique(live.begin(), live.end()), live.end());
+  std::erase_if(live, [&](const std::string& uid) { return std::isinf(Score(scores, uid)); });
   std::sort(live.begin(), live.end(), [&](const std::string& a, const std::string& b) {
     return Score(scores, a) > Score(scores, b);
   });
@@ -114,6 +117,11 @@ TEST(BeamSearch, EqualsExhaustiveSearchOnRandomGrids) {
           for (int64_t n : grid) {
             std::vector<float> s(static_cast<size_t>(n));
             for (auto& v : s) v = normal(rng);
+            // Half the inputs rule out a third of each dimension's coordinates (grid dropout),
+            // keeping at least one.
+            for (size_t c = 1; input % 2 == 1 && c < s.size(); ++c) {
+              if (rng() % 3 == 0) s[c] = -std::numeric_limits<float>::infinity();
+            }
             scores.push_back(std::move(s));
           }
           auto best = SearchBestExperts("ffn", grid, {scores}, k, swarm.Fetcher());
@@ -181,6 +189,14 @@ TEST(BeamSearch, RefusesScoresThatDoNotFitTheGrid) {
   auto nan = ten;
   nan[3] = std::nanf("");
   EXPECT_FALSE(SearchBestExperts("ffn", {10}, {{nan}}, 1, swarm.Fetcher()).ok());
+  auto plus_inf = ten;
+  plus_inf[3] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(SearchBestExperts("ffn", {10}, {{plus_inf}}, 1, swarm.Fetcher()).ok());
+  const std::vector<float> none(10, -std::numeric_limits<float>::infinity());
+  auto all_out = SearchBestExperts("ffn", {10}, {{none}}, 1, swarm.Fetcher());
+  ASSERT_FALSE(all_out.ok());
+  EXPECT_NE(all_out.status().message().find("rules out every coordinate"), std::string::npos)
+      << all_out.status().ToString();
   EXPECT_FALSE(SearchBestExperts("ffn", {0}, {{}}, 1, swarm.Fetcher()).ok());
 }
 
