@@ -617,7 +617,10 @@ asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
     net::Message msg(EncodePartHeader({static_cast<uint32_t>(k), {}}));
     msg.tensors.push_back(PartFrame(std::move(owner), bytes, raw()));
     st = co_await stream->Write(msg);
-    if (st.ok()) state->written = k + 1;
+    if (st.ok()) {
+      state->written = k + 1;
+      changed_.Notify();  // ReadResults may wait for it
+    }
     if (st.ok() && k + 1 == std::max<size_t>(1, n / 2)) {
       MaybeFault(Fault::kKillWhileSending);
       MaybeFault(Fault::kStopWhileSending);
@@ -660,9 +663,15 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
       stream->Cancel(ProtocolError("malformed result part"));
       break;
     }
+    // A result may overtake the completion of our write of its part (an honest reducer's on a
+    // busy machine, or a liar's on purpose): it waits for it, so that nothing is written into a
+    // range while it is still read for sending, and the check below knows what we sent.
+    while (sends_ && state->sending && next >= state->written && abort_reason_.ok() &&
+           SteadyNow() < deadline_ + impl_->options_.part_timeout) {
+      co_await changed_.WaitUntil(deadline_ + impl_->options_.part_timeout);
+    }
     // The list must be one the reducer can know: not us for a part we did not send, nor an aux
-    // member (they send nothing); and no result before we sent the part (checked or not, it
-    // would be written into the tensors while they are still read for that part).
+    // member (they send nothing).
     const bool sent = sends_ && next < state->written;
     std::string lie;
     if (sends_ && state->sending && !sent) lie = "a result for a part it did not receive yet";
