@@ -198,7 +198,8 @@ void DhtCore::Bootstrap(std::vector<std::string> initial_peers, Callback<size_t>
                                                          "DHT requests")});
                   return;
                 }
-                self->OnSuccess({r->peer, DhtId::ForPeer(r->peer), {addr}}, false);
+                self->OnSuccess({r->peer, DhtId::ForPeer(r->peer), {addr}}, false,
+                                /*firsthand=*/true);
                 join->Set(i, {addr, Status::Ok()});
               });
   }
@@ -262,13 +263,13 @@ bool DhtCore::BackedOff(const PeerId& peer) const {
   return it != backoff_.end() && it->second.until > Now();
 }
 
-void DhtCore::OnSuccess(const Contact& contact, bool client_mode) {
+void DhtCore::OnSuccess(const Contact& contact, bool client_mode, bool firsthand) {
   if (!contact.peer.valid()) return;
   backoff_.erase(contact.peer);
   if (client_mode || contact.addrs.empty()) return;
   const std::optional<std::string> group = env_.AddressGroupOf(contact.peer);
   if (!group) return;  // its connection closed already: it enters when it answers again
-  routing_.Seen(contact, Now(), *group);
+  routing_.Seen(contact, Now(), *group, /*update_addrs=*/firsthand);
   stats_.contacts_refused_for_address = routing_.refused_for_address();
 }
 
@@ -301,7 +302,7 @@ bool DhtCore::TakeToken(std::unordered_map<Key, Bucket>& buckets, const Key& key
 
 void DhtCore::NoteSender(const PeerId& from, const NodeHeader& header) {
   if (header.client_mode || header.addrs.empty()) return;
-  OnSuccess({from, DhtId::ForPeer(from), header.addrs}, false);
+  OnSuccess({from, DhtId::ForPeer(from), header.addrs}, false, /*firsthand=*/true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -331,6 +332,8 @@ void DhtCore::StartLookup(LookupSpec spec, std::function<void(Lookup&)> on_done)
       }
     }
   }
+  // Pruned here too: with nobody to ask, no find is sent and FlushFinds never prunes.
+  PruneLookups();
   active_lookups_.push_back(lookup);
   std::weak_ptr<Lookup> weak_lookup = lookup;
   auto weak = weak_from_this();
@@ -409,10 +412,7 @@ void DhtCore::FlushFinds(const PeerId& peer) {
     return;
   }
   // Piggyback other lookups that would ask this peer anyway.
-  std::erase_if(active_lookups_, [](const auto& w) {
-    auto l = w.lock();
-    return !l || l->finished;
-  });
+  PruneLookups();
   for (const auto& weak_lookup : active_lookups_) {
     if (batch.queued.size() >= kMaxFindIds) break;
     auto other = weak_lookup.lock();
@@ -533,6 +533,13 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     }
   }
   Step(lookup);
+}
+
+void DhtCore::PruneLookups() {
+  std::erase_if(active_lookups_, [](const auto& w) {
+    auto l = w.lock();
+    return !l || l->finished;
+  });
 }
 
 void DhtCore::FinishLookup(const std::shared_ptr<Lookup>& lookup) {
@@ -722,6 +729,9 @@ std::optional<Record> DhtCore::LocalRecord(const DhtId& id, bool* from_cache) {
     if (from_cache) *from_cache = true;
     if (out) {
       MergeRecord(*out, *c);
+      // Each fits the limits, their union may not (unsigned entries pushed into the cache
+      // before the owner's store): answered whole, readers would drop all of it.
+      if (const std::string* key = storage_.KeyOf(id)) TrimToLimits(*key, *out, options_.storage);
     } else {
       out = *c;
     }
@@ -837,7 +847,7 @@ void DhtCore::CacheLocally(const DhtId& id, const std::string& key, const Record
   const double now = Wall();
   size_t bytes = 0;
   const auto entries = Entries(key, record);
-  for (const StoreItem& e : entries) bytes += key.size() + e.value.size() + 64;
+  for (const StoreItem& e : entries) bytes += StoredBytes(e);  // as the cache counts them
   cache_.MakeRoom(bytes, now);
   for (const StoreItem& e : entries) (void)cache_.Store(id, e, self_.peer, now, false);
   ScheduleCacheRefresh(id, record.Expiration());
@@ -847,7 +857,7 @@ void DhtCore::MarkCacheRead(const DhtId& id) {
   // Only values this node cached itself have a refresh scheduled (and so an entry); values
   // others pushed into the cache must not grow the map.
   auto it = cache_read_.find(id);
-  if (it != cache_read_.end()) it->second = true;
+  if (it != cache_read_.end()) it->second.read = true;
 }
 
 void DhtCore::ScheduleCacheRefresh(const DhtId& id, double expiration) {
@@ -856,16 +866,20 @@ void DhtCore::ScheduleCacheRefresh(const DhtId& id, double expiration) {
     cache_read_.erase(id);
     return;
   }
-  cache_read_[id] = false;
+  const uint64_t generation = ++cache_generation_;
+  cache_read_[id] = {.read = false, .generation = generation};
   auto weak = weak_from_this();
   env_.Schedule(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(delay)),
-                [weak, id] {
+                [weak, id, generation] {
                   auto self = weak.lock();
                   if (!self || self->stopped_) return;
                   auto read = self->cache_read_.find(id);
+                  if (read == self->cache_read_.end() || read->second.generation != generation) {
+                    return;  // a later caching owns the entry now
+                  }
                   const std::string* key = self->cache_.KeyOf(id);
-                  if (read == self->cache_read_.end() || !read->second || key == nullptr) {
-                    self->cache_read_.erase(id);
+                  if (!read->second.read || key == nullptr) {
+                    self->cache_read_.erase(read);
                     return;
                   }
                   // Someone used this cached value: fetch a fresh copy before it expires.

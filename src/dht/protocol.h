@@ -176,7 +176,10 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   Status Admit(const PeerId& from, const std::string& source);
   void NoteSender(const PeerId& from, const NodeHeader& header);
   bool BackedOff(const PeerId& peer) const;
-  void OnSuccess(const Contact& contact, bool client_mode);
+  // `firsthand`: the contact's addresses are its own (its header) or the one we dialled it at;
+  // otherwise another peer referred it, and its addresses never replace those already known
+  // (a referrer could point a known contact at addresses where it cannot be reached).
+  void OnSuccess(const Contact& contact, bool client_mode, bool firsthand = false);
   void OnFailure(const Contact& contact);
   struct LookupSpec {
     DhtId target;
@@ -199,6 +202,8 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   void FinishLookup(const std::shared_ptr<Lookup>& lookup);
   void GetOne(std::string key, Freshness freshness, std::function<void(Result<Record>)> done);
   void FinishGet(const std::shared_ptr<GetOp>& op, Lookup& lookup);
+  // Drops finished and destroyed lookups from active_lookups_.
+  void PruneLookups();
   std::optional<Record> LocalRecord(const DhtId& id, bool* from_cache);
   // Whether merging `found` into this node's stored copy of `id` would change it (true when it
   // stores none).
@@ -254,8 +259,15 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   // Lookups in progress: a request to a peer also carries the ids of other lookups that have the
   // peer among their candidates not yet asked (hivemind's joint traversal of many keys).
   std::vector<std::weak_ptr<Lookup>> active_lookups_;
-  // Cached ids read since they were cached (refreshed before expiry).
-  std::unordered_map<DhtId, bool> cache_read_;
+  // Ids this node cached itself: whether they were read since, and the refresh timer that owns
+  // the entry (each caching schedules one; an older timer that fires finds another generation
+  // and leaves the entry to the newest).
+  struct CacheRefresh {
+    bool read = false;
+    uint64_t generation = 0;
+  };
+  std::unordered_map<DhtId, CacheRefresh> cache_read_;
+  uint64_t cache_generation_ = 0;
 };
 
 }  // namespace colony::dht

@@ -55,6 +55,11 @@ void MergeRecord(Record& into, const Record& other) {
   }
 }
 
+size_t StoredBytes(const StoreItem& item) {
+  return item.key.size() + (item.subkey ? item.subkey->size() : 0) + item.value.size() +
+         kEntryOverhead;
+}
+
 namespace {
 
 size_t EntryBytes(const std::string& key, std::string_view subkey, const ValueEntry& v) {
@@ -205,9 +210,7 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
     return InvalidArgument("another key is stored under this key's DHT id");
   }
 
-  Charge fresh{writer, charge ? source : std::string(),
-               item.key.size() + (item.subkey ? item.subkey->size() : 0) + item.value.size() +
-                   kEntryOverhead};
+  Charge fresh{writer, charge ? source : std::string(), StoredBytes(item)};
   const ValueEntry entry{item.value, item.expiration};
 
   // What the store would free, to check quotas against the state after it.
@@ -360,17 +363,21 @@ void Storage::Purge(double now) {
 
 void Storage::MakeRoom(size_t bytes, double now) {
   Purge(now);
-  while (!records_.empty() && total_bytes_ + bytes > limits_.capacity_bytes) {
-    auto victim = records_.begin();
-    double soonest = std::numeric_limits<double>::infinity();
-    for (auto it = records_.begin(); it != records_.end(); ++it) {
-      const double e = it->second.record.Expiration();
-      if (e < soonest) {
-        soonest = e;
-        victim = it;
-      }
-    }
-    Erase(victim);
+  if (total_bytes_ + bytes <= limits_.capacity_bytes) return;
+  // The records that expire soonest go first: one pass and a heap, not a pass per victim (a
+  // cache full of tiny records made each large value cost records x victims steps).
+  using Entry = std::pair<double, std::unordered_map<DhtId, Slot>::iterator>;
+  std::vector<Entry> order;
+  order.reserve(records_.size());
+  for (auto it = records_.begin(); it != records_.end(); ++it) {
+    order.emplace_back(it->second.record.Expiration(), it);
+  }
+  const auto later = [](const Entry& a, const Entry& b) { return a.first > b.first; };
+  std::make_heap(order.begin(), order.end(), later);
+  while (!order.empty() && total_bytes_ + bytes > limits_.capacity_bytes) {
+    std::pop_heap(order.begin(), order.end(), later);
+    Erase(order.back().second);  // erasing one element leaves the others' iterators valid
+    order.pop_back();
   }
 }
 

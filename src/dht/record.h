@@ -53,6 +53,9 @@ struct StoreItem {
   double expiration = 0;
 };
 
+// The bytes a storage charges for an item (its key, subkey and value, and a fixed overhead).
+size_t StoredBytes(const StoreItem& item);
+
 // Merges `other` into `into` with the storage rules (per subkey for two dictionaries, the newer
 // of two plain values, and a dictionary over a plain value). Used when a get gathers copies from
 // several replicas.

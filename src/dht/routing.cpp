@@ -25,7 +25,8 @@ bool RoutingTable::GroupFits(const Bucket& b, const std::string& group,
   return static_cast<size_t>(held) < max_per_address_;
 }
 
-bool RoutingTable::Seen(const Contact& contact, SteadyTime now, const std::string& group) {
+bool RoutingTable::Seen(const Contact& contact, SteadyTime now, const std::string& group,
+                        bool update_addrs) {
   if (contact.id == self_) return false;
   Bucket& b = buckets_[BucketOf(contact.id)];
   auto it = std::find_if(b.entries.begin(), b.entries.end(),
@@ -33,7 +34,7 @@ bool RoutingTable::Seen(const Contact& contact, SteadyTime now, const std::strin
   if (it != b.entries.end()) {
     Entry e = std::move(*it);
     b.entries.erase(it);
-    if (!contact.addrs.empty()) e.contact.addrs = contact.addrs;
+    if (update_addrs && !contact.addrs.empty()) e.contact.addrs = contact.addrs;
     e.last_seen = now;
     e.failures = 0;
     b.entries.push_back(std::move(e));

@@ -31,8 +31,10 @@ class RoutingTable {
 
   // Records that `contact` answered (or contacted us), reached at address group `group` ("":
   // not capped). Returns true when it is in a bucket now. A contact already in a bucket keeps
-  // the group it entered with.
-  bool Seen(const Contact& contact, SteadyTime now, const std::string& group = {});
+  // the group it entered with, and its addresses unless `update_addrs` (addresses another peer
+  // referred it at must not replace those it gave itself).
+  bool Seen(const Contact& contact, SteadyTime now, const std::string& group = {},
+            bool update_addrs = true);
   // Records a failed request; the contact is dropped after max_failures in a row.
   void Failed(const PeerId& peer);
   void Remove(const PeerId& peer);

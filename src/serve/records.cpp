@@ -100,6 +100,11 @@ Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view valu
     } else {
       return ProtocolError(fmt::format("unknown server state '{}'", state.substr(0, 32)));
     }
+    // Integers only: a JSON number such as 1e300 would not fit int64 (undefined behaviour).
+    if (!j.at("start").is_number_integer() || !j.at("end").is_number_integer() ||
+        (j.contains("cache_tokens_left") && !j.at("cache_tokens_left").is_number_integer())) {
+      return ProtocolError("server record: start, end and cache_tokens_left must be integers");
+    }
     r.start = j.at("start").get<int64_t>();
     r.end = j.at("end").get<int64_t>();
     r.throughput = j.value("throughput", 0.0);

@@ -412,6 +412,28 @@ TEST(DhtRouting, BucketsNearestAndFailures) {
   EXPECT_FALSE(table.Seen({KeyPair::Generate().peer_id(), self, {}}, SteadyTime{}));
 }
 
+// A contact's own addresses (its header, or where we dialled it) replace the known ones; those
+// another peer referred it at do not (a referrer could point a known contact where it cannot be
+// reached, and we would hand that on to everyone who asks).
+TEST(DhtRouting, ReferredAddressesDoNotReplaceAContactsOwn) {
+  std::mt19937_64 rng(4);
+  RoutingTable table(DhtId::Random(rng), 4, 2);
+  const PeerId p = KeyPair::Generate().peer_id();
+  ASSERT_TRUE(table.Seen({p, DhtId::ForPeer(p), {"/ip4/10.0.0.1/tcp/1"}}, SteadyTime{}));
+  table.Seen({p, DhtId::ForPeer(p), {"/ip4/10.6.6.6/tcp/6"}}, SteadyTime{}, "",
+             /*update_addrs=*/false);
+  ASSERT_TRUE(table.Find(p).has_value());
+  EXPECT_EQ(table.Find(p)->addrs, std::vector<std::string>{"/ip4/10.0.0.1/tcp/1"});
+  table.Seen({p, DhtId::ForPeer(p), {"/ip4/10.0.0.2/tcp/2"}}, SteadyTime{});
+  EXPECT_EQ(table.Find(p)->addrs, std::vector<std::string>{"/ip4/10.0.0.2/tcp/2"});
+  // A contact first met by referral enters with the referred addresses.
+  const PeerId q = KeyPair::Generate().peer_id();
+  table.Seen({q, DhtId::ForPeer(q), {"/ip4/10.0.0.3/tcp/3"}}, SteadyTime{}, "", false);
+  if (table.Find(q)) {
+    EXPECT_EQ(table.Find(q)->addrs, std::vector<std::string>{"/ip4/10.0.0.3/tcp/3"});
+  }
+}
+
 // One address holds at most 2 contacts per bucket however many identities it brings; other
 // addresses and uncapped ones ("", loopback) still enter; a contact that fails makes way for a
 // replacement whose address has room, not for one whose address is full.

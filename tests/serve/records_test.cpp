@@ -45,6 +45,10 @@ TEST(ServerRecord, RejectsMalformedAndOutOfRange) {
       "{\"state\":\"online\",\"start\":0,\"end\":2,\"addresses\":\"x\"}",
       "{\"state\":\"online\",\"start\":0,\"end\":2,\"addresses\":[1,2]}",
       "{\"state\":1,\"start\":0,\"end\":2}",
+      // Numbers that are not integers (1e300 does not fit int64: converting it is undefined).
+      "{\"state\":\"online\",\"start\":0,\"end\":1e300}",
+      "{\"state\":\"online\",\"start\":0.5,\"end\":2}",
+      "{\"state\":\"online\",\"start\":0,\"end\":2,\"cache_tokens_left\":1e300}",
   };
   for (const char* v : bad) {
     EXPECT_FALSE(ParseServerRecord(peer, v, 8).ok()) << v;
