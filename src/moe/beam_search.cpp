@@ -262,6 +262,15 @@ void BeamSearcher::Avoid(const std::vector<PeerId>& servers, const std::vector<s
   }
 }
 
+bool BeamSearcher::ForgetAvoided() {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(mu_);
+  const bool any = std::any_of(avoided_until_.begin(), avoided_until_.end(),
+                               [now](const auto& a) { return a.second > now; });
+  avoided_until_.clear();
+  return any;
+}
+
 Result<std::vector<ScoredExpert>> BeamSearcher::FindBestExperts(
     const std::vector<std::vector<float>>& grid_scores, size_t k) {
   COLONY_ASSIGN_OR_RETURN(auto batch, BatchFindBestExperts({grid_scores}, k));

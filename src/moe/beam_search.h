@@ -83,6 +83,10 @@ class BeamSearcher {
   // The servers of an expert whose call failed, and the keys its search result came from (see
   // BeamSearchOptions::avoid_failed_for).
   void Avoid(const std::vector<PeerId>& servers, const std::vector<std::string>& keys);
+  // Ends the avoidance of every server; returns whether any was avoided. For a search that
+  // found nothing while servers were avoided (after this side's own network outage, every
+  // server it called is avoided).
+  bool ForgetAvoided();
 
   const std::vector<int64_t>& grid_size() const { return grid_size_; }
 

@@ -320,6 +320,14 @@ struct ExpertDispatcher::Impl {
       }
     }
     COLONY_ASSIGN_OR_RETURN(auto found, searcher->BatchFindBestExperts(scores, o.k_best));
+    // Avoiding failed servers is a preference: when it leaves an input no expert at all (this
+    // side's network was down and every server it called failed), they are tried again rather
+    // than failing every step until the avoidance ends.
+    const bool starved =
+        std::any_of(found.begin(), found.end(), [](const auto& best) { return best.empty(); });
+    if (starved && searcher->ForgetAvoided()) {
+      COLONY_ASSIGN_OR_RETURN(found, searcher->BatchFindBestExperts(scores, o.k_best));
+    }
 
     auto plan = c10::make_intrusive<CallPlan>();
     plan->batch = batch;

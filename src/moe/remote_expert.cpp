@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
 
@@ -63,26 +64,77 @@ asio::awaitable<Result<at::Tensor>> Exchange(net::Host& host, Multiaddr address,
 
 }  // namespace
 
+std::vector<size_t> RemoteExpert::Order() {
+  std::lock_guard lock(mu_);
+  state_.resize(info_.servers.size());
+  std::vector<size_t> order;
+  for (size_t s = 0; s < info_.servers.size(); ++s) {
+    if (s < info_.addrs.size() && !info_.addrs[s].empty()) order.push_back(s);
+  }
+  // Unsuspected first, the latest to answer first among them; then by failures since answering.
+  auto suspicion = [this](size_t s) {
+    const ServerState& st = state_[s];
+    return st.running > 0 || st.failures > 0 ? 1 + uint64_t{st.failures} : 0;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const uint64_t sa = suspicion(a), sb = suspicion(b);
+    return sa != sb ? sa < sb : state_[a].answered > state_[b].answered;
+  });
+  return order;
+}
+
+void RemoteExpert::Attempt(size_t server) {
+  std::lock_guard lock(mu_);
+  ++state_[server].running;
+}
+
+void RemoteExpert::Ended(size_t server, bool ok) {
+  std::lock_guard lock(mu_);
+  ServerState& st = state_[server];
+  --st.running;
+  if (ok) {
+    st.answered = ++answers_;
+    st.failures = 0;
+  } else {
+    ++st.failures;
+  }
+}
+
 Result<at::Tensor> RemoteExpert::Call(const std::string& method,
                                       const std::vector<at::Tensor>& tensors,
                                       const at::Tensor& like, std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
   if (info_.servers.empty()) return NotFound(fmt::format("no server hosts expert {}", info_.uid));
   std::vector<at::Tensor> sent;
   for (const auto& t : tensors) sent.push_back(t.to(at::kFloat).contiguous());
   COLONY_ASSIGN_OR_RETURN(auto request, ChunkRows(info_.uid, sent));
+  const std::vector<size_t> order = Order();
   Status last;
-  for (size_t s = 0; s < info_.servers.size(); ++s) {
-    if (s >= info_.addrs.size() || info_.addrs[s].empty()) continue;
+  for (size_t n = 0; n < order.size(); ++n) {
+    const size_t s = order[n];
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      last = DeadlineExceeded(
+          fmt::format("expert {}: the call's {} ms were spent before its server {} could be tried",
+                      info_.uid, timeout.count(), info_.servers[s].ToString()));
+      break;
+    }
+    const auto share =
+        std::max(std::chrono::milliseconds(1), left / static_cast<int64_t>(order.size() - n));
     auto addr = Multiaddr::Parse(info_.addrs[s][0]);
     if (!addr.ok()) {
       last = addr.status();
       continue;
     }
+    Attempt(s);
     auto out = asio::co_spawn(host_.io_context(),
                               Exchange(host_, addr->WithPeerId(info_.servers[s]), method, request,
-                                       like.size(0), like.size(1), timeout),
+                                       like.size(0), like.size(1), share),
                               asio::use_future)
                    .get();
+    Ended(s, out.ok());
     if (!out.ok()) {
       last = out.status().WithContext(
           fmt::format("expert {} on {}", info_.uid, info_.servers[s].ToString()));

@@ -4,13 +4,20 @@
 //   at::Tensor y = moe::CallRemoteExpert(expert, x, {});  // differentiable in x
 //   y.sum().backward();   // sends grad_y to the server, which trains the expert, returns grad_x
 //
-// Every call has a deadline. The servers that host the expert are tried in turn, each at the
-// first address it declared (dialled as that server, so another peer cannot answer for it).
+// Every call has one deadline, whatever the number of servers that host the expert. They are tried
+// one after another, each at the first address it declared (dialled as that server, so another
+// peer cannot answer for it) and with an equal share of the time left among the servers not yet
+// tried: a server that never answers holds a call for its share, not the whole deadline. The
+// server that answered last is tried first (a backward goes where its forward was computed), and
+// a server whose last attempt failed, or is still running, goes after those that did not: a mute
+// server that declared the expert too costs one call, not every call.
 #pragma once
 
 #include <ATen/Tensor.h>
 
 #include <chrono>
+#include <mutex>
+#include <vector>
 
 #include "core/status.h"
 #include "moe/discovery.h"
@@ -36,9 +43,21 @@ class RemoteExpert {
  private:
   Result<at::Tensor> Call(const std::string& method, const std::vector<at::Tensor>& tensors,
                           const at::Tensor& like, std::chrono::milliseconds timeout);
+  // The servers with an address, in the order to try them (see above).
+  std::vector<size_t> Order();
+  void Attempt(size_t server);
+  void Ended(size_t server, bool ok);
 
   net::Host& host_;
   RemoteExpertInfo info_;
+  struct ServerState {
+    uint64_t answered = 0;  // when it last answered, in answers counted by `answers_`
+    uint32_t running = 0;   // attempts in flight
+    uint32_t failures = 0;  // since it last answered
+  };
+  std::mutex mu_;  // calls may run on several threads at once (a late one, the next one)
+  std::vector<ServerState> state_;
+  uint64_t answers_ = 0;
 };
 
 // y = expert(x), differentiable in x: the backward pass calls moe.backward. A failed call throws

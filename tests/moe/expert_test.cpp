@@ -13,7 +13,11 @@
 #include <torch/serialize/output-archive.h>
 
 #include <asio/co_spawn.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
+#include <atomic>
 #include <cmath>
 #include <thread>
 
@@ -573,6 +577,56 @@ TEST_F(ExpertServers, ABackwardReachesARestartedServer) {
   auto refused = Raw("moe.forward", "ffn.2.3", {at::randn({1, kHidden})});
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("shutting down"), std::string::npos);
+}
+
+// A second server declares the expert too and never answers (hostile, or hung). It is tried
+// first: the call still ends by its deadline, answered by the live server within it; the backward
+// goes where the forward was computed, and the next calls do not wait on the mute server again.
+TEST_F(ExpertServers, AMuteCoDeclarerCostsOneCallShareAndIsTriedLastAfterwards) {
+  auto mute = dht::Node::Start(KeyPair::Generate(), test::LoopbackNodeOptions({}));
+  ASSERT_TRUE(mute.ok()) << mute.status().ToString();
+  auto asked = std::make_shared<std::atomic<int>>(0);
+  for (const char* method : {"moe.forward", "moe.backward"}) {
+    (*mute)->host().RegisterUnary(
+        method, [asked](net::CallContext&, net::Message) -> asio::awaitable<Result<net::Message>> {
+          ++*asked;
+          asio::steady_timer timer(co_await asio::this_coro::executor, 20s);
+          co_await timer.async_wait(asio::use_awaitable);
+          co_return net::Message();
+        });
+  }
+  auto declared = GetExperts(*client_node_, {"ffn.0.1"});
+  ASSERT_TRUE(declared.at(0).has_value());
+  const RemoteExpertInfo& found = *declared[0];
+  ASSERT_EQ(found.servers.size(), 1u);
+  RemoteExpertInfo info{
+      .uid = "ffn.0.1",
+      .servers = {(*mute)->host().peer_id(), found.servers[0]},
+      .addrs = {{(*mute)->VisibleAddresses().at(0).ToString()}, found.addrs.at(0)}};
+  RemoteExpert expert(client_node_->host(), info);
+  const RemoteCallOptions timeouts{.forward_timeout = 6s, .backward_timeout = 6s};
+
+  const at::Tensor data = at::randn({4, kHidden});
+  at::Tensor x = data.clone().requires_grad_(true);
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor y = CallRemoteExpert(expert, x, timeouts);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(asked->load(), 1);
+  // The mute server held the call for its half of the deadline, not the whole of it (tried in
+  // turn with a timeout each, the call took 6 s and more).
+  EXPECT_LT(took, 6s);
+  auto weights = server_->Parameters("ffn.0.1");
+  ASSERT_TRUE(weights.ok());
+  const at::Tensor y_ref = Ffn(data, Detached(*weights));
+  EXPECT_TRUE(at::allclose(y, y_ref, 1e-5, 1e-6));
+  y.sum().backward();
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_EQ(server_->stats().backwards, 1u);
+  at::Tensor again = CallRemoteExpert(expert, data, timeouts);
+  EXPECT_TRUE(
+      at::allclose(again, Ffn(data, Detached(*server_->Parameters("ffn.0.1"))), 1e-5, 1e-6));
+  EXPECT_EQ(asked->load(), 1) << "the mute server was asked again";
+  (*mute)->Shutdown();
 }
 
 }  // namespace

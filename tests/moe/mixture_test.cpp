@@ -67,6 +67,14 @@ class Mixture : public ::testing::Test {
     }
     servers_.push_back(std::move(*s));
   }
+  // A mixture over a 2 x 2 grid choosing 2 experts per input, waiting for every answer.
+  static Result<std::unique_ptr<RemoteMixtureOfExperts>> TwoByTwo(dht::Node& node) {
+    return RemoteMixtureOfExperts::Create(node, {.grid_name = "ffn",
+                                                 .grid_size = {2, 2},
+                                                 .hidden = kHidden,
+                                                 .k_best = 2,
+                                                 .timeout_after_k_min = kWaitForAll});
+  }
   // The reference: every expert in `live` scored from the gating's output, the top k of them,
   // softmax over those in `answering`, their outputs summed (zero when none answers).
   at::Tensor Reference(const at::Tensor& x, const std::vector<at::Tensor>& gate,
@@ -305,11 +313,7 @@ TEST_F(Mixture, AnExpertWithNaNWeightsIsExcludedAndTheOutputStaysFinite) {
 
 TEST_F(Mixture, TheBackwardTrainsTheExpertsAlsoWhenTheInputNeedsNoGradient) {
   ASSERT_NO_FATAL_FAILURE(Serve(1, {"ffn.0.0", "ffn.1.1"}));
-  auto moe = RemoteMixtureOfExperts::Create(*nodes_[3], {.grid_name = "ffn",
-                                                         .grid_size = {2, 2},
-                                                         .hidden = kHidden,
-                                                         .k_best = 2,
-                                                         .timeout_after_k_min = kWaitForAll});
+  auto moe = TwoByTwo(*nodes_[3]);
   ASSERT_TRUE(moe.ok());
   const at::Tensor x = at::randn({4, kHidden});  // a first layer's input: no gradient wanted
   auto y = (*moe)->Forward(x);
@@ -318,6 +322,30 @@ TEST_F(Mixture, TheBackwardTrainsTheExpertsAlsoWhenTheInputNeedsNoGradient) {
   EXPECT_EQ(servers_[0]->stats().backwards, 2u);
   auto after = servers_[0]->Parameters("ffn.0.0");
   EXPECT_FALSE(at::equal((*after)[0], weights_.at("ffn.0.0")[0]));
+}
+
+// Every call of a step fails while the client's peer cannot reach the server (played by the
+// server's shutdown and restart), so every server it knows is avoided; the step after the outage
+// must try them again, not fail until the avoidance ends a minute later.
+TEST_F(Mixture, AfterAnOutageThatFailedEveryCallTheAvoidedServersAreTriedAgain) {
+  const std::vector<std::string> uids = {"ffn.0.0", "ffn.1.1"};
+  ASSERT_NO_FATAL_FAILURE(Serve(1, uids));
+  auto moe = TwoByTwo(*nodes_[3]);
+  ASSERT_TRUE(moe.ok());
+  const auto gate = Copies((*moe)->gating_parameters());
+  const at::Tensor x = at::randn({4, kHidden});
+  ASSERT_TRUE((*moe)->Forward(x).ok());
+  servers_[0]->Shutdown();
+  auto during = (*moe)->Forward(x);
+  ASSERT_FALSE(during.ok());
+  EXPECT_EQ((*moe)->stats().failed_calls, 2u);
+  servers_[0].reset();
+  servers_.clear();
+  ASSERT_NO_FATAL_FAILURE(Serve(1, uids));
+  auto after = (*moe)->Forward(x);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_TRUE(at::allclose(*after, Reference(x, gate, {2, 2}, uids, {uids.begin(), uids.end()}, 2),
+                           1e-4, 1e-5));
 }
 
 TEST_F(Mixture, DetectAnomaliesRefusesNonFiniteInputsAndBadShapes) {
