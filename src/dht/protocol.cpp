@@ -43,12 +43,20 @@ struct DhtCore::Lookup {
     State state = State::kNew;
     size_t depth = 1;
     bool had_value = false;
-    bool probe = false;  // asked whatever its distance (random probe)
+    bool probe = false;                    // asked whatever its distance (random probe)
+    PeerId referrer = {};                  // who named it (none: this node's routing table)
+    std::vector<std::string> groups = {};  // of its claimed addresses, for per_group
   };
   DhtId target;
   std::optional<std::string> key;  // set: also looking for its value
   Freshness freshness = Freshness::kAnyCopy;
-  std::map<DhtId, Candidate> candidates;  // by XOR distance to target
+  std::map<DhtId, Candidate> candidates;    // by XOR distance to target
+  std::map<std::string, size_t> per_group;  // candidates per claimed address group
+  struct Referrals {
+    size_t answered = 0, failed = 0;
+    bool distrusted = false;
+  };
+  std::map<PeerId, Referrals> referrals;  // per referrer: how the contacts it named did
   size_t in_flight = 0;
   bool finished = false;
   std::optional<Record> found;
@@ -459,7 +467,10 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
                        reply.status().ToString());
       OnFailure(contact);
     }
-    if (it != l.candidates.end()) it->second.state = Lookup::State::kFailed;
+    if (it != l.candidates.end()) {
+      it->second.state = Lookup::State::kFailed;
+      CountReferral(l, it->second.referrer, false);
+    }
     Step(lookup);
     return;
   }
@@ -511,28 +522,93 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
   if (it != l.candidates.end()) {
     it->second.state = Lookup::State::kDone;
     it->second.had_value = had_value;
+    CountReferral(l, it->second.referrer, true);
   }
   if (!l.finished) {
-    for (Contact& c : result.nearest) {
-      if (!c.peer.valid() || c.peer == self_.peer || c.addrs.empty()) continue;
-      const DhtId distance = c.id ^ l.target;
-      l.candidates.try_emplace(distance,
-                               Lookup::Candidate{std::move(c), Lookup::State::kNew, depth + 1});
-    }
-    // Bound the candidate set: far candidates that were never contacted are dropped.
-    const size_t cap = 4 * options_.beam_size;
-    if (l.candidates.size() > cap) {
-      auto victim = std::prev(l.candidates.end());
-      while (l.candidates.size() > cap && victim != l.candidates.begin()) {
-        auto prev = std::prev(victim);
-        if (victim->second.state == Lookup::State::kNew && !victim->second.probe) {
-          l.candidates.erase(victim);
-        }
-        victim = prev;
-      }
-    }
+    AddCandidates(l, contact.peer, std::move(result.nearest), depth + 1);
   }
   Step(lookup);
+}
+
+void DhtCore::AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Contact> contacts,
+                            size_t depth) {
+  if (auto r = l.referrals.find(referrer); r != l.referrals.end() && r->second.distrusted) {
+    stats_.candidates_refused += contacts.size();
+    return;
+  }
+  std::erase_if(contacts, [&](const Contact& c) {
+    return !c.peer.valid() || c.peer == self_.peer || c.addrs.empty();
+  });
+  // An honest peer names its k nearest; a reply may list more (the wire allows 64), and only
+  // the k nearest of them are taken.
+  const auto nearer = [&](const Contact& a, const Contact& b) {
+    return (a.id ^ l.target) < (b.id ^ l.target);
+  };
+  if (contacts.size() > options_.bucket_size) {
+    std::partial_sort(contacts.begin(),
+                      contacts.begin() + static_cast<std::ptrdiff_t>(options_.bucket_size),
+                      contacts.end(), nearer);
+    stats_.candidates_refused += contacts.size() - options_.bucket_size;
+    contacts.resize(options_.bucket_size);
+  }
+  for (Contact& c : contacts) {
+    const DhtId distance = c.id ^ l.target;
+    if (l.candidates.contains(distance)) continue;
+    std::vector<std::string> groups;
+    for (const std::string& a : c.addrs) {
+      std::string g = env_.ClaimedAddressGroup(a);
+      if (!g.empty() && std::find(groups.begin(), groups.end(), g) == groups.end()) {
+        groups.push_back(std::move(g));
+      }
+    }
+    const bool crowded =
+        options_.max_candidates_per_address > 0 &&
+        std::any_of(groups.begin(), groups.end(), [&](const std::string& g) {
+          auto n = l.per_group.find(g);
+          return n != l.per_group.end() && n->second >= options_.max_candidates_per_address;
+        });
+    if (crowded) {
+      ++stats_.candidates_refused;
+      continue;
+    }
+    for (const std::string& g : groups) ++l.per_group[g];
+    l.candidates.emplace(distance, Lookup::Candidate{.contact = std::move(c),
+                                                     .depth = depth,
+                                                     .referrer = referrer,
+                                                     .groups = std::move(groups)});
+  }
+  // Bound the candidate set: far candidates that were never contacted are dropped.
+  const size_t cap = 4 * options_.beam_size;
+  if (l.candidates.size() > cap) {
+    auto victim = std::prev(l.candidates.end());
+    while (l.candidates.size() > cap && victim != l.candidates.begin()) {
+      auto prev = std::prev(victim);
+      if (victim->second.state == Lookup::State::kNew && !victim->second.probe) {
+        for (const std::string& g : victim->second.groups) --l.per_group[g];
+        l.candidates.erase(victim);
+      }
+      victim = prev;
+    }
+  }
+}
+
+void DhtCore::CountReferral(Lookup& l, const PeerId& referrer, bool answered) {
+  if (!referrer.valid() || options_.max_failed_referrals == 0) return;
+  Lookup::Referrals& r = l.referrals[referrer];
+  (answered ? r.answered : r.failed)++;
+  // Honest peers name dead contacts too (churn), but mostly live ones.
+  if (r.distrusted || r.failed < options_.max_failed_referrals || r.failed <= 2 * r.answered) {
+    return;
+  }
+  r.distrusted = true;
+  // Dropped, not marked failed: an honest peer among them comes back when another names it.
+  std::erase_if(l.candidates, [&](const auto& entry) {
+    const Lookup::Candidate& c = entry.second;
+    if (c.referrer != referrer || c.state != Lookup::State::kNew || c.probe) return false;
+    for (const std::string& g : c.groups) --l.per_group[g];
+    ++stats_.candidates_refused;
+    return true;
+  });
 }
 
 void DhtCore::PruneLookups() {

@@ -52,6 +52,12 @@ class Environment {
     (void)peer;
     return std::string();
   }
+  // The group a contact's claimed address (a multiaddr another peer referred it at) counts under
+  // in a lookup's candidates (DhtOptions::max_candidates_per_address); "" for none to cap.
+  virtual std::string ClaimedAddressGroup(const std::string& addr) const {
+    (void)addr;
+    return {};
+  }
 };
 
 struct DhtOptions {
@@ -90,6 +96,14 @@ struct DhtOptions {
   // Contacts at one address a routing table bucket holds at most (0: no cap): identities are
   // free, addresses are not.
   size_t max_contacts_per_address_per_bucket = 2;
+  // A lookup takes at most this many candidates at one claimed address (0: no cap), so that one
+  // machine's identities, ground next to a key, cannot fill its nearest slots and answer in
+  // turn that nothing is there (an eclipse of the key).
+  size_t max_candidates_per_address = 2;
+  // A lookup stops asking the contacts one peer referred once this many of them failed to
+  // answer, and more than twice as many as answered (0: never): a referrer of addresses that
+  // never answer cannot run the lookup to its deadline.
+  size_t max_failed_referrals = 3;
   StorageLimits storage;
 };
 
@@ -103,6 +117,10 @@ struct DhtStats {
   uint64_t shared_gets = 0;       // gets that joined a lookup already running for their key
   // Contacts kept out of the routing table: their address had its share of their bucket.
   uint64_t contacts_refused_for_address = 0;
+  // Contacts a lookup did not take: beyond the k nearest of a reply, at an address that had its
+  // share of the lookup (max_candidates_per_address), or referred by a peer whose referrals
+  // failed (max_failed_referrals).
+  uint64_t candidates_refused = 0;
 };
 
 class DhtCore : public std::enable_shared_from_this<DhtCore> {
@@ -200,6 +218,13 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   void OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& contact, size_t depth,
                    Result<FindResponse> reply, bool first_of_batch = true);
   void FinishLookup(const std::shared_ptr<Lookup>& lookup);
+  // Takes a find reply's contacts as candidates, within the caps (DhtOptions).
+  void AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Contact> contacts,
+                     size_t depth);
+  // One of `referrer`'s referrals answered or failed. Once at least max_failed_referrals failed
+  // and more than twice as many as answered, those not asked yet are dropped and the contacts
+  // of its later replies refused.
+  void CountReferral(Lookup& l, const PeerId& referrer, bool answered);
   void GetOne(std::string key, Freshness freshness, std::function<void(Result<Record>)> done);
   void FinishGet(const std::shared_ptr<GetOp>& op, Lookup& lookup);
   // Drops finished and destroyed lookups from active_lookups_.

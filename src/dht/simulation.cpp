@@ -14,24 +14,33 @@ class Simulation::Env final : public Environment {
 
   void Ping(const Contact& to, PingRequest request, Duration timeout,
             Callback<PingResponse> done) override {
-    Deliver<PingResponse>(to, timeout, std::move(done),
-                          [request = std::move(request)](DhtCore& target, const PeerId& from) {
-                            return target.HandlePing(from, request);
-                          });
+    Deliver<PingResponse>(
+        to, timeout, std::move(done),
+        [&sim = sim_, request = std::move(request)](size_t target, const PeerId& from) {
+          return sim.node(target).HandlePing(from, request);
+        });
   }
   void Store(const Contact& to, StoreRequest request, Duration timeout,
              Callback<StoreResponse> done) override {
-    Deliver<StoreResponse>(to, timeout, std::move(done),
-                           [request = std::move(request)](DhtCore& target, const PeerId& from) {
-                             return target.HandleStore(from, request);
-                           });
+    Deliver<StoreResponse>(
+        to, timeout, std::move(done),
+        [&sim = sim_, request = std::move(request)](size_t target, const PeerId& from) {
+          return sim.node(target).HandleStore(from, request);
+        });
   }
   void Find(const Contact& to, FindRequest request, Duration timeout,
             Callback<FindResponse> done) override {
-    Deliver<FindResponse>(to, timeout, std::move(done),
-                          [request = std::move(request)](DhtCore& target, const PeerId& from) {
-                            return target.HandleFind(from, request);
-                          });
+    Deliver<FindResponse>(
+        to, timeout, std::move(done),
+        [&sim = sim_, request = std::move(request)](size_t target, const PeerId& from) {
+          const FindScript& script = sim.nodes_[target]->find_script;
+          return script ? script(from, request) : sim.node(target).HandleFind(from, request);
+        });
+  }
+  std::string ClaimedAddressGroup(const std::string& addr) const override {
+    if (addr.rfind("sim/", 0) != 0) return {};
+    const size_t at = addr.find('@');
+    return at == std::string::npos ? addr : addr.substr(at + 1);
   }
   void Schedule(Duration delay, std::function<void()> fn) override {
     const size_t index = index_;
@@ -68,8 +77,7 @@ class Simulation::Env final : public Environment {
         return;
       }
       ++sim.messages_;
-      Result<Resp> reply =
-          handler(sim.node(static_cast<size_t>(target)), sim.identity(from).peer_id());
+      Result<Resp> reply = handler(static_cast<size_t>(target), sim.identity(from).peer_id());
       if constexpr (std::is_same_v<Resp, PingResponse>) {
         if (reply.ok()) reply->peer = sim.identity(static_cast<size_t>(target)).peer_id();
       }
@@ -105,22 +113,36 @@ Simulation::~Simulation() {
 }
 
 size_t Simulation::AddNode(DhtOptions options, double clock_offset_seconds) {
-  const size_t index = nodes_.size();
-  auto node = std::make_unique<Node>();
   std::array<uint8_t, 32> seed{};
-  uint64_t s = options_.seed * 0x9E3779B97F4A7C15ull + index;
+  uint64_t s = options_.seed * 0x9E3779B97F4A7C15ull + nodes_.size();
   std::memcpy(seed.data(), &s, sizeof(s));
   seed[31] = 0x5a;
-  node->identity = std::make_unique<KeyPair>(KeyPair::FromSeed({seed.data(), seed.size()}));
+  return AddNodeAs(KeyPair::FromSeed({seed.data(), seed.size()}), {}, options,
+                   clock_offset_seconds);
+}
+
+size_t Simulation::AddNodeAs(KeyPair identity, const std::string& machine, DhtOptions options,
+                             double clock_offset_seconds) {
+  const size_t index = nodes_.size();
+  auto node = std::make_unique<Node>();
+  node->identity = std::make_unique<KeyPair>(std::move(identity));
   node->env = std::make_unique<Env>(*this, index, clock_offset_seconds);
   std::vector<std::string> addrs;
-  if (!options.client_mode) addrs.push_back(fmt::format("sim/{}", index));
+  if (!options.client_mode) {
+    addrs.push_back(machine.empty() ? fmt::format("sim/{}", index)
+                                    : fmt::format("sim/{}@{}", index, machine));
+  }
+  node->address = addrs.empty() ? fmt::format("sim/{}", index) : addrs[0];
   node->core = DhtCore::Create(*node->identity, std::move(addrs), options, *node->env);
   nodes_.push_back(std::move(node));
   return index;
 }
 
-std::string Simulation::address(size_t i) const { return fmt::format("sim/{}", i); }
+void Simulation::ScriptFinds(size_t i, FindScript script) {
+  nodes_[i]->find_script = std::move(script);
+}
+
+std::string Simulation::address(size_t i) const { return nodes_[i]->address; }
 
 void Simulation::Kill(size_t i) {
   nodes_[i]->alive = false;
@@ -132,7 +154,7 @@ long Simulation::Resolve(const Contact& to) const {
     if (a.rfind("sim/", 0) != 0) continue;
     size_t index = 0;
     auto [p, ec] = std::from_chars(a.data() + 4, a.data() + a.size(), index);
-    if (ec != std::errc() || p != a.data() + a.size() || index >= nodes_.size()) continue;
+    if (ec != std::errc() || index >= nodes_.size() || a != nodes_[index]->address) continue;
     if (!nodes_[index]->alive) return -1;
     if (to.peer.valid() && !(nodes_[index]->identity->peer_id() == to.peer)) return -1;
     return static_cast<long>(index);

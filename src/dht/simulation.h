@@ -1,7 +1,8 @@
 // An in-memory, deterministic simulation of a DHT swarm: thousands of protocol cores in one
 // process, a virtual clock, and a network with seeded per-message latencies. Dead nodes swallow
 // requests, so their callers see timeouts exactly as on a real network. Used by the tests and
-// by anyone tuning the protocol's parameters.
+// by anyone tuning the protocol's parameters. Each node is its own machine (address group)
+// unless added on a shared one; a node's find replies can be scripted (a hostile peer).
 #pragma once
 
 #include <functional>
@@ -33,6 +34,13 @@ class Simulation {
   // Adds a node (not bootstrapped yet); returns its index. Its address is address(index).
   // `clock_offset_seconds` shifts the node's wall clock (a machine whose clock is off).
   size_t AddNode(DhtOptions options = {}, double clock_offset_seconds = 0);
+  // A node with this identity, on `machine` (its address is "sim/<index>@<machine>"; nodes on
+  // one machine share an address group, as identities on one host do): a test's Sybils.
+  size_t AddNodeAs(KeyPair identity, const std::string& machine, DhtOptions options = {},
+                   double clock_offset_seconds = 0);
+  // Node i answers finds with `script` instead of its protocol core (a hostile peer).
+  using FindScript = std::function<Result<FindResponse>(const PeerId& from, const FindRequest&)>;
+  void ScriptFinds(size_t i, FindScript script);
   size_t size() const { return nodes_.size(); }
   DhtCore& node(size_t i) { return *nodes_[i]->core; }
   const KeyPair& identity(size_t i) const { return *nodes_[i]->identity; }
@@ -68,6 +76,8 @@ class Simulation {
   class Env;
   struct Node {
     std::unique_ptr<KeyPair> identity;
+    std::string address;
+    FindScript find_script;
     std::unique_ptr<Env> env;
     std::shared_ptr<DhtCore> core;
     bool alive = true;

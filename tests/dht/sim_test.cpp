@@ -1,8 +1,11 @@
 // The DHT protocol core in the deterministic simulation: lookups against brute force, churn,
 // replication, record semantics across nodes, validation, client mode, caching and abuse.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -478,6 +481,124 @@ TEST_F(SmallSwarm, PerPeerQuotaBoundsWhatOnePeerCanMakeANodeHold) {
   EXPECT_LT(accepted, 100u);
   EXPECT_EQ(last.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(last.message().find("quota"), std::string::npos) << last.message();
+}
+
+// Attacks on a lookup (docs/security.md, "eclipse"): a peer near a key answers finds for it with
+// contacts ground next to the key, so that they take the nearest slots of every lookup passing
+// through it. Identities are free, so the contacts are real identities; what the attacker cannot
+// have is many addresses. The victim asks one peer at a time (alpha 1), which makes the order of
+// requests, and so the outcome without the defences, the same on every run; honest replicas of
+// the key stand just behind the ground identities.
+class LookupAttack : public ::testing::Test {
+ protected:
+  static constexpr const char* kKey = "eclipsed";
+
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(Grow(sim_, 120));
+    ASSERT_TRUE(sim_.Store(1, Item(kKey, "\"the value\"", sim_.clock().WallSeconds() + 600)).ok());
+    target_ = DhtId::ForKey(kKey);
+    nearest_ = BruteForceNearest(sim_, target_);
+  }
+  // n identities nearer to the key than the rank-th nearest honest node (0: every one), ground
+  // as an attacker grinds them.
+  std::vector<KeyPair> Ground(size_t n, size_t rank = 0, uint8_t tag = 0xe1) {
+    const DhtId bound = sim_.node(Index(nearest_[rank])).id() ^ target_;
+    std::vector<KeyPair> out;
+    for (uint64_t seed = 1; out.size() < n; ++seed) {
+      std::array<uint8_t, 32> bytes{};
+      std::memcpy(bytes.data(), &seed, sizeof(seed));
+      bytes[31] = tag;
+      KeyPair k = KeyPair::FromSeed({bytes.data(), bytes.size()});
+      if ((DhtId::ForPeer(k.peer_id()) ^ target_) < bound) out.push_back(std::move(k));
+    }
+    return out;
+  }
+  size_t Index(const PeerId& peer) {
+    for (size_t i = 0; i < sim_.size(); ++i) {
+      if (sim_.identity(i).peer_id() == peer) return i;
+    }
+    ADD_FAILURE() << "no node " << peer.Short();
+    return 0;
+  }
+  // The victim: a new node asking one peer at a time, that joins through `first` and an honest
+  // node. Its id is near the key's (among the 8 nearest), so its routing table keeps every
+  // node that near, the attacker included, which a lookup of the key asks first.
+  size_t AddVictim(size_t first) {
+    DhtOptions o;
+    o.alpha = 1;
+    const size_t v = sim_.AddNodeAs(std::move(Ground(1, 8, 0x77)[0]), {}, o);
+    EXPECT_TRUE(sim_.Bootstrap(v, {sim_.address(first), sim_.address(60)}).ok());
+    // The lookups that follow a join end first: a lookup's request to a peer carries the ids
+    // of the other lookups asking it, which would ask the key's replicas on the side.
+    sim_.RunFor(10s);
+    const auto known = sim_.node(v).routing_table().Nearest(target_, 1);
+    EXPECT_TRUE(!known.empty() && known[0].peer == sim_.identity(first).peer_id())
+        << "the scenario needs the victim to know the attacker as the nearest to the key";
+    return v;
+  }
+  // Finds for the key answered with `contacts`, other finds with nothing, never a record.
+  Simulation::FindScript Answer(std::vector<Contact> contacts) {
+    return [contacts, target = target_](const PeerId&, const FindRequest& request) {
+      FindResponse response;
+      for (const DhtId& id : request.ids) {
+        FindResult& result = response.results.emplace_back();
+        if (id == target) result.nearest = contacts;
+      }
+      return Result<FindResponse>(response);
+    };
+  }
+  // The get's value and the virtual time it took.
+  std::pair<Result<Record>, Duration> TimedGet(size_t v) {
+    const SteadyTime start = sim_.clock().Now();
+    Result<Record> got = sim_.Get(v, kKey);
+    return {std::move(got), sim_.clock().Now() - start};
+  }
+
+  Simulation sim_{{.seed = 23}};
+  DhtId target_;
+  std::vector<PeerId> nearest_;
+};
+
+TEST_F(LookupAttack, AReferrerOfContactsThatNeverAnswerCostsThreeTimeouts) {
+  // The attacker is the node nearest the key (a replica that says it has nothing): it names 64
+  // ground identities (what the wire allows) at addresses that never answer.
+  const size_t attacker = Index(nearest_[0]);
+  std::vector<Contact> fakes;
+  for (const KeyPair& k : Ground(64)) {
+    fakes.push_back(
+        {k.peer_id(), DhtId::ForPeer(k.peer_id()), {fmt::format("sim/nowhere-{}", fakes.size())}});
+  }
+  const size_t v = AddVictim(attacker);
+  sim_.ScriptFinds(attacker, Answer(fakes));
+  auto [got, took] = TimedGet(v);
+  // Without the defences the ground contacts fill the lookup's nearest slots one timeout after
+  // another, and the lookup ends at its deadline (20 s) without the value. With them, it takes
+  // the 20 nearest of the reply, stops asking the attacker's contacts after 3 failed, and the
+  // honest replicas behind them answer.
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value.value, "\"the value\"");
+  const Duration timeout = sim_.node(v).options().request_timeout;
+  EXPECT_LT(took, 4 * timeout)
+      << "ms: " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
+  EXPECT_GE(sim_.node(v).stats().candidates_refused, 64u - 3u);
+}
+
+TEST_F(LookupAttack, IdentitiesOnOneMachineTakeTwoCandidateSlotsAndCannotHideTheKey) {
+  // 20 identities on one machine, ground next to the key, each answering every find for it with
+  // all 20 and no value: without a cap per address they are the 20 nearest a lookup hears from,
+  // and it ends there, all of them saying the key holds nothing.
+  std::vector<size_t> sybils;
+  for (KeyPair& k : Ground(20)) sybils.push_back(sim_.AddNodeAs(std::move(k), "evil"));
+  std::vector<Contact> all;
+  for (size_t i : sybils) {
+    all.push_back({sim_.identity(i).peer_id(), sim_.node(i).id(), {sim_.address(i)}});
+  }
+  const size_t v = AddVictim(sybils[0]);
+  for (size_t i : sybils) sim_.ScriptFinds(i, Answer(all));
+  auto [got, took] = TimedGet(v);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value.value, "\"the value\"");
+  EXPECT_GE(sim_.node(v).stats().candidates_refused, 20u - 2u - 1u);
 }
 
 TEST(DhtSimulationBootstrap, DeadInitialPeersGiveAnErrorNamingEachAddress) {
