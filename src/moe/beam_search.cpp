@@ -215,17 +215,20 @@ BeamSearcher::BeamSearcher(dht::Node& node, std::string grid_name, std::vector<i
     : node_(node),
       grid_name_(std::move(grid_name)),
       grid_size_(std::move(grid_size)),
-      options_(options) {}
+      options_(options),
+      include_avoided_every_(options.retry_avoided_after) {}
 
 std::map<std::string, std::vector<ServerEntry>> BeamSearcher::Fetch(
-    const std::vector<std::string>& keys) {
+    const std::vector<std::string>& keys, bool include_avoided) {
   const auto now = std::chrono::steady_clock::now();
   std::vector<std::string> ask, ask_latest;
   std::set<PeerId> avoided;
   {
     std::lock_guard lock(mu_);
     std::erase_if(avoided_until_, [now](const auto& a) { return a.second <= now; });
-    for (const auto& [server, _] : avoided_until_) avoided.insert(server);
+    if (!include_avoided) {
+      for (const auto& [server, _] : avoided_until_) avoided.insert(server);
+    }
     for (const auto& key : keys) {
       if (read_again_.erase(key) > 0) {
         ask_latest.push_back(key);
@@ -262,13 +265,20 @@ void BeamSearcher::Avoid(const std::vector<PeerId>& servers, const std::vector<s
   }
 }
 
-bool BeamSearcher::ForgetAvoided() {
+bool BeamSearcher::MayIncludeAvoided() {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard lock(mu_);
-  const bool any = std::any_of(avoided_until_.begin(), avoided_until_.end(),
-                               [now](const auto& a) { return a.second > now; });
-  avoided_until_.clear();
-  return any;
+  std::erase_if(avoided_until_, [now](const auto& a) { return a.second <= now; });
+  if (avoided_until_.empty() || now < include_avoided_at_) return false;
+  include_avoided_at_ = now + include_avoided_every_;
+  include_avoided_every_ = std::min(include_avoided_every_ * 2, options_.avoid_failed_for);
+  return true;
+}
+
+void BeamSearcher::Answered() {
+  std::lock_guard lock(mu_);
+  include_avoided_at_ = {};
+  include_avoided_every_ = options_.retry_avoided_after;
 }
 
 Result<std::vector<ScoredExpert>> BeamSearcher::FindBestExperts(
@@ -278,10 +288,14 @@ Result<std::vector<ScoredExpert>> BeamSearcher::FindBestExperts(
 }
 
 Result<std::vector<std::vector<ScoredExpert>>> BeamSearcher::BatchFindBestExperts(
-    const std::vector<std::vector<std::vector<float>>>& batch_scores, size_t k) {
+    const std::vector<std::vector<std::vector<float>>>& batch_scores, size_t k,
+    bool include_avoided) {
   return SearchBestExperts(
       grid_name_, grid_size_, batch_scores, k,
-      [this](const std::vector<std::string>& keys) { return Fetch(keys); }, options_.max_rounds);
+      [this, include_avoided](const std::vector<std::string>& keys) {
+        return Fetch(keys, include_avoided);
+      },
+      options_.max_rounds);
 }
 
 }  // namespace colony::moe

@@ -63,6 +63,10 @@ struct BeamSearchOptions {
   // node's cache and may lack the declarations of live servers.
   std::chrono::milliseconds avoid_failed_for{60'000};
   size_t max_avoided_servers = 4096;
+  // Avoiding is a preference: when it leaves an input no expert, a search may include the
+  // avoided servers (MayIncludeAvoided) after this long, doubling up to avoid_failed_for while
+  // no call answers.
+  std::chrono::milliseconds retry_avoided_after{1'000};
 };
 
 // The search over a DHT node, with a negative cache of empty prefixes, leaving out the servers
@@ -77,23 +81,29 @@ class BeamSearcher {
   Result<std::vector<ScoredExpert>> FindBestExperts(
       const std::vector<std::vector<float>>& grid_scores, size_t k);
   // Many inputs at once: each round's DHT lookups are shared by the whole batch.
+  // `include_avoided`: the servers Avoid named are not left out.
   Result<std::vector<std::vector<ScoredExpert>>> BatchFindBestExperts(
-      const std::vector<std::vector<std::vector<float>>>& batch_scores, size_t k);
+      const std::vector<std::vector<std::vector<float>>>& batch_scores, size_t k,
+      bool include_avoided = false);
 
   // The servers of an expert whose call failed, and the keys its search result came from (see
   // BeamSearchOptions::avoid_failed_for).
   void Avoid(const std::vector<PeerId>& servers, const std::vector<std::string>& keys);
-  // Ends the avoidance of every server; returns whether any was avoided. For a search that
-  // found nothing while servers were avoided (after this side's own network outage, every
-  // server it called is avoided).
-  bool ForgetAvoided();
+  // Whether a search may include the avoided servers now, for inputs that found no expert
+  // without them (after this side's own network outage, every server it called is avoided):
+  // some server is avoided and retry_avoided_after, doubled per such search since a call last
+  // answered (Answered), has passed since the last one.
+  bool MayIncludeAvoided();
+  // A call to an expert answered.
+  void Answered();
 
   const std::vector<int64_t>& grid_size() const { return grid_size_; }
 
  private:
   BeamSearcher(dht::Node& node, std::string grid_name, std::vector<int64_t> grid_size,
                BeamSearchOptions options);
-  std::map<std::string, std::vector<ServerEntry>> Fetch(const std::vector<std::string>& keys);
+  std::map<std::string, std::vector<ServerEntry>> Fetch(const std::vector<std::string>& keys,
+                                                        bool include_avoided);
 
   dht::Node& node_;
   std::string grid_name_;
@@ -102,6 +112,8 @@ class BeamSearcher {
   std::mutex mu_;
   std::unordered_map<std::string, std::chrono::steady_clock::time_point> empty_until_;
   std::map<PeerId, std::chrono::steady_clock::time_point> avoided_until_;
+  std::chrono::steady_clock::time_point include_avoided_at_{};
+  std::chrono::milliseconds include_avoided_every_;
   // Keys to read with kLatest next time (at most max_negative_cache_entries).
   std::set<std::string> read_again_;
 };

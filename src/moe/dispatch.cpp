@@ -54,6 +54,7 @@ struct CallPlan : torch::CustomClassHolder {
   std::vector<std::shared_ptr<RemoteExpert>> experts;
   std::vector<ScoredExpert> found;  // per expert: its servers and the keys that listed them
   std::weak_ptr<BeamSearcher> searcher;
+  std::shared_ptr<ServerHealth> health;
   std::vector<std::vector<int64_t>> inputs;
   int64_t batch = 0;
   MixtureOptions options;
@@ -62,15 +63,21 @@ struct CallPlan : torch::CustomClassHolder {
   std::vector<bool> alive;  // after the forward
 };
 
-// The search leaves the servers of experts whose calls failed out for a while and reads the
-// keys that named them again (BeamSearchOptions::avoid_failed_for). Calls cut for being late,
-// or refused because the server is busy or the input is wrong, do not count: the server is
-// alive.
-void AvoidFailed(const CallPlan& plan, const std::vector<size_t>& failed) {
+// The search leaves the servers whose attempts failed out for a while (those of the expert's
+// servers that were tried; all of them when none was) and reads the keys that named them again
+// (BeamSearchOptions::avoid_failed_for). Calls cut for being late, or refused because the server
+// is busy or the input is wrong, do not count: the server is alive.
+void AvoidFailed(const CallPlan& plan, const std::vector<size_t>& failed, bool any_answered) {
   auto searcher = plan.searcher.lock();
   if (!searcher) return;
+  if (any_answered) searcher->Answered();
   for (size_t j : failed) {
-    searcher->Avoid(plan.found[j].expert.servers, plan.found[j].keys);
+    const std::vector<PeerId>& servers = plan.found[j].expert.servers;
+    std::vector<PeerId> failing;
+    for (const PeerId& s : servers) {
+      if (plan.health->Failing(s)) failing.push_back(s);
+    }
+    searcher->Avoid(failing.empty() ? servers : failing, plan.found[j].keys);
   }
 }
 
@@ -133,9 +140,11 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
     g->cv.wait_until(lock, deadline);
   }
   std::vector<size_t> failed;
+  bool any_answered = false;
   for (size_t j : jobs) {
     if (g->results[j].has_value() && g->results[j]->ok()) {
       out[j] = **g->results[j];
+      any_answered = true;
     } else {
       plan.counters->failed++;
       // A busy server (resource_exhausted) is alive, and a refused input is this side's fault.
@@ -147,7 +156,7 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
     }
   }
   lock.unlock();
-  AvoidFailed(plan, failed);
+  AvoidFailed(plan, failed, any_answered);
   return out;
 }
 
@@ -283,6 +292,7 @@ struct ExpertDispatcher::Impl {
   std::vector<int64_t> offsets;
   std::shared_ptr<InFlight> in_flight = std::make_shared<InFlight>();
   std::shared_ptr<Counters> counters = std::make_shared<Counters>();
+  std::shared_ptr<ServerHealth> health = std::make_shared<ServerHealth>();
   std::map<std::string, std::shared_ptr<RemoteExpert>> experts;  // by uid and servers
 
   Impl(dht::Node& n, MixtureOptions o)
@@ -295,7 +305,7 @@ struct ExpertDispatcher::Impl {
     if (auto it = experts.find(key); it != experts.end()) return it->second;
     // Bounded (rebuilt on demand): the keys come from the DHT's records.
     if (experts.size() >= 65536) experts.clear();
-    auto expert = std::make_shared<RemoteExpert>(node.host(), info);
+    auto expert = std::make_shared<RemoteExpert>(node.host(), info, health);
     experts.emplace(std::move(key), expert);
     return expert;
   }
@@ -320,13 +330,19 @@ struct ExpertDispatcher::Impl {
       }
     }
     COLONY_ASSIGN_OR_RETURN(auto found, searcher->BatchFindBestExperts(scores, o.k_best));
-    // Avoiding failed servers is a preference: when it leaves an input no expert at all (this
-    // side's network was down and every server it called failed), they are tried again rather
-    // than failing every step until the avoidance ends.
-    const bool starved =
-        std::any_of(found.begin(), found.end(), [](const auto& best) { return best.empty(); });
-    if (starved && searcher->ForgetAvoided()) {
-      COLONY_ASSIGN_OR_RETURN(found, searcher->BatchFindBestExperts(scores, o.k_best));
+    // Avoiding failed servers is a preference: inputs it leaves no expert at all (this side's
+    // network was down and every server it called failed) search again with the avoided
+    // servers included, now and then (BeamSearchOptions::retry_avoided_after), rather than fail
+    // every step until the avoidance ends.
+    std::vector<size_t> starved;
+    for (size_t i = 0; i < found.size(); ++i) {
+      if (found[i].empty()) starved.push_back(i);
+    }
+    if (!starved.empty() && searcher->MayIncludeAvoided()) {
+      std::vector<std::vector<std::vector<float>>> again;
+      for (size_t i : starved) again.push_back(scores[i]);
+      COLONY_ASSIGN_OR_RETURN(auto more, searcher->BatchFindBestExperts(again, o.k_best, true));
+      for (size_t n = 0; n < starved.size(); ++n) found[starved[n]] = std::move(more[n]);
     }
 
     auto plan = c10::make_intrusive<CallPlan>();
@@ -335,6 +351,7 @@ struct ExpertDispatcher::Impl {
     plan->in_flight = in_flight;
     plan->counters = counters;
     plan->searcher = searcher;
+    plan->health = health;
     std::map<std::string, size_t> index_of;
     std::vector<std::vector<int64_t>> coords_of;  // per expert
     std::vector<std::vector<std::pair<size_t, int64_t>>> slots(static_cast<size_t>(batch));

@@ -21,9 +21,9 @@
 // left out of the next searches (BeamSearchOptions::avoid_failed_for) and the DHT keys that named
 // them are read again from the nearest replicas, so that a dead server costs a step, not the
 // minute its records live, and a partial copy of a prefix record cannot hide live experts; when
-// avoiding them would leave an input no expert at all (after this side's own outage), they are
-// tried again. An expert declared by several servers is one call with one deadline, shared among
-// them (remote_expert.h). An input
+// avoiding them leaves an input no expert at all (after this side's own outage), they are
+// searched again now and then (BeamSearchOptions::retry_avoided_after). An expert declared by
+// several servers is one call with one deadline, shared among them (remote_expert.h). An input
 // for which the DHT holds fewer than k_min live experts needs only those (at least one) to answer:
 // a grid that is mostly empty still trains instead of failing every step.
 #pragma once

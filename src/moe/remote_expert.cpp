@@ -7,14 +7,74 @@
 #include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
+#include <future>
 
 #include "moe/expert_chunks.h"
 #include "runtime/tensor_io.h"
 
 namespace colony::moe {
 
-RemoteExpert::RemoteExpert(net::Host& host, RemoteExpertInfo info)
-    : host_(host), info_(std::move(info)) {}
+std::vector<size_t> ServerHealth::Order(const std::vector<PeerId>& servers) {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<uint64_t, uint64_t>> rank;  // (suspicion, answered) per server
+  for (const PeerId& p : servers) {
+    auto it = state_.find(p);
+    const State st = it == state_.end() ? State{} : it->second;
+    rank.emplace_back(st.running > 0 || st.failures > 0 ? 1 + uint64_t{st.failures} : 0,
+                      st.answered);
+  }
+  std::vector<size_t> order(servers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return rank[a].first != rank[b].first ? rank[a].first < rank[b].first
+                                          : rank[a].second > rank[b].second;
+  });
+  return order;
+}
+
+void ServerHealth::Attempt(const PeerId& server) {
+  std::lock_guard lock(mu_);
+  if (state_.size() >= kMaxServers && !state_.contains(server)) {
+    std::erase_if(state_, [](const auto& s) { return s.second.running == 0; });
+  }
+  ++state_[server].running;
+}
+
+void ServerHealth::Ended(const PeerId& server, bool ok) {
+  std::lock_guard lock(mu_);
+  State& st = state_[server];
+  if (st.running > 0) --st.running;
+  if (ok) {
+    st.answered = ++answers_;
+    st.failures = 0;
+  } else {
+    ++st.failures;
+  }
+}
+
+bool ServerHealth::Failing(const PeerId& server) {
+  std::lock_guard lock(mu_);
+  auto it = state_.find(server);
+  return it != state_.end() && it->second.failures > 0;
+}
+
+RemoteExpert::RemoteExpert(net::Host& host, RemoteExpertInfo info,
+                           std::shared_ptr<ServerHealth> health)
+    : host_(host),
+      info_(std::move(info)),
+      health_(health ? std::move(health) : std::make_shared<ServerHealth>()) {
+  for (size_t s = 0; s < info_.servers.size(); ++s) {
+    if (s >= info_.addrs.size() || info_.addrs[s].empty()) continue;
+    auto addr = Multiaddr::Parse(info_.addrs[s][0]);
+    if (!addr.ok()) {
+      unusable_ = addr.status().WithContext(
+          fmt::format("expert {} on {}", info_.uid, info_.servers[s].ToString()));
+      continue;
+    }
+    servers_.push_back(info_.servers[s]);
+    addrs_.push_back(addr->WithPeerId(info_.servers[s]));
+  }
+}
 
 namespace {
 
@@ -64,85 +124,54 @@ asio::awaitable<Result<at::Tensor>> Exchange(net::Host& host, Multiaddr address,
 
 }  // namespace
 
-std::vector<size_t> RemoteExpert::Order() {
-  std::lock_guard lock(mu_);
-  state_.resize(info_.servers.size());
-  std::vector<size_t> order;
-  for (size_t s = 0; s < info_.servers.size(); ++s) {
-    if (s < info_.addrs.size() && !info_.addrs[s].empty()) order.push_back(s);
-  }
-  // Unsuspected first, the latest to answer first among them; then by failures since answering.
-  auto suspicion = [this](size_t s) {
-    const ServerState& st = state_[s];
-    return st.running > 0 || st.failures > 0 ? 1 + uint64_t{st.failures} : 0;
-  };
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const uint64_t sa = suspicion(a), sb = suspicion(b);
-    return sa != sb ? sa < sb : state_[a].answered > state_[b].answered;
-  });
-  return order;
-}
-
-void RemoteExpert::Attempt(size_t server) {
-  std::lock_guard lock(mu_);
-  ++state_[server].running;
-}
-
-void RemoteExpert::Ended(size_t server, bool ok) {
-  std::lock_guard lock(mu_);
-  ServerState& st = state_[server];
-  --st.running;
-  if (ok) {
-    st.answered = ++answers_;
-    st.failures = 0;
-  } else {
-    ++st.failures;
-  }
-}
-
 Result<at::Tensor> RemoteExpert::Call(const std::string& method,
                                       const std::vector<at::Tensor>& tensors,
                                       const at::Tensor& like, std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + timeout;
   if (info_.servers.empty()) return NotFound(fmt::format("no server hosts expert {}", info_.uid));
+  if (servers_.empty()) {
+    return unusable_.ok() ? Unavailable(fmt::format("no usable address for expert {}", info_.uid))
+                          : unusable_;
+  }
   std::vector<at::Tensor> sent;
   for (const auto& t : tensors) sent.push_back(t.to(at::kFloat).contiguous());
   COLONY_ASSIGN_OR_RETURN(auto request, ChunkRows(info_.uid, sent));
-  const std::vector<size_t> order = Order();
+  const std::vector<size_t> order = health_->Order(servers_);
+  const size_t attempts = std::min(order.size(), kMaxServersPerCall);
   Status last;
-  for (size_t n = 0; n < order.size(); ++n) {
+  for (size_t n = 0; n < attempts; ++n) {
     const size_t s = order[n];
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       last = DeadlineExceeded(
           fmt::format("expert {}: the call's {} ms were spent before its server {} could be tried",
-                      info_.uid, timeout.count(), info_.servers[s].ToString()));
+                      info_.uid, timeout.count(), servers_[s].ToString()));
       break;
     }
     const auto share =
-        std::max(std::chrono::milliseconds(1), left / static_cast<int64_t>(order.size() - n));
-    auto addr = Multiaddr::Parse(info_.addrs[s][0]);
-    if (!addr.ok()) {
-      last = addr.status();
-      continue;
-    }
-    Attempt(s);
-    auto out = asio::co_spawn(host_.io_context(),
-                              Exchange(host_, addr->WithPeerId(info_.servers[s]), method, request,
-                                       like.size(0), like.size(1), share),
-                              asio::use_future)
-                   .get();
-    Ended(s, out.ok());
+        std::max(std::chrono::milliseconds(1), left / static_cast<int64_t>(attempts - n));
+    health_->Attempt(servers_[s]);
+    // The stream's deadline does not bound the dial (the host's own timeout does): the wait
+    // here does, and an attempt still dialling at its end goes on alone, unread.
+    auto pending = asio::co_spawn(
+        host_.io_context(),
+        Exchange(host_, addrs_[s], method, request, like.size(0), like.size(1), share),
+        asio::use_future);
+    Result<at::Tensor> out = pending.wait_for(share) == std::future_status::ready
+                                 ? pending.get()
+                                 : Result<at::Tensor>(DeadlineExceeded(fmt::format(
+                                       "did not answer within its {} ms share", share.count())));
+    health_->Ended(servers_[s], out.ok());
     if (!out.ok()) {
       last = out.status().WithContext(
-          fmt::format("expert {} on {}", info_.uid, info_.servers[s].ToString()));
+          fmt::format("expert {} on {}", info_.uid, servers_[s].ToString()));
       continue;
     }
     return *out;
   }
-  return last.ok() ? Unavailable(fmt::format("no usable address for expert {}", info_.uid)) : last;
+  return last;
 }
 
 Result<at::Tensor> RemoteExpert::Forward(const at::Tensor& x, std::chrono::milliseconds timeout) {

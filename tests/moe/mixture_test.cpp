@@ -348,6 +348,35 @@ TEST_F(Mixture, AfterAnOutageThatFailedEveryCallTheAvoidedServersAreTriedAgain) 
                            1e-4, 1e-5));
 }
 
+// The other side of that: a server that stays dead is called again once per retry interval
+// (doubling while no call answers), not on every step its avoidance leaves an input empty.
+TEST_F(Mixture, ADeadSoleServerIsCalledOncePerRetryIntervalNotEveryStep) {
+  const std::vector<std::string> uids = {"ffn.0.0", "ffn.1.1"};
+  ASSERT_NO_FATAL_FAILURE(Serve(1, uids));
+  MixtureOptions o{.grid_name = "ffn",
+                   .grid_size = {2, 2},
+                   .hidden = kHidden,
+                   .k_best = 2,
+                   .timeout_after_k_min = kWaitForAll};
+  o.search.retry_avoided_after = 600s;  // longer than the test
+  auto moe = RemoteMixtureOfExperts::Create(*nodes_[3], o);
+  ASSERT_TRUE(moe.ok());
+  const at::Tensor x = at::randn({4, kHidden});
+  ASSERT_TRUE((*moe)->Forward(x).ok());
+  servers_[0]->Shutdown();
+  EXPECT_FALSE((*moe)->Forward(x).ok());  // both experts' calls fail: their server is avoided
+  EXPECT_EQ((*moe)->stats().failed_calls, 2u);
+  EXPECT_FALSE((*moe)->Forward(x).ok());  // the first retry calls them again
+  EXPECT_EQ((*moe)->stats().failed_calls, 4u);
+  for (int step = 0; step < 3; ++step) {
+    auto y = (*moe)->Forward(x);
+    ASSERT_FALSE(y.ok());
+    EXPECT_EQ(y.status().code(), StatusCode::kNotFound) << y.status().ToString();
+  }
+  EXPECT_EQ((*moe)->stats().failed_calls, 4u);
+  EXPECT_EQ((*moe)->stats().expert_calls, 6u);
+}
+
 TEST_F(Mixture, DetectAnomaliesRefusesNonFiniteInputsAndBadShapes) {
   ASSERT_NO_FATAL_FAILURE(Serve(1, {"ffn.0.0"}));
   auto moe = RemoteMixtureOfExperts::Create(*nodes_[3], {.grid_name = "ffn",
