@@ -103,19 +103,11 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
   std::optional<std::string> AddressGroupOf(const PeerId& peer) const override {
     const auto conn = host_->FindConnection(peer);
     if (!conn) return std::nullopt;
-    return GroupOf(conn->remote_address());
-  }
-
-  std::string ClaimedAddressGroup(const std::string& addr) const override {
-    auto parsed = Multiaddr::Parse(addr);
-    return parsed.ok() ? GroupOf(*parsed) : std::string();
-  }
-
-  std::string GroupOf(const Multiaddr& addr) const {
-    const std::string key = net::SourceKey(addr.host(), host_->limits_loopback());
+    const Multiaddr& remote = conn->remote_address();
+    const std::string key = net::SourceKey(remote.host(), host_->limits_loopback());
     // A peer reached through a relay counts under the relay's address: one machine could
     // otherwise relay any number of its own identities.
-    return addr.is_relayed() && !key.empty() ? "relay " + key : key;
+    return remote.is_relayed() && !key.empty() ? "relay " + key : key;
   }
 
   // Calls `method` on the peer, trying its addresses in turn within one deadline.

@@ -43,15 +43,15 @@ struct DhtCore::Lookup {
     State state = State::kNew;
     size_t depth = 1;
     bool had_value = false;
-    bool probe = false;                    // asked whatever its distance (random probe)
-    PeerId referrer = {};                  // who named it (none: this node's routing table)
-    std::vector<std::string> groups = {};  // of its claimed addresses, for per_group
+    bool probe = false;  // asked whatever its distance (random probe)
+    // Who named it (none: this node's routing table), the first kMaxReferrers of them.
+    std::vector<PeerId> referrers = {};
   };
   DhtId target;
   std::optional<std::string> key;  // set: also looking for its value
   Freshness freshness = Freshness::kAnyCopy;
-  std::map<DhtId, Candidate> candidates;    // by XOR distance to target
-  std::map<std::string, size_t> per_group;  // candidates per claimed address group
+  std::map<DhtId, Candidate> candidates;            // by XOR distance to target
+  std::map<std::string, size_t> answers_per_group;  // answers counted per address group
   struct Referrals {
     size_t answered = 0, failed = 0;
     bool distrusted = false;
@@ -469,13 +469,24 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     }
     if (it != l.candidates.end()) {
       it->second.state = Lookup::State::kFailed;
-      CountReferral(l, it->second.referrer, false);
+      // A busy peer (rate limits) is alive and is who its referrers said.
+      if (reply.status().code() != StatusCode::kResourceExhausted) {
+        CountReferral(l, it->second.referrers, false);
+      }
     }
     Step(lookup);
     return;
   }
   if (first_of_batch) OnSuccess(contact, false);
   if (stopped_) {
+    Step(lookup);
+    return;
+  }
+  if (!CountAnswer(l, contact.peer)) {
+    // Identities are free: beyond its share, an address's answers are ignored (their records
+    // and contacts too), and it takes no slot among the nearest that answered.
+    if (it != l.candidates.end()) it->second.state = Lookup::State::kFailed;
+    ++stats_.candidates_refused;
     Step(lookup);
     return;
   }
@@ -522,7 +533,7 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
   if (it != l.candidates.end()) {
     it->second.state = Lookup::State::kDone;
     it->second.had_value = had_value;
-    CountReferral(l, it->second.referrer, true);
+    CountReferral(l, it->second.referrers, true);
   }
   if (!l.finished) {
     AddCandidates(l, contact.peer, std::move(result.nearest), depth + 1);
@@ -530,12 +541,20 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
   Step(lookup);
 }
 
+bool DhtCore::CountAnswer(Lookup& l, const PeerId& peer) {
+  if (options_.max_answers_per_address == 0) return true;
+  // Grouped by where the answer came from, not by addresses anyone claimed for it.
+  const std::optional<std::string> group = env_.AddressGroupOf(peer);
+  if (!group) return false;  // its connection is gone: where it answered from is unknown
+  if (group->empty()) return true;
+  size_t& n = l.answers_per_group[*group];
+  if (n >= options_.max_answers_per_address) return false;
+  ++n;
+  return true;
+}
+
 void DhtCore::AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Contact> contacts,
                             size_t depth) {
-  if (auto r = l.referrals.find(referrer); r != l.referrals.end() && r->second.distrusted) {
-    stats_.candidates_refused += contacts.size();
-    return;
-  }
   std::erase_if(contacts, [&](const Contact& c) {
     return !c.peer.valid() || c.peer == self_.peer || c.addrs.empty();
   });
@@ -553,29 +572,14 @@ void DhtCore::AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Conta
   }
   for (Contact& c : contacts) {
     const DhtId distance = c.id ^ l.target;
-    if (l.candidates.contains(distance)) continue;
-    std::vector<std::string> groups;
-    for (const std::string& a : c.addrs) {
-      std::string g = env_.ClaimedAddressGroup(a);
-      if (!g.empty() && std::find(groups.begin(), groups.end(), g) == groups.end()) {
-        groups.push_back(std::move(g));
-      }
+    auto [it, fresh] = l.candidates.try_emplace(
+        distance, Lookup::Candidate{.contact = std::move(c), .depth = depth});
+    std::vector<PeerId>& referrers = it->second.referrers;
+    if (!fresh && (it->second.state != Lookup::State::kNew || referrers.empty())) continue;
+    if (referrers.size() < kMaxReferrers &&
+        std::find(referrers.begin(), referrers.end(), referrer) == referrers.end()) {
+      referrers.push_back(referrer);
     }
-    const bool crowded =
-        options_.max_candidates_per_address > 0 &&
-        std::any_of(groups.begin(), groups.end(), [&](const std::string& g) {
-          auto n = l.per_group.find(g);
-          return n != l.per_group.end() && n->second >= options_.max_candidates_per_address;
-        });
-    if (crowded) {
-      ++stats_.candidates_refused;
-      continue;
-    }
-    for (const std::string& g : groups) ++l.per_group[g];
-    l.candidates.emplace(distance, Lookup::Candidate{.contact = std::move(c),
-                                                     .depth = depth,
-                                                     .referrer = referrer,
-                                                     .groups = std::move(groups)});
   }
   // Bound the candidate set: far candidates that were never contacted are dropped.
   const size_t cap = 4 * options_.beam_size;
@@ -584,7 +588,6 @@ void DhtCore::AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Conta
     while (l.candidates.size() > cap && victim != l.candidates.begin()) {
       auto prev = std::prev(victim);
       if (victim->second.state == Lookup::State::kNew && !victim->second.probe) {
-        for (const std::string& g : victim->second.groups) --l.per_group[g];
         l.candidates.erase(victim);
       }
       victim = prev;
@@ -592,22 +595,31 @@ void DhtCore::AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Conta
   }
 }
 
-void DhtCore::CountReferral(Lookup& l, const PeerId& referrer, bool answered) {
-  if (!referrer.valid() || options_.max_failed_referrals == 0) return;
-  Lookup::Referrals& r = l.referrals[referrer];
-  (answered ? r.answered : r.failed)++;
-  // Honest peers name dead contacts too (churn), but mostly live ones.
-  if (r.distrusted || r.failed < options_.max_failed_referrals || r.failed <= 2 * r.answered) {
-    return;
+void DhtCore::CountReferral(Lookup& l, const std::vector<PeerId>& referrers, bool answered) {
+  // Stopped: FlushFinds fails the queued finds inline, from inside Step's loop.
+  if (options_.max_failed_referrals == 0 || stopped_) return;
+  std::vector<PeerId> distrusted_now;
+  for (const PeerId& referrer : referrers) {
+    Lookup::Referrals& r = l.referrals[referrer];
+    (answered ? r.answered : r.failed)++;
+    // Honest peers name dead contacts too (churn), but mostly live ones.
+    if (!r.distrusted && r.failed >= options_.max_failed_referrals && r.failed > 2 * r.answered) {
+      r.distrusted = true;
+      distrusted_now.push_back(referrer);
+    }
   }
-  r.distrusted = true;
-  // Dropped, not marked failed: an honest peer among them comes back when another names it.
+  if (distrusted_now.empty()) return;
+  // Candidates not asked yet that only distrusted peers named are dropped; one that an honest
+  // peer named too stays (and one dropped comes back when an honest peer names it later).
+  // Only kNew candidates go: the caller's candidate, and those in flight, stay where they are.
   std::erase_if(l.candidates, [&](const auto& entry) {
     const Lookup::Candidate& c = entry.second;
-    if (c.referrer != referrer || c.state != Lookup::State::kNew || c.probe) return false;
-    for (const std::string& g : c.groups) --l.per_group[g];
-    ++stats_.candidates_refused;
-    return true;
+    if (c.state != Lookup::State::kNew || c.probe || c.referrers.empty()) return false;
+    const bool all_distrusted =
+        std::all_of(c.referrers.begin(), c.referrers.end(),
+                    [&](const PeerId& p) { return l.referrals[p].distrusted; });
+    if (all_distrusted) ++stats_.candidates_refused;
+    return all_distrusted;
   });
 }
 

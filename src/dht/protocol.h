@@ -52,12 +52,6 @@ class Environment {
     (void)peer;
     return std::string();
   }
-  // The group a contact's claimed address (a multiaddr another peer referred it at) counts under
-  // in a lookup's candidates (DhtOptions::max_candidates_per_address); "" for none to cap.
-  virtual std::string ClaimedAddressGroup(const std::string& addr) const {
-    (void)addr;
-    return {};
-  }
 };
 
 struct DhtOptions {
@@ -96,10 +90,10 @@ struct DhtOptions {
   // Contacts at one address a routing table bucket holds at most (0: no cap): identities are
   // free, addresses are not.
   size_t max_contacts_per_address_per_bucket = 2;
-  // A lookup takes at most this many candidates at one claimed address (0: no cap), so that one
-  // machine's identities, ground next to a key, cannot fill its nearest slots and answer in
-  // turn that nothing is there (an eclipse of the key).
-  size_t max_candidates_per_address = 2;
+  // A lookup counts at most this many answers from one address (the group AddressGroupOf gives;
+  // 0: no cap) and ignores the rest, so that one machine's identities, ground next to a key,
+  // cannot fill its nearest slots and answer in turn that nothing is there (an eclipse).
+  size_t max_answers_per_address = 2;
   // A lookup stops asking the contacts one peer referred once this many of them failed to
   // answer, and more than twice as many as answered (0: never): a referrer of addresses that
   // never answer cannot run the lookup to its deadline.
@@ -117,9 +111,9 @@ struct DhtStats {
   uint64_t shared_gets = 0;       // gets that joined a lookup already running for their key
   // Contacts kept out of the routing table: their address had its share of their bucket.
   uint64_t contacts_refused_for_address = 0;
-  // Contacts a lookup did not take: beyond the k nearest of a reply, at an address that had its
-  // share of the lookup (max_candidates_per_address), or referred by a peer whose referrals
-  // failed (max_failed_referrals).
+  // Contacts and answers a lookup did not take: beyond the k nearest of a reply, answers from an
+  // address that had its share of the lookup (max_answers_per_address), or contacts only peers
+  // whose referrals failed had named (max_failed_referrals).
   uint64_t candidates_refused = 0;
 };
 
@@ -221,10 +215,15 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   // Takes a find reply's contacts as candidates, within the caps (DhtOptions).
   void AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Contact> contacts,
                      size_t depth);
-  // One of `referrer`'s referrals answered or failed. Once at least max_failed_referrals failed
-  // and more than twice as many as answered, those not asked yet are dropped and the contacts
-  // of its later replies refused.
-  void CountReferral(Lookup& l, const PeerId& referrer, bool answered);
+  // Whether `peer`'s answer counts (DhtOptions::max_answers_per_address).
+  bool CountAnswer(Lookup& l, const PeerId& peer);
+  static constexpr size_t kMaxReferrers = 8;  // remembered per candidate
+  // A contact `referrers` named answered or failed (its state already set: it is not erased).
+  // A referrer with at least max_failed_referrals failed and more than twice as many failed as
+  // answered is distrusted: the candidates not asked yet that only distrusted peers named are
+  // dropped. Erasing is safe here because Environment::Find never completes inline, so no
+  // caller up the stack iterates the candidates.
+  void CountReferral(Lookup& l, const std::vector<PeerId>& referrers, bool answered);
   void GetOne(std::string key, Freshness freshness, std::function<void(Result<Record>)> done);
   void FinishGet(const std::shared_ptr<GetOp>& op, Lookup& lookup);
   // Drops finished and destroyed lookups from active_lookups_.

@@ -37,10 +37,13 @@ class Simulation::Env final : public Environment {
           return script ? script(from, request) : sim.node(target).HandleFind(from, request);
         });
   }
-  std::string ClaimedAddressGroup(const std::string& addr) const override {
-    if (addr.rfind("sim/", 0) != 0) return {};
-    const size_t at = addr.find('@');
-    return at == std::string::npos ? addr : addr.substr(at + 1);
+  // Each node is its own machine, unless added on a shared one (AddNodeAs).
+  std::optional<std::string> AddressGroupOf(const PeerId& peer) const override {
+    auto it = sim_.index_of_.find(peer);
+    if (it == sim_.index_of_.end()) return std::nullopt;
+    const std::string& address = sim_.nodes_[it->second]->address;
+    const size_t at = address.find('@');
+    return at == std::string::npos ? address : address.substr(at + 1);
   }
   void Schedule(Duration delay, std::function<void()> fn) override {
     const size_t index = index_;
@@ -134,6 +137,7 @@ size_t Simulation::AddNodeAs(KeyPair identity, const std::string& machine, DhtOp
   }
   node->address = addrs.empty() ? fmt::format("sim/{}", index) : addrs[0];
   node->core = DhtCore::Create(*node->identity, std::move(addrs), options, *node->env);
+  index_of_.emplace(node->identity->peer_id(), index);
   nodes_.push_back(std::move(node));
   return index;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <queue>
 #include <random>
@@ -95,6 +96,7 @@ class Simulation {
   ManualClock clock_;
   std::mt19937_64 rng_;
   std::vector<std::unique_ptr<Node>> nodes_;
+  std::map<PeerId, size_t> index_of_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   uint64_t seq_ = 0;
   uint64_t messages_ = 0;

@@ -583,10 +583,11 @@ TEST_F(LookupAttack, AReferrerOfContactsThatNeverAnswerCostsThreeTimeouts) {
   EXPECT_GE(sim_.node(v).stats().candidates_refused, 64u - 3u);
 }
 
-TEST_F(LookupAttack, IdentitiesOnOneMachineTakeTwoCandidateSlotsAndCannotHideTheKey) {
+TEST_F(LookupAttack, IdentitiesOnOneMachineCountAsTwoAnswersAndCannotHideTheKey) {
   // 20 identities on one machine, ground next to the key, each answering every find for it with
   // all 20 and no value: without a cap per address they are the 20 nearest a lookup hears from,
-  // and it ends there, all of them saying the key holds nothing.
+  // and it ends there, all of them saying the key holds nothing. With it, two of their answers
+  // count and the others are ignored.
   std::vector<size_t> sybils;
   for (KeyPair& k : Ground(20)) sybils.push_back(sim_.AddNodeAs(std::move(k), "evil"));
   std::vector<Contact> all;
