@@ -206,6 +206,12 @@ Result<std::unique_ptr<BeamSearcher>> BeamSearcher::Create(dht::Node& node, std:
           fmt::format("grid dimension of size {} outside [1, {}]", n, kMaxSearchGridSize));
     }
   }
+  if (options.retry_avoided_after.count() <= 0 ||
+      options.retry_avoided_after > options.avoid_failed_for) {
+    return InvalidArgument(fmt::format(
+        "retry_avoided_after must be positive and at most avoid_failed_for ({} ms); got {} ms",
+        options.avoid_failed_for.count(), options.retry_avoided_after.count()));
+  }
   return std::unique_ptr<BeamSearcher>(
       new BeamSearcher(node, std::move(grid_name), std::move(grid_size), options));
 }
@@ -275,8 +281,11 @@ bool BeamSearcher::MayIncludeAvoided() {
   return true;
 }
 
-void BeamSearcher::Answered() {
+void BeamSearcher::Answered(const std::vector<PeerId>& servers) {
   std::lock_guard lock(mu_);
+  bool was_avoided = false;
+  for (const PeerId& s : servers) was_avoided = avoided_until_.erase(s) > 0 || was_avoided;
+  if (!was_avoided) return;
   include_avoided_at_ = {};
   include_avoided_every_ = options_.retry_avoided_after;
 }

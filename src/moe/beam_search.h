@@ -91,11 +91,12 @@ class BeamSearcher {
   void Avoid(const std::vector<PeerId>& servers, const std::vector<std::string>& keys);
   // Whether a search may include the avoided servers now, for inputs that found no expert
   // without them (after this side's own network outage, every server it called is avoided):
-  // some server is avoided and retry_avoided_after, doubled per such search since a call last
-  // answered (Answered), has passed since the last one.
+  // some server is avoided and retry_avoided_after, doubled per such search since an avoided
+  // server last answered (Answered), has passed since the last one.
   bool MayIncludeAvoided();
-  // A call to an expert answered.
-  void Answered();
+  // These servers answered calls: they are avoided no longer, and if one was, the wait before
+  // including avoided servers starts again from retry_avoided_after.
+  void Answered(const std::vector<PeerId>& servers);
 
   const std::vector<int64_t>& grid_size() const { return grid_size_; }
 

@@ -54,7 +54,6 @@ struct CallPlan : torch::CustomClassHolder {
   std::vector<std::shared_ptr<RemoteExpert>> experts;
   std::vector<ScoredExpert> found;  // per expert: its servers and the keys that listed them
   std::weak_ptr<BeamSearcher> searcher;
-  std::shared_ptr<ServerHealth> health;
   std::vector<std::vector<int64_t>> inputs;
   int64_t batch = 0;
   MixtureOptions options;
@@ -63,47 +62,53 @@ struct CallPlan : torch::CustomClassHolder {
   std::vector<bool> alive;  // after the forward
 };
 
-// The search leaves the servers whose attempts failed out for a while (those of the expert's
-// servers that were tried; all of them when none was) and reads the keys that named them again
-// (BeamSearchOptions::avoid_failed_for). Calls cut for being late, or refused because the server
-// is busy or the input is wrong, do not count: the server is alive.
-void AvoidFailed(const CallPlan& plan, const std::vector<size_t>& failed, bool any_answered) {
+// The search leaves the servers that failed in a call out for a while (all the expert's servers
+// when none could be tried) and reads the keys that named them again
+// (BeamSearchOptions::avoid_failed_for); a server that answered is avoided no longer. Calls cut
+// for being late, or refused because the server is busy or the input is wrong, do not count:
+// the server is alive.
+void Reconsider(const CallPlan& plan, const std::vector<size_t>& failed,
+                const std::vector<CallReport>& reports) {
   auto searcher = plan.searcher.lock();
   if (!searcher) return;
-  if (any_answered) searcher->Answered();
+  std::vector<PeerId> answered;
+  for (const CallReport& r : reports) {
+    if (r.answered) answered.push_back(*r.answered);
+  }
+  if (!answered.empty()) searcher->Answered(answered);
   for (size_t j : failed) {
-    const std::vector<PeerId>& servers = plan.found[j].expert.servers;
-    std::vector<PeerId> failing;
-    for (const PeerId& s : servers) {
-      if (plan.health->Failing(s)) failing.push_back(s);
-    }
-    searcher->Avoid(failing.empty() ? servers : failing, plan.found[j].keys);
+    const std::vector<PeerId>& tried = reports[j].failed;
+    searcher->Avoid(tried.empty() ? plan.found[j].expert.servers : tried, plan.found[j].keys);
   }
 }
 
 // Runs call(j) for each job j on a thread of its own and returns what arrived in time: all
 // results by `timeout`, or, once every input has min(k_min, its jobs) answers, whatever arrives
-// within `after_k_min` more. Late calls finish on their own (by their own deadlines). The jobs
-// that ended with an error are reported to AvoidFailed.
+// within `after_k_min` more. Late calls finish on their own (by their own deadlines). What the
+// calls that ended in time found out about servers goes to Reconsider.
 std::vector<std::optional<at::Tensor>> CallInParallel(
     const CallPlan& plan, const std::vector<size_t>& jobs,
-    const std::function<Result<at::Tensor>(size_t)>& call, size_t k_min, Ms timeout,
+    const std::function<Result<at::Tensor>(size_t, CallReport*)>& call, size_t k_min, Ms timeout,
     Ms after_k_min) {
   struct Gather {
     std::mutex mu;
     std::condition_variable cv;
     std::vector<std::optional<Result<at::Tensor>>> results;
+    std::vector<CallReport> reports;
   };
   auto g = std::make_shared<Gather>();
   g->results.resize(plan.experts.size());
+  g->reports.resize(plan.experts.size());
   for (size_t j : jobs) {
     plan.in_flight->Enter();
     plan.counters->calls++;
     std::thread([g, j, call, in_flight = plan.in_flight] {
-      Result<at::Tensor> r = call(j);
+      CallReport report;
+      Result<at::Tensor> r = call(j, &report);
       {
         std::lock_guard lock(g->mu);
         g->results[j] = std::move(r);
+        g->reports[j] = std::move(report);
       }
       g->cv.notify_all();
       in_flight->Leave();
@@ -140,11 +145,9 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
     g->cv.wait_until(lock, deadline);
   }
   std::vector<size_t> failed;
-  bool any_answered = false;
   for (size_t j : jobs) {
     if (g->results[j].has_value() && g->results[j]->ok()) {
       out[j] = **g->results[j];
-      any_answered = true;
     } else {
       plan.counters->failed++;
       // A busy server (resource_exhausted) is alive, and a refused input is this side's fault.
@@ -155,8 +158,12 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
       }
     }
   }
+  std::vector<CallReport> reports(plan.experts.size());
+  for (size_t j : jobs) {
+    if (g->results[j].has_value()) reports[j] = g->reports[j];
+  }
   lock.unlock();
-  AvoidFailed(plan, failed, any_answered);
+  Reconsider(plan, failed, reports);
   return out;
 }
 
@@ -176,8 +183,8 @@ class MixtureCall : public torch::autograd::Function<MixtureCall> {
     auto experts = plan->experts;
     auto results = CallInParallel(
         *plan, jobs,
-        [experts, inputs, t = o.forward_timeout](size_t j) {
-          return experts[j]->Forward(inputs[j], t);
+        [experts, inputs, t = o.forward_timeout](size_t j, CallReport* report) {
+          return experts[j]->Forward(inputs[j], t, report);
         },
         o.k_min, o.forward_timeout, o.timeout_after_k_min);
     torch::autograd::variable_list ys;
@@ -209,8 +216,8 @@ class MixtureCall : public torch::autograd::Function<MixtureCall> {
     auto experts = plan->experts;
     auto results = CallInParallel(
         *plan, jobs,
-        [experts, inputs, gys, t = o.backward_timeout](size_t j) {
-          return experts[j]->Backward(inputs[j], gys[j], t);
+        [experts, inputs, gys, t = o.backward_timeout](size_t j, CallReport* report) {
+          return experts[j]->Backward(inputs[j], gys[j], t, report);
         },
         o.backward_k_min, o.backward_timeout, o.timeout_after_k_min);
     std::vector<size_t> answered(static_cast<size_t>(plan->batch), 0);
@@ -351,7 +358,6 @@ struct ExpertDispatcher::Impl {
     plan->in_flight = in_flight;
     plan->counters = counters;
     plan->searcher = searcher;
-    plan->health = health;
     std::map<std::string, size_t> index_of;
     std::vector<std::vector<int64_t>> coords_of;  // per expert
     std::vector<std::vector<std::pair<size_t, int64_t>>> slots(static_cast<size_t>(batch));

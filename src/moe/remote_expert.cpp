@@ -16,40 +16,35 @@ namespace colony::moe {
 
 std::vector<size_t> ServerHealth::Order(const std::vector<PeerId>& servers) {
   std::lock_guard lock(mu_);
-  std::vector<std::pair<uint64_t, uint64_t>> rank;  // (suspicion, answered) per server
+  std::vector<State> states;
   for (const PeerId& p : servers) {
     auto it = state_.find(p);
-    const State st = it == state_.end() ? State{} : it->second;
-    rank.emplace_back(st.running > 0 || st.failures > 0 ? 1 + uint64_t{st.failures} : 0,
-                      st.answered);
+    states.push_back(it == state_.end() ? State{} : it->second);
   }
   std::vector<size_t> order(servers.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return rank[a].first != rank[b].first ? rank[a].first < rank[b].first
-                                          : rank[a].second > rank[b].second;
+    return states[a].failures != states[b].failures ? states[a].failures < states[b].failures
+                                                    : states[a].answered > states[b].answered;
   });
   return order;
 }
 
-void ServerHealth::Attempt(const PeerId& server) {
-  std::lock_guard lock(mu_);
-  if (state_.size() >= kMaxServers && !state_.contains(server)) {
-    std::erase_if(state_, [](const auto& s) { return s.second.running == 0; });
-  }
-  ++state_[server].running;
+ServerHealth::State& ServerHealth::Of(const PeerId& server) {
+  if (state_.size() >= kMaxServers && !state_.contains(server)) state_.clear();
+  return state_[server];
 }
 
-void ServerHealth::Ended(const PeerId& server, bool ok) {
+void ServerHealth::Answered(const PeerId& server) {
   std::lock_guard lock(mu_);
-  State& st = state_[server];
-  if (st.running > 0) --st.running;
-  if (ok) {
-    st.answered = ++answers_;
-    st.failures = 0;
-  } else {
-    ++st.failures;
-  }
+  State& st = Of(server);
+  st.answered = ++answers_;
+  st.failures = 0;
+}
+
+void ServerHealth::Failed(const PeerId& server) {
+  std::lock_guard lock(mu_);
+  ++Of(server).failures;
 }
 
 bool ServerHealth::Failing(const PeerId& server) {
@@ -82,10 +77,21 @@ namespace {
 // each checked: float32 [1.., hidden], finite, `rows` in all.
 asio::awaitable<Result<at::Tensor>> Exchange(net::Host& host, Multiaddr address, std::string method,
                                              std::vector<net::Message> request, int64_t rows,
-                                             int64_t hidden, std::chrono::milliseconds timeout) {
-  auto stream =
-      co_await host.OpenStream(std::move(address), std::move(method), {.timeout = timeout});
+                                             int64_t hidden,
+                                             std::chrono::steady_clock::time_point deadline) {
+  using Ms = std::chrono::milliseconds;
+  const auto left = [&] {
+    return std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now());
+  };
+  auto stream = co_await host.OpenStream(std::move(address), std::move(method),
+                                         {.timeout = std::max(Ms(1), left())});
   if (!stream.ok()) co_return stream.status();
+  // The dial is bounded by the host's own timeout, not this one: an attempt given up on meanwhile
+  // must not send its request (a backward would train the expert) after the call moved on.
+  if (left() <= Ms(0)) {
+    (*stream)->Cancel(DeadlineExceeded("the attempt's time ran out while dialling"));
+    co_return DeadlineExceeded("connecting took the attempt's whole share");
+  }
   for (const auto& m : request) {
     Status st = co_await (*stream)->Write(m);
     if (!st.ok()) co_return st;
@@ -126,7 +132,8 @@ asio::awaitable<Result<at::Tensor>> Exchange(net::Host& host, Multiaddr address,
 
 Result<at::Tensor> RemoteExpert::Call(const std::string& method,
                                       const std::vector<at::Tensor>& tensors,
-                                      const at::Tensor& like, std::chrono::milliseconds timeout) {
+                                      const at::Tensor& like, std::chrono::milliseconds timeout,
+                                      CallReport* report) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + timeout;
   if (info_.servers.empty()) return NotFound(fmt::format("no server hosts expert {}", info_.uid));
@@ -137,7 +144,14 @@ Result<at::Tensor> RemoteExpert::Call(const std::string& method,
   std::vector<at::Tensor> sent;
   for (const auto& t : tensors) sent.push_back(t.to(at::kFloat).contiguous());
   COLONY_ASSIGN_OR_RETURN(auto request, ChunkRows(info_.uid, sent));
-  const std::vector<size_t> order = health_->Order(servers_);
+  std::vector<size_t> order = health_->Order(servers_);
+  {
+    std::lock_guard lock(mu_);
+    if (last_answered_ && !health_->Failing(servers_[*last_answered_])) {
+      std::erase(order, *last_answered_);
+      order.insert(order.begin(), *last_answered_);
+    }
+  }
   const size_t attempts = std::min(order.size(), kMaxServersPerCall);
   Status last;
   for (size_t n = 0; n < attempts; ++n) {
@@ -152,35 +166,43 @@ Result<at::Tensor> RemoteExpert::Call(const std::string& method,
     }
     const auto share =
         std::max(std::chrono::milliseconds(1), left / static_cast<int64_t>(attempts - n));
-    health_->Attempt(servers_[s]);
-    // The stream's deadline does not bound the dial (the host's own timeout does): the wait
-    // here does, and an attempt still dialling at its end goes on alone, unread.
-    auto pending = asio::co_spawn(
-        host_.io_context(),
-        Exchange(host_, addrs_[s], method, request, like.size(0), like.size(1), share),
-        asio::use_future);
+    auto pending = asio::co_spawn(host_.io_context(),
+                                  Exchange(host_, addrs_[s], method, request, like.size(0),
+                                           like.size(1), Clock::now() + share),
+                                  asio::use_future);
+    // An attempt still dialling at the end of its share goes on alone, unread, and sends
+    // nothing (Exchange).
     Result<at::Tensor> out = pending.wait_for(share) == std::future_status::ready
                                  ? pending.get()
                                  : Result<at::Tensor>(DeadlineExceeded(fmt::format(
                                        "did not answer within its {} ms share", share.count())));
-    health_->Ended(servers_[s], out.ok());
-    if (!out.ok()) {
-      last = out.status().WithContext(
-          fmt::format("expert {} on {}", info_.uid, servers_[s].ToString()));
-      continue;
+    if (out.ok()) {
+      health_->Answered(servers_[s]);
+      std::lock_guard lock(mu_);
+      last_answered_ = s;
+      if (report != nullptr) report->answered = servers_[s];
+      return *out;
     }
-    return *out;
+    // A busy server, or one refusing this input, is alive.
+    const StatusCode code = out.status().code();
+    if (code != StatusCode::kResourceExhausted && code != StatusCode::kInvalidArgument) {
+      health_->Failed(servers_[s]);
+      if (report != nullptr) report->failed.push_back(servers_[s]);
+    }
+    last =
+        out.status().WithContext(fmt::format("expert {} on {}", info_.uid, servers_[s].ToString()));
   }
   return last;
 }
 
-Result<at::Tensor> RemoteExpert::Forward(const at::Tensor& x, std::chrono::milliseconds timeout) {
-  return Call("moe.forward", {x}, x, timeout);
+Result<at::Tensor> RemoteExpert::Forward(const at::Tensor& x, std::chrono::milliseconds timeout,
+                                         CallReport* report) {
+  return Call("moe.forward", {x}, x, timeout, report);
 }
 
 Result<at::Tensor> RemoteExpert::Backward(const at::Tensor& x, const at::Tensor& grad_y,
-                                          std::chrono::milliseconds timeout) {
-  return Call("moe.backward", {x, grad_y}, x, timeout);
+                                          std::chrono::milliseconds timeout, CallReport* report) {
+  return Call("moe.backward", {x, grad_y}, x, timeout, report);
 }
 
 namespace {

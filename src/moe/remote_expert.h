@@ -7,9 +7,9 @@
 // Every call has one deadline, whatever the number of servers that host the expert. At most
 // kMaxServersPerCall of them are tried, one after another, each at the first address it declared
 // (dialled as that server, so another peer cannot answer for it) and with an equal share of the
-// time left among the attempts still to make, connecting included: a server that never answers
-// holds a call for its share, not the whole deadline. Which server to try first comes from what
-// the client learned about them (ServerHealth, shared by all of a mixture's experts).
+// time left among the attempts still to make, connecting included (an attempt whose dial ends after
+// its share sends nothing): a server that never answers holds a call for its share, not the whole
+// deadline. Which server to try first comes from what the client learned about them (ServerHealth).
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "core/status.h"
@@ -26,31 +27,38 @@
 
 namespace colony::moe {
 
-// What a client learned about the servers it calls experts on. The order to try an expert's
-// servers in: those not suspected first, the latest to answer first among them (a backward goes
-// where its forward was computed), then the suspected, by failures since they last answered. A
-// server is suspected while its last attempt failed or one is running, so a mute server that
-// declared experts too costs one call, not every call, whichever of its experts it is. Remembers
-// at most kMaxServers servers (then forgets those with no attempt running). Thread-safe.
+// What a client learned about the servers it calls experts on, shared by all of a mixture's
+// experts: which failed since they last answered, and when they last answered. The order to try
+// an expert's servers in: those not failing first, the latest to answer first among them, then the
+// failing, fewest failures first; so a mute server that declared experts too is tried last for
+// every one of them once it failed. A server that was busy or refused the input is alive: neither
+// counts. Remembers at most kMaxServers servers (then starts over). Thread-safe.
 class ServerHealth {
  public:
   static constexpr size_t kMaxServers = 65536;
 
   std::vector<size_t> Order(const std::vector<PeerId>& servers);
-  void Attempt(const PeerId& server);
-  void Ended(const PeerId& server, bool ok);
-  // Its last attempt failed (and none answered since).
+  void Answered(const PeerId& server);
+  void Failed(const PeerId& server);
+  // It failed since it last answered.
   bool Failing(const PeerId& server);
 
  private:
   struct State {
     uint64_t answered = 0;  // when it last answered, in answers counted by `answers_`
-    uint32_t running = 0;   // attempts in flight
     uint32_t failures = 0;  // since it last answered
   };
+  State& Of(const PeerId& server);  // mu_ held
+
   std::mutex mu_;
   std::map<PeerId, State> state_;
   uint64_t answers_ = 0;
+};
+
+// Which of an expert's servers a call tried: the one that answered, and those that failed.
+struct CallReport {
+  std::optional<PeerId> answered;
+  std::vector<PeerId> failed;
 };
 
 struct RemoteCallOptions {
@@ -68,13 +76,17 @@ class RemoteExpert {
 
   const std::string& uid() const { return info_.uid; }
   // x [batch, hidden] float32. The reply is checked: the input's shape, float32, finite values.
-  Result<at::Tensor> Forward(const at::Tensor& x, std::chrono::milliseconds timeout);
+  // The server that answered this expert last is tried first (a backward goes where its forward
+  // was computed) unless it is failing. `report`, if given, says which servers were tried.
+  Result<at::Tensor> Forward(const at::Tensor& x, std::chrono::milliseconds timeout,
+                             CallReport* report = nullptr);
   Result<at::Tensor> Backward(const at::Tensor& x, const at::Tensor& grad_y,
-                              std::chrono::milliseconds timeout);
+                              std::chrono::milliseconds timeout, CallReport* report = nullptr);
 
  private:
   Result<at::Tensor> Call(const std::string& method, const std::vector<at::Tensor>& tensors,
-                          const at::Tensor& like, std::chrono::milliseconds timeout);
+                          const at::Tensor& like, std::chrono::milliseconds timeout,
+                          CallReport* report);
 
   net::Host& host_;
   RemoteExpertInfo info_;
@@ -83,6 +95,8 @@ class RemoteExpert {
   std::vector<PeerId> servers_;
   std::vector<Multiaddr> addrs_;
   Status unusable_;
+  std::mutex mu_;
+  std::optional<size_t> last_answered_;  // index into servers_
 };
 
 // y = expert(x), differentiable in x: the backward pass calls moe.backward. A failed call throws

@@ -358,7 +358,8 @@ TEST_F(Mixture, ADeadSoleServerIsCalledOncePerRetryIntervalNotEveryStep) {
                    .hidden = kHidden,
                    .k_best = 2,
                    .timeout_after_k_min = kWaitForAll};
-  o.search.retry_avoided_after = 600s;  // longer than the test
+  o.search.avoid_failed_for = 600s;  // both longer than the test
+  o.search.retry_avoided_after = 600s;
   auto moe = RemoteMixtureOfExperts::Create(*nodes_[3], o);
   ASSERT_TRUE(moe.ok());
   const at::Tensor x = at::randn({4, kHidden});
