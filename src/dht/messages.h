@@ -62,6 +62,9 @@ struct FindResult {
 };
 struct FindResponse {
   std::vector<FindResult> results;  // one per id, in order
+  // Not on the wire: the address group of the connection the answer came on, when the
+  // environment knows it (see Environment::AddressGroupOf).
+  std::optional<std::string> source_group = std::nullopt;
 };
 
 }  // namespace colony::dht

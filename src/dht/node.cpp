@@ -86,9 +86,12 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
     const size_t n = request.ids.size();
     auto op = [self, to, payload = EncodeFindRequest(request), timeout,
                n]() -> asio::awaitable<Result<FindResponse>> {
-      auto reply = co_await self->CallPeer(to, kFind, payload, timeout, nullptr);
+      std::string group;
+      auto reply = co_await self->CallPeer(to, kFind, payload, timeout, nullptr, &group);
       if (!reply.ok()) co_return reply.status();
-      co_return DecodeFindResponse(*reply, n);
+      auto response = DecodeFindResponse(*reply, n);
+      if (response.ok()) response->source_group = std::move(group);
+      co_return response;
     };
     Spawn<FindResponse>(std::move(op), std::move(done));
   }
@@ -103,16 +106,21 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
   std::optional<std::string> AddressGroupOf(const PeerId& peer) const override {
     const auto conn = host_->FindConnection(peer);
     if (!conn) return std::nullopt;
-    const Multiaddr& remote = conn->remote_address();
+    return GroupOf(conn->remote_address());
+  }
+
+  std::string GroupOf(const Multiaddr& remote) const {
     const std::string key = net::SourceKey(remote.host(), host_->limits_loopback());
     // A peer reached through a relay counts under the relay's address: one machine could
     // otherwise relay any number of its own identities.
     return remote.is_relayed() && !key.empty() ? "relay " + key : key;
   }
 
-  // Calls `method` on the peer, trying its addresses in turn within one deadline.
+  // Calls `method` on the peer, trying its addresses in turn within one deadline; `group`, if
+  // given, gets the address group of the connection that carried the answer.
   asio::awaitable<Result<std::string>> CallPeer(Contact to, std::string method, std::string payload,
-                                                Duration timeout, PeerId* answered_by) {
+                                                Duration timeout, PeerId* answered_by,
+                                                std::string* group = nullptr) {
     const SteadyTime deadline = SteadyTime::clock::now() + timeout;
     Status last = Unavailable("no usable address");
     // Errors name the peer; bootstrap errors are prefixed with the address by the core.
@@ -132,13 +140,14 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
         last = DeadlineExceeded("no time left");
         break;
       }
-      if (answered_by != nullptr) {
+      if (answered_by != nullptr || group != nullptr) {
         auto conn = co_await host_->Connect(*addr);
         if (!conn.ok()) {
           last = conn.status();
           continue;
         }
-        *answered_by = (*conn)->peer();
+        if (answered_by != nullptr) *answered_by = (*conn)->peer();
+        if (group != nullptr) *group = GroupOf((*conn)->remote_address());
       }
       auto reply = co_await host_->Call(*addr, method, net::Message(payload),
                                         {.timeout = Ms(deadline - SteadyTime::clock::now())});

@@ -435,22 +435,24 @@ void DhtCore::FlushFinds(const PeerId& peer) {
   ++stats_.requests_sent;
   auto weak = weak_from_this();
   const Contact contact = batch.contact;
-  env_.Find(contact, std::move(request), options_.request_timeout,
-            [weak, contact, queued = std::move(batch.queued)](Result<FindResponse> reply) {
-              auto self = weak.lock();
-              if (!self) return;
-              if (reply.ok() && reply->results.size() != queued.size()) {
-                reply = ProtocolError(fmt::format("find reply has {} results for {} ids",
-                                                  reply->results.size(), queued.size()));
-              }
-              for (size_t i = 0; i < queued.size(); ++i) {
-                Result<FindResponse> one =
-                    reply.ok() ? Result<FindResponse>(FindResponse{{std::move(reply->results[i])}})
-                               : Result<FindResponse>(reply.status());
-                self->OnFindReply(queued[i].lookup, contact, queued[i].depth, std::move(one),
-                                  i == 0);
-              }
-            });
+  env_.Find(
+      contact, std::move(request), options_.request_timeout,
+      [weak, contact, queued = std::move(batch.queued)](Result<FindResponse> reply) {
+        auto self = weak.lock();
+        if (!self) return;
+        if (reply.ok() && reply->results.size() != queued.size()) {
+          reply = ProtocolError(fmt::format("find reply has {} results for {} ids",
+                                            reply->results.size(), queued.size()));
+        }
+        for (size_t i = 0; i < queued.size(); ++i) {
+          Result<FindResponse> one =
+              reply.ok()
+                  ? Result<FindResponse>(FindResponse{.results = {std::move(reply->results[i])},
+                                                      .source_group = reply->source_group})
+                  : Result<FindResponse>(reply.status());
+          self->OnFindReply(queued[i].lookup, contact, queued[i].depth, std::move(one), i == 0);
+        }
+      });
 }
 
 void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& contact,
@@ -482,7 +484,7 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     Step(lookup);
     return;
   }
-  if (!CountAnswer(l, contact.peer)) {
+  if (!CountAnswer(l, contact.peer, reply->source_group)) {
     // Identities are free: beyond its share, an address's answers are ignored (their records
     // and contacts too), and it takes no slot among the nearest that answered.
     if (it != l.candidates.end()) it->second.state = Lookup::State::kFailed;
@@ -541,11 +543,12 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
   Step(lookup);
 }
 
-bool DhtCore::CountAnswer(Lookup& l, const PeerId& peer) {
+bool DhtCore::CountAnswer(Lookup& l, const PeerId& peer,
+                          const std::optional<std::string>& source_group) {
   if (options_.max_answers_per_address == 0) return true;
   // Grouped by where the answer came from, not by addresses anyone claimed for it.
-  const std::optional<std::string> group = env_.AddressGroupOf(peer);
-  if (!group) return false;  // its connection is gone: where it answered from is unknown
+  const std::optional<std::string> group = source_group ? source_group : env_.AddressGroupOf(peer);
+  if (!group) return false;  // where it answered from is unknown
   if (group->empty()) return true;
   size_t& n = l.answers_per_group[*group];
   if (n >= options_.max_answers_per_address) return false;

@@ -215,8 +215,9 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   // Takes a find reply's contacts as candidates, within the caps (DhtOptions).
   void AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Contact> contacts,
                      size_t depth);
-  // Whether `peer`'s answer counts (DhtOptions::max_answers_per_address).
-  bool CountAnswer(Lookup& l, const PeerId& peer);
+  // Whether `peer`'s answer counts (DhtOptions::max_answers_per_address), grouped by
+  // `source_group` (FindResponse), else by where its connection is now.
+  bool CountAnswer(Lookup& l, const PeerId& peer, const std::optional<std::string>& source_group);
   static constexpr size_t kMaxReferrers = 8;  // remembered per candidate
   // A contact `referrers` named answered or failed (its state already set: it is not erased).
   // A referrer with at least max_failed_referrals failed and more than twice as many failed as
