@@ -601,17 +601,17 @@ void DhtCore::AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Conta
 void DhtCore::CountReferral(Lookup& l, const std::vector<PeerId>& referrers, bool answered) {
   // Stopped: FlushFinds fails the queued finds inline, from inside Step's loop.
   if (options_.max_failed_referrals == 0 || stopped_) return;
-  std::vector<PeerId> distrusted_now;
+  bool newly_distrusted = false;
   for (const PeerId& referrer : referrers) {
     Lookup::Referrals& r = l.referrals[referrer];
     (answered ? r.answered : r.failed)++;
     // Honest peers name dead contacts too (churn), but mostly live ones.
     if (!r.distrusted && r.failed >= options_.max_failed_referrals && r.failed > 2 * r.answered) {
       r.distrusted = true;
-      distrusted_now.push_back(referrer);
+      newly_distrusted = true;
     }
   }
-  if (distrusted_now.empty()) return;
+  if (!newly_distrusted) return;
   // Candidates not asked yet that only distrusted peers named are dropped; one that an honest
   // peer named too stays (and one dropped comes back when an honest peer names it later).
   // Only kNew candidates go: the caller's candidate, and those in flight, stay where they are.
@@ -619,8 +619,10 @@ void DhtCore::CountReferral(Lookup& l, const std::vector<PeerId>& referrers, boo
     const Lookup::Candidate& c = entry.second;
     if (c.state != Lookup::State::kNew || c.probe || c.referrers.empty()) return false;
     const bool all_distrusted =
-        std::all_of(c.referrers.begin(), c.referrers.end(),
-                    [&](const PeerId& p) { return l.referrals[p].distrusted; });
+        std::all_of(c.referrers.begin(), c.referrers.end(), [&](const PeerId& p) {
+          auto r = l.referrals.find(p);
+          return r != l.referrals.end() && r->second.distrusted;
+        });
     if (all_distrusted) ++stats_.candidates_refused;
     return all_distrusted;
   });

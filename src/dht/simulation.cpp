@@ -130,12 +130,10 @@ size_t Simulation::AddNodeAs(KeyPair identity, const std::string& machine, DhtOp
   auto node = std::make_unique<Node>();
   node->identity = std::make_unique<KeyPair>(std::move(identity));
   node->env = std::make_unique<Env>(*this, index, clock_offset_seconds);
+  node->address =
+      machine.empty() ? fmt::format("sim/{}", index) : fmt::format("sim/{}@{}", index, machine);
   std::vector<std::string> addrs;
-  if (!options.client_mode) {
-    addrs.push_back(machine.empty() ? fmt::format("sim/{}", index)
-                                    : fmt::format("sim/{}@{}", index, machine));
-  }
-  node->address = addrs.empty() ? fmt::format("sim/{}", index) : addrs[0];
+  if (!options.client_mode) addrs.push_back(node->address);
   node->core = DhtCore::Create(*node->identity, std::move(addrs), options, *node->env);
   index_of_.emplace(node->identity->peer_id(), index);
   nodes_.push_back(std::move(node));
