@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -13,6 +14,7 @@
 #include "moe/expert_chunks.h"
 #include "moe/expert_uid.h"
 #include "net/byte_budget.h"
+#include "net/source_address.h"
 #include "runtime/batcher.h"
 #include "runtime/task_pool.h"
 #include "runtime/tensor_io.h"
@@ -97,6 +99,7 @@ struct ExpertServer::Impl {
   std::unique_ptr<Periodic> declarer;
   std::unique_ptr<Periodic> checkpointer;
   net::ByteBudget held_requests;
+  std::map<std::string, uint64_t> held_by_source;  // net::SourceKey -> bytes; guarded by mu
 
   Impl(dht::Node& n, ExpertServerOptions o)
       : node(n),
@@ -125,6 +128,45 @@ struct ExpertServer::Impl {
                                          ParseExpertUid(uid).ok() ? uid : "(malformed id)")));
     }
     return it->second.get();
+  }
+
+  // Takes `bytes` of held_requests for a call from `source` (net::SourceKey; "" is exempt from
+  // the per-address share).
+  Status TakeRequestBytes(const std::string& source, uint64_t bytes) {
+    if (!source.empty()) {
+      const auto share = static_cast<uint64_t>(options.request_share_per_address *
+                                               static_cast<double>(held_requests.limit()));
+      std::lock_guard lock(mu);
+      auto [it, added] = held_by_source.try_emplace(source, 0);
+      if (it->second + bytes > share) {
+        const uint64_t mine = it->second;
+        if (added) held_by_source.erase(it);
+        ++stats.refused;
+        return ResourceExhausted(fmt::format(
+            "{} holds {} bytes of requests on this expert server and one client address may "
+            "hold {} ({:.0f}% of its limit); wait for those calls to end or use another server",
+            source, mine, share, 100 * options.request_share_per_address));
+      }
+      it->second += bytes;
+    }
+    if (!held_requests.TryTake(bytes)) {
+      GiveRequestBytes(source, bytes);
+      return Refuse(ResourceExhausted(
+          fmt::format("the expert server holds its limit of {} bytes of requests; try again or "
+                      "another server",
+                      held_requests.limit())));
+    }
+    return Status::Ok();
+  }
+  // Gives back what TakeRequestBytes took (the global part only when it was taken).
+  void GiveRequestBytes(const std::string& source, uint64_t bytes, bool global = false) {
+    if (global) held_requests.Give(bytes);
+    if (source.empty() || bytes == 0) return;
+    std::lock_guard lock(mu);
+    auto it = held_by_source.find(source);
+    if (it == held_by_source.end()) return;
+    it->second -= std::min(it->second, bytes);
+    if (it->second == 0) held_by_source.erase(it);
   }
 
   // One message of a call's request (expert_chunks.h), checked: x (and grad_y for a backward),
@@ -170,11 +212,13 @@ struct ExpertServer::Impl {
     std::vector<std::vector<at::Tensor>> parts(backward ? 2 : 1);
     int64_t rows = 0;
     uint64_t held = 0;
+    const std::string source = net::SourceKey(ctx, node.host().limits_loopback());
     struct GiveBack {
-      net::ByteBudget& budget;
+      Impl& impl;
+      const std::string& source;
       uint64_t& bytes;
-      ~GiveBack() { budget.Give(bytes); }
-    } give_back{held_requests, held};
+      ~GiveBack() { impl.GiveRequestBytes(source, bytes, /*global=*/true); }
+    } give_back{*this, source, held};
     for (;;) {
       auto next = co_await ctx.stream().Read();
       if (!next.ok()) co_return next.status();
@@ -190,12 +234,7 @@ struct ExpertServer::Impl {
       auto chunk = ReadChunk(m, backward, options.max_batch - rows);
       if (!chunk.ok()) co_return chunk.status();
       const uint64_t bytes = static_cast<uint64_t>((*chunk)[0].numel()) * 4 * parts.size();
-      if (!held_requests.TryTake(bytes)) {
-        co_return Refuse(
-            ResourceExhausted(fmt::format("the expert server holds its limit of {} bytes of "
-                                          "requests; try again or another server",
-                                          held_requests.limit())));
-      }
+      if (Status taken = TakeRequestBytes(source, bytes); !taken.ok()) co_return taken;
       held += bytes;
       rows += (*chunk)[0].size(0);
       for (size_t i = 0; i < parts.size(); ++i) parts[i].push_back(std::move((*chunk)[i]));
@@ -247,6 +286,10 @@ struct ExpertServer::Impl {
 Result<std::unique_ptr<ExpertServer>> ExpertServer::Start(dht::Node& node,
                                                           ExpertServerOptions options) {
   if (options.uids.empty()) return InvalidArgument("an expert server needs at least one expert");
+  if (!(options.request_share_per_address > 0 && options.request_share_per_address <= 1)) {
+    return InvalidArgument(fmt::format("request_share_per_address {} outside (0, 1]",
+                                       options.request_share_per_address));
+  }
   if (options.max_batch < 1 || options.max_batch > (1 << 20)) {
     return InvalidArgument(fmt::format("max_batch {} outside [1, 2^20]", options.max_batch));
   }

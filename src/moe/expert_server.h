@@ -8,7 +8,8 @@
 //
 // Requests are untrusted: the expert id must be hosted here, inputs float32 [batch, hidden] with
 // 1 <= batch <= max_batch, finite, and a backward's gradient of the input's shape; anything else
-// gets an error that says what is wrong, and the server keeps serving. Compute runs on a task
+// gets an error that says what is wrong, and the server keeps serving. The requests one client
+// address holds at once are capped (request_share_per_address). Compute runs on a task
 // pool; requests for an expert that come in while it computes join its next batch (up to
 // max_batch rows: one forward for many requests, one optimizer step for many backward requests,
 // as hivemind batches), and beyond 2 x max_batch rows waiting per expert and direction requests
@@ -38,6 +39,11 @@ struct ExpertServerOptions {
   // (expert_chunks.h), waiting in a batch or computing. A call beyond it is refused
   // (ResourceExhausted).
   uint64_t max_request_bytes = 1ull << 30;
+  // The part of max_request_bytes the calls from one client address may hold at once
+  // (net::SourceKey: loopback is exempt unless the host's limit_loopback_addresses; the peers
+  // behind one relay share one key), so that one machine cannot take the whole budget from the
+  // others. In (0, 1]; a call beyond it is refused (ResourceExhausted).
+  double request_share_per_address = 0.25;
   size_t threads = 1;
   size_t max_queued = 256;  // the pool's tasks (at least two per expert)
   // hivemind: declared every 30 s, for 60 s.

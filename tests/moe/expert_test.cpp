@@ -21,6 +21,7 @@
 #include <cmath>
 #include <thread>
 
+#include "adversary/hostile_peer.h"
 #include "loopback_node.h"
 #include "moe/discovery.h"
 #include "moe/expert_server.h"
@@ -235,9 +236,11 @@ class ExpertServers : public ::testing::Test {
 
   // A call written message by message (expert_chunks.h); `close` false leaves it open (the
   // stream is returned in *open) and reads nothing.
+  // From the client's host, or from `from`.
   Result<net::Message> RawStream(const std::string& method, const std::vector<net::Message>& msgs,
-                                 bool close = true, std::shared_ptr<net::Stream>* open = nullptr) {
-    net::Host& host = client_node_->host();
+                                 bool close = true, std::shared_ptr<net::Stream>* open = nullptr,
+                                 net::Host* from = nullptr) {
+    net::Host& host = from != nullptr ? *from : client_node_->host();
     auto run = [&]() -> asio::awaitable<Result<net::Message>> {
       auto stream = co_await host.OpenStream(server_node_->VisibleAddresses().at(0), method,
                                              {.timeout = 30s});
@@ -550,6 +553,63 @@ TEST_F(ExpertServers, HostileChunkedCallsAreRefusedAndHeldBytesAreBounded) {
   for (size_t i = 0; i < weights->size(); ++i) {
     EXPECT_TRUE(at::equal((*weights)[i], (*local)->parameters()[i]));
   }
+}
+
+// One machine cannot hold the whole request budget: the server applies its per-address caps to
+// loopback here, so that 127.0.0.2 plays the attacker's machine. Its calls left open hold its
+// share (a quarter of 32 KiB: one backward call of 64 rows); the next ones are refused, and an
+// honest client's backward of the same size is served beside them.
+TEST_F(ExpertServers, OneAddressHoldsOnlyItsShareOfTheRequestBudget) {
+  server_.reset();
+  server_node_->Shutdown();
+  auto o = test::LoopbackNodeOptions({});
+  o.host.limit_loopback_addresses = true;
+  auto node = dht::Node::Start(KeyPair::Generate(), o);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  server_node_ = std::move(*node);
+  options_.max_request_bytes = 32 << 10;
+  for (double bad : {0.0, -0.5, 1.5, std::nan("")}) {
+    options_.request_share_per_address = bad;
+    auto refused = ExpertServer::Start(*server_node_, options_);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("request_share_per_address"), std::string::npos);
+  }
+  options_.request_share_per_address = 0.25;
+  auto started = ExpertServer::Start(*server_node_, options_);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  server_ = std::move(*started);
+
+  test::HostilePeer attacker(test::DialingFrom("127.0.0.2"));
+  ASSERT_TRUE(attacker.start_error().ok()) << attacker.start_error().ToString();
+  const at::Tensor full = at::randn({64, kHidden});  // 8 KiB with its gradient
+  std::vector<std::shared_ptr<net::Stream>> held(4);
+  for (auto& h : held) {
+    auto r =
+        RawStream("moe.backward", {Chunk("ffn.0.1", {full, full})}, false, &h, &attacker.host());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  // The server reads the four calls' chunks: one is held, three are refused.
+  EXPECT_TRUE(test::WaitUntil([&] { return server_->stats().refused == 3; }, 10s))
+      << server_->stats().refused;
+  auto one_more = RawStream("moe.forward", {Chunk("ffn.2.3", {at::randn({1, kHidden})})}, true,
+                            nullptr, &attacker.host());
+  ASSERT_FALSE(one_more.ok());
+  EXPECT_EQ(one_more.status().code(), StatusCode::kResourceExhausted)
+      << one_more.status().ToString();
+  EXPECT_NE(one_more.status().message().find("one client address may hold 8192"), std::string::npos)
+      << one_more.status().ToString();
+
+  auto honest = RawStream("moe.backward", {Chunk("ffn.2.3", {full, full})});
+  ASSERT_TRUE(honest.ok()) << honest.status().ToString();
+  EXPECT_EQ(server_->stats().backwards, 1u);
+  // The attacker's bytes come back with its calls: it may call again.
+  for (auto& h : held) h->Cancel();
+  Result<net::Message> after = Unavailable("not sent");
+  for (int i = 0; i < 200 && !after.ok(); ++i) {
+    if (i > 0) std::this_thread::sleep_for(10ms);
+    after = RawStream("moe.forward", {Chunk("ffn.2.3", {full})}, true, nullptr, &attacker.host());
+  }
+  EXPECT_TRUE(after.ok()) << after.status().ToString();
 }
 
 TEST_F(ExpertServers, ABackwardReachesARestartedServer) {
