@@ -14,6 +14,7 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "moe/remote_expert.h"
@@ -102,9 +103,7 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
   for (size_t j : jobs) {
     plan.in_flight->Enter();
     plan.counters->calls++;
-    std::thread([g, j, call, in_flight = plan.in_flight] {
-      CallReport report;
-      Result<at::Tensor> r = call(j, &report);
+    auto finish = [g, j, in_flight = plan.in_flight](Result<at::Tensor> r, CallReport report) {
       {
         std::lock_guard lock(g->mu);
         g->results[j] = std::move(r);
@@ -112,7 +111,23 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
       }
       g->cv.notify_all();
       in_flight->Leave();
-    }).detach();
+    };
+    try {
+      std::thread([j, call, finish] {
+        CallReport report;
+        Result<at::Tensor> r = Internal("the expert call did not run");
+        try {
+          r = call(j, &report);
+        } catch (const std::exception& e) {
+          // An exception would end the process from this thread: the call fails, saying why.
+          r = Internal(fmt::format("the expert call failed: {}", e.what()));
+        }
+        finish(std::move(r), std::move(report));
+      }).detach();
+    } catch (const std::system_error& e) {
+      // This side's resources, not the servers': not a failure to avoid them for.
+      finish(ResourceExhausted(fmt::format("no thread for an expert call: {}", e.what())), {});
+    }
   }
   auto deadline = Clock::now() + timeout;
   bool cut = false;
