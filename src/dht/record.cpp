@@ -279,6 +279,28 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
         return ResourceExhausted(fmt::format("key '{}' would hold {} bytes; the limit is {}",
                                              item.key, record_bytes, limits_.max_record_bytes));
       }
+      if (!fresh.source.empty()) {
+        // The entries this store's source address would hold in the dictionary after it.
+        size_t mine = 1, mine_bytes = fresh.bytes;
+        for (const auto& [s, c] : slot.charges) {
+          if (c.source != fresh.source || s == *item.subkey ||
+              std::find(evicted.begin(), evicted.end(), s) != evicted.end()) {
+            continue;
+          }
+          ++mine;
+          mine_bytes += c.bytes;
+        }
+        const double share = limits_.dictionary_share_per_source;
+        const auto most = static_cast<size_t>(share * static_cast<double>(limits_.max_subkeys));
+        const auto most_bytes =
+            static_cast<size_t>(share * static_cast<double>(limits_.max_record_bytes));
+        if (mine > most || mine_bytes > most_bytes) {
+          return ResourceExhausted(fmt::format(
+              "the peers at address {} would hold {} entries ({} bytes) of key '{}'; one address "
+              "may hold {} ({} bytes)",
+              fresh.source, mine, mine_bytes, item.key, most, most_bytes));
+        }
+      }
     }
   }
 

@@ -78,6 +78,10 @@ struct StorageLimits {
   // What all the peers that reach this node from one source address may make it hold together
   // (identities are free: without it, 8 identities from one machine fill capacity_bytes).
   size_t per_source_quota_bytes = 64u << 20;
+  // The part of one dictionary (of max_subkeys and of max_record_bytes) that the peers reaching
+  // this node from one source address may hold, in (0, 1]: identities are free, so without it
+  // one machine fills a key that others write to (a record family's dictionary) by itself.
+  double dictionary_share_per_source = 0.25;
   // How far ahead an expiration may be. Longer is refused (not shortened: owners sign the exact
   // expiration), so that nobody can park a record for weeks.
   double max_ttl_seconds = 24 * 3600.0;

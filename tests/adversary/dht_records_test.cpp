@@ -355,6 +355,51 @@ TEST(StorageAttack, ManyIdentitiesFromOneAddressHoldOnlyThatAddresssQuota) {
   (*victim)->Shutdown();
 }
 
+TEST(StorageAttack, OneAddressFillsAtMostItsShareOfADictionary) {
+  // 127.0.0.2 plays the attacker's machine, 127.0.0.3 an honest one (per-address caps applied to
+  // loopback). Each of 16 identities signs its own entry of one key: without a per-address share
+  // of the dictionary they fill it (16 subkeys here), and the honest owner's entry is refused.
+  NodeOptions o = GuardedOptions({});
+  o.host.limit_loopback_addresses = true;
+  o.dht.storage.max_subkeys = 16;
+  o.dht.storage.dictionary_share_per_source = 0.25;
+  auto victim = Node::Start(KeyPair::Generate(), o);
+  ASSERT_TRUE(victim.ok()) << victim.status().ToString();
+  const Multiaddr at = (*victim)->VisibleAddresses().at(0);
+  auto signed_entry = [](HostilePeer& peer, const std::string& value) {
+    return HostilePeer::SignedBy(peer.identity(),
+                                 {"family.key", OwnerMarker(peer.id()), value, Now() + 600});
+  };
+  size_t accepted = 0;
+  Status refusal;
+  for (int id = 0; id < 16; ++id) {
+    HostilePeer sybil(DialingFrom("127.0.0.2"));
+    ASSERT_TRUE(sybil.start_error().ok()) << sybil.start_error().ToString();
+    auto r = sybil.Store(at, {signed_entry(sybil, "sybil")});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (r->at(0).ok()) {
+      ++accepted;
+    } else {
+      refusal = r->at(0);
+    }
+  }
+  EXPECT_EQ(accepted, 4u);
+  EXPECT_EQ(refusal.code(), StatusCode::kResourceExhausted) << refusal.ToString();
+  EXPECT_NE(refusal.message().find("one address may hold 4"), std::string::npos)
+      << refusal.message();
+
+  HostilePeer honest(DialingFrom("127.0.0.3"));
+  ASSERT_TRUE(honest.start_error().ok()) << honest.start_error().ToString();
+  auto r = honest.Store(at, {signed_entry(honest, "honest")});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->at(0).ok()) << r->at(0).ToString();
+  auto got = (*victim)->GetSync("family.key", Freshness::kLatest);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->subkeys.size(), 5u);
+  EXPECT_EQ(got->subkeys.at(OwnerMarker(honest.id())).value, "honest");
+  (*victim)->Shutdown();
+}
+
 TEST(AttackedSwarmCli, TheForgerGetsAClearRefusalAndTheOwnersRecordStays) {
   test::TempDir dir("adversary-cli");
   auto boot = test::SpawnLocalDht();
