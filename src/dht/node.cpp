@@ -341,6 +341,11 @@ bool DialBackSaysPublic(net::Host& host, const std::vector<std::string>& initial
 }  // namespace
 
 Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, NodeOptions options) {
+  if (const double share = options.dht.storage.dictionary_share_per_source;
+      !(share > 0 && share <= 1)) {
+    return InvalidArgument(
+        fmt::format("dht.storage.dictionary_share_per_source {} outside (0, 1]", share));
+  }
   bool publicly_reachable = !options.dht.client_mode && !host->ListenAddresses().empty();
   if (publicly_reachable && options.reachability == NodeOptions::Reachability::kPrivate) {
     publicly_reachable = false;

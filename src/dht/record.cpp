@@ -294,10 +294,12 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
         const auto most = static_cast<size_t>(share * static_cast<double>(limits_.max_subkeys));
         const auto most_bytes =
             static_cast<size_t>(share * static_cast<double>(limits_.max_record_bytes));
-        if (mine > most || mine_bytes > most_bytes) {
+        // An address may always hold one entry (of up to max_value_bytes): a share smaller
+        // than one entry must not keep it out of a key, nor stop it refreshing its entry.
+        if (mine > 1 && (mine > most || mine_bytes > most_bytes)) {
           return ResourceExhausted(fmt::format(
               "the peers at address {} would hold {} entries ({} bytes) of key '{}'; one address "
-              "may hold {} ({} bytes)",
+              "may hold {} ({} bytes), or one entry",
               fresh.source, mine, mine_bytes, item.key, most, most_bytes));
         }
       }

@@ -79,8 +79,10 @@ struct StorageLimits {
   // (identities are free: without it, 8 identities from one machine fill capacity_bytes).
   size_t per_source_quota_bytes = 64u << 20;
   // The part of one dictionary (of max_subkeys and of max_record_bytes) that the peers reaching
-  // this node from one source address may hold, in (0, 1]: identities are free, so without it
-  // one machine fills a key that others write to (a record family's dictionary) by itself.
+  // this node from one source address may hold, or one entry if that is more; in (0, 1] (Node
+  // refuses other values). Identities are free: without it one machine fills a key that others
+  // write to (a record family's dictionary) by itself. A peer reached through a relay counts
+  // under its own identity (the relay caps the circuits one address opens).
   double dictionary_share_per_source = 0.25;
   // How far ahead an expiration may be. Longer is refused (not shortened: owners sign the exact
   // expiration), so that nobody can park a record for weeks.

@@ -14,7 +14,6 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
-#include <system_error>
 #include <thread>
 
 #include "moe/remote_expert.h"
@@ -116,17 +115,22 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
       std::thread([j, call, finish] {
         CallReport report;
         Result<at::Tensor> r = Internal("the expert call did not run");
+        // An exception would end the process from this thread: the call fails on this side
+        // (aborted, which does not count against the servers).
         try {
           r = call(j, &report);
         } catch (const std::exception& e) {
-          // An exception would end the process from this thread: the call fails, saying why.
-          r = Internal(fmt::format("the expert call failed: {}", e.what()));
+          r = Status(StatusCode::kAborted,
+                     fmt::format("the expert call failed here: {}", e.what()));
+        } catch (...) {
+          r = Status(StatusCode::kAborted, "the expert call failed here with an exception");
         }
         finish(std::move(r), std::move(report));
       }).detach();
-    } catch (const std::system_error& e) {
-      // This side's resources, not the servers': not a failure to avoid them for.
-      finish(ResourceExhausted(fmt::format("no thread for an expert call: {}", e.what())), {});
+    } catch (...) {
+      // This side's resources (a thread, memory), not the servers': not a failure to avoid them
+      // for.
+      finish(Status(StatusCode::kAborted, "no thread could be started for an expert call"), {});
     }
   }
   auto deadline = Clock::now() + timeout;
@@ -165,10 +169,12 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
       out[j] = **g->results[j];
     } else {
       plan.counters->failed++;
-      // A busy server (resource_exhausted) is alive, and a refused input is this side's fault.
-      if (g->results[j].has_value() &&
-          g->results[j]->status().code() != StatusCode::kResourceExhausted &&
-          g->results[j]->status().code() != StatusCode::kInvalidArgument) {
+      // A busy server (resource_exhausted) is alive, and a refused input or a call that failed
+      // here (aborted) is this side's fault.
+      const StatusCode code =
+          g->results[j].has_value() ? g->results[j]->status().code() : StatusCode::kOk;
+      if (g->results[j].has_value() && code != StatusCode::kResourceExhausted &&
+          code != StatusCode::kInvalidArgument && code != StatusCode::kAborted) {
         failed.push_back(j);
       }
     }

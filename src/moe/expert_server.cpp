@@ -100,6 +100,9 @@ struct ExpertServer::Impl {
   std::unique_ptr<Periodic> checkpointer;
   net::ByteBudget held_requests;
   std::map<std::string, uint64_t> held_by_source;  // net::SourceKey -> bytes; guarded by mu
+  // What one source may hold: request_share_per_address of the limit, or one call of
+  // max_batch rows (input and gradient) if that is more.
+  const uint64_t source_share;
 
   Impl(dht::Node& n, ExpertServerOptions o)
       : node(n),
@@ -107,7 +110,20 @@ struct ExpertServer::Impl {
         // Each expert's two batchers queue at most one task each.
         pool({.threads = options.threads,
               .max_queued = std::max(options.max_queued, 2 * options.uids.size())}),
-        held_requests(options.max_request_bytes) {}
+        held_requests(options.max_request_bytes),
+        source_share(SourceShare(options)) {}
+
+  static uint64_t SourceShare(const ExpertServerOptions& o) {
+    const uint64_t largest_call = static_cast<uint64_t>(o.max_batch) *
+                                  static_cast<uint64_t>(std::max<int64_t>(o.expert.hidden, 0)) *
+                                  sizeof(float) * 2;
+    // share < 1 keeps the product below 2^64.
+    const uint64_t part = o.request_share_per_address >= 1
+                              ? o.max_request_bytes
+                              : static_cast<uint64_t>(o.request_share_per_address *
+                                                      static_cast<double>(o.max_request_bytes));
+    return std::max(part, largest_call);
+  }
 
   Status Refuse(Status why) {
     std::lock_guard lock(mu);
@@ -134,18 +150,16 @@ struct ExpertServer::Impl {
   // the per-address share).
   Status TakeRequestBytes(const std::string& source, uint64_t bytes) {
     if (!source.empty()) {
-      const auto share = static_cast<uint64_t>(options.request_share_per_address *
-                                               static_cast<double>(held_requests.limit()));
       std::lock_guard lock(mu);
       auto [it, added] = held_by_source.try_emplace(source, 0);
-      if (it->second + bytes > share) {
+      if (it->second + bytes > source_share) {
         const uint64_t mine = it->second;
         if (added) held_by_source.erase(it);
         ++stats.refused;
         return ResourceExhausted(fmt::format(
             "{} holds {} bytes of requests on this expert server and one client address may "
-            "hold {} ({:.0f}% of its limit); wait for those calls to end or use another server",
-            source, mine, share, 100 * options.request_share_per_address));
+            "hold {}; wait for those calls to end or use another server",
+            source, mine, source_share));
       }
       it->second += bytes;
     }

@@ -39,10 +39,11 @@ struct ExpertServerOptions {
   // (expert_chunks.h), waiting in a batch or computing. A call beyond it is refused
   // (ResourceExhausted).
   uint64_t max_request_bytes = 1ull << 30;
-  // The part of max_request_bytes the calls from one client address may hold at once
-  // (net::SourceKey: loopback is exempt unless the host's limit_loopback_addresses; the peers
-  // behind one relay share one key), so that one machine cannot take the whole budget from the
-  // others. In (0, 1]; a call beyond it is refused (ResourceExhausted).
+  // The part of max_request_bytes the calls from one client address may hold at once, or one
+  // call of max_batch rows if that is more (net::SourceKey: loopback is exempt unless the host's
+  // limit_loopback_addresses; a peer reached through a relay counts under its own identity, the
+  // relay capping the circuits one address opens), so that one machine cannot take the whole
+  // budget from the others. In (0, 1]; a call beyond it is refused (ResourceExhausted).
   double request_share_per_address = 0.25;
   size_t threads = 1;
   size_t max_queued = 256;  // the pool's tasks (at least two per expert)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -397,7 +398,22 @@ TEST(StorageAttack, OneAddressFillsAtMostItsShareOfADictionary) {
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(got->subkeys.size(), 5u);
   EXPECT_EQ(got->subkeys.at(OwnerMarker(honest.id())).value, "honest");
+  // One entry larger than an address's share of the bytes is stored, and refreshed.
+  const std::string large(o.dht.storage.max_record_bytes * 3 / 8, 'h');
+  for (double later : {0.0, 1.0}) {
+    auto big = HostilePeer::SignedBy(
+        honest.identity(), {"large.key", OwnerMarker(honest.id()), large, Now() + 600 + later});
+    auto stored = honest.Store(at, {big});
+    ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+    EXPECT_TRUE(stored->at(0).ok()) << stored->at(0).ToString();
+  }
   (*victim)->Shutdown();
+  for (double bad : {0.0, 1.5, std::nan("")}) {
+    o.dht.storage.dictionary_share_per_source = bad;
+    auto refused = Node::Start(KeyPair::Generate(), o);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("dictionary_share_per_source"), std::string::npos);
+  }
 }
 
 TEST(AttackedSwarmCli, TheForgerGetsAClearRefusalAndTheOwnersRecordStays) {
