@@ -248,8 +248,15 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
       }
       size_t count = r.subkeys.size() + (sub == r.subkeys.end() ? 1 : 0);
       size_t record_bytes = fresh.bytes;
+      // The entries this store's source address would hold in the dictionary after it.
+      size_t mine = 1, mine_bytes = fresh.bytes;
       for (const auto& [s, c] : slot.charges) {
-        if (s != *item.subkey) record_bytes += c.bytes;
+        if (s == *item.subkey) continue;
+        record_bytes += c.bytes;
+        if (!fresh.source.empty() && c.source == fresh.source) {
+          ++mine;
+          mine_bytes += c.bytes;
+        }
       }
       auto fits = [&] {
         return count <= limits_.max_subkeys && record_bytes <= limits_.max_record_bytes;
@@ -269,6 +276,10 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
           evicted.push_back(*s);
           --count;
           record_bytes -= c.bytes;
+          if (!fresh.source.empty() && c.source == fresh.source) {
+            --mine;
+            mine_bytes -= c.bytes;
+          }
         }
       }
       if (count > limits_.max_subkeys) {
@@ -280,16 +291,6 @@ Status Storage::Store(const DhtId& id, const StoreItem& item, const PeerId& writ
                                              item.key, record_bytes, limits_.max_record_bytes));
       }
       if (!fresh.source.empty()) {
-        // The entries this store's source address would hold in the dictionary after it.
-        size_t mine = 1, mine_bytes = fresh.bytes;
-        for (const auto& [s, c] : slot.charges) {
-          if (c.source != fresh.source || s == *item.subkey ||
-              std::find(evicted.begin(), evicted.end(), s) != evicted.end()) {
-            continue;
-          }
-          ++mine;
-          mine_bytes += c.bytes;
-        }
         const double share = limits_.dictionary_share_per_source;
         const auto most = static_cast<size_t>(share * static_cast<double>(limits_.max_subkeys));
         const auto most_bytes =

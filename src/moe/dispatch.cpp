@@ -114,17 +114,18 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
     try {
       std::thread([j, call, finish] {
         CallReport report;
-        Result<at::Tensor> r = Internal("the expert call did not run");
         // An exception would end the process from this thread: the call fails on this side
         // (aborted, which does not count against the servers).
-        try {
-          r = call(j, &report);
-        } catch (const std::exception& e) {
-          r = Status(StatusCode::kAborted,
-                     fmt::format("the expert call failed here: {}", e.what()));
-        } catch (...) {
-          r = Status(StatusCode::kAborted, "the expert call failed here with an exception");
-        }
+        auto r = [&]() -> Result<at::Tensor> {
+          try {
+            return call(j, &report);
+          } catch (const std::exception& e) {
+            return Status(StatusCode::kAborted,
+                          fmt::format("the expert call failed here: {}", e.what()));
+          } catch (...) {
+            return Status(StatusCode::kAborted, "the expert call failed here with an exception");
+          }
+        }();
         finish(std::move(r), std::move(report));
       }).detach();
     } catch (...) {

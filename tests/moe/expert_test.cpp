@@ -234,9 +234,8 @@ class ExpertServers : public ::testing::Test {
                                          std::move(m), {.timeout = 10s});
   }
 
-  // A call written message by message (expert_chunks.h); `close` false leaves it open (the
-  // stream is returned in *open) and reads nothing.
-  // From the client's host, or from `from`.
+  // A call written message by message (expert_chunks.h), from the client's host or `from`;
+  // `close` false leaves it open (the stream is returned in *open) and reads nothing.
   Result<net::Message> RawStream(const std::string& method, const std::vector<net::Message>& msgs,
                                  bool close = true, std::shared_ptr<net::Stream>* open = nullptr,
                                  net::Host* from = nullptr) {
