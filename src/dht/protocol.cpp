@@ -6,9 +6,14 @@
 #include <cmath>
 
 #include "core/log.h"
+#include "dht/vouches.h"
 
 namespace colony::dht {
 namespace {
+
+// A lookup remembers who held at most this many subkeys per subkey a dictionary may hold (a few
+// replicas' full copies; ~40 bytes each).
+constexpr size_t kVouchedSubkeysPerLimit = 8;
 
 std::vector<StoreItem> Entries(const std::string& key, const Record& record) {
   std::vector<StoreItem> out;
@@ -61,6 +66,8 @@ struct DhtCore::Lookup {
   bool finished = false;
   std::optional<Record> found;
   size_t found_depth = 0;
+  // Which sources held each subkey of `found` (from the first dictionary answer on).
+  std::optional<SubkeyVouches> vouches;
   std::function<void(Lookup&)> on_done;
 
   // Responded candidates, nearest first.
@@ -522,13 +529,22 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     } else {
       had_value = valid(std::nullopt, r.value);
     }
+    if (had_value && r.is_dict) {
+      // Sources as CountAnswer groups them; a peer whose address is not grouped is its own.
+      const std::optional<std::string> group =
+          reply->source_group ? reply->source_group : env_.AddressGroupOf(contact.peer);
+      if (!l.vouches) l.vouches.emplace(kVouchedSubkeysPerLimit * options_.storage.max_subkeys);
+      l.vouches->Note(group && !group->empty() ? *group : "peer " + contact.peer.ToString(), r);
+    }
     if (had_value) {
       if (!l.found) {
         l.found = std::move(r);
         l.found_depth = depth;
       } else {
         MergeRecord(*l.found, r);
-        TrimToLimits(*l.key, *l.found, options_.storage);
+        TrimToLimits(*l.key, *l.found, options_.storage, [&](const std::string& subkey) {
+          return l.vouches ? l.vouches->Count(subkey) : 0;
+        });
       }
     }
   }

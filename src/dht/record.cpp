@@ -80,15 +80,18 @@ bool FitsLimits(const std::string& key, const Record& record, const StorageLimit
          DictionaryBytes(key, record) <= limits.max_record_bytes;
 }
 
-void TrimToLimits(const std::string& key, Record& record, const StorageLimits& limits) {
+void TrimToLimits(const std::string& key, Record& record, const StorageLimits& limits,
+                  const std::function<size_t(const std::string&)>& sources_holding) {
   if (!record.is_dict || FitsLimits(key, record, limits)) return;
-  std::vector<std::tuple<bool, double, std::string>> order;  // signed last, earliest first
+  // Dropped in this order: held by fewer sources, unsigned, earliest expiration.
+  std::vector<std::tuple<size_t, bool, double, std::string>> order;
   for (const auto& [sub, v] : record.subkeys) {
-    order.emplace_back(HasOwnerMarker(sub), v.expiration, sub);
+    order.emplace_back(sources_holding ? sources_holding(sub) : 0, HasOwnerMarker(sub),
+                       v.expiration, sub);
   }
   std::sort(order.begin(), order.end());
   size_t bytes = DictionaryBytes(key, record);
-  for (const auto& [_, expiration, sub] : order) {
+  for (const auto& [sources, is_signed, expiration, sub] : order) {
     if (record.subkeys.size() <= limits.max_subkeys && bytes <= limits.max_record_bytes) break;
     auto it = record.subkeys.find(sub);
     bytes -= EntryBytes(key, sub, it->second);

@@ -12,6 +12,7 @@
 // owner-signed subkey (validation.h) pushes out unsigned ones instead of being refused.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -94,9 +95,12 @@ struct StorageLimits {
 // counted as storage counts them. No honest replica answers with more.
 bool FitsLimits(const std::string& key, const Record& record, const StorageLimits& limits);
 
-// Drops entries of a dictionary merged from several replicas until it fits `limits`: unsigned
-// subkeys first (anyone may write those), then owner-signed ones, earliest expiration first.
-void TrimToLimits(const std::string& key, Record& record, const StorageLimits& limits);
+// Drops entries of a dictionary merged from several replicas until it fits `limits`: those the
+// fewest sources held first (`sources_holding`, when given: identities and signatures are free,
+// so what one replica alone claims ranks below what several hold; see dht/vouches.h), then
+// unsigned subkeys (anyone may write those) before owner-signed ones, earliest expiration first.
+void TrimToLimits(const std::string& key, Record& record, const StorageLimits& limits,
+                  const std::function<size_t(const std::string&)>& sources_holding = {});
 
 // Slack on max_ttl_seconds for the clocks of the writer and the node that checks (the DHT
 // refuses peers whose clocks differ by more than a few seconds).

@@ -602,6 +602,65 @@ TEST_F(LookupAttack, IdentitiesOnOneMachineCountAsTwoAnswersAndCannotHideTheKey)
   EXPECT_GE(sim_.node(v).stats().candidates_refused, 20u - 2u - 1u);
 }
 
+// A replica of a dictionary answers a full lookup with a full dictionary of its own (entries are
+// free to write, and its own identities could sign each one), all expiring after the honest
+// entries. The reader merges the replicas' copies and trims the union to its limits: by
+// expiration alone that dropped every honest entry; ranked by how many sources held each entry,
+// the honest entries, which every honest replica holds, are kept, and what the liar alone claims
+// fills only what is left.
+TEST(MergeAttack, AReplicaAnsweringWithAFullDictionaryOfItsOwnCannotPushOutHonestEntries) {
+  Simulation sim({.seed = 29});
+  ASSERT_NO_FATAL_FAILURE(Grow(sim, 60));
+  const std::string key = "experts";
+  const double now = sim.clock().WallSeconds();
+  constexpr size_t kHonest = 6;
+  for (size_t i = 0; i < kHonest; ++i) {
+    const std::string sub = fmt::format("honest-{}", i);
+    ASSERT_TRUE(sim.Store(10 + i, Item(key, "\"served\"", now + 600, sub)).ok()) << sub;
+  }
+  const DhtId target = DhtId::ForKey(key);
+  const auto nearest = BruteForceNearest(sim, target);
+  size_t liar = 0;
+  while (sim.identity(liar).peer_id() != nearest[0]) ++liar;
+  DhtOptions reader_options;
+  reader_options.storage.max_subkeys = 16;  // what the reader keeps of a merged dictionary
+  std::vector<Contact> honest_nearest;
+  for (size_t i = 0; i < sim.size(); ++i) {
+    if (i != liar && std::find(nearest.begin() + 1, nearest.begin() + 21,
+                               sim.identity(i).peer_id()) != nearest.begin() + 21) {
+      honest_nearest.push_back({sim.identity(i).peer_id(), sim.node(i).id(), {sim.address(i)}});
+    }
+  }
+  Record fakes;
+  fakes.is_dict = true;
+  for (size_t i = 0; i < reader_options.storage.max_subkeys; ++i) {
+    fakes.subkeys[fmt::format("fake-{:02}", i)] = {"\"mine\"", now + 20 * 3600};
+  }
+  size_t lies = 0;
+  sim.ScriptFinds(liar, [&](const PeerId&, const FindRequest& request) {
+    FindResponse response;
+    for (const DhtId& id : request.ids) {
+      FindResult& result = response.results.emplace_back();
+      result.nearest = honest_nearest;
+      if (id == target) {
+        result.record = fakes;
+        ++lies;
+      }
+    }
+    return Result<FindResponse>(response);
+  });
+  const size_t reader = sim.AddNode(reader_options);
+  ASSERT_TRUE(sim.Bootstrap(reader, {sim.address(0)}).ok());
+  const Result<Record> got = sim.Get(reader, key, Freshness::kLatest);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_GE(lies, 1u) << "the scenario needs the reader to hear the liar";
+  size_t honest = 0, fake = 0;
+  for (const auto& [sub, v] : got->subkeys) (sub.starts_with("honest-") ? honest : fake) += 1;
+  // Without the ranking: 0 honest, 16 fakes.
+  EXPECT_EQ(honest, kHonest);
+  EXPECT_EQ(fake, reader_options.storage.max_subkeys - kHonest);
+}
+
 TEST(DhtSimulationBootstrap, DeadInitialPeersGiveAnErrorNamingEachAddress) {
   Simulation sim;
   sim.AddNode();

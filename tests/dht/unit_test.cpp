@@ -9,6 +9,7 @@
 #include "dht/record.h"
 #include "dht/routing.h"
 #include "dht/validation.h"
+#include "dht/vouches.h"
 
 namespace colony::dht {
 namespace {
@@ -170,6 +171,40 @@ TEST(DhtStorage, AMergedDictionaryIsTrimmedToTheLimitsKeepingOwnersEntries) {
   // A plain value larger than a node stores does not fit.
   limits.max_value_bytes = 4;
   EXPECT_FALSE(FitsLimits("k", Record{false, {"12345", kNow + 1}, {}}, limits));
+}
+
+// Who held each subkey of a merged dictionary: a source's answers count once however many it
+// sends (two identities on one machine are one source), the entries held by more sources are
+// kept first, signed or not, and what is remembered is bounded.
+TEST(DhtStorage, AMergedDictionaryKeepsTheEntriesMoreSourcesHeldFirst) {
+  const std::string signed_by_liar = OwnerMarker(KeyPair::Generate().peer_id());
+  Record honest{true, {}, {{"a", {"1", kNow + 5}}, {"b", {"2", kNow + 5}}}};
+  Record liar{true, {}, {{"x", {"9", kNow + 90}}, {signed_by_liar, {"9", kNow + 90}}}};
+  SubkeyVouches vouches(100);
+  vouches.Note("10.0.0.1", honest);
+  vouches.Note("10.0.0.2", honest);
+  vouches.Note("10.0.0.66", liar);
+  vouches.Note("10.0.0.66", liar);  // a second identity at the same address
+  EXPECT_EQ(vouches.Count("a"), 2u);
+  EXPECT_EQ(vouches.Count("x"), 1u);
+  EXPECT_EQ(vouches.Count(signed_by_liar), 1u);
+  EXPECT_EQ(vouches.Count("never seen"), 0u);
+  Record merged = honest;
+  MergeRecord(merged, liar);
+  StorageLimits limits;
+  limits.max_subkeys = 3;
+  TrimToLimits("k", merged, limits, [&](const std::string& sub) { return vouches.Count(sub); });
+  ASSERT_EQ(merged.subkeys.size(), 3u);
+  EXPECT_TRUE(merged.subkeys.contains("a") && merged.subkeys.contains("b"));
+  EXPECT_TRUE(merged.subkeys.contains(signed_by_liar));  // then signed before unsigned
+  // At most max_tracked subkeys are remembered; 63 sources get a bit each, the rest share one.
+  SubkeyVouches small(2);
+  Record three{true, {}, {{"a", {"1", kNow + 5}}, {"b", {"2", kNow + 5}}, {"c", {"3", kNow + 5}}}};
+  small.Note("s", three);
+  EXPECT_EQ(small.tracked(), 2u);
+  for (int i = 0; i < 100; ++i) small.Note("source " + std::to_string(i), three);
+  EXPECT_EQ(small.tracked(), 2u);
+  EXPECT_EQ(small.Count("a") + small.Count("b") + small.Count("c"), 2u * 64u);
 }
 
 TEST(DhtStorage, LimitsQuotaCapacityAndExpirationCap) {
