@@ -11,10 +11,6 @@
 namespace colony::dht {
 namespace {
 
-// A lookup remembers who held at most this many subkeys per subkey a dictionary may hold (a few
-// replicas' full copies; ~40 bytes each).
-constexpr size_t kVouchedSubkeysPerLimit = 8;
-
 std::vector<StoreItem> Entries(const std::string& key, const Record& record) {
   std::vector<StoreItem> out;
   if (record.is_dict) {
@@ -69,6 +65,13 @@ struct DhtCore::Lookup {
   // Which sources held each subkey of `found` (from the first dictionary answer on).
   std::optional<SubkeyVouches> vouches;
   std::function<void(Lookup&)> on_done;
+
+  // Trims a union of copies to `limits`, dropping first what the fewest sources held.
+  void Trim(Record& merged, const StorageLimits& limits) const {
+    TrimToLimits(*key, merged, limits, [this](const std::string& subkey) {
+      return vouches ? vouches->Count(subkey) : 0;
+    });
+  }
 
   // Responded candidates, nearest first.
   std::vector<const Candidate*> Responded(size_t limit) const {
@@ -533,7 +536,7 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
       // Sources as CountAnswer groups them; a peer whose address is not grouped is its own.
       const std::optional<std::string> group =
           reply->source_group ? reply->source_group : env_.AddressGroupOf(contact.peer);
-      if (!l.vouches) l.vouches.emplace(kVouchedSubkeysPerLimit * options_.storage.max_subkeys);
+      if (!l.vouches) l.vouches.emplace(options_.storage.max_subkeys);
       l.vouches->Note(group && !group->empty() ? *group : "peer " + contact.peer.ToString(), r);
     }
     if (had_value) {
@@ -542,9 +545,7 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
         l.found_depth = depth;
       } else {
         MergeRecord(*l.found, r);
-        TrimToLimits(*l.key, *l.found, options_.storage, [&](const std::string& subkey) {
-          return l.vouches ? l.vouches->Count(subkey) : 0;
-        });
+        l.Trim(*l.found, options_.storage);
       }
     }
   }
@@ -908,7 +909,10 @@ void DhtCore::FinishGet(const std::shared_ptr<GetOp>& op, Lookup& l) {
   std::optional<Record> merged = LocalRecord(op->id, nullptr);
   if (l.found) {
     if (merged) {
+      // This node's copy is one more source; the union is trimmed as the lookup's was.
+      if (merged->is_dict && l.vouches) l.vouches->Note("this node", *merged);
       MergeRecord(*merged, *l.found);
+      if (l.key) l.Trim(*merged, options_.storage);
     } else {
       merged = *l.found;
     }

@@ -11,7 +11,7 @@ namespace {
 constexpr unsigned kMaxBit = 63;
 }  // namespace
 
-SubkeyVouches::SubkeyVouches(size_t max_tracked) : max_tracked_(max_tracked) {
+SubkeyVouches::SubkeyVouches(size_t per_source) : per_source_(per_source) {
   static_assert(std::tuple_size_v<decltype(hash_key_)> == crypto_shorthash_KEYBYTES);
   if (sodium_init() < 0) throw std::runtime_error("libsodium failed to initialise");
   randombytes_buf(hash_key_.data(), hash_key_.size());
@@ -40,8 +40,9 @@ void SubkeyVouches::Note(const std::string& source, const Record& record) {
     const uint64_t h = Hash(subkey);
     if (auto it = sources_of_.find(h); it != sources_of_.end()) {
       it->second |= bit;
-    } else if (sources_of_.size() < max_tracked_) {
+    } else if (brought_[index] < per_source_) {
       sources_of_.emplace(h, bit);
+      ++brought_[index];
     }
   }
 }

@@ -22,9 +22,11 @@ namespace colony::dht {
 
 class SubkeyVouches {
  public:
-  // Remembers at most `max_tracked` subkeys (a lookup's memory stays bounded whatever its
-  // replicas answer); a subkey first seen beyond that counts as held by no one.
-  explicit SubkeyVouches(size_t max_tracked);
+  // Each source may bring at most `per_source` subkeys nobody had brought before (a dictionary's
+  // worth: no honest source holds more), and past it counts only for subkeys already seen; so
+  // a lookup remembers at most 64 * per_source subkeys, and sources that answer first cannot
+  // fill the table and leave the subkeys later sources hold uncounted.
+  explicit SubkeyVouches(size_t per_source);
 
   // The answer from `source` held every subkey of `record` (a dictionary; else nothing is noted).
   void Note(const std::string& source, const Record& record);
@@ -37,7 +39,8 @@ class SubkeyVouches {
   // collide with an honest subkey's and lend it their sources.
   uint64_t Hash(std::string_view subkey) const;
 
-  size_t max_tracked_;
+  size_t per_source_;
+  std::array<size_t, 64> brought_{};  // per bit: subkeys its sources brought first
   std::array<uint8_t, 16> hash_key_{};
   std::unordered_map<uint64_t, uint64_t> sources_of_;  // subkey hash -> a bit per source
   std::map<std::string, unsigned> bit_of_;             // source -> its bit

@@ -175,7 +175,7 @@ TEST(DhtStorage, AMergedDictionaryIsTrimmedToTheLimitsKeepingOwnersEntries) {
 
 // Who held each subkey of a merged dictionary: a source's answers count once however many it
 // sends (two identities on one machine are one source), the entries held by more sources are
-// kept first, signed or not, and what is remembered is bounded.
+// kept first, signed or not, and what each source adds to the table is bounded.
 TEST(DhtStorage, AMergedDictionaryKeepsTheEntriesMoreSourcesHeldFirst) {
   const std::string signed_by_liar = OwnerMarker(KeyPair::Generate().peer_id());
   Record honest{true, {}, {{"a", {"1", kNow + 5}}, {"b", {"2", kNow + 5}}}};
@@ -197,14 +197,26 @@ TEST(DhtStorage, AMergedDictionaryKeepsTheEntriesMoreSourcesHeldFirst) {
   ASSERT_EQ(merged.subkeys.size(), 3u);
   EXPECT_TRUE(merged.subkeys.contains("a") && merged.subkeys.contains("b"));
   EXPECT_TRUE(merged.subkeys.contains(signed_by_liar));  // then signed before unsigned
-  // At most max_tracked subkeys are remembered; 63 sources get a bit each, the rest share one.
+  // Each source brings at most `per_source` subkeys first: one that answered first with more
+  // cannot fill the table and leave the subkeys later sources hold uncounted.
   SubkeyVouches small(2);
-  Record three{true, {}, {{"a", {"1", kNow + 5}}, {"b", {"2", kNow + 5}}, {"c", {"3", kNow + 5}}}};
+  const Record flood{
+      true, {}, {{"x", {"9", kNow + 90}}, {"y", {"9", kNow + 90}}, {"z", {"9", kNow + 90}}}};
+  small.Note("flooder", flood);
+  EXPECT_EQ(small.tracked(), 2u);
+  EXPECT_EQ(small.Count("z"), 0u);
+  const Record three{
+      true, {}, {{"a", {"1", kNow + 5}}, {"b", {"2", kNow + 5}}, {"c", {"3", kNow + 5}}}};
   small.Note("s", three);
-  EXPECT_EQ(small.tracked(), 2u);
+  EXPECT_EQ(small.tracked(), 4u);
+  EXPECT_EQ(small.Count("a"), 1u);
+  EXPECT_EQ(small.Count("c"), 0u);  // past s's share
+  // 63 sources get a bit each (here the flooder, s, and 61 of these), the rest share one.
   for (int i = 0; i < 100; ++i) small.Note("source " + std::to_string(i), three);
-  EXPECT_EQ(small.tracked(), 2u);
-  EXPECT_EQ(small.Count("a") + small.Count("b") + small.Count("c"), 2u * 64u);
+  EXPECT_EQ(small.tracked(), 5u);
+  EXPECT_EQ(small.Count("a"), 63u);
+  EXPECT_EQ(small.Count("c"), 62u);
+  EXPECT_EQ(small.Count("x"), 1u);
 }
 
 TEST(DhtStorage, LimitsQuotaCapacityAndExpirationCap) {
