@@ -21,6 +21,13 @@ std::vector<StoreItem> Entries(const std::string& key, const Record& record) {
   return out;
 }
 
+// Where an answer came from, grouped as sources are (the group the reply arrived from, else the
+// environment's group of the peer's address): nullopt when unknown, empty when not grouped.
+std::optional<std::string> AnswerGroup(const Environment& env, const PeerId& peer,
+                                       const std::optional<std::string>& source_group) {
+  return source_group ? source_group : env.AddressGroupOf(peer);
+}
+
 // Collects one result per part and calls `done` once all parts have reported.
 template <typename T>
 struct Join {
@@ -534,8 +541,7 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     }
     if (had_value && r.is_dict) {
       // Sources as CountAnswer groups them; a peer whose address is not grouped is its own.
-      const std::optional<std::string> group =
-          reply->source_group ? reply->source_group : env_.AddressGroupOf(contact.peer);
+      const auto group = AnswerGroup(env_, contact.peer, reply->source_group);
       if (!l.vouches) l.vouches.emplace(options_.storage.max_subkeys);
       l.vouches->Note(group && !group->empty() ? *group : "peer " + contact.peer.ToString(), r);
     }
@@ -564,7 +570,7 @@ bool DhtCore::CountAnswer(Lookup& l, const PeerId& peer,
                           const std::optional<std::string>& source_group) {
   if (options_.max_answers_per_address == 0) return true;
   // Grouped by where the answer came from, not by addresses anyone claimed for it.
-  const std::optional<std::string> group = source_group ? source_group : env_.AddressGroupOf(peer);
+  const std::optional<std::string> group = AnswerGroup(env_, peer, source_group);
   if (!group) return false;  // where it answered from is unknown
   if (group->empty()) return true;
   size_t& n = l.answers_per_group[*group];
