@@ -141,7 +141,7 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
         break;
       }
       if (answered_by != nullptr || group != nullptr) {
-        auto conn = co_await host_->Connect(*addr);
+        auto conn = co_await host_->Connect(*addr, 0, Ms(left));
         if (!conn.ok()) {
           last = conn.status();
           continue;

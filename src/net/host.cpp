@@ -12,6 +12,7 @@
 #include <asio/ip/v6_only.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <limits>
@@ -76,6 +77,13 @@ std::string ConnectErrorText(const std::error_code& ec) {
     return ec.message() + "; check the address and your network";
   }
   return ec.message();
+}
+
+// What is left until `deadline`, at least 1 ms (0 would mean "no timeout" to the callee).
+std::chrono::milliseconds TimeLeft(std::chrono::steady_clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                      deadline - std::chrono::steady_clock::now()));
 }
 
 }  // namespace
@@ -618,7 +626,10 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
   }
 }
 
-asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Connect(Multiaddr address, size_t lane) {
+asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Connect(
+    Multiaddr address, size_t lane, std::chrono::milliseconds timeout) {
+  const auto wait_until = timeout.count() > 0 ? std::chrono::steady_clock::now() + timeout
+                                              : std::chrono::steady_clock::time_point::max();
   if (address.peer_id()) {
     if (auto why = BlockedReason(*address.peer_id())) {
       co_return PermissionDenied("peer " + address.peer_id()->ToString() +
@@ -635,14 +646,14 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Connect(Multiaddr add
                                 " exceeds the per-peer connection limit");
     }
   }
-  auto fn = [this, address = std::move(address), lane] {
-    return ConnectOnDialStrand(address, lane);
+  auto fn = [this, address = std::move(address), lane, wait_until] {
+    return ConnectOnDialStrand(address, lane, wait_until);
   };
   co_return co_await RunOnStrand<Result<std::shared_ptr<Connection>>>(dial_strand_, std::move(fn));
 }
 
-asio::awaitable<Result<std::shared_ptr<Connection>>> Host::ConnectOnDialStrand(Multiaddr address,
-                                                                               size_t lane) {
+asio::awaitable<Result<std::shared_ptr<Connection>>> Host::ConnectOnDialStrand(
+    Multiaddr address, size_t lane, std::chrono::steady_clock::time_point wait_until) {
   std::optional<PeerId> peer = address.peer_id();
   if (!peer) {
     std::lock_guard lock(mu_);
@@ -652,14 +663,35 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::ConnectOnDialStrand(M
   if (peer) {
     if (auto c = FindConnection(*peer, lane)) co_return c;
   }
+  // One dial per address and lane, whoever asks during it. The dial runs on its own and is not
+  // cancelled when a waiter gives up (its deadline passed, or its caller was cancelled): the other
+  // waiters still get its connection, and it stays pooled for the next call.
   const std::string key = address.ToString() + "#" + std::to_string(lane);
+  std::shared_ptr<PendingDial> pending;
   if (auto it = pending_dials_.find(key); it != pending_dials_.end()) {
-    auto pending = it->second;
-    while (!pending->result) co_await pending->done.Wait();
-    co_return *pending->result;
+    pending = it->second;
+  } else {
+    pending = std::make_shared<PendingDial>(dial_strand_);
+    pending_dials_.emplace(key, pending);
+    auto run = RunPendingDial(pending, key, address, lane);
+    asio::co_spawn(dial_strand_, std::move(run), asio::detached);
   }
-  auto pending = std::make_shared<PendingDial>(dial_strand_);
-  pending_dials_[key] = pending;
+  while (!pending->result) {
+    auto cancel = co_await asio::this_coro::cancellation_state;
+    if (cancel.cancelled() != asio::cancellation_type::none) {
+      co_return Cancelled("connecting to " + address.ToString() + " was cancelled");
+    }
+    if (std::chrono::steady_clock::now() >= wait_until) {
+      co_return DeadlineExceeded("peer " + address.ToString() +
+                                 " was not connected within the call's timeout");
+    }
+    co_await pending->done.WaitUntil(wait_until);
+  }
+  co_return *pending->result;
+}
+
+asio::awaitable<void> Host::RunPendingDial(std::shared_ptr<PendingDial> pending, std::string key,
+                                           Multiaddr address, size_t lane) {
   Strand strand = asio::make_strand(io_);
   auto dial = Dial(address, lane);
   auto result = co_await asio::co_spawn(strand, std::move(dial), asio::use_awaitable);
@@ -667,10 +699,9 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::ConnectOnDialStrand(M
     std::lock_guard lock(mu_);
     if (peer_at_address_.size() < 4096) peer_at_address_[address.ToString()] = (*result)->peer();
   }
-  pending->result = result;
+  pending->result = std::move(result);
   pending_dials_.erase(key);
   pending->done.Notify();
-  co_return result;
 }
 
 asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr address, size_t lane) {
@@ -937,19 +968,21 @@ asio::awaitable<Result<std::shared_ptr<Stream>>> Host::OpenStream(Multiaddr addr
                                                                   CallOptions options) {
   // A pooled connection may start closing (idle timeout, peer shutdown) just as we pick it; then
   // dial once more rather than fail the call.
+  const auto deadline = std::chrono::steady_clock::now() + TimeoutFor(options);
   for (int attempt = 0;; ++attempt) {
-    auto conn = co_await Connect(address, options.lane);
+    auto conn = co_await Connect(address, options.lane, TimeLeft(deadline));
     if (!conn.ok()) co_return conn.status();
-    auto stream = co_await (*conn)->OpenStream(method, TimeoutFor(options));
+    auto stream = co_await (*conn)->OpenStream(method, TimeLeft(deadline));
     if (stream.ok() || attempt > 0 || !(*conn)->closing()) co_return stream;
   }
 }
 
 asio::awaitable<Result<PingResult>> Host::Ping(Multiaddr address,
                                                std::chrono::milliseconds timeout) {
-  auto conn = co_await Connect(address, 0);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto conn = co_await Connect(address, 0, timeout);
   if (!conn.ok()) co_return conn.status();
-  auto rtt = co_await (*conn)->Ping(timeout);
+  auto rtt = co_await (*conn)->Ping(TimeLeft(deadline));
   if (!rtt.ok()) co_return rtt.status();
   PingResult r;
   r.peer = (*conn)->peer();

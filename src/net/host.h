@@ -171,11 +171,16 @@ class Host {
   void RegisterBidiStreaming(const std::string& method, BidiStreamingHandler handler);
 
   // A connection to the peer at `address` (reused when one is open on that lane). Without
-  // /p2p/<id> in the address, any peer that completes the handshake is accepted.
-  asio::awaitable<Result<std::shared_ptr<Connection>>> Connect(Multiaddr address, size_t lane = 0);
+  // /p2p/<id> in the address, any peer that completes the handshake is accepted. Waits at most
+  // `timeout` (when nonzero; the dial is bounded by HostOptions::dial_timeout in any case): a
+  // dial that outlasts the wait goes on, shared with other callers, and pools its connection.
+  asio::awaitable<Result<std::shared_ptr<Connection>>> Connect(
+      Multiaddr address, size_t lane = 0, std::chrono::milliseconds timeout = {});
   // An open connection to `peer` (e.g. one that dialed us), if any.
   std::shared_ptr<Connection> FindConnection(const PeerId& peer, size_t lane = 0) const;
 
+  // A call's timeout bounds all of it: connecting (when no connection is open yet), the request,
+  // and the reply or stream.
   asio::awaitable<Result<Message>> Call(Multiaddr address, std::string method, Message request,
                                         CallOptions options = {});
   asio::awaitable<Result<std::shared_ptr<Stream>>> OpenStream(Multiaddr address, std::string method,
@@ -225,8 +230,12 @@ class Host {
   asio::awaitable<void> HandleIncoming(asio::ip::tcp::socket socket, Strand strand,
                                        std::optional<Multiaddr> relay,
                                        std::string inbound_key = {});
-  asio::awaitable<Result<std::shared_ptr<Connection>>> ConnectOnDialStrand(Multiaddr address,
-                                                                           size_t lane);
+  struct PendingDial;  // one dial and its waiters (host.cpp)
+  asio::awaitable<Result<std::shared_ptr<Connection>>> ConnectOnDialStrand(
+      Multiaddr address, size_t lane, std::chrono::steady_clock::time_point wait_until);
+  // Runs one dial to its end, whoever still waits for it, and hands its result to the waiters.
+  asio::awaitable<void> RunPendingDial(std::shared_ptr<PendingDial> pending, std::string key,
+                                       Multiaddr address, size_t lane);
   asio::awaitable<Result<std::shared_ptr<Connection>>> Dial(Multiaddr address, size_t lane);
   HandshakeOptions MakeHandshakeOptions(Role role, std::optional<PeerId> expected,
                                         const std::string& observed) const;
@@ -266,7 +275,6 @@ class Host {
   std::unordered_map<std::string, StreamHandler> handlers_;
   // Dials in progress, so that concurrent calls to one peer share one connection. Touched only
   // on dial_strand_.
-  struct PendingDial;
   Strand dial_strand_;
   std::unordered_map<std::string, std::shared_ptr<PendingDial>> pending_dials_;
   // Peer ids learned by dialing addresses given without /p2p/ (guarded by mu_).

@@ -1,8 +1,10 @@
 // RPC over real loopback sockets: unary and streaming calls, errors, deadlines, cancellation.
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/write.hpp>
 #include <atomic>
 #include <numeric>
+#include <thread>
 
 #include "net/test_util.h"
 
@@ -390,6 +392,124 @@ TEST(Rpc, LanesOpenSeparateConnections) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
   }
   EXPECT_EQ(client->connection_count(), 3u);
+}
+
+// A TCP listener that completes connections (the kernel does) but never says a word: a dial to
+// it waits for a handshake that never comes.
+struct SilentListener {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor{io, {asio::ip::make_address("127.0.0.1"), 0}};
+  Multiaddr Address(const PeerId& claimed) const {
+    return Multiaddr::Parse("/ip4/127.0.0.1/tcp/" +
+                            std::to_string(acceptor.local_endpoint().port()))
+        ->WithPeerId(claimed);
+  }
+};
+
+TEST(Rpc, ACallsTimeoutBoundsTheDialBeforeIt) {
+  SilentListener silent;
+  HostOptions options = testing::LoopbackOptions();
+  options.dial_timeout = 30s;
+  auto client = StartHost(options);
+  const auto start = std::chrono::steady_clock::now();
+  auto reply = RunFor(*client,
+                      client->Call(silent.Address(KeyPair::Generate().peer_id()), "echo",
+                                   Message("x"), CallOptions{.timeout = 300ms}),
+                      60s);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(reply.status().code(), StatusCode::kDeadlineExceeded) << reply.status().ToString();
+  // The call's 0.3 s, not the dial's 30 s.
+  EXPECT_LT(elapsed, 15s);
+  // Ping's timeout bounds its dial too.
+  auto ping =
+      RunFor(*client, client->Ping(silent.Address(KeyPair::Generate().peer_id()), 300ms), 60s);
+  EXPECT_EQ(ping.status().code(), StatusCode::kDeadlineExceeded) << ping.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+// Forwards one TCP connection to `target`, but only once Release() is called: until then the
+// dialer sees a connected socket that does not answer, as behind a slow path.
+class HeldProxy {
+ public:
+  explicit HeldProxy(uint16_t target) : target_(target) {
+    accepting_ = std::thread([this] {
+      std::error_code ec;
+      acceptor_.accept(downstream_, ec);
+      if (ec) return;
+      released_.get_future().wait();
+      upstream_.connect({asio::ip::make_address("127.0.0.1"), target_}, ec);
+      if (ec) return;
+      pumps_.emplace_back([this] { Pump(downstream_, upstream_); });
+      pumps_.emplace_back([this] { Pump(upstream_, downstream_); });
+    });
+  }
+  ~HeldProxy() {
+    Release();
+    accepting_.join();
+    for (auto& t : pumps_) t.join();
+  }
+  uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  void Release() {
+    if (!released_once_.exchange(true)) released_.set_value();
+  }
+  // Whether a second connection is waiting to be accepted (call after the first was forwarded).
+  bool AnotherConnectionWaits() {
+    acceptor_.non_blocking(true);
+    asio::ip::tcp::socket extra(io_);
+    std::error_code ec;
+    acceptor_.accept(extra, ec);
+    return !ec;
+  }
+
+ private:
+  static void Pump(asio::ip::tcp::socket& from, asio::ip::tcp::socket& to) {
+    std::array<char, 16384> buf{};
+    std::error_code ec;
+    for (;;) {
+      size_t n = from.read_some(asio::buffer(buf), ec);
+      if (ec || asio::write(to, asio::buffer(buf.data(), n), ec) != n || ec) break;
+    }
+    std::error_code ignored;
+    to.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    from.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  }
+
+  uint16_t target_;
+  asio::io_context io_;
+  asio::ip::tcp::acceptor acceptor_{io_, {asio::ip::make_address("127.0.0.1"), 0}};
+  asio::ip::tcp::socket downstream_{io_};
+  asio::ip::tcp::socket upstream_{io_};
+  std::promise<void> released_;
+  std::atomic<bool> released_once_{false};
+  std::thread accepting_;
+  std::vector<std::thread> pumps_;
+};
+
+TEST(Rpc, ADialOutlastingAShortCallGoesOnAndServesTheNextCall) {
+  auto server = StartHost();
+  server->RegisterUnary(
+      "echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
+  HeldProxy proxy(AddressOf(*server).port());
+  const Multiaddr via_proxy = Multiaddr::Parse("/ip4/127.0.0.1/tcp/" + std::to_string(proxy.port()))
+                                  ->WithPeerId(server->peer_id());
+  HostOptions options = testing::LoopbackOptions();
+  options.dial_timeout = 30s;
+  auto client = StartHost(options);
+  // The path stays held for longer than this call may wait: the call gives up, the dial does not.
+  auto first =
+      RunFor(*client,
+             client->Call(via_proxy, "echo", Message("first"), CallOptions{.timeout = 300ms}), 60s);
+  EXPECT_EQ(first.status().code(), StatusCode::kDeadlineExceeded) << first.status().ToString();
+  proxy.Release();
+  auto second =
+      RunFor(*client,
+             client->Call(via_proxy, "echo", Message("second"), CallOptions{.timeout = 20s}), 60s);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->meta, "second");
+  // The second call used the first call's dial: one TCP connection through the proxy.
+  EXPECT_FALSE(proxy.AnotherConnectionWaits());
+  EXPECT_EQ(client->connection_count(), 1u);
+  client->Shutdown();
 }
 
 }  // namespace
