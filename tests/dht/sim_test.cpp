@@ -661,6 +661,48 @@ TEST(MergeAttack, AReplicaAnsweringWithAFullDictionaryOfItsOwnCannotPushOutHones
   EXPECT_EQ(fake, reader_options.storage.max_subkeys - kHonest);
 }
 
+// The same attack on the reader's own copy: a peer stores a full dictionary of its own entries,
+// expiring last, on the reader itself (any node takes cached copies). A get merges that copy
+// with what the lookup found; the union must keep to the reader's limits (not grow to two
+// dictionaries' worth), and the reader's copy counts as one source, so the entries the replicas
+// hold are kept and the stored fakes fill only what is left.
+TEST(MergeAttack, FakesStoredOnTheReaderItselfCannotPushOutTheEntriesTheReplicasHold) {
+  Simulation sim({.seed = 31});
+  ASSERT_NO_FATAL_FAILURE(Grow(sim, 60));
+  const std::string key = "experts";
+  const double now = sim.clock().WallSeconds();
+  constexpr size_t kHonest = 6;
+  for (size_t i = 0; i < kHonest; ++i) {
+    const std::string sub = fmt::format("honest-{}", i);
+    ASSERT_TRUE(sim.Store(10 + i, Item(key, "\"served\"", now + 600, sub)).ok()) << sub;
+  }
+  DhtOptions reader_options;
+  reader_options.storage.max_subkeys = 16;
+  const size_t reader = sim.AddNode(reader_options);
+  ASSERT_TRUE(sim.Bootstrap(reader, {sim.address(0)}).ok());
+  // One address may hold 4 entries of a key there: the attacker uses 4 addresses.
+  for (size_t a = 0; a < 4; ++a) {
+    StoreRequest fakes;
+    for (size_t i = 0; i < 4; ++i) {
+      fakes.items.push_back(
+          {Item(key, "\"mine\"", now + 20 * 3600, fmt::format("fake-{}-{}", a, i)), true});
+    }
+    auto stored =
+        sim.node(reader).HandleStore(sim.node(3 + a).peer_id(), fakes, fmt::format("evil-{}", a));
+    ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+    for (const Status& st : stored->results) ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  ASSERT_EQ(sim.node(reader).cache().Peek(DhtId::ForKey(key))->subkeys.size(),
+            reader_options.storage.max_subkeys);
+  const Result<Record> got = sim.Get(reader, key, Freshness::kLatest);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  size_t honest = 0, fake = 0;
+  for (const auto& [sub, v] : got->subkeys) (sub.starts_with("honest-") ? honest : fake) += 1;
+  // Untrimmed: 6 honest and 16 fakes; trimmed by expiration alone: 0 honest and 16 fakes.
+  EXPECT_EQ(honest, kHonest);
+  EXPECT_EQ(fake, reader_options.storage.max_subkeys - kHonest);
+}
+
 TEST(DhtSimulationBootstrap, DeadInitialPeersGiveAnErrorNamingEachAddress) {
   Simulation sim;
   sim.AddNode();
