@@ -180,8 +180,11 @@ void Host::Shutdown() {
   });
   for (auto& c : conns) c->Shutdown("peer is shutting down");
   {
+    // Open connections get a moment to close cleanly (GOAWAY); handshakes still in progress do
+    // not hold shutdown up (they end with the I/O threads), and one that completes meanwhile is
+    // shut down as it joins the pool (AddConnection).
     std::unique_lock lock(mu_);
-    all_closed_.wait_for(lock, std::chrono::seconds(3), [this] { return connection_count_ == 0; });
+    all_closed_.wait_for(lock, std::chrono::seconds(3), [this] { return pool_.empty(); });
   }
   work_.reset();
   io_.stop();
@@ -333,7 +336,12 @@ Host::AccessRefusals Host::access_refusals() const {
 }
 
 void Host::AddConnection(const std::shared_ptr<Connection>& conn, size_t lane) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  if (shut_down_) {
+    lock.unlock();
+    conn->Shutdown("peer is shutting down");
+    return;
+  }
   if (!conn->observed_by_peer().empty()) observed_.Add(conn->observed_by_peer(), conn->peer());
   auto& lanes = pool_[conn->peer()];
   if (lane >= lanes.size()) lanes.resize(lane + 1);

@@ -427,6 +427,25 @@ TEST(Rpc, ACallsTimeoutBoundsTheDialBeforeIt) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
 }
 
+TEST(Rpc, ShutdownDoesNotWaitForHandshakesInProgress) {
+  // Outbound: a dial waits for a handshake from a listener that never speaks.
+  SilentListener silent;
+  auto client = StartHost();
+  auto reply = RunFor(*client, client->Call(silent.Address(KeyPair::Generate().peer_id()), "echo",
+                                            Message("x"), CallOptions{.timeout = 100ms}));
+  EXPECT_EQ(reply.status().code(), StatusCode::kDeadlineExceeded) << reply.status().ToString();
+  // Inbound: a peer connects and never says a word.
+  auto server = StartHost();
+  asio::ip::tcp::socket mute(silent.io);
+  mute.connect({asio::ip::make_address("127.0.0.1"), AddressOf(*server).port()});
+  // Shutdown waits up to 3 s for open connections to close cleanly; these are not open yet.
+  for (Host* host : {client.get(), server.get()}) {
+    const auto start = std::chrono::steady_clock::now();
+    host->Shutdown();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  }
+}
+
 // Forwards one TCP connection to `target`, but only once Release() is called: until then the
 // dialer sees a connected socket that does not answer, as behind a slow path.
 class HeldProxy {
