@@ -602,6 +602,23 @@ TEST_F(LookupAttack, IdentitiesOnOneMachineCountAsTwoAnswersAndCannotHideTheKey)
   EXPECT_GE(sim_.node(v).stats().candidates_refused, 20u - 2u - 1u);
 }
 
+// Merge attacks: 60 nodes, and kHonest subkeys of `key` stored by honest nodes, expiring in 600 s.
+constexpr size_t kHonest = 6;
+void GrowWithHonestEntries(Simulation& sim, const std::string& key) {
+  ASSERT_NO_FATAL_FAILURE(Grow(sim, 60));
+  const double now = sim.clock().WallSeconds();
+  for (size_t i = 0; i < kHonest; ++i) {
+    const std::string sub = fmt::format("honest-{}", i);
+    ASSERT_TRUE(sim.Store(10 + i, Item(key, "\"served\"", now + 600, sub)).ok()) << sub;
+  }
+}
+// How many of a dictionary's subkeys are honest ones, and how many the attacker's.
+std::pair<size_t, size_t> HonestAndFake(const Record& record) {
+  size_t honest = 0;
+  for (const auto& [sub, v] : record.subkeys) honest += sub.starts_with("honest-") ? 1 : 0;
+  return {honest, record.subkeys.size() - honest};
+}
+
 // A replica of a dictionary answers a full lookup with a full dictionary of its own (entries are
 // free to write, and its own identities could sign each one), all expiring after the honest
 // entries. The reader merges the replicas' copies and trims the union to its limits: by
@@ -610,14 +627,9 @@ TEST_F(LookupAttack, IdentitiesOnOneMachineCountAsTwoAnswersAndCannotHideTheKey)
 // fills only what is left.
 TEST(MergeAttack, AReplicaAnsweringWithAFullDictionaryOfItsOwnCannotPushOutHonestEntries) {
   Simulation sim({.seed = 29});
-  ASSERT_NO_FATAL_FAILURE(Grow(sim, 60));
   const std::string key = "experts";
+  ASSERT_NO_FATAL_FAILURE(GrowWithHonestEntries(sim, key));
   const double now = sim.clock().WallSeconds();
-  constexpr size_t kHonest = 6;
-  for (size_t i = 0; i < kHonest; ++i) {
-    const std::string sub = fmt::format("honest-{}", i);
-    ASSERT_TRUE(sim.Store(10 + i, Item(key, "\"served\"", now + 600, sub)).ok()) << sub;
-  }
   const DhtId target = DhtId::ForKey(key);
   const auto nearest = BruteForceNearest(sim, target);
   size_t liar = 0;
@@ -654,8 +666,7 @@ TEST(MergeAttack, AReplicaAnsweringWithAFullDictionaryOfItsOwnCannotPushOutHones
   const Result<Record> got = sim.Get(reader, key, Freshness::kLatest);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ASSERT_GE(lies, 1u) << "the scenario needs the reader to hear the liar";
-  size_t honest = 0, fake = 0;
-  for (const auto& [sub, v] : got->subkeys) (sub.starts_with("honest-") ? honest : fake) += 1;
+  const auto [honest, fake] = HonestAndFake(*got);
   // Without the ranking: 0 honest, 16 fakes.
   EXPECT_EQ(honest, kHonest);
   EXPECT_EQ(fake, reader_options.storage.max_subkeys - kHonest);
@@ -668,14 +679,9 @@ TEST(MergeAttack, AReplicaAnsweringWithAFullDictionaryOfItsOwnCannotPushOutHones
 // hold are kept and the stored fakes fill only what is left.
 TEST(MergeAttack, FakesStoredOnTheReaderItselfCannotPushOutTheEntriesTheReplicasHold) {
   Simulation sim({.seed = 31});
-  ASSERT_NO_FATAL_FAILURE(Grow(sim, 60));
   const std::string key = "experts";
+  ASSERT_NO_FATAL_FAILURE(GrowWithHonestEntries(sim, key));
   const double now = sim.clock().WallSeconds();
-  constexpr size_t kHonest = 6;
-  for (size_t i = 0; i < kHonest; ++i) {
-    const std::string sub = fmt::format("honest-{}", i);
-    ASSERT_TRUE(sim.Store(10 + i, Item(key, "\"served\"", now + 600, sub)).ok()) << sub;
-  }
   DhtOptions reader_options;
   reader_options.storage.max_subkeys = 16;
   const size_t reader = sim.AddNode(reader_options);
@@ -696,8 +702,7 @@ TEST(MergeAttack, FakesStoredOnTheReaderItselfCannotPushOutTheEntriesTheReplicas
             reader_options.storage.max_subkeys);
   const Result<Record> got = sim.Get(reader, key, Freshness::kLatest);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
-  size_t honest = 0, fake = 0;
-  for (const auto& [sub, v] : got->subkeys) (sub.starts_with("honest-") ? honest : fake) += 1;
+  const auto [honest, fake] = HonestAndFake(*got);
   // Untrimmed: 6 honest and 16 fakes; trimmed by expiration alone: 0 honest and 16 fakes.
   EXPECT_EQ(honest, kHonest);
   EXPECT_EQ(fake, reader_options.storage.max_subkeys - kHonest);
