@@ -153,6 +153,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   asio::awaitable<Result<JoinResponse>> RequestJoin(const Candidate& leader, SteadyTime deadline,
                                                     const std::string& gathered);
   Result<GroupInfo> FormGroup();
+  // The part size (in values) this peer would choose as a leader: options.part_size_bytes,
+  // clamped to [1, kMaxPartSize].
+  uint64_t OwnPartSize() const;
   void ResolveFollowers(const JoinResponse& response);
   JoinRequest OwnJoinRequest(const std::string& key, const std::string& gathered) const;
   std::vector<std::string> OwnAddrs() const;

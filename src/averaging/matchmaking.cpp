@@ -141,6 +141,10 @@ void Averager::Impl::ResolveFollowers(const JoinResponse& response) {
   looking_changed_.Notify();
 }
 
+uint64_t Averager::Impl::OwnPartSize() const {
+  return std::clamp<uint64_t>(options_.part_size_bytes / sizeof(float), 1, kMaxPartSize);
+}
+
 Result<GroupInfo> Averager::Impl::FormGroup() {
   GroupInfo g;
   g.group_id.resize(16);
@@ -149,7 +153,7 @@ Result<GroupInfo> Averager::Impl::FormGroup() {
     for (auto& c : g.group_id) c = static_cast<char>(rng_() & 0xff);
   }
   g.total = total_;
-  g.part_size = std::clamp<uint64_t>(options_.part_size_bytes / sizeof(float), 1, kMaxPartSize);
+  g.part_size = OwnPartSize();
   MemberInfo self;
   self.peer = host_.peer_id();
   self.addrs = options_.testing.addrs_in_led_groups.empty() ? OwnAddrs()
@@ -316,8 +320,7 @@ asio::awaitable<Result<GroupInfo>> Averager::Impl::Matchmake(SteadyTime step_dea
                             " sent an inconsistent group; ignored");
           continue;
         }
-        const uint64_t own_part_size =
-            std::clamp<uint64_t>(options_.part_size_bytes / sizeof(float), 1, kMaxPartSize);
+        const uint64_t own_part_size = OwnPartSize();
         if (answer->group.part_size < std::min(own_part_size, kMinPartSize)) {
           reasons.push_back(fmt::format(
               "leader {} chose parts of {} values (this peer takes at least {}); ignored",
