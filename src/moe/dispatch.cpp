@@ -171,11 +171,13 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
     } else {
       plan.counters->failed++;
       // A busy server (resource_exhausted) is alive, and a refused input or a call that failed
-      // here (aborted) is this side's fault.
+      // here (aborted) is this side's fault; unless the call's report names servers that failed
+      // (also one that refused too many calls in a row: ServerHealth).
       const StatusCode code =
           g->results[j].has_value() ? g->results[j]->status().code() : StatusCode::kOk;
-      if (g->results[j].has_value() && code != StatusCode::kResourceExhausted &&
-          code != StatusCode::kInvalidArgument && code != StatusCode::kAborted) {
+      const bool refused = code == StatusCode::kResourceExhausted ||
+                           code == StatusCode::kInvalidArgument || code == StatusCode::kAborted;
+      if (g->results[j].has_value() && (!refused || !g->reports[j].failed.empty())) {
         failed.push_back(j);
       }
     }

@@ -40,11 +40,23 @@ void ServerHealth::Answered(const PeerId& server) {
   State& st = Of(server);
   st.answered = ++answers_;
   st.failures = 0;
+  st.refusals = 0;
 }
 
 void ServerHealth::Failed(const PeerId& server) {
   std::lock_guard lock(mu_);
-  ++Of(server).failures;
+  State& st = Of(server);
+  ++st.failures;
+  st.refusals = 0;
+}
+
+bool ServerHealth::Refused(const PeerId& server) {
+  std::lock_guard lock(mu_);
+  State& st = Of(server);
+  if (++st.refusals < kRefusalsBeforeFailing) return false;
+  ++st.failures;
+  st.refusals = 0;
+  return true;
 }
 
 bool ServerHealth::Failing(const PeerId& server) {
@@ -183,12 +195,13 @@ Result<at::Tensor> RemoteExpert::Call(const std::string& method,
       if (report != nullptr) report->answered = servers_[s];
       return *out;
     }
-    // A busy server, or one refusing this input, is alive.
+    // A busy server, or one refusing this input, is alive, until it has refused too often.
     const StatusCode code = out.status().code();
-    if (code != StatusCode::kResourceExhausted && code != StatusCode::kInvalidArgument) {
-      health_->Failed(servers_[s]);
-      if (report != nullptr) report->failed.push_back(servers_[s]);
-    }
+    const bool refused =
+        code == StatusCode::kResourceExhausted || code == StatusCode::kInvalidArgument;
+    const bool failed = refused ? health_->Refused(servers_[s]) : true;
+    if (!refused) health_->Failed(servers_[s]);
+    if (failed && report != nullptr) report->failed.push_back(servers_[s]);
     last =
         out.status().WithContext(fmt::format("expert {} on {}", info_.uid, servers_[s].ToString()));
   }

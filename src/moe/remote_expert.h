@@ -31,15 +31,20 @@ namespace colony::moe {
 // experts: which failed since they last answered, and when they last answered. The order to try
 // an expert's servers in: those not failing first, the latest to answer first among them, then the
 // failing, fewest failures first; so a mute server that declared experts too is tried last for
-// every one of them once it failed. A server that was busy or refused the input is alive: neither
-// counts. Remembers at most kMaxServers servers (then starts over). Thread-safe.
+// every one of them once it failed. A server that was busy or refused the input is alive, but
+// one that refuses kRefusalsBeforeFailing calls in a row without answering one counts as failed
+// then: a peer that declares experts and only ever says it is busy would otherwise keep them
+// chosen forever. Remembers at most kMaxServers servers (then starts over). Thread-safe.
 class ServerHealth {
  public:
   static constexpr size_t kMaxServers = 65536;
+  static constexpr uint32_t kRefusalsBeforeFailing = 3;
 
   std::vector<size_t> Order(const std::vector<PeerId>& servers);
   void Answered(const PeerId& server);
   void Failed(const PeerId& server);
+  // It refused a call (busy, or the input): returns whether that made it fail (as Failed).
+  bool Refused(const PeerId& server);
   // It failed since it last answered.
   bool Failing(const PeerId& server);
 
@@ -47,6 +52,7 @@ class ServerHealth {
   struct State {
     uint64_t answered = 0;  // when it last answered, in answers counted by `answers_`
     uint32_t failures = 0;  // since it last answered
+    uint32_t refusals = 0;  // in a row, since it last answered or failed
   };
   State& Of(const PeerId& server);  // mu_ held
 

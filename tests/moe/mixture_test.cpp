@@ -14,11 +14,13 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
+#include <atomic>
 #include <set>
 
 #include "loopback_node.h"
 #include "moe/discovery.h"
 #include "moe/expert_server.h"
+#include "moe/remote_expert.h"
 #include "moe/switch_mixture.h"
 #include "runtime/tensor_io.h"
 
@@ -161,6 +163,18 @@ TEST_F(Mixture, OutputsAndGradientsEqualAReferenceMixtureWithTheSameWeights) {
   EXPECT_GT(backwards, 0u);
 }
 
+// Sets a 4 x 4 mixture's gating to rank 'ffn.1.0' first and 'ffn.1.2' second for every input,
+// and returns copies of it for a reference.
+std::vector<at::Tensor> RankOneZeroThenOneTwo(RemoteMixtureOfExperts& moe) {
+  {
+    at::NoGradGuard no_grad;
+    auto gate = moe.gating_parameters();
+    gate[0].zero_();
+    gate[1].copy_(at::tensor({-10.f, 10.f, -10.f, -10.f, 5.f, 0.f, 1.f, 0.f}));
+  }
+  return Copies(moe.gating_parameters());
+}
+
 TEST_F(Mixture, AFailedServersExpertsGetWeightZeroAndNoGradient) {
   const std::vector<std::string> a = {"ffn.0.0", "ffn.0.1", "ffn.1.2", "ffn.2.3"};
   const std::vector<std::string> b = {"ffn.1.0", "ffn.3.3", "ffn.2.1", "ffn.3.0"};
@@ -213,14 +227,8 @@ TEST_F(Mixture, ADeadServerCostsOneStepEvenWhenAPartialCopyHidTheLiveExperts) {
                                                              .k_min = 1,
                                                              .timeout_after_k_min = kWaitForAll});
   ASSERT_TRUE(moe.ok());
-  // A gating that ranks B's dead 'ffn.1.0' first and A's 'ffn.1.2' second for every input.
-  {
-    at::NoGradGuard no_grad;
-    auto gate = (*moe)->gating_parameters();
-    gate[0].zero_();
-    gate[1].copy_(at::tensor({-10.f, 10.f, -10.f, -10.f, 5.f, 0.f, 1.f, 0.f}));
-  }
-  const auto gate = Copies((*moe)->gating_parameters());
+  // B's dead 'ffn.1.0' first, A's 'ffn.1.2' second.
+  const auto gate = RankOneZeroThenOneTwo(**moe);
   const at::Tensor x = at::randn({4, kHidden});
   auto first = (*moe)->Forward(x);
   ASSERT_FALSE(first.ok()) << "the scenario needs the client to find only the dead expert";
@@ -350,6 +358,51 @@ TEST_F(Mixture, AfterAnOutageThatFailedEveryCallTheAvoidedServersAreTriedAgain) 
 
 // The other side of that: a server that stays dead is called again once per retry interval
 // (doubling while no call answers), not on every step its avoidance leaves an input empty.
+// A peer declares an expert the gating ranks first for every input and answers every call to it
+// with resource_exhausted (a busy server is alive, so a single refusal does not count against it):
+// after ServerHealth::kRefusalsBeforeFailing refusals in a row it counts as failed and is avoided,
+// and the steps after use the honest server's expert. Before, it was chosen, and refused, at every
+// step.
+TEST_F(Mixture, AServerThatOnlyEverSaysItIsBusyIsAvoidedAfterAFewRefusals) {
+  const std::vector<std::string> a = {"ffn.0.0", "ffn.0.1", "ffn.1.2", "ffn.2.3"};
+  ASSERT_NO_FATAL_FAILURE(Serve(1, a));
+  dht::Node& liar = *nodes_[2];
+  auto asked = std::make_shared<std::atomic<int>>(0);
+  for (const char* method : {"moe.forward", "moe.backward"}) {
+    liar.host().RegisterUnary(
+        method, [asked](net::CallContext&, net::Message) -> asio::awaitable<Result<net::Message>> {
+          ++*asked;
+          co_return ResourceExhausted("busy, try again later");
+        });
+  }
+  ASSERT_TRUE(DeclareExperts(liar, {"ffn.1.0"}, dht::Now() + 600).ok());
+  MixtureOptions o{.grid_name = "ffn",
+                   .grid_size = {4, 4},
+                   .hidden = kHidden,
+                   .k_best = 1,
+                   .k_min = 1,
+                   .timeout_after_k_min = kWaitForAll};
+  o.search.avoid_failed_for = 600s;  // longer than the test
+  auto moe = RemoteMixtureOfExperts::Create(*nodes_[3], o);
+  ASSERT_TRUE(moe.ok());
+  // The liar's 'ffn.1.0' first, the honest 'ffn.1.2' second.
+  const auto gate = RankOneZeroThenOneTwo(**moe);
+  const at::Tensor x = at::randn({4, kHidden});
+  const int refusals = static_cast<int>(ServerHealth::kRefusalsBeforeFailing);
+  for (int step = 0; step < refusals; ++step) {
+    auto y = (*moe)->Forward(x);
+    ASSERT_FALSE(y.ok()) << "step " << step << ": the liar's expert was not chosen";
+    EXPECT_EQ(asked->load(), step + 1);
+  }
+  const at::Tensor y_ref = Reference(x, gate, {4, 4}, a, {a.begin(), a.end()}, 1);
+  for (int step = 0; step < 3; ++step) {
+    auto y = (*moe)->Forward(x);
+    ASSERT_TRUE(y.ok()) << "step " << step << " after the refusals: " << y.status().ToString();
+    EXPECT_TRUE(at::allclose(*y, y_ref, 1e-4, 1e-5)) << "step " << step;
+  }
+  EXPECT_EQ(asked->load(), refusals) << "the liar was asked again";
+}
+
 TEST_F(Mixture, ADeadSoleServerIsCalledOncePerRetryIntervalNotEveryStep) {
   const std::vector<std::string> uids = {"ffn.0.0", "ffn.1.1"};
   ASSERT_NO_FATAL_FAILURE(Serve(1, uids));
