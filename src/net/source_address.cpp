@@ -1,5 +1,7 @@
 #include "net/source_address.h"
 
+#include <algorithm>
+
 #include "net/stream.h"
 
 namespace colony::net {
@@ -14,7 +16,13 @@ asio::ip::address Unmapped(const asio::ip::address& ip) {
 std::string SourceKey(const asio::ip::address& ip, bool limit_loopback) {
   const asio::ip::address source = Unmapped(ip);
   if (source.is_loopback() && !limit_loopback) return {};
-  return source.to_string();
+  if (!source.is_v6() || source.is_loopback() || source.to_v6().is_link_local()) {
+    return source.to_string();
+  }
+  // One IPv6 subscriber (a home, a VM) gets a /64 or more: 2^64 addresses cost it nothing.
+  asio::ip::address_v6::bytes_type bytes = source.to_v6().to_bytes();
+  std::fill(bytes.begin() + 8, bytes.end(), 0);
+  return asio::ip::make_address_v6(bytes).to_string() + "/64";
 }
 
 std::string SourceKey(const std::string& ip_text, bool limit_loopback) {

@@ -19,9 +19,11 @@ class CallContext;
 // An IPv4 peer on a dual-stack listener (::ffff:a.b.c.d) as its IPv4 address; others unchanged.
 asio::ip::address Unmapped(const asio::ip::address& ip);
 
-// The key `ip` is capped under (its unmapped text), or "" when it is exempt: loopback, unless
-// `limit_loopback` (a swarm on one machine shares 127.0.0.1; tests play a second machine from
-// 127.0.0.2 with the caps applied).
+// The key `ip` is capped under, or "" when it is exempt: loopback, unless `limit_loopback` (a
+// swarm on one machine shares 127.0.0.1; tests play a second machine from 127.0.0.2 with the caps
+// applied). An IPv4 address (also one mapped into IPv6) is its own key; an IPv6 address counts
+// under its /64 ("2001:db8:1:2::/64"), what one subscriber is handed, except a link-local one
+// (fe80::/10, whose /64 every host on a link shares), which is its own key.
 std::string SourceKey(const asio::ip::address& ip, bool limit_loopback);
 // The same for an address in text; "" also when it does not parse.
 std::string SourceKey(const std::string& ip_text, bool limit_loopback);

@@ -1,5 +1,5 @@
-// Unit tests of net's small parts: the byte budget, the observed-address book, and the notifier
-// that coroutines on one strand wait on.
+// Unit tests of net's small parts: the key the caps count a source address under, the byte budget,
+// the observed-address book, and the notifier that coroutines on one strand wait on.
 #include <gtest/gtest.h>
 
 #include <asio/co_spawn.hpp>
@@ -21,6 +21,7 @@
 #include "net/observed_addresses.h"
 #include "net/protobuf_logs.h"
 #include "net/protocol.pb.h"
+#include "net/source_address.h"
 
 namespace colony::net {
 namespace {
@@ -64,6 +65,26 @@ TEST(DialTargets, LoopbackAndPrivateOnlyForLocalAndPrivateReferences) {
   EXPECT_TRUE(DialTargetAllowed(ip("fd00::1"), ip("fd12::1")));
   EXPECT_FALSE(DialTargetAllowed(ip("fe80::1"), ip("fe80::2")));
   EXPECT_TRUE(DialTargetAllowed(ip("2001:db8::5"), ip("2001:db8::1")));
+}
+
+TEST(SourceKey, AnIpv6SubscribersWholeSlash64CountsAsOneAddress) {
+  // An attacker handed 2001:db8:1:2::/64 can pick any of its 2^64 addresses: all count as one.
+  EXPECT_EQ(SourceKey("2001:db8:1:2::1", false), "2001:db8:1:2::/64");
+  EXPECT_EQ(SourceKey("2001:db8:1:2:ffff:ffff:ffff:ffff", false), "2001:db8:1:2::/64");
+  EXPECT_EQ(SourceKey("2001:db8:1:2:a:b:c:d", true), SourceKey("2001:db8:1:2:1:2:3:4", true));
+  EXPECT_NE(SourceKey("2001:db8:1:3::1", false), SourceKey("2001:db8:1:2::1", false));
+  // Link-local addresses share fe80::/64 on every link: each is its own key.
+  EXPECT_EQ(SourceKey("fe80::1", false), "fe80::1");
+  EXPECT_NE(SourceKey("fe80::1", false), SourceKey("fe80::2", false));
+  // IPv4, also mapped into IPv6, is the address itself.
+  EXPECT_EQ(SourceKey("203.0.113.7", false), "203.0.113.7");
+  EXPECT_EQ(SourceKey("::ffff:203.0.113.7", false), "203.0.113.7");
+  // Loopback is exempt unless limited; limited, ::1 is its own key.
+  EXPECT_EQ(SourceKey("::1", false), "");
+  EXPECT_EQ(SourceKey("127.0.0.2", false), "");
+  EXPECT_EQ(SourceKey("::1", true), "::1");
+  EXPECT_EQ(SourceKey("127.0.0.2", true), "127.0.0.2");
+  EXPECT_EQ(SourceKey("not an address", true), "");
 }
 
 TEST(ByteBudget, RefusesWhatWouldExceedTheLimitAndTracksThePeak) {
