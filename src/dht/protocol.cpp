@@ -28,6 +28,13 @@ std::optional<std::string> AnswerGroup(const Environment& env, const PeerId& pee
   return source_group ? source_group : env.AddressGroupOf(peer);
 }
 
+bool Contains(const std::vector<std::string>& list, const std::string& item) {
+  return std::find(list.begin(), list.end(), item) != list.end();
+}
+bool SharesAnAddress(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  return std::any_of(a.begin(), a.end(), [&](const std::string& x) { return Contains(b, x); });
+}
+
 // Collects one result per part and calls `done` once all parts have reported.
 template <typename T>
 struct Join {
@@ -52,8 +59,20 @@ struct DhtCore::Lookup {
     size_t depth = 1;
     bool had_value = false;
     bool probe = false;  // asked whatever its distance (random probe)
-    // Who named it (none: this node's routing table), the first kMaxReferrers of them.
+    // Failed because it could not be reached at contact.addrs (not because it was busy or its
+    // answer was refused): it is asked again at other addresses a referrer offers.
+    bool unreachable = false;
+    // Who named it at contact.addrs (none: this node's routing table), the first kMaxReferrers.
     std::vector<PeerId> referrers = {};
+    // Other addresses other referrers named it at, not tried yet (at most kMaxReferrers offers),
+    // and the addresses it failed at: a referrer that names an honest contact first, at a wrong
+    // address, does not take it out of the lookup.
+    struct Offer {
+      PeerId referrer;
+      std::vector<std::string> addrs;
+    };
+    std::vector<Offer> offers = {};
+    std::vector<std::string> tried = {};
   };
   DhtId target;
   std::optional<std::string> key;  // set: also looking for its value
@@ -65,6 +84,34 @@ struct DhtCore::Lookup {
     bool distrusted = false;
   };
   std::map<PeerId, Referrals> referrals;  // per referrer: how the contacts it named did
+  bool Distrusted(const PeerId& referrer) const {
+    auto r = referrals.find(referrer);
+    return r != referrals.end() && r->second.distrusted;
+  }
+  // Moves `c` to the first offer, from a referrer still trusted, of addresses not tried yet: it
+  // becomes a new candidate at those addresses, named by that referrer. False when none is left.
+  bool TakeNextOffer(Candidate& c) const {
+    while (!c.offers.empty()) {
+      Candidate::Offer offer = std::move(c.offers.front());
+      c.offers.erase(c.offers.begin());
+      std::erase_if(offer.addrs, [&](const std::string& a) { return Contains(c.tried, a); });
+      if (offer.addrs.empty() || Distrusted(offer.referrer)) continue;
+      c.contact.addrs = std::move(offer.addrs);
+      c.referrers = {offer.referrer};
+      c.state = State::kNew;
+      c.unreachable = false;
+      return true;
+    }
+    return false;
+  }
+  // `c` could not be reached at its addresses (a failed dial, or addresses backed off).
+  static void MarkUnreachable(Candidate& c) {
+    c.state = State::kFailed;
+    c.unreachable = true;
+    for (const std::string& a : c.contact.addrs) {
+      if (!Contains(c.tried, a)) c.tried.push_back(a);
+    }
+  }
   size_t in_flight = 0;
   bool finished = false;
   std::optional<Record> found;
@@ -283,9 +330,14 @@ void DhtCore::RefreshBuckets(std::vector<size_t> buckets, std::function<void()> 
 // ---------------------------------------------------------------------------------------------
 // Peer bookkeeping
 
-bool DhtCore::BackedOff(const PeerId& peer) const {
-  auto it = backoff_.find(peer);
-  return it != backoff_.end() && it->second.until > Now();
+bool DhtCore::BackedOff(const Contact& contact) const {
+  auto it = backoff_.find(contact.peer);
+  if (it == backoff_.end() || it->second.until <= Now()) return false;
+  // Only at addresses it failed at: a referrer that named it at a wrong one must not make it
+  // skipped at its own.
+  const std::vector<std::string>& failed = it->second.addrs;
+  return std::all_of(contact.addrs.begin(), contact.addrs.end(),
+                     [&](const std::string& a) { return Contains(failed, a); });
 }
 
 void DhtCore::OnSuccess(const Contact& contact, bool client_mode, bool firsthand) {
@@ -301,9 +353,21 @@ void DhtCore::OnSuccess(const Contact& contact, bool client_mode, bool firsthand
 void DhtCore::OnFailure(const Contact& contact) {
   ++stats_.requests_failed;
   if (!contact.peer.valid()) return;
-  routing_.Failed(contact.peer);
+  // Counted against its routing table entry only when it failed at an address the table holds
+  // for it: addresses a referrer named say nothing about the contact itself.
+  if (const auto known = routing_.Find(contact.peer);
+      known && SharesAnAddress(known->addrs, contact.addrs)) {
+    routing_.Failed(contact.peer);
+  }
   Backoff& b = backoff_[contact.peer];
   ++b.failures;
+  for (const std::string& a : contact.addrs) {
+    if (!Contains(b.addrs, a)) b.addrs.push_back(a);
+  }
+  if (b.addrs.size() > kMaxBackoffAddrs) {
+    b.addrs.erase(b.addrs.begin(),
+                  b.addrs.begin() + static_cast<std::ptrdiff_t>(b.addrs.size() - kMaxBackoffAddrs));
+  }
   Duration wait = options_.backoff_base;
   for (size_t i = 1; i < b.failures && wait < options_.backoff_max; ++i) wait *= 2;
   b.until = Now() + std::min(wait, options_.backoff_max);
@@ -394,10 +458,11 @@ void DhtCore::Step(const std::shared_ptr<Lookup>& lookup) {
   for (auto& [_, c] : l.candidates) {
     if (considered >= options_.beam_size) break;
     if (c.state == Lookup::State::kFailed) continue;
-    if (c.state == Lookup::State::kNew && BackedOff(c.contact.peer)) {
-      c.state = Lookup::State::kFailed;
-      continue;
+    while (c.state == Lookup::State::kNew && BackedOff(c.contact)) {
+      Lookup::MarkUnreachable(c);
+      l.TakeNextOffer(c);
     }
+    if (c.state == Lookup::State::kFailed) continue;
     ++considered;
     if (c.state == Lookup::State::kDone) continue;
     settled = false;
@@ -412,6 +477,11 @@ void DhtCore::Step(const std::shared_ptr<Lookup>& lookup) {
 
 void DhtCore::SendFind(const std::shared_ptr<Lookup>& lookup, const Contact& contact,
                        size_t depth) {
+  // A batch goes to one set of addresses: one queued for this peer at others is sent first.
+  if (auto queued = find_batches_.find(contact.peer);
+      queued != find_batches_.end() && queued->second.contact.addrs != contact.addrs) {
+    FlushFinds(contact.peer);
+  }
   auto [it, fresh] = find_batches_.try_emplace(contact.peer, FindBatch{contact, {}});
   it->second.queued.push_back({lookup, depth});
   if (it->second.queued.size() >= kMaxFindIds) {
@@ -442,7 +512,10 @@ void DhtCore::FlushFinds(const PeerId& peer) {
     if (batch.queued.size() >= kMaxFindIds) break;
     auto other = weak_lookup.lock();
     auto c = other->candidates.find(batch.contact.id ^ other->target);
-    if (c == other->candidates.end() || c->second.state != Lookup::State::kNew) continue;
+    if (c == other->candidates.end() || c->second.state != Lookup::State::kNew ||
+        c->second.contact.addrs != batch.contact.addrs) {
+      continue;
+    }
     c->second.state = Lookup::State::kInFlight;
     ++other->in_flight;
     batch.queued.push_back({other, c->second.depth});
@@ -487,10 +560,13 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
       OnFailure(contact);
     }
     if (it != l.candidates.end()) {
-      it->second.state = Lookup::State::kFailed;
+      Lookup::Candidate& c = it->second;
+      c.state = Lookup::State::kFailed;
       // A busy peer (rate limits) is alive and is who its referrers said.
       if (reply.status().code() != StatusCode::kResourceExhausted) {
-        CountReferral(l, it->second.referrers, false);
+        Lookup::MarkUnreachable(c);
+        CountReferral(l, c.referrers, false);
+        l.TakeNextOffer(c);  // at addresses another referrer named
       }
     }
     Step(lookup);
@@ -597,14 +673,36 @@ void DhtCore::AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Conta
     contacts.resize(options_.bucket_size);
   }
   for (Contact& c : contacts) {
+    // A contact in the routing table is asked at the addresses the table holds (its own, or
+    // those it answered at), whatever a referrer says.
+    if (auto known = routing_.Find(c.peer)) c.addrs = std::move(known->addrs);
     const DhtId distance = c.id ^ l.target;
-    auto [it, fresh] = l.candidates.try_emplace(
-        distance, Lookup::Candidate{.contact = std::move(c), .depth = depth});
-    std::vector<PeerId>& referrers = it->second.referrers;
-    if (!fresh && (it->second.state != Lookup::State::kNew || referrers.empty())) continue;
-    if (referrers.size() < kMaxReferrers &&
-        std::find(referrers.begin(), referrers.end(), referrer) == referrers.end()) {
-      referrers.push_back(referrer);
+    auto it = l.candidates.find(distance);
+    if (it == l.candidates.end()) {
+      l.candidates.emplace(
+          distance,
+          Lookup::Candidate{.contact = std::move(c), .depth = depth, .referrers = {referrer}});
+      continue;
+    }
+    Lookup::Candidate& candidate = it->second;
+    if (candidate.referrers.empty()) continue;  // from this node's own table
+    if (SharesAnAddress(c.addrs, candidate.contact.addrs)) {
+      std::vector<PeerId>& referrers = candidate.referrers;
+      if (candidate.state == Lookup::State::kNew && referrers.size() < kMaxReferrers &&
+          std::find(referrers.begin(), referrers.end(), referrer) == referrers.end()) {
+        referrers.push_back(referrer);
+      }
+      continue;
+    }
+    // Named at other addresses: offered for when the ones it is asked at fail.
+    std::erase_if(c.addrs, [&](const std::string& a) { return Contains(candidate.tried, a); });
+    if (c.addrs.empty() || candidate.state == Lookup::State::kDone ||
+        candidate.offers.size() >= kMaxReferrers) {
+      continue;
+    }
+    candidate.offers.push_back({referrer, std::move(c.addrs)});
+    if (candidate.state == Lookup::State::kFailed && candidate.unreachable) {
+      l.TakeNextOffer(candidate);
     }
   }
   // Bound the candidate set: far candidates that were never contacted are dropped.
@@ -635,20 +733,22 @@ void DhtCore::CountReferral(Lookup& l, const std::vector<PeerId>& referrers, boo
     }
   }
   if (!newly_distrusted) return;
-  // Candidates not asked yet that only distrusted peers named are dropped; one that an honest
-  // peer named too stays (and one dropped comes back when an honest peer names it later).
-  // Only kNew candidates go: the caller's candidate, and those in flight, stay where they are.
-  std::erase_if(l.candidates, [&](const auto& entry) {
-    const Lookup::Candidate& c = entry.second;
-    if (c.state != Lookup::State::kNew || c.probe || c.referrers.empty()) return false;
-    const bool all_distrusted =
-        std::all_of(c.referrers.begin(), c.referrers.end(), [&](const PeerId& p) {
-          auto r = l.referrals.find(p);
-          return r != l.referrals.end() && r->second.distrusted;
-        });
-    if (all_distrusted) ++stats_.candidates_refused;
-    return all_distrusted;
-  });
+  // Candidates not asked yet that only distrusted peers named are dropped, or moved to
+  // addresses an honest peer offered; one that an honest peer named too stays (and one dropped
+  // comes back when an honest peer names it later). Only kNew candidates go: the caller's
+  // candidate, and those in flight, stay where they are.
+  for (auto it = l.candidates.begin(); it != l.candidates.end();) {
+    Lookup::Candidate& c = it->second;
+    if (c.state != Lookup::State::kNew || c.probe || c.referrers.empty() ||
+        !std::all_of(c.referrers.begin(), c.referrers.end(),
+                     [&](const PeerId& p) { return l.Distrusted(p); }) ||
+        l.TakeNextOffer(c)) {
+      ++it;
+      continue;
+    }
+    ++stats_.candidates_refused;
+    it = l.candidates.erase(it);
+  }
 }
 
 void DhtCore::PruneLookups() {

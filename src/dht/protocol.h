@@ -187,7 +187,8 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   // limits).
   Status Admit(const PeerId& from, const std::string& source);
   void NoteSender(const PeerId& from, const NodeHeader& header);
-  bool BackedOff(const PeerId& peer) const;
+  // Whether `contact` failed lately at each of its addresses (OnFailure).
+  bool BackedOff(const Contact& contact) const;
   // `firsthand`: the contact's addresses are its own (its header) or the one we dialled it at;
   // otherwise another peer referred it, and its addresses never replace those already known
   // (a referrer could point a known contact at addresses where it cannot be reached).
@@ -256,7 +257,9 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   struct Backoff {
     size_t failures = 0;
     SteadyTime until;
+    std::vector<std::string> addrs;  // the kMaxBackoffAddrs it failed at last
   };
+  static constexpr size_t kMaxBackoffAddrs = 16;
   std::unordered_map<PeerId, Backoff> backoff_;
   struct Bucket {
     double tokens = 0;

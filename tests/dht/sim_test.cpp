@@ -602,6 +602,98 @@ TEST_F(LookupAttack, IdentitiesOnOneMachineCountAsTwoAnswersAndCannotHideTheKey)
   EXPECT_GE(sim_.node(v).stats().candidates_refused, 20u - 2u - 1u);
 }
 
+// The attacker is the node nearest the key (a replica that says it has nothing). It names the
+// next `n` honest replicas first, each at an address where nothing answers, so that the victim
+// dials them there.
+class WrongAddressAttack : public LookupAttack {
+ protected:
+  std::vector<PeerId> Misdirect(size_t attacker, size_t n) {
+    std::vector<Contact> wrong;
+    std::vector<PeerId> named;
+    for (size_t rank = 1; rank <= n; ++rank) {
+      const PeerId& p = nearest_[rank];
+      wrong.push_back({p, DhtId::ForPeer(p), {fmt::format("sim/nowhere-{}", rank)}});
+      named.push_back(p);
+    }
+    sim_.ScriptFinds(attacker, Answer(wrong));
+    return named;
+  }
+  // A new node (alpha 1) that joins through the attacker and an honest node and knows none of
+  // the key's replicas but the attacker: the attacker's word is the first it hears of them.
+  // Joining fills its table from all over the swarm, so strangers are added until one's table
+  // holds none of them (the others stay, as honest nodes).
+  size_t AddStranger(size_t attacker, DhtOptions o = {}) {
+    o.alpha = 1;
+    for (int tries = 0; tries < 40; ++tries) {
+      const size_t v = sim_.AddNode(o);
+      EXPECT_TRUE(sim_.Bootstrap(v, {sim_.address(attacker), sim_.address(60)}).ok());
+      sim_.RunFor(10s);
+      const RoutingTable& table = sim_.node(v).routing_table();
+      const auto known = table.Nearest(target_, 1);
+      bool knows_a_replica = false;
+      for (size_t rank = 1; rank < 5; ++rank)
+        knows_a_replica |= table.Find(nearest_[rank]).has_value();
+      if (!knows_a_replica && !known.empty() &&
+          known[0].peer == sim_.identity(attacker).peer_id()) {
+        return v;
+      }
+    }
+    ADD_FAILURE() << "no stranger knew the attacker and none of the replicas";
+    return 0;
+  }
+  std::vector<PeerId> FindNodes(size_t v) {
+    std::optional<Result<std::vector<Contact>>> r;
+    sim_.node(v).FindNodes(target_, [&](auto x) { r = std::move(x); });
+    EXPECT_TRUE(sim_.RunUntil([&] { return r.has_value(); }));
+    std::vector<PeerId> out;
+    if (r && r->ok()) {
+      for (const Contact& c : **r) out.push_back(c.peer);
+    }
+    return out;
+  }
+  static bool Has(const std::vector<PeerId>& peers, const PeerId& p) {
+    return std::find(peers.begin(), peers.end(), p) != peers.end();
+  }
+};
+
+TEST_F(WrongAddressAttack, HonestContactsNamedFirstAtWrongAddressesAreAskedWhereOthersSayTheyAre) {
+  const size_t attacker = Index(nearest_[0]);
+  const size_t v = AddStranger(attacker);
+  const std::vector<PeerId> named = Misdirect(attacker, 4);
+  // The dials at the wrong addresses fail. Without offers, each of those replicas was out of
+  // the lookup for good, though the honest nodes asked next named it at its own address; with
+  // them, it is asked there, answers, and is among the nearest the lookup returns.
+  const std::vector<PeerId> found = FindNodes(v);
+  for (size_t rank = 1; rank <= named.size(); ++rank) {
+    EXPECT_TRUE(Has(found, named[rank - 1])) << "replica " << rank << " is missing";
+  }
+}
+
+TEST_F(WrongAddressAttack, AFailureAtAWrongAddressDoesNotBackOffTheContactAtItsOwn) {
+  // Failed peers are skipped for a minute: long enough for the second lookup below to meet the
+  // backoff of the first.
+  DhtOptions o;
+  o.backoff_base = 60s;
+  const size_t attacker = Index(nearest_[0]);
+  const size_t v = AddStranger(attacker, o);
+  const std::vector<PeerId> named = Misdirect(attacker, 3);
+  // The misdirected replicas fail at the wrong addresses; then honest nodes name them at their
+  // own, the nearest is asked there and has the value, and the get stops: the others are left
+  // backed off.
+  auto [got, took] = TimedGet(v);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value.value, "\"the value\"");
+  EXPECT_GE(sim_.node(v).stats().requests_failed, named.size());
+  // The attacker goes quiet; honest nodes name the replicas at their own addresses. Backed off
+  // as peers, they were skipped there for a minute; backed off at the addresses they failed
+  // at, they are asked.
+  sim_.ScriptFinds(attacker, nullptr);
+  const std::vector<PeerId> found = FindNodes(v);
+  for (size_t rank = 1; rank <= named.size(); ++rank) {
+    EXPECT_TRUE(Has(found, named[rank - 1])) << "replica " << rank << " is missing";
+  }
+}
+
 // Merge attacks: 60 nodes, and kHonest subkeys of `key` stored by honest nodes, expiring in 600 s.
 constexpr size_t kHonest = 6;
 void GrowWithHonestEntries(Simulation& sim, const std::string& key) {
