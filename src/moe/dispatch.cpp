@@ -175,9 +175,10 @@ std::vector<std::optional<at::Tensor>> CallInParallel(
       // (also one that refused too many calls in a row: ServerHealth).
       const StatusCode code =
           g->results[j].has_value() ? g->results[j]->status().code() : StatusCode::kOk;
-      const bool refused = code == StatusCode::kResourceExhausted ||
-                           code == StatusCode::kInvalidArgument || code == StatusCode::kAborted;
-      if (g->results[j].has_value() && (!refused || !g->reports[j].failed.empty())) {
+      const bool server_alive = code == StatusCode::kResourceExhausted ||
+                                code == StatusCode::kInvalidArgument ||
+                                code == StatusCode::kAborted;
+      if (g->results[j].has_value() && (!server_alive || !g->reports[j].failed.empty())) {
         failed.push_back(j);
       }
     }

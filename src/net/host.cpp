@@ -987,6 +987,11 @@ asio::awaitable<Result<std::shared_ptr<Stream>>> Host::OpenStream(Multiaddr addr
 
 asio::awaitable<Result<PingResult>> Host::Ping(Multiaddr address,
                                                std::chrono::milliseconds timeout) {
+  // Connect reads 0 as "no bound but dial_timeout", which a ping's deadline must not become.
+  if (timeout.count() <= 0) {
+    co_return InvalidArgument("ping timeout must be positive, not " +
+                              std::to_string(timeout.count()) + " ms");
+  }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto conn = co_await Connect(address, 0, timeout);
   if (!conn.ok()) co_return conn.status();

@@ -358,6 +358,9 @@ TEST(Rpc, PingReportsPeerAndVersion) {
   EXPECT_EQ(r->version_major, kProtocolMajor);
   EXPECT_GT(r->rtt.count(), 0);
   EXPECT_LT(r->rtt, 1s);
+  // A ping needs time to wait for its answer: none is an error, not a wait of dial_timeout.
+  auto none = client->PingSync(AddressOf(*server), 0ms);
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument) << none.status().ToString();
 }
 
 TEST(Rpc, ServerCanCallBackOverTheSameConnection) {
@@ -400,9 +403,7 @@ struct SilentListener {
   asio::io_context io;
   asio::ip::tcp::acceptor acceptor{io, {asio::ip::make_address("127.0.0.1"), 0}};
   Multiaddr Address(const PeerId& claimed) const {
-    return Multiaddr::Parse("/ip4/127.0.0.1/tcp/" +
-                            std::to_string(acceptor.local_endpoint().port()))
-        ->WithPeerId(claimed);
+    return testing::LoopbackAddress(acceptor.local_endpoint().port(), claimed);
   }
 };
 
@@ -509,8 +510,7 @@ TEST(Rpc, ADialOutlastingAShortCallGoesOnAndServesTheNextCall) {
   server->RegisterUnary(
       "echo", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
   HeldProxy proxy(AddressOf(*server).port());
-  const Multiaddr via_proxy = Multiaddr::Parse("/ip4/127.0.0.1/tcp/" + std::to_string(proxy.port()))
-                                  ->WithPeerId(server->peer_id());
+  const Multiaddr via_proxy = testing::LoopbackAddress(proxy.port(), server->peer_id());
   HostOptions options = testing::LoopbackOptions();
   options.dial_timeout = 30s;
   auto client = StartHost(options);

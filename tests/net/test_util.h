@@ -6,8 +6,10 @@
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
 #include <chrono>
+#include <cstdint>
 #include <future>
 #include <memory>
+#include <string>
 
 #include "core/identity.h"
 #include "core/multiaddr.h"
@@ -29,6 +31,11 @@ inline std::unique_ptr<Host> StartHost(HostOptions options = LoopbackOptions()) 
 }
 
 inline Multiaddr AddressOf(const Host& h) { return h.ListenAddresses().at(0); }
+
+// /ip4/127.0.0.1/tcp/<port>/p2p/<peer>: where a dial to `port` expects to find `peer`.
+inline Multiaddr LoopbackAddress(uint16_t port, const PeerId& peer) {
+  return Multiaddr::Parse("/ip4/127.0.0.1/tcp/" + std::to_string(port))->WithPeerId(peer);
+}
 
 // Runs `aw` on the host's io_context and waits for it, failing the test (instead of hanging)
 // if it does not finish within `limit`.
