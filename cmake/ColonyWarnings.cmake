@@ -17,7 +17,7 @@ set(COLONY_GCC_FALSE_POSITIVE_WARNINGS maybe-uninitialized dangling-pointer arra
 # sanitizers themselves would not), so sanitizer builds switch them off for every target.
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   foreach(warning IN LISTS COLONY_GCC_FALSE_POSITIVE_WARNINGS)
-    if(COLONY_SANITIZE)
+    if(COLONY_SANITIZE OR COLONY_TSAN)
       target_compile_options(colony_flags INTERFACE -Wno-${warning})
     else()
       target_compile_options(colony_flags INTERFACE
@@ -49,4 +49,17 @@ if(COLONY_SANITIZE)
   target_compile_options(colony_flags INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer
     -fno-sanitize-recover=undefined)
   target_link_options(colony_flags INTERFACE -fsanitize=address,undefined)
+endif()
+# ThreadSanitizer (scripts/tsan). GCC says at every asio fence that TSan does not model
+# atomic_thread_fence (-Wtsan); asio's fences pair with atomics TSan does see.
+if(COLONY_TSAN)
+  if(COLONY_SANITIZE OR COLONY_FUZZ)
+    message(FATAL_ERROR "COLONY_TSAN cannot be combined with COLONY_SANITIZE or COLONY_FUZZ "
+      "(ThreadSanitizer and AddressSanitizer exclude each other)")
+  endif()
+  target_compile_options(colony_flags INTERFACE -fsanitize=thread -fno-omit-frame-pointer)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(colony_flags INTERFACE -Wno-tsan)
+  endif()
+  target_link_options(colony_flags INTERFACE -fsanitize=thread)
 endif()
