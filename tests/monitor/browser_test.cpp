@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -134,11 +135,20 @@ TEST(MonitorPage, ShowsAHealthySwarmAndAKilledServerInAHeadlessBrowser) {
   ASSERT_TRUE(killed.ok()) << killed.status().ToString() << "\nmonitor:\n" << swarm.Tail("monitor");
   std::printf("after the kill: %s\n", killed->dump().c_str());
   ASSERT_TRUE(killed->contains("held_at_ms")) << killed->dump();
+  ASSERT_TRUE(killed->contains("elapsed_ms")) << killed->dump();
   const double took_s = ((*killed)["held_at_ms"].get<double>() - killed_at_ms) / 1000;
+  // When the browser began to load the page: its start-up, after the kill, is the machine's
+  // (9.7 s of a 10.3 s wait once, on 2 cores running a build beside the tests), not the
+  // monitor's.
+  const double navigated_s = took_s - (*killed)["elapsed_ms"].get<double>() / 1000;
   // The monitor notices at its next refresh (a failed ping), the page at its next poll: two
-  // refresh periods, plus the ping's deadline and the browser's start-up.
-  EXPECT_LE(took_s, 2 * kRefreshSeconds + kPingTimeoutSeconds + 5)
-      << "the page showed the killed server " << took_s << " s after the kill";
+  // refresh periods and the ping's deadline after the kill, or, for a page that began to load
+  // later than that, its first poll; plus the page's load.
+  const double bound =
+      std::max<double>(2 * kRefreshSeconds + kPingTimeoutSeconds, navigated_s + kRefreshSeconds) +
+      5;
+  EXPECT_LE(took_s, bound) << "the page showed the killed server " << took_s
+                           << " s after the kill (it began to load at " << navigated_s << " s)";
   // A trainer stops within its averaging timeout (5 s) of SIGTERM, the rest at once.
   const auto stuck = swarm.StopAll();
   for (const auto& label : stuck) {
