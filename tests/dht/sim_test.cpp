@@ -631,8 +631,9 @@ class WrongAddressAttack : public LookupAttack {
       const RoutingTable& table = sim_.node(v).routing_table();
       const auto known = table.Nearest(target_, 1);
       bool knows_a_replica = false;
-      for (size_t rank = 1; rank < 5; ++rank)
+      for (size_t rank = 1; rank < 5; ++rank) {
         knows_a_replica |= table.Find(nearest_[rank]).has_value();
+      }
       if (!knows_a_replica && !known.empty() &&
           known[0].peer == sim_.identity(attacker).peer_id()) {
         return v;
