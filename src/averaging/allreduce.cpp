@@ -521,7 +521,7 @@ void AllReduceRun::KeepLocal(uint32_t r, size_t from) {
 asio::awaitable<void> AllReduceRun::SendTo(uint32_t r) {
   const MemberInfo& reducer = group_.members[r];
   const size_t n = PartsOf(r);
-  auto dial = DialAddress(reducer.addrs, reducer.peer);
+  auto dial = DialAddress(impl_->host_, reducer.addrs, reducer.peer);
   if (!dial.ok()) {
     COLONY_LOG_WARN("averaging: reducer {} cannot be dialed ({}); keeping local values",
                     reducer.peer.ToString(), dial.status().message());

@@ -95,7 +95,9 @@ const asio::thread_pool::executor_type& PoolExecutor();
 
 // The first of a peer's announced addresses that parses and names that peer (/p2p/ is added
 // when missing, so the connection still authenticates it); an error naming the problem if none.
-Result<Multiaddr> DialAddress(const std::vector<std::string>& addrs, const PeerId& peer);
+// `host` is given all of them, to dial when the first leads elsewhere (Host::SetPeerAddresses).
+Result<Multiaddr> DialAddress(net::Host& host, const std::vector<std::string>& addrs,
+                              const PeerId& peer);
 
 // Where each member's span starts in the flattened tensors.
 std::vector<uint64_t> SpanBegins(const GroupInfo& group);

@@ -52,7 +52,9 @@ std::vector<PeerLoad> BoundedLoads(const GroupInfo& g) {
 
 }  // namespace
 
-Result<Multiaddr> DialAddress(const std::vector<std::string>& addrs, const PeerId& peer) {
+Result<Multiaddr> DialAddress(net::Host& host, const std::vector<std::string>& addrs,
+                              const PeerId& peer) {
+  host.SetPeerAddresses(peer, ParseMultiaddrs(addrs));
   Status last = ProtocolError("peer " + peer.ToString() + " announced no address");
   for (const auto& a : addrs) {
     auto m = Multiaddr::Parse(a);
@@ -124,7 +126,7 @@ asio::awaitable<std::vector<Averager::Impl::Candidate>> Averager::Impl::FetchCan
 asio::awaitable<Result<JoinResponse>> Averager::Impl::RequestJoin(const Candidate& leader,
                                                                   SteadyTime deadline,
                                                                   const std::string& gathered) {
-  auto addr = DialAddress(leader.addrs, leader.peer);
+  auto addr = DialAddress(host_, leader.addrs, leader.peer);
   if (!addr.ok()) co_return addr.status();
   net::Message msg(EncodeJoinRequest(OwnJoinRequest(looking_->group_key, gathered)));
   std::string method = MethodName("join");
@@ -392,7 +394,7 @@ asio::awaitable<Result<net::Message>> Averager::Impl::HandleJoin(PeerId from,
   if (IsBanned(from)) co_return reject("this peer banned you: verification caught you cheating");
   if (request->mode != Mode::kClient) {
     // Every member dials it: one that cannot be dialed would only cost the group its span.
-    if (auto dial = DialAddress(request->addrs, from); !dial.ok()) {
+    if (auto dial = DialAddress(host_, request->addrs, from); !dial.ok()) {
       co_return reject("a node-mode peer must announce an address to dial it at: " +
                        dial.status().message());
     }

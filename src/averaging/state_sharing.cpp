@@ -344,7 +344,7 @@ asio::awaitable<Result<SharedState>> Averager::Impl::LoadState(LoadStateOptions 
     if (!peer || *peer == host_.peer_id()) continue;
     auto advert = DecodeStateAdvert(entry.value);
     if (!advert.ok()) continue;
-    auto addr = DialAddress(advert->addrs, *peer);
+    auto addr = DialAddress(host_, advert->addrs, *peer);
     if (addr.ok()) donors.push_back({*peer, *addr, advert->priority});
   }
   if (donors.empty()) {

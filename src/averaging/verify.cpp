@@ -130,7 +130,7 @@ void AllReduceRun::Broadcast(VerifyStatement statement, const std::vector<bool>&
   auto self = shared_from_this();
   for (uint32_t m = 0; m < group_.members.size(); ++m) {
     if (m == self_ || !to[m]) continue;
-    auto addr = DialAddress(group_.members[m].addrs, group_.members[m].peer);
+    auto addr = DialAddress(impl_->host_, group_.members[m].addrs, group_.members[m].peer);
     if (!addr.ok()) continue;
     ++statement_sends_;
     statement_bytes_ += bytes->size();

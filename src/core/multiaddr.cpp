@@ -199,4 +199,13 @@ std::string Multiaddr::ToString() const {
   return s;
 }
 
+std::vector<Multiaddr> ParseMultiaddrs(const std::vector<std::string>& texts) {
+  std::vector<Multiaddr> out;
+  for (const std::string& t : texts) {
+    auto m = Multiaddr::Parse(t);
+    if (m.ok()) out.push_back(std::move(*m));
+  }
+  return out;
+}
+
 }  // namespace colony

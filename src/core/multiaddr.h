@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/identity.h"
 #include "core/status.h"
@@ -81,5 +82,8 @@ class Multiaddr {
   bool relayed_ = false;
   std::optional<PeerId> relay_;
 };
+
+// The texts that parse, in order (those that do not are left out): a peer's announced addresses.
+std::vector<Multiaddr> ParseMultiaddrs(const std::vector<std::string>& texts);
 
 }  // namespace colony

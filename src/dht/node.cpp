@@ -116,15 +116,16 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
     return remote.is_relayed() && !key.empty() ? "relay " + key : key;
   }
 
-  // Calls `method` on the peer, trying its addresses in turn within one deadline; `group`, if
-  // given, gets the address group of the connection that carried the answer.
+  // Calls `method` on the peer within one deadline. A peer with a known id is dialed at any of
+  // its addresses (Host::ConnectAny: a wrong, refused or silent address does not take the
+  // deadline from the right one); bootstrap addresses without an id are tried in turn. `group`,
+  // if given, gets the address group of the connection that carried the answer.
   asio::awaitable<Result<std::string>> CallPeer(Contact to, std::string method, std::string payload,
                                                 Duration timeout, PeerId* answered_by,
                                                 std::string* group = nullptr) {
     const SteadyTime deadline = SteadyTime::clock::now() + timeout;
     Status last = Unavailable("no usable address");
-    // Errors name the peer; bootstrap errors are prefixed with the address by the core.
-    const std::string where = to.peer.valid() ? "peer " + to.peer.Short() : std::string();
+    std::vector<Multiaddr> addrs;
     for (const std::string& a : to.addrs) {
       auto addr = Multiaddr::Parse(a);
       if (!addr.ok()) {
@@ -135,13 +136,33 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
         if (addr->peer_id() && !(*addr->peer_id() == to.peer)) continue;
         *addr = addr->WithPeerId(to.peer);
       }
+      addrs.push_back(std::move(*addr));
+    }
+    if (to.peer.valid() && !addrs.empty()) {
+      auto conn = co_await host_->ConnectAny(to.peer, addrs, 0, Ms(timeout));
+      if (conn.ok()) {
+        if (answered_by != nullptr) *answered_by = (*conn)->peer();
+        if (group != nullptr) *group = GroupOf((*conn)->remote_address());
+        // The connection is pooled: the call below takes it.
+        auto reply = co_await host_->Call(addrs.front(), method, net::Message(payload),
+                                          {.timeout = Ms(deadline - SteadyTime::clock::now())});
+        if (reply.ok()) co_return std::move(reply->meta);
+        last = reply.status();
+      } else {
+        last = conn.status();
+      }
+      addrs.clear();
+    }
+    // Errors name the peer; bootstrap errors are prefixed with the address by the core.
+    const std::string where = to.peer.valid() ? "peer " + to.peer.Short() : std::string();
+    for (const Multiaddr& addr : addrs) {
       const Duration left = deadline - SteadyTime::clock::now();
       if (left <= Duration::zero()) {
         last = DeadlineExceeded("no time left");
         break;
       }
       if (answered_by != nullptr || group != nullptr) {
-        auto conn = co_await host_->Connect(*addr, 0, Ms(left));
+        auto conn = co_await host_->Connect(addr, 0, Ms(left));
         if (!conn.ok()) {
           last = conn.status();
           continue;
@@ -149,7 +170,7 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
         if (answered_by != nullptr) *answered_by = (*conn)->peer();
         if (group != nullptr) *group = GroupOf((*conn)->remote_address());
       }
-      auto reply = co_await host_->Call(*addr, method, net::Message(payload),
+      auto reply = co_await host_->Call(addr, method, net::Message(payload),
                                         {.timeout = Ms(deadline - SteadyTime::clock::now())});
       if (reply.ok()) co_return std::move(reply->meta);
       last = reply.status();

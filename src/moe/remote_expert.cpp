@@ -80,6 +80,8 @@ RemoteExpert::RemoteExpert(net::Host& host, RemoteExpertInfo info,
     }
     servers_.push_back(info_.servers[s]);
     addrs_.push_back(addr->WithPeerId(info_.servers[s]));
+    // The others too: the first may lead elsewhere from this machine (Host::SetPeerAddresses).
+    host_.SetPeerAddresses(info_.servers[s], ParseMultiaddrs(info_.addrs[s]));
   }
 }
 

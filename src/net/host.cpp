@@ -644,20 +644,32 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Connect(
                                  " is blocked here: " + *why);
     }
     if (auto c = FindConnection(*address.peer_id(), lane)) co_return c;
-  }
-  {
-    std::lock_guard lock(mu_);
-    if (shut_down_) co_return Closed("host is shut down");
-    if (!started_) co_return FailedPrecondition("host not started; call Start() first");
-    if (lane >= options_.max_connections_per_peer) {
-      co_return InvalidArgument("lane " + std::to_string(lane) +
-                                " exceeds the per-peer connection limit");
+    std::vector<Multiaddr> announced;
+    {
+      std::lock_guard lock(mu_);
+      announced = peer_addresses_.Get(*address.peer_id());
+    }
+    if (!announced.empty() && !(announced.size() == 1 && announced[0] == address)) {
+      announced.insert(announced.begin(), address);
+      co_return co_await ConnectAny(*address.peer_id(), std::move(announced), lane, timeout);
     }
   }
+  COLONY_CO_RETURN_IF_ERROR(DialPrecondition(lane));
   auto fn = [this, address = std::move(address), lane, wait_until] {
     return ConnectOnDialStrand(address, lane, wait_until);
   };
   co_return co_await RunOnStrand<Result<std::shared_ptr<Connection>>>(dial_strand_, std::move(fn));
+}
+
+Status Host::DialPrecondition(size_t lane) const {
+  std::lock_guard lock(mu_);
+  if (shut_down_) return Closed("host is shut down");
+  if (!started_) return FailedPrecondition("host not started; call Start() first");
+  if (lane >= options_.max_connections_per_peer) {
+    return InvalidArgument("lane " + std::to_string(lane) +
+                           " exceeds the per-peer connection limit");
+  }
+  return Status::Ok();
 }
 
 asio::awaitable<Result<std::shared_ptr<Connection>>> Host::ConnectOnDialStrand(

@@ -34,6 +34,7 @@
 #include "core/status.h"
 #include "net/connection.h"
 #include "net/observed_addresses.h"
+#include "net/peer_address_book.h"
 #include "net/stream.h"
 #include "net/wire.h"
 
@@ -46,6 +47,9 @@ struct HostOptions {
   // I/O threads. One is enough for most peers; math never runs on them.
   size_t io_threads = 1;
   std::chrono::milliseconds dial_timeout{10'000};
+  // Dialing a peer at several addresses (ConnectAny): how long one address may go without
+  // connecting before the next is dialed beside it (RFC 8305's "connection attempt delay").
+  std::chrono::milliseconds dial_stagger{250};
   std::chrono::milliseconds default_call_timeout{30'000};
   size_t max_connections = 1024;
   size_t max_connections_per_peer = 8;
@@ -171,11 +175,26 @@ class Host {
   void RegisterBidiStreaming(const std::string& method, BidiStreamingHandler handler);
 
   // A connection to the peer at `address` (reused when one is open on that lane). Without
-  // /p2p/<id> in the address, any peer that completes the handshake is accepted. Waits at most
-  // `timeout` (when nonzero; the dial is bounded by HostOptions::dial_timeout in any case): a
-  // dial that outlasts the wait goes on, shared with other callers, and pools its connection.
+  // /p2p/<id> in the address, any peer that completes the handshake is accepted. With it, and
+  // addresses of that peer held by SetPeerAddresses, those are dialed too (as ConnectAny, the
+  // given address first). Waits at most `timeout` (when nonzero; the dial is bounded by
+  // HostOptions::dial_timeout in any case): a dial that outlasts the wait goes on, shared with
+  // other callers, and pools its connection.
   asio::awaitable<Result<std::shared_ptr<Connection>>> Connect(
       Multiaddr address, size_t lane = 0, std::chrono::milliseconds timeout = {});
+  // A connection to `peer` at any of `addrs` (reused when one is open on that lane). Dials them
+  // in order: the next when the one before failed, or went HostOptions::dial_stagger without
+  // connecting (that one keeps going); the first to complete the handshake as `peer` wins. An
+  // address naming another peer is skipped; one where another peer answers fails like an
+  // unreachable one. The error, when none got through, gives each address's failure.
+  asio::awaitable<Result<std::shared_ptr<Connection>>> ConnectAny(
+      PeerId peer, std::vector<Multiaddr> addrs, size_t lane = 0,
+      std::chrono::milliseconds timeout = {});
+  // Where `peer` said it can be reached (its signed record, its averaging announcement; never a
+  // third party's word about it), for Connect to fall back on: a peer listening on every
+  // interface announces loopback and LAN addresses first, and from another machine they lead
+  // elsewhere. Replaces what was held for `peer`; bounded (peer_address_book.h).
+  void SetPeerAddresses(const PeerId& peer, const std::vector<Multiaddr>& addrs);
   // An open connection to `peer` (e.g. one that dialed us), if any.
   std::shared_ptr<Connection> FindConnection(const PeerId& peer, size_t lane = 0) const;
 
@@ -230,6 +249,8 @@ class Host {
   asio::awaitable<void> HandleIncoming(asio::ip::tcp::socket socket, Strand strand,
                                        std::optional<Multiaddr> relay,
                                        std::string inbound_key = {});
+  // Why a dial on `lane` cannot start now (shut down, not started, lane out of range), if so.
+  Status DialPrecondition(size_t lane) const;
   struct PendingDial;  // one dial and its waiters (host.cpp)
   asio::awaitable<Result<std::shared_ptr<Connection>>> ConnectOnDialStrand(
       Multiaddr address, size_t lane, std::chrono::steady_clock::time_point wait_until);
@@ -237,6 +258,10 @@ class Host {
   asio::awaitable<void> RunPendingDial(std::shared_ptr<PendingDial> pending, std::string key,
                                        Multiaddr address, size_t lane);
   asio::awaitable<Result<std::shared_ptr<Connection>>> Dial(Multiaddr address, size_t lane);
+  // ConnectAny on dial_strand_ (dial_any.cpp).
+  asio::awaitable<Result<std::shared_ptr<Connection>>> RaceDials(
+      PeerId peer, std::vector<Multiaddr> addrs, size_t lane,
+      std::chrono::steady_clock::time_point wait_until);
   HandshakeOptions MakeHandshakeOptions(Role role, std::optional<PeerId> expected,
                                         const std::string& observed) const;
   void AddConnection(const std::shared_ptr<Connection>& conn, size_t lane);
@@ -279,6 +304,7 @@ class Host {
   std::unordered_map<std::string, std::shared_ptr<PendingDial>> pending_dials_;
   // Peer ids learned by dialing addresses given without /p2p/ (guarded by mu_).
   std::unordered_map<std::string, PeerId> peer_at_address_;
+  PeerAddressBook peer_addresses_;  // SetPeerAddresses (guarded by mu_)
   ObservedAddressBook observed_;
   size_t connection_count_ = 0;
   // Inbound slots by source IP address (guarded by mu_).

@@ -120,6 +120,8 @@ Status SequenceManager::Refresh() {
         continue;
       }
       if (rec->state != ServerState::kOnline) continue;
+      // All of them: the first may lead elsewhere from this machine (Host::SetPeerAddresses).
+      host().SetPeerAddresses(*peer, ParseMultiaddrs(rec->addresses));
       by_peer[*peer] = std::move(*rec);
     }
   }

@@ -53,7 +53,10 @@ std::vector<ServerRecord> BlockServer::Impl::FetchRecords() {
       auto peer = dht::ParseOwnerMarker(subkey);
       if (!peer || *peer == node_.peer_id() || entry.expiration < now) continue;
       auto rec = ParseServerRecord(*peer, entry.value, config_.num_layers);
-      if (rec.ok()) by_peer.emplace(peer->ToString(), std::move(*rec));
+      if (!rec.ok()) continue;
+      // For pushes to it and pings (Host::SetPeerAddresses).
+      node_.host().SetPeerAddresses(*peer, ParseMultiaddrs(rec->addresses));
+      by_peer.emplace(peer->ToString(), std::move(*rec));
     }
   }
   std::vector<ServerRecord> out;

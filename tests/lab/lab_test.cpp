@@ -292,6 +292,70 @@ TEST(LabWan, TwoPeersBehindNatsUseTheDhtAndAverage) {
   }
 }
 
+// A `colony dht` node on `host` listening on every interface at port 4001; returns the address
+// it printed for the lab's network (it prints its loopback address first).
+std::string StartWildcardNode(const Lab& lab, const std::string& host, const std::string& bootstrap,
+                              std::optional<Subprocess>& process) {
+  std::vector<std::string> args = {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001"};
+  if (!bootstrap.empty()) args.insert(args.end(), {"--initial-peers", bootstrap});
+  process.emplace(StartColony(lab, host, args, ScratchPath(host + ".err")));
+  for (int i = 0; i < 5; ++i) {
+    auto line = process->ReadLine(20s);
+    if (!line.ok()) break;
+    if (line->find("/ip4/" + lab.addr(host) + "/") != std::string::npos) return *line;
+  }
+  ADD_FAILURE() << host << " printed no address on the lab's network\n"
+                << test::ReadFile(ScratchPath(host + ".err"));
+  return {};
+}
+
+// Peers that listen on every interface announce all their addresses, loopback ones first. From
+// another machine those lead elsewhere: 127.0.0.1:4001 to the dialer's own node (every node uses
+// port 4001), and `a`'s second loopback address, 10.99.0.1 (as a VPN's or another LAN's would
+// be), nowhere: the other hosts drop packets to it, so a dial there waits for its timeout. A
+// store from `b` must reach `a` at its lab address without waiting for that timeout; with `a`
+// the only node left, the record is read back from it.
+TEST(LabWan, PeersListeningOnEveryInterfaceAreReachedFromOtherMachines) {
+  SKIP_WITHOUT_LAB();
+  Lab lab("host boot\nhost a\nhost b\n");
+  ASSERT_TRUE(lab.error().empty()) << lab.error();
+  ASSERT_EQ(RunCommand(lab.In("a", {"ip", "addr", "add", "10.99.0.1/32", "dev", "lo"}), 10s).code,
+            0);
+  for (const char* host : {"boot", "b"}) {
+    ASSERT_EQ(
+        RunCommand(lab.In(host, {"iptables", "-A", "OUTPUT", "-d", "10.99.0.1", "-j", "DROP"}), 10s)
+            .code,
+        0);
+  }
+  std::optional<Subprocess> boot, a, b;
+  const std::string bootstrap = StartWildcardNode(lab, "boot", "", boot);
+  ASSERT_FALSE(bootstrap.empty());
+  const std::string at_a = StartWildcardNode(lab, "a", bootstrap, a);
+  ASSERT_FALSE(StartWildcardNode(lab, "b", bootstrap, b).empty());
+  ASSERT_FALSE(at_a.empty());
+  // Each request may take 30 s, a dial 10 s (the host's default): a dial that waited at
+  // 10.99.0.1 until its timeout would still leave time for the next address, but would show.
+  const auto start = std::chrono::steady_clock::now();
+  auto store = RunCommand(lab.In("b", {ColonyBinary(), "--log-level", "warn", "dht", "store",
+                                       "lab.wildcard", "reached across machines", "--initial-peers",
+                                       bootstrap, "--request-timeout", "30"}),
+                          120s);
+  ASSERT_EQ(store.code, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s)
+      << "a request waited for the dial to the address that leads nowhere to time out";
+  boot.reset();  // killed
+  b.reset();
+  auto get = RunCommand(lab.In("boot", {ColonyBinary(), "--log-level", "warn", "dht", "get",
+                                        "lab.wildcard", "--initial-peers", at_a}),
+                        60s);
+  std::string got;
+  for (const auto& l : get.lines) got += l;
+  EXPECT_EQ(get.code, 0) << got;
+  EXPECT_NE(got.find("reached across machines"), std::string::npos)
+      << "the store did not reach the node on another machine: " << got << "\n"
+      << test::ReadFile(ScratchPath("a.err"));
+}
+
 // Bytes sent plus received on `host`'s uplink so far.
 uint64_t UplinkBytes(const Lab& lab, const std::string& host) {
   uint64_t total = 0;

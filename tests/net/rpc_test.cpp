@@ -14,6 +14,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::AddressOf;
 using testing::RunFor;
+using testing::SilentListener;
 using testing::StartHost;
 
 TEST(Rpc, UnaryEcho) {
@@ -396,16 +397,6 @@ TEST(Rpc, LanesOpenSeparateConnections) {
   }
   EXPECT_EQ(client->connection_count(), 3u);
 }
-
-// A TCP listener that completes connections (the kernel does) but never says a word: a dial to
-// it waits for a handshake that never comes.
-struct SilentListener {
-  asio::io_context io;
-  asio::ip::tcp::acceptor acceptor{io, {asio::ip::make_address("127.0.0.1"), 0}};
-  Multiaddr Address(const PeerId& claimed) const {
-    return testing::LoopbackAddress(acceptor.local_endpoint().port(), claimed);
-  }
-};
 
 TEST(Rpc, ACallsTimeoutBoundsTheDialBeforeIt) {
   SilentListener silent;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
 #include <asio/use_future.hpp>
 #include <chrono>
 #include <cstdint>
@@ -36,6 +38,16 @@ inline Multiaddr AddressOf(const Host& h) { return h.ListenAddresses().at(0); }
 inline Multiaddr LoopbackAddress(uint16_t port, const PeerId& peer) {
   return Multiaddr::Parse("/ip4/127.0.0.1/tcp/" + std::to_string(port))->WithPeerId(peer);
 }
+
+// A TCP listener that completes connections (the kernel does) but never says a word: a dial to
+// it waits for a handshake that never comes.
+struct SilentListener {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor{io, {asio::ip::make_address("127.0.0.1"), 0}};
+  Multiaddr Address(const PeerId& claimed) const {
+    return LoopbackAddress(acceptor.local_endpoint().port(), claimed);
+  }
+};
 
 // Runs `aw` on the host's io_context and waits for it, failing the test (instead of hanging)
 // if it does not finish within `limit`.

@@ -1,5 +1,6 @@
 // Unit tests of net's small parts: the key the caps count a source address under, the byte budget,
-// the observed-address book, and the notifier that coroutines on one strand wait on.
+// the observed-address and peer-address books, and the notifier that coroutines on one strand wait
+// on.
 #include <gtest/gtest.h>
 
 #include <asio/co_spawn.hpp>
@@ -19,6 +20,7 @@
 #include "net/dial_targets.h"
 #include "net/notifier.h"
 #include "net/observed_addresses.h"
+#include "net/peer_address_book.h"
 #include "net/protobuf_logs.h"
 #include "net/protocol.pb.h"
 #include "net/source_address.h"
@@ -141,6 +143,48 @@ TEST(ObservedAddressBook, OnePeerRepeatingItselfDoesNotOutrankAgreement) {
   book.Add("/ip4/198.51.100.1/tcp/7000", KeyPair::Generate().peer_id());
   for (int i = 0; i < 50; ++i) book.Add("/ip4/10.9.9.9/tcp/1", liar);
   EXPECT_EQ(book.Ranked().at(0), "/ip4/198.51.100.1/tcp/7000");
+}
+
+Multiaddr Tcp(const std::string& ip, int port) {
+  return *Multiaddr::Parse("/ip4/" + ip + "/tcp/" + std::to_string(port));
+}
+
+TEST(PeerAddressBook, KeepsTheFirstAddressesOfThePeerNamedAsIt) {
+  PeerAddressBook book;
+  const PeerId peer = KeyPair::Generate().peer_id();
+  const PeerId other = KeyPair::Generate().peer_id();
+  std::vector<Multiaddr> addrs = {Tcp("10.0.0.1", 1), Tcp("10.0.0.1", 1).WithPeerId(peer),
+                                  Tcp("10.0.0.2", 1).WithPeerId(other)};
+  for (int i = 0; i < 20; ++i) addrs.push_back(Tcp("10.0.1." + std::to_string(i), 1));
+  book.Set(peer, addrs);
+  const auto held = book.Get(peer);
+  ASSERT_EQ(held.size(), PeerAddressBook::kMaxAddressesPerPeer);
+  // Duplicates once, another peer's address never; each names the peer.
+  EXPECT_EQ(held[0], Tcp("10.0.0.1", 1).WithPeerId(peer));
+  EXPECT_EQ(held[1], Tcp("10.0.1.0", 1).WithPeerId(peer));
+  for (const auto& a : held) EXPECT_EQ(a.peer_id(), peer);
+  // A later announcement replaces the earlier one; an empty one forgets the peer.
+  book.Set(peer, {Tcp("10.0.0.9", 2)});
+  EXPECT_EQ(book.Get(peer), std::vector<Multiaddr>{Tcp("10.0.0.9", 2).WithPeerId(peer)});
+  book.Set(peer, {});
+  EXPECT_TRUE(book.Get(peer).empty());
+  EXPECT_EQ(book.size(), 0u);
+}
+
+TEST(PeerAddressBook, HoldsAtMostItsPeersAndForgetsTheLongestSetFirst) {
+  PeerAddressBook book(3);
+  std::vector<PeerId> peers;
+  for (int i = 0; i < 5; ++i) {
+    peers.push_back(KeyPair::Generate().peer_id());
+    book.Set(peers.back(), {Tcp("10.0.0.1", 1 + i)});
+    if (i == 2) book.Set(peers[0], {Tcp("10.0.0.1", 100)});  // set again: now the newest
+  }
+  EXPECT_EQ(book.size(), 3u);
+  EXPECT_FALSE(book.Get(peers[0]).empty());
+  EXPECT_TRUE(book.Get(peers[1]).empty());
+  EXPECT_TRUE(book.Get(peers[2]).empty());
+  EXPECT_FALSE(book.Get(peers[3]).empty());
+  EXPECT_FALSE(book.Get(peers[4]).empty());
 }
 
 TEST(Notifier, TwoWaitersDoNotWakeEachOther) {
