@@ -59,12 +59,7 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::ConnectAny(
   }
   if (auto c = FindConnection(peer, lane)) co_return c;
   COLONY_CO_RETURN_IF_ERROR(DialPrecondition(lane));
-  std::vector<Multiaddr> named;
-  for (const Multiaddr& a : addrs) {
-    if (a.peer_id() && *a.peer_id() != peer) continue;
-    Multiaddr m = a.WithPeerId(peer);
-    if (std::find(named.begin(), named.end(), m) == named.end()) named.push_back(std::move(m));
-  }
+  std::vector<Multiaddr> named = AddressesOfPeer(peer, addrs);
   if (named.empty()) co_return Unavailable("peer " + peer.ToString() + " has no address to dial");
   auto fn = [this, peer, named = std::move(named), lane, wait_until] {
     return RaceDials(peer, named, lane, wait_until);

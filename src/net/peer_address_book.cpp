@@ -4,14 +4,20 @@
 
 namespace colony::net {
 
-void PeerAddressBook::Set(const PeerId& peer, const std::vector<Multiaddr>& addrs) {
-  std::vector<Multiaddr> kept;
+std::vector<Multiaddr> AddressesOfPeer(const PeerId& peer, const std::vector<Multiaddr>& addrs,
+                                       size_t max) {
+  std::vector<Multiaddr> out;
   for (const Multiaddr& a : addrs) {
-    if (kept.size() >= kMaxAddressesPerPeer) break;
+    if (out.size() >= max) break;
     if (a.peer_id() && *a.peer_id() != peer) continue;
     Multiaddr named = a.WithPeerId(peer);
-    if (std::find(kept.begin(), kept.end(), named) == kept.end()) kept.push_back(std::move(named));
+    if (std::find(out.begin(), out.end(), named) == out.end()) out.push_back(std::move(named));
   }
+  return out;
+}
+
+void PeerAddressBook::Set(const PeerId& peer, const std::vector<Multiaddr>& addrs) {
+  std::vector<Multiaddr> kept = AddressesOfPeer(peer, addrs, kMaxAddressesPerPeer);
   auto it = entries_.find(peer);
   if (it != entries_.end()) {
     order_.erase(it->second.order);

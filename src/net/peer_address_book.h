@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <list>
 #include <unordered_map>
 #include <vector>
@@ -17,6 +18,11 @@
 #include "core/multiaddr.h"
 
 namespace colony::net {
+
+// `addrs` as addresses of `peer`: those naming another peer left out, the others with
+// /p2p/<peer>, each once, in order, at most `max`.
+std::vector<Multiaddr> AddressesOfPeer(const PeerId& peer, const std::vector<Multiaddr>& addrs,
+                                       size_t max = SIZE_MAX);
 
 class PeerAddressBook {
  public:
