@@ -350,13 +350,15 @@ void DhtCore::OnSuccess(const Contact& contact, bool client_mode, bool firsthand
   stats_.contacts_refused_for_address = routing_.refused_for_address();
 }
 
-void DhtCore::OnFailure(const Contact& contact) {
+void DhtCore::OnFailure(const Contact& contact, const Status& why) {
   ++stats_.requests_failed;
   if (!contact.peer.valid()) return;
   // Counted against its routing table entry only when it failed at an address the table holds
-  // for it: addresses a referrer named say nothing about the contact itself.
+  // for it: addresses a referrer named say nothing about the contact itself. A busy peer is
+  // alive: under load (an attack on it, say) its callers would otherwise all drop it at once.
   if (const auto known = routing_.Find(contact.peer);
-      known && SharesAnAddress(known->addrs, contact.addrs)) {
+      why.code() != StatusCode::kResourceExhausted && known &&
+      SharesAnAddress(known->addrs, contact.addrs)) {
     routing_.Failed(contact.peer);
   }
   Backoff& b = backoff_[contact.peer];
@@ -557,7 +559,7 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     if (first_of_batch) {
       COLONY_LOG_DEBUG("DHT find to {} failed: {}", contact.peer.Short(),
                        reply.status().ToString());
-      OnFailure(contact);
+      OnFailure(contact, reply.status());
     }
     if (it != l.candidates.end()) {
       Lookup::Candidate& c = it->second;
@@ -920,7 +922,7 @@ void DhtCore::StoreKey(std::string key, std::vector<StoreItem> items,
                            r = ProtocolError("store reply has the wrong number of results");
                          }
                          if (!r.ok()) {
-                           if (me) me->OnFailure(contact);
+                           if (me) me->OnFailure(contact, r.status());
                            for (size_t i = 0; i < n; ++i) {
                              note(i, r.status().WithContext("replica " + contact.peer.Short()));
                            }

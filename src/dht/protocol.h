@@ -193,7 +193,9 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
   // otherwise another peer referred it, and its addresses never replace those already known
   // (a referrer could point a known contact at addresses where it cannot be reached).
   void OnSuccess(const Contact& contact, bool client_mode, bool firsthand = false);
-  void OnFailure(const Contact& contact);
+  // `why`: a busy peer (ResourceExhausted: its rate limits or reply bounds) is backed off like
+  // any other, but it answered, so it does not count towards dropping it from the table.
+  void OnFailure(const Contact& contact, const Status& why);
   struct LookupSpec {
     DhtId target;
     // Set: also look for this key's value, stopping at the first copy unless `freshness` is

@@ -50,6 +50,14 @@ std::vector<PeerId> BruteForceNearest(Simulation& sim, const DhtId& target) {
   return out;
 }
 
+// The first node other than `node` whose routing table lists it: looking up `node`'s own id, it
+// must ask `node`.
+size_t NodeListing(Simulation& sim, size_t node) {
+  size_t i = 0;
+  while (i == node || !sim.node(i).routing_table().Find(sim.node(node).peer_id())) ++i;
+  return i;
+}
+
 size_t CountHolders(Simulation& sim, const std::string& key) {
   size_t n = 0;
   for (size_t i = 0; i < sim.size(); ++i) {
@@ -358,12 +366,8 @@ TEST_F(SmallSwarm, FoundValuesAreCachedLocallyAndOnTheNearestNodeThatLackedThem)
 }
 
 TEST_F(SmallSwarm, UnresponsiveNodesAreBackedOffThenDropped) {
-  // A node that lists the victim looks up the victim's own id, so it must ask it.
   const size_t victim = 6;
-  size_t asker = 0;
-  while (asker == victim || !sim.node(asker).routing_table().Find(sim.node(victim).peer_id())) {
-    ++asker;
-  }
+  const size_t asker = NodeListing(sim, victim);
   const PeerId dead = sim.node(victim).peer_id();
   const DhtId target = sim.node(victim).id();
   sim.Kill(victim);
@@ -387,6 +391,40 @@ TEST_F(SmallSwarm, UnresponsiveNodesAreBackedOffThenDropped) {
   // A store still reaches exactly num_replicas live nodes.
   ASSERT_TRUE(sim.Store(asker, Item("after-death", "v", In(60))).ok());
   EXPECT_EQ(CountHolders(sim, "after-death"), 5u);
+}
+
+TEST_F(SmallSwarm, BusyNodesAreBackedOffButStayInTheRoutingTable) {
+  // The same lookups as above, at a node that answers "busy" (its rate limits, or replies it
+  // holds for an attacker) instead of not answering: it is alive, and its callers keep it.
+  const size_t busy = 6;
+  const size_t asker = NodeListing(sim, busy);
+  const PeerId peer = sim.node(busy).peer_id();
+  const DhtId target = sim.node(busy).id();
+  bool overloaded = true;
+  sim.ScriptFinds(busy, [&](const PeerId& from, const FindRequest& request) {
+    if (overloaded) return Result<FindResponse>(ResourceExhausted("busy, try again later"));
+    return sim.node(busy).HandleFind(from, request);
+  });
+  DhtCore& n = sim.node(asker);
+  auto lookup = [&] {
+    std::optional<Result<std::vector<Contact>>> r;
+    n.FindNodes(target, [&](auto x) { r = std::move(x); });
+    ASSERT_TRUE(sim.RunUntil([&] { return r.has_value(); }));
+  };
+  uint64_t failed = n.stats().requests_failed;
+  for (int i = 0; i < 4; ++i) {
+    lookup();
+    EXPECT_GT(n.stats().requests_failed, failed) << "lookup " << i << " did not ask it";
+    failed = n.stats().requests_failed;
+    lookup();
+    EXPECT_EQ(n.stats().requests_failed, failed) << "lookup " << i << ": not backed off";
+    sim.RunFor(std::chrono::seconds(1 << (i + 1)));  // the backoff doubles, and passes
+  }
+  EXPECT_TRUE(n.routing_table().Find(peer).has_value()) << "four busy answers dropped it";
+  overloaded = false;
+  lookup();
+  EXPECT_EQ(n.stats().requests_failed, failed);  // asked again, and it answered
+  EXPECT_TRUE(n.routing_table().Find(peer).has_value());
 }
 
 TEST_F(SmallSwarm, OperationsEndByTheLookupDeadlineWhenNodesStopAnswering) {
