@@ -49,6 +49,9 @@ struct Join {
   }
 };
 
+// A peer that answered "busy" (its rate limits, or the replies it holds in transit) is alive, and
+// is who its referrers said it is.
+bool Busy(const Status& s) { return s.code() == StatusCode::kResourceExhausted; }
 }  // namespace
 
 struct DhtCore::Lookup {
@@ -357,8 +360,7 @@ void DhtCore::OnFailure(const Contact& contact, const Status& why) {
   // for it: addresses a referrer named say nothing about the contact itself. A busy peer is
   // alive: under load (an attack on it, say) its callers would otherwise all drop it at once.
   if (const auto known = routing_.Find(contact.peer);
-      why.code() != StatusCode::kResourceExhausted && known &&
-      SharesAnAddress(known->addrs, contact.addrs)) {
+      !Busy(why) && known && SharesAnAddress(known->addrs, contact.addrs)) {
     routing_.Failed(contact.peer);
   }
   Backoff& b = backoff_[contact.peer];
@@ -564,8 +566,7 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     if (it != l.candidates.end()) {
       Lookup::Candidate& c = it->second;
       c.state = Lookup::State::kFailed;
-      // A busy peer (rate limits) is alive and is who its referrers said.
-      if (reply.status().code() != StatusCode::kResourceExhausted) {
+      if (!Busy(reply.status())) {
         Lookup::MarkUnreachable(c);
         CountReferral(l, c.referrers, false);
         l.TakeNextOffer(c);  // at addresses another referrer named
