@@ -341,9 +341,15 @@ bool IsLoopback(const Multiaddr& a) {
   return a.host() == "::1" || a.host().rfind("127.", 0) == 0 || a.host() == "localhost";
 }
 
-// Asks the initial peers to dial us back; false only when one answered that it could not (an
-// unanswered question leaves the node public).
-bool DialBackSaysPublic(net::Host& host, const std::vector<std::string>& initial_peers) {
+// What the initial peers' dial-back found: whether others can dial us (false only when one
+// answered that it could not: an unanswered question leaves the node public), and where the
+// first that got through reached us.
+struct DialBackAnswer {
+  bool is_public = true;
+  std::optional<Multiaddr> reached;
+};
+
+DialBackAnswer AskForDialBack(net::Host& host, const std::vector<std::string>& initial_peers) {
   size_t asked = 0;
   for (const auto& text : initial_peers) {
     auto addr = Multiaddr::Parse(text);
@@ -353,10 +359,45 @@ bool DialBackSaysPublic(net::Host& host, const std::vector<std::string>& initial
       COLONY_LOG_DEBUG("dial-back through {} failed: {}", text, r.status().ToString());
       continue;
     }
-    if (*r) return true;
+    if (r->has_value()) return {.is_public = true, .reached = std::move(*r)};
     if (++asked >= 2) break;  // two peers that could not reach us are enough
   }
-  return asked == 0;
+  return {.is_public = asked == 0, .reached = std::nullopt};
+}
+
+// NodeOptions::announce, checked, each with our id.
+Result<std::vector<Multiaddr>> CheckAnnounced(const std::vector<Multiaddr>& announce,
+                                              const PeerId& me) {
+  std::vector<Multiaddr> out;
+  for (const Multiaddr& a : announce) {
+    const char* wrong = a.is_relayed()  ? "is relayed (announce direct addresses; "
+                                          "relays are named with --relay)"
+                        : a.port() == 0 ? "has no port"
+                        : a.peer_id() && *a.peer_id() != me ? "names another peer's id"
+                                                            : nullptr;
+    if (wrong != nullptr) {
+      return InvalidArgument(fmt::format("announce address {} {}", a.ToString(), wrong));
+    }
+    out.push_back(a.WithPeerId(me));
+  }
+  return out;
+}
+
+// `reached` (where a dial-back got through) added to `listen` when none of them is that one:
+// after the loopback addresses, which stay first for peers on the same machine.
+std::vector<Multiaddr> WithReachedAddress(std::vector<Multiaddr> listen, const Multiaddr& reached) {
+  const std::string text = reached.ToString();
+  if (std::any_of(listen.begin(), listen.end(),
+                  [&](const Multiaddr& a) { return a.ToString() == text; })) {
+    return listen;
+  }
+  COLONY_LOG_INFO(
+      "the initial peers reached this node at {}, which none of its interfaces has (a router "
+      "forwarding the port): giving others that address too",
+      text);
+  auto at = std::find_if_not(listen.begin(), listen.end(), IsLoopback);
+  listen.insert(at, reached);
+  return listen;
 }
 
 }  // namespace
@@ -367,18 +408,31 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     return InvalidArgument(
         fmt::format("dht.storage.dictionary_share_per_source {} outside (0, 1]", share));
   }
-  bool publicly_reachable = !options.dht.client_mode && !host->ListenAddresses().empty();
+  std::vector<Multiaddr> direct = host->ListenAddresses();
+  if (!options.announce.empty()) {
+    if (options.dht.client_mode || direct.empty()) {
+      return InvalidArgument(
+          "announce addresses need a node that listens and is not a client (with a relay or "
+          "in client mode nobody dials it directly)");
+    }
+    auto announced = CheckAnnounced(options.announce, host->peer_id());
+    if (!announced.ok()) return announced.status();
+    direct = std::move(*announced);
+  }
+  bool publicly_reachable = !options.dht.client_mode && !direct.empty();
   if (publicly_reachable && options.reachability == NodeOptions::Reachability::kPrivate) {
     publicly_reachable = false;
   } else if (publicly_reachable && options.reachability == NodeOptions::Reachability::kAuto &&
-             !options.initial_peers.empty()) {
-    const auto listen = host->ListenAddresses();
-    const bool loopback_only = std::all_of(listen.begin(), listen.end(), IsLoopback);
-    if (!loopback_only && !DialBackSaysPublic(*host, options.initial_peers)) {
+             options.announce.empty() && !options.initial_peers.empty() &&
+             !std::all_of(direct.begin(), direct.end(), IsLoopback)) {
+    const DialBackAnswer answer = AskForDialBack(*host, options.initial_peers);
+    if (!answer.is_public) {
       COLONY_LOG_INFO(
           "peers cannot dial this node back (behind NAT or a firewall): running as a DHT client "
           "reachable through a relay");
       publicly_reachable = false;
+    } else if (answer.reached) {
+      direct = WithReachedAddress(std::move(direct), *answer.reached);
     }
   }
   if (!publicly_reachable) options.dht.client_mode = true;
@@ -386,8 +440,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
   if (!options.dht.client_mode) {
     // Without /p2p/: the peer id travels beside the addresses, and base58-decoding it again for
     // every address of every contact in every reply was the largest cost of a lookup.
-    for (const Multiaddr& a : host->ListenAddresses())
-      addrs.push_back(a.WithoutPeerId().ToString());
+    for (const Multiaddr& a : direct) addrs.push_back(a.WithoutPeerId().ToString());
     if (addrs.empty()) options.dht.client_mode = true;
   }
   auto impl = std::make_shared<Impl>(host.get(), options.dht.client_mode);
@@ -397,6 +450,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
   for (auto& v : options.validators) impl->core_->AddValidator(v);
   if (!options.dht.client_mode) impl->RegisterHandlers();
   std::unique_ptr<Node> node(new Node(impl, host));
+  node->direct_addresses_ = std::move(direct);
   auto booted = impl->Block<Result<size_t>>(
       [impl, peers = options.initial_peers](std::function<void(Result<size_t>)> cb) {
         impl->core_->Bootstrap(peers, std::move(cb));
@@ -538,7 +592,7 @@ void Node::AnnounceRelay() {
   std::weak_ptr<Impl> weak = impl_;
   // The first address others can use: not loopback (a wildcard bind lists loopback first).
   std::optional<Multiaddr> chosen;
-  for (const Multiaddr& a : host_->ListenAddresses()) {
+  for (const Multiaddr& a : direct_addresses_) {
     if (!chosen || (IsLoopback(*chosen) && !IsLoopback(a))) chosen = a;
   }
   const std::string value = chosen ? chosen->ToString() : std::string();
@@ -595,7 +649,7 @@ const PeerId& Node::peer_id() const { return host_->peer_id(); }
 bool Node::client_mode() const { return impl_->client_mode_; }
 
 std::vector<Multiaddr> Node::VisibleAddresses() const {
-  if (!impl_->client_mode_) return host_->ListenAddresses();
+  if (!impl_->client_mode_) return direct_addresses_;
   std::vector<Multiaddr> out;
   std::lock_guard lock(reservations_mu_);
   for (const auto& r : reservations_) {

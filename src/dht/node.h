@@ -35,6 +35,14 @@ namespace colony::dht {
 struct NodeOptions {
   // Where to listen when the node makes its own host (empty: client mode is implied).
   std::vector<Multiaddr> listen;
+  // Where others should dial this node, given instead of its listen addresses (hivemind's
+  // announce_maddrs): behind a router that forwards a port, or on a cloud machine whose public
+  // address none of its interfaces has. Direct TCP addresses, each with this node's /p2p/ id or
+  // none. The operator vouches for them: the dial-back check is skipped (the node is a DHT
+  // server unless `reachability` is kPrivate). Without them, a node whose initial peers dial it
+  // back at an address it does not listen on (a port-forwarding router's) adds that address
+  // to the ones it gives others, after its loopback addresses.
+  std::vector<Multiaddr> announce;
   // Peers to bootstrap from (multiaddrs; /p2p/<id> is checked when present).
   std::vector<std::string> initial_peers;
   DhtOptions dht;
@@ -88,8 +96,10 @@ class Node {
   void Shutdown();
 
   const PeerId& peer_id() const;
-  // Addresses others can use to reach this node: its listen addresses, or in client mode the
-  // relayed addresses of its active relay reservations (empty without any).
+  // Addresses others can use to reach this node: NodeOptions::announce when given, else its
+  // listen addresses (with the address its initial peers dialed it back at, when none of them
+  // is that one); in client mode the relayed addresses of its active relay reservations (empty
+  // without any).
   std::vector<Multiaddr> VisibleAddresses() const;
   // The relay this node runs (null without NodeOptions::relay_service).
   const net::Relay* relay() const { return relay_.get(); }
@@ -145,6 +155,7 @@ class Node {
   std::shared_ptr<Impl> impl_;
   bool owns_host_ = false;
   bool publicly_reachable_ = true;
+  std::vector<Multiaddr> direct_addresses_;  // what VisibleAddresses() gives when not a client
   std::vector<std::string> initial_peers_;
   std::unique_ptr<net::Relay> relay_;
   mutable std::mutex reservations_mu_;

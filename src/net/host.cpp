@@ -937,12 +937,12 @@ asio::awaitable<Result<Message>> Host::ServeDialback(CallContext& ctx, Message r
   co_return Message("unreachable " + std::string(StatusCodeName(last.code())));
 }
 
-asio::awaitable<Result<bool>> Host::CheckReachability(Multiaddr helper) {
+asio::awaitable<Result<std::optional<Multiaddr>>> Host::CheckReachability(Multiaddr helper) {
   std::vector<uint16_t> ports;
   for (const Multiaddr& a : ListenAddresses()) {
     if (std::find(ports.begin(), ports.end(), a.port()) == ports.end()) ports.push_back(a.port());
   }
-  if (ports.empty()) co_return false;  // not listening: nobody can dial in
+  if (ports.empty()) co_return std::nullopt;  // not listening: nobody can dial in
   if (ports.size() > kMaxDialbackPorts) ports.resize(kMaxDialbackPorts);
   // Dialing back takes the helper up to its dial timeout per port.
   CallOptions options{.timeout = options_.dial_timeout * static_cast<int64_t>(ports.size() + 1)};
@@ -950,15 +950,25 @@ asio::awaitable<Result<bool>> Host::CheckReachability(Multiaddr helper) {
   Message request(FormatDialbackPorts(ports));
   auto reply = co_await Call(std::move(helper), std::move(method), std::move(request), options);
   if (!reply.ok()) co_return reply.status();
-  if (reply->meta.rfind("reachable ", 0) == 0) co_return true;
+  if (reply->meta.rfind("reachable ", 0) == 0) {
+    // The helper dialed the IP it saw and one of our ports, and found us there.
+    auto reached = Multiaddr::Parse(reply->meta.substr(10));
+    if (!reached.ok() || !reached->is_ip() || reached->is_relayed() ||
+        reached->peer_id() != peer_id() ||
+        std::find(ports.begin(), ports.end(), reached->port()) == ports.end()) {
+      co_return ProtocolError("the dial-back reply names an address we did not ask about: " +
+                              reply->meta.substr(10, 120));
+    }
+    co_return std::optional<Multiaddr>(std::move(*reached));
+  }
   if (reply->meta.rfind("unreachable", 0) == 0) {
     COLONY_LOG_DEBUG("dial-back failed: {}", reply->meta);
-    co_return false;
+    co_return std::nullopt;
   }
   co_return ProtocolError("malformed dial-back reply");
 }
 
-Result<bool> Host::CheckReachabilitySync(const Multiaddr& helper) {
+Result<std::optional<Multiaddr>> Host::CheckReachabilitySync(const Multiaddr& helper) {
   auto fut = asio::co_spawn(io_, CheckReachability(helper), asio::use_future);
   return fut.get();
 }

@@ -211,11 +211,13 @@ class Host {
   // handshake (so the peer there is the one named) and hangs up: OK when it got through.
   asio::awaitable<Status> Probe(Multiaddr address);
   // Asks the peer at `helper` to dial this host back (the "net.dialback" RPC every host serves):
-  // it dials the IP it sees our connection come from, at each of our listen ports. True when it
-  // got through (we accept connections from the Internet), false when it did not (we are behind
-  // NAT or a firewall), an error when the question could not be asked.
-  asio::awaitable<Result<bool>> CheckReachability(Multiaddr helper);
-  Result<bool> CheckReachabilitySync(const Multiaddr& helper);
+  // it dials the IP it sees our connection come from, at each of our listen ports. The address
+  // it got through at (we accept connections from the Internet there: behind a router that
+  // forwards the port, the router's public address, which none of our interfaces has), nullopt
+  // when it got through nowhere (we are behind NAT or a firewall), an error when the question
+  // could not be asked or the answer names an address we did not ask about.
+  asio::awaitable<Result<std::optional<Multiaddr>>> CheckReachability(Multiaddr helper);
+  Result<std::optional<Multiaddr>> CheckReachabilitySync(const Multiaddr& helper);
 
   // Coroutine parameters are taken by value so that a call may outlive its arguments.
   // Blocking conveniences. Never call them from the host's own threads.

@@ -13,6 +13,24 @@ CLI::Validator MultiaddrCheck() {
       "MULTIADDR", "multiaddr");
 }
 
+void AddAnnounceOption(CLI::App* cmd, std::vector<std::string>& announce) {
+  cmd->add_option("--announce", announce,
+                  "where others should dial this peer, instead of its listen addresses "
+                  "(repeatable): behind a router that forwards a port to it, or a cloud machine "
+                  "whose public address none of its interfaces has; skips the dial-back check")
+      ->check(MultiaddrCheck());
+}
+
+Result<std::vector<Multiaddr>> ParseAnnounce(const std::vector<std::string>& announce) {
+  std::vector<Multiaddr> out;
+  for (const std::string& text : announce) {
+    auto address = Multiaddr::Parse(text);
+    if (!address.ok()) return address.status().WithContext("--announce");
+    out.push_back(std::move(*address));
+  }
+  return out;
+}
+
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text) {
   const auto colon = text.rfind(':');
   if (colon == std::string::npos || colon + 1 == text.size()) {

@@ -62,6 +62,7 @@ struct AverageArgs {
   double share_state = -1;
   bool load_state = false;
   double linger = 0;
+  std::vector<std::string> announce;
   std::vector<std::string> relays;
   std::string relay_listen;
   bool no_hole_punching = false;
@@ -129,6 +130,9 @@ int Run(const AverageArgs& a) {
     if (!listen.ok()) return Fail(listen.status());
     node_options.listen = {*listen};
   }
+  auto announce = ParseAnnounce(a.announce);
+  if (!announce.ok()) return Fail(announce.status());
+  node_options.announce = std::move(*announce);
   auto node = dht::Node::Start(std::move(*identity), std::move(node_options));
   if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
   SwarmAccess swarm_access = std::move(*access);  // stops before the node goes
@@ -294,6 +298,7 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
   cmd->add_option("--listen", a->listen, "address to listen on")
       ->check(MultiaddrCheck())
       ->capture_default_str();
+  AddAnnounceOption(cmd, a->announce);
   cmd->add_option("--prefix", a->prefix, "key prefix shared by the peers that average together")
       ->capture_default_str();
   cmd->add_option("--values", a->values, "float32 values to average")

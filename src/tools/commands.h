@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/multiaddr.h"
 #include "core/status.h"
 
 namespace colony::cli {
@@ -39,6 +40,12 @@ inline std::string Dump(const nlohmann::json& j) {
 // is parsed: a value that is not a multiaddr (core/multiaddr.h) is an error that names the option.
 // Peers to join through are always --initial-peers.
 CLI::Validator MultiaddrCheck();
+
+// The --announce option of every command that listens: where others should dial this peer,
+// given instead of its listen addresses (repeatable; dht::NodeOptions::announce).
+void AddAnnounceOption(CLI::App* cmd, std::vector<std::string>& announce);
+// Those addresses as multiaddrs; an error names the option and the address.
+Result<std::vector<Multiaddr>> ParseAnnounce(const std::vector<std::string>& announce);
 
 // The --http option of colony api and monitor: "host:port" (an IPv6 host in brackets; port 0:
 // any free port). Errors name the option.

@@ -135,6 +135,7 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
   struct ServeArgs {
     CommonArgs common;
     std::vector<std::string> listen{"/ip4/0.0.0.0/tcp/0"};
+    std::vector<std::string> announce;
     bool client_mode = false;
     std::vector<std::string> relays;
     std::string relay_listen;
@@ -144,6 +145,7 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
   dht->add_option("--listen", va->listen, "address to listen on (repeatable; port 0 = any)")
       ->check(MultiaddrCheck())
       ->capture_default_str();
+  AddAnnounceOption(dht, va->announce);
   dht->add_flag("--client-mode", va->client_mode,
                 "do not accept connections: store and get only (behind NAT)");
   dht->add_option("--relay", va->relays,
@@ -183,6 +185,9 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
       }
     }
     options.dht.client_mode = va->client_mode;
+    auto announce = ParseAnnounce(va->announce);
+    if (!announce.ok()) return Fail(announce.status());
+    options.announce = std::move(*announce);
     options.initial_peers = va->common.initial_peers;
     options.dht.request_timeout =
         std::chrono::duration_cast<Duration>(std::chrono::duration<double>(va->common.timeout));

@@ -27,6 +27,7 @@ namespace {
 struct ExpertsServeArgs {
   std::vector<std::string> initial_peers;
   std::string listen = "/ip4/0.0.0.0/tcp/0";
+  std::vector<std::string> announce;
   AccessArgs access;
   std::string pattern;
   std::vector<std::string> expert_ids;
@@ -105,6 +106,9 @@ int RunExpertsServe(const ExpertsServeArgs& a) {
   auto listen = Multiaddr::Parse(a.listen);
   if (!listen.ok()) return Fail(listen.status());
   node_options.listen = {*listen};
+  auto announce = ParseAnnounce(a.announce);
+  if (!announce.ok()) return Fail(announce.status());
+  node_options.announce = std::move(*announce);
   auto started = StartSwarmNode(a.access, std::move(node_options));
   if (!started.ok()) return Fail(started.status());
   std::unique_ptr<dht::Node>& node = started->node;
@@ -245,6 +249,7 @@ void AddExpertsCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>
   serve->add_option("--listen", a->listen, "address to listen on")
       ->check(MultiaddrCheck())
       ->capture_default_str();
+  AddAnnounceOption(serve, a->announce);
   AddAccessOptions(serve, a->access);
   serve->add_option("--pattern", a->pattern,
                     "the grid to take free expert ids from, e.g. 'ffn.[0:16].[0:16]'");

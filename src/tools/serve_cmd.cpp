@@ -38,6 +38,7 @@ struct ServeArgs {
   std::string blocks;
   int64_t num_blocks = 0;
   std::string listen = "/ip4/0.0.0.0/tcp/0";
+  std::vector<std::string> announce;
   std::vector<std::string> relays;
   std::string dtype = "float32";
   std::string quantize = "none";
@@ -93,6 +94,9 @@ int RunServe(const ServeArgs& a) {
     if (!listen.ok()) return Fail(listen.status());
     node_options.listen = {*listen};
   }
+  auto announce = ParseAnnounce(a.announce);
+  if (!announce.ok()) return Fail(announce.status());
+  node_options.announce = std::move(*announce);
   auto started = StartSwarmNode(a.swarm.access, std::move(node_options));
   if (!started.ok()) return Fail(started.status());
   std::unique_ptr<dht::Node>& node = started->node;
@@ -312,6 +316,7 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
     cmd->add_option("--listen", a->listen, "address to listen on")
         ->check(MultiaddrCheck())
         ->capture_default_str();
+    AddAnnounceOption(cmd, a->announce);
     cmd->add_option("--relay", a->relays,
                     "behind NAT: serve through this relay peer (repeatable); without it a server "
                     "that others cannot dial back picks a relay by itself")

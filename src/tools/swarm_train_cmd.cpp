@@ -52,6 +52,7 @@ int RunInit(const InitArgs& a) {
 struct StageArgs {
   std::vector<std::string> initial_peers;
   std::string listen = "/ip4/0.0.0.0/tcp/0";
+  std::vector<std::string> announce;
   AccessArgs access;
   std::string model;
   std::string run = "colony.swarm";
@@ -125,6 +126,9 @@ int RunStage(const StageArgs& a) {
   auto listen = Multiaddr::Parse(a.listen);
   if (!listen.ok()) return Fail(listen.status());
   node_options.listen = {*listen};
+  auto announce = ParseAnnounce(a.announce);
+  if (!announce.ok()) return Fail(announce.status());
+  node_options.announce = std::move(*announce);
   auto started = StartSwarmNode(a.access, std::move(node_options));
   if (!started.ok()) return Fail(started.status());
   std::unique_ptr<dht::Node>& node = started->node;
@@ -229,6 +233,7 @@ void AddSwarmTrainCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comma
   stage->add_option("--listen", a->listen, "address to listen on")
       ->check(MultiaddrCheck())
       ->capture_default_str();
+  AddAnnounceOption(stage, a->announce);
   AddAccessOptions(stage, a->access);
   stage->add_option("--optimizer", a->optimizer, "sgd, adam, adamw, lamb, adam8bit or adamw8bit")
       ->capture_default_str();

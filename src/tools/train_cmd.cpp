@@ -316,6 +316,7 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
   cmd->add_option("--listen", o.listen, "address to listen on")
       ->check(MultiaddrCheck())
       ->capture_default_str();
+  AddAnnounceOption(cmd, o.announce);
   cmd->add_flag("--client-mode", f->client_mode,
                 "accept no connections (behind NAT): average as a client peer");
   cmd->add_option("--identity", f->identity, "identity file (default: a new random identity)");

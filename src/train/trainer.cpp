@@ -66,6 +66,10 @@ class Trainer::Impl {
     dht::NodeOptions node_options;
     node_options.initial_peers = o_.initial_peers;
     node_options.relays = o_.relays;
+    for (const std::string& text : o_.announce) {
+      COLONY_ASSIGN_OR_RETURN(auto announced, Multiaddr::Parse(text));
+      node_options.announce.push_back(std::move(announced));
+    }
     node_options.validators = o_.dht_validators;
     if (node_options.validators.empty()) {
       std::vector<dht::KeyFamily> families = averaging::AveragingKeyFamilies();

@@ -50,7 +50,8 @@ struct TrainerOptions {
   // The swarm. Client and auxiliary peers (collaborative.mode) join an existing swarm.
   std::vector<std::string> initial_peers = {};  // multiaddrs; none: start a new swarm
   std::string listen = "/ip4/127.0.0.1/tcp/0";
-  std::vector<std::string> relays = {};  // behind NAT: accept connections through these
+  std::vector<std::string> announce = {};  // multiaddrs where others should dial it instead
+  std::vector<std::string> relays = {};    // behind NAT: accept connections through these
   // The peer's identity (null: a new random one; taken, moved from, when the trainer joins the
   // swarm) and, in a private swarm, the access policy its host checks every connection against
   // (net/access_control.h; the command builds both from its flags, and keeps the token fresh on

@@ -2,6 +2,7 @@
 // real `colony dht` processes driven through the CLI.
 #include "dht/node.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -206,6 +207,76 @@ TEST(DhtNode, ClientModeNodeWorksWithoutListening) {
   ASSERT_TRUE((*client)->StoreSync("c", "1", Now() + 30).ok());
   EXPECT_EQ((*server)->GetSync("c")->value.value, "1");
   EXPECT_EQ((*server)->RoutingTableSize(), 0u);  // the client is in nobody's table
+}
+
+// NodeOptions::announce replaces the listen addresses in what others learn (the DHT's contacts,
+// VisibleAddresses), and others reach the node through it.
+TEST(DhtNode, AnnouncedAddressesReplaceTheListenAddressesEverywhere) {
+  net::HostOptions host_options;
+  host_options.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  auto host = std::make_shared<net::Host>(KeyPair::Generate(), host_options);
+  ASSERT_TRUE(host->Start().ok());
+  const uint16_t port = host->ListenAddresses().at(0).port();
+  // Nothing listens on 127.0.0.9: a dialer must move on to the second address.
+  const std::vector<std::string> announced = {fmt::format("/ip4/127.0.0.9/tcp/{}", port),
+                                              fmt::format("/ip4/127.0.0.1/tcp/{}", port)};
+  NodeOptions o = Opts();
+  for (const auto& a : announced) o.announce.push_back(*Multiaddr::Parse(a));
+  auto a = Node::Attach(host, o);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_EQ((*a)->VisibleAddresses().size(), 2u);
+  EXPECT_EQ((*a)->VisibleAddresses()[0].ToString(),
+            announced[0] + "/p2p/" + host->peer_id().ToString());
+  EXPECT_FALSE((*a)->client_mode());
+  // b joins through a's real address, c through b. A bootstrap contact is known at the address
+  // it was dialed at; a node's own requests then tell the others where it says it is.
+  auto b = Node::Start(KeyPair::Generate(), Opts({host->ListenAddresses().at(0).ToString()}));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  auto c = Node::Start(KeyPair::Generate(), Opts({AddrOf(**b)}));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE((*a)->StoreSync("announced", "1", Now() + 30).ok());  // a's stores reach b and c
+  for (const auto& node : {b->get(), c->get()}) {
+    const auto known = node->KnownPeers();
+    auto it = std::find_if(known.begin(), known.end(),
+                           [&](const Contact& k) { return k.peer == host->peer_id(); });
+    ASSERT_NE(it, known.end());
+    EXPECT_EQ(it->addrs, announced);
+  }
+  // d, joining through c, learns a from c and dials it there (its join looks itself up among
+  // all four): past the address that leads nowhere, at the second one.
+  auto d = Node::Start(KeyPair::Generate(), Opts({AddrOf(**c)}));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE((*d)->StoreSync("from d", "2", Now() + 30).ok());  // a is one of the 4 nearest
+  EXPECT_NE((*d)->host().FindConnection(host->peer_id()), nullptr);
+  auto r = (*a)->GetSync("from d");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->value.value, "2");
+}
+
+TEST(DhtNode, AnnounceAddressesThatCannotBeRightAreRefusedByName) {
+  const std::string other = KeyPair::Generate().peer_id().ToString();
+  const PeerId relay = KeyPair::Generate().peer_id();
+  for (const auto& [text, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"/ip4/198.51.100.7/tcp/4000/p2p/" + other, "names another peer's id"},
+           {"/ip4/198.51.100.7/tcp/0", "has no port"},
+           {"/ip4/198.51.100.7/tcp/4000/p2p/" + relay.ToString() + "/p2p-circuit/p2p/" + other,
+            "is relayed"}}) {
+    NodeOptions o = Opts();
+    o.announce = {*Multiaddr::Parse(text)};
+    auto n = Node::Start(KeyPair::Generate(), o);
+    ASSERT_FALSE(n.ok()) << text;
+    EXPECT_NE(n.status().message().find(expected), std::string::npos) << n.status().ToString();
+    EXPECT_NE(n.status().message().find("announce address"), std::string::npos);
+  }
+  NodeOptions client;
+  client.dht.client_mode = true;
+  client.listen = Opts().listen;
+  client.announce = {*Multiaddr::Parse("/ip4/198.51.100.7/tcp/4000")};
+  auto n = Node::Start(KeyPair::Generate(), client);
+  ASSERT_FALSE(n.ok());
+  EXPECT_NE(n.status().message().find("announce addresses need a node that listens"),
+            std::string::npos)
+      << n.status().ToString();
 }
 
 // A node behind NAT (here: told it is private) that picked a relay announced in the DHT moves to

@@ -356,6 +356,62 @@ TEST(LabWan, PeersListeningOnEveryInterfaceAreReachedFromOtherMachines) {
       << test::ReadFile(ScratchPath("a.err"));
 }
 
+// The first address `process` prints that starts with `prefix` (among its first few lines).
+std::string ReadAddress(Subprocess& process, const std::string& prefix) {
+  for (int i = 0; i < 5; ++i) {
+    auto line = process.ReadLine(20s);
+    if (!line.ok()) break;
+    if (line->rfind(prefix, 0) == 0) return *line;
+  }
+  return {};
+}
+
+// Peers behind home routers that forward a port to them. `a`'s router forwards the port it
+// listens on: the bootstrap peer's dial-back reaches it at the router's address, which none of
+// its interfaces has, so it gives others that address and serves the DHT. `b`'s router forwards
+// another port (5000 to its 4001), where no dial-back looks: it says so with --announce. A public
+// peer then reaches both directly at those addresses, with the bootstrap peer gone.
+TEST(LabWan, PeersBehindForwardedPortsGiveOthersTheirRoutersAddresses) {
+  SKIP_WITHOUT_LAB();
+  Lab lab(
+      "host boot\nnat homea\nnat homeb\nhost a behind homea forward 4001\n"
+      "host b behind homeb forward 5000:4001\nhost c\n");
+  ASSERT_TRUE(lab.error().empty()) << lab.error();
+  std::optional<Subprocess> boot, a, b;
+  const std::string bootstrap = StartWildcardNode(lab, "boot", "", boot);
+  ASSERT_FALSE(bootstrap.empty());
+  a.emplace(StartColony(lab, "a",
+                        {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001", "--initial-peers", bootstrap},
+                        ScratchPath("a.err")));
+  const std::string at_a = ReadAddress(*a, "/ip4/" + lab.addr("homea") + "/tcp/4001/p2p/");
+  ASSERT_FALSE(at_a.empty()) << "a did not give the address its router forwards\n"
+                             << test::ReadFile(ScratchPath("a.err"));
+  b.emplace(StartColony(lab, "b",
+                        {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001", "--announce",
+                         "/ip4/" + lab.addr("homeb") + "/tcp/5000", "--initial-peers", bootstrap},
+                        ScratchPath("b.err")));
+  auto at_b = b->ReadLine(20s);
+  ASSERT_TRUE(at_b.ok()) << test::ReadFile(ScratchPath("b.err"));
+  // The announced address only: none of b's own.
+  ASSERT_EQ(at_b->rfind("/ip4/" + lab.addr("homeb") + "/tcp/5000/p2p/", 0), 0u) << *at_b;
+  auto store = RunCommand(
+      lab.In("c", {ColonyBinary(), "--log-level", "warn", "dht", "store", "lab.forwarded",
+                   "behind a router", "--initial-peers", bootstrap, "--request-timeout", "30"}),
+      120s);
+  ASSERT_EQ(store.code, 0);
+  boot.reset();  // killed
+  for (const std::string& through : {at_a, *at_b}) {
+    // Joining through the address alone: a dial there must reach a DHT server with that id.
+    auto get = RunCommand(lab.In("c", {ColonyBinary(), "--log-level", "warn", "dht", "get",
+                                       "lab.forwarded", "--initial-peers", through}),
+                          60s);
+    std::string got;
+    for (const auto& l : get.lines) got += l;
+    EXPECT_EQ(get.code, 0) << through << ": " << got;
+    EXPECT_NE(got.find("behind a router"), std::string::npos) << through << ": " << got;
+  }
+}
+
 // Bytes sent plus received on `host`'s uplink so far.
 uint64_t UplinkBytes(const Lab& lab, const std::string& host) {
   uint64_t total = 0;

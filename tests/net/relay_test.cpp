@@ -4,6 +4,7 @@
 // rate; garbage on the circuit port. Reachability checks by dial-back.
 #include "net/relay.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <asio/connect.hpp>
@@ -335,12 +336,14 @@ TEST(Reachability, DialBackTellsPublicFromUnreachable) {
   auto open = StartHost();
   auto r = open->CheckReachabilitySync(AddressOf(*helper));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_TRUE(*r);
+  ASSERT_TRUE(r->has_value());
+  // Where it got through: the IP it saw, at our listen port, with our id.
+  EXPECT_EQ((*r)->ToString(), AddressOf(*open).ToString());
   // Not listening at all: nobody can dial in (no question asked).
   auto client = StartClientHost();
   r = client->CheckReachabilitySync(AddressOf(*helper));
   ASSERT_TRUE(r.ok());
-  EXPECT_FALSE(*r);
+  EXPECT_FALSE(r->has_value());
   // Listening on 127.0.0.2 while our connections come from 127.0.0.1: the helper dials the
   // address it sees (never one we claim), finds nothing there, and says so.
   HostOptions elsewhere;
@@ -348,7 +351,42 @@ TEST(Reachability, DialBackTellsPublicFromUnreachable) {
   auto hidden = StartHost(elsewhere);
   r = hidden->CheckReachabilitySync(AddressOf(*helper));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_FALSE(*r);
+  EXPECT_FALSE(r->has_value());
+}
+
+TEST(Reachability, AHelperThatNamesAnAddressWeDidNotAskAboutIsNotBelieved) {
+  // A lying helper could make us announce someone else's address (or another port of ours).
+  auto liar = StartHost();
+  auto open = StartHost();
+  const Multiaddr mine = AddressOf(*open);
+  std::string answer;
+  liar->RegisterUnary("net.dialback",
+                      [&answer](CallContext&, Message) -> asio::awaitable<Result<Message>> {
+                        co_return Message(answer);
+                      });
+  const std::string other_peer = AddressOf(*liar).peer_id()->ToString();
+  for (const std::string& claim :
+       {fmt::format("/ip4/198.51.100.7/tcp/{}/p2p/{}", mine.port() + 1, open->peer_id().ToString()),
+        fmt::format("/ip4/198.51.100.7/tcp/{}/p2p/{}", mine.port(), other_peer),
+        fmt::format("/ip4/198.51.100.7/tcp/{}", mine.port()),
+        fmt::format("/ip4/198.51.100.7/tcp/{}/p2p/{}/p2p-circuit/p2p/{}", mine.port(), other_peer,
+                    open->peer_id().ToString()),
+        std::string("not an address")}) {
+    answer = "reachable " + claim;
+    auto r = open->CheckReachabilitySync(AddressOf(*liar));
+    EXPECT_FALSE(r.ok()) << claim << " was believed";
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kProtocolError) << r.status().ToString();
+    }
+  }
+  // An address at our own port with our id is believed, even at an IP none of our interfaces
+  // has: behind a router that forwards the port, that is the router's.
+  answer = fmt::format("reachable /ip4/198.51.100.7/tcp/{}/p2p/{}", mine.port(),
+                       open->peer_id().ToString());
+  auto r = open->CheckReachabilitySync(AddressOf(*liar));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->has_value());
+  EXPECT_EQ((*r)->host(), "198.51.100.7");
 }
 
 TEST(Reachability, MalformedDialBackRequestsAreRefused) {
@@ -363,7 +401,7 @@ TEST(Reachability, MalformedDialBackRequestsAreRefused) {
   auto open = StartHost();
   auto r = open->CheckReachabilitySync(AddressOf(*helper));
   ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(*r);
+  EXPECT_TRUE(r->has_value());
 }
 
 TEST(RelayWire, PunchMessages) {
