@@ -57,11 +57,13 @@ bool RoleMayCall(AccessRole role, std::string_view method) {
     case AccessRole::kAny:
       return true;
     case AccessRole::kTrain:
-      return StartsWith(method, "dht.") || StartsWith(method, "avg.");
+      return StartsWith(method, "dht.") || StartsWith(method, "avg.") ||
+             StartsWith(method, "moe.") || StartsWith(method, "serve.");
     case AccessRole::kServe:
       return StartsWith(method, "dht.") || StartsWith(method, "serve.");
     case AccessRole::kClient:
-      return method == "dht.find" || method == "dht.ping" || StartsWith(method, "serve.");
+      return method == "dht.find" || method == "dht.ping" || StartsWith(method, "serve.") ||
+             method == "moe.forward";
   }
   return false;
 }

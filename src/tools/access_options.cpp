@@ -9,6 +9,10 @@
 namespace colony::cli {
 
 void AddAccessOptions(CLI::App* cmd, AccessArgs& a) {
+  cmd->add_option("--identity", a.identity,
+                  "this peer's identity file (`colony identity new`; default: a new random "
+                  "identity on every start): keeps the peer id across restarts, and is what an "
+                  "--access-token file or an --allowlist names");
   const std::string group = "Private swarm";
   cmd->add_option("--authority", a.authority,
                   "a private swarm: admit only peers with access tokens from this authority (its "
@@ -36,6 +40,11 @@ void AddAccessOptions(CLI::App* cmd, AccessArgs& a) {
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str()
       ->group(group);
+}
+
+Result<KeyPair> LoadOrGenerateIdentity(const std::string& path) {
+  if (path.empty()) return KeyPair::Generate();
+  return KeyPair::Load(path);
 }
 
 Result<SwarmAccess> MakeSwarmAccess(const AccessArgs& a, const PeerId& self) {
@@ -133,7 +142,7 @@ Result<double> ParseDuration(const std::string& text) {
 }
 
 Result<StartedNode> StartSwarmNode(const AccessArgs& args, dht::NodeOptions options) {
-  KeyPair identity = KeyPair::Generate();
+  COLONY_ASSIGN_OR_RETURN(KeyPair identity, LoadOrGenerateIdentity(args.identity));
   COLONY_ASSIGN_OR_RETURN(SwarmAccess access, MakeSwarmAccess(args, identity.peer_id()));
   options.validators = {SwarmRecordRules()};
   options.host.access = access.control;

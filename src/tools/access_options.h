@@ -1,7 +1,7 @@
-// The options that make a command a peer of a private swarm (--authority, --access-token,
-// --access-token-command, --allowlist, ...), and what they set up: the access policy every
-// connection is checked against, this peer's first token, its renewal, and the revocations read
-// from the DHT. See docs/private-swarms.md.
+// The options that say who a command's peer is (--identity) and make it a peer of a private swarm
+// (--authority, --access-token, --access-token-command, --allowlist, ...), and what they set up:
+// the access policy every connection is checked against, this peer's first token, its renewal,
+// and the revocations read from the DHT. See docs/private-swarms.md.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -17,6 +17,9 @@
 namespace colony::cli {
 
 struct AccessArgs {
+  // This peer's key file ("": a new random identity on every start): a token file names it, an
+  // allowlist lists it, and a server keeps its peer id across restarts with it.
+  std::string identity;
   std::string authority;  // the authority's id (as `colony authority init` prints it)
   std::string token_file;
   std::string token_command;
@@ -47,11 +50,14 @@ struct SwarmAccess {
   ~SwarmAccess() { Stop(); }
 };
 
+// The key pair in the identity file at `path`, or a new random one when `path` is empty.
+Result<KeyPair> LoadOrGenerateIdentity(const std::string& path);
+
 Result<SwarmAccess> MakeSwarmAccess(const AccessArgs& args, const PeerId& self);
 
-// A DHT node of the swarm for a command that serves (serve, experts serve): `options` with the
-// swarm's record rules and the private swarm's policy, started and its access attached. The
-// access is declared after the node, so it stops first.
+// A DHT node of the swarm for a command (serve, experts, swarm-train stage, servers): `options`
+// with the swarm's record rules and the private swarm's policy, started as the --identity peer,
+// and its access attached. The access is declared after the node, so it stops first.
 struct StartedNode {
   std::unique_ptr<dht::Node> node;
   SwarmAccess access;

@@ -28,7 +28,6 @@ namespace {
 
 struct AverageArgs {
   std::vector<std::string> initial_peers;
-  std::string identity;
   AccessArgs access;
   std::string listen = "/ip4/127.0.0.1/tcp/0";
   std::string prefix = "colony.avg";
@@ -106,7 +105,7 @@ int Run(const AverageArgs& a) {
       return Fail(Internal("--start-on-signal: cannot handle SIGUSR1"));
   }
 
-  auto identity = a.identity.empty() ? KeyPair::Generate() : KeyPair::Load(a.identity);
+  auto identity = LoadOrGenerateIdentity(a.access.identity);
   if (!identity.ok()) return Fail(identity.status());
   auto access = MakeSwarmAccess(a.access, identity->peer_id());
   if (!access.ok()) return Fail(access.status());
@@ -293,7 +292,6 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
   cmd->add_option("--initial-peers", a->initial_peers, "multiaddr of a DHT peer (repeatable)")
       ->check(MultiaddrCheck())
       ->required();
-  cmd->add_option("--identity", a->identity, "identity file (default: a new random identity)");
   AddAccessOptions(cmd, a->access);
   cmd->add_option("--listen", a->listen, "address to listen on")
       ->check(MultiaddrCheck())

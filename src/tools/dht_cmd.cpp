@@ -16,7 +16,6 @@ namespace {
 
 struct CommonArgs {
   std::vector<std::string> initial_peers;
-  std::string identity;
   double timeout = 5;
   AccessArgs access;
 };
@@ -26,16 +25,10 @@ void AddCommon(CLI::App* cmd, CommonArgs& a, bool peers_required) {
                               "multiaddr of a DHT peer to join through (repeatable)")
                   ->check(MultiaddrCheck());
   if (peers_required) opt->required();
-  cmd->add_option("--identity", a.identity, "identity file (default: a new random identity)");
   cmd->add_option("--request-timeout", a.timeout, "seconds to wait for each DHT request")
       ->check(CLI::Range(0.01, 600.0))
       ->capture_default_str();
   AddAccessOptions(cmd, a.access);
-}
-
-Result<KeyPair> Identity(const std::string& path) {
-  if (path.empty()) return KeyPair::Generate();
-  return KeyPair::Load(path);
 }
 
 Status CheckAddrs(const std::vector<std::string>& addrs) {
@@ -49,7 +42,7 @@ Status CheckAddrs(const std::vector<std::string>& addrs) {
 // A short-lived client-mode node for one store or get (its token lives longer than it does).
 Result<std::unique_ptr<dht::Node>> ClientNode(const CommonArgs& a) {
   COLONY_RETURN_IF_ERROR(CheckAddrs(a.initial_peers));
-  COLONY_ASSIGN_OR_RETURN(KeyPair identity, Identity(a.identity));
+  COLONY_ASSIGN_OR_RETURN(KeyPair identity, LoadOrGenerateIdentity(a.access.identity));
   COLONY_ASSIGN_OR_RETURN(SwarmAccess access, MakeSwarmAccess(a.access, identity.peer_id()));
   dht::NodeOptions options;
   options.host.access = access.control;
@@ -161,7 +154,7 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
   commands.emplace_back(dht, [va]() -> int {
     if (Status st = CheckAddrs(va->common.initial_peers); !st.ok()) return Fail(st);
     if (Status st = CheckAddrs(va->relays); !st.ok()) return Fail(st);
-    auto identity = Identity(va->common.identity);
+    auto identity = LoadOrGenerateIdentity(va->common.access.identity);
     if (!identity.ok()) return Fail(identity.status());
     auto access = MakeSwarmAccess(va->common.access, identity->peer_id());
     if (!access.ok()) return Fail(access.status());

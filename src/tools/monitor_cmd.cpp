@@ -30,8 +30,9 @@ struct MonitorArgs {
 int RunMonitor(const MonitorArgs& a) {
   auto where = ParseHostPort(a.http);
   if (!where.ok()) return Fail(where.status());
-  KeyPair identity = KeyPair::Generate();
-  auto access = MakeSwarmAccess(a.access, identity.peer_id());
+  auto identity = LoadOrGenerateIdentity(a.access.identity);
+  if (!identity.ok()) return Fail(identity.status());
+  auto access = MakeSwarmAccess(a.access, identity->peer_id());
   if (!access.ok()) return Fail(access.status());
   BlockTerminationSignals();
   dht::NodeOptions options;
@@ -39,7 +40,7 @@ int RunMonitor(const MonitorArgs& a) {
   options.validators = {SwarmRecordRules()};
   options.initial_peers = a.initial_peers;
   options.dht.client_mode = true;  // it reads the swarm; it stores nobody's records
-  auto node = dht::Node::Start(std::move(identity), std::move(options));
+  auto node = dht::Node::Start(std::move(*identity), std::move(options));
   if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
   access->Attach(**node);
   auto collector = monitor::Collector::Start(

@@ -8,16 +8,12 @@
 #include "core/multiaddr.h"
 #include "dht/node.h"
 #include "net/host.h"
+#include "tools/access_options.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
 
 namespace colony::cli {
 namespace {
-
-Result<KeyPair> LoadOrGenerate(const std::string& path) {
-  if (path.empty()) return KeyPair::Generate();
-  return KeyPair::Load(path);
-}
 
 Result<std::vector<Multiaddr>> ParseAll(const std::vector<std::string>& texts) {
   std::vector<Multiaddr> out;
@@ -63,7 +59,7 @@ void AddPeerCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& 
     if (!listen_addrs.ok()) return Fail(listen_addrs.status());
     auto bootstrap = ParseAll(la->initial_peers);
     if (!bootstrap.ok()) return Fail(bootstrap.status());
-    auto identity = LoadOrGenerate(la->identity);
+    auto identity = LoadOrGenerateIdentity(la->identity);
     if (!identity.ok()) return Fail(identity.status());
 
     BlockTerminationSignals();

@@ -10,6 +10,7 @@
 #include "dht/node.h"
 #include "dht/validation.h"
 #include "serve/records.h"
+#include "tools/access_options.h"
 #include "tools/commands.h"
 #include "tools/record_rules.h"
 
@@ -22,6 +23,7 @@ struct ServersArgs {
   int64_t num_blocks = 0;
   std::vector<std::string> initial_peers;
   bool json = false;
+  AccessArgs access;
 };
 
 Result<int64_t> BlocksFromConfig(const std::string& dir) {
@@ -51,14 +53,14 @@ int Run(const ServersArgs& a) {
     return Fail("give --model DIR, or --model-name NAME and --num-blocks N");
   }
   dht::NodeOptions options;
-  options.validators = {SwarmRecordRules()};
   options.initial_peers = a.initial_peers;
   options.dht.client_mode = true;
-  auto node = dht::Node::Start(KeyPair::Generate(), options);
-  if (!node.ok()) return Fail(node.status().WithContext("joining the DHT"));
+  auto started = StartSwarmNode(a.access, std::move(options));
+  if (!started.ok()) return Fail(started.status());
+  const std::unique_ptr<dht::Node>& node = started->node;
   std::vector<std::string> keys;
   for (int64_t b = 0; b < blocks; ++b) keys.push_back(serve::BlockKey(name, b));
-  auto results = (*node)->GetManySync(keys, dht::Freshness::kLatest);
+  auto results = node->GetManySync(keys, dht::Freshness::kLatest);
   std::map<std::string, serve::ServerRecord> servers;
   const double now = dht::Now();
   for (auto& r : results) {
@@ -118,7 +120,8 @@ int Run(const ServersArgs& a) {
                   static_cast<long long>(missing));
     }
   }
-  (*node)->Shutdown();
+  started->access.Stop();
+  node->Shutdown();
   return 0;
 }
 
@@ -135,6 +138,7 @@ void AddServersCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
       ->check(MultiaddrCheck())
       ->required();
   cmd->add_flag("--json", a->json, "print one JSON object");
+  AddAccessOptions(cmd, a->access);
   commands.emplace_back(cmd, [a] { return Run(*a); });
 }
 

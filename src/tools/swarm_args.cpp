@@ -69,7 +69,7 @@ Result<StartedClient> StartClient(const SwarmArgs& a) {
         "give --initial-peers: the address of any peer of the swarm (a server prints its address "
         "when it starts)");
   }
-  KeyPair identity = KeyPair::Generate();
+  COLONY_ASSIGN_OR_RETURN(KeyPair identity, LoadOrGenerateIdentity(a.access.identity));
   COLONY_ASSIGN_OR_RETURN(SwarmAccess access, MakeSwarmAccess(a.access, identity.peer_id()));
   StartedClient started;
   COLONY_ASSIGN_OR_RETURN(started.client, serve::ConnectToSwarm({.model_dir = a.model,

@@ -62,7 +62,6 @@ struct TrainFlags {
   double matchmaking_time = 5, averaging_timeout = 60, rejoin_after = 30;
   double bandwidth_mbps = 1000, max_send_mbps = 0;
   std::string moe_grid;
-  std::string identity;
   AccessArgs access;
 };
 
@@ -268,7 +267,7 @@ int Run(const TrainFlags& flags) {
       PrintDone(e);
     }
   };
-  auto identity = flags.identity.empty() ? KeyPair::Generate() : KeyPair::Load(flags.identity);
+  auto identity = LoadOrGenerateIdentity(flags.access.identity);
   if (!identity.ok()) return Fail(identity.status());
   auto access = MakeSwarmAccess(flags.access, identity->peer_id());
   if (!access.ok()) return Fail(access.status());
@@ -319,7 +318,6 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
   AddAnnounceOption(cmd, o.announce);
   cmd->add_flag("--client-mode", f->client_mode,
                 "accept no connections (behind NAT): average as a client peer");
-  cmd->add_option("--identity", f->identity, "identity file (default: a new random identity)");
   AddAccessOptions(cmd, f->access);
   cmd->add_option("--relay", o.relays,
                   "behind NAT: accept connections through this relay peer (repeatable); "

@@ -1,5 +1,6 @@
 // A private swarm run with the stock CLI, as its users would: `colony authority` creates the
-// authority and issues tokens, a `colony dht` node admits only their holders. Outsiders (no
+// authority and issues tokens, a `colony dht` node admits only their holders, and servers,
+// clients and trainers join with the identities their tokens name. Outsiders (no
 // token, another authority's token, a token for another peer, a revoked token) cannot store or
 // get a record or join an averaging group, and each is told why; members can.
 #include <gtest/gtest.h>
@@ -56,15 +57,17 @@ class PrivateSwarmCli : public ::testing::Test {
 
   // Writes a token for the identity `name`.key (made if missing), signed by `authority_key`.
   bool IssueTo(const std::string& name, const std::string& authority_key,
-               const std::string& token_path, const std::string& ttl = "1h") {
+               const std::string& token_path, const std::string& ttl = "1h",
+               const std::string& role = "any") {
     if (!std::filesystem::exists(Path(name + ".key")) &&
         RunCli({"identity", "new", "--out", Path(name + ".key")}).code != 0) {
       return false;
     }
     auto id = RunCli({"identity", "show", Path(name + ".key")});
     if (id.code != 0) return false;
-    auto token = RunCli({"authority", "issue", "--authority", authority_key, "--peer",
-                         id.out.substr(0, id.out.find('\n')), "--name", name, "--ttl", ttl});
+    auto token =
+        RunCli({"authority", "issue", "--authority", authority_key, "--peer",
+                id.out.substr(0, id.out.find('\n')), "--name", name, "--ttl", ttl, "--role", role});
     if (token.code != 0) return false;
     std::ofstream(token_path) << token.out;
     return true;
@@ -160,6 +163,78 @@ TEST_F(PrivateSwarmCli, ARevokedTokenIsRefusedOnceTheRevocationIsPublished) {
       20s))
       << after.out << after.err;
   EXPECT_NE(after.err.find("revoked by the authority"), std::string::npos) << after.err;
+}
+
+// Serving in a private swarm: `colony serve`, `colony servers` and `colony generate` run as the
+// identity their token files were issued for (--identity), with the roles a server and a reader
+// need; a server keeps that peer id; an outsider's generate is refused with the reason.
+TEST_F(PrivateSwarmCli, ServersAndClientsRunAsTheIdentitiesTheirTokensName) {
+  const std::string model =
+      (std::filesystem::path(COLONY_HF_FIXTURES) / "llama-v5-rope500k-tied").string();
+  ASSERT_TRUE(IssueTo("server", Path("authority.key"), Path("server.token"), "1h", "serve"));
+  ASSERT_TRUE(IssueTo("reader", Path("authority.key"), Path("reader.token"), "1h", "client"));
+  auto server_id = RunCli({"identity", "show", Path("server.key")});
+  ASSERT_EQ(server_id.code, 0) << server_id.err;
+  const std::string server_peer = server_id.out.substr(0, server_id.out.find('\n'));
+
+  auto spawned =
+      Subprocess::Spawn({ColonyBinary(),    "--log-level", "warn",           "serve",
+                         "--model",         model,         "--listen",       "/ip4/127.0.0.1/tcp/0",
+                         "--blocks",        "0:4",         "--threads",      "1",
+                         "--initial-peers", boot_addr_,    "--identity",     Path("server.key"),
+                         "--authority",     authority_,    "--access-token", Path("server.token")},
+                        Path("server.err"));
+  ASSERT_TRUE(spawned.ok()) << spawned.status().ToString();
+  Subprocess server = std::move(*spawned);
+  auto address = server.ReadLine(test::HangGuard(60s));
+  ASSERT_TRUE(address.ok()) << address.status().ToString() << "\n"
+                            << test::ReadFile(Path("server.err"));
+  EXPECT_NE(address->find("/p2p/" + server_peer), std::string::npos) << *address;
+
+  const std::vector<std::string> as_reader = {"--initial-peers",  boot_addr_,          "--identity",
+                                              Path("reader.key"), "--authority",       authority_,
+                                              "--access-token",   Path("reader.token")};
+  auto with_reader = [&](std::vector<std::string> args) {
+    args.insert(args.end(), as_reader.begin(), as_reader.end());
+    return RunCli(args);
+  };
+  // The server is listed under the token's peer id (its record may take a moment to appear).
+  test::CliResult listed;
+  EXPECT_TRUE(test::WaitUntil(
+      [&] {
+        listed = with_reader({"servers", "--model", model, "--json"});
+        return listed.code == 0 && listed.out.find(server_peer) != std::string::npos;
+      },
+      test::HangGuard(30s)))
+      << listed.out << listed.err;
+
+  // It generates what transformers generates from this checkpoint (greedy, the fixture's prompt).
+  const auto reference = nlohmann::json::parse(
+      test::ReadFile((std::filesystem::path(COLONY_HF_FIXTURES) / "reference.json").string()));
+  const auto& fixture = reference["models"]["llama-v5-rope500k-tied"];
+  const std::vector<int64_t> prompt = fixture["prompt"];
+  const std::vector<int64_t> greedy = fixture["greedy_24"];
+  std::string tokens;
+  for (int64_t t : prompt) tokens += (tokens.empty() ? "" : ",") + std::to_string(t);
+  auto generated = with_reader(
+      {"generate", "--model", model, "--tokens", tokens, "--max-new-tokens", "4", "--json"});
+  ASSERT_EQ(generated.code, 0) << generated.err;
+  const std::vector<int64_t> got = nlohmann::json::parse(generated.out)["tokens"];
+  EXPECT_EQ(got,
+            std::vector<int64_t>(greedy.begin() + static_cast<std::ptrdiff_t>(prompt.size()),
+                                 greedy.begin() + static_cast<std::ptrdiff_t>(prompt.size()) + 4))
+      << generated.out;
+
+  // An outsider cannot generate: the swarm's peers refuse its connections, and it is told why.
+  auto outsider = RunCli({"generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens",
+                          "4", "--initial-peers", boot_addr_});
+  EXPECT_NE(outsider.code, 0);
+  EXPECT_NE(outsider.err.find("refused this peer"), std::string::npos) << outsider.err;
+
+  server.Signal(SIGTERM);
+  auto code = server.Wait(test::HangGuard(30s));
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 0) << test::ReadFile(Path("server.err"));
 }
 
 // Training in a private swarm: two `colony train` members with tokens average every step

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "core/clock.h"
@@ -274,6 +276,47 @@ TEST(PrivateSwarm, ARoleLimitsWhatItsHolderMayCall) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
   EXPECT_NE(r.status().message().find("role 'client'"), std::string::npos) << r.status().ToString();
+}
+
+TEST(PrivateSwarm, EachRoleMayMakeTheCallsOfTheCommandsItIsFor) {
+  const KeyPair authority = Seeded(1);
+  const double now = Now();
+  Peer server = StartPeer(
+      Seeded(2), Swarm(authority),
+      IssueAccessToken(authority, Seeded(2).peer_id(), "server", AccessRole::kAny, now, 600));
+  for (const char* method : {"dht.store", "dht.find", "avg.run.join", "serve.forward",
+                             "serve.backward", "moe.forward", "moe.backward"}) {
+    server.host->RegisterUnary(
+        method, [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
+  }
+  // What each command calls on others: a trainer (lm, moe-lm, swarm-lm) averages, calls experts
+  // and a SWARM run's stage peers (block servers); a block or expert server stores its records;
+  // a client (generate, api, experts generate) reads the DHT, runs blocks and experts' forward.
+  const std::map<AccessRole, std::set<std::string>> allowed = {
+      {AccessRole::kTrain,
+       {"dht.store", "dht.find", "avg.run.join", "serve.forward", "serve.backward", "moe.forward",
+        "moe.backward"}},
+      {AccessRole::kServe, {"dht.store", "dht.find", "serve.forward", "serve.backward"}},
+      // An expert's backward trains it, and a client trains nothing.
+      {AccessRole::kClient, {"dht.find", "serve.forward", "serve.backward", "moe.forward"}},
+  };
+  uint8_t seed = 3;
+  for (const auto& [role, may] : allowed) {
+    const KeyPair key = Seeded(seed);
+    Peer caller = StartPeer(Seeded(seed++), Swarm(authority),
+                            IssueAccessToken(authority, key.peer_id(), "caller", role, now, 600));
+    for (const char* method : {"dht.store", "dht.find", "avg.run.join", "serve.forward",
+                               "serve.backward", "moe.forward", "moe.backward"}) {
+      auto r = Echo(*caller.host, *server.host, method);
+      if (may.count(method) != 0) {
+        EXPECT_TRUE(r.ok()) << AccessRoleName(role) << " " << method << ": "
+                            << r.status().ToString();
+      } else {
+        EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied)
+            << AccessRoleName(role) << " " << method << ": " << r.status().ToString();
+      }
+    }
+  }
 }
 
 // Short tokens (2 s, clocks trusted to 0.5 s) and a fast ticker, so that expiry shows in a test.
