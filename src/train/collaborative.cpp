@@ -498,6 +498,11 @@ Result<std::unique_ptr<CollaborativeOptimizer>> CollaborativeOptimizer::Create(
   if (options.diloco_inner_steps > 0 && options.local_updates) {
     return InvalidArgument("DiLoCo and local_updates are exclusive (DiLoCo already steps locally)");
   }
+  if (options.delay_grad_averaging && (options.diloco_inner_steps > 0 || options.local_updates)) {
+    return InvalidArgument(
+        "delay_grad_averaging (--delay-averaging) overlaps gradient rounds with the next batch; "
+        "DiLoCo and local_updates average parameters, which it does not delay");
+  }
   // Named as the options' fields.
   COLONY_RETURN_IF_ERROR(options.lr_schedule.Check({.kind = "lr_schedule",
                                                     .warmup = "lr_schedule.warmup_epochs",

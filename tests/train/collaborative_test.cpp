@@ -72,6 +72,28 @@ TEST(CollaborativeTest, VerifiedRoundsStepWithTheSampleWeightedMean) {
                    .ok());
 }
 
+// Delayed averaging overlaps gradient rounds only: asked for with DiLoCo or local updates, which
+// average parameters, it is refused by name rather than ignored.
+TEST(CollaborativeTest, DelayedAveragingWithParameterAveragingIsRefusedByName) {
+  Swarm swarm;
+  swarm.Add({.target_batch_size = 100});
+  auto& peer = *swarm.peers()[0];
+  for (const CollaborativeOptions& o :
+       {CollaborativeOptions{.run_id = "x", .delay_grad_averaging = true, .local_updates = true},
+        CollaborativeOptions{
+            .run_id = "x", .delay_grad_averaging = true, .diloco_inner_steps = 2}}) {
+    auto made = CollaborativeOptimizer::Create(*peer.node, {at::zeros({4})}, peer.opt, o);
+    ASSERT_FALSE(made.ok());
+    EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(made.status().message().find("delay_grad_averaging"), std::string::npos)
+        << made.status().ToString();
+  }
+  // Each alone is fine.
+  EXPECT_TRUE(CollaborativeOptimizer::Create(*peer.node, {at::zeros({4})}, peer.opt,
+                                             {.run_id = "y", .delay_grad_averaging = true})
+                  .ok());
+}
+
 // A reducer that returns its own gradient as every part's mean: with verified rounds the honest
 // peers ban it at the first epoch and average the next epochs among themselves.
 TEST(CollaborativeTest, VerifiedRoundsBanACheatingReducerAndTrainOnWithoutIt) {
