@@ -81,12 +81,15 @@ ApiService::ApiService(serve::SwarmClient& client, ApiOptions options)
 ApiService::~ApiService() = default;
 
 http::Router ApiService::Routes() {
+  const auto guarded = [this](http::Handler h) {
+    return options_.gate ? options_.gate->Guard(std::move(h)) : h;
+  };
   http::Router router;
-  router.Add("GET", "/v1/models", [this](const http::Request&) { return Models(); });
+  router.Add("GET", "/v1/models", guarded([this](const http::Request&) { return Models(); }));
   router.Add("POST", "/v1/completions",
-             [this](const http::Request& r) { return Generate(r, /*chat=*/false); });
+             guarded([this](const http::Request& r) { return Generate(r, /*chat=*/false); }));
   router.Add("POST", "/v1/chat/completions",
-             [this](const http::Request& r) { return Generate(r, /*chat=*/true); });
+             guarded([this](const http::Request& r) { return Generate(r, /*chat=*/true); }));
   return router;
 }
 

@@ -13,10 +13,12 @@
 // (not streamable). docs/api.md lists every field and what it does.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "api/chat_template.h"
+#include "api/client_gate.h"
 #include "api/openai_request.h"
 #include "http/server.h"
 #include "serve/swarm_client.h"
@@ -29,6 +31,8 @@ struct ApiOptions {
   // replace (chat requests then fail with a message that says so).
   std::optional<ChatTemplate> chat_template = ChatTemplate::kPlain;
   RequestLimits limits = {};
+  // API keys and per-client rates (null: anyone who reaches the port, as fast as it likes).
+  std::shared_ptr<ClientGate> gate = nullptr;
 };
 
 class ApiService {

@@ -26,6 +26,8 @@ struct ApiArgs {
   size_t max_body_bytes = 1 << 20;
   int64_t max_n = 8;
   double request_timeout = 600;
+  std::string api_keys;
+  double requests_per_minute = 0;
 };
 
 int RunApi(const ApiArgs& a) {
@@ -48,6 +50,25 @@ int RunApi(const ApiArgs& a) {
         "does not run: /v1/chat/completions is refused until you pick one with --chat-template "
         "plain|chatml",
         a.swarm.model);
+  }
+  if (!a.api_keys.empty() || a.requests_per_minute > 0) {
+    api::ClientGateOptions gate;
+    gate.requests_per_minute = a.requests_per_minute;
+    if (!a.api_keys.empty()) {
+      auto keys = api::LoadApiKeys(a.api_keys);
+      if (!keys.ok()) return Fail(keys.status().WithContext("--api-keys"));
+      gate.keys = std::move(*keys);
+    }
+    auto made = api::ClientGate::Create(std::move(gate));
+    if (!made.ok()) return Fail(made.status().WithContext("--requests-per-minute"));
+    options.gate = std::move(*made);
+  }
+  if (a.api_keys.empty() && where->first != "127.0.0.1" && where->first != "::1" &&
+      where->first != "localhost") {
+    COLONY_LOG_WARN(
+        "api: listening on {} without --api-keys: anyone who reaches this port can generate "
+        "through the swarm",
+        where->first);
   }
   BlockTerminationSignals();
   auto started = StartClient(a.swarm);
@@ -78,6 +99,11 @@ int RunApi(const ApiArgs& a) {
   const auto stats = (*server)->stats();
   COLONY_LOG_INFO("api: {} requests, {} bad, {} refused as busy, {} streams cut", stats.requests,
                   stats.bad_requests, stats.busy, stats.cancelled_streams);
+  if (options.gate) {
+    const auto refused = options.gate->stats();
+    COLONY_LOG_INFO("api: {} refused without a valid key, {} over their rate", refused.unauthorized,
+                    refused.rate_limited);
+  }
   started->access.Stop();
   started->client->node->Shutdown();
   return 0;
@@ -119,6 +145,15 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
                   "seconds a request may take from arrival to the end of its answer")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 86400.0));
+  cmd->add_option("--api-keys", a->api_keys,
+                  "file of API keys, one per line (16-256 characters, e.g. `openssl rand -hex "
+                  "24`): requests must send one as 'Authorization: Bearer KEY' (401 otherwise)");
+  cmd->add_option("--requests-per-minute", a->requests_per_minute,
+                  "requests each client may make per minute, in bursts of up to a minute's worth "
+                  "(a client is its API key, or its IP address without --api-keys; 429 with "
+                  "Retry-After past it; 0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   commands.emplace_back(cmd, [a] { return RunApi(*a); });
 }
 

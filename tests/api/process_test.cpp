@@ -119,10 +119,20 @@ class ApiProcessTest : public ::testing::Test {
   }
 
   // `colony api` in front of the swarm; returns false when it did not start.
-  bool StartApi() {
-    Proc* p = Start("api", {"api", "--model", model_dir_.string(), "--model-name", model_name_,
-                            "--initial-peers", procs_.front().first_line, "--http", "127.0.0.1:0",
-                            "--threads", "1"});
+  bool StartApi(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"api",
+                                     "--model",
+                                     model_dir_.string(),
+                                     "--model-name",
+                                     model_name_,
+                                     "--initial-peers",
+                                     procs_.front().first_line,
+                                     "--http",
+                                     "127.0.0.1:0",
+                                     "--threads",
+                                     "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Proc* p = Start("api", args);
     if (p == nullptr) return false;
     base_url_ = p->first_line;  // http://127.0.0.1:PORT/v1
     EXPECT_TRUE(base_url_.starts_with("http://127.0.0.1:")) << base_url_;
@@ -133,6 +143,7 @@ class ApiProcessTest : public ::testing::Test {
   HttpAnswer Curl(const std::string& path, const std::string& body = {}) {
     std::vector<std::string> argv = {"/usr/bin/curl",   "-sS", "-N", "--max-time", "120", "-w",
                                      "\n%{http_code}\n"};
+    for (const std::string& h : headers_) argv.insert(argv.end(), {"-H", h});
     if (!body.empty()) {
       // Large bodies go through a file (one argument may not exceed 128 KiB).
       std::string data = body;
@@ -236,6 +247,7 @@ class ApiProcessTest : public ::testing::Test {
 
   fs::path dir_, model_dir_;
   std::string model_name_, base_url_;
+  std::vector<std::string> headers_;  // sent with every request
   std::optional<model::Tokenizer> tokenizer_;
   std::vector<Proc> procs_;
 };
@@ -412,6 +424,41 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
   const json b = json::parse(beams.body);
   ASSERT_EQ(b["choices"].size(), 3u);
   EXPECT_NE(b["choices"][0]["text"], b["choices"][1]["text"]);
+}
+
+// With --api-keys only requests that carry a key are served (the others get the OpenAI API's
+// 401); with --requests-per-minute each client's burst is bounded (429 past it).
+TEST_F(ApiProcessTest, OnlyHoldersOfAnApiKeyGenerateAndClientsKeepToTheirRate) {
+  const std::string key = "colony-test-key-0123456789abcdef";
+  const fs::path keys = dir_ / "keys.txt";
+  std::ofstream(keys) << "# who may generate\n" << key << "\n";
+  ASSERT_NE(StartServer("A", "0:4"), nullptr);
+  ASSERT_TRUE(StartApi({"--api-keys", keys.string()}));
+  const std::string request = R"({"prompt": "Once upon", "max_tokens": 6, "temperature": 0})";
+  const HttpAnswer anonymous = Curl("/completions", request);
+  EXPECT_EQ(anonymous.status, 401) << anonymous.body;
+  EXPECT_NE(anonymous.body.find("invalid_api_key"), std::string::npos) << anonymous.body;
+  headers_ = {"Authorization: Bearer not-the-key-0123456789"};
+  EXPECT_EQ(Curl("/models").status, 401);
+  headers_ = {"Authorization: Bearer " + key};
+  WaitUntilRoutable();
+  const HttpAnswer a = Curl("/completions", request);
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(json::parse(a.body)["choices"][0]["text"], Reference("Once upon", 6));
+
+  // A second API on the same swarm, 2 requests a minute per client address, no keys: 2 in a
+  // burst, then 429 (a token comes back every 30 s; these requests take far less).
+  headers_.clear();
+  ASSERT_NE(Start("api2", {"api", "--model", model_dir_.string(), "--model-name", model_name_,
+                           "--initial-peers", procs_.front().first_line, "--http", "127.0.0.1:0",
+                           "--threads", "1", "--requests-per-minute", "2"}),
+            nullptr);
+  base_url_ = procs_.back().first_line;
+  EXPECT_EQ(Curl("/models").status, 200);
+  EXPECT_EQ(Curl("/models").status, 200);
+  const HttpAnswer over = Curl("/models");
+  EXPECT_EQ(over.status, 429) << over.body;
+  EXPECT_NE(over.body.find("rate_limit_exceeded"), std::string::npos) << over.body;
 }
 
 // Requests at the same time each get an inference session of their own: streams that overlap in

@@ -1,0 +1,191 @@
+// API keys and per-client request rates in front of an HTTP API.
+#include "api/client_gate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+
+namespace colony::api {
+namespace {
+
+// Whether `a` equals `b`, in time that depends on their lengths only, not on where they differ.
+bool SameBytes(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    differ |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]);
+  }
+  return differ == 0;
+}
+
+bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// The token of an "Authorization: Bearer TOKEN" header; empty when there is none.
+std::string_view BearerToken(std::string_view header) {
+  constexpr std::string_view kScheme = "bearer";
+  if (header.size() <= kScheme.size() || !EqualsIgnoringCase(header.substr(0, 6), kScheme) ||
+      header[kScheme.size()] != ' ') {
+    return {};
+  }
+  std::string_view token = header.substr(kScheme.size());
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
+  return token;
+}
+
+// The address of "ip:port" or "[ipv6]:port" without the port.
+std::string WithoutPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> LoadApiKeys(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound(fmt::format("cannot read the API key file {}", path));
+  std::vector<std::string> keys;
+  std::string line;
+  for (size_t lineno = 1; std::getline(in, line); ++lineno) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line.front() == '#') continue;
+    const auto where = [&] { return fmt::format("{} line {}", path, lineno); };
+    if (line.size() < kMinApiKeyBytes || line.size() > kMaxApiKeyBytes) {
+      return InvalidArgument(fmt::format(
+          "{}: an API key has {} to {} characters (this one has {}; e.g. `openssl rand -hex 24`)",
+          where(), kMinApiKeyBytes, kMaxApiKeyBytes, line.size()));
+    }
+    if (std::any_of(line.begin(), line.end(), [](char c) {
+          return static_cast<unsigned char>(c) <= ' ' || static_cast<unsigned char>(c) == 0x7f;
+        })) {
+      return InvalidArgument(
+          fmt::format("{}: an API key holds no spaces or control characters", where()));
+    }
+    if (keys.size() >= kMaxApiKeys) {
+      return InvalidArgument(fmt::format("{}: more than {} API keys", where(), kMaxApiKeys));
+    }
+    keys.push_back(std::move(line));
+  }
+  if (keys.empty()) return InvalidArgument(fmt::format("{} holds no API key", path));
+  return keys;
+}
+
+Result<std::shared_ptr<ClientGate>> ClientGate::Create(ClientGateOptions options) {
+  if (!(options.requests_per_minute >= 0) || !std::isfinite(options.requests_per_minute)) {
+    return InvalidArgument(
+        fmt::format("requests per minute {} must be finite and not negative (0: no limit)",
+                    options.requests_per_minute));
+  }
+  if (options.max_clients == 0) return InvalidArgument("max_clients must be at least 1");
+  return std::shared_ptr<ClientGate>(new ClientGate(std::move(options)));
+}
+
+std::optional<size_t> ClientGate::MatchKey(const http::Request& request) const {
+  const std::string_view token = BearerToken(request.Header("authorization"));
+  std::optional<size_t> match;
+  // Every key is compared, so the time taken does not say which one came close.
+  for (size_t i = 0; i < options_.keys.size(); ++i) {
+    if (SameBytes(token, options_.keys[i])) match = i;
+  }
+  return match;
+}
+
+std::optional<double> ClientGate::TakeToken(const std::string& client) {
+  const double rate = options_.requests_per_minute / 60.0;  // per second
+  const double capacity = std::max(1.0, options_.requests_per_minute);
+  const auto now = std::chrono::steady_clock::now();
+  const auto refilled = [&](const Bucket& b) {
+    const double elapsed = std::chrono::duration<double>(now - b.last).count();
+    return std::min(capacity, b.tokens + elapsed * rate);
+  };
+  auto it = buckets_.find(client);
+  if (it == buckets_.end()) {
+    if (buckets_.size() >= options_.max_clients) {
+      // Forget the clients whose buckets are full again (idle), and if that is not enough the
+      // idlest eighth, so that this sweep runs once per many new clients.
+      std::erase_if(buckets_, [&](const auto& kv) { return refilled(kv.second) >= capacity; });
+      if (buckets_.size() >= options_.max_clients) {
+        std::vector<std::chrono::steady_clock::time_point> lasts;
+        lasts.reserve(buckets_.size());
+        for (const auto& [_, b] : buckets_) lasts.push_back(b.last);
+        const size_t drop = std::max<size_t>(1, buckets_.size() / 8);
+        std::nth_element(lasts.begin(), lasts.begin() + static_cast<std::ptrdiff_t>(drop - 1),
+                         lasts.end());
+        const auto cutoff = lasts[drop - 1];
+        std::erase_if(buckets_, [&](const auto& kv) { return kv.second.last <= cutoff; });
+      }
+    }
+    it = buckets_.emplace(client, Bucket{capacity, now}).first;
+  }
+  Bucket& b = it->second;
+  b.tokens = refilled(b);
+  b.last = now;
+  if (b.tokens >= 1) {
+    b.tokens -= 1;
+    return std::nullopt;
+  }
+  return (1 - b.tokens) / rate;
+}
+
+std::optional<http::Reply> ClientGate::Admit(const http::Request& request) {
+  std::string client;
+  if (!options_.keys.empty()) {
+    const std::optional<size_t> key = MatchKey(request);
+    if (!key) {
+      const bool sent = !BearerToken(request.Header("authorization")).empty();
+      http::Reply reply = http::JsonError(
+          401,
+          sent ? "Incorrect API key provided. Ask the operator of this API for a valid key."
+               : "You didn't provide an API key. Send it in an Authorization header: "
+                 "'Authorization: Bearer YOUR_KEY'.",
+          "invalid_request_error", "invalid_api_key");
+      reply.headers.emplace_back("WWW-Authenticate", "Bearer");
+      std::lock_guard lock(mu_);
+      ++stats_.unauthorized;
+      return reply;
+    }
+    client = fmt::format("key {}", *key);
+  } else {
+    client = WithoutPort(request.remote_address);
+  }
+  if (options_.requests_per_minute <= 0) return std::nullopt;
+  std::lock_guard lock(mu_);
+  const std::optional<double> wait = TakeToken(client);
+  if (!wait) return std::nullopt;
+  ++stats_.rate_limited;
+  const auto retry_after = static_cast<int64_t>(std::ceil(*wait));
+  http::Reply reply = http::JsonError(
+      429,
+      fmt::format("Rate limit reached: {} requests per minute per client. Try again in {} s.",
+                  options_.requests_per_minute, retry_after),
+      "requests", "rate_limit_exceeded");
+  reply.headers.emplace_back("Retry-After", std::to_string(retry_after));
+  return reply;
+}
+
+http::Handler ClientGate::Guard(http::Handler handler) {
+  return [self = shared_from_this(), handler = std::move(handler)](const http::Request& r) {
+    if (auto refused = self->Admit(r)) return std::move(*refused);
+    return handler(r);
+  };
+}
+
+ClientGateStats ClientGate::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+size_t ClientGate::clients_remembered() const {
+  std::lock_guard lock(mu_);
+  return buckets_.size();
+}
+
+}  // namespace colony::api

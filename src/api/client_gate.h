@@ -1,0 +1,78 @@
+// Who may use an HTTP API and how fast (`colony api --api-keys FILE --requests-per-minute N`): API
+// keys, which OpenAI clients send as `Authorization: Bearer KEY`, and a token bucket per client
+// (its key, or its IP address when no keys are set). A request without a valid key gets the
+// OpenAI API's 401 `invalid_api_key`; one over its client's rate gets 429 `rate_limit_exceeded`
+// with `Retry-After`.
+//
+//   auto gate = api::ClientGate::Create({.keys = *api::LoadApiKeys("keys.txt"),
+//                                        .requests_per_minute = 60});
+//   router.Add("POST", "/v1/completions", gate->Guard(handler));
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "http/server.h"
+
+namespace colony::api {
+
+inline constexpr size_t kMinApiKeyBytes = 16;
+inline constexpr size_t kMaxApiKeyBytes = 256;
+inline constexpr size_t kMaxApiKeys = 4096;
+
+// The keys in `path`, one per line (blank lines and lines starting with '#' skipped). A key
+// shorter than kMinApiKeyBytes (guessable), longer than kMaxApiKeyBytes, or holding spaces or
+// control characters is an error naming its line; so is a file with no key.
+Result<std::vector<std::string>> LoadApiKeys(const std::string& path);
+
+struct ClientGateOptions {
+  std::vector<std::string> keys = {};  // empty: no key needed
+  double requests_per_minute = 0;  // per client, in bursts of up to a minute's worth; 0: no limit
+  // Clients whose buckets are remembered at once; past it the idlest are forgotten (a forgotten
+  // client starts again with a full bucket, so the cap bounds memory, not the rate of a client
+  // that keeps sending).
+  size_t max_clients = 65536;
+};
+
+struct ClientGateStats {
+  int64_t unauthorized = 0;  // 401: no key or a wrong one
+  int64_t rate_limited = 0;  // 429
+};
+
+class ClientGate : public std::enable_shared_from_this<ClientGate> {
+ public:
+  static Result<std::shared_ptr<ClientGate>> Create(ClientGateOptions options);
+
+  // The reply that refuses `request` (401 or 429), or nullopt when it may be served.
+  std::optional<http::Reply> Admit(const http::Request& request);
+  // `handler`, run only for requests Admit lets through.
+  http::Handler Guard(http::Handler handler);
+
+  ClientGateStats stats() const;
+  size_t clients_remembered() const;
+
+ private:
+  explicit ClientGate(ClientGateOptions options) : options_(std::move(options)) {}
+  // Which key `request` carries; nullopt when none matches.
+  std::optional<size_t> MatchKey(const http::Request& request) const;
+  // Takes a token from `client`'s bucket; the seconds until one is free when it is empty.
+  std::optional<double> TakeToken(const std::string& client);
+
+  struct Bucket {
+    double tokens = 0;
+    std::chrono::steady_clock::time_point last;
+  };
+  const ClientGateOptions options_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Bucket> buckets_;
+  ClientGateStats stats_;
+};
+
+}  // namespace colony::api
