@@ -58,7 +58,7 @@ bool RoleMayCall(AccessRole role, std::string_view method) {
       return true;
     case AccessRole::kTrain:
       return StartsWith(method, "dht.") || StartsWith(method, "avg.") ||
-             StartsWith(method, "moe.") || StartsWith(method, "serve.");
+             StartsWith(method, "moe.") || method == "serve.forward" || method == "serve.backward";
     case AccessRole::kServe:
       return StartsWith(method, "dht.") || StartsWith(method, "serve.");
     case AccessRole::kClient:

@@ -27,10 +27,10 @@ std::string_view AccessRoleName(AccessRole role);
 // Parses a role name; the error lists the known ones.
 Result<AccessRole> ParseAccessRole(std::string_view name);
 // Whether a peer holding `role` may call `method` on us: train may use the DHT, averaging, experts
-// (a mixture's trainer) and block servers (a SWARM trainer's stage peers), serve the DHT and the
-// block servers, client the DHT's lookups, the block servers and experts' forward (a mixture's
-// inference; their backward trains them); every role may use the transport's own methods (pings,
-// relays, dial-backs, hole punching).
+// (a mixture's trainer) and block servers' forward and backward (a SWARM trainer's stage peers),
+// serve the DHT and the block servers, client the DHT's lookups, the block servers and experts'
+// forward (a mixture's inference; their backward trains them); every role may use the
+// transport's own methods (pings, relays, dial-backs, hole punching).
 bool RoleMayCall(AccessRole role, std::string_view method);
 
 inline constexpr size_t kMaxTokenBytes = 1024;
