@@ -302,6 +302,7 @@ class Collector::Impl {
         s.cache_tokens_left = rec.cache_tokens_left;
         s.version = rec.version;
         s.dtype = rec.dtype;
+        s.quantization = rec.quantization;
         s.addresses = rec.addresses;
         s.relay = AllRelayed(rec.addresses);
         for (const auto& [next, ms] : rec.next_pings)

@@ -25,6 +25,7 @@ Json ServerJson(const ServerView& s) {
           {"cache_tokens_left", s.cache_tokens_left},
           {"version", s.version},
           {"dtype", s.dtype},
+          {"quantization", s.quantization},
           {"relay", s.relay},
           {"addresses", s.addresses},
           {"rtt_ms", OrNull(s.rtt_ms)},

@@ -24,7 +24,8 @@ struct ServerView {
   double inference_rps = 0;
   int64_t cache_tokens_left = 0;
   std::string version = {}, dtype = {};
-  bool relay = false;  // every address it gave goes through a relay
+  std::string quantization = {};  // "none", "int8"; "" from servers that do not say
+  bool relay = false;             // every address it gave goes through a relay
   std::vector<std::string> addresses = {};
   std::optional<double> rtt_ms = {};                            // the monitor's ping
   std::vector<std::pair<std::string, double>> next_pings = {};  // the server's own, ms

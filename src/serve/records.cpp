@@ -74,6 +74,7 @@ std::string EncodeServerRecord(const ServerRecord& r) {
                       {"addresses", r.addresses},
                       {"version", r.version},
                       {"dtype", r.dtype}};
+  if (!r.quantization.empty()) j["quantization"] = r.quantization;
   if (!r.next_pings.empty()) {
     nlohmann::json pings = nlohmann::json::object();
     for (const auto& [peer, ms] : r.next_pings) pings[peer.ToString()] = ms;
@@ -112,6 +113,7 @@ Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view valu
     r.cache_tokens_left = j.value("cache_tokens_left", int64_t{0});
     r.version = j.value("version", std::string());
     r.dtype = j.value("dtype", std::string());
+    r.quantization = j.value("quantization", std::string());
     if (j.contains("addresses")) {
       const auto& a = j.at("addresses");
       if (!a.is_array() || a.size() > 16) {
@@ -156,8 +158,17 @@ Result<ServerRecord> ParseServerRecord(const PeerId& peer, std::string_view valu
       r.inference_rps < 0) {
     return ProtocolError("server record has a negative or non-finite throughput");
   }
-  if (r.version.size() > 64 || r.dtype.size() > 16) {
-    return ProtocolError("server record has an overlong version or dtype");
+  if (r.version.size() > 64 || r.dtype.size() > 16 || r.quantization.size() > 16) {
+    return ProtocolError("server record has an overlong version, dtype or quantization");
+  }
+  // What readers print to terminals (colony servers) must not carry escape sequences.
+  const auto printable = [](const std::string& s) {
+    return std::all_of(s.begin(), s.end(), [](char c) { return c >= ' ' && c <= '~'; });
+  };
+  if (!printable(r.version) || !printable(r.dtype) || !printable(r.quantization)) {
+    return ProtocolError(
+        "server record: version, dtype and quantization must be printable ASCII (no control "
+        "characters)");
   }
   return r;
 }

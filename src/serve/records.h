@@ -31,8 +31,12 @@ struct ServerRecord {
   double inference_rps = 0;
   int64_t cache_tokens_left = 0;
   std::vector<std::string> addresses;  // multiaddrs with /p2p/
+  // Printable ASCII only (a reader prints them to terminals and pages): at most 64, 16 and 16
+  // characters. quantization: "none" or "int8" (BlockServerOptions::quantize); "" from servers
+  // older than the field.
   std::string version;
   std::string dtype;
+  std::string quantization = {};
   // The server's own round-trip times (ms) to servers of the block after its span (at most
   // kMaxNextPings, by peer id): what a client's route through this server to the next costs.
   std::vector<std::pair<PeerId, double>> next_pings = {};

@@ -79,6 +79,7 @@ void BlockServer::Impl::Announce() {
   for (const auto& a : node_.VisibleAddresses()) r.addresses.push_back(a.ToString());
   r.version = COLONY_VERSION_STRING;
   r.dtype = DTypeLabel(dtype_);
+  r.quantization = options_.quantize;
   const std::string value = EncodeServerRecord(r);
   const double expiration = dht::Now() + options_.record_ttl_seconds;
   std::vector<dht::StoreItem> items;

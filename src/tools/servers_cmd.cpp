@@ -94,7 +94,8 @@ int Run(const ServersArgs& a) {
                       {"cache_tokens_left", s.cache_tokens_left},
                       {"addresses", s.addresses},
                       {"version", s.version},
-                      {"dtype", s.dtype}});
+                      {"dtype", s.dtype},
+                      {"quantization", s.quantization}});
     }
     j["servers"] = list;
     j["servers_per_block"] = count;
@@ -103,13 +104,17 @@ int Run(const ServersArgs& a) {
   } else {
     std::printf("model '%s': %lld blocks, %zu servers\n", name.c_str(),
                 static_cast<long long>(blocks), servers.size());
-    std::printf("%-54s %-9s %-9s %12s %10s %12s  %s\n", "peer", "state", "blocks", "tokens/s",
-                "steps/s", "cache tok", "version");
+    std::printf("%-54s %-9s %-9s %12s %10s %12s  %-15s %s\n", "peer", "state", "blocks", "tokens/s",
+                "steps/s", "cache tok", "weights", "version");
     for (const auto& [id, s] : servers) {
-      std::printf("%-54s %-9s %-9s %12.0f %10.1f %12lld  %s\n", id.c_str(),
+      // The record's parser let only printable ASCII through.
+      const std::string weights =
+          s.dtype +
+          (s.quantization.empty() || s.quantization == "none" ? "" : "," + s.quantization);
+      std::printf("%-54s %-9s %-9s %12.0f %10.1f %12lld  %-15s %s\n", id.c_str(),
                   std::string(serve::StateName(s.state)).c_str(),
                   fmt::format("{}:{}", s.start, s.end).c_str(), s.throughput, s.inference_rps,
-                  static_cast<long long>(s.cache_tokens_left), s.version.c_str());
+                  static_cast<long long>(s.cache_tokens_left), weights.c_str(), s.version.c_str());
     }
     std::printf("coverage (online servers per block):");
     for (int64_t b = 0; b < blocks; ++b) std::printf(" %d", count[static_cast<size_t>(b)]);

@@ -61,7 +61,8 @@ class MonitoredSwarm : public ::testing::Test {
 
   // Node i announces itself as a server of `model` for blocks [start, end).
   void Serve(dht::Node& n, const std::string& model, int64_t blocks, int64_t start, int64_t end,
-             double ttl = 60, std::vector<std::string> addresses = {}) {
+             double ttl = 60, std::vector<std::string> addresses = {},
+             const std::string& quantization = "none") {
     serve::ServerRecord r;
     r.state = serve::ServerState::kOnline;
     r.start = start;
@@ -69,6 +70,7 @@ class MonitoredSwarm : public ::testing::Test {
     r.throughput = 100;
     r.version = "0.1.0";
     r.dtype = "float32";
+    r.quantization = quantization;
     if (addresses.empty()) {
       for (const auto& a : n.VisibleAddresses()) addresses.push_back(a.ToString());
     }
@@ -146,7 +148,7 @@ std::vector<int> Coverage(int64_t blocks, const std::vector<std::pair<int64_t, i
 }
 
 TEST_F(MonitoredSwarm, ShowsCoverageAndAServerThatWentAwayAtTheNextRefresh) {
-  Serve(*peers_[0], "m", 4, 0, 2);
+  Serve(*peers_[0], "m", 4, 0, 2, 60, {}, "int8");
   Serve(*peers_[1], "m", 4, 0, 4, /*ttl=*/8);
   StartCollector();
   const auto before = Coverage(4, {{0, 2}, {0, 4}});
@@ -166,6 +168,8 @@ TEST_F(MonitoredSwarm, ShowsCoverageAndAServerThatWentAwayAtTheNextRefresh) {
     ASSERT_TRUE(v->rtt_ms.has_value());
     EXPECT_GE(*v->rtt_ms, 0);
     EXPECT_FALSE(v->relay);
+    EXPECT_EQ(v->dtype, "float32");
+    EXPECT_EQ(v->quantization, i == 0 ? "int8" : "none");
   }
 
   // The second server goes away: unreachable (and not counted) within two refreshes.

@@ -19,6 +19,7 @@ TEST(ServerRecord, RoundTrips) {
   r.addresses = {"/ip4/127.0.0.1/tcp/4000/p2p/" + r.peer.ToString()};
   r.version = "0.1.0";
   r.dtype = "float32";
+  r.quantization = "int8";
   auto parsed = ParseServerRecord(r.peer, EncodeServerRecord(r), 8);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   EXPECT_EQ(parsed->state, ServerState::kOnline);
@@ -29,6 +30,12 @@ TEST(ServerRecord, RoundTrips) {
   EXPECT_EQ(parsed->cache_tokens_left, 4096);
   EXPECT_EQ(parsed->addresses, r.addresses);
   EXPECT_EQ(parsed->peer, r.peer);
+  EXPECT_EQ(parsed->dtype, "float32");
+  EXPECT_EQ(parsed->quantization, "int8");
+  // A record from a server older than the field says nothing of it.
+  auto older = ParseServerRecord(r.peer, R"({"state":"online","start":0,"end":2})", 8);
+  ASSERT_TRUE(older.ok()) << older.status().ToString();
+  EXPECT_EQ(older->quantization, "");
 }
 
 TEST(ServerRecord, RejectsMalformedAndOutOfRange) {
@@ -49,6 +56,12 @@ TEST(ServerRecord, RejectsMalformedAndOutOfRange) {
       "{\"state\":\"online\",\"start\":0,\"end\":1e300}",
       "{\"state\":\"online\",\"start\":0.5,\"end\":2}",
       "{\"state\":\"online\",\"start\":0,\"end\":2,\"cache_tokens_left\":1e300}",
+      // Terminal escape sequences and other control characters in what readers print.
+      "{\"state\":\"online\",\"start\":0,\"end\":2,\"version\":\"\\u001b[2J\"}",
+      "{\"state\":\"online\",\"start\":0,\"end\":2,\"dtype\":\"f32\\n\"}",
+      "{\"state\":\"online\",\"start\":0,\"end\":2,\"quantization\":\"int8\\u0007\"}",
+      "{\"state\":\"online\",\"start\":0,\"end\":2,\"quantization\":\"int8-and-more-than-16\"}",
+      "{\"state\":\"online\",\"start\":0,\"end\":2,\"version\":\"caf\u00e9\"}",
   };
   for (const char* v : bad) {
     EXPECT_FALSE(ParseServerRecord(peer, v, 8).ok()) << v;
