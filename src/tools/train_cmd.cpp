@@ -462,6 +462,12 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
       ->capture_default_str();
   cmd->add_option("--averaging-timeout", f->averaging_timeout, "seconds per averaging round")
       ->capture_default_str();
+  cmd->add_option("--target-group-size", c.target_group_size,
+                  "largest averaging group: more peers at one epoch average in several groups, "
+                  "which mix as the groups change from round to round (hivemind's "
+                  "target_group_size)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{2}, size_t{256}));
   cmd->add_option("--bandwidth-mbps", f->bandwidth_mbps, "announced upload bandwidth")
       ->capture_default_str();
   cmd->add_option("--max-send-mbps", f->max_send_mbps, "cap on this peer's sending rate")

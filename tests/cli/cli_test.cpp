@@ -275,6 +275,7 @@ TEST_F(CliTest, UsageErrorsAreOneLineWithExitCodeTwo) {
       {{"average", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--values", "1", "--start-on-signal",
         "--start-at", "1"},
        "--start-at excludes --start-on-signal"},
+      {{"train", "--target-group-size", "1"}, "--target-group-size"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c.args));
@@ -478,6 +479,25 @@ TEST_F(CliTest, ListenWithMissingIdentityFileFails) {
   EXPECT_EQ(r.code, 1) << r.Describe();
   EXPECT_TRUE(r.out.empty()) << r.Describe();
   ExpectOneErrorLine(r.err, {file});
+}
+
+// Every command that joins a swarm runs as the --identity it is given (a token file names it):
+// a missing file is an error that names it, before anything connects.
+TEST_F(CliTest, SwarmCommandsWithAMissingIdentityFileFailNamingIt) {
+  const std::string file = dir_.File("missing.key");
+  const std::vector<std::vector<std::string>> commands = {
+      {"servers", "--model-name", "m", "--num-blocks", "2", "--initial-peers",
+       "/ip4/127.0.0.1/tcp/1"},
+      {"monitor", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--http", "127.0.0.1:0"},
+      {"dht", "get", "k", "--initial-peers", "/ip4/127.0.0.1/tcp/1"},
+  };
+  for (auto args : commands) {
+    SCOPED_TRACE(args[0]);
+    args.insert(args.end(), {"--identity", file});
+    RunResult r = Run(args);
+    EXPECT_EQ(r.code, 1) << r.Describe();
+    ExpectOneErrorLine(r.err, {file});
+  }
 }
 
 TEST_F(CliTest, PingWrongPeerIdFails) {
