@@ -31,7 +31,8 @@ bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
 // The token of an "Authorization: Bearer TOKEN" header; empty when there is none.
 std::string_view BearerToken(std::string_view header) {
   constexpr std::string_view kScheme = "bearer";
-  if (header.size() <= kScheme.size() || !EqualsIgnoringCase(header.substr(0, 6), kScheme) ||
+  if (header.size() <= kScheme.size() ||
+      !EqualsIgnoringCase(header.substr(0, kScheme.size()), kScheme) ||
       header[kScheme.size()] != ' ') {
     return {};
   }
