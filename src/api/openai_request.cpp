@@ -169,6 +169,8 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
                           model::ParseStrictJsonObject(body, "the request body", kMaxDepth));
   GenerationRequest r;
   r.chat = chat;
+  bool chat_logprobs = false;           // chat's logprobs: true
+  std::optional<int64_t> top_logprobs;  // chat's top_logprobs
   const std::map<std::string, FieldParser, std::less<>> common = {
       {"model",
        [](const json& v, GenerationRequest& q) -> Status {
@@ -178,7 +180,8 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
       {"max_tokens",
        [](const json& v, GenerationRequest& q) -> Status {
          if (v.is_null()) return Status::Ok();
-         COLONY_ASSIGN_OR_RETURN(q.max_tokens, Integer(v, "max_tokens", 1, 1 << 20));
+         // 0 only with echo (checked at the end): scoring a prompt, as lm-eval-harness does.
+         COLONY_ASSIGN_OR_RETURN(q.max_tokens, Integer(v, "max_tokens", 0, 1 << 20));
          return Status::Ok();
        }},
       {"temperature",
@@ -256,9 +259,11 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
        [](const json& v, GenerationRequest&) {
          return OnlyNoOp(v, "logit_bias", "no logit biases");
        }},
-      {"logprobs",
-       [](const json& v, GenerationRequest&) {
-         return OnlyNoOp(v, "logprobs", "no log-probabilities in answers");
+      {"return_tokens_as_token_ids",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.tokens_as_ids, Bool(v, "return_tokens_as_token_ids"));
+         return Status::Ok();
        }},
   };
   std::map<std::string, FieldParser, std::less<>> own;
@@ -272,9 +277,18 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
            COLONY_ASSIGN_OR_RETURN(q.max_tokens, Integer(v, "max_completion_tokens", 1, 1 << 20));
            return Status::Ok();
          }},
+        {"logprobs",
+         [&chat_logprobs](const json& v, GenerationRequest&) -> Status {
+           if (v.is_null()) return Status::Ok();
+           COLONY_ASSIGN_OR_RETURN(chat_logprobs, Bool(v, "logprobs"));
+           return Status::Ok();
+         }},
         {"top_logprobs",
-         [](const json& v, GenerationRequest&) {
-           return OnlyNoOp(v, "top_logprobs", "no log-probabilities in answers");
+         [&limits, &top_logprobs](const json& v, GenerationRequest&) -> Status {
+           if (v.is_null()) return Status::Ok();
+           COLONY_ASSIGN_OR_RETURN(top_logprobs,
+                                   Integer(v, "top_logprobs", 0, limits.max_top_logprobs));
+           return Status::Ok();
          }},
         {"response_format",
          [](const json& v, GenerationRequest&) -> Status {
@@ -296,9 +310,17 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
     own = {
         {"prompt",
          [&limits](const json& v, GenerationRequest& q) { return ParsePrompt(v, limits, q); }},
+        {"logprobs",
+         [&limits](const json& v, GenerationRequest& q) -> Status {
+           if (v.is_null()) return Status::Ok();
+           COLONY_ASSIGN_OR_RETURN(q.logprobs, Integer(v, "logprobs", 0, limits.max_top_logprobs));
+           return Status::Ok();
+         }},
         {"echo",
-         [](const json& v, GenerationRequest&) {
-           return OnlyNoOp(v, "echo", "answers hold the completion only");
+         [](const json& v, GenerationRequest& q) -> Status {
+           if (v.is_null()) return Status::Ok();
+           COLONY_ASSIGN_OR_RETURN(q.echo, Bool(v, "echo"));
+           return Status::Ok();
          }},
         {"suffix",
          [](const json& v, GenerationRequest&) -> Status {
@@ -324,6 +346,14 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
   }
   if (chat && r.messages.empty()) return Bad("messages", "is missing");
   if (!chat && !j.contains("prompt")) return Bad("prompt", "is missing");
+  if (chat && top_logprobs.value_or(0) > 0 && !chat_logprobs) {
+    return Bad("top_logprobs", "needs \"logprobs\": true");
+  }
+  if (chat_logprobs) r.logprobs = top_logprobs.value_or(0);
+  if (r.max_tokens == 0 && !r.echo) {
+    return Bad(j.contains("max_tokens") ? "max_tokens" : "max_completion_tokens",
+               "must be at least 1 (0 only with \"echo\": true, to score a prompt)");
+  }
   return r;
 }
 

@@ -5,7 +5,7 @@
 //   if (!r.ok()) return http::JsonError(400, r.status().message());
 //
 // Every field of the API either is understood, or is accepted only with the value that changes
-// nothing (presence_penalty 0, logprobs null, ...), or makes the request fail with a message that
+// nothing (presence_penalty 0, best_of 1, ...), or makes the request fail with a message that
 // names the field. Unknown fields fail too: a client that asks for something Colony would not do
 // is told so instead of getting a different answer.
 #pragma once
@@ -43,6 +43,12 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::optional<uint64_t> seed;
+  // Log-probabilities in the answer: the chosen tokens' and this many most likely tokens' at
+  // each position (completions: `logprobs` N; chat: `logprobs: true` with `top_logprobs` N).
+  // Absent: none.
+  std::optional<int64_t> logprobs;
+  bool echo = false;           // completions: the answer starts with the prompt (and its logprobs)
+  bool tokens_as_ids = false;  // return_tokens_as_token_ids (vLLM's): tokens as "token_id:N"
 };
 
 struct RequestLimits {
@@ -51,6 +57,7 @@ struct RequestLimits {
   size_t max_stop = 4;  // as OpenAI
   size_t max_stop_bytes = 256;
   size_t max_prompt_tokens = 1 << 16;  // a prompt given as token ids
+  int64_t max_top_logprobs = 20;       // as OpenAI's top_logprobs
 };
 
 // InvalidArgument naming the field (its message starts with the field's name in quotes).

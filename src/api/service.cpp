@@ -11,6 +11,7 @@
 #include <random>
 
 #include "api/text_stream.h"
+#include "api/token_logprobs.h"
 #include "core/log.h"
 #include "serve/generation.h"
 #include "serve/remote_sequential.h"
@@ -48,7 +49,8 @@ struct ApiService::Plan {
   std::vector<int64_t> prompt;
   int64_t max_new_tokens = 0;
   std::vector<std::string> stops;
-  bool beams = false;  // n > 1 at temperature 0
+  bool beams = false;     // n > 1 at temperature 0
+  std::string echo_text;  // what the answer starts with (echo: the prompt)
 
   int64_t max_length() const { return static_cast<int64_t>(prompt.size()) + max_new_tokens; }
 };
@@ -73,6 +75,7 @@ struct ApiService::Choice {
   std::string text;
   int64_t tokens = 0;  // generated (stop strings included)
   std::string finish_reason;
+  std::vector<TokenLogprob> logprobs;  // when asked for (and not streamed)
 };
 
 ApiService::ApiService(serve::SwarmClient& client, ApiOptions options)
@@ -131,7 +134,7 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
     }
   }
   const int64_t room = config.max_seq_len - static_cast<int64_t>(plan.prompt.size());
-  if (room < 1 || (r.max_tokens && *r.max_tokens > room)) {
+  if (room < r.max_tokens.value_or(1)) {
     return Status(StatusCode::kOutOfRange,
                   fmt::format("this model's context is {} tokens; the prompt has {} and {} were "
                               "asked to be generated",
@@ -141,6 +144,15 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
       r.max_tokens ? *r.max_tokens : (r.chat ? room : std::min<int64_t>(16, room));
   plan.stops.insert(plan.stops.end(), r.stop.begin(), r.stop.end());
   plan.beams = r.n > 1 && r.temperature == 0;
+  if (plan.beams && r.logprobs) {
+    return InvalidArgument(
+        "'logprobs': n > 1 at temperature 0 runs beam search, whose log-probabilities colony api "
+        "does not record; ask for n = 1, or a temperature above 0 for n samples");
+  }
+  if (r.echo) {
+    std::vector<int32_t> ids(plan.prompt.begin(), plan.prompt.end());
+    plan.echo_text = r.prompt_is_tokens ? tok.Decode(ids) : r.prompt;
+  }
   if (plan.beams && r.stream) {
     return InvalidArgument(
         "'stream': n > 1 at temperature 0 runs beam search, whose answers are known only at the "
@@ -179,13 +191,27 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   std::random_device rd;
   const uint64_t base_seed = req->seed.value_or((static_cast<uint64_t>(rd()) << 32) | rd());
 
-  // Runs choice i; on_delta sees its text as it is released.
+  // Runs choice i; on_delta sees its text as it is released, with the log-probabilities of the
+  // tokens since the last call (when they were asked for).
+  using OnDelta = std::function<void(const std::string&, std::vector<TokenLogprob>)>;
   auto run_choice = [this, plan, req, decode, eos, base_seed, cancelled](
-                        int64_t i, const std::function<void(const std::string&)>& on_delta,
+                        int64_t i, const OnDelta& on_delta,
                         const std::function<bool()>& stop_early) -> Result<Choice> {
     at::NoGradGuard no_grad;
     SwarmDecoder decoder(client_, plan->max_length(), 1);
+    std::optional<LogprobRecorder> recorder;
+    if (req->logprobs) recorder.emplace(decoder.backend, *req->logprobs, req->echo);
+    serve::DecoderBackend& backend =
+        recorder ? static_cast<serve::DecoderBackend&>(*recorder) : decoder.backend;
     TextStream text(decode, plan->stops);
+    std::string echo = plan->echo_text;  // until the first delta
+    auto emit = [&](const std::string& d) {
+      if (!on_delta) return;
+      std::vector<TokenLogprob> logprobs =
+          recorder ? recorder->Take() : std::vector<TokenLogprob>{};
+      if (d.empty() && echo.empty() && logprobs.empty()) return;
+      on_delta(std::exchange(echo, {}) + d, std::move(logprobs));
+    };
     const model::SamplingOptions so{.max_new_tokens = plan->max_new_tokens,
                                     .temperature = req->temperature,
                                     .top_k = req->top_k,
@@ -194,27 +220,44 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                                     .seed = base_seed + static_cast<uint64_t>(i)};
     Choice c;
     bool ended_with_eos = false;
-    auto tokens = serve::GenerateWith(
-        decoder.backend, plan->prompt, so, eos,
-        [&](int64_t t) {
-          ++c.tokens;
-          if (t == eos) {
-            ended_with_eos = true;
-            return;
-          }
-          if (std::string d = text.Add(t); !d.empty() && on_delta) on_delta(d);
-        },
-        [&] { return text.stopped() || cancelled() || (stop_early && stop_early()); });
-    if (!tokens.ok()) return tokens.status();
+    if (plan->max_new_tokens == 0) {
+      // echo with max_tokens 0: the prompt is scored, nothing is generated.
+      const at::Tensor prompt = at::tensor(plan->prompt, at::kLong).unsqueeze(0);
+      if (auto scored = backend.Step(prompt, 0, {}); !scored.ok()) return scored.status();
+    } else {
+      auto tokens = serve::GenerateWith(
+          backend, plan->prompt, so, eos,
+          [&](int64_t t) {
+            ++c.tokens;
+            if (t == eos) {
+              ended_with_eos = true;  // not part of the text, so not of its log-probabilities
+              return;
+            }
+            if (recorder) recorder->Chose(t);
+            if (std::string d = text.Add(t); !d.empty()) emit(d);
+          },
+          [&] { return text.stopped() || cancelled() || (stop_early && stop_early()); });
+      if (!tokens.ok()) return tokens.status();
+    }
     if (cancelled()) return Cancelled("the client went away");
-    if (std::string d = text.Finish(); !d.empty() && on_delta) on_delta(d);
-    c.text = text.text();
+    emit(text.Finish());
+    c.text = plan->echo_text + text.text();
     c.finish_reason = text.stopped() || ended_with_eos ? "stop" : "length";
+    if (recorder) c.logprobs = recorder->Take();
     return c;
   };
 
-  auto choice_json = [chat](int64_t index, const Choice& c) {
+  // The tokens the first log-probability entry follows: the prompt, unless it is echoed.
+  const std::vector<int64_t> logprobs_after = req->echo ? std::vector<int64_t>{} : plan->prompt;
+  const LogprobFormat::Kind logprobs_kind =
+      chat ? LogprobFormat::kChat : LogprobFormat::kCompletion;
+  auto choice_json = [chat, req, tok, logprobs_after, logprobs_kind](int64_t index,
+                                                                     const Choice& c) {
     json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
+    if (req->logprobs) {
+      j["logprobs"] =
+          LogprobFormat(tok, logprobs_kind, req->tokens_as_ids, logprobs_after).Answer(c.logprobs);
+    }
     if (chat) {
       j["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
@@ -246,7 +289,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         }
         c.tokens = static_cast<int64_t>(b.tokens.size());
         text.Finish();
-        c.text = text.text();
+        c.text = plan->echo_text + text.text();
         c.finish_reason = b.finished || text.stopped() ? "stop" : "length";
         choices.push_back(std::move(c));
       }
@@ -275,8 +318,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   reply.content_type = "text/event-stream";
   const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
   const std::string model_id = options_.model_id;
-  reply.stream = [req, chat, id, created, chunk_object, model_id, run_choice,
-                  usage](http::StreamWriter& out) {
+  reply.stream = [req, chat, id, created, chunk_object, model_id, run_choice, usage, tok,
+                  logprobs_after, logprobs_kind](http::StreamWriter& out) {
     auto event = [&](json choices, const json* extra = nullptr) {
       json j = {{"id", id},
                 {"object", chunk_object},
@@ -286,8 +329,12 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       if (extra != nullptr) j.update(*extra);
       return out.Write("data: " + Dump(j) + "\n\n");
     };
-    auto piece = [&](int64_t index, const std::string& text, const json& finish) {
+    // The log-probabilities of choice i, written as its tokens arrive.
+    std::optional<LogprobFormat> format;
+    auto piece = [&](int64_t index, const std::string& text, const json& finish,
+                     const std::vector<TokenLogprob>& logprobs = {}) {
       json c = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", finish}};
+      if (format && !logprobs.empty()) c["logprobs"] = format->Answer(logprobs);
       if (chat) {
         c["delta"] = finish.is_null() ? json{{"content", text}} : json::object();
       } else {
@@ -305,10 +352,11 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         if (!event(json::array({c}))) return;
       }
       bool client_gone = false;
+      if (req->logprobs) format.emplace(tok, logprobs_kind, req->tokens_as_ids, logprobs_after);
       auto c = run_choice(
           i,
-          [&](const std::string& d) {
-            if (!piece(i, d, nullptr)) client_gone = true;
+          [&](const std::string& d, const std::vector<TokenLogprob>& logprobs) {
+            if (!piece(i, d, nullptr, logprobs)) client_gone = true;
           },
           [&] { return client_gone || out.cancelled(); });
       if (client_gone || out.cancelled()) return;

@@ -382,6 +382,9 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
       {"/completions", R"({"prompt": [999999]})", 400, "outside the vocabulary"},
       {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "stream": true})", 400,
        "beam search"},
+      {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "logprobs": 1})", 400,
+       "'logprobs': n > 1 at temperature 0"},
+      {"/completions", R"({"prompt": [1, 2], "max_tokens": 0})", 400, "0 only with"},
       {"/chat/completions", R"({"messages": "hi"})", 400, "'messages'"},
       {"/nothing", R"({})", 404, "no such endpoint"},
   };
@@ -573,6 +576,189 @@ TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
   Proc& survivor = victim == &b ? c : b;
   EXPECT_GT(SessionsOpened(survivor), survivor.label == "B" ? b_before : c_before)
       << "the session did not move to the surviving replica";
+}
+
+// Log-probabilities as lm-eval-harness asks for them (a prompt of token ids echoed with
+// max_tokens 0) and with generation, against transformers: the fixture it saved, its argmax at
+// every position and its last position's logits (reference.json). Their normalisation is checked
+// against a plain log-softmax of the whole model run in this process.
+TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
+  const fs::path fixtures(COLONY_HF_FIXTURES);
+  model_dir_ = dir_ / "fixture";
+  fs::create_directories(model_dir_);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
+    fs::copy_file(fixtures / "llama-v5-rope500k-tied" / f, model_dir_ / f);
+  }
+  fs::copy_file(fixtures / "tokenizer-bytelevel-bpe" / "tokenizer.json",
+                model_dir_ / "tokenizer.json");
+  const json ref = json::parse(colony::test::ReadFile(
+      (fixtures / "reference.json").string()))["models"]["llama-v5-rope500k-tied"];
+  const auto prompt = ref["prompt"].get<std::vector<int64_t>>();
+  const auto argmax = ref["argmax_per_position"].get<std::vector<int64_t>>();
+  const auto greedy = ref["greedy_24"].get<std::vector<int64_t>>();
+  const auto last_logits = ref["last_logits_first16"].get<std::vector<double>>();
+  const size_t p = prompt.size();
+  ASSERT_EQ(argmax.size(), p);
+
+  ASSERT_NE(StartServer("A", "0:2"), nullptr);
+  ASSERT_NE(StartServer("B", "2:4"), nullptr);
+  ASSERT_TRUE(StartApi());
+  WaitUntilRoutable();
+
+  auto id = [](int64_t t) { return "token_id:" + std::to_string(t); };
+  // The key of the largest value of a top_logprobs object.
+  auto best = [](const json& top) {
+    std::string key;
+    double value = -1e300;
+    for (const auto& [k, v] : top.items()) {
+      if (v.get<double>() > value) std::tie(key, value) = std::pair{k, v.get<double>()};
+    }
+    return key;
+  };
+  auto score = [&](const std::vector<int64_t>& tokens) {
+    const HttpAnswer a = Curl("/completions", json({{"prompt", json::array({tokens})},
+                                                    {"max_tokens", 0},
+                                                    {"echo", true},
+                                                    {"logprobs", 3},
+                                                    {"temperature", 0},
+                                                    {"return_tokens_as_token_ids", true}})
+                                                  .dump());
+    EXPECT_EQ(a.status, 200) << a.body << Logs();
+    return a.status == 200 ? json::parse(a.body) : json();
+  };
+
+  // The whole model here, and a plain log-softmax of its logits: the normalisation.
+  auto local = model::LoadLlama(model_dir_);
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  (*local)->eval();
+  at::Tensor expected;
+  {
+    at::NoGradGuard no_grad;
+    expected = at::log_softmax(
+        (*local)->forward(at::tensor(prompt, at::kLong).unsqueeze(0))[0].to(at::kDouble), -1);
+  }
+
+  const json scored = score(prompt);
+  ASSERT_FALSE(scored.is_null());
+  const json& choice = scored["choices"][0];
+  const json& lp = choice["logprobs"];
+  std::vector<int32_t> prompt32(prompt.begin(), prompt.end());
+  EXPECT_EQ(choice["text"], tokenizer_->Decode(prompt32));  // echoed; nothing generated
+  EXPECT_EQ(choice["finish_reason"], "length");
+  EXPECT_EQ(scored["usage"]["completion_tokens"], 0);
+  ASSERT_EQ(lp["tokens"].size(), p) << lp;
+  ASSERT_EQ(lp["token_logprobs"].size(), p);
+  ASSERT_EQ(lp["top_logprobs"].size(), p);
+  ASSERT_EQ(lp["text_offset"].size(), p);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());  // nothing precedes the first token
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 0; i < p; ++i) EXPECT_EQ(lp["tokens"][i], id(prompt[i]));
+  for (size_t i = 1; i < p; ++i) {
+    // Transformers' argmax at the position before, and the chosen token among the top 3.
+    EXPECT_EQ(best(lp["top_logprobs"][i]), id(argmax[i - 1])) << "position " << i;
+    EXPECT_LE(lp["top_logprobs"][i].size(), 4u);
+    const double got = lp["token_logprobs"][i];
+    EXPECT_DOUBLE_EQ(lp["top_logprobs"][i][id(prompt[i])].get<double>(), got);
+    const double want = expected[static_cast<int64_t>(i) - 1][prompt[i]].item<double>();
+    EXPECT_NEAR(got, want, 1e-4) << "position " << i;
+  }
+
+  // The last position, against transformers' own logits there: log-probabilities differ as the
+  // logits do, and the best token is transformers' argmax.
+  std::vector<double> last;
+  for (int64_t a : {3, 8, 12}) {
+    std::vector<int64_t> tokens = prompt;
+    tokens.push_back(a);
+    const json s = score(tokens);
+    ASSERT_FALSE(s.is_null());
+    const json& l = s["choices"][0]["logprobs"];
+    ASSERT_EQ(l["token_logprobs"].size(), p + 1);
+    EXPECT_EQ(best(l["top_logprobs"][p]), id(argmax[p - 1]));
+    last.push_back(l["token_logprobs"][p].get<double>());
+  }
+  EXPECT_NEAR(last[0] - last[1], last_logits[3] - last_logits[8], 1e-4);
+  EXPECT_NEAR(last[2] - last[1], last_logits[12] - last_logits[8], 1e-4);
+
+  // Greedy generation with logprobs: transformers' tokens, each the best at its position.
+  const HttpAnswer g = Curl("/completions", json({{"prompt", prompt},
+                                                  {"max_tokens", 8},
+                                                  {"temperature", 0},
+                                                  {"logprobs", 2},
+                                                  {"return_tokens_as_token_ids", true}})
+                                                .dump());
+  ASSERT_EQ(g.status, 200) << g.body;
+  const json gj = json::parse(g.body);
+  const json& glp = gj["choices"][0]["logprobs"];
+  ASSERT_EQ(glp["tokens"].size(), 8u) << glp;
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(glp["tokens"][i], id(greedy[p + i])) << "token " << i;
+    EXPECT_EQ(best(glp["top_logprobs"][i]), id(greedy[p + i]));
+    EXPECT_EQ(glp["top_logprobs"][i].size(), 2u);  // the chosen token is one of the top 2
+  }
+  EXPECT_EQ(glp["text_offset"][0], 0);
+
+  // Text tokens, streamed and whole: the same tokens, log-probabilities and offsets, and the
+  // tokens' text joins to the answer's.
+  const json text_request = {{"prompt", "The kernel"},
+                             {"max_tokens", 6},
+                             {"temperature", 0},
+                             {"logprobs", 1},
+                             {"echo", true}};
+  const HttpAnswer whole = Curl("/completions", text_request.dump());
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json wj = json::parse(whole.body);
+  const json& wc = wj["choices"][0];
+  json streamed_request = text_request;
+  streamed_request["stream"] = true;
+  const HttpAnswer streamed = Curl("/completions", streamed_request.dump());
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  bool done = false;
+  std::string text, names;
+  json tokens = json::array(), logprobs = json::array(), offsets = json::array();
+  for (const json& e : Events(streamed.body, &done)) {
+    const json& c = e["choices"][0];
+    text += c["text"].get<std::string>();
+    if (c["logprobs"].is_null()) continue;
+    for (size_t i = 0; i < c["logprobs"]["tokens"].size(); ++i) {
+      tokens.push_back(c["logprobs"]["tokens"][i]);
+      logprobs.push_back(c["logprobs"]["token_logprobs"][i]);
+      offsets.push_back(c["logprobs"]["text_offset"][i]);
+    }
+  }
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(wc["text"].get<std::string>().starts_with("The kernel")) << wc;
+  EXPECT_EQ(text, wc["text"]);
+  EXPECT_EQ(tokens, wc["logprobs"]["tokens"]);
+  EXPECT_EQ(logprobs, wc["logprobs"]["token_logprobs"]);
+  EXPECT_EQ(offsets, wc["logprobs"]["text_offset"]);
+  for (const auto& t : tokens) names += t.get<std::string>();
+  EXPECT_EQ(names, wc["text"]);
+
+  // Chat: each token's text, bytes and top alternatives, best first.
+  const HttpAnswer chat =
+      Curl("/chat/completions", json({{"messages", {{{"role", "user"}, {"content", "Hello"}}}},
+                                      {"max_tokens", 6},
+                                      {"temperature", 0},
+                                      {"logprobs", true},
+                                      {"top_logprobs", 2}})
+                                    .dump());
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const json cj = json::parse(chat.body);
+  const json& cc = cj["choices"][0];
+  std::string joined;
+  for (const json& e : cc["logprobs"]["content"]) {
+    std::string bytes;
+    for (const auto& b : e["bytes"]) bytes += static_cast<char>(b.get<int>());
+    joined += bytes;
+    ASSERT_EQ(e["top_logprobs"].size(), 2u) << e;
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);  // greedy: the best one
+    EXPECT_DOUBLE_EQ(e["top_logprobs"][0]["logprob"].get<double>(), e["logprob"].get<double>());
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(),
+              e["top_logprobs"][1]["logprob"].get<double>());
+  }
+  // The content ends before a stop string, whose tokens are scored too.
+  EXPECT_TRUE(joined.starts_with(cc["message"]["content"].get<std::string>())) << cc;
+  EXPECT_FALSE(cc["logprobs"]["content"].empty());
 }
 
 }  // namespace

@@ -33,6 +33,22 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
   EXPECT_EQ(r->stop, (std::vector<std::string>{"\n", "END"}));
   EXPECT_EQ(r->seed, 42u);
 
+  EXPECT_FALSE(r->logprobs.has_value());
+  EXPECT_FALSE(r->echo);
+
+  // Scoring a prompt as lm-eval-harness asks: its tokens echoed with their log-probabilities.
+  auto scoring = ParseCompletionRequest(R"({"prompt": [[1, 2, 3]], "max_tokens": 0,
+      "echo": true, "logprobs": 1, "temperature": 0, "return_tokens_as_token_ids": true})",
+                                        {});
+  ASSERT_TRUE(scoring.ok()) << scoring.status().ToString();
+  EXPECT_EQ(scoring->max_tokens, 0);
+  EXPECT_TRUE(scoring->echo);
+  EXPECT_EQ(scoring->logprobs, 1);
+  EXPECT_TRUE(scoring->tokens_as_ids);
+  auto none = ParseCompletionRequest(R"({"prompt": "x", "logprobs": 0})", {});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->logprobs, 0);  // the chosen tokens' only
+
   auto defaults = ParseCompletionRequest(R"({"prompt": "x"})", {});
   ASSERT_TRUE(defaults.ok());
   EXPECT_FALSE(defaults->max_tokens.has_value());
@@ -64,14 +80,28 @@ TEST(OpenAiRequest, ParsesAChatRequest) {
   EXPECT_EQ(r->messages[1].content, "Hi there");
   EXPECT_EQ(r->messages[3].role, "system");
   EXPECT_EQ(r->max_tokens, 5);
+  EXPECT_FALSE(r->logprobs.has_value());
+
+  const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  auto top = ParseChatRequest("{" + user + R"(, "logprobs": true, "top_logprobs": 3})", {});
+  ASSERT_TRUE(top.ok()) << top.status().ToString();
+  EXPECT_EQ(top->logprobs, 3);
+  auto chosen = ParseChatRequest("{" + user + R"(, "logprobs": true})", {});
+  ASSERT_TRUE(chosen.ok());
+  EXPECT_EQ(chosen->logprobs, 0);
+  auto off = ParseChatRequest("{" + user + R"(, "logprobs": false, "top_logprobs": 0})", {});
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->logprobs.has_value());
 }
 
 TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
   const std::map<std::string, std::string> cases = {
       {R"({"prompt": "x", "best_of": 3})", "'best_of'"},
       {R"({"prompt": "x", "frequency_penalty": 0.5})", "'frequency_penalty'"},
-      {R"({"prompt": "x", "logprobs": 3})", "'logprobs'"},
-      {R"({"prompt": "x", "echo": true})", "'echo'"},
+      {R"({"prompt": "x", "logprobs": 21})", "'logprobs' must be between 0 and 20"},
+      {R"({"prompt": "x", "logprobs": true})", "'logprobs' must be an integer"},
+      {R"({"prompt": "x", "echo": "yes"})", "'echo' must be true or false"},
+      {R"({"prompt": "x", "return_tokens_as_token_ids": 1})", "'return_tokens_as_token_ids'"},
       {R"({"prompt": "x", "suffix": "end"})", "'suffix'"},
       {R"({"prompt": "x", "logit_bias": {"50256": -100}})", "'logit_bias'"},
       {R"({"prompt": "x", "temperature": 2.5})", "'temperature' must be between 0 and 2"},
@@ -79,7 +109,8 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
       {R"({"prompt": "x", "top_p": 0})", "'top_p' must be above 0"},
       {R"({"prompt": "x", "n": 9})", "'n' must be between 1 and 8"},
       {R"({"prompt": "x", "n": 1.5})", "'n' must be an integer"},
-      {R"({"prompt": "x", "max_tokens": 0})", "'max_tokens' must be between 1"},
+      {R"({"prompt": "x", "max_tokens": 0})", "'max_tokens' must be at least 1 (0 only with"},
+      {R"({"prompt": "x", "max_tokens": -1})", "'max_tokens' must be between 0"},
       {R"({"prompt": "x", "max_tokens": 18446744073709551615})", "'max_tokens' must be between"},
       {R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", "'stop' holds 5 strings"},
       {R"({"prompt": "x", "stop": [""]})", "'stop' must not hold an empty string"},
@@ -116,6 +147,16 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "prompt": "y"})",
        "'prompt' is not a field of a chat completion request"},
       {R"({"model": "m"})", "'messages' is missing"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
+       "'top_logprobs' needs \"logprobs\": true"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})",
+       "'top_logprobs' must be between 0 and 20"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 3})",
+       "'logprobs' must be true or false"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "echo": true})",
+       "'echo' is not a field of a chat completion request"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})",
+       "'max_tokens' must be at least 1"},
   };
   for (const auto& [body, expected] : chat_cases) {
     auto r = ParseChatRequest(body, {});

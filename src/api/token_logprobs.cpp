@@ -1,0 +1,153 @@
+// LogprobRecorder: log-softmax of each step's logits, the chosen tokens gathered and the top
+// ones taken per row. LogprobFormat: each token's text decoded in the context of the tokens
+// before it, written in the completions or the chat shape.
+#include "api/token_logprobs.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "model/utf8.h"
+
+namespace colony::api {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Tokens before a token that its text is decoded after: enough for any tokenizer's context
+// (a word start, a character split over several byte tokens, at most 4 bytes).
+constexpr size_t kContext = 8;
+
+// Characters of UTF-8 text as a Python client counts them (an invalid byte counts as one).
+int64_t Characters(std::string_view s) {
+  return std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; });
+}
+
+}  // namespace
+
+LogprobRecorder::LogprobRecorder(serve::DecoderBackend& inner, int64_t top, bool score_prompt)
+    : inner_(inner), top_(std::max<int64_t>(0, top)), score_prompt_(score_prompt) {}
+
+Result<at::Tensor> LogprobRecorder::Step(const at::Tensor& tokens, int64_t position,
+                                         const at::Tensor& hypo_ids) {
+  if (tokens.dim() != 2 || tokens.size(0) != 1 || hypo_ids.defined()) {
+    return InvalidArgument("log-probabilities are recorded for one sequence, not beams");
+  }
+  COLONY_ASSIGN_OR_RETURN(at::Tensor logits, inner_.Step(tokens, position, hypo_ids));
+  const at::Tensor logp = at::log_softmax(logits[0].to(at::kFloat), -1);  // [T, V]
+  const int64_t t = logp.size(0);
+  if (position == 0 && score_prompt_) {
+    const at::Tensor ids = tokens[0].to(at::kCPU, at::kLong).contiguous();
+    const std::span<const int64_t> prompt(ids.data_ptr<int64_t>(), static_cast<size_t>(t));
+    recorded_.push_back({.token = prompt[0], .logprob = std::nullopt, .top = {}});
+    if (t > 1) Record(logp.narrow(0, 0, t - 1), prompt.subspan(1));
+  }
+  next_ = logp[t - 1];
+  return logits;
+}
+
+void LogprobRecorder::Chose(int64_t token) {
+  if (!next_.defined()) return;
+  const int64_t one[] = {token};
+  Record(next_.unsqueeze(0), one);
+  next_ = at::Tensor();
+}
+
+std::vector<TokenLogprob> LogprobRecorder::Take() { return std::exchange(recorded_, {}); }
+
+void LogprobRecorder::Record(const at::Tensor& logp, std::span<const int64_t> tokens) {
+  const int64_t rows = logp.size(0), vocab = logp.size(1);
+  const at::Tensor ids =
+      at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end()), at::kLong).clamp(0, vocab - 1);
+  const at::Tensor chosen = logp.gather(1, ids.unsqueeze(1)).squeeze(1).contiguous();
+  const int64_t k = std::min(top_, vocab);
+  at::Tensor top_values, top_ids;
+  if (k > 0) {
+    std::tie(top_values, top_ids) = logp.topk(k, /*dim=*/1, /*largest=*/true, /*sorted=*/true);
+    top_values = top_values.contiguous();
+    top_ids = top_ids.contiguous();
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    TokenLogprob e{
+        .token = tokens[static_cast<size_t>(r)], .logprob = chosen.data_ptr<float>()[r], .top = {}};
+    for (int64_t j = 0; j < k; ++j) {
+      e.top.push_back({.token = top_ids.data_ptr<int64_t>()[r * k + j],
+                       .logprob = top_values.data_ptr<float>()[r * k + j]});
+    }
+    recorded_.push_back(std::move(e));
+  }
+}
+
+LogprobFormat::LogprobFormat(model::Tokenizer tokenizer, Kind kind, bool as_ids,
+                             std::vector<int64_t> before)
+    : tokenizer_(std::move(tokenizer)), kind_(kind), as_ids_(as_ids), before_(std::move(before)) {}
+
+std::string LogprobFormat::Piece(int64_t token) const {
+  const size_t n = std::min(kContext, before_.size());
+  std::vector<int32_t> ids(before_.end() - static_cast<std::ptrdiff_t>(n), before_.end());
+  const std::string context = tokenizer_.Decode(ids);
+  ids.push_back(static_cast<int32_t>(token));
+  std::string with = tokenizer_.Decode(ids);
+  if (with.starts_with(context)) return with.substr(context.size());
+  // The token rewrote the text before it: its own decoding is the best there is.
+  const int32_t alone[] = {static_cast<int32_t>(token)};
+  return tokenizer_.Decode(alone);
+}
+
+std::string LogprobFormat::Name(int64_t token, const std::string& piece) const {
+  if (as_ids_) return fmt::format("token_id:{}", token);
+  if (kind_ == kChat || model::IsValidUtf8(piece)) return model::Utf8Lossy(piece);
+  std::string out = "bytes:";
+  for (unsigned char c : piece) out += fmt::format("\\x{:02x}", c);
+  return out;
+}
+
+json LogprobFormat::Answer(const std::vector<TokenLogprob>& entries) {
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array(), content = json::array();
+  const auto bytes = [](const std::string& piece) {
+    json b = json::array();
+    for (unsigned char c : piece) b.push_back(c);
+    return b;
+  };
+  for (const TokenLogprob& e : entries) {
+    const std::string piece = Piece(e.token);
+    const std::string name = Name(e.token, piece);
+    const json logprob = e.logprob ? json(*e.logprob) : json(nullptr);
+    if (kind_ == kCompletion) {
+      tokens.push_back(name);
+      token_logprobs.push_back(logprob);
+      offsets.push_back(text_offset_);
+      if (!e.logprob) {
+        top_logprobs.push_back(nullptr);
+      } else {
+        // OpenAI's shape: the most likely tokens by text, and the chosen one among them always.
+        json top = json::object();
+        for (const TopLogprob& t : e.top) top.emplace(Name(t.token, Piece(t.token)), t.logprob);
+        top.emplace(name, *e.logprob);
+        top_logprobs.push_back(std::move(top));
+      }
+    } else {
+      json top = json::array();
+      for (const TopLogprob& t : e.top) {
+        const std::string p = Piece(t.token);
+        top.push_back({{"token", Name(t.token, p)}, {"logprob", t.logprob}, {"bytes", bytes(p)}});
+      }
+      content.push_back({{"token", name},
+                         {"logprob", logprob},
+                         {"bytes", bytes(piece)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    text_offset_ += Characters(piece);
+    before_.push_back(e.token);
+  }
+  if (kind_ == kChat) return {{"content", std::move(content)}, {"refusal", nullptr}};
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(offsets)}};
+}
+
+}  // namespace colony::api
