@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -51,6 +52,8 @@ struct ApiService::Plan {
   std::vector<std::string> stops;
   bool beams = false;     // n > 1 at temperature 0
   std::string echo_text;  // what the answer starts with (echo: the prompt)
+  // Tokens that end the answer as the EOS does (a chat template's end of turn).
+  std::vector<int64_t> stop_tokens;
 
   int64_t max_length() const { return static_cast<int64_t>(prompt.size()) + max_new_tokens; }
 };
@@ -107,24 +110,27 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   const auto& config = client_.head->config();
   if (!client_.tokenizer) return FailedPrecondition("the model directory has no tokenizer");
   const model::Tokenizer& tok = *client_.tokenizer;
-  std::string text;
   if (r.chat) {
     if (!options_.chat_template) {
-      return FailedPrecondition(
+      const std::string hint = options_.resembling_template
+                                   ? fmt::format(" (it looks like {}'s)",
+                                                 ChatTemplateName(*options_.resembling_template))
+                                   : "";
+      return FailedPrecondition(fmt::format(
           "this model's tokenizer_config.json has a chat_template of its own (a Jinja "
-          "program), which colony api does not run; restart colony api with --chat-template "
-          "plain or chatml to choose one, or use /v1/completions");
+          "program{}), which colony api does not run; restart colony api with --chat-template "
+          "plain, chatml, llama3, llama2 or mistral to choose one, or use /v1/completions",
+          hint));
     }
-    text = RenderChat(*options_.chat_template, r.messages);
+    COLONY_ASSIGN_OR_RETURN(auto pieces, RenderChat(*options_.chat_template, r.messages));
+    plan.prompt = EncodeChat(pieces, tok);
     plan.stops = ChatStops(*options_.chat_template);
-  } else {
-    text = r.prompt;
-  }
-  if (r.prompt_is_tokens) {
+    plan.stop_tokens = ChatStopTokens(*options_.chat_template, tok);
+  } else if (r.prompt_is_tokens) {
     plan.prompt = r.prompt_tokens;
   } else {
     if (tok.bos_id() >= 0) plan.prompt.push_back(tok.bos_id());
-    for (int32_t id : tok.Encode(text)) plan.prompt.push_back(id);
+    for (int32_t id : tok.Encode(r.prompt)) plan.prompt.push_back(id);
   }
   if (plan.prompt.empty()) return InvalidArgument("'prompt' is empty");
   for (int64_t t : plan.prompt) {
@@ -229,14 +235,16 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
           backend, plan->prompt, so, eos,
           [&](int64_t t) {
             ++c.tokens;
-            if (t == eos) {
+            if (t == eos || std::ranges::find(plan->stop_tokens, t) != plan->stop_tokens.end()) {
               ended_with_eos = true;  // not part of the text, so not of its log-probabilities
               return;
             }
             if (recorder) recorder->Chose(t);
             if (std::string d = text.Add(t); !d.empty()) emit(d);
           },
-          [&] { return text.stopped() || cancelled() || (stop_early && stop_early()); });
+          [&] {
+            return ended_with_eos || text.stopped() || cancelled() || (stop_early && stop_early());
+          });
       if (!tokens.ok()) return tokens.status();
     }
     if (cancelled()) return Cancelled("the client went away");
@@ -283,14 +291,16 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       for (const auto& b : *beams) {
         TextStream text(decode, plan->stops);
         Choice c;
+        bool end_of_turn = false;
         for (int64_t t : b.tokens) {
-          if (t == eos || text.stopped()) break;
+          end_of_turn = std::ranges::find(plan->stop_tokens, t) != plan->stop_tokens.end();
+          if (t == eos || end_of_turn || text.stopped()) break;
           text.Add(t);
         }
         c.tokens = static_cast<int64_t>(b.tokens.size());
         text.Finish();
         c.text = plan->echo_text + text.text();
-        c.finish_reason = b.finished || text.stopped() ? "stop" : "length";
+        c.finish_reason = b.finished || end_of_turn || text.stopped() ? "stop" : "length";
         choices.push_back(std::move(c));
       }
     } else {

@@ -30,6 +30,8 @@ struct ApiOptions {
   // The chat template; none when the model has a template of its own that the operator did not
   // replace (chat requests then fail with a message that says so).
   std::optional<ChatTemplate> chat_template = ChatTemplate::kPlain;
+  // Without one: the template the model's own resembles, named in the refusal as a hint.
+  std::optional<ChatTemplate> resembling_template = std::nullopt;
   RequestLimits limits = {};
   // API keys and per-client rates (null: anyone who reaches the port, as fast as it likes).
   std::shared_ptr<ClientGate> gate = nullptr;

@@ -37,19 +37,24 @@ int RunApi(const ApiArgs& a) {
   api::ApiOptions options;
   options.model_id = a.model_id.empty() ? ModelName(a.swarm) : a.model_id;
   options.limits.max_n = a.max_n;
-  auto own = api::HasOwnChatTemplate(a.swarm.model);
+  auto own = api::OwnChatTemplate(a.swarm.model);
   if (!own.ok()) return Fail(own.status());
   if (!a.chat_template.empty()) {
     auto t = api::ParseChatTemplate(a.chat_template);
     if (!t.ok()) return Fail(t.status().WithContext("--chat-template"));
     options.chat_template = *t;
-  } else if (*own) {
+  } else if (own->has_value()) {
     options.chat_template.reset();
+    options.resembling_template = api::ResemblingChatTemplate(**own);
     COLONY_LOG_WARN(
         "api: {}'s tokenizer_config.json has a chat_template of its own (Jinja), which colony api "
         "does not run: /v1/chat/completions is refused until you pick one with --chat-template "
-        "plain|chatml",
-        a.swarm.model);
+        "plain|chatml|llama3|llama2|mistral{}",
+        a.swarm.model,
+        options.resembling_template
+            ? fmt::format(" (it looks like {})",
+                          api::ChatTemplateName(*options.resembling_template))
+            : "");
   }
   if (!a.api_keys.empty() || a.requests_per_minute > 0) {
     api::ClientGateOptions gate;
@@ -77,6 +82,12 @@ int RunApi(const ApiArgs& a) {
     return Fail(fmt::format(
         "{} has no tokenizer.model or tokenizer.json; colony api answers in text and needs one",
         a.swarm.model));
+  }
+  if (options.chat_template) {
+    if (Status st = api::CheckChatTemplate(*options.chat_template, *started->client->tokenizer);
+        !st.ok()) {
+      return Fail(st.WithContext("--chat-template"));
+    }
   }
   api::ApiService service(*started->client, options);
   http::ServerOptions http_options{.host = where->first,
@@ -125,8 +136,9 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
   cmd->add_option("--model-id", a->model_id,
                   "the model's id in the API (default: its name in the DHT)");
   cmd->add_option("--chat-template", a->chat_template,
-                  "chat template: plain or chatml (default: plain, unless the model's "
-                  "tokenizer_config.json has its own, which must then be replaced explicitly)");
+                  "chat template: plain, chatml, llama3, llama2 or mistral (default: plain, "
+                  "unless the model's tokenizer_config.json has its own, which must then be "
+                  "replaced explicitly; docs/api.md)");
   cmd->add_option("--max-concurrent", a->max_concurrent,
                   "requests generating at once (each has its own inference session); more get "
                   "503")

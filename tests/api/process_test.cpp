@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/chat_template.h"
 #include "core/files.h"
 #include "core/subprocess.h"
 #include "model/checkpoint.h"
@@ -759,6 +760,80 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
   // The content ends before a stop string, whose tokens are scored too.
   EXPECT_TRUE(joined.starts_with(cc["message"]["content"].get<std::string>())) << cc;
   EXPECT_FALSE(cc["logprobs"]["content"].empty());
+}
+
+// A chat template's end of turn is a special token that decoding skips, so its stop string never
+// appears in the text: generating the token must end the answer as EOS does. The tokenizer here
+// reads "<|im_end|>" as a special token X (a new id), and the model's LM head row of X is made a
+// larger copy of the row of a token g that greedy generation picks a few tokens into the answer,
+// so the model generates X there instead of g (checked against greedy generation of the whole
+// model in this process); the answer must be the text before X, with finish_reason "stop".
+TEST_F(ApiProcessTest, AChatTurnEndsAtItsSpecialEndOfTurnToken) {
+  json j = json::parse(colony::test::ReadFile((model_dir_ / "tokenizer.json").string()));
+  const int64_t x = tokenizer_->vocab_size();
+  j["added_tokens"].push_back({{"id", x},
+                               {"content", "<|im_end|>"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", false},
+                               {"special", true}});
+  auto tok = model::Tokenizer::FromHfJson(j.dump());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  ASSERT_EQ(tok->vocab_size(), x + 1);
+  auto pieces = RenderChat(ChatTemplate::kChatml, {{"user", "Hello there"}});
+  ASSERT_TRUE(pieces.ok());
+  const std::vector<int64_t> prompt = EncodeChat(*pieces, *tok);
+  ASSERT_EQ(std::ranges::count(prompt, x), 1) << "<|im_end|> is not read as one token";
+
+  model::LlamaConfig config = serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false);
+  config.vocab_size = tok->vocab_size();
+  at::manual_seed(12);
+  model::LlamaModel m(config);
+  m->eval();
+  constexpr int64_t kMaxTokens = 12;
+  const auto before = model::Generate(m, prompt, {.max_new_tokens = kMaxTokens});
+  const int64_t g = before[3];
+  const int64_t end_at = std::ranges::find(before, g) - before.begin();
+  {
+    at::NoGradGuard no_grad;
+    m->lm_head->weight[x].copy_(m->lm_head->weight[g] * 1.5);
+  }
+  const auto after = model::Generate(m, prompt, {.max_new_tokens = kMaxTokens});
+  ASSERT_EQ(after[static_cast<size_t>(end_at)], x) << "the model does not generate X";
+  ASSERT_TRUE(std::equal(before.begin(), before.begin() + end_at, after.begin()));
+  const std::vector<int32_t> text_tokens(after.begin(), after.begin() + end_at);
+  const std::string expected = tok->Decode(text_tokens);
+  ASSERT_TRUE(model::SaveLlama(model_dir_, m).ok());
+  std::ofstream(model_dir_ / "tokenizer.json", std::ios::trunc) << j.dump();
+
+  ASSERT_NE(StartServer("A", "0:4"), nullptr);
+  ASSERT_TRUE(StartApi({"--chat-template", "chatml"}));
+  WaitUntilRoutable();
+  const HttpAnswer a = Curl("/chat/completions",
+                            json({{"messages", {{{"role", "user"}, {"content", "Hello there"}}}},
+                                  {"max_tokens", kMaxTokens},
+                                  {"temperature", 0}})
+                                .dump());
+  ASSERT_EQ(a.status, 200) << a.body << Logs();
+  const json c = json::parse(a.body);
+  EXPECT_EQ(c["choices"][0]["message"]["content"], expected) << "X at " << end_at;
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(c["usage"]["completion_tokens"], end_at + 1);
+
+  // llama3 needs its markers as tokens, which this tokenizer does not have: refused at start.
+  const fs::path err = dir_ / "llama3.err";
+  auto p = Subprocess::Spawn({ColonyBinary(), "api", "--model", model_dir_.string(), "--model-name",
+                              model_name_, "--initial-peers", procs_.front().first_line, "--http",
+                              "127.0.0.1:0", "--chat-template", "llama3"},
+                             err.string());
+  ASSERT_TRUE(p.ok());
+  auto exit = p->Wait(60s);
+  ASSERT_TRUE(exit.ok()) << exit.status().ToString();
+  EXPECT_NE(*exit, 0);
+  EXPECT_NE(colony::test::ReadFile(err.string()).find("'<|start_header_id|>' as one token"),
+            std::string::npos)
+      << Tail(err.string());
 }
 
 }  // namespace

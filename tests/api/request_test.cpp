@@ -3,13 +3,18 @@
 // stop string's start or half a character, checked against the whole text cut by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "api/chat_template.h"
 #include "api/openai_request.h"
 #include "api/text_stream.h"
+#include "model/tokenizer.h"
+#include "test_support.h"
 
 namespace colony::api {
 namespace {
@@ -183,19 +188,148 @@ TEST(OpenAiRequest, LimitsBoundWhatOneRequestMayAskFor) {
   EXPECT_FALSE(ParseCompletionRequest(deep, {}).ok());
 }
 
-TEST(ChatTemplate, RendersTheDocumentedText) {
+// The pieces as one string, BOS and EOS written as <BOS> and <EOS>.
+std::string Joined(const Result<std::vector<ChatPiece>>& pieces) {
+  if (!pieces.ok()) return "error: " + pieces.status().message();
+  std::string out;
+  for (const ChatPiece& p : *pieces) {
+    out += p.kind == ChatPiece::kBos ? "<BOS>" : p.kind == ChatPiece::kEos ? "<EOS>" : p.text;
+  }
+  return out;
+}
+
+// Each template against the text its family's published Jinja template renders for the same
+// conversation (written out by hand from tokenizer_config.json of Llama-3-8B-Instruct,
+// Llama-2-7b-chat-hf and Mistral-7B-Instruct-v0.2).
+TEST(ChatTemplate, RendersWhatEachFamilysOwnTemplateRenders) {
   const std::vector<ChatMessage> messages = {
-      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
-  EXPECT_EQ(RenderChat(ChatTemplate::kPlain, messages),
-            "Be brief.\n\nUser: Hi\nAssistant: Hello.\nUser: Bye\nAssistant:");
-  EXPECT_EQ(RenderChat(ChatTemplate::kChatml, messages),
-            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+      {"system", "Be brief."}, {"user", " Hi\n"}, {"assistant", "Hello."}, {"user", "Bye"}};
+  EXPECT_EQ(Joined(RenderChat(ChatTemplate::kPlain, messages)),
+            "<BOS>Be brief.\n\nUser:  Hi\n\nAssistant: Hello.\nUser: Bye\nAssistant:");
+  EXPECT_EQ(Joined(RenderChat(ChatTemplate::kChatml, messages)),
+            "<BOS><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hi\n<|im_end|>\n"
             "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
             "<|im_start|>assistant\n");
+  EXPECT_EQ(Joined(RenderChat(ChatTemplate::kLlama3, messages)),
+            "<BOS><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(Joined(RenderChat(ChatTemplate::kLlama2, messages)),
+            "<BOS>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\n Hi [/INST] Hello. <EOS>"
+            "<BOS>[INST] Bye [/INST]");
+  EXPECT_EQ(Joined(RenderChat(ChatTemplate::kMistral, messages)),
+            "<BOS>[INST] Be brief.\n\n Hi\n [/INST]Hello.<EOS>[INST] Bye [/INST]");
+  EXPECT_EQ(Joined(RenderChat(ChatTemplate::kLlama2, {{"user", "Q"}})), "<BOS>[INST] Q [/INST]");
+
+  // Llama 2's and Mistral's templates refuse turns out of order; so does Colony, naming them.
+  const std::vector<std::vector<ChatMessage>> out_of_order = {
+      {{"user", "a"}, {"user", "b"}},
+      {{"assistant", "a"}, {"user", "b"}},
+      {{"system", "s"}, {"assistant", "a"}},
+      {{"user", "a"}, {"assistant", "b"}},
+      {{"user", "a"}, {"system", "s"}, {"user", "b"}},
+      {{"system", "s"}},
+  };
+  for (ChatTemplate t : {ChatTemplate::kLlama2, ChatTemplate::kMistral}) {
+    for (const auto& m : out_of_order) {
+      auto r = RenderChat(t, m);
+      ASSERT_FALSE(r.ok()) << ChatTemplateName(t) << ": " << Joined(r);
+      EXPECT_TRUE(r.status().message().starts_with("'messages'")) << r.status().message();
+    }
+  }
+
   EXPECT_EQ(ChatStops(ChatTemplate::kPlain), (std::vector<std::string>{"\nUser:"}));
   EXPECT_EQ(ChatStops(ChatTemplate::kChatml), (std::vector<std::string>{"<|im_end|>"}));
-  EXPECT_EQ(*ParseChatTemplate("chatml"), ChatTemplate::kChatml);
-  EXPECT_FALSE(ParseChatTemplate("llama3").ok());
+  EXPECT_EQ(ChatStops(ChatTemplate::kLlama3), (std::vector<std::string>{"<|eot_id|>"}));
+  for (std::string_view name : {"plain", "chatml", "llama3", "llama2", "mistral"}) {
+    auto t = ParseChatTemplate(name);
+    ASSERT_TRUE(t.ok()) << name;
+    EXPECT_EQ(ChatTemplateName(*t), name);
+  }
+  EXPECT_FALSE(ParseChatTemplate("llama3.1").ok());
+  EXPECT_EQ(ResemblingChatTemplate("{{ '<|start_header_id|>' + message['role'] }}"),
+            ChatTemplate::kLlama3);
+  EXPECT_EQ(ResemblingChatTemplate("{{ '[INST] ' + content + ' [/INST]' }}"),
+            ChatTemplate::kMistral);
+  EXPECT_EQ(ResemblingChatTemplate("{{ '<<SYS>>' }}[INST]"), ChatTemplate::kLlama2);
+  EXPECT_EQ(ResemblingChatTemplate("{{ message }}"), std::nullopt);
+}
+
+// The transformers fixture's byte-level tokenizer with Llama 3's chat markers added as special
+// tokens (ids 2048 to 2050) and its BOS prepended by the post-processor, as Llama 3's
+// tokenizer.json has them.
+model::Tokenizer Llama3LikeTokenizer() {
+  const std::string file =
+      std::string(COLONY_HF_FIXTURES) + "/tokenizer-bytelevel-bpe/tokenizer.json";
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(file));
+  int id = 2048;
+  for (const char* marker : {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}) {
+    j["added_tokens"].push_back({{"id", id++},
+                                 {"content", marker},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
+  }
+  const nlohmann::json bos = {{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}};
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"pair",
+       {bos,
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+        bos,
+        {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+      {"special_tokens",
+       {{"<|begin_of_text|>",
+         {{"id", "<|begin_of_text|>"}, {"ids", {0}}, {"tokens", {"<|begin_of_text|>"}}}}}}};
+  auto tok = model::Tokenizer::FromHfJson(
+      j.dump(), R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"})");
+  EXPECT_TRUE(tok.ok()) << tok.status().ToString();
+  return std::move(*tok);
+}
+
+TEST(ChatTemplate, EncodesMarkersAsTokensAndEndsTheTurnAtItsSpecialToken) {
+  const model::Tokenizer tok = Llama3LikeTokenizer();
+  auto pieces = RenderChat(ChatTemplate::kLlama3, {{"user", "Hi"}});
+  ASSERT_TRUE(pieces.ok());
+  const std::vector<int64_t> ids = EncodeChat(*pieces, tok);
+  std::vector<int64_t> want = {0, 2048};  // BOS, <|start_header_id|>
+  for (int32_t t : tok.Encode("user")) want.push_back(t);
+  want.push_back(2049);
+  for (int32_t t : tok.Encode("\n\nHi")) want.push_back(t);
+  want.insert(want.end(), {2050, 2048});
+  for (int32_t t : tok.Encode("assistant")) want.push_back(t);
+  want.push_back(2049);
+  for (int32_t t : tok.Encode("\n\n")) want.push_back(t);
+  EXPECT_EQ(ids, want);
+  // <|eot_id|> is special: decoding skips it, so the stop string alone would never be seen.
+  EXPECT_EQ(ChatStopTokens(ChatTemplate::kLlama3, tok), (std::vector<int64_t>{2050}));
+  EXPECT_TRUE(ChatStopTokens(ChatTemplate::kPlain, tok).empty());
+  EXPECT_TRUE(CheckChatTemplate(ChatTemplate::kLlama3, tok).ok());
+
+  // BOS and EOS between Llama 2's turns are the tokenizer's tokens, not the text "<s>".
+  auto llama2 =
+      RenderChat(ChatTemplate::kLlama2, {{"user", "a"}, {"assistant", "b"}, {"user", "c"}});
+  ASSERT_TRUE(llama2.ok());
+  const std::vector<int64_t> l2 = EncodeChat(*llama2, tok);
+  EXPECT_EQ(std::ranges::count(l2, 0), 2);  // BOS before each user turn
+  EXPECT_EQ(std::ranges::count(l2, 1), 1);  // EOS after the answer
+
+  // Without the markers as tokens, llama3 is refused by name; without BOS, llama2 and mistral.
+  auto plain = model::Tokenizer::FromHfJson(colony::test::ReadFile(
+      std::string(COLONY_HF_FIXTURES) + "/tokenizer-bytelevel-bpe/tokenizer.json"));
+  ASSERT_TRUE(plain.ok());
+  const Status st = CheckChatTemplate(ChatTemplate::kLlama3, *plain);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("'<|start_header_id|>' as one token"), std::string::npos)
+      << st.message();
+  if (plain->bos_id() < 0) {
+    EXPECT_FALSE(CheckChatTemplate(ChatTemplate::kLlama2, *plain).ok());
+  }
 }
 
 // A decoder over a fixed table of token texts (tokens may hold parts of a UTF-8 character).
