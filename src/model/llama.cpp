@@ -243,15 +243,15 @@ RopeTables LlamaBlockImpl::Rope(int64_t length, int64_t offset,
   return self_attn->rotary().Tables(length, offset, options);
 }
 
-void LlamaBlockImpl::QuantizeInt8() {
+void LlamaBlockImpl::Quantize(WeightQuantization q) {
   for (auto* l : {&self_attn->q_proj, &self_attn->k_proj, &self_attn->v_proj, &self_attn->o_proj}) {
-    model::QuantizeInt8(*l);
+    model::Quantize(*l, q);
   }
   if (block_sparse_moe) {
-    block_sparse_moe->QuantizeInt8();
+    block_sparse_moe->Quantize(q);
     return;
   }
-  for (auto* l : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj}) model::QuantizeInt8(*l);
+  for (auto* l : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj}) model::Quantize(*l, q);
 }
 
 NamedTensors BlockParametersHF(LlamaBlock& block, int64_t layer) {

@@ -131,8 +131,8 @@ class LlamaBlockImpl : public torch::nn::Module {
                         const RopeTables* rope = nullptr);
   // The rotary tables for `length` positions from `offset`, in options' dtype and device.
   RopeTables Rope(int64_t length, int64_t offset, const at::TensorOptions& options) const;
-  // Quantizes every projection to int8 (QuantizeInt8); norms and the router stay in their dtype.
-  void QuantizeInt8();
+  // Quantizes every projection (model::Quantize); norms and the router stay in their dtype.
+  void Quantize(WeightQuantization q);
 
   // Parameters under their HF names within a layer: "self_attn.q_proj.weight", ...
   RMSNorm input_layernorm{nullptr};

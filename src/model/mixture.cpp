@@ -51,9 +51,9 @@ torch::Tensor SparseMoEImpl::forward(const torch::Tensor& x) {
   return out.view(x.sizes());
 }
 
-void SparseMoEImpl::QuantizeInt8() {
+void SparseMoEImpl::Quantize(WeightQuantization q) {
   for (ExpertMLP& expert : experts_) {
-    for (auto* l : {&expert->w1, &expert->w2, &expert->w3}) model::QuantizeInt8(*l);
+    for (auto* l : {&expert->w1, &expert->w2, &expert->w3}) model::Quantize(*l, q);
   }
 }
 

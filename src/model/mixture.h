@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/projection.h"
 
 namespace colony::model {
 
@@ -34,8 +35,8 @@ class SparseMoEImpl : public torch::nn::Module {
   explicit SparseMoEImpl(const LlamaConfig& config);
   // x [..., hidden] -> [..., hidden]. Routing runs in float32, as transformers does.
   torch::Tensor forward(const torch::Tensor& x);
-  // Quantizes every expert's projections to int8; the router stays in its dtype.
-  void QuantizeInt8();
+  // Quantizes every expert's projections (model::Quantize); the router stays in its dtype.
+  void Quantize(WeightQuantization q);
   // Computes expert e's outputs elsewhere: forward calls fn(e, rows [M, hidden]) -> [M, hidden]
   // instead of the local expert (moe/checkpoint_experts.h calls experts on expert servers). It
   // may throw (c10::Error) to fail the forward. An empty fn restores the local experts.

@@ -1,8 +1,12 @@
-// Block projections: initialisation, int8 weights with per-row scales, LoRA terms.
+// Block projections: initialisation, int8 and NF4 weights, LoRA terms.
 #include "model/projection.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "model/config.h"
 
@@ -27,16 +31,61 @@ LoraAdapter* BlockAdapters::Find(const std::string& name) {
   return nullptr;
 }
 
+namespace {
+
+// Rows [first, first + n) of the NF4 weight of `linear`, as float32 [n, in]: each byte looks up
+// its two levels in a 256-entry table, then each block is scaled by its absmax.
+torch::Tensor DequantizeNf4Rows(torch::nn::Linear& linear, const torch::Tensor& absmax,
+                                int64_t first, int64_t n) {
+  const torch::Tensor codes = linear->weight.narrow(0, first, n);  // uint8 [n, blocks * 32]
+  std::vector<float> pairs;
+  pairs.reserve(512);
+  for (int byte = 0; byte < 256; ++byte) {
+    pairs.push_back(kNf4Levels[static_cast<size_t>(byte >> 4)]);
+    pairs.push_back(kNf4Levels[static_cast<size_t>(byte & 15)]);
+  }
+  const torch::Tensor table =
+      at::tensor(pairs, at::TensorOptions().device(codes.device())).view({256, 2});
+  return (table.index_select(0, codes.reshape({-1}).to(at::kInt)).view({n, -1, kNf4BlockSize}) *
+          absmax.narrow(0, first, n).unsqueeze(-1))
+      .view({n, -1})
+      .narrow(1, 0, linear->options.in_features());
+}
+
+// x W^T for an NF4 weight, dequantized a band of rows at a time (at most 4M weights), so that
+// a large matrix never exists whole in float.
+torch::Tensor ProjectNf4(torch::nn::Linear& linear, const torch::Tensor& absmax,
+                         const torch::Tensor& x) {
+  const int64_t out = linear->weight.size(0);
+  const int64_t band = std::max<int64_t>(1, (int64_t{1} << 22) / linear->options.in_features());
+  if (band >= out)
+    return at::linear(x, DequantizeNf4Rows(linear, absmax, 0, out).to(x.scalar_type()));
+  std::vector<torch::Tensor> parts;
+  for (int64_t first = 0; first < out; first += band) {
+    const int64_t n = std::min(band, out - first);
+    parts.push_back(at::linear(x, DequantizeNf4Rows(linear, absmax, first, n).to(x.scalar_type())));
+  }
+  return at::cat(parts, -1);
+}
+
+}  // namespace
+
 torch::Tensor Project(torch::nn::Linear& linear, const torch::Tensor& x,
                       const LoraAdapter* adapter) {
   torch::Tensor y;
-  if (linear->weight.scalar_type() == at::kChar) {
+  const auto type = linear->weight.scalar_type();
+  if (type == at::kChar || type == at::kByte) {
     const auto buffers = linear->named_buffers(/*recurse=*/false);
-    const torch::Tensor scale = *buffers.find("weight_scale");
     const torch::Tensor bias =
         linear->bias.defined() ? linear->bias.to(x.scalar_type()) : torch::Tensor();
-    y = at::linear(x, linear->weight.to(x.scalar_type()) * scale.to(x.scalar_type()).unsqueeze(1),
-                   bias);
+    if (type == at::kChar) {
+      const torch::Tensor scale = *buffers.find("weight_scale");
+      y = at::linear(x, linear->weight.to(x.scalar_type()) * scale.to(x.scalar_type()).unsqueeze(1),
+                     bias);
+    } else {
+      y = ProjectNf4(linear, *buffers.find("weight_absmax"), x);
+      if (bias.defined()) y = y + bias;
+    }
   } else {
     y = linear(x);
   }
@@ -48,6 +97,18 @@ torch::Tensor Project(torch::nn::Linear& linear, const torch::Tensor& x,
   return y;
 }
 
+Result<WeightQuantization> ParseWeightQuantization(std::string_view name) {
+  if (name == "none") return WeightQuantization::kNone;
+  if (name == "int8") return WeightQuantization::kInt8;
+  if (name == "nf4") return WeightQuantization::kNf4;
+  return InvalidArgument(fmt::format("unknown quantization '{}'; use none, int8 or nf4", name));
+}
+
+void Quantize(torch::nn::Linear& linear, WeightQuantization q) {
+  if (q == WeightQuantization::kInt8) QuantizeInt8(linear);
+  if (q == WeightQuantization::kNf4) QuantizeNf4(linear);
+}
+
 void QuantizeInt8(torch::nn::Linear& linear) {
   torch::NoGradGuard no_grad;
   const torch::Tensor w = linear->weight.detach().to(at::kFloat);
@@ -56,6 +117,31 @@ void QuantizeInt8(torch::nn::Linear& linear) {
   linear->weight.set_requires_grad(false);
   linear->weight.set_data(codes);
   linear->register_buffer("weight_scale", scale);
+}
+
+void QuantizeNf4(torch::nn::Linear& linear) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor w = linear->weight.detach().to(at::kFloat);
+  const int64_t out = w.size(0), in = w.size(1);
+  const int64_t blocks = (in + kNf4BlockSize - 1) / kNf4BlockSize;
+  const torch::Tensor padded =
+      at::constant_pad_nd(w, {0, blocks * kNf4BlockSize - in}).view({out, blocks, kNf4BlockSize});
+  const torch::Tensor absmax = padded.abs().amax(-1).clamp_min(1e-12);  // [out, blocks]
+  const torch::Tensor normalized = padded / absmax.unsqueeze(-1);       // in [-1, 1]
+  // The nearest level: the number of midpoints between levels below the value (a value on a
+  // midpoint takes the lower level).
+  std::vector<float> mid;
+  for (size_t i = 0; i + 1 < kNf4Levels.size(); ++i) {
+    mid.push_back((kNf4Levels[i] + kNf4Levels[i + 1]) / 2);
+  }
+  const torch::Tensor midpoints = at::tensor(mid, at::TensorOptions().device(w.device()));
+  const torch::Tensor idx =
+      at::bucketize(normalized, midpoints).to(at::kByte).view({out, blocks * kNf4BlockSize / 2, 2});
+  const torch::Tensor codes =
+      idx.select(-1, 0).__lshift__(4).bitwise_or(idx.select(-1, 1)).contiguous();
+  linear->weight.set_requires_grad(false);
+  linear->weight.set_data(codes);
+  linear->register_buffer("weight_absmax", absmax);
 }
 
 }  // namespace colony::model

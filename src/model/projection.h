@@ -1,5 +1,6 @@
 // The linear projections inside a decoder block: creation with Hugging Face's initialisation,
-// int8 weights with per-row scales, and low-rank adapters (LoRA) that clients send to servers.
+// quantized weights (int8 with per-row scales, NF4 with per-block scales), and low-rank adapters
+// (LoRA) that clients send to servers.
 //
 //   torch::nn::Linear q = MakeLinear(64, 64, /*bias=*/true);
 //   torch::Tensor y = Project(q, x, &adapters.q_proj);     // W x + b + scale * B (A x)
@@ -7,8 +8,12 @@
 
 #include <torch/nn/modules/linear.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
+
+#include "core/status.h"
 
 namespace colony::model {
 
@@ -33,13 +38,49 @@ struct BlockAdapters {
   bool AnyMlp() const { return gate_proj.defined() || up_proj.defined() || down_proj.defined(); }
 };
 
-// x W^T + b (+ the adapter's term). W may be int8 codes with per-row scales (QuantizeInt8),
-// which are dequantized to x's dtype for the product.
+// x W^T + b (+ the adapter's term). W may be quantized (QuantizeInt8, QuantizeNf4): it is
+// dequantized to x's dtype for the product, one matrix at a time.
 torch::Tensor Project(torch::nn::Linear& linear, const torch::Tensor& x,
                       const LoraAdapter* adapter);
+
+// How a server stores its blocks' projections.
+enum class WeightQuantization { kNone, kInt8, kNf4 };
+// "none", "int8" or "nf4"; InvalidArgument naming the value otherwise.
+Result<WeightQuantization> ParseWeightQuantization(std::string_view name);
+// Quantizes the linear's weight as `q` says (kNone: leaves it).
+void Quantize(torch::nn::Linear& linear, WeightQuantization q);
+
 // Stores the linear's weight as int8 codes with per-output-row absmax scales (buffer
 // "weight_scale"): 4x less memory than float32. The weight must not require grad; a bias stays
 // in its dtype.
 void QuantizeInt8(torch::nn::Linear& linear);
+
+// The 16 levels of 4-bit NormalFloat (QLoRA's NF4, as bitsandbytes tabulates them): quantiles of
+// a standard normal scaled to [-1, 1], ascending, with an exact 0.
+inline constexpr std::array<float, 16> kNf4Levels = {-1.0f,
+                                                     -0.6961928009986877f,
+                                                     -0.5250730514526367f,
+                                                     -0.39491748809814453f,
+                                                     -0.28444138169288635f,
+                                                     -0.18477343022823334f,
+                                                     -0.09105003625154495f,
+                                                     0.0f,
+                                                     0.07958029955625534f,
+                                                     0.16093020141124725f,
+                                                     0.24611230194568634f,
+                                                     0.33791524171829224f,
+                                                     0.44070982933044434f,
+                                                     0.5626170039176941f,
+                                                     0.7229568362236023f,
+                                                     1.0f};
+// Weights per NF4 block (bitsandbytes' and Petals' default).
+inline constexpr int64_t kNf4BlockSize = 64;
+// Stores the linear's weight in NF4 (Petals' default for large models): each row is cut into
+// blocks of 64 weights (the last padded with zeros), each block has a float32 absmax scale
+// (buffer "weight_absmax" [out, blocks]) and each weight is the index of the level nearest to
+// it over that scale, two per byte, the first in the high nibble (uint8 [out, blocks * 32]):
+// 4.5 bits per weight, 7x less memory than float32. The weight must not require grad; a bias
+// stays in its dtype.
+void QuantizeNf4(torch::nn::Linear& linear);
 
 }  // namespace colony::model

@@ -24,7 +24,7 @@ struct ServerView {
   double inference_rps = 0;
   int64_t cache_tokens_left = 0;
   std::string version = {}, dtype = {};
-  std::string quantization = {};  // "none", "int8"; "" from servers that do not say
+  std::string quantization = {};  // "none", "int8", "nf4"; "" from servers that do not say
   bool relay = false;             // every address it gave goes through a relay
   std::vector<std::string> addresses = {};
   std::optional<double> rtt_ms = {};                            // the monitor's ping

@@ -32,7 +32,7 @@ struct ServerRecord {
   int64_t cache_tokens_left = 0;
   std::vector<std::string> addresses;  // multiaddrs with /p2p/
   // Printable ASCII only (a reader prints them to terminals and pages): at most 64, 16 and 16
-  // characters. quantization: "none" or "int8" (BlockServerOptions::quantize); "" from servers
+  // characters. quantization: "none", "int8" or "nf4" (ServerOptions::quantize); "" from servers
   // older than the field.
   std::string version;
   std::string dtype;

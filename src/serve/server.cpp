@@ -34,10 +34,7 @@ BlockServer::Impl::Impl(dht::Node& node, ServerOptions options)
 Status BlockServer::Impl::Init() {
   COLONY_ASSIGN_OR_RETURN(dtype_, ParseDType(options_.dtype));
   COLONY_ASSIGN_OR_RETURN(device_, model::ParseDevice(options_.device));
-  if (options_.quantize != "none" && options_.quantize != "int8") {
-    return InvalidArgument(
-        fmt::format("unknown quantization '{}'; use none or int8", options_.quantize));
-  }
+  COLONY_ASSIGN_OR_RETURN(quantization_, model::ParseWeightQuantization(options_.quantize));
   if (!(options_.cache_share_per_address > 0 && options_.cache_share_per_address <= 1) ||
       options_.max_sessions_per_address == 0) {
     return InvalidArgument(fmt::format(

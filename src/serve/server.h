@@ -62,8 +62,9 @@ struct ServerOptions {
   std::string dtype = "float32";  // float32 or bfloat16 (weights and compute)
   // Where the blocks compute and keep their caches: cpu, cuda, cuda:N or auto (model/device.h).
   std::string device = "cpu";
-  // "int8": projections stored as int8 codes with per-row scales (4x less memory than float32,
-  // dequantized per product); "none": as loaded.
+  // "int8": projections stored as int8 codes with per-row scales (4x less memory than float32);
+  // "nf4": as 4-bit NormalFloat with a scale per 64 weights (7x less); both dequantized per
+  // product (model::Quantize). "none": as loaded.
   std::string quantize = "none";
   int64_t max_batch = 64;
   int64_t max_length = 0;  // tokens per session (0: the model's max_seq_len)

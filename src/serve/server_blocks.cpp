@@ -29,7 +29,7 @@ Status BlockServer::Impl::LoadBlocks(int64_t first, int64_t last) {
     b->eval();
     for (auto& p : b->parameters()) p.set_requires_grad(false);
     b->to(device_, dtype_);
-    if (options_.quantize == "int8") b->QuantizeInt8();
+    b->Quantize(quantization_);
     for (const auto& p : b->parameters()) bytes += static_cast<int64_t>(p.nbytes());
     for (const auto& p : b->buffers()) bytes += static_cast<int64_t>(p.nbytes());
   }

@@ -185,6 +185,7 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   ServerOptions options_;
   model::LlamaConfig config_;
   at::ScalarType dtype_ = at::kFloat;
+  model::WeightQuantization quantization_ = model::WeightQuantization::kNone;
   c10::Device device_ = c10::kCPU;  // the blocks, caches and adapters; the network sees host copies
   int64_t max_length_ = 0;
   bool pinned_ = false;

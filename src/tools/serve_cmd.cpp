@@ -325,8 +325,9 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
         ->check(CLI::IsMember({"float32", "bfloat16"}))
         ->capture_default_str();
     cmd->add_option("--quantize", a->quantize,
-                    "int8: store the blocks' projections as int8 (4x less memory than float32)")
-        ->check(CLI::IsMember({"none", "int8"}))
+                    "store the blocks' projections as int8 (4x less memory than float32) or nf4 "
+                    "(4-bit NormalFloat, as Petals: 7x less)")
+        ->check(CLI::IsMember({"none", "int8", "nf4"}))
         ->capture_default_str();
     cmd->add_option("--cache-mib", a->cache_mib, "KV cache budget in MiB")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))

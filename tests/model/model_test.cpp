@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include "model/classifier.h"
 #include "model/llama.h"
 #include "model/mixture.h"
+#include "model/projection.h"
 #include "model/rotary.h"
 #include "model/safetensors.h"
 #include "test_support.h"
@@ -935,6 +937,93 @@ TEST(Classifier, ShapeAndLearning) {
   ASSERT_TRUE(LoadModule(dir.path() / "c.safetensors", NamedParametersOf(*other)).ok());
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(other->forward(images).equal(model->forward(images)));
+}
+
+// The inverse of the standard normal CDF, by bisection on erfc (independent of any table).
+double NormalQuantile(double p) {
+  double lo = -10, hi = 10;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = (lo + hi) / 2;
+    (0.5 * std::erfc(-mid / std::sqrt(2.0)) < p ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
+}
+
+// NF4's levels as QLoRA constructs them: 8 positive quantiles of a normal over [0.5, offset], 7
+// negative ones, and 0, scaled so the largest is 1.
+TEST(Nf4, LevelsAreTheNormalQuantilesQloraDefines) {
+  constexpr double kOffset = 0.9677083;
+  std::vector<double> v = {0.0};
+  for (int i = 0; i < 8; ++i) v.push_back(NormalQuantile(kOffset + (0.5 - kOffset) * i / 8));
+  for (int i = 0; i < 7; ++i) v.push_back(-NormalQuantile(kOffset + (0.5 - kOffset) * i / 7));
+  std::sort(v.begin(), v.end());
+  ASSERT_EQ(v.size(), kNf4Levels.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    EXPECT_NEAR(kNf4Levels[i], v[i] / v.back(), 1e-6) << "level " << i;
+  }
+}
+
+// Every weight of an NF4 projection is the level nearest to it (searched over all 16) times its
+// block's absmax, rows whose length is no multiple of the block included; the product equals
+// the one with that weight; and the weight takes 4.5 bits.
+TEST(Nf4, EachWeightIsTheNearestLevelOfItsBlock) {
+  at::manual_seed(5);
+  for (const auto& [in, out] :
+       std::vector<std::pair<int64_t, int64_t>>{{176, 24}, {64, 3}, {7, 5}}) {
+    torch::nn::Linear linear = MakeLinear(in, out, /*bias=*/true);
+    {
+      torch::NoGradGuard no_grad;
+      linear->weight.normal_(0, 1);
+      linear->bias.normal_(0, 1);
+    }
+    const at::Tensor w = linear->weight.detach().clone();
+    const at::Tensor x = at::randn({2, 3, in});
+    QuantizeNf4(linear);
+    EXPECT_EQ(linear->weight.scalar_type(), at::kByte);
+    const int64_t blocks = (in + 63) / 64;
+    EXPECT_EQ(linear->weight.numel(), out * blocks * 32);
+    // The expected weight, by exhaustive search.
+    at::Tensor want = at::empty({out, in});
+    for (int64_t r = 0; r < out; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t n = std::min<int64_t>(64, in - b * 64);
+        const at::Tensor block = w[r].narrow(0, b * 64, n);
+        const float absmax = block.abs().max().item<float>();
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = block[i].item<float>() / absmax;
+          float best = kNf4Levels[0];
+          for (float level : kNf4Levels) {
+            if (std::abs(v - level) < std::abs(v - best)) best = level;
+          }
+          want[r][b * 64 + i] = best * absmax;
+        }
+      }
+    }
+    const at::Tensor y = Project(linear, x, nullptr);
+    const at::Tensor ref = at::linear(x, want, linear->bias);
+    EXPECT_TRUE(at::allclose(y, ref, 1e-5, 1e-5))
+        << in << "x" << out << ": " << (y - ref).abs().max().item<float>();
+    EXPECT_FALSE(linear->weight.requires_grad());
+  }
+  // A matrix over 4M weights is dequantized a band of rows at a time: the product is the same
+  // as with the whole matrix unpacked here (high nibble first).
+  torch::nn::Linear big = MakeLinear(64, 70000);
+  const at::Tensor xb = at::randn({3, 64});
+  QuantizeNf4(big);
+  const at::Tensor codes = big->weight;
+  const at::Tensor idx = at::stack({codes.__rshift__(4), codes.bitwise_and(15)}, -1)
+                             .reshape({70000, 64})
+                             .to(at::kLong);
+  const at::Tensor levels = at::tensor(std::vector<float>(kNf4Levels.begin(), kNf4Levels.end()));
+  const at::Tensor absmax = *big->named_buffers(false).find("weight_absmax");
+  const at::Tensor whole = levels.index({idx}) * absmax;  // one block per row
+  EXPECT_TRUE(at::allclose(Project(big, xb, nullptr), at::linear(xb, whole), 1e-5, 1e-5));
+
+  EXPECT_EQ(*ParseWeightQuantization("nf4"), WeightQuantization::kNf4);
+  EXPECT_EQ(*ParseWeightQuantization("int8"), WeightQuantization::kInt8);
+  const auto bad = ParseWeightQuantization("fp4");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'fp4'"), std::string::npos);
 }
 
 }  // namespace

@@ -1280,6 +1280,30 @@ TEST_F(ServeTest, Int8ServerUsesAQuarterOfTheMemoryAndStaysClose) {
   EXPECT_GT(rel, 0.0);
 }
 
+// NF4 (4-bit NormalFloat, Petals' default): the projections at 4.5 bits per weight, and the
+// blocks' update through the server close to float32's.
+TEST_F(ServeTest, Nf4ServerUsesAnEighthOfTheMemoryAndStaysClose) {
+  auto& fp32 = AddServer(0, 4, 100);
+  ServerOptions o;
+  o.quantize = "nf4";
+  auto& nf4 = AddServer(0, 4, 1000, o);  // preferred by routing
+  Connect(2);
+  const auto full = fp32.Stats().weight_bytes, quantized = nf4.Stats().weight_bytes;
+  EXPECT_LT(quantized, full / 5);  // 4 bits per weight, a float per 64; norms stay in fp32
+  RemoteSequential remote(manager_);
+  at::Tensor x = at::randn({2, 6, config_.hidden_size});
+  auto out = remote.Forward(x);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(nf4.Stats().forwards, 1u);
+  at::NoGradGuard no_grad;
+  at::Tensor ref = LocalBlocks(x, 0, 4);
+  const double rel = ((*out - ref).norm() / (ref - x).norm()).item<double>();
+  std::printf("nf4: %lld -> %lld weight bytes; relative error of the blocks' update %.4f\n",
+              static_cast<long long>(full), static_cast<long long>(quantized), rel);
+  EXPECT_LT(rel, 0.2);  // 4-bit weights of a normal distribution: about 10% error each
+  EXPECT_GT(rel, 0.0);
+}
+
 TEST_F(ServeTest, BFloat16ServerStaysCloseToFloat32) {
   ServerOptions o;
   o.dtype = "bfloat16";
