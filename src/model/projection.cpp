@@ -38,14 +38,17 @@ namespace {
 torch::Tensor DequantizeNf4Rows(torch::nn::Linear& linear, const torch::Tensor& absmax,
                                 int64_t first, int64_t n) {
   const torch::Tensor codes = linear->weight.narrow(0, first, n);  // uint8 [n, blocks * 32]
-  std::vector<float> pairs;
-  pairs.reserve(512);
-  for (int byte = 0; byte < 256; ++byte) {
-    pairs.push_back(kNf4Levels[static_cast<size_t>(byte >> 4)]);
-    pairs.push_back(kNf4Levels[static_cast<size_t>(byte & 15)]);
-  }
-  const torch::Tensor table =
-      at::tensor(pairs, at::TensorOptions().device(codes.device())).view({256, 2});
+  // Built once: the two levels of each byte, high nibble first.
+  static const torch::Tensor kPairs = [] {
+    std::vector<float> pairs;
+    pairs.reserve(512);
+    for (int byte = 0; byte < 256; ++byte) {
+      pairs.push_back(kNf4Levels[static_cast<size_t>(byte >> 4)]);
+      pairs.push_back(kNf4Levels[static_cast<size_t>(byte & 15)]);
+    }
+    return at::tensor(pairs).view({256, 2});
+  }();
+  const torch::Tensor table = kPairs.to(codes.device());
   return (table.index_select(0, codes.reshape({-1}).to(at::kInt)).view({n, -1, kNf4BlockSize}) *
           absmax.narrow(0, first, n).unsqueeze(-1))
       .view({n, -1})
