@@ -254,10 +254,10 @@ DecodeResult MeasureDecode(const Args& a, int64_t vocab, serve::LocalBackend& lo
   at::Tensor prompt_tokens = at::tensor(prompt, long_opts).unsqueeze(0);
   DecodeResult out;
   out.remote.resize(remotes.size());
-  auto lp = local.Step(prompt_tokens, 0, {});
+  auto lp = local.Step(prompt_tokens, 0, {}, serve::StepLogits::kAll);
   if (!lp.ok()) Die("local prompt: " + lp.status().ToString());
   for (size_t k = 0; k < remotes.size(); ++k) {
-    auto rp = remotes[k]->Step(prompt_tokens, 0, {});
+    auto rp = remotes[k]->Step(prompt_tokens, 0, {}, serve::StepLogits::kAll);
     if (!rp.ok()) Die(names[k] + " prompt: " + rp.status().ToString());
     out.remote[k].max_diff = (*lp - *rp).abs().max().item<double>();
   }
@@ -267,13 +267,13 @@ DecodeResult MeasureDecode(const Args& a, int64_t vocab, serve::LocalBackend& lo
   for (int i = 0; i < a.warmup + a.steps; ++i) {
     at::Tensor t = at::full({1, 1}, token, long_opts);
     auto t0 = Steady::now();
-    auto l = local.Step(t, local.position(), {});
+    auto l = local.Step(t, local.position(), {}, serve::StepLogits::kLast);
     const double ls = Seconds(Steady::now() - t0);
     if (!l.ok()) Die("local step: " + l.status().ToString());
     const int64_t next = l->select(1, -1).argmax(-1).item<int64_t>();  // greedy, chosen locally
     for (size_t k = 0; k < remotes.size(); ++k) {
       t0 = Steady::now();
-      auto r = remotes[k]->Step(t, remotes[k]->position(), {});
+      auto r = remotes[k]->Step(t, remotes[k]->position(), {}, serve::StepLogits::kLast);
       const double rs = Seconds(Steady::now() - t0);
       if (!r.ok()) Die(names[k] + " step: " + r.status().ToString());
       auto& o = out.remote[k];

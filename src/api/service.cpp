@@ -229,7 +229,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     if (plan->max_new_tokens == 0) {
       // echo with max_tokens 0: the prompt is scored, nothing is generated.
       const at::Tensor prompt = at::tensor(plan->prompt, at::kLong).unsqueeze(0);
-      if (auto scored = backend.Step(prompt, 0, {}); !scored.ok()) return scored.status();
+      if (auto scored = backend.Step(prompt, 0, {}, serve::StepLogits::kLast); !scored.ok())
+        return scored.status();
     } else {
       auto tokens = serve::GenerateWith(
           backend, plan->prompt, so, eos,

@@ -31,21 +31,25 @@ LogprobRecorder::LogprobRecorder(serve::DecoderBackend& inner, int64_t top, bool
     : inner_(inner), top_(std::max<int64_t>(0, top)), score_prompt_(score_prompt) {}
 
 Result<at::Tensor> LogprobRecorder::Step(const at::Tensor& tokens, int64_t position,
-                                         const at::Tensor& hypo_ids) {
+                                         const at::Tensor& hypo_ids, serve::StepLogits logits) {
   if (tokens.dim() != 2 || tokens.size(0) != 1 || hypo_ids.defined()) {
     return InvalidArgument("log-probabilities are recorded for one sequence, not beams");
   }
-  COLONY_ASSIGN_OR_RETURN(at::Tensor logits, inner_.Step(tokens, position, hypo_ids));
-  const at::Tensor logp = at::log_softmax(logits[0].to(at::kFloat), -1);  // [T, V]
+  const bool scores_prompt = position == 0 && score_prompt_;
+  COLONY_ASSIGN_OR_RETURN(
+      at::Tensor out,
+      inner_.Step(tokens, position, hypo_ids, scores_prompt ? serve::StepLogits::kAll : logits));
+  const at::Tensor logp = at::log_softmax(out[0].to(at::kFloat), -1);  // [T or 1, V]
   const int64_t t = logp.size(0);
-  if (position == 0 && score_prompt_) {
+  if (scores_prompt) {
     const at::Tensor ids = tokens[0].to(at::kCPU, at::kLong).contiguous();
     const std::span<const int64_t> prompt(ids.data_ptr<int64_t>(), static_cast<size_t>(t));
     recorded_.push_back({.token = prompt[0], .logprob = std::nullopt, .top = {}});
     if (t > 1) Record(logp.narrow(0, 0, t - 1), prompt.subspan(1));
   }
   next_ = logp[t - 1];
-  return logits;
+  if (scores_prompt && logits == serve::StepLogits::kLast) return out.narrow(1, t - 1, 1);
+  return out;
 }
 
 void LogprobRecorder::Chose(int64_t token) {

@@ -44,8 +44,10 @@ class LogprobRecorder : public serve::DecoderBackend {
   // the tokens of the first step (the prompt) after its first.
   LogprobRecorder(serve::DecoderBackend& inner, int64_t top, bool score_prompt);
 
-  Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position,
-                          const at::Tensor& hypo_ids) override;
+  // Asks `inner` for every position's logits when the step scores a prompt, for the last
+  // position's otherwise; returns those `logits` names.
+  Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,
+                          serve::StepLogits logits) override;
   int64_t position() const override { return inner_.position(); }
   int64_t max_length() const override { return inner_.max_length(); }
 

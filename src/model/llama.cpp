@@ -293,12 +293,13 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
 }
 
 torch::Tensor LlamaModelImpl::ForwardWithCache(const torch::Tensor& tokens,
-                                               std::vector<KVCache>& caches) {
+                                               std::vector<KVCache>& caches, bool last_only) {
   if (caches.empty()) caches.resize(blocks_.size());
   TORCH_CHECK(caches.size() == blocks_.size(), "ForwardWithCache: ", caches.size(), " caches for ",
               blocks_.size(), " blocks");
   const int64_t offset = caches[0].length;
-  return Head(RunBlocks(Embed(tokens), offset, &caches));
+  const torch::Tensor h = RunBlocks(Embed(tokens), offset, &caches);
+  return Head(last_only ? h.narrow(1, h.size(1) - 1, 1) : h);
 }
 
 torch::Tensor LlamaModelImpl::RunBlocks(torch::Tensor h, int64_t offset,
@@ -411,7 +412,7 @@ std::vector<int64_t> Generate(LlamaModel& model, const std::vector<int64_t>& pro
   auto input = at::tensor(prompt, at::kLong).unsqueeze(0).to(long_opts.device());
   const auto max_len = static_cast<size_t>(model->config().max_seq_len);
   while (true) {
-    auto logits = model->ForwardWithCache(input, caches);
+    auto logits = model->ForwardWithCache(input, caches, /*last_only=*/true);
     const int64_t next = SampleNextToken(logits[0][-1], history, options, rng);
     out.push_back(next);
     history.push_back(next);

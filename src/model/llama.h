@@ -165,8 +165,11 @@ class LlamaModelImpl : public torch::nn::Module {
   // hidden [..., H] -> logits [..., V]: final norm, then lm_head.
   torch::Tensor Head(const torch::Tensor& hidden);
   // Incremental decoding: runs tokens [B, T] at positions caches[0].length.. and appends to the
-  // caches (resized to num_blocks() when empty). Returns logits [B, T, V].
-  torch::Tensor ForwardWithCache(const torch::Tensor& tokens, std::vector<KVCache>& caches);
+  // caches (resized to num_blocks() when empty). Returns logits [B, T, V], or with last_only
+  // those of the last position [B, 1, V] (what a decoding step reads: the head is not run on
+  // the other positions, which for a long prompt and a large vocabulary is most of the step).
+  torch::Tensor ForwardWithCache(const torch::Tensor& tokens, std::vector<KVCache>& caches,
+                                 bool last_only = false);
 
   // All parameters under Hugging Face LlamaForCausalLM names, in HF order; "lm_head.weight" is
   // omitted when the embeddings are tied. The tensors alias the parameters.

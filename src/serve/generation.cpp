@@ -50,13 +50,27 @@ Result<ClientModel> LoadClientModel(const std::filesystem::path& dir, c10::Devic
 
 // ---------------------------------------------------------------- backends
 
+namespace {
+
+Status CheckStepTokens(const at::Tensor& tokens) {
+  if (tokens.dim() != 2 || tokens.size(0) == 0 || tokens.size(1) == 0) {
+    return InvalidArgument(
+        fmt::format("a step's tokens must have shape [B, T], both at least 1; got [{}]",
+                    fmt::join(tokens.sizes(), ", ")));
+  }
+  return {};
+}
+
+}  // namespace
+
 LocalBackend::LocalBackend(model::LlamaModel model)
     : model_(std::move(model)), device_(model::DeviceOf(*model_)) {
   caches_.resize(static_cast<size_t>(model_->num_blocks()));
 }
 
 Result<at::Tensor> LocalBackend::Step(const at::Tensor& tokens, int64_t position,
-                                      const at::Tensor& hypo_ids) {
+                                      const at::Tensor& hypo_ids, StepLogits logits) {
+  COLONY_RETURN_IF_ERROR(CheckStepTokens(tokens));
   if (position > position_ || position < 0) {
     return InvalidArgument(fmt::format("position {} is outside [0, {}]", position, position_));
   }
@@ -67,9 +81,10 @@ Result<at::Tensor> LocalBackend::Step(const at::Tensor& tokens, int64_t position
     c.Truncate(position);
     if (hypo.defined()) c.Reorder(hypo);
   }
-  at::Tensor logits = model_->ForwardWithCache(tokens.to(device_), caches_);
+  const at::Tensor out =
+      model_->ForwardWithCache(tokens.to(device_), caches_, logits == StepLogits::kLast);
   position_ = position + tokens.size(1);
-  return logits.to(at::kCPU, at::kFloat);
+  return out.to(at::kCPU, at::kFloat);
 }
 
 RemoteBackend::RemoteBackend(ClientModel head, InferenceSession& session, int64_t max_length,
@@ -81,7 +96,8 @@ RemoteBackend::RemoteBackend(ClientModel head, InferenceSession& session, int64_
       prompts_(prompts.defined() ? prompts.detach() : prompts) {}
 
 Result<at::Tensor> RemoteBackend::Step(const at::Tensor& tokens, int64_t position,
-                                       const at::Tensor& hypo_ids) {
+                                       const at::Tensor& hypo_ids, StepLogits logits) {
+  COLONY_RETURN_IF_ERROR(CheckStepTokens(tokens));
   at::NoGradGuard no_grad;
   const int64_t p = prompt_length();
   if (p > 0 && (prompts_.dim() != 2 || prompts_.size(1) != head_->config().hidden_size)) {
@@ -102,7 +118,11 @@ Result<at::Tensor> RemoteBackend::Step(const at::Tensor& tokens, int64_t positio
   // Past the prompt the session's positions are the tokens' shifted by P.
   const int64_t session_position = position == 0 ? 0 : position + p;
   COLONY_ASSIGN_OR_RETURN(at::Tensor out, session_.Step(h, hypo_ids, session_position));
-  if (p > 0 && position == 0) out = out.narrow(1, p, tokens.size(1));
+  if (logits == StepLogits::kLast) {
+    out = out.narrow(1, out.size(1) - 1, 1);
+  } else if (p > 0 && position == 0) {
+    out = out.narrow(1, p, tokens.size(1));
+  }
   // The servers' output goes to the GPU without waiting for it (model::ToDevice).
   return head_->Head(model::ToDevice(out, device_)).to(at::kCPU, at::kFloat);
 }
@@ -127,7 +147,8 @@ Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
         fmt::format("the prompt has {} tokens; the limit is {}", prompt.size(), max_len - 1));
   }
   while (true) {
-    COLONY_ASSIGN_OR_RETURN(at::Tensor logits, backend.Step(input, backend.position(), {}));
+    COLONY_ASSIGN_OR_RETURN(at::Tensor logits,
+                            backend.Step(input, backend.position(), {}, StepLogits::kLast));
     const int64_t next = model::SampleNextToken(logits[0][-1], history, options, rng);
     out.push_back(next);
     history.push_back(next);
@@ -152,7 +173,7 @@ Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<
       std::min<int64_t>(max_new_tokens, max_total - static_cast<int64_t>(prompt.size()));
   if (max_new_tokens <= 0) return InvalidArgument("the prompt leaves no room for new tokens");
   at::Tensor input = at::tensor(prompt, long_opts).unsqueeze(0).repeat({num_beams, 1});
-  COLONY_ASSIGN_OR_RETURN(at::Tensor logits, backend.Step(input, 0, {}));
+  COLONY_ASSIGN_OR_RETURN(at::Tensor logits, backend.Step(input, 0, {}, StepLogits::kLast));
   std::vector<Beam> alive(static_cast<size_t>(num_beams)), finished;
   auto rank = [&](const Beam& b) {
     return b.log_prob /
@@ -195,7 +216,8 @@ Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<
     }
     at::Tensor hypo = at::tensor(sources, long_opts);
     at::Tensor step_tokens = at::tensor(tokens, long_opts).unsqueeze(1);
-    COLONY_ASSIGN_OR_RETURN(logits, backend.Step(step_tokens, backend.position(), hypo));
+    COLONY_ASSIGN_OR_RETURN(logits,
+                            backend.Step(step_tokens, backend.position(), hypo, StepLogits::kLast));
   }
   for (auto& b : alive) finished.push_back(std::move(b));
   std::stable_sort(finished.begin(), finished.end(),

@@ -49,15 +49,24 @@ TORCH_MODULE(ClientModel);
 Result<ClientModel> LoadClientModel(const std::filesystem::path& dir,
                                     c10::Device device = c10::kCPU);
 
+// Which positions of a step the LM head runs on. A decoding step reads only the last one; for a
+// long prompt and a large vocabulary the others would be most of the step's time and memory
+// (T x V floats: 2 GB for 4,096 tokens of Llama 3's 128,256).
+enum class StepLogits {
+  kLast,  // logits [B, 1, V]: the last position's
+  kAll,   // logits [B, T, V]: every position's (scoring a prompt)
+};
+
 // A decoder with a KV cache, stepped by the decoding algorithms.
 class DecoderBackend {
  public:
   virtual ~DecoderBackend() = default;
   // Runs tokens [B, T] at positions position.. (position <= this->position(); smaller rolls
   // back), after reordering the cached rows by hypo_ids [B] when defined. Tokens and hypo_ids
-  // may be on any device; returns float32 logits [B, T, V] on the CPU, where decoding runs.
+  // may be on any device; returns float32 logits on the CPU, where decoding runs, of the
+  // positions `logits` names.
   virtual Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position,
-                                  const at::Tensor& hypo_ids) = 0;
+                                  const at::Tensor& hypo_ids, StepLogits logits) = 0;
   virtual int64_t position() const = 0;
   virtual int64_t max_length() const = 0;
 };
@@ -67,8 +76,8 @@ class DecoderBackend {
 class LocalBackend : public DecoderBackend {
  public:
   explicit LocalBackend(model::LlamaModel model);
-  Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position,
-                          const at::Tensor& hypo_ids) override;
+  Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,
+                          StepLogits logits) override;
   int64_t position() const override { return position_; }
   int64_t max_length() const override { return model_->config().max_seq_len; }
 
@@ -89,8 +98,8 @@ class RemoteBackend : public DecoderBackend {
  public:
   RemoteBackend(ClientModel head, InferenceSession& session, int64_t max_length,
                 at::Tensor prompts = {});
-  Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position,
-                          const at::Tensor& hypo_ids) override;
+  Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,
+                          StepLogits logits) override;
   int64_t position() const override {
     return std::max<int64_t>(0, session_.position() - prompt_length());
   }

@@ -246,7 +246,7 @@ class ServeTest : public ::testing::Test {
       RemoteBackend backend(Head(), *session, options.max_length, shallow);
       at::Tensor input = at::tensor(prompt, at::kLong).unsqueeze(0);
       for (int64_t i = 0; i < new_tokens; ++i) {
-        auto logits = backend.Step(input, backend.position(), {});
+        auto logits = backend.Step(input, backend.position(), {}, StepLogits::kAll);
         EXPECT_TRUE(logits.ok()) << logits.status().ToString();
         if (!logits.ok()) return {};
         const at::Tensor& ref = ref_logits[static_cast<size_t>(i)];
@@ -379,6 +379,38 @@ TEST_F(ServeTest, GreedyAndSampledGenerationEqualLocal) {
     auto local = GenerateWith(local_backend, prompt, so);
     ASSERT_TRUE(local.ok());
     EXPECT_EQ(*local, expected);
+  }
+}
+
+// A decoding step asks for the last position's logits only: both backends return [B, 1, V], the
+// last row of what the same step gives with every position's, after a prompt and after a
+// one-token step; a step without tokens is refused.
+TEST_F(ServeTest, ADecodingStepGetsItsLastPositionsLogitsOnly) {
+  AddServer(0, 2);
+  AddServer(2, 4);
+  Connect(2);
+  RemoteSequential remote(manager_);
+  auto session = remote.OpenSession({.max_length = 32, .batch_size = 2});
+  RemoteBackend remote_backend(Head(), *session, 32);
+  LocalBackend local_backend(local_);
+  const at::Tensor prompt = at::tensor({3, 9, 27, 81, 7, 21}, at::kLong).view({2, 3});
+  const at::Tensor next = at::tensor({5, 6}, at::kLong).view({2, 1});
+  const int64_t v = config_.vocab_size;
+  for (DecoderBackend* backend : std::vector<DecoderBackend*>{&remote_backend, &local_backend}) {
+    for (const at::Tensor& tokens : {prompt, next}) {
+      const int64_t position = tokens.size(1) == 3 ? 0 : 3;
+      auto all = backend->Step(tokens, position, {}, StepLogits::kAll);
+      ASSERT_TRUE(all.ok()) << all.status().ToString();
+      ASSERT_EQ(all->sizes(), (std::vector<int64_t>{2, tokens.size(1), v}));
+      auto last = backend->Step(tokens, position, {}, StepLogits::kLast);  // the same step again
+      ASSERT_TRUE(last.ok()) << last.status().ToString();
+      ASSERT_EQ(last->sizes(), (std::vector<int64_t>{2, 1, v}));
+      EXPECT_TRUE(at::allclose(*last, all->narrow(1, tokens.size(1) - 1, 1), 1e-5, 1e-5));
+    }
+    auto empty = backend->Step(at::zeros({2, 0}, at::kLong), 4, {}, StepLogits::kLast);
+    ASSERT_FALSE(empty.ok());
+    EXPECT_NE(empty.status().message().find("[2, 0]"), std::string::npos)
+        << empty.status().ToString();
   }
 }
 
@@ -1416,7 +1448,7 @@ TEST_F(ServeTest, DeepPromptTunedGenerationThroughASessionEqualsTheForwardPath) 
   auto session = remote->OpenSession(batched);
   RemoteBackend backend(Head(), *session, max_length, tuned->prompts);
   at::Tensor input = at::tensor(prompt, at::kLong).unsqueeze(0).expand({2, -1}).contiguous();
-  auto first = backend.Step(input, 0, {});
+  auto first = backend.Step(input, 0, {}, StepLogits::kAll);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   std::vector<at::Tensor> ref;
   ReferenceGreedy(forward, prompt, 1, &ref);
@@ -1425,15 +1457,20 @@ TEST_F(ServeTest, DeepPromptTunedGenerationThroughASessionEqualsTheForwardPath) 
   // Swap the rows (beam search's reorder): row 1 continues with the tuned prompts.
   const at::Tensor swap = at::tensor({1, 0}, at::kLong);
   const at::Tensor next = at::full({2, 1}, tokens[0], at::kLong);
-  auto second = backend.Step(next, backend.position(), swap);
+  auto second = backend.Step(next, backend.position(), swap, StepLogits::kAll);
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   ReferenceGreedy(forward, prompt, 2, &ref);
   EXPECT_TRUE(at::allclose((*second)[1][0], ref.back()[0][-1], 0, 1e-3));
   EXPECT_FALSE(at::allclose((*second)[0][0], ref.back()[0][-1], 0, 1e-2));
   // A rollback to the start prepends the shallow prompts again.
-  auto again = backend.Step(input, 0, {});
+  auto again = backend.Step(input, 0, {}, StepLogits::kAll);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_TRUE(at::allclose((*again)[1], ref[0][0], 0, 1e-3));
+  // A decoding step's logits are the last token's, not a shallow prompt position's.
+  auto last = backend.Step(input, 0, {}, StepLogits::kLast);
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  ASSERT_EQ(last->sizes(), (std::vector<int64_t>{2, 1, config_.vocab_size}));
+  EXPECT_TRUE(at::allclose((*last)[1][0], ref[0][0][-1], 0, 1e-3));
 }
 
 TEST_F(ServeTest, PerRowDeepPromptsFollowBeamReorders) {
