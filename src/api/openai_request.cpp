@@ -164,11 +164,16 @@ Status ParseMessages(const json& v, const RequestLimits& limits, GenerationReque
 
 using FieldParser = std::function<Status(const json&, GenerationRequest&)>;
 
-Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestLimits& limits) {
+Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestLimits& limits,
+                                const model::SamplingDefaults& defaults) {
   COLONY_ASSIGN_OR_RETURN(json j,
                           model::ParseStrictJsonObject(body, "the request body", kMaxDepth));
   GenerationRequest r;
   r.chat = chat;
+  r.temperature = defaults.temperature;
+  r.top_k = defaults.top_k;
+  r.top_p = defaults.top_p;
+  r.repetition_penalty = defaults.repetition_penalty;
   bool chat_logprobs = false;           // chat's logprobs: true
   std::optional<int64_t> top_logprobs;  // chat's top_logprobs
   const std::map<std::string, FieldParser, std::less<>> common = {
@@ -359,13 +364,14 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
 
 }  // namespace
 
-Result<GenerationRequest> ParseCompletionRequest(std::string_view body,
-                                                 const RequestLimits& limits) {
-  return Parse(body, /*chat=*/false, limits);
+Result<GenerationRequest> ParseCompletionRequest(std::string_view body, const RequestLimits& limits,
+                                                 const model::SamplingDefaults& defaults) {
+  return Parse(body, /*chat=*/false, limits, defaults);
 }
 
-Result<GenerationRequest> ParseChatRequest(std::string_view body, const RequestLimits& limits) {
-  return Parse(body, /*chat=*/true, limits);
+Result<GenerationRequest> ParseChatRequest(std::string_view body, const RequestLimits& limits,
+                                           const model::SamplingDefaults& defaults) {
+  return Parse(body, /*chat=*/true, limits, defaults);
 }
 
 }  // namespace colony::api

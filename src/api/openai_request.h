@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/generation_config.h"
 
 namespace colony::api {
 
@@ -34,7 +35,7 @@ struct GenerationRequest {
   bool prompt_is_tokens = false;
   std::vector<ChatMessage> messages;  // chat
   std::optional<int64_t> max_tokens;  // absent: completions 16, chat the context's room
-  double temperature = 1.0;           // 0: greedy
+  double temperature = 1.0;           // 0: greedy (omitted: the defaults', see below)
   double top_p = 1.0;
   int64_t top_k = 0;                // an extension (as vLLM's); 0: off
   double repetition_penalty = 1.0;  // an extension (as vLLM's); 1: off
@@ -60,9 +61,18 @@ struct RequestLimits {
   int64_t max_top_logprobs = 20;       // as OpenAI's top_logprobs
 };
 
-// InvalidArgument naming the field (its message starts with the field's name in quotes).
-Result<GenerationRequest> ParseCompletionRequest(std::string_view body,
-                                                 const RequestLimits& limits);
-Result<GenerationRequest> ParseChatRequest(std::string_view body, const RequestLimits& limits);
+// OpenAI's values for the sampling fields a request leaves out (colony api puts a model's
+// generation_config.json over them, as vLLM does: GenerationConfig::Over).
+inline constexpr model::SamplingDefaults kOpenAiSampling{
+    .temperature = 1.0, .top_k = 0, .top_p = 1.0, .repetition_penalty = 1.0};
+
+// InvalidArgument naming the field (its message starts with the field's name in quotes). The
+// sampling fields a request leaves out are `defaults`'.
+Result<GenerationRequest> ParseCompletionRequest(
+    std::string_view body, const RequestLimits& limits,
+    const model::SamplingDefaults& defaults = kOpenAiSampling);
+Result<GenerationRequest> ParseChatRequest(
+    std::string_view body, const RequestLimits& limits,
+    const model::SamplingDefaults& defaults = kOpenAiSampling);
 
 }  // namespace colony::api

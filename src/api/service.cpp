@@ -149,6 +149,12 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   plan.max_new_tokens =
       r.max_tokens ? *r.max_tokens : (r.chat ? room : std::min<int64_t>(16, room));
   plan.stops.insert(plan.stops.end(), r.stop.begin(), r.stop.end());
+  // The model's generation_config.json's end tokens end an answer as the EOS does.
+  for (int64_t t : client_.generation.eos_token_ids) {
+    if (std::ranges::find(plan.stop_tokens, t) == plan.stop_tokens.end()) {
+      plan.stop_tokens.push_back(t);
+    }
+  }
   plan.beams = r.n > 1 && r.temperature == 0;
   if (plan.beams && r.logprobs) {
     return InvalidArgument(
@@ -168,8 +174,9 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
 }
 
 http::Reply ApiService::Generate(const http::Request& request, bool chat) {
-  auto parsed = chat ? ParseChatRequest(request.body, options_.limits)
-                     : ParseCompletionRequest(request.body, options_.limits);
+  const model::SamplingDefaults defaults = client_.generation.Over(kOpenAiSampling);
+  auto parsed = chat ? ParseChatRequest(request.body, options_.limits, defaults)
+                     : ParseCompletionRequest(request.body, options_.limits, defaults);
   if (!parsed.ok()) return http::JsonError(400, parsed.status().message());
   GenerationRequest r = std::move(*parsed);
   if (!r.model.empty() && r.model != options_.model_id) {

@@ -16,6 +16,7 @@
 
 #include "core/status.h"
 #include "dht/node.h"
+#include "model/generation_config.h"
 #include "model/tokenizer.h"
 #include "serve/generation.h"
 #include "serve/routing.h"
@@ -37,6 +38,7 @@ struct SwarmClient {
   std::shared_ptr<SequenceManager> manager;
   ClientModel head{nullptr};
   std::optional<model::Tokenizer> tokenizer;
+  model::GenerationConfig generation;  // the model directory's generation_config.json
 };
 
 // The name servers and clients of a model directory share by default: the directory's name.

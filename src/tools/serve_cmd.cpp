@@ -126,10 +126,13 @@ struct GenerateArgs {
   std::string prompt;
   std::string tokens;
   int64_t max_new_tokens = 32;
+  // Sampling: what the flags given say, the model's generation_config.json for the others.
   double temperature = 0;
   int64_t top_k = 0;
   double top_p = 1.0;
   double repetition_penalty = 1.0;
+  bool temperature_given = false, top_k_given = false, top_p_given = false,
+       repetition_penalty_given = false;
   uint64_t seed = 0;
   int64_t num_beams = 1;
   int64_t max_length = 0;
@@ -181,29 +184,47 @@ int RunGenerate(const GenerateArgs& a) {
       }
     }
   } else {
+    model::SamplingDefaults d = client->generation.Defaults();
+    if (d != model::SamplingDefaults{} && !a.json) {
+      std::fprintf(stderr,
+                   "generation_config.json: temperature %g, top-k %lld, top-p %g, repetition "
+                   "penalty %g, unless the flags say otherwise\n",
+                   d.temperature, static_cast<long long>(d.top_k), d.top_p, d.repetition_penalty);
+    }
+    if (a.temperature_given) d.temperature = a.temperature;
+    if (a.top_k_given) d.top_k = a.top_k;
+    if (a.top_p_given) d.top_p = a.top_p;
+    if (a.repetition_penalty_given) d.repetition_penalty = a.repetition_penalty;
     model::SamplingOptions so{.max_new_tokens = a.max_new_tokens,
-                              .temperature = a.temperature,
-                              .top_k = a.top_k,
-                              .top_p = a.top_p,
-                              .repetition_penalty = a.repetition_penalty,
+                              .temperature = d.temperature,
+                              .top_k = d.top_k,
+                              .top_p = d.top_p,
+                              .repetition_penalty = d.repetition_penalty,
                               .seed = a.seed};
+    // The generation config's end tokens end the text as the tokenizer's EOS does.
+    const std::vector<int64_t>& ends = client->generation.eos_token_ids;
+    bool ended = false;
     std::vector<int32_t> decoded;
     std::string printed;
-    auto r = serve::GenerateWith(backend, prompt, so, eos, [&](int64_t t) {
-      if (a.json) return;
-      if (client->tokenizer) {
-        // Print the text as it grows (pieces can merge with the next token's bytes).
-        decoded.push_back(static_cast<int32_t>(t));
-        std::string text = client->tokenizer->Decode(decoded);
-        if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
-          std::printf("%s", text.substr(printed.size()).c_str());
-          printed = text;
-        }
-      } else {
-        std::printf("%lld ", static_cast<long long>(t));
-      }
-      std::fflush(stdout);
-    });
+    auto r = serve::GenerateWith(
+        backend, prompt, so, eos,
+        [&](int64_t t) {
+          ended = std::ranges::find(ends, t) != ends.end();
+          if (a.json) return;
+          if (client->tokenizer) {
+            // Print the text as it grows (pieces can merge with the next token's bytes).
+            decoded.push_back(static_cast<int32_t>(t));
+            std::string text = client->tokenizer->Decode(decoded);
+            if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
+              std::printf("%s", text.substr(printed.size()).c_str());
+              printed = text;
+            }
+          } else {
+            std::printf("%lld ", static_cast<long long>(t));
+          }
+          std::fflush(stdout);
+        },
+        [&] { return ended; });
     if (!r.ok()) return Fail(r.status().WithContext("generating"));
     out = *r;
   }
@@ -365,10 +386,15 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
     cmd->add_option("--tokens", a->tokens, "the prompt as token ids: 1,2,3");
     cmd->add_option("--max-new-tokens", a->max_new_tokens, "tokens to generate")
         ->capture_default_str();
-    cmd->add_option("--temperature", a->temperature, "0: greedy")->capture_default_str();
-    cmd->add_option("--top-k", a->top_k, "sample among the k likeliest (0: off)");
-    cmd->add_option("--top-p", a->top_p, "nucleus sampling (1: off)");
-    cmd->add_option("--repetition-penalty", a->repetition_penalty, "1: off");
+    cmd->add_option("--temperature", a->temperature,
+                    "0: greedy (default: the model's generation_config.json's, as transformers "
+                    "generates: greedy unless it says do_sample)");
+    cmd->add_option("--top-k", a->top_k,
+                    "sample among the k likeliest (0: off; default: generation_config.json's)");
+    cmd->add_option("--top-p", a->top_p,
+                    "nucleus sampling (1: off; default: generation_config.json's)");
+    cmd->add_option("--repetition-penalty", a->repetition_penalty,
+                    "1: off (default: generation_config.json's)");
     cmd->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
     cmd->add_option("--num-beams", a->num_beams, "beam search with this many beams")
         ->check(CLI::Range(int64_t{1}, int64_t{64}));
@@ -378,8 +404,12 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
                     "generate with a tuned model: what 'colony finetune --save' wrote (shallow "
                     "or deep prompts, or LoRA adapters that the servers apply)");
     cmd->add_flag("--json", a->json, "print one JSON object instead of streaming text");
-    commands.emplace_back(cmd, [a] {
+    commands.emplace_back(cmd, [a, cmd] {
       if (a->prompt.empty() == a->tokens.empty()) return Fail("give --prompt or --tokens");
+      a->temperature_given = cmd->count("--temperature") > 0;
+      a->top_k_given = cmd->count("--top-k") > 0;
+      a->top_p_given = cmd->count("--top-p") > 0;
+      a->repetition_penalty_given = cmd->count("--repetition-penalty") > 0;
       return RunGenerate(*a);
     });
   }

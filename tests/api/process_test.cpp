@@ -583,17 +583,23 @@ TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
 // max_tokens 0) and with generation, against transformers: the fixture it saved, its argmax at
 // every position and its last position's logits (reference.json). Their normalisation is checked
 // against a plain log-softmax of the whole model run in this process.
-TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
+// The model directory becomes a copy of transformers' llama-v5-rope500k-tied fixture (its
+// generation_config.json included) with the byte-level BPE tokenizer; returns its reference.
+json UseHfFixture(const fs::path& model_dir) {
   const fs::path fixtures(COLONY_HF_FIXTURES);
-  model_dir_ = dir_ / "fixture";
-  fs::create_directories(model_dir_);
+  fs::create_directories(model_dir);
   for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
-    fs::copy_file(fixtures / "llama-v5-rope500k-tied" / f, model_dir_ / f);
+    fs::copy_file(fixtures / "llama-v5-rope500k-tied" / f, model_dir / f);
   }
   fs::copy_file(fixtures / "tokenizer-bytelevel-bpe" / "tokenizer.json",
-                model_dir_ / "tokenizer.json");
-  const json ref = json::parse(colony::test::ReadFile(
+                model_dir / "tokenizer.json");
+  return json::parse(colony::test::ReadFile(
       (fixtures / "reference.json").string()))["models"]["llama-v5-rope500k-tied"];
+}
+
+TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
+  model_dir_ = dir_ / "fixture";
+  const json ref = UseHfFixture(model_dir_);
   const auto prompt = ref["prompt"].get<std::vector<int64_t>>();
   const auto argmax = ref["argmax_per_position"].get<std::vector<int64_t>>();
   const auto greedy = ref["greedy_24"].get<std::vector<int64_t>>();
@@ -768,6 +774,48 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
 // larger copy of the row of a token g that greedy generation picks a few tokens into the answer,
 // so the model generates X there instead of g (checked against greedy generation of the whole
 // model in this process); the answer must be the text before X, with finish_reason "stop".
+// A model's generation_config.json, as vLLM reads it: its temperature is the default of requests
+// that leave it out, and its eos_token_id list ends answers. Here the file asks for greedy
+// decoding (OpenAI's default would sample at 1.0) and lists the third token transformers
+// generates greedily as an end: a request without a temperature gets transformers' first two
+// tokens, and stops at the third.
+TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
+  model_dir_ = dir_ / "fixture";
+  const json ref = UseHfFixture(model_dir_);
+  const auto prompt = ref["prompt"].get<std::vector<int64_t>>();
+  const auto greedy = ref["greedy_24"].get<std::vector<int64_t>>();
+  const size_t p = prompt.size();
+  json g = json::parse(colony::test::ReadFile((model_dir_ / "generation_config.json").string()));
+  g["eos_token_id"] = {2, greedy[p + 2]};
+  g["temperature"] = 0.0;
+  colony::test::WriteFile((model_dir_ / "generation_config.json").string(), g.dump());
+  ASSERT_NE(StartServer("A", "0:4"), nullptr);
+  ASSERT_TRUE(StartApi());
+  WaitUntilRoutable();
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the same answer twice: no sampling
+    const HttpAnswer a = Curl("/completions", json({{"prompt", prompt},
+                                                    {"max_tokens", 12},
+                                                    {"logprobs", 0},
+                                                    {"return_tokens_as_token_ids", true}})
+                                                  .dump());
+    ASSERT_EQ(a.status, 200) << a.body;
+    const json c = json::parse(a.body)["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "stop") << a.body;
+    EXPECT_EQ(c["logprobs"]["tokens"], json({"token_id:" + std::to_string(greedy[p]),
+                                             "token_id:" + std::to_string(greedy[p + 1])}))
+        << a.body;
+    EXPECT_EQ(json::parse(a.body)["usage"]["completion_tokens"], 3);
+  }
+  // A field Colony would not honour stops colony api before it serves, naming the field.
+  g["typical_p"] = 0.9;
+  colony::test::WriteFile((model_dir_ / "generation_config.json").string(), g.dump());
+  const auto r =
+      colony::test::RunCli({"api", "--model", model_dir_.string(), "--model-name", model_name_,
+                            "--initial-peers", procs_.front().first_line, "--http", "127.0.0.1:0"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("\"typical_p\" = 0.9"), std::string::npos) << r.err;
+}
+
 TEST_F(ApiProcessTest, AChatTurnEndsAtItsSpecialEndOfTurnToken) {
   json j = json::parse(colony::test::ReadFile((model_dir_ / "tokenizer.json").string()));
   const int64_t x = tokenizer_->vocab_size();

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -123,6 +124,25 @@ class ServeProcessTest : public ::testing::Test {
     s.peer = s.address.substr(at + 5);
     servers_.push_back(std::move(s));
     return &servers_.back();
+  }
+
+  // Runs `colony COMMAND --model ... --initial-peers FIRST-SERVER ARGS...` (args[0] is the
+  // command) to its exit, expecting 0, and returns the first line it printed.
+  std::string RunClientCommand(const std::string& label, const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {
+        ColonyBinary(), args[0],     "--model",         model_dir_.string(),
+        "--model-name", model_name_, "--initial-peers", servers_.front().address,
+        "--threads",    "1"};
+    argv.insert(argv.end(), args.begin() + 1, args.end());
+    const std::string err = (dir_ / (label + ".err")).string();
+    auto p = Subprocess::Spawn(argv, err);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return {};
+    auto line = p->ReadLine(120s);
+    auto code = p->Wait(30s);
+    EXPECT_TRUE(code.ok() && *code == 0) << label << " failed\n" << Tail(err) << ServerLogs();
+    EXPECT_TRUE(line.ok()) << label << " printed nothing\n" << Tail(err);
+    return line.ok() ? *line : std::string();
   }
 
   // Every server's recent stderr, for failure messages.
@@ -282,26 +302,62 @@ TEST_F(ServeProcessTest, GreedyGenerationSurvivesKilledMiddleServer) {
 // `colony finetune --lora --save` then `colony generate --tuned`, as a user runs them: the tokens
 // printed are the greedy continuation of the model with the saved adapters, computed here apart
 // (the adapters loaded from the file, full forward passes without a cache, argmax).
+// colony generate reads the model's generation_config.json as transformers' generate() does:
+// do_sample with its temperature, top-k, top-p and repetition penalty when no flag says
+// otherwise, and its eos_token_id list ends the text. The reference is model::Generate on the
+// whole model with the file's settings, cut after the first token of the list.
+TEST_F(ServeProcessTest, GenerateFollowsTheModelsGenerationConfig) {
+  ASSERT_NE(StartServer("A", 0, 4), nullptr);
+  ASSERT_TRUE(StartClient());
+  ASSERT_TRUE(WaitForServers()) << "the server's record did not appear in the DHT";
+  auto local = model::LoadLlama(model_dir_);
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  (*local)->eval();
+  const std::vector<int64_t> prompt = {1, 17, 42, 99};
+  model::SamplingOptions file{.max_new_tokens = 10,
+                              .temperature = 0.8,
+                              .top_k = 5,
+                              .top_p = 0.9,
+                              .repetition_penalty = 1.1,
+                              .seed = 3};
+  const std::vector<int64_t> sampled = model::Generate(*local, prompt, file);
+  ASSERT_EQ(sampled.size(), 10u);
+  const int64_t end = sampled[4];
+  nlohmann::json g = {{"do_sample", true},
+                      {"temperature", 0.8},
+                      {"top_k", 5},
+                      {"top_p", 0.9},
+                      {"repetition_penalty", 1.1},
+                      {"eos_token_id", {end}},
+                      {"bos_token_id", 1},
+                      {"transformers_version", "5.17.0"}};
+  colony::test::WriteFile((model_dir_ / "generation_config.json").string(), g.dump());
+  auto tokens = [&](const std::string& label, std::vector<std::string> args) {
+    args.insert(args.begin(), {"generate", "--tokens", "1,17,42,99", "--max-new-tokens", "10",
+                               "--seed", "3", "--json"});
+    const auto out = nlohmann::json::parse(RunClientCommand(label, args), nullptr, false);
+    EXPECT_TRUE(out.is_object() && out.contains("tokens")) << label << ": " << out;
+    return out.is_object() ? out.value("tokens", std::vector<int64_t>{}) : std::vector<int64_t>{};
+  };
+  auto until_end = [&](std::vector<int64_t> t) {
+    if (auto it = std::ranges::find(t, end); it != t.end()) t.erase(it + 1, t.end());
+    return t;
+  };
+  EXPECT_EQ(tokens("sampled", {}), until_end(sampled));
+  // A flag wins over the file: --temperature 0 is greedy, with the file's repetition penalty.
+  model::SamplingOptions greedy = file;
+  greedy.temperature = 0;
+  EXPECT_EQ(tokens("greedy", {"--temperature", "0"}),
+            until_end(model::Generate(*local, prompt, greedy)));
+}
+
 TEST_F(ServeProcessTest, FinetuneSavesAdaptersThatGenerateTunedApplies) {
   ASSERT_NE(StartServer("A", 0, 4), nullptr);
   ASSERT_TRUE(StartClient());
   ASSERT_TRUE(WaitForServers()) << "the server's record did not appear in the DHT";
   const fs::path tuned_file = dir_ / "lora.safetensors";
-  auto run = [&](const std::string& label, std::vector<std::string> args) -> std::string {
-    std::vector<std::string> argv = {
-        ColonyBinary(), args[0],     "--model",         model_dir_.string(),
-        "--model-name", model_name_, "--initial-peers", servers_.front().address,
-        "--threads",    "1"};
-    argv.insert(argv.end(), args.begin() + 1, args.end());
-    const std::string err = (dir_ / (label + ".err")).string();
-    auto p = Subprocess::Spawn(argv, err);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    if (!p.ok()) return {};
-    auto line = p->ReadLine(120s);
-    auto code = p->Wait(30s);
-    EXPECT_TRUE(code.ok() && *code == 0) << label << " failed\n" << Tail(err) << ServerLogs();
-    EXPECT_TRUE(line.ok()) << label << " printed nothing\n" << Tail(err);
-    return line.ok() ? *line : std::string();
+  auto run = [&](const std::string& label, const std::vector<std::string>& args) {
+    return RunClientCommand(label, args);
   };
   const std::string trained = run("finetune", {"finetune", "--lora", "2", "--steps", "6", "--lr",
                                                "0.2", "--save", tuned_file.string()});
