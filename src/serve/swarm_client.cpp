@@ -25,7 +25,9 @@ Result<std::unique_ptr<SwarmClient>> ConnectToSwarm(const SwarmClientOptions& op
     COLONY_ASSIGN_OR_RETURN(auto tok, model::Tokenizer::Load(*tok_path));
     c->tokenizer = std::move(tok);
   }
-  COLONY_ASSIGN_OR_RETURN(c->generation, model::LoadGenerationConfig(options.model_dir));
+  if (options.generates) {
+    COLONY_ASSIGN_OR_RETURN(c->generation, model::LoadGenerationConfig(options.model_dir));
+  }
   dht::NodeOptions node_options;
   node_options.initial_peers = options.initial_peers;
   node_options.dht.client_mode = true;

@@ -31,6 +31,9 @@ struct SwarmClientOptions {
   std::shared_ptr<net::AccessControl> access = nullptr;
   // Where the embeddings and head compute (model/device.h): cpu, cuda, cuda:N or auto.
   std::string device = "cpu";
+  // Whether the client generates text: then the directory's generation_config.json is read
+  // (and refused when it asks for what Colony does not do). A fine-tuning client leaves it.
+  bool generates = true;
 };
 
 struct SwarmClient {
@@ -38,7 +41,8 @@ struct SwarmClient {
   std::shared_ptr<SequenceManager> manager;
   ClientModel head{nullptr};
   std::optional<model::Tokenizer> tokenizer;
-  model::GenerationConfig generation;  // the model directory's generation_config.json
+  // The model directory's generation_config.json (empty unless options.generates).
+  model::GenerationConfig generation;
 };
 
 // The name servers and clients of a model directory share by default: the directory's name.

@@ -279,7 +279,8 @@ int RunFinetune(const FinetuneArgs& a) {
   if (a.deep && a.lora_rank > 0) return Fail("--deep and --lora are different methods: give one");
   if (a.swarm.threads > 0) at::set_num_threads(a.swarm.threads);
   at::manual_seed(a.seed);
-  auto client = StartClient(a.swarm);
+  // Fine-tuning generates nothing: the model's generation_config.json is not its concern.
+  auto client = StartClient(a.swarm, /*generates=*/false);
   if (!client.ok()) return Fail(client.status());
   const auto& c = *client->client;
   auto data = serve::FineTuneSequences(c.tokenizer ? &*c.tokenizer : nullptr,

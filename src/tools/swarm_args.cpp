@@ -63,7 +63,7 @@ std::string ModelName(const SwarmArgs& a) {
   return a.model_name.empty() ? serve::DefaultModelName(a.model) : a.model_name;
 }
 
-Result<StartedClient> StartClient(const SwarmArgs& a) {
+Result<StartedClient> StartClient(const SwarmArgs& a, bool generates) {
   if (a.initial_peers.empty()) {
     return InvalidArgument(
         "give --initial-peers: the address of any peer of the swarm (a server prints its address "
@@ -76,7 +76,8 @@ Result<StartedClient> StartClient(const SwarmArgs& a) {
                                                                  .model_name = a.model_name,
                                                                  .initial_peers = a.initial_peers,
                                                                  .access = access.control,
-                                                                 .device = a.device},
+                                                                 .device = a.device,
+                                                                 .generates = generates},
                                                                 std::move(identity)));
   started.access = std::move(access);
   started.access.Attach(*started.client->node);

@@ -43,6 +43,7 @@ struct StartedClient {
   SwarmAccess access;
 };
 
-Result<StartedClient> StartClient(const SwarmArgs& a);
+// generates: whether the client generates text (serve::SwarmClientOptions::generates).
+Result<StartedClient> StartClient(const SwarmArgs& a, bool generates = true);
 
 }  // namespace colony::cli

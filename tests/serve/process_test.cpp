@@ -359,8 +359,13 @@ TEST_F(ServeProcessTest, FinetuneSavesAdaptersThatGenerateTunedApplies) {
   auto run = [&](const std::string& label, const std::vector<std::string>& args) {
     return RunClientCommand(label, args);
   };
+  // Fine-tuning generates nothing: a generation config that colony generate refuses is no
+  // concern of it.
+  const fs::path generation_config = model_dir_ / "generation_config.json";
+  colony::test::WriteFile(generation_config.string(), R"({"typical_p": 0.9})");
   const std::string trained = run("finetune", {"finetune", "--lora", "2", "--steps", "6", "--lr",
                                                "0.2", "--save", tuned_file.string()});
+  fs::remove(generation_config);
   const auto report = nlohmann::json::parse(trained, nullptr, /*allow_exceptions=*/false);
   ASSERT_TRUE(report.is_object()) << trained;
   EXPECT_EQ(report.value("method", ""), "lora");
