@@ -3,10 +3,12 @@
 #include "averaging/averager.h"
 
 #include <fmt/format.h>
+#include <sodium.h>
 
 #include <asio/post.hpp>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "averaging/allreduce.h"
@@ -249,18 +251,43 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
         "(other members exclude a sender declaring more)",
         o.weight, options_.max_weight));
   }
-  if (o.group_bits) {
+  if (o.group_bits && !o.in_group) {
     if (Status st = CheckGroupBits(*o.group_bits); !st.ok()) co_return st;
+  }
+  if (o.in_group) {
+    if (options_.verify) {
+      co_return InvalidArgument(
+          "a follow-up step (in_group) cannot be verified: verification runs in the step that "
+          "forms its group");
+    }
+    if (o.phase.empty() || o.phase.size() > kMaxPhaseBytes) {
+      co_return InvalidArgument("a follow-up step's phase must be 1 to 32 bytes");
+    }
   }
   if (step_running_.exchange(true)) co_return FailedPrecondition("a step is already running");
   if (options_.verify) StartLearningBans();
-  if (o.group_bits) group_bits_ = *o.group_bits;
+  if (o.group_bits && !o.in_group) group_bits_ = *o.group_bits;
   cancel_requested_ = false;
   const SteadyTime start = SteadyNow();
   const SteadyTime deadline = start + o.timeout;
   std::vector<std::string> reasons;
   Result<StepResult> outcome = DeadlineExceeded("no time to average");
   int attempts = 0;
+  if (o.in_group) {
+    auto group = FollowUpGroup(o.in_group->info, o.phase);
+    if (group.ok()) {
+      outcome = co_await RunInGroup(*group, o, deadline);
+    } else {
+      outcome = group.status();
+    }
+    if (outcome.ok()) {
+      outcome->matchmaking_seconds = 0;
+      outcome->attempts = 1;
+      outcome->next_group_bits = group_bits_;
+    }
+    step_running_ = false;
+    co_return outcome;
+  }
   while (SteadyNow() < deadline) {
     ++attempts;
     const std::string key = GroupKey(options_.prefix, group_bits_);
@@ -285,23 +312,13 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
       if (!o.allow_retries || group.status().code() != StatusCode::kNotFound) break;
       continue;
     }
+    COLONY_LOG_DEBUG("averaging: group {} formed with {} peers",
+                     HexEncode(AsBytes(group->group_id)).substr(0, 8), group->members.size());
     uint32_t self_index = 0;
     for (uint32_t i = 0; i < group->members.size(); ++i) {
       if (group->members[i].peer == host_.peer_id()) self_index = i;
     }
-    const double weight = options_.mode == Mode::kAux ? 0.0 : o.weight;
-    auto run = std::make_shared<AllReduceRun>(shared_from_this(), *group, self_index, weight,
-                                              deadline, o.audit_claim);
-    runs_[group->group_id] = run;
-    current_run_ = run;
-    runs_changed_.Notify();
-    if (cancel_requested_ || shut_down_) run->Cancel(Cancelled("the averaging step was cancelled"));
-    COLONY_LOG_DEBUG("averaging: group {} formed with {} peers",
-                     HexEncode(AsBytes(group->group_id)).substr(0, 8), group->members.size());
-    auto go = [run]() -> asio::awaitable<Result<StepResult>> { co_return co_await run->Run(); };
-    outcome = co_await OnStrand<Result<StepResult>>(run->strand(), std::move(go));
-    runs_.erase(group->group_id);
-    current_run_.reset();
+    outcome = co_await RunInGroup(*group, o, deadline);
     if (outcome.ok()) {
       outcome->matchmaking_seconds = Seconds(SteadyNow() - start) - outcome->allreduce_seconds;
       outcome->attempts = attempts;
@@ -312,6 +329,68 @@ asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {
   }
   step_running_ = false;
   co_return outcome;
+}
+
+asio::awaitable<Result<StepResult>> Averager::Impl::RunInGroup(const GroupInfo& group,
+                                                               const StepOptions& o,
+                                                               SteadyTime deadline) {
+  std::optional<uint32_t> self_index;
+  for (uint32_t i = 0; i < group.members.size(); ++i) {
+    if (group.members[i].peer == host_.peer_id()) self_index = i;
+  }
+  if (!self_index) {
+    co_return InvalidArgument("this peer is not a member of the group it was asked to average in");
+  }
+  if (group.members[*self_index].mode != options_.mode) {
+    co_return InvalidArgument(
+        fmt::format("this averager's mode ({}) is not this peer's mode in the group ({})",
+                    ModeName(options_.mode), ModeName(group.members[*self_index].mode)));
+  }
+  const double weight = options_.mode == Mode::kAux ? 0.0 : o.weight;
+  auto run = std::make_shared<AllReduceRun>(shared_from_this(), group, *self_index, weight,
+                                            deadline, o.audit_claim);
+  runs_[group.group_id] = run;
+  current_run_ = run;
+  runs_changed_.Notify();
+  if (cancel_requested_ || shut_down_) run->Cancel(Cancelled("the averaging step was cancelled"));
+  auto go = [run]() -> asio::awaitable<Result<StepResult>> { co_return co_await run->Run(); };
+  Result<StepResult> outcome = co_await OnStrand<Result<StepResult>>(run->strand(), std::move(go));
+  runs_.erase(group.group_id);
+  current_run_.reset();
+  if (outcome.ok()) outcome->group = std::make_shared<const FormedGroup>(FormedGroup{group});
+  co_return outcome;
+}
+
+Result<GroupInfo> Averager::Impl::FollowUpGroup(const GroupInfo& first,
+                                                const std::string& phase) const {
+  if (first.total == 0 && total_ > 0) {
+    return FailedPrecondition("the group to follow averaged no values: it has no spans to scale");
+  }
+  GroupInfo g = first;
+  // Members with other tensor sizes get another id, and so cannot join each other's runs.
+  std::string material;
+  for (const std::string* piece : {&first.group_id, &phase, &schema_hash_}) {
+    const uint64_t n = piece->size();
+    material.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    material += *piece;
+  }
+  std::string digest(crypto_hash_sha256_BYTES, '\0');
+  crypto_hash_sha256(reinterpret_cast<unsigned char*>(digest.data()),
+                     reinterpret_cast<const unsigned char*>(material.data()), material.size());
+  g.group_id = digest.substr(0, 16);
+  // Integer arithmetic only: every member computes the same spans, whatever its floating point.
+  __extension__ using Wide = unsigned __int128;
+  uint64_t before = 0, boundary = 0;
+  for (MemberInfo& m : g.members) {
+    before += m.span;
+    const auto next =
+        first.total == 0 ? 0 : static_cast<uint64_t>(Wide{before} * total_ / first.total);
+    m.span = next - boundary;
+    boundary = next;
+  }
+  g.total = total_;
+  COLONY_RETURN_IF_ERROR(CheckGroup(g));
+  return g;
 }
 
 void Averager::Impl::CancelStep() {

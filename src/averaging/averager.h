@@ -159,6 +159,10 @@ struct AveragerOptions {
   } testing = {};
 };
 
+// A group that a step averaged in (StepResult::group), for follow-up steps of other averagers of
+// the same peers (StepOptions::in_group). Opaque.
+struct FormedGroup;
+
 struct StepOptions {
   double weight = 1.0;  // this peer's weight in the mean (e.g. its sample count); ignored for kAux
   // With audits: what this step's values are recomputed from (AveragerOptions::recompute; at
@@ -176,6 +180,18 @@ struct StepOptions {
   // When set, this step (and later ones) use these group key bits instead of the current ones,
   // e.g. bits derived from a training epoch so that only peers at the same epoch meet.
   std::optional<std::string> group_bits = std::nullopt;
+  // A follow-up step: averages in the group of an earlier step (its StepResult::group, from
+  // any averager of this peer) instead of forming one, e.g. PowerSGD's second phase, whose
+  // values depend on the first phase's result and must be averaged by the same peers. Every
+  // member of that group takes such a step, with the same `phase` (1 to 32 bytes), on an
+  // averager of the same prefix and tensor sizes; a member with other sizes cannot join the
+  // run (its group id differs) and is excluded, as is one that does not come within a part
+  // timeout. The spans are the earlier group's, scaled to this averager's values, and the
+  // leader's part size is kept. `gather`, `expected_group_size` and `group_bits` are ignored,
+  // and the group key bits do not move (Moshpit moves them after the step that formed the
+  // group). Not with verification (AveragerOptions::verify).
+  std::shared_ptr<const FormedGroup> in_group = nullptr;
+  std::string phase = {};
 };
 
 struct GroupMember {
@@ -217,6 +233,7 @@ struct StepResult {
   double allreduce_seconds = 0;
   int attempts = 0;
   Verification verification;
+  std::shared_ptr<const FormedGroup> group;  // for follow-up steps (StepOptions::in_group)
 };
 
 // A snapshot of state offered to newcomers (e.g. model parameters and optimizer statistics).

@@ -104,6 +104,14 @@ std::vector<uint64_t> SpanBegins(const GroupInfo& group);
 
 class AllReduceRun;
 
+// StepResult::group: what a follow-up step needs of the group (averager.h).
+struct FormedGroup {
+  GroupInfo info;
+};
+
+// Phases of a follow-up step are 1 to this many bytes (StepOptions::phase).
+inline constexpr size_t kMaxPhaseBytes = 32;
+
 // A peer that advertises its state under "<prefix>.state" (state_sharing.cpp).
 struct StateDonor {
   PeerId peer;
@@ -119,6 +127,13 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
 
   asio::awaitable<Result<StepResult>> Step(StepOptions options);
   void CancelStep();
+  // Runs this peer's all-reduce in a formed group (on strand_).
+  asio::awaitable<Result<StepResult>> RunInGroup(const GroupInfo& group, const StepOptions& o,
+                                                 SteadyTime deadline);
+  // The group of a follow-up step (StepOptions::in_group): `first`'s members, with an id
+  // derived from its id, the phase and this averager's schema, and its spans scaled to this
+  // averager's values.
+  Result<GroupInfo> FollowUpGroup(const GroupInfo& first, const std::string& phase) const;
 
   // ---- matchmaking (matchmaking.cpp); all on strand_.
   struct Candidate {

@@ -285,6 +285,85 @@ TEST(Averager, AResultListingMembersThatSentNothingIsRefused) {
 
 // A follower whose step is cancelled while it waits for its leader's answer leaves the group when
 // it forms: its values stay its own, and it serves no part of it.
+// PowerSGD's second phase averages values that depend on the first phase's result, so the same
+// peers must average them: a follow-up step runs in the group the first step formed, on other
+// averagers with other sizes, and must give the exact weighted mean of the second values. A
+// member whose second averager has other sizes is left out (the others' mean is exact without
+// it), and a peer outside the group cannot follow it.
+TEST(Averager, AFollowUpStepAveragesInTheGroupOfTheFirst) {
+  const size_t n1 = 50'003, n2 = 7'001;
+  Swarm swarm(n1);
+  const std::vector<Mode> modes = {Mode::kNode, Mode::kNode, Mode::kClient};
+  const std::vector<double> weights = {1.0, 3.0, 0.5};
+  std::vector<std::vector<float>> second(modes.size());
+  std::vector<std::unique_ptr<Averager>> followers;
+  for (size_t i = 0; i < modes.size(); ++i) {
+    auto o = Options(modes.size());
+    o.mode = modes[i];
+    Peer& p = swarm.Add(i, o);
+    o.prefix = "test.avg.second";
+    second[i] = Synthetic(100 + i, i == 2 ? n2 + 1 : n2);  // peer 2's second sizes differ
+    auto avg = Averager::Create(*p.node, {second[i]}, o);
+    ASSERT_TRUE(avg.ok()) << avg.status().ToString();
+    followers.push_back(std::move(*avg));
+  }
+  auto first = swarm.StepAll(weights);
+  for (size_t i = 0; i < modes.size(); ++i) {
+    ASSERT_TRUE(first[i].ok()) << i << ": " << first[i].status().ToString();
+    ASSERT_NE(first[i]->group, nullptr);
+  }
+  auto follow = [&](size_t i, const std::string& phase) {
+    return std::async(std::launch::async, [&, i, phase] {
+      StepOptions so;
+      so.weight = weights[i];
+      so.timeout = 30s;
+      so.in_group = first[i]->group;
+      so.phase = phase;
+      return followers[i]->StepSync(so);
+    });
+  };
+  std::vector<std::future<Result<StepResult>>> futures;
+  for (size_t i = 0; i < modes.size(); ++i) futures.push_back(follow(i, "q"));
+  std::vector<Result<StepResult>> results;
+  for (auto& f : futures) results.push_back(f.get());
+  // Peers 0 and 1 average exactly; peer 2 (other sizes) cannot join their run.
+  std::vector<double> expect(n2, 0.0);
+  const auto v0 = Synthetic(100, n2), v1 = Synthetic(101, n2);
+  for (size_t k = 0; k < n2; ++k) expect[k] = (weights[0] * v0[k] + weights[1] * v1[k]) / 4.0;
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status().ToString();
+    EXPECT_EQ(results[i]->matchmaking_seconds, 0.0);
+    ASSERT_EQ(results[i]->members.size(), modes.size());
+    for (size_t m = 0; m < modes.size(); ++m) {
+      EXPECT_EQ(results[i]->members[m].peer, first[i]->members[m].peer);
+    }
+    EXPECT_NE(results[i]->group_id, first[i]->group_id);
+    std::vector<uint32_t> contributors;  // the members that are swarm peers 0 and 1
+    for (uint32_t m = 0; m < modes.size(); ++m) {
+      if (results[i]->members[m].peer != swarm.peers()[2]->node->host().peer_id()) {
+        contributors.push_back(m);
+      }
+    }
+    ASSERT_FALSE(results[i]->parts.empty());
+    for (const auto& part : results[i]->parts) {
+      EXPECT_EQ(part.contributors, contributors)
+          << "part [" << part.begin << ", " << part.end << ")";
+    }
+    for (size_t k = 0; k < n2; ++k) {
+      ASSERT_NEAR(second[i][k], expect[k], 1e-6) << "peer " << i << " value " << k;
+    }
+  }
+  // A peer outside the group cannot follow it.
+  Peer& outsider = swarm.Add(9, Options(modes.size()));
+  StepOptions so;
+  so.in_group = first[0]->group;
+  so.phase = "q";
+  auto refused = outsider.averager->StepSync(so);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("not a member of the group"), std::string::npos)
+      << refused.status().ToString();
+}
+
 TEST(Averager, AStepCancelledBeforeItsGroupBeginsLeavesTheValuesAlone) {
   const size_t n = 10'000;
   Swarm swarm(n);
