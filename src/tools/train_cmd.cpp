@@ -24,6 +24,7 @@
 #include "tools/commands.h"
 #include "tools/record_rules.h"
 #include "train/lr_schedule.h"
+#include "train/powersgd.h"
 #include "train/trainer.h"
 
 namespace colony::cli {
@@ -424,6 +425,11 @@ void AddTrainFlags(CLI::App* cmd, const std::shared_ptr<TrainFlags>& f) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
   cmd->add_option("--grad-codec", f->grad_codec, "compression of averaged gradients")
+      ->capture_default_str();
+  cmd->add_option("--powersgd-rank", c.powersgd_rank,
+                  "average gradient matrices as PowerSGD factors of this rank, with error "
+                  "feedback (hivemind's PowerSGDGradientAverager; 0: whole)")
+      ->check(CLI::Range(0, train::kMaxPowerSgdRank))
       ->capture_default_str();
   cmd->add_option("--centered-clip-tau", c.centered_clip_tau,
                   "reduce gradients with CenteredClip of this radius instead of the mean "

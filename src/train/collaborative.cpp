@@ -16,6 +16,7 @@
 #include "core/bytes.h"
 #include "core/log.h"
 #include "train/internal.h"
+#include "train/powersgd.h"
 
 namespace colony::train {
 
@@ -502,6 +503,18 @@ Result<std::unique_ptr<CollaborativeOptimizer>> CollaborativeOptimizer::Create(
     return InvalidArgument(
         "delay_grad_averaging (--delay-averaging) overlaps gradient rounds with the next batch; "
         "DiLoCo and local_updates average parameters, which it does not delay");
+  }
+  if (options.powersgd_rank < 0 || options.powersgd_rank > kMaxPowerSgdRank) {
+    return InvalidArgument(fmt::format("powersgd_rank must be 0 (off) to {}, got {}",
+                                       kMaxPowerSgdRank, options.powersgd_rank));
+  }
+  if (options.powersgd_rank > 0 &&
+      (options.diloco_inner_steps > 0 || options.local_updates || options.verify_rounds ||
+       options.centered_clip_tau > 0 || options.audit_targets > 0)) {
+    return InvalidArgument(
+        "PowerSGD (powersgd_rank) compresses synchronous gradient rounds: not DiLoCo or local "
+        "updates (they average parameters), and not CenteredClip, verified rounds or audits "
+        "(they would act on the low-rank factors, not on the gradients)");
   }
   // Named as the options' fields.
   COLONY_RETURN_IF_ERROR(options.lr_schedule.Check({.kind = "lr_schedule",

@@ -81,6 +81,9 @@ struct CollaborativeOptions {
   size_t target_group_size = 64;
   size_t min_group_size = 2;
   compression::Codec grad_codec = compression::Codec::kNone;
+  // PowerSGD (train/powersgd.h): gradient matrices are averaged as two factors of this rank
+  // (0: whole). Synchronous gradient rounds only; not with CenteredClip, verification or audits.
+  int powersgd_rank = 0;
   compression::Codec state_codec = compression::Codec::kNone;
   double bandwidth = 100e6;     // announced upload bandwidth (bytes/s) for load balancing
   double max_send_rate = 0;     // cap on this peer's sending rate (bytes/s); 0: none

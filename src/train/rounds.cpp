@@ -3,7 +3,8 @@
 // the peers at the epoch average their mean gradients weighted by their sample counts, so that
 // the result is the mean gradient of the whole global batch, and every peer applies the same
 // optimizer step. With delay_grad_averaging the round runs in the background while the next
-// batch is computed and is applied a batch later. average_state_every = k also averages the
+// batch is computed and is applied a batch later; with powersgd_rank the matrices go as PowerSGD
+// factors (powersgd.h). average_state_every = k also averages the
 // parameters every k epochs. Auxiliary peers join every round with weight 0 (RunAuxiliary).
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include "core/log.h"
 #include "train/internal.h"
+#include "train/powersgd.h"
 
 namespace colony::train {
 namespace {
@@ -49,7 +51,16 @@ class GradientRounds final : public TargetBatchStepping {
         return p->Recompute(member, claim, weight, out);
       };
     }
-    COLONY_ASSIGN_OR_RETURN(averager_, averaging::Averager::Create(peer_.node_, {wire_}, a));
+    if (peer_.options_.powersgd_rank > 0) {
+      std::vector<std::vector<int64_t>> shapes;
+      for (const auto& p : peer_.params_) shapes.push_back(p.sizes().vec());
+      COLONY_ASSIGN_OR_RETURN(
+          powersgd_,
+          PowerSgd::Create(peer_.node_, PlanLowRank(shapes, peer_.options_.powersgd_rank),
+                           peer_.options_.powersgd_rank, a));
+    } else {
+      COLONY_ASSIGN_OR_RETURN(averager_, averaging::Averager::Create(peer_.node_, {wire_}, a));
+    }
     if (peer_.options_.average_state_every > 0) {
       COLONY_ASSIGN_OR_RETURN(params_, ParameterAveraging::Create(peer_));
     }
@@ -86,9 +97,10 @@ class GradientRounds final : public TargetBatchStepping {
   void InstallState(const NamedTensors&, int64_t, int64_t) override {
     acc_.zero_();
     peer_.DropClaim();
+    if (powersgd_) powersgd_->ResetErrors();  // it belonged to the parameters replaced
   }
 
-  averaging::Averager& Sharing() override { return *averager_; }
+  averaging::Averager& Sharing() override { return powersgd_ ? powersgd_->first() : *averager_; }
   // Every member applies the same averaged gradients (each part's reducer sends the same values
   // to all, itself included), so peers at the same epoch that never stepped alone agree.
   bool StatesAgreeAcrossPeers() const override { return true; }
@@ -97,7 +109,8 @@ class GradientRounds final : public TargetBatchStepping {
 
   void Shutdown() override {
     if (pending_.valid()) pending_.wait();
-    averager_->Shutdown();
+    if (averager_) averager_->Shutdown();
+    if (powersgd_) powersgd_->Shutdown();
     if (params_) params_->Shutdown();
   }
 
@@ -193,7 +206,7 @@ class GradientRounds final : public TargetBatchStepping {
     so.group_bits = EpochBits(epoch);
     so.audit_claim = claim_;
     std::vector<float> local(wire_);  // restored if the round fails before the all-reduce
-    auto r = averager_->StepSync(so);
+    auto r = powersgd_ ? powersgd_->Average(wire_, so) : averager_->StepSync(so);
     if (!r.ok()) {
       out.note = r.status().ToString();
       std::copy(local.begin(), local.end(), wire_.begin());
@@ -307,7 +320,8 @@ class GradientRounds final : public TargetBatchStepping {
   // only for rounds with others.
   at::Tensor acc_, mean_;
   std::vector<float> wire_;
-  std::unique_ptr<averaging::Averager> averager_;
+  std::unique_ptr<averaging::Averager> averager_;  // null with PowerSGD, which has its own
+  std::unique_ptr<PowerSgd> powersgd_;             // with CollaborativeOptions::powersgd_rank
   std::string claim_;  // this round's audit claim (CollaborativeOptions::audit_targets)
   std::unique_ptr<ParameterAveraging> params_;  // with average_state_every
   std::future<Outcome> pending_;                // a delayed round
@@ -333,7 +347,7 @@ Status GradientRounds::RunAuxiliary(const std::function<bool()>& stop) {
     so.expected_group_size = g.num_peers_at_epoch;
     so.group_bits = EpochBits(g.epoch);
     peer_.tracker_->Report({.epoch = g.epoch, .phase = Phase::kRound});
-    auto r = averager_->StepSync(so);
+    auto r = powersgd_ ? powersgd_->Join(so) : averager_->StepSync(so);
     last_round = g.epoch;
     idle_since = Clock::now();
     if (r.ok()) {

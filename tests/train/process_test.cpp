@@ -387,6 +387,9 @@ INSTANTIATE_TEST_SUITE_P(
         // The CNN slowed to ~50 ms per batch: epochs of ~0.8 s, each peer's report period (a
         // batch) longer than the refresh period.
         Pace{"throttled", {"--batch-size", "16"}, {50, 50, 50, 50}, 1024, 6},
+        // PowerSGD (rank 2) on the CNN, ~20 ms per batch: the peers must still step together
+        // and end with one model, bit for bit (each applies the same low-rank product).
+        Pace{"powersgd", {"--batch-size", "16", "--powersgd-rank", "2"}, {20, 20, 20, 20}, 512, 6},
         // One peer 10x faster than the other three (1 ms vs 10 ms per batch of 8).
         Pace{"heterogeneous",
              {"--classifier", "linear", "--batch-size", "8"},
