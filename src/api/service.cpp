@@ -293,8 +293,12 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     if (plan->beams) {
       at::NoGradGuard no_grad;
       SwarmDecoder decoder(client_, plan->max_length(), req->n);
+      // A beam ends at the EOS or at any stop token (generation_config.json's end tokens, a
+      // chat turn's end), as transformers' beam search ends at each id of its eos list.
+      std::vector<int64_t> ends = plan->stop_tokens;
+      ends.push_back(eos);
       auto beams =
-          serve::BeamSearch(decoder.backend, plan->prompt, req->n, plan->max_new_tokens, eos);
+          serve::BeamSearch(decoder.backend, plan->prompt, req->n, plan->max_new_tokens, ends);
       if (!beams.ok()) return SwarmError(beams.status());
       for (const auto& b : *beams) {
         TextStream text(decode, plan->stops);

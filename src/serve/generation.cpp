@@ -163,8 +163,8 @@ Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
 }
 
 Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<int64_t>& prompt,
-                                     int64_t num_beams, int64_t max_new_tokens, int64_t eos_id,
-                                     double length_penalty) {
+                                     int64_t num_beams, int64_t max_new_tokens,
+                                     const std::vector<int64_t>& end_ids, double length_penalty) {
   if (prompt.empty()) return InvalidArgument("the prompt is empty");
   if (num_beams < 1) return InvalidArgument("num_beams must be at least 1");
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
@@ -199,7 +199,7 @@ Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<
       Beam b = alive[static_cast<size_t>(src)];
       b.tokens.push_back(token);
       b.log_prob = top_scores[i].item<double>();
-      if (token == eos_id) {
+      if (std::find(end_ids.begin(), end_ids.end(), token) != end_ids.end()) {
         b.finished = true;
         if (static_cast<int64_t>(finished.size()) < num_beams) finished.push_back(std::move(b));
         continue;

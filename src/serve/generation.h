@@ -129,12 +129,16 @@ Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
 struct Beam {
   std::vector<int64_t> tokens;  // generated tokens (prompt excluded)
   double log_prob = 0;          // sum of token log-probabilities
-  bool finished = false;        // ended with eos
+  bool finished = false;        // ended with one of the end ids
 };
-// Beam search with num_beams rows in the backend (reordered with hypo_ids each step). Returns
-// the final beams, best first (ranked by log_prob / length^length_penalty).
+// Beam search with num_beams rows in the backend (reordered with hypo_ids each step). A beam
+// that generates any of `end_ids` (the EOS, and e.g. generation_config.json's eos_token_id list
+// or a chat template's end-of-turn token, as transformers' beam search takes a list) is finished
+// with that token. Returns the final beams, best first (ranked by
+// log_prob / length^length_penalty).
 Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<int64_t>& prompt,
-                                     int64_t num_beams, int64_t max_new_tokens, int64_t eos_id = -1,
+                                     int64_t num_beams, int64_t max_new_tokens,
+                                     const std::vector<int64_t>& end_ids = {},
                                      double length_penalty = 1.0);
 
 }  // namespace colony::serve

@@ -172,7 +172,10 @@ int RunGenerate(const GenerateArgs& a) {
   const auto t0 = Clock::now();
   if (!a.json && client->tokenizer) std::printf("%s", a.prompt.c_str());
   if (a.num_beams > 1) {
-    auto beams = serve::BeamSearch(backend, prompt, a.num_beams, a.max_new_tokens, eos);
+    // The generation config's end tokens end a beam as the tokenizer's EOS does.
+    std::vector<int64_t> ends = client->generation.eos_token_ids;
+    if (eos >= 0) ends.push_back(eos);
+    auto beams = serve::BeamSearch(backend, prompt, a.num_beams, a.max_new_tokens, ends);
     if (!beams.ok()) return Fail(beams.status().WithContext("beam search"));
     out = beams->front().tokens;
     if (!a.json) {

@@ -470,6 +470,29 @@ TEST_F(ServeTest, BeamSearchThroughTwoServersEqualsAnIndependentSearch) {
   }
 }
 
+// transformers' beam search ends a hypothesis at any id of its eos list (Llama 3 Instruct lists
+// three). Two tokens of the unconstrained search's beams are made end tokens, the second of the
+// list one that its best beam generates third: no beam may go on past either, and every beam
+// that took one is finished with it (ignoring the second id, the best beam goes on past it).
+TEST_F(ServeTest, ABeamEndsAtAnyOfItsEndTokens) {
+  const std::vector<int64_t> prompt = {1, 2, 3, 4, 5};
+  const auto free = NaiveBeamSearch(local_, prompt, 4, 12);
+  const int64_t end = free[0].tokens[2];
+  const int64_t other = free[1].tokens.back();
+  LocalBackend backend(local_);
+  auto got = BeamSearch(backend, prompt, 4, 12, {other, end});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_FALSE(got->empty());
+  for (const Beam& b : *got) {
+    for (size_t i = 0; i + 1 < b.tokens.size(); ++i) {
+      EXPECT_TRUE(b.tokens[i] != end && b.tokens[i] != other)
+          << "a beam went on past an end token at " << i;
+    }
+    const bool ends = !b.tokens.empty() && (b.tokens.back() == end || b.tokens.back() == other);
+    EXPECT_EQ(b.finished, ends);
+  }
+}
+
 TEST_F(ServeTest, RollbackRecomputesFromAnEarlierPosition) {
   AddServer(0, 4);
   Connect(1);
