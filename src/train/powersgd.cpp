@@ -68,12 +68,27 @@ PowerSgd::PowerSgd(LowRankLayout layout, int rank) : layout_(std::move(layout)),
     const auto& m = layout_.matrices[i];
     error_offsets_.push_back(errors);
     errors += static_cast<size_t>(m.rows * m.cols);
-    // Every peer starts from the same Q (any start works: see the header).
-    averaging::SyntheticValues(
-        0x5057'5347'0000 + i, 0,
-        std::span<float>(warm_q_).subspan(m.q_offset, static_cast<size_t>(m.cols * rank_)));
+    RestartDeadColumns(i);  // all of them: every peer starts from the same Q
   }
   error_.assign(errors, 0.0f);
+}
+
+void PowerSgd::RestartDeadColumns(size_t i) {
+  const auto& m = layout_.matrices[i];
+  const auto cols = static_cast<size_t>(m.cols), rank = static_cast<size_t>(rank_);
+  float* q = warm_q_.data() + m.q_offset;  // cols x rank, row-major
+  std::vector<float> draw;
+  for (size_t j = 0; j < rank; ++j) {
+    bool dead = true;
+    for (size_t c = 0; c < cols && dead; ++c) dead = q[c * rank + j] == 0.0f;
+    if (!dead) continue;
+    // Any start works (see the header); the same on every peer.
+    if (draw.empty()) {
+      draw.resize(cols * rank);
+      averaging::SyntheticValues(0x5057'5347'0000 + i, 0, draw);
+    }
+    for (size_t c = 0; c < cols; ++c) q[c * rank + j] = draw[c * rank + j];
+  }
 }
 
 PowerSgd::~PowerSgd() { Shutdown(); }
@@ -189,6 +204,11 @@ Result<averaging::StepResult> PowerSgd::Run(float* g, averaging::StepOptions so)
     return second.status().WithContext("averaging PowerSGD's right factors");
   }
   std::copy(q_.begin(), q_.end(), warm_q_.begin());
+  // A column of the mean Q that is all zeros (every member's M was zero on it, e.g. a round of
+  // peers without samples) would make every later P zero there for good: it starts again from
+  // the shared draw. Every member holds the same mean Q, so every member restarts the same
+  // columns.
+  for (size_t i = 0; i < layout_.matrices.size(); ++i) RestartDeadColumns(i);
   if (g != nullptr) {
     std::lock_guard lock(error_mu_);
     const bool keep = generation == error_generation_;  // not reset meanwhile

@@ -81,6 +81,8 @@ class PowerSgd {
 
  private:
   PowerSgd(LowRankLayout layout, int rank);
+  // Gives matrix i's columns of warm_q_ that are all zeros the shared initial values.
+  void RestartDeadColumns(size_t i);
   // Runs both phases; `gradient` is null for an auxiliary peer.
   Result<averaging::StepResult> Run(float* gradient, averaging::StepOptions so);
 

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <future>
@@ -184,6 +185,38 @@ TEST(PowerSgd, GradientsOfLowRankAverageToTheExactMean) {
       ASSERT_NEAR(grads[i][k], expect[k], 1e-4 * scale) << "peer " << i << " value " << k;
     }
     EXPECT_TRUE(grads[i] == grads[0]) << "peer " << i << " applies another gradient";
+  }
+}
+
+// A round whose gradients are all zeros gives a zero mean Q: taken as the next round's start, it
+// would make every later P zero. The next round must still give the exact mean of gradients of
+// rank at most PowerSGD's.
+TEST(PowerSgd, ARoundOfZeroGradientsDoesNotStallLaterRounds) {
+  const int rank = 3;
+  const int64_t rows = 40, cols = 24;
+  const LowRankLayout layout = PlanLowRank({{rows, cols}}, rank);
+  ASSERT_EQ(layout.matrices.size(), 1u);
+  const std::vector<double> weights = {1.0, 2.0};
+  Group group(weights.size(), layout, rank);
+  std::vector<std::vector<float>> zeros(2, std::vector<float>(layout.total, 0.0f));
+  group.Round(zeros, weights);
+  for (const auto& z : zeros)
+    EXPECT_TRUE(std::all_of(z.begin(), z.end(), [](float x) { return x == 0; }));
+  std::vector<std::vector<float>> grads(weights.size());
+  auto a = Normal(11, rows * 2);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    auto b = Normal(20 + i, 2 * cols);
+    const at::Tensor prod = AsTensor(a, rows, 2).mm(AsTensor(b, 2, cols)).contiguous();
+    grads[i].assign(prod.data_ptr<float>(), prod.data_ptr<float>() + rows * cols);
+  }
+  const auto expect = WeightedMean(grads, weights);
+  group.Round(grads, weights);
+  double scale = 0;
+  for (double x : expect) scale = std::max(scale, std::abs(x));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    for (size_t k = 0; k < expect.size(); ++k) {
+      ASSERT_NEAR(grads[i][k], expect[k], 1e-4 * scale) << "peer " << i << " value " << k;
+    }
   }
 }
 
