@@ -154,6 +154,25 @@ std::vector<double> WeightedMean(const std::vector<std::vector<float>>& grads,
   return mean;
 }
 
+// A rows x cols matrix of rank 2: A (rows x 2, drawn from a_seed) x B (2 x cols, from b_seed).
+std::vector<float> RankTwo(int64_t rows, int64_t cols, uint64_t a_seed, uint64_t b_seed) {
+  auto a = Normal(a_seed, static_cast<size_t>(rows * 2));
+  auto b = Normal(b_seed, static_cast<size_t>(2 * cols));
+  const at::Tensor prod = AsTensor(a, rows, 2).mm(AsTensor(b, 2, cols)).contiguous();
+  return {prod.data_ptr<float>(), prod.data_ptr<float>() + rows * cols};
+}
+
+// Every peer's values equal `expect` within 1e-4 of its largest magnitude.
+void ExpectMean(const std::vector<std::vector<float>>& grads, const std::vector<double>& expect) {
+  double scale = 0;
+  for (double x : expect) scale = std::max(scale, std::abs(x));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    for (size_t k = 0; k < expect.size(); ++k) {
+      ASSERT_NEAR(grads[i][k], expect[k], 1e-4 * scale) << "peer " << i << " value " << k;
+    }
+  }
+}
+
 // Matrices of rank at most PowerSGD's lose nothing: P's columns span the mean's, so every peer
 // ends with the exact weighted mean, bit for bit the same on each.
 TEST(PowerSgd, GradientsOfLowRankAverageToTheExactMean) {
@@ -168,22 +187,15 @@ TEST(PowerSgd, GradientsOfLowRankAverageToTheExactMean) {
     grads[i] = Normal(100 + i, layout.total);
     for (size_t m = 0; m < layout.matrices.size(); ++m) {
       const auto& mat = layout.matrices[m];
-      auto a = Normal(7 + m, static_cast<size_t>(mat.rows * 2));
-      auto b = Normal(1000 * (i + 1) + m, static_cast<size_t>(2 * mat.cols));
-      const at::Tensor prod = AsTensor(a, mat.rows, 2).mm(AsTensor(b, 2, mat.cols)).contiguous();
-      std::copy(prod.data_ptr<float>(), prod.data_ptr<float>() + mat.rows * mat.cols,
-                grads[i].begin() + static_cast<ptrdiff_t>(mat.offset));
+      const auto prod = RankTwo(mat.rows, mat.cols, 7 + m, 1000 * (i + 1) + m);
+      std::copy(prod.begin(), prod.end(), grads[i].begin() + static_cast<ptrdiff_t>(mat.offset));
     }
   }
   const auto expect = WeightedMean(grads, weights);
   Group group(weights.size(), layout, rank);
   group.Round(grads, weights);
-  double scale = 0;
-  for (double x : expect) scale = std::max(scale, std::abs(x));
+  ExpectMean(grads, expect);
   for (size_t i = 0; i < grads.size(); ++i) {
-    for (size_t k = 0; k < expect.size(); ++k) {
-      ASSERT_NEAR(grads[i][k], expect[k], 1e-4 * scale) << "peer " << i << " value " << k;
-    }
     EXPECT_TRUE(grads[i] == grads[0]) << "peer " << i << " applies another gradient";
   }
 }
@@ -202,22 +214,11 @@ TEST(PowerSgd, ARoundOfZeroGradientsDoesNotStallLaterRounds) {
   group.Round(zeros, weights);
   for (const auto& z : zeros)
     EXPECT_TRUE(std::all_of(z.begin(), z.end(), [](float x) { return x == 0; }));
-  std::vector<std::vector<float>> grads(weights.size());
-  auto a = Normal(11, rows * 2);
-  for (size_t i = 0; i < grads.size(); ++i) {
-    auto b = Normal(20 + i, 2 * cols);
-    const at::Tensor prod = AsTensor(a, rows, 2).mm(AsTensor(b, 2, cols)).contiguous();
-    grads[i].assign(prod.data_ptr<float>(), prod.data_ptr<float>() + rows * cols);
-  }
+  std::vector<std::vector<float>> grads;
+  for (size_t i = 0; i < weights.size(); ++i) grads.push_back(RankTwo(rows, cols, 11, 20 + i));
   const auto expect = WeightedMean(grads, weights);
   group.Round(grads, weights);
-  double scale = 0;
-  for (double x : expect) scale = std::max(scale, std::abs(x));
-  for (size_t i = 0; i < grads.size(); ++i) {
-    for (size_t k = 0; k < expect.size(); ++k) {
-      ASSERT_NEAR(grads[i][k], expect[k], 1e-4 * scale) << "peer " << i << " value " << k;
-    }
-  }
+  ExpectMean(grads, expect);
 }
 
 // A full-rank mean is projected: each round's result R has rank <= r and the mean's remainder
