@@ -117,10 +117,12 @@ Result<at::Tensor> RemoteBackend::Step(const at::Tensor& tokens, int64_t positio
   }
   // Past the prompt the session's positions are the tokens' shifted by P.
   const int64_t session_position = position == 0 ? 0 : position + p;
-  COLONY_ASSIGN_OR_RETURN(at::Tensor out, session_.Step(h, hypo_ids, session_position));
-  if (logits == StepLogits::kLast) {
-    out = out.narrow(1, out.size(1) - 1, 1);
-  } else if (p > 0 && position == 0) {
+  // A decoding step gets only the last position back from the servers.
+  const bool last = logits == StepLogits::kLast;
+  COLONY_ASSIGN_OR_RETURN(
+      at::Tensor out,
+      session_.Step(h, hypo_ids, session_position, last ? StepOutputs::kLast : StepOutputs::kAll));
+  if (!last && p > 0 && position == 0) {
     out = out.narrow(1, p, tokens.size(1));
   }
   // The servers' output goes to the GPU without waiting for it (model::ToDevice).

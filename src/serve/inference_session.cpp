@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <array>
 #include <mutex>
 
 #include "core/log.h"
@@ -166,8 +167,9 @@ Status InferenceSession::OpenChain(int64_t start, int64_t end, std::vector<Link>
 
 Status InferenceSession::SendStep(Link& link, uint64_t step_id, int64_t position,
                                   const at::Tensor& x, const at::Tensor& hypo_ids, const Link* next,
-                                  const Link* prev) {
+                                  const Link* prev, std::optional<uint32_t> last_at) {
   StepRequest step{.step_id = step_id, .position = position, .has_hypo_ids = hypo_ids.defined()};
+  step.last_position_at = last_at;
   if (manager_->options().use_push) {
     // Present and empty without a next server: no push.
     step.next = next ? PushTarget{next->address.ToString(), next->session_id} : PushTarget{};
@@ -194,8 +196,8 @@ Status InferenceSession::SendStep(Link& link, uint64_t step_id, int64_t position
   return r.ok() ? Status() : r.status();
 }
 
-Result<at::Tensor> InferenceSession::ReadResult(Link& link, uint64_t step_id,
-                                                at::IntArrayRef shape) {
+Result<at::Tensor> InferenceSession::ReadResult(Link& link, uint64_t step_id, at::IntArrayRef shape,
+                                                bool last_only) {
   auto stream = link.stream;
   const auto timeout = manager_->options().step_timeout;
   // A result for an older step (e.g. a replay pushed by a replacement) is skipped; a step runs
@@ -221,13 +223,20 @@ Result<at::Tensor> InferenceSession::ReadResult(Link& link, uint64_t step_id,
       return ProtocolError(fmt::format("the server answered step {} while step {} was expected",
                                        result.step_id, step_id));
     }
-    return HiddenFrom(*r, 0, shape);
+    for (const auto& t : r->tensors) stats_.received_bytes += static_cast<int64_t>(t.data.size());
+    if (!last_only || shape[1] == 1) return HiddenFrom(*r, 0, shape);
+    const std::array<int64_t, 3> last = {shape[0], 1, shape[2]};
+    if (!r->tensors.empty() && r->tensors[0].shape.size() == 3 && r->tensors[0].shape[1] > 1) {
+      COLONY_ASSIGN_OR_RETURN(at::Tensor all, HiddenFrom(*r, 0, shape));
+      return all.narrow(1, shape[1] - 1, 1);
+    }
+    return HiddenFrom(*r, 0, last);
   }
   return ProtocolError("the server sent too many results for old steps");
 }
 
 Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Tensor& hypo_ids,
-                                          int64_t position) {
+                                          int64_t position, StepOutputs outputs) {
   if (closed_) return FailedPrecondition("the inference session is closed");
   if (position < 0) position = position_;
   if (hidden.dim() != 3 || hidden.size(0) != options_.batch_size || hidden.size(1) < 1) {
@@ -264,13 +273,19 @@ Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Te
   // The session's history (replayed to a replacement server) and every step's result live in
   // host memory, whatever device the client computes on.
   at::Tensor x = hidden.detach().to(at::kCPU).contiguous();
+  const auto last_at = outputs == StepOutputs::kLast
+                           ? std::optional<uint32_t>(static_cast<uint32_t>(end_))
+                           : std::nullopt;
   const at::Tensor hypo =
       hypo_ids.defined() ? hypo_ids.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
   for (size_t k = 0; k < chain_.size();) {
     const Link* next = k + 1 < chain_.size() ? &chain_[k + 1] : nullptr;
-    Status st = SendStep(chain_[k], id, position, x, hypo, next, k > 0 ? &chain_[k - 1] : nullptr);
-    Result<at::Tensor> out =
-        st.ok() ? ReadResult(chain_[k], id, x.sizes()) : Result<at::Tensor>(st);
+    // Every link is told where the chain ends: a push carries it to the last server too.
+    Status st =
+        SendStep(chain_[k], id, position, x, hypo, next, k > 0 ? &chain_[k - 1] : nullptr, last_at);
+    const bool last_link = k + 1 == chain_.size();
+    Result<at::Tensor> out = st.ok() ? ReadResult(chain_[k], id, x.sizes(), last_at && last_link)
+                                     : Result<at::Tensor>(st);
     if (!out.ok()) {
       last = out.status();
       if (IsClientError(last)) return last;

@@ -11,6 +11,7 @@
 #include <ATen/Tensor.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/status.h"
@@ -38,7 +39,14 @@ struct SessionOptions {
 struct SessionStats {
   int64_t failovers = 0;        // servers replaced mid-session
   int64_t replayed_tokens = 0;  // tokens re-sent to replacements
+  int64_t received_bytes = 0;   // hidden states the servers returned (replays included)
   std::vector<RouteSpan> route;
+};
+
+// Which positions' hidden states a step returns.
+enum class StepOutputs {
+  kAll,   // [B, T, H]
+  kLast,  // [B, 1, H]: the chain's last server sends only this (what sampling needs)
 };
 
 // An inference session over a chain of servers covering blocks [start, end) (Petals'
@@ -52,11 +60,12 @@ class InferenceSession {
   InferenceSession& operator=(const InferenceSession&) = delete;
 
   // Runs hidden states [B, T, H] for positions position..position+T-1 through the chain and
-  // returns the last block's output [B, T, H]. position -1 continues where the last step ended;
-  // a smaller position rolls the session back (speculative decoding). hypo_ids [B] (int64)
+  // returns the last block's output [B, T, H] (kLast: [B, 1, H], the last position's, which
+  // is all the last server sends back). position -1 continues where the last step ended; a
+  // smaller position rolls the session back (speculative decoding). hypo_ids [B] (int64)
   // reorders the cached rows first (beam search).
   Result<at::Tensor> Step(const at::Tensor& hidden, const at::Tensor& hypo_ids = {},
-                          int64_t position = -1);
+                          int64_t position = -1, StepOutputs outputs = StepOutputs::kAll);
   int64_t position() const { return position_; }
   const SessionStats& stats() const { return stats_; }
   // Ends the server sessions (frees their caches). Idempotent.
@@ -71,9 +80,15 @@ class InferenceSession {
   // `link`'s server pushes to `next`'s session and accepts pushes from `prev`'s server.
   Status OpenLink(Link& link, const Link* next, const Link* prev);
   Status Recover(size_t k, const Status& why);
+  // last_at: the block at which the chain ends when only the last position is wanted (the
+  // server whose blocks end there replies with it alone).
   Status SendStep(Link& link, uint64_t step_id, int64_t position, const at::Tensor& x,
-                  const at::Tensor& hypo_ids, const Link* next, const Link* prev);
-  Result<at::Tensor> ReadResult(Link& link, uint64_t step_id, at::IntArrayRef shape);
+                  const at::Tensor& hypo_ids, const Link* next, const Link* prev,
+                  std::optional<uint32_t> last_at = std::nullopt);
+  // The result of `shape`; with last_only [B, 1, H] (a server that sent every position, from
+  // before replies were trimmed, has its reply cut to the last).
+  Result<at::Tensor> ReadResult(Link& link, uint64_t step_id, at::IntArrayRef shape,
+                                bool last_only = false);
 
   std::shared_ptr<SequenceManager> manager_;
   int64_t start_, end_;

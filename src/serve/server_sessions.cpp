@@ -387,9 +387,14 @@ asio::awaitable<Status> BlockServer::Impl::Step(net::Stream& stream, Session& s,
     hypo = *h;
   }
   const at::ScalarType client_dtype = x->scalar_type();
+  // The end of the client's chain may reply with the last position only; a push still needs
+  // every position (the next server caches them all).
+  const bool last_only = step.last_position_at && *step.last_position_at == s.end;
+  const bool pushes = !s.next.empty();
   auto self = shared_from_this();
   Session* sp = &s;
-  auto work = [self, sp, x = *x, hypo, position, client_dtype]() -> Result<at::Tensor> {
+  auto work = [self, sp, x = *x, hypo, position, client_dtype,
+               trim = last_only && !pushes]() -> Result<at::Tensor> {
     if (!at::isfinite(x).all().item<bool>()) {
       return InvalidArgument("inputs contain NaN or infinity");
     }
@@ -409,6 +414,8 @@ asio::awaitable<Status> BlockServer::Impl::Step(net::Stream& stream, Session& s,
     at::Tensor h = self->RunBlocks(
         sp->start, sp->end, model::ToDevice(x, self->device_, self->dtype_), position, &sp->caches,
         sp->prompts, sp->adapters.empty() ? nullptr : &sp->adapters);
+    // Only what is sent leaves the device.
+    if (trim) h = h.narrow(1, h.size(1) - 1, 1);
     at::Tensor out = h.to(at::kCPU, client_dtype);
     sp->dirty = false;
     return out;
@@ -445,7 +452,13 @@ asio::awaitable<Status> BlockServer::Impl::Step(net::Stream& stream, Session& s,
     }
   }
   net::Message reply(EncodeStepReply({.step_id = step.step_id, .length = s.length}));
-  reply.tensors.push_back(std::move(*frame));
+  if (last_only && out->size(1) > 1) {
+    auto last = runtime::ToFrame(out->narrow(1, out->size(1) - 1, 1).contiguous());
+    if (!last.ok()) co_return last.status();
+    reply.tensors.push_back(std::move(*last));
+  } else {
+    reply.tensors.push_back(std::move(*frame));
+  }
   co_return co_await stream.Write(reply);
 }
 

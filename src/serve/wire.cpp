@@ -142,6 +142,7 @@ Result<StepRequest> StepOf(const pb::Step& p, const char* what) {
     COLONY_RETURN_IF_ERROR(CheckUpstream(p.upstream(), what));
     s.upstream = p.upstream();
   }
+  if (p.has_last_position_at()) s.last_position_at = p.last_position_at();
   return s;
 }
 
@@ -151,6 +152,7 @@ void SetStep(pb::Step& p, const StepRequest& s) {
   p.set_has_hypo_ids(s.has_hypo_ids);
   if (s.next) SetPushTarget(*p.mutable_next(), *s.next);
   if (s.upstream) p.set_upstream(*s.upstream);
+  if (s.last_position_at) p.set_last_position_at(*s.last_position_at);
 }
 
 }  // namespace

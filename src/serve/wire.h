@@ -103,6 +103,8 @@ struct StepRequest {
   bool has_hypo_ids = false;
   std::optional<PushTarget> next = std::nullopt;  // replaces the session's push target when set
   std::optional<std::string> upstream = std::nullopt;  // replaces the session's upstream when set
+  // A session whose blocks end at this block replies with the last position only ([B, 1, H]).
+  std::optional<uint32_t> last_position_at = std::nullopt;
 };
 struct StepReply {
   uint64_t step_id = 0;

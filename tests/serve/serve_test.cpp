@@ -352,6 +352,42 @@ TEST_F(ServeTest, InferenceStepsEqualLocalBlocks) {
   EXPECT_EQ(session->stats().route.size(), 2u);
 }
 
+TEST_F(ServeTest, TheChainsLastServerReturnsOnlyTheLastPositionWhenAskedForIt) {
+  AddServer(0, 2);
+  AddServer(2, 4);
+  Connect(2);
+  RemoteSequential remote(manager_);
+  const int64_t b = 2, h = config_.hidden_size;
+  at::Tensor x = at::randn({b, 9, h});
+  at::Tensor ref;
+  {
+    at::NoGradGuard no_grad;
+    ref = LocalBlocks(x, 0, 4);
+  }
+  // kLast on the prompt and on every decoding step, then a kAll step in the same session.
+  auto session = remote.OpenSession({.max_length = 32, .batch_size = b});
+  auto a = session->Step(x.narrow(1, 0, 6), {}, -1, StepOutputs::kLast);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->sizes(), at::IntArrayRef({b, 1, h}));
+  EXPECT_TRUE(at::allclose(*a, ref.narrow(1, 5, 1), 0, 1e-3));
+  // What came back: all 6 positions from the first server (the client keeps them for a
+  // replacement of the second), the last one only from the second; float32 values.
+  const int64_t f = sizeof(float);
+  EXPECT_EQ(session->stats().received_bytes, b * 6 * h * f + b * 1 * h * f);
+  for (int64_t t = 6; t < 8; ++t) {
+    auto s = session->Step(x.narrow(1, t, 1), {}, -1, StepOutputs::kLast);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_TRUE(at::allclose(*s, ref.narrow(1, t, 1), 0, 1e-3)) << "position " << t;
+  }
+  // Rolled back by one and asked for every position: both servers send both.
+  auto all = session->Step(x.narrow(1, 6, 3), {}, 6);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_TRUE(at::allclose(*all, ref.narrow(1, 6, 3), 0, 1e-3));
+  EXPECT_EQ(session->stats().received_bytes, b * (6 + 1 + 2 + 2 + 3 + 3) * h * f);
+  // The second server took most steps' inputs from the first one's push.
+  EXPECT_GT(servers_[1]->Stats().pushes_used, 0u);
+}
+
 TEST_F(ServeTest, GreedyAndSampledGenerationEqualLocal) {
   AddServer(0, 1);
   AddServer(1, 3);

@@ -65,10 +65,13 @@ TEST(ServeWire, HonestMessagesRoundTrip) {
   s2 = DecodeStep(EncodeStep(s));
   ASSERT_TRUE(s2.ok() && s2->upstream.has_value());  // present and empty: accept no pushes
   EXPECT_TRUE(s2->upstream->empty());
+  EXPECT_FALSE(s2->last_position_at.has_value());  // absent: every position comes back
   s.upstream.reset();
+  s.last_position_at = 24;
   auto p2 = DecodePush(EncodePush({.session_id = kId, .step = s}));
   ASSERT_TRUE(p2.ok()) << p2.status().ToString();
-  EXPECT_FALSE(p2->step.next.has_value());  // a push never carries the next hop
+  EXPECT_FALSE(p2->step.next.has_value());    // a push never carries the next hop
+  EXPECT_EQ(p2->step.last_position_at, 24u);  // but the end of the chain, which trims its reply
 }
 
 TEST(ServeWire, WhatAHostilePeerSendsIsRefusedByName) {
