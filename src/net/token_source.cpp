@@ -40,7 +40,14 @@ Result<Bytes> FetchAccessToken(const TokenSource& source, const PeerId& self) {
                        "): " + source.command);
   }
   if (code.ok() && *code != 0) {
-    return Unavailable("the access token command exited with code " + std::to_string(*code) + ": " +
+    // What it printed instead of a token says why (e.g. an issuer's refusal), in printable
+    // characters and cut short.
+    std::string said = line->substr(0, 200);
+    for (char& c : said) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    }
+    return Unavailable("the access token command exited with code " + std::to_string(*code) +
+                       (said.empty() ? std::string() : ", printing '" + said + "'") + ": " +
                        source.command);
   }
   auto token = ParseAccessTokenText(*line);

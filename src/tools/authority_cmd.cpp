@@ -1,10 +1,17 @@
-// colony authority init|issue|revoke: run the authority of a private swarm.
+// colony authority init|issue|revoke|add-member|serve: run the authority of a private swarm.
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 
+#include "authority/token_service.h"
 #include "core/identity.h"
+#include "core/log.h"
 #include "dht/node.h"
 #include "dht/revocations.h"
+#include "http/server.h"
 #include "net/access_token.h"
 #include "net/token_source.h"
 #include "tools/access_options.h"
@@ -22,7 +29,9 @@ Result<Bytes> ReadToken(const std::string& text, const std::string& file) {
 
 void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& commands) {
   auto* authority = app.add_subcommand(
-      "authority", "run the authority of a private swarm: create it, issue and revoke tokens");
+      "authority",
+      "run the authority of a private swarm: create it, issue and revoke tokens, serve them to "
+      "its members over HTTP");
   authority->require_subcommand(1);
 
   struct InitArgs {
@@ -142,6 +151,142 @@ void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comman
                               {"peer", token->peer.ToString()},
                               {"until", *until}})
                             .c_str());
+    return 0;
+  });
+
+  struct AddMemberArgs {
+    std::string members, name, role = "any";
+  };
+  auto am = std::make_shared<AddMemberArgs>();
+  auto* add_member = authority->add_subcommand(
+      "add-member",
+      "add a member to a members file (made with mode 0600 if missing) and print the member's "
+      "new key, which only the file's hash of it can check; `colony authority serve` issues "
+      "tokens to whoever shows it");
+  add_member->add_option("--members", am->members, "the members file")->required();
+  add_member
+      ->add_option("--name", am->name,
+                   "the member's name (letters, digits and ._@+-; the tokens' name in the "
+                   "swarm's logs)")
+      ->required();
+  add_member
+      ->add_option("--role", am->role,
+                   "what the member's peers may call: any, train, serve or client (as "
+                   "`issue --role`)")
+      ->capture_default_str();
+  commands.emplace_back(add_member, [am] {
+    auto role = net::ParseAccessRole(am->role);
+    if (!role.ok()) return Fail("--role: " + role.status().message());
+    if (Status st = authority::CheckMemberName(am->name); !st.ok())
+      return Fail(st.WithContext("--name"));
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(am->members, ec);
+    if (exists) {
+      auto members = authority::LoadMembers(am->members);
+      if (!members.ok()) return Fail(members.status());
+      for (const auto& m : *members) {
+        if (m.name == am->name) return Fail("'" + am->name + "' is a member already");
+      }
+    }
+    auto [key, hash] = authority::NewMemberKey();
+    const authority::Member member{.name = am->name, .role = *role, .key_sha256 = hash};
+    std::string line = authority::MemberLine(member) + "\n";
+    if (exists && std::filesystem::file_size(am->members, ec) > 0) {
+      std::ifstream in(am->members, std::ios::binary);
+      in.seekg(-1, std::ios::end);
+      if (in.get() != '\n') line = "\n" + line;  // the last line stays whole
+    }
+    {
+      std::ofstream out(am->members, std::ios::app);
+      if (!exists) ::chmod(am->members.c_str(), 0600);
+      out << line;
+      if (!out) return Fail("could not write " + am->members);
+    }
+    // Read back as the server will read it (e.g. a name it refuses).
+    if (auto check = authority::LoadMembers(am->members); !check.ok()) {
+      return Fail(check.status());
+    }
+    std::printf("%s\n", key.c_str());
+    std::fprintf(stderr,
+                 "added %s (role %s) to %s; the key above is shown once: give it to %s, who "
+                 "fetches tokens with it\n",
+                 am->name.c_str(), std::string(net::AccessRoleName(*role)).c_str(),
+                 am->members.c_str(), am->name.c_str());
+    return 0;
+  });
+
+  struct ServeArgs {
+    std::string key, members, http = "127.0.0.1:8780", ttl = "1h";
+    size_t max_peers = 8;
+    double requests_per_minute = 60;
+  };
+  auto sa = std::make_shared<ServeArgs>();
+  auto* serve = authority->add_subcommand(
+      "serve",
+      "issue access tokens over HTTP to the members of a members file: GET "
+      "/v1/token/<peer id> with 'Authorization: Bearer KEY' answers the token as text, for "
+      "--access-token-command (docs/private-swarms.md)");
+  serve->add_option("--authority", sa->key, "the authority's key file")->required();
+  serve->add_option("--members", sa->members, "the members file (`authority add-member`)")
+      ->required();
+  serve
+      ->add_option("--http", sa->http,
+                   "host:port to listen on (default 127.0.0.1:8780: loopback only, for a TLS "
+                   "proxy in front; port 0 picks a free one, printed on stdout)")
+      ->capture_default_str();
+  serve->add_option("--ttl", sa->ttl, "how long each token is valid: 90s, 30m, 24h, 7d")
+      ->capture_default_str();
+  serve
+      ->add_option("--max-peers-per-member", sa->max_peers,
+                   "peer ids one member may hold unexpired tokens for at once")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  serve
+      ->add_option("--requests-per-minute", sa->requests_per_minute,
+                   "requests per client address per minute, in bursts of up to a minute's worth "
+                   "(429 past it; 0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  commands.emplace_back(serve, [sa] {
+    auto key = KeyPair::Load(sa->key);
+    if (!key.ok()) return Fail(key.status());
+    auto members = authority::LoadMembers(sa->members);
+    if (!members.ok()) return Fail(members.status().WithContext("--members"));
+    auto ttl = ParseDuration(sa->ttl);
+    if (!ttl.ok()) return Fail("--ttl: " + ttl.status().message());
+    auto where = ParseHostPort(sa->http);
+    if (!where.ok()) return Fail(where.status());
+    const size_t count = members->size();
+    auto service =
+        authority::TokenService::Create(std::move(*key), std::move(*members),
+                                        {.ttl_seconds = *ttl,
+                                         .max_peers_per_member = sa->max_peers,
+                                         .requests_per_minute = sa->requests_per_minute});
+    if (!service.ok()) return Fail(service.status());
+    if (where->first != "127.0.0.1" && where->first != "::1" && where->first != "localhost") {
+      COLONY_LOG_WARN(
+          "authority: serving on {} over plain HTTP: members' keys cross the network in the "
+          "clear; put a TLS proxy in front and listen on loopback",
+          where->first);
+    }
+    BlockTerminationSignals();
+    auto server =
+        http::Server::Start({.host = where->first, .port = where->second}, (*service)->Routes());
+    if (!server.ok()) return Fail(server.status().WithContext("--http"));
+    const std::string host =
+        where->first.find(':') != std::string::npos ? "[" + where->first + "]" : where->first;
+    std::printf("http://%s:%u/v1\n", host.c_str(), static_cast<unsigned>((*server)->port()));
+    std::fflush(stdout);
+    COLONY_LOG_INFO("authority: issuing tokens of {} to {} members at http://{}:{}/v1/token/",
+                    (*service)->authority().ToString(), count, host, (*server)->port());
+    const std::string sig = WaitForTerminationSignal();
+    COLONY_LOG_INFO("authority: {} received; stopping", sig);
+    (*server)->Stop();
+    const auto st = (*service)->stats();
+    COLONY_LOG_INFO(
+        "authority: issued {} tokens; refused {} without a member's key, {} bad peer ids, {} "
+        "over the peer limit, {} over the rate",
+        st.issued, st.unauthorized, st.bad_peer_ids, st.over_peer_limit, st.rate_limited);
     return 0;
   });
 }

@@ -136,6 +136,56 @@ TEST_F(PrivateSwarmCli, MembersStoreAndGetOutsidersAreRefusedWithTheReason) {
   EXPECT_EQ(nlohmann::json::parse(got.out)["value"], "members-only");
 }
 
+TEST_F(PrivateSwarmCli, MembersFetchTokensFromTheIssuerOverHttpAndStrangersGetNone) {
+  // The operator adds two members (their keys are printed once) and serves their tokens.
+  auto alice = RunCli({"authority", "add-member", "--members", Path("members.txt"), "--name",
+                       "alice", "--role", "train"});
+  ASSERT_EQ(alice.code, 0) << alice.err;
+  auto bob = RunCli({"authority", "add-member", "--members", Path("members.txt"), "--name", "bob",
+                     "--role", "client"});
+  ASSERT_EQ(bob.code, 0) << bob.err;
+  const std::string alice_key = alice.out.substr(0, alice.out.find('\n'));
+  const std::string bob_key = bob.out.substr(0, bob.out.find('\n'));
+  EXPECT_EQ(test::ReadFile(Path("members.txt")).find(alice_key), std::string::npos)
+      << "the members file holds the keys themselves";
+  auto issuer = Subprocess::Spawn({ColonyBinary(), "--log-level", "info", "authority", "serve",
+                                   "--authority", Path("authority.key"), "--members",
+                                   Path("members.txt"), "--http", "127.0.0.1:0", "--ttl", "10m"},
+                                  Path("issuer.err"));
+  ASSERT_TRUE(issuer.ok()) << issuer.status().ToString();
+  auto url = issuer->ReadLine(test::HangGuard(20s));
+  ASSERT_TRUE(url.ok()) << url.status().ToString() << test::ReadFile(Path("issuer.err"));
+  // What a member puts in --access-token-command: each command runs as a new identity, and
+  // fetches a token for it.
+  const auto fetch = [&](const std::string& key) {
+    return "curl -sS --fail-with-body --max-time 10 -H 'Authorization: Bearer " + key + "' " +
+           *url + "/token/$COLONY_PEER_ID";
+  };
+  auto stored = RunCli({"dht", "store", "k", "from-alice", "--initial-peers", boot_addr_,
+                        "--authority", authority_, "--access-token-command", fetch(alice_key)});
+  ASSERT_EQ(stored.code, 0) << stored.err << test::ReadFile(Path("issuer.err"));
+  // Bob's tokens carry his role, client: he may look records up, not store them.
+  auto got = Get({"--authority", authority_, "--access-token-command", fetch(bob_key)});
+  ASSERT_EQ(got.code, 0) << got.err;
+  EXPECT_EQ(nlohmann::json::parse(got.out)["value"], "from-alice");
+  auto bob_store = RunCli({"dht", "store", "k", "from-bob", "--initial-peers", boot_addr_,
+                           "--authority", authority_, "--access-token-command", fetch(bob_key)});
+  EXPECT_NE(bob_store.code, 0);
+  EXPECT_NE(bob_store.err.find("client"), std::string::npos) << bob_store.err;
+  // A stranger's key gets no token, and the command's failure says why.
+  auto stranger = Get({"--authority", authority_, "--access-token-command",
+                       fetch("0123456789abcdef0123456789abcdef")});
+  EXPECT_EQ(stranger.code, 1);
+  EXPECT_NE(stranger.err.find("belongs to no member"), std::string::npos) << stranger.err;
+
+  issuer->Signal(SIGTERM);
+  ASSERT_TRUE(issuer->Wait(test::HangGuard(10s)).ok());
+  const std::string log = test::ReadFile(Path("issuer.err"));
+  EXPECT_NE(log.find("issued a train token"), std::string::npos) << log;
+  EXPECT_NE(log.find("to 'bob'"), std::string::npos) << log;
+  EXPECT_NE(log.find("refused 1 without a member's key"), std::string::npos) << log;
+}
+
 TEST_F(PrivateSwarmCli, ARevokedTokenIsRefusedOnceTheRevocationIsPublished) {
   ASSERT_TRUE(IssueTo("bob", Path("authority.key"), Path("bob.token")));
   const std::vector<std::string> as_bob = {"--identity", Path("bob.key"),  "--authority",
