@@ -31,6 +31,19 @@ LoraAdapter* BlockAdapters::Find(const std::string& name) {
   return nullptr;
 }
 
+torch::Tensor Nf4Absmax(const torch::Tensor& codes, const torch::Tensor& scale,
+                        const torch::Tensor& offset) {
+  const int64_t n = codes.numel(), groups = scale.size(0);
+  const torch::Tensor grouped =
+      at::constant_pad_nd(codes.reshape({-1}).to(at::kFloat), {0, groups * kNf4AbsmaxGroup - n})
+          .view({groups, kNf4AbsmaxGroup});
+  return (grouped * scale.unsqueeze(-1) + offset)
+      .reshape({-1})
+      .narrow(0, 0, n)
+      .view(codes.sizes())
+      .clamp_min(kNf4MinAbsmax);
+}
+
 namespace {
 
 // Rows [first, first + n) of the NF4 weight of `linear`, as float32 [n, in]: each byte looks up
@@ -86,7 +99,10 @@ torch::Tensor Project(torch::nn::Linear& linear, const torch::Tensor& x,
       y = at::linear(x, linear->weight.to(x.scalar_type()) * scale.to(x.scalar_type()).unsqueeze(1),
                      bias);
     } else {
-      y = ProjectNf4(linear, *buffers.find("weight_absmax"), x);
+      y = ProjectNf4(linear,
+                     Nf4Absmax(*buffers.find("weight_absmax"), *buffers.find("weight_absmax_scale"),
+                               *buffers.find("weight_absmax_offset")),
+                     x);
       if (bias.defined()) y = y + bias;
     }
   } else {
@@ -129,8 +145,28 @@ void QuantizeNf4(torch::nn::Linear& linear) {
   const int64_t blocks = (in + kNf4BlockSize - 1) / kNf4BlockSize;
   const torch::Tensor padded =
       at::constant_pad_nd(w, {0, blocks * kNf4BlockSize - in}).view({out, blocks, kNf4BlockSize});
-  const torch::Tensor absmax = padded.abs().amax(-1).clamp_min(1e-12);  // [out, blocks]
-  const torch::Tensor normalized = padded / absmax.unsqueeze(-1);       // in [-1, 1]
+  const torch::Tensor exact = padded.abs().amax(-1);  // [out, blocks]
+  // Double quantization (QLoRA's): the scales as int8 codes of their deviation from their mean,
+  // with a float32 scale per group of 256 of them.
+  const torch::Tensor offset = exact.mean().reshape({1});
+  const int64_t n = exact.numel(), groups = (n + kNf4AbsmaxGroup - 1) / kNf4AbsmaxGroup;
+  const torch::Tensor deviation =
+      at::constant_pad_nd((exact - offset).reshape({-1}), {0, groups * kNf4AbsmaxGroup - n})
+          .view({groups, kNf4AbsmaxGroup});
+  const torch::Tensor scale = deviation.abs().amax(-1).clamp_min(kNf4MinAbsmax) / 127.0;
+  const torch::Tensor absmax_codes = (deviation / scale.unsqueeze(-1))
+                                         .round()
+                                         .clamp(-127, 127)
+                                         .to(at::kChar)
+                                         .reshape({-1})
+                                         .narrow(0, 0, n)
+                                         .view({out, blocks})
+                                         .contiguous();
+  // The weights are coded against the scales as products will decode them.
+  const torch::Tensor absmax = Nf4Absmax(absmax_codes, scale, offset);
+  // About [-1, 1]: a decoded scale a little under its block's absmax leaves a weight just
+  // outside, and it takes the level +-1.
+  const torch::Tensor normalized = padded / absmax.unsqueeze(-1);
   // The nearest level: the number of midpoints between levels below the value (a value on a
   // midpoint takes the lower level).
   std::vector<float> mid;
@@ -144,7 +180,9 @@ void QuantizeNf4(torch::nn::Linear& linear) {
       idx.select(-1, 0).__lshift__(4).bitwise_or(idx.select(-1, 1)).contiguous();
   linear->weight.set_requires_grad(false);
   linear->weight.set_data(codes);
-  linear->register_buffer("weight_absmax", absmax);
+  linear->register_buffer("weight_absmax", absmax_codes);
+  linear->register_buffer("weight_absmax_scale", scale);
+  linear->register_buffer("weight_absmax_offset", offset);
 }
 
 }  // namespace colony::model

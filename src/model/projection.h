@@ -73,14 +73,25 @@ inline constexpr std::array<float, 16> kNf4Levels = {-1.0f,
                                                      0.5626170039176941f,
                                                      0.7229568362236023f,
                                                      1.0f};
-// Weights per NF4 block (bitsandbytes' and Petals' default).
+// Weights per NF4 block, and block scales per group of their double quantization
+// (bitsandbytes' and Petals' defaults).
 inline constexpr int64_t kNf4BlockSize = 64;
-// Stores the linear's weight in NF4 (Petals' default for large models): each row is cut into
-// blocks of 64 weights (the last padded with zeros), each block has a float32 absmax scale
-// (buffer "weight_absmax" [out, blocks]) and each weight is the index of the level nearest to
-// it over that scale, two per byte, the first in the high nibble (uint8 [out, blocks * 32]):
-// 4.5 bits per weight, 7x less memory than float32. The weight must not require grad; a bias
-// stays in its dtype.
+inline constexpr int64_t kNf4AbsmaxGroup = 256;
+// The smallest block scale (an all-zero block's).
+inline constexpr double kNf4MinAbsmax = 1e-12;
+// Stores the linear's weight in NF4 with double quantization (QLoRA; Petals' default for large
+// models). Each row is cut into blocks of 64 weights (the last padded with zeros); each block
+// has an absmax scale, and each weight is the index of the level nearest to it over that scale,
+// two per byte, the first in the high nibble (uint8 [out, blocks * 32]). The scales themselves
+// are int8 codes (buffer "weight_absmax" [out, blocks]) of their deviation from their mean
+// ("weight_absmax_offset" [1], float32), with a float32 scale per group of 256 consecutive
+// codes ("weight_absmax_scale" [groups]); the weights are coded against the scales as decoded.
+// 4.13 bits per weight, 7.75x less memory than float32. The weight must not require grad; a
+// bias stays in its dtype.
 void QuantizeNf4(torch::nn::Linear& linear);
+// The block scales [out, blocks] (float32) that NF4's double-quantized buffers decode to:
+// codes x scale of their group + offset, at least kNf4MinAbsmax.
+torch::Tensor Nf4Absmax(const torch::Tensor& codes, const torch::Tensor& scale,
+                        const torch::Tensor& offset);
 
 }  // namespace colony::model

@@ -351,7 +351,7 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
         ->capture_default_str();
     cmd->add_option("--quantize", a->quantize,
                     "store the blocks' projections as int8 (4x less memory than float32) or nf4 "
-                    "(4-bit NormalFloat, as Petals: 7x less)")
+                    "(4-bit NormalFloat with double-quantized scales, as Petals: 7.75x less)")
         ->check(CLI::IsMember({"none", "int8", "nf4"}))
         ->capture_default_str();
     cmd->add_option("--cache-mib", a->cache_mib, "KV cache budget in MiB")

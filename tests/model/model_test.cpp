@@ -963,32 +963,77 @@ TEST(Nf4, LevelsAreTheNormalQuantilesQloraDefines) {
   }
 }
 
-// Every weight of an NF4 projection is the level nearest to it (searched over all 16) times its
-// block's absmax, rows whose length is no multiple of the block included; the product equals
-// the one with that weight; and the weight takes 4.5 bits.
+// A buffer of the linear (undefined when it has none).
+at::Tensor BufferOf(torch::nn::Linear& linear, const std::string& name) {
+  const auto buffers = linear->named_buffers(/*recurse=*/false);
+  const at::Tensor* t = buffers.find(name);
+  return t != nullptr ? *t : at::Tensor();
+}
+
+// NF4 with double quantization, checked against what it approximates. The block scales: their
+// offset is the mean of the blocks' absmax values, each group of 256 has its largest deviation
+// from it / 127 as its scale, and each code is the nearest multiple of that. The weights: each is
+// the level nearest to it (searched over all 16) over its block's decoded scale, rows whose
+// length is no multiple of the block and an all-zero block included; the product equals the one
+// with those weights; and a weight takes 4 bits plus its share of a byte per block.
 TEST(Nf4, EachWeightIsTheNearestLevelOfItsBlock) {
   at::manual_seed(5);
-  for (const auto& [in, out] :
-       std::vector<std::pair<int64_t, int64_t>>{{176, 24}, {64, 3}, {7, 5}}) {
+  for (const auto& [in, out] : std::vector<std::pair<int64_t, int64_t>>{
+           {176, 24}, {64, 3}, {7, 5}, {640, 40}}) {  // the last: 400 scales in 2 groups
     torch::nn::Linear linear = MakeLinear(in, out, /*bias=*/true);
     {
       torch::NoGradGuard no_grad;
       linear->weight.normal_(0, 1);
+      linear->weight[0].narrow(0, 0, std::min<int64_t>(64, in)).zero_();
       linear->bias.normal_(0, 1);
     }
     const at::Tensor w = linear->weight.detach().clone();
     const at::Tensor x = at::randn({2, 3, in});
     QuantizeNf4(linear);
     EXPECT_EQ(linear->weight.scalar_type(), at::kByte);
-    const int64_t blocks = (in + 63) / 64;
+    const int64_t blocks = (in + 63) / 64, groups = (out * blocks + 255) / 256;
     EXPECT_EQ(linear->weight.numel(), out * blocks * 32);
+    const at::Tensor codes = BufferOf(linear, "weight_absmax").reshape({-1});
+    const at::Tensor scales = BufferOf(linear, "weight_absmax_scale");
+    const at::Tensor offset = BufferOf(linear, "weight_absmax_offset");
+    ASSERT_TRUE(codes.defined() && scales.defined() && offset.defined());
+    ASSERT_EQ(codes.scalar_type(), at::kChar);
+    ASSERT_EQ(codes.numel(), out * blocks);
+    ASSERT_EQ(scales.numel(), groups);
+    ASSERT_EQ(offset.numel(), 1);
+    // The blocks' absmax values, and their mean in double.
+    std::vector<float> exact;
+    double sum = 0;
+    for (int64_t r = 0; r < out; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        exact.push_back(
+            w[r].narrow(0, b * 64, std::min<int64_t>(64, in - b * 64)).abs().max().item<float>());
+        sum += exact.back();
+      }
+    }
+    const float mean = offset.item<float>();
+    EXPECT_NEAR(mean, sum / static_cast<double>(exact.size()), 1e-6 * sum / exact.size());
+    std::vector<float> decoded(exact.size());
+    for (int64_t g = 0; g < groups; ++g) {
+      double deviation = 0;
+      for (int64_t k = g * 256; k < std::min<int64_t>((g + 1) * 256, out * blocks); ++k) {
+        deviation = std::max<double>(deviation, std::abs(exact[k] - mean));
+      }
+      const float scale = scales[g].item<float>();
+      EXPECT_NEAR(scale, std::max(deviation, 1e-12) / 127, 1e-6 * scale) << "group " << g;
+      for (int64_t k = g * 256; k < std::min<int64_t>((g + 1) * 256, out * blocks); ++k) {
+        const float code = codes[k].item<int8_t>();
+        EXPECT_LE(std::abs(code * scale + mean - exact[k]), scale * 0.5001 + 1e-7) << "scale " << k;
+        decoded[k] = std::max(code * scale + mean, 1e-12f);
+      }
+    }
     // The expected weight, by exhaustive search.
     at::Tensor want = at::empty({out, in});
     for (int64_t r = 0; r < out; ++r) {
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n = std::min<int64_t>(64, in - b * 64);
         const at::Tensor block = w[r].narrow(0, b * 64, n);
-        const float absmax = block.abs().max().item<float>();
+        const float absmax = decoded[r * blocks + b];
         for (int64_t i = 0; i < n; ++i) {
           const float v = block[i].item<float>() / absmax;
           float best = kNf4Levels[0];
@@ -1004,6 +1049,8 @@ TEST(Nf4, EachWeightIsTheNearestLevelOfItsBlock) {
     EXPECT_TRUE(at::allclose(y, ref, 1e-5, 1e-5))
         << in << "x" << out << ": " << (y - ref).abs().max().item<float>();
     EXPECT_FALSE(linear->weight.requires_grad());
+    // The all-zero block stays zero.
+    EXPECT_EQ(want[0].narrow(0, 0, std::min<int64_t>(64, in)).abs().max().item<float>(), 0.0f);
   }
   // A matrix over 4M weights is dequantized a band of rows at a time: the product is the same
   // as with the whole matrix unpacked here (high nibble first).
@@ -1015,7 +1062,9 @@ TEST(Nf4, EachWeightIsTheNearestLevelOfItsBlock) {
                              .reshape({70000, 64})
                              .to(at::kLong);
   const at::Tensor levels = at::tensor(std::vector<float>(kNf4Levels.begin(), kNf4Levels.end()));
-  const at::Tensor absmax = *big->named_buffers(false).find("weight_absmax");
+  const at::Tensor absmax =
+      Nf4Absmax(BufferOf(big, "weight_absmax"), BufferOf(big, "weight_absmax_scale"),
+                BufferOf(big, "weight_absmax_offset"));
   const at::Tensor whole = levels.index({idx}) * absmax;  // one block per row
   EXPECT_TRUE(at::allclose(Project(big, xb, nullptr), at::linear(xb, whole), 1e-5, 1e-5));
 
