@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <sodium.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
@@ -146,29 +147,51 @@ Result<std::shared_ptr<TokenService>> TokenService::Create(KeyPair authority,
   if (options.max_peers_per_member == 0) {
     return InvalidArgument("a member must be allowed at least one peer id");
   }
-  if (members.empty()) return InvalidArgument("the token service has no member");
   COLONY_ASSIGN_OR_RETURN(
       auto gate, api::ClientGate::Create({.requests_per_minute = options.requests_per_minute}));
-  return std::shared_ptr<TokenService>(
-      new TokenService(std::move(authority), std::move(members), options, std::move(gate)));
+  auto service = std::shared_ptr<TokenService>(
+      new TokenService(std::move(authority), options, std::move(gate)));
+  COLONY_RETURN_IF_ERROR(service->ReplaceMembers(std::move(members)));
+  return service;
 }
 
-TokenService::TokenService(KeyPair authority, std::vector<Member> members,
-                           TokenServiceOptions options, std::shared_ptr<api::ClientGate> gate)
+TokenService::TokenService(KeyPair authority, TokenServiceOptions options,
+                           std::shared_ptr<api::ClientGate> gate)
     : key_(std::move(authority)),
       authority_id_(key_.peer_id()),
-      members_(std::move(members)),
       options_(options),
-      gate_(std::move(gate)) {
-  for (size_t i = 0; i < members_.size(); ++i) by_hash_.emplace(members_[i].key_sha256, i);
+      gate_(std::move(gate)) {}
+
+Status TokenService::ReplaceMembers(std::vector<Member> members) {
+  if (members.empty()) return InvalidArgument("the token service has no member");
+  std::unordered_map<std::string, Member> by_hash;
+  for (auto& m : members) {
+    std::string hash = m.key_sha256;
+    by_hash.emplace(std::move(hash), std::move(m));
+  }
+  std::set<std::string> names;
+  for (const auto& [_, m] : by_hash) names.insert(m.name);
+  std::lock_guard lock(mu_);
+  by_hash_ = std::move(by_hash);
+  // What a removed member held is forgotten (its tokens stay valid until they expire).
+  std::erase_if(held_, [&](const auto& kv) { return !names.contains(kv.first); });
+  return Status::Ok();
 }
 
-const Member* TokenService::Authenticate(const http::Request& request) const {
+size_t TokenService::member_count() const {
+  std::lock_guard lock(mu_);
+  return by_hash_.size();
+}
+
+std::optional<Member> TokenService::Authenticate(const http::Request& request) const {
   const std::string_view key = BearerKey(request.Header("authorization"));
-  if (key.empty() || key.size() > 1024) return nullptr;
+  if (key.empty() || key.size() > 1024) return std::nullopt;
   // Looked up by hash: how long it takes says nothing about a key the caller does not hold.
-  auto it = by_hash_.find(KeySha256(key));
-  return it == by_hash_.end() ? nullptr : &members_[it->second];
+  const std::string hash = KeySha256(key);
+  std::lock_guard lock(mu_);
+  auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return std::nullopt;
+  return it->second;
 }
 
 http::Reply TokenService::Issue(const http::Request& request) {
@@ -177,7 +200,7 @@ http::Reply TokenService::Issue(const http::Request& request) {
     ++stats_.rate_limited;
     return std::move(*refused);
   }
-  const Member* member = Authenticate(request);
+  const std::optional<Member> member = Authenticate(request);
   if (!member) {
     {
       std::lock_guard lock(mu_);
@@ -242,6 +265,41 @@ http::Router TokenService::Routes() {
 TokenServiceStats TokenService::stats() const {
   std::lock_guard lock(mu_);
   return stats_;
+}
+
+namespace {
+
+// The file's modification time (ns) and size; zeros when it cannot be read.
+std::pair<int64_t, int64_t> FileVersion(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {0, 0};
+  return {static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+          static_cast<int64_t>(st.st_size)};
+}
+
+}  // namespace
+
+MembersWatcher::MembersWatcher(std::shared_ptr<TokenService> service, std::string path,
+                               std::chrono::milliseconds interval)
+    : service_(std::move(service)),
+      path_(std::move(path)),
+      seen_(FileVersion(path_)),
+      periodic_(
+          interval, [this] { Check(); }, Periodic::Start::kAfterInterval) {}
+
+void MembersWatcher::Check() {
+  const auto version = FileVersion(path_);
+  if (version == seen_) return;
+  seen_ = version;
+  auto members = LoadMembers(path_);
+  Status st = members.ok() ? service_->ReplaceMembers(std::move(*members)) : members.status();
+  if (!st.ok()) {
+    COLONY_LOG_ERROR("authority: {} changed but cannot be used ({}); the {} members stay", path_,
+                     st.ToString(), service_->member_count());
+  } else {
+    COLONY_LOG_INFO("authority: {} changed: {} members now", path_, service_->member_count());
+  }
+  ++changes_;
 }
 
 }  // namespace colony::authority

@@ -18,10 +18,13 @@
 // The members file holds SHA-256 hashes of the keys, never the keys: a copy of it admits nobody.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -30,6 +33,7 @@
 
 #include "core/clock.h"
 #include "core/identity.h"
+#include "core/periodic.h"
 #include "core/status.h"
 #include "http/server.h"
 #include "net/access_token.h"
@@ -86,26 +90,50 @@ class TokenService : public std::enable_shared_from_this<TokenService> {
                                                       TokenServiceOptions options);
   // The routes above; their handlers keep the service alive.
   http::Router Routes();
+  // Replaces the members (the members file changed): a removed member's key is refused from the
+  // next request on, and the tokens it holds stay valid until they expire. InvalidArgument for
+  // no members.
+  Status ReplaceMembers(std::vector<Member> members);
+  size_t member_count() const;
   TokenServiceStats stats() const;
   const PeerId& authority() const { return authority_id_; }
 
  private:
-  TokenService(KeyPair authority, std::vector<Member> members, TokenServiceOptions options,
+  TokenService(KeyPair authority, TokenServiceOptions options,
                std::shared_ptr<api::ClientGate> gate);
   http::Reply Issue(const http::Request& request);
-  // The member whose key the request carries; null when none.
-  const Member* Authenticate(const http::Request& request) const;
+  // The member whose key the request carries; nullopt when none.
+  std::optional<Member> Authenticate(const http::Request& request) const;
 
   const KeyPair key_;
   const PeerId authority_id_;
-  const std::vector<Member> members_;
   const TokenServiceOptions options_;
   const std::shared_ptr<api::ClientGate> gate_;
-  std::unordered_map<std::string, size_t> by_hash_;  // a key's SHA-256 -> its member
   mutable std::mutex mu_;
+  std::unordered_map<std::string, Member> by_hash_;  // a key's SHA-256 -> its member
   // Per member name: the peer ids it holds unexpired tokens for, and when each expires.
   std::map<std::string, std::map<std::string, double>> held_;
   TokenServiceStats stats_;
+};
+
+// Reads a members file again whenever it changes (checked every `interval` while alive) and
+// gives the service its members: removing a line revokes a member's key without a restart. A
+// file that no longer loads is logged, and the members stay as they were.
+class MembersWatcher {
+ public:
+  MembersWatcher(std::shared_ptr<TokenService> service, std::string path,
+                 std::chrono::milliseconds interval);
+  // Changes of the file handled so far (taken or refused).
+  uint64_t changes() const { return changes_.load(); }
+
+ private:
+  void Check();
+
+  const std::shared_ptr<TokenService> service_;
+  const std::string path_;
+  std::pair<int64_t, int64_t> seen_;  // the file's modification time (ns) and size
+  std::atomic<uint64_t> changes_{0};
+  Periodic periodic_;  // last: stops before the rest goes
 };
 
 }  // namespace colony::authority

@@ -270,6 +270,8 @@ void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comman
           where->first);
     }
     BlockTerminationSignals();
+    // Removing a member's line revokes its key within a second, without a restart.
+    authority::MembersWatcher watcher(*service, sa->members, std::chrono::seconds(1));
     auto server =
         http::Server::Start({.host = where->first, .port = where->second}, (*service)->Routes());
     if (!server.ok()) return Fail(server.status().WithContext("--http"));

@@ -140,6 +140,54 @@ TEST_F(TokenServiceTest, EachAddressHasARateWhateverKeyItShows) {
   EXPECT_EQ(service_->stats().rate_limited, 2);
 }
 
+TEST_F(TokenServiceTest, ReplacedMembersTakeEffectAtTheNextRequest) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  const std::string path = "/v1/token/" + PeerText(7);
+  auto [carol_key, carol_hash] = NewMemberKey();
+  // Alice goes, Bob becomes a server, Carol comes.
+  ASSERT_TRUE(service_
+                  ->ReplaceMembers(
+                      {{.name = "bob@lab",
+                        .role = net::AccessRole::kServe,
+                        .key_sha256 = members_[1].key_sha256},
+                       {.name = "carol", .role = net::AccessRole::kAny, .key_sha256 = carol_hash}})
+                  .ok());
+  EXPECT_EQ(service_->member_count(), 2u);
+  EXPECT_EQ(Get(path, alice_key_).status, 401);
+  EXPECT_EQ(Token(Get(path, bob_key_)).role, net::AccessRole::kServe);
+  EXPECT_EQ(Token(Get(path, carol_key)).name, "carol");
+  EXPECT_EQ(service_->ReplaceMembers({}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Get(path, carol_key).status, 200);  // a refused replacement changes nothing
+}
+
+TEST(MembersWatcher, AChangedFileReplacesTheMembersAndABrokenOneLeavesThem) {
+  const test::TempDir dir("members");
+  const std::string file = dir.File("members.txt");
+  auto [alice_key, alice_hash] = NewMemberKey();
+  auto [bob_key, bob_hash] = NewMemberKey();
+  const Member alice{.name = "alice", .key_sha256 = alice_hash};
+  const Member bob{.name = "bob", .key_sha256 = bob_hash};
+  test::WriteFile(file, MemberLine(alice) + "\n" + MemberLine(bob) + "\n");
+  auto members = LoadMembers(file);
+  ASSERT_TRUE(members.ok());
+  auto service = TokenService::Create(Key(1), *members, {});
+  ASSERT_TRUE(service.ok());
+  MembersWatcher watcher(*service, file, 10ms);
+  const auto next_change = [&](uint64_t seen) {
+    return test::WaitUntil([&] { return watcher.changes() > seen; }, test::HangGuard(10s));
+  };
+  EXPECT_EQ((*service)->member_count(), 2u);
+  test::WriteFile(file, MemberLine(bob) + "\n");
+  ASSERT_TRUE(next_change(0));
+  EXPECT_EQ((*service)->member_count(), 1u);
+  test::WriteFile(file, "bob any " + bob_key + "\n");  // a key where its hash belongs
+  ASSERT_TRUE(next_change(1));
+  EXPECT_EQ((*service)->member_count(), 1u);
+  test::WriteFile(file, MemberLine(alice) + "\n" + MemberLine(bob) + "\n# two again\n");
+  ASSERT_TRUE(next_change(2));
+  EXPECT_EQ((*service)->member_count(), 2u);
+}
+
 TEST(Members, AFileOfNamesRolesAndHashesLoadsAndMistakesAreNamedByLine) {
   const test::TempDir dir("members");
   auto [key, hash] = NewMemberKey();
