@@ -28,7 +28,14 @@ bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
          });
 }
 
-// The token of an "Authorization: Bearer TOKEN" header; empty when there is none.
+// The address of "ip:port" or "[ipv6]:port" without the port.
+std::string WithoutPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+}  // namespace
+
 std::string_view BearerToken(std::string_view header) {
   constexpr std::string_view kScheme = "bearer";
   if (header.size() <= kScheme.size() ||
@@ -41,14 +48,6 @@ std::string_view BearerToken(std::string_view header) {
   while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
   return token;
 }
-
-// The address of "ip:port" or "[ipv6]:port" without the port.
-std::string WithoutPort(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  return colon == std::string::npos ? address : address.substr(0, colon);
-}
-
-}  // namespace
 
 Result<std::vector<std::string>> LoadApiKeys(const std::string& path) {
   std::ifstream in(path);

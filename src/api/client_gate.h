@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -26,6 +27,10 @@ namespace colony::api {
 inline constexpr size_t kMinApiKeyBytes = 16;
 inline constexpr size_t kMaxApiKeyBytes = 256;
 inline constexpr size_t kMaxApiKeys = 4096;
+
+// The token of an "Authorization: Bearer TOKEN" header (the scheme in any case, spaces around
+// the token dropped); empty when there is none.
+std::string_view BearerToken(std::string_view header);
 
 // The keys in `path`, one per line (blank lines and lines starting with '#' skipped). A key
 // shorter than kMinApiKeyBytes (guessable), longer than kMaxApiKeyBytes, or holding spaces or

@@ -35,19 +35,6 @@ bool LowerHex(std::string_view s) {
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
-// The key of an "Authorization: Bearer KEY" header; empty when there is none.
-std::string_view BearerKey(std::string_view header) {
-  constexpr std::string_view kScheme = "bearer ";
-  if (header.size() <= kScheme.size()) return {};
-  for (size_t i = 0; i < kScheme.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(header[i])) != kScheme[i]) return {};
-  }
-  std::string_view key = header.substr(kScheme.size());
-  while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
-  while (!key.empty() && key.back() == ' ') key.remove_suffix(1);
-  return key;
-}
-
 http::Reply Text(int status, std::string body) {
   http::Reply r;
   r.status = status;
@@ -184,7 +171,7 @@ size_t TokenService::member_count() const {
 }
 
 std::optional<Member> TokenService::Authenticate(const http::Request& request) const {
-  const std::string_view key = BearerKey(request.Header("authorization"));
+  const std::string_view key = api::BearerToken(request.Header("authorization"));
   if (key.empty() || key.size() > 1024) return std::nullopt;
   // Looked up by hash: how long it takes says nothing about a key the caller does not hold.
   const std::string hash = KeySha256(key);
@@ -207,7 +194,7 @@ http::Reply TokenService::Issue(const http::Request& request) {
       ++stats_.unauthorized;
     }
     http::Reply r =
-        Text(401, BearerKey(request.Header("authorization")).empty()
+        Text(401, api::BearerToken(request.Header("authorization")).empty()
                       ? "no key: send 'Authorization: Bearer YOUR_KEY' (the key the "
                         "swarm's operator gave you)\n"
                       : "this key belongs to no member of the swarm; ask its operator\n");
