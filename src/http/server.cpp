@@ -1,7 +1,7 @@
 // The HTTP server: Boost.Beast on one I/O thread (a coroutine per connection) and a bounded pool of
 // worker threads for the handlers. A handler's answer or stream chunks cross from its worker to the
 // connection's coroutine through an Exchange (a queue, and a timer the worker cancels to wake the
-// coroutine).
+// coroutine). Over TLS the same request loop runs on a Beast ssl_stream after the handshake.
 #include "http/server.h"
 
 #include <boost/asio/co_spawn.hpp>
@@ -17,6 +17,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -26,6 +27,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "http/tls_context.h"
 
 namespace colony::http {
 
@@ -205,9 +207,10 @@ struct Server::Impl {
   std::atomic<bool> stopped{false};
   std::mutex mu;  // guards the members below
   std::set<std::shared_ptr<Exchange>> exchanges;
-  std::set<beast::tcp_stream*> streams;
+  std::set<tcp::socket*> sockets;  // of the connections open, cancelled at Stop()
   ServerStats stats;
   uint16_t port = 0;
+  std::unique_ptr<TlsCertificates> tls;  // HTTPS when set
 
   void Count(int64_t ServerStats::*field) {
     std::lock_guard lock(mu);
@@ -216,12 +219,27 @@ struct Server::Impl {
 
   asio::awaitable<void> Accept();
   asio::awaitable<void> Serve(tcp::socket socket);
-  asio::awaitable<bool> Answer(beast::tcp_stream& stream, bhttp::request<bhttp::string_body>& req,
+  asio::awaitable<void> ServeTls(tcp::socket socket);
+  // The request loop of one connection, plain (beast::tcp_stream) or TLS (beast::ssl_stream).
+  template <class Stream>
+  asio::awaitable<void> ServeRequests(Stream& stream);
+  template <class Stream>
+  asio::awaitable<bool> Answer(Stream& stream, bhttp::request<bhttp::string_body>& req,
                                const Handler& handler);
-  asio::awaitable<bool> WriteReply(beast::tcp_stream& stream, unsigned version, bool keep_alive,
+  template <class Stream>
+  asio::awaitable<bool> WriteReply(Stream& stream, unsigned version, bool keep_alive,
                                    const Reply& reply);
-  asio::awaitable<bool> WriteStream(beast::tcp_stream& stream, unsigned version, const Reply& head,
+  template <class Stream>
+  asio::awaitable<bool> WriteStream(Stream& stream, unsigned version, const Reply& head,
                                     Exchange& ex, Clock::time_point deadline);
+  void Track(tcp::socket& socket, bool open) {
+    std::lock_guard lock(mu);
+    if (open) {
+      sockets.insert(&socket);
+    } else {
+      sockets.erase(&socket);
+    }
+  }
 };
 
 asio::awaitable<void> Server::Impl::Accept() {
@@ -238,31 +256,69 @@ asio::awaitable<void> Server::Impl::Accept() {
     }
     if (connections.load() >= options.max_connections) {
       Count(&ServerStats::refused_connections);
-      // A best-effort answer that cannot block the acceptor, then close.
+      // A best-effort answer that cannot block the acceptor, then close (a TLS client could not
+      // read a plain answer: it is only closed).
       static constexpr std::string_view kBusy =
           "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
       socket.non_blocking(true, ec);
-      socket.write_some(asio::buffer(kBusy.data(), kBusy.size()), ec);
+      if (!tls) socket.write_some(asio::buffer(kBusy.data(), kBusy.size()), ec);
       socket.close(ec);
       continue;
     }
     ++connections;
-    asio::co_spawn(io, Serve(std::move(socket)), asio::detached);
+    if (tls) {
+      asio::co_spawn(io, ServeTls(std::move(socket)), asio::detached);
+    } else {
+      asio::co_spawn(io, Serve(std::move(socket)), asio::detached);
+    }
   }
 }
 
 asio::awaitable<void> Server::Impl::Serve(tcp::socket socket) {
   beast::tcp_stream stream(std::move(socket));
-  {
-    std::lock_guard lock(mu);
-    streams.insert(&stream);
+  Track(stream.socket(), true);
+  co_await ServeRequests(stream);
+  Track(stream.socket(), false);
+  beast::error_code ec;
+  stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+  stream.close();
+  --connections;
+}
+
+asio::awaitable<void> Server::Impl::ServeTls(tcp::socket socket) {
+  // The connection keeps the context it began with when a renewed certificate replaces it.
+  const std::shared_ptr<asio::ssl::context> context = tls->Current();
+  beast::ssl_stream<beast::tcp_stream> stream(std::move(socket), *context);
+  tcp::socket& raw = beast::get_lowest_layer(stream).socket();
+  Track(raw, true);
+  beast::get_lowest_layer(stream).expires_after(options.handshake_timeout);
+  beast::error_code ec;
+  co_await stream.async_handshake(asio::ssl::stream_base::server,
+                                  asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) {
+    Count(&ServerStats::tls_handshake_failures);
+  } else {
+    co_await ServeRequests(stream);
+    // close_notify, so that a client can tell the end of a body that ends with the connection
+    // (HTTP/1.0 streams) from a cut; a client that does not answer it gets little time.
+    beast::get_lowest_layer(stream).expires_after(
+        std::min<std::chrono::milliseconds>(options.write_timeout, std::chrono::seconds(2)));
+    co_await stream.async_shutdown(asio::redirect_error(asio::use_awaitable, ec));
   }
+  Track(raw, false);
+  raw.shutdown(tcp::socket::shutdown_both, ec);
+  beast::get_lowest_layer(stream).close();
+  --connections;
+}
+
+template <class Stream>
+asio::awaitable<void> Server::Impl::ServeRequests(Stream& stream) {
   beast::flat_buffer buffer;
   for (bool keep_alive = true; keep_alive && !stopped.load();) {
     bhttp::request_parser<bhttp::string_body> parser;
     parser.header_limit(static_cast<std::uint32_t>(options.max_header_bytes));
     parser.body_limit(options.max_body_bytes);
-    stream.expires_after(options.read_timeout);
+    beast::get_lowest_layer(stream).expires_after(options.read_timeout);
     beast::error_code ec;
     co_await bhttp::async_read_header(stream, buffer, parser,
                                       asio::redirect_error(asio::use_awaitable, ec));
@@ -304,18 +360,10 @@ asio::awaitable<void> Server::Impl::Serve(tcp::socket socket) {
     Count(&ServerStats::requests);
     keep_alive = co_await Answer(stream, req, *match.handler) && keep_alive;
   }
-  {
-    std::lock_guard lock(mu);
-    streams.erase(&stream);
-  }
-  beast::error_code ec;
-  stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-  stream.close();
-  --connections;
 }
 
-asio::awaitable<bool> Server::Impl::Answer(beast::tcp_stream& stream,
-                                           bhttp::request<bhttp::string_body>& req,
+template <class Stream>
+asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp::string_body>& req,
                                            const Handler& handler) {
   const auto deadline = Clock::now() + options.request_timeout;
   if (active.fetch_add(1) >= options.max_concurrent_requests) {
@@ -347,7 +395,7 @@ asio::awaitable<bool> Server::Impl::Answer(beast::tcp_stream& stream,
   }
   request->body = std::move(req.body());
   beast::error_code ec;
-  const auto remote = stream.socket().remote_endpoint(ec);
+  const auto remote = beast::get_lowest_layer(stream).socket().remote_endpoint(ec);
   if (!ec)
     request->remote_address = remote.address().to_string() + ":" + std::to_string(remote.port());
   std::weak_ptr<Exchange> weak = ex;
@@ -409,8 +457,9 @@ asio::awaitable<bool> Server::Impl::Answer(beast::tcp_stream& stream,
   co_return ok;
 }
 
-asio::awaitable<bool> Server::Impl::WriteReply(beast::tcp_stream& stream, unsigned version,
-                                               bool keep_alive, const Reply& reply) {
+template <class Stream>
+asio::awaitable<bool> Server::Impl::WriteReply(Stream& stream, unsigned version, bool keep_alive,
+                                               const Reply& reply) {
   bhttp::response<bhttp::string_body> res{static_cast<bhttp::status>(reply.status), version};
   res.set(bhttp::field::server, "colony");
   res.set(bhttp::field::content_type, reply.content_type);
@@ -418,15 +467,15 @@ asio::awaitable<bool> Server::Impl::WriteReply(beast::tcp_stream& stream, unsign
   res.keep_alive(keep_alive);
   res.body() = reply.body;
   res.prepare_payload();
-  stream.expires_after(options.write_timeout);
+  beast::get_lowest_layer(stream).expires_after(options.write_timeout);
   beast::error_code ec;
   co_await bhttp::async_write(stream, res, asio::redirect_error(asio::use_awaitable, ec));
   co_return !ec;
 }
 
-asio::awaitable<bool> Server::Impl::WriteStream(beast::tcp_stream& stream, unsigned version,
-                                                const Reply& head, Exchange& ex,
-                                                Clock::time_point deadline) {
+template <class Stream>
+asio::awaitable<bool> Server::Impl::WriteStream(Stream& stream, unsigned version, const Reply& head,
+                                                Exchange& ex, Clock::time_point deadline) {
   const bool chunked = version >= 11;
   bhttp::response<bhttp::empty_body> res{static_cast<bhttp::status>(head.status), version};
   res.set(bhttp::field::server, "colony");
@@ -436,7 +485,7 @@ asio::awaitable<bool> Server::Impl::WriteStream(beast::tcp_stream& stream, unsig
   res.keep_alive(chunked);
   if (chunked) res.chunked(true);
   bhttp::response_serializer<bhttp::empty_body> sr{res};
-  stream.expires_after(options.write_timeout);
+  beast::get_lowest_layer(stream).expires_after(options.write_timeout);
   beast::error_code ec;
   co_await bhttp::async_write_header(stream, sr, asio::redirect_error(asio::use_awaitable, ec));
   if (ec) co_return false;
@@ -444,7 +493,7 @@ asio::awaitable<bool> Server::Impl::WriteStream(beast::tcp_stream& stream, unsig
     bool done = false;
     std::string data = ex.TakeChunks(done);
     if (!data.empty()) {
-      stream.expires_after(options.write_timeout);
+      beast::get_lowest_layer(stream).expires_after(options.write_timeout);
       if (chunked) {
         co_await asio::async_write(stream, bhttp::make_chunk(asio::buffer(data)),
                                    asio::redirect_error(asio::use_awaitable, ec));
@@ -458,7 +507,7 @@ asio::awaitable<bool> Server::Impl::WriteStream(beast::tcp_stream& stream, unsig
     }
     if (done) {
       if (!chunked) co_return false;  // HTTP/1.0: the end of the body is the connection's
-      stream.expires_after(options.write_timeout);
+      beast::get_lowest_layer(stream).expires_after(options.write_timeout);
       co_await asio::async_write(stream, bhttp::make_chunk_last(),
                                  asio::redirect_error(asio::use_awaitable, ec));
       co_return !ec;
@@ -479,7 +528,16 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options, Router rout
   if (options.max_concurrent_requests < 1 || options.max_connections < 1) {
     return InvalidArgument("max_concurrent_requests and max_connections must be at least 1");
   }
+  if (options.tls_certificate.empty() != options.tls_private_key.empty()) {
+    return InvalidArgument(options.tls_certificate.empty()
+                               ? "a TLS private key needs its certificate"
+                               : "a TLS certificate needs its private key");
+  }
   auto impl = std::make_unique<Impl>();
+  if (!options.tls_certificate.empty()) {
+    COLONY_ASSIGN_OR_RETURN(
+        impl->tls, TlsCertificates::Load(options.tls_certificate, options.tls_private_key));
+  }
   impl->options = std::move(options);
   impl->router = std::move(router);
   beast::error_code ec;
@@ -507,9 +565,23 @@ uint16_t Server::port() const { return impl_->port; }
 
 std::string Server::host() const { return impl_->options.host; }
 
+bool Server::tls() const { return impl_->tls != nullptr; }
+
+std::string Server::BaseUrl() const {
+  const std::string& host = impl_->options.host;
+  return (tls() ? "https://" : "http://") +
+         (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+         std::to_string(impl_->port);
+}
+
 ServerStats Server::stats() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->stats;
+  ServerStats out;
+  {
+    std::lock_guard lock(impl_->mu);
+    out = impl_->stats;
+  }
+  if (impl_->tls) out.tls_reloads = impl_->tls->reloads();
+  return out;
 }
 
 void Server::Stop() {
@@ -519,7 +591,7 @@ void Server::Stop() {
     beast::error_code ec;
     impl->acceptor.close(ec);
     std::lock_guard lock(impl->mu);
-    for (auto* s : impl->streams) s->socket().cancel(ec);
+    for (auto* s : impl->sockets) s->cancel(ec);
   });
   {
     std::lock_guard lock(impl->mu);

@@ -1,6 +1,7 @@
 // An HTTP/1.1 server for Colony's outward-facing endpoints (`colony api`, `colony monitor`):
 // Boost.Beast parses and writes HTTP on one I/O thread; handlers run on a bounded pool of worker
 // threads and may stream their response (chunked transfer encoding, as server-sent events need).
+// Given a certificate and its key it speaks HTTPS (TLS 1.2 or later, OpenSSL through Boost.Asio).
 //
 //   http::Router router;
 //   router.Add("GET", "/v1/models", [](const http::Request&) { return http::Json(200, models); });
@@ -8,13 +9,15 @@
 //
 // Every request is bounded: header bytes, body bytes, the time to read it, the time to write each
 // chunk of the answer, the bytes a streamed answer may queue, the handlers running at once and the
-// connections open at once. A request past a bound gets a 4xx/5xx JSON error and the server keeps
-// serving. It listens on loopback unless told otherwise.
+// connections open at once, and the time a TLS client may take over its handshake. A request past
+// a bound gets a 4xx/5xx JSON error and the server keeps serving. It listens on loopback unless
+// told otherwise.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -109,14 +112,26 @@ struct ServerOptions {
   // a stream is cut.
   std::chrono::milliseconds request_timeout{600'000};
   size_t max_stream_queue_bytes = 1 << 20;  // per streamed response
+  // HTTPS when set: a PEM certificate chain (the server's certificate first, then its issuers)
+  // and the PEM private key it certifies; both or neither. Start fails naming a file that cannot
+  // be read or a key that is not the certificate's. Files that change on disk (a renewed
+  // certificate) are read again within a second, for the connections that come after; a pair
+  // that no longer loads is logged and the previous one stays in use.
+  std::filesystem::path tls_certificate = {};
+  std::filesystem::path tls_private_key = {};
+  // For a TLS client to complete its handshake (a client that stalls holds a connection slot).
+  std::chrono::milliseconds handshake_timeout{10'000};
 };
 
 struct ServerStats {
-  int64_t requests = 0;             // parsed and routed
-  int64_t bad_requests = 0;         // malformed or over a size bound
-  int64_t busy = 0;                 // refused with 503: max_concurrent_requests were running
-  int64_t refused_connections = 0;  // closed at accept: max_connections were open
-  int64_t cancelled_streams = 0;    // streams cut: the client went away or a deadline passed
+  int64_t requests = 0;                // parsed and routed
+  int64_t bad_requests = 0;            // malformed or over a size bound
+  int64_t busy = 0;                    // refused with 503: max_concurrent_requests were running
+  int64_t refused_connections = 0;     // closed at accept: max_connections were open
+  int64_t cancelled_streams = 0;       // streams cut: the client went away or a deadline passed
+  int64_t tls_handshake_failures = 0;  // TLS connections closed before a request: plain HTTP,
+                                       // a stalled or failed handshake
+  int64_t tls_reloads = 0;             // renewed certificates taken up
 };
 
 class Server {
@@ -129,6 +144,9 @@ class Server {
 
   uint16_t port() const;
   std::string host() const;
+  bool tls() const;
+  // "http://host:port" or "https://host:port" (an IPv6 host in brackets).
+  std::string BaseUrl() const;
   ServerStats stats() const;
   // Stops accepting, cancels every request and stream in flight, and waits for the handlers to
   // return. Idempotent.

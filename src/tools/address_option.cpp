@@ -1,4 +1,5 @@
-// The check every address option of the CLI shares (see commands.h).
+// The address options every command of the CLI shares (see commands.h): multiaddrs, --announce,
+// and the HTTP servers' --http, --tls-cert and --tls-key.
 #include "core/multiaddr.h"
 #include "tools/commands.h"
 
@@ -50,6 +51,20 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text) 
   }
   if (port < 0 || port > 65535) return InvalidArgument("--http: bad port in '" + text + "'");
   return std::pair{host, static_cast<uint16_t>(port)};
+}
+
+void AddTlsOptions(CLI::App* cmd, TlsArgs& tls) {
+  auto* cert = cmd->add_option("--tls-cert", tls.certificate,
+                               "serve HTTPS with this PEM certificate chain (the server's "
+                               "certificate first); a renewed file is served to new connections "
+                               "within a second");
+  auto* key = cmd->add_option("--tls-key", tls.key, "the PEM private key of --tls-cert");
+  cert->needs(key);
+  key->needs(cert);
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.starts_with("127.");
 }
 
 }  // namespace colony::cli

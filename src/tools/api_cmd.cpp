@@ -28,6 +28,7 @@ struct ApiArgs {
   double request_timeout = 600;
   std::string api_keys;
   double requests_per_minute = 0;
+  TlsArgs tls;
 };
 
 int RunApi(const ApiArgs& a) {
@@ -68,8 +69,7 @@ int RunApi(const ApiArgs& a) {
     if (!made.ok()) return Fail(made.status().WithContext("--requests-per-minute"));
     options.gate = std::move(*made);
   }
-  if (a.api_keys.empty() && where->first != "127.0.0.1" && where->first != "::1" &&
-      where->first != "localhost") {
+  if (a.api_keys.empty() && !IsLoopbackHost(where->first)) {
     COLONY_LOG_WARN(
         "api: listening on {} without --api-keys: anyone who reaches this port can generate "
         "through the swarm",
@@ -95,21 +95,24 @@ int RunApi(const ApiArgs& a) {
                                    .max_body_bytes = a.max_body_bytes,
                                    .max_concurrent_requests = a.max_concurrent,
                                    .max_connections = a.max_connections,
-                                   .request_timeout = SecondsToMillis(a.request_timeout)};
+                                   .request_timeout = SecondsToMillis(a.request_timeout),
+                                   .tls_certificate = a.tls.certificate,
+                                   .tls_private_key = a.tls.key};
   auto server = http::Server::Start(http_options, service.Routes());
-  if (!server.ok()) return Fail(server.status().WithContext("--http"));
-  const std::string host =
-      where->first.find(':') != std::string::npos ? "[" + where->first + "]" : where->first;
-  std::printf("http://%s:%u/v1\n", host.c_str(), static_cast<unsigned>((*server)->port()));
+  if (!server.ok()) return Fail(server.status().WithContext(a.tls.OptionNames()));
+  const std::string url = (*server)->BaseUrl() + "/v1";
+  std::printf("%s\n", url.c_str());
   std::fflush(stdout);
-  COLONY_LOG_INFO("api: serving model '{}' at http://{}:{}/v1", options.model_id, host,
-                  (*server)->port());
+  COLONY_LOG_INFO("api: serving model '{}' at {}", options.model_id, url);
   const std::string sig = WaitForTerminationSignal();
   COLONY_LOG_INFO("api: {} received; stopping", sig);
   (*server)->Stop();
   const auto stats = (*server)->stats();
-  COLONY_LOG_INFO("api: {} requests, {} bad, {} refused as busy, {} streams cut", stats.requests,
-                  stats.bad_requests, stats.busy, stats.cancelled_streams);
+  COLONY_LOG_INFO("api: {} requests, {} bad, {} refused as busy, {} streams cut{}", stats.requests,
+                  stats.bad_requests, stats.busy, stats.cancelled_streams,
+                  a.tls.enabled()
+                      ? fmt::format(", {} failed TLS handshakes", stats.tls_handshake_failures)
+                      : "");
   if (options.gate) {
     const auto refused = options.gate->stats();
     COLONY_LOG_INFO("api: {} refused without a valid key, {} over their rate", refused.unauthorized,
@@ -133,6 +136,7 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
                   "host:port to listen on (default 127.0.0.1:8000: loopback only; port 0 picks a "
                   "free one, printed on stdout)")
       ->capture_default_str();
+  AddTlsOptions(cmd, a->tls);
   cmd->add_option("--model-id", a->model_id,
                   "the model's id in the API (default: its name in the DHT)");
   cmd->add_option("--chat-template", a->chat_template,

@@ -219,6 +219,7 @@ void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comman
     std::string key, members, http = "127.0.0.1:8780", ttl = "1h";
     size_t max_peers = 8;
     double requests_per_minute = 60;
+    TlsArgs tls;
   };
   auto sa = std::make_shared<ServeArgs>();
   auto* serve = authority->add_subcommand(
@@ -231,9 +232,11 @@ void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comman
       ->required();
   serve
       ->add_option("--http", sa->http,
-                   "host:port to listen on (default 127.0.0.1:8780: loopback only, for a TLS "
-                   "proxy in front; port 0 picks a free one, printed on stdout)")
+                   "host:port to listen on (default 127.0.0.1:8780: loopback only; port 0 picks a "
+                   "free one, printed on stdout); beyond loopback give --tls-cert and --tls-key "
+                   "or put a TLS proxy in front, since members send their keys")
       ->capture_default_str();
+  AddTlsOptions(serve, sa->tls);
   serve->add_option("--ttl", sa->ttl, "how long each token is valid: 90s, 30m, 24h, 7d")
       ->capture_default_str();
   serve
@@ -263,24 +266,27 @@ void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comman
                                          .max_peers_per_member = sa->max_peers,
                                          .requests_per_minute = sa->requests_per_minute});
     if (!service.ok()) return Fail(service.status());
-    if (where->first != "127.0.0.1" && where->first != "::1" && where->first != "localhost") {
+    if (!IsLoopbackHost(where->first) && !sa->tls.enabled()) {
       COLONY_LOG_WARN(
           "authority: serving on {} over plain HTTP: members' keys cross the network in the "
-          "clear; put a TLS proxy in front and listen on loopback",
+          "clear; give --tls-cert and --tls-key, or put a TLS proxy in front and listen on "
+          "loopback",
           where->first);
     }
     BlockTerminationSignals();
     // Removing a member's line revokes its key within a second, without a restart.
     authority::MembersWatcher watcher(*service, sa->members, std::chrono::seconds(1));
-    auto server =
-        http::Server::Start({.host = where->first, .port = where->second}, (*service)->Routes());
-    if (!server.ok()) return Fail(server.status().WithContext("--http"));
-    const std::string host =
-        where->first.find(':') != std::string::npos ? "[" + where->first + "]" : where->first;
-    std::printf("http://%s:%u/v1\n", host.c_str(), static_cast<unsigned>((*server)->port()));
+    auto server = http::Server::Start({.host = where->first,
+                                       .port = where->second,
+                                       .tls_certificate = sa->tls.certificate,
+                                       .tls_private_key = sa->tls.key},
+                                      (*service)->Routes());
+    if (!server.ok()) return Fail(server.status().WithContext(sa->tls.OptionNames()));
+    const std::string url = (*server)->BaseUrl() + "/v1";
+    std::printf("%s\n", url.c_str());
     std::fflush(stdout);
-    COLONY_LOG_INFO("authority: issuing tokens of {} to {} members at http://{}:{}/v1/token/",
-                    (*service)->authority().ToString(), count, host, (*server)->port());
+    COLONY_LOG_INFO("authority: issuing tokens of {} to {} members at {}/token/",
+                    (*service)->authority().ToString(), count, url);
     const std::string sig = WaitForTerminationSignal();
     COLONY_LOG_INFO("authority: {} received; stopping", sig);
     (*server)->Stop();

@@ -47,9 +47,20 @@ void AddAnnounceOption(CLI::App* cmd, std::vector<std::string>& announce);
 // Those addresses as multiaddrs; an error names the option and the address.
 Result<std::vector<Multiaddr>> ParseAnnounce(const std::vector<std::string>& announce);
 
-// The --http option of colony api and monitor: "host:port" (an IPv6 host in brackets; port 0:
-// any free port). Errors name the option.
+// The --http option of colony api, monitor and authority serve: "host:port" (an IPv6 host in
+// brackets; port 0: any free port). Errors name the option.
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text);
+
+// Their --tls-cert and --tls-key options (HTTPS; http::ServerOptions::tls_certificate).
+struct TlsArgs {
+  std::string certificate, key;
+  bool enabled() const { return !certificate.empty(); }
+  // The options to name in an error of the server's start.
+  std::string OptionNames() const { return enabled() ? "--http/--tls-cert/--tls-key" : "--http"; }
+};
+void AddTlsOptions(CLI::App* cmd, TlsArgs& tls);
+// Whether a --http host is loopback (the commands warn when they expose keys beyond it).
+bool IsLoopbackHost(const std::string& host);
 
 // Prints "colony: error: <message>" on stderr (one line) and returns exit code 1.
 int Fail(const Status& status);

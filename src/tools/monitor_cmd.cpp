@@ -25,6 +25,7 @@ struct MonitorArgs {
   int max_concurrent = 16;
   int max_connections = 256;
   AccessArgs access;
+  TlsArgs tls;
 };
 
 int RunMonitor(const MonitorArgs& a) {
@@ -52,15 +53,15 @@ int RunMonitor(const MonitorArgs& a) {
                                      .max_body_bytes = 4096,
                                      .max_concurrent_requests = a.max_concurrent,
                                      .max_connections = a.max_connections,
-                                     .request_timeout = std::chrono::seconds(30)},
+                                     .request_timeout = std::chrono::seconds(30),
+                                     .tls_certificate = a.tls.certificate,
+                                     .tls_private_key = a.tls.key},
                                     monitor::MonitorRoutes(**collector));
-  if (!server.ok()) return Fail(server.status().WithContext("--http"));
-  const std::string host =
-      where->first.find(':') != std::string::npos ? "[" + where->first + "]" : where->first;
-  std::printf("http://%s:%u/\n", host.c_str(), static_cast<unsigned>((*server)->port()));
+  if (!server.ok()) return Fail(server.status().WithContext(a.tls.OptionNames()));
+  const std::string url = (*server)->BaseUrl() + "/";
+  std::printf("%s\n", url.c_str());
   std::fflush(stdout);
-  COLONY_LOG_INFO("monitor: serving http://{}:{}/ (refreshing every {} s)", host, (*server)->port(),
-                  a.refresh);
+  COLONY_LOG_INFO("monitor: serving {} (refreshing every {} s)", url, a.refresh);
   const std::string sig = WaitForTerminationSignal();
   COLONY_LOG_INFO("monitor: {} received; stopping", sig);
   (*server)->Stop();
@@ -85,6 +86,7 @@ void AddMonitorCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
                   "host:port to listen on (default 127.0.0.1:8080: loopback only; port 0 picks a "
                   "free one, printed on stdout)")
       ->capture_default_str();
+  AddTlsOptions(cmd, a->tls);
   cmd->add_option("--refresh", a->refresh, "seconds between two reads of the swarm's records")
       ->capture_default_str()
       ->check(CLI::Range(0.2, 3600.0));

@@ -13,6 +13,7 @@
 #include "core/files.h"
 #include "core/identity.h"
 #include "core/subprocess.h"
+#include "self_signed.h"
 #include "test_support.h"
 
 namespace colony {
@@ -138,7 +139,8 @@ TEST_F(PrivateSwarmCli, MembersStoreAndGetOutsidersAreRefusedWithTheReason) {
   EXPECT_EQ(nlohmann::json::parse(got.out)["value"], "members-only");
 }
 
-TEST_F(PrivateSwarmCli, MembersFetchTokensFromTheIssuerOverHttpAndStrangersGetNone) {
+// The issuer as it is run beyond loopback: over HTTPS, its certificate verified by curl.
+TEST_F(PrivateSwarmCli, MembersFetchTokensFromTheIssuerOverHttpsAndStrangersGetNone) {
   // The operator adds two members (their keys are printed once) and serves their tokens.
   auto alice = RunCli({"authority", "add-member", "--members", Path("members.txt"), "--name",
                        "alice", "--role", "train"});
@@ -150,33 +152,48 @@ TEST_F(PrivateSwarmCli, MembersFetchTokensFromTheIssuerOverHttpAndStrangersGetNo
   const std::string bob_key = bob.out.substr(0, bob.out.find('\n'));
   EXPECT_EQ(test::ReadFile(Path("members.txt")).find(alice_key), std::string::npos)
       << "the members file holds the keys themselves";
-  auto issuer = Subprocess::Spawn({ColonyBinary(), "--log-level", "info", "authority", "serve",
-                                   "--authority", Path("authority.key"), "--members",
-                                   Path("members.txt"), "--http", "127.0.0.1:0", "--ttl", "10m"},
-                                  Path("issuer.err"));
+  const test::Pem pem = test::MakeSelfSigned("issuer");
+  test::WriteFile(Path("cert.pem"), pem.certificate);
+  test::WriteFile(Path("key.pem"), pem.key);
+  auto issuer = Subprocess::Spawn(
+      {ColonyBinary(), "--log-level", "info", "authority", "serve", "--authority",
+       Path("authority.key"), "--members", Path("members.txt"), "--http", "127.0.0.1:0", "--ttl",
+       "10m", "--tls-cert", Path("cert.pem"), "--tls-key", Path("key.pem")},
+      Path("issuer.err"));
   ASSERT_TRUE(issuer.ok()) << issuer.status().ToString();
   auto url = issuer->ReadLine(test::HangGuard(20s));
   ASSERT_TRUE(url.ok()) << url.status().ToString() << test::ReadFile(Path("issuer.err"));
+  ASSERT_TRUE(url->starts_with("https://127.0.0.1:")) << *url;
   // What a member puts in --access-token-command: each command runs as a new identity, and
-  // fetches a token for it.
-  const auto fetch = [&](const std::string& key) {
-    return "curl -sS --fail-with-body --max-time 10 -H 'Authorization: Bearer " + key + "' " +
-           *url + "/token/$COLONY_PEER_ID";
+  // fetches a token for it, trusting the issuer's certificate.
+  const auto fetch = [&](const std::string& key, const std::string& trust) {
+    return "curl -sS --fail-with-body --max-time 10 --cacert " + trust +
+           " -H 'Authorization: Bearer " + key + "' " + *url + "/token/$COLONY_PEER_ID";
   };
+  const auto fetch_as = [&](const std::string& key) { return fetch(key, Path("cert.pem")); };
+  // A client that does not trust the certificate sends nothing (curl fails the handshake).
+  const test::Pem other = test::MakeSelfSigned("issuer");
+  test::WriteFile(Path("other.pem"), other.certificate);
+  auto untrusted =
+      RunCli({"dht", "store", "k", "from-alice", "--initial-peers", boot_addr_, "--authority",
+              authority_, "--access-token-command", fetch(alice_key, Path("other.pem"))});
+  EXPECT_EQ(untrusted.code, 1);
+  EXPECT_NE(untrusted.err.find("curl: (60) SSL certificate problem"), std::string::npos)
+      << untrusted.err;
   auto stored = RunCli({"dht", "store", "k", "from-alice", "--initial-peers", boot_addr_,
-                        "--authority", authority_, "--access-token-command", fetch(alice_key)});
+                        "--authority", authority_, "--access-token-command", fetch_as(alice_key)});
   ASSERT_EQ(stored.code, 0) << stored.err << test::ReadFile(Path("issuer.err"));
   // Bob's tokens carry his role, client: he may look records up, not store them.
-  auto got = Get({"--authority", authority_, "--access-token-command", fetch(bob_key)});
+  auto got = Get({"--authority", authority_, "--access-token-command", fetch_as(bob_key)});
   ASSERT_EQ(got.code, 0) << got.err;
   EXPECT_EQ(nlohmann::json::parse(got.out)["value"], "from-alice");
   auto bob_store = RunCli({"dht", "store", "k", "from-bob", "--initial-peers", boot_addr_,
-                           "--authority", authority_, "--access-token-command", fetch(bob_key)});
+                           "--authority", authority_, "--access-token-command", fetch_as(bob_key)});
   EXPECT_NE(bob_store.code, 0);
   EXPECT_NE(bob_store.err.find("client"), std::string::npos) << bob_store.err;
   // A stranger's key gets no token, and the command's failure says why.
   auto stranger = Get({"--authority", authority_, "--access-token-command",
-                       fetch("0123456789abcdef0123456789abcdef")});
+                       fetch_as("0123456789abcdef0123456789abcdef")});
   EXPECT_EQ(stranger.code, 1);
   EXPECT_NE(stranger.err.find("belongs to no member"), std::string::npos) << stranger.err;
 
@@ -189,7 +206,8 @@ TEST_F(PrivateSwarmCli, MembersFetchTokensFromTheIssuerOverHttpAndStrangersGetNo
   test::WriteFile(Path("members.txt"), kept);
   const auto bob_status = [&] {
     auto curl = Subprocess::Spawn({"/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}\n",
-                                   "--max-time", "10", "-H", "Authorization: Bearer " + bob_key,
+                                   "--max-time", "10", "--cacert", Path("cert.pem"), "-H",
+                                   "Authorization: Bearer " + bob_key,
                                    *url + "/token/" + KeyPair::Generate().peer_id().ToString()});
     auto line =
         curl.ok() ? curl->ReadLine(test::HangGuard(15s)) : Result<std::string>(curl.status());
@@ -199,7 +217,7 @@ TEST_F(PrivateSwarmCli, MembersFetchTokensFromTheIssuerOverHttpAndStrangersGetNo
   EXPECT_TRUE(test::WaitUntil([&] { return bob_status() == "401"; }, test::HangGuard(10s)))
       << bob_status();
   EXPECT_EQ(RunCli({"dht", "store", "k", "from-alice-again", "--initial-peers", boot_addr_,
-                    "--authority", authority_, "--access-token-command", fetch(alice_key)})
+                    "--authority", authority_, "--access-token-command", fetch_as(alice_key)})
                 .code,
             0);
 
