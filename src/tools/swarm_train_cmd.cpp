@@ -16,6 +16,7 @@
 #include "swarm/stage.h"
 #include "tools/access_options.h"
 #include "tools/commands.h"
+#include "train/powersgd.h"
 #include "train/task.h"
 
 namespace colony::cli {
@@ -64,6 +65,7 @@ struct StageArgs {
   double matchmaking_time = 5;
   double averaging_timeout = 60;
   std::string grad_codec = "none";
+  int powersgd_rank = 0;
   int64_t max_batch = 64;
   double throughput = 0;
   int threads = 0;
@@ -118,6 +120,7 @@ int RunStage(const StageArgs& a) {
   auto codec = compression::ParseCodec(a.grad_codec);
   if (!codec.ok()) return Fail(codec.status().WithContext("--grad-codec"));
   c.grad_codec = *codec;
+  c.powersgd_rank = a.powersgd_rank;
   if (a.threads > 0) at::set_num_threads(a.threads);
 
   BlockTerminationSignals();
@@ -253,6 +256,12 @@ void AddSwarmTrainCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comma
       ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
   stage->add_option("--grad-codec", a->grad_codec, "compression of the averaged gradients")
+      ->capture_default_str();
+  stage
+      ->add_option("--powersgd-rank", a->powersgd_rank,
+                   "average the blocks' gradient matrices as PowerSGD factors of this rank, with "
+                   "error feedback (as colony train's; 0: whole)")
+      ->check(CLI::Range(0, train::kMaxPowerSgdRank))
       ->capture_default_str();
   stage->add_option("--max-batch", a->max_batch, "largest microbatch a request may carry")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))

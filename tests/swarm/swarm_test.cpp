@@ -81,7 +81,7 @@ class SwarmTest : public ::testing::Test {
 
   dht::Node& AddNode() { return dht_.Add(); }
 
-  Stage& AddStage(int64_t first, int64_t last) {
+  Stage& AddStage(int64_t first, int64_t last, int powersgd_rank = 0) {
     dht::Node& node = AddNode();
     StageOptions o;
     o.run = "run";
@@ -92,6 +92,7 @@ class SwarmTest : public ::testing::Test {
     o.server.announce_period = 1s;
     o.training.optimizer_config.lr = kLr;
     o.training.collaborative = Rounds("");
+    o.training.collaborative.powersgd_rank = powersgd_rank;
     auto stage = Stage::Start(node, o);
     EXPECT_TRUE(stage.ok()) << stage.status().ToString();
     stages_.push_back(std::move(*stage));
@@ -263,6 +264,50 @@ TEST_F(SwarmTest, TrainsWithEightBitBoundariesCloseToOneProcess) {
   EXPECT_GT(worst, 0) << "the boundaries were not compressed";
   EXPECT_LT(losses.back(), losses.front() - 0.1);
   std::printf("[swarm] 8-bit boundaries: losses within %.2e relative of one process\n", worst);
+}
+
+// PowerSGD in the stages' rounds (`swarm-train stage --powersgd-rank`): each stage's two peers
+// average their blocks' gradient matrices as rank-4 factors (every matrix of this model is
+// compressed at rank 4). Every round averages, the peers of a stage end each epoch with the same
+// parameters (every member applies the same projected mean), the parameters differ from exact
+// averaging's (the one-process run: the gradients were compressed), and the run learns about as
+// well as that run.
+TEST_F(SwarmTest, PowerSgdStagesAverageFactorsAndTheirPeersStayEqual) {
+  AddStage(0, 2, 4);
+  AddStage(0, 2, 4);
+  AddStage(2, 4, 4);
+  AddStage(2, 4, 4);
+  StartTrainer();
+  WaitForServers(4);
+  const size_t n = 3 * kPerEpoch;
+  const std::vector<double> losses = Train(0, n);
+  ASSERT_EQ(losses.size(), n);
+  pipeline_->SetEpoch(trainer_opt_->local_epoch());
+  ASSERT_TRUE(pipeline_->Loss(batches_[n]).ok());  // the stages end the last epoch
+  auto local = model::LoadLlama(dir_);
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  const std::vector<double> expected = TrainLocally(*local, n);
+  for (const auto& stage : stages_) {
+    const StageTrainingStats s = stage->training_stats();
+    EXPECT_EQ(s.epoch, 3);
+    EXPECT_EQ(s.averaged, 3u) << "a round of the stage at block " << stage->server_stats().first
+                              << " did not average";
+  }
+  for (size_t i = 0; i < stages_.size(); i += 2) {
+    const int64_t first = stages_[i]->server_stats().first;
+    EXPECT_EQ(MaxAbsDiff(stages_[i]->parameters(), stages_[i + 1]->parameters()), 0)
+        << "the peers of the stage at block " << first << " hold different parameters";
+    std::vector<at::Tensor> exact;
+    for (int64_t b = first; b < first + 2; ++b) {
+      for (const auto& p : (*local)->block(b)->parameters()) exact.push_back(p);
+    }
+    EXPECT_GT(MaxAbsDiff(stages_[i]->parameters(), exact), 1e-4)
+        << "the stage at block " << first << " averaged its gradients whole";
+  }
+  EXPECT_LT(losses.back(), losses.front() - 0.1);
+  EXPECT_LT(losses.back(), expected.back() + 0.05 * std::abs(expected.back()));
+  std::printf("[swarm] PowerSGD rank 4: last loss %.4f (exact averaging: %.4f)\n", losses.back(),
+              expected.back());
 }
 
 // A peer of the second stage dies between microbatches: the trainer's next calls to it fail,
