@@ -72,6 +72,26 @@ struct SwarmDecoder {
   serve::RemoteBackend backend;
 };
 
+// Beam search keeps each beam's running score, not its tokens' log-probabilities: a beam that is
+// answered is scored again, in a session of its own, as an echoed prompt is.
+Result<std::vector<TokenLogprob>> ScoreBeam(serve::SwarmClient& client,
+                                            const std::vector<int64_t>& prompt,
+                                            const std::vector<int64_t>& answer, int64_t top,
+                                            bool echo) {
+  at::NoGradGuard no_grad;
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), answer.begin(), answer.end());
+  SwarmDecoder decoder(client, static_cast<int64_t>(all.size()), 1);
+  LogprobRecorder recorder(decoder.backend, top, /*score_prompt=*/true);
+  COLONY_RETURN_IF_ERROR(
+      recorder.Step(at::tensor(all, at::kLong).unsqueeze(0), 0, {}, serve::StepLogits::kLast)
+          .status());
+  std::vector<TokenLogprob> entries = recorder.Take();
+  if (!echo)
+    entries.erase(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(prompt.size()));
+  return entries;
+}
+
 }  // namespace
 
 struct ApiService::Choice {
@@ -156,11 +176,6 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
     }
   }
   plan.beams = r.n > 1 && r.temperature == 0;
-  if (plan.beams && r.logprobs) {
-    return InvalidArgument(
-        "'logprobs': n > 1 at temperature 0 runs beam search, whose log-probabilities colony api "
-        "does not record; ask for n = 1, or a temperature above 0 for n samples");
-  }
   if (r.echo) {
     std::vector<int32_t> ids(plan.prompt.begin(), plan.prompt.end());
     plan.echo_text = r.prompt_is_tokens ? tok.Decode(ids) : r.prompt;
@@ -304,15 +319,22 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         TextStream text(decode, plan->stops);
         Choice c;
         bool end_of_turn = false;
+        std::vector<int64_t> said;  // the tokens of the text, as a sampled choice records them
         for (int64_t t : b.tokens) {
           end_of_turn = std::ranges::find(plan->stop_tokens, t) != plan->stop_tokens.end();
           if (t == eos || end_of_turn || text.stopped()) break;
+          said.push_back(t);
           text.Add(t);
         }
         c.tokens = static_cast<int64_t>(b.tokens.size());
         text.Finish();
         c.text = plan->echo_text + text.text();
         c.finish_reason = b.finished || end_of_turn || text.stopped() ? "stop" : "length";
+        if (req->logprobs) {
+          auto scored = ScoreBeam(client_, plan->prompt, said, *req->logprobs, req->echo);
+          if (!scored.ok()) return SwarmError(scored.status());
+          c.logprobs = std::move(*scored);
+        }
         choices.push_back(std::move(c));
       }
     } else {

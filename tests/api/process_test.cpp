@@ -383,8 +383,6 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
       {"/completions", R"({"prompt": [999999]})", 400, "outside the vocabulary"},
       {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "stream": true})", 400,
        "beam search"},
-      {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "logprobs": 1})", 400,
-       "'logprobs': n > 1 at temperature 0"},
       {"/completions", R"({"prompt": [1, 2], "max_tokens": 0})", 400, "0 only with"},
       {"/chat/completions", R"({"messages": "hi"})", 400, "'messages'"},
       {"/nothing", R"({})", 404, "no such endpoint"},
@@ -766,6 +764,51 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
   // The content ends before a stop string, whose tokens are scored too.
   EXPECT_TRUE(joined.starts_with(cc["message"]["content"].get<std::string>())) << cc;
   EXPECT_FALSE(cc["logprobs"]["content"].empty());
+
+  // Beam search (n > 1 at temperature 0): the best beam is transformers' 4-beam generation, and
+  // each beam's log-probabilities are the local model's log-softmax at its tokens, in the order of
+  // the beams' scores (their mean log-probability, transformers' length penalty 1).
+  const auto beam4 = ref["beam4_12"].get<std::vector<int64_t>>();
+  const HttpAnswer beams = Curl("/completions", json({{"prompt", prompt},
+                                                      {"max_tokens", 12},
+                                                      {"temperature", 0},
+                                                      {"n", 4},
+                                                      {"logprobs", 2},
+                                                      {"return_tokens_as_token_ids", true}})
+                                                    .dump());
+  ASSERT_EQ(beams.status, 200) << beams.body;
+  const json bj = json::parse(beams.body);
+  ASSERT_EQ(bj["choices"].size(), 4u);
+  double previous_score = 1e300;
+  for (size_t c = 0; c < 4; ++c) {
+    const json& blp = bj["choices"][c]["logprobs"];
+    ASSERT_EQ(blp["tokens"].size(), 12u) << blp;
+    std::vector<int64_t> seq = prompt;
+    for (const auto& t : blp["tokens"]) seq.push_back(std::stoll(t.get<std::string>().substr(9)));
+    if (c == 0) {
+      EXPECT_EQ(seq, beam4) << "the best beam is not transformers'";
+    }
+    at::Tensor want;
+    {
+      at::NoGradGuard no_grad;
+      want = at::log_softmax(
+          (*local)->forward(at::tensor(seq, at::kLong).unsqueeze(0))[0].to(at::kDouble), -1);
+    }
+    double sum = 0;
+    for (size_t i = 0; i < 12; ++i) {
+      const double got = blp["token_logprobs"][i].get<double>();
+      EXPECT_NEAR(got, want[static_cast<int64_t>(p + i) - 1][seq[p + i]].item<double>(), 1e-4)
+          << "beam " << c << ", token " << i;
+      // The 2 best, and the beam's own token when it is not one of them (as OpenAI answers).
+      EXPECT_GE(blp["top_logprobs"][i].size(), 2u);
+      EXPECT_LE(blp["top_logprobs"][i].size(), 3u);
+      EXPECT_DOUBLE_EQ(blp["top_logprobs"][i][blp["tokens"][i].get<std::string>()].get<double>(),
+                       got);
+      sum += got;
+    }
+    EXPECT_LE(sum / 12, previous_score + 1e-4) << "beam " << c << " is out of order";
+    previous_score = sum / 12;
+  }
 }
 
 // A chat template's end of turn is a special token that decoding skips, so its stop string never
