@@ -20,6 +20,7 @@
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -207,7 +208,8 @@ struct Server::Impl {
   std::atomic<bool> stopped{false};
   std::mutex mu;  // guards the members below
   std::set<std::shared_ptr<Exchange>> exchanges;
-  std::set<tcp::socket*> sockets;  // of the connections open, cancelled at Stop()
+  std::set<tcp::socket*> sockets;                // of the connections open, cancelled at Stop()
+  std::map<asio::ip::address, int> per_address;  // connections open from capped addresses
   ServerStats stats;
   uint16_t port = 0;
   std::unique_ptr<TlsCertificates> tls;  // HTTPS when set
@@ -218,8 +220,13 @@ struct Server::Impl {
   }
 
   asio::awaitable<void> Accept();
-  asio::awaitable<void> Serve(tcp::socket socket);
-  asio::awaitable<void> ServeTls(tcp::socket socket);
+  asio::awaitable<void> Serve(tcp::socket socket, std::optional<asio::ip::address> counted);
+  asio::awaitable<void> ServeTls(tcp::socket socket, std::optional<asio::ip::address> counted);
+  // Takes a connection slot for a new connection (and one of its address's, returned in
+  // `counted` when its address is capped); false when it must be refused.
+  bool Admit(const tcp::socket& socket, std::optional<asio::ip::address>& counted);
+  // Gives a connection's slots back.
+  void Release(const std::optional<asio::ip::address>& counted);
   // The request loop of one connection, plain (beast::tcp_stream) or TLS (beast::ssl_stream).
   template <class Stream>
   asio::awaitable<void> ServeRequests(Stream& stream);
@@ -254,7 +261,8 @@ asio::awaitable<void> Server::Impl::Accept() {
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
-    if (connections.load() >= options.max_connections) {
+    std::optional<asio::ip::address> counted;
+    if (!Admit(socket, counted)) {
       Count(&ServerStats::refused_connections);
       // A best-effort answer that cannot block the acceptor, then close (a TLS client could not
       // read a plain answer: it is only closed).
@@ -265,16 +273,44 @@ asio::awaitable<void> Server::Impl::Accept() {
       socket.close(ec);
       continue;
     }
-    ++connections;
     if (tls) {
-      asio::co_spawn(io, ServeTls(std::move(socket)), asio::detached);
+      asio::co_spawn(io, ServeTls(std::move(socket), counted), asio::detached);
     } else {
-      asio::co_spawn(io, Serve(std::move(socket)), asio::detached);
+      asio::co_spawn(io, Serve(std::move(socket), counted), asio::detached);
     }
   }
 }
 
-asio::awaitable<void> Server::Impl::Serve(tcp::socket socket) {
+bool Server::Impl::Admit(const tcp::socket& socket, std::optional<asio::ip::address>& counted) {
+  if (connections.load() >= options.max_connections) return false;
+  if (options.max_connections_per_address > 0) {
+    beast::error_code ec;
+    const auto remote = socket.remote_endpoint(ec);
+    if (ec) return false;  // already gone
+    const asio::ip::address address = remote.address();
+    if (options.cap_loopback || !address.is_loopback()) {
+      std::lock_guard lock(mu);
+      int& open = per_address[address];
+      if (open >= options.max_connections_per_address) return false;
+      ++open;
+      counted = address;
+    }
+  }
+  ++connections;
+  return true;
+}
+
+void Server::Impl::Release(const std::optional<asio::ip::address>& counted) {
+  if (counted) {
+    std::lock_guard lock(mu);
+    auto it = per_address.find(*counted);
+    if (it != per_address.end() && --it->second <= 0) per_address.erase(it);
+  }
+  --connections;
+}
+
+asio::awaitable<void> Server::Impl::Serve(tcp::socket socket,
+                                          std::optional<asio::ip::address> counted) {
   beast::tcp_stream stream(std::move(socket));
   Track(stream.socket(), true);
   co_await ServeRequests(stream);
@@ -282,10 +318,11 @@ asio::awaitable<void> Server::Impl::Serve(tcp::socket socket) {
   beast::error_code ec;
   stream.socket().shutdown(tcp::socket::shutdown_both, ec);
   stream.close();
-  --connections;
+  Release(counted);
 }
 
-asio::awaitable<void> Server::Impl::ServeTls(tcp::socket socket) {
+asio::awaitable<void> Server::Impl::ServeTls(tcp::socket socket,
+                                             std::optional<asio::ip::address> counted) {
   // The connection keeps the context it began with when a renewed certificate replaces it.
   const std::shared_ptr<asio::ssl::context> context = tls->Current();
   beast::ssl_stream<beast::tcp_stream> stream(std::move(socket), *context);
@@ -308,7 +345,7 @@ asio::awaitable<void> Server::Impl::ServeTls(tcp::socket socket) {
   Track(raw, false);
   raw.shutdown(tcp::socket::shutdown_both, ec);
   beast::get_lowest_layer(stream).close();
-  --connections;
+  Release(counted);
 }
 
 template <class Stream>
@@ -525,8 +562,11 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() { Stop(); }
 
 Result<std::unique_ptr<Server>> Server::Start(ServerOptions options, Router router) {
-  if (options.max_concurrent_requests < 1 || options.max_connections < 1) {
-    return InvalidArgument("max_concurrent_requests and max_connections must be at least 1");
+  if (options.max_concurrent_requests < 1 || options.max_connections < 1 ||
+      options.max_connections_per_address < 0) {
+    return InvalidArgument(
+        "max_concurrent_requests and max_connections must be at least 1, and "
+        "max_connections_per_address at least 0");
   }
   if (options.tls_certificate.empty() != options.tls_private_key.empty()) {
     return InvalidArgument(options.tls_certificate.empty()

@@ -121,13 +121,19 @@ struct ServerOptions {
   std::filesystem::path tls_private_key = {};
   // For a TLS client to complete its handshake (a client that stalls holds a connection slot).
   std::chrono::milliseconds handshake_timeout{10'000};
+  // Connections open at once from one IP address, so that one client cannot hold every slot;
+  // more from it are refused at accept. Loopback clients (a TLS proxy in front) are not counted
+  // unless cap_loopback. 0: no cap.
+  int max_connections_per_address = 32;
+  bool cap_loopback = false;
 };
 
 struct ServerStats {
   int64_t requests = 0;                // parsed and routed
   int64_t bad_requests = 0;            // malformed or over a size bound
   int64_t busy = 0;                    // refused with 503: max_concurrent_requests were running
-  int64_t refused_connections = 0;     // closed at accept: max_connections were open
+  int64_t refused_connections = 0;     // closed at accept: max_connections were open, or
+                                       // max_connections_per_address from that address
   int64_t cancelled_streams = 0;       // streams cut: the client went away or a deadline passed
   int64_t tls_handshake_failures = 0;  // TLS connections closed before a request: plain HTTP,
                                        // a stalled or failed handshake

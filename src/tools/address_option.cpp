@@ -1,6 +1,7 @@
 // The address options every command of the CLI shares (see commands.h): multiaddrs, --announce,
-// and the HTTP servers' --http, --tls-cert and --tls-key.
+// and the HTTP servers' --http, --tls-cert, --tls-key and --max-connections-per-address.
 #include "core/multiaddr.h"
+#include "http/server.h"
 #include "tools/commands.h"
 
 namespace colony::cli {
@@ -53,14 +54,25 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text) 
   return std::pair{host, static_cast<uint16_t>(port)};
 }
 
-void AddTlsOptions(CLI::App* cmd, TlsArgs& tls) {
-  auto* cert = cmd->add_option("--tls-cert", tls.certificate,
+void AddHttpServeOptions(CLI::App* cmd, HttpServeArgs& args) {
+  auto* cert = cmd->add_option("--tls-cert", args.certificate,
                                "serve HTTPS with this PEM certificate chain (the server's "
                                "certificate first); a renewed file is served to new connections "
                                "within a second");
-  auto* key = cmd->add_option("--tls-key", tls.key, "the PEM private key of --tls-cert");
+  auto* key = cmd->add_option("--tls-key", args.key, "the PEM private key of --tls-cert");
   cert->needs(key);
   key->needs(cert);
+  cmd->add_option("--max-connections-per-address", args.max_connections_per_address,
+                  "HTTP connections one IP address may hold open at once (more are refused; "
+                  "loopback, e.g. a proxy in front, is not limited; 0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65536));
+}
+
+void HttpServeArgs::ApplyTo(http::ServerOptions& options) const {
+  options.tls_certificate = certificate;
+  options.tls_private_key = key;
+  options.max_connections_per_address = max_connections_per_address;
 }
 
 bool IsLoopbackHost(const std::string& host) {

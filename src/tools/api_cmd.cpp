@@ -28,7 +28,7 @@ struct ApiArgs {
   double request_timeout = 600;
   std::string api_keys;
   double requests_per_minute = 0;
-  TlsArgs tls;
+  HttpServeArgs serving;
 };
 
 int RunApi(const ApiArgs& a) {
@@ -95,11 +95,10 @@ int RunApi(const ApiArgs& a) {
                                    .max_body_bytes = a.max_body_bytes,
                                    .max_concurrent_requests = a.max_concurrent,
                                    .max_connections = a.max_connections,
-                                   .request_timeout = SecondsToMillis(a.request_timeout),
-                                   .tls_certificate = a.tls.certificate,
-                                   .tls_private_key = a.tls.key};
+                                   .request_timeout = SecondsToMillis(a.request_timeout)};
+  a.serving.ApplyTo(http_options);
   auto server = http::Server::Start(http_options, service.Routes());
-  if (!server.ok()) return Fail(server.status().WithContext(a.tls.OptionNames()));
+  if (!server.ok()) return Fail(server.status().WithContext(a.serving.OptionNames()));
   const std::string url = (*server)->BaseUrl() + "/v1";
   std::printf("%s\n", url.c_str());
   std::fflush(stdout);
@@ -110,7 +109,7 @@ int RunApi(const ApiArgs& a) {
   const auto stats = (*server)->stats();
   COLONY_LOG_INFO("api: {} requests, {} bad, {} refused as busy, {} streams cut{}", stats.requests,
                   stats.bad_requests, stats.busy, stats.cancelled_streams,
-                  a.tls.enabled()
+                  a.serving.tls()
                       ? fmt::format(", {} failed TLS handshakes", stats.tls_handshake_failures)
                       : "");
   if (options.gate) {
@@ -136,7 +135,7 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
                   "host:port to listen on (default 127.0.0.1:8000: loopback only; port 0 picks a "
                   "free one, printed on stdout)")
       ->capture_default_str();
-  AddTlsOptions(cmd, a->tls);
+  AddHttpServeOptions(cmd, a->serving);
   cmd->add_option("--model-id", a->model_id,
                   "the model's id in the API (default: its name in the DHT)");
   cmd->add_option("--chat-template", a->chat_template,

@@ -219,7 +219,7 @@ void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comman
     std::string key, members, http = "127.0.0.1:8780", ttl = "1h";
     size_t max_peers = 8;
     double requests_per_minute = 60;
-    TlsArgs tls;
+    HttpServeArgs serving;
   };
   auto sa = std::make_shared<ServeArgs>();
   auto* serve = authority->add_subcommand(
@@ -236,7 +236,7 @@ void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comman
                    "free one, printed on stdout); beyond loopback give --tls-cert and --tls-key "
                    "or put a TLS proxy in front, since members send their keys")
       ->capture_default_str();
-  AddTlsOptions(serve, sa->tls);
+  AddHttpServeOptions(serve, sa->serving);
   serve->add_option("--ttl", sa->ttl, "how long each token is valid: 90s, 30m, 24h, 7d")
       ->capture_default_str();
   serve
@@ -266,7 +266,7 @@ void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comman
                                          .max_peers_per_member = sa->max_peers,
                                          .requests_per_minute = sa->requests_per_minute});
     if (!service.ok()) return Fail(service.status());
-    if (!IsLoopbackHost(where->first) && !sa->tls.enabled()) {
+    if (!IsLoopbackHost(where->first) && !sa->serving.tls()) {
       COLONY_LOG_WARN(
           "authority: serving on {} over plain HTTP: members' keys cross the network in the "
           "clear; give --tls-cert and --tls-key, or put a TLS proxy in front and listen on "
@@ -276,12 +276,10 @@ void AddAuthorityCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Comman
     BlockTerminationSignals();
     // Removing a member's line revokes its key within a second, without a restart.
     authority::MembersWatcher watcher(*service, sa->members, std::chrono::seconds(1));
-    auto server = http::Server::Start({.host = where->first,
-                                       .port = where->second,
-                                       .tls_certificate = sa->tls.certificate,
-                                       .tls_private_key = sa->tls.key},
-                                      (*service)->Routes());
-    if (!server.ok()) return Fail(server.status().WithContext(sa->tls.OptionNames()));
+    http::ServerOptions http_options{.host = where->first, .port = where->second};
+    sa->serving.ApplyTo(http_options);
+    auto server = http::Server::Start(http_options, (*service)->Routes());
+    if (!server.ok()) return Fail(server.status().WithContext(sa->serving.OptionNames()));
     const std::string url = (*server)->BaseUrl() + "/v1";
     std::printf("%s\n", url.c_str());
     std::fflush(stdout);

@@ -10,6 +10,10 @@
 #include "core/multiaddr.h"
 #include "core/status.h"
 
+namespace colony::http {
+struct ServerOptions;
+}  // namespace colony::http
+
 namespace colony::cli {
 
 using Command = std::function<int()>;
@@ -51,14 +55,17 @@ Result<std::vector<Multiaddr>> ParseAnnounce(const std::vector<std::string>& ann
 // brackets; port 0: any free port). Errors name the option.
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text);
 
-// Their --tls-cert and --tls-key options (HTTPS; http::ServerOptions::tls_certificate).
-struct TlsArgs {
+// Their --tls-cert, --tls-key (HTTPS) and --max-connections-per-address options.
+struct HttpServeArgs {
   std::string certificate, key;
-  bool enabled() const { return !certificate.empty(); }
+  int max_connections_per_address = 32;
+  bool tls() const { return !certificate.empty(); }
   // The options to name in an error of the server's start.
-  std::string OptionNames() const { return enabled() ? "--http/--tls-cert/--tls-key" : "--http"; }
+  std::string OptionNames() const { return tls() ? "--http/--tls-cert/--tls-key" : "--http"; }
+  // Sets these options' fields of an http::ServerOptions.
+  void ApplyTo(http::ServerOptions& options) const;
 };
-void AddTlsOptions(CLI::App* cmd, TlsArgs& tls);
+void AddHttpServeOptions(CLI::App* cmd, HttpServeArgs& args);
 // Whether a --http host is loopback (the commands warn when they expose keys beyond it).
 bool IsLoopbackHost(const std::string& host);
 

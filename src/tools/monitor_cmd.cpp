@@ -25,7 +25,7 @@ struct MonitorArgs {
   int max_concurrent = 16;
   int max_connections = 256;
   AccessArgs access;
-  TlsArgs tls;
+  HttpServeArgs serving;
 };
 
 int RunMonitor(const MonitorArgs& a) {
@@ -48,16 +48,15 @@ int RunMonitor(const MonitorArgs& a) {
       **node,
       {.refresh = SecondsToMillis(a.refresh), .ping_timeout = SecondsToMillis(a.ping_timeout)});
   if (!collector.ok()) return Fail(collector.status());
-  auto server = http::Server::Start({.host = where->first,
-                                     .port = where->second,
-                                     .max_body_bytes = 4096,
-                                     .max_concurrent_requests = a.max_concurrent,
-                                     .max_connections = a.max_connections,
-                                     .request_timeout = std::chrono::seconds(30),
-                                     .tls_certificate = a.tls.certificate,
-                                     .tls_private_key = a.tls.key},
-                                    monitor::MonitorRoutes(**collector));
-  if (!server.ok()) return Fail(server.status().WithContext(a.tls.OptionNames()));
+  http::ServerOptions http_options{.host = where->first,
+                                   .port = where->second,
+                                   .max_body_bytes = 4096,
+                                   .max_concurrent_requests = a.max_concurrent,
+                                   .max_connections = a.max_connections,
+                                   .request_timeout = std::chrono::seconds(30)};
+  a.serving.ApplyTo(http_options);
+  auto server = http::Server::Start(http_options, monitor::MonitorRoutes(**collector));
+  if (!server.ok()) return Fail(server.status().WithContext(a.serving.OptionNames()));
   const std::string url = (*server)->BaseUrl() + "/";
   std::printf("%s\n", url.c_str());
   std::fflush(stdout);
@@ -86,7 +85,7 @@ void AddMonitorCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
                   "host:port to listen on (default 127.0.0.1:8080: loopback only; port 0 picks a "
                   "free one, printed on stdout)")
       ->capture_default_str();
-  AddTlsOptions(cmd, a->tls);
+  AddHttpServeOptions(cmd, a->serving);
   cmd->add_option("--refresh", a->refresh, "seconds between two reads of the swarm's records")
       ->capture_default_str()
       ->check(CLI::Range(0.2, 3600.0));

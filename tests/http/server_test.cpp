@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -255,6 +256,42 @@ TEST(HttpServer, ConnectionsOverTheLimitAreRefused) {
   idle1.Close();
   idle2.Close();
   EXPECT_TRUE(test::WaitUntil([&] { return StatusOf(Fetch(port, "GET", "/hello")) == 200; }, 10s));
+}
+
+// One address holds at most max_connections_per_address connections: idle connections from it
+// cannot take every slot, a connection over its share is refused at accept (503), and a slot it
+// gives back is its own again. Loopback is counted here (cap_loopback) since the test's clients
+// are on it; by default a proxy on loopback is not.
+TEST(HttpServer, OneAddressCannotHoldEveryConnectionSlot) {
+  auto server = Server::Start(
+      {.max_connections = 8, .max_connections_per_address = 2, .cap_loopback = true}, EchoRouter());
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const uint16_t port = (*server)->port();
+  auto first = std::make_unique<RawClient>(port);
+  RawClient second(port);
+  ASSERT_TRUE(first->connected() && second.connected());
+  // The acceptor takes connections in the order they came: these two first, then the third.
+  const std::string refused = Fetch(port, "GET", "/hello");
+  EXPECT_EQ(StatusOf(refused), 503) << refused;
+  EXPECT_EQ((*server)->stats().refused_connections, 1);
+  first.reset();  // gives its slot back
+  std::string served;
+  ASSERT_TRUE(test::WaitUntil(
+      [&] {
+        served = Fetch(port, "GET", "/hello");
+        return StatusOf(served) == 200;
+      },
+      10s))
+      << served;
+
+  // Without cap_loopback, loopback clients (a proxy in front) share no per-address cap.
+  auto proxied =
+      Server::Start({.max_connections = 8, .max_connections_per_address = 1}, EchoRouter());
+  ASSERT_TRUE(proxied.ok());
+  RawClient held((*proxied)->port());
+  ASSERT_TRUE(held.connected());
+  EXPECT_EQ(StatusOf(Fetch((*proxied)->port(), "GET", "/hello")), 200);
+  EXPECT_EQ((*proxied)->stats().refused_connections, 0);
 }
 
 TEST(HttpServer, StreamsChunksInOrderAndStopsTheHandlerWhenTheClientLeaves) {
