@@ -266,7 +266,12 @@ class Host {
       std::chrono::steady_clock::time_point wait_until);
   HandshakeOptions MakeHandshakeOptions(Role role, std::optional<PeerId> expected,
                                         const std::string& observed) const;
-  void AddConnection(const std::shared_ptr<Connection>& conn, size_t lane);
+  // Pools `conn` on `lane` and returns the connection that new streams on that lane use: `conn`
+  // itself, or, when this peer and `conn`'s dialed each other at once, the one both ends keep
+  // (see KeptOfSimultaneous).
+  std::shared_ptr<Connection> AddConnection(const std::shared_ptr<Connection>& conn, size_t lane);
+  // Of two direct connections to one peer, the one dialed by the peer with the smaller id.
+  bool KeptOfSimultaneous(const Connection& candidate, const Connection& held) const;
   void OnConnectionClosed(Connection* conn);
   StreamHandler LookupHandler(const std::string& method) const;
   asio::awaitable<Result<Message>> ServeDialback(CallContext& ctx, Message request);

@@ -398,6 +398,55 @@ TEST(Rpc, LanesOpenSeparateConnections) {
   EXPECT_EQ(client->connection_count(), 3u);
 }
 
+// Two peers that dial each other at the same moment hold two connections. Both must open their
+// streams on the same one, the one dialed by the smaller peer id; otherwise each direction of the
+// pair's traffic takes its own TCP flow, and the flows compete (docs/benchmarks.md, "wan").
+TEST(Rpc, PeersThatDialEachOtherAtOnceUseOneConnection) {
+  int simultaneous = 0;
+  for (int trial = 0; trial < 50 && simultaneous < 5; ++trial) {
+    auto a = StartHost();
+    auto b = StartHost();
+    auto from_a = asio::co_spawn(a->io_context(), a->Connect(AddressOf(*b)), asio::use_future);
+    auto from_b = asio::co_spawn(b->io_context(), b->Connect(AddressOf(*a)), asio::use_future);
+    ASSERT_EQ(from_a.wait_for(20s), std::future_status::ready);
+    ASSERT_EQ(from_b.wait_for(20s), std::future_status::ready);
+    ASSERT_TRUE(from_a.get().ok());
+    ASSERT_TRUE(from_b.get().ok());
+    // Both dialed (the other's dial had not reached it yet) once each holds a second connection.
+    const auto deadline = std::chrono::steady_clock::now() + 1s;
+    auto both_pooled = [&] {
+      return a->FindConnection(b->peer_id(), 1) && b->FindConnection(a->peer_id(), 1);
+    };
+    while (!both_pooled() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+    if (!both_pooled()) continue;
+    ++simultaneous;
+    auto at_a = a->FindConnection(b->peer_id());
+    auto at_b = b->FindConnection(a->peer_id());
+    ASSERT_TRUE(at_a && at_b);
+    // One TCP connection has opposite roles at its two ends.
+    EXPECT_NE(at_a->role(), at_b->role()) << "trial " << trial << ": new streams use two flows";
+    const bool a_dialed_it = at_a->role() == Role::kInitiator;
+    EXPECT_EQ(a_dialed_it, a->peer_id() < b->peer_id()) << "trial " << trial;
+    // A call each way goes over it: each sees the other where that connection comes from.
+    for (Host* h : {a.get(), b.get()}) {
+      h->RegisterUnary("where", [](CallContext& ctx, Message) -> asio::awaitable<Result<Message>> {
+        co_return Message(ctx.remote_address().ToString());
+      });
+    }
+    auto b_as_a_sees_it = b->CallSync(AddressOf(*a), "where", Message());
+    auto a_as_b_sees_it = a->CallSync(AddressOf(*b), "where", Message());
+    ASSERT_TRUE(b_as_a_sees_it.ok() && a_as_b_sees_it.ok());
+    const auto bare = [](const std::string& text) {
+      return Multiaddr::Parse(text)->WithoutPeerId().ToString();
+    };
+    EXPECT_EQ(bare(b_as_a_sees_it->meta), at_a->remote_address().WithoutPeerId().ToString());
+    EXPECT_EQ(bare(a_as_b_sees_it->meta), at_b->remote_address().WithoutPeerId().ToString());
+  }
+  EXPECT_GE(simultaneous, 5) << "the peers hardly ever dialed each other at once";
+}
+
 TEST(Rpc, ACallsTimeoutBoundsTheDialBeforeIt) {
   SilentListener silent;
   HostOptions options = testing::LoopbackOptions();
