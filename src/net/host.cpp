@@ -335,20 +335,8 @@ Host::AccessRefusals Host::access_refusals() const {
   return refusals_;
 }
 
-// Two peers that dial each other at the same moment (both start an all-reduce, say) end up with
-// two connections, one dialed by each. Were each end to keep the one it completed first, each
-// would open its streams on a different one: two TCP flows per pair, each carrying one
-// direction's share, which compete for the same links and end at different times. On a 50 ms,
-// 25 Mbit/s lab the all-reduce of 8 peers was 5% slower than the same bytes over one flow per pair
-// (docs/benchmarks.md, "wan"). Both ends see both connections and keep the same one for new
-// streams: the one dialed by the smaller peer id. The other stays pooled on a free lane, so that
-// the streams it carries finish, and leaves with the idle timeout.
-bool Host::KeptOfSimultaneous(const Connection& candidate, const Connection& held) const {
-  if (candidate.remote_address().is_relayed() || held.remote_address().is_relayed()) return false;
-  const auto dialer = [this](const Connection& c) -> const PeerId& {
-    return c.role() == Role::kInitiator ? peer_id() : c.peer();
-  };
-  return dialer(candidate) < dialer(held);
+const PeerId& Host::DialedBy(const Connection& conn) const {
+  return conn.role() == Role::kInitiator ? peer_id() : conn.peer();
 }
 
 std::shared_ptr<Connection> Host::AddConnection(const std::shared_ptr<Connection>& conn,
@@ -362,35 +350,38 @@ std::shared_ptr<Connection> Host::AddConnection(const std::shared_ptr<Connection
   if (!conn->observed_by_peer().empty()) observed_.Add(conn->observed_by_peer(), conn->peer());
   auto& lanes = pool_[conn->peer()];
   if (lane >= lanes.size()) lanes.resize(lane + 1);
-  auto free_lane = [&lanes]() {
-    auto free =
-        std::find_if(lanes.begin(), lanes.end(), [](const auto& c) { return !c || c->closing(); });
-    if (free != lanes.end()) return free;
-    lanes.emplace_back();
-    return lanes.end() - 1;
-  };
   if (!lanes[lane] || lanes[lane]->closing()) {
     lanes[lane] = conn;
-  } else if (lanes[lane]->remote_address().is_relayed() && !conn->remote_address().is_relayed()) {
+    return conn;
+  }
+  if (lanes[lane]->remote_address().is_relayed() && !conn->remote_address().is_relayed()) {
     // A direct connection (a hole punched) replaces a relayed one for new streams; the relayed
     // one leaves the pool and closes when its streams are done.
     lanes[lane]->Retire("replaced by a direct connection", std::chrono::seconds(2));
     lanes[lane] = conn;
-  } else if (KeptOfSimultaneous(*conn, *lanes[lane])) {
-    std::shared_ptr<Connection> held = std::move(lanes[lane]);
-    lanes[lane] = conn;
-    *free_lane() = std::move(held);
-  } else {
-    // Lane taken by a concurrent dial or accept: keep this one in the first free lane. A
-    // simultaneous open leaves the held one in charge (see KeptOfSimultaneous).
-    const bool simultaneous = !conn->remote_address().is_relayed() &&
-                              !lanes[lane]->remote_address().is_relayed() &&
-                              conn->role() != lanes[lane]->role();
-    std::shared_ptr<Connection> kept = lanes[lane];
-    *free_lane() = conn;
-    if (simultaneous) return kept;
+    return conn;
   }
-  return conn;
+  // Lane taken by a concurrent dial or accept: one of the two moves to the first free lane.
+  // When this peer and the other dialed each other at the same moment (both start an
+  // all-reduce, say), each end would otherwise keep the one it completed first and open its
+  // streams on a different one: two TCP flows per pair, each carrying one direction's share,
+  // which compete for the same links and end at different times (8 peers averaging over a 50 ms,
+  // 25 Mbit/s lab were 5% slower than over one flow per pair; docs/benchmarks.md, "wan"). Both
+  // ends see both connections and keep the one dialed by the smaller peer id; the other finishes
+  // the streams it carries and leaves with the idle timeout.
+  std::shared_ptr<Connection> kept = lanes[lane];
+  std::shared_ptr<Connection> spare = conn;
+  const bool simultaneous = !conn->remote_address().is_relayed() &&
+                            !kept->remote_address().is_relayed() && conn->role() != kept->role();
+  if (simultaneous && DialedBy(*conn) < DialedBy(*kept)) std::swap(kept, spare);
+  lanes[lane] = kept;
+  auto free =
+      std::find_if(lanes.begin(), lanes.end(), [](const auto& c) { return !c || c->closing(); });
+  if (free != lanes.end())
+    *free = std::move(spare);
+  else
+    lanes.push_back(std::move(spare));
+  return simultaneous ? kept : conn;
 }
 
 void Host::OnConnectionClosed(Connection* conn) {

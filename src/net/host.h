@@ -268,10 +268,10 @@ class Host {
                                         const std::string& observed) const;
   // Pools `conn` on `lane` and returns the connection that new streams on that lane use: `conn`
   // itself, or, when this peer and `conn`'s dialed each other at once, the one both ends keep
-  // (see KeptOfSimultaneous).
+  // (the one the smaller peer id dialed).
   std::shared_ptr<Connection> AddConnection(const std::shared_ptr<Connection>& conn, size_t lane);
-  // Of two direct connections to one peer, the one dialed by the peer with the smaller id.
-  bool KeptOfSimultaneous(const Connection& candidate, const Connection& held) const;
+  // The peer that dialed `conn`: this one or the other.
+  const PeerId& DialedBy(const Connection& conn) const;
   void OnConnectionClosed(Connection* conn);
   StreamHandler LookupHandler(const std::string& method) const;
   asio::awaitable<Result<Message>> ServeDialback(CallContext& ctx, Message request);
