@@ -368,6 +368,7 @@ ColonyRun RunColony(Config& c, int n, const std::string& codec, int rounds, doub
                                   codec,
                                   "--start-at",
                                   start_at,
+                                  "--output-last-round-only",
                                   "--output",
                                   peer.output_path};
     args.insert(args.end(), extra.begin(), extra.end());

@@ -512,6 +512,7 @@ Measure RunColony(const Config& c, const Lab& lab, const std::string& bootstrap,
                                              std::to_string(c.part_size_kib),
                                              "--start-at",
                                              Fixed(start_at),
+                                             "--output-last-round-only",
                                              "--output",
                                              peer.output_path}),
                                peer.err_path);

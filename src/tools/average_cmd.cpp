@@ -56,6 +56,7 @@ struct AverageArgs {
   bool start_on_signal = false;
   std::string gather;
   std::string output;
+  bool output_last_round_only = false;
   std::string fault = "none";
   std::string garbage;
   double share_state = -1;
@@ -265,7 +266,7 @@ int Run(const AverageArgs& a) {
       j["error"] = result.status().ToString();
     }
     // The values are written before the round is reported, so a reader of the report finds them.
-    if (!a.output.empty()) {
+    if (!a.output.empty() && (!a.output_last_round_only || r + 1 == a.rounds)) {
       std::ofstream out(a.output, std::ios::binary | std::ios::trunc);
       for (const auto& t : storage) {
         out.write(reinterpret_cast<const char*>(t.data()),
@@ -358,7 +359,13 @@ void AddAverageCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>
                 "starts many peers starts their rounds together, however slowly each started)")
       ->excludes(start_at);
   cmd->add_option("--gather", a->gather, "metadata sent to the group (default: the peer id)");
-  cmd->add_option("--output", a->output, "write the averaged values (raw float32) to this file");
+  auto* output = cmd->add_option("--output", a->output,
+                                 "after each round, write the averaged values (raw float32) to "
+                                 "this file");
+  cmd->add_flag("--output-last-round-only", a->output_last_round_only,
+                "write --output after the last round only (benchmarks: no file writes while "
+                "other peers still finish a round)")
+      ->needs(output);
   cmd->add_option("--inject-fault", a->fault,
                   "tests: kill-before-sending, kill-while-sending, stop-while-sending, "
                   "kill-while-reducing, stop-while-reducing, cancel-while-sending");

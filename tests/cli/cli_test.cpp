@@ -275,6 +275,8 @@ TEST_F(CliTest, UsageErrorsAreOneLineWithExitCodeTwo) {
       {{"average", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--values", "1", "--start-on-signal",
         "--start-at", "1"},
        "--start-at excludes --start-on-signal"},
+      {{"average", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--output-last-round-only"},
+       "--output-last-round-only requires --output"},
       {{"train", "--target-group-size", "1"}, "--target-group-size"},
   };
   for (const auto& c : cases) {
