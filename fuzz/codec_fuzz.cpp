@@ -3,6 +3,8 @@
 //    agrees with it, and every codec that DecodesFinite() (all but none, fp16, bf16, scaled-fp16
 //    and topk, which carry values as they are) produces finite values; when it refuses one, it
 //    wrote nothing into its output. MaxAbsBound, when set, is finite and bounds every value.
+//    DecodeAddScaled accepts exactly what Decode accepts, adds exactly what Decode wrote, and
+//    leaves its sum unchanged when it refuses.
 //  - Encoding the input bytes read as floats, with a codec chosen by the first byte, always decodes
 //    again to the same number of values; finite inputs stay finite.
 #include <cmath>
@@ -42,6 +44,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // A count that differs from the output span is always refused.
     std::vector<float> wrong(out.size() + 1);
     if (Decode(in, wrong).ok()) __builtin_trap();
+    // The fused decode-and-add agrees with decoding first and adding after, bit for bit.
+    constexpr float kWeight = 0.75f;
+    std::vector<float> acc(out.size());
+    for (size_t i = 0; i < acc.size(); ++i) acc[i] = static_cast<float>(i % 7) - 3.0f;
+    const std::vector<float> before = acc;
+    const colony::Status added = DecodeAddScaled(in, acc, kWeight);
+    if (added.ok() != st.ok()) __builtin_trap();
+    for (size_t i = 0; i < acc.size(); ++i) {
+      const float expect = st.ok() ? before[i] + kWeight * out[i] : before[i];
+      if (std::memcmp(&acc[i], &expect, sizeof(float)) != 0 &&
+          !(std::isnan(acc[i]) && std::isnan(expect)))
+        __builtin_trap();
+    }
   }
 
   if (size == 0) return 0;

@@ -79,11 +79,17 @@ class AllReduceRun : public std::enable_shared_from_this<AllReduceRun> {
   // where they were checked.
   void Accumulate(uint32_t sender, size_t k, std::span<const float> values, float max_abs);
   // The same from a received raw float32 frame (no copy for the weighted mean).
+  void AccumulateRaw(uint32_t sender, size_t k, ByteSpan values, float max_abs);
+  // The same from a received encoded part whose codec decodes and adds in one pass
+  // (compression::DecodesAddInOnePass), for the weighted mean only (not with keep_inputs): no
+  // decoded copy, on the calling thread. Fails, leaving the sum as it was, on a malformed part.
+  Status AccumulateEncoded(uint32_t sender, size_t k, ByteSpan encoded, float max_abs);
+  // Counts sender's part k, of largest magnitude max_abs, as added to the weighted sum.
+  void CountContribution(uint32_t sender, size_t k, float max_abs);
   // Whether a part of largest magnitude max_abs at `weight` keeps the weighted sum of the
   // group's parts finite (a finite part can still overflow it, and a reducer whose output fails
   // its check drops the part for everyone, without knowing whom to blame).
   Status CheckSummable(float max_abs, double weight) const;
-  void AccumulateRaw(uint32_t sender, size_t k, ByteSpan values, float max_abs);
   // Keeps a sender's part k besides the sum, for CenteredClip and verification.
   void KeepInput(uint32_t sender, size_t k, std::vector<float> values, float max_abs);
   // The wire form of a part: a raw float32 tensor frame (codec none) or the encoded bytes.

@@ -145,6 +145,9 @@ struct AveragerOptions {
     // As a reducer, lists every member as a contributor of each result, those that sent it
     // nothing included (a contributor list its members must not believe).
     bool claim_everyone = false;
+    // As a sender, corrupts each encoded part it sends: its last byte becomes 0x80, a code the
+    // blockwise encoders never write (codec none: sent as it is).
+    bool corrupt_encoded_parts = false;
     // Computes its checks (phase 3) this much later: the last of its group to state them, it
     // holds everyone else's checks when it judges.
     std::chrono::milliseconds checks_delay{0};

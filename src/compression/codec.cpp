@@ -40,6 +40,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/simd.h"
@@ -334,12 +335,30 @@ COLONY_KERNEL void KFromBlockwise8(const uint8_t* __restrict q, size_t m, float 
 #pragma omp simd
   for (size_t j = 0; j < m; ++j) o[j] = FromCode8(q[j], step);
 }
+inline float FromCode4(unsigned nibble, float step) {
+  return SaturateFinite(static_cast<float>(static_cast<int>(nibble) - 8) * step);
+}
 COLONY_KERNEL void KFromBlockwise4(const uint8_t* __restrict q, size_t pairs, float step,
                                    float* __restrict o) {
 #pragma omp simd
   for (size_t j = 0; j < pairs; ++j) {
-    o[2 * j] = SaturateFinite(static_cast<float>((q[j] & 0xf) - 8) * step);
-    o[2 * j + 1] = SaturateFinite(static_cast<float>((q[j] >> 4) - 8) * step);
+    o[2 * j] = FromCode4(q[j] & 0xfu, step);
+    o[2 * j + 1] = FromCode4(q[j] >> 4, step);
+  }
+}
+// The decoders above fused with a weighted sum: a += w * (the value the decoder writes), the
+// same IEEE operations in the same order as decoding first and adding after.
+COLONY_KERNEL void KAddFromBlockwise8(const uint8_t* __restrict q, size_t m, float step, float w,
+                                      float* __restrict a) {
+#pragma omp simd
+  for (size_t j = 0; j < m; ++j) a[j] += w * FromCode8(q[j], step);
+}
+COLONY_KERNEL void KAddFromBlockwise4(const uint8_t* __restrict q, size_t pairs, float step,
+                                      float w, float* __restrict a) {
+#pragma omp simd
+  for (size_t j = 0; j < pairs; ++j) {
+    a[2 * j] += w * FromCode4(q[j] & 0xfu, step);
+    a[2 * j + 1] += w * FromCode4(q[j] >> 4, step);
   }
 }
 // Codes the encoders never write, found before anything is decoded. Non-zero when one of the
@@ -781,7 +800,9 @@ Status ReadScales(std::string_view codec, const uint8_t* src, size_t blocks,
   return Status::Ok();
 }
 
-Status DecodeBlockwise(Codec codec, ByteReader& r, std::span<float> out, int max_threads) {
+// Writes the decoded values to `out`, or with `add_weight` adds add_weight * each to it.
+Status DecodeBlockwise(Codec codec, ByteReader& r, std::span<float> out, int max_threads,
+                       std::optional<float> add_weight = std::nullopt) {
   const bool four = codec == Codec::kBlockwise4;
   const std::string_view name = CodecName(codec);
   const uint32_t bs = r.U32();
@@ -818,24 +839,36 @@ Status DecodeBlockwise(Codec codec, ByteReader& r, std::span<float> out, int max
     return Malformed(fmt::format("{} padding nibble is {}, expected 0", name, codes[n / 2] >> 4));
 
   const size_t per_chunk = four ? Blockwise4BlocksPerChunk(bs) : std::max<size_t>(1, kChunk / bs);
+  const bool add = add_weight.has_value();
+  const float w = add_weight.value_or(0.0f);
   ForChunks(blocks, per_chunk, n, max_threads, [&](size_t, size_t b, size_t e) {
     float* o = out.data();
+    auto put = [&](size_t i, float v) { o[i] = add ? o[i] + w * v : v; };
     for (size_t blk = b; blk < e; ++blk) {
       size_t i = blk * bs;
       const size_t end = std::min<size_t>(n, i + bs);
       if (!four) {
-        KFromBlockwise8(codes + i, end - i, scales[blk] / 127.0f, o + i);
+        const float step = scales[blk] / 127.0f;
+        if (add) {
+          KAddFromBlockwise8(codes + i, end - i, step, w, o + i);
+        } else {
+          KFromBlockwise8(codes + i, end - i, step, o + i);
+        }
         continue;
       }
       const float step = scales[blk] / 7.0f;
       if (i & 1) {
-        o[i] = SaturateFinite(static_cast<float>((codes[i / 2] >> 4) - 8) * step);
+        put(i, FromCode4(codes[i / 2] >> 4, step));
         ++i;
       }
       const size_t pairs = (end - i) / 2;
-      KFromBlockwise4(codes + i / 2, pairs, step, o + i);
+      if (add) {
+        KAddFromBlockwise4(codes + i / 2, pairs, step, w, o + i);
+      } else {
+        KFromBlockwise4(codes + i / 2, pairs, step, o + i);
+      }
       i += 2 * pairs;
-      if (i < end) o[i] = SaturateFinite(static_cast<float>((codes[i / 2] & 0xf) - 8) * step);
+      if (i < end) put(i, FromCode4(codes[i / 2] & 0xfu, step));
     }
   });
   return Status::Ok();
@@ -1080,6 +1113,25 @@ std::optional<float> MaxAbsBound(ByteSpan encoded) {
   // monotonic, so the largest scale's product with `levels` bounds them all, exactly as computed
   // (it may round above the scale itself, by far for a subnormal one).
   return SaturateFinite(most / levels * levels);
+}
+
+bool DecodesAddInOnePass(Codec codec) {
+  return codec == Codec::kBlockwise8 || codec == Codec::kBlockwise4;
+}
+
+Status DecodeAddScaled(ByteSpan encoded, std::span<float> acc, float w) {
+  ByteReader r(encoded);
+  COLONY_ASSIGN_OR_RETURN(Header h, ReadHeader(r));
+  if (h.count != acc.size()) {
+    return InvalidArgument(fmt::format("{} encoding holds {} values, but the sum has {}",
+                                       CodecName(h.codec), h.count, acc.size()));
+  }
+  if (DecodesAddInOnePass(h.codec)) return DecodeBlockwise(h.codec, r, acc, 1, w);
+  const auto values = std::make_unique_for_overwrite<float[]>(acc.size());
+  const std::span<float> decoded(values.get(), acc.size());  // Decode writes every value
+  COLONY_RETURN_IF_ERROR(Decode(encoded, decoded, 1));
+  for (size_t i = 0; i < acc.size(); ++i) acc[i] += w * decoded[i];
+  return Status::Ok();
 }
 
 Status Decode(ByteSpan encoded, std::span<float> out) { return Decode(encoded, out, 0); }

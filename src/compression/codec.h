@@ -89,6 +89,14 @@ Status Decode(ByteSpan encoded, std::span<float> out);
 // The same with a thread limit (see CodecOptions::max_threads).
 Status Decode(ByteSpan encoded, std::span<float> out, int max_threads);
 
+// Adds w * (each value Decode() would write) to `acc`, whose size must equal the encoded element
+// count: the same float operations as decoding into a buffer and adding it after, with the same
+// checks, all made before the first write (on error `acc` is unchanged). Runs on the calling
+// thread. Blockwise codecs decode and add in one pass (DecodesAddInOnePass); the others decode
+// into a buffer first.
+Status DecodeAddScaled(ByteSpan encoded, std::span<float> acc, float w);
+bool DecodesAddInOnePass(Codec codec);
+
 // An upper bound of |v| over the values a successful Decode() of `encoded` writes, read from the
 // block scales of the codecs that carry them (blockwise8, blockwise4: a decoded value is at most
 // its block's scale / levels * levels, computed as the decoder computes it) without touching the

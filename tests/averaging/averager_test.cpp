@@ -247,6 +247,60 @@ TEST(Averager, ValuesWhoseSumWouldOverflowAreExcludedAndTheRestAverageExactly) {
   ExpectHonestMembersAveragedWithoutPeer3(swarm, swarm.StepAll(), n);
 }
 
+// Blockwise parts are checked by their headers, scales and codes before a reducer adds them to
+// its sum, in one pass without a decoded copy: a sender whose parts carry a code the encoders
+// never write, or values whose weighted sum could overflow, is excluded before it touches the
+// sum, and the honest members' parts hold their mean (within blockwise8's quantization error).
+TEST(Averager, MalformedOrOverflowingBlockwisePartsAreExcluded) {
+  const size_t n = 10'000;
+  for (const bool corrupt : {true, false}) {
+    SCOPED_TRACE(corrupt ? "a code outside the codec's range" : "values near FLT_MAX");
+    Swarm swarm(n);
+    auto o = Options(4);
+    o.codec = compression::Codec::kBlockwise8;
+    for (uint64_t i = 0; i < 3; ++i) swarm.Add(i, o);
+    auto attacker = o;
+    attacker.testing.corrupt_encoded_parts = corrupt;
+    swarm.Add(3, attacker, corrupt ? std::nullopt : std::optional<float>(3e38f));
+    const auto results = swarm.StepAll();
+    std::vector<std::vector<float>> honest;
+    for (uint64_t i = 0; i < 3; ++i) honest.push_back(Synthetic(i, n));
+    const std::vector<float> own3 = Synthetic(3, n);
+    size_t averaged = 0;
+    for (size_t i = 0; i < 3; ++i) {
+      ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+      const auto& data = swarm.peers()[i]->data;
+      for (const auto& part : results[i]->parts) {
+        const bool from_peer3 =
+            std::any_of(part.contributors.begin(), part.contributors.end(),
+                        [&](uint32_t c) { return results[i]->members[c].gathered == "peer3"; });
+        if (from_peer3) {
+          // Only the corrupting peer's own span, which it reduces with its own values unencoded
+          // (and honest) and the others' parts.
+          EXPECT_TRUE(corrupt) << "peer " << i;
+          EXPECT_EQ(part.contributors.size(), 4u) << "peer " << i;
+        } else if (part.contributors.size() == 3) {
+          ++averaged;
+        } else {
+          continue;
+        }
+        const size_t members = part.contributors.size();
+        double err = 0, norm = 0;
+        for (uint64_t k = part.begin; k < part.end; ++k) {
+          double mean = 0;
+          for (size_t m = 0; m < members; ++m) mean += (m < 3 ? honest[m] : own3)[k];
+          mean /= static_cast<double>(members);
+          err += (data[k] - mean) * (data[k] - mean);
+          norm += mean * mean;
+        }
+        EXPECT_LT(std::sqrt(err / norm), 0.01) << "peer " << i << " part " << part.begin;
+      }
+      for (size_t k = 0; k < n; ++k) ASSERT_TRUE(std::isfinite(data[k])) << "peer " << i;
+    }
+    EXPECT_GE(averaged, 9u);
+  }
+}
+
 // A reducer's contributor list is checked against what its member knows: one that names a member
 // which sent it nothing (here a member of weight 0, which only takes results, and an aux peer) is
 // not believed, and that member keeps its own values for the span. The honest reducers' results

@@ -204,6 +204,61 @@ TEST(CodecRoundTrip, OddBlockSizes) {
   }
 }
 
+// A reducer adds blockwise parts to its sum in one pass (DecodeAddScaled). What it adds must be
+// what Decode() writes, scaled: the reference decodes into a buffer and adds in a plain loop.
+TEST(CodecAddScaled, EqualsDecodingThenAdding) {
+  for (Codec codec : kAll) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{18}, size_t{1001}, size_t{3 * 4096 + 5}}) {
+      for (uint32_t bs : {17u, 4096u}) {
+        SCOPED_TRACE(std::string(CodecName(codec)) + " n=" + std::to_string(n) +
+                     " block=" + std::to_string(bs));
+        CodecOptions o;
+        o.block_size = bs;
+        const auto x = Normal(n, 5 + n);
+        const Bytes enc = MustEncode(codec, x, o);
+        const std::vector<float> decoded = MustDecode(enc, n);
+        std::vector<float> acc = Normal(n, 99);
+        std::vector<float> expect = acc;
+        const float w = 0.3f;
+        for (size_t i = 0; i < n; ++i) expect[i] = expect[i] + w * decoded[i];
+        const Status st = DecodeAddScaled(enc, acc, w);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        EXPECT_EQ(0, std::memcmp(acc.data(), expect.data(), n * sizeof(float)));
+      }
+    }
+  }
+}
+
+TEST(CodecAddScaled, RefusesWhatDecodeRefusesAndLeavesTheSumAlone) {
+  const auto x = Normal(1001, 8);
+  for (Codec codec : {Codec::kBlockwise8, Codec::kBlockwise4, Codec::kUniform8}) {
+    SCOPED_TRACE(std::string(CodecName(codec)));
+    const Bytes good = MustEncode(codec, x);
+    std::vector<Bytes> bad = {Bytes(good.begin(), good.end() - 1), good};
+    bad[1].push_back(0);  // a trailing byte
+    if (codec != Codec::kUniform8) {
+      Bytes nan_scale = good;
+      const float nan = NAN;
+      std::memcpy(nan_scale.data() + 1 + 2 + 4, &nan, sizeof(nan));  // id, count 1001, block size
+      bad.push_back(nan_scale);
+    }
+    for (const Bytes& enc : bad) {
+      std::vector<float> out(x.size());
+      const Status decoded = Decode(enc, out);
+      ASSERT_FALSE(decoded.ok());
+      std::vector<float> acc = Normal(x.size(), 2);
+      const std::vector<float> before = acc;
+      const Status st = DecodeAddScaled(enc, acc, 1.0f);
+      ASSERT_FALSE(st.ok());
+      EXPECT_EQ(st.message(), decoded.message());
+      EXPECT_TRUE(acc == before) << "a refused part changed the sum";
+    }
+    std::vector<float> longer(x.size() + 1);
+    EXPECT_NE(DecodeAddScaled(good, longer, 1.0f).message().find("the sum has 1002"),
+              std::string::npos);
+  }
+}
+
 // The parallel path (inputs above 1M values) produces the same bytes as one thread.
 TEST(CodecRoundTrip, ThreadsDoNotChangeTheEncoding) {
   auto x = Normal(3 * (1 << 20) + 123, 11);
