@@ -326,14 +326,26 @@ COLONY_KERNEL void KBlockwise4(const float* __restrict p, size_t pairs, float pr
   for (size_t j = 0; j < pairs; ++j)
     q[j] = static_cast<uint8_t>(Code4(p[2 * j], pre, inv) | (Code4(p[2 * j + 1], pre, inv) << 4));
 }
-inline float FromCode8(uint8_t c, float step) {
-  const int v = static_cast<int>(c) - ((c & 0x80) << 1);  // two's complement int8
-  return SaturateFinite(static_cast<float>(v) * step);
-}
+inline float Code8(uint8_t c) { return static_cast<float>(static_cast<int8_t>(c)); }
+inline float FromCode8(uint8_t c, float step) { return SaturateFinite(Code8(c) * step); }
 COLONY_KERNEL void KFromBlockwise8(const uint8_t* __restrict q, size_t m, float step,
                                    float* __restrict o) {
 #pragma omp simd
   for (size_t j = 0; j < m; ++j) o[j] = FromCode8(q[j], step);
+}
+// Blocks whose largest value, 127 * step, is finite (every honest block): no product can
+// overflow (rounding is monotonic), so the clamp, half of the loop's instructions, is left out.
+// The same values as KFromBlockwise8 / KAddFromBlockwise8.
+inline bool Blockwise8Finite(float step) { return 127.0f * step <= FLT_MAX; }
+COLONY_KERNEL void KFromFiniteBlockwise8(const uint8_t* __restrict q, size_t m, float step,
+                                         float* __restrict o) {
+#pragma omp simd
+  for (size_t j = 0; j < m; ++j) o[j] = Code8(q[j]) * step;
+}
+COLONY_KERNEL void KAddFromFiniteBlockwise8(const uint8_t* __restrict q, size_t m, float step,
+                                            float w, float* __restrict a) {
+#pragma omp simd
+  for (size_t j = 0; j < m; ++j) a[j] += w * (Code8(q[j]) * step);
 }
 inline float FromCode4(unsigned nibble, float step) {
   return SaturateFinite(static_cast<float>(static_cast<int>(nibble) - 8) * step);
@@ -849,10 +861,12 @@ Status DecodeBlockwise(Codec codec, ByteReader& r, std::span<float> out, int max
       const size_t end = std::min<size_t>(n, i + bs);
       if (!four) {
         const float step = scales[blk] / 127.0f;
+        const bool finite = Blockwise8Finite(step);
         if (add) {
-          KAddFromBlockwise8(codes + i, end - i, step, w, o + i);
+          (finite ? KAddFromFiniteBlockwise8 : KAddFromBlockwise8)(codes + i, end - i, step, w,
+                                                                   o + i);
         } else {
-          KFromBlockwise8(codes + i, end - i, step, o + i);
+          (finite ? KFromFiniteBlockwise8 : KFromBlockwise8)(codes + i, end - i, step, o + i);
         }
         continue;
       }

@@ -667,6 +667,32 @@ TEST(CodecHostile, BlockwiseErrors) {
   ExpectError(make4(0x9f, 0x11), 21, "padding nibble is 1");
 }
 
+// Every 8-bit code decodes to code * (scale / 127): exactly the code when the scale is 127, and
+// clamped to the float range when that product overflows (a scale of FLT_MAX), whether written
+// or added to a sum. The reference is computed here in double precision.
+TEST(CodecHostile, Blockwise8DecodesEveryCode) {
+  for (const float scale : {127.0f, 0.5f, FLT_MAX}) {
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    Bytes enc = Header(6, 255);
+    ByteWriter(enc).U32(255);
+    PutF32(enc, scale);
+    for (int c = -127; c <= 127; ++c) enc.push_back(static_cast<uint8_t>(c));
+    const std::vector<float> out = MustDecode(enc, 255);
+    std::vector<float> sum(255, 1.0f);
+    ASSERT_TRUE(DecodeAddScaled(enc, sum, 2.0f).ok());
+    const float step = scale / 127.0f;
+    for (int c = -127; c <= 127; ++c) {
+      const double exact = std::clamp(double{step} * c, -double{FLT_MAX}, double{FLT_MAX});
+      const float expect = static_cast<float>(exact);  // one rounding, as the decoder's product
+      EXPECT_EQ(out[c + 127], expect) << "code " << c;
+      EXPECT_EQ(sum[c + 127], 1.0f + 2.0f * expect) << "code " << c;
+    }
+    if (scale == 127.0f) {
+      EXPECT_EQ(out[0], -127.0f);
+    }
+  }
+}
+
 // A reducer bounds its inputs' magnitudes with MaxAbsBound instead of a pass over the decoded
 // values: the bound must hold for any scales and codes Decode() accepts, and be tight for an
 // honest encoder (else the reducer's check of its own mean, OutputWithinInputs, goes soft).
