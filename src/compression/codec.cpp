@@ -317,6 +317,34 @@ COLONY_KERNEL void KBlockwise8(const float* __restrict p, size_t m, float pre, f
   for (size_t j = 0; j < m; ++j)
     q[j] = static_cast<uint8_t>(QuantizeSymmetric(p[j], pre, inv, 127.0f) & 0xff);
 }
+// Blocks of finite values (their absmax bits below 0x7f800000, KAbsMaxBits) need neither the
+// finite-only absmax nor the clamp: |v * pre * inv| stays within a few ulps of 127, which rounds
+// as the clamped value does. The same codes as KAbsMax and KBlockwise8.
+COLONY_KERNEL uint32_t KAbsMaxBits(const float* __restrict p, size_t m) {
+  uint32_t acc[kLanes] = {};
+  size_t j = 0;
+  for (; j + kLanes <= m; j += kLanes) {
+    for (size_t k = 0; k < kLanes; ++k) {
+      const uint32_t a = std::bit_cast<uint32_t>(p[j + k]) & 0x7fffffffu;
+      acc[k] = acc[k] > a ? acc[k] : a;
+    }
+  }
+  for (size_t k = 0; j < m; ++j, ++k) {
+    const uint32_t a = std::bit_cast<uint32_t>(p[j]) & 0x7fffffffu;
+    acc[k] = acc[k] > a ? acc[k] : a;
+  }
+  uint32_t most = 0;
+  for (uint32_t a : acc) most = most > a ? most : a;
+  return most;
+}
+COLONY_KERNEL void KFiniteBlockwise8(const float* __restrict p, size_t m, float pre, float inv,
+                                     uint8_t* __restrict q) {
+#pragma omp simd
+  for (size_t j = 0; j < m; ++j) {
+    const float u = (p[j] * pre) * inv + 12582912.0f;
+    q[j] = static_cast<uint8_t>((std::bit_cast<uint32_t>(u) - 0x4b400000u) & 0xffu);
+  }
+}
 inline uint8_t Code4(float v, float pre, float inv) {
   return static_cast<uint8_t>(QuantizeSymmetric(v, pre, inv, 7.0f) + 8);
 }
@@ -645,10 +673,12 @@ void EncodeBlockwise8(std::span<const float> x, uint32_t bs, Bytes& out, int max
     for (size_t blk = b; blk < e; ++blk) {
       const size_t at = blk * bs;
       const size_t m = std::min<size_t>(bs, x.size() - at);
-      const float scale = KAbsMax(x.data() + at, m);
+      const uint32_t bits = KAbsMaxBits(x.data() + at, m);
+      const bool finite = bits < 0x7f800000u;
+      const float scale = finite ? std::bit_cast<float>(bits) : KAbsMax(x.data() + at, m);
       StoreF32(dst + 4 * blk, &scale, 1);
       const Scaler s = MakeScaler(scale, 127.0f);
-      KBlockwise8(x.data() + at, m, s.pre, s.inv, codes + at);
+      (finite ? KFiniteBlockwise8 : KBlockwise8)(x.data() + at, m, s.pre, s.inv, codes + at);
     }
   });
 }

@@ -259,6 +259,41 @@ TEST(CodecAddScaled, RefusesWhatDecodeRefusesAndLeavesTheSumAlone) {
   }
 }
 
+// blockwise8 encodes a block of finite values without clamping, and a block holding inf or NaN
+// with: the same value must get the same code either way. Putting a NaN or an inf (which count
+// as 0 for the block's scale) in place of a block's smallest value sends that block down the
+// clamping path; its scale and every other code must stay as they were.
+TEST(CodecRoundTrip, Blockwise8CodesDoNotDependOnTheBlocksOtherValuesBeingFinite) {
+  constexpr size_t kBlock = 64;
+  for (const float magnitude : {1.0f, 1e-30f, 3e-39f, 1e30f, 3e38f}) {
+    SCOPED_TRACE("magnitude " + std::to_string(magnitude));
+    std::vector<float> x = Normal(kBlock * 32, 17);
+    for (float& v : x) v *= magnitude;
+    CodecOptions o;
+    o.block_size = kBlock;
+    const Bytes finite = MustEncode(Codec::kBlockwise8, x, o);
+    for (const float bad : {NAN, INFINITY, -INFINITY}) {
+      std::vector<float> y = x;
+      std::vector<size_t> replaced;
+      for (size_t b = 0; b < y.size(); b += kBlock) {
+        const auto smallest = std::min_element(
+            y.begin() + static_cast<ptrdiff_t>(b), y.begin() + static_cast<ptrdiff_t>(b + kBlock),
+            [](float l, float r) { return std::fabs(l) < std::fabs(r); });
+        *smallest = bad;
+        replaced.push_back(static_cast<size_t>(smallest - y.begin()));
+      }
+      const Bytes clamped = MustEncode(Codec::kBlockwise8, y, o);
+      ASSERT_EQ(clamped.size(), finite.size());
+      const size_t codes = finite.size() - x.size();  // header and scales come first
+      for (size_t i = 0; i < finite.size(); ++i) {
+        if (i >= codes && std::find(replaced.begin(), replaced.end(), i - codes) != replaced.end())
+          continue;
+        ASSERT_EQ(finite[i], clamped[i]) << "byte " << i << " (codes from " << codes << ")";
+      }
+    }
+  }
+}
+
 // The parallel path (inputs above 1M values) produces the same bytes as one thread.
 TEST(CodecRoundTrip, ThreadsDoNotChangeTheEncoding) {
   auto x = Normal(3 * (1 << 20) + 123, 11);
