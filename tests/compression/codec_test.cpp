@@ -223,7 +223,7 @@ TEST(CodecAddScaled, EqualsDecodingThenAdding) {
         for (size_t i = 0; i < n; ++i) expect[i] = expect[i] + w * decoded[i];
         const Status st = DecodeAddScaled(enc, acc, w);
         ASSERT_TRUE(st.ok()) << st.ToString();
-        EXPECT_EQ(0, std::memcmp(acc.data(), expect.data(), n * sizeof(float)));
+        EXPECT_TRUE(n == 0 || std::memcmp(acc.data(), expect.data(), n * sizeof(float)) == 0);
       }
     }
   }
