@@ -443,12 +443,10 @@ asio::awaitable<Status> AllReduceRun::ServeSender(std::shared_ptr<net::Stream> s
       continue;
     }
     // Blockwise parts for the weighted mean: checked by their scales (a bound of every value
-    // they decode to), then decoded and added in one pass, here: no decoded copy, and no
-    // hand-off to the pool and back per part.
+    // they decode to; set only for the codecs that DecodesAddInOnePass), then decoded and added
+    // in one pass, here: no decoded copy, and no hand-off to the pool and back per part.
     const std::optional<float> scale_bound = compression::MaxAbsBound(frame.data);
-    const auto info = compression::PeekHeader(frame.data);
-    if (scale_bound && info.ok() && compression::DecodesAddInOnePass(info->codec) &&
-        !keep_inputs()) {
+    if (scale_bound && !keep_inputs()) {
       if (Status st = CheckSummable(*scale_bound, sender.weight); !st.ok()) {
         Exclude(s, st.message());
         break;
