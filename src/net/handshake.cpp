@@ -132,9 +132,9 @@ asio::awaitable<Result<HandshakeResult>> RunHandshake(asio::ip::tcp::socket& soc
   const bool we_check = access && access->is_private();
   std::optional<Bytes> own_token = access ? access->own_token() : std::nullopt;
   {
-    Bytes auth = EncodeAuth(*options.identity, options.role, transcript, options.observed_addr,
-                            options.listen_addrs, options.limits,
-                            own_token ? ByteSpan(*own_token) : ByteSpan());
+    Bytes auth = EncodeAuth(
+        *options.identity, options.role, transcript, options.observed_addr, options.listen_addrs,
+        options.limits, own_token ? ByteSpan(*own_token) : ByteSpan(), options.probe && initiator);
     Status sent = co_await WriteSealed(socket, *result.sealer, auth, peer_desc, "sending Auth");
     if (!sent.ok()) co_return sent;
   }

@@ -45,6 +45,8 @@ struct HandshakeOptions {
   std::string agent;
   // Who may connect (null: anyone) and the token this side shows.
   std::shared_ptr<const AccessControl> access;
+  // An initiator that only tests reachability (AuthInfo::probe).
+  bool probe = false;
 };
 
 struct HandshakeResult {

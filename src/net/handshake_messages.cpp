@@ -78,8 +78,9 @@ Bytes AuthSignedBytes(Role signer, const Key32& transcript) {
 
 Bytes EncodeAuth(const KeyPair& identity, Role role, const Key32& transcript,
                  const std::string& observed_addr, const std::vector<std::string>& listen_addrs,
-                 const PeerLimits& limits, ByteSpan access_token) {
+                 const PeerLimits& limits, ByteSpan access_token, bool probe) {
   proto::Auth a;
+  a.set_probe(probe);
   if (!access_token.empty()) a.set_access_token(access_token.data(), access_token.size());
   a.set_public_key(identity.public_key().data(), identity.public_key().size());
   Signature sig = identity.Sign(AuthSignedBytes(role, transcript));
@@ -130,6 +131,7 @@ Result<AuthInfo> DecodeAuth(ByteSpan bytes, Role sender_role, const Key32& trans
   info.limits.max_concurrent_streams = a.max_concurrent_streams();
   info.limits.max_message_bytes = a.max_message_bytes();
   info.access_token.assign(a.access_token().begin(), a.access_token().end());
+  info.probe = a.probe();
   return info;
 }
 

@@ -48,13 +48,14 @@ struct AuthInfo {
   std::string observed_addr;
   std::vector<std::string> listen_addrs;
   PeerLimits limits;
+  bool probe = false;  // the dialer only tests reachability and closes after the handshake
 };
 
 // The bytes an Auth signature covers.
 Bytes AuthSignedBytes(Role signer, const Key32& transcript);
 Bytes EncodeAuth(const KeyPair& identity, Role role, const Key32& transcript,
                  const std::string& observed_addr, const std::vector<std::string>& listen_addrs,
-                 const PeerLimits& limits, ByteSpan access_token = {});
+                 const PeerLimits& limits, ByteSpan access_token = {}, bool probe = false);
 // Parses an Auth sent by a peer playing `sender_role` and verifies its signature.
 // Unauthenticated on a bad signature; ProtocolError on malformed content.
 Result<AuthInfo> DecodeAuth(ByteSpan bytes, Role sender_role, const Key32& transcript);

@@ -625,6 +625,7 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
     co_return;
   }
   PeerId peer = hs->peer.peer;
+  const bool probe = hs->peer.probe;
   if (relay) remote = relay->Relaying(peer);
   size_t lanes_in_use = 0;
   std::optional<std::string> blocked = BlockedReason(peer);
@@ -642,6 +643,15 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
       std::move(socket), strand, Role::kResponder, std::move(*hs), remote,
       ConnectionOptionsFor(budget_key), [this](const std::string& m) { return LookupHandler(m); },
       [this](Connection* c) { OnConnectionClosed(c); });
+  if (probe) {
+    // A dial-back testing whether we are reachable: its handshake is the answer, and the dialer
+    // closes it at once. Pooled, it could win over our own connection to that peer (of two
+    // connections between a pair, the one dialed by the smaller peer id stays), and our next
+    // call would fail as the dialer closes it. It stays out of the pool and carries nothing.
+    EndInboundHandshake(inbound_key, conn);
+    conn->Shutdown("reachability probe done");
+    co_return;
+  }
   AddConnection(conn, 0);
   EndInboundHandshake(inbound_key, conn);
   if (blocked) {
@@ -860,8 +870,9 @@ asio::awaitable<Result<std::shared_ptr<Connection>>> Host::Dial(Multiaddr addres
   }
   const std::string observed =
       address.is_relayed() ? std::string() : EndpointAddress(ep).ToString();
-  auto hs = co_await RunHandshake(
-      socket, MakeHandshakeOptions(Role::kInitiator, address.peer_id(), observed), "peer " + desc);
+  HandshakeOptions handshake = MakeHandshakeOptions(Role::kInitiator, address.peer_id(), observed);
+  handshake.probe = lane == kProbeLane;
+  auto hs = co_await RunHandshake(socket, handshake, "peer " + desc);
   if (!hs.ok()) {
     abandon();
     if (state->timed_out) {

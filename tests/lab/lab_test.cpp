@@ -293,19 +293,30 @@ TEST(LabWan, TwoPeersBehindNatsUseTheDhtAndAverage) {
 }
 
 // A `colony dht` node on `host` listening on every interface at port 4001; returns the address
-// it printed for the lab's network (it prints its loopback address first).
+// it printed for the lab's network (it prints its loopback address first). Its stderr goes to
+// `err`.
 std::string StartWildcardNode(const Lab& lab, const std::string& host, const std::string& bootstrap,
-                              std::optional<Subprocess>& process) {
+                              std::optional<Subprocess>& process, const std::string& err) {
   std::vector<std::string> args = {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001"};
   if (!bootstrap.empty()) args.insert(args.end(), {"--initial-peers", bootstrap});
-  process.emplace(StartColony(lab, host, args, ScratchPath(host + ".err")));
+  process.emplace(StartColony(lab, host, args, err));
+  std::string printed;
   for (int i = 0; i < 5; ++i) {
     auto line = process->ReadLine(20s);
-    if (!line.ok()) break;
+    if (!line.ok()) {
+      printed += line.status().ToString() + "\n";
+      break;
+    }
     if (line->find("/ip4/" + lab.addr(host) + "/") != std::string::npos) return *line;
+    printed += *line + "\n";
   }
-  ADD_FAILURE() << host << " printed no address on the lab's network\n"
-                << test::ReadFile(ScratchPath(host + ".err"));
+  auto exit = process->Wait(1s);
+  ADD_FAILURE() << host << " printed no address on the lab's network (" << lab.addr(host)
+                << "); it printed:\n"
+                << printed
+                << "exit: " << (exit.ok() ? std::to_string(*exit) : exit.status().ToString())
+                << "\n"
+                << test::ReadFile(err);
   return {};
 }
 
@@ -328,10 +339,11 @@ TEST(LabWan, PeersListeningOnEveryInterfaceAreReachedFromOtherMachines) {
         0);
   }
   std::optional<Subprocess> boot, a, b;
-  const std::string bootstrap = StartWildcardNode(lab, "boot", "", boot);
+  const std::string a_err = ScratchPath("a.err");
+  const std::string bootstrap = StartWildcardNode(lab, "boot", "", boot, ScratchPath("boot.err"));
   ASSERT_FALSE(bootstrap.empty());
-  const std::string at_a = StartWildcardNode(lab, "a", bootstrap, a);
-  ASSERT_FALSE(StartWildcardNode(lab, "b", bootstrap, b).empty());
+  const std::string at_a = StartWildcardNode(lab, "a", bootstrap, a, a_err);
+  ASSERT_FALSE(StartWildcardNode(lab, "b", bootstrap, b, ScratchPath("b.err")).empty());
   ASSERT_FALSE(at_a.empty());
   // Each request may take 30 s, a dial 10 s (the host's default): a dial that waited at
   // 10.99.0.1 until its timeout would still leave time for the next address, but would show.
@@ -353,7 +365,7 @@ TEST(LabWan, PeersListeningOnEveryInterfaceAreReachedFromOtherMachines) {
   EXPECT_EQ(get.code, 0) << got;
   EXPECT_NE(got.find("reached across machines"), std::string::npos)
       << "the store did not reach the node on another machine: " << got << "\n"
-      << test::ReadFile(ScratchPath("a.err"));
+      << test::ReadFile(a_err);
 }
 
 // The first address `process` prints that starts with `prefix` (among its first few lines).
@@ -378,20 +390,20 @@ TEST(LabWan, PeersBehindForwardedPortsGiveOthersTheirRoutersAddresses) {
       "host b behind homeb forward 5000:4001\nhost c\n");
   ASSERT_TRUE(lab.error().empty()) << lab.error();
   std::optional<Subprocess> boot, a, b;
-  const std::string bootstrap = StartWildcardNode(lab, "boot", "", boot);
+  const std::string a_err = ScratchPath("a.err"), b_err = ScratchPath("b.err");
+  const std::string bootstrap = StartWildcardNode(lab, "boot", "", boot, ScratchPath("boot.err"));
   ASSERT_FALSE(bootstrap.empty());
-  a.emplace(StartColony(lab, "a",
-                        {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001", "--initial-peers", bootstrap},
-                        ScratchPath("a.err")));
+  a.emplace(StartColony(
+      lab, "a", {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001", "--initial-peers", bootstrap}, a_err));
   const std::string at_a = ReadAddress(*a, "/ip4/" + lab.addr("homea") + "/tcp/4001/p2p/");
   ASSERT_FALSE(at_a.empty()) << "a did not give the address its router forwards\n"
-                             << test::ReadFile(ScratchPath("a.err"));
+                             << test::ReadFile(a_err);
   b.emplace(StartColony(lab, "b",
                         {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001", "--announce",
                          "/ip4/" + lab.addr("homeb") + "/tcp/5000", "--initial-peers", bootstrap},
-                        ScratchPath("b.err")));
+                        b_err));
   auto at_b = b->ReadLine(20s);
-  ASSERT_TRUE(at_b.ok()) << test::ReadFile(ScratchPath("b.err"));
+  ASSERT_TRUE(at_b.ok()) << test::ReadFile(b_err);
   // The announced address only: none of b's own.
   ASSERT_EQ(at_b->rfind("/ip4/" + lab.addr("homeb") + "/tcp/5000/p2p/", 0), 0u) << *at_b;
   auto store = RunCommand(

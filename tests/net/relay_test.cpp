@@ -354,6 +354,38 @@ TEST(Reachability, DialBackTellsPublicFromUnreachable) {
   EXPECT_FALSE(r->has_value());
 }
 
+// The helper's dial-back reaches us while we hold a connection to it. Of two connections
+// between a pair, both ends keep the one dialed by the smaller peer id; were the probe pooled
+// like any other, a helper with the smaller id would win with it, and then close it: our next
+// call to the helper would fail ("reachability probe done"; seen in the lab as a DHT bootstrap
+// that failed now and then).
+TEST(Reachability, ADialBackDoesNotReplaceOurConnectionToTheHelper) {
+  for (bool helper_smaller : {true, false}) {  // both orders of the two ids
+    KeyPair helper_key = KeyPair::Generate(), open_key = KeyPair::Generate();
+    if ((PeerId::FromPublicKey(helper_key.public_key()) <
+         PeerId::FromPublicKey(open_key.public_key())) != helper_smaller) {
+      std::swap(helper_key, open_key);
+    }
+    const HostOptions options = testing::LoopbackOptions();
+    auto helper = std::make_unique<Host>(std::move(helper_key), options);
+    ASSERT_TRUE(helper->Start().ok());
+    helper->RegisterUnary(
+        "test.echo",
+        [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
+    auto open = std::make_unique<Host>(std::move(open_key), options);
+    ASSERT_TRUE(open->Start().ok());
+    auto r = open->CheckReachabilitySync(AddressOf(*helper));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r->has_value());
+    auto conn = open->FindConnection(helper->peer_id());
+    ASSERT_NE(conn, nullptr) << "our connection to the helper left the pool";
+    EXPECT_EQ(conn->role(), Role::kInitiator) << "the helper's probe took our connection's place";
+    EXPECT_FALSE(conn->closing());
+    auto reply = open->CallSync(AddressOf(*helper), "test.echo", Message(std::string("hi")));
+    EXPECT_TRUE(reply.ok()) << reply.status().ToString();
+  }
+}
+
 TEST(Reachability, AHelperThatNamesAnAddressWeDidNotAskAboutIsNotBelieved) {
   // A lying helper could make us announce someone else's address (or another port of ours).
   auto liar = StartHost();
