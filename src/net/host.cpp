@@ -31,6 +31,8 @@ constexpr auto kUse = asio::experimental::as_tuple(asio::use_awaitable);
 constexpr char kDialbackMethod[] = "net.dialback";
 // Dial() with this lane makes a connection that is not pooled (reachability probes).
 constexpr size_t kProbeLane = std::numeric_limits<size_t>::max();
+// Why both ends close a probe's connection after its handshake.
+constexpr char kProbeDone[] = "reachability probe done";
 // Dial-back probes one host runs at once for others.
 constexpr size_t kMaxDialbacks = 4;
 
@@ -627,15 +629,6 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
   PeerId peer = hs->peer.peer;
   const bool probe = hs->peer.probe;
   if (relay) remote = relay->Relaying(peer);
-  size_t lanes_in_use = 0;
-  std::optional<std::string> blocked = BlockedReason(peer);
-  {
-    std::lock_guard lock(mu_);
-    auto it = pool_.find(peer);
-    if (it != pool_.end()) {
-      for (auto& c : it->second) lanes_in_use += c && !c->closed();
-    }
-  }
   // Memory budgets per source address: through a relay we see only the relay's.
   const std::string budget_key =
       relay ? (ec ? std::string() : RelayedKey(remote_ep.address())) : inbound_key;
@@ -649,8 +642,17 @@ asio::awaitable<void> Host::HandleIncoming(asio::ip::tcp::socket socket, Strand 
     // connections between a pair, the one dialed by the smaller peer id stays), and our next
     // call would fail as the dialer closes it. It stays out of the pool and carries nothing.
     EndInboundHandshake(inbound_key, conn);
-    conn->Shutdown("reachability probe done");
+    conn->Shutdown(kProbeDone);
     co_return;
+  }
+  size_t lanes_in_use = 0;  // before this one joins
+  std::optional<std::string> blocked = BlockedReason(peer);
+  {
+    std::lock_guard lock(mu_);
+    auto it = pool_.find(peer);
+    if (it != pool_.end()) {
+      for (auto& c : it->second) lanes_in_use += c && !c->closed();
+    }
   }
   AddConnection(conn, 0);
   EndInboundHandshake(inbound_key, conn);
@@ -929,7 +931,7 @@ asio::awaitable<Status> Host::Probe(Multiaddr address) {
   auto dial = Dial(std::move(address), kProbeLane);
   auto result = co_await asio::co_spawn(strand, std::move(dial), asio::use_awaitable);
   if (!result.ok()) co_return result.status();
-  (*result)->Shutdown("reachability probe done");
+  (*result)->Shutdown(kProbeDone);
   co_return Status();
 }
 
