@@ -29,6 +29,8 @@ constexpr size_t kMaxReadBuffer = 8 * (kMaxRecordPlaintext + kTagSize + 4);
 // gives such frames a record of their own, and starts a large message with a small frame (the
 // frame that begins a message cannot go straight in: its buffer does not exist yet).
 constexpr size_t kDirectDecryptMin = 64u << 10;
+// The most the reader asks the kernel to gather before waking it (SO_RCVLOWAT): one full record.
+constexpr size_t kMaxLowWater = kMaxRecordPlaintext + kTagSize + 4;
 constexpr size_t kFirstChunkOfLargeMessage = 4u << 10;
 // Buffers above this size are released once traffic is small again.
 constexpr size_t kShrinkAbove = 512u << 10;
@@ -567,6 +569,7 @@ asio::awaitable<void> Connection::ReaderLoop() {
   RawBuffer buf(kInitialReadBuffer);
   size_t begin = 0, end = 0;
   int small_records = 0;
+  size_t low_water_set = 1;  // the kernel's default SO_RCVLOWAT
   // Reads until at least `need` bytes are buffered past `begin`. False when the connection ended.
   auto fill = [&](size_t need) -> asio::awaitable<bool> {
     while (end - begin < need) {
@@ -581,6 +584,16 @@ asio::awaitable<void> Connection::ReaderLoop() {
           end -= begin;
           begin = 0;
         }
+      }
+      // Ask the kernel to wake us only once the rest of this record has arrived: one wakeup and
+      // one read per large record, not one per arriving segment. A blocking socket would do the
+      // same with MSG_WAITALL; the kernel still wakes us early under memory pressure or at EOF.
+      const size_t low_water = std::min(need - (end - begin), kMaxLowWater);
+      if (low_water != low_water_set) {
+        asio::error_code ignored;
+        socket_.set_option(asio::socket_base::receive_low_watermark(static_cast<int>(low_water)),
+                           ignored);
+        low_water_set = low_water;
       }
       auto [ec, n] =
           co_await socket_.async_read_some(asio::buffer(buf.data() + end, buf.size() - end), kUse);
@@ -1202,6 +1215,16 @@ asio::awaitable<void> Connection::TickerLoop() {
     co_await ticker_.async_wait(kUse);
     if (closed_) break;
     auto now = steady_clock::now();
+    // The reader sleeps until a whole record has arrived (SO_RCVLOWAT): on a slow link the
+    // bytes of a large record reach the kernel long before we read them. New bytes waiting
+    // there are news from the peer too.
+    asio::socket_base::bytes_readable queued;
+    asio::error_code ec;
+    socket_.io_control(queued, ec);
+    if (!ec) {
+      if (queued.get() > 0 && queued.get() != kernel_queued_seen_) last_received_ = now;
+      kernel_queued_seen_ = queued.get();
+    }
     auto silent = now - last_received_;
     if (silent > options_.keepalive_timeout) {
       Close(Unavailable(Describe() + " stopped responding (nothing received for " + Ms(silent) +

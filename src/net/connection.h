@@ -242,6 +242,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::unordered_map<uint64_t, PendingPing> pings_;
   uint64_t next_ping_ = 1;
   SteadyTime last_received_;
+  size_t kernel_queued_seen_ = 0;  // unread bytes in the socket at the ticker's last look
   SteadyTime idle_since_;
   asio::steady_timer ticker_;
   std::optional<std::chrono::milliseconds> retire_grace_;  // set by Retire()

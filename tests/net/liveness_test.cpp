@@ -1,5 +1,5 @@
 // Connection liveness over real sockets and processes: idle close, keepalive against a frozen
-// peer process (SIGSTOP), observed addresses.
+// peer process (SIGSTOP) and for a slow peer, observed addresses.
 #include <signal.h>
 
 #include <cstdlib>
@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "core/subprocess.h"
+#include "net/raw_peer.h"
 #include "net/test_util.h"
 #include "test_support.h"
 
@@ -17,6 +18,10 @@ using namespace std::chrono_literals;
 using test::ColonyBinary;
 using test::WaitUntil;
 using testing::AddressOf;
+using testing::AppendFrame;
+using testing::AppendMessageFrame;
+using testing::OpenPayload;
+using testing::RawPeer;
 using testing::StartHost;
 
 // The state letter of a process from /proc/<pid>/stat ('T' when stopped), or '?'.
@@ -89,6 +94,50 @@ TEST(Liveness, FrozenPeerProcessIsDetectedByKeepalive) {
   EXPECT_NE(r.status().message().find("stopped responding"), std::string::npos)
       << r.status().ToString();
   EXPECT_LT(waited, 10s) << "keepalive should notice long before the 30 s call deadline";
+}
+
+// The reader waits until a whole record has arrived before it reads (SO_RCVLOWAT). A large
+// record that crawls in over a slow link, three keepalive timeouts long, must still count as a
+// live peer: its bytes arrive all the time, they are just not read yet.
+TEST(Liveness, ALargeRecordArrivingSlowlyIsNotMistakenForADeadPeer) {
+  HostOptions opts = testing::LoopbackOptions();
+  opts.connection.keepalive_interval = 250ms;
+  opts.connection.keepalive_timeout = 1000ms;
+  auto server = StartHost(opts);
+  server->RegisterUnary("size", [](CallContext&, Message m) -> asio::awaitable<Result<Message>> {
+    co_return Message(std::to_string(m.meta.size()));
+  });
+  RawPeer r(AddressOf(*server));
+  ASSERT_TRUE(r.connected());
+  ASSERT_TRUE(r.Handshake().ok());
+  // One record: the call's OPEN, a 200 KiB message and CLOSE_WRITE.
+  Bytes plain;
+  AppendFrame(plain, FrameType::kOpen, 0, 1, OpenPayload("size", 30'000));
+  AppendMessageFrame(plain, 1, Message(std::string(200u << 10, 'z')));
+  AppendFrame(plain, FrameType::kCloseWrite, 0, 1, ByteSpan{});
+  const Bytes record = r.Seal(plain);
+  const size_t pieces = 30;  // one every 100 ms: 3 s for the record
+  for (size_t i = 0; i < pieces; ++i) {
+    const size_t from = record.size() * i / pieces, to = record.size() * (i + 1) / pieces;
+    ASSERT_TRUE(r.SendRaw(ByteSpan(record.data() + from, to - from)))
+        << "the server closed the connection after " << i << " of " << pieces << " pieces";
+    std::this_thread::sleep_for(100ms);
+  }
+  std::string reply;
+  bool ok = false;
+  ASSERT_TRUE(r.ReadFramesUntil(
+      [&](const FrameView& f) {
+        if (f.header.stream_id != 1) return false;
+        if (f.header.type == FrameType::kData) reply.append(f.payload.begin(), f.payload.end());
+        if (f.header.type != FrameType::kStatus && f.header.type != FrameType::kReset) return false;
+        ok = f.header.type == FrameType::kStatus && DecodeStatus(f.payload).ok();
+        return true;
+      },
+      10s))
+      << "the server closed the connection to a slow but live peer";
+  EXPECT_TRUE(ok) << "the call failed";
+  EXPECT_NE(reply.find(std::to_string(200u << 10)), std::string::npos)
+      << "the reply does not carry the message's size";
 }
 
 TEST(Liveness, PeersTellEachOtherTheObservedAddress) {
