@@ -35,8 +35,17 @@ using SteadyClock = std::chrono::steady_clock;
 
 using colony::test::Median;
 
+// What every 4 MiB message carries: floats that repeat every 4099 values (a prime, so a chunk
+// delivered at a wrong offset or out of order differs). Both receivers compare every byte they
+// get against it, at the same cost, and a difference fails the benchmark.
+std::vector<float> Pattern(size_t bytes) {
+  std::vector<float> v(bytes / sizeof(float));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 4099);
+  return v;
+}
+
 // Plain TCP: seconds to move `total` bytes in `chunk`-byte writes.
-double PlainTcpSeconds(size_t total, size_t chunk) {
+double PlainTcpSeconds(size_t total, size_t chunk, const std::vector<float>& pattern) {
   int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -45,16 +54,20 @@ double PlainTcpSeconds(size_t total, size_t chunk) {
   socklen_t len = sizeof(addr);
   ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::listen(lfd, 1);
-  std::vector<uint8_t> out(chunk, 0x5a);
+  const auto* out = reinterpret_cast<const uint8_t*>(pattern.data());
+  bool intact = true;
   std::thread receiver([&] {
     int fd = ::accept(lfd, nullptr, nullptr);
     std::vector<uint8_t> in(chunk);
     size_t got = 0;
     while (got < total) {
-      ssize_t n = ::recv(fd, in.data(), in.size(), 0);
+      const size_t at = got % chunk;  // never past the end of one message
+      ssize_t n = ::recv(fd, in.data(), chunk - at, 0);
       if (n <= 0) break;
+      intact = intact && std::memcmp(in.data(), out + at, static_cast<size_t>(n)) == 0;
       got += static_cast<size_t>(n);
     }
+    intact = intact && got == total;
     ::send(fd, "k", 1, 0);  // acknowledge the end, like Colony's final response
     ::close(fd);
   });
@@ -66,7 +79,7 @@ double PlainTcpSeconds(size_t total, size_t chunk) {
   for (size_t sent = 0; sent < total;) {
     size_t off = 0;
     while (off < chunk) {
-      ssize_t n = ::send(fd, out.data() + off, chunk - off, 0);
+      ssize_t n = ::send(fd, out + off, chunk - off, 0);
       if (n <= 0) break;
       off += static_cast<size_t>(n);
     }
@@ -78,15 +91,19 @@ double PlainTcpSeconds(size_t total, size_t chunk) {
   receiver.join();
   ::close(fd);
   ::close(lfd);
+  if (!intact) {
+    std::fprintf(stderr, "plain TCP reference delivered wrong bytes\n");
+    std::exit(1);
+  }
   return secs;
 }
 
-double ColonySeconds(net::Host& client, const Multiaddr& server, size_t total, size_t chunk) {
-  std::vector<float> data(chunk / sizeof(float), 1.5f);
+double ColonySeconds(net::Host& client, const Multiaddr& server, size_t total, size_t chunk,
+                     const std::vector<float>& pattern) {
   net::TensorFrame t;
   t.dtype = DType::kFloat32;
-  t.shape = {static_cast<int64_t>(data.size())};
-  t.data = ByteSpan(reinterpret_cast<const uint8_t*>(data.data()), chunk);
+  t.shape = {static_cast<int64_t>(pattern.size())};
+  t.data = ByteSpan(reinterpret_cast<const uint8_t*>(pattern.data()), chunk);
   net::Message msg("chunk");
   msg.tensors.push_back(t);
   auto run = [&]() -> asio::awaitable<Result<net::Message>> {
@@ -149,6 +166,12 @@ std::pair<double, double> RecordCipherGbps(size_t total) {
         std::exit(1);
     }
     open_seconds += std::chrono::duration<double>(SteadyClock::now() - t1).count();
+    for (auto& r : records) {  // untimed: the opened bytes are the sealed ones
+      if (std::memcmp(r.data() + 4, plain.data(), n) != 0) {
+        std::fprintf(stderr, "an opened record differs from what was sealed\n");
+        std::exit(1);
+      }
+    }
     opened += n * records.size();
   }
   double open = static_cast<double>(opened) / open_seconds / 1e9;
@@ -185,15 +208,22 @@ int main(int argc, char** argv) {
     server_options.connection.limits.connection_window =
         4ull * (static_cast<uint64_t>(std::atoi(w)) << 20);
   }
+  const std::vector<float> pattern = Pattern(chunk);
   net::Host server(KeyPair::Generate(), server_options);
   server.RegisterClientStreaming(
-      "sink", [](net::CallContext& ctx) -> asio::awaitable<Result<net::Message>> {
+      "sink", [&pattern](net::CallContext& ctx) -> asio::awaitable<Result<net::Message>> {
         size_t bytes = 0;
         for (;;) {
           auto m = co_await ctx.stream().Read();
           if (!m.ok()) co_return m.status();
           if (!m->has_value()) break;
-          for (const auto& t : (*m)->tensors) bytes += t.data.size();
+          for (const auto& t : (*m)->tensors) {
+            if (t.data.size() != pattern.size() * sizeof(float) ||
+                std::memcmp(t.data.data(), pattern.data(), t.data.size()) != 0) {
+              co_return DataLoss("the sink received a message whose bytes differ from those sent");
+            }
+            bytes += t.data.size();
+          }
         }
         co_return net::Message(std::to_string(bytes));
       });
@@ -218,10 +248,10 @@ int main(int argc, char** argv) {
   std::vector<double> tcp, colony_runs;
   for (int i = 0; i < repeats; ++i) {
     if (!skip_tcp) {
-      tcp.push_back(static_cast<double>(total) / PlainTcpSeconds(total, chunk) / 1e9);
+      tcp.push_back(static_cast<double>(total) / PlainTcpSeconds(total, chunk, pattern) / 1e9);
     }
-    colony_runs.push_back(static_cast<double>(total) / ColonySeconds(client, addr, total, chunk) /
-                          1e9);
+    colony_runs.push_back(static_cast<double>(total) /
+                          ColonySeconds(client, addr, total, chunk, pattern) / 1e9);
     if (skip_tcp) {
       std::printf("  run %d: Colony encrypted %.2f GB/s\n", i + 1, colony_runs.back());
     } else {
