@@ -4,7 +4,8 @@
 //    and topk, which carry values as they are) produces finite values; when it refuses one, it
 //    wrote nothing into its output. MaxAbsBound, when set, is finite and bounds every value.
 //    DecodeAddScaled accepts exactly what Decode accepts, adds exactly what Decode wrote, and
-//    leaves its sum unchanged when it refuses.
+//    leaves its sum unchanged when it refuses. Decoding with Writes::kPastCaches accepts the same
+//    encodings and writes the same bytes.
 //  - Encoding the input bytes read as floats, with a codec chosen by the first byte, always decodes
 //    again to the same number of values; finite inputs stay finite.
 #include <cmath>
@@ -41,6 +42,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (float v : out)
         if (v != kUntouched) __builtin_trap();
     }
+    // Writing past the caches accepts the same encodings and writes the same bytes.
+    std::vector<float> past(out.size(), kUntouched);
+    const colony::Status past_st = Decode(in, past, 0, Writes::kPastCaches);
+    if (past_st.ok() != st.ok()) __builtin_trap();
+    if (!out.empty() && std::memcmp(past.data(), out.data(), out.size() * sizeof(float)) != 0)
+      __builtin_trap();
     // A count that differs from the output span is always refused.
     std::vector<float> wrong(out.size() + 1);
     if (Decode(in, wrong).ok()) __builtin_trap();

@@ -299,7 +299,9 @@ void AllReduceRun::Finalize(size_t k) {
         if (wants_results_ && !impl_->options_.verify) {
           if (const std::span<float> view = impl_->View(b, e); !view.empty()) into = view;
         }
-        st = compression::Decode(part.result_bytes, into);  // writes nothing when it fails
+        const auto writes =
+            into.data() == mean->data() ? compression::Writes::kCached : impl_->TensorWrites();
+        st = compression::Decode(part.result_bytes, into, 0, writes);  // writes nothing if it fails
         if (!st.ok()) {
           COLONY_LOG_ERROR("averaging: decoding a reduced part failed: {}", st.ToString());
           part.contributors.clear();
@@ -744,7 +746,7 @@ asio::awaitable<void> AllReduceRun::ReadResults(uint32_t r, std::shared_ptr<net:
         const auto info = compression::PeekHeader(frame.data);
         if (info.ok() && compression::DecodesFinite(info->codec)) {
           if (const std::span<float> view = self->impl_->View(b, e); !view.empty()) {
-            return compression::Decode(frame.data, view);
+            return compression::Decode(frame.data, view, 0, self->impl_->TensorWrites());
           }
         }
         const auto buffer = std::make_unique_for_overwrite<float[]>(e - b);

@@ -14,6 +14,7 @@
 #include "averaging/allreduce.h"
 #include "averaging/group_key.h"
 #include "averaging/internal.h"
+#include "core/stream_store.h"
 
 namespace colony::averaging {
 
@@ -232,9 +233,21 @@ void Averager::Impl::Scatter(uint64_t begin, std::span<const float> values) {
 }
 
 void Averager::Impl::ScatterBytes(uint64_t begin, ByteSpan bytes) {
+  const bool past_caches = TensorWrites() == compression::Writes::kPastCaches;
   ForEachPiece(begin, bytes.size() / sizeof(float), [&](std::span<float> piece, size_t done) {
-    std::memcpy(piece.data(), bytes.data() + done * sizeof(float), piece.size_bytes());
+    const uint8_t* from = bytes.data() + done * sizeof(float);
+    if (past_caches) {
+      StreamStore(piece.data(), from, piece.size_bytes());
+    } else {
+      std::memcpy(piece.data(), from, piece.size_bytes());
+    }
   });
+  if (past_caches) StreamFence();
+}
+
+compression::Writes Averager::Impl::TensorWrites() const {
+  return total_ * sizeof(float) >= kStreamMinBytes ? compression::Writes::kPastCaches
+                                                   : compression::Writes::kCached;
 }
 
 asio::awaitable<Result<StepResult>> Averager::Impl::Step(StepOptions o) {

@@ -230,6 +230,9 @@ class Averager::Impl : public std::enable_shared_from_this<Impl> {
   std::span<float> View(uint64_t begin, uint64_t end) const;
   // The same from little-endian float32 bytes at any alignment.
   void ScatterBytes(uint64_t begin, ByteSpan bytes);
+  // How received values are written into the tensors: past the caches (non-temporal stores)
+  // once the tensors are larger than the caches, so that nothing is read before it is written.
+  compression::Writes TensorWrites() const;
   // The tensor holding flattened index `index` (tensors_.size() when none does).
   size_t TensorAt(uint64_t index) const;
   // Calls fn(piece, done) on the consecutive pieces of the tensors that hold the flattened

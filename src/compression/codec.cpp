@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "core/simd.h"
+#include "core/stream_store.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -59,6 +60,8 @@ constexpr size_t kChunk = size_t{1} << 16;  // values per parallel work item
 constexpr size_t kTile = 1024;              // values per kernel tile (stays in L1)
 constexpr uint32_t kMinBlock = 16;
 constexpr uint32_t kMaxBlock = 1u << 20;
+// Values a streaming decode writes at once from an L1-resident buffer.
+constexpr size_t kStreamPiece = 1024;
 // uniform8 covers mean +- 4 std: on Gaussian data this balances rounding error (step 8 std / 255)
 // against clipping of the tails (MSE ~9e-5 vs ~5e-4 for hivemind's +-3 std).
 constexpr float kUniformSigmas = 4.0f;
@@ -844,7 +847,8 @@ Status ReadScales(std::string_view codec, const uint8_t* src, size_t blocks,
 
 // Writes the decoded values to `out`, or with `add_weight` adds add_weight * each to it.
 Status DecodeBlockwise(Codec codec, ByteReader& r, std::span<float> out, int max_threads,
-                       std::optional<float> add_weight = std::nullopt) {
+                       std::optional<float> add_weight = std::nullopt,
+                       Writes writes = Writes::kCached) {
   const bool four = codec == Codec::kBlockwise4;
   const std::string_view name = CodecName(codec);
   const uint32_t bs = r.U32();
@@ -883,6 +887,7 @@ Status DecodeBlockwise(Codec codec, ByteReader& r, std::span<float> out, int max
   const size_t per_chunk = four ? Blockwise4BlocksPerChunk(bs) : std::max<size_t>(1, kChunk / bs);
   const bool add = add_weight.has_value();
   const float w = add_weight.value_or(0.0f);
+  const bool stream = !four && !add && writes == Writes::kPastCaches;
   ForChunks(blocks, per_chunk, n, max_threads, [&](size_t, size_t b, size_t e) {
     float* o = out.data();
     auto put = [&](size_t i, float v) { o[i] = add ? o[i] + w * v : v; };
@@ -895,6 +900,14 @@ Status DecodeBlockwise(Codec codec, ByteReader& r, std::span<float> out, int max
         if (add) {
           (finite ? KAddFromFiniteBlockwise8 : KAddFromBlockwise8)(codes + i, end - i, step, w,
                                                                    o + i);
+        } else if (stream) {
+          // Decoded in pieces that stay in L1, then stored past the caches.
+          float piece[kStreamPiece];
+          for (; i < end; i += kStreamPiece) {
+            const size_t len = std::min(kStreamPiece, end - i);
+            (finite ? KFromFiniteBlockwise8 : KFromBlockwise8)(codes + i, len, step, piece);
+            StreamStore(o + i, piece, len * sizeof(float));
+          }
         } else {
           (finite ? KFromFiniteBlockwise8 : KFromBlockwise8)(codes + i, end - i, step, o + i);
         }
@@ -914,6 +927,7 @@ Status DecodeBlockwise(Codec codec, ByteReader& r, std::span<float> out, int max
       i += 2 * pairs;
       if (i < end) put(i, FromCode4(codes[i / 2] & 0xfu, step));
     }
+    if (stream) StreamFence();
   });
   return Status::Ok();
 }
@@ -1181,6 +1195,10 @@ Status DecodeAddScaled(ByteSpan encoded, std::span<float> acc, float w) {
 Status Decode(ByteSpan encoded, std::span<float> out) { return Decode(encoded, out, 0); }
 
 Status Decode(ByteSpan encoded, std::span<float> out, int max_threads) {
+  return Decode(encoded, out, max_threads, Writes::kCached);
+}
+
+Status Decode(ByteSpan encoded, std::span<float> out, int max_threads, Writes writes) {
   ByteReader r(encoded);
   COLONY_ASSIGN_OR_RETURN(Header h, ReadHeader(r));
   const std::string_view name = CodecName(h.codec);
@@ -1194,7 +1212,12 @@ Status Decode(ByteSpan encoded, std::span<float> out, int max_threads) {
     case Codec::kNone: {
       const ByteSpan p = r.Rest();
       COLONY_RETURN_IF_ERROR(CheckPayload(name, p.size(), 4 * n, detail));
-      LoadF32(out.data(), p.data(), n);
+      if (kLittleEndian && writes == Writes::kPastCaches) {
+        StreamStore(out.data(), p.data(), 4 * n);
+        StreamFence();
+      } else {
+        LoadF32(out.data(), p.data(), n);
+      }
       return Status::Ok();
     }
     case Codec::kFloat16:
@@ -1260,7 +1283,7 @@ Status Decode(ByteSpan encoded, std::span<float> out, int max_threads) {
     }
     case Codec::kBlockwise8:
     case Codec::kBlockwise4:
-      return DecodeBlockwise(h.codec, r, out, max_threads);
+      return DecodeBlockwise(h.codec, r, out, max_threads, std::nullopt, writes);
     case Codec::kTopK:
       return DecodeTopK(r, out);
   }

@@ -89,6 +89,13 @@ Status Decode(ByteSpan encoded, std::span<float> out);
 // The same with a thread limit (see CodecOptions::max_threads).
 Status Decode(ByteSpan encoded, std::span<float> out, int max_threads);
 
+// Where Decode() writes. kPastCaches is for an output that is not read again soon (a part of a
+// large tensor receiving an all-reduce result): uncompressed and blockwise8 values are then
+// written with non-temporal stores (core/stream_store.h), which skip reading every destination
+// cache line first and leave the caches to hotter data. The same values either way.
+enum class Writes { kCached, kPastCaches };
+Status Decode(ByteSpan encoded, std::span<float> out, int max_threads, Writes writes);
+
 // Adds w * (each value Decode() would write) to `acc`, whose size must equal the encoded element
 // count: the same float operations as decoding into a buffer and adding it after, with the same
 // checks, all made before the first write (on error `acc` is unchanged). Runs on the calling

@@ -14,6 +14,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -200,6 +201,40 @@ TEST(CodecRoundTrip, OddBlockSizes) {
       o.block_size = bs;
       Bytes enc = MustEncode(codec, x, o);
       ExpectClose(codec, x, MustDecode(enc, x.size()), o);
+    }
+  }
+}
+
+// Writes::kPastCaches changes how values are stored, not which: the same bytes as a plain
+// Decode() at every size, block size and output alignment, for blocks of finite values and for
+// blocks whose scale makes the decoder clamp; and a refused encoding writes nothing either way.
+TEST(CodecRoundTrip, WritingPastTheCachesGivesTheSameValues) {
+  for (Codec codec : kAll) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{17}, size_t{1001}, size_t{70'001}}) {
+      for (uint32_t bs : {17u, 4096u}) {
+        SCOPED_TRACE(std::string(CodecName(codec)) + " n=" + std::to_string(n) +
+                     " block=" + std::to_string(bs));
+        CodecOptions o;
+        o.block_size = bs;
+        o.topk_fraction = 0.1;
+        auto x = Normal(n, 11 + n);
+        if (n > 1000) x[999] = FLT_MAX;  // a block whose largest code decodes past FLT_MAX
+        const Bytes enc = MustEncode(codec, x, o);
+        const std::vector<float> expect = MustDecode(enc, n);
+        for (size_t offset : {size_t{0}, size_t{1}, size_t{3}}) {
+          std::vector<float> buffer(n + offset, std::numeric_limits<float>::quiet_NaN());
+          const std::span<float> out(buffer.data() + offset, n);
+          const Status st = Decode(enc, out, 0, Writes::kPastCaches);
+          ASSERT_TRUE(st.ok()) << st.ToString();
+          EXPECT_TRUE(n == 0 || std::memcmp(out.data(), expect.data(), n * sizeof(float)) == 0);
+          if (n == 0) continue;
+          const Bytes truncated(enc.begin(), enc.end() - 1);
+          std::vector<float> untouched(n, 7.0f);
+          EXPECT_FALSE(Decode(truncated, untouched, 0, Writes::kPastCaches).ok());
+          EXPECT_TRUE(
+              std::all_of(untouched.begin(), untouched.end(), [](float v) { return v == 7.0f; }));
+        }
+      }
     }
   }
 }
