@@ -816,28 +816,24 @@ asio::awaitable<Result<StepResult>> AllReduceRun::Run() {
     me.weight = sends_ ? weight_ : 0;
     // This peer's own data is held to the same rule as everyone else's: when it is not finite
     // (a diverged peer), the span is reduced without it rather than poisoned for the group.
-    bool own_finite = true;
-    std::vector<float> own_max_abs(sends_ ? my_parts_ : 0);
+    // Each part is checked and added while it is in cache; a bad part takes back the parts
+    // added before it (nothing else has reached them yet: senders are heard only below).
+    size_t added = 0;
     std::vector<float> copy;
-    for (size_t k = 0; k < own_max_abs.size() && own_finite; ++k) {
-      const auto [b, e] = PartRange(self_, k);
-      own_max_abs[k] = MaxAbs(Input(b, e, copy));
-      own_finite = own_max_abs[k] >= 0 && CheckSummable(own_max_abs[k], me.weight).ok();
+    for (; sends_ && added < my_parts_; ++added) {
+      const auto [b, e] = PartRange(self_, added);
+      const std::span<const float> values = Input(b, e, copy);
+      const float max_abs = MaxAbs(values);
+      if (!(max_abs >= 0) || !CheckSummable(max_abs, me.weight).ok()) break;
+      AccumulateRaw(self_, added,
+                    ByteSpan(reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()),
+                    max_abs);
     }
-    if (!own_finite) {
+    if (sends_ && added < my_parts_) {
       COLONY_LOG_WARN(
           "averaging: this peer's own values are not finite (or too large to sum in float32); "
           "its span is reduced without them");
-    }
-    if (sends_ && own_finite) {
-      for (size_t k = 0; k < my_parts_; ++k) {
-        const auto [b, e] = PartRange(self_, k);
-        const std::span<const float> values = Input(b, e, copy);
-        AccumulateRaw(
-            self_, k,
-            ByteSpan(reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()),
-            own_max_abs[k]);
-      }
+      for (size_t k = 0; k < added; ++k) parts_[k] = Reduced{};
     }
     me.received = my_parts_;
   }

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <fstream>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "adversary/attack_measurements.h"
@@ -203,6 +204,36 @@ TEST(Averager, NonFiniteInputIsRejectedAndTheRestAverage) {
       for (uint64_t k = part.begin; k < part.end; ++k) {
         ASSERT_NEAR(swarm.peers()[i]->data[k], (a[k] + b[k]) / 2, 1e-6);
       }
+    }
+  }
+}
+
+// A reducer checks its own values part by part as it adds them to its sums. When they turn
+// non-finite only in the last part of its span, the parts added before must be taken back: its
+// whole span is then the mean of the other members' values. One node (it reduces everything)
+// with a NaN in its last value, and two clients.
+TEST(Averager, OwnValuesTurningNonFiniteLateInTheSpanAreTakenBackWhole) {
+  const size_t n = 40'000;
+  Swarm swarm(n);
+  auto o = Options(3);
+  o.part_size_bytes = 4096;  // 1,024 values a part: 40 parts, the NaN in the last
+  swarm.Add(0, o).data[n - 1] = NAN;
+  o.mode = Mode::kClient;
+  swarm.Add(1, o);
+  swarm.Add(2, o);
+  auto results = swarm.StepAll();
+  const auto a = Synthetic(1, n), b = Synthetic(2, n);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status().ToString();
+    ASSERT_EQ(results[i]->parts.size(), 40u);
+    for (const auto& part : results[i]->parts) {
+      std::set<std::string> from;
+      for (uint32_t c : part.contributors) from.insert(results[i]->members[c].gathered);
+      ASSERT_EQ(from, (std::set<std::string>{"peer1", "peer2"})) << "part at " << part.begin;
+    }
+    for (size_t k = 0; k < n; ++k) {
+      ASSERT_NEAR(swarm.peers()[i]->data[k], (double{a[k]} + b[k]) / 2, 1e-6)
+          << "peer " << i << " value " << k;
     }
   }
 }
