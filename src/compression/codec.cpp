@@ -60,8 +60,6 @@ constexpr size_t kChunk = size_t{1} << 16;  // values per parallel work item
 constexpr size_t kTile = 1024;              // values per kernel tile (stays in L1)
 constexpr uint32_t kMinBlock = 16;
 constexpr uint32_t kMaxBlock = 1u << 20;
-// Values a streaming decode writes at once from an L1-resident buffer.
-constexpr size_t kStreamPiece = 1024;
 // uniform8 covers mean +- 4 std: on Gaussian data this balances rounding error (step 8 std / 255)
 // against clipping of the tails (MSE ~9e-5 vs ~5e-4 for hivemind's +-3 std).
 constexpr float kUniformSigmas = 4.0f;
@@ -901,10 +899,10 @@ Status DecodeBlockwise(Codec codec, ByteReader& r, std::span<float> out, int max
           (finite ? KAddFromFiniteBlockwise8 : KAddFromBlockwise8)(codes + i, end - i, step, w,
                                                                    o + i);
         } else if (stream) {
-          // Decoded in pieces that stay in L1, then stored past the caches.
-          float piece[kStreamPiece];
-          for (; i < end; i += kStreamPiece) {
-            const size_t len = std::min(kStreamPiece, end - i);
+          // Decoded a tile at a time (it stays in L1), then stored past the caches.
+          float piece[kTile];
+          for (; i < end; i += kTile) {
+            const size_t len = std::min(kTile, end - i);
             (finite ? KFromFiniteBlockwise8 : KFromBlockwise8)(codes + i, len, step, piece);
             StreamStore(o + i, piece, len * sizeof(float));
           }

@@ -1,5 +1,5 @@
 // Tests of the non-temporal copy: every byte lands where memcpy would put it, at every alignment
-// of source and destination and every length around the 16- and 64-byte steps of its loops, and
+// of source and destination and every length around the 16-byte step of its loop, and
 // nothing outside the destination is touched.
 #include "core/stream_store.h"
 
