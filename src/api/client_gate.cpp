@@ -98,42 +98,11 @@ std::optional<size_t> ClientGate::MatchKey(const http::Request& request) const {
   return match;
 }
 
-std::optional<double> ClientGate::TakeToken(const std::string& client) {
-  const double rate = options_.requests_per_minute / 60.0;  // per second
-  const double capacity = std::max(1.0, options_.requests_per_minute);
-  const auto now = std::chrono::steady_clock::now();
-  const auto refilled = [&](const Bucket& b) {
-    const double elapsed = std::chrono::duration<double>(now - b.last).count();
-    return std::min(capacity, b.tokens + elapsed * rate);
-  };
-  auto it = buckets_.find(client);
-  if (it == buckets_.end()) {
-    if (buckets_.size() >= options_.max_clients) {
-      // Forget the clients whose buckets are full again (idle), and if that is not enough the
-      // idlest eighth, so that this sweep runs once per many new clients.
-      std::erase_if(buckets_, [&](const auto& kv) { return refilled(kv.second) >= capacity; });
-      if (buckets_.size() >= options_.max_clients) {
-        std::vector<std::chrono::steady_clock::time_point> lasts;
-        lasts.reserve(buckets_.size());
-        for (const auto& [_, b] : buckets_) lasts.push_back(b.last);
-        const size_t drop = std::max<size_t>(1, buckets_.size() / 8);
-        std::nth_element(lasts.begin(), lasts.begin() + static_cast<std::ptrdiff_t>(drop - 1),
-                         lasts.end());
-        const auto cutoff = lasts[drop - 1];
-        std::erase_if(buckets_, [&](const auto& kv) { return kv.second.last <= cutoff; });
-      }
-    }
-    it = buckets_.emplace(client, Bucket{capacity, now}).first;
-  }
-  Bucket& b = it->second;
-  b.tokens = refilled(b);
-  b.last = now;
-  if (b.tokens >= 1) {
-    b.tokens -= 1;
-    return std::nullopt;
-  }
-  return (1 - b.tokens) / rate;
-}
+ClientGate::ClientGate(ClientGateOptions options)
+    : options_(std::move(options)),
+      buckets_({.per_second = std::max(options_.requests_per_minute, 0.0) / 60.0,
+                .burst = std::max(1.0, options_.requests_per_minute),
+                .max_keys = options_.max_clients}) {}
 
 std::optional<http::Reply> ClientGate::Admit(const http::Request& request) {
   std::string client;
@@ -158,7 +127,7 @@ std::optional<http::Reply> ClientGate::Admit(const http::Request& request) {
   }
   if (options_.requests_per_minute <= 0) return std::nullopt;
   std::lock_guard lock(mu_);
-  const std::optional<double> wait = TakeToken(client);
+  const std::optional<double> wait = buckets_.Take(client, std::chrono::steady_clock::now());
   if (!wait) return std::nullopt;
   ++stats_.rate_limited;
   const auto retry_after = static_cast<int64_t>(std::ceil(*wait));
@@ -185,7 +154,7 @@ ClientGateStats ClientGate::stats() const {
 
 size_t ClientGate::clients_remembered() const {
   std::lock_guard lock(mu_);
-  return buckets_.size();
+  return buckets_.keys();
 }
 
 }  // namespace colony::api

@@ -9,17 +9,16 @@
 //   router.Add("POST", "/v1/completions", gate->Guard(handler));
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
+#include "core/token_buckets.h"
 #include "http/server.h"
 
 namespace colony::api {
@@ -64,19 +63,13 @@ class ClientGate : public std::enable_shared_from_this<ClientGate> {
   size_t clients_remembered() const;
 
  private:
-  explicit ClientGate(ClientGateOptions options) : options_(std::move(options)) {}
+  explicit ClientGate(ClientGateOptions options);
   // Which key `request` carries; nullopt when none matches.
   std::optional<size_t> MatchKey(const http::Request& request) const;
-  // Takes a token from `client`'s bucket; the seconds until one is free when it is empty.
-  std::optional<double> TakeToken(const std::string& client);
 
-  struct Bucket {
-    double tokens = 0;
-    std::chrono::steady_clock::time_point last;
-  };
   const ClientGateOptions options_;
   mutable std::mutex mu_;
-  std::unordered_map<std::string, Bucket> buckets_;
+  TokenBuckets buckets_;  // per client, a minute's worth of requests at once
   ClientGateStats stats_;
 };
 

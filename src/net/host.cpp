@@ -1,5 +1,6 @@
 #include "net/host.h"
 
+#include <fmt/format.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 
@@ -15,6 +16,7 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
+#include <cmath>
 #include <limits>
 
 #include "core/log.h"
@@ -106,6 +108,12 @@ Host::Host(KeyPair identity, HostOptions options)
   options_.connection.host_received_budget =
       std::make_shared<ByteBudget>(options_.max_received_bytes);
   options_.connection.access = options_.access;
+  if (options_.handshakes_per_second_per_address > 0) {
+    handshake_rate_.emplace(
+        TokenBucketOptions{.per_second = options_.handshakes_per_second_per_address,
+                           .burst = std::max(1.0, options_.handshake_burst_per_address),
+                           .max_keys = kMaxRateAddresses});
+  }
   RegisterUnary(kDialbackMethod, [this](CallContext& ctx, Message request) {
     return ServeDialback(ctx, std::move(request));
   });
@@ -116,6 +124,18 @@ Host::~Host() { Shutdown(); }
 
 Status Host::Start() {
   if (started_) return FailedPrecondition("host already started");
+  if (!std::isfinite(options_.handshakes_per_second_per_address) ||
+      options_.handshakes_per_second_per_address < 0) {
+    return InvalidArgument(fmt::format(
+        "handshakes_per_second_per_address is {}, expected a finite rate >= 0 (0: no limit)",
+        options_.handshakes_per_second_per_address));
+  }
+  if (!std::isfinite(options_.handshake_burst_per_address) ||
+      options_.handshake_burst_per_address < 1) {
+    return InvalidArgument(
+        fmt::format("handshake_burst_per_address is {}, expected a finite number >= 1",
+                    options_.handshake_burst_per_address));
+  }
   if (!options_.dial_from.empty()) {
     std::error_code ec;
     (void)asio::ip::make_address(options_.dial_from, ec);
@@ -463,8 +483,8 @@ asio::awaitable<void> Host::AcceptLoop(std::shared_ptr<asio::ip::tcp::acceptor> 
                                  : ReserveInbound(remote.address(), &key, &evict);
       if (!reserved.ok()) {
         // A flood may knock often: log the first refusals, then every 1000th.
-        const uint64_t n =
-            slot_refusals_.per_address + slot_refusals_.handshakes + slot_refusals_.full;
+        const uint64_t n = slot_refusals_.per_address + slot_refusals_.handshakes +
+                           slot_refusals_.rate + slot_refusals_.full;
         if (n <= 10 || n % 1000 == 0) {
           COLONY_LOG_WARN("refusing a connection: {} (refusal {})", reserved.message(), n);
         }
@@ -509,6 +529,16 @@ Status Host::ReserveInbound(const asio::ip::address& ip, std::string* key,
     ++slot_refusals_.handshakes;
     return ResourceExhausted(address + " already has " + std::to_string(mine.handshakes) +
                              " handshakes running (max_handshakes_per_address)");
+  }
+  if (handshake_rate_) {
+    if (const auto wait = handshake_rate_->Take(address, std::chrono::steady_clock::now())) {
+      ++slot_refusals_.rate;
+      if (own == 0) inbound_.erase(address);
+      return ResourceExhausted(
+          fmt::format("{} started more handshakes than its rate of {:g} per second allows "
+                      "(handshakes_per_second_per_address); its next is allowed in {:.2f} s",
+                      address, options_.handshakes_per_second_per_address, *wait));
+    }
   }
   if (connection_count_ >= options_.max_connections) {
     // Fair eviction: the address holding the most inbound connections gives one up, when it

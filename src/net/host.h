@@ -32,6 +32,7 @@
 #include "core/identity.h"
 #include "core/multiaddr.h"
 #include "core/status.h"
+#include "core/token_buckets.h"
 #include "net/connection.h"
 #include "net/observed_addresses.h"
 #include "net/peer_address_book.h"
@@ -59,6 +60,13 @@ struct HostOptions {
   // fewer inbound connections than the heaviest address evicts one of the heaviest's.
   size_t max_connections_per_address = 128;
   size_t max_handshakes_per_address = 32;
+  // Handshakes one source address may start: `handshake_burst_per_address` at once, then
+  // `handshakes_per_second_per_address` on average (a token bucket; 0 per second: no limit).
+  // Each costs this host a key agreement and signature operations on an I/O thread, so an
+  // address that completes handshakes in a loop, within its slots, would otherwise keep that
+  // thread busy and every other peer's traffic waiting.
+  double handshakes_per_second_per_address = 20;
+  double handshake_burst_per_address = 64;
   // A swarm on one machine shares 127.0.0.1, so loopback sources are exempt unless this is set.
   bool limit_loopback_addresses = false;
   // The local IP address outgoing dials are made from (a multi-homed machine; tests that play a
@@ -152,6 +160,7 @@ class Host {
   struct SlotRefusals {
     uint64_t per_address = 0;  // inbound connections refused: their address held its cap
     uint64_t handshakes = 0;   // refused: their address had its cap of handshakes running
+    uint64_t rate = 0;         // refused: their address started handshakes beyond its rate
     uint64_t full = 0;         // refused at max_connections (no heavier address to evict)
     uint64_t evicted = 0;      // connections closed to make room for a lighter address
   };
@@ -161,6 +170,8 @@ class Host {
   // (the peer is told), and dials to it fail at once. At most kMaxBlockedPeers are held (beyond,
   // Block returns false and the peer is not blocked).
   static constexpr size_t kMaxBlockedPeers = 65'536;
+  // Source addresses whose handshake rates are remembered at once (TokenBuckets::max_keys).
+  static constexpr size_t kMaxRateAddresses = 65'536;
   bool Block(const PeerId& peer, std::string reason);
   // Why `peer` is blocked, if it is.
   std::optional<std::string> BlockedReason(const PeerId& peer) const;
@@ -320,6 +331,9 @@ class Host {
     std::vector<std::weak_ptr<Connection>> open;
   };
   std::unordered_map<std::string, InboundAddress> inbound_;
+  // Handshakes started per source address (HostOptions::handshakes_per_second_per_address;
+  // guarded by mu_; unset when there is no limit).
+  std::optional<TokenBuckets> handshake_rate_;
   std::unordered_map<const Connection*, std::string> inbound_address_of_;
   // The memory budgets of each source address's connections, shared by them and freed with the
   // last (guarded by mu_; expired entries are swept as the map grows).

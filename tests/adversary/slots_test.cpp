@@ -6,7 +6,9 @@
 //  - many identities from one address, each completing its handshake: at most
 //    max_connections_per_address connections are kept;
 //  - a host filled by one address: an honest newcomer evicts one of that address's connections,
-//    while a further connection from the heavy address is refused.
+//    while a further connection from the heavy address is refused;
+//  - new identities from one address completing handshakes one after another, as fast as they
+//    can: the address gets its burst, then its rate (handshakes_per_second_per_address).
 // And against a circuit relay (net/relay.h), the same way:
 //  - one address reserving with many identities gets max_reservations_per_address of them;
 //  - one address flooding the circuit port holds max_circuit_sockets_per_address sockets;
@@ -24,6 +26,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
 #include <cerrno>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -42,7 +45,8 @@ using namespace std::chrono_literals;
 constexpr size_t kPerAddress = 4;
 constexpr size_t kHandshakes = 2;
 
-std::unique_ptr<Host> Victim(size_t max_connections) {
+std::unique_ptr<Host> Victim(size_t max_connections,
+                             const std::function<void(HostOptions&)>& tune = {}) {
   HostOptions o;
   o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
   o.limit_loopback_addresses = true;
@@ -50,6 +54,7 @@ std::unique_ptr<Host> Victim(size_t max_connections) {
   o.max_handshakes_per_address = kHandshakes;
   o.max_connections = max_connections;
   o.connection.handshake_timeout = 60s;  // held handshakes stay held for the whole test
+  if (tune) tune(o);
   auto host = std::make_unique<Host>(KeyPair::Generate(), o);
   EXPECT_TRUE(host->Start().ok());
   host->RegisterUnary(
@@ -267,6 +272,44 @@ struct RelayWithHonestCircuit {
     return test::RecordHonestSlowdown(before, EchoLatencies(*caller, address()));
   }
 };
+
+TEST(SlotAttack, HandshakesFromOneAddressKeepToItsRate) {
+  constexpr double kRate = 0.5;  // per second
+  constexpr int kBurst = 4;
+  auto victim = Victim(64, [](HostOptions& o) {
+    o.max_connections_per_address = 64;  // the rate, not the slots, is what refuses here
+    o.handshakes_per_second_per_address = kRate;
+    o.handshake_burst_per_address = kBurst;
+  });
+  const Multiaddr addr = victim->ListenAddresses()[0];
+  auto honest = Peer();
+  const auto before = EchoLatencies(*honest, addr);
+  // Each attempt a new identity that completes its handshake (when let in), makes a call and
+  // leaves: one handshake at a time, so only the rate can refuse it.
+  constexpr int kAttempts = 20;
+  int admitted = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kAttempts; ++i) {
+    auto sybil = Peer("127.0.0.2");
+    admitted += Echo(*sybil, addr).ok();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Its burst, then at most its rate over the time the attack took.
+  EXPECT_GE(admitted, kBurst);
+  EXPECT_LE(admitted, kBurst + static_cast<int>(kRate * seconds) + 1) << seconds << " s";
+  EXPECT_EQ(victim->slot_refusals().rate, static_cast<uint64_t>(kAttempts - admitted));
+  EXPECT_EQ(victim->slot_refusals().handshakes + victim->slot_refusals().per_address, 0u);
+  // Another address (the honest peer's, and a newcomer's) is not held back.
+  EXPECT_LT(test::RecordHonestSlowdown(before, EchoLatencies(*honest, addr)), 10);
+  auto newcomer = Peer();
+  EXPECT_TRUE(Echo(*newcomer, addr).ok());
+  // The attacker's address gets a handshake again once a token has refilled.
+  std::this_thread::sleep_for(std::chrono::duration<double>(1.1 / kRate));
+  auto late = Peer("127.0.0.2");
+  const Status again = Echo(*late, addr);
+  EXPECT_TRUE(again.ok()) << again.ToString();
+}
 
 TEST(RelayAttack, OneAddressGetsItsShareOfReservationsAndCircuitSockets) {
   RelayOptions o;

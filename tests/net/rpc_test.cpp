@@ -3,6 +3,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/write.hpp>
 #include <atomic>
+#include <limits>
 #include <numeric>
 #include <thread>
 
@@ -32,6 +33,26 @@ TEST(Rpc, UnaryEcho) {
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->meta, "again!");
   EXPECT_EQ(client->connection_count(), 1u);
+}
+
+TEST(Rpc, AHandshakeRateThatIsNoRateFailsStartNamingTheOption) {
+  const auto start = [](double per_second, double burst) {
+    HostOptions o;
+    o.handshakes_per_second_per_address = per_second;
+    o.handshake_burst_per_address = burst;
+    Host host(KeyPair::Generate(), o);
+    return host.Start();
+  };
+  for (double bad :
+       {-1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    const Status st = start(bad, 64);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("handshakes_per_second_per_address"), std::string::npos);
+  }
+  const Status burst = start(20, 0.5);
+  EXPECT_EQ(burst.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(burst.message().find("handshake_burst_per_address"), std::string::npos);
+  EXPECT_TRUE(start(0, 1).ok());  // 0: no limit
 }
 
 TEST(Rpc, HandlerSeesCallerIdentity) {
