@@ -4,6 +4,8 @@
 // coroutine). Over TLS the same request loop runs on a Beast ssl_stream after the handshake.
 #include "http/server.h"
 
+#include <fmt/format.h>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -18,6 +20,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -28,6 +31,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/token_buckets.h"
 #include "http/tls_context.h"
 
 namespace colony::http {
@@ -210,6 +214,7 @@ struct Server::Impl {
   std::set<std::shared_ptr<Exchange>> exchanges;
   std::set<tcp::socket*> sockets;                // of the connections open, cancelled at Stop()
   std::map<asio::ip::address, int> per_address;  // connections open from capped addresses
+  std::optional<TokenBuckets> tls_rate;          // TLS handshakes started per capped address
   ServerStats stats;
   uint16_t port = 0;
   std::unique_ptr<TlsCertificates> tls;  // HTTPS when set
@@ -290,6 +295,10 @@ bool Server::Impl::Admit(const tcp::socket& socket, std::optional<asio::ip::addr
     const asio::ip::address address = remote.address();
     if (options.cap_loopback || !address.is_loopback()) {
       std::lock_guard lock(mu);
+      if (tls_rate && tls_rate->Take(address.to_string(), Clock::now())) {
+        ++stats.tls_rate_refused;
+        return false;
+      }
       int& open = per_address[address];
       if (open >= options.max_connections_per_address) return false;
       ++open;
@@ -568,6 +577,15 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options, Router rout
         "max_concurrent_requests and max_connections must be at least 1, and "
         "max_connections_per_address at least 0");
   }
+  if (!std::isfinite(options.tls_handshakes_per_second_per_address) ||
+      options.tls_handshakes_per_second_per_address < 0 ||
+      !std::isfinite(options.tls_handshake_burst_per_address) ||
+      options.tls_handshake_burst_per_address < 1) {
+    return InvalidArgument(fmt::format(
+        "tls_handshakes_per_second_per_address ({}) must be finite and not negative (0: no "
+        "limit), and tls_handshake_burst_per_address ({}) finite and at least 1",
+        options.tls_handshakes_per_second_per_address, options.tls_handshake_burst_per_address));
+  }
   if (options.tls_certificate.empty() != options.tls_private_key.empty()) {
     return InvalidArgument(options.tls_certificate.empty()
                                ? "a TLS private key needs its certificate"
@@ -577,6 +595,11 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options, Router rout
   if (!options.tls_certificate.empty()) {
     COLONY_ASSIGN_OR_RETURN(
         impl->tls, TlsCertificates::Load(options.tls_certificate, options.tls_private_key));
+  }
+  if (impl->tls && options.tls_handshakes_per_second_per_address > 0) {
+    impl->tls_rate.emplace(
+        TokenBucketOptions{.per_second = options.tls_handshakes_per_second_per_address,
+                           .burst = options.tls_handshake_burst_per_address});
   }
   impl->options = std::move(options);
   impl->router = std::move(router);

@@ -126,14 +126,23 @@ struct ServerOptions {
   // unless cap_loopback. 0: no cap.
   int max_connections_per_address = 32;
   bool cap_loopback = false;
+  // TLS handshakes one IP address may start: tls_handshake_burst_per_address at once, then
+  // tls_handshakes_per_second_per_address on average (a token bucket); its further connections
+  // are closed at accept. A handshake costs the one I/O thread a key exchange and a signature, so
+  // an address starting them in a loop would hold up every other client's requests. Loopback as
+  // for max_connections_per_address (cap_loopback). 0 per second: no limit.
+  double tls_handshakes_per_second_per_address = 20;
+  double tls_handshake_burst_per_address = 64;
 };
 
 struct ServerStats {
   int64_t requests = 0;                // parsed and routed
   int64_t bad_requests = 0;            // malformed or over a size bound
   int64_t busy = 0;                    // refused with 503: max_concurrent_requests were running
-  int64_t refused_connections = 0;     // closed at accept: max_connections were open, or
-                                       // max_connections_per_address from that address
+  int64_t refused_connections = 0;     // closed at accept: max_connections were open,
+                                       // max_connections_per_address from that address, or
+                                       // its TLS handshake rate was spent
+  int64_t tls_rate_refused = 0;        // of those, for the TLS handshake rate
   int64_t cancelled_streams = 0;       // streams cut: the client went away or a deadline passed
   int64_t tls_handshake_failures = 0;  // TLS connections closed before a request: plain HTTP,
                                        // a stalled or failed handshake

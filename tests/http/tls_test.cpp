@@ -1,7 +1,8 @@
 // The HTTP server over TLS, with a client built on OpenSSL directly that verifies the server's
 // certificate (a self-signed one made here for 127.0.0.1), and clients that play the attacker:
-// plain HTTP and junk sent to the TLS port, a handshake that never comes, certificate files that
-// do not load. A renewed certificate is served to the connections that come after it.
+// plain HTTP and junk sent to the TLS port, a handshake that never comes, handshakes started in a
+// loop from one address (its rate), certificate files that do not load. A renewed certificate
+// is served to the connections that come after it.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <memory>
 #include <string>
 #include <thread>
@@ -31,8 +33,18 @@ using test::Pem;
 using Ctx = std::unique_ptr<SSL_CTX, test::OpenSslDeleter<SSL_CTX_free>>;
 using Ssl = std::unique_ptr<SSL, test::OpenSslDeleter<SSL_free>>;
 
-int Connect(uint16_t port, std::chrono::milliseconds deadline) {
+// A TCP connection to 127.0.0.1:port, from the local address `from` (empty: the kernel's choice).
+int Connect(uint16_t port, std::chrono::milliseconds deadline, const std::string& from = {}) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (!from.empty()) {
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    ::inet_pton(AF_INET, from.c_str(), &local.sin_addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(deadline.count() / 1000);
   tv.tv_usec = static_cast<suseconds_t>((deadline.count() % 1000) * 1000);
@@ -54,9 +66,10 @@ struct TlsAnswer {
   std::string response;    // everything read until the server closed
 };
 
-// Sends `request` over TLS 1.2+ to 127.0.0.1:port, trusting only `trusted_pem` (a file), and reads
-// until the server closes the connection.
-TlsAnswer TlsFetch(uint16_t port, const std::string& trusted_pem, const std::string& request) {
+// Sends `request` over TLS 1.2+ to 127.0.0.1:port (from `from`, as Connect), trusting only
+// `trusted_pem` (a file), and reads until the server closes the connection.
+TlsAnswer TlsFetch(uint16_t port, const std::string& trusted_pem, const std::string& request,
+                   const std::string& from = {}) {
   TlsAnswer out;
   Ctx ctx(SSL_CTX_new(TLS_client_method()));
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
@@ -65,7 +78,7 @@ TlsAnswer TlsFetch(uint16_t port, const std::string& trusted_pem, const std::str
     return out;
   }
   SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
-  const int fd = Connect(port, 10s);
+  const int fd = Connect(port, 10s, from);
   if (fd < 0) {
     out.error = "cannot connect";
     return out;
@@ -220,6 +233,63 @@ TEST(HttpsServer, AHandshakeThatNeverComesIsCutAndFreesItsConnectionSlot) {
   ASSERT_TRUE(hello.handshake) << hello.error;
   EXPECT_TRUE(hello.response.starts_with("HTTP/1.1 200")) << hello.response;
   EXPECT_EQ((*server)->stats().refused_connections, 0);
+}
+
+TEST(HttpsServer, TlsHandshakesFromOneAddressKeepToItsRate) {
+  Files files;
+  const Pem pem = MakeSelfSigned("colony-test");
+  constexpr double kRate = 0.5;  // per second
+  constexpr int kBurst = 3;
+  ServerOptions options;
+  options.cap_loopback = true;  // 127.0.0.2 plays the attacker's machine, 127.0.0.1 another
+  options.tls_handshakes_per_second_per_address = kRate;
+  options.tls_handshake_burst_per_address = kBurst;
+  auto server = files.Serve(pem, options);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const uint16_t port = (*server)->port();
+  const std::string trusted = files.Trust(pem, "trusted.pem");
+  // A refused client's ClientHello meets a closed socket: an error to it, not a signal.
+  std::signal(SIGPIPE, SIG_IGN);
+  // One handshake after another, each with a request, as fast as the client can.
+  constexpr int kAttempts = 12;
+  int answered = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kAttempts; ++i) {
+    const TlsAnswer a = TlsFetch(port, trusted, kGetHello, "127.0.0.2");
+    answered += a.handshake && a.response.starts_with("HTTP/1.1 200");
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Its burst, then at most its rate over the time the attempts took.
+  EXPECT_GE(answered, kBurst);
+  EXPECT_LE(answered, kBurst + static_cast<int>(kRate * seconds) + 1) << seconds << " s";
+  EXPECT_EQ((*server)->stats().tls_rate_refused, kAttempts - answered);
+  EXPECT_EQ((*server)->stats().refused_connections, kAttempts - answered);
+  // Another address is served at once.
+  const TlsAnswer other = TlsFetch(port, trusted, kGetHello, "127.0.0.1");
+  ASSERT_TRUE(other.handshake) << other.error;
+  EXPECT_TRUE(other.response.starts_with("HTTP/1.1 200")) << other.response;
+  // The attacker's address is served again a token's time later.
+  std::this_thread::sleep_for(std::chrono::duration<double>(1.1 / kRate));
+  const TlsAnswer again = TlsFetch(port, trusted, kGetHello, "127.0.0.2");
+  ASSERT_TRUE(again.handshake) << again.error;
+  EXPECT_TRUE(again.response.starts_with("HTTP/1.1 200")) << again.response;
+}
+
+TEST(HttpsServer, AHandshakeRateThatIsNoRateIsRefusedByName) {
+  Files files;
+  const Pem pem = MakeSelfSigned("colony-test");
+  ServerOptions options;
+  options.tls_handshakes_per_second_per_address = -1;
+  auto negative = files.Serve(pem, options);
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("tls_handshakes_per_second_per_address"),
+            std::string::npos);
+  options.tls_handshakes_per_second_per_address = 20;
+  options.tls_handshake_burst_per_address = 0;
+  auto no_burst = files.Serve(pem, options);
+  ASSERT_FALSE(no_burst.ok());
+  EXPECT_NE(no_burst.status().message().find("tls_handshake_burst_per_address"), std::string::npos);
 }
 
 TEST(HttpsServer, CertificateFilesThatDoNotLoadAreRefusedByName) {
