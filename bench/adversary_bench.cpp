@@ -51,6 +51,9 @@ const std::vector<Suite>& Suites() {
        "AveragingFaults.ARoundThatAveraged*:AveragingFaults.AReducerReturningAWrongResult*"},
       {"byzantine", "averaging_verify_tests", "Verification.A*"},
       {"http", "http_server_test", "HttpServer.Junk*:HttpServer.ConnectionsOverTheLimit*"},
+      {"http", "http_tls_test",
+       "HttpsServer.PlainHttpAndJunk*:HttpsServer.AHandshakeThatNeverComes*:"
+       "HttpsServer.TlsHandshakesFromOneAddress*"},
       {"monitor", "monitor_collector_test", "MonitoredSwarm.ARecordNaming*"},
       {"training", "adversary_training_tests", "*"},
       {"experts", "moe_expert_test", "ExpertServers.Hostile*"},
