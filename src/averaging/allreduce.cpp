@@ -186,7 +186,9 @@ Status AllReduceRun::AccumulateEncoded(uint32_t s, size_t k, ByteSpan encoded, f
   Reduced& part = parts_[k];
   if (part.acc.empty()) {
     const auto [b, e] = PartRange(self_, k);
-    part.acc.resize(e - b);  // zeros: the first sender's values are added to them
+    // Zeros, which the first sender's values are added to. Floats grows without zero-filling:
+    // resize() alone left whatever the allocator had there in the sum.
+    part.acc.assign(e - b, 0.0f);
   }
   COLONY_RETURN_IF_ERROR(
       compression::DecodeAddScaled(encoded, part.acc, static_cast<float>(senders_[s].weight)));

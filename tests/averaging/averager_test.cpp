@@ -27,6 +27,7 @@ namespace colony::averaging {
 namespace {
 
 using namespace std::chrono_literals;
+using swarm_test::DirtyAllocations;
 using swarm_test::Options;
 using swarm_test::Peer;
 using swarm_test::Swarm;
@@ -295,8 +296,13 @@ TEST(Averager, ValuesWhoseSumWouldOverflowAreExcludedAndTheRestAverageExactly) {
 // its sum, in one pass without a decoded copy: a sender whose parts carry a code the encoders
 // never write, or values whose weighted sum could overflow, is excluded before it touches the
 // sum, and the honest members' parts hold their mean (within blockwise8's quantization error).
+// With values near FLT_MAX the attacker's own span is reduced without its values, from the
+// honest members' encoded parts alone: its sum starts from zeros, not from whatever the
+// allocator handed back (fresh allocations are filled with garbage here, so that a sum that
+// skips the zeroing is wrong in every run, not once in a few hundred).
 TEST(Averager, MalformedOrOverflowingBlockwisePartsAreExcluded) {
   const size_t n = 10'000;
+  const DirtyAllocations dirty;
   for (const bool corrupt : {true, false}) {
     SCOPED_TRACE(corrupt ? "a code outside the codec's range" : "values near FLT_MAX");
     Swarm swarm(n);
@@ -310,7 +316,7 @@ TEST(Averager, MalformedOrOverflowingBlockwisePartsAreExcluded) {
     std::vector<std::vector<float>> honest;
     for (uint64_t i = 0; i < 3; ++i) honest.push_back(Synthetic(i, n));
     const std::vector<float> own3 = Synthetic(3, n);
-    size_t averaged = 0;
+    size_t averaged = 0, with_peer3 = 0;
     for (size_t i = 0; i < 3; ++i) {
       ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
       const auto& data = swarm.peers()[i]->data;
@@ -323,6 +329,7 @@ TEST(Averager, MalformedOrOverflowingBlockwisePartsAreExcluded) {
           // (and honest) and the others' parts.
           EXPECT_TRUE(corrupt) << "peer " << i;
           EXPECT_EQ(part.contributors.size(), 4u) << "peer " << i;
+          ++with_peer3;
         } else if (part.contributors.size() == 3) {
           ++averaged;
         } else {
@@ -341,7 +348,10 @@ TEST(Averager, MalformedOrOverflowingBlockwisePartsAreExcluded) {
       }
       for (size_t k = 0; k < n; ++k) ASSERT_TRUE(std::isfinite(data[k])) << "peer " << i;
     }
-    EXPECT_GE(averaged, 9u);
+    // Every span reaches all three honest members: the honest reducers' spans without peer 3,
+    // and peer 3's own span with its values (corrupt codes) or without them (near FLT_MAX).
+    EXPECT_EQ(averaged, corrupt ? 9u : 12u);
+    EXPECT_EQ(with_peer3, corrupt ? 3u : 0u);
   }
 }
 

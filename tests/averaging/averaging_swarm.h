@@ -15,9 +15,33 @@
 #include "averaging/averager.h"
 #include "dht/node.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>  // mallopt
+#endif
+
 namespace colony::averaging::swarm_test {
 
 using namespace std::chrono_literals;
+
+// While one lives, every fresh heap allocation of this process comes filled with 0x42 bytes
+// (floats of 48.6) instead of whatever the allocator had (often zeros), so that code reading
+// memory it never wrote is wrong in every run. glibc only; elsewhere (and under ASan, which
+// fills allocations with its own pattern) it does nothing.
+class DirtyAllocations {
+ public:
+  DirtyAllocations() {
+#ifdef __GLIBC__
+    mallopt(M_PERTURB, 0x42 ^ 0xff);  // glibc fills with the complement of the byte given
+#endif
+  }
+  ~DirtyAllocations() {
+#ifdef __GLIBC__
+    mallopt(M_PERTURB, 0);
+#endif
+  }
+  DirtyAllocations(const DirtyAllocations&) = delete;
+  DirtyAllocations& operator=(const DirtyAllocations&) = delete;
+};
 
 struct Peer {
   std::unique_ptr<dht::Node> node;
