@@ -53,7 +53,7 @@ const std::vector<Suite>& Suites() {
       {"http", "http_server_test", "HttpServer.Junk*:HttpServer.ConnectionsOverTheLimit*"},
       {"http", "http_tls_test",
        "HttpsServer.PlainHttpAndJunk*:HttpsServer.AHandshakeThatNeverComes*:"
-       "HttpsServer.TlsHandshakesFromOneAddress*"},
+       "HttpsServer/HttpsHandshakeRate.*"},
       {"monitor", "monitor_collector_test", "MonitoredSwarm.ARecordNaming*"},
       {"training", "adversary_training_tests", "*"},
       {"experts", "moe_expert_test", "ExpertServers.Hostile*"},

@@ -1,9 +1,25 @@
 #include "core/token_buckets.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace colony {
+
+Status CheckTokenRate(std::string_view per_second_name, double per_second,
+                      std::string_view burst_name, double burst) {
+  if (!std::isfinite(per_second) || per_second < 0) {
+    return InvalidArgument(fmt::format("{} is {}, expected a finite rate >= 0 (0: no limit)",
+                                       per_second_name, per_second));
+  }
+  if (!std::isfinite(burst) || burst < 1) {
+    return InvalidArgument(
+        fmt::format("{} is {}, expected a finite number >= 1", burst_name, burst));
+  }
+  return Status::Ok();
+}
 
 double TokenBuckets::Refilled(const Bucket& b, SteadyTime now) const {
   const double elapsed = std::max(0.0, std::chrono::duration<double>(now - b.last).count());

@@ -14,9 +14,11 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "core/clock.h"
+#include "core/status.h"
 
 namespace colony {
 
@@ -25,6 +27,12 @@ struct TokenBucketOptions {
   double burst = 1;       // >= 1: tokens a key holds when full
   size_t max_keys = 65536;
 };
+
+// A rate and burst as a caller's options give them, checked before a TokenBuckets is built from
+// them: InvalidArgument naming the option unless `per_second` is finite and >= 0 (callers take
+// 0 as no limit) and `burst` finite and >= 1.
+Status CheckTokenRate(std::string_view per_second_name, double per_second,
+                      std::string_view burst_name, double burst);
 
 class TokenBuckets {
  public:

@@ -214,7 +214,7 @@ struct Server::Impl {
   std::set<std::shared_ptr<Exchange>> exchanges;
   std::set<tcp::socket*> sockets;                // of the connections open, cancelled at Stop()
   std::map<asio::ip::address, int> per_address;  // connections open from capped addresses
-  std::optional<TokenBuckets> tls_rate;          // TLS handshakes started per capped address
+  std::optional<TokenBuckets> tls_rate;          // TLS handshakes started per address
   ServerStats stats;
   uint16_t port = 0;
   std::unique_ptr<TlsCertificates> tls;  // HTTPS when set
@@ -288,7 +288,8 @@ asio::awaitable<void> Server::Impl::Accept() {
 
 bool Server::Impl::Admit(const tcp::socket& socket, std::optional<asio::ip::address>& counted) {
   if (connections.load() >= options.max_connections) return false;
-  if (options.max_connections_per_address > 0) {
+  // The handshake rate holds whether or not connections per address are capped.
+  if (options.max_connections_per_address > 0 || tls_rate) {
     beast::error_code ec;
     const auto remote = socket.remote_endpoint(ec);
     if (ec) return false;  // already gone
@@ -299,10 +300,12 @@ bool Server::Impl::Admit(const tcp::socket& socket, std::optional<asio::ip::addr
         ++stats.tls_rate_refused;
         return false;
       }
-      int& open = per_address[address];
-      if (open >= options.max_connections_per_address) return false;
-      ++open;
-      counted = address;
+      if (options.max_connections_per_address > 0) {
+        int& open = per_address[address];
+        if (open >= options.max_connections_per_address) return false;
+        ++open;
+        counted = address;
+      }
     }
   }
   ++connections;
@@ -577,15 +580,9 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options, Router rout
         "max_concurrent_requests and max_connections must be at least 1, and "
         "max_connections_per_address at least 0");
   }
-  if (!std::isfinite(options.tls_handshakes_per_second_per_address) ||
-      options.tls_handshakes_per_second_per_address < 0 ||
-      !std::isfinite(options.tls_handshake_burst_per_address) ||
-      options.tls_handshake_burst_per_address < 1) {
-    return InvalidArgument(fmt::format(
-        "tls_handshakes_per_second_per_address ({}) must be finite and not negative (0: no "
-        "limit), and tls_handshake_burst_per_address ({}) finite and at least 1",
-        options.tls_handshakes_per_second_per_address, options.tls_handshake_burst_per_address));
-  }
+  COLONY_RETURN_IF_ERROR(CheckTokenRate(
+      "tls_handshakes_per_second_per_address", options.tls_handshakes_per_second_per_address,
+      "tls_handshake_burst_per_address", options.tls_handshake_burst_per_address));
   if (options.tls_certificate.empty() != options.tls_private_key.empty()) {
     return InvalidArgument(options.tls_certificate.empty()
                                ? "a TLS private key needs its certificate"

@@ -130,7 +130,8 @@ struct ServerOptions {
   // tls_handshakes_per_second_per_address on average (a token bucket); its further connections
   // are closed at accept. A handshake costs the one I/O thread a key exchange and a signature, so
   // an address starting them in a loop would hold up every other client's requests. Loopback as
-  // for max_connections_per_address (cap_loopback). 0 per second: no limit.
+  // for max_connections_per_address (cap_loopback); applied with or without that cap (0 there
+  // leaves this rate on). 0 per second: no limit.
   double tls_handshakes_per_second_per_address = 20;
   double tls_handshake_burst_per_address = 64;
 };

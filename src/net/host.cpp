@@ -108,12 +108,6 @@ Host::Host(KeyPair identity, HostOptions options)
   options_.connection.host_received_budget =
       std::make_shared<ByteBudget>(options_.max_received_bytes);
   options_.connection.access = options_.access;
-  if (options_.handshakes_per_second_per_address > 0) {
-    handshake_rate_.emplace(
-        TokenBucketOptions{.per_second = options_.handshakes_per_second_per_address,
-                           .burst = std::max(1.0, options_.handshake_burst_per_address),
-                           .max_keys = kMaxRateAddresses});
-  }
   RegisterUnary(kDialbackMethod, [this](CallContext& ctx, Message request) {
     return ServeDialback(ctx, std::move(request));
   });
@@ -124,17 +118,14 @@ Host::~Host() { Shutdown(); }
 
 Status Host::Start() {
   if (started_) return FailedPrecondition("host already started");
-  if (!std::isfinite(options_.handshakes_per_second_per_address) ||
-      options_.handshakes_per_second_per_address < 0) {
-    return InvalidArgument(fmt::format(
-        "handshakes_per_second_per_address is {}, expected a finite rate >= 0 (0: no limit)",
-        options_.handshakes_per_second_per_address));
-  }
-  if (!std::isfinite(options_.handshake_burst_per_address) ||
-      options_.handshake_burst_per_address < 1) {
-    return InvalidArgument(
-        fmt::format("handshake_burst_per_address is {}, expected a finite number >= 1",
-                    options_.handshake_burst_per_address));
+  COLONY_RETURN_IF_ERROR(CheckTokenRate(
+      "handshakes_per_second_per_address", options_.handshakes_per_second_per_address,
+      "handshake_burst_per_address", options_.handshake_burst_per_address));
+  if (options_.handshakes_per_second_per_address > 0) {
+    handshake_rate_.emplace(
+        TokenBucketOptions{.per_second = options_.handshakes_per_second_per_address,
+                           .burst = options_.handshake_burst_per_address,
+                           .max_keys = kMaxRateAddresses});
   }
   if (!options_.dial_from.empty()) {
     std::error_code ec;

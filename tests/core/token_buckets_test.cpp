@@ -1,10 +1,11 @@
 // TokenBuckets (core/token_buckets.h) on a synthetic clock: the burst, the refill rate, keys kept
-// apart, and the bound on remembered keys.
+// apart, the bound on remembered keys, and the check of a caller's rate options.
 #include "core/token_buckets.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <limits>
 #include <string>
 
 namespace colony {
@@ -61,6 +62,23 @@ TEST(TokenBuckets, RemembersAtMostMaxKeysAndForgetsFullBucketsFirst) {
   for (int i = 0; i < 100; ++i) {
     busy.Take("n" + std::to_string(i), kStart + milliseconds(20 + i));
     EXPECT_LE(busy.keys(), 16u);
+  }
+}
+
+TEST(TokenBuckets, RatesThatAreNoRateAreRefusedNamingTheOption) {
+  EXPECT_TRUE(CheckTokenRate("r", 0, "b", 1).ok());  // 0: no limit
+  EXPECT_TRUE(CheckTokenRate("r", 20, "b", 64).ok());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const double bad : {-1.0, nan, inf}) {
+    const Status st = CheckTokenRate("my_rate", bad, "my_burst", 1);
+    ASSERT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("my_rate"), std::string::npos) << st.message();
+  }
+  for (const double bad : {0.0, 0.5, -3.0, nan, inf}) {
+    const Status st = CheckTokenRate("my_rate", 1, "my_burst", bad);
+    ASSERT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("my_burst"), std::string::npos) << st.message();
   }
 }
 

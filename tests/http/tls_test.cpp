@@ -235,13 +235,17 @@ TEST(HttpsServer, AHandshakeThatNeverComesIsCutAndFreesItsConnectionSlot) {
   EXPECT_EQ((*server)->stats().refused_connections, 0);
 }
 
-TEST(HttpsServer, TlsHandshakesFromOneAddressKeepToItsRate) {
+// With the cap on connections per address and without it (0): the rate holds either way.
+class HttpsHandshakeRate : public testing::TestWithParam<int> {};
+
+TEST_P(HttpsHandshakeRate, TlsHandshakesFromOneAddressKeepToItsRate) {
   Files files;
   const Pem pem = MakeSelfSigned("colony-test");
   constexpr double kRate = 0.5;  // per second
   constexpr int kBurst = 3;
   ServerOptions options;
   options.cap_loopback = true;  // 127.0.0.2 plays the attacker's machine, 127.0.0.1 another
+  options.max_connections_per_address = GetParam();
   options.tls_handshakes_per_second_per_address = kRate;
   options.tls_handshake_burst_per_address = kBurst;
   auto server = files.Serve(pem, options);
@@ -275,6 +279,11 @@ TEST(HttpsServer, TlsHandshakesFromOneAddressKeepToItsRate) {
   ASSERT_TRUE(again.handshake) << again.error;
   EXPECT_TRUE(again.response.starts_with("HTTP/1.1 200")) << again.response;
 }
+
+INSTANTIATE_TEST_SUITE_P(HttpsServer, HttpsHandshakeRate, testing::Values(32, 0),
+                         [](const testing::TestParamInfo<int>& param) {
+                           return param.param > 0 ? "ConnectionsCapped" : "ConnectionsUncapped";
+                         });
 
 TEST(HttpsServer, AHandshakeRateThatIsNoRateIsRefusedByName) {
   Files files;
