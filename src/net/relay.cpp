@@ -22,6 +22,7 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/token_buckets.h"
 #include "net/relay_wire.h"
 #include "net/run_on_strand.h"
 #include "net/source_address.h"
@@ -187,7 +188,10 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   size_t unidentified = 0;  // sockets still sending their request line
   SteadyTime total_next{};
 
-  std::atomic<uint64_t> circuits_total{0}, rejected{0}, reclaimed{0}, bytes_relayed{0};
+  std::atomic<uint64_t> circuits_total{0}, rejected{0}, rate_refused{0}, reclaimed{0},
+      bytes_relayed{0};
+  // CONNECTs per limited source address (circuits_per_second_per_address; on strand).
+  std::optional<TokenBuckets> circuit_rate;
 
   // Circuit-port sockets per limited source address.
   std::mutex address_mu;
@@ -362,7 +366,18 @@ asio::awaitable<void> Relay::Impl::Connect(tcp::socket socket, std::shared_ptr<A
     if (it != reservations.end() && !stopped) res = it->second;
   }
   Status refuse;
-  if (!res) {
+  std::optional<double> wait;
+  if (circuit_rate && !slot->address.empty()) {
+    wait = circuit_rate->Take(slot->address, std::chrono::steady_clock::now());
+  }
+  if (wait) {
+    refuse = ResourceExhausted(
+        fmt::format("{} asks for circuits faster than {:g} per second "
+                    "(circuits_per_second_per_address); its next is allowed in {:.2f} s",
+                    slot->address, options.circuits_per_second_per_address, *wait));
+    const uint64_t n = ++rate_refused;
+    if (n <= 10 || n % 1000 == 0) COLONY_LOG_WARN("relay: refused #{}: {}", n, refuse.message());
+  } else if (!res) {
     refuse = NotFound("no reservation for " + target.ToString() + " at this relay");
   } else if (circuits.size() + setting_up >= options.max_circuits) {
     refuse = ResourceExhausted("the relay carries " + std::to_string(options.max_circuits) +
@@ -538,7 +553,16 @@ void Relay::Impl::Stop() {
 }
 
 Result<std::unique_ptr<Relay>> Relay::Start(Host& host, RelayOptions options) {
+  COLONY_RETURN_IF_ERROR(
+      CheckTokenRate("circuits_per_second_per_address", options.circuits_per_second_per_address,
+                     "circuit_burst_per_address", options.circuit_burst_per_address));
   auto impl = std::make_shared<Impl>(host, std::move(options));
+  if (impl->options.circuits_per_second_per_address > 0) {
+    impl->circuit_rate.emplace(
+        TokenBucketOptions{.per_second = impl->options.circuits_per_second_per_address,
+                           .burst = impl->options.circuit_burst_per_address,
+                           .max_keys = Host::kMaxRateAddresses});
+  }
   if (!impl->options.listen.is_ip()) {
     return InvalidArgument("the relay's circuit port needs an IP address, got " +
                            impl->options.listen.ToString());
@@ -589,6 +613,7 @@ RelayStats Relay::stats() const {
   s.circuits = impl_->open_circuits.load();
   s.circuits_total = impl_->circuits_total.load();
   s.rejected = impl_->rejected.load();
+  s.rate_refused = impl_->rate_refused.load();
   s.reclaimed = impl_->reclaimed.load();
   s.bytes_relayed = impl_->bytes_relayed.load();
   return s;

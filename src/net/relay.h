@@ -13,8 +13,9 @@
 //   4. the two peers run the normal secure handshake through it, end to end: the dialer checks
 //      the reserved peer's identity, the relay sees only ciphertext and cannot forge a byte.
 // Limits per relay: reservations (in all and per source address), circuits (in all, per reserved
-// peer and per source address), bytes per second per circuit and in all, how long a reserved peer
-// may take to answer, and how long a circuit may stay silent or half-closed.
+// peer, per source address, and how fast one address opens them), bytes per second per circuit
+// and in all, how long a reserved peer may take to answer, and how long a circuit may stay
+// silent or half-closed.
 //
 // The relay splices TCP sockets rather than tunnelling streams of its own connections: the
 // relayed connection is then an ordinary Connection on both ends (flow control, keepalive,
@@ -55,6 +56,13 @@ struct RelayOptions {
   // limit_loopback_addresses is set.
   size_t max_reservations_per_address = 8;
   size_t max_circuit_sockets_per_address = 32;
+  // Circuits one source address may ask for: circuit_burst_per_address at once, then
+  // circuits_per_second_per_address on average (a token bucket; 0 per second: no limit). Each
+  // circuit costs the reserved peer a connection back to the relay and a handshake, so an
+  // address opening them in a loop would keep that peer's I/O thread busy as a public host's
+  // handshake rate (HostOptions::handshakes_per_second_per_address) keeps it from doing directly.
+  double circuits_per_second_per_address = 20;
+  double circuit_burst_per_address = 64;
   bool limit_loopback_addresses = false;
   // A circuit that carried no byte either way for this long is closed (a Colony connection pings
   // every 15 s when idle, so only a silent or dead one is), and so is one that one side
@@ -68,6 +76,7 @@ struct RelayStats {
   size_t circuits = 0;          // open now
   uint64_t circuits_total = 0;  // established since start
   uint64_t rejected = 0;        // requests refused (no reservation, limits, bad token, timeouts)
+  uint64_t rate_refused = 0;    // of them, circuits refused for their address's rate
   uint64_t reclaimed = 0;       // circuits closed for silence or a half-close left hanging
   uint64_t bytes_relayed = 0;
 };

@@ -26,8 +26,10 @@
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
 #include <cerrno>
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -455,6 +457,61 @@ TEST(RelayAttack, ACircuitThatOneSideHalfClosedIsReclaimed) {
   EXPECT_LT(relay.Slowdown(), 10);
   ::close(dialer);
   ::close(holder);
+}
+
+// Circuits through a relay cost the peer behind it what direct connections cost a public host:
+// a socket (back to the relay) and a handshake. New identities from one address that each open a
+// circuit to that peer, complete a handshake and a call through it, and leave (one at a time, so
+// no cap on circuits or sockets refuses them) get the burst and then the rate; an honest caller
+// keeps its pace, and the attacker's address is let in again a token's time later.
+TEST(RelayAttack, CircuitsFromOneAddressKeepToItsRate) {
+  constexpr double kRate = 0.5;  // per second
+  constexpr int kBurst = 4;
+  RelayOptions o;
+  o.circuits_per_second_per_address = kRate;
+  o.circuit_burst_per_address = kBurst;
+  RelayWithHonestCircuit relay(o);
+  ASSERT_TRUE(relay.ready()) << relay.honest.status.ToString();
+  const uint64_t rejected_before = relay.victim.relay->stats().rejected;
+  constexpr int kAttempts = 16;
+  int admitted = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kAttempts; ++i) {
+    auto sybil = Peer("127.0.0.2");
+    admitted += Echo(*sybil, relay.address()).ok();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Its burst, then at most its rate over the time the attack took.
+  EXPECT_GE(admitted, kBurst);
+  EXPECT_LE(admitted, kBurst + static_cast<int>(kRate * seconds) + 1) << seconds << " s";
+  const RelayStats stats = relay.victim.relay->stats();
+  EXPECT_EQ(stats.rate_refused, static_cast<uint64_t>(kAttempts - admitted));
+  EXPECT_EQ(stats.rejected - rejected_before, stats.rate_refused);  // nothing else refused them
+  // The honest caller (another address) is served as before.
+  EXPECT_LT(relay.Slowdown(), 10);
+  // The attacker's address is let in again once a token has come back.
+  std::this_thread::sleep_for(std::chrono::duration<double>(1.1 / kRate));
+  auto late = Peer("127.0.0.2");
+  EXPECT_TRUE(Echo(*late, relay.address()).ok());
+}
+
+TEST(RelayAttack, ACircuitRateThatIsNoRateFailsStartNamingTheOption) {
+  HostOptions h;
+  h.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  Host host(KeyPair::Generate(), h);
+  ASSERT_TRUE(host.Start().ok());
+  RelayOptions o;
+  o.listen = *Multiaddr::Parse("/ip4/127.0.0.1/tcp/0");
+  o.circuits_per_second_per_address = -1;
+  auto negative = Relay::Start(host, o);
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("circuits_per_second_per_address"), std::string::npos);
+  o.circuits_per_second_per_address = 20;
+  o.circuit_burst_per_address = 0;
+  auto no_burst = Relay::Start(host, o);
+  ASSERT_FALSE(no_burst.ok());
+  EXPECT_NE(no_burst.status().message().find("circuit_burst_per_address"), std::string::npos);
 }
 
 // A hostile relay (one a peer behind NAT picked from the swarm's list) floods its reservation
