@@ -13,6 +13,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "net/relay_wire.h"
 #include "test_support.h"
@@ -76,6 +77,46 @@ TEST(Relay, APeerWithoutAListenerIsReachedThroughItsRelay) {
 bool DirectlyConnected(const Host& from, const PeerId& to) {
   auto c = from.FindConnection(to);
   return c && !c->remote_address().is_relayed();
+}
+
+// A call's round trip over a circuit costs the relay's two extra socket hops, not a timer: with
+// Nagle's algorithm on the relay's sockets, a write passed on while an earlier one was still
+// unacknowledged waited for the receiver's delayed acknowledgement (40 ms on Linux), and nearly
+// every relayed call took 44 ms against 0.2 ms direct. The bound (4x a direct call to the relay
+// host, plus 10 ms) holds on a slow or sanitized build and fails on any such timer.
+TEST(Relay, ACallOverACircuitWaitsForNoDelayedAcknowledgement) {
+  auto relay_host = StartHost();
+  RegisterWhoAmI(*relay_host);
+  auto relay = Relay::Start(*relay_host, LoopbackRelay());
+  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+  // No hole punching: the calls stay on the circuit (as between peers behind symmetric NATs).
+  HostOptions behind_nat;
+  behind_nat.hole_punching = false;
+  auto behind = StartHost(behind_nat);
+  RegisterWhoAmI(*behind);
+  auto reservation = RelayReservation::Start(*behind, AddressOf(*relay_host));
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  auto caller = StartHost(behind_nat);
+  const auto median_call = [&](const Multiaddr& to) {
+    std::vector<double> seconds;
+    for (int i = 0; i < 21; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto reply = caller->CallSync(to, "whoami", Message("x"));
+      seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      EXPECT_TRUE(reply.ok()) << reply.status().ToString();
+    }
+    return test::Median(seconds);
+  };
+  const Multiaddr direct = AddressOf(*relay_host);
+  const Multiaddr relayed = (*reservation)->address();
+  ASSERT_TRUE(caller->CallSync(direct, "whoami", Message("connect")).ok());
+  ASSERT_TRUE(caller->CallSync(relayed, "whoami", Message("connect")).ok());
+  const double direct_s = median_call(direct);
+  const double relayed_s = median_call(relayed);
+  EXPECT_FALSE(DirectlyConnected(*caller, behind->peer_id()));
+  EXPECT_LT(relayed_s, 4 * direct_s + 0.010)
+      << "median call: " << relayed_s * 1e3 << " ms relayed, " << direct_s * 1e3 << " ms direct";
 }
 
 // Both peers dial out only, as behind NAT. After the first call through the relay they punch a
