@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "adversary/attack_measurements.h"
+#include "loopback_socket.h"
 #include "net/host.h"
 #include "net/relay.h"
 #include "net/relay_wire.h"
@@ -98,16 +99,8 @@ std::vector<double> EchoLatencies(Host& from, const Multiaddr& to, int n = 10) {
 
 // A TCP connection from 127.0.0.2 (to 127.0.0.1) that never speaks.
 int Mute(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in local{};
-  local.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.2", &local.sin_addr);
-  sockaddr_in remote{};
-  remote.sin_family = AF_INET;
-  remote.sin_port = htons(port);
-  ::inet_pton(AF_INET, "127.0.0.1", &remote.sin_addr);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local), 0);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof remote), 0);
+  const int fd = test::ConnectLoopback(port, std::chrono::seconds(10), "127.0.0.2");
+  EXPECT_GE(fd, 0) << "no connection from 127.0.0.2 to port " << port;
   return fd;
 }
 

@@ -3,18 +3,18 @@
 // clients from other addresses; more addresses than the gate remembers.
 #include "api/client_gate.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "core/files.h"
+#include "loopback_socket.h"
 #include "test_support.h"
 
 namespace colony::api {
@@ -32,21 +32,8 @@ struct Answer {
 // One GET over a fresh connection from `source` (a loopback address) with `headers`.
 Answer Get(uint16_t port, const std::string& headers, const char* source = "127.0.0.1") {
   Answer a;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{.tv_sec = 10, .tv_usec = 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  ::inet_pton(AF_INET, source, &from.sin_addr);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(port);
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-    ::close(fd);
-    return a;
-  }
+  const int fd = test::ConnectLoopback(port, std::chrono::seconds(10), source);
+  if (fd < 0) return a;
   const std::string request =
       "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + headers + "\r\n";
   (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);

@@ -4,9 +4,7 @@
 // Each must get its error (or be cut) while the server keeps answering well-formed requests.
 #include "http/server.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "loopback_socket.h"
 #include "test_support.h"
 
 namespace colony::http {
@@ -31,23 +30,13 @@ using namespace std::chrono_literals;
 // A raw TCP client with a receive deadline.
 class RawClient {
  public:
-  explicit RawClient(uint16_t port, std::chrono::milliseconds deadline = 10s) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    timeval tv{};
-    tv.tv_sec = static_cast<time_t>(deadline.count() / 1000);
-    tv.tv_usec = static_cast<suseconds_t>((deadline.count() % 1000) * 1000);
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  }
+  explicit RawClient(uint16_t port, std::chrono::milliseconds deadline = 10s)
+      : fd_(test::ConnectLoopback(port, deadline)) {}
   ~RawClient() { Close(); }
   RawClient(const RawClient&) = delete;
   RawClient& operator=(const RawClient&) = delete;
 
-  bool connected() const { return connected_; }
+  bool connected() const { return fd_ >= 0; }
   bool Send(std::string_view bytes) {
     while (!bytes.empty()) {
       const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
@@ -84,7 +73,6 @@ class RawClient {
 
  private:
   int fd_ = -1;
-  bool connected_ = false;
 };
 
 // One request on a fresh connection (closed after the answer); returns the raw answer.

@@ -3,9 +3,7 @@
 // plain HTTP and junk sent to the TLS port, a handshake that never comes, handshakes started in a
 // loop from one address (its rate), certificate files that do not load. A renewed certificate
 // is served to the connections that come after it.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
@@ -20,6 +18,7 @@
 #include <thread>
 
 #include "http/server.h"
+#include "loopback_socket.h"
 #include "self_signed.h"
 #include "test_support.h"
 
@@ -33,41 +32,14 @@ using test::Pem;
 using Ctx = std::unique_ptr<SSL_CTX, test::OpenSslDeleter<SSL_CTX_free>>;
 using Ssl = std::unique_ptr<SSL, test::OpenSslDeleter<SSL_free>>;
 
-// A TCP connection to 127.0.0.1:port, from the local address `from` (empty: the kernel's choice).
-int Connect(uint16_t port, std::chrono::milliseconds deadline, const std::string& from = {}) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (!from.empty()) {
-    sockaddr_in local{};
-    local.sin_family = AF_INET;
-    ::inet_pton(AF_INET, from.c_str(), &local.sin_addr);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) {
-      ::close(fd);
-      return -1;
-    }
-  }
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(deadline.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((deadline.count() % 1000) * 1000);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 struct TlsAnswer {
   bool handshake = false;  // completed, with the certificate verified
   std::string error;       // OpenSSL's, when not
   std::string response;    // everything read until the server closed
 };
 
-// Sends `request` over TLS 1.2+ to 127.0.0.1:port (from `from`, as Connect), trusting only
-// `trusted_pem` (a file), and reads until the server closes the connection.
+// Sends `request` over TLS 1.2+ to 127.0.0.1:port (from `from`, as test::ConnectLoopback), trusting
+// only `trusted_pem` (a file), and reads until the server closes the connection.
 TlsAnswer TlsFetch(uint16_t port, const std::string& trusted_pem, const std::string& request,
                    const std::string& from = {}) {
   TlsAnswer out;
@@ -78,7 +50,7 @@ TlsAnswer TlsFetch(uint16_t port, const std::string& trusted_pem, const std::str
     return out;
   }
   SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
-  const int fd = Connect(port, 10s, from);
+  const int fd = test::ConnectLoopback(port, 10s, from);
   if (fd < 0) {
     out.error = "cannot connect";
     return out;
@@ -193,7 +165,7 @@ TEST(HttpsServer, PlainHttpAndJunkOnTheTlsPortGetNoAnswerAndTheServerKeepsServin
   for (const std::string& attack :
        {kGetHello, std::string("\x16\x03\x01\x00\x05", 5) + "not a client hello",
         std::string(20000, '\x16')}) {
-    const int fd = Connect((*server)->port(), 20s);
+    const int fd = test::ConnectLoopback((*server)->port(), 20s);
     ASSERT_GE(fd, 0);
     // The server may close before all of it is sent.
     (void)::send(fd, attack.data(), attack.size(), MSG_NOSIGNAL);
@@ -218,7 +190,7 @@ TEST(HttpsServer, AHandshakeThatNeverComesIsCutAndFreesItsConnectionSlot) {
   const Pem pem = MakeSelfSigned("colony-test");
   auto server = files.Serve(pem, {.max_connections = 1, .handshake_timeout = 300ms});
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  const int fd = Connect((*server)->port(), 60s);  // connects, then says nothing
+  const int fd = test::ConnectLoopback((*server)->port(), 60s);  // connects, then says nothing
   ASSERT_GE(fd, 0);
   char buf[64];
   const auto t0 = std::chrono::steady_clock::now();
