@@ -142,6 +142,36 @@ at::Tensor Expert::Backward(const at::Tensor& x, const at::Tensor& grad_y) {
 
 std::vector<at::Tensor> Expert::parameters() const { return impl_->params; }
 
+std::vector<at::Tensor> BackwardBatch(Expert& expert,
+                                      const std::vector<std::pair<at::Tensor, at::Tensor>>& batch) {
+  std::vector<at::Tensor> out;
+  if (batch.empty()) return out;
+  if (batch.size() == 1) {
+    out.push_back(expert.Backward(batch[0].first, batch[0].second));
+    return out;
+  }
+  std::vector<at::Tensor> xs, gs;
+  for (const auto& [x, g] : batch) {
+    xs.push_back(x);
+    gs.push_back(g);
+  }
+  const uint64_t skipped = expert.skipped_steps();
+  const at::Tensor whole = expert.Backward(at::cat(xs, 0), at::cat(gs, 0));
+  if (expert.skipped_steps() == skipped) {
+    int64_t start = 0;
+    for (const auto& x : xs) {
+      out.push_back(whole.narrow(0, start, x.size(0)).contiguous());
+      start += x.size(0);
+    }
+    return out;
+  }
+  COLONY_LOG_WARN(
+      "expert: the step of a batch of {} backward requests was skipped; each runs alone",
+      batch.size());
+  for (const auto& [x, g] : batch) out.push_back(expert.Backward(x, g));
+  return out;
+}
+
 Status Expert::SetWeights(const std::vector<at::Tensor>& weights) {
   if (weights.size() != impl_->params.size()) {
     return InvalidArgument(fmt::format("a {} expert has {} weights, got {}", impl_->options.kind,

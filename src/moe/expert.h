@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -77,6 +78,14 @@ class Expert {
   explicit Expert(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The backward of a batch of requests (x_i, grad_y_i) as one optimizer step, as an expert server
+// batches them: the input gradients, one per request. When the batch's step is skipped (its
+// gradient norm not finite, or too large to step with), each request is run again alone, one step
+// each, so that one client's request that cannot move the expert does not cancel the steps of the
+// others batched with it.
+std::vector<at::Tensor> BackwardBatch(Expert& expert,
+                                      const std::vector<std::pair<at::Tensor, at::Tensor>>& batch);
 
 // The expert's function with given weights (four: ffn, three: swiglu), differentiable in x and
 // the weights: the reference that tests and the local mixture compare with.

@@ -53,10 +53,17 @@ struct HostedExpert {
   std::shared_ptr<ForwardBatcher> forward;
   std::shared_ptr<BackwardBatcher> backward;
 
-  void MakeBatchers(runtime::TaskPool& pool, int64_t max_batch) {
-    const runtime::BatcherOptions bo = {.priority = runtime::kPriorityTraining,
-                                        .max_rows = static_cast<size_t>(max_batch),
-                                        .max_pending_rows = 2 * static_cast<size_t>(max_batch)};
+  // Up to 2 x max_batch rows wait per direction; one client address may have
+  // `share_per_address` of them waiting, or one request of any size when it has none waiting:
+  // at most max_batch rows, so a client that keeps the queue full leaves room for others' calls.
+  void MakeBatchers(runtime::TaskPool& pool, int64_t max_batch, double share_per_address) {
+    const size_t pending = 2 * static_cast<size_t>(max_batch);
+    const runtime::BatcherOptions bo = {
+        .priority = runtime::kPriorityTraining,
+        .max_rows = static_cast<size_t>(max_batch),
+        .max_pending_rows = pending,
+        .max_pending_rows_per_source = std::max<size_t>(
+            1, static_cast<size_t>(share_per_address * static_cast<double>(pending)))};
     forward = std::make_shared<ForwardBatcher>(
         pool, bo, [](const at::Tensor& x) { return static_cast<size_t>(x.size(0)); },
         [this](std::vector<at::Tensor>& xs) {
@@ -72,17 +79,10 @@ struct HostedExpert {
           return static_cast<size_t>(in.first.size(0));
         },
         [this](std::vector<std::pair<at::Tensor, at::Tensor>>& ins) {
-          std::vector<int64_t> rows;
-          std::vector<at::Tensor> xs, gs;
-          for (const auto& [x, g] : ins) {
-            rows.push_back(x.size(0));
-            xs.push_back(x);
-            gs.push_back(g);
-          }
-          const at::Tensor x = xs.size() == 1 ? xs[0] : at::cat(xs, 0);
-          const at::Tensor g = gs.size() == 1 ? gs[0] : at::cat(gs, 0);
           std::lock_guard lock(mu);
-          return Split(expert->Backward(x, g), rows);
+          std::vector<Result<at::Tensor>> out;
+          for (auto& gx : BackwardBatch(*expert, ins)) out.emplace_back(std::move(gx));
+          return out;
         });
   }
 };
@@ -260,9 +260,9 @@ struct ExpertServer::Impl {
     // Not a conditional expression of two co_awaits: g++ 12 miscompiles those.
     Result<at::Tensor> out = Unavailable("not computed");
     if (backward) {
-      out = co_await hosted->backward->Submit(std::make_pair(in[0], in[1]));
+      out = co_await hosted->backward->Submit(std::make_pair(in[0], in[1]), source);
     } else {
-      out = co_await hosted->forward->Submit(in[0]);
+      out = co_await hosted->forward->Submit(in[0], source);
     }
     if (!out.ok()) co_return out.status();
     auto reply = ChunkRows("", {*out});
@@ -317,7 +317,7 @@ Result<std::unique_ptr<ExpertServer>> ExpertServer::Start(dht::Node& node,
     eo.seed = ExpertSeed(options.expert.seed, uid);
     auto hosted = std::make_unique<HostedExpert>();
     COLONY_ASSIGN_OR_RETURN(hosted->expert, Expert::Create(eo));
-    hosted->MakeBatchers(impl->pool, options.max_batch);
+    hosted->MakeBatchers(impl->pool, options.max_batch, options.request_share_per_address);
     if (auto w = options.initial_weights.find(uid); w != options.initial_weights.end()) {
       Status st = hosted->expert->SetWeights(w->second);
       if (!st.ok()) return st.WithContext("expert " + uid);

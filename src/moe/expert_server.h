@@ -13,7 +13,9 @@
 // pool; requests for an expert that come in while it computes join its next batch (up to
 // max_batch rows: one forward for many requests, one optimizer step for many backward requests,
 // as hivemind batches), and beyond 2 x max_batch rows waiting per expert and direction requests
-// are refused at once (ResourceExhausted).
+// are refused at once (ResourceExhausted); one client address may have request_share_per_address
+// of those rows waiting (or one request, of up to max_batch rows, when it has none waiting), so
+// that a client keeping the queue full does not get every other client's calls refused.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -43,7 +45,8 @@ struct ExpertServerOptions {
   // call of max_batch rows if that is more (net::SourceKey: loopback is exempt unless the host's
   // limit_loopback_addresses; a peer reached through a relay counts under its own identity, the
   // relay capping the circuits one address opens), so that one machine cannot take the whole
-  // budget from the others. In (0, 1]; a call beyond it is refused (ResourceExhausted).
+  // budget from the others. In (0, 1]; a call beyond it is refused (ResourceExhausted). The same
+  // part of each expert's queue of waiting rows (2 x max_batch per direction) is the address's.
   double request_share_per_address = 0.25;
   size_t threads = 1;
   size_t max_queued = 256;  // the pool's tasks (at least two per expert)

@@ -11,10 +11,16 @@
 //
 // Requests beyond max_pending_rows waiting rows are refused at once (ResourceExhausted), so a
 // flood of requests cannot grow memory without bound; so are requests when the pool's queue is
-// full. `process` runs on a pool thread and returns one result per input, in order (or throws:
-// every request of the batch gets the error).
+// full. A request may name its source (a client address, net::SourceKey): with
+// max_pending_rows_per_source set, a source's request is refused when that source already has
+// rows waiting and this one would take it past its share, so that one client keeping the queue
+// full cannot make every other client's requests refused. `process` runs on a pool thread and
+// returns one result per input, in order (or throws: every request of the batch gets the error).
 #pragma once
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/post.hpp>
@@ -22,6 +28,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -37,6 +44,9 @@ struct BatcherOptions {
   int priority = kPriorityTraining;
   size_t max_rows = 4096;           // rows in one batch (a request larger than this runs alone)
   size_t max_pending_rows = 16384;  // rows waiting for a batch beyond which requests are refused
+  // Rows one named source may have waiting (0: no per-source cap). A source with none waiting may
+  // always submit one request, as max_pending_rows lets a lone request wait.
+  size_t max_pending_rows_per_source = 0;
 };
 
 template <typename In, typename Out>
@@ -48,9 +58,11 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
   Batcher(TaskPool& pool, BatcherOptions options, Rows rows, Process process)
       : pool_(pool), options_(options), rows_(std::move(rows)), process_(std::move(process)) {}
 
-  asio::awaitable<Result<Out>> Submit(In input) {
+  // `source`: who asks (empty: no per-source cap applies).
+  asio::awaitable<Result<Out>> Submit(In input, std::string source = {}) {
     auto self = this->shared_from_this();
-    auto initiate = [self, input = std::move(input)](auto handler) mutable {
+    auto initiate = [self, input = std::move(input),
+                     source = std::move(source)](auto handler) mutable {
       using Handler = decltype(handler);
       auto shared = std::make_shared<Handler>(std::move(handler));
       Done done = [shared](Result<Out> result) {
@@ -58,7 +70,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
         asio::post(
             ex, [shared, result = std::move(result)]() mutable { (*shared)(std::move(result)); });
       };
-      self->Enqueue(std::move(input), std::move(done));
+      self->Enqueue(std::move(input), std::move(source), std::move(done));
     };
     co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(Result<Out>)>(
         std::move(initiate), asio::use_awaitable);
@@ -68,6 +80,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
     uint64_t requests = 0;
     uint64_t batches = 0;
     uint64_t refused = 0;
+    uint64_t refused_over_share = 0;  // of them, a source's over max_pending_rows_per_source
   };
   Stats stats() const {
     std::lock_guard lock(mu_);
@@ -79,13 +92,27 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
   struct Entry {
     In input;
     size_t rows;
+    std::string source;
     Done done;
   };
 
-  void Enqueue(In input, Done done) {
+  void Enqueue(In input, std::string source, Done done) {
     const size_t rows = rows_(input);
     {
       std::lock_guard lock(mu_);
+      if (!source.empty() && options_.max_pending_rows_per_source > 0) {
+        auto it = pending_by_source_.find(source);
+        const size_t mine = it == pending_by_source_.end() ? 0 : it->second;
+        if (mine > 0 && mine + rows > options_.max_pending_rows_per_source) {
+          ++stats_.refused;
+          ++stats_.refused_over_share;
+          done(ResourceExhausted(fmt::format(
+              "{} has {} rows of requests waiting for this computation and one client address may "
+              "have {}; wait for them to be answered or use another server",
+              source, mine, options_.max_pending_rows_per_source)));
+          return;
+        }
+      }
       if (pending_rows_ + rows > options_.max_pending_rows && !pending_.empty()) {
         ++stats_.refused;
         done(ResourceExhausted(
@@ -95,7 +122,8 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
       }
       ++stats_.requests;
       pending_rows_ += rows;
-      pending_.push_back({std::move(input), rows, std::move(done)});
+      if (!source.empty()) pending_by_source_[source] += rows;
+      pending_.push_back({std::move(input), rows, std::move(source), std::move(done)});
       if (scheduled_) return;
       scheduled_ = true;
     }
@@ -111,6 +139,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
       std::lock_guard lock(mu_);
       failed.swap(pending_);
       pending_rows_ = 0;
+      pending_by_source_.clear();
       scheduled_ = false;
       stats_.refused += failed.size();
     }
@@ -131,6 +160,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
              (batch.empty() || rows + pending_.front().rows <= options_.max_rows)) {
         rows += pending_.front().rows;
         pending_rows_ -= pending_.front().rows;
+        Release(pending_.front());
         batch.push_back(std::move(pending_.front()));
         pending_.pop_front();
       }
@@ -162,6 +192,15 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
     if (more) Schedule();
   }
 
+  // Takes a waiting entry's rows off its source's count; under mu_.
+  void Release(const Entry& e) {
+    if (e.source.empty()) return;
+    auto it = pending_by_source_.find(e.source);
+    if (it == pending_by_source_.end()) return;
+    it->second -= std::min(it->second, e.rows);
+    if (it->second == 0) pending_by_source_.erase(it);
+  }
+
   TaskPool& pool_;
   const BatcherOptions options_;
   const Rows rows_;
@@ -169,7 +208,8 @@ class Batcher : public std::enable_shared_from_this<Batcher<In, Out>> {
   mutable std::mutex mu_;
   std::deque<Entry> pending_;
   size_t pending_rows_ = 0;
-  bool scheduled_ = false;  // a task of this batcher is queued or running
+  std::map<std::string, size_t> pending_by_source_;  // rows waiting, by named source
+  bool scheduled_ = false;                           // a task of this batcher is queued or running
   Stats stats_;
 };
 

@@ -165,6 +165,41 @@ TEST(ExpertTraining, AGradientTooLargeToSquareIsSkippedAndTrainingGoesOn) {
   }
 }
 
+// A server batches the backward requests that wait together into one step. When one client's
+// request is too large to step with, that step is skipped; the other requests then step alone, so
+// the expert ends as one that took only them (without it, the batch's step was lost: 0 steps).
+TEST(ExpertTraining, ABatchedRequestTooLargeToStepWithDoesNotCancelTheOthersSteps) {
+  const ExpertOptions o = {.hidden = 4, .optimizer = "adam", .lr = 0.1, .seed = 3};
+  auto e = Expert::Create(o);
+  auto reference = Expert::Create(o);
+  ASSERT_TRUE(e.ok() && reference.ok());
+  const std::pair<at::Tensor, at::Tensor> honest = {at::randn({3, 4}), at::randn({3, 4})};
+  const std::pair<at::Tensor, at::Tensor> other = {at::randn({2, 4}), at::randn({2, 4})};
+  const std::pair<at::Tensor, at::Tensor> hostile = {at::ones({1, 4}), at::full({1, 4}, 1e30f)};
+  const std::vector<at::Tensor> gx = BackwardBatch(**e, {honest, hostile, other});
+  ASSERT_EQ(gx.size(), 3u);
+  EXPECT_EQ((*e)->steps(), 2u);
+  EXPECT_EQ((*e)->skipped_steps(), 2u);  // the batch's, then the hostile request's alone
+  const at::Tensor want_honest = (*reference)->Backward(honest.first, honest.second);
+  const at::Tensor want_other = (*reference)->Backward(other.first, other.second);
+  EXPECT_TRUE(at::allclose(gx[0], want_honest, 1e-6, 1e-7));
+  EXPECT_TRUE(at::allclose(gx[2], want_other, 1e-6, 1e-7));
+  EXPECT_EQ(gx[1].sizes(), hostile.first.sizes());
+  for (size_t i = 0; i < (*e)->parameters().size(); ++i) {
+    EXPECT_TRUE(at::allclose((*e)->parameters()[i], (*reference)->parameters()[i], 1e-6, 1e-7))
+        << i;
+  }
+  // A batch that can step is one step, each request getting its rows of the batch's gradient.
+  const std::vector<at::Tensor> together = BackwardBatch(**e, {honest, other});
+  const at::Tensor whole = (*reference)
+                               ->Backward(at::cat({honest.first, other.first}, 0),
+                                          at::cat({honest.second, other.second}, 0));
+  ASSERT_EQ(together.size(), 2u);
+  EXPECT_EQ((*e)->steps(), 3u);
+  EXPECT_TRUE(at::allclose(together[0], whole.narrow(0, 0, 3), 1e-6, 1e-7));
+  EXPECT_TRUE(at::allclose(together[1], whole.narrow(0, 3, 2), 1e-6, 1e-7));
+}
+
 TEST(ExpertTraining, BadSchedulesClippingNormsAndStepCountsAreRefused) {
   const auto refused = [](ExpertOptions o, const std::string& says) {
     o.hidden = kHidden;

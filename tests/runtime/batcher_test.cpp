@@ -1,6 +1,7 @@
 // Batcher (runtime/batcher.h): requests that arrive while a batch computes join the next one (in
 // order, up to max_rows), each gets its own result; a flood beyond max_pending_rows is refused at
-// once; a failing batch fails its requests only; queued requests get Closed at shutdown.
+// once, and one source's requests beyond its share of the waiting rows too; a failing batch fails
+// its requests only; queued requests get Closed at shutdown.
 #include "runtime/batcher.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <future>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -45,10 +47,26 @@ class Batching : public ::testing::Test {
         });
   }
   // Submits `rows` from a coroutine on io_; the result lands in `slot`.
-  void Spawn(std::shared_ptr<TestBatcher> b, size_t rows, std::optional<Result<Answer>>& slot) {
+  void Spawn(std::shared_ptr<TestBatcher> b, size_t rows, std::optional<Result<Answer>>& slot,
+             std::string source = {}) {
     asio::co_spawn(
-        io_, [b, rows, &slot]() -> asio::awaitable<void> { slot = co_await b->Submit(rows); },
+        io_,
+        [b, rows, &slot, source]() -> asio::awaitable<void> {
+          slot = co_await b->Submit(rows, source);
+        },
         asio::detached);
+  }
+  // Spawns `rows` held by the gate (the batch that runs while the others wait).
+  void SpawnRunning(std::shared_ptr<TestBatcher> b, size_t rows,
+                    std::optional<Result<Answer>>& slot) {
+    Spawn(std::move(b), rows, slot);
+    io_.run_for(50ms);
+    io_.restart();
+    const auto started = std::chrono::steady_clock::now() + test::HangGuard(5s);
+    while (pool_.running() != 1 && std::chrono::steady_clock::now() < started) {
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(pool_.running(), 1u);
   }
   // Runs io_ until every slot holds a result.
   void RunUntilAll(std::vector<std::optional<Result<Answer>>>& slots) {
@@ -134,6 +152,57 @@ TEST_F(Batching, AFloodBeyondThePendingRowsIsRefusedAndAFailingBatchFailsOnlyIts
   ASSERT_NO_FATAL_FAILURE(RunUntilDone({&slots[3]}));
   EXPECT_TRUE(slots[3]->ok());
   EXPECT_EQ(b->stats().refused, 1u);
+}
+
+// One client (source "attacker") keeps the queue full while a batch computes: past the first
+// request it may have only its share of the waiting rows, so another client's request still fits
+// under max_pending_rows. Without the share the attacker's ten rows fill the queue and the honest
+// request is refused.
+TEST_F(Batching, OneSourceKeepingTheQueueFullLeavesRoomForOthers) {
+  std::promise<void> release;
+  auto b = Make({.max_rows = 100, .max_pending_rows = 10, .max_pending_rows_per_source = 3},
+                release.get_future().share());
+  std::vector<std::optional<Result<Answer>>> slots(14);
+  ASSERT_NO_FATAL_FAILURE(SpawnRunning(b, 1, slots[0]));
+  // The attacker's first request waits whatever its size (it has none waiting)...
+  Spawn(b, 5, slots[1], "attacker");
+  // ... and then every request of its flood is over its share.
+  for (size_t i = 2; i < 7; ++i) Spawn(b, 1, slots[i], "attacker");
+  io_.run_for(50ms);
+  io_.restart();
+  for (size_t i = 2; i < 7; ++i) {
+    ASSERT_TRUE(slots[i].has_value()) << i;
+    EXPECT_EQ(slots[i]->status().code(), StatusCode::kResourceExhausted) << i;
+    EXPECT_NE(slots[i]->status().message().find(
+                  "attacker has 5 rows of requests waiting for this computation and one client "
+                  "address may have 3"),
+              std::string::npos)
+        << slots[i]->status().ToString();
+  }
+  // Another source's request fits: 5 + 5 rows waiting.
+  Spawn(b, 5, slots[7], "honest");
+  // Requests without a source only meet max_pending_rows: the queue is full now.
+  Spawn(b, 1, slots[8]);
+  io_.run_for(50ms);
+  io_.restart();
+  EXPECT_FALSE(slots[7].has_value()) << slots[7]->status().ToString();
+  ASSERT_TRUE(slots[8].has_value());
+  EXPECT_EQ(slots[8]->status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(slots[8]->status().message().find("too many requests waiting"), std::string::npos)
+      << slots[8]->status().ToString();
+  EXPECT_EQ(b->stats().refused, 6u);
+  EXPECT_EQ(b->stats().refused_over_share, 5u);
+
+  release.set_value();
+  ASSERT_NO_FATAL_FAILURE(RunUntilDone({&slots[0], &slots[1], &slots[7]}));
+  EXPECT_TRUE(slots[0]->ok());
+  ASSERT_TRUE(slots[1]->ok()) << slots[1]->status().ToString();
+  ASSERT_TRUE(slots[7]->ok()) << slots[7]->status().ToString();
+  EXPECT_EQ((*slots[1])->batch_index, (*slots[7])->batch_index);  // they waited together
+  // Once its rows left the queue, the attacker's share is its own again.
+  Spawn(b, 3, slots[9], "attacker");
+  ASSERT_NO_FATAL_FAILURE(RunUntilDone({&slots[9]}));
+  EXPECT_TRUE(slots[9]->ok()) << slots[9]->status().ToString();
 }
 
 TEST_F(Batching, RequestsStillWaitingAtShutdownGetClosed) {
