@@ -98,14 +98,7 @@ TEST_F(Batching, RequestsThatArriveDuringABatchJoinTheNextOneUpToMaxRows) {
   std::promise<void> release;
   auto b = Make({.max_rows = 10, .max_pending_rows = 100}, release.get_future().share());
   std::vector<std::optional<Result<Answer>>> slots(6);
-  Spawn(b, 4, slots[0]);  // runs at once, held by the gate
-  io_.run_for(50ms);
-  io_.restart();
-  const auto started = std::chrono::steady_clock::now() + test::HangGuard(5s);
-  while (pool_.running() != 1 && std::chrono::steady_clock::now() < started) {
-    std::this_thread::yield();
-  }
-  ASSERT_EQ(pool_.running(), 1u);
+  ASSERT_NO_FATAL_FAILURE(SpawnRunning(b, 4, slots[0]));  // runs at once, held by the gate
   // These five wait: 3 + 3 + 4 fit max_rows 10, then 6 and 2 form the next batch.
   const size_t rows[] = {3, 3, 4, 6, 2};
   for (size_t i = 0; i < 5; ++i) Spawn(b, rows[i], slots[i + 1]);
@@ -129,13 +122,7 @@ TEST_F(Batching, AFloodBeyondThePendingRowsIsRefusedAndAFailingBatchFailsOnlyIts
   std::promise<void> release;
   auto b = Make({.max_rows = 100, .max_pending_rows = 10}, release.get_future().share());
   std::vector<std::optional<Result<Answer>>> slots(5);
-  Spawn(b, 1, slots[0]);  // running, held
-  io_.run_for(50ms);
-  io_.restart();
-  const auto started = std::chrono::steady_clock::now() + test::HangGuard(5s);
-  while (pool_.running() != 1 && std::chrono::steady_clock::now() < started) {
-    std::this_thread::yield();
-  }
+  ASSERT_NO_FATAL_FAILURE(SpawnRunning(b, 1, slots[0]));  // running, held
   Spawn(b, 13, slots[1]);  // alone beyond the budget: waits (one request always may)
   Spawn(b, 5, slots[2]);   // 13 + 5 > 10: refused at once
   io_.run_for(50ms);
