@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "net/host.h"
@@ -35,11 +36,21 @@ Result<T> RunSync(net::Host& host, asio::awaitable<Result<T>> op, std::chrono::m
   }
 }
 
-// Errors that are the caller's fault: retrying on another server cannot help.
+// Errors that are the caller's fault, found by this client before any server saw the request:
+// retrying on another server cannot help.
 bool IsClientError(const Status& st);
+// How this client takes a call's failure reported by a server or its connection: never as its
+// own error. A server refusing a request as invalid (invalid_argument) is unavailable for it,
+// like any other failing server, so that the request is retried elsewhere and the server is
+// avoided for a while: the refusal may be a hostile server's way to fail every call it gets
+// without being banned, or an honest server's smaller limits (--max-length, --max-batch).
+Status ServerFailure(Status st);
 Result<Multiaddr> AddressOf(const ServerRecord& r);
 // 16 random bytes: a session id (and the capability to push into that session).
 std::string RandomId();
+// The tensors a request sends must be finite (servers refuse NaN and infinity): checked here,
+// so that such a request is the caller's error rather than every server's failure.
+Status CheckFinite(const at::Tensor& t, std::string_view what);
 // Reply tensor `index` as hidden states of exactly `shape`, finite.
 Result<at::Tensor> HiddenFrom(const net::Message& m, size_t index, at::IntArrayRef shape);
 // The tuning metadata of a BlockRequest or an OpenSession.

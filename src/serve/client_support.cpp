@@ -19,6 +19,18 @@ const std::vector<DType> kFloatDTypes = {DType::kFloat32, DType::kBFloat16, DTyp
 
 bool IsClientError(const Status& st) { return st.code() == StatusCode::kInvalidArgument; }
 
+Status ServerFailure(Status st) {
+  if (st.code() != StatusCode::kInvalidArgument) return st;
+  return Unavailable(fmt::format("the server refused the request: {}", st.message()));
+}
+
+Status CheckFinite(const at::Tensor& t, std::string_view what) {
+  if (t.defined() && t.is_floating_point() && !at::isfinite(t).all().item<bool>()) {
+    return InvalidArgument(fmt::format("{} contain NaN or infinity", what));
+  }
+  return Status();
+}
+
 Result<Multiaddr> AddressOf(const ServerRecord& r) {
   if (r.addresses.empty()) {
     return Unavailable(fmt::format("server {} announced no address", r.peer.ToString()));
@@ -120,6 +132,26 @@ Status CheckLora(int64_t start, int64_t end, const LoraSpec& lora,
   if (adapters.size() != want) {
     return InvalidArgument(fmt::format("expected {} LoRA tensors for blocks [{}, {}), got {}", want,
                                        start, end, adapters.size()));
+  }
+  // Per block and target an A [rank, in] and a B [out, rank], the same shapes in every block.
+  // (Whether in and out are the model's is the servers' to say; this client need not know the
+  // model's sizes.)
+  const size_t per_block = 2 * lora.targets.size();
+  for (size_t i = 0; i < adapters.size(); ++i) {
+    const at::Tensor& t = adapters[i];
+    const bool is_a = i % 2 == 0;
+    const std::string& target = lora.targets[(i / 2) % lora.targets.size()];
+    const at::Tensor& first = adapters[i % per_block];
+    if (!t.defined() || t.dim() != 2 || !t.is_floating_point() ||
+        t.size(is_a ? 0 : 1) != lora.rank || !t.sizes().equals(first.sizes())) {
+      return InvalidArgument(fmt::format(
+          "LoRA {} of {} for block {} must be a floating point [{}] (rank {}, the same in every "
+          "block), got [{}]",
+          is_a ? "A" : "B", target, start + static_cast<int64_t>(i / per_block),
+          is_a ? fmt::format("{}, in", lora.rank) : fmt::format("out, {}", lora.rank), lora.rank,
+          t.defined() ? fmt::format("{}", fmt::join(t.sizes(), ", ")) : std::string("undefined")));
+    }
+    COLONY_RETURN_IF_ERROR(CheckFinite(t, "LoRA adapters"));
   }
   return Status();
 }

@@ -66,7 +66,7 @@ Status InferenceSession::CheckTuning() const {
         "deep prompts must be floating point [{}, {} or 1, P, H] for blocks [{}, {}), got [{}]",
         end_ - start_, options_.batch_size, start_, end_, fmt::join(p.sizes(), ", ")));
   }
-  return Status();
+  return CheckFinite(p, "deep prompts");
 }
 
 Status InferenceSession::OpenLink(Link& link, const Link* next, const Link* prev) {
@@ -131,9 +131,9 @@ Status InferenceSession::OpenLink(Link& link, const Link* next, const Link* prev
       });
   if (!r.ok()) {
     if (auto s = holder->Get()) s->Cancel();
-    return r.status().WithContext(fmt::format("opening a session for blocks [{}, {}) on {}",
-                                              link.span.start, link.span.end,
-                                              link.span.server.peer.ToString()));
+    return ServerFailure(r.status())
+        .WithContext(fmt::format("opening a session for blocks [{}, {}) on {}", link.span.start,
+                                 link.span.end, link.span.server.peer.ToString()));
   }
   link.stream = holder->Get();
   return Status();
@@ -193,7 +193,7 @@ Status InferenceSession::SendStep(Link& link, uint64_t step_id, int64_t position
       }(),
       manager_->options().step_timeout,
       [stream] { stream->Cancel(DeadlineExceeded("sending a step timed out")); });
-  return r.ok() ? Status() : r.status();
+  return r.ok() ? Status() : ServerFailure(r.status());
 }
 
 Result<at::Tensor> InferenceSession::ReadResult(Link& link, uint64_t step_id, at::IntArrayRef shape,
@@ -216,7 +216,7 @@ Result<at::Tensor> InferenceSession::ReadResult(Link& link, uint64_t step_id, at
           stream->Cancel(
               DeadlineExceeded(fmt::format("no step result within {} ms", timeout.count())));
         });
-    if (!r.ok()) return r.status();
+    if (!r.ok()) return ServerFailure(r.status());
     COLONY_ASSIGN_OR_RETURN(StepReply result, DecodeStepReply(r->meta));
     if (result.step_id < step_id) continue;
     if (result.step_id != step_id) {
@@ -254,6 +254,7 @@ Result<at::Tensor> InferenceSession::Step(const at::Tensor& hidden, const at::Te
   if (hypo_ids.defined() && (hypo_ids.dim() != 1 || hypo_ids.size(0) != options_.batch_size)) {
     return InvalidArgument(fmt::format("hypo_ids must have shape [{}]", options_.batch_size));
   }
+  COLONY_RETURN_IF_ERROR(CheckFinite(hidden, "hidden states"));
   const int max_attempts = manager_->options().max_attempts;
   int attempts = 0;
   Status last;

@@ -42,8 +42,9 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   if (!r.ok()) {
-    return r.status().WithContext(fmt::format("{} of blocks [{}, {}) on {}", method, span.start,
-                                              span.end, span.server.peer.ToString()));
+    return ServerFailure(r.status())
+        .WithContext(fmt::format("{} of blocks [{}, {}) on {}", method, span.start, span.end,
+                                 span.server.peer.ToString()));
   }
   return r;
 }
@@ -55,6 +56,8 @@ Result<at::Tensor> RemoteForward(SequenceManager& manager, int64_t start, int64_
                                  std::vector<SpanInput>* inputs, const LoraSpec& lora,
                                  const std::vector<at::Tensor>& adapters) {
   COLONY_RETURN_IF_ERROR(CheckLora(start, end, lora, adapters));
+  COLONY_RETURN_IF_ERROR(CheckFinite(hidden, "hidden states"));
+  COLONY_RETURN_IF_ERROR(CheckFinite(prompts, "deep prompts"));
   const int64_t p = prompts.defined() ? prompts.size(2) : 0;
   // Hidden states cross the network from host memory; the result goes back to hidden's device.
   at::Tensor x = hidden.detach().to(at::kCPU).contiguous();
@@ -100,6 +103,9 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
                                        const at::Tensor& prompts, const LoraSpec& lora,
                                        const std::vector<at::Tensor>& adapters) {
   COLONY_RETURN_IF_ERROR(CheckLora(start, end, lora, adapters));
+  COLONY_RETURN_IF_ERROR(CheckFinite(hidden, "hidden states"));
+  COLONY_RETURN_IF_ERROR(CheckFinite(grad_output, "output gradients"));
+  COLONY_RETURN_IF_ERROR(CheckFinite(prompts, "deep prompts"));
   const int64_t p = prompts.defined() ? prompts.size(2) : 0;
   const size_t per_block = lora.rank > 0 ? 2 * lora.targets.size() : 0;
   Status last;

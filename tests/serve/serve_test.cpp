@@ -647,6 +647,28 @@ TEST_F(ServeTest, RoutingPrefersFastServersAndSkipsBannedOnes) {
   EXPECT_NE(none.status().message().find("block 2"), std::string::npos) << none.status().ToString();
 }
 
+// A stranger's record of blocks [0, 4) of "tiny", online at `address` with a throughput (and
+// inference rate) of `claim`: one DHT item per block, signed by `key` as its owner.
+std::vector<dht::StoreItem> FakeRecordItems(const KeyPair& key, const std::string& address,
+                                            double claim) {
+  ServerRecord r;
+  r.peer = key.peer_id();
+  r.state = ServerState::kOnline;
+  r.start = 0;
+  r.end = 4;
+  r.throughput = r.inference_rps = claim;
+  r.addresses = {address};
+  std::vector<dht::StoreItem> out;
+  for (int64_t b = 0; b < 4; ++b) {
+    out.push_back(
+        colony::test::HostilePeer::SignedBy(key, {.key = BlockKey("tiny", b),
+                                                  .subkey = dht::OwnerMarker(key.peer_id()),
+                                                  .value = EncodeServerRecord(r),
+                                                  .expiration = dht::Now() + 300}));
+  }
+  return out;
+}
+
 // Records are what strangers say of themselves. 200 identities announce every block with a
 // boastful throughput at an address that accepts TCP and never answers (a black hole), and one
 // more names the honest server's address as its own: routing pings the unknown servers at once
@@ -666,33 +688,17 @@ TEST_F(ServeTest, FakeRecordsWithBlackHoledAddressesDoNotStallRouting) {
   const uint16_t port = ntohs(bound.sin_port);
   constexpr int kFakes = 200;
   std::vector<dht::StoreItem> items;
-  auto fake = [&](const KeyPair& key, const std::string& address) {
-    ServerRecord r;
-    r.peer = key.peer_id();
-    r.state = ServerState::kOnline;
-    r.start = 0;
-    r.end = 4;
-    r.throughput = r.inference_rps = 1e9;
-    r.addresses = {address};
-    std::vector<dht::StoreItem> out;
-    for (int64_t b = 0; b < 4; ++b) {
-      out.push_back(
-          colony::test::HostilePeer::SignedBy(key, {.key = BlockKey("tiny", b),
-                                                    .subkey = dht::OwnerMarker(key.peer_id()),
-                                                    .value = EncodeServerRecord(r),
-                                                    .expiration = dht::Now() + 300}));
-    }
-    return out;
-  };
   for (int i = 0; i < kFakes; ++i) {
     const KeyPair key = KeyPair::Generate();
-    for (auto& item :
-         fake(key, fmt::format("/ip4/127.0.0.1/tcp/{}/p2p/{}", port, key.peer_id().ToString()))) {
+    for (auto& item : FakeRecordItems(
+             key, fmt::format("/ip4/127.0.0.1/tcp/{}/p2p/{}", port, key.peer_id().ToString()),
+             1e9)) {
       items.push_back(std::move(item));
     }
   }
   const KeyPair impostor = KeyPair::Generate();
-  for (auto& item : fake(impostor, ServerAddress(0).ToString())) items.push_back(item);
+  for (auto& item : FakeRecordItems(impostor, ServerAddress(0).ToString(), 1e9))
+    items.push_back(item);
   // Sent by a peer of their own to both DHT nodes (a node signs only its own records).
   colony::test::HostilePeer liar;
   ASSERT_TRUE(liar.start_error().ok());
@@ -721,6 +727,64 @@ TEST_F(ServeTest, FakeRecordsWithBlackHoledAddressesDoNotStallRouting) {
   auto out = remote.Forward(at::randn({1, 3, config_.hidden_size}));
   EXPECT_TRUE(out.ok()) << out.status().ToString();
   ::close(hole);
+}
+
+// A stranger's server that calls every request invalid (invalid_argument, the caller's fault if
+// believed) would make every call routed to it fail at once, and never be avoided. The client
+// takes such a refusal as the server's failure: it avoids the server (one refused call each) and
+// goes on through the honest one, whose results equal the blocks run here.
+TEST_F(ServeTest, AServerCallingEveryRequestInvalidIsAvoidedNotBelieved) {
+  AddServer(0, 4, 10);
+  std::atomic<int> forwards{0}, sessions{0};
+  net::HostOptions ho;
+  ho.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  colony::test::HostilePeer liar(ho);
+  ASSERT_TRUE(liar.start_error().ok()) << liar.start_error().ToString();
+  liar.host().RegisterUnary(
+      "serve.forward",
+      [&forwards](net::CallContext&, net::Message) -> asio::awaitable<Result<net::Message>> {
+        ++forwards;
+        co_return InvalidArgument("hidden states have size 1 in the last dimension");
+      });
+  liar.host().RegisterBidiStreaming(
+      "serve.inference", [&sessions](net::CallContext& ctx) -> asio::awaitable<Status> {
+        ++sessions;
+        (void)co_await ctx.stream().Read();
+        co_return InvalidArgument("max_length is outside [1, 1] (this server's limit)");
+      });
+  // Its record: every block, a throughput far above the honest server's (routing prefers it).
+  const auto items =
+      FakeRecordItems(liar.identity(), liar.host().ListenAddresses().at(0).ToString(), 1e6);
+  for (const Multiaddr& replica : {bootstrap_->VisibleAddresses().at(0), ServerAddress(0)}) {
+    auto stored = liar.Store(replica, items);
+    ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  }
+  Connect(2);
+
+  RemoteSequential remote(manager_);
+  const at::Tensor x = at::randn({1, 3, config_.hidden_size});
+  at::Tensor expected;
+  {
+    at::NoGradGuard no_grad;
+    expected = LocalBlocks(x, 0, 4);
+  }
+  auto out = remote.Forward(x);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ(forwards.load(), 1) << "the liar was never chosen (the test tested nothing) or "
+                                   "chosen again after it refused";
+  EXPECT_TRUE(at::allclose(*out, expected, 0, 1e-4));
+  EXPECT_TRUE(manager_->IsBanned(liar.id()));
+
+  // An inference session likewise, once the liar is no longer avoided.
+  EXPECT_TRUE(colony::test::WaitUntil([&] { return !manager_->IsBanned(liar.id()); }, 30s));
+  auto session = remote.OpenSession({.max_length = 16, .batch_size = 1});
+  auto step = session->Step(x);
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  ASSERT_EQ(sessions.load(), 1) << "the liar was never chosen (the test tested nothing) or "
+                                   "chosen again after it refused";
+  EXPECT_TRUE(at::allclose(*step, expected, 0, 1e-4));
+  ASSERT_EQ(session->stats().route.size(), 1u);
+  EXPECT_EQ(session->stats().route.front().server.peer, nodes_[0]->peer_id());
 }
 
 TEST(ChooseBestStart, PicksTheWeakestWindow) {
