@@ -27,29 +27,53 @@ int64_t Characters(std::string_view s) {
 
 }  // namespace
 
-LogprobRecorder::LogprobRecorder(serve::DecoderBackend& inner, int64_t top, bool score_prompt)
-    : inner_(inner), top_(std::max<int64_t>(0, top)), score_prompt_(score_prompt) {}
+LogprobRecorder::LogprobRecorder(serve::DecoderBackend& inner, int64_t top, bool score_prompt,
+                                 int64_t max_scored_elements)
+    : inner_(inner),
+      top_(std::max<int64_t>(0, top)),
+      score_prompt_(score_prompt),
+      max_scored_elements_(std::max<int64_t>(1, max_scored_elements)) {}
 
 Result<at::Tensor> LogprobRecorder::Step(const at::Tensor& tokens, int64_t position,
                                          const at::Tensor& hypo_ids, serve::StepLogits logits) {
   if (tokens.dim() != 2 || tokens.size(0) != 1 || hypo_ids.defined()) {
     return InvalidArgument("log-probabilities are recorded for one sequence, not beams");
   }
-  const bool scores_prompt = position == 0 && score_prompt_;
-  COLONY_ASSIGN_OR_RETURN(
-      at::Tensor out,
-      inner_.Step(tokens, position, hypo_ids, scores_prompt ? serve::StepLogits::kAll : logits));
-  const at::Tensor logp = at::log_softmax(out[0].to(at::kFloat), -1);  // [T or 1, V]
-  const int64_t t = logp.size(0);
-  if (scores_prompt) {
-    const at::Tensor ids = tokens[0].to(at::kCPU, at::kLong).contiguous();
-    const std::span<const int64_t> prompt(ids.data_ptr<int64_t>(), static_cast<size_t>(t));
-    recorded_.push_back({.token = prompt[0], .logprob = std::nullopt, .top = {}});
-    if (t > 1) Record(logp.narrow(0, 0, t - 1), prompt.subspan(1));
-  }
-  next_ = logp[t - 1];
-  if (scores_prompt && logits == serve::StepLogits::kLast) return out.narrow(1, t - 1, 1);
+  if (tokens.size(1) < 1) return InvalidArgument("a step needs at least one token");
+  if (position == 0 && score_prompt_) return ScorePrompt(tokens, logits);
+  COLONY_ASSIGN_OR_RETURN(at::Tensor out, inner_.Step(tokens, position, hypo_ids, logits));
+  next_ = at::log_softmax(out[0][out.size(1) - 1].to(at::kFloat), -1);
   return out;
+}
+
+Result<at::Tensor> LogprobRecorder::ScorePrompt(const at::Tensor& tokens,
+                                                serve::StepLogits logits) {
+  const at::Tensor ids = tokens[0].to(at::kCPU, at::kLong).contiguous();
+  const int64_t t = ids.size(0);
+  const std::span<const int64_t> prompt(ids.data_ptr<int64_t>(), static_cast<size_t>(t));
+  recorded_.push_back({.token = prompt[0], .logprob = std::nullopt, .top = {}});
+  std::vector<at::Tensor> all;  // every step's logits, when the caller asks for every position's
+  at::Tensor out;
+  int64_t step = 1;  // the first token alone: its logits tell V
+  for (int64_t done = 0; done < t;) {
+    const int64_t n = std::min(step, t - done);
+    COLONY_ASSIGN_OR_RETURN(
+        out, inner_.Step(tokens.narrow(1, done, n), done, {}, serve::StepLogits::kAll));
+    const at::Tensor logp = at::log_softmax(out[0].to(at::kFloat), -1);  // [n, V]
+    // Row i follows token done + i: it scores the prompt's next token, or (the prompt's last
+    // position) the first one chosen after it.
+    const int64_t inside = std::min(n, t - 1 - done);
+    if (inside > 0) {
+      Record(logp.narrow(0, 0, inside),
+             prompt.subspan(static_cast<size_t>(done + 1), static_cast<size_t>(inside)));
+    }
+    done += n;
+    if (done == t) next_ = logp[n - 1].clone();
+    if (logits == serve::StepLogits::kAll) all.push_back(out);
+    step = std::max<int64_t>(1, max_scored_elements_ / std::max<int64_t>(1, logp.size(1)));
+  }
+  if (logits == serve::StepLogits::kAll) return all.size() == 1 ? all.front() : at::cat(all, 1);
+  return out.narrow(1, out.size(1) - 1, 1);
 }
 
 void LogprobRecorder::Chose(int64_t token) {

@@ -37,12 +37,20 @@ struct TokenLogprob {
   std::vector<TopLogprob> top;    // the most likely tokens at its position, best first
 };
 
+// Scoring a prompt takes every position's logits, T x V floats twice over (the logits and their
+// log-probabilities): 4 GB each for 8,192 tokens of a 128k vocabulary. A prompt is therefore
+// scored in steps of at most this many elements' worth of positions (128 MB of float32).
+inline constexpr int64_t kMaxScoredElements = int64_t{1} << 25;
+
 // Steps `inner` (one row, no reordering) and records each position's log-probabilities.
 class LogprobRecorder : public serve::DecoderBackend {
  public:
   // top: how many of the most likely tokens to keep per position; score_prompt: also record
-  // the tokens of the first step (the prompt) after its first.
-  LogprobRecorder(serve::DecoderBackend& inner, int64_t top, bool score_prompt);
+  // the tokens of the first step (the prompt) after its first. A scored prompt goes to `inner`
+  // as its first token alone (whose logits tell the vocabulary's size V), then in steps of
+  // max_scored_elements / V tokens (at least one).
+  LogprobRecorder(serve::DecoderBackend& inner, int64_t top, bool score_prompt,
+                  int64_t max_scored_elements = kMaxScoredElements);
 
   // Asks `inner` for every position's logits when the step scores a prompt, for the last
   // position's otherwise; returns those `logits` names.
@@ -57,13 +65,16 @@ class LogprobRecorder : public serve::DecoderBackend {
   std::vector<TokenLogprob> Take();
 
  private:
+  // The prompt step: tokens [1, T] from position 0, in bounded steps, every position recorded.
+  Result<at::Tensor> ScorePrompt(const at::Tensor& tokens, serve::StepLogits logits);
   // Records tokens[i] as following the position of logp's row i ([R, V] log-probabilities).
   void Record(const at::Tensor& logp, std::span<const int64_t> tokens);
 
   serve::DecoderBackend& inner_;
   int64_t top_;
   bool score_prompt_;
-  at::Tensor next_;  // [V]: the last step's last position, until Chose()
+  int64_t max_scored_elements_;
+  at::Tensor next_;  // [V]: the last step's last position (a copy of its own), until Chose()
   std::vector<TokenLogprob> recorded_;
 };
 
