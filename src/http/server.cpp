@@ -5,6 +5,7 @@
 #include "http/server.h"
 
 #include <fmt/format.h>
+#include <sys/socket.h>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -20,6 +21,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
+#include <cerrno>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
@@ -244,6 +246,10 @@ struct Server::Impl {
   template <class Stream>
   asio::awaitable<bool> WriteStream(Stream& stream, unsigned version, const Reply& head,
                                     Exchange& ex, Clock::time_point deadline);
+  // Cancels `exchange` when its client hangs up: the socket turns readable with nothing to read
+  // (end of stream) or an error. Bytes that arrive instead (a pipelined request, a TLS record)
+  // end the watch: they are the next request's. Ends when the socket's operations are cancelled.
+  asio::awaitable<void> WatchForHangUp(tcp::socket& socket, std::weak_ptr<Exchange> exchange);
   void Track(tcp::socket& socket, bool open) {
     std::lock_guard lock(mu);
     if (open) {
@@ -481,6 +487,10 @@ asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp:
     --active;
   });
 
+  // A client that leaves while its request runs cancels it, as one that leaves a stream does:
+  // the handler sees cancelled() instead of working on until the request's deadline.
+  auto& socket = beast::get_lowest_layer(stream).socket();
+  asio::co_spawn(io, WatchForHangUp(socket, weak), asio::detached);
   bool ok = true;
   std::optional<Reply> reply;
   while (!(reply = ex->TakeReply())) {
@@ -503,11 +513,26 @@ asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp:
     ok = co_await WriteStream(stream, req.version(), *reply, *ex, deadline);
   }
   if (!ok) ex->Cancel();
+  socket.cancel(ec);  // ends the watch (nothing else is pending on the socket here)
   {
     std::lock_guard lock(mu);
     exchanges.erase(ex);
   }
   co_return ok;
+}
+
+asio::awaitable<void> Server::Impl::WatchForHangUp(tcp::socket& socket,
+                                                   std::weak_ptr<Exchange> exchange) {
+  beast::error_code ec;
+  co_await socket.async_wait(tcp::socket::wait_read, asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return;  // the answer was written (the watch cancelled), or the server stopped
+  char byte = 0;
+  const ssize_t n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) co_return;
+  auto e = exchange.lock();
+  if (!e || e->cancelled()) co_return;
+  e->Cancel();
+  Count(&ServerStats::abandoned_requests);
 }
 
 template <class Stream>

@@ -145,6 +145,8 @@ struct ServerStats {
                                        // its TLS handshake rate was spent
   int64_t tls_rate_refused = 0;        // of those, for the TLS handshake rate
   int64_t cancelled_streams = 0;       // streams cut: the client went away or a deadline passed
+  int64_t abandoned_requests = 0;      // requests (streamed or not) whose client hung up while
+                                       // they ran: their handlers were told (cancelled())
   int64_t tls_handshake_failures = 0;  // TLS connections closed before a request: plain HTTP,
                                        // a stalled or failed handshake
   int64_t tls_reloads = 0;             // renewed certificates taken up

@@ -107,8 +107,9 @@ int RunApi(const ApiArgs& a) {
   COLONY_LOG_INFO("api: {} received; stopping", sig);
   (*server)->Stop();
   const auto stats = (*server)->stats();
-  COLONY_LOG_INFO("api: {} requests, {} bad, {} refused as busy, {} streams cut{}", stats.requests,
-                  stats.bad_requests, stats.busy, stats.cancelled_streams,
+  COLONY_LOG_INFO("api: {} requests, {} bad, {} refused as busy, {} streams cut, {} abandoned{}",
+                  stats.requests, stats.bad_requests, stats.busy, stats.cancelled_streams,
+                  stats.abandoned_requests,
                   a.serving.tls()
                       ? fmt::format(", {} failed TLS handshakes", stats.tls_handshake_failures)
                       : "");

@@ -335,6 +335,56 @@ TEST(HttpServer, StreamsChunksInOrderAndStopsTheHandlerWhenTheClientLeaves) {
   EXPECT_TRUE(test::WaitUntil([&] { return (*server)->stats().cancelled_streams == 1; }, 5s));
 }
 
+// A client that hangs up while its (not streamed) request runs: the handler is told at once
+// (cancelled()), not at the request's deadline (an hour here), as an API request's generation
+// stops when its client leaves. A client that sends its next request before the answer
+// (pipelining) has not left: both its requests are answered.
+TEST(HttpServer, AClientThatHangsUpCancelsItsRunningRequest) {
+  std::atomic<int> entered{0};
+  std::atomic<bool> saw_cancel{false}, release{false};
+  Router r;
+  r.Add("POST", "/slow", [&](const Request& q) {
+    ++entered;
+    const auto guard = std::chrono::steady_clock::now() + test::HangGuard(60s);
+    while (!q.cancelled() && std::chrono::steady_clock::now() < guard) {
+      std::this_thread::sleep_for(1ms);
+    }
+    saw_cancel = q.cancelled();
+    return Json(200, "{}");
+  });
+  r.Add("GET", "/held", [&](const Request& q) {
+    ++entered;
+    const auto guard = std::chrono::steady_clock::now() + test::HangGuard(60s);
+    while (!release.load() && !q.cancelled() && std::chrono::steady_clock::now() < guard) {
+      std::this_thread::sleep_for(1ms);
+    }
+    return Json(200, q.cancelled() ? R"({"held":"cancelled"})" : R"({"held":"answered"})");
+  });
+  r.Add("GET", "/hello", [](const Request&) { return Json(200, R"({"hello":"world"})"); });
+  auto server = Server::Start({.request_timeout = std::chrono::hours(1)}, std::move(r));
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const uint16_t port = (*server)->port();
+  {
+    RawClient c(port);
+    ASSERT_TRUE(c.Send("POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"));
+    ASSERT_TRUE(test::WaitUntil([&] { return entered.load() == 1; }, 10s));
+  }  // hangs up
+  EXPECT_TRUE(test::WaitUntil([&] { return saw_cancel.load(); }, 30s))
+      << "the handler was not told that its client left";
+  EXPECT_TRUE(test::WaitUntil([&] { return (*server)->stats().abandoned_requests == 1; }, 10s));
+
+  RawClient c(port);
+  ASSERT_TRUE(c.Send("GET /held HTTP/1.1\r\nHost: x\r\n\r\n"));
+  ASSERT_TRUE(test::WaitUntil([&] { return entered.load() == 2; }, 10s));
+  ASSERT_TRUE(c.Send("GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  std::this_thread::sleep_for(50ms);  // the pipelined request is in the server's socket
+  release = true;
+  const std::string both = c.ReadAll();
+  EXPECT_NE(both.find(R"({"held":"answered"})"), std::string::npos) << both;
+  EXPECT_NE(both.find(R"({"hello":"world"})"), std::string::npos) << both;
+  EXPECT_EQ((*server)->stats().abandoned_requests, 1);
+}
+
 // A streamed event reaches the client when it is written, not a timer later. On a keep-alive
 // connection that has carried requests and answers (as an OpenAI client's pool does), Linux
 // delays the client's acknowledgements; with Nagle's algorithm on the server's socket, the first
