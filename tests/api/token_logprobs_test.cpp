@@ -10,6 +10,7 @@
 
 #include "model/llama.h"
 #include "serve/generation.h"
+#include "serve/small_model.h"
 
 namespace colony::api {
 namespace {
@@ -32,23 +33,12 @@ class CountingBackend : public serve::DecoderBackend {
   serve::DecoderBackend& inner_;
 };
 
-model::LlamaConfig TinyConfig() {
-  model::LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.max_seq_len = 64;
-  return c;
-}
-
 TEST(LogprobRecorder, AScoredPromptGoesInBoundedStepsAndEqualsTheWholeForward) {
   at::manual_seed(7);
-  model::LlamaModel model(TinyConfig());
+  const model::LlamaConfig config = serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false);
+  model::LlamaModel model(config);
   at::NoGradGuard no_grad;
-  const int64_t t = 11, vocab = 64;
+  const int64_t t = 11, vocab = config.vocab_size;
   const at::Tensor tokens = at::randint(vocab, {1, t}, at::kLong);
   const at::Tensor logits = model->forward(tokens);  // [1, T, V]: the reference
   const at::Tensor ref = at::log_softmax(logits[0], -1);
