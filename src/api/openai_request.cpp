@@ -355,6 +355,18 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
     return Bad("top_logprobs", "needs \"logprobs\": true");
   }
   if (chat_logprobs) r.logprobs = top_logprobs.value_or(0);
+  // Two names for one bound: both given must agree, or which one counts would be a guess.
+  if (chat && j.contains("max_tokens") && !j["max_tokens"].is_null() &&
+      j.contains("max_completion_tokens") && !j["max_completion_tokens"].is_null() &&
+      j["max_tokens"] != j["max_completion_tokens"]) {
+    return Bad("max_completion_tokens",
+               fmt::format("is {} and max_tokens {}: send one of them (they name the same bound)",
+                           j["max_completion_tokens"].dump(), j["max_tokens"].dump()));
+  }
+  // Options of a stream that is not asked for would be ignored.
+  if (j.contains("stream_options") && !j["stream_options"].is_null() && !r.stream) {
+    return Bad("stream_options", "is only allowed with \"stream\": true");
+  }
   if (r.max_tokens == 0 && !r.echo) {
     return Bad(j.contains("max_tokens") ? "max_tokens" : "max_completion_tokens",
                "must be at least 1 (0 only with \"echo\": true, to score a prompt)");

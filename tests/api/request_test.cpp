@@ -122,6 +122,10 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
       {R"({"prompt": "x", "stop": 7})", "'stop' must be a string or an array"},
       {R"({"prompt": "x", "stream": "yes"})", "'stream' must be true or false"},
       {R"({"prompt": "x", "stream_options": {"chunk": 1}})", "'stream_options.chunk'"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": true}})",
+       "'stream_options' is only allowed with \"stream\": true"},
+      {R"({"prompt": "x", "stream": false, "stream_options": {"include_usage": true}})",
+       "'stream_options' is only allowed with \"stream\": true"},
       {R"({"prompt": "x", "functions": []})", "'functions' is not a field"},
       {R"({"prompt": ["a", "b"]})", "'prompt' must be a string or an array of token ids"},
       {R"({"prompt": [1, -2]})", "'prompt' must be between 0"},
@@ -162,6 +166,9 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
        "'echo' is not a field of a chat completion request"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})",
        "'max_tokens' must be at least 1"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
+          "max_completion_tokens": 6})",
+       "'max_completion_tokens' is 6 and max_tokens 5: send one of them"},
   };
   for (const auto& [body, expected] : chat_cases) {
     auto r = ParseChatRequest(body, {});
@@ -169,6 +176,13 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
     EXPECT_NE(r.status().message().find(expected), std::string::npos)
         << body << " -> " << r.status().message();
   }
+  // The two names of the bound may both be sent when they agree.
+  auto both = ParseChatRequest(
+      R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
+          "max_completion_tokens": 5})",
+      {});
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(both->max_tokens, 5);
 }
 
 TEST(OpenAiRequest, LimitsBoundWhatOneRequestMayAskFor) {
