@@ -8,6 +8,8 @@
 #include <cmath>
 #include <fstream>
 
+#include "core/address_key.h"
+
 namespace colony::api {
 namespace {
 
@@ -28,10 +30,14 @@ bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
          });
 }
 
-// The address of "ip:port" or "[ipv6]:port" without the port.
-std::string WithoutPort(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  return colon == std::string::npos ? address : address.substr(0, colon);
+// The client of a request without keys: its address's SourceAddressKey (an IPv6 client's /64),
+// from "ip:port" or "[ipv6]:port"; the text itself when it is not an address.
+std::string ClientOf(const std::string& remote_address) {
+  const size_t colon = remote_address.rfind(':');
+  std::string ip = colon == std::string::npos ? remote_address : remote_address.substr(0, colon);
+  if (ip.size() >= 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
+  std::string key = SourceAddressKey(ip);
+  return key.empty() ? ip : key;
 }
 
 }  // namespace
@@ -123,7 +129,7 @@ std::optional<http::Reply> ClientGate::Admit(const http::Request& request) {
     }
     client = fmt::format("key {}", *key);
   } else {
-    client = WithoutPort(request.remote_address);
+    client = ClientOf(request.remote_address);
   }
   if (options_.requests_per_minute <= 0) return std::nullopt;
   std::lock_guard lock(mu_);

@@ -1,8 +1,8 @@
 // Who may use an HTTP API and how fast (`colony api --api-keys FILE --requests-per-minute N`): API
 // keys, which OpenAI clients send as `Authorization: Bearer KEY`, and a token bucket per client
-// (its key, or its IP address when no keys are set). A request without a valid key gets the
-// OpenAI API's 401 `invalid_api_key`; one over its client's rate gets 429 `rate_limit_exceeded`
-// with `Retry-After`.
+// (its key, or when no keys are set its IP address, an IPv6 one's /64). A request without a
+// valid key gets the OpenAI API's 401 `invalid_api_key`; one over its client's rate gets 429
+// `rate_limit_exceeded` with `Retry-After`.
 //
 //   auto gate = api::ClientGate::Create({.keys = *api::LoadApiKeys("keys.txt"),
 //                                        .requests_per_minute = 60});

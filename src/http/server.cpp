@@ -32,6 +32,7 @@
 #include <set>
 #include <thread>
 
+#include "core/address_key.h"
 #include "core/log.h"
 #include "core/token_buckets.h"
 #include "http/tls_context.h"
@@ -214,9 +215,10 @@ struct Server::Impl {
   std::atomic<bool> stopped{false};
   std::mutex mu;  // guards the members below
   std::set<std::shared_ptr<Exchange>> exchanges;
-  std::set<tcp::socket*> sockets;                // of the connections open, cancelled at Stop()
-  std::map<asio::ip::address, int> per_address;  // connections open from capped addresses
-  std::optional<TokenBuckets> tls_rate;          // TLS handshakes started per address
+  std::set<tcp::socket*> sockets;                  // of the connections open, cancelled at Stop()
+  std::map<std::string, int> per_address;          // connections open per capped SourceAddressKey
+  std::map<std::string, int> running_per_address;  // handlers running, likewise
+  std::optional<TokenBuckets> tls_rate;            // TLS handshakes started per address
   ServerStats stats;
   uint16_t port = 0;
   std::unique_ptr<TlsCertificates> tls;  // HTTPS when set
@@ -227,13 +229,16 @@ struct Server::Impl {
   }
 
   asio::awaitable<void> Accept();
-  asio::awaitable<void> Serve(tcp::socket socket, std::optional<asio::ip::address> counted);
-  asio::awaitable<void> ServeTls(tcp::socket socket, std::optional<asio::ip::address> counted);
+  asio::awaitable<void> Serve(tcp::socket socket, std::optional<std::string> counted);
+  asio::awaitable<void> ServeTls(tcp::socket socket, std::optional<std::string> counted);
+  // The key `socket`'s client is capped under (SourceAddressKey: an IPv6 client's /64), or ""
+  // when it is exempt (loopback, unless options.cap_loopback) or gone.
+  std::string CappedKey(const tcp::socket& socket) const;
   // Takes a connection slot for a new connection (and one of its address's, returned in
   // `counted` when its address is capped); false when it must be refused.
-  bool Admit(const tcp::socket& socket, std::optional<asio::ip::address>& counted);
+  bool Admit(const tcp::socket& socket, std::optional<std::string>& counted);
   // Gives a connection's slots back.
-  void Release(const std::optional<asio::ip::address>& counted);
+  void Release(const std::optional<std::string>& counted);
   // The request loop of one connection, plain (beast::tcp_stream) or TLS (beast::ssl_stream).
   template <class Stream>
   asio::awaitable<void> ServeRequests(Stream& stream);
@@ -272,7 +277,7 @@ asio::awaitable<void> Server::Impl::Accept() {
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
-    std::optional<asio::ip::address> counted;
+    std::optional<std::string> counted;
     if (!Admit(socket, counted)) {
       Count(&ServerStats::refused_connections);
       // A best-effort answer that cannot block the acceptor, then close (a TLS client could not
@@ -296,25 +301,34 @@ asio::awaitable<void> Server::Impl::Accept() {
   }
 }
 
-bool Server::Impl::Admit(const tcp::socket& socket, std::optional<asio::ip::address>& counted) {
+std::string Server::Impl::CappedKey(const tcp::socket& socket) const {
+  beast::error_code ec;
+  const auto remote = socket.remote_endpoint(ec);
+  if (ec) return {};  // already gone
+  const asio::ip::address address = remote.address();
+  // An IPv6 client counts under its /64: the addresses of one subscriber's prefix are free.
+  // (An IPv4 client on a dual-stack listener, ::ffff:a.b.c.d, under its IPv4 address.)
+  std::string key = SourceAddressKey(address.to_string());
+  const bool loopback = address.is_loopback() || key.starts_with("127.");
+  return options.cap_loopback || !loopback ? key : std::string();
+}
+
+bool Server::Impl::Admit(const tcp::socket& socket, std::optional<std::string>& counted) {
   if (connections.load() >= options.max_connections) return false;
   // The handshake rate holds whether or not connections per address are capped.
   if (options.max_connections_per_address > 0 || tls_rate) {
-    beast::error_code ec;
-    const auto remote = socket.remote_endpoint(ec);
-    if (ec) return false;  // already gone
-    const asio::ip::address address = remote.address();
-    if (options.cap_loopback || !address.is_loopback()) {
+    const std::string key = CappedKey(socket);
+    if (!key.empty()) {
       std::lock_guard lock(mu);
-      if (tls_rate && tls_rate->Take(address.to_string(), Clock::now())) {
+      if (tls_rate && tls_rate->Take(key, Clock::now())) {
         ++stats.tls_rate_refused;
         return false;
       }
       if (options.max_connections_per_address > 0) {
-        int& open = per_address[address];
+        int& open = per_address[key];
         if (open >= options.max_connections_per_address) return false;
         ++open;
-        counted = address;
+        counted = key;
       }
     }
   }
@@ -322,7 +336,7 @@ bool Server::Impl::Admit(const tcp::socket& socket, std::optional<asio::ip::addr
   return true;
 }
 
-void Server::Impl::Release(const std::optional<asio::ip::address>& counted) {
+void Server::Impl::Release(const std::optional<std::string>& counted) {
   if (counted) {
     std::lock_guard lock(mu);
     auto it = per_address.find(*counted);
@@ -331,8 +345,7 @@ void Server::Impl::Release(const std::optional<asio::ip::address>& counted) {
   --connections;
 }
 
-asio::awaitable<void> Server::Impl::Serve(tcp::socket socket,
-                                          std::optional<asio::ip::address> counted) {
+asio::awaitable<void> Server::Impl::Serve(tcp::socket socket, std::optional<std::string> counted) {
   beast::tcp_stream stream(std::move(socket));
   Track(stream.socket(), true);
   co_await ServeRequests(stream);
@@ -344,7 +357,7 @@ asio::awaitable<void> Server::Impl::Serve(tcp::socket socket,
 }
 
 asio::awaitable<void> Server::Impl::ServeTls(tcp::socket socket,
-                                             std::optional<asio::ip::address> counted) {
+                                             std::optional<std::string> counted) {
   // The connection keeps the context it began with when a renewed certificate replaces it.
   const std::shared_ptr<asio::ssl::context> context = tls->Current();
   beast::ssl_stream<beast::tcp_stream> stream(std::move(socket), *context);
@@ -425,16 +438,40 @@ template <class Stream>
 asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp::string_body>& req,
                                            const Handler& handler) {
   const auto deadline = Clock::now() + options.request_timeout;
+  // One address may run only its share of the handlers, so that its requests (16 connections'
+  // worth, under its connection cap) cannot take every slot from other clients.
+  const int share = std::max(
+      1, static_cast<int>(options.request_share_per_address * options.max_concurrent_requests));
+  const std::string source = share < options.max_concurrent_requests
+                                 ? CappedKey(beast::get_lowest_layer(stream).socket())
+                                 : std::string();
+  auto busy = [](const std::string& why) {
+    Reply reply = JsonError(503, why + "; retry later", "server_busy");
+    reply.headers.emplace_back("Retry-After", "1");
+    return reply;
+  };
   if (active.fetch_add(1) >= options.max_concurrent_requests) {
     --active;
     Count(&ServerStats::busy);
-    Reply busy =
-        JsonError(503,
-                  "the server is busy: " + std::to_string(options.max_concurrent_requests) +
-                      " requests are running; retry later",
-                  "server_busy");
-    busy.headers.emplace_back("Retry-After", "1");
-    co_return co_await WriteReply(stream, req.version(), req.keep_alive(), busy);
+    co_return co_await WriteReply(
+        stream, req.version(), req.keep_alive(),
+        busy("the server is busy: " + std::to_string(options.max_concurrent_requests) +
+             " requests are running"));
+  }
+  if (!source.empty()) {
+    std::unique_lock lock(mu);
+    int& mine = running_per_address[source];
+    if (mine >= share) {
+      ++stats.busy;
+      ++stats.busy_per_address;
+      lock.unlock();
+      --active;
+      co_return co_await WriteReply(
+          stream, req.version(), req.keep_alive(),
+          busy(fmt::format("{} has {} requests running, its share of the server's {}", source,
+                           share, options.max_concurrent_requests)));
+    }
+    ++mine;
   }
   auto ex = std::make_shared<Exchange>(io, options.max_stream_queue_bytes);
   {
@@ -462,7 +499,7 @@ asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp:
     auto e = weak.lock();
     return !e || e->cancelled();
   };
-  asio::post(*workers, [this, ex, request, &handler] {
+  asio::post(*workers, [this, ex, request, &handler, source] {
     Reply reply;
     try {
       reply = handler(*request);
@@ -484,6 +521,11 @@ asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp:
       }
     }
     ex->Finish();
+    if (!source.empty()) {
+      std::lock_guard lock(mu);
+      auto it = running_per_address.find(source);
+      if (it != running_per_address.end() && --it->second <= 0) running_per_address.erase(it);
+    }
     --active;
   });
 
@@ -608,6 +650,10 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options, Router rout
     return InvalidArgument(
         "max_concurrent_requests and max_connections must be at least 1, and "
         "max_connections_per_address at least 0");
+  }
+  if (!(options.request_share_per_address > 0 && options.request_share_per_address <= 1)) {
+    return InvalidArgument(fmt::format("request_share_per_address {} must be in (0, 1]",
+                                       options.request_share_per_address));
   }
   COLONY_RETURN_IF_ERROR(CheckTokenRate(
       "tls_handshakes_per_second_per_address", options.tls_handshakes_per_second_per_address,

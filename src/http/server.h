@@ -104,7 +104,10 @@ struct ServerOptions {
   size_t max_header_bytes = 16 << 10;
   size_t max_body_bytes = 1 << 20;
   int max_concurrent_requests = 16;  // handlers running at once; more get 503 at once
-  int max_connections = 256;         // open at once; more are refused at accept
+  // The share of those one IP address (an IPv6 /64) may run at once (at least one); its further
+  // requests get 503 at once. Loopback as for max_connections_per_address (cap_loopback).
+  double request_share_per_address = 0.5;
+  int max_connections = 256;  // open at once; more are refused at accept
   // To read one request (and the idle time allowed between requests on a kept-alive connection).
   std::chrono::milliseconds read_timeout{30'000};
   std::chrono::milliseconds write_timeout{30'000};  // to write one response or one chunk
@@ -140,6 +143,7 @@ struct ServerStats {
   int64_t requests = 0;                // parsed and routed
   int64_t bad_requests = 0;            // malformed or over a size bound
   int64_t busy = 0;                    // refused with 503: max_concurrent_requests were running
+  int64_t busy_per_address = 0;        // of those, because their address ran its share
   int64_t refused_connections = 0;     // closed at accept: max_connections were open,
                                        // max_connections_per_address from that address, or
                                        // its TLS handshake rate was spent

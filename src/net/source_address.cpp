@@ -1,7 +1,6 @@
 #include "net/source_address.h"
 
-#include <algorithm>
-
+#include "core/address_key.h"
 #include "net/stream.h"
 
 namespace colony::net {
@@ -14,15 +13,9 @@ asio::ip::address Unmapped(const asio::ip::address& ip) {
 }
 
 std::string SourceKey(const asio::ip::address& ip, bool limit_loopback) {
-  const asio::ip::address source = Unmapped(ip);
-  if (source.is_loopback() && !limit_loopback) return {};
-  if (!source.is_v6() || source.is_loopback() || source.to_v6().is_link_local()) {
-    return source.to_string();
-  }
+  if (Unmapped(ip).is_loopback() && !limit_loopback) return {};
   // One IPv6 subscriber (a home, a VM) gets a /64 or more: 2^64 addresses cost it nothing.
-  asio::ip::address_v6::bytes_type bytes = source.to_v6().to_bytes();
-  std::fill(bytes.begin() + 8, bytes.end(), 0);
-  return asio::ip::make_address_v6(bytes).to_string() + "/64";
+  return SourceAddressKey(ip.to_string());
 }
 
 std::string SourceKey(const std::string& ip_text, bool limit_loopback) {

@@ -62,9 +62,10 @@ void AddHttpServeOptions(CLI::App* cmd, HttpServeArgs& args) {
   auto* key = cmd->add_option("--tls-key", args.key, "the PEM private key of --tls-cert");
   cert->needs(key);
   key->needs(cert);
-  cmd->add_option("--max-connections-per-address", args.max_connections_per_address,
-                  "HTTP connections one IP address may hold open at once (more are refused; "
-                  "loopback, e.g. a proxy in front, is not limited; 0: no limit)")
+  cmd->add_option(
+         "--max-connections-per-address", args.max_connections_per_address,
+         "HTTP connections one IP address (an IPv6 /64) may hold open at once (more are refused; "
+         "loopback, e.g. a proxy in front, is not limited; 0: no limit)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65536));
 }

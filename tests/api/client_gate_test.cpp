@@ -142,6 +142,26 @@ TEST(ClientGate, WithoutKeysEachAddressHasItsOwnRate) {
   EXPECT_EQ(g.served.load(), 3);
 }
 
+// Without keys an IPv6 client is its /64, all of whose 2^64 addresses its subscriber can pick
+// from: each new address would otherwise bring a fresh rate. An IPv4 client on a dual-stack
+// listener (::ffff:a.b.c.d) is its IPv4 address.
+TEST(ClientGate, WithoutKeysAnIpv6SubscribersWholeSlash64SharesOneRate) {
+  auto gate = MakeGate({.requests_per_minute = 1});
+  ASSERT_NE(gate, nullptr);
+  auto admitted = [&](const std::string& remote) {
+    http::Request r;
+    r.remote_address = remote;
+    return !gate->Admit(r).has_value();
+  };
+  EXPECT_TRUE(admitted("2001:db8:1:2::1:443"));
+  EXPECT_FALSE(admitted("2001:db8:1:2::2:443"));
+  EXPECT_FALSE(admitted("[2001:db8:1:2:ffff:ffff:ffff:ffff]:443"));
+  EXPECT_TRUE(admitted("2001:db8:1:3::1:443"));  // another /64: another subscriber
+  EXPECT_TRUE(admitted("203.0.113.7:1"));
+  EXPECT_FALSE(admitted("::ffff:203.0.113.7:2"));
+  EXPECT_EQ(gate->stats().rate_limited, 3);
+}
+
 TEST(ClientGate, ManyAddressesCannotGrowWhatItRemembersPastTheCap) {
   auto gate = MakeGate({.requests_per_minute = 1, .max_clients = 1000});
   ASSERT_NE(gate, nullptr);

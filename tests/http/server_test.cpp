@@ -30,8 +30,9 @@ using namespace std::chrono_literals;
 // A raw TCP client with a receive deadline.
 class RawClient {
  public:
-  explicit RawClient(uint16_t port, std::chrono::milliseconds deadline = 10s)
-      : fd_(test::ConnectLoopback(port, deadline)) {}
+  explicit RawClient(uint16_t port, std::chrono::milliseconds deadline = 10s,
+                     const char* source = "")
+      : fd_(test::ConnectLoopback(port, deadline, source)) {}
   ~RawClient() { Close(); }
   RawClient(const RawClient&) = delete;
   RawClient& operator=(const RawClient&) = delete;
@@ -227,6 +228,54 @@ TEST(HttpServer, MoreRequestsThanHandlerSlotsGet503) {
   EXPECT_EQ(StatusOf(b.get()), 200);
   EXPECT_EQ((*server)->stats().busy, 1);
   EXPECT_EQ(entered.load(), 2);
+}
+
+// One address running requests on many connections may hold only its share of the handler
+// slots (half of 4 here): its next request gets 503 naming the share, while a request from
+// another address still runs. Loopback is capped here (cap_loopback) so that 127.0.0.2 and
+// 127.0.0.3 play two machines.
+TEST(HttpServer, OneAddressCannotHoldEveryHandlerSlot) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> entered{0};
+  Router r;
+  r.Add("GET", "/slow", [&](const Request&) {
+    ++entered;
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+    return Json(200, "{}");
+  });
+  auto server = Server::Start({.max_concurrent_requests = 4, .cap_loopback = true}, std::move(r));
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const uint16_t port = (*server)->port();
+  auto from = [port](const char* source) {
+    RawClient c(port, 10s, source);
+    c.Send("GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    return c.ReadAll();
+  };
+  auto a = std::async(std::launch::async, [&] { return from("127.0.0.2"); });
+  auto b = std::async(std::launch::async, [&] { return from("127.0.0.2"); });
+  ASSERT_TRUE(test::WaitUntil([&] { return entered.load() == 2; }, 10s));
+  const std::string third = from("127.0.0.2");
+  EXPECT_EQ(StatusOf(third), 503) << third;
+  EXPECT_NE(third.find("127.0.0.2 has 2 requests running, its share of the server's 4"),
+            std::string::npos)
+      << third;
+  auto other = std::async(std::launch::async, [&] { return from("127.0.0.3"); });
+  EXPECT_TRUE(test::WaitUntil([&] { return entered.load() == 3; }, 10s))
+      << "another address found no slot";
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  EXPECT_EQ(StatusOf(a.get()), 200);
+  EXPECT_EQ(StatusOf(b.get()), 200);
+  EXPECT_EQ(StatusOf(other.get()), 200);
+  EXPECT_EQ((*server)->stats().busy_per_address, 1);
+  // Its slots given back, the address runs requests again.
+  EXPECT_EQ(StatusOf(from("127.0.0.2")), 200);
 }
 
 TEST(HttpServer, ConnectionsOverTheLimitAreRefused) {
