@@ -197,37 +197,49 @@ TEST(HttpServer, JunkGets400AndAStalledRequestIsCutAtTheReadTimeout) {
   EXPECT_EQ(StatusOf(Fetch(port, "GET", "/hello")), 200);
 }
 
-TEST(HttpServer, MoreRequestsThanHandlerSlotsGet503) {
+// A route, GET /slow, whose handlers wait until Release(): requests that hold handler slots.
+struct HeldRoute {
   std::mutex mu;
   std::condition_variable cv;
-  bool release = false;
+  bool released = false;
   std::atomic<int> entered{0};
-  Router r;
-  r.Add("GET", "/slow", [&](const Request&) {
-    ++entered;
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return release; });
-    return Json(200, "{}");
-  });
-  auto server = Server::Start({.max_concurrent_requests = 2}, std::move(r));
+
+  Router Routes() {
+    Router r;
+    r.Add("GET", "/slow", [this](const Request&) {
+      ++entered;
+      std::unique_lock lock(mu);
+      cv.wait(lock, [this] { return released; });
+      return Json(200, "{}");
+    });
+    return r;
+  }
+  void Release() {
+    {
+      std::lock_guard lock(mu);
+      released = true;
+    }
+    cv.notify_all();
+  }
+};
+
+TEST(HttpServer, MoreRequestsThanHandlerSlotsGet503) {
+  HeldRoute held;
+  auto server = Server::Start({.max_concurrent_requests = 2}, held.Routes());
   ASSERT_TRUE(server.ok());
   const uint16_t port = (*server)->port();
   auto a = std::async(std::launch::async, [&] { return Fetch(port, "GET", "/slow"); });
   auto b = std::async(std::launch::async, [&] { return Fetch(port, "GET", "/slow"); });
-  ASSERT_TRUE(test::WaitUntil([&] { return entered.load() == 2; }, 10s));
+  ASSERT_TRUE(test::WaitUntil([&] { return held.entered.load() == 2; }, 10s));
   const std::string busy = Fetch(port, "GET", "/slow");
   EXPECT_EQ(StatusOf(busy), 503) << busy;
   EXPECT_NE(busy.find("Retry-After: 1"), std::string::npos) << busy;
   EXPECT_NE(busy.find("server_busy"), std::string::npos) << busy;
-  {
-    std::lock_guard lock(mu);
-    release = true;
-  }
-  cv.notify_all();
+  held.Release();
   EXPECT_EQ(StatusOf(a.get()), 200);
   EXPECT_EQ(StatusOf(b.get()), 200);
   EXPECT_EQ((*server)->stats().busy, 1);
-  EXPECT_EQ(entered.load(), 2);
+  EXPECT_EQ(held.entered.load(), 2);
 }
 
 // One address running requests on many connections may hold only its share of the handler
@@ -235,18 +247,8 @@ TEST(HttpServer, MoreRequestsThanHandlerSlotsGet503) {
 // another address still runs. Loopback is capped here (cap_loopback) so that 127.0.0.2 and
 // 127.0.0.3 play two machines.
 TEST(HttpServer, OneAddressCannotHoldEveryHandlerSlot) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool release = false;
-  std::atomic<int> entered{0};
-  Router r;
-  r.Add("GET", "/slow", [&](const Request&) {
-    ++entered;
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return release; });
-    return Json(200, "{}");
-  });
-  auto server = Server::Start({.max_concurrent_requests = 4, .cap_loopback = true}, std::move(r));
+  HeldRoute held;
+  auto server = Server::Start({.max_concurrent_requests = 4, .cap_loopback = true}, held.Routes());
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   const uint16_t port = (*server)->port();
   auto from = [port](const char* source) {
@@ -256,20 +258,16 @@ TEST(HttpServer, OneAddressCannotHoldEveryHandlerSlot) {
   };
   auto a = std::async(std::launch::async, [&] { return from("127.0.0.2"); });
   auto b = std::async(std::launch::async, [&] { return from("127.0.0.2"); });
-  ASSERT_TRUE(test::WaitUntil([&] { return entered.load() == 2; }, 10s));
+  ASSERT_TRUE(test::WaitUntil([&] { return held.entered.load() == 2; }, 10s));
   const std::string third = from("127.0.0.2");
   EXPECT_EQ(StatusOf(third), 503) << third;
   EXPECT_NE(third.find("127.0.0.2 has 2 requests running, its share of the server's 4"),
             std::string::npos)
       << third;
   auto other = std::async(std::launch::async, [&] { return from("127.0.0.3"); });
-  EXPECT_TRUE(test::WaitUntil([&] { return entered.load() == 3; }, 10s))
+  EXPECT_TRUE(test::WaitUntil([&] { return held.entered.load() == 3; }, 10s))
       << "another address found no slot";
-  {
-    std::lock_guard lock(mu);
-    release = true;
-  }
-  cv.notify_all();
+  held.Release();
   EXPECT_EQ(StatusOf(a.get()), 200);
   EXPECT_EQ(StatusOf(b.get()), 200);
   EXPECT_EQ(StatusOf(other.get()), 200);
