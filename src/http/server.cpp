@@ -229,22 +229,29 @@ struct Server::Impl {
   }
 
   asio::awaitable<void> Accept();
-  asio::awaitable<void> Serve(tcp::socket socket, std::optional<std::string> counted);
-  asio::awaitable<void> ServeTls(tcp::socket socket, std::optional<std::string> counted);
+  // Who a connection's client is counted as, found once at accept: its capped key (CappedKey;
+  // "" when exempt), and whether it holds one of its address's connection slots.
+  struct Client {
+    std::string key;
+    bool counted = false;
+  };
+  asio::awaitable<void> Serve(tcp::socket socket, Client client);
+  asio::awaitable<void> ServeTls(tcp::socket socket, Client client);
   // The key `socket`'s client is capped under (SourceAddressKey: an IPv6 client's /64), or ""
   // when it is exempt (loopback, unless options.cap_loopback) or gone.
   std::string CappedKey(const tcp::socket& socket) const;
-  // Takes a connection slot for a new connection (and one of its address's, returned in
-  // `counted` when its address is capped); false when it must be refused.
-  bool Admit(const tcp::socket& socket, std::optional<std::string>& counted);
+  // Takes a connection slot for a new connection (and one of its address's when its address is
+  // capped, said in `client`); false when it must be refused.
+  bool Admit(const tcp::socket& socket, Client& client);
   // Gives a connection's slots back.
-  void Release(const std::optional<std::string>& counted);
+  void Release(const Client& client);
   // The request loop of one connection, plain (beast::tcp_stream) or TLS (beast::ssl_stream).
   template <class Stream>
-  asio::awaitable<void> ServeRequests(Stream& stream);
+  asio::awaitable<void> ServeRequests(Stream& stream, const std::string& source);
   template <class Stream>
+  // `client`: the connection's capped key (Client::key).
   asio::awaitable<bool> Answer(Stream& stream, bhttp::request<bhttp::string_body>& req,
-                               const Handler& handler);
+                               const Handler& handler, const std::string& client);
   template <class Stream>
   asio::awaitable<bool> WriteReply(Stream& stream, unsigned version, bool keep_alive,
                                    const Reply& reply);
@@ -277,8 +284,8 @@ asio::awaitable<void> Server::Impl::Accept() {
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
-    std::optional<std::string> counted;
-    if (!Admit(socket, counted)) {
+    Client client;
+    if (!Admit(socket, client)) {
       Count(&ServerStats::refused_connections);
       // A best-effort answer that cannot block the acceptor, then close (a TLS client could not
       // read a plain answer: it is only closed).
@@ -294,9 +301,9 @@ asio::awaitable<void> Server::Impl::Accept() {
     // acknowledgement, up to 40 ms on Linux, on every keep-alive connection.
     socket.set_option(tcp::no_delay(true), ec);
     if (tls) {
-      asio::co_spawn(io, ServeTls(std::move(socket), counted), asio::detached);
+      asio::co_spawn(io, ServeTls(std::move(socket), std::move(client)), asio::detached);
     } else {
-      asio::co_spawn(io, Serve(std::move(socket), counted), asio::detached);
+      asio::co_spawn(io, Serve(std::move(socket), std::move(client)), asio::detached);
     }
   }
 }
@@ -313,51 +320,48 @@ std::string Server::Impl::CappedKey(const tcp::socket& socket) const {
   return options.cap_loopback || !loopback ? key : std::string();
 }
 
-bool Server::Impl::Admit(const tcp::socket& socket, std::optional<std::string>& counted) {
+bool Server::Impl::Admit(const tcp::socket& socket, Client& client) {
   if (connections.load() >= options.max_connections) return false;
+  client.key = CappedKey(socket);
   // The handshake rate holds whether or not connections per address are capped.
-  if (options.max_connections_per_address > 0 || tls_rate) {
-    const std::string key = CappedKey(socket);
-    if (!key.empty()) {
-      std::lock_guard lock(mu);
-      if (tls_rate && tls_rate->Take(key, Clock::now())) {
-        ++stats.tls_rate_refused;
-        return false;
-      }
-      if (options.max_connections_per_address > 0) {
-        int& open = per_address[key];
-        if (open >= options.max_connections_per_address) return false;
-        ++open;
-        counted = key;
-      }
+  if (!client.key.empty()) {
+    std::lock_guard lock(mu);
+    if (tls_rate && tls_rate->Take(client.key, Clock::now())) {
+      ++stats.tls_rate_refused;
+      return false;
+    }
+    if (options.max_connections_per_address > 0) {
+      int& open = per_address[client.key];
+      if (open >= options.max_connections_per_address) return false;
+      ++open;
+      client.counted = true;
     }
   }
   ++connections;
   return true;
 }
 
-void Server::Impl::Release(const std::optional<std::string>& counted) {
-  if (counted) {
+void Server::Impl::Release(const Client& client) {
+  if (client.counted) {
     std::lock_guard lock(mu);
-    auto it = per_address.find(*counted);
+    auto it = per_address.find(client.key);
     if (it != per_address.end() && --it->second <= 0) per_address.erase(it);
   }
   --connections;
 }
 
-asio::awaitable<void> Server::Impl::Serve(tcp::socket socket, std::optional<std::string> counted) {
+asio::awaitable<void> Server::Impl::Serve(tcp::socket socket, Client client) {
   beast::tcp_stream stream(std::move(socket));
   Track(stream.socket(), true);
-  co_await ServeRequests(stream);
+  co_await ServeRequests(stream, client.key);
   Track(stream.socket(), false);
   beast::error_code ec;
   stream.socket().shutdown(tcp::socket::shutdown_both, ec);
   stream.close();
-  Release(counted);
+  Release(client);
 }
 
-asio::awaitable<void> Server::Impl::ServeTls(tcp::socket socket,
-                                             std::optional<std::string> counted) {
+asio::awaitable<void> Server::Impl::ServeTls(tcp::socket socket, Client client) {
   // The connection keeps the context it began with when a renewed certificate replaces it.
   const std::shared_ptr<asio::ssl::context> context = tls->Current();
   beast::ssl_stream<beast::tcp_stream> stream(std::move(socket), *context);
@@ -370,7 +374,7 @@ asio::awaitable<void> Server::Impl::ServeTls(tcp::socket socket,
   if (ec) {
     Count(&ServerStats::tls_handshake_failures);
   } else {
-    co_await ServeRequests(stream);
+    co_await ServeRequests(stream, client.key);
     // close_notify, so that a client can tell the end of a body that ends with the connection
     // (HTTP/1.0 streams) from a cut; a client that does not answer it gets little time.
     beast::get_lowest_layer(stream).expires_after(
@@ -380,11 +384,11 @@ asio::awaitable<void> Server::Impl::ServeTls(tcp::socket socket,
   Track(raw, false);
   raw.shutdown(tcp::socket::shutdown_both, ec);
   beast::get_lowest_layer(stream).close();
-  Release(counted);
+  Release(client);
 }
 
 template <class Stream>
-asio::awaitable<void> Server::Impl::ServeRequests(Stream& stream) {
+asio::awaitable<void> Server::Impl::ServeRequests(Stream& stream, const std::string& source) {
   beast::flat_buffer buffer;
   for (bool keep_alive = true; keep_alive && !stopped.load();) {
     bhttp::request_parser<bhttp::string_body> parser;
@@ -430,21 +434,19 @@ asio::awaitable<void> Server::Impl::ServeRequests(Stream& stream) {
       continue;
     }
     Count(&ServerStats::requests);
-    keep_alive = co_await Answer(stream, req, *match.handler) && keep_alive;
+    keep_alive = co_await Answer(stream, req, *match.handler, source) && keep_alive;
   }
 }
 
 template <class Stream>
 asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp::string_body>& req,
-                                           const Handler& handler) {
+                                           const Handler& handler, const std::string& client) {
   const auto deadline = Clock::now() + options.request_timeout;
   // One address may run only its share of the handlers, so that its requests (16 connections'
   // worth, under its connection cap) cannot take every slot from other clients.
   const int share = std::max(
       1, static_cast<int>(options.request_share_per_address * options.max_concurrent_requests));
-  const std::string source = share < options.max_concurrent_requests
-                                 ? CappedKey(beast::get_lowest_layer(stream).socket())
-                                 : std::string();
+  const std::string source = share < options.max_concurrent_requests ? client : std::string();
   auto busy = [](const std::string& why) {
     Reply reply = JsonError(503, why + "; retry later", "server_busy");
     reply.headers.emplace_back("Retry-After", "1");

@@ -151,18 +151,16 @@ std::vector<at::Tensor> BackwardBatch(Expert& expert,
     return out;
   }
   std::vector<at::Tensor> xs, gs;
+  std::vector<int64_t> rows;
   for (const auto& [x, g] : batch) {
     xs.push_back(x);
     gs.push_back(g);
+    rows.push_back(x.size(0));
   }
   const uint64_t skipped = expert.skipped_steps();
   const at::Tensor whole = expert.Backward(at::cat(xs, 0), at::cat(gs, 0));
   if (expert.skipped_steps() == skipped) {
-    int64_t start = 0;
-    for (const auto& x : xs) {
-      out.push_back(whole.narrow(0, start, x.size(0)).contiguous());
-      start += x.size(0);
-    }
+    for (const auto& part : whole.split_with_sizes(rows, 0)) out.push_back(part.contiguous());
     return out;
   }
   COLONY_LOG_WARN(
