@@ -614,6 +614,9 @@ asio::awaitable<bool> Server::Impl::WriteStream(Stream& stream, unsigned version
   for (;;) {
     bool done = false;
     std::string data = ex.TakeChunks(done);
+    // Checked after taking: a stream cancelled (its client hung up, the server stops) is cut,
+    // also when its handler ended because of the cancel, not ended with a last chunk as if whole.
+    if (stopped.load() || ex.cancelled()) break;
     if (!data.empty()) {
       beast::get_lowest_layer(stream).expires_after(options.write_timeout);
       if (chunked) {
@@ -634,7 +637,6 @@ asio::awaitable<bool> Server::Impl::WriteStream(Stream& stream, unsigned version
                                  asio::redirect_error(asio::use_awaitable, ec));
       co_return !ec;
     }
-    if (stopped.load() || ex.cancelled()) break;
     if (ex.pending()) continue;
     if (!co_await ex.WaitUntil(deadline) && !ex.pending()) break;  // past the request's deadline
   }
