@@ -13,8 +13,8 @@
 #include "moe/discovery.h"
 #include "moe/expert_chunks.h"
 #include "moe/expert_uid.h"
-#include "net/byte_budget.h"
 #include "net/source_address.h"
+#include "net/source_budget.h"
 #include "runtime/batcher.h"
 #include "runtime/task_pool.h"
 #include "runtime/tensor_io.h"
@@ -98,11 +98,10 @@ struct ExpertServer::Impl {
   size_t restored = 0;
   std::unique_ptr<Periodic> declarer;
   std::unique_ptr<Periodic> checkpointer;
-  net::ByteBudget held_requests;
-  std::map<std::string, uint64_t> held_by_source;  // net::SourceKey -> bytes; guarded by mu
-  // What one source may hold: request_share_per_address of the limit, or one call of
-  // max_batch rows (input and gradient) if that is more.
-  const uint64_t source_share;
+  // The requests' bytes held while calls are read and run. What one source may hold:
+  // request_share_per_address of the limit, or one call of max_batch rows (input and gradient)
+  // if that is more.
+  net::SourceBudget held_requests;
 
   Impl(dht::Node& n, ExpertServerOptions o)
       : node(n),
@@ -110,8 +109,10 @@ struct ExpertServer::Impl {
         // Each expert's two batchers queue at most one task each.
         pool({.threads = options.threads,
               .max_queued = std::max(options.max_queued, 2 * options.uids.size())}),
-        held_requests(options.max_request_bytes),
-        source_share(SourceShare(options)) {}
+        held_requests({.limit = options.max_request_bytes,
+                       .per_source = SourceShare(options),
+                       .unit = "bytes of requests",
+                       .holder = "this expert server"}) {}
 
   static uint64_t SourceShare(const ExpertServerOptions& o) {
     const uint64_t largest_call = static_cast<uint64_t>(o.max_batch) *
@@ -144,43 +145,6 @@ struct ExpertServer::Impl {
                                          ParseExpertUid(uid).ok() ? uid : "(malformed id)")));
     }
     return it->second.get();
-  }
-
-  // Takes `bytes` of held_requests for a call from `source` (net::SourceKey; "" is exempt from
-  // the per-address share).
-  Status TakeRequestBytes(const std::string& source, uint64_t bytes) {
-    if (!source.empty()) {
-      std::lock_guard lock(mu);
-      auto [it, added] = held_by_source.try_emplace(source, 0);
-      if (it->second + bytes > source_share) {
-        const uint64_t mine = it->second;
-        if (added) held_by_source.erase(it);
-        ++stats.refused;
-        return ResourceExhausted(fmt::format(
-            "{} holds {} bytes of requests on this expert server and one client address may "
-            "hold {}; wait for those calls to end or use another server",
-            source, mine, source_share));
-      }
-      it->second += bytes;
-    }
-    if (!held_requests.TryTake(bytes)) {
-      GiveRequestBytes(source, bytes);
-      return Refuse(ResourceExhausted(
-          fmt::format("the expert server holds its limit of {} bytes of requests; try again or "
-                      "another server",
-                      held_requests.limit())));
-    }
-    return Status::Ok();
-  }
-  // Gives back what TakeRequestBytes took (the global part only when it was taken).
-  void GiveRequestBytes(const std::string& source, uint64_t bytes, bool global = false) {
-    if (global) held_requests.Give(bytes);
-    if (source.empty() || bytes == 0) return;
-    std::lock_guard lock(mu);
-    auto it = held_by_source.find(source);
-    if (it == held_by_source.end()) return;
-    it->second -= std::min(it->second, bytes);
-    if (it->second == 0) held_by_source.erase(it);
   }
 
   // One message of a call's request (expert_chunks.h), checked: x (and grad_y for a backward),
@@ -225,14 +189,8 @@ struct ExpertServer::Impl {
     HostedExpert* hosted = nullptr;
     std::vector<std::vector<at::Tensor>> parts(backward ? 2 : 1);
     int64_t rows = 0;
-    uint64_t held = 0;
     const std::string source = net::SourceKey(ctx, node.host().limits_loopback());
-    struct GiveBack {
-      Impl& impl;
-      const std::string& source;
-      uint64_t& bytes;
-      ~GiveBack() { impl.GiveRequestBytes(source, bytes, /*global=*/true); }
-    } give_back{*this, source, held};
+    net::SourceBudget::Lease held = held_requests.Open(source);  // given back when the call ends
     for (;;) {
       auto next = co_await ctx.stream().Read();
       if (!next.ok()) co_return next.status();
@@ -248,8 +206,7 @@ struct ExpertServer::Impl {
       auto chunk = ReadChunk(m, backward, options.max_batch - rows);
       if (!chunk.ok()) co_return chunk.status();
       const uint64_t bytes = static_cast<uint64_t>((*chunk)[0].numel()) * 4 * parts.size();
-      if (Status taken = TakeRequestBytes(source, bytes); !taken.ok()) co_return taken;
-      held += bytes;
+      if (Status taken = held.Take(bytes); !taken.ok()) co_return Refuse(taken);
       rows += (*chunk)[0].size(0);
       for (size_t i = 0; i < parts.size(); ++i) parts[i].push_back(std::move((*chunk)[i]));
     }

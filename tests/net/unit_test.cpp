@@ -1,6 +1,6 @@
-// Unit tests of net's small parts: the key the caps count a source address under, the byte budget,
-// the observed-address and peer-address books, and the notifier that coroutines on one strand wait
-// on.
+// Unit tests of net's small parts: the key the caps count a source address under, the byte budget
+// and its per-source form, the observed-address and peer-address books, and the notifier that
+// coroutines on one strand wait on.
 #include <gtest/gtest.h>
 
 #include <asio/co_spawn.hpp>
@@ -24,6 +24,7 @@
 #include "net/protobuf_logs.h"
 #include "net/protocol.pb.h"
 #include "net/source_address.h"
+#include "net/source_budget.h"
 
 namespace colony::net {
 namespace {
@@ -115,6 +116,73 @@ TEST(ByteBudget, ConcurrentTakersNeverExceedTheLimit) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(b.used(), 0u);
   EXPECT_LE(b.peak(), 1000u);
+}
+
+// One source holds at most its share once it holds anything (its first take may be larger, up to
+// the total), the total is hard for every source, loopback ("") is held to the total only, and a
+// lease gives back what it took exactly once, also when moved.
+TEST(SourceBudget, ASourceHoldsItsShareTheTotalIsHardAndLeasesGiveBackOnce) {
+  SourceBudget budget({.limit = 100, .per_source = 30, .unit = "bytes of requests"});
+  auto a1 = budget.Open("198.51.100.7");
+  ASSERT_TRUE(a1.Take(40).ok()) << "a source holding nothing may take more than its share";
+  auto a2 = budget.Open("198.51.100.7");
+  const Status over_share = a2.Take(1);
+  EXPECT_EQ(over_share.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over_share.message().find("198.51.100.7 holds 40 bytes of requests"), std::string::npos)
+      << over_share.ToString();
+  EXPECT_NE(over_share.message().find("one client address may hold 30"), std::string::npos);
+  EXPECT_EQ(a2.held(), 0u);
+
+  auto b = budget.Open("203.0.113.9");
+  ASSERT_TRUE(b.Take(10).ok());
+  ASSERT_TRUE(b.Take(20).ok()) << "up to the share";
+  EXPECT_FALSE(b.Take(1).ok()) << "one past the share";
+  auto proxy = budget.Open("");
+  ASSERT_TRUE(proxy.Take(25).ok());
+  ASSERT_TRUE(proxy.Take(5).ok()) << "loopback is held to the total, not to a share";
+  EXPECT_EQ(budget.used(), 100u);
+  auto c = budget.Open("192.0.2.1");
+  const Status over_total = c.Take(1);
+  EXPECT_EQ(over_total.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over_total.message().find("this server holds its limit of 100 bytes of requests"),
+            std::string::npos)
+      << over_total.ToString();
+  EXPECT_FALSE(c.Take(UINT64_MAX).ok()) << "an overflowing take must not wrap around";
+  EXPECT_EQ(budget.refused(), 4u);
+  EXPECT_EQ(budget.sources(), 2u);
+
+  {
+    SourceBudget::Lease moved = std::move(a1);
+    EXPECT_EQ(moved.held(), 40u);
+    EXPECT_EQ(a1.held(), 0u);  // NOLINT(bugprone-use-after-move): moved-from holds nothing
+  }
+  EXPECT_EQ(budget.used(), 60u) << "the moved lease gave back its 40 once";
+  ASSERT_TRUE(a2.Take(30).ok()) << "the source holds nothing again";
+  a2.Release();
+  b.Release();
+  proxy = budget.Open("");  // the old lease is given back by the assignment
+  EXPECT_EQ(budget.used(), 0u);
+  EXPECT_EQ(budget.sources(), 0u);
+  EXPECT_EQ(budget.peak(), 100u);
+}
+
+// Many threads taking and giving for a few sources never hold more than the total, and nothing
+// is left held once they are done.
+TEST(SourceBudget, ConcurrentLeasesNeverExceedTheTotal) {
+  SourceBudget budget({.limit = 1000, .per_source = 300});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&budget, t] {
+      for (int i = 0; i < 20000; ++i) {
+        auto lease = budget.Open(t % 2 == 0 ? "10.0.0.1" : std::string());
+        if (lease.Take(70).ok()) (void)lease.Take(70);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(budget.used(), 0u);
+  EXPECT_EQ(budget.sources(), 0u);
+  EXPECT_LE(budget.peak(), 1000u);
 }
 
 TEST(ObservedAddressBook, KeepsAtMostTheLimitAndRanksAgreementFirst) {
