@@ -4,14 +4,22 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/log.h"
+#include "net/source_address.h"
 #include "serve/server_internal.h"
 
 namespace colony::serve {
 
 const std::vector<DType> kFloatDTypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+
+// `share` of `limit`, at least 1 (a share outside (0, 1] is refused by Init).
+uint64_t Share(uint64_t limit, double share) {
+  if (!(share > 0 && share < 1)) return limit;
+  return std::max<uint64_t>(1, static_cast<uint64_t>(share * static_cast<double>(limit)));
+}
 
 std::string Hex(std::string_view bytes) {
   std::string out;
@@ -27,9 +35,18 @@ BlockServer::Impl::Impl(dht::Node& node, ServerOptions options)
       pool_({.threads = 1,
              .max_queued = options_.max_queued_tasks + options_.max_sessions,
              .reserved_urgent = options_.max_sessions,
-             .thread_init = [t = options_.torch_threads] {
-               if (t > 0) at::set_num_threads(t);
-             }}) {}
+             .thread_init =
+                 [t = options_.torch_threads] {
+                   if (t > 0) at::set_num_threads(t);
+                 }}),
+      queued_requests_(
+          {.limit = options_.max_queued_tasks,
+           .per_source = Share(options_.max_queued_tasks, options_.request_share_per_address),
+           .unit = "forward and backward requests"}),
+      held_request_bytes_(
+          {.limit = options_.max_request_bytes,
+           .per_source = Share(options_.max_request_bytes, options_.request_share_per_address),
+           .unit = "bytes of forward and backward requests"}) {}
 
 Status BlockServer::Impl::Init() {
   COLONY_ASSIGN_OR_RETURN(dtype_, ParseDType(options_.dtype));
@@ -40,6 +57,12 @@ Status BlockServer::Impl::Init() {
     return InvalidArgument(fmt::format(
         "cache_share_per_address {} must be in (0, 1] and max_sessions_per_address {} at least 1",
         options_.cache_share_per_address, options_.max_sessions_per_address));
+  }
+  if (!(options_.request_share_per_address > 0 && options_.request_share_per_address <= 1) ||
+      options_.max_request_bytes == 0) {
+    return InvalidArgument(fmt::format(
+        "request_share_per_address {} must be in (0, 1] and max_request_bytes {} at least 1",
+        options_.request_share_per_address, options_.max_request_bytes));
   }
   COLONY_ASSIGN_OR_RETURN(config_, model::LoadLlamaConfig(options_.model_dir));
   if (options_.model_name.empty()) {
@@ -135,6 +158,9 @@ ServerStats BlockServer::Impl::Stats() const {
   s.duplicates = duplicates_;
   s.forwards = forwards_;
   s.backwards = backwards_;
+  s.requests_held = queued_requests_.used();
+  s.request_bytes_held = held_request_bytes_.used();
+  s.requests_refused = queued_requests_.refused() + held_request_bytes_.refused();
   return s;
 }
 
@@ -148,11 +174,13 @@ void BlockServer::Impl::RegisterHandlers() {
   auto& host = node_.host();
   host.RegisterUnary("serve.info",
                      [self](net::CallContext&, net::Message) { return self->Info(); });
-  host.RegisterUnary("serve.forward", [self](net::CallContext&, net::Message m) {
-    return self->Forward(std::move(m), /*backward=*/false);
+  host.RegisterUnary("serve.forward", [self](net::CallContext& ctx, net::Message m) {
+    return self->Forward(net::SourceKey(ctx, self->options_.limit_loopback_addresses), std::move(m),
+                         /*backward=*/false);
   });
-  host.RegisterUnary("serve.backward", [self](net::CallContext&, net::Message m) {
-    return self->Forward(std::move(m), /*backward=*/true);
+  host.RegisterUnary("serve.backward", [self](net::CallContext& ctx, net::Message m) {
+    return self->Forward(net::SourceKey(ctx, self->options_.limit_loopback_addresses), std::move(m),
+                         /*backward=*/true);
   });
   host.RegisterBidiStreaming("serve.inference",
                              [self](net::CallContext& ctx) { return self->Inference(ctx); });

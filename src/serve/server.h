@@ -85,6 +85,12 @@ struct ServerOptions {
   // Forward and backward tasks waiting for the compute thread (beyond: refused at once). The
   // sessions' steps have max_sessions slots of their own.
   size_t max_queued_tasks = 256;
+  // Bytes of forward and backward requests (their decoded tensors) held while they wait and run
+  // (beyond: refused at once, ResourceExhausted). Of this and of max_queued_tasks, one client
+  // address (counted as for sessions) may hold request_share_per_address, or one request of any
+  // size while it holds nothing else, so that one machine cannot fill the queue or the memory.
+  uint64_t max_request_bytes = uint64_t{1} << 30;
+  double request_share_per_address = 0.25;
   int torch_threads = 0;  // 0: LibTorch's default
   std::chrono::milliseconds announce_period{5'000};
   double record_ttl_seconds = 20;
@@ -114,6 +120,9 @@ struct ServerStats {
   uint64_t pushes_used = 0;  // steps whose input came by push
   uint64_t duplicates = 0;   // step messages dropped as already processed
   uint64_t forwards = 0, backwards = 0;
+  // Forward and backward requests held now (waiting or running) and their bytes; those refused
+  // for max_queued_tasks, max_request_bytes or an address's share of them.
+  uint64_t requests_held = 0, request_bytes_held = 0, requests_refused = 0;
 };
 
 class BlockServer {

@@ -128,8 +128,12 @@ Result<std::vector<at::Tensor>> BlockServer::Impl::TrainingPass(int64_t start, i
   return std::vector<at::Tensor>{xin.grad()};
 }
 
-asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m, bool backward) {
+asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(std::string source, net::Message m,
+                                                                 bool backward) {
   COLONY_CO_RETURN_IF_ERROR(CheckServing());
+  // A place among the requests waiting or running (given back when this request ends).
+  net::SourceBudget::Lease place = queued_requests_.Open(source);
+  COLONY_CO_RETURN_IF_ERROR(place.Take(1));
   auto req = DecodeBlockRequest(m.meta);
   if (!req.ok()) co_return req.status();
   const int64_t start = req->start, end = req->end;
@@ -157,6 +161,13 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(net::Message m,
     co_return InvalidArgument(
         "this server trains its blocks (a SWARM stage): it takes no deep prompts or adapters");
   }
+  // The decoded tensors wait and run under the byte budget; the received message is let go.
+  uint64_t bytes = x->nbytes() + (grad_out.defined() ? grad_out.nbytes() : 0);
+  if (tuning->prompts.defined()) bytes += tuning->prompts.nbytes();
+  for (const auto& t : tuning->lora) bytes += t.nbytes();
+  m = net::Message();
+  net::SourceBudget::Lease held = held_request_bytes_.Open(std::move(source));
+  COLONY_CO_RETURN_IF_ERROR(held.Take(bytes));
   const at::ScalarType client_dtype = x->scalar_type();
   auto self = shared_from_this();
   const int64_t epoch = req->epoch;

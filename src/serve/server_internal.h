@@ -30,6 +30,7 @@
 #include "model/device.h"
 #include "model/llama.h"
 #include "net/host.h"
+#include "net/source_budget.h"
 #include "runtime/task_pool.h"
 #include "serve/server.h"
 #include "serve/wire.h"
@@ -153,7 +154,8 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   Result<Tuning> ReadTuning(const std::vector<net::TensorFrame>& tensors, size_t first,
                             int64_t start, int64_t end, const TuningSpec& spec, int64_t batch,
                             int64_t max_prompt) const;
-  asio::awaitable<Result<net::Message>> Forward(net::Message m, bool backward);
+  // `source`: the caller's net::SourceKey, for its share of the request budgets.
+  asio::awaitable<Result<net::Message>> Forward(std::string source, net::Message m, bool backward);
   Result<std::vector<at::Tensor>> TrainingPass(int64_t start, int64_t end, const at::Tensor& x,
                                                const at::Tensor& grad_out);
 
@@ -192,6 +194,9 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
   std::vector<model::LlamaBlock> blocks_;
   std::shared_ptr<BlockTraining> training_;  // set when the server trains its blocks
   runtime::TaskPool pool_;
+  // Forward and backward requests waiting or running, and their decoded tensors' bytes.
+  net::SourceBudget queued_requests_;
+  net::SourceBudget held_request_bytes_;
   std::thread announcer_;
 
   mutable std::mutex mu_;

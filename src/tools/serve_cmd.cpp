@@ -46,6 +46,8 @@ struct ServeArgs {
   size_t max_sessions = 128;
   size_t max_sessions_per_address = 32;
   double cache_share_per_address = 0.25;
+  int64_t request_mib = 1024;
+  double request_share_per_address = 0.25;
   int64_t max_batch = 64;
   int64_t max_length = 0;
   double throughput = 0;
@@ -77,6 +79,8 @@ int RunServe(const ServeArgs& a) {
   o.max_sessions = a.max_sessions;
   o.max_sessions_per_address = a.max_sessions_per_address;
   o.cache_share_per_address = a.cache_share_per_address;
+  o.max_request_bytes = static_cast<uint64_t>(a.request_mib) << 20;
+  o.request_share_per_address = a.request_share_per_address;
   o.max_batch = a.max_batch;
   o.max_length = a.max_length;
   o.torch_threads = a.swarm.threads;
@@ -366,6 +370,15 @@ void AddServeCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>&
         ->capture_default_str();
     cmd->add_option("--cache-share-per-address", a->cache_share_per_address,
                     "share of the KV cache one client address may hold (loopback exempt)")
+        ->check(CLI::Range(0.001, 1.0))
+        ->capture_default_str();
+    cmd->add_option("--request-mib", a->request_mib,
+                    "MiB of forward and backward requests held while they wait and run")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+        ->capture_default_str();
+    cmd->add_option("--request-share-per-address", a->request_share_per_address,
+                    "share of those MiB and of the request queue one client address may hold "
+                    "(loopback exempt)")
         ->check(CLI::Range(0.001, 1.0))
         ->capture_default_str();
     cmd->add_option("--max-batch", a->max_batch, "largest batch per request")

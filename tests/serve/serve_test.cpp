@@ -12,7 +12,9 @@
 #include <asio/use_future.hpp>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -1212,6 +1214,127 @@ TEST_F(ServeTest, OneAddressCannotTakeEverySessionOrTheWholeCache) {
   for (auto& s : held) s->Cancel();
   ASSERT_TRUE(colony::test::WaitUntil([&] { return server.Stats().cache_bytes_used == 0; }, 5s));
   for (auto& a : attackers) a->Shutdown();
+}
+
+// A BlockTraining whose passes wait until the test opens it: the server's compute thread is then
+// busy, and the forward requests that arrive meanwhile wait in its queue.
+class GatedTraining : public BlockTraining {
+ public:
+  Status Run(int64_t, int64_t, bool, const std::function<Status()>& compute) override {
+    std::unique_lock lock(mu_);
+    ++entered_;
+    cv_.wait(lock, [&] { return open_; });
+    lock.unlock();
+    return compute();
+  }
+  void Open() {
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  int entered() {
+    std::lock_guard lock(mu_);
+    return entered_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int entered_ = 0;
+};
+
+// One machine cannot fill a block server's forward/backward queue or hold its request memory.
+// The server applies its per-address caps to loopback here: 127.0.0.2 plays the attacker's
+// machine, 127.0.0.3 an honest client's. While the compute thread is held (a gated pass), the
+// attacker may queue its share of the requests (4 of 16) and of their bytes (12 KiB of 48),
+// beyond which it is refused at once; the honest client's requests still queue, and every queued
+// request is computed right once the thread is free.
+TEST_F(ServeTest, OneAddressHoldsOnlyItsShareOfTheForwardQueueAndItsBytes) {
+  auto gate = std::make_shared<GatedTraining>();
+  struct OpenAtEnd {
+    GatedTraining& gate;
+    ~OpenAtEnd() { gate.Open(); }
+  } open_at_end{*gate};
+  ServerOptions o;
+  o.limit_loopback_addresses = true;
+  o.max_queued_tasks = 16;
+  o.max_request_bytes = 48 << 10;
+  o.request_share_per_address = 0.25;
+  o.make_training = [gate](std::vector<at::Tensor>) -> Result<std::shared_ptr<BlockTraining>> {
+    return std::shared_ptr<BlockTraining>(gate);
+  };
+  auto& server = AddServer(0, 4, 100, o);
+  const Multiaddr addr = ServerAddress(0);
+  std::vector<std::unique_ptr<net::Host>> hosts;
+  auto host_from = [&](const char* ip) -> net::Host& {
+    net::HostOptions ho;
+    ho.dial_from = ip;
+    hosts.push_back(std::make_unique<net::Host>(KeyPair::Generate(), ho));
+    EXPECT_TRUE(hosts.back()->Start().ok());
+    return *hosts.back();
+  };
+  net::Host& attacker = host_from("127.0.0.2");
+  net::Host& honest = host_from("127.0.0.3");
+  auto forward = [&](net::Host& host, const at::Tensor& x) {
+    return std::async(std::launch::async, [&host, addr, x] {
+      pb::BlockRequest req;
+      req.set_start(0);
+      req.set_end(4);
+      net::Message m(req.SerializeAsString());
+      m.tensors.push_back(*runtime::ToFrame(x));
+      return host.CallSync(addr, "serve.forward", std::move(m), {.timeout = 60s});
+    });
+  };
+  auto held = [&](uint64_t n) {
+    return colony::test::WaitUntil([&] { return server.Stats().requests_held == n; }, 10s);
+  };
+  auto refused_naming = [](auto future, const std::string& what) {
+    ASSERT_EQ(future.wait_for(10s), std::future_status::ready) << what << ": not refused at once";
+    auto r = future.get();
+    ASSERT_FALSE(r.ok()) << what;
+    EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().ToString();
+  };
+  const int64_t hidden = config_.hidden_size;
+  auto big = [&] { return at::randn({1, 8192 / (4 * hidden), hidden}); };  // 8 KiB
+  auto tiny = [&] { return at::randn({1, 1, hidden}); };
+
+  std::vector<std::pair<at::Tensor, std::future<Result<net::Message>>>> queued;
+  auto queue = [&](net::Host& host, at::Tensor x) {
+    auto f = forward(host, x);
+    queued.emplace_back(std::move(x), std::move(f));
+  };
+  queue(honest, tiny());  // takes the compute thread and holds it
+  ASSERT_TRUE(colony::test::WaitUntil([&] { return gate->entered() == 1; }, 10s));
+  queue(attacker, big());
+  ASSERT_TRUE(held(2));
+  refused_naming(forward(attacker, big()),
+                 "holds 8192 bytes of forward and backward requests on this server and one "
+                 "client address may hold 12288");
+  for (int i = 0; i < 3; ++i) queue(attacker, tiny());
+  ASSERT_TRUE(held(5));
+  refused_naming(forward(attacker, tiny()),
+                 "holds 4 forward and backward requests on this server and one client address "
+                 "may hold 4");
+  queue(honest, big());  // the honest address has its own share
+  ASSERT_TRUE(held(6));
+  EXPECT_EQ(server.Stats().requests_refused, 2u);
+  EXPECT_EQ(server.Stats().request_bytes_held, 8192u * 2 + 4u * hidden * 4);
+
+  gate->Open();
+  for (auto& [x, f] : queued) {
+    auto r = f.get();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    auto y = runtime::FromFrame(r->tensors.at(0), {});
+    ASSERT_TRUE(y.ok()) << y.status().ToString();
+    EXPECT_TRUE(at::allclose(*y, LocalBlocks(x, 0, 4), 1e-4, 1e-4));
+  }
+  EXPECT_TRUE(held(0));
+  EXPECT_EQ(server.Stats().request_bytes_held, 0u);
+  EXPECT_TRUE(forward(attacker, big()).get().ok()) << "the address's share came back";
 }
 
 TEST_F(ServeTest, IdleSessionsAreClosedByTheServer) {
