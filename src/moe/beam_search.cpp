@@ -35,10 +35,10 @@ std::string Text(const std::string& name, const std::vector<int64_t>& coords, bo
   return prefix ? uid.Prefix(coords.size()) : uid.ToString();
 }
 
-ScoredExpert Finish(const std::string& name, const Candidate& c) {
+ScoredExpert Finish(const std::string& name, const Candidate& c, const ServerRank& rank) {
   ScoredExpert out{
       .expert = {.uid = Text(name, c.coords, false)}, .score = c.bound, .keys = c.keys};
-  for (const ServerEntry* s : c.servers) {
+  for (const ServerEntry* s : ChooseServers(c.servers, rank)) {
     out.expert.servers.push_back(s->server);
     out.expert.addrs.push_back(s->entry.addrs);
   }
@@ -64,7 +64,7 @@ void RememberUntil(Map& map, const Items& items, std::chrono::steady_clock::time
 Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
     const std::string& grid_name, const std::vector<int64_t>& grid_size,
     const std::vector<std::vector<std::vector<float>>>& batch_scores, size_t k,
-    const EntryFetcher& fetch, size_t max_rounds) {
+    const EntryFetcher& fetch, size_t max_rounds, const ServerRank& rank) {
   const size_t dims = grid_size.size();
   if (dims == 0 || dims > kMaxGridDims) {
     return InvalidArgument(fmt::format("an expert grid has 1 to {} dimensions", kMaxGridDims));
@@ -129,7 +129,7 @@ Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
           if (!known.contains(key)) wanted.insert(key);
           pending[i].push_back(std::move(top));
         } else if (pending[i].empty()) {
-          results[i].push_back(Finish(grid_name, top));
+          results[i].push_back(Finish(grid_name, top, rank));
         } else {
           held.push_back(std::move(top));
         }
@@ -188,7 +188,9 @@ Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
   // Out of rounds (or done): the best experts found, in order.
   for (size_t i = 0; i < batch; ++i) {
     while (!frontier[i].empty() && results[i].size() < k) {
-      if (frontier[i].top().expert) results[i].push_back(Finish(grid_name, frontier[i].top()));
+      if (frontier[i].top().expert) {
+        results[i].push_back(Finish(grid_name, frontier[i].top(), rank));
+      }
       frontier[i].pop();
     }
   }
@@ -283,6 +285,12 @@ bool BeamSearcher::MayIncludeAvoided() {
 
 void BeamSearcher::Answered(const std::vector<PeerId>& servers) {
   std::lock_guard lock(mu_);
+  for (const PeerId& s : servers) {
+    if (answered_.size() >= options_.max_avoided_servers && !answered_.contains(s)) {
+      answered_.clear();  // bounded; the servers that answer keep answering
+    }
+    answered_[s] = ++answers_;
+  }
   bool was_avoided = false;
   for (const PeerId& s : servers) was_avoided = avoided_until_.erase(s) > 0 || was_avoided;
   if (!was_avoided) return;
@@ -304,7 +312,12 @@ Result<std::vector<std::vector<ScoredExpert>>> BeamSearcher::BatchFindBestExpert
       [this, include_avoided](const std::vector<std::string>& keys) {
         return Fetch(keys, include_avoided);
       },
-      options_.max_rounds);
+      options_.max_rounds,
+      [this](const PeerId& server) -> uint64_t {
+        std::lock_guard lock(mu_);
+        auto it = answered_.find(server);
+        return it == answered_.end() ? 0 : it->second;
+      });
 }
 
 }  // namespace colony::moe

@@ -41,11 +41,12 @@ using EntryFetcher = std::function<std::map<std::string, std::vector<ServerEntry
 // The search itself, over any fetcher. `batch_scores[i][d][c]`: input i's score of coordinate c
 // in dimension d (grid_size[d] values, finite or -inf, which rules the coordinate out; at least
 // one finite per dimension). Returns each input's best min(k, live) experts that no -inf rules
-// out, best first. After `max_rounds` rounds it returns the best experts found so far.
+// out, best first, each with at most kMaxServersPerExpert of its servers (ChooseServers by
+// `rank`). After `max_rounds` rounds it returns the best experts found so far.
 Result<std::vector<std::vector<ScoredExpert>>> SearchBestExperts(
     const std::string& grid_name, const std::vector<int64_t>& grid_size,
     const std::vector<std::vector<std::vector<float>>>& batch_scores, size_t k,
-    const EntryFetcher& fetch, size_t max_rounds = 64);
+    const EntryFetcher& fetch, size_t max_rounds = 64, const ServerRank& rank = {});
 
 struct BeamSearchOptions {
   // How long a prefix found empty is not asked for again (hivemind: 300 s).
@@ -95,7 +96,8 @@ class BeamSearcher {
   // server last answered (Answered), has passed since the last one.
   bool MayIncludeAvoided();
   // These servers answered calls: they are avoided no longer, and if one was, the wait before
-  // including avoided servers starts again from retry_avoided_after.
+  // including avoided servers starts again from retry_avoided_after. Of an expert's servers,
+  // results name those that answered latest first (at most max_avoided_servers remembered).
   void Answered(const std::vector<PeerId>& servers);
 
   const std::vector<int64_t>& grid_size() const { return grid_size_; }
@@ -117,6 +119,9 @@ class BeamSearcher {
   std::chrono::milliseconds include_avoided_every_;
   // Keys to read with kLatest next time (at most max_negative_cache_entries).
   std::set<std::string> read_again_;
+  // When each server last answered, in answers counted by answers_ (ServerRank of results).
+  std::map<PeerId, uint64_t> answered_;
+  uint64_t answers_ = 0;
 };
 
 }  // namespace colony::moe

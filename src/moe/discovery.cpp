@@ -1,12 +1,58 @@
 #include "moe/discovery.h"
 
 #include <fmt/format.h>
+#include <sodium.h>
 
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
 #include <set>
+#include <tuple>
 
 #include "dht/validation.h"
 
 namespace colony::moe {
+
+namespace {
+
+// A server's place among equally ranked ones: SipHash of its id under a key drawn once per
+// process, so that the order is stable here (a cached expert keeps its servers) and nobody else
+// can compute it (or make identities that come first).
+uint64_t KeyedOrder(const PeerId& server) {
+  static const auto key = [] {
+    std::array<unsigned char, crypto_shorthash_KEYBYTES> k{};
+    if (sodium_init() < 0) std::abort();  // libsodium cannot run here at all
+    randombytes_buf(k.data(), k.size());
+    return k;
+  }();
+  const Bytes id = server.ToBytes();
+  std::array<unsigned char, crypto_shorthash_BYTES> out{};
+  crypto_shorthash(out.data(), id.data(), id.size(), key.data());
+  uint64_t v = 0;
+  std::memcpy(&v, out.data(), sizeof(v));
+  return v;
+}
+
+}  // namespace
+
+std::vector<const ServerEntry*> ChooseServers(std::vector<const ServerEntry*> servers,
+                                              const ServerRank& rank) {
+  if (servers.size() <= kMaxServersPerExpert) return servers;
+  std::vector<std::tuple<uint64_t, uint64_t, const ServerEntry*>> ordered;
+  ordered.reserve(servers.size());
+  for (const ServerEntry* s : servers) {
+    ordered.emplace_back(rank ? rank(s->server) : 0, KeyedOrder(s->server), s);
+  }
+  std::partial_sort(ordered.begin(), ordered.begin() + kMaxServersPerExpert, ordered.end(),
+                    [](const auto& a, const auto& b) {
+                      if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
+                      return std::get<1>(a) < std::get<1>(b);
+                    });
+  servers.resize(kMaxServersPerExpert);
+  for (size_t i = 0; i < kMaxServersPerExpert; ++i) servers[i] = std::get<2>(ordered[i]);
+  return servers;
+}
 
 Result<std::vector<dht::StoreItem>> DeclarationItems(const std::vector<std::string>& uids,
                                                      const PeerId& self,
@@ -105,9 +151,11 @@ std::vector<std::optional<RemoteExpertInfo>> GetExperts(dht::Node& node,
       continue;
     }
     RemoteExpertInfo info{.uid = uids[i]};
-    for (const auto& e : it->second) {
-      info.servers.push_back(e.server);
-      info.addrs.push_back(e.entry.addrs);
+    std::vector<const ServerEntry*> entries;
+    for (const auto& e : it->second) entries.push_back(&e);
+    for (const ServerEntry* e : ChooseServers(std::move(entries))) {
+      info.servers.push_back(e->server);
+      info.addrs.push_back(e->entry.addrs);
     }
     out.emplace_back(std::move(info));
   }

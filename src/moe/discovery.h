@@ -5,6 +5,7 @@
 //   auto next = moe::GetActiveSuccessors(node, {"ffn.4."}); // {17: [...], 18: [...]}
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -30,6 +31,22 @@ struct RemoteExpertInfo {
   std::vector<std::vector<std::string>> addrs = {};  // per server
 };
 
+// The most servers a search result or GetExperts names for one expert; a call tries at most
+// RemoteExpert::kMaxServersPerCall of them. A record may list thousands (identities are free),
+// and what a client keeps per expert is copied per input, slot and cached expert.
+inline constexpr size_t kMaxServersPerExpert = 16;
+
+// How much a client prefers a server (higher first; 0: nothing known), e.g. how lately it
+// answered a call.
+using ServerRank = std::function<uint64_t(const PeerId&)>;
+
+// At most kMaxServersPerExpert of `servers`: those `rank` scores highest first, then in an order
+// keyed by a secret of this process (stable here, so a cached expert keeps its servers; no order
+// an attacker controls, such as its identities or expirations, decides which are kept). Servers
+// whose calls fail are left out of later searches (BeamSearcher::Avoid), and others come in.
+std::vector<const ServerEntry*> ChooseServers(std::vector<const ServerEntry*> servers,
+                                              const ServerRank& rank = {});
+
 // The entries a server with identity `self` reachable at `addrs` stores to declare `uids`: one
 // under each expert and one under each prefix with at least one coordinate (next = the
 // coordinates of its own experts that follow it). Refuses malformed ids.
@@ -50,7 +67,8 @@ std::map<std::string, std::vector<ServerEntry>> FetchEntries(
     dht::Node& node, const std::vector<std::string>& keys, dht::Freshness freshness,
     std::vector<std::string>* absent = nullptr);
 
-// For each uid: who hosts it, or nullopt when nobody declares it.
+// For each uid: who hosts it (ChooseServers of its declarations), or nullopt when nobody
+// declares it.
 std::vector<std::optional<RemoteExpertInfo>> GetExperts(
     dht::Node& node, const std::vector<std::string>& uids,
     dht::Freshness freshness = dht::Freshness::kLatest);

@@ -335,8 +335,9 @@ struct ExpertDispatcher::Impl {
     for (const auto& s : info.servers) key += "|" + s.ToString();
     for (const auto& a : info.addrs) key += "|" + (a.empty() ? std::string() : a[0]);
     if (auto it = experts.find(key); it != experts.end()) return it->second;
-    // Bounded (rebuilt on demand): the keys come from the DHT's records.
-    if (experts.size() >= 65536) experts.clear();
+    // Bounded (rebuilt on demand): the keys come from the DHT's records. Each names at most
+    // kMaxServersPerExpert servers with their addresses (a few KiB).
+    if (experts.size() >= 4096) experts.clear();
     auto expert = std::make_shared<RemoteExpert>(node.host(), info, health);
     experts.emplace(std::move(key), expert);
     return expert;

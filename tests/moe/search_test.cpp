@@ -67,6 +67,43 @@ std::vector<std::string> Exhaustive(const std::vector<std::vector<float>>& score
   return live;
 }
 
+// An expert that a thousand identities declare (identities are free) is named with at most
+// kMaxServersPerExpert of them, not the record's first ones and the same in every search here;
+// a server the caller ranks first (one that answered) is kept whatever its place.
+TEST(BeamSearch, AnExpertDeclaredByAThousandIdentitiesNamesAtMostSixteenRankedFirst) {
+  MemorySwarm swarm;
+  std::vector<PeerId> sybils;
+  for (int i = 0; i < 1000; ++i) {
+    sybils.push_back(KeyPair::Generate().peer_id());
+    swarm.Declare(sybils.back(), {"ffn.3"});
+  }
+  const PeerId honest = KeyPair::Generate().peer_id();
+  swarm.Declare(honest, {"ffn.3", "ffn.5"});
+  std::vector<float> scores(8, 0.0f);
+  scores[3] = 2;
+  scores[5] = 1;
+  auto search = [&](const ServerRank& rank) {
+    auto best = SearchBestExperts("ffn", {8}, {{scores}}, 2, swarm.Fetcher(), 64, rank);
+    EXPECT_TRUE(best.ok()) << best.status().ToString();
+    EXPECT_EQ(best->at(0).size(), 2u);
+    return best->at(0);
+  };
+  const auto first = search({});
+  ASSERT_EQ(first[0].expert.uid, "ffn.3");
+  ASSERT_EQ(first[0].expert.servers.size(), kMaxServersPerExpert);
+  EXPECT_EQ(first[0].expert.addrs.size(), kMaxServersPerExpert);
+  EXPECT_NE(first[0].expert.servers,
+            std::vector<PeerId>(sybils.begin(), sybils.begin() + kMaxServersPerExpert))
+      << "the record's first entries were kept";
+  EXPECT_EQ(std::set<PeerId>(first[0].expert.servers.begin(), first[0].expert.servers.end()).size(),
+            kMaxServersPerExpert);
+  EXPECT_EQ(first[1].expert.servers, std::vector<PeerId>{honest});
+  EXPECT_EQ(search({})[0].expert.servers, first[0].expert.servers) << "not stable";
+  const auto ranked = search([&](const PeerId& p) -> uint64_t { return p == honest ? 7 : 0; });
+  ASSERT_EQ(ranked[0].expert.servers.size(), kMaxServersPerExpert);
+  EXPECT_EQ(ranked[0].expert.servers[0], honest);
+}
+
 TEST(BeamSearch, HivemindsSingleDimensionExample) {
   MemorySwarm swarm;
   const PeerId a = KeyPair::Generate().peer_id();
