@@ -81,7 +81,7 @@ Status BlockServer::Impl::Init() {
     pinned_ = true;
   } else {
     const int64_t count = options_.num_blocks > 0 ? std::min(options_.num_blocks, n) : n;
-    first_ = ChooseBestStart(FetchRecords(), n, count);
+    first_ = ChooseBestStart(PlacementCoverage(0), count);
     last_ = first_ + count;
   }
   if (first_ < 0 || last_ <= first_ || last_ > n) {

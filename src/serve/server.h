@@ -151,10 +151,24 @@ class BlockServer {
 // Bytes of KV cache one token takes in one block at this dtype.
 int64_t CacheBytesPerToken(const model::LlamaConfig& config, at::ScalarType dtype);
 
-// The block range a new server of `num_blocks` blocks should take, given the swarm's records:
-// the window whose weakest block has the least announced throughput (ties: least total, then
-// lowest index).
+// The block range a new server of `num_blocks` blocks should take, given the throughput per
+// block: the window whose weakest block has the least (ties: least total, then lowest index).
+int64_t ChooseBestStart(const std::vector<double>& coverage, int64_t num_blocks);
+// The same over records' claims as announced (not offline).
 int64_t ChooseBestStart(const std::vector<ServerRecord>& records, int64_t total_blocks,
                         int64_t num_blocks);
+
+// A claim counts at most this many times the median claim for placement (as for routing).
+inline constexpr double kPlacementClaimCap = 4;
+// Records a placement pings (at random among more).
+inline constexpr size_t kMaxPlacementPings = 64;
+// What placement counts of records that answered a ping (offline ones left out), per block:
+// each record's throughput at most kPlacementClaimCap x the median of the claims (with
+// `own_claim`, this server's, when positive), and for the records of one address
+// (`address_keys[i]`, e.g. net::SourceKey of the address that answered; "" counts alone) only
+// the largest, so that identities from one machine count as one server.
+std::vector<double> CountedCoverage(const std::vector<ServerRecord>& records,
+                                    const std::vector<std::string>& address_keys,
+                                    int64_t total_blocks, double own_claim = 0);
 
 }  // namespace colony::serve

@@ -135,6 +135,10 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
 
   // ---- server_placement.cpp
   std::vector<ServerRecord> FetchRecords();
+  // The throughput per block that placement counts (CountedCoverage): other servers' records
+  // whose servers answered a ping (at most kMaxPlacementPings, 1 s), with this server's claim
+  // `own_claim` (0: not measured yet) in the median.
+  std::vector<double> PlacementCoverage(double own_claim);
   void Announce();
   void AnnounceLoop();
   // Pings (short deadline) the online servers whose span starts where ours ends, for the

@@ -1,29 +1,28 @@
 // Where a server sits in the swarm: its per-block records in the DHT (re-announced every
 // announce_period), the blocks a new server takes (the window whose weakest block has the least
-// throughput), and moving to weaker blocks when that clearly helps the swarm.
+// throughput, counting only servers that answer a ping, claims capped, one server per address),
+// and moving to weaker blocks when that clearly helps the swarm.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
+#include <cmath>
 #include <future>
 #include <limits>
+#include <map>
+#include <random>
 
 #include "core/log.h"
 #include "dht/validation.h"
+#include "net/source_address.h"
 #include "serve/client_internal.h"
 #include "serve/server_internal.h"
 
 namespace colony::serve {
 
-int64_t ChooseBestStart(const std::vector<ServerRecord>& records, int64_t total_blocks,
-                        int64_t num_blocks) {
-  std::vector<double> coverage(static_cast<size_t>(total_blocks), 0.0);
-  for (const auto& r : records) {
-    if (r.state == ServerState::kOffline) continue;
-    for (int64_t b = std::max<int64_t>(0, r.start); b < std::min(r.end, total_blocks); ++b) {
-      coverage[static_cast<size_t>(b)] += r.throughput;
-    }
-  }
+int64_t ChooseBestStart(const std::vector<double>& coverage, int64_t num_blocks) {
+  const auto total_blocks = static_cast<int64_t>(coverage.size());
   int64_t best = 0;
   double best_min = std::numeric_limits<double>::infinity(), best_sum = best_min;
   for (int64_t s = 0; s + num_blocks <= total_blocks; ++s) {
@@ -39,6 +38,61 @@ int64_t ChooseBestStart(const std::vector<ServerRecord>& records, int64_t total_
     }
   }
   return best;
+}
+
+int64_t ChooseBestStart(const std::vector<ServerRecord>& records, int64_t total_blocks,
+                        int64_t num_blocks) {
+  std::vector<double> coverage(static_cast<size_t>(std::max<int64_t>(0, total_blocks)), 0.0);
+  for (const auto& r : records) {
+    if (r.state == ServerState::kOffline) continue;
+    for (int64_t b = std::max<int64_t>(0, r.start); b < std::min(r.end, total_blocks); ++b) {
+      coverage[static_cast<size_t>(b)] += r.throughput;
+    }
+  }
+  return ChooseBestStart(coverage, num_blocks);
+}
+
+std::vector<double> CountedCoverage(const std::vector<ServerRecord>& records,
+                                    const std::vector<std::string>& address_keys,
+                                    int64_t total_blocks, double own_claim) {
+  const auto n = static_cast<size_t>(std::max<int64_t>(0, total_blocks));
+  std::vector<double> claims;
+  for (const auto& r : records) {
+    if (r.state != ServerState::kOffline && std::isfinite(r.throughput) && r.throughput > 0) {
+      claims.push_back(r.throughput);
+    }
+  }
+  if (own_claim > 0 && std::isfinite(own_claim)) claims.push_back(own_claim);
+  double cap = std::numeric_limits<double>::infinity();
+  if (!claims.empty()) {
+    const auto mid = claims.begin() + static_cast<std::ptrdiff_t>((claims.size() - 1) / 2);
+    std::nth_element(claims.begin(), mid, claims.end());  // the lower median
+    cap = kPlacementClaimCap * *mid;
+  }
+  // Per address, per block: the largest claim of its records.
+  std::map<std::string, std::vector<double>> per_address;
+  std::vector<double> coverage(n, 0.0);
+  for (size_t i = 0; i < records.size(); ++i) {
+    const ServerRecord& r = records[i];
+    if (r.state == ServerState::kOffline || !std::isfinite(r.throughput) || r.throughput <= 0) {
+      continue;
+    }
+    const double claim = std::min(r.throughput, cap);
+    const std::string& key = i < address_keys.size() ? address_keys[i] : std::string();
+    std::vector<double>* blocks = &coverage;
+    if (!key.empty()) {
+      auto [it, added] = per_address.try_emplace(key, n, 0.0);
+      blocks = &it->second;
+    }
+    for (int64_t b = std::max<int64_t>(0, r.start); b < std::min(r.end, total_blocks); ++b) {
+      double& c = (*blocks)[static_cast<size_t>(b)];
+      c = key.empty() ? c + claim : std::max(c, claim);
+    }
+  }
+  for (const auto& [key, blocks] : per_address) {
+    for (size_t b = 0; b < n; ++b) coverage[b] += blocks[b];
+  }
+  return coverage;
 }
 
 std::vector<ServerRecord> BlockServer::Impl::FetchRecords() {
@@ -62,6 +116,40 @@ std::vector<ServerRecord> BlockServer::Impl::FetchRecords() {
   std::vector<ServerRecord> out;
   for (auto& [k, v] : by_peer) out.push_back(std::move(v));
   return out;
+}
+
+std::vector<double> BlockServer::Impl::PlacementCoverage(double own_claim) {
+  std::vector<ServerRecord> records = FetchRecords();
+  std::erase_if(records, [](const ServerRecord& r) { return r.state == ServerState::kOffline; });
+  // At most kMaxPlacementPings of them, drawn at random (not by peer id, which anyone can grind),
+  // pinged at once, each dialled as its record's owner: a record counts only when its server
+  // answers at its address, so records of servers that do not exist cost nothing.
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::shuffle(records.begin(), records.end(), rng);
+  if (records.size() > kMaxPlacementPings) records.resize(kMaxPlacementPings);
+  std::vector<std::future<Result<net::PingResult>>> pings;
+  std::vector<std::string> keys;
+  for (const auto& r : records) {
+    auto addr = AddressOf(r);
+    if (!addr.ok()) {
+      pings.emplace_back();
+      keys.emplace_back();
+      continue;
+    }
+    keys.push_back(addr->is_ip() ? net::SourceKey(addr->host(), options_.limit_loopback_addresses)
+                                 : std::string());
+    pings.push_back(asio::co_spawn(node_.host().io_context(),
+                                   node_.host().Ping(*addr, std::chrono::seconds(1)),
+                                   asio::use_future));
+  }
+  std::vector<ServerRecord> answered;
+  std::vector<std::string> answered_keys;
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (!pings[i].valid() || !pings[i].get().ok()) continue;
+    answered.push_back(std::move(records[i]));
+    answered_keys.push_back(std::move(keys[i]));
+  }
+  return CountedCoverage(answered, answered_keys, config_.num_layers, own_claim);
 }
 
 void BlockServer::Impl::Announce() {
@@ -155,13 +243,8 @@ void BlockServer::Impl::MeasureNextPings() {
 // Moves to weaker blocks when the swarm's weakest block would gain clearly (Petals'
 // balance-quality rule), and only while no session holds a cache here.
 void BlockServer::Impl::MaybeRebalance() {
-  auto others = FetchRecords();
   const int64_t n = config_.num_layers, count = last_ - first_;
-  std::vector<double> without(static_cast<size_t>(n), 0.0);
-  for (const auto& r : others) {
-    if (r.state == ServerState::kOffline) continue;
-    for (int64_t b = r.start; b < r.end; ++b) without[static_cast<size_t>(b)] += r.throughput;
-  }
+  const std::vector<double> without = PlacementCoverage(throughput_);
   auto swarm_min = [&](int64_t start) {
     double mn = std::numeric_limits<double>::infinity();
     for (int64_t b = 0; b < n; ++b) {
@@ -171,7 +254,7 @@ void BlockServer::Impl::MaybeRebalance() {
     }
     return mn;
   };
-  const int64_t best = ChooseBestStart(others, n, count);
+  const int64_t best = ChooseBestStart(without, count);
   const double now_min = swarm_min(first_), new_min = swarm_min(best);
   if (best == first_ || new_min * options_.balance_quality <= now_min) return;
   {

@@ -652,16 +652,16 @@ TEST_F(ServeTest, RoutingPrefersFastServersAndSkipsBannedOnes) {
 // A stranger's record of blocks [0, 4) of "tiny", online at `address` with a throughput (and
 // inference rate) of `claim`: one DHT item per block, signed by `key` as its owner.
 std::vector<dht::StoreItem> FakeRecordItems(const KeyPair& key, const std::string& address,
-                                            double claim) {
+                                            double claim, int64_t start = 0, int64_t end = 4) {
   ServerRecord r;
   r.peer = key.peer_id();
   r.state = ServerState::kOnline;
-  r.start = 0;
-  r.end = 4;
+  r.start = start;
+  r.end = end;
   r.throughput = r.inference_rps = claim;
   r.addresses = {address};
   std::vector<dht::StoreItem> out;
-  for (int64_t b = 0; b < 4; ++b) {
+  for (int64_t b = start; b < end; ++b) {
     out.push_back(
         colony::test::HostilePeer::SignedBy(key, {.key = BlockKey("tiny", b),
                                                   .subkey = dht::OwnerMarker(key.peer_id()),
@@ -803,6 +803,31 @@ TEST(ChooseBestStart, PicksTheWeakestWindow) {
   records[1].state = ServerState::kOffline;
   EXPECT_EQ(ChooseBestStart(records, 8, 3), 4);  // 4..6 uncovered (first such window)
   EXPECT_EQ(ChooseBestStart({}, 8, 8), 0);
+}
+
+// Placement's count of claims: at most 4x the (lower) median claim each, and per address only
+// the largest claim on each block; records without an address key add up.
+TEST(CountedCoverage, ClaimsAreCappedAndOneAddressCountsOnce) {
+  auto record = [](int64_t start, int64_t end, double claim) {
+    ServerRecord r;
+    r.state = ServerState::kOnline;
+    r.start = start;
+    r.end = end;
+    r.throughput = claim;
+    return r;
+  };
+  ServerRecord offline = record(0, 4, 1000);
+  offline.state = ServerState::kOffline;
+  const std::vector<ServerRecord> records = {record(0, 2, 100),   record(0, 2, 100),
+                                             record(2, 4, 1e300), record(2, 3, 50),
+                                             record(2, 3, 60),    offline};
+  const auto coverage = CountedCoverage(records, {"", "", "", "10.0.0.1", "10.0.0.1", ""}, 4);
+  // Claims 100, 100, 1e300, 50, 60: the lower median 100 caps at 400.
+  EXPECT_EQ(coverage, (std::vector<double>{200, 200, 460, 400}));
+  EXPECT_EQ(ChooseBestStart(coverage, 2), 0);
+  // This server's own claim joins the median: 100, 100, 1e300, 50, 60, 10 -> 60, cap 240.
+  EXPECT_EQ(CountedCoverage(records, {"", "", "", "10.0.0.1", "10.0.0.1", ""}, 4, 10),
+            (std::vector<double>{200, 200, 300, 240}));
 }
 
 // Opens a raw inference stream (what a hostile client controls fully).
@@ -1618,6 +1643,70 @@ TEST_F(ServeTest, ShutdownAnnouncesOfflineAtOnce) {
   ASSERT_TRUE(manager_->Refresh().ok());
   ASSERT_EQ(manager_->Servers().size(), 1u);
   EXPECT_EQ(manager_->Servers()[0].peer, nodes_[1]->peer_id());
+}
+
+// Placement counts only what it can check of strangers' records: records whose servers do not
+// answer a ping count for nothing, a claim counts at most 4x the median claim, and the identities
+// of one machine count as one server. An honest server serves blocks 0..2 at 300 tokens/s; 10
+// identities on one machine (127.0.0.2, answering pings) claim blocks 2..4 at 100 each, and 5
+// more, at a port where nothing listens, claim them at 1e300. A new server of 2 blocks takes
+// blocks 2..4; believing every claim would put it on 0..2 beside the honest one.
+TEST_F(ServeTest, PlacementCountsServersThatAnswerOncePerAddressWithClaimsCapped) {
+  AddServer(0, 2, 300);
+  std::vector<dht::StoreItem> items;
+  std::vector<std::unique_ptr<net::Host>> sybils;
+  for (int i = 0; i < 10; ++i) {
+    net::HostOptions ho;
+    ho.listen = {*Multiaddr::Parse("/ip4/127.0.0.2/tcp/0")};
+    sybils.push_back(std::make_unique<net::Host>(KeyPair::Generate(), ho));
+    ASSERT_TRUE(sybils.back()->Start().ok());
+    const std::string addr = sybils.back()->ListenAddresses().at(0).ToString();
+    for (auto& item : FakeRecordItems(sybils.back()->identity(), addr, 100, 2, 4)) {
+      items.push_back(std::move(item));
+    }
+  }
+  const int closed = ::socket(AF_INET, SOCK_STREAM, 0);  // bound, never listening: refused
+  sockaddr_in bound{};
+  bound.sin_family = AF_INET;
+  bound.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(closed, reinterpret_cast<sockaddr*>(&bound), sizeof(bound)), 0);
+  socklen_t len = sizeof(bound);
+  ASSERT_EQ(::getsockname(closed, reinterpret_cast<sockaddr*>(&bound), &len), 0);
+  for (int i = 0; i < 5; ++i) {
+    const KeyPair key = KeyPair::Generate();
+    const std::string addr = fmt::format("/ip4/127.0.0.1/tcp/{}/p2p/{}", ntohs(bound.sin_port),
+                                         key.peer_id().ToString());
+    for (auto& item : FakeRecordItems(key, addr, 1e300, 2, 4)) items.push_back(std::move(item));
+  }
+  colony::test::HostilePeer liar;
+  ASSERT_TRUE(liar.start_error().ok());
+  for (const Multiaddr& replica : {bootstrap_->VisibleAddresses().at(0), ServerAddress(0)}) {
+    for (size_t i = 0; i < items.size(); i += 16) {
+      auto stored = liar.Store(
+          replica, {items.begin() + static_cast<std::ptrdiff_t>(i),
+                    items.begin() + static_cast<std::ptrdiff_t>(std::min(items.size(), i + 16))});
+      ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+    }
+  }
+  ServerOptions o;
+  o.num_blocks = 2;
+  o.limit_loopback_addresses = true;  // 127.0.0.2 is one machine
+  dht::NodeOptions no;
+  no.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+  no.initial_peers = {BootstrapAddress()};
+  auto node = dht::Node::Start(KeyPair::Generate(), no);
+  ASSERT_TRUE(node.ok());
+  o.model_dir = dir_;
+  o.model_name = "tiny";
+  o.throughput_override = 100;
+  o.rebalance = false;
+  auto placed = BlockServer::Start(**node, o);
+  ::close(closed);
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  EXPECT_EQ((*placed)->Stats().first, 2);
+  (*placed)->Shutdown();
+  (*node)->Shutdown();
+  for (auto& h : sybils) h->Shutdown();
 }
 
 TEST_F(ServeTest, AnUnpinnedServerMovesToUncoveredBlocks) {
