@@ -312,8 +312,10 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       // chat turn's end), as transformers' beam search ends at each id of its eos list.
       std::vector<int64_t> ends = plan->stop_tokens;
       ends.push_back(eos);
-      auto beams =
-          serve::BeamSearch(decoder.backend, plan->prompt, req->n, plan->max_new_tokens, ends);
+      // The repetition penalty (the request's, else the model's generation_config.json's)
+      // applies to the beams as transformers applies it to its beam search.
+      auto beams = serve::BeamSearch(decoder.backend, plan->prompt, req->n, plan->max_new_tokens,
+                                     ends, /*length_penalty=*/1.0, req->repetition_penalty);
       if (!beams.ok()) return SwarmError(beams.status());
       for (const auto& b : *beams) {
         TextStream text(decode, plan->stops);

@@ -166,9 +166,14 @@ Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
 
 Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<int64_t>& prompt,
                                      int64_t num_beams, int64_t max_new_tokens,
-                                     const std::vector<int64_t>& end_ids, double length_penalty) {
+                                     const std::vector<int64_t>& end_ids, double length_penalty,
+                                     double repetition_penalty) {
   if (prompt.empty()) return InvalidArgument("the prompt is empty");
   if (num_beams < 1) return InvalidArgument("num_beams must be at least 1");
+  if (!(repetition_penalty > 0) || !std::isfinite(repetition_penalty)) {
+    return InvalidArgument(
+        fmt::format("repetition_penalty {} must be positive and finite", repetition_penalty));
+  }
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   const int64_t max_total = backend.max_length();
   max_new_tokens =
@@ -186,6 +191,23 @@ Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<
     const int64_t vocab = logp.size(1);
     // At the first step every row holds the same prompt: expand row 0 only.
     const int64_t rows = step == 0 ? 1 : num_beams;
+    if (repetition_penalty != 1.0) {
+      // transformers' rule, on the log-probabilities as its beam search applies its processors:
+      // a token already in the row's sequence (prompt included) has its score multiplied by the
+      // penalty when negative, divided when positive.
+      auto lp = logp.accessor<double, 2>();
+      for (int64_t b = 0; b < rows; ++b) {
+        std::vector<bool> seen(static_cast<size_t>(vocab), false);
+        auto penalize = [&](int64_t t) {
+          if (t < 0 || t >= vocab || seen[static_cast<size_t>(t)]) return;
+          seen[static_cast<size_t>(t)] = true;
+          double& x = lp[b][t];
+          x = x < 0 ? x * repetition_penalty : x / repetition_penalty;
+        };
+        for (int64_t t : prompt) penalize(t);
+        for (int64_t t : alive[static_cast<size_t>(b)].tokens) penalize(t);
+      }
+    }
     std::vector<double> base(static_cast<size_t>(rows));
     for (int64_t b = 0; b < rows; ++b)
       base[static_cast<size_t>(b)] = alive[static_cast<size_t>(b)].log_prob;

@@ -128,17 +128,19 @@ Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
 
 struct Beam {
   std::vector<int64_t> tokens;  // generated tokens (prompt excluded)
-  double log_prob = 0;          // sum of token log-probabilities
+  double log_prob = 0;          // sum of token log-probabilities (penalized: BeamSearch)
   bool finished = false;        // ended with one of the end ids
 };
 // Beam search with num_beams rows in the backend (reordered with hypo_ids each step). A beam
 // that generates any of `end_ids` (the EOS, and e.g. generation_config.json's eos_token_id list
 // or a chat template's end-of-turn token, as transformers' beam search takes a list) is finished
-// with that token. Returns the final beams, best first (ranked by
-// log_prob / length^length_penalty).
+// with that token. `repetition_penalty` (1: off) is applied as transformers' beam search applies
+// it: to each row's log-probabilities, for the tokens of its prompt and beam, before they are
+// added to the beam's score (so log_prob then sums the penalized scores). Returns the final
+// beams, best first (ranked by log_prob / length^length_penalty).
 Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<int64_t>& prompt,
                                      int64_t num_beams, int64_t max_new_tokens,
                                      const std::vector<int64_t>& end_ids = {},
-                                     double length_penalty = 1.0);
+                                     double length_penalty = 1.0, double repetition_penalty = 1.0);
 
 }  // namespace colony::serve

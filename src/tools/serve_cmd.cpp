@@ -179,7 +179,12 @@ int RunGenerate(const GenerateArgs& a) {
     // The generation config's end tokens end a beam as the tokenizer's EOS does.
     std::vector<int64_t> ends = client->generation.eos_token_ids;
     if (eos >= 0) ends.push_back(eos);
-    auto beams = serve::BeamSearch(backend, prompt, a.num_beams, a.max_new_tokens, ends);
+    // The repetition penalty applies to beams as transformers' beam search applies it.
+    const double penalty = a.repetition_penalty_given
+                               ? a.repetition_penalty
+                               : client->generation.Defaults().repetition_penalty;
+    auto beams = serve::BeamSearch(backend, prompt, a.num_beams, a.max_new_tokens, ends,
+                                   /*length_penalty=*/1.0, penalty);
     if (!beams.ok()) return Fail(beams.status().WithContext("beam search"));
     out = beams->front().tokens;
     if (!a.json) {

@@ -455,8 +455,10 @@ TEST_F(ServeTest, ADecodingStepGetsItsLastPositionsLogitsOnly) {
 // An independent beam search: every candidate scored by a full forward pass of the local model
 // over its whole sequence (no KV cache, no backend, no row reordering), keeping the `width` best
 // of all extensions at each step. Without an end-of-sequence token that is what beam search is.
+// A repetition penalty p scales the log-probability of each token already in the sequence by p
+// (they are negative), as transformers' processor does to its beam search's scores.
 std::vector<Beam> NaiveBeamSearch(model::LlamaModel& m, const std::vector<int64_t>& prompt,
-                                  size_t width, int steps) {
+                                  size_t width, int steps, double repetition_penalty = 1.0) {
   std::vector<Beam> beams(1);
   at::NoGradGuard no_grad;
   for (int step = 0; step < steps; ++step) {
@@ -470,7 +472,8 @@ std::vector<Beam> NaiveBeamSearch(model::LlamaModel& m, const std::vector<int64_
       for (int64_t v = 0; v < logp.size(0); ++v) {
         Beam c = b;
         c.tokens.push_back(v);
-        c.log_prob = b.log_prob + lp[v];
+        const bool repeated = std::find(seq.begin(), seq.end(), v) != seq.end();
+        c.log_prob = b.log_prob + (repeated && lp[v] < 0 ? lp[v] * repetition_penalty : lp[v]);
         next.push_back(std::move(c));
       }
     }
@@ -506,6 +509,28 @@ TEST_F(ServeTest, BeamSearchThroughTwoServersEqualsAnIndependentSearch) {
   for (size_t i = 0; i < local->size(); ++i) {
     EXPECT_EQ((*local)[i].tokens, expected[i].tokens) << "local beam " << i;
   }
+}
+
+// A repetition penalty changes what beam search finds, as transformers applies it (to the beams'
+// log-probabilities, over the prompt and each beam's own tokens, through the row reordering):
+// the beams equal the independent search with the same penalty, and differ from those without.
+TEST_F(ServeTest, BeamSearchWithARepetitionPenaltyEqualsAnIndependentSearch) {
+  const std::vector<int64_t> prompt = {1, 2, 3, 4, 5};
+  const double penalty = 3.0;
+  const auto expected = NaiveBeamSearch(local_, prompt, 4, 10, penalty);
+  EXPECT_NE(expected[0].tokens, NaiveBeamSearch(local_, prompt, 4, 10)[0].tokens)
+      << "the penalty must matter for this test to mean anything";
+  LocalBackend backend(local_);
+  auto got = BeamSearch(backend, prompt, 4, 10, {}, 1.0, penalty);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), expected.size());
+  for (size_t i = 0; i < got->size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, expected[i].tokens) << "beam " << i;
+    EXPECT_NEAR((*got)[i].log_prob, expected[i].log_prob, 1e-3) << "beam " << i;
+  }
+  LocalBackend again(local_);
+  EXPECT_EQ(BeamSearch(again, prompt, 4, 10, {}, 1.0, 0.0).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 // transformers' beam search ends a hypothesis at any id of its eos list (Llama 3 Instruct lists
