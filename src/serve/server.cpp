@@ -15,11 +15,15 @@ namespace colony::serve {
 
 const std::vector<DType> kFloatDTypes = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 
+namespace {
+
 // `share` of `limit`, at least 1 (a share outside (0, 1] is refused by Init).
 uint64_t Share(uint64_t limit, double share) {
   if (!(share > 0 && share < 1)) return limit;
   return std::max<uint64_t>(1, static_cast<uint64_t>(share * static_cast<double>(limit)));
 }
+
+}  // namespace
 
 std::string Hex(std::string_view bytes) {
   std::string out;

@@ -77,6 +77,7 @@ class ServeTest : public ::testing::Test {
 
   std::string BootstrapAddress() { return bootstrap_->VisibleAddresses().at(0).ToString(); }
 
+  // Pinned on blocks [first, last), or unpinned (o.num_blocks) with first = last = -1.
   BlockServer& AddServer(int64_t first, int64_t last, double throughput = 100,
                          ServerOptions o = {}) {
     dht::NodeOptions no;
@@ -696,6 +697,36 @@ std::vector<dht::StoreItem> FakeRecordItems(const KeyPair& key, const std::strin
   return out;
 }
 
+// Stores `items` (records of identities of their own) on each of `replicas` from a peer of its
+// own (a node signs only its own records).
+::testing::AssertionResult StoreAsStranger(const std::vector<Multiaddr>& replicas,
+                                           const std::vector<dht::StoreItem>& items) {
+  colony::test::HostilePeer liar;
+  if (!liar.start_error().ok()) return ::testing::AssertionFailure() << "no peer to store from";
+  for (const Multiaddr& replica : replicas) {
+    for (size_t i = 0; i < items.size(); i += 16) {
+      auto stored = liar.Store(
+          replica, {items.begin() + static_cast<std::ptrdiff_t>(i),
+                    items.begin() + static_cast<std::ptrdiff_t>(std::min(items.size(), i + 16))});
+      if (!stored.ok()) return ::testing::AssertionFailure() << stored.status().ToString();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Binds `fd` to a free port of 127.0.0.1 and returns the port (0 on failure).
+uint16_t BindLoopback(int fd) {
+  sockaddr_in bound{};
+  bound.sin_family = AF_INET;
+  bound.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof bound;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&bound), sizeof bound) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+    return 0;
+  }
+  return ntohs(bound.sin_port);
+}
+
 // Records are what strangers say of themselves. 200 identities announce every block with a
 // boastful throughput at an address that accepts TCP and never answers (a black hole), and one
 // more names the honest server's address as its own: routing pings the unknown servers at once
@@ -705,14 +736,9 @@ TEST_F(ServeTest, FakeRecordsWithBlackHoledAddressesDoNotStallRouting) {
   AddServer(0, 4, 100);
   // A listener that never accepts: connections complete in the kernel and hear nothing.
   const int hole = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in bound{};
-  bound.sin_family = AF_INET;
-  bound.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof bound;
-  ASSERT_EQ(::bind(hole, reinterpret_cast<sockaddr*>(&bound), sizeof bound), 0);
+  const uint16_t port = BindLoopback(hole);
+  ASSERT_NE(port, 0);
   ASSERT_EQ(::listen(hole, 4096), 0);
-  ASSERT_EQ(::getsockname(hole, reinterpret_cast<sockaddr*>(&bound), &length), 0);
-  const uint16_t port = ntohs(bound.sin_port);
   constexpr int kFakes = 200;
   std::vector<dht::StoreItem> items;
   for (int i = 0; i < kFakes; ++i) {
@@ -726,17 +752,7 @@ TEST_F(ServeTest, FakeRecordsWithBlackHoledAddressesDoNotStallRouting) {
   const KeyPair impostor = KeyPair::Generate();
   for (auto& item : FakeRecordItems(impostor, ServerAddress(0).ToString(), 1e9))
     items.push_back(item);
-  // Sent by a peer of their own to both DHT nodes (a node signs only its own records).
-  colony::test::HostilePeer liar;
-  ASSERT_TRUE(liar.start_error().ok());
-  for (const Multiaddr& replica : {bootstrap_->VisibleAddresses().at(0), ServerAddress(0)}) {
-    for (size_t i = 0; i < items.size(); i += 16) {
-      auto stored = liar.Store(
-          replica, {items.begin() + static_cast<std::ptrdiff_t>(i),
-                    items.begin() + static_cast<std::ptrdiff_t>(std::min(items.size(), i + 16))});
-      ASSERT_TRUE(stored.ok()) << stored.status().ToString();
-    }
-  }
+  ASSERT_TRUE(StoreAsStranger({bootstrap_->VisibleAddresses().at(0), ServerAddress(0)}, items));
 
   Connect(1 + kFakes);
   for (const auto& r : manager_->Servers()) EXPECT_NE(r.peer, impostor.peer_id());
@@ -1691,46 +1707,22 @@ TEST_F(ServeTest, PlacementCountsServersThatAnswerOncePerAddressWithClaimsCapped
     }
   }
   const int closed = ::socket(AF_INET, SOCK_STREAM, 0);  // bound, never listening: refused
-  sockaddr_in bound{};
-  bound.sin_family = AF_INET;
-  bound.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(closed, reinterpret_cast<sockaddr*>(&bound), sizeof(bound)), 0);
-  socklen_t len = sizeof(bound);
-  ASSERT_EQ(::getsockname(closed, reinterpret_cast<sockaddr*>(&bound), &len), 0);
+  const uint16_t port = BindLoopback(closed);
+  ASSERT_NE(port, 0);
   for (int i = 0; i < 5; ++i) {
     const KeyPair key = KeyPair::Generate();
-    const std::string addr = fmt::format("/ip4/127.0.0.1/tcp/{}/p2p/{}", ntohs(bound.sin_port),
-                                         key.peer_id().ToString());
+    const std::string addr =
+        fmt::format("/ip4/127.0.0.1/tcp/{}/p2p/{}", port, key.peer_id().ToString());
     for (auto& item : FakeRecordItems(key, addr, 1e300, 2, 4)) items.push_back(std::move(item));
   }
-  colony::test::HostilePeer liar;
-  ASSERT_TRUE(liar.start_error().ok());
-  for (const Multiaddr& replica : {bootstrap_->VisibleAddresses().at(0), ServerAddress(0)}) {
-    for (size_t i = 0; i < items.size(); i += 16) {
-      auto stored = liar.Store(
-          replica, {items.begin() + static_cast<std::ptrdiff_t>(i),
-                    items.begin() + static_cast<std::ptrdiff_t>(std::min(items.size(), i + 16))});
-      ASSERT_TRUE(stored.ok()) << stored.status().ToString();
-    }
-  }
+  ASSERT_TRUE(StoreAsStranger({bootstrap_->VisibleAddresses().at(0), ServerAddress(0)}, items));
   ServerOptions o;
   o.num_blocks = 2;
   o.limit_loopback_addresses = true;  // 127.0.0.2 is one machine
-  dht::NodeOptions no;
-  no.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-  no.initial_peers = {BootstrapAddress()};
-  auto node = dht::Node::Start(KeyPair::Generate(), no);
-  ASSERT_TRUE(node.ok());
-  o.model_dir = dir_;
-  o.model_name = "tiny";
-  o.throughput_override = 100;
   o.rebalance = false;
-  auto placed = BlockServer::Start(**node, o);
+  BlockServer& placed = AddServer(-1, -1, 100, o);  // unpinned
   ::close(closed);
-  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
-  EXPECT_EQ((*placed)->Stats().first, 2);
-  (*placed)->Shutdown();
-  (*node)->Shutdown();
+  EXPECT_EQ(placed.Stats().first, 2);
   for (auto& h : sybils) h->Shutdown();
 }
 
@@ -1738,29 +1730,20 @@ TEST_F(ServeTest, AnUnpinnedServerMovesToUncoveredBlocks) {
   ServerOptions o;
   o.announce_period = 50ms;  // rebalancing is checked every 6 announcements
   o.num_blocks = 2;
-  dht::NodeOptions no;
-  no.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
-  no.initial_peers = {BootstrapAddress()};
-  auto node = dht::Node::Start(KeyPair::Generate(), no);
-  ASSERT_TRUE(node.ok());
-  o.model_dir = dir_;
-  o.model_name = "tiny";
-  o.throughput_override = 100;
-  auto mover = BlockServer::Start(**node, o);
-  ASSERT_TRUE(mover.ok()) << mover.status().ToString();
-  EXPECT_EQ((*mover)->Stats().first, 0);  // an empty swarm: the first window
+  BlockServer* mover = &AddServer(-1, -1, 100, o);  // unpinned
+  EXPECT_EQ(mover->Stats().first, 0);               // an empty swarm: the first window
   // A pinned server takes the same blocks: blocks 2..4 are now uncovered, 0..2 doubly covered.
   AddServer(0, 2, 100);
   // (It loads the new blocks while offline, then announces itself online again.)
   colony::test::WaitUntil(
       [&] {
-        const auto s = (*mover)->Stats();
+        const auto s = mover->Stats();
         return s.first == 2 && s.state == ServerState::kOnline;
       },
       10s);
-  EXPECT_EQ((*mover)->Stats().first, 2);
-  EXPECT_EQ((*mover)->Stats().last, 4);
-  EXPECT_EQ((*mover)->Stats().state, ServerState::kOnline);
+  EXPECT_EQ(mover->Stats().first, 2);
+  EXPECT_EQ(mover->Stats().last, 4);
+  EXPECT_EQ(mover->Stats().state, ServerState::kOnline);
   // Now the swarm is balanced: it stays (checked over several rebalancing rounds).
   Connect(2);
   RemoteSequential remote(manager_);
@@ -1769,8 +1752,6 @@ TEST_F(ServeTest, AnUnpinnedServerMovesToUncoveredBlocks) {
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   at::NoGradGuard no_grad;
   EXPECT_TRUE(at::allclose(*out, LocalBlocks(x, 0, 4), 0, 1e-4));
-  (*mover)->Shutdown();
-  (*node)->Shutdown();
 }
 
 }  // namespace
