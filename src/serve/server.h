@@ -162,6 +162,11 @@ int64_t ChooseBestStart(const std::vector<ServerRecord>& records, int64_t total_
 inline constexpr double kPlacementClaimCap = 4;
 // Records a placement pings (at random among more).
 inline constexpr size_t kMaxPlacementPings = 64;
+// Which of `records` answer a ping at the address they name (dialled as the record's owner, so
+// that another peer cannot answer for it), all pinged at once for `deadline`; a record without a
+// usable address does not answer.
+std::vector<bool> AnsweringRecords(net::Host& host, const std::vector<ServerRecord>& records,
+                                   std::chrono::milliseconds deadline);
 // What placement counts of records that answered a ping (offline ones left out), per block:
 // each record's throughput at most kPlacementClaimCap x the median of the claims (with
 // `own_claim`, this server's, when positive), and for the records of one address

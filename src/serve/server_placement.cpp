@@ -95,6 +95,23 @@ std::vector<double> CountedCoverage(const std::vector<ServerRecord>& records,
   return coverage;
 }
 
+std::vector<bool> AnsweringRecords(net::Host& host, const std::vector<ServerRecord>& records,
+                                   std::chrono::milliseconds deadline) {
+  std::vector<std::future<Result<net::PingResult>>> pings;
+  for (const auto& r : records) {
+    auto addr = AddressOf(r);
+    if (!addr.ok()) {
+      pings.emplace_back();
+      continue;
+    }
+    pings.push_back(
+        asio::co_spawn(host.io_context(), host.Ping(*addr, deadline), asio::use_future));
+  }
+  std::vector<bool> answered;
+  for (auto& ping : pings) answered.push_back(ping.valid() && ping.get().ok());
+  return answered;
+}
+
 std::vector<ServerRecord> BlockServer::Impl::FetchRecords() {
   std::vector<std::string> keys;
   for (int64_t b = 0; b < config_.num_layers; ++b) keys.push_back(BlockKey(options_.model_name, b));
@@ -127,25 +144,19 @@ std::vector<double> BlockServer::Impl::PlacementCoverage(double own_claim) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   std::shuffle(records.begin(), records.end(), rng);
   if (records.size() > kMaxPlacementPings) records.resize(kMaxPlacementPings);
-  std::vector<std::future<Result<net::PingResult>>> pings;
   std::vector<std::string> keys;
   for (const auto& r : records) {
     auto addr = AddressOf(r);
-    if (!addr.ok()) {
-      pings.emplace_back();
-      keys.emplace_back();
-      continue;
-    }
-    keys.push_back(addr->is_ip() ? net::SourceKey(addr->host(), options_.limit_loopback_addresses)
-                                 : std::string());
-    pings.push_back(asio::co_spawn(node_.host().io_context(),
-                                   node_.host().Ping(*addr, std::chrono::seconds(1)),
-                                   asio::use_future));
+    keys.push_back(addr.ok() && addr->is_ip()
+                       ? net::SourceKey(addr->host(), options_.limit_loopback_addresses)
+                       : std::string());
   }
+  const std::vector<bool> answers =
+      AnsweringRecords(node_.host(), records, std::chrono::seconds(1));
   std::vector<ServerRecord> answered;
   std::vector<std::string> answered_keys;
   for (size_t i = 0; i < records.size(); ++i) {
-    if (!pings[i].valid() || !pings[i].get().ok()) continue;
+    if (!answers[i]) continue;
     answered.push_back(std::move(records[i]));
     answered_keys.push_back(std::move(keys[i]));
   }

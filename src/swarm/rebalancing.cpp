@@ -15,6 +15,7 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "serve/records.h"
+#include "serve/server.h"
 
 namespace colony::swarm {
 namespace {
@@ -186,9 +187,10 @@ std::vector<PeerLoad> StagePeer::LastView() const {
 }
 
 // The layout's stage peers from their records (one key per stage: a stage peer announces every
-// block it serves), this peer from its own state. A joining peer (moving in, or loading) counts
-// with the median of the others' throughputs, so that a round does not send a second peer after
-// it; a claim counts at most max_claim_ratio times this peer's own throughput.
+// block it serves) that answer a ping, this peer from its own state. A joining peer (moving in,
+// or loading) counts with the median of the others' throughputs, so that a round does not send a
+// second peer after it; a claim counts at most max_claim_ratio times this peer's own throughput,
+// or, before it has one, times the median claim.
 std::vector<PeerLoad> StagePeer::ReadPeers() {
   const StageLayout& layout = options_.layout;
   const auto num_blocks = layout.stages.back().second;
@@ -206,8 +208,7 @@ std::vector<PeerLoad> StagePeer::ReadPeers() {
       own_index = index_;
     }
   }
-  std::map<PeerId, PeerLoad> by_peer;
-  std::set<PeerId> joining;
+  std::map<PeerId, std::pair<size_t, serve::ServerRecord>> records;  // the stage, the record
   const double now = dht::Now();
   for (size_t i = 0; i < results.size(); ++i) {
     if (!results[i].ok() || !results[i]->is_dict) continue;
@@ -218,11 +219,42 @@ std::vector<PeerLoad> StagePeer::ReadPeers() {
       if (!rec.ok() || rec->state == serve::ServerState::kOffline) continue;
       auto index = layout.Find(rec->start, rec->end);
       if (!index || *index != i) continue;
-      double t = std::isfinite(rec->throughput) ? std::max(0.0, rec->throughput) : 0.0;
-      if (own > 0) t = std::min(t, own * options_.rebalance.max_claim_ratio);
-      if (rec->state == serve::ServerState::kJoining) joining.insert(*peer);
-      by_peer[*peer] = PeerLoad{.peer = *peer, .stage = i, .throughput = t};
+      records[*peer] = {i, std::move(*rec)};
     }
+  }
+  // A record counts only when its peer answers a ping at the address it names: at most
+  // kMaxPeerPings of them, drawn at random, pinged at once.
+  std::vector<std::pair<size_t, serve::ServerRecord>> drawn;
+  for (auto& [peer, r] : records) drawn.push_back(std::move(r));
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::shuffle(drawn.begin(), drawn.end(), rng);
+  if (drawn.size() > kMaxPeerPings) drawn.resize(kMaxPeerPings);
+  std::vector<serve::ServerRecord> pinged;
+  for (const auto& d : drawn) pinged.push_back(d.second);
+  const std::vector<bool> answered =
+      serve::AnsweringRecords(node_.host(), pinged, std::chrono::seconds(1));
+  std::map<PeerId, PeerLoad> by_peer;
+  std::set<PeerId> joining;
+  std::vector<double> claims;
+  for (size_t k = 0; k < drawn.size(); ++k) {
+    if (!answered[k]) continue;
+    const auto& [i, rec] = drawn[k];
+    double t = std::isfinite(rec.throughput) ? std::max(0.0, rec.throughput) : 0.0;
+    if (own > 0) t = std::min(t, own * options_.rebalance.max_claim_ratio);
+    if (rec.state == serve::ServerState::kJoining) {
+      joining.insert(rec.peer);
+    } else if (t > 0) {
+      claims.push_back(t);
+    }
+    by_peer[rec.peer] = PeerLoad{.peer = rec.peer, .stage = i, .throughput = t};
+  }
+  if (own <= 0 && !claims.empty()) {
+    // Without a throughput of its own yet (joining), a claim counts at most max_claim_ratio
+    // times the (lower) median claim.
+    const auto mid = claims.begin() + static_cast<std::ptrdiff_t>((claims.size() - 1) / 2);
+    std::nth_element(claims.begin(), mid, claims.end());
+    const double cap = *mid * options_.rebalance.max_claim_ratio;
+    for (auto& [peer, load] : by_peer) load.throughput = std::min(load.throughput, cap);
   }
   std::vector<PeerLoad> out;
   std::vector<double> known;

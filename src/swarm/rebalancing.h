@@ -20,9 +20,11 @@
 // Queue lengths are not used: with few trainers nothing queues, while capacities already say which
 // stage every microbatch waits for.
 //
-// Records are untrusted: only records whose span is exactly a stage of the layout count, and an
-// announced throughput counts at most max_claim_ratio times this peer's own (a stranger claiming
-// a huge throughput would otherwise empty the stage it claims to serve).
+// Records are untrusted: only records whose span is exactly a stage of the layout and whose peer
+// answers a ping at the address it names count (at most kMaxPeerPings, drawn at random), and an
+// announced throughput counts at most max_claim_ratio times this peer's own, or the median
+// claim's while it has none (joining): a stranger claiming a huge throughput would otherwise
+// empty the stage it claims to serve.
 //
 //   auto peer = swarm::StagePeer::Start(node, {.stage = {...}, .layout = layout,
 //                                               .rebalance = {.period = 60s}});
@@ -68,6 +70,9 @@ std::optional<PlannedMove> PlanMove(const StageLayout& layout, const std::vector
 
 // The stage a new peer joins: the weakest now (ties: the first).
 size_t WeakestStage(const StageLayout& layout, const std::vector<PeerLoad>& peers);
+
+// Stage peers' records a check pings (at random among more).
+inline constexpr size_t kMaxPeerPings = 64;
 
 struct RebalanceOptions {
   // Rounds of the check (0: never move). A peer checks once per round, at a random moment of it.

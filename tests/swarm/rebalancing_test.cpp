@@ -266,26 +266,29 @@ TEST_F(StagePeerTest, APeerMovesToAStageThatLostItsPeersAndOnlyOneDoes) {
   EXPECT_EQ(moved.server.state, serve::ServerState::kOnline);
 }
 
+// A stranger's record claiming blocks [start, 4) at `throughput`, stored by `node` as its own, at
+// its address.
+void ClaimStage(dht::Node& node, double throughput, int64_t start = 2) {
+  serve::ServerRecord claim;
+  claim.state = serve::ServerState::kOnline;
+  claim.start = start;
+  claim.end = 4;
+  claim.throughput = throughput;
+  claim.addresses = {node.VisibleAddresses().at(0).ToString()};
+  ASSERT_TRUE(node.StoreSync(serve::BlockKey("run", 2), serve::EncodeServerRecord(claim),
+                             dht::Now() + 60, dht::OwnerMarker(node.peer_id()))
+                  .ok());
+}
+
 TEST_F(StagePeerTest, AStrangersClaimsCountOnlyAsMuchAsTheyMayAndOffLayoutOnesNotAtAll) {
   StagePeer& honest = AddPeer(0, 2, 300ms);
   dht::Node& stranger = AddNode();
-  serve::ServerRecord claim;
-  claim.state = serve::ServerState::kOnline;
-  claim.start = 2;
-  claim.end = 4;
-  claim.throughput = 1e12;
-  const std::string marker = dht::OwnerMarker(stranger.peer_id());
-  ASSERT_TRUE(stranger
-                  .StoreSync(serve::BlockKey("run", 2), serve::EncodeServerRecord(claim),
-                             dht::Now() + 60, marker)
-                  .ok());
+  ClaimStage(stranger, 1e12);
   dht::Node& other = AddNode();
-  serve::ServerRecord off = claim;
-  off.start = 1;  // blocks [1, 4): not a stage of the layout
-  ASSERT_TRUE(other
-                  .StoreSync(serve::BlockKey("run", 2), serve::EncodeServerRecord(off),
-                             dht::Now() + 60, dht::OwnerMarker(other.peer_id()))
-                  .ok());
+  ClaimStage(other, 1e12, 1);  // blocks [1, 4): not a stage of the layout
+  dht::Node& silent = AddNode();
+  ClaimStage(silent, 1e12);
+  silent.Shutdown();  // its record stays in the DHT; nothing answers at its address
   std::vector<PeerLoad> view;
   ASSERT_TRUE(test::WaitUntil(
       [&] {
@@ -293,7 +296,8 @@ TEST_F(StagePeerTest, AStrangersClaimsCountOnlyAsMuchAsTheyMayAndOffLayoutOnesNo
         return view.size() >= 2;
       },
       test::HangGuard(20s)));
-  ASSERT_EQ(view.size(), 2u);  // the honest peer and the stranger; the off-layout record is not
+  // The honest peer and the stranger; neither the off-layout record nor the silent one.
+  ASSERT_EQ(view.size(), 2u);
   for (const auto& p : view) {
     if (p.peer == stranger.peer_id()) {
       EXPECT_EQ(p.stage, 1u);
@@ -304,6 +308,21 @@ TEST_F(StagePeerTest, AStrangersClaimsCountOnlyAsMuchAsTheyMayAndOffLayoutOnesNo
     }
   }
   EXPECT_EQ(honest.stats().moves, 0u);  // a lone peer never leaves its stage
+}
+
+// A joining peer (no throughput of its own yet) counts only the records of peers that answer a
+// ping: stage [2, 4), claimed at 1e12 by identities that do not answer at their addresses, is
+// still the empty stage it joins; believing the claims, it joined [0, 2) beside the honest peer.
+TEST_F(StagePeerTest, AJoiningPeerDoesNotBelieveClaimsOfPeersThatDoNotAnswer) {
+  AddPeer(0, 2, 60s);
+  for (int i = 0; i < 3; ++i) {
+    dht::Node& silent = AddNode();
+    ClaimStage(silent, 1e12);
+    silent.Shutdown();  // its record stays in the DHT; nothing answers at its address
+  }
+  StagePeer& joining = AddPeer(-1, -1, 60s);
+  EXPECT_EQ(joining.stats().first, 2);
+  EXPECT_EQ(joining.stats().last, 4);
 }
 
 }  // namespace
