@@ -486,6 +486,16 @@ std::vector<Beam> NaiveBeamSearch(model::LlamaModel& m, const std::vector<int64_
   return beams;
 }
 
+// `got` holds the beams of `expected`: the same tokens, log-probabilities within 1e-3.
+void ExpectBeams(const Result<std::vector<Beam>>& got, const std::vector<Beam>& expected) {
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), expected.size());
+  for (size_t i = 0; i < got->size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, expected[i].tokens) << "beam " << i;
+    EXPECT_NEAR((*got)[i].log_prob, expected[i].log_prob, 1e-3) << "beam " << i;
+  }
+}
+
 TEST_F(ServeTest, BeamSearchThroughTwoServersEqualsAnIndependentSearch) {
   AddServer(0, 2);
   AddServer(2, 4);
@@ -496,12 +506,7 @@ TEST_F(ServeTest, BeamSearchThroughTwoServersEqualsAnIndependentSearch) {
   auto session = remote.OpenSession({.max_length = 32, .batch_size = 4});
   RemoteBackend backend(Head(), *session, 32);
   auto got = BeamSearch(backend, prompt, 4, 12);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  ASSERT_EQ(got->size(), expected.size());
-  for (size_t i = 0; i < got->size(); ++i) {
-    EXPECT_EQ((*got)[i].tokens, expected[i].tokens) << "beam " << i;
-    EXPECT_NEAR((*got)[i].log_prob, expected[i].log_prob, 1e-3) << "beam " << i;
-  }
+  ExpectBeams(got, expected);
   // The same through the local backend (KV cache and row reordering on one process).
   LocalBackend local_backend(local_);
   auto local = BeamSearch(local_backend, prompt, 4, 12);
@@ -523,12 +528,7 @@ TEST_F(ServeTest, BeamSearchWithARepetitionPenaltyEqualsAnIndependentSearch) {
       << "the penalty must matter for this test to mean anything";
   LocalBackend backend(local_);
   auto got = BeamSearch(backend, prompt, 4, 10, {}, 1.0, penalty);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  ASSERT_EQ(got->size(), expected.size());
-  for (size_t i = 0; i < got->size(); ++i) {
-    EXPECT_EQ((*got)[i].tokens, expected[i].tokens) << "beam " << i;
-    EXPECT_NEAR((*got)[i].log_prob, expected[i].log_prob, 1e-3) << "beam " << i;
-  }
+  ExpectBeams(got, expected);
   LocalBackend again(local_);
   EXPECT_EQ(BeamSearch(again, prompt, 4, 10, {}, 1.0, 0.0).status().code(),
             StatusCode::kInvalidArgument);
