@@ -23,6 +23,8 @@ void CheckError(std::string_view in, Decode decode) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
   CheckFixedPoint(in, DecodeBlockRequest, EncodeBlockRequest);
+  CheckFixedPoint(in, DecodeFence, EncodeFence);
+  CheckFixedPoint(in, DecodeFenceReply, EncodeFenceReply);
   CheckFixedPoint(in, DecodeOpenSession, EncodeOpenSession);
   CheckFixedPoint(in, DecodeSessionOpened, EncodeSessionOpened);
   CheckFixedPoint(in, DecodeStep, EncodeStep);
@@ -30,6 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckFixedPoint(in, DecodePush, EncodePush);
   CheckFixedPoint(in, DecodeInfo, EncodeInfo);
   CheckError(in, DecodeBlockRequest);
+  CheckError(in, DecodeFence);
   CheckError(in, DecodeOpenSession);
   CheckError(in, DecodeStep);
   CheckError(in, DecodePush);

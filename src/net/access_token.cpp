@@ -58,7 +58,8 @@ bool RoleMayCall(AccessRole role, std::string_view method) {
       return true;
     case AccessRole::kTrain:
       return StartsWith(method, "dht.") || StartsWith(method, "avg.") ||
-             StartsWith(method, "moe.") || method == "serve.forward" || method == "serve.backward";
+             StartsWith(method, "moe.") || method == "serve.forward" ||
+             method == "serve.backward" || method == "serve.fence";
     case AccessRole::kServe:
       return StartsWith(method, "dht.") || StartsWith(method, "serve.");
     case AccessRole::kClient:

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/log.h"
@@ -13,16 +14,28 @@
 namespace colony::serve {
 namespace {
 
+// How long a trainer waits for a server's answer to serve.fence (at most its request timeout).
+constexpr std::chrono::milliseconds kFenceTimeout{3'000};
+
+// A backward's microbatch (a SWARM trainer's) and whether a server of its blocks took it.
+struct Microbatch {
+  uint64_t id = 0;
+  bool replay = false;
+};
+
 Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
                                 const std::string& method, std::vector<at::Tensor> tensors,
-                                int64_t prompt_length, const LoraSpec& lora) {
+                                int64_t prompt_length, const LoraSpec& lora,
+                                Microbatch microbatch = {}) {
   COLONY_ASSIGN_OR_RETURN(Multiaddr addr, AddressOf(span.server));
   const compression::Codec codec = m.options().boundary_codec;
   net::Message msg(EncodeBlockRequest({.start = span.start,
                                        .end = span.end,
                                        .tuning = TuningOf(prompt_length, lora),
                                        .epoch = m.epoch(),
-                                       .boundary_codec = codec}));
+                                       .boundary_codec = codec,
+                                       .microbatch = microbatch.id,
+                                       .replay = microbatch.replay}));
   // The work measured: blocks x tokens of the hidden states sent.
   const double work = static_cast<double>(span.end - span.start) *
                       static_cast<double>(tensors.front().size(0) * tensors.front().size(1));
@@ -47,6 +60,28 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
                                  span.server.peer.ToString()));
   }
   return r;
+}
+
+// A backward of `id` failed at the span's server, which may have taken its gradient all the same
+// (the reply lost or late): asks it (serve.fence), so that it never takes it after this, and
+// notes it taken when it says so (the retry elsewhere is then a replay). A server that does not
+// answer is taken not to have it.
+void Fence(SequenceManager& m, const RouteSpan& span, uint64_t id) {
+  auto addr = AddressOf(span.server);
+  if (!addr.ok()) return;
+  const auto timeout =
+      std::min<std::chrono::milliseconds>(m.options().request_timeout, kFenceTimeout);
+  auto r = m.host().CallSync(
+      *addr, "serve.fence",
+      net::Message(EncodeFence({.start = span.start, .end = span.end, .microbatch = id})),
+      {.timeout = timeout});
+  auto reply = r.ok() ? DecodeFenceReply(r->meta) : Result<FenceReply>(r.status());
+  if (!reply.ok()) {
+    COLONY_LOG_DEBUG("serve.fence of blocks [{}, {}) on {}: {}", span.start, span.end,
+                     span.server.peer.ToString(), reply.status().ToString());
+    return;
+  }
+  if (reply->taken) m.NoteTaken(id, span.start, span.end);
 }
 
 }  // namespace
@@ -143,7 +178,10 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
       const auto& span = (*route)[i];
       std::vector<at::Tensor> tensors{xs[i], g};
       AppendSpanInputs(tensors, start, span, prompts, lora, adapters);
-      auto reply = CallBlocks(manager, span, "serve.backward", std::move(tensors), p, lora);
+      // A SWARM trainer's microbatch: a replay where a server of these blocks took it.
+      const uint64_t id = manager.epoch() >= 0 ? manager.microbatch() : 0;
+      const Microbatch mb{id, id != 0 && manager.Taken(id, span.start, span.end)};
+      auto reply = CallBlocks(manager, span, "serve.backward", std::move(tensors), p, lora, mb);
       Result<at::Tensor> gin = reply.ok() ? HiddenFrom(*reply, 0, hidden.sizes()) : reply.status();
       size_t next = 1;
       if (gin.ok() && p > 0) {
@@ -168,11 +206,13 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
       if (!gin.ok()) {
         last = gin.status();
         if (IsClientError(last)) return last;
+        if (id != 0 && !mb.replay) Fence(manager, span, id);
         manager.Ban(span.server, last);
         failed = true;
         break;
       }
       manager.ReportSuccess(span.server.peer);
+      if (id != 0) manager.NoteTaken(id, span.start, span.end);
       g = gin->to(hidden.scalar_type());
     }
     if (failed) continue;

@@ -363,4 +363,28 @@ std::optional<std::vector<RouteSpan>> SequenceManager::DrawRoute(
   return route;
 }
 
+void SequenceManager::NoteTaken(uint64_t id, int64_t start, int64_t end) {
+  std::lock_guard lock(mu_);
+  auto it =
+      std::find_if(taken_.begin(), taken_.end(), [id](const auto& t) { return t.first == id; });
+  if (it == taken_.end()) {
+    taken_.emplace_back(id, std::vector<std::pair<int64_t, int64_t>>{});
+    if (taken_.size() > kMicrobatchesTracked) taken_.pop_front();
+    it = std::prev(taken_.end());
+  }
+  if (std::find(it->second.begin(), it->second.end(), std::pair{start, end}) == it->second.end()) {
+    it->second.emplace_back(start, end);
+  }
+}
+
+bool SequenceManager::Taken(uint64_t id, int64_t start, int64_t end) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [mb, ranges] : taken_) {
+    if (mb == id) {
+      return std::find(ranges.begin(), ranges.end(), std::pair{start, end}) != ranges.end();
+    }
+  }
+  return false;
+}
+
 }  // namespace colony::serve

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -95,6 +96,15 @@ class SequenceManager {
   // The epoch that forward and backward requests carry (a SWARM trainer's; -1: none).
   void SetEpoch(int64_t epoch) { epoch_.store(epoch); }
   int64_t epoch() const { return epoch_.load(); }
+  // The microbatch that backward requests carry with the epoch (a SWARM trainer's random id, the
+  // same in the microbatch's retries; 0: none), and the blocks whose server took its gradient
+  // (later backwards of it there are replays), so that a stage counts it once (serve.fence).
+  // The last kMicrobatchesTracked microbatches are remembered.
+  static constexpr size_t kMicrobatchesTracked = 64;
+  void SetMicrobatch(uint64_t id) { microbatch_.store(id); }
+  uint64_t microbatch() const { return microbatch_.load(); }
+  void NoteTaken(uint64_t id, int64_t start, int64_t end);
+  bool Taken(uint64_t id, int64_t start, int64_t end) const;
   bool IsBanned(const PeerId& peer) const;
   // Known online servers (from the last refresh).
   std::vector<ServerRecord> Servers() const;
@@ -127,6 +137,9 @@ class SequenceManager {
   std::map<PeerId, double> measured_;  // throughput (work/s) seen by this client, an EMA
   std::mt19937_64 rng_;
   std::atomic<int64_t> epoch_{-1};
+  std::atomic<uint64_t> microbatch_{0};
+  // Per microbatch (oldest first), the block ranges whose server took its gradient.
+  std::deque<std::pair<uint64_t, std::vector<std::pair<int64_t, int64_t>>>> taken_;
   std::map<PeerId, std::chrono::steady_clock::time_point> unreachable_;  // until then
 };
 

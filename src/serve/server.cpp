@@ -191,6 +191,9 @@ void BlockServer::Impl::RegisterHandlers() {
   host.RegisterUnary("serve.push", [self](net::CallContext& ctx, net::Message m) {
     return self->Push(ctx.peer(), std::move(m));
   });
+  host.RegisterUnary("serve.fence", [self](net::CallContext&, net::Message m) {
+    return self->Fence(std::move(m));
+  });
 }
 
 Status BlockServer::Impl::CheckServing() const {

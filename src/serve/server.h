@@ -37,17 +37,32 @@
 
 namespace colony::serve {
 
+// A serve.forward or serve.backward that a training server runs (BlockTraining::Run).
+struct TrainingCall {
+  int64_t epoch = -1;   // the trainer's tag (-1: untagged)
+  int64_t samples = 0;  // sequences
+  bool backward = false;
+  int64_t start = 0, end = 0;  // the blocks it runs through
+  // A backward's microbatch id (0: none) and whether the trainer knows that a server of these
+  // blocks took its gradient (a replay: its parameter gradients are dropped).
+  uint64_t microbatch = 0;
+  bool replay = false;
+};
+
 // What a server that trains its blocks (a SWARM stage, swarm/stage_training.h) does around each
-// serve.forward and serve.backward. Called on the server's compute thread, one call at a time.
+// serve.forward and serve.backward, and answers to serve.fence.
 class BlockTraining {
  public:
   virtual ~BlockTraining() = default;
-  // Runs `compute` for a request of `samples` sequences tagged with a trainer's `epoch` (-1:
-  // untagged): a forward, or a backward that leaves the blocks' parameter gradients in their
-  // .grad, which Run then takes. It may first bring the parameters to the epoch (a step of the
-  // stage). An error refuses the request, and gradients are then discarded.
-  virtual Status Run(int64_t epoch, int64_t samples, bool backward,
-                     const std::function<Status()>& compute) = 0;
+  // Runs `compute` (on the server's compute thread, one call at a time): a forward, or a
+  // backward that leaves the blocks' parameter gradients in their .grad, which Run then takes
+  // (or drops: a replay, or a microbatch taken or fenced before). It may first bring the
+  // parameters to the call's epoch (a step of the stage). An error refuses the request, and
+  // gradients are then discarded.
+  virtual Status Run(const TrainingCall& call, const std::function<Status()>& compute) = 0;
+  // serve.fence (on a network thread: must not wait for a compute): whether the gradient of
+  // `microbatch` over [start, end) was taken; if not, it never will be.
+  virtual bool Fence(uint64_t microbatch, int64_t start, int64_t end) = 0;
 };
 
 struct ServerOptions {

@@ -170,9 +170,15 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(std::string sou
   COLONY_CO_RETURN_IF_ERROR(held.Take(bytes));
   const at::ScalarType client_dtype = x->scalar_type();
   auto self = shared_from_this();
-  const int64_t epoch = req->epoch;
+  const TrainingCall call{.epoch = req->epoch,
+                          .samples = x->size(0),
+                          .backward = backward,
+                          .start = start,
+                          .end = end,
+                          .microbatch = backward ? req->microbatch : 0,
+                          .replay = backward && req->replay};
   // Named first: g++ 12 mishandles temporaries (lambdas) inside co_await expressions.
-  auto compute = [self, start, end, x = *x, grad_out, backward, epoch, tuning = std::move(*tuning),
+  auto compute = [self, start, end, x = *x, grad_out, backward, call, tuning = std::move(*tuning),
                   spec]() -> Result<std::vector<at::Tensor>> {
     const bool finite = at::isfinite(x).all().item<bool>() &&
                         (!grad_out.defined() || at::isfinite(grad_out).all().item<bool>()) &&
@@ -181,7 +187,7 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(std::string sou
     if (!self->Holds(start, end)) return self->MovedError();
     if (self->training_) {
       Result<std::vector<at::Tensor>> out = std::vector<at::Tensor>{};
-      Status st = self->training_->Run(epoch, x.size(0), backward, [&]() -> Status {
+      Status st = self->training_->Run(call, [&]() -> Status {
         out = self->TrainingPass(start, end, x, grad_out);
         return out.status();
       });
@@ -244,6 +250,17 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(std::string sou
   net::Message reply;
   reply.tensors = std::move(*result);
   co_return reply;
+}
+
+asio::awaitable<Result<net::Message>> BlockServer::Impl::Fence(net::Message m) {
+  if (!training_) {
+    co_return FailedPrecondition("this server does not train its blocks: it takes no fences");
+  }
+  auto req = DecodeFence(m.meta);
+  if (!req.ok()) co_return req.status();
+  COLONY_CO_RETURN_IF_ERROR(CheckRange(req->start, req->end));
+  const bool taken = training_->Fence(req->microbatch, req->start, req->end);
+  co_return net::Message(EncodeFenceReply({.taken = taken}));
 }
 
 }  // namespace colony::serve

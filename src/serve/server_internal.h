@@ -165,6 +165,8 @@ class BlockServer::Impl : public std::enable_shared_from_this<Impl> {
 
   // ---- server_sessions.cpp
   asio::awaitable<Result<net::Message>> Push(const PeerId& from, net::Message m);
+  // serve.fence: a training server's answer whether it took a microbatch (swarm).
+  asio::awaitable<Result<net::Message>> Fence(net::Message m);
   // A push target a client at `client_ip` may name: a /p2p/ address this server may dial for it
   // (net/dial_targets.h: no loopback or private address for a client on the Internet).
   static Status CheckPushTarget(const PushTarget& target, const std::string& client_ip);

@@ -169,6 +169,8 @@ std::string EncodeBlockRequest(const BlockRequest& r) {
   SetTuning(p, r.tuning);
   if (r.epoch >= 0) p.set_epoch(static_cast<uint64_t>(r.epoch));
   p.set_boundary_codec(static_cast<uint32_t>(r.boundary_codec));
+  p.set_microbatch(r.microbatch);
+  p.set_replay(r.replay);
   return p.SerializeAsString();
 }
 
@@ -194,7 +196,45 @@ Result<BlockRequest> DecodeBlockRequest(std::string_view bytes) {
                     p.boundary_codec()));
   }
   r.boundary_codec = *codec;
+  r.microbatch = p.microbatch();
+  r.replay = p.replay();
+  if (r.microbatch != 0 && r.epoch < 0) {
+    return ProtocolError("BlockRequest: a microbatch id without a trainer's epoch");
+  }
+  if (r.replay && r.microbatch == 0) {
+    return ProtocolError("BlockRequest: a replay without a microbatch id");
+  }
   return r;
+}
+
+std::string EncodeFence(const FenceRequest& r) {
+  pb::FenceRequest p;
+  p.set_start(static_cast<uint32_t>(r.start));
+  p.set_end(static_cast<uint32_t>(r.end));
+  p.set_microbatch(r.microbatch);
+  return p.SerializeAsString();
+}
+
+Result<FenceRequest> DecodeFence(std::string_view bytes) {
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::FenceRequest>(bytes, "FenceRequest"));
+  FenceRequest r;
+  r.start = p.start();
+  r.end = p.end();
+  COLONY_RETURN_IF_ERROR(CheckRange(r.start, r.end, "FenceRequest"));
+  r.microbatch = p.microbatch();
+  if (r.microbatch == 0) return ProtocolError("FenceRequest: no microbatch id");
+  return r;
+}
+
+std::string EncodeFenceReply(const FenceReply& r) {
+  pb::FenceReply p;
+  p.set_taken(r.taken);
+  return p.SerializeAsString();
+}
+
+Result<FenceReply> DecodeFenceReply(std::string_view bytes) {
+  COLONY_ASSIGN_OR_RETURN(auto p, Parse<pb::FenceReply>(bytes, "FenceReply"));
+  return FenceReply{.taken = p.taken()};
 }
 
 std::string EncodeOpenSession(const OpenSessionRequest& r) {

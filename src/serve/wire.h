@@ -52,6 +52,20 @@ struct BlockRequest {
   // How the hidden states (forward: the input; backward: the input and its gradient) and the
   // reply's first tensor travel: one of kBoundaryCodecs.
   compression::Codec boundary_codec = compression::Codec::kNone;
+  // A SWARM trainer's microbatch id, the same in its retries (backward, with an epoch; 0: none),
+  // and whether a server of these blocks already took its gradient (compute the input gradient
+  // only; needs the id).
+  uint64_t microbatch = 0;
+  bool replay = false;
+};
+
+// serve.fence: did the server take microbatch's gradient over [start, end)? If not, it never will.
+struct FenceRequest {
+  int64_t start = 0, end = 0;
+  uint64_t microbatch = 0;  // not 0
+};
+struct FenceReply {
+  bool taken = false;
 };
 
 // The codecs hidden states may cross the network in (each decodes to at most 4x its bytes), and
@@ -138,6 +152,10 @@ struct InfoReply {
 
 std::string EncodeBlockRequest(const BlockRequest& r);
 Result<BlockRequest> DecodeBlockRequest(std::string_view bytes);
+std::string EncodeFence(const FenceRequest& r);
+Result<FenceRequest> DecodeFence(std::string_view bytes);
+std::string EncodeFenceReply(const FenceReply& r);
+Result<FenceReply> DecodeFenceReply(std::string_view bytes);
 std::string EncodeOpenSession(const OpenSessionRequest& r);
 Result<OpenSessionRequest> DecodeOpenSession(std::string_view bytes);
 std::string EncodeSessionOpened(const SessionOpenedReply& r);

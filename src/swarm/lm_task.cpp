@@ -57,8 +57,11 @@ class SwarmLmTask final : public train::Task {
 
   Result<Batch> TrainBatch() override {
     if (!pipeline_) return FailedPrecondition("swarm-lm: the task was not connected to the swarm");
-    if (!pending_) pending_ = train::TokensToTensor(data_.stream->Next());
-    COLONY_ASSIGN_OR_RETURN(double loss, pipeline_->TrainStep(*pending_));
+    if (!pending_) {
+      pending_ = train::TokensToTensor(data_.stream->Next());
+      pending_id_ = Pipeline::NewMicrobatchId();
+    }
+    COLONY_ASSIGN_OR_RETURN(double loss, pipeline_->TrainStep(*pending_, pending_id_));
     const int64_t samples = pending_->size(0);
     pending_.reset();
     return Batch{loss, samples};
@@ -94,6 +97,7 @@ class SwarmLmTask final : public train::Task {
   model::LlamaConfig config_;
   std::unique_ptr<Pipeline> pipeline_;
   std::optional<at::Tensor> pending_;  // a microbatch that failed, tried again next
+  uint64_t pending_id_ = 0;            // its id, the same in every try
 };
 
 }  // namespace

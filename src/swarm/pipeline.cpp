@@ -2,6 +2,7 @@
 #include "swarm/pipeline.h"
 
 #include <fmt/format.h>
+#include <sodium.h>
 
 #include <exception>
 
@@ -59,10 +60,18 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(dht::Node& node, PipelineOpti
 Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Pipeline::~Pipeline() = default;
 
-Result<double> Pipeline::TrainStep(const at::Tensor& tokens) {
+uint64_t Pipeline::NewMicrobatchId() {
+  uint64_t id = 0;
+  while (id == 0) randombytes_buf(&id, sizeof(id));
+  return id;
+}
+
+Result<double> Pipeline::TrainStep(const at::Tensor& tokens, uint64_t microbatch) {
   if (tokens.dim() != 2 || tokens.size(1) < 2) {
     return InvalidArgument("a microbatch is [batch, tokens + 1] token ids");
   }
+  if (microbatch == 0) return InvalidArgument("a microbatch id is not 0 (NewMicrobatchId)");
+  impl_->manager->SetMicrobatch(microbatch);
   const at::Tensor inputs = tokens.slice(1, 0, tokens.size(1) - 1);
   const at::Tensor targets = tokens.slice(1, 1, tokens.size(1));
   try {

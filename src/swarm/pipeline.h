@@ -53,8 +53,16 @@ class Pipeline {
 
   // tokens [B, T + 1] int64: the next-token loss of the whole model on them, and its backward:
   // the gradients of parameters() accumulate here, the stages' on the stages. An error (a stage
-  // with no live peer) leaves parameters()' gradients zero.
-  Result<double> TrainStep(const at::Tensor& tokens);
+  // with no live peer) leaves parameters()' gradients zero. `microbatch` names it to the stages
+  // (NewMicrobatchId()); a microbatch tried again after an error keeps its id, so that a stage
+  // that took its gradient in the failed try does not take it again (each stage counts it once).
+  Result<double> TrainStep(const at::Tensor& tokens, uint64_t microbatch);
+  // TrainStep with a new id.
+  Result<double> TrainStep(const at::Tensor& tokens) {
+    return TrainStep(tokens, NewMicrobatchId());
+  }
+  // A random microbatch id (64 bits, never 0).
+  static uint64_t NewMicrobatchId();
   // The same loss without gradients.
   Result<double> Loss(const at::Tensor& tokens);
   // The trainer's parameters: embeddings, final norm and the head when it is not tied.

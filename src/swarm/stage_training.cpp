@@ -107,8 +107,13 @@ void StageTraining::AwaitTrainers(int64_t local) {
   }
 }
 
-Status StageTraining::Run(int64_t epoch, int64_t samples, bool backward,
-                          const std::function<Status()>& compute) {
+bool StageTraining::Fence(uint64_t microbatch, int64_t start, int64_t end) {
+  return ledger_.Fence({microbatch, start, end});
+}
+
+Status StageTraining::Run(const serve::TrainingCall& call, const std::function<Status()>& compute) {
+  const int64_t epoch = call.epoch;
+  const bool backward = call.backward;
   if (epoch < 0 && backward) {
     std::lock_guard lock(mu_);
     ++stats_.refused;
@@ -141,16 +146,26 @@ Status StageTraining::Run(int64_t epoch, int64_t samples, bool backward,
     }
     ++stats_.refused;
   };
+  const MicrobatchLedger::Key key{call.microbatch, call.start, call.end};
+  bool took = false;  // marked taken in the ledger
   Status st;
   try {
     st = compute();
-    if (st.ok() && backward) {
-      auto finite = opt_->Accumulate(samples);
+    if (st.ok() && backward && call.microbatch != 0 && !call.replay) took = ledger_.Take(key);
+    if (st.ok() && backward && (call.replay || (call.microbatch != 0 && !took))) {
+      // Taken here or by another peer of the stage before: the input gradient goes back, the
+      // parameters' gradients are dropped.
+      for (auto& p : params_) {
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      }
+      ++stats_.dropped;
+    } else if (st.ok() && backward) {
+      auto finite = opt_->Accumulate(call.samples);
       if (!finite.ok()) {
         st = finite.status();
       } else {
         ++stats_.backwards;
-        if (*finite) stats_.samples += samples;
+        if (*finite) stats_.samples += call.samples;
       }
     } else if (st.ok()) {
       ++stats_.forwards;
@@ -158,7 +173,10 @@ Status StageTraining::Run(int64_t epoch, int64_t samples, bool backward,
   } catch (const std::exception& e) {
     st = Internal(fmt::format("the stage's computation failed: {}", e.what()));
   }
-  if (!st.ok()) discard();
+  if (!st.ok()) {
+    if (took) ledger_.Forget(key);
+    discard();
+  }
   return st;
 }
 

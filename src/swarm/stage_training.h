@@ -18,7 +18,12 @@
 //
 //   auto training = StageTraining::Create(node, params, {.trainers_run = "r",
 //                                         .collaborative = {.run_id = "r.stage0"}});
-//   (*training)->Run(epoch, batch, /*backward=*/true, [&] { ...; return Status::Ok(); });
+//   (*training)->Run({.epoch = e, .samples = b, .backward = true}, [&] { ...; return Status::Ok();
+//   });
+//
+// A backward's gradient is taken once per microbatch id (microbatch_ledger.h): a repeat of a
+// microbatch this peer took, one it fenced (serve.fence: the trainer retried it elsewhere), and a
+// replay (the trainer knows another peer took it) are computed but their gradients dropped.
 //
 // A backward without a tag is refused, and so is a request more than max_staleness epochs behind
 // the stage (FailedPrecondition): its trainer fell behind and catches up with its own swarm.
@@ -43,6 +48,7 @@
 #include "core/status.h"
 #include "dht/node.h"
 #include "serve/server.h"
+#include "swarm/microbatch_ledger.h"
 #include "train/collaborative.h"
 #include "train/optimizers.h"
 
@@ -72,6 +78,7 @@ struct StageTrainingStats {
   int64_t samples = 0;        // of the backwards accumulated
   uint64_t stale = 0;         // requests computed with parameters of another epoch than theirs
   uint64_t refused = 0;       // requests too stale, or whose compute failed
+  uint64_t dropped = 0;       // backwards of microbatches taken here or elsewhere before
   uint64_t rounds = 0;        // epochs ended here
   uint64_t averaged = 0;      // of them, those averaged with other peers of the stage
   uint64_t state_loads = 0;   // catching up with the stage
@@ -85,8 +92,8 @@ class StageTraining final : public serve::BlockTraining {
                                                        std::vector<at::Tensor> params,
                                                        StageTrainingOptions options);
   ~StageTraining() override;  // Shutdown()
-  Status Run(int64_t epoch, int64_t samples, bool backward,
-             const std::function<Status()>& compute) override;
+  Status Run(const serve::TrainingCall& call, const std::function<Status()>& compute) override;
+  bool Fence(uint64_t microbatch, int64_t start, int64_t end) override;
   // Takes the stage's state from a peer of the stage if the stage is ahead (a peer that joins).
   Status LoadStateFromPeers();
   // Stops the watcher and withdraws from the stage's rounds. Idempotent.
@@ -110,6 +117,7 @@ class StageTraining final : public serve::BlockTraining {
   std::vector<at::Tensor> params_;
   StageTrainingOptions options_;
   dht::Node& node_;
+  MicrobatchLedger ledger_;             // its own lock: serve.fence reads it while a compute runs
   std::atomic<bool> interrupt_{false};  // ends the optimizer's waits at shutdown
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<train::CollaborativeOptimizer> opt_;

@@ -77,7 +77,8 @@ struct StageArgs {
 nlohmann::json StatsJson(const swarm::StageTrainingStats& t) {
   return {{"epoch", t.epoch},     {"forwards", t.forwards}, {"backwards", t.backwards},
           {"samples", t.samples}, {"rounds", t.rounds},     {"averaged", t.averaged},
-          {"stale", t.stale},     {"refused", t.refused},   {"state_loads", t.state_loads}};
+          {"stale", t.stale},     {"refused", t.refused},   {"state_loads", t.state_loads},
+          {"dropped", t.dropped}};
 }
 
 int RunStage(const StageArgs& a) {

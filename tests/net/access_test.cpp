@@ -284,25 +284,28 @@ TEST(PrivateSwarm, EachRoleMayMakeTheCallsOfTheCommandsItIsFor) {
   Peer server = StartPeer(
       Seeded(2), Swarm(authority),
       IssueAccessToken(authority, Seeded(2).peer_id(), "server", AccessRole::kAny, now, 600));
-  for (const char* method : {"dht.store", "dht.find", "avg.run.join", "serve.forward",
-                             "serve.backward", "serve.inference", "moe.forward", "moe.backward"}) {
+  for (const char* method :
+       {"dht.store", "dht.find", "avg.run.join", "serve.forward", "serve.backward", "serve.fence",
+        "serve.inference", "moe.forward", "moe.backward"}) {
     server.host->RegisterUnary(
         method, [](CallContext&, Message m) -> asio::awaitable<Result<Message>> { co_return m; });
   }
   // What each command calls on others: a trainer (lm, moe-lm, swarm-lm) averages, calls experts
-  // and a SWARM run's stage peers (block servers' forward and backward, no inference sessions); a
-  // block or expert server stores its records and pushes to the next server; a client (generate,
-  // api, experts generate) reads the DHT, runs blocks (inference sessions too) and experts'
-  // forward.
+  // and a SWARM run's stage peers (block servers' forward, backward and fence, no inference
+  // sessions); a block or expert server stores its records and pushes to the next server; a client
+  // (generate, api, experts generate) reads the DHT, runs blocks (inference sessions too) and
+  // experts' forward.
   const std::map<AccessRole, std::set<std::string>> allowed = {
       {AccessRole::kTrain,
-       {"dht.store", "dht.find", "avg.run.join", "serve.forward", "serve.backward", "moe.forward",
-        "moe.backward"}},
+       {"dht.store", "dht.find", "avg.run.join", "serve.forward", "serve.backward", "serve.fence",
+        "moe.forward", "moe.backward"}},
       {AccessRole::kServe,
-       {"dht.store", "dht.find", "serve.forward", "serve.backward", "serve.inference"}},
+       {"dht.store", "dht.find", "serve.forward", "serve.backward", "serve.fence",
+        "serve.inference"}},
       // An expert's backward trains it, and a client trains nothing.
       {AccessRole::kClient,
-       {"dht.find", "serve.forward", "serve.backward", "serve.inference", "moe.forward"}},
+       {"dht.find", "serve.forward", "serve.backward", "serve.fence", "serve.inference",
+        "moe.forward"}},
   };
   uint8_t seed = 3;
   for (const auto& [role, may] : allowed) {
@@ -310,7 +313,7 @@ TEST(PrivateSwarm, EachRoleMayMakeTheCallsOfTheCommandsItIsFor) {
     Peer caller = StartPeer(Seeded(seed++), Swarm(authority),
                             IssueAccessToken(authority, key.peer_id(), "caller", role, now, 600));
     for (const char* method :
-         {"dht.store", "dht.find", "avg.run.join", "serve.forward", "serve.backward",
+         {"dht.store", "dht.find", "avg.run.join", "serve.forward", "serve.backward", "serve.fence",
           "serve.inference", "moe.forward", "moe.backward"}) {
       auto r = Echo(*caller.host, *server.host, method);
       if (may.count(method) != 0) {

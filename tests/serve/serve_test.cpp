@@ -1286,13 +1286,14 @@ TEST_F(ServeTest, OneAddressCannotTakeEverySessionOrTheWholeCache) {
 // busy, and the forward requests that arrive meanwhile wait in its queue.
 class GatedTraining : public BlockTraining {
  public:
-  Status Run(int64_t, int64_t, bool, const std::function<Status()>& compute) override {
+  Status Run(const TrainingCall&, const std::function<Status()>& compute) override {
     std::unique_lock lock(mu_);
     ++entered_;
     cv_.wait(lock, [&] { return open_; });
     lock.unlock();
     return compute();
   }
+  bool Fence(uint64_t, int64_t, int64_t) override { return false; }
   void Open() {
     {
       std::lock_guard lock(mu_);

@@ -41,6 +41,21 @@ TEST(ServeWire, HonestMessagesRoundTrip) {
   auto b4 = DecodeBlockRequest(EncodeBlockRequest(b));
   ASSERT_TRUE(b4.ok()) << b4.status().ToString();
   EXPECT_EQ(b4->boundary_codec, compression::Codec::kBlockwise8);
+  EXPECT_EQ(b4->microbatch, 0u);
+  EXPECT_FALSE(b4->replay);
+  b.microbatch = 0xfedcba9876543210;
+  b.replay = true;
+  auto b5 = DecodeBlockRequest(EncodeBlockRequest(b));
+  ASSERT_TRUE(b5.ok()) << b5.status().ToString();
+  EXPECT_EQ(b5->microbatch, 0xfedcba9876543210);
+  EXPECT_TRUE(b5->replay);
+  auto f = DecodeFence(EncodeFence({.start = 2, .end = 4, .microbatch = 9}));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->start, 2);
+  EXPECT_EQ(f->end, 4);
+  EXPECT_EQ(f->microbatch, 9u);
+  auto fr = DecodeFenceReply(EncodeFenceReply({.taken = true}));
+  ASSERT_TRUE(fr.ok() && fr->taken);
 
   OpenSessionRequest o{.session_id = kId,
                        .start = 0,
@@ -112,6 +127,27 @@ TEST(ServeWire, WhatAHostilePeerSendsIsRefusedByName) {
   }
   b.set_boundary_codec(6);
   EXPECT_TRUE(DecodeBlockRequest(b.SerializeAsString()).ok());
+  // A microbatch id belongs to a trainer's (tagged) request, and a replay names its microbatch.
+  b.set_microbatch(5);
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("without a trainer's epoch"),
+            std::string::npos);
+  b.set_epoch(3);
+  EXPECT_TRUE(DecodeBlockRequest(b.SerializeAsString()).ok());
+  b.set_microbatch(0);
+  b.set_replay(true);
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("replay without a microbatch"),
+            std::string::npos);
+  b.clear_epoch();
+  b.clear_replay();
+  pb::FenceRequest fence;
+  fence.set_start(2);
+  fence.set_end(2);
+  fence.set_microbatch(1);
+  EXPECT_NE(Error(DecodeFence(fence.SerializeAsString())).find("not a range"), std::string::npos);
+  fence.set_end(3);
+  fence.set_microbatch(0);
+  EXPECT_NE(Error(DecodeFence(fence.SerializeAsString())).find("no microbatch id"),
+            std::string::npos);
 
   pb::OpenSession o;
   o.set_session_id("short");

@@ -7,8 +7,10 @@
 #include <torch/optim/adam.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "model/llama.h"
 #include "runtime/tensor_io.h"
 #include "serve/routing.h"
+#include "serve/server.h"
 #include "serve/wire.h"
 #include "swarm/pipeline.h"
 #include "swarm/stage.h"
@@ -52,6 +55,59 @@ train::CollaborativeOptions Rounds(const std::string& run) {
   return o;
 }
 
+// A stage peer's training whose first backward is held until the test opens it, before it runs
+// (the peer never saw it when the trainer's deadline passed) or after (it took the microbatch's
+// gradient but its reply came too late). Everything else runs as any peer's.
+class LateFirstBackward final : public serve::BlockTraining {
+ public:
+  enum class Hold { kBeforeRunning, kAfterRunning };
+  explicit LateFirstBackward(Hold hold) : hold_(hold) {}
+  void Wrap(std::shared_ptr<StageTraining> inner) { inner_ = std::move(inner); }
+  StageTraining& inner() { return *inner_; }
+
+  Status Run(const serve::TrainingCall& call, const std::function<Status()>& compute) override {
+    bool held = false;
+    {
+      std::lock_guard lock(mu_);
+      if (call.backward && !reached_) held = reached_ = true;
+    }
+    if (held && hold_ == Hold::kBeforeRunning) Wait();
+    Status st = inner_->Run(call, compute);
+    if (held && hold_ == Hold::kAfterRunning) Wait();
+    if (held) {
+      std::lock_guard lock(mu_);
+      done_ = true;
+      cv_.notify_all();
+    }
+    return st;
+  }
+  bool Fence(uint64_t microbatch, int64_t start, int64_t end) override {
+    return inner_->Fence(microbatch, start, end);
+  }
+  bool reached() {
+    std::lock_guard lock(mu_);
+    return reached_;
+  }
+  // Lets the held backward go and waits until it ran.
+  bool OpenAndWait() {
+    std::unique_lock lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+    return cv_.wait_for(lock, test::HangGuard(30s), [&] { return done_; });
+  }
+
+ private:
+  void Wait() {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, test::HangGuard(60s), [&] { return open_; });
+  }
+  const Hold hold_;
+  std::shared_ptr<StageTraining> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool reached_ = false, open_ = false, done_ = false;
+};
+
 class SwarmTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -75,6 +131,8 @@ class SwarmTest : public ::testing::Test {
     trainer_opt_.reset();
     pipeline_.reset();
     stages_.clear();
+    StopLateStage();
+    late_server_.reset();
     dht_.Shutdown();
     RemoveTree(dir_);
   }
@@ -99,11 +157,12 @@ class SwarmTest : public ::testing::Test {
     return *stages_.back();
   }
 
-  void StartTrainer(compression::Codec boundary = compression::Codec::kNone) {
+  void StartTrainer(compression::Codec boundary = compression::Codec::kNone,
+                    std::chrono::milliseconds request_timeout = 60s) {
     dht::Node& node = AddNode();
     auto p = Pipeline::Create(node, {.run = "run",
                                      .model_dir = dir_,
-                                     .request_timeout = 60s,
+                                     .request_timeout = request_timeout,
                                      .avoid_failed_for = 20s,
                                      .routing_seed = 5,
                                      .boundary_codec = boundary});
@@ -170,8 +229,68 @@ class SwarmTest : public ::testing::Test {
     return losses;
   }
 
+  // A peer of stage [0, 4) whose first backward comes late (LateFirstBackward), kept in late_.
+  void AddLateStage(LateFirstBackward::Hold hold) {
+    dht::Node& node = AddNode();
+    late_ = std::make_shared<LateFirstBackward>(hold);
+    serve::ServerOptions so;
+    so.model_dir = dir_;
+    so.model_name = "run";
+    so.first_block = 0;
+    so.last_block = 4;
+    so.throughput_override = 100;
+    so.announce_period = 1s;
+    StageTrainingOptions to;
+    to.trainers_run = "run";
+    to.optimizer_config.lr = kLr;
+    to.collaborative = Rounds(StageRunId("run", 0));
+    so.make_training =
+        [this, &node,
+         to](std::vector<at::Tensor> params) -> Result<std::shared_ptr<serve::BlockTraining>> {
+      COLONY_ASSIGN_OR_RETURN(auto inner, StageTraining::Create(node, std::move(params), to));
+      late_->Wrap(std::move(inner));
+      return std::shared_ptr<serve::BlockTraining>(late_);
+    };
+    auto server = serve::BlockServer::Start(node, so);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    late_server_ = std::move(*server);
+  }
+
+  // Trains microbatches until one backward reached the late peer and a few after (3 epochs at
+  // most); the held backward is let go as soon as the trainer has retried it elsewhere (the
+  // microbatch's TrainStep returned), before the trainer steps. Returns the sequences trained.
+  int64_t TrainPastTheLateBackward() {
+    int64_t sequences = 0;
+    bool opened = false;
+    for (size_t i = 0; i < 3 * kPerEpoch; ++i) {
+      pipeline_->SetEpoch(trainer_opt_->local_epoch());
+      auto loss = pipeline_->TrainStep(batches_[i]);
+      EXPECT_TRUE(loss.ok()) << "microbatch " << i << ": " << loss.status().ToString();
+      if (!loss.ok()) break;
+      sequences += kMicrobatch;
+      if (!opened && late_->reached()) {
+        EXPECT_TRUE(late_->OpenAndWait()) << "the held backward did not end";
+        opened = true;
+      }
+      auto r = trainer_opt_->Step(kMicrobatch);
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (opened && (i + 1) % kPerEpoch == 0) break;
+    }
+    EXPECT_TRUE(opened) << "no backward reached the late peer";
+    return sequences;
+  }
+
+  void StopLateStage() {
+    if (late_server_) {
+      late_->inner().Shutdown();
+      late_server_->Shutdown();
+    }
+  }
+
   std::filesystem::path dir_;
   test::LoopbackDht dht_;
+  std::shared_ptr<LateFirstBackward> late_;
+  std::unique_ptr<serve::BlockServer> late_server_;
   std::vector<std::unique_ptr<Stage>> stages_;
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<train::CollaborativeOptimizer> trainer_opt_;
@@ -332,6 +451,79 @@ TEST_F(SwarmTest, AStagePeerThatDiesLosesNoMicrobatch) {
   // Every microbatch after the death went through the live peer.
   EXPECT_GE(alive.samples, 2 * kPerEpoch * kMicrobatch);
   EXPECT_LT(rest.back(), first.front());
+}
+
+// A backward whose peer did not answer before the trainer's deadline is retried on the stage's
+// other peer; the late peer then runs it all the same. The trainer fenced the microbatch there
+// (serve.fence) before retrying, so the late peer computes it but drops its gradient: the stage
+// counts each of the trainer's sequences once.
+TEST_F(SwarmTest, ABackwardRetriedElsewhereAfterItsDeadlineIsCountedOnce) {
+  AddStage(0, 4);
+  AddLateStage(LateFirstBackward::Hold::kBeforeRunning);
+  StartTrainer(compression::Codec::kNone, /*request_timeout=*/5s);
+  WaitForServers(2);
+  const int64_t sequences = TrainPastTheLateBackward();
+  const StageTrainingStats late = late_->inner().stats(), other = stages_[0]->training_stats();
+  EXPECT_EQ(late.dropped, 1u);
+  EXPECT_EQ(other.dropped, 0u);
+  EXPECT_EQ(late.samples + other.samples, sequences)
+      << "late peer " << late.samples << ", other peer " << other.samples;
+}
+
+// A backward whose gradient the late peer took but whose reply came after the trainer's deadline:
+// the fence says so, and the retry on the other peer is a replay (its gradient dropped there).
+TEST_F(SwarmTest, ABackwardTakenByAPeerWhoseReplyCameTooLateIsReplayedElsewhere) {
+  AddStage(0, 4);
+  AddLateStage(LateFirstBackward::Hold::kAfterRunning);
+  StartTrainer(compression::Codec::kNone, /*request_timeout=*/5s);
+  WaitForServers(2);
+  const int64_t sequences = TrainPastTheLateBackward();
+  const StageTrainingStats late = late_->inner().stats(), other = stages_[0]->training_stats();
+  EXPECT_EQ(late.dropped, 0u);
+  EXPECT_EQ(other.dropped, 1u);
+  EXPECT_EQ(late.samples + other.samples, sequences)
+      << "late peer " << late.samples << ", other peer " << other.samples;
+}
+
+// A microbatch tried again with its id after a try whose backward the stage took (as swarm-lm
+// does after an error) is a replay there: the stage counts it once.
+TEST_F(SwarmTest, AMicrobatchTriedAgainWithItsIdIsCountedOnce) {
+  Stage& stage = AddStage(0, 4);
+  StartTrainer();
+  WaitForServers(1);
+  pipeline_->SetEpoch(0);
+  const uint64_t id = Pipeline::NewMicrobatchId();
+  auto first = pipeline_->TrainStep(batches_[0], id);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto again = pipeline_->TrainStep(batches_[0], id);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_DOUBLE_EQ(*again, *first);
+  auto other = pipeline_->TrainStep(batches_[1]);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_EQ(stage.training_stats().samples, 2 * kMicrobatch);
+  EXPECT_EQ(stage.training_stats().dropped, 1u);
+  EXPECT_FALSE(pipeline_->TrainStep(batches_[2], 0).ok());  // 0 names no microbatch
+  // serve.fence says the stage took the microbatch, fences one it never saw, and refuses what is
+  // not a fence by name.
+  const auto records = pipeline_->manager().Servers();
+  ASSERT_EQ(records.size(), 1u);
+  auto addr = Multiaddr::Parse(records[0].addresses.at(0));
+  ASSERT_TRUE(addr.ok());
+  auto fence = [&](const std::string& meta) {
+    return pipeline_->manager().host().CallSync(*addr, "serve.fence", net::Message(meta),
+                                                {.timeout = 10s});
+  };
+  for (const auto& [microbatch, taken] : {std::pair{id, true}, std::pair{id + 1, false}}) {
+    auto r = fence(serve::EncodeFence({.start = 0, .end = 4, .microbatch = microbatch}));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    auto reply = serve::DecodeFenceReply(r->meta);
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    EXPECT_EQ(reply->taken, taken) << microbatch;
+  }
+  auto bad = fence(serve::EncodeFence({.start = 0, .end = 4, .microbatch = 0}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("no microbatch id"), std::string::npos)
+      << bad.status().ToString();
 }
 
 // A hostile peer against a stage: forwards tagged with an epoch far ahead, its own progress
