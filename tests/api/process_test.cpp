@@ -24,6 +24,7 @@
 #include "model/checkpoint.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "serve/naive_beam_search.h"
 #include "serve/small_model.h"
 #include "test_support.h"
 
@@ -808,6 +809,41 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
     }
     EXPECT_LE(sum / 12, previous_score + 1e-4) << "beam " << c << " is out of order";
     previous_score = sum / 12;
+  }
+
+  // A request's repetition penalty applies to its beams as transformers applies it (to each
+  // beam's log-probabilities over the prompt and its own tokens): the beams are those of an
+  // independent full-forward search with the same rule, which differ from those without it. (This
+  // model hardly repeats a token in 8, so a penalty above 1 would change nothing; one below 1
+  // favours repeats.)
+  constexpr double kPenalty = 0.5;
+  constexpr int kPenaltySteps = 8;
+  const auto penalized_beams =
+      serve::test::NaiveBeamSearch(*local, prompt, 4, kPenaltySteps, kPenalty);
+  const auto free_beams = serve::test::NaiveBeamSearch(*local, prompt, 4, kPenaltySteps);
+  ASSERT_EQ(free_beams[0].tokens,
+            std::vector<int64_t>(beam4.begin() + static_cast<int64_t>(p),
+                                 beam4.begin() + static_cast<int64_t>(p) + kPenaltySteps));
+  bool differs = false;
+  for (size_t c = 0; c < 4; ++c) differs |= free_beams[c].tokens != penalized_beams[c].tokens;
+  ASSERT_TRUE(differs) << "the penalty must matter for this check to mean anything";
+  const HttpAnswer penalized = Curl("/completions", json({{"prompt", prompt},
+                                                          {"max_tokens", kPenaltySteps},
+                                                          {"temperature", 0},
+                                                          {"n", 4},
+                                                          {"repetition_penalty", kPenalty},
+                                                          {"logprobs", 1},
+                                                          {"return_tokens_as_token_ids", true}})
+                                                        .dump());
+  ASSERT_EQ(penalized.status, 200) << penalized.body;
+  const json pj = json::parse(penalized.body);
+  ASSERT_EQ(pj["choices"].size(), 4u);
+  for (size_t c = 0; c < 4; ++c) {
+    std::vector<int64_t> got;
+    for (const auto& t : pj["choices"][c]["logprobs"]["tokens"]) {
+      got.push_back(std::stoll(t.get<std::string>().substr(9)));
+    }
+    EXPECT_EQ(got, penalized_beams[c].tokens) << "beam " << c;
   }
 }
 

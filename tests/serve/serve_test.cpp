@@ -25,6 +25,7 @@
 #include "dht/node.h"
 #include "dht/validation.h"
 #include "model/checkpoint.h"
+#include "naive_beam_search.h"
 #include "net/host.h"
 #include "runtime/task_pool.h"
 #include "runtime/tensor_io.h"
@@ -453,39 +454,6 @@ TEST_F(ServeTest, ADecodingStepGetsItsLastPositionsLogitsOnly) {
   }
 }
 
-// An independent beam search: every candidate scored by a full forward pass of the local model
-// over its whole sequence (no KV cache, no backend, no row reordering), keeping the `width` best
-// of all extensions at each step. Without an end-of-sequence token that is what beam search is.
-// A repetition penalty p scales the log-probability of each token already in the sequence by p
-// (they are negative), as transformers' processor does to its beam search's scores.
-std::vector<Beam> NaiveBeamSearch(model::LlamaModel& m, const std::vector<int64_t>& prompt,
-                                  size_t width, int steps, double repetition_penalty = 1.0) {
-  std::vector<Beam> beams(1);
-  at::NoGradGuard no_grad;
-  for (int step = 0; step < steps; ++step) {
-    std::vector<Beam> next;
-    for (const Beam& b : beams) {
-      std::vector<int64_t> seq = prompt;
-      seq.insert(seq.end(), b.tokens.begin(), b.tokens.end());
-      const at::Tensor logits = m->forward(at::tensor(seq, at::kLong).unsqueeze(0));
-      const at::Tensor logp = at::log_softmax(logits[0][-1].to(at::kDouble), -1).contiguous();
-      const double* lp = logp.data_ptr<double>();
-      for (int64_t v = 0; v < logp.size(0); ++v) {
-        Beam c = b;
-        c.tokens.push_back(v);
-        const bool repeated = std::find(seq.begin(), seq.end(), v) != seq.end();
-        c.log_prob = b.log_prob + (repeated && lp[v] < 0 ? lp[v] * repetition_penalty : lp[v]);
-        next.push_back(std::move(c));
-      }
-    }
-    std::stable_sort(next.begin(), next.end(),
-                     [](const Beam& x, const Beam& y) { return x.log_prob > y.log_prob; });
-    next.resize(std::min(width, next.size()));
-    beams = std::move(next);
-  }
-  return beams;
-}
-
 // `got` holds the beams of `expected`: the same tokens, log-probabilities within 1e-3.
 void ExpectBeams(const Result<std::vector<Beam>>& got, const std::vector<Beam>& expected) {
   ASSERT_TRUE(got.ok()) << got.status().ToString();
@@ -502,7 +470,7 @@ TEST_F(ServeTest, BeamSearchThroughTwoServersEqualsAnIndependentSearch) {
   Connect(2);
   RemoteSequential remote(manager_);
   const std::vector<int64_t> prompt = {1, 2, 3, 4, 5};
-  const auto expected = NaiveBeamSearch(local_, prompt, 4, 12);
+  const auto expected = test::NaiveBeamSearch(local_, prompt, 4, 12);
   auto session = remote.OpenSession({.max_length = 32, .batch_size = 4});
   RemoteBackend backend(Head(), *session, 32);
   auto got = BeamSearch(backend, prompt, 4, 12);
@@ -523,8 +491,8 @@ TEST_F(ServeTest, BeamSearchThroughTwoServersEqualsAnIndependentSearch) {
 TEST_F(ServeTest, BeamSearchWithARepetitionPenaltyEqualsAnIndependentSearch) {
   const std::vector<int64_t> prompt = {1, 2, 3, 4, 5};
   const double penalty = 3.0;
-  const auto expected = NaiveBeamSearch(local_, prompt, 4, 10, penalty);
-  EXPECT_NE(expected[0].tokens, NaiveBeamSearch(local_, prompt, 4, 10)[0].tokens)
+  const auto expected = test::NaiveBeamSearch(local_, prompt, 4, 10, penalty);
+  EXPECT_NE(expected[0].tokens, test::NaiveBeamSearch(local_, prompt, 4, 10)[0].tokens)
       << "the penalty must matter for this test to mean anything";
   LocalBackend backend(local_);
   auto got = BeamSearch(backend, prompt, 4, 10, {}, 1.0, penalty);
@@ -540,7 +508,7 @@ TEST_F(ServeTest, BeamSearchWithARepetitionPenaltyEqualsAnIndependentSearch) {
 // that took one is finished with it (ignoring the second id, the best beam goes on past it).
 TEST_F(ServeTest, ABeamEndsAtAnyOfItsEndTokens) {
   const std::vector<int64_t> prompt = {1, 2, 3, 4, 5};
-  const auto free = NaiveBeamSearch(local_, prompt, 4, 12);
+  const auto free = test::NaiveBeamSearch(local_, prompt, 4, 12);
   const int64_t end = free[0].tokens[2];
   const int64_t other = free[1].tokens.back();
   LocalBackend backend(local_);
