@@ -175,6 +175,10 @@ int64_t ChooseBestStart(const std::vector<ServerRecord>& records, int64_t total_
 
 // A claim counts at most this many times the median claim for placement (as for routing).
 inline constexpr double kPlacementClaimCap = 4;
+// The lower median of `values` (the middle one, or the smaller of the two middle ones; 0 when
+// empty): what claims of throughput are capped against, so that half the claimants lying high
+// do not raise the cap.
+double LowerMedian(std::vector<double> values);
 // Records a placement pings (at random among more).
 inline constexpr size_t kMaxPlacementPings = 64;
 // Which of `records` answer a ping at the address they name (dialled as the record's owner, so

@@ -52,6 +52,13 @@ int64_t ChooseBestStart(const std::vector<ServerRecord>& records, int64_t total_
   return ChooseBestStart(coverage, num_blocks);
 }
 
+double LowerMedian(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const auto mid = values.begin() + static_cast<std::ptrdiff_t>((values.size() - 1) / 2);
+  std::nth_element(values.begin(), mid, values.end());
+  return *mid;
+}
+
 std::vector<double> CountedCoverage(const std::vector<ServerRecord>& records,
                                     const std::vector<std::string>& address_keys,
                                     int64_t total_blocks, double own_claim) {
@@ -63,12 +70,8 @@ std::vector<double> CountedCoverage(const std::vector<ServerRecord>& records,
     }
   }
   if (own_claim > 0 && std::isfinite(own_claim)) claims.push_back(own_claim);
-  double cap = std::numeric_limits<double>::infinity();
-  if (!claims.empty()) {
-    const auto mid = claims.begin() + static_cast<std::ptrdiff_t>((claims.size() - 1) / 2);
-    std::nth_element(claims.begin(), mid, claims.end());  // the lower median
-    cap = kPlacementClaimCap * *mid;
-  }
+  const double cap = claims.empty() ? std::numeric_limits<double>::infinity()
+                                    : kPlacementClaimCap * LowerMedian(std::move(claims));
   // Per address, per block: the largest claim of its records.
   std::map<std::string, std::vector<double>> per_address;
   std::vector<double> coverage(n, 0.0);

@@ -251,9 +251,7 @@ std::vector<PeerLoad> StagePeer::ReadPeers() {
   if (own <= 0 && !claims.empty()) {
     // Without a throughput of its own yet (joining), a claim counts at most max_claim_ratio
     // times the (lower) median claim.
-    const auto mid = claims.begin() + static_cast<std::ptrdiff_t>((claims.size() - 1) / 2);
-    std::nth_element(claims.begin(), mid, claims.end());
-    const double cap = *mid * options_.rebalance.max_claim_ratio;
+    const double cap = serve::LowerMedian(std::move(claims)) * options_.rebalance.max_claim_ratio;
     for (auto& [peer, load] : by_peer) load.throughput = std::min(load.throughput, cap);
   }
   std::vector<PeerLoad> out;

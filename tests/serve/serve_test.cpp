@@ -816,6 +816,16 @@ TEST(ChooseBestStart, PicksTheWeakestWindow) {
 
 // Placement's count of claims: at most 4x the (lower) median claim each, and per address only
 // the largest claim on each block; records without an address key add up.
+// Claims are capped against the lower median: the smaller middle value, so that half the
+// claimants lying high do not raise the cap.
+TEST(LowerMedian, IsTheMiddleValueOrTheSmallerOfTheTwo) {
+  EXPECT_EQ(LowerMedian({}), 0);
+  EXPECT_EQ(LowerMedian({5}), 5);
+  EXPECT_EQ(LowerMedian({100, 1}), 1);
+  EXPECT_EQ(LowerMedian({3, 1e300, 2, 1e300}), 3);
+  EXPECT_EQ(LowerMedian({7, 1, 1e300, 2, 1e300}), 7);
+}
+
 TEST(CountedCoverage, ClaimsAreCappedAndOneAddressCountsOnce) {
   auto record = [](int64_t start, int64_t end, double claim) {
     ServerRecord r;
