@@ -5,6 +5,7 @@
 #include "http/server.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <boost/asio/co_spawn.hpp>
@@ -177,6 +178,10 @@ class Exchange : public StreamWriter, public std::enable_shared_from_this<Exchan
     std::lock_guard lock(mu_);
     return !chunks_.empty() || done_;
   }
+  // The answer is written and the hang-up watch must not touch the socket again (the I/O
+  // thread's only: set and read there).
+  void EndWatch() { watch_ended_ = true; }
+  bool watch_ended() const { return watch_ended_; }
   void Written(size_t bytes) {
     {
       std::lock_guard lock(mu_);
@@ -199,7 +204,23 @@ class Exchange : public StreamWriter, public std::enable_shared_from_this<Exchan
   size_t queued_ = 0;
   bool done_ = false;
   bool cancelled_ = false;
+  bool watch_ended_ = false;
 };
+
+// How often a connection whose client sent bytes during its request (a pipelined request, or a
+// TLS client's close_notify alert before its FIN) is looked at for a hang-up.
+constexpr auto kHangUpPoll = std::chrono::milliseconds(100);
+
+// Whether the client of `fd` hung up: its FIN came (with or without bytes still waiting to be
+// read before it: POLLRDHUP), or the connection failed.
+bool HungUp(int fd) {
+  pollfd p{.fd = fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+  if (::poll(&p, 1, 0) < 0) return false;
+  if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return true;
+  char byte = 0;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 }  // namespace
 
@@ -258,9 +279,10 @@ struct Server::Impl {
   template <class Stream>
   asio::awaitable<bool> WriteStream(Stream& stream, unsigned version, const Reply& head,
                                     Exchange& ex, Clock::time_point deadline);
-  // Cancels `exchange` when its client hangs up: the socket turns readable with nothing to read
-  // (end of stream) or an error. Bytes that arrive instead (a pipelined request, a TLS record)
-  // end the watch: they are the next request's. Ends when the socket's operations are cancelled.
+  // Cancels `exchange` when its client hangs up: its FIN comes or the connection fails. Bytes
+  // that arrive before (a pipelined request, a TLS client's close_notify) stay unread for the
+  // next request, and the watch then looks for the FIN every kHangUpPoll. Ends when the socket's
+  // operations are cancelled after the exchange's EndWatch().
   asio::awaitable<void> WatchForHangUp(tcp::socket& socket, std::weak_ptr<Exchange> exchange);
   void Track(tcp::socket& socket, bool open) {
     std::lock_guard lock(mu);
@@ -557,6 +579,7 @@ asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp:
     ok = co_await WriteStream(stream, req.version(), *reply, *ex, deadline);
   }
   if (!ok) ex->Cancel();
+  ex->EndWatch();
   socket.cancel(ec);  // ends the watch (nothing else is pending on the socket here)
   {
     std::lock_guard lock(mu);
@@ -570,13 +593,22 @@ asio::awaitable<void> Server::Impl::WatchForHangUp(tcp::socket& socket,
   beast::error_code ec;
   co_await socket.async_wait(tcp::socket::wait_read, asio::redirect_error(asio::use_awaitable, ec));
   if (ec) co_return;  // the answer was written (the watch cancelled), or the server stopped
-  char byte = 0;
-  const ssize_t n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) co_return;
-  auto e = exchange.lock();
-  if (!e || e->cancelled()) co_return;
-  e->Cancel();
-  Count(&ServerStats::abandoned_requests);
+  asio::steady_timer poll(io);
+  for (;;) {
+    {
+      // The socket is touched only while its exchange lasts and its answer is not written.
+      auto e = exchange.lock();
+      if (!e || e->cancelled() || e->watch_ended()) co_return;
+      if (HungUp(socket.native_handle())) {
+        e->Cancel();
+        Count(&ServerStats::abandoned_requests);
+        co_return;
+      }
+    }
+    poll.expires_after(kHangUpPoll);
+    co_await poll.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (stopped.load()) co_return;
+  }
 }
 
 template <class Stream>

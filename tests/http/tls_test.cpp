@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -205,6 +206,52 @@ TEST(HttpsServer, AHandshakeThatNeverComesIsCutAndFreesItsConnectionSlot) {
   ASSERT_TRUE(hello.handshake) << hello.error;
   EXPECT_TRUE(hello.response.starts_with("HTTP/1.1 200")) << hello.response;
   EXPECT_EQ((*server)->stats().refused_connections, 0);
+}
+
+// A TLS client that leaves while its request runs says goodbye first (close_notify, then its
+// FIN, here 300 ms later): its handler is told at once, as a plain client's is, not at the
+// request's deadline (an hour here). The alert waits unread before the FIN, so the socket never
+// reads as ended; the FIN is seen by itself (POLLRDHUP).
+TEST(HttpsServer, ATlsClientThatSaysGoodbyeCancelsItsRunningRequest) {
+  Files files;
+  const Pem pem = MakeSelfSigned("colony-test");
+  std::atomic<bool> entered{false}, saw_cancel{false};
+  Router r;
+  r.Add("POST", "/slow", [&](const Request& q) {
+    entered = true;
+    const auto guard = std::chrono::steady_clock::now() + test::HangGuard(60s);
+    while (!q.cancelled() && std::chrono::steady_clock::now() < guard) {
+      std::this_thread::sleep_for(1ms);
+    }
+    saw_cancel = q.cancelled();
+    return Json(200, "{}");
+  });
+  files.Write(pem);
+  auto server = Server::Start({.request_timeout = std::chrono::hours(1),
+                               .tls_certificate = files.certificate,
+                               .tls_private_key = files.key},
+                              std::move(r));
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  Ctx ctx(SSL_CTX_new(TLS_client_method()));
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_NONE, nullptr);
+  // TLS 1.2: no session tickets arrive after the handshake, so nothing is left unread here and
+  // closing sends a FIN (unread bytes would make it a reset, which the server sees at once).
+  SSL_CTX_set_max_proto_version(ctx.get(), TLS1_2_VERSION);
+  const int fd = test::ConnectLoopback((*server)->port(), 10s);
+  ASSERT_GE(fd, 0);
+  Ssl ssl(SSL_new(ctx.get()));
+  SSL_set_fd(ssl.get(), fd);
+  ASSERT_EQ(SSL_connect(ssl.get()), 1);
+  const std::string request = "POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
+  ASSERT_EQ(SSL_write(ssl.get(), request.data(), static_cast<int>(request.size())),
+            static_cast<int>(request.size()));
+  ASSERT_TRUE(test::WaitUntil([&] { return entered.load(); }, 10s));
+  SSL_shutdown(ssl.get());             // close_notify
+  std::this_thread::sleep_for(300ms);  // the server sees the alert alone first
+  ::close(fd);
+  EXPECT_TRUE(test::WaitUntil([&] { return saw_cancel.load(); }, 30s))
+      << "the handler was not told that its client left";
+  EXPECT_TRUE(test::WaitUntil([&] { return (*server)->stats().abandoned_requests == 1; }, 10s));
 }
 
 // With the cap on connections per address and without it (0): the rate holds either way.
