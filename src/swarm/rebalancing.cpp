@@ -169,6 +169,9 @@ StagePeerStats StagePeer::stats() const {
   s.first = options_.layout.stages[index_].first;
   s.last = options_.layout.stages[index_].second;
   s.moves = moves_;
+  s.failed_moves = failed_moves_;
+  s.rejoins = rejoins_;
+  s.stageless = !stage_;
   if (stage_) {
     s.server = stage_->server_stats();
     s.training = stage_->training_stats();
@@ -295,9 +298,25 @@ void StagePeer::Loop() {
 
 void StagePeer::Check(uint64_t round) {
   std::vector<PeerLoad> peers = ReadPeers();
+  bool stageless = false;
   {
     std::lock_guard lock(mu_);
     view_ = peers;
+    stageless = !stage_;
+  }
+  if (stageless) {
+    // A move and the move back failed: join the weakest stage, as a new peer does.
+    const size_t index = WeakestStage(options_.layout, peers);
+    const auto& [first, last] = options_.layout.stages[index];
+    if (Status st = StartStage(index); !st.ok()) {
+      COLONY_LOG_WARN("swarm: stageless; could not join stage {}:{} ({}); trying again next round",
+                      first, last, st.ToString());
+      return;
+    }
+    COLONY_LOG_INFO("swarm: stageless after a failed move; joined stage {}:{}", first, last);
+    std::lock_guard lock(mu_);
+    ++rejoins_;
+    return;
   }
   auto move = PlanMove(options_.layout, peers, options_.rebalance.balance_quality, round);
   // A stage must have looked short of peers in the previous round too: one lookup that timed out
@@ -331,9 +350,13 @@ void StagePeer::Check(uint64_t round) {
     COLONY_LOG_WARN("swarm: could not join stage {}:{} ({}); going back", event.to.first,
                     event.to.second, event.status.ToString());
     if (Status back = StartStage(move->from); !back.ok()) {
-      COLONY_LOG_ERROR("swarm: could not go back to stage {}:{} either: {}", event.from.first,
-                       event.from.second, back.ToString());
+      COLONY_LOG_ERROR(
+          "swarm: could not go back to stage {}:{} either: {}; stageless until a later round "
+          "joins a stage",
+          event.from.first, event.from.second, back.ToString());
     }
+    std::lock_guard lock(mu_);
+    ++failed_moves_;
   } else {
     std::lock_guard lock(mu_);
     ++moves_;

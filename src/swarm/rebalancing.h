@@ -20,6 +20,10 @@
 // Queue lengths are not used: with few trainers nothing queues, while capacities already say which
 // stage every microbatch waits for.
 //
+// A peer whose move and move back both failed (its stage did not start: a checkpoint that does
+// not load, memory) is stageless: each later round it joins the weakest stage, as a new peer
+// does, until one starts.
+//
 // Records are untrusted: only records whose span is exactly a stage of the layout and whose peer
 // answers a ping at the address it names count (at most kMaxPeerPings, drawn at random), and an
 // announced throughput counts at most max_claim_ratio times this peer's own, or the median
@@ -100,8 +104,11 @@ struct StagePeerOptions {
 };
 
 struct StagePeerStats {
-  int64_t first = 0, last = 0;
+  int64_t first = 0, last = 0;  // the stage (the last one while stageless)
+  bool stageless = false;       // a move and the move back failed; a later round joins a stage
   uint64_t moves = 0;
+  uint64_t failed_moves = 0;  // moves whose new stage did not start (the peer went back)
+  uint64_t rejoins = 0;       // stages joined while stageless
   serve::ServerStats server;
   StageTrainingStats training;  // of the current stage
 };
@@ -128,10 +135,12 @@ class StagePeer {
 
   dht::Node& node_;
   StagePeerOptions options_;
-  mutable std::mutex mu_;  // stage_, index_, moves_, view_
+  mutable std::mutex mu_;  // stage_, index_, moves_, failed_moves_, rejoins_, view_
   std::unique_ptr<Stage> stage_;
   size_t index_ = 0;
   uint64_t moves_ = 0;
+  uint64_t failed_moves_ = 0;
+  uint64_t rejoins_ = 0;
   std::vector<PeerLoad> view_;
   // The rebalancing thread's: the stage the last check found short of peers, and its round.
   uint64_t last_check_round_ = 0;

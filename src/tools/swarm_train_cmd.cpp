@@ -171,6 +171,9 @@ int RunStage(const StageArgs& a) {
   done["event"] = "done";
   done["blocks"] = {t.first, t.last};
   done["moves"] = t.moves;
+  done["failed_moves"] = t.failed_moves;
+  done["rejoins"] = t.rejoins;
+  done["stageless"] = t.stageless;
   std::printf("%s\n", Dump(done).c_str());
   started->access.Stop();
   node->Shutdown();

@@ -266,6 +266,41 @@ TEST_F(StagePeerTest, APeerMovesToAStageThatLostItsPeersAndOnlyOneDoes) {
   EXPECT_EQ(moved.server.state, serve::ServerState::kOnline);
 }
 
+// A peer whose move fails, and the move back too (the checkpoint is gone from its directory for a
+// while), is stageless; once the checkpoint is back, a later round joins it to the weakest stage.
+TEST_F(StagePeerTest, APeerWhoseMoveAndMoveBackFailJoinsAStageLater) {
+  StagePeer& a = AddPeer(0, 2, 500ms);
+  StagePeer& b = AddPeer(0, 2, 500ms);
+  const std::filesystem::path away = dir_.string() + ".away";
+  std::filesystem::rename(dir_, away);
+  struct PutBack {
+    const std::filesystem::path &from, &to;
+    ~PutBack() {
+      std::error_code ec;
+      if (std::filesystem::exists(from)) std::filesystem::rename(from, to, ec);
+    }
+  } put_back{away, dir_};
+  // Stage [2, 4) has no peer: one of the two moves there, which fails, and so does going back.
+  auto lost_peer = [](const StagePeerStats& s) { return s.failed_moves > 0 && s.stageless; };
+  ASSERT_TRUE(test::WaitUntil([&] { return lost_peer(a.stats()) || lost_peer(b.stats()); },
+                              test::HangGuard(30s)))
+      << "no peer tried to move, or its move back did not fail";
+  StagePeer& lost = lost_peer(a.stats()) ? a : b;
+  StagePeer& stayed = &lost == &a ? b : a;
+  std::filesystem::rename(away, dir_);
+  ASSERT_TRUE(test::WaitUntil([&] { return !lost.stats().stageless; }, test::HangGuard(30s)))
+      << "the stageless peer never joined a stage again";
+  const auto sl = lost.stats(), ss = stayed.stats();
+  EXPECT_EQ(sl.rejoins, 1u);
+  EXPECT_EQ(sl.moves, 0u);
+  EXPECT_EQ(sl.failed_moves, 1u);
+  EXPECT_EQ((std::pair{sl.first, sl.last}), (std::pair<int64_t, int64_t>{2, 4}));
+  EXPECT_EQ(sl.server.first, 2);
+  EXPECT_EQ(sl.server.last, 4);
+  EXPECT_EQ(sl.server.state, serve::ServerState::kOnline);
+  EXPECT_EQ((std::pair{ss.first, ss.last}), (std::pair<int64_t, int64_t>{0, 2}));
+}
+
 // A stranger's record claiming blocks [start, 4) at `throughput`, stored by `node` as its own, at
 // its address.
 void ClaimStage(dht::Node& node, double throughput, int64_t start = 2) {
