@@ -280,6 +280,9 @@ class SwarmTest : public ::testing::Test {
     return sequences;
   }
 
+  void ExpectEachSequenceCountedOnce(LateFirstBackward::Hold hold, uint64_t late_dropped,
+                                     uint64_t other_dropped);
+
   void StopLateStage() {
     if (late_server_) {
       late_->inner().Shutdown();
@@ -453,36 +456,35 @@ TEST_F(SwarmTest, AStagePeerThatDiesLosesNoMicrobatch) {
   EXPECT_LT(rest.back(), first.front());
 }
 
+// Stage [0, 4) with a normal peer and a late one (`hold`), a trainer whose deadline is 5 s:
+// trains past the late backward, then expects the stage's two peers to have counted each of the
+// trainer's sequences once, having dropped `late_dropped` and `other_dropped` backwards.
+void SwarmTest::ExpectEachSequenceCountedOnce(LateFirstBackward::Hold hold, uint64_t late_dropped,
+                                              uint64_t other_dropped) {
+  AddStage(0, 4);
+  AddLateStage(hold);
+  StartTrainer(compression::Codec::kNone, /*request_timeout=*/5s);
+  WaitForServers(2);
+  const int64_t sequences = TrainPastTheLateBackward();
+  const StageTrainingStats late = late_->inner().stats(), other = stages_[0]->training_stats();
+  EXPECT_EQ(late.dropped, late_dropped);
+  EXPECT_EQ(other.dropped, other_dropped);
+  EXPECT_EQ(late.samples + other.samples, sequences)
+      << "late peer " << late.samples << ", other peer " << other.samples;
+}
+
 // A backward whose peer did not answer before the trainer's deadline is retried on the stage's
 // other peer; the late peer then runs it all the same. The trainer fenced the microbatch there
 // (serve.fence) before retrying, so the late peer computes it but drops its gradient: the stage
 // counts each of the trainer's sequences once.
 TEST_F(SwarmTest, ABackwardRetriedElsewhereAfterItsDeadlineIsCountedOnce) {
-  AddStage(0, 4);
-  AddLateStage(LateFirstBackward::Hold::kBeforeRunning);
-  StartTrainer(compression::Codec::kNone, /*request_timeout=*/5s);
-  WaitForServers(2);
-  const int64_t sequences = TrainPastTheLateBackward();
-  const StageTrainingStats late = late_->inner().stats(), other = stages_[0]->training_stats();
-  EXPECT_EQ(late.dropped, 1u);
-  EXPECT_EQ(other.dropped, 0u);
-  EXPECT_EQ(late.samples + other.samples, sequences)
-      << "late peer " << late.samples << ", other peer " << other.samples;
+  ExpectEachSequenceCountedOnce(LateFirstBackward::Hold::kBeforeRunning, 1, 0);
 }
 
 // A backward whose gradient the late peer took but whose reply came after the trainer's deadline:
 // the fence says so, and the retry on the other peer is a replay (its gradient dropped there).
 TEST_F(SwarmTest, ABackwardTakenByAPeerWhoseReplyCameTooLateIsReplayedElsewhere) {
-  AddStage(0, 4);
-  AddLateStage(LateFirstBackward::Hold::kAfterRunning);
-  StartTrainer(compression::Codec::kNone, /*request_timeout=*/5s);
-  WaitForServers(2);
-  const int64_t sequences = TrainPastTheLateBackward();
-  const StageTrainingStats late = late_->inner().stats(), other = stages_[0]->training_stats();
-  EXPECT_EQ(late.dropped, 0u);
-  EXPECT_EQ(other.dropped, 1u);
-  EXPECT_EQ(late.samples + other.samples, sequences)
-      << "late peer " << late.samples << ", other peer " << other.samples;
+  ExpectEachSequenceCountedOnce(LateFirstBackward::Hold::kAfterRunning, 0, 1);
 }
 
 // A microbatch tried again with its id after a try whose backward the stage took (as swarm-lm
