@@ -21,6 +21,7 @@ constexpr std::chrono::milliseconds kFenceTimeout{3'000};
 struct Microbatch {
   uint64_t id = 0;
   bool replay = false;
+  uint32_t attempt = 0;
 };
 
 Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
@@ -35,7 +36,8 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
                                        .epoch = m.epoch(),
                                        .boundary_codec = codec,
                                        .microbatch = microbatch.id,
-                                       .replay = microbatch.replay}));
+                                       .replay = microbatch.replay,
+                                       .attempt = microbatch.attempt}));
   // The work measured: blocks x tokens of the hidden states sent.
   const double work = static_cast<double>(span.end - span.start) *
                       static_cast<double>(tensors.front().size(0) * tensors.front().size(1));
@@ -62,18 +64,19 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
   return r;
 }
 
-// A backward of `id` failed at the span's server, which may have taken its gradient all the same
-// (the reply lost or late): asks it (serve.fence), so that it never takes it after this, and
-// notes it taken when it says so (the retry elsewhere is then a replay). A server that does not
-// answer is taken not to have it.
-void Fence(SequenceManager& m, const RouteSpan& span, uint64_t id) {
+// Try `attempt` of a backward of `id` failed at the span's server, which may have taken its
+// gradient all the same (the reply lost or late): asks it (serve.fence), so that it never takes
+// that try after this, and notes the microbatch taken when it says so (the retry is then a
+// replay). A server that does not answer is taken not to have it.
+void Fence(SequenceManager& m, const RouteSpan& span, uint64_t id, uint32_t attempt) {
   auto addr = AddressOf(span.server);
   if (!addr.ok()) return;
   const auto timeout =
       std::min<std::chrono::milliseconds>(m.options().request_timeout, kFenceTimeout);
   auto r = m.host().CallSync(
       *addr, "serve.fence",
-      net::Message(EncodeFence({.start = span.start, .end = span.end, .microbatch = id})),
+      net::Message(EncodeFence(
+          {.start = span.start, .end = span.end, .microbatch = id, .attempt = attempt})),
       {.timeout = timeout});
   auto reply = r.ok() ? DecodeFenceReply(r->meta) : Result<FenceReply>(r.status());
   if (!reply.ok()) {
@@ -180,7 +183,9 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
       AppendSpanInputs(tensors, start, span, prompts, lora, adapters);
       // A SWARM trainer's microbatch: a replay where a server of these blocks took it.
       const uint64_t id = manager.epoch() >= 0 ? manager.microbatch() : 0;
-      const Microbatch mb{id, id != 0 && manager.Taken(id, span.start, span.end)};
+      const Microbatch mb{.id = id,
+                          .replay = id != 0 && manager.Taken(id, span.start, span.end),
+                          .attempt = id != 0 ? manager.NextAttempt(id) : 0};
       auto reply = CallBlocks(manager, span, "serve.backward", std::move(tensors), p, lora, mb);
       Result<at::Tensor> gin = reply.ok() ? HiddenFrom(*reply, 0, hidden.sizes()) : reply.status();
       size_t next = 1;
@@ -206,7 +211,7 @@ Result<RemoteGradients> RemoteBackward(SequenceManager& manager, int64_t start, 
       if (!gin.ok()) {
         last = gin.status();
         if (IsClientError(last)) return last;
-        if (id != 0 && !mb.replay) Fence(manager, span, id);
+        if (id != 0 && !mb.replay) Fence(manager, span, id, mb.attempt);
         manager.Ban(span.server, last);
         failed = true;
         break;

@@ -363,28 +363,36 @@ std::optional<std::vector<RouteSpan>> SequenceManager::DrawRoute(
   return route;
 }
 
+SequenceManager::MicrobatchState& SequenceManager::TrackedLocked(uint64_t id) {
+  auto it = std::find_if(microbatches_.begin(), microbatches_.end(),
+                         [id](const MicrobatchState& m) { return m.id == id; });
+  if (it != microbatches_.end()) return *it;
+  if (microbatches_.size() >= kMicrobatchesTracked) microbatches_.pop_front();
+  microbatches_.push_back({.id = id, .taken = {}, .attempts = 0});
+  return microbatches_.back();
+}
+
 void SequenceManager::NoteTaken(uint64_t id, int64_t start, int64_t end) {
   std::lock_guard lock(mu_);
-  auto it =
-      std::find_if(taken_.begin(), taken_.end(), [id](const auto& t) { return t.first == id; });
-  if (it == taken_.end()) {
-    taken_.emplace_back(id, std::vector<std::pair<int64_t, int64_t>>{});
-    if (taken_.size() > kMicrobatchesTracked) taken_.pop_front();
-    it = std::prev(taken_.end());
-  }
-  if (std::find(it->second.begin(), it->second.end(), std::pair{start, end}) == it->second.end()) {
-    it->second.emplace_back(start, end);
+  auto& taken = TrackedLocked(id).taken;
+  if (std::find(taken.begin(), taken.end(), std::pair{start, end}) == taken.end()) {
+    taken.emplace_back(start, end);
   }
 }
 
 bool SequenceManager::Taken(uint64_t id, int64_t start, int64_t end) const {
   std::lock_guard lock(mu_);
-  for (const auto& [mb, ranges] : taken_) {
-    if (mb == id) {
-      return std::find(ranges.begin(), ranges.end(), std::pair{start, end}) != ranges.end();
+  for (const auto& m : microbatches_) {
+    if (m.id == id) {
+      return std::find(m.taken.begin(), m.taken.end(), std::pair{start, end}) != m.taken.end();
     }
   }
   return false;
+}
+
+uint32_t SequenceManager::NextAttempt(uint64_t id) {
+  std::lock_guard lock(mu_);
+  return ++TrackedLocked(id).attempts;
 }
 
 }  // namespace colony::serve

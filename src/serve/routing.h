@@ -105,6 +105,9 @@ class SequenceManager {
   uint64_t microbatch() const { return microbatch_.load(); }
   void NoteTaken(uint64_t id, int64_t start, int64_t end);
   bool Taken(uint64_t id, int64_t start, int64_t end) const;
+  // The number of the next try of a backward of microbatch `id` (1, 2, ...; one count for all its
+  // block ranges), which a server's fence of a failed try names.
+  uint32_t NextAttempt(uint64_t id);
   bool IsBanned(const PeerId& peer) const;
   // Known online servers (from the last refresh).
   std::vector<ServerRecord> Servers() const;
@@ -138,8 +141,15 @@ class SequenceManager {
   std::mt19937_64 rng_;
   std::atomic<int64_t> epoch_{-1};
   std::atomic<uint64_t> microbatch_{0};
-  // Per microbatch (oldest first), the block ranges whose server took its gradient.
-  std::deque<std::pair<uint64_t, std::vector<std::pair<int64_t, int64_t>>>> taken_;
+  // Per microbatch (oldest first): the block ranges whose server took its gradient, and its
+  // backwards' tries so far.
+  struct MicrobatchState {
+    uint64_t id = 0;
+    std::vector<std::pair<int64_t, int64_t>> taken;
+    uint32_t attempts = 0;
+  };
+  MicrobatchState& TrackedLocked(uint64_t id);  // mu_ held
+  std::deque<MicrobatchState> microbatches_;
   std::map<PeerId, std::chrono::steady_clock::time_point> unreachable_;  // until then
 };
 

@@ -47,6 +47,7 @@ struct TrainingCall {
   // blocks took its gradient (a replay: its parameter gradients are dropped).
   uint64_t microbatch = 0;
   bool replay = false;
+  uint32_t attempt = 0;  // which try of the microbatch's backward this is (from 1)
 };
 
 // What a server that trains its blocks (a SWARM stage, swarm/stage_training.h) does around each
@@ -61,8 +62,8 @@ class BlockTraining {
   // gradients are then discarded.
   virtual Status Run(const TrainingCall& call, const std::function<Status()>& compute) = 0;
   // serve.fence (on a network thread: must not wait for a compute): whether the gradient of
-  // `microbatch` over [start, end) was taken; if not, it never will be.
-  virtual bool Fence(uint64_t microbatch, int64_t start, int64_t end) = 0;
+  // `microbatch` over [start, end) was taken; if not, tries up to `attempt` never will be.
+  virtual bool Fence(uint64_t microbatch, int64_t start, int64_t end, uint32_t attempt) = 0;
 };
 
 struct ServerOptions {

@@ -176,7 +176,8 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(std::string sou
                           .start = start,
                           .end = end,
                           .microbatch = backward ? req->microbatch : 0,
-                          .replay = backward && req->replay};
+                          .replay = backward && req->replay,
+                          .attempt = backward ? req->attempt : 0};
   // Named first: g++ 12 mishandles temporaries (lambdas) inside co_await expressions.
   auto compute = [self, start, end, x = *x, grad_out, backward, call, tuning = std::move(*tuning),
                   spec]() -> Result<std::vector<at::Tensor>> {
@@ -259,7 +260,7 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Fence(net::Message m) {
   auto req = DecodeFence(m.meta);
   if (!req.ok()) co_return req.status();
   COLONY_CO_RETURN_IF_ERROR(CheckRange(req->start, req->end));
-  const bool taken = training_->Fence(req->microbatch, req->start, req->end);
+  const bool taken = training_->Fence(req->microbatch, req->start, req->end, req->attempt);
   co_return net::Message(EncodeFenceReply({.taken = taken}));
 }
 

@@ -171,6 +171,7 @@ std::string EncodeBlockRequest(const BlockRequest& r) {
   p.set_boundary_codec(static_cast<uint32_t>(r.boundary_codec));
   p.set_microbatch(r.microbatch);
   p.set_replay(r.replay);
+  p.set_attempt(r.attempt);
   return p.SerializeAsString();
 }
 
@@ -198,11 +199,12 @@ Result<BlockRequest> DecodeBlockRequest(std::string_view bytes) {
   r.boundary_codec = *codec;
   r.microbatch = p.microbatch();
   r.replay = p.replay();
+  r.attempt = p.attempt();
   if (r.microbatch != 0 && r.epoch < 0) {
     return ProtocolError("BlockRequest: a microbatch id without a trainer's epoch");
   }
-  if (r.replay && r.microbatch == 0) {
-    return ProtocolError("BlockRequest: a replay without a microbatch id");
+  if ((r.replay || r.attempt != 0) && r.microbatch == 0) {
+    return ProtocolError("BlockRequest: a replay or a try number without a microbatch id");
   }
   return r;
 }
@@ -212,6 +214,7 @@ std::string EncodeFence(const FenceRequest& r) {
   p.set_start(static_cast<uint32_t>(r.start));
   p.set_end(static_cast<uint32_t>(r.end));
   p.set_microbatch(r.microbatch);
+  p.set_attempt(r.attempt);
   return p.SerializeAsString();
 }
 
@@ -223,6 +226,8 @@ Result<FenceRequest> DecodeFence(std::string_view bytes) {
   COLONY_RETURN_IF_ERROR(CheckRange(r.start, r.end, "FenceRequest"));
   r.microbatch = p.microbatch();
   if (r.microbatch == 0) return ProtocolError("FenceRequest: no microbatch id");
+  r.attempt = p.attempt();
+  if (r.attempt == 0) return ProtocolError("FenceRequest: no try number");
   return r;
 }
 

@@ -57,12 +57,15 @@ struct BlockRequest {
   // only; needs the id).
   uint64_t microbatch = 0;
   bool replay = false;
+  uint32_t attempt = 0;  // the try of this backward (from 1; with a microbatch id)
 };
 
-// serve.fence: did the server take microbatch's gradient over [start, end)? If not, it never will.
+// serve.fence: did the server take microbatch's gradient over [start, end)? If not, it never
+// takes try `attempt` or an earlier one.
 struct FenceRequest {
   int64_t start = 0, end = 0;
   uint64_t microbatch = 0;  // not 0
+  uint32_t attempt = 0;     // from 1
 };
 struct FenceReply {
   bool taken = false;

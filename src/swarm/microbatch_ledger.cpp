@@ -1,4 +1,4 @@
-// Which microbatches a stage peer took or fenced (microbatch_ledger.h).
+// Which microbatches a stage peer took, and which tries it fenced (microbatch_ledger.h).
 #include "swarm/microbatch_ledger.h"
 
 #include <algorithm>
@@ -7,11 +7,12 @@ namespace colony::swarm {
 
 MicrobatchLedger::MicrobatchLedger(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)) {}
 
-void MicrobatchLedger::Add(const Key& key, State state) {
-  const uint64_t seq = next_seq_++;
-  entries_[key] = Entry{state, seq};
-  order_.emplace_back(key, seq);
-  // order_ may hold stale entries of forgotten keys: it is bounded by twice the capacity.
+void MicrobatchLedger::Add(const Key& key, Entry entry) {
+  entry.seq = next_seq_++;
+  entries_[key] = entry;
+  order_.emplace_back(key, entry.seq);
+  // order_ may hold stale entries of forgotten or updated keys: it is bounded by twice the
+  // capacity.
   while (entries_.size() > capacity_ || order_.size() > 2 * capacity_) {
     const auto [old, old_seq] = order_.front();
     order_.pop_front();
@@ -20,24 +21,35 @@ void MicrobatchLedger::Add(const Key& key, State state) {
   }
 }
 
-bool MicrobatchLedger::Take(const Key& key) {
+bool MicrobatchLedger::Take(const Key& key, uint32_t attempt) {
   std::lock_guard lock(mu_);
-  if (entries_.count(key) > 0) return false;
-  Add(key, State::kTaken);
+  auto it = entries_.find(key);
+  if (it != entries_.end() && (it->second.taken || attempt <= it->second.fenced_through)) {
+    return false;
+  }
+  Add(key,
+      Entry{.taken = true, .fenced_through = it != entries_.end() ? it->second.fenced_through : 0});
   return true;
 }
 
 void MicrobatchLedger::Forget(const Key& key) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
-  if (it != entries_.end() && it->second.state == State::kTaken) entries_.erase(it);
+  if (it == entries_.end() || !it->second.taken) return;
+  if (it->second.fenced_through > 0) {
+    it->second.taken = false;  // its fence holds
+  } else {
+    entries_.erase(it);
+  }
 }
 
-bool MicrobatchLedger::Fence(const Key& key) {
+bool MicrobatchLedger::Fence(const Key& key, uint32_t attempt) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
-  if (it != entries_.end()) return it->second.state == State::kTaken;
-  Add(key, State::kFenced);
+  if (it != entries_.end() && it->second.taken) return true;
+  const uint32_t through =
+      it != entries_.end() ? std::max(it->second.fenced_through, attempt) : attempt;
+  Add(key, Entry{.fenced_through = through});
   return false;
 }
 

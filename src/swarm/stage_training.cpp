@@ -107,8 +107,8 @@ void StageTraining::AwaitTrainers(int64_t local) {
   }
 }
 
-bool StageTraining::Fence(uint64_t microbatch, int64_t start, int64_t end) {
-  return ledger_.Fence({microbatch, start, end});
+bool StageTraining::Fence(uint64_t microbatch, int64_t start, int64_t end, uint32_t attempt) {
+  return ledger_.Fence({microbatch, start, end}, attempt);
 }
 
 Status StageTraining::Run(const serve::TrainingCall& call, const std::function<Status()>& compute) {
@@ -151,7 +151,8 @@ Status StageTraining::Run(const serve::TrainingCall& call, const std::function<S
   Status st;
   try {
     st = compute();
-    if (st.ok() && backward && call.microbatch != 0 && !call.replay) took = ledger_.Take(key);
+    if (st.ok() && backward && call.microbatch != 0 && !call.replay)
+      took = ledger_.Take(key, call.attempt);
     if (st.ok() && backward && (call.replay || (call.microbatch != 0 && !took))) {
       // Taken here or by another peer of the stage before: the input gradient goes back, the
       // parameters' gradients are dropped.

@@ -18,11 +18,10 @@
 //
 //   auto training = StageTraining::Create(node, params, {.trainers_run = "r",
 //                                         .collaborative = {.run_id = "r.stage0"}});
-//   (*training)->Run({.epoch = e, .samples = b, .backward = true}, [&] { ...; return Status::Ok();
-//   });
+//   (*training)->Run({.epoch = e, .samples = b, .backward = true}, compute);
 //
 // A backward's gradient is taken once per microbatch id (microbatch_ledger.h): a repeat of a
-// microbatch this peer took, one it fenced (serve.fence: the trainer retried it elsewhere), and a
+// microbatch this peer took, a try it fenced (serve.fence: the trainer tried it again), and a
 // replay (the trainer knows another peer took it) are computed but their gradients dropped.
 //
 // A backward without a tag is refused, and so is a request more than max_staleness epochs behind
@@ -93,7 +92,7 @@ class StageTraining final : public serve::BlockTraining {
                                                        StageTrainingOptions options);
   ~StageTraining() override;  // Shutdown()
   Status Run(const serve::TrainingCall& call, const std::function<Status()>& compute) override;
-  bool Fence(uint64_t microbatch, int64_t start, int64_t end) override;
+  bool Fence(uint64_t microbatch, int64_t start, int64_t end, uint32_t attempt) override;
   // Takes the stage's state from a peer of the stage if the stage is ahead (a peer that joins).
   Status LoadStateFromPeers();
   // Stops the watcher and withdraws from the stage's rounds. Idempotent.

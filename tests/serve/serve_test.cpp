@@ -1271,7 +1271,7 @@ class GatedTraining : public BlockTraining {
     lock.unlock();
     return compute();
   }
-  bool Fence(uint64_t, int64_t, int64_t) override { return false; }
+  bool Fence(uint64_t, int64_t, int64_t, uint32_t) override { return false; }
   void Open() {
     {
       std::lock_guard lock(mu_);

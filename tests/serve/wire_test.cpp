@@ -45,15 +45,18 @@ TEST(ServeWire, HonestMessagesRoundTrip) {
   EXPECT_FALSE(b4->replay);
   b.microbatch = 0xfedcba9876543210;
   b.replay = true;
+  b.attempt = 3;
   auto b5 = DecodeBlockRequest(EncodeBlockRequest(b));
   ASSERT_TRUE(b5.ok()) << b5.status().ToString();
   EXPECT_EQ(b5->microbatch, 0xfedcba9876543210);
   EXPECT_TRUE(b5->replay);
-  auto f = DecodeFence(EncodeFence({.start = 2, .end = 4, .microbatch = 9}));
+  EXPECT_EQ(b5->attempt, 3u);
+  auto f = DecodeFence(EncodeFence({.start = 2, .end = 4, .microbatch = 9, .attempt = 2}));
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ(f->start, 2);
   EXPECT_EQ(f->end, 4);
   EXPECT_EQ(f->microbatch, 9u);
+  EXPECT_EQ(f->attempt, 2u);
   auto fr = DecodeFenceReply(EncodeFenceReply({.taken = true}));
   ASSERT_TRUE(fr.ok() && fr->taken);
 
@@ -135,10 +138,14 @@ TEST(ServeWire, WhatAHostilePeerSendsIsRefusedByName) {
   EXPECT_TRUE(DecodeBlockRequest(b.SerializeAsString()).ok());
   b.set_microbatch(0);
   b.set_replay(true);
-  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("replay without a microbatch"),
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("without a microbatch id"),
+            std::string::npos);
+  b.clear_replay();
+  b.set_attempt(2);
+  EXPECT_NE(Error(DecodeBlockRequest(b.SerializeAsString())).find("without a microbatch id"),
             std::string::npos);
   b.clear_epoch();
-  b.clear_replay();
+  b.clear_attempt();
   pb::FenceRequest fence;
   fence.set_start(2);
   fence.set_end(2);
@@ -146,8 +153,12 @@ TEST(ServeWire, WhatAHostilePeerSendsIsRefusedByName) {
   EXPECT_NE(Error(DecodeFence(fence.SerializeAsString())).find("not a range"), std::string::npos);
   fence.set_end(3);
   fence.set_microbatch(0);
+  fence.set_attempt(1);
   EXPECT_NE(Error(DecodeFence(fence.SerializeAsString())).find("no microbatch id"),
             std::string::npos);
+  fence.set_microbatch(1);
+  fence.set_attempt(0);
+  EXPECT_NE(Error(DecodeFence(fence.SerializeAsString())).find("no try number"), std::string::npos);
 
   pb::OpenSession o;
   o.set_session_id("short");

@@ -55,9 +55,10 @@ train::CollaborativeOptions Rounds(const std::string& run) {
   return o;
 }
 
-// A stage peer's training whose first backward is held until the test opens it, before it runs
-// (the peer never saw it when the trainer's deadline passed) or after (it took the microbatch's
-// gradient but its reply came too late). Everything else runs as any peer's.
+// A stage peer's training whose first backward is held until the trainer fences it (or the test
+// opens it), before it runs (the peer never saw it when the trainer's deadline passed) or after
+// (it took the microbatch's gradient but its reply came too late). Everything else runs as any
+// peer's.
 class LateFirstBackward final : public serve::BlockTraining {
  public:
   enum class Hold { kBeforeRunning, kAfterRunning };
@@ -81,8 +82,14 @@ class LateFirstBackward final : public serve::BlockTraining {
     }
     return st;
   }
-  bool Fence(uint64_t microbatch, int64_t start, int64_t end) override {
-    return inner_->Fence(microbatch, start, end);
+  bool Fence(uint64_t microbatch, int64_t start, int64_t end, uint32_t attempt) override {
+    const bool taken = inner_->Fence(microbatch, start, end, attempt);
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+    return taken;
   }
   bool reached() {
     std::lock_guard lock(mu_);
@@ -158,12 +165,13 @@ class SwarmTest : public ::testing::Test {
   }
 
   void StartTrainer(compression::Codec boundary = compression::Codec::kNone,
-                    std::chrono::milliseconds request_timeout = 60s) {
+                    std::chrono::milliseconds request_timeout = 60s,
+                    std::chrono::milliseconds avoid_failed_for = 20s) {
     dht::Node& node = AddNode();
     auto p = Pipeline::Create(node, {.run = "run",
                                      .model_dir = dir_,
                                      .request_timeout = request_timeout,
-                                     .avoid_failed_for = 20s,
+                                     .avoid_failed_for = avoid_failed_for,
                                      .routing_seed = 5,
                                      .boundary_codec = boundary});
     ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -487,6 +495,18 @@ TEST_F(SwarmTest, ABackwardTakenByAPeerWhoseReplyCameTooLateIsReplayedElsewhere)
   ExpectEachSequenceCountedOnce(LateFirstBackward::Hold::kAfterRunning, 0, 1);
 }
 
+// With one peer in the stage the trainer retries the late backward there (once its ban of 1 s
+// ended): the fenced first try is dropped when it runs, and the retry, a later try, is taken.
+TEST_F(SwarmTest, ABackwardRetriedOnTheSamePeerAfterItsDeadlineIsCountedOnce) {
+  AddLateStage(LateFirstBackward::Hold::kBeforeRunning);
+  StartTrainer(compression::Codec::kNone, /*request_timeout=*/5s, /*avoid_failed_for=*/1s);
+  WaitForServers(1);
+  const int64_t sequences = TrainPastTheLateBackward();
+  const StageTrainingStats late = late_->inner().stats();
+  EXPECT_EQ(late.dropped, 1u);
+  EXPECT_EQ(late.samples, sequences);
+}
+
 // A microbatch tried again with its id after a try whose backward the stage took (as swarm-lm
 // does after an error) is a replay there: the stage counts it once.
 TEST_F(SwarmTest, AMicrobatchTriedAgainWithItsIdIsCountedOnce) {
@@ -516,13 +536,14 @@ TEST_F(SwarmTest, AMicrobatchTriedAgainWithItsIdIsCountedOnce) {
                                                 {.timeout = 10s});
   };
   for (const auto& [microbatch, taken] : {std::pair{id, true}, std::pair{id + 1, false}}) {
-    auto r = fence(serve::EncodeFence({.start = 0, .end = 4, .microbatch = microbatch}));
+    auto r =
+        fence(serve::EncodeFence({.start = 0, .end = 4, .microbatch = microbatch, .attempt = 1}));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     auto reply = serve::DecodeFenceReply(r->meta);
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
     EXPECT_EQ(reply->taken, taken) << microbatch;
   }
-  auto bad = fence(serve::EncodeFence({.start = 0, .end = 4, .microbatch = 0}));
+  auto bad = fence(serve::EncodeFence({.start = 0, .end = 4, .microbatch = 0, .attempt = 1}));
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("no microbatch id"), std::string::npos)
       << bad.status().ToString();
