@@ -363,10 +363,20 @@ std::optional<std::vector<RouteSpan>> SequenceManager::DrawRoute(
   return route;
 }
 
+namespace {
+
+// The tracked state of microbatch `id` in `tracked` (const or not), or null.
+template <typename Deque>
+auto* FindMicrobatch(Deque& tracked, uint64_t id) {
+  auto it =
+      std::find_if(tracked.begin(), tracked.end(), [id](const auto& m) { return m.id == id; });
+  return it != tracked.end() ? &*it : nullptr;
+}
+
+}  // namespace
+
 SequenceManager::MicrobatchState& SequenceManager::TrackedLocked(uint64_t id) {
-  auto it = std::find_if(microbatches_.begin(), microbatches_.end(),
-                         [id](const MicrobatchState& m) { return m.id == id; });
-  if (it != microbatches_.end()) return *it;
+  if (auto* m = FindMicrobatch(microbatches_, id)) return *m;
   if (microbatches_.size() >= kMicrobatchesTracked) microbatches_.pop_front();
   microbatches_.push_back({.id = id, .taken = {}, .attempts = 0});
   return microbatches_.back();
@@ -382,12 +392,9 @@ void SequenceManager::NoteTaken(uint64_t id, int64_t start, int64_t end) {
 
 bool SequenceManager::Taken(uint64_t id, int64_t start, int64_t end) const {
   std::lock_guard lock(mu_);
-  for (const auto& m : microbatches_) {
-    if (m.id == id) {
-      return std::find(m.taken.begin(), m.taken.end(), std::pair{start, end}) != m.taken.end();
-    }
-  }
-  return false;
+  const MicrobatchState* m = FindMicrobatch(microbatches_, id);
+  return m != nullptr &&
+         std::find(m->taken.begin(), m->taken.end(), std::pair{start, end}) != m->taken.end();
 }
 
 uint32_t SequenceManager::NextAttempt(uint64_t id) {

@@ -148,7 +148,7 @@ class SequenceManager {
     std::vector<std::pair<int64_t, int64_t>> taken;
     uint32_t attempts = 0;
   };
-  MicrobatchState& TrackedLocked(uint64_t id);  // mu_ held
+  MicrobatchState& TrackedLocked(uint64_t id);  // mu_ held; tracked from now on
   std::deque<MicrobatchState> microbatches_;
   std::map<PeerId, std::chrono::steady_clock::time_point> unreachable_;  // until then
 };

@@ -140,11 +140,10 @@ Status StageTraining::Run(const serve::TrainingCall& call, const std::function<S
         epoch, local, options_.max_staleness));
   }
   if (epoch >= 0 && epoch != local) ++stats_.stale;
-  auto discard = [this] {
+  auto zero_grads = [this] {
     for (auto& p : params_) {
       if (p.grad().defined()) p.mutable_grad().zero_();
     }
-    ++stats_.refused;
   };
   const MicrobatchLedger::Key key{call.microbatch, call.start, call.end};
   bool took = false;  // marked taken in the ledger
@@ -156,9 +155,7 @@ Status StageTraining::Run(const serve::TrainingCall& call, const std::function<S
     if (st.ok() && backward && (call.replay || (call.microbatch != 0 && !took))) {
       // Taken here or by another peer of the stage before: the input gradient goes back, the
       // parameters' gradients are dropped.
-      for (auto& p : params_) {
-        if (p.grad().defined()) p.mutable_grad().zero_();
-      }
+      zero_grads();
       ++stats_.dropped;
     } else if (st.ok() && backward) {
       auto finite = opt_->Accumulate(call.samples);
@@ -176,7 +173,8 @@ Status StageTraining::Run(const serve::TrainingCall& call, const std::function<S
   }
   if (!st.ok()) {
     if (took) ledger_.Forget(key);
-    discard();
+    zero_grads();
+    ++stats_.refused;
   }
   return st;
 }
