@@ -1,5 +1,5 @@
 // The API's handlers: parse and plan a request (prompt tokens, room, stop strings, sampling), run
-// each choice in an inference session of its own, and answer in the OpenAI wire format, whole or
+// its choices as the rows of one inference session, and answer in the OpenAI wire format, whole or
 // as server-sent events.
 #include "api/service.h"
 
@@ -219,63 +219,87 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   std::random_device rd;
   const uint64_t base_seed = req->seed.value_or((static_cast<uint64_t>(rd()) << 32) | rd());
 
-  // Runs choice i; on_delta sees its text as it is released, with the log-probabilities of the
-  // tokens since the last call (when they were asked for).
-  using OnDelta = std::function<void(const std::string&, std::vector<TokenLogprob>)>;
-  auto run_choice = [this, plan, req, decode, eos, base_seed, cancelled](
-                        int64_t i, const OnDelta& on_delta,
-                        const std::function<bool()>& stop_early) -> Result<Choice> {
+  // Runs the n choices side by side, each a row of one session (one pass through the swarm
+  // per token for all of them); on_delta(i, text, logprobs) sees choice i's text as it is
+  // released, with the log-probabilities of its tokens since the last call (when asked for).
+  using OnDelta = std::function<void(int64_t, const std::string&, std::vector<TokenLogprob>)>;
+  auto run_choices = [this, plan, req, decode, eos, base_seed, cancelled](
+                         const OnDelta& on_delta,
+                         const std::function<bool()>& stop_early) -> Result<std::vector<Choice>> {
     at::NoGradGuard no_grad;
-    SwarmDecoder decoder(client_, plan->max_length(), 1);
+    const int64_t n = req->n;
+    SwarmDecoder decoder(client_, plan->max_length(), n);
     std::optional<LogprobRecorder> recorder;
     if (req->logprobs) recorder.emplace(decoder.backend, *req->logprobs, req->echo);
     serve::DecoderBackend& backend =
         recorder ? static_cast<serve::DecoderBackend&>(*recorder) : decoder.backend;
-    TextStream text(decode, plan->stops);
-    std::string echo = plan->echo_text;  // until the first delta
-    auto emit = [&](const std::string& d) {
-      if (!on_delta) return;
-      std::vector<TokenLogprob> logprobs =
-          recorder ? recorder->Take() : std::vector<TokenLogprob>{};
-      if (d.empty() && echo.empty() && logprobs.empty()) return;
-      on_delta(std::exchange(echo, {}) + d, std::move(logprobs));
+    struct Row {
+      TextStream text;
+      std::string echo;  // until the row's first delta
+      bool ended_with_eos = false;
+      Choice choice;
     };
-    const model::SamplingOptions so{.max_new_tokens = plan->max_new_tokens,
-                                    .temperature = req->temperature,
-                                    .top_k = req->top_k,
-                                    .top_p = req->top_p,
-                                    .repetition_penalty = req->repetition_penalty,
-                                    .seed = base_seed + static_cast<uint64_t>(i)};
-    Choice c;
-    bool ended_with_eos = false;
+    std::vector<Row> rows;
+    for (int64_t i = 0; i < n; ++i) {
+      rows.push_back({.text = TextStream(decode, plan->stops),
+                      .echo = plan->echo_text,
+                      .ended_with_eos = false,
+                      .choice = {}});
+    }
+    auto emit = [&](int64_t i, const std::string& d) {
+      if (!on_delta) return;
+      Row& row = rows[static_cast<size_t>(i)];
+      std::vector<TokenLogprob> logprobs =
+          recorder ? recorder->Take(i) : std::vector<TokenLogprob>{};
+      if (d.empty() && row.echo.empty() && logprobs.empty()) return;
+      on_delta(i, std::exchange(row.echo, {}) + d, std::move(logprobs));
+    };
     if (plan->max_new_tokens == 0) {
       // echo with max_tokens 0: the prompt is scored, nothing is generated.
-      const at::Tensor prompt = at::tensor(plan->prompt, at::kLong).unsqueeze(0);
+      const at::Tensor prompt = at::tensor(plan->prompt, at::kLong).unsqueeze(0).repeat({n, 1});
       if (auto scored = backend.Step(prompt, 0, {}, serve::StepLogits::kLast); !scored.ok())
         return scored.status();
     } else {
-      auto tokens = serve::GenerateWith(
-          backend, plan->prompt, so, eos,
-          [&](int64_t t) {
-            ++c.tokens;
+      std::vector<model::SamplingOptions> options;
+      for (int64_t i = 0; i < n; ++i) {
+        options.push_back({.max_new_tokens = plan->max_new_tokens,
+                           .temperature = req->temperature,
+                           .top_k = req->top_k,
+                           .top_p = req->top_p,
+                           .repetition_penalty = req->repetition_penalty,
+                           .seed = base_seed + static_cast<uint64_t>(i)});
+      }
+      auto tokens = serve::GenerateRows(
+          backend, plan->prompt, options, eos,
+          [&](int64_t i, int64_t t) {
+            Row& row = rows[static_cast<size_t>(i)];
+            ++row.choice.tokens;
             if (t == eos || std::ranges::find(plan->stop_tokens, t) != plan->stop_tokens.end()) {
-              ended_with_eos = true;  // not part of the text, so not of its log-probabilities
+              row.ended_with_eos = true;  // not part of the text, so not of its log-probabilities
               return;
             }
-            if (recorder) recorder->Chose(t);
-            if (std::string d = text.Add(t); !d.empty()) emit(d);
+            if (recorder) recorder->Chose(t, i);
+            if (std::string d = row.text.Add(t); !d.empty()) emit(i, d);
           },
-          [&] {
-            return ended_with_eos || text.stopped() || cancelled() || (stop_early && stop_early());
+          [&](int64_t i) {
+            const Row& row = rows[static_cast<size_t>(i)];
+            return row.ended_with_eos || row.text.stopped() || cancelled() ||
+                   (stop_early && stop_early());
           });
       if (!tokens.ok()) return tokens.status();
     }
     if (cancelled()) return Cancelled("the client went away");
-    emit(text.Finish());
-    c.text = plan->echo_text + text.text();
-    c.finish_reason = text.stopped() || ended_with_eos ? "stop" : "length";
-    if (recorder) c.logprobs = recorder->Take();
-    return c;
+    std::vector<Choice> choices;
+    for (int64_t i = 0; i < n; ++i) {
+      Row& row = rows[static_cast<size_t>(i)];
+      emit(i, row.text.Finish());
+      Choice c = std::move(row.choice);
+      c.text = plan->echo_text + row.text.text();
+      c.finish_reason = row.text.stopped() || row.ended_with_eos ? "stop" : "length";
+      if (recorder) c.logprobs = recorder->Take(i);
+      choices.push_back(std::move(c));
+    }
+    return choices;
   };
 
   // The tokens the first log-probability entry follows: the prompt, unless it is echoed.
@@ -340,11 +364,9 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         choices.push_back(std::move(c));
       }
     } else {
-      for (int64_t i = 0; i < req->n; ++i) {
-        auto c = run_choice(i, {}, {});
-        if (!c.ok()) return SwarmError(c.status());
-        choices.push_back(std::move(*c));
-      }
+      auto sampled = run_choices({}, {});
+      if (!sampled.ok()) return SwarmError(sampled.status());
+      choices = std::move(*sampled);
     }
     json out = {{"id", id}, {"object", object}, {"created", created}, {"model", options_.model_id}};
     out["choices"] = json::array();
@@ -364,7 +386,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   reply.content_type = "text/event-stream";
   const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
   const std::string model_id = options_.model_id;
-  reply.stream = [req, chat, id, created, chunk_object, model_id, run_choice, usage, tok,
+  reply.stream = [req, chat, id, created, chunk_object, model_id, run_choices, usage, tok,
                   logprobs_after, logprobs_kind](http::StreamWriter& out) {
     auto event = [&](json choices, const json* extra = nullptr) {
       json j = {{"id", id},
@@ -375,11 +397,12 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       if (extra != nullptr) j.update(*extra);
       return out.Write("data: " + Dump(j) + "\n\n");
     };
-    // The log-probabilities of choice i, written as its tokens arrive.
-    std::optional<LogprobFormat> format;
+    // Each choice's log-probabilities, written as its tokens arrive.
+    std::vector<std::optional<LogprobFormat>> formats(static_cast<size_t>(req->n));
     auto piece = [&](int64_t index, const std::string& text, const json& finish,
                      const std::vector<TokenLogprob>& logprobs = {}) {
       json c = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", finish}};
+      auto& format = formats[static_cast<size_t>(index)];
       if (format && !logprobs.empty()) c["logprobs"] = format->Answer(logprobs);
       if (chat) {
         c["delta"] = finish.is_null() ? json{{"content", text}} : json::object();
@@ -388,31 +411,34 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       }
       return event(json::array({c}));
     };
-    int64_t generated = 0;
     for (int64_t i = 0; i < req->n; ++i) {
-      if (chat) {
-        json c = {{"index", i},
-                  {"delta", {{"role", "assistant"}, {"content", ""}}},
-                  {"logprobs", nullptr},
-                  {"finish_reason", nullptr}};
-        if (!event(json::array({c}))) return;
-      }
-      bool client_gone = false;
-      if (req->logprobs) format.emplace(tok, logprobs_kind, req->tokens_as_ids, logprobs_after);
-      auto c = run_choice(
-          i,
-          [&](const std::string& d, const std::vector<TokenLogprob>& logprobs) {
-            if (!piece(i, d, nullptr, logprobs)) client_gone = true;
-          },
-          [&] { return client_gone || out.cancelled(); });
-      if (client_gone || out.cancelled()) return;
-      if (!c.ok()) {
-        COLONY_LOG_WARN("api: a streamed request failed: {}", c.status().ToString());
-        out.Write("data: " + SwarmError(c.status()).body + "\n\n");
-        return;
-      }
-      generated += c->tokens;
-      if (!piece(i, "", c->finish_reason)) return;
+      if (req->logprobs)
+        formats[static_cast<size_t>(i)].emplace(tok, logprobs_kind, req->tokens_as_ids,
+                                                logprobs_after);
+      if (!chat) continue;
+      json c = {{"index", i},
+                {"delta", {{"role", "assistant"}, {"content", ""}}},
+                {"logprobs", nullptr},
+                {"finish_reason", nullptr}};
+      if (!event(json::array({c}))) return;
+    }
+    // The choices' pieces interleave, each event naming its choice's index.
+    bool client_gone = false;
+    auto choices = run_choices(
+        [&](int64_t i, const std::string& d, const std::vector<TokenLogprob>& logprobs) {
+          if (!client_gone && !piece(i, d, nullptr, logprobs)) client_gone = true;
+        },
+        [&] { return client_gone || out.cancelled(); });
+    if (client_gone || out.cancelled()) return;
+    if (!choices.ok()) {
+      COLONY_LOG_WARN("api: a streamed request failed: {}", choices.status().ToString());
+      out.Write("data: " + SwarmError(choices.status()).body + "\n\n");
+      return;
+    }
+    int64_t generated = 0;
+    for (size_t i = 0; i < choices->size(); ++i) {
+      generated += (*choices)[i].tokens;
+      if (!piece(static_cast<int64_t>(i), "", (*choices)[i].finish_reason)) return;
     }
     if (req->include_usage) {
       const json extra = {{"usage", usage(generated)}};

@@ -36,22 +36,35 @@ LogprobRecorder::LogprobRecorder(serve::DecoderBackend& inner, int64_t top, bool
 
 Result<at::Tensor> LogprobRecorder::Step(const at::Tensor& tokens, int64_t position,
                                          const at::Tensor& hypo_ids, serve::StepLogits logits) {
-  if (tokens.dim() != 2 || tokens.size(0) != 1 || hypo_ids.defined()) {
-    return InvalidArgument("log-probabilities are recorded for one sequence, not beams");
+  if (tokens.dim() != 2 || tokens.size(0) < 1 || hypo_ids.defined()) {
+    return InvalidArgument(
+        "log-probabilities are recorded for rows stepped in place, not for reordered beams");
+  }
+  if (recorded_.empty()) {
+    recorded_.resize(static_cast<size_t>(tokens.size(0)));
+  } else if (tokens.size(0) != static_cast<int64_t>(recorded_.size())) {
+    return InvalidArgument(
+        fmt::format("a step of {} rows after steps of {}", tokens.size(0), recorded_.size()));
   }
   if (tokens.size(1) < 1) return InvalidArgument("a step needs at least one token");
+  chosen_.assign(recorded_.size(), false);
   if (position == 0 && score_prompt_) return ScorePrompt(tokens, logits);
   COLONY_ASSIGN_OR_RETURN(at::Tensor out, inner_.Step(tokens, position, hypo_ids, logits));
-  next_ = at::log_softmax(out[0][out.size(1) - 1].to(at::kFloat), -1);
+  next_ = at::log_softmax(out.select(1, out.size(1) - 1).to(at::kFloat), -1);
   return out;
 }
 
 Result<at::Tensor> LogprobRecorder::ScorePrompt(const at::Tensor& tokens,
                                                 serve::StepLogits logits) {
-  const at::Tensor ids = tokens[0].to(at::kCPU, at::kLong).contiguous();
-  const int64_t t = ids.size(0);
-  const std::span<const int64_t> prompt(ids.data_ptr<int64_t>(), static_cast<size_t>(t));
-  recorded_.push_back({.token = prompt[0], .logprob = std::nullopt, .top = {}});
+  const at::Tensor ids = tokens.to(at::kCPU, at::kLong).contiguous();
+  const int64_t rows = ids.size(0), t = ids.size(1);
+  auto row_tokens = [&](int64_t r) {
+    return std::span<const int64_t>(ids.data_ptr<int64_t>() + r * t, static_cast<size_t>(t));
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    recorded_[static_cast<size_t>(r)].push_back(
+        {.token = row_tokens(r)[0], .logprob = std::nullopt, .top = {}});
+  }
   std::vector<at::Tensor> all;  // every step's logits, when the caller asks for every position's
   at::Tensor out;
   int64_t step = 1;  // the first token alone: its logits tell V
@@ -59,33 +72,38 @@ Result<at::Tensor> LogprobRecorder::ScorePrompt(const at::Tensor& tokens,
     const int64_t n = std::min(step, t - done);
     COLONY_ASSIGN_OR_RETURN(
         out, inner_.Step(tokens.narrow(1, done, n), done, {}, serve::StepLogits::kAll));
-    const at::Tensor logp = at::log_softmax(out[0].to(at::kFloat), -1);  // [n, V]
-    // Row i follows token done + i: it scores the prompt's next token, or (the prompt's last
-    // position) the first one chosen after it.
+    const at::Tensor logp = at::log_softmax(out.to(at::kFloat), -1);  // [B, n, V]
+    // Position i follows token done + i: it scores the prompt's next token, or (the prompt's
+    // last position) the first one chosen after it.
     const int64_t inside = std::min(n, t - 1 - done);
-    if (inside > 0) {
-      Record(logp.narrow(0, 0, inside),
-             prompt.subspan(static_cast<size_t>(done + 1), static_cast<size_t>(inside)));
+    for (int64_t r = 0; r < rows && inside > 0; ++r) {
+      Record(r, logp[r].narrow(0, 0, inside),
+             row_tokens(r).subspan(static_cast<size_t>(done + 1), static_cast<size_t>(inside)));
     }
     done += n;
-    if (done == t) next_ = logp[n - 1].clone();
+    if (done == t) next_ = logp.select(1, n - 1).clone();
     if (logits == serve::StepLogits::kAll) all.push_back(out);
-    step = std::max<int64_t>(1, max_scored_elements_ / std::max<int64_t>(1, logp.size(1)));
+    step = std::max<int64_t>(1, max_scored_elements_ / std::max<int64_t>(1, logp.size(2) * rows));
   }
   if (logits == serve::StepLogits::kAll) return all.size() == 1 ? all.front() : at::cat(all, 1);
   return out.narrow(1, out.size(1) - 1, 1);
 }
 
-void LogprobRecorder::Chose(int64_t token) {
-  if (!next_.defined()) return;
+void LogprobRecorder::Chose(int64_t token, int64_t row) {
+  if (!next_.defined() || row < 0 || row >= next_.size(0)) return;
+  const auto r = static_cast<size_t>(row);
+  if (chosen_[r]) return;
+  chosen_[r] = true;
   const int64_t one[] = {token};
-  Record(next_.unsqueeze(0), one);
-  next_ = at::Tensor();
+  Record(row, next_[row].unsqueeze(0), one);
 }
 
-std::vector<TokenLogprob> LogprobRecorder::Take() { return std::exchange(recorded_, {}); }
+std::vector<TokenLogprob> LogprobRecorder::Take(int64_t row) {
+  if (row < 0 || row >= static_cast<int64_t>(recorded_.size())) return {};
+  return std::exchange(recorded_[static_cast<size_t>(row)], {});
+}
 
-void LogprobRecorder::Record(const at::Tensor& logp, std::span<const int64_t> tokens) {
+void LogprobRecorder::Record(int64_t row, const at::Tensor& logp, std::span<const int64_t> tokens) {
   const int64_t rows = logp.size(0), vocab = logp.size(1);
   const at::Tensor ids =
       at::tensor(std::vector<int64_t>(tokens.begin(), tokens.end()), at::kLong).clamp(0, vocab - 1);
@@ -97,6 +115,7 @@ void LogprobRecorder::Record(const at::Tensor& logp, std::span<const int64_t> to
     top_values = top_values.contiguous();
     top_ids = top_ids.contiguous();
   }
+  auto& recorded = recorded_[static_cast<size_t>(row)];
   for (int64_t r = 0; r < rows; ++r) {
     TokenLogprob e{
         .token = tokens[static_cast<size_t>(r)], .logprob = chosen.data_ptr<float>()[r], .top = {}};
@@ -104,7 +123,7 @@ void LogprobRecorder::Record(const at::Tensor& logp, std::span<const int64_t> to
       e.top.push_back({.token = top_ids.data_ptr<int64_t>()[r * k + j],
                        .logprob = top_values.data_ptr<float>()[r * k + j]});
     }
-    recorded_.push_back(std::move(e));
+    recorded.push_back(std::move(e));
   }
 }
 

@@ -42,40 +42,45 @@ struct TokenLogprob {
 // scored in steps of at most this many elements' worth of positions (128 MB of float32).
 inline constexpr int64_t kMaxScoredElements = int64_t{1} << 25;
 
-// Steps `inner` (one row, no reordering) and records each position's log-probabilities.
+// Steps `inner` (rows stepped in place: no reordering) and records each row's log-probabilities
+// at each position, row by row.
 class LogprobRecorder : public serve::DecoderBackend {
  public:
   // top: how many of the most likely tokens to keep per position; score_prompt: also record
   // the tokens of the first step (the prompt) after its first. A scored prompt goes to `inner`
   // as its first token alone (whose logits tell the vocabulary's size V), then in steps of
-  // max_scored_elements / V tokens (at least one).
+  // max_scored_elements / (V x rows) tokens (at least one).
   LogprobRecorder(serve::DecoderBackend& inner, int64_t top, bool score_prompt,
                   int64_t max_scored_elements = kMaxScoredElements);
 
   // Asks `inner` for every position's logits when the step scores a prompt, for the last
-  // position's otherwise; returns those `logits` names.
+  // position's otherwise; returns those `logits` names. Every step has the first one's rows.
   Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,
                           serve::StepLogits logits) override;
   int64_t position() const override { return inner_.position(); }
   int64_t max_length() const override { return inner_.max_length(); }
 
-  // The token chosen after the last step: recorded with what that step's last position gave it.
-  void Chose(int64_t token);
-  // What was recorded since the last call, in order.
-  std::vector<TokenLogprob> Take();
+  // The token chosen for `row` after the last step: recorded with what that step's last
+  // position gave the row.
+  void Chose(int64_t token, int64_t row = 0);
+  // What was recorded for `row` since the last call, in order.
+  std::vector<TokenLogprob> Take(int64_t row = 0);
 
  private:
-  // The prompt step: tokens [1, T] from position 0, in bounded steps, every position recorded.
+  // The prompt step: tokens [B, T] from position 0, in bounded steps, every position recorded.
   Result<at::Tensor> ScorePrompt(const at::Tensor& tokens, serve::StepLogits logits);
-  // Records tokens[i] as following the position of logp's row i ([R, V] log-probabilities).
-  void Record(const at::Tensor& logp, std::span<const int64_t> tokens);
+  // Records tokens[i] for `row` as following the position of logp's row i ([R, V]
+  // log-probabilities).
+  void Record(int64_t row, const at::Tensor& logp, std::span<const int64_t> tokens);
 
   serve::DecoderBackend& inner_;
   int64_t top_;
   bool score_prompt_;
   int64_t max_scored_elements_;
-  at::Tensor next_;  // [V]: the last step's last position (a copy of its own), until Chose()
-  std::vector<TokenLogprob> recorded_;
+  // [B, V]: the last step's last position (a copy of its own); a row's is read once, by Chose().
+  at::Tensor next_;
+  std::vector<bool> chosen_;                         // per row: Chose() since the last step
+  std::vector<std::vector<TokenLogprob>> recorded_;  // per row
 };
 
 // Answers recorded log-probabilities in the OpenAI shape of one kind of request. Called once for

@@ -131,37 +131,69 @@ Result<at::Tensor> RemoteBackend::Step(const at::Tensor& tokens, int64_t positio
 
 // ---------------------------------------------------------------- decoding
 
-Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
-                                          const std::vector<int64_t>& prompt,
-                                          const model::SamplingOptions& options, int64_t eos_id,
-                                          const std::function<void(int64_t)>& on_token,
-                                          const std::function<bool()>& stop_requested) {
-  std::vector<int64_t> out;
+Result<std::vector<std::vector<int64_t>>> GenerateRows(
+    DecoderBackend& backend, const std::vector<int64_t>& prompt,
+    std::span<const model::SamplingOptions> rows, int64_t eos_id,
+    const std::function<void(int64_t, int64_t)>& on_token,
+    const std::function<bool(int64_t)>& stop_requested) {
   if (prompt.empty()) return InvalidArgument("the prompt is empty");
-  if (options.max_new_tokens <= 0) return out;
-  std::mt19937_64 rng(options.seed);
-  std::vector<int64_t> history = prompt;
-  const auto long_opts = at::TensorOptions().dtype(at::kLong);
-  at::Tensor input = at::tensor(prompt, long_opts).unsqueeze(0);
+  if (rows.empty()) return InvalidArgument("no rows to generate");
+  const auto n = static_cast<int64_t>(rows.size());
   const auto max_len = static_cast<size_t>(backend.max_length());
   if (prompt.size() >= max_len) {
     return InvalidArgument(
         fmt::format("the prompt has {} tokens; the limit is {}", prompt.size(), max_len - 1));
   }
-  while (true) {
+  std::vector<std::vector<int64_t>> out(rows.size());
+  std::vector<std::mt19937_64> rng;
+  std::vector<std::vector<int64_t>> history(rows.size(), prompt);
+  std::vector<bool> ended(rows.size(), false);
+  for (const auto& o : rows) rng.emplace_back(o.seed);
+  auto live = [&] { return std::ranges::find(ended, false) != ended.end(); };
+  for (size_t r = 0; r < rows.size(); ++r) ended[r] = rows[r].max_new_tokens <= 0;
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  at::Tensor input = at::tensor(prompt, long_opts).unsqueeze(0).repeat({n, 1});
+  while (live()) {
     COLONY_ASSIGN_OR_RETURN(at::Tensor logits,
                             backend.Step(input, backend.position(), {}, StepLogits::kLast));
-    const int64_t next = model::SampleNextToken(logits[0][-1], history, options, rng);
-    out.push_back(next);
-    history.push_back(next);
-    if (on_token) on_token(next);
-    if (next == eos_id || static_cast<int64_t>(out.size()) >= options.max_new_tokens ||
-        history.size() >= max_len || (stop_requested && stop_requested())) {
-      break;
+    if (logits.dim() != 3 || logits.size(0) != n) {
+      return Internal(fmt::format("a step of {} rows returned logits of shape [{}]", n,
+                                  fmt::join(logits.sizes(), ", ")));
     }
-    input = at::full({1, 1}, next, long_opts);
+    std::vector<int64_t> next(rows.size());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const auto row = static_cast<int64_t>(r);
+      // An ended row is stepped with its last token, its logits unread: the rows share steps.
+      next[r] = history[r].back();
+      if (ended[r]) continue;
+      next[r] = model::SampleNextToken(logits[row][-1], history[r], rows[r], rng[r]);
+      out[r].push_back(next[r]);
+      history[r].push_back(next[r]);
+      if (on_token) on_token(row, next[r]);
+      ended[r] = next[r] == eos_id ||
+                 static_cast<int64_t>(out[r].size()) >= rows[r].max_new_tokens ||
+                 history[r].size() >= max_len || (stop_requested && stop_requested(row));
+    }
+    input = at::tensor(next, long_opts).unsqueeze(1);
   }
   return out;
+}
+
+Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
+                                          const std::vector<int64_t>& prompt,
+                                          const model::SamplingOptions& options, int64_t eos_id,
+                                          const std::function<void(int64_t)>& on_token,
+                                          const std::function<bool()>& stop_requested) {
+  if (prompt.empty()) return InvalidArgument("the prompt is empty");
+  if (options.max_new_tokens <= 0) return std::vector<int64_t>{};
+  COLONY_ASSIGN_OR_RETURN(auto rows,
+                          GenerateRows(
+                              backend, prompt, std::span(&options, 1), eos_id,
+                              [&](int64_t, int64_t t) {
+                                if (on_token) on_token(t);
+                              },
+                              [&](int64_t) { return stop_requested && stop_requested(); }));
+  return std::move(rows.front());
 }
 
 Result<std::vector<Beam>> BeamSearch(DecoderBackend& backend, const std::vector<int64_t>& prompt,

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
@@ -125,6 +126,19 @@ Result<std::vector<int64_t>> GenerateWith(DecoderBackend& backend,
                                           int64_t eos_id = -1,
                                           const std::function<void(int64_t)>& on_token = {},
                                           const std::function<bool()>& stop_requested = {});
+
+// Samples rows.size() continuations of one prompt side by side, in the backend's rows (a session
+// of rows.size() rows): one step runs every row, so n samples cost one pass through the swarm,
+// not n. Row i, with its own options (seed, penalties, max_new_tokens), is token for token what
+// GenerateWith(prompt, rows[i]) gives. on_token(row, token) (optional) sees each token as it is
+// chosen; stop_requested(row) (optional), asked after each of a row's tokens, ends that row. An
+// ended row is stepped with its last token, its logits unread, until every row has ended.
+// Returns each row's new tokens.
+Result<std::vector<std::vector<int64_t>>> GenerateRows(
+    DecoderBackend& backend, const std::vector<int64_t>& prompt,
+    std::span<const model::SamplingOptions> rows, int64_t eos_id = -1,
+    const std::function<void(int64_t, int64_t)>& on_token = {},
+    const std::function<bool(int64_t)>& stop_requested = {});
 
 struct Beam {
   std::vector<int64_t> tokens;  // generated tokens (prompt excluded)

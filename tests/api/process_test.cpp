@@ -527,6 +527,103 @@ TEST_F(ApiProcessTest, ConcurrentRequestsEachGetTheirOwnSession) {
       << "one inference session per request" << Logs();
 }
 
+// n sampled choices are the rows of one inference session: each is what the whole model here
+// samples with the request's seed plus the choice's index, with each token's log-probability the
+// model's own at its position (rows mixed up would score one choice's tokens by another's
+// logits); streamed, the choices' pieces interleave and join into the same texts.
+TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampling) {
+  ASSERT_NE(StartServer("A", "0:2", "debug"), nullptr);
+  ASSERT_NE(StartServer("B", "2:4"), nullptr);
+  ASSERT_TRUE(StartApi());
+  ASSERT_NO_FATAL_FAILURE(WaitUntilRoutable());
+  auto local = model::LoadLlama(model_dir_);
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  (*local)->eval();
+  at::NoGradGuard no_grad;
+  const std::string prompt_text = "Once upon a time";
+  std::vector<int64_t> prompt;
+  if (tokenizer_->bos_id() >= 0) prompt.push_back(tokenizer_->bos_id());
+  for (int32_t id : tokenizer_->Encode(prompt_text)) prompt.push_back(id);
+  const int64_t n = 3, max_tokens = 10, seed = 5;
+  std::vector<std::vector<int64_t>> tokens;  // each choice's, without its end
+  std::vector<std::string> texts;
+  for (int64_t i = 0; i < n; ++i) {
+    auto t = model::Generate(
+        *local, prompt,
+        {.max_new_tokens = max_tokens, .temperature = 1.0, .seed = static_cast<uint64_t>(seed + i)},
+        tokenizer_->eos_id());
+    if (!t.empty() && t.back() == tokenizer_->eos_id()) t.pop_back();
+    texts.push_back(tokenizer_->Decode(std::vector<int32_t>(t.begin(), t.end())));
+    tokens.push_back(std::move(t));
+  }
+  ASSERT_NE(texts[0], texts[1]);
+
+  size_t before = SessionsOpened(procs_[0]);
+  const HttpAnswer a = Curl("/completions", json({{"prompt", prompt_text},
+                                                  {"max_tokens", max_tokens},
+                                                  {"temperature", 1.0},
+                                                  {"n", n},
+                                                  {"seed", seed},
+                                                  {"logprobs", 1}})
+                                                .dump());
+  ASSERT_EQ(a.status, 200) << a.body << Logs();
+  const json c = json::parse(a.body);
+  ASSERT_EQ(c["choices"].size(), static_cast<size_t>(n));
+  int64_t generated = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const json& choice = c["choices"][static_cast<size_t>(i)];
+    EXPECT_EQ(choice["index"], i);
+    EXPECT_EQ(choice["text"], texts[static_cast<size_t>(i)]) << "choice " << i;
+    // Each token's log-probability, against the model's forward pass over this choice's tokens.
+    const auto& t = tokens[static_cast<size_t>(i)];
+    std::vector<int64_t> all = prompt;
+    all.insert(all.end(), t.begin(), t.end());
+    const at::Tensor logp =
+        at::log_softmax((*local)->forward(at::tensor(all, at::kLong).unsqueeze(0))[0], -1);
+    const json& scored = choice["logprobs"]["token_logprobs"];
+    ASSERT_EQ(scored.size(), t.size()) << "choice " << i;
+    for (size_t j = 0; j < t.size(); ++j) {
+      const double want = logp[static_cast<int64_t>(prompt.size() + j) - 1][t[j]].item<double>();
+      EXPECT_NEAR(scored[j].get<double>(), want, 1e-3) << "choice " << i << " token " << j;
+    }
+    generated += static_cast<int64_t>(t.size()) + (choice["finish_reason"] == "stop" ? 1 : 0);
+  }
+  EXPECT_EQ(c["usage"]["completion_tokens"], generated);
+  EXPECT_EQ(SessionsOpened(procs_[0]) - before, 1u) << "one session for the n choices" << Logs();
+
+  // Streamed: the pieces of the choices interleave, each naming its index.
+  before = SessionsOpened(procs_[0]);
+  const HttpAnswer s = Curl("/completions", json({{"prompt", prompt_text},
+                                                  {"max_tokens", max_tokens},
+                                                  {"temperature", 1.0},
+                                                  {"n", n},
+                                                  {"seed", seed},
+                                                  {"stream", true}})
+                                                .dump());
+  ASSERT_EQ(s.status, 200) << s.body;
+  bool done = false;
+  std::vector<std::string> joined(static_cast<size_t>(n));
+  std::vector<int> finishes(static_cast<size_t>(n), 0);
+  std::vector<int64_t> order;  // the index of each piece with text, in order
+  for (const json& e : Events(s.body, &done)) {
+    ASSERT_FALSE(e.contains("error")) << e << Logs();
+    ASSERT_EQ(e["choices"].size(), 1u) << e;
+    const json& ch = e["choices"][0];
+    const int64_t i = ch["index"];
+    ASSERT_TRUE(i >= 0 && i < n) << e;
+    joined[static_cast<size_t>(i)] += ch["text"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) ++finishes[static_cast<size_t>(i)];
+    if (!ch["text"].get<std::string>().empty()) order.push_back(i);
+  }
+  EXPECT_TRUE(done) << s.body;
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(joined[static_cast<size_t>(i)], texts[static_cast<size_t>(i)]) << "choice " << i;
+    EXPECT_EQ(finishes[static_cast<size_t>(i)], 1) << "choice " << i;
+  }
+  EXPECT_FALSE(std::ranges::is_sorted(order)) << "the choices were streamed one after another";
+  EXPECT_EQ(SessionsOpened(procs_[0]) - before, 1u) << "one session for the n choices" << Logs();
+}
+
 TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
   ASSERT_NE(StartServer("A", "0:2"), nullptr);
   ASSERT_NE(StartServer("B", "2:4", "debug"), nullptr);

@@ -90,5 +90,64 @@ TEST(LogprobRecorder, AScoredPromptGoesInBoundedStepsAndEqualsTheWholeForward) {
   EXPECT_EQ(whole.Take().size(), static_cast<size_t>(t));
 }
 
+// Rows of one backend are recorded each for itself: two different prompts scored side by side
+// (in steps that budget the elements of both rows), then a token chosen for one row only, equal
+// the log-softmax of each prompt's own forward pass; a step that changes the rows, or reorders
+// them, is refused.
+TEST(LogprobRecorder, EachRowOfABatchIsRecordedForItself) {
+  at::manual_seed(8);
+  const model::LlamaConfig config = serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false);
+  model::LlamaModel model(config);
+  at::NoGradGuard no_grad;
+  const int64_t t = 7, vocab = config.vocab_size;
+  const at::Tensor tokens = at::randint(vocab, {2, t}, at::kLong);
+  std::vector<at::Tensor> ref;
+  for (int64_t r = 0; r < 2; ++r)
+    ref.push_back(at::log_softmax(model->forward(tokens.narrow(0, r, 1))[0], -1));
+
+  serve::LocalBackend local(model);
+  CountingBackend counted(local);
+  // 6 x V elements: 3 positions of 2 rows per step.
+  LogprobRecorder recorder(counted, /*top=*/2, /*score_prompt=*/true,
+                           /*max_scored_elements=*/6 * vocab);
+  auto last = recorder.Step(tokens, 0, {}, serve::StepLogits::kLast);
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  EXPECT_EQ(counted.steps, (std::vector<int64_t>{1, 3, 3}));
+  ASSERT_EQ(last->sizes(), (std::vector<int64_t>{2, 1, vocab}));
+  for (int64_t r = 0; r < 2; ++r) {
+    const auto entries = recorder.Take(r);
+    ASSERT_EQ(entries.size(), static_cast<size_t>(t)) << "row " << r;
+    for (int64_t i = 1; i < t; ++i) {
+      const auto& e = entries[static_cast<size_t>(i)];
+      const int64_t token = tokens[r][i].item<int64_t>();
+      EXPECT_EQ(e.token, token);
+      ASSERT_TRUE(e.logprob.has_value());
+      EXPECT_NEAR(*e.logprob, ref[static_cast<size_t>(r)][i - 1][token].item<double>(), 1e-4)
+          << "row " << r << " position " << i;
+      ASSERT_EQ(e.top.size(), 2u);
+      EXPECT_EQ(e.top[0].token, ref[static_cast<size_t>(r)][i - 1].argmax().item<int64_t>());
+    }
+  }
+  recorder.Chose(9, /*row=*/1);
+  recorder.Chose(9, /*row=*/1);  // a second choice for the same step is not recorded
+  EXPECT_TRUE(recorder.Take(0).empty());
+  const auto chosen = recorder.Take(1);
+  ASSERT_EQ(chosen.size(), 1u);
+  EXPECT_NEAR(*chosen[0].logprob, ref[1][t - 1][9].item<double>(), 1e-4);
+  // The next step scores row 0's next token after what row 0 was fed.
+  const at::Tensor next = at::tensor({4, 9}, at::kLong).unsqueeze(1);
+  ASSERT_TRUE(recorder.Step(next, t, {}, serve::StepLogits::kLast).ok());
+  recorder.Chose(2, 0);
+  const at::Tensor longer = at::cat({tokens[0], at::tensor({4}, at::kLong)}).unsqueeze(0);
+  const at::Tensor ref0 = at::log_softmax(model->forward(longer)[0][t], -1);
+  const auto row0 = recorder.Take(0);
+  ASSERT_EQ(row0.size(), 1u);
+  EXPECT_NEAR(*row0[0].logprob, ref0[2].item<double>(), 1e-4);
+
+  EXPECT_FALSE(recorder.Step(next.narrow(0, 0, 1), t + 1, {}, serve::StepLogits::kLast).ok());
+  EXPECT_FALSE(
+      recorder.Step(next, t + 1, at::tensor({1, 0}, at::kLong), serve::StepLogits::kLast).ok());
+}
+
 }  // namespace
 }  // namespace colony::api

@@ -422,6 +422,55 @@ TEST_F(ServeTest, GreedyAndSampledGenerationEqualLocal) {
   }
 }
 
+// n samples of one prompt as the rows of one session: each row is token for token what the whole
+// model in this process generates with that row's options (its own seed, temperature, length), a
+// row ended early by its caller stays ended, and the session stepped once per token for all rows.
+TEST_F(ServeTest, SampledRowsOfOneSessionEachEqualLocalGeneration) {
+  AddServer(0, 2);
+  AddServer(2, 4);
+  Connect(2);
+  RemoteSequential remote(manager_);
+  const std::vector<int64_t> prompt = {5, 17, 99, 3};
+  std::vector<model::SamplingOptions> rows;
+  for (uint64_t seed : {11, 12, 13}) {
+    rows.push_back({.max_new_tokens = 20,
+                    .temperature = 0.9,
+                    .top_k = 40,
+                    .top_p = 0.95,
+                    .repetition_penalty = 1.1,
+                    .seed = seed});
+  }
+  rows[2].max_new_tokens = 7;
+  rows.push_back({.max_new_tokens = 20, .temperature = 0});  // greedy
+  std::vector<std::vector<int64_t>> expected;
+  for (const auto& so : rows) expected.push_back(model::Generate(local_, prompt, so));
+  ASSERT_NE(expected[0], expected[1]) << "two seeds sampled the same tokens";
+  // Row 1 is stopped by its caller after its 5th token.
+  expected[1].resize(5);
+  auto session = remote.OpenSession({.max_length = 64, .batch_size = 4});
+  RemoteBackend backend(Head(), *session, 64);
+  std::vector<std::vector<int64_t>> streamed(rows.size());
+  auto got = GenerateRows(
+      backend, prompt, rows, -1,
+      [&](int64_t row, int64_t t) { streamed[static_cast<size_t>(row)].push_back(t); },
+      [&](int64_t row) { return row == 1 && streamed[1].size() == 5; });
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, expected);
+  EXPECT_EQ(streamed, expected);
+  // The prompt, then one step per token of the longest row (its last token is not stepped).
+  EXPECT_EQ(backend.position(), static_cast<int64_t>(prompt.size()) + 20 - 1);
+  // One row is GenerateWith.
+  auto one = remote.OpenSession({.max_length = 64, .batch_size = 1});
+  RemoteBackend one_backend(Head(), *one, 64);
+  auto single = GenerateWith(one_backend, prompt, rows[0]);
+  ASSERT_TRUE(single.ok()) << single.status().ToString();
+  EXPECT_EQ(*single, expected[0]);
+  // Rows that do not fit the session's rows are refused by the servers, not run short.
+  auto short_session = remote.OpenSession({.max_length = 64, .batch_size = 2});
+  RemoteBackend short_backend(Head(), *short_session, 64);
+  EXPECT_FALSE(GenerateRows(short_backend, prompt, rows).ok());
+}
+
 // A decoding step asks for the last position's logits only: both backends return [B, 1, V], the
 // last row of what the same step gives with every position's, after a prompt and after a
 // one-token step; a step without tokens is refused.
