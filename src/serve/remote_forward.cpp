@@ -67,10 +67,13 @@ Result<net::Message> CallBlocks(SequenceManager& m, const RouteSpan& span,
 // Try `attempt` of a backward of `id` failed at the span's server, which may have taken its
 // gradient all the same (the reply lost or late): asks it (serve.fence), so that it never takes
 // that try after this, and notes the microbatch taken when it says so (the retry is then a
-// replay). A server that does not answer is taken not to have it.
+// replay). A server that does not answer may have taken it (alive behind a partition that
+// heals) or not (gone, its gradients with it): the microbatch is noted taken as well, so that
+// the stage counts it at most once; a gradient missing from one stage's average is a smaller
+// batch there, one counted twice is a bias.
 void Fence(SequenceManager& m, const RouteSpan& span, uint64_t id, uint32_t attempt) {
   auto addr = AddressOf(span.server);
-  if (!addr.ok()) return;
+  if (!addr.ok()) return;  // the backward never left either (CallBlocks needs the address)
   const auto timeout =
       std::min<std::chrono::milliseconds>(m.options().request_timeout, kFenceTimeout);
   auto r = m.host().CallSync(
@@ -80,8 +83,11 @@ void Fence(SequenceManager& m, const RouteSpan& span, uint64_t id, uint32_t atte
       {.timeout = timeout});
   auto reply = r.ok() ? DecodeFenceReply(r->meta) : Result<FenceReply>(r.status());
   if (!reply.ok()) {
-    COLONY_LOG_DEBUG("serve.fence of blocks [{}, {}) on {}: {}", span.start, span.end,
-                     span.server.peer.ToString(), reply.status().ToString());
+    COLONY_LOG_INFO(
+        "serve.fence of blocks [{}, {}) on {} got no answer ({}): the retry of microbatch {:016x} "
+        "is a replay, so that stage may miss its gradient but does not count it twice",
+        span.start, span.end, span.server.peer.ToString(), reply.status().ToString(), id);
+    m.NoteTaken(id, span.start, span.end);
     return;
   }
   if (reply->taken) m.NoteTaken(id, span.start, span.end);

@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/files.h"
@@ -62,7 +64,10 @@ train::CollaborativeOptions Rounds(const std::string& run) {
 class LateFirstBackward final : public serve::BlockTraining {
  public:
   enum class Hold { kBeforeRunning, kAfterRunning };
-  explicit LateFirstBackward(Hold hold) : hold_(hold) {}
+  // fence_delay: how long the first fence waits before it is answered (past the trainer's 3 s,
+  // it goes unanswered).
+  explicit LateFirstBackward(Hold hold, std::chrono::milliseconds fence_delay = {})
+      : hold_(hold), fence_delay_(fence_delay) {}
   void Wrap(std::shared_ptr<StageTraining> inner) { inner_ = std::move(inner); }
   StageTraining& inner() { return *inner_; }
 
@@ -83,6 +88,7 @@ class LateFirstBackward final : public serve::BlockTraining {
     return st;
   }
   bool Fence(uint64_t microbatch, int64_t start, int64_t end, uint32_t attempt) override {
+    if (!fenced_.exchange(true)) std::this_thread::sleep_for(fence_delay_);
     const bool taken = inner_->Fence(microbatch, start, end, attempt);
     {
       std::lock_guard lock(mu_);
@@ -109,6 +115,8 @@ class LateFirstBackward final : public serve::BlockTraining {
     cv_.wait_for(lock, test::HangGuard(60s), [&] { return open_; });
   }
   const Hold hold_;
+  const std::chrono::milliseconds fence_delay_;
+  std::atomic<bool> fenced_{false};
   std::shared_ptr<StageTraining> inner_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -238,9 +246,9 @@ class SwarmTest : public ::testing::Test {
   }
 
   // A peer of stage [0, 4) whose first backward comes late (LateFirstBackward), kept in late_.
-  void AddLateStage(LateFirstBackward::Hold hold) {
+  void AddLateStage(LateFirstBackward::Hold hold, std::chrono::milliseconds fence_delay = {}) {
     dht::Node& node = AddNode();
-    late_ = std::make_shared<LateFirstBackward>(hold);
+    late_ = std::make_shared<LateFirstBackward>(hold, fence_delay);
     serve::ServerOptions so;
     so.model_dir = dir_;
     so.model_name = "run";
@@ -289,7 +297,8 @@ class SwarmTest : public ::testing::Test {
   }
 
   void ExpectEachSequenceCountedOnce(LateFirstBackward::Hold hold, uint64_t late_dropped,
-                                     uint64_t other_dropped);
+                                     uint64_t other_dropped,
+                                     std::chrono::milliseconds fence_delay = {});
 
   void StopLateStage() {
     if (late_server_) {
@@ -468,9 +477,10 @@ TEST_F(SwarmTest, AStagePeerThatDiesLosesNoMicrobatch) {
 // trains past the late backward, then expects the stage's two peers to have counted each of the
 // trainer's sequences once, having dropped `late_dropped` and `other_dropped` backwards.
 void SwarmTest::ExpectEachSequenceCountedOnce(LateFirstBackward::Hold hold, uint64_t late_dropped,
-                                              uint64_t other_dropped) {
+                                              uint64_t other_dropped,
+                                              std::chrono::milliseconds fence_delay) {
   AddStage(0, 4);
-  AddLateStage(hold);
+  AddLateStage(hold, fence_delay);
   StartTrainer(compression::Codec::kNone, /*request_timeout=*/5s);
   WaitForServers(2);
   const int64_t sequences = TrainPastTheLateBackward();
@@ -493,6 +503,13 @@ TEST_F(SwarmTest, ABackwardRetriedElsewhereAfterItsDeadlineIsCountedOnce) {
 // the fence says so, and the retry on the other peer is a replay (its gradient dropped there).
 TEST_F(SwarmTest, ABackwardTakenByAPeerWhoseReplyCameTooLateIsReplayedElsewhere) {
   ExpectEachSequenceCountedOnce(LateFirstBackward::Hold::kAfterRunning, 0, 1);
+}
+
+// As above, and the late peer's answer to the fence comes after the trainer's 3 s too (a peer
+// behind a partition that heals): not knowing whether the late peer took the microbatch, the
+// trainer retries it as a replay, so the stage counts it once (the other peer drops the replay).
+TEST_F(SwarmTest, ABackwardWhoseFenceGoesUnansweredIsReplayedElsewhere) {
+  ExpectEachSequenceCountedOnce(LateFirstBackward::Hold::kAfterRunning, 0, 1, 4s);
 }
 
 // With one peer in the stage the trainer retries the late backward there (once its ban of 1 s
