@@ -57,8 +57,12 @@ void Parallel(size_t n, size_t threads, F fn) {
   for (auto& t : ts) t.join();
 }
 
+// Every node's lookups use this many disjoint paths (--disjoint-paths).
+size_t g_disjoint_paths = dht::DhtOptions{}.disjoint_paths;
+
 dht::NodeOptions Options(std::vector<std::string> initial) {
   dht::NodeOptions o;
+  o.dht.disjoint_paths = g_disjoint_paths;
   o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
   o.initial_peers = std::move(initial);
   o.host.io_threads = 1;
@@ -162,6 +166,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 0.5))
       ->capture_default_str();
   app.add_option("--clients", clients, "concurrent store/get callers")->capture_default_str();
+  app.add_option("--disjoint-paths", g_disjoint_paths,
+                 "disjoint paths of each lookup (DhtOptions::disjoint_paths)")
+      ->check(CLI::Range(size_t{1}, dht::kMaxDisjointPaths))
+      ->capture_default_str();
   app.add_flag("--worker", worker, "(internal) run nodes for the coordinating process");
   app.add_option("--worker-nodes", worker_nodes, "(internal)");
   app.add_option("--worker-bootstrap", worker_bootstrap, "(internal)");
@@ -196,8 +204,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> addresses;            // per node
   std::vector<std::pair<size_t, size_t>> where;  // node -> (worker, local index)
   for (size_t w = 0; w < workers; ++w) {
-    std::vector<std::string> args{SelfExecutable(), "--worker", "--worker-nodes",
-                                  std::to_string(plan[w])};
+    std::vector<std::string> args{SelfExecutable(),   "--worker",
+                                  "--worker-nodes",   std::to_string(plan[w]),
+                                  "--disjoint-paths", std::to_string(g_disjoint_paths)};
     if (w > 0) {
       args.push_back("--worker-bootstrap");
       args.push_back(addresses[0]);

@@ -408,6 +408,10 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     return InvalidArgument(
         fmt::format("dht.storage.dictionary_share_per_source {} outside (0, 1]", share));
   }
+  if (options.dht.disjoint_paths < 1 || options.dht.disjoint_paths > kMaxDisjointPaths) {
+    return InvalidArgument(fmt::format("dht.disjoint_paths {} outside [1, {}]",
+                                       options.dht.disjoint_paths, kMaxDisjointPaths));
+  }
   std::vector<Multiaddr> direct = host->ListenAddresses();
   if (!options.announce.empty()) {
     if (options.dht.client_mode || direct.empty()) {

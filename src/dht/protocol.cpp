@@ -62,6 +62,7 @@ struct DhtCore::Lookup {
     size_t depth = 1;
     bool had_value = false;
     bool probe = false;  // asked whatever its distance (random probe)
+    size_t path = 0;     // the disjoint path it belongs to (DhtOptions::disjoint_paths)
     // Failed because it could not be reached at contact.addrs (not because it was busy or its
     // answer was refused): it is asked again at other addresses a referrer offers.
     bool unreachable = false;
@@ -80,6 +81,7 @@ struct DhtCore::Lookup {
   DhtId target;
   std::optional<std::string> key;  // set: also looking for its value
   Freshness freshness = Freshness::kAnyCopy;
+  size_t paths = 1;                                 // disjoint paths
   std::map<DhtId, Candidate> candidates;            // by XOR distance to target
   std::map<std::string, size_t> answers_per_group;  // answers counted per address group
   struct Referrals {
@@ -409,9 +411,13 @@ void DhtCore::StartLookup(LookupSpec spec, std::function<void(Lookup&)> on_done)
   lookup->key = std::move(spec.key);
   lookup->freshness = spec.freshness;
   lookup->on_done = std::move(on_done);
-  for (Contact& c : routing_.Nearest(target, options_.beam_size)) {
+  lookup->paths = std::clamp<size_t>(options_.disjoint_paths, 1, kMaxDisjointPaths);
+  // The nearest known contacts, dealt out to the paths in turn (the nearest to path 0, ...).
+  size_t dealt = 0;
+  for (Contact& c : routing_.Nearest(target, options_.beam_size * lookup->paths)) {
     const DhtId d = c.id ^ target;
-    lookup->candidates.emplace(d, Lookup::Candidate{std::move(c)});
+    lookup->candidates.emplace(
+        d, Lookup::Candidate{.contact = std::move(c), .path = dealt++ % lookup->paths});
   }
   if (random_probes > 0) {
     std::vector<Contact> all = routing_.All();
@@ -448,33 +454,43 @@ void DhtCore::Step(const std::shared_ptr<Lookup>& lookup) {
     FinishLookup(lookup);
     return;
   }
-  bool settled = true;  // every probe and each of the beam_size nearest live candidates answered
+  // Each path has alpha requests in flight at most (one path: the lookup's count).
+  std::vector<size_t> flying(l.paths, 0);
+  if (l.paths == 1) {
+    flying[0] = l.in_flight;
+  } else {
+    for (const auto& [_, c] : l.candidates) {
+      if (c.state == Lookup::State::kInFlight) ++flying[c.path];
+    }
+  }
+  const auto ask = [&](Lookup::Candidate& c) {
+    if (c.state != Lookup::State::kNew || flying[c.path] >= options_.alpha) return;
+    c.state = Lookup::State::kInFlight;
+    ++l.in_flight;
+    ++flying[c.path];
+    SendFind(lookup, c.contact, c.depth);
+  };
+  // Settled: every probe and, on each path, each of the beam_size nearest live candidates
+  // answered.
+  bool settled = true;
   for (auto& [_, c] : l.candidates) {
     if (!c.probe || c.state == Lookup::State::kDone || c.state == Lookup::State::kFailed) continue;
     settled = false;
-    if (c.state == Lookup::State::kNew && l.in_flight < options_.alpha) {
-      c.state = Lookup::State::kInFlight;
-      ++l.in_flight;
-      SendFind(lookup, c.contact, c.depth);
-    }
+    ask(c);
   }
-  size_t considered = 0;
+  std::vector<size_t> considered(l.paths, 0);
   for (auto& [_, c] : l.candidates) {
-    if (considered >= options_.beam_size) break;
+    if (considered[c.path] >= options_.beam_size) continue;
     if (c.state == Lookup::State::kFailed) continue;
     while (c.state == Lookup::State::kNew && BackedOff(c.contact)) {
       Lookup::MarkUnreachable(c);
       l.TakeNextOffer(c);
     }
     if (c.state == Lookup::State::kFailed) continue;
-    ++considered;
+    ++considered[c.path];
     if (c.state == Lookup::State::kDone) continue;
     settled = false;
-    if (c.state == Lookup::State::kNew && l.in_flight < options_.alpha) {
-      c.state = Lookup::State::kInFlight;
-      ++l.in_flight;
-      SendFind(lookup, c.contact, c.depth);
-    }
+    ask(c);
   }
   if (settled) FinishLookup(lookup);
 }
@@ -640,7 +656,8 @@ void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& 
     CountReferral(l, it->second.referrers, true);
   }
   if (!l.finished) {
-    AddCandidates(l, contact.peer, std::move(result.nearest), depth + 1);
+    AddCandidates(l, contact.peer, std::move(result.nearest), depth + 1,
+                  it != l.candidates.end() ? it->second.path : 0);
   }
   Step(lookup);
 }
@@ -659,7 +676,7 @@ bool DhtCore::CountAnswer(Lookup& l, const PeerId& peer,
 }
 
 void DhtCore::AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Contact> contacts,
-                            size_t depth) {
+                            size_t depth, size_t path) {
   std::erase_if(contacts, [&](const Contact& c) {
     return !c.peer.valid() || c.peer == self_.peer || c.addrs.empty();
   });
@@ -684,10 +701,12 @@ void DhtCore::AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Conta
     if (it == l.candidates.end()) {
       l.candidates.emplace(
           distance,
-          Lookup::Candidate{.contact = std::move(c), .depth = depth, .referrers = {referrer}});
+          Lookup::Candidate{
+              .contact = std::move(c), .depth = depth, .path = path, .referrers = {referrer}});
       continue;
     }
     Lookup::Candidate& candidate = it->second;
+    if (candidate.path != path) continue;       // another path's: disjoint paths share no peer
     if (candidate.referrers.empty()) continue;  // from this node's own table
     if (SharesAnAddress(c.addrs, candidate.contact.addrs)) {
       std::vector<PeerId>& referrers = candidate.referrers;
@@ -709,7 +728,7 @@ void DhtCore::AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Conta
     }
   }
   // Bound the candidate set: far candidates that were never contacted are dropped.
-  const size_t cap = 4 * options_.beam_size;
+  const size_t cap = 4 * options_.beam_size * l.paths;
   if (l.candidates.size() > cap) {
     auto victim = std::prev(l.candidates.end());
     while (l.candidates.size() > cap && victim != l.candidates.begin()) {

@@ -98,8 +98,17 @@ struct DhtOptions {
   // answer, and more than twice as many as answered (0: never): a referrer of addresses that
   // never answer cannot run the lookup to its deadline.
   size_t max_failed_referrals = 3;
+  // Disjoint lookup paths (S/Kademlia; rust-libp2p's disjoint_query_paths), 1 to 8: a lookup
+  // splits the nearest contacts it knows among this many paths, each with its own beam of
+  // beam_size and its own alpha requests in flight, and a contact belongs to the first path
+  // that hears of it (no peer is asked on two paths). Hostile peers that answer with contacts
+  // of their own then capture the paths they are on, not the others, and the lookup's answer
+  // merges every path's. Costs up to this many times the requests in a large swarm (a swarm
+  // smaller than a beam asks each peer once either way). 1: one beam (Kademlia's lookup).
+  size_t disjoint_paths = 3;
   StorageLimits storage;
 };
+inline constexpr size_t kMaxDisjointPaths = 8;
 
 struct DhtStats {
   uint64_t lookups = 0;
@@ -216,8 +225,10 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
                    Result<FindResponse> reply, bool first_of_batch = true);
   void FinishLookup(const std::shared_ptr<Lookup>& lookup);
   // Takes a find reply's contacts as candidates, within the caps (DhtOptions).
-  void AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Contact> contacts,
-                     size_t depth);
+  // A contact new to the lookup joins `path`, the referrer's; one another path holds stays
+  // there (the paths are disjoint).
+  void AddCandidates(Lookup& l, const PeerId& referrer, std::vector<Contact> contacts, size_t depth,
+                     size_t path);
   // Whether `peer`'s answer counts (DhtOptions::max_answers_per_address), grouped by
   // `source_group` (FindResponse), else by where its connection is now.
   bool CountAnswer(Lookup& l, const PeerId& peer, const std::optional<std::string>& source_group);

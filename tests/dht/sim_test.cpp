@@ -526,7 +526,14 @@ TEST_F(SmallSwarm, PerPeerQuotaBoundsWhatOnePeerCanMakeANodeHold) {
 // through it. Identities are free, so the contacts are real identities; what the attacker cannot
 // have is many addresses. The victim asks one peer at a time (alpha 1), which makes the order of
 // requests, and so the outcome without the defences, the same on every run; honest replicas of
-// the key stand just behind the ground identities.
+// the key stand just behind the ground identities. Victims run one beam (not the default's
+// disjoint paths, which find the key before these defences are needed) unless a test says so.
+DhtOptions OneBeam() {
+  DhtOptions o;
+  o.disjoint_paths = 1;
+  return o;
+}
+
 class LookupAttack : public ::testing::Test {
  protected:
   static constexpr const char* kKey = "eclipsed";
@@ -561,10 +568,9 @@ class LookupAttack : public ::testing::Test {
   // The victim: a new node asking one peer at a time, that joins through `first` and an honest
   // node. Its id is near the key's (among the 8 nearest), so its routing table keeps every
   // node that near, the attacker included, which a lookup of the key asks first.
-  size_t AddVictim(size_t first) {
-    DhtOptions o;
+  size_t AddVictim(size_t first, DhtOptions o = OneBeam(), uint8_t tag = 0x77) {
     o.alpha = 1;
-    const size_t v = sim_.AddNodeAs(std::move(Ground(1, 8, 0x77)[0]), {}, o);
+    const size_t v = sim_.AddNodeAs(std::move(Ground(1, 8, tag)[0]), {}, o);
     EXPECT_TRUE(sim_.Bootstrap(v, {sim_.address(first), sim_.address(60)}).ok());
     // The lookups that follow a join end first: a lookup's request to a peer carries the ids
     // of the other lookups asking it, which would ask the key's replicas on the side.
@@ -640,6 +646,34 @@ TEST_F(LookupAttack, IdentitiesOnOneMachineCountAsTwoAnswersAndCannotHideTheKey)
   EXPECT_GE(sim_.node(v).stats().candidates_refused, 20u - 2u - 1u);
 }
 
+// 20 identities ground next to the key, each on a machine of its own (so each answer counts),
+// each answering every find for the key with all 20 and no value: they are the 20 nearest a
+// one-beam lookup hears from, and it ends there. A lookup over 3 disjoint paths (the default)
+// loses the path the attacker is on (all 20 join it, the first to hear of them), while the
+// other two, which never ask a peer of that path, reach the honest replicas behind them.
+TEST_F(LookupAttack, IdentitiesOnManyMachinesCaptureOneDisjointPathNotTheOthers) {
+  std::vector<size_t> sybils;
+  for (KeyPair& k : Ground(20)) {
+    sybils.push_back(sim_.AddNodeAs(std::move(k), fmt::format("evil-{}", sybils.size())));
+  }
+  std::vector<Contact> all;
+  for (size_t i : sybils) {
+    all.push_back({sim_.identity(i).peer_id(), sim_.node(i).id(), {sim_.address(i)}});
+  }
+  const size_t one_beam = AddVictim(sybils[0]);
+  ASSERT_EQ(DhtOptions{}.disjoint_paths, 3u);
+  const size_t three_paths = AddVictim(sybils[0], DhtOptions{}, 0x78);
+  for (size_t i : sybils) sim_.ScriptFinds(i, Answer(all));
+
+  auto [lost, lost_took] = TimedGet(one_beam);
+  EXPECT_FALSE(lost.ok()) << "the attack needs to work on a one-beam lookup";
+  auto [got, took] = TimedGet(three_paths);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value.value, "\"the value\"");
+  // Within the lookup's deadline: no path waited on another.
+  EXPECT_LT(took, sim_.node(three_paths).options().lookup_timeout);
+}
+
 // The attacker is the node nearest the key (a replica that says it has nothing). It names the
 // next `n` honest replicas first, each at an address where nothing answers, so that the victim
 // dials them there.
@@ -660,7 +694,7 @@ class WrongAddressAttack : public LookupAttack {
   // the key's replicas but the attacker: the attacker's word is the first it hears of them.
   // Joining fills its table from all over the swarm, so strangers are added until one's table
   // holds none of them (the others stay, as honest nodes).
-  size_t AddStranger(size_t attacker, DhtOptions o = {}) {
+  size_t AddStranger(size_t attacker, DhtOptions o = OneBeam()) {
     o.alpha = 1;
     for (int tries = 0; tries < 40; ++tries) {
       const size_t v = sim_.AddNode(o);
@@ -711,7 +745,7 @@ TEST_F(WrongAddressAttack, HonestContactsNamedFirstAtWrongAddressesAreAskedWhere
 TEST_F(WrongAddressAttack, AFailureAtAWrongAddressDoesNotBackOffTheContactAtItsOwn) {
   // Failed peers are skipped for a minute: long enough for the second lookup below to meet the
   // backoff of the first.
-  DhtOptions o;
+  DhtOptions o = OneBeam();
   o.backoff_base = 60s;
   const size_t attacker = Index(nearest_[0]);
   const size_t v = AddStranger(attacker, o);
