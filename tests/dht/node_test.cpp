@@ -138,6 +138,19 @@ TEST_F(TenNodes, MalformedRequestsGetAnErrorAndTheNodeKeepsServing) {
   EXPECT_EQ(nodes[6]->GetSync("still-alive")->value.value, "yes");
 }
 
+// A lookup runs over 1 to 8 disjoint paths; other counts are refused by name.
+TEST(DhtNode, DisjointPathsOutsideTheirRangeAreRefusedByName) {
+  for (size_t paths : {size_t{0}, kMaxDisjointPaths + 1}) {
+    NodeOptions o;
+    o.listen = {*Multiaddr::Parse("/ip4/127.0.0.1/tcp/0")};
+    o.dht.disjoint_paths = paths;
+    auto refused = Node::Start(KeyPair::Generate(), o);
+    ASSERT_FALSE(refused.ok()) << paths;
+    EXPECT_NE(refused.status().message().find("dht.disjoint_paths"), std::string::npos)
+        << refused.status().ToString();
+  }
+}
+
 TEST(DhtNode, DeadAndSilentBootstrapPeersGiveClearErrors) {
   // A port nobody listens on, and a socket that accepts but never speaks.
   const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
