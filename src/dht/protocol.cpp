@@ -117,7 +117,6 @@ struct DhtCore::Lookup {
       if (!Contains(c.tried, a)) c.tried.push_back(a);
     }
   }
-  size_t in_flight = 0;
   bool finished = false;
   std::optional<Record> found;
   size_t found_depth = 0;
@@ -454,19 +453,14 @@ void DhtCore::Step(const std::shared_ptr<Lookup>& lookup) {
     FinishLookup(lookup);
     return;
   }
-  // Each path has alpha requests in flight at most (one path: the lookup's count).
+  // Each path has alpha requests in flight at most.
   std::vector<size_t> flying(l.paths, 0);
-  if (l.paths == 1) {
-    flying[0] = l.in_flight;
-  } else {
-    for (const auto& [_, c] : l.candidates) {
-      if (c.state == Lookup::State::kInFlight) ++flying[c.path];
-    }
+  for (const auto& [_, c] : l.candidates) {
+    if (c.state == Lookup::State::kInFlight) ++flying[c.path];
   }
   const auto ask = [&](Lookup::Candidate& c) {
     if (c.state != Lookup::State::kNew || flying[c.path] >= options_.alpha) return;
     c.state = Lookup::State::kInFlight;
-    ++l.in_flight;
     ++flying[c.path];
     SendFind(lookup, c.contact, c.depth);
   };
@@ -537,7 +531,6 @@ void DhtCore::FlushFinds(const PeerId& peer) {
       continue;
     }
     c->second.state = Lookup::State::kInFlight;
-    ++other->in_flight;
     batch.queued.push_back({other, c->second.depth});
   }
   FindRequest request{Header(), {}};
@@ -568,7 +561,6 @@ void DhtCore::FlushFinds(const PeerId& peer) {
 void DhtCore::OnFindReply(const std::shared_ptr<Lookup>& lookup, const Contact& contact,
                           size_t depth, Result<FindResponse> reply, bool first_of_batch) {
   Lookup& l = *lookup;
-  --l.in_flight;
   auto it = l.candidates.find(contact.id ^ l.target);
   if (reply.ok() && reply->results.size() != 1) {
     reply = ProtocolError(fmt::format("find reply has {} results for 1 id", reply->results.size()));
