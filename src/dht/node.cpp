@@ -10,6 +10,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
 #include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
 #include <future>
 
 #include "core/log.h"
@@ -307,6 +308,20 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
   uint64_t max_replies_in_transit_ = 0;
   std::atomic<uint64_t> in_transit_{0};  // bytes of built replies, counted on the strand
   std::atomic<bool> stopped_{false};
+
+  // What VisibleAddresses() gives when not a client; shared with the relay announcement.
+  std::vector<Multiaddr> DirectAddresses() const {
+    std::lock_guard lock(addresses_mu_);
+    return direct_addresses_;
+  }
+  void SetDirectAddresses(std::vector<Multiaddr> addrs) {
+    std::lock_guard lock(addresses_mu_);
+    direct_addresses_ = std::move(addrs);
+  }
+
+ private:
+  mutable std::mutex addresses_mu_;
+  std::vector<Multiaddr> direct_addresses_;  // guarded by addresses_mu_
 };
 
 Node::Node(std::shared_ptr<Impl> impl, std::shared_ptr<net::Host> host)
@@ -341,28 +356,60 @@ bool IsLoopback(const Multiaddr& a) {
   return a.host() == "::1" || a.host().rfind("127.", 0) == 0 || a.host() == "localhost";
 }
 
-// What the initial peers' dial-back found: whether others can dial us (false only when one
-// answered that it could not: an unanswered question leaves the node public), and where the
-// first that got through reached us.
+// What dial-backs found: whether others can dial us (false only when a helper answered that it
+// could not: an unanswered question leaves the node public), and where a helper reached us.
 struct DialBackAnswer {
   bool is_public = true;
   std::optional<Multiaddr> reached;
 };
 
-DialBackAnswer AskForDialBack(net::Host& host, const std::vector<std::string>& initial_peers) {
-  size_t asked = 0;
-  for (const auto& text : initial_peers) {
+// Host::CheckReachability through `helper`; nullopt when `stop` said so before it ended (it then
+// ends by its own deadline, unwaited).
+std::optional<Result<std::optional<Multiaddr>>> DialBackThrough(net::Host& host,
+                                                                const Multiaddr& helper,
+                                                                const std::function<bool()>& stop) {
+  auto fut = asio::co_spawn(host.io_context(), host.CheckReachability(helper), asio::use_future);
+  while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    if (stop()) return std::nullopt;
+  }
+  return fut.get();
+}
+
+// Asks `trusted` helpers (the initial peers, whom the operator chose), then `others` (peers of
+// the routing table), to dial us back, in turn. A trusted helper's answer is taken; an address
+// that others found needs two of them to agree (any peer can claim anything). Two helpers that
+// could not reach us are enough to say so.
+DialBackAnswer AskForDialBack(
+    net::Host& host, const std::vector<std::string>& trusted,
+    const std::vector<std::string>& others,
+    const std::function<bool()>& stop = [] { return false; }) {
+  size_t unreachable = 0;
+  std::vector<std::string> found_by_others;  // the address each other helper reached us at
+  for (size_t i = 0; i < trusted.size() + others.size() && !stop(); ++i) {
+    const bool is_trusted = i < trusted.size();
+    const std::string& text = is_trusted ? trusted[i] : others[i - trusted.size()];
     auto addr = Multiaddr::Parse(text);
     if (!addr.ok() || !addr->peer_id() || addr->is_relayed()) continue;
-    auto r = host.CheckReachabilitySync(*addr);
-    if (!r.ok()) {
-      COLONY_LOG_DEBUG("dial-back through {} failed: {}", text, r.status().ToString());
+    auto r = DialBackThrough(host, *addr, stop);
+    if (!r) break;
+    if (!r->ok()) {
+      COLONY_LOG_DEBUG("dial-back through {} failed: {}", text, r->status().ToString());
       continue;
     }
-    if (r->has_value()) return {.is_public = true, .reached = std::move(*r)};
-    if (++asked >= 2) break;  // two peers that could not reach us are enough
+    if (!r->value().has_value()) {
+      if (++unreachable >= 2) break;
+      continue;
+    }
+    const Multiaddr& reached = *r->value();
+    if (is_trusted) return {.is_public = true, .reached = reached};
+    const std::string where = reached.ToString();
+    if (std::count(found_by_others.begin(), found_by_others.end(), where) > 0) {
+      return {.is_public = true, .reached = reached};
+    }
+    found_by_others.push_back(where);
   }
-  return {.is_public = asked == 0, .reached = std::nullopt};
+  // Reached by one untrusted helper only: public, at an address not taken on its word.
+  return {.is_public = unreachable == 0 || !found_by_others.empty(), .reached = std::nullopt};
 }
 
 // NodeOptions::announce, checked, each with our id.
@@ -391,13 +438,24 @@ std::vector<Multiaddr> WithReachedAddress(std::vector<Multiaddr> listen, const M
                   [&](const Multiaddr& a) { return a.ToString() == text; })) {
     return listen;
   }
-  COLONY_LOG_INFO(
-      "the initial peers reached this node at {}, which none of its interfaces has (a router "
-      "forwarding the port): giving others that address too",
-      text);
   auto at = std::find_if_not(listen.begin(), listen.end(), IsLoopback);
   listen.insert(at, reached);
   return listen;
+}
+
+// The DHT's form of `direct`: without /p2p/ (the peer id travels beside the addresses, and
+// base58-decoding it again for every address of every contact in every reply was the largest
+// cost of a lookup).
+std::vector<std::string> DhtAddresses(const std::vector<Multiaddr>& direct) {
+  std::vector<std::string> out;
+  for (const Multiaddr& a : direct) out.push_back(a.WithoutPeerId().ToString());
+  return out;
+}
+
+std::string Joined(const std::vector<Multiaddr>& addrs) {
+  std::string out;
+  for (const Multiaddr& a : addrs) out += (out.empty() ? "" : ", ") + a.ToString();
+  return out;
 }
 
 }  // namespace
@@ -424,12 +482,15 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     direct = std::move(*announced);
   }
   bool publicly_reachable = !options.dht.client_mode && !direct.empty();
+  bool dialed_back = false;  // whether the initial peers' dial-back found the node public
+  const std::vector<Multiaddr> listen_direct = direct;
   if (publicly_reachable && options.reachability == NodeOptions::Reachability::kPrivate) {
     publicly_reachable = false;
   } else if (publicly_reachable && options.reachability == NodeOptions::Reachability::kAuto &&
              options.announce.empty() && !options.initial_peers.empty() &&
              !std::all_of(direct.begin(), direct.end(), IsLoopback)) {
-    const DialBackAnswer answer = AskForDialBack(*host, options.initial_peers);
+    const DialBackAnswer answer = AskForDialBack(*host, options.initial_peers, {});
+    dialed_back = answer.is_public;
     if (!answer.is_public) {
       COLONY_LOG_INFO(
           "peers cannot dial this node back (behind NAT or a firewall): running as a DHT client "
@@ -437,14 +498,18 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
       publicly_reachable = false;
     } else if (answer.reached) {
       direct = WithReachedAddress(std::move(direct), *answer.reached);
+      if (direct.size() > listen_direct.size()) {
+        COLONY_LOG_INFO(
+            "the initial peers reached this node at {}, which none of its interfaces has (a "
+            "router forwarding the port): giving others that address too",
+            answer.reached->ToString());
+      }
     }
   }
   if (!publicly_reachable) options.dht.client_mode = true;
   std::vector<std::string> addrs;
   if (!options.dht.client_mode) {
-    // Without /p2p/: the peer id travels beside the addresses, and base58-decoding it again for
-    // every address of every contact in every reply was the largest cost of a lookup.
-    for (const Multiaddr& a : direct) addrs.push_back(a.WithoutPeerId().ToString());
+    addrs = DhtAddresses(direct);
     if (addrs.empty()) options.dht.client_mode = true;
   }
   auto impl = std::make_shared<Impl>(host.get(), options.dht.client_mode);
@@ -454,7 +519,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
   for (auto& v : options.validators) impl->core_->AddValidator(v);
   if (!options.dht.client_mode) impl->RegisterHandlers();
   std::unique_ptr<Node> node(new Node(impl, host));
-  node->direct_addresses_ = std::move(direct);
+  impl->SetDirectAddresses(std::move(direct));
   auto booted = impl->Block<Result<size_t>>(
       [impl, peers = options.initial_peers](std::function<void(Result<size_t>)> cb) {
         impl->core_->Bootstrap(peers, std::move(cb));
@@ -476,6 +541,13 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     }
     node->relay_ = std::move(*relay);
     node->AnnounceRelay();
+  }
+  if (dialed_back && !options.dht.client_mode && options.reachability_recheck.count() > 0) {
+    node->address_watcher_ =
+        std::thread([n = node.get(), listen_direct, every = options.reachability_recheck,
+                     changed = options.on_addresses_changed] {
+          n->WatchAddress(listen_direct, every, changed);
+        });
   }
   // Behind NAT without a relay named: one announced in the DHT, else the initial peers.
   const bool find_relay =
@@ -591,20 +663,78 @@ void Node::WatchRelay(std::vector<std::string> fallback, std::chrono::millisecon
   }
 }
 
+bool Node::WatcherStopping() const {
+  std::lock_guard lock(reservations_mu_);
+  return watcher_stop_;
+}
+
+void Node::WatchAddress(std::vector<Multiaddr> listen, std::chrono::milliseconds every,
+                        std::function<void(const std::vector<Multiaddr>&)> changed) {
+  const std::function<bool()> stop = [this] { return WatcherStopping(); };
+  bool warned = false;
+  for (;;) {
+    {
+      std::unique_lock lock(reservations_mu_);
+      if (watcher_wake_.wait_for(lock, every, [this] { return watcher_stop_; })) return;
+    }
+    // The initial peers first; else up to 6 peers of the routing table, at their first address.
+    std::vector<std::string> others;
+    for (const Contact& c : KnownPeers()) {
+      if (others.size() >= 6) break;
+      if (c.addrs.empty()) continue;
+      auto a = Multiaddr::Parse(c.addrs.front());
+      if (a.ok()) others.push_back(a->WithPeerId(c.peer).ToString());
+    }
+    const DialBackAnswer answer = AskForDialBack(*host_, initial_peers_, others, stop);
+    if (stop()) return;
+    if (!answer.is_public) {
+      if (!warned) {
+        COLONY_LOG_WARN(
+            "peers can no longer dial this node at {} (did a router stop forwarding its port?): "
+            "others will fail to reach it until it restarts or the port is forwarded again",
+            Joined(impl_->DirectAddresses()));
+      }
+      warned = true;
+      continue;
+    }
+    warned = false;
+    if (!answer.reached) continue;  // nobody answered, or one peer alone named an address
+    std::vector<Multiaddr> now = WithReachedAddress(listen, *answer.reached);
+    const std::vector<Multiaddr> before = impl_->DirectAddresses();
+    if (Joined(now) == Joined(before)) continue;
+    COLONY_LOG_INFO(
+        "peers now reach this node at {} (its router's public address changed?): giving others "
+        "{} instead of {}",
+        answer.reached->ToString(), Joined(now), Joined(before));
+    impl_->SetDirectAddresses(now);
+    auto told = std::make_shared<std::promise<void>>();
+    std::future<void> done = told->get_future();
+    asio::post(impl_->strand_, [impl = impl_, addrs = DhtAddresses(now), told]() mutable {
+      impl->core_->SetAddresses(std::move(addrs), [told] { told->set_value(); });
+    });
+    // Said once the nearest peers were told (the lookup has its deadline; Shutdown ends it).
+    while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      if (stop()) return;
+    }
+    if (changed) changed(now);
+  }
+}
+
 void Node::AnnounceRelay() {
   // Stored now and every 2 minutes, valid for 5, until shutdown.
   std::weak_ptr<Impl> weak = impl_;
-  // The first address others can use: not loopback (a wildcard bind lists loopback first).
-  std::optional<Multiaddr> chosen;
-  for (const Multiaddr& a : direct_addresses_) {
-    if (!chosen || (IsLoopback(*chosen) && !IsLoopback(a))) chosen = a;
-  }
-  const std::string value = chosen ? chosen->ToString() : std::string();
   const std::string subkey = OwnerMarker(host_->peer_id());
-  auto loop = [weak, value, subkey]() -> asio::awaitable<void> {
+  auto loop = [weak, subkey]() -> asio::awaitable<void> {
     for (;;) {
       auto impl = weak.lock();
       if (!impl || impl->stopped_.load()) co_return;
+      // The first address others can use (the latest: a router's address may change): not
+      // loopback (a wildcard bind lists loopback first).
+      std::optional<Multiaddr> chosen;
+      for (const Multiaddr& a : impl->DirectAddresses()) {
+        if (!chosen || (IsLoopback(*chosen) && !IsLoopback(a))) chosen = a;
+      }
+      const std::string value = chosen ? chosen->ToString() : std::string();
       std::vector<StoreItem> items;
       items.push_back({kRelaysKey, subkey, value, Now() + 300});
       auto start = [impl,
@@ -640,6 +770,7 @@ void Node::Shutdown() {
   }
   watcher_wake_.notify_all();
   if (relay_watcher_.joinable()) relay_watcher_.join();
+  if (address_watcher_.joinable()) address_watcher_.join();
   {
     std::lock_guard lock(reservations_mu_);
     reservations_.clear();
@@ -653,7 +784,7 @@ const PeerId& Node::peer_id() const { return host_->peer_id(); }
 bool Node::client_mode() const { return impl_->client_mode_; }
 
 std::vector<Multiaddr> Node::VisibleAddresses() const {
-  if (!impl_->client_mode_) return direct_addresses_;
+  if (!impl_->client_mode_) return impl_->DirectAddresses();
   std::vector<Multiaddr> out;
   std::lock_guard lock(reservations_mu_);
   for (const auto& r : reservations_) {

@@ -16,6 +16,7 @@
 #include <asio/awaitable.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -66,6 +67,15 @@ struct NodeOptions {
   // A node that picked its relay by itself (none in `relays`) moves to another one when it has
   // held no reservation for this long (the relay died or stopped relaying).
   std::chrono::milliseconds relay_failover{20'000};
+  // A node that found itself public by the dial-back (kAuto, no `announce`) asks again this
+  // often (0: never), its initial peers first, else peers of its routing table: a home router's
+  // public address changes now and then. When a helper reaches it at another address (an initial
+  // peer's word, or two other peers that agree), that address replaces the one it gives others:
+  // in VisibleAddresses() and its DHT contact, whose nearest peers it tells at once. When peers
+  // answer that they cannot reach it any more, it warns (it stays a DHT server).
+  std::chrono::milliseconds reachability_recheck{600'000};
+  // Called (on the node's own thread) with VisibleAddresses() after they changed that way.
+  std::function<void(const std::vector<Multiaddr>&)> on_addresses_changed;
   // Replies the node has built for remote callers but not yet handed to their connections
   // (whose budgets, net::HostOptions::max_reply_bytes, count them from then on): a caller that
   // opens hundreds of finds at once would otherwise have them all built at once. A reply that
@@ -98,8 +108,8 @@ class Node {
   const PeerId& peer_id() const;
   // Addresses others can use to reach this node: NodeOptions::announce when given, else its
   // listen addresses (with the address its initial peers dialed it back at, when none of them
-  // is that one); in client mode the relayed addresses of its active relay reservations (empty
-  // without any).
+  // is that one; the latest such address, NodeOptions::reachability_recheck); in client mode the
+  // relayed addresses of its active relay reservations (empty without any).
   std::vector<Multiaddr> VisibleAddresses() const;
   // The relay this node runs (null without NodeOptions::relay_service).
   const net::Relay* relay() const { return relay_.get(); }
@@ -150,17 +160,23 @@ class Node {
                                             std::vector<std::string>* refusals);
   // The thread behind NodeOptions::relay_failover.
   void WatchRelay(std::vector<std::string> fallback, std::chrono::milliseconds failover);
+  // The thread behind NodeOptions::reachability_recheck: `listen` are the direct addresses
+  // before any address a dial-back found.
+  void WatchAddress(std::vector<Multiaddr> listen, std::chrono::milliseconds every,
+                    std::function<void(const std::vector<Multiaddr>&)> changed);
+  // Whether Shutdown() has begun (for the watchers).
+  bool WatcherStopping() const;
   // Declared first so that it is destroyed last: impl_ holds a strand of the host's io_context.
   std::shared_ptr<net::Host> host_;
   std::shared_ptr<Impl> impl_;
   bool owns_host_ = false;
   bool publicly_reachable_ = true;
-  std::vector<Multiaddr> direct_addresses_;  // what VisibleAddresses() gives when not a client
   std::vector<std::string> initial_peers_;
   std::unique_ptr<net::Relay> relay_;
   mutable std::mutex reservations_mu_;
   std::vector<std::unique_ptr<net::RelayReservation>> reservations_;  // guarded by the mutex
   std::thread relay_watcher_;
+  std::thread address_watcher_;
   std::condition_variable watcher_wake_;
   bool watcher_stop_ = false;  // guarded by reservations_mu_
 };

@@ -185,6 +185,15 @@ void DhtCore::AddValidator(std::shared_ptr<const RecordValidator> validator) {
 
 NodeHeader DhtCore::Header() const { return {options_.client_mode, self_.addrs}; }
 
+void DhtCore::SetAddresses(std::vector<std::string> addrs, std::function<void()> told) {
+  if (options_.client_mode || stopped_) {
+    told();
+    return;
+  }
+  self_.addrs = std::move(addrs);
+  FindNodes(self_.id, [told = std::move(told)](const Result<std::vector<Contact>>&) { told(); });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bootstrap and maintenance
 

@@ -151,6 +151,10 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
            std::function<void(std::vector<Result<Record>>)> done);
   // Nearest known live nodes to `target` after a network lookup.
   void FindNodes(DhtId target, Callback<std::vector<Contact>> done);
+  // Replaces the addresses others may dial (ignored in client mode), e.g. when a router's public
+  // address changed; every request from now on carries them, and a lookup of our own id tells
+  // the nearest peers at once: `told` runs when it has ended.
+  void SetAddresses(std::vector<std::string> addrs, std::function<void()> told);
 
   // Request handlers (the sender's PeerId is authenticated by the transport; `source` is its
   // address as net::SourceKey names it, "" when exempt, e.g. loopback). Requests are rate

@@ -133,6 +133,7 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     std::vector<std::string> relays;
     std::string relay_listen;
     bool no_hole_punching = false;
+    double reachability_recheck = 600;
   };
   auto va = std::make_shared<ServeArgs>();
   dht->add_option("--listen", va->listen, "address to listen on (repeatable; port 0 = any)")
@@ -150,6 +151,12 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
       ->check(MultiaddrCheck());
   dht->add_flag("--no-hole-punching", va->no_hole_punching,
                 "keep relayed connections instead of trying to replace them with direct ones");
+  dht->add_option("--reachability-recheck", va->reachability_recheck,
+                  "seconds between dial-back checks of a node its initial peers found public: "
+                  "when a router's public address changes, the node gives others the new one and "
+                  "prints its addresses again (0: never)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   AddCommon(dht, va->common, false);
   commands.emplace_back(dht, [va]() -> int {
     if (Status st = CheckAddrs(va->common.initial_peers); !st.ok()) return Fail(st);
@@ -184,6 +191,12 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     options.initial_peers = va->common.initial_peers;
     options.dht.request_timeout =
         std::chrono::duration_cast<Duration>(std::chrono::duration<double>(va->common.timeout));
+    options.reachability_recheck = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::duration<double>(va->reachability_recheck));
+    options.on_addresses_changed = [](const std::vector<Multiaddr>& now) {
+      for (const auto& a : now) std::printf("%s\n", a.ToString().c_str());
+      std::fflush(stdout);
+    };
 
     BlockTerminationSignals();
     auto node = dht::Node::Start(std::move(*identity), std::move(options));

@@ -292,6 +292,99 @@ TEST(DhtNode, AnnounceAddressesThatCannotBeRightAreRefusedByName) {
       << n.status().ToString();
 }
 
+// A public node whose initial peer has gone asks peers of its routing table to dial it back, and
+// any peer can claim to have reached it anywhere: an address it did not listen on replaces its
+// own only when two of them agree (as a router's new address would be seen by all).
+TEST(DhtNode, RoutingTablePeersMoveAPublicNodesAddressOnlyWhenTwoAgree) {
+  auto boot = Node::Start(KeyPair::Generate(), Opts());
+  ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+  // Two peers whose dial-back answers name any address they like for the node's port and id.
+  struct Liar {
+    std::unique_ptr<Node> node;
+    std::shared_ptr<std::atomic<int>> asked = std::make_shared<std::atomic<int>>(0);
+  };
+  std::mutex mu;
+  std::string id, port;               // the node's, once it runs; guarded by mu
+  std::array<std::string, 2> claims;  // each liar's IP; guarded by mu
+  std::vector<Liar> liars(2);
+  for (size_t i = 0; i < liars.size(); ++i) {
+    auto n = Node::Start(KeyPair::Generate(), Opts({AddrOf(**boot)}));
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    liars[i].node = std::move(*n);
+    liars[i].node->host().RegisterUnary(
+        "net.dialback",
+        [&mu, &id, &port, &claims, i, asked = liars[i].asked](
+            net::CallContext&, net::Message) -> asio::awaitable<Result<net::Message>> {
+          std::string answer;
+          {
+            std::lock_guard lock(mu);
+            answer = fmt::format("reachable /ip4/{}/tcp/{}/p2p/{}", claims[i], port, id);
+          }
+          ++*asked;
+          co_return net::Message(answer);
+        });
+  }
+  NodeOptions o = Opts({AddrOf(**boot)});
+  o.listen = {*Multiaddr::Parse("/ip4/0.0.0.0/tcp/0")};
+  o.reachability_recheck = 100ms;
+  std::atomic<int> changes{0};
+  o.on_addresses_changed = [&](const std::vector<Multiaddr>&) { ++changes; };
+  auto node = Node::Start(KeyPair::Generate(), o);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  const std::vector<Multiaddr> own = (*node)->VisibleAddresses();
+  if (std::all_of(own.begin(), own.end(), [](const Multiaddr& a) {
+        return a.host().rfind("127.", 0) == 0 || a.host() == "::1";
+      })) {
+    GTEST_SKIP() << "this machine has no interface but loopback: a node on it asks nobody to "
+                    "dial it back";
+  }
+  {
+    std::lock_guard lock(mu);
+    id = (*node)->peer_id().ToString();
+    port = std::to_string(own.at(0).port());
+    claims = {"198.51.100.7", "198.51.100.8"};
+  }
+  // Both liars must be in the node's routing table: it looks itself up among all four.
+  ASSERT_TRUE((*node)->StoreSync("seen by all", "1", Now() + 30).ok());
+  (*boot)->Shutdown();  // the initial peer, whose word was taken, is gone
+  const auto asked_each = [&](int n) {
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < until) {
+      if (*liars[0].asked >= n && *liars[1].asked >= n) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  };
+  const auto claimed = [&](const std::string& ip) {
+    for (const Multiaddr& a : (*node)->VisibleAddresses()) {
+      if (a.host() == ip) return true;
+    }
+    return false;
+  };
+  // Each names another address, three times over: neither is taken.
+  ASSERT_TRUE(asked_each(3)) << "the node did not ask its routing table's peers";
+  EXPECT_FALSE(claimed("198.51.100.7"));
+  EXPECT_FALSE(claimed("198.51.100.8"));
+  EXPECT_EQ(changes.load(), 0);
+  // They agree: the node takes the address, before its loopback ones.
+  {
+    std::lock_guard lock(mu);
+    claims = {"198.51.100.9", "198.51.100.9"};
+  }
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (!claimed("198.51.100.9") && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(claimed("198.51.100.9"));
+  EXPECT_EQ((*node)->VisibleAddresses().size(), own.size() + 1);
+  while (changes.load() == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(changes.load(), 1);
+  (*node)->Shutdown();
+  for (auto& l : liars) l.node->Shutdown();
+}
+
 // A node behind NAT (here: told it is private) that picked a relay announced in the DHT moves to
 // another announced relay when its relay goes away, and is reachable through the new one.
 TEST(DhtNode, APrivateNodeMovesToAnotherRelayWhenItsRelayDies) {

@@ -424,6 +424,56 @@ TEST(LabWan, PeersBehindForwardedPortsGiveOthersTheirRoutersAddresses) {
   }
 }
 
+// A peer behind a home router that forwards its port, whose public address then changes (as an
+// ISP's does now and then). The peer's next dial-back finds it at the new address: it prints its
+// addresses again, and gives the DHT the new one, so that a public peer reaches it there through
+// what the bootstrap peer tells it: a record the public peer stores reaches it, and is found
+// through its new address alone once the bootstrap peer is gone.
+TEST(LabWan, APeerWhoseRoutersPublicAddressChangesGivesOthersTheNewOne) {
+  SKIP_WITHOUT_LAB();
+  Lab lab("host boot\nnat home\nhost a behind home forward 4001\nhost c\n");
+  ASSERT_TRUE(lab.error().empty()) << lab.error();
+  std::optional<Subprocess> boot, a;
+  const std::string a_err = ScratchPath("a.err");
+  const std::string bootstrap = StartWildcardNode(lab, "boot", "", boot, ScratchPath("boot.err"));
+  ASSERT_FALSE(bootstrap.empty());
+  a.emplace(StartColony(lab, "a",
+                        {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001", "--initial-peers", bootstrap,
+                         "--reachability-recheck", "1"},
+                        a_err));
+  const std::string old_ip = lab.addr("home");  // 198.18.N.2 on the router's uplink
+  const std::string at_old = ReadAddress(*a, "/ip4/" + old_ip + "/tcp/4001/p2p/");
+  ASSERT_FALSE(at_old.empty()) << test::ReadFile(a_err);
+  const std::string net = old_ip.substr(0, old_ip.rfind('.'));
+  const std::string new_ip = net + ".3";
+  // The router's uplink gets another address; the old one is gone, with the connections that
+  // were translated to it, and leads nowhere (the ISP gave it to someone else: the core's
+  // neighbour cache would still deliver it here, and the port forwarding takes any address).
+  auto moved =
+      RunCommand(lab.In("home", {"sh", "-c",
+                                 "iptables -t mangle -A PREROUTING -i eth0 -d " + old_ip +
+                                     " -j DROP && ip addr flush dev eth0 && ip addr add " + new_ip +
+                                     "/24 dev eth0 && ip route add default via " + net + ".1"}),
+                 10s);
+  ASSERT_EQ(moved.code, 0);
+  const std::string at_new = ReadAddress(*a, "/ip4/" + new_ip + "/tcp/4001/p2p/");
+  ASSERT_FALSE(at_new.empty()) << "a did not give its router's new address\n"
+                               << test::ReadFile(a_err);
+  auto store = RunCommand(
+      lab.In("c", {ColonyBinary(), "--log-level", "warn", "dht", "store", "lab.moved",
+                   "at the new address", "--initial-peers", bootstrap, "--request-timeout", "30"}),
+      120s);
+  ASSERT_EQ(store.code, 0);
+  boot.reset();  // killed
+  auto get = RunCommand(lab.In("c", {ColonyBinary(), "--log-level", "warn", "dht", "get",
+                                     "lab.moved", "--initial-peers", at_new}),
+                        60s);
+  std::string got;
+  for (const auto& l : get.lines) got += l;
+  EXPECT_EQ(get.code, 0) << got << "\n" << test::ReadFile(a_err);
+  EXPECT_NE(got.find("at the new address"), std::string::npos) << got;
+}
+
 // Bytes sent plus received on `host`'s uplink so far.
 uint64_t UplinkBytes(const Lab& lab, const std::string& host) {
   uint64_t total = 0;
