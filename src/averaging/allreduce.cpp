@@ -33,6 +33,7 @@
 
 #include "averaging/reduce.h"
 #include "averaging/verify_math.h"
+#include "core/finite.h"
 
 namespace colony::averaging {
 

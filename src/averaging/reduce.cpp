@@ -40,20 +40,9 @@ COLONY_KERNEL void KCopyScaledBytes(float* __restrict a, const uint8_t* __restri
   }
 }
 
-// Integer test on the bits, so the loop vectorizes (a float reduction would not without
-// -ffast-math): an all-ones exponent plus one carries into bit 31.
-COLONY_KERNEL bool AllFiniteBits(const uint8_t* __restrict p, size_t n) {
-  uint32_t bad = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, p + 4 * i, sizeof(b));
-    bad |= (b & 0x7f800000u) + 0x00800000u;
-  }
-  return (bad & 0x80000000u) == 0;
-}
-
-// The bits of |x| order as unsigned integers for finite floats; the finiteness test is the one
-// of AllFiniteBits, in the same pass, so a received part is read once. SSE2 has no unsigned
+// The bits of |x| order as unsigned integers for finite floats; the finiteness test is
+// core/finite.cpp's (an all-ones exponent plus one carries into bit 31), in the same pass, so a
+// received part is read once. SSE2 has no unsigned
 // 32-bit max (five instructions stand in for it); AVX2 does, which makes this ~4x faster.
 COLONY_KERNEL float MaxAbsBits(const uint8_t* __restrict p, size_t n) {
   uint32_t bad = 0, most = 0;
@@ -88,14 +77,6 @@ float MaxAbsBytes(std::span<const uint8_t> x) {
 bool OutputWithinInputs(std::span<const float> out, float max_abs_in) {
   const float most = MaxAbs(out);
   return most >= 0 && most <= max_abs_in * (1.0f + 1e-4f);
-}
-
-bool AllFinite(std::span<const float> x) {
-  return AllFiniteBits(reinterpret_cast<const uint8_t*>(x.data()), x.size());
-}
-
-bool AllFiniteBytes(std::span<const uint8_t> x) {
-  return AllFiniteBits(x.data(), x.size() / sizeof(float));
 }
 
 void AddScaledBytes(std::span<float> acc, std::span<const uint8_t> x, float w) {

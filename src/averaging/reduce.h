@@ -22,15 +22,13 @@ struct CenteredClipOptions {
 void AddScaled(std::span<float> acc, std::span<const float> x, float w);
 // x[i] *= w
 void Scale(std::span<float> x, float w);
-// True when no value is NaN or infinite.
-bool AllFinite(std::span<const float> x);
 
 // The same over little-endian float32 bytes at any alignment (a received raw tensor frame);
 // `x` holds exactly 4 * acc.size() bytes.
 void AddScaledBytes(std::span<float> acc, std::span<const uint8_t> x, float w);
 // out[i] = w * x[i]
 void CopyScaledBytes(std::span<float> out, std::span<const uint8_t> x, float w);
-bool AllFiniteBytes(std::span<const uint8_t> x);
+// (Their finiteness: core/finite.h.)
 
 // The largest |x[i]| (0 for none), or -1 when a value is NaN or infinite (checking both in one
 // pass): what bounds a reducer's output. A weighted

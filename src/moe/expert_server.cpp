@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "core/periodic.h"
+#include "model/finite.h"
 #include "moe/discovery.h"
 #include "moe/expert_chunks.h"
 #include "moe/expert_uid.h"
@@ -172,7 +173,7 @@ struct ExpertServer::Impl {
             fmt::format("expert input of shape [{}, {}]; this expert takes [1..{}, {}] in all",
                         t->size(0), t->size(1), options.max_batch, hidden)));
       }
-      if (!at::isfinite(*t).all().item<bool>()) {
+      if (!model::AllFinite(*t)) {
         return Refuse(InvalidArgument("expert input holds NaN or infinite values"));
       }
       tensors.push_back(std::move(*t));

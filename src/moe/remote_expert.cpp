@@ -9,6 +9,7 @@
 #include <asio/use_future.hpp>
 #include <future>
 
+#include "model/finite.h"
 #include "moe/expert_chunks.h"
 #include "runtime/tensor_io.h"
 
@@ -126,8 +127,7 @@ asio::awaitable<Result<at::Tensor>> Exchange(net::Host& host, Multiaddr address,
                                  {.max_elements = static_cast<uint64_t>((rows - got) * hidden),
                                   .allowed_dtypes = {DType::kFloat32},
                                   .rank = 2});
-    if (!part.ok() || part->size(0) < 1 || part->size(1) != hidden ||
-        !at::isfinite(*part).all().item<bool>()) {
+    if (!part.ok() || part->size(0) < 1 || part->size(1) != hidden || !model::AllFinite(*part)) {
       (*stream)->Cancel(ProtocolError("malformed reply"));
       co_return ProtocolError(
           fmt::format("answered what is not finite float32 of shape [{}, {}] in chunks of rows{}",

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <thread>
 
+#include "model/finite.h"
 #include "runtime/tensor_io.h"
 #include "serve/client_internal.h"
 
@@ -25,7 +26,7 @@ Status ServerFailure(Status st) {
 }
 
 Status CheckFinite(const at::Tensor& t, std::string_view what) {
-  if (t.defined() && t.is_floating_point() && !at::isfinite(t).all().item<bool>()) {
+  if (!model::AllFinite(t)) {
     return InvalidArgument(fmt::format("{} contain NaN or infinity", what));
   }
   return Status();
@@ -67,7 +68,7 @@ Result<at::Tensor> HiddenFrom(const net::Message& m, size_t index, at::IntArrayR
     return ProtocolError(fmt::format("the server replied with shape {}, expected {}",
                                      fmt::join(t.sizes(), "x"), fmt::join(shape, "x")));
   }
-  if (!at::isfinite(t).all().item<bool>()) {
+  if (!model::AllFinite(t)) {
     return ProtocolError("the server replied with NaN or infinite values");
   }
   return t;

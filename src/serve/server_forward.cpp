@@ -8,14 +8,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/finite.h"
 #include "runtime/tensor_io.h"
 #include "serve/server_internal.h"
 
 namespace colony::serve {
 
 bool AllFinite(const Tuning& t) {
-  bool finite = !t.prompts.defined() || at::isfinite(t.prompts).all().item<bool>();
-  for (const auto& a : t.lora) finite = finite && at::isfinite(a).all().item<bool>();
+  bool finite = model::AllFinite(t.prompts);
+  for (const auto& a : t.lora) finite = finite && model::AllFinite(a);
   return finite;
 }
 
@@ -181,9 +182,7 @@ asio::awaitable<Result<net::Message>> BlockServer::Impl::Forward(std::string sou
   // Named first: g++ 12 mishandles temporaries (lambdas) inside co_await expressions.
   auto compute = [self, start, end, x = *x, grad_out, backward, call, tuning = std::move(*tuning),
                   spec]() -> Result<std::vector<at::Tensor>> {
-    const bool finite = at::isfinite(x).all().item<bool>() &&
-                        (!grad_out.defined() || at::isfinite(grad_out).all().item<bool>()) &&
-                        AllFinite(tuning);
+    const bool finite = model::AllFinite(x) && model::AllFinite(grad_out) && AllFinite(tuning);
     if (!finite) return InvalidArgument("inputs contain NaN or infinity");
     if (!self->Holds(start, end)) return self->MovedError();
     if (self->training_) {

@@ -11,6 +11,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include "core/log.h"
+#include "model/finite.h"
 #include "net/dial_targets.h"
 #include "net/source_address.h"
 #include "runtime/tensor_io.h"
@@ -395,7 +396,7 @@ asio::awaitable<Status> BlockServer::Impl::Step(net::Stream& stream, Session& s,
   Session* sp = &s;
   auto work = [self, sp, x = *x, hypo, position, client_dtype,
                trim = last_only && !pushes]() -> Result<at::Tensor> {
-    if (!at::isfinite(x).all().item<bool>()) {
+    if (!model::AllFinite(x)) {
       return InvalidArgument("inputs contain NaN or infinity");
     }
     if (!self->Holds(sp->start, sp->end)) return self->MovedError();

@@ -26,23 +26,6 @@ std::string EpochBits(int64_t epoch, int fragment) {
   return std::bitset<20>(v).to_string();
 }
 
-bool AllFinite(const float* p, size_t n) {
-  // x * 0 is 0 for every finite x and NaN for inf and NaN: one branch-free pass.
-  float s = 0;
-  for (size_t i = 0; i < n; ++i) s += p[i] * 0.0f;
-  return s == 0.0f;
-}
-
-bool AllFinite(const at::Tensor& t) {
-  if (t.device().is_cpu()) {
-    const at::Tensor c = t.contiguous();
-    return AllFinite(c.data_ptr<float>(), static_cast<size_t>(c.numel()));
-  }
-  // One reduction: inf and NaN make the sum inf or NaN, and float32 values cannot overflow a
-  // double.
-  return std::isfinite(t.sum(at::kDouble).item<double>());
-}
-
 std::string GatherMetadata(int64_t samples, double samples_per_second) {
   return Json{{"samples", samples}, {"sps", samples_per_second}}.dump();
 }
@@ -286,7 +269,7 @@ bool CollaborativeOptimizer::Impl::GradsFinite() const {
     for (const auto& p : params_) {
       const at::Tensor& g = p.grad();
       if (!g.defined()) continue;
-      if (!AllFinite(g)) return false;
+      if (!model::AllFinite(g)) return false;
     }
     return true;
   }

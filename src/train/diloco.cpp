@@ -168,7 +168,7 @@ class Diloco final : public Stepping {
       }
     }
     report.averaged = averaged;
-    if (!AllFinite(delta_.data() + begin, end - begin)) {
+    if (!AllFinite(std::span<const float>(delta_.data() + begin, end - begin))) {
       peer_.counters_.skipped_batches++;
       report.skipped_nonfinite = true;
       COLONY_LOG_WARN("train: the averaged pseudo-gradient is not finite; outer step skipped");

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "model/finite.h"
+
 namespace colony::train {
 
 FlatGradients::FlatGradients(std::vector<at::Tensor> params, bool pinned)
@@ -48,11 +50,7 @@ const at::Tensor& FlatGradients::Bind() {
   return flat_;
 }
 
-bool FlatGradients::AllFinite() {
-  if (!flat_.defined()) return true;
-  // inf, -inf and NaN make the sum inf or NaN; finite float32 values cannot overflow a double.
-  return std::isfinite(Bind().sum(at::kDouble).item<double>());
-}
+bool FlatGradients::AllFinite() { return !flat_.defined() || model::AllFinite(Bind()); }
 
 void FlatGradients::Zero() {
   if (!flat_.defined()) return;

@@ -33,6 +33,8 @@
 #include <vector>
 
 #include "averaging/averager.h"
+#include "core/finite.h"
+#include "model/finite.h"
 #include "train/audit.h"
 #include "train/collaborative.h"
 #include "train/flat_grads.h"
@@ -51,10 +53,6 @@ inline constexpr auto kPollTimeout = std::chrono::seconds(2);
 
 // Only peers at the same epoch meet: the epoch (and a DiLoCo fragment) picks the group key bits.
 std::string EpochBits(int64_t epoch, int fragment = 0);
-// True when no value is NaN or infinite.
-bool AllFinite(const float* p, size_t n);
-// The same for a float32 tensor on any device (one synchronization on a GPU).
-bool AllFinite(const at::Tensor& t);
 
 // Who took part in a round and what they brought, read from the round's result (the members'
 // gathered metadata is untrusted).

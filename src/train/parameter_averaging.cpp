@@ -47,7 +47,7 @@ bool ParameterAveraging::Average(int64_t samples, int64_t epoch, size_t expected
   report.realized_batch = m.realized;
   report.averaging_seconds = r->matchmaking_seconds + r->allreduce_seconds;
   // Guard against a round that went wrong in a way the averager could not see.
-  if (!AllFinite(values_.data(), values_.size())) {
+  if (!AllFinite(std::span<const float>(values_))) {
     COLONY_LOG_WARN("train: averaged parameters are not finite; keeping the local ones");
     return false;
   }

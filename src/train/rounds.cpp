@@ -280,7 +280,7 @@ class GradientRounds final : public TargetBatchStepping {
       // missed them): its step is its own.
       peer_.diverged_ = true;
     }
-    if (!AllFinite(mean_)) {
+    if (!model::AllFinite(mean_)) {
       peer_.counters_.skipped_batches++;
       r.skipped_nonfinite = true;
       COLONY_LOG_WARN("train: the averaged gradients are not finite; step skipped");

@@ -331,7 +331,7 @@ Status CollaborativeOptimizer::Impl::ApplyState(const NamedTensors& named, int64
   COLONY_RETURN_IF_ERROR(stepping_->CheckExtraState(extra));
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].defined()) return InvalidArgument(fmt::format("the state lacks param.{}", i));
-    if (!AllFinite(params[i].data_ptr<float>(), static_cast<size_t>(params[i].numel()))) {
+    if (!model::AllFinite(params[i])) {
       return InvalidArgument(fmt::format("the state's param.{} is not finite", i));
     }
   }
