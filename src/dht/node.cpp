@@ -699,6 +699,13 @@ void Node::WatchAddress(std::vector<Multiaddr> listen, std::chrono::milliseconds
     }
     warned = false;
     if (!answer.reached) continue;  // nobody answered, or one peer alone named an address
+    // Reached at an address of our own interfaces (a helper on our LAN, or a public interface):
+    // that says nothing about a router's address, which stays.
+    const std::string reached_text = answer.reached->ToString();
+    if (std::any_of(listen.begin(), listen.end(),
+                    [&](const Multiaddr& a) { return a.ToString() == reached_text; })) {
+      continue;
+    }
     std::vector<Multiaddr> now = WithReachedAddress(listen, *answer.reached);
     const std::vector<Multiaddr> before = impl_->DirectAddresses();
     if (Joined(now) == Joined(before)) continue;

@@ -381,6 +381,16 @@ TEST(DhtNode, RoutingTablePeersMoveAPublicNodesAddressOnlyWhenTwoAgree) {
     std::this_thread::sleep_for(20ms);
   }
   EXPECT_EQ(changes.load(), 1);
+  // Reached at one of its own interfaces' addresses (as helpers on its LAN would): that says
+  // nothing about its router's, which stays.
+  {
+    std::lock_guard lock(mu);
+    claims = {"127.0.0.1", "127.0.0.1"};
+  }
+  const int asked = std::min(liars[0].asked->load(), liars[1].asked->load());
+  ASSERT_TRUE(asked_each(asked + 3));
+  EXPECT_TRUE(claimed("198.51.100.9"));
+  EXPECT_EQ(changes.load(), 1);
   (*node)->Shutdown();
   for (auto& l : liars) l.node->Shutdown();
 }
