@@ -1,4 +1,6 @@
 // colony dht: run a DHT node, or store and get records from the command line.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -191,6 +193,11 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     options.initial_peers = va->common.initial_peers;
     options.dht.request_timeout =
         std::chrono::duration_cast<Duration>(std::chrono::duration<double>(va->common.timeout));
+    if (va->reachability_recheck > 0 && va->reachability_recheck < 0.1) {
+      return Fail(InvalidArgument(
+          fmt::format("--reachability-recheck {}: give at least 0.1 seconds, or 0 for never",
+                      va->reachability_recheck)));
+    }
     options.reachability_recheck = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::duration<double>(va->reachability_recheck));
     options.on_addresses_changed = [](const std::vector<Multiaddr>& now) {
