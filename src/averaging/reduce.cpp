@@ -42,8 +42,8 @@ COLONY_KERNEL void KCopyScaledBytes(float* __restrict a, const uint8_t* __restri
 
 // The bits of |x| order as unsigned integers for finite floats; the finiteness test is
 // core/finite.cpp's (an all-ones exponent plus one carries into bit 31), in the same pass, so a
-// received part is read once. SSE2 has no unsigned
-// 32-bit max (five instructions stand in for it); AVX2 does, which makes this ~4x faster.
+// received part is read once. SSE2 has no unsigned 32-bit max (five instructions stand in for
+// it); AVX2 does, which makes this ~4x faster.
 COLONY_KERNEL float MaxAbsBits(const uint8_t* __restrict p, size_t n) {
   uint32_t bad = 0, most = 0;
   for (size_t i = 0; i < n; ++i) {
