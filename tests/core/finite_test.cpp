@@ -38,7 +38,7 @@ TEST(Finite, AgreesWithStdIsfiniteForEverySpecialValueAtEveryPositionAndAlignmen
         EXPECT_EQ(AllFinite(x), expected) << n << " values, " << special << " at " << at;
         for (size_t offset = 0; offset < 4; ++offset) {
           std::vector<uint8_t> bytes(offset + 4 * n + 3, 0xff);  // NaN bytes around the values
-          std::memcpy(bytes.data() + offset, x.data(), 4 * n);
+          if (n > 0) std::memcpy(bytes.data() + offset, x.data(), 4 * n);  // no null source
           EXPECT_EQ(AllFiniteBytes(std::span<const uint8_t>(bytes.data() + offset, 4 * n)),
                     expected)
               << n << " values, " << special << " at " << at << ", offset " << offset;
