@@ -360,8 +360,11 @@ TEST(RelayAttack, ASilentCircuitIsReclaimed) {
                               test::HangGuard(10s)));
   // While the silent circuit is held, the honest circuit carries calls as fast.
   EXPECT_LT(relay.Slowdown(), 10);
+  // The silent circuit is reclaimed and its socket closed. (The honest circuit, idle from here on,
+  // is reclaimed too, 2 s after its last call, which came milliseconds after the silent circuit's
+  // request: the count may go from 0 to 2 between two looks.)
   EXPECT_TRUE(
-      test::WaitUntil([&] { return victim.relay->stats().reclaimed == 1; }, test::HangGuard(10s)));
+      test::WaitUntil([&] { return victim.relay->stats().reclaimed >= 1; }, test::HangGuard(10s)));
   EXPECT_TRUE(test::WaitUntil([&] { return Closed(fd); }, test::HangGuard(10s)));
   // The circuit leaves the count once both of its pumps have ended (just after the close).
   EXPECT_TRUE(
