@@ -303,7 +303,7 @@ class Node::Impl final : public Environment, public std::enable_shared_from_this
 
   net::Host* host_;
   net::Strand strand_;
-  bool client_mode_;
+  std::atomic<bool> client_mode_;  // set at start, and by Node::WatchAddress
   std::shared_ptr<DhtCore> core_;
   uint64_t max_replies_in_transit_ = 0;
   std::atomic<uint64_t> in_transit_{0};  // bytes of built replies, counted on the strand
@@ -357,10 +357,12 @@ bool IsLoopback(const Multiaddr& a) {
 }
 
 // What dial-backs found: whether others can dial us (false only when a helper answered that it
-// could not: an unanswered question leaves the node public), and where a helper reached us.
+// could not: an unanswered question leaves the node public), where a helper reached us, and
+// whether an initial peer's answer decided it (it reached us, or could not).
 struct DialBackAnswer {
   bool is_public = true;
   std::optional<Multiaddr> reached;
+  bool trusted = false;
 };
 
 // Host::CheckReachability through `helper`; nullopt when `stop` said so before it ended (it then
@@ -384,7 +386,8 @@ DialBackAnswer AskForDialBack(
     const std::vector<std::string>& others,
     const std::function<bool()>& stop = [] { return false; }) {
   size_t unreachable = 0;
-  std::vector<std::string> found_by_others;  // the address each other helper reached us at
+  bool trusted_unreachable = false;
+  std::vector<Multiaddr> found_by_others;  // the address each other helper reached us at
   for (size_t i = 0; i < trusted.size() + others.size() && !stop(); ++i) {
     const bool is_trusted = i < trusted.size();
     const std::string& text = is_trusted ? trusted[i] : others[i - trusted.size()];
@@ -397,19 +400,23 @@ DialBackAnswer AskForDialBack(
       continue;
     }
     if (!r->value().has_value()) {
+      trusted_unreachable = trusted_unreachable || is_trusted;
       if (++unreachable >= 2) break;
       continue;
     }
     const Multiaddr& reached = *r->value();
-    if (is_trusted) return {.is_public = true, .reached = reached};
-    const std::string where = reached.ToString();
-    if (std::count(found_by_others.begin(), found_by_others.end(), where) > 0) {
+    if (is_trusted) return {.is_public = true, .reached = reached, .trusted = true};
+    if (std::find(found_by_others.begin(), found_by_others.end(), reached) !=
+        found_by_others.end()) {
       return {.is_public = true, .reached = reached};
     }
-    found_by_others.push_back(where);
+    found_by_others.push_back(reached);
   }
   // Reached by one untrusted helper only: public, at an address not taken on its word.
-  return {.is_public = unreachable == 0 || !found_by_others.empty(), .reached = std::nullopt};
+  const bool is_public = unreachable == 0 || !found_by_others.empty();
+  return {.is_public = is_public,
+          .reached = std::nullopt,
+          .trusted = !is_public && trusted_unreachable};
 }
 
 // NodeOptions::announce, checked, each with our id.
@@ -433,11 +440,7 @@ Result<std::vector<Multiaddr>> CheckAnnounced(const std::vector<Multiaddr>& anno
 // `reached` (where a dial-back got through) added to `listen` when none of them is that one:
 // after the loopback addresses, which stay first for peers on the same machine.
 std::vector<Multiaddr> WithReachedAddress(std::vector<Multiaddr> listen, const Multiaddr& reached) {
-  const std::string text = reached.ToString();
-  if (std::any_of(listen.begin(), listen.end(),
-                  [&](const Multiaddr& a) { return a.ToString() == text; })) {
-    return listen;
-  }
+  if (std::find(listen.begin(), listen.end(), reached) != listen.end()) return listen;
   auto at = std::find_if_not(listen.begin(), listen.end(), IsLoopback);
   listen.insert(at, reached);
   return listen;
@@ -532,6 +535,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
   COLONY_LOG_DEBUG("DHT node {} joined; {} peers in its routing table", host->peer_id().Short(),
                    **booted);
   node->initial_peers_ = options.initial_peers;
+  node->relay_failover_ = options.relay_failover;
   node->publicly_reachable_ = publicly_reachable;
   if (options.relay_service) {
     auto relay = net::Relay::Start(*host, *options.relay_service);
@@ -624,21 +628,23 @@ void Node::WatchRelay(std::vector<std::string> fallback, std::chrono::millisecon
   using Clock = std::chrono::steady_clock;
   const auto tick =
       std::clamp(failover / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(5000));
-  std::optional<Clock::time_point> lost_since;
+  // Since when no reservation was active (max: one is).
+  Clock::time_point lost_since = Clock::time_point::max();
   std::unique_lock lock(reservations_mu_);
   while (!watcher_wake_.wait_for(lock, tick, [this] { return watcher_stop_; })) {
-    bool active = false;
+    // Serving directly again (WatchAddress) needs no relay: as good as an active reservation.
+    bool active = !impl_->client_mode_;
     std::vector<PeerId> current;
     for (const auto& r : reservations_) {
       active = active || r->active();
       if (r->address().relay_id()) current.push_back(*r->address().relay_id());
     }
     if (active) {
-      lost_since.reset();
+      lost_since = Clock::time_point::max();
       continue;
     }
-    if (!lost_since) lost_since = Clock::now();
-    if (Clock::now() - *lost_since < failover) continue;
+    if (lost_since == Clock::time_point::max()) lost_since = Clock::now();
+    if (Clock::now() - lost_since < failover) continue;
     // Look for another relay without holding the lock (lookups and reservations take time).
     lock.unlock();
     const std::vector<std::string> candidates = FindRelays(fallback);
@@ -652,7 +658,7 @@ void Node::WatchRelay(std::vector<std::string> fallback, std::chrono::millisecon
       COLONY_LOG_INFO("lost the relay reservation for {:.0f} s; now reachable through {}",
                       failover.count() / 1000.0, moved->ToString());
       old.clear();
-      lost_since.reset();
+      lost_since = Clock::time_point::max();
     } else {
       // Keep the old ones retrying (the relay may come back) and ask again later.
       std::lock_guard guard(reservations_mu_);
@@ -660,6 +666,8 @@ void Node::WatchRelay(std::vector<std::string> fallback, std::chrono::millisecon
       lost_since = Clock::now();
     }
     lock.lock();
+    // Served directly again while this looked (WatchAddress dropped the reservations then).
+    if (!impl_->client_mode_) reservations_.clear();
   }
 }
 
@@ -687,11 +695,19 @@ void Node::WatchAddress(std::vector<Multiaddr> listen, std::chrono::milliseconds
     }
     const DialBackAnswer answer = AskForDialBack(*host_, initial_peers_, others, stop);
     if (stop()) return;
+    const bool behind_relay = impl_->client_mode_;
     if (!answer.is_public) {
-      if (!warned) {
+      // Only an initial peer's word moves the node behind a relay: any peer of the routing table
+      // could claim it cannot reach us, and a swarm's servers are what attackers would move.
+      if (answer.trusted && !behind_relay) {
+        if (!MoveBehindRelay(stop)) return;
+        if (changed) changed(VisibleAddresses());
+        continue;
+      }
+      if (!warned && !behind_relay) {
         COLONY_LOG_WARN(
-            "peers can no longer dial this node at {} (did a router stop forwarding its port?): "
-            "others will fail to reach it until it restarts or the port is forwarded again",
+            "peers of the routing table cannot dial this node at {} (did a router stop forwarding "
+            "its port?); its initial peers did not answer, so it stays a DHT server",
             Joined(impl_->DirectAddresses()));
       }
       warned = true;
@@ -699,32 +715,83 @@ void Node::WatchAddress(std::vector<Multiaddr> listen, std::chrono::milliseconds
     }
     warned = false;
     if (!answer.reached) continue;  // nobody answered, or one peer alone named an address
-    // Reached at an address of our own interfaces (a helper on our LAN, or a public interface):
-    // that says nothing about a router's address, which stays.
-    const std::string reached_text = answer.reached->ToString();
-    if (std::any_of(listen.begin(), listen.end(),
-                    [&](const Multiaddr& a) { return a.ToString() == reached_text; })) {
+    std::vector<Multiaddr> now = WithReachedAddress(listen, *answer.reached);
+    if (behind_relay) {
+      if (!answer.trusted) continue;  // out from behind the relay on an initial peer's word only
+      if (!ServeDirectlyAgain(now, stop)) return;
+      if (changed) changed(now);
       continue;
     }
-    std::vector<Multiaddr> now = WithReachedAddress(listen, *answer.reached);
+    // Reached at an address of our own interfaces (a helper on our LAN, or a public interface;
+    // `now` is then `listen`): that says nothing about a router's address, which stays.
+    if (now.size() == listen.size()) continue;
     const std::vector<Multiaddr> before = impl_->DirectAddresses();
-    if (Joined(now) == Joined(before)) continue;
+    if (now == before) continue;
     COLONY_LOG_INFO(
         "peers now reach this node at {} (its router's public address changed?): giving others "
         "{} instead of {}",
         answer.reached->ToString(), Joined(now), Joined(before));
     impl_->SetDirectAddresses(now);
-    auto told = std::make_shared<std::promise<void>>();
-    std::future<void> done = told->get_future();
-    asio::post(impl_->strand_, [impl = impl_, addrs = DhtAddresses(now), told]() mutable {
-      impl->core_->SetAddresses(std::move(addrs), [told] { told->set_value(); });
-    });
-    // Said once the nearest peers were told (the lookup has its deadline; Shutdown ends it).
-    while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-      if (stop()) return;
-    }
+    if (!TellDhtAddresses(DhtAddresses(now), stop)) return;
     if (changed) changed(now);
   }
+}
+
+bool Node::TellDhtAddresses(std::vector<std::string> addrs, const std::function<bool()>& stop) {
+  auto told = std::make_shared<std::promise<void>>();
+  std::future<void> done = told->get_future();
+  asio::post(impl_->strand_, [impl = impl_, addrs = std::move(addrs), told]() mutable {
+    impl->core_->SetAddresses(std::move(addrs), [told] { told->set_value(); });
+  });
+  // The nearest peers' lookup has its deadline; Shutdown ends it.
+  while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    if (stop()) return false;
+  }
+  return true;
+}
+
+bool Node::MoveBehindRelay(const std::function<bool()>& stop) {
+  COLONY_LOG_WARN(
+      "its initial peers can no longer dial this node at {} (did a router stop forwarding its "
+      "port?): running as a DHT client reachable through a relay until they can again",
+      Joined(impl_->DirectAddresses()));
+  // The reservation first, so that VisibleAddresses() is never empty in between.
+  if (!ReserveWithOneOf(FindRelays(initial_peers_), {}, nullptr)) {
+    COLONY_LOG_WARN(
+        "no relay granted a reservation: nobody can call this node until one does (it asks "
+        "again every {:.0f} s)",
+        relay_failover_.count() / 1000.0);
+  }
+  if (stop()) return false;
+  impl_->client_mode_ = true;
+  publicly_reachable_ = false;
+  if (!TellDhtAddresses({}, stop)) return false;
+  // One relay watcher for the node's life: it keeps a reservation while the node is a client.
+  std::lock_guard lock(reservations_mu_);
+  if (!relay_watcher_.joinable() && !watcher_stop_) {
+    relay_watcher_ = std::thread([this, fallback = initial_peers_, failover = relay_failover_] {
+      WatchRelay(fallback, failover);
+    });
+  }
+  return true;
+}
+
+bool Node::ServeDirectlyAgain(const std::vector<Multiaddr>& direct,
+                              const std::function<bool()>& stop) {
+  COLONY_LOG_INFO(
+      "its initial peers reach this node directly again at {}: serving the DHT there and "
+      "dropping its relay reservation",
+      Joined(direct));
+  impl_->SetDirectAddresses(direct);
+  impl_->client_mode_ = false;
+  publicly_reachable_ = true;
+  std::vector<std::unique_ptr<net::RelayReservation>> dropped;
+  {
+    std::lock_guard lock(reservations_mu_);
+    dropped.swap(reservations_);
+  }
+  dropped.clear();
+  return TellDhtAddresses(DhtAddresses(direct), stop);
 }
 
 void Node::AnnounceRelay() {
@@ -748,9 +815,12 @@ void Node::AnnounceRelay() {
                     items = std::move(items)](std::function<void(std::vector<Status>)> cb) mutable {
         impl->core_->Store(std::move(items), std::move(cb));
       };
-      auto stored = co_await impl->Await<std::vector<Status>>(std::move(start));
-      if (stored.empty() || !stored[0].ok()) {
-        COLONY_LOG_DEBUG("announcing the relay in the DHT failed");
+      // Not while nobody can dial us (behind a relay ourselves): the announcement lapses.
+      if (!impl->client_mode_) {
+        auto stored = co_await impl->Await<std::vector<Status>>(std::move(start));
+        if (stored.empty() || !stored[0].ok()) {
+          COLONY_LOG_DEBUG("announcing the relay in the DHT failed");
+        }
       }
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
       while (std::chrono::steady_clock::now() < until && !impl->stopped_.load()) {
@@ -776,8 +846,9 @@ void Node::Shutdown() {
     watcher_stop_ = true;
   }
   watcher_wake_.notify_all();
-  if (relay_watcher_.joinable()) relay_watcher_.join();
+  // The address watcher first: it may start the relay watcher.
   if (address_watcher_.joinable()) address_watcher_.join();
+  if (relay_watcher_.joinable()) relay_watcher_.join();
   {
     std::lock_guard lock(reservations_mu_);
     reservations_.clear();

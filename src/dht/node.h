@@ -14,6 +14,7 @@
 #pragma once
 
 #include <asio/awaitable.hpp>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -71,10 +72,14 @@ struct NodeOptions {
   // often (0: never), its initial peers first, else peers of its routing table: a home router's
   // public address changes now and then. When a helper reaches it at another address (an initial
   // peer's word, or two other peers that agree), that address replaces the one it gives others:
-  // in VisibleAddresses() and its DHT contact, whose nearest peers it tells at once. When peers
-  // answer that they cannot reach it any more, it warns (it stays a DHT server).
+  // in VisibleAddresses() and its DHT contact, whose nearest peers it tells at once. When its
+  // initial peers answer that they cannot reach it any more (a router stopped forwarding its
+  // port), it reserves with a relay and runs as a DHT client reachable through it, as a node that
+  // starts behind NAT does, until one of them reaches it again: then it serves the DHT again.
+  // Routing-table peers' word alone never changes its mode (any peer could lie): it only warns.
   std::chrono::milliseconds reachability_recheck{600'000};
-  // Called (on the node's own thread) with VisibleAddresses() after they changed that way.
+  // Called (on the node's own thread) with VisibleAddresses() after they changed that way: a new
+  // address, the relayed one behind a relay, its own again.
   std::function<void(const std::vector<Multiaddr>&)> on_addresses_changed;
   // Replies the node has built for remote callers but not yet handed to their connections
   // (whose budgets, net::HostOptions::max_reply_bytes, count them from then on): a caller that
@@ -113,7 +118,8 @@ class Node {
   std::vector<Multiaddr> VisibleAddresses() const;
   // The relay this node runs (null without NodeOptions::relay_service).
   const net::Relay* relay() const { return relay_.get(); }
-  // False when the node found (or was told) that others cannot dial it directly.
+  // False when the node found (or was told) that others cannot dial it directly (at start, or
+  // since its initial peers could not dial it back: NodeOptions::reachability_recheck).
   bool publicly_reachable() const { return publicly_reachable_; }
   net::Host& host() { return *host_; }
   bool client_mode() const;
@@ -164,14 +170,22 @@ class Node {
   // before any address a dial-back found.
   void WatchAddress(std::vector<Multiaddr> listen, std::chrono::milliseconds every,
                     std::function<void(const std::vector<Multiaddr>&)> changed);
+  // WatchAddress's changes of mode; false when Shutdown() began meanwhile. MoveBehindRelay
+  // reserves with a relay (as a node that starts behind NAT does), then runs the DHT as a
+  // client; ServeDirectlyAgain serves it at `direct` again and drops the reservations.
+  bool MoveBehindRelay(const std::function<bool()>& stop);
+  bool ServeDirectlyAgain(const std::vector<Multiaddr>& direct, const std::function<bool()>& stop);
+  // DhtCore::SetAddresses on the strand, waited for; false when Shutdown() began meanwhile.
+  bool TellDhtAddresses(std::vector<std::string> addrs, const std::function<bool()>& stop);
   // Whether Shutdown() has begun (for the watchers).
   bool WatcherStopping() const;
   // Declared first so that it is destroyed last: impl_ holds a strand of the host's io_context.
   std::shared_ptr<net::Host> host_;
   std::shared_ptr<Impl> impl_;
   bool owns_host_ = false;
-  bool publicly_reachable_ = true;
+  std::atomic<bool> publicly_reachable_{true};  // also set by WatchAddress
   std::vector<std::string> initial_peers_;
+  std::chrono::milliseconds relay_failover_{0};  // NodeOptions::relay_failover
   std::unique_ptr<net::Relay> relay_;
   mutable std::mutex reservations_mu_;
   std::vector<std::unique_ptr<net::RelayReservation>> reservations_;  // guarded by the mutex

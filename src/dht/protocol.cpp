@@ -186,11 +186,16 @@ void DhtCore::AddValidator(std::shared_ptr<const RecordValidator> validator) {
 NodeHeader DhtCore::Header() const { return {options_.client_mode, self_.addrs}; }
 
 void DhtCore::SetAddresses(std::vector<std::string> addrs, std::function<void()> told) {
-  if (options_.client_mode || stopped_) {
+  if (stopped_) {
     told();
     return;
   }
+  options_.client_mode = addrs.empty();
   self_.addrs = std::move(addrs);
+  if (options_.client_mode) {
+    told();  // nobody to tell: a client's requests carry no contact
+    return;
+  }
   FindNodes(self_.id, [told = std::move(told)](const Result<std::vector<Contact>>&) { told(); });
 }
 

@@ -151,9 +151,12 @@ class DhtCore : public std::enable_shared_from_this<DhtCore> {
            std::function<void(std::vector<Result<Record>>)> done);
   // Nearest known live nodes to `target` after a network lookup.
   void FindNodes(DhtId target, Callback<std::vector<Contact>> done);
-  // Replaces the addresses others may dial (ignored in client mode), e.g. when a router's public
-  // address changed; every request from now on carries them, and a lookup of our own id tells
-  // the nearest peers at once: `told` runs when it has ended.
+  // Replaces the addresses others may dial, e.g. when a router's public address changed; every
+  // request from now on carries them, and a lookup of our own id tells the nearest peers at once:
+  // `told` runs when it has ended. No addresses (nobody can dial us any more) turn the node into
+  // a client (it serves and stores nothing, and others keep it out of their routing tables);
+  // addresses given to a client turn it into a server again (only for a node whose transport
+  // serves the DHT's methods, one that started as a server).
   void SetAddresses(std::vector<std::string> addrs, std::function<void()> told);
 
   // Request handlers (the sender's PeerId is authenticated by the transport; `source` is its

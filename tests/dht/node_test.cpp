@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "dht/wire.h"
+#include "net/relay_wire.h"
 #include "test_support.h"
 
 namespace colony::dht {
@@ -393,6 +394,147 @@ TEST(DhtNode, RoutingTablePeersMoveAPublicNodesAddressOnlyWhenTwoAgree) {
   EXPECT_EQ(changes.load(), 1);
   (*node)->Shutdown();
   for (auto& l : liars) l.node->Shutdown();
+}
+
+// A public node whose router stops forwarding its port, and later forwards it again: its dial-back
+// checks find that its initial peer (which also runs a relay) can no longer reach it, so it
+// reserves with the relay, runs its DHT as a client and is called through the relayed address;
+// once the initial peer reaches it again it serves the DHT at its own addresses and drops the
+// reservation. Before that, two routing-table peers that answer that they cannot reach it, while
+// the initial peer does not answer, move nothing (any peer could say so).
+TEST(DhtNode, APublicNodeThatItsInitialPeerCannotReachMovesBehindARelayAndBack) {
+  NodeOptions bo = Opts();
+  bo.relay_service = net::RelayOptions{};
+  bo.relay_service->listen = *Multiaddr::Parse("/ip4/127.0.0.1/tcp/0");
+  auto boot = Node::Start(KeyPair::Generate(), bo);
+  ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+  // Dial-back answers, scripted: reached at the port asked about, on loopback (one of the node's
+  // own interfaces' addresses, so its addresses stay what they were), not reached, or no answer.
+  enum class Says { kReached, kUnreachable, kNothing };
+  struct Helper {
+    std::shared_ptr<std::atomic<Says>> says = std::make_shared<std::atomic<Says>>(Says::kReached);
+    std::shared_ptr<std::atomic<int>> asked = std::make_shared<std::atomic<int>>(0);
+  };
+  const auto script = [](Node& node, const Helper& h) {
+    node.host().RegisterUnary(
+        "net.dialback",
+        [h](net::CallContext& ctx, net::Message m) -> asio::awaitable<Result<net::Message>> {
+          ++*h.asked;
+          auto ports = net::ParseDialbackPorts(m.meta);
+          if (!ports.ok()) co_return ports.status();
+          switch (h.says->load()) {
+            case Says::kReached:
+              co_return net::Message(fmt::format("reachable /ip4/127.0.0.1/tcp/{}/p2p/{}",
+                                                 ports->at(0), ctx.peer().ToString()));
+            case Says::kUnreachable:
+              co_return net::Message("unreachable UNAVAILABLE");
+            case Says::kNothing:
+              break;
+          }
+          co_return Unavailable("no answer today");
+        });
+  };
+  Helper initial;
+  script(**boot, initial);
+  std::vector<std::unique_ptr<Node>> others;
+  std::vector<Helper> other_helpers(2);
+  for (const Helper& h : other_helpers) {
+    auto n = Node::Start(KeyPair::Generate(), Opts({AddrOf(**boot)}));
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    h.says->store(Says::kUnreachable);
+    script(**n, h);
+    others.push_back(std::move(*n));
+  }
+  NodeOptions o = Opts({AddrOf(**boot)});
+  o.listen = {*Multiaddr::Parse("/ip4/0.0.0.0/tcp/0")};
+  o.reachability_recheck = 100ms;
+  o.relay_failover = 1s;
+  std::mutex mu;
+  std::vector<std::vector<Multiaddr>> told;  // each on_addresses_changed; guarded by mu
+  o.on_addresses_changed = [&](const std::vector<Multiaddr>& now) {
+    std::lock_guard lock(mu);
+    told.push_back(now);
+  };
+  auto node = Node::Start(KeyPair::Generate(), o);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  const std::vector<Multiaddr> own = (*node)->VisibleAddresses();
+  if (std::all_of(own.begin(), own.end(), [](const Multiaddr& a) {
+        return a.host().rfind("127.", 0) == 0 || a.host() == "::1";
+      })) {
+    GTEST_SKIP() << "this machine has no interface but loopback: a node on it asks nobody to "
+                    "dial it back";
+  }
+  ASSERT_FALSE((*node)->client_mode());
+  (*node)->host().RegisterUnary(
+      "hello", [](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
+        co_return m;
+      });
+  // The other two must be in the node's routing table: it looks itself up among all four.
+  ASSERT_TRUE((*node)->StoreSync("seen by all", "1", Now() + 30).ok());
+  const auto told_count = [&] {
+    std::lock_guard lock(mu);
+    return told.size();
+  };
+  const auto told_at = [&](size_t i) {
+    std::lock_guard lock(mu);
+    return told.at(i);
+  };
+
+  // The initial peer does not answer; the routing table's peers say they cannot reach the node,
+  // each three times over: it stays a DHT server at its addresses.
+  initial.says->store(Says::kNothing);
+  const int before = std::min(other_helpers[0].asked->load(), other_helpers[1].asked->load());
+  ASSERT_TRUE(test::WaitUntil(
+      [&] {
+        return *other_helpers[0].asked >= before + 3 && *other_helpers[1].asked >= before + 3;
+      },
+      60s))
+      << "the node did not ask its routing table's peers";
+  EXPECT_FALSE((*node)->client_mode());
+  EXPECT_TRUE((*node)->publicly_reachable());
+  EXPECT_EQ((*node)->VisibleAddresses(), own);
+  EXPECT_EQ(told_count(), 0u);
+
+  // The initial peer cannot reach it: behind the relay, called through it.
+  initial.says->store(Says::kUnreachable);
+  ASSERT_TRUE(test::WaitUntil([&] { return told_count() == 1; }, 60s))
+      << "the node did not move behind the relay";
+  EXPECT_TRUE((*node)->client_mode());
+  EXPECT_FALSE((*node)->publicly_reachable());
+  const std::vector<Multiaddr> relayed = (*node)->VisibleAddresses();
+  ASSERT_EQ(relayed.size(), 1u);
+  EXPECT_EQ(told_at(0), relayed);
+  ASSERT_TRUE(relayed[0].is_relayed() && relayed[0].relay_id());
+  EXPECT_EQ(*relayed[0].relay_id(), (*boot)->peer_id());
+  EXPECT_EQ((*boot)->relay()->stats().reservations, 1u);
+  net::Host caller(KeyPair::Generate(), net::HostOptions{});
+  ASSERT_TRUE(caller.Start().ok());
+  auto reply = caller.CallSync(relayed[0], "hello", net::Message("through the relay"));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_EQ(reply->meta, "through the relay");
+  // As a client it still stores records with the others.
+  ASSERT_TRUE((*node)->StoreSync("from behind the relay", "2", Now() + 30).ok());
+  auto got = others[0]->GetSync("from behind the relay");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value.value, "2");
+
+  // Reached again: a DHT server at its own addresses, without the reservation.
+  initial.says->store(Says::kReached);
+  ASSERT_TRUE(test::WaitUntil([&] { return told_count() == 2; }, 60s))
+      << "the node did not come back from behind the relay";
+  EXPECT_FALSE((*node)->client_mode());
+  EXPECT_TRUE((*node)->publicly_reachable());
+  EXPECT_EQ((*node)->VisibleAddresses(), own);
+  EXPECT_EQ(told_at(1), own);
+  EXPECT_TRUE(test::WaitUntil([&] { return (*boot)->relay()->stats().reservations == 0; }, 10s));
+  // It serves again: a peer that joins through its address alone finds the record there.
+  ASSERT_TRUE((*node)->StoreSync("served again", "3", Now() + 30).ok());
+  auto late = Node::Start(KeyPair::Generate(), Opts({own.back().ToString()}));
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  auto again = (*late)->GetSync("served again");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->value.value, "3");
+  (*node)->Shutdown();
 }
 
 // A node behind NAT (here: told it is private) that picked a relay announced in the DHT moves to

@@ -368,14 +368,28 @@ TEST(LabWan, PeersListeningOnEveryInterfaceAreReachedFromOtherMachines) {
       << test::ReadFile(a_err);
 }
 
-// The first address `process` prints that starts with `prefix` (among its first few lines).
-std::string ReadAddress(Subprocess& process, const std::string& prefix) {
+// The first address `process` prints that starts with `prefix` (among its first few lines,
+// each waited for up to `per_line`).
+std::string ReadAddress(Subprocess& process, const std::string& prefix,
+                        std::chrono::seconds per_line = 20s) {
   for (int i = 0; i < 5; ++i) {
-    auto line = process.ReadLine(20s);
+    auto line = process.ReadLine(per_line);
     if (!line.ok()) break;
     if (line->rfind(prefix, 0) == 0) return *line;
   }
   return {};
+}
+
+// `colony dht get key` on `host`, joining the swarm through `through` alone: its exit code and
+// its output lines joined.
+std::pair<int, std::string> DhtGetThrough(const Lab& lab, const std::string& host,
+                                          const std::string& key, const std::string& through) {
+  auto get = RunCommand(lab.In(host, {ColonyBinary(), "--log-level", "warn", "dht", "get", key,
+                                      "--initial-peers", through}),
+                        60s);
+  std::string got;
+  for (const auto& l : get.lines) got += l;
+  return {get.code, got};
 }
 
 // Peers behind home routers that forward a port to them. `a`'s router forwards the port it
@@ -414,12 +428,8 @@ TEST(LabWan, PeersBehindForwardedPortsGiveOthersTheirRoutersAddresses) {
   boot.reset();  // killed
   for (const std::string& through : {at_a, *at_b}) {
     // Joining through the address alone: a dial there must reach a DHT server with that id.
-    auto get = RunCommand(lab.In("c", {ColonyBinary(), "--log-level", "warn", "dht", "get",
-                                       "lab.forwarded", "--initial-peers", through}),
-                          60s);
-    std::string got;
-    for (const auto& l : get.lines) got += l;
-    EXPECT_EQ(get.code, 0) << through << ": " << got;
+    const auto [code, got] = DhtGetThrough(lab, "c", "lab.forwarded", through);
+    EXPECT_EQ(code, 0) << through << ": " << got;
     EXPECT_NE(got.find("behind a router"), std::string::npos) << through << ": " << got;
   }
 }
@@ -465,16 +475,68 @@ TEST(LabWan, APeerWhoseRoutersPublicAddressChangesGivesOthersTheNewOne) {
       120s);
   ASSERT_EQ(store.code, 0);
   boot.reset();  // killed
-  auto get = RunCommand(lab.In("c", {ColonyBinary(), "--log-level", "warn", "dht", "get",
-                                     "lab.moved", "--initial-peers", at_new}),
-                        60s);
-  std::string got;
-  for (const auto& l : get.lines) got += l;
-  EXPECT_EQ(get.code, 0) << got << "\n" << test::ReadFile(a_err);
+  const auto [code, got] = DhtGetThrough(lab, "c", "lab.moved", at_new);
+  EXPECT_EQ(code, 0) << got << "\n" << test::ReadFile(a_err);
   EXPECT_NE(got.find("at the new address"), std::string::npos) << got;
 }
 
 // Bytes sent plus received on `host`'s uplink so far.
+// A peer behind a home router that forwards its port, whose router then stops forwarding it (as
+// a router reset to its defaults does), and later forwards it again. At its next dial-back check
+// its initial peer, which runs a relay, cannot reach it (each helper's dial waits for its 10 s
+// timeout): it reserves with the relay and prints its relayed address, where another machine
+// reaches it. Once the forwarding is back, it prints its router's address again and serves the
+// DHT there: a public peer that stored a record finds it through that address alone, with the
+// initial peer gone.
+TEST(LabWan, APeerWhoseRouterStopsForwardingMovesBehindARelayAndBack) {
+  SKIP_WITHOUT_LAB();
+  Lab lab("host boot\nnat home\nhost a behind home forward 4001\nhost c\n");
+  ASSERT_TRUE(lab.error().empty()) << lab.error();
+  std::optional<Subprocess> boot, a;
+  const std::string boot_err = ScratchPath("boot.err"), a_err = ScratchPath("a.err");
+  const std::string at_boot = "/ip4/" + lab.addr("boot");
+  boot.emplace(StartColony(
+      lab, "boot",
+      {"dht", "--listen", at_boot + "/tcp/4001", "--relay-listen", at_boot + "/tcp/4002"},
+      boot_err));
+  auto bootstrap = boot->ReadLine(30s);
+  ASSERT_TRUE(bootstrap.ok()) << bootstrap.status().ToString() << test::ReadFile(boot_err);
+  a.emplace(StartColony(lab, "a",
+                        {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001", "--initial-peers", *bootstrap,
+                         "--reachability-recheck", "1"},
+                        a_err));
+  const std::string at_router = "/ip4/" + lab.addr("home") + "/tcp/4001/p2p/";
+  ASSERT_FALSE(ReadAddress(*a, at_router).empty()) << test::ReadFile(a_err);
+  // The router's port forwarding rule (scripts/lab), deleted ("-D") or added back ("-A").
+  const auto forwarding = [&](const std::string& op) {
+    return RunCommand(lab.In("home", {"iptables", "-t", "nat", op, "PREROUTING", "-i", "eth0", "-p",
+                                      "tcp", "--dport", "4001", "-j", "DNAT", "--to-destination",
+                                      lab.addr("a") + ":4001"}),
+                      10s);
+  };
+  ASSERT_EQ(forwarding("-D").code, 0);
+  const std::string relayed = ReadAddress(*a, at_boot + "/tcp/4002/p2p/", 90s);
+  ASSERT_FALSE(relayed.empty()) << "a did not move behind the relay\n" << test::ReadFile(a_err);
+  EXPECT_NE(relayed.find("/p2p-circuit/"), std::string::npos) << relayed;
+  auto ping = RunCommand(
+      lab.In("c", {ColonyBinary(), "--log-level", "warn", "ping", relayed, "--count", "1"}), 60s);
+  std::string pinged;
+  for (const auto& l : ping.lines) pinged += l + "\n";
+  EXPECT_EQ(ping.code, 0) << pinged;
+  ASSERT_EQ(forwarding("-A").code, 0);
+  const std::string direct = ReadAddress(*a, at_router, 90s);
+  ASSERT_FALSE(direct.empty()) << "a did not serve directly again\n" << test::ReadFile(a_err);
+  auto store = RunCommand(
+      lab.In("c", {ColonyBinary(), "--log-level", "warn", "dht", "store", "lab.back",
+                   "served again", "--initial-peers", *bootstrap, "--request-timeout", "30"}),
+      120s);
+  ASSERT_EQ(store.code, 0);
+  boot.reset();  // killed
+  const auto [code, got] = DhtGetThrough(lab, "c", "lab.back", direct);
+  EXPECT_EQ(code, 0) << got << "\n" << test::ReadFile(a_err);
+  EXPECT_NE(got.find("served again"), std::string::npos) << got;
+}
+
 uint64_t UplinkBytes(const Lab& lab, const std::string& host) {
   uint64_t total = 0;
   for (const char* dir : {"rx_bytes", "tx_bytes"}) {
