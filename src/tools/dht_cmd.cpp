@@ -19,6 +19,7 @@ namespace {
 struct CommonArgs {
   std::vector<std::string> initial_peers;
   double timeout = 5;
+  size_t disjoint_paths = dht::DhtOptions{}.disjoint_paths;
   AccessArgs access;
 };
 
@@ -29,6 +30,11 @@ void AddCommon(CLI::App* cmd, CommonArgs& a, bool peers_required) {
   if (peers_required) opt->required();
   cmd->add_option("--request-timeout", a.timeout, "seconds to wait for each DHT request")
       ->check(CLI::Range(0.01, 600.0))
+      ->capture_default_str();
+  cmd->add_option("--disjoint-paths", a.disjoint_paths,
+                  "disjoint paths of each DHT lookup (S/Kademlia): hostile peers capture only "
+                  "the paths they are on; each costs up to one more lookup's requests")
+      ->check(CLI::Range(size_t{1}, dht::kMaxDisjointPaths))
       ->capture_default_str();
   AddAccessOptions(cmd, a.access);
 }
@@ -53,6 +59,7 @@ Result<std::unique_ptr<dht::Node>> ClientNode(const CommonArgs& a) {
   options.dht.client_mode = true;
   options.dht.request_timeout =
       std::chrono::duration_cast<Duration>(std::chrono::duration<double>(a.timeout));
+  options.dht.disjoint_paths = a.disjoint_paths;
   return dht::Node::Start(std::move(identity), std::move(options));
 }
 
@@ -194,6 +201,7 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
     options.initial_peers = va->common.initial_peers;
     options.dht.request_timeout =
         std::chrono::duration_cast<Duration>(std::chrono::duration<double>(va->common.timeout));
+    options.dht.disjoint_paths = va->common.disjoint_paths;
     if (va->reachability_recheck > 0 && va->reachability_recheck < 0.1) {
       return Fail(InvalidArgument(
           fmt::format("--reachability-recheck {}: give at least 0.1 seconds, or 0 for never",

@@ -674,8 +674,10 @@ TEST(DhtProcesses, TwentyProcessesOnLoopback) {
           .code,
       0);
   for (int i = 0; i < 5; ++i) {
+    // One lookup path, and the most there may be (--disjoint-paths), find the same.
     auto r = RunCli({"dht", "get", "proc.key" + std::to_string(i), "--initial-peers",
-                     addrs[static_cast<size_t>(19 - i * 2)]});
+                     addrs[static_cast<size_t>(19 - i * 2)], "--disjoint-paths",
+                     i % 2 == 0 ? "1" : "8"});
     ASSERT_EQ(r.code, 0) << r.err;
     auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["value"], "value" + std::to_string(i));
@@ -711,6 +713,12 @@ TEST(DhtProcesses, DeadBootstrapPeerGivesAClearError) {
   auto bad = RunCli({"dht", "store", "k", "v", "--initial-peers", "/ip4/nonsense"});
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("colony: error: --initial-peers"), std::string::npos) << bad.err;
+  auto paths =
+      RunCli({"dht", "get", "k", "--disjoint-paths", "9", "--initial-peers",
+              "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWPLrYxXf8n6itRjt4LH7G7CNH34Hzs5BmPLoqCaX8eNog"});
+  EXPECT_EQ(paths.code, 2);
+  EXPECT_NE(paths.err.find("--disjoint-paths: Value 9 not in range"), std::string::npos)
+      << paths.err;
 }
 
 }  // namespace
