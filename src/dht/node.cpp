@@ -802,21 +802,21 @@ void Node::AnnounceRelay() {
     for (;;) {
       auto impl = weak.lock();
       if (!impl || impl->stopped_.load()) co_return;
-      // The first address others can use (the latest: a router's address may change): not
-      // loopback (a wildcard bind lists loopback first).
-      std::optional<Multiaddr> chosen;
-      for (const Multiaddr& a : impl->DirectAddresses()) {
-        if (!chosen || (IsLoopback(*chosen) && !IsLoopback(a))) chosen = a;
-      }
-      const std::string value = chosen ? chosen->ToString() : std::string();
-      std::vector<StoreItem> items;
-      items.push_back({kRelaysKey, subkey, value, Now() + 300});
-      auto start = [impl,
-                    items = std::move(items)](std::function<void(std::vector<Status>)> cb) mutable {
-        impl->core_->Store(std::move(items), std::move(cb));
-      };
       // Not while nobody can dial us (behind a relay ourselves): the announcement lapses.
       if (!impl->client_mode_) {
+        // The first address others can use (the latest: a router's address may change): not
+        // loopback (a wildcard bind lists loopback first).
+        std::optional<Multiaddr> chosen;
+        for (const Multiaddr& a : impl->DirectAddresses()) {
+          if (!chosen || (IsLoopback(*chosen) && !IsLoopback(a))) chosen = a;
+        }
+        const std::string value = chosen ? chosen->ToString() : std::string();
+        std::vector<StoreItem> items;
+        items.push_back({kRelaysKey, subkey, value, Now() + 300});
+        auto start =
+            [impl, items = std::move(items)](std::function<void(std::vector<Status>)> cb) mutable {
+              impl->core_->Store(std::move(items), std::move(cb));
+            };
         auto stored = co_await impl->Await<std::vector<Status>>(std::move(start));
         if (stored.empty() || !stored[0].ok()) {
           COLONY_LOG_DEBUG("announcing the relay in the DHT failed");

@@ -293,6 +293,16 @@ TEST(DhtNode, AnnounceAddressesThatCannotBeRightAreRefusedByName) {
       << n.status().ToString();
 }
 
+// Whether every one of `addrs` is a loopback address: a node listening on every interface of a
+// machine that has no other asks nobody to dial it back, so the tests of dial-backs skip there.
+bool OnlyLoopback(const std::vector<Multiaddr>& addrs) {
+  return std::all_of(addrs.begin(), addrs.end(), [](const Multiaddr& a) {
+    return a.host().rfind("127.", 0) == 0 || a.host() == "::1";
+  });
+}
+constexpr char kOnlyLoopback[] =
+    "this machine has no interface but loopback: a node on it asks nobody to dial it back";
+
 // A public node whose initial peer has gone asks peers of its routing table to dial it back, and
 // any peer can claim to have reached it anywhere: an address it did not listen on replaces its
 // own only when two of them agree (as a router's new address would be seen by all).
@@ -333,12 +343,7 @@ TEST(DhtNode, RoutingTablePeersMoveAPublicNodesAddressOnlyWhenTwoAgree) {
   auto node = Node::Start(KeyPair::Generate(), o);
   ASSERT_TRUE(node.ok()) << node.status().ToString();
   const std::vector<Multiaddr> own = (*node)->VisibleAddresses();
-  if (std::all_of(own.begin(), own.end(), [](const Multiaddr& a) {
-        return a.host().rfind("127.", 0) == 0 || a.host() == "::1";
-      })) {
-    GTEST_SKIP() << "this machine has no interface but loopback: a node on it asks nobody to "
-                    "dial it back";
-  }
+  if (OnlyLoopback(own)) GTEST_SKIP() << kOnlyLoopback;
   {
     std::lock_guard lock(mu);
     id = (*node)->peer_id().ToString();
@@ -458,12 +463,7 @@ TEST(DhtNode, APublicNodeThatItsInitialPeerCannotReachMovesBehindARelayAndBack) 
   auto node = Node::Start(KeyPair::Generate(), o);
   ASSERT_TRUE(node.ok()) << node.status().ToString();
   const std::vector<Multiaddr> own = (*node)->VisibleAddresses();
-  if (std::all_of(own.begin(), own.end(), [](const Multiaddr& a) {
-        return a.host().rfind("127.", 0) == 0 || a.host() == "::1";
-      })) {
-    GTEST_SKIP() << "this machine has no interface but loopback: a node on it asks nobody to "
-                    "dial it back";
-  }
+  if (OnlyLoopback(own)) GTEST_SKIP() << kOnlyLoopback;
   ASSERT_FALSE((*node)->client_mode());
   (*node)->host().RegisterUnary(
       "hello", [](net::CallContext&, net::Message m) -> asio::awaitable<Result<net::Message>> {
