@@ -12,6 +12,7 @@
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 #include <future>
+#include <random>
 
 #include "core/log.h"
 #include "dht/wire.h"
@@ -377,14 +378,16 @@ std::optional<Result<std::optional<Multiaddr>>> DialBackThrough(net::Host& host,
   return fut.get();
 }
 
-// Asks `trusted` helpers (the initial peers, whom the operator chose), then `others` (peers of
-// the routing table), to dial us back, in turn. A trusted helper's answer is taken; an address
-// that others found needs two of them to agree (any peer can claim anything). Two helpers that
-// could not reach us are enough to say so.
+// Asks `trusted` helpers (the initial peers, whom the operator chose; in an order of this check's
+// own, so that the nodes of a swarm spread their questions over them instead of all asking the
+// first), then `others` (peers of the routing table), to dial us back, in turn. A trusted helper's
+// answer is taken; an address that others found needs two of them to agree (any peer can claim
+// anything). Two helpers that could not reach us are enough to say so.
 DialBackAnswer AskForDialBack(
-    net::Host& host, const std::vector<std::string>& trusted,
-    const std::vector<std::string>& others,
+    net::Host& host, std::vector<std::string> trusted, const std::vector<std::string>& others,
     const std::function<bool()>& stop = [] { return false; }) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::shuffle(trusted.begin(), trusted.end(), rng);
   size_t unreachable = 0;
   bool trusted_unreachable = false;
   std::vector<Multiaddr> found_by_others;  // the address each other helper reached us at
@@ -485,7 +488,8 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     direct = std::move(*announced);
   }
   bool publicly_reachable = !options.dht.client_mode && !direct.empty();
-  bool dialed_back = false;  // whether the initial peers' dial-back found the node public
+  bool dialed_back = false;       // whether the initial peers' dial-back found the node public
+  bool found_behind_nat = false;  // whether they answered that they could not dial it
   const std::vector<Multiaddr> listen_direct = direct;
   if (publicly_reachable && options.reachability == NodeOptions::Reachability::kPrivate) {
     publicly_reachable = false;
@@ -499,6 +503,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
           "peers cannot dial this node back (behind NAT or a firewall): running as a DHT client "
           "reachable through a relay");
       publicly_reachable = false;
+      found_behind_nat = true;
     } else if (answer.reached) {
       direct = WithReachedAddress(std::move(direct), *answer.reached);
       if (direct.size() > listen_direct.size()) {
@@ -510,6 +515,12 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     }
   }
   if (!publicly_reachable) options.dht.client_mode = true;
+  // Whom NodeOptions::reachability_recheck watches: a node the dial-back found public, and one it
+  // found behind NAT that picks its relay itself (its router may forward the port later, or the
+  // check at start failed by chance); the latter serves the DHT once an initial peer reaches it.
+  const bool watch_address =
+      options.reachability_recheck.count() > 0 &&
+      ((dialed_back && !options.dht.client_mode) || (found_behind_nat && options.relays.empty()));
   std::vector<std::string> addrs;
   if (!options.dht.client_mode) {
     addrs = DhtAddresses(direct);
@@ -520,7 +531,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
   impl->core_ = DhtCore::Create(host->identity(), std::move(addrs), options.dht, *impl);
   impl->core_->AddValidator(std::make_shared<KeyFamilyValidator>(std::vector{RelayFamily()}));
   for (auto& v : options.validators) impl->core_->AddValidator(v);
-  if (!options.dht.client_mode) impl->RegisterHandlers();
+  if (!options.dht.client_mode || watch_address) impl->RegisterHandlers();  // a client refuses
   std::unique_ptr<Node> node(new Node(impl, host));
   impl->SetDirectAddresses(std::move(direct));
   auto booted = impl->Block<Result<size_t>>(
@@ -546,13 +557,16 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     node->relay_ = std::move(*relay);
     node->AnnounceRelay();
   }
-  if (dialed_back && !options.dht.client_mode && options.reachability_recheck.count() > 0) {
+  // Started once the node holds the reservation it starts with (none is taken after the watcher
+  // has dropped them).
+  const auto start_address_watcher = [&] {
+    if (!watch_address) return;
     node->address_watcher_ =
         std::thread([n = node.get(), listen_direct, every = options.reachability_recheck,
                      changed = options.on_addresses_changed] {
           n->WatchAddress(listen_direct, every, changed);
         });
-  }
+  };
   // Behind NAT without a relay named: one announced in the DHT, else the initial peers.
   const bool find_relay =
       !publicly_reachable && options.relays.empty() && !host->ListenAddresses().empty();
@@ -567,6 +581,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     node->relay_watcher_ =
         std::thread([n = node.get(), fallback = options.initial_peers,
                      failover = options.relay_failover] { n->WatchRelay(fallback, failover); });
+    start_address_watcher();
     return node;
   }
   for (const auto& text : options.relays) {
@@ -580,6 +595,7 @@ Result<std::unique_ptr<Node>> Node::Attach(std::shared_ptr<net::Host> host, Node
     return Unavailable("no relay granted a reservation (" + why +
                        "); without one, peers behind NAT cannot be reached");
   }
+  start_address_watcher();
   return node;
 }
 
@@ -680,28 +696,38 @@ void Node::WatchAddress(std::vector<Multiaddr> listen, std::chrono::milliseconds
                         std::function<void(const std::vector<Multiaddr>&)> changed) {
   const std::function<bool()> stop = [this] { return WatcherStopping(); };
   bool warned = false;
+  // Behind a relay, each check that leaves the node there doubles the wait before the next, up
+  // to 8 x `every`: a helper's dial to a node behind NAT takes it its whole dial timeout, and
+  // one helper serves few dial-backs at once (Host::ServeDialback), which every node behind NAT
+  // in the swarm asks for.
+  std::chrono::milliseconds wait = every;
   for (;;) {
     {
       std::unique_lock lock(reservations_mu_);
-      if (watcher_wake_.wait_for(lock, every, [this] { return watcher_stop_; })) return;
+      if (watcher_wake_.wait_for(lock, wait, [this] { return watcher_stop_; })) return;
     }
+    const bool behind_relay = impl_->client_mode_;
     // The initial peers first; else up to 6 peers of the routing table, at their first address.
+    // Behind a relay the initial peers alone: only their answer changes anything there.
     std::vector<std::string> others;
-    for (const Contact& c : KnownPeers()) {
-      if (others.size() >= 6) break;
-      if (c.addrs.empty()) continue;
-      auto a = Multiaddr::Parse(c.addrs.front());
-      if (a.ok()) others.push_back(a->WithPeerId(c.peer).ToString());
+    if (!behind_relay) {
+      for (const Contact& c : KnownPeers()) {
+        if (others.size() >= 6) break;
+        if (c.addrs.empty()) continue;
+        auto a = Multiaddr::Parse(c.addrs.front());
+        if (a.ok()) others.push_back(a->WithPeerId(c.peer).ToString());
+      }
     }
     const DialBackAnswer answer = AskForDialBack(*host_, initial_peers_, others, stop);
     if (stop()) return;
-    const bool behind_relay = impl_->client_mode_;
+    wait = behind_relay ? std::min(wait * 2, every * 8) : every;  // reset below when it moves
     if (!answer.is_public) {
       // Only an initial peer's word moves the node behind a relay: any peer of the routing table
       // could claim it cannot reach us, and a swarm's servers are what attackers would move.
       if (answer.trusted && !behind_relay) {
         if (!MoveBehindRelay(stop)) return;
         if (changed) changed(VisibleAddresses());
+        wait = every;  // a router that was reset may soon forward again
         continue;
       }
       if (!warned && !behind_relay) {
@@ -720,6 +746,7 @@ void Node::WatchAddress(std::vector<Multiaddr> listen, std::chrono::milliseconds
       if (!answer.trusted) continue;  // out from behind the relay on an initial peer's word only
       if (!ServeDirectlyAgain(now, stop)) return;
       if (changed) changed(now);
+      wait = every;
       continue;
     }
     // Reached at an address of our own interfaces (a helper on our LAN, or a public interface;
@@ -779,8 +806,8 @@ bool Node::MoveBehindRelay(const std::function<bool()>& stop) {
 bool Node::ServeDirectlyAgain(const std::vector<Multiaddr>& direct,
                               const std::function<bool()>& stop) {
   COLONY_LOG_INFO(
-      "its initial peers reach this node directly again at {}: serving the DHT there and "
-      "dropping its relay reservation",
+      "its initial peers now reach this node directly at {}: serving the DHT there and dropping "
+      "its relay reservation",
       Joined(direct));
   impl_->SetDirectAddresses(direct);
   impl_->client_mode_ = false;

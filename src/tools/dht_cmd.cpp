@@ -161,10 +161,13 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
   dht->add_flag("--no-hole-punching", va->no_hole_punching,
                 "keep relayed connections instead of trying to replace them with direct ones");
   dht->add_option("--reachability-recheck", va->reachability_recheck,
-                  "seconds between dial-back checks of a node its initial peers found public: "
-                  "when a router's public address changes, the node gives others the new one; "
-                  "when they can no longer reach it, it moves behind a relay until they can "
-                  "again; it prints its addresses again after each change (0: never check)")
+                  "seconds between dial-back checks of a node by its initial peers: when a "
+                  "router's public address changes, the node gives others the new one; when "
+                  "they can no longer reach it, it moves behind a relay until they can again; a "
+                  "node behind a relay (also one found behind NAT at start) serves the DHT once "
+                  "they reach it, and doubles its wait after each check that leaves it there, "
+                  "up to 8 times this; it prints its addresses again after each change (0: never "
+                  "check)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   AddCommon(dht, va->common, false);

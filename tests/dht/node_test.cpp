@@ -401,6 +401,43 @@ TEST(DhtNode, RoutingTablePeersMoveAPublicNodesAddressOnlyWhenTwoAgree) {
   for (auto& l : liars) l.node->Shutdown();
 }
 
+// Dial-back answers, scripted: reached at the port asked about, on loopback (one of the node's
+// own interfaces' addresses, so its addresses stay what they were), not reached, or no answer.
+enum class Says { kReached, kUnreachable, kNothing };
+struct Helper {
+  std::shared_ptr<std::atomic<Says>> says = std::make_shared<std::atomic<Says>>(Says::kReached);
+  std::shared_ptr<std::atomic<int>> asked = std::make_shared<std::atomic<int>>(0);  // dial-backs
+};
+
+// `node` answers dial-backs as `h` says.
+void Script(Node& node, const Helper& h) {
+  node.host().RegisterUnary(
+      "net.dialback",
+      [h](net::CallContext& ctx, net::Message m) -> asio::awaitable<Result<net::Message>> {
+        ++*h.asked;
+        auto ports = net::ParseDialbackPorts(m.meta);
+        if (!ports.ok()) co_return ports.status();
+        switch (h.says->load()) {
+          case Says::kReached:
+            co_return net::Message(fmt::format("reachable /ip4/127.0.0.1/tcp/{}/p2p/{}",
+                                               ports->at(0), ctx.peer().ToString()));
+          case Says::kUnreachable:
+            co_return net::Message("unreachable UNAVAILABLE");
+          case Says::kNothing:
+            break;
+        }
+        co_return Unavailable("no answer today");
+      });
+}
+
+// A bootstrap node that also runs a relay, on loopback.
+NodeOptions RelayingOpts() {
+  NodeOptions o = Opts();
+  o.relay_service = net::RelayOptions{};
+  o.relay_service->listen = *Multiaddr::Parse("/ip4/127.0.0.1/tcp/0");
+  return o;
+}
+
 // A public node whose router stops forwarding its port, and later forwards it again: its dial-back
 // checks find that its initial peer (which also runs a relay) can no longer reach it, so it
 // reserves with the relay, runs its DHT as a client and is called through the relayed address;
@@ -408,46 +445,17 @@ TEST(DhtNode, RoutingTablePeersMoveAPublicNodesAddressOnlyWhenTwoAgree) {
 // reservation. Before that, two routing-table peers that answer that they cannot reach it, while
 // the initial peer does not answer, move nothing (any peer could say so).
 TEST(DhtNode, APublicNodeThatItsInitialPeerCannotReachMovesBehindARelayAndBack) {
-  NodeOptions bo = Opts();
-  bo.relay_service = net::RelayOptions{};
-  bo.relay_service->listen = *Multiaddr::Parse("/ip4/127.0.0.1/tcp/0");
-  auto boot = Node::Start(KeyPair::Generate(), bo);
+  auto boot = Node::Start(KeyPair::Generate(), RelayingOpts());
   ASSERT_TRUE(boot.ok()) << boot.status().ToString();
-  // Dial-back answers, scripted: reached at the port asked about, on loopback (one of the node's
-  // own interfaces' addresses, so its addresses stay what they were), not reached, or no answer.
-  enum class Says { kReached, kUnreachable, kNothing };
-  struct Helper {
-    std::shared_ptr<std::atomic<Says>> says = std::make_shared<std::atomic<Says>>(Says::kReached);
-    std::shared_ptr<std::atomic<int>> asked = std::make_shared<std::atomic<int>>(0);
-  };
-  const auto script = [](Node& node, const Helper& h) {
-    node.host().RegisterUnary(
-        "net.dialback",
-        [h](net::CallContext& ctx, net::Message m) -> asio::awaitable<Result<net::Message>> {
-          ++*h.asked;
-          auto ports = net::ParseDialbackPorts(m.meta);
-          if (!ports.ok()) co_return ports.status();
-          switch (h.says->load()) {
-            case Says::kReached:
-              co_return net::Message(fmt::format("reachable /ip4/127.0.0.1/tcp/{}/p2p/{}",
-                                                 ports->at(0), ctx.peer().ToString()));
-            case Says::kUnreachable:
-              co_return net::Message("unreachable UNAVAILABLE");
-            case Says::kNothing:
-              break;
-          }
-          co_return Unavailable("no answer today");
-        });
-  };
   Helper initial;
-  script(**boot, initial);
+  Script(**boot, initial);
   std::vector<std::unique_ptr<Node>> others;
   std::vector<Helper> other_helpers(2);
   for (const Helper& h : other_helpers) {
     auto n = Node::Start(KeyPair::Generate(), Opts({AddrOf(**boot)}));
     ASSERT_TRUE(n.ok()) << n.status().ToString();
     h.says->store(Says::kUnreachable);
-    script(**n, h);
+    Script(**n, h);
     others.push_back(std::move(*n));
   }
   NodeOptions o = Opts({AddrOf(**boot)});
@@ -534,6 +542,88 @@ TEST(DhtNode, APublicNodeThatItsInitialPeerCannotReachMovesBehindARelayAndBack) 
   auto again = (*late)->GetSync("served again");
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->value.value, "3");
+  (*node)->Shutdown();
+}
+
+// A node that its initial peer (which runs a relay) cannot dial back at start runs behind the relay
+// as a DHT client, as before; it keeps asking that peer, waiting twice as long after each answer
+// that leaves it there, and never asks the routing table's peers (which here would claim to reach
+// it: their word alone changes nothing behind a relay). Once the initial peer reaches it (its
+// router now forwards the port), it serves the DHT at its own addresses, drops the reservation,
+// and a peer that joins through its address alone finds a record there.
+TEST(DhtNode, ANodeThatStartsBehindNatServesTheDhtOnceItsInitialPeerReachesIt) {
+  auto boot = Node::Start(KeyPair::Generate(), RelayingOpts());
+  ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+  Helper initial;
+  initial.says->store(Says::kUnreachable);
+  Script(**boot, initial);
+  std::vector<std::unique_ptr<Node>> others;
+  std::vector<Helper> other_helpers(2);
+  for (const Helper& h : other_helpers) {
+    auto n = Node::Start(KeyPair::Generate(), Opts({AddrOf(**boot)}));
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    Script(**n, h);
+    others.push_back(std::move(*n));
+  }
+  NodeOptions o = Opts({AddrOf(**boot)});
+  o.listen = {*Multiaddr::Parse("/ip4/0.0.0.0/tcp/0")};
+  o.reachability_recheck = 100ms;
+  std::mutex mu;
+  std::vector<std::vector<Multiaddr>> told;  // each on_addresses_changed; guarded by mu
+  o.on_addresses_changed = [&](const std::vector<Multiaddr>& now) {
+    std::lock_guard lock(mu);
+    told.push_back(now);
+  };
+  const auto started = std::chrono::steady_clock::now();
+  auto node = Node::Start(KeyPair::Generate(), o);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  const std::vector<Multiaddr> own = (*node)->host().ListenAddresses();
+  if (OnlyLoopback(own)) GTEST_SKIP() << kOnlyLoopback;
+  EXPECT_TRUE((*node)->client_mode());
+  EXPECT_FALSE((*node)->publicly_reachable());
+  const std::vector<Multiaddr> relayed = (*node)->VisibleAddresses();
+  ASSERT_EQ(relayed.size(), 1u);
+  EXPECT_TRUE(relayed[0].is_relayed());
+  // The others must be in the node's routing table: it looks the key up among all four.
+  ASSERT_TRUE((*node)->StoreSync("seen by all", "1", Now() + 30).ok());
+
+  // Asked at start, then after 100, 200, 400 and 800 ms: at least 1.5 s for five questions (an
+  // unchanging pace would ask them within 0.4 s and some milliseconds).
+  ASSERT_TRUE(test::WaitUntil([&] { return *initial.asked >= 5; }, 60s))
+      << "the node behind NAT did not ask its initial peer again";
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 1500ms);
+  EXPECT_EQ(*other_helpers[0].asked, 0);
+  EXPECT_EQ(*other_helpers[1].asked, 0);
+  EXPECT_TRUE((*node)->client_mode());
+  {
+    std::lock_guard lock(mu);
+    EXPECT_TRUE(told.empty());
+  }
+
+  // Reached: a DHT server at its own addresses, without the reservation.
+  initial.says->store(Says::kReached);
+  ASSERT_TRUE(test::WaitUntil(
+      [&] {
+        std::lock_guard lock(mu);
+        return !told.empty();
+      },
+      60s))
+      << "the node did not come out from behind the relay";
+  EXPECT_FALSE((*node)->client_mode());
+  EXPECT_TRUE((*node)->publicly_reachable());
+  EXPECT_EQ((*node)->VisibleAddresses(), own);
+  {
+    std::lock_guard lock(mu);
+    ASSERT_EQ(told.size(), 1u);
+    EXPECT_EQ(told[0], own);
+  }
+  EXPECT_TRUE(test::WaitUntil([&] { return (*boot)->relay()->stats().reservations == 0; }, 10s));
+  ASSERT_TRUE((*node)->StoreSync("served", "2", Now() + 30).ok());
+  auto late = Node::Start(KeyPair::Generate(), Opts({own.back().ToString()}));
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  auto got = (*late)->GetSync("served");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value.value, "2");
   (*node)->Shutdown();
 }
 

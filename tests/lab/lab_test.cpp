@@ -480,16 +480,15 @@ TEST(LabWan, APeerWhoseRoutersPublicAddressChangesGivesOthersTheNewOne) {
   EXPECT_NE(got.find("at the new address"), std::string::npos) << got;
 }
 
-// Bytes sent plus received on `host`'s uplink so far.
-// A peer behind a home router that forwards its port, whose router then stops forwarding it (as
-// a router reset to its defaults does), and later forwards it again. At its next dial-back check
-// its initial peer, which runs a relay, cannot reach it (each helper's dial waits for its 10 s
-// timeout): it reserves with the relay and prints its relayed address, where another machine
-// reaches it. Once the forwarding is back, it prints its router's address again and serves the
-// DHT there: a public peer that stored a record finds it through that address alone, with the
-// initial peer gone.
-TEST(LabWan, APeerWhoseRouterStopsForwardingMovesBehindARelayAndBack) {
-  SKIP_WITHOUT_LAB();
+// A peer behind a home router whose port forwarding comes and goes, with a bootstrap peer that
+// runs a relay. With `forwarding_at_start` the peer starts public, at its router's address, and
+// the router then stops forwarding (as a router reset to its defaults does): at its next
+// dial-back check its initial peer cannot reach it (each helper's dial waits for its 10 s
+// timeout). Without, the router forwards nothing when the peer starts. Either way it reserves
+// with the relay and prints its relayed address, where another machine reaches it. Once the
+// forwarding is there, it prints its router's address and serves the DHT there: a public peer
+// that stored a record finds it through that address alone, with the initial peer gone.
+void RouterForwardingComesAndGoes(bool forwarding_at_start) {
   Lab lab("host boot\nnat home\nhost a behind home forward 4001\nhost c\n");
   ASSERT_TRUE(lab.error().empty()) << lab.error();
   std::optional<Subprocess> boot, a;
@@ -501,12 +500,6 @@ TEST(LabWan, APeerWhoseRouterStopsForwardingMovesBehindARelayAndBack) {
       boot_err));
   auto bootstrap = boot->ReadLine(30s);
   ASSERT_TRUE(bootstrap.ok()) << bootstrap.status().ToString() << test::ReadFile(boot_err);
-  a.emplace(StartColony(lab, "a",
-                        {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001", "--initial-peers", *bootstrap,
-                         "--reachability-recheck", "1"},
-                        a_err));
-  const std::string at_router = "/ip4/" + lab.addr("home") + "/tcp/4001/p2p/";
-  ASSERT_FALSE(ReadAddress(*a, at_router).empty()) << test::ReadFile(a_err);
   // The router's port forwarding rule (scripts/lab), deleted ("-D") or added back ("-A").
   const auto forwarding = [&](const std::string& op) {
     return RunCommand(lab.In("home", {"iptables", "-t", "nat", op, "PREROUTING", "-i", "eth0", "-p",
@@ -514,7 +507,18 @@ TEST(LabWan, APeerWhoseRouterStopsForwardingMovesBehindARelayAndBack) {
                                       lab.addr("a") + ":4001"}),
                       10s);
   };
-  ASSERT_EQ(forwarding("-D").code, 0);
+  if (!forwarding_at_start) {
+    ASSERT_EQ(forwarding("-D").code, 0);
+  }
+  a.emplace(StartColony(lab, "a",
+                        {"dht", "--listen", "/ip4/0.0.0.0/tcp/4001", "--initial-peers", *bootstrap,
+                         "--reachability-recheck", "1"},
+                        a_err));
+  const std::string at_router = "/ip4/" + lab.addr("home") + "/tcp/4001/p2p/";
+  if (forwarding_at_start) {
+    ASSERT_FALSE(ReadAddress(*a, at_router).empty()) << test::ReadFile(a_err);
+    ASSERT_EQ(forwarding("-D").code, 0);
+  }
   const std::string relayed = ReadAddress(*a, at_boot + "/tcp/4002/p2p/", 90s);
   ASSERT_FALSE(relayed.empty()) << "a did not move behind the relay\n" << test::ReadFile(a_err);
   EXPECT_NE(relayed.find("/p2p-circuit/"), std::string::npos) << relayed;
@@ -525,7 +529,8 @@ TEST(LabWan, APeerWhoseRouterStopsForwardingMovesBehindARelayAndBack) {
   EXPECT_EQ(ping.code, 0) << pinged;
   ASSERT_EQ(forwarding("-A").code, 0);
   const std::string direct = ReadAddress(*a, at_router, 90s);
-  ASSERT_FALSE(direct.empty()) << "a did not serve directly again\n" << test::ReadFile(a_err);
+  ASSERT_FALSE(direct.empty()) << "a did not serve the DHT at its router's address\n"
+                               << test::ReadFile(a_err);
   auto store = RunCommand(
       lab.In("c", {ColonyBinary(), "--log-level", "warn", "dht", "store", "lab.back",
                    "served again", "--initial-peers", *bootstrap, "--request-timeout", "30"}),
@@ -537,6 +542,17 @@ TEST(LabWan, APeerWhoseRouterStopsForwardingMovesBehindARelayAndBack) {
   EXPECT_NE(got.find("served again"), std::string::npos) << got;
 }
 
+TEST(LabWan, APeerWhoseRouterStopsForwardingMovesBehindARelayAndBack) {
+  SKIP_WITHOUT_LAB();
+  RouterForwardingComesAndGoes(true);
+}
+
+TEST(LabWan, APeerWhoseRouterForwardsOnlyAfterItStartedServesTheDhtThere) {
+  SKIP_WITHOUT_LAB();
+  RouterForwardingComesAndGoes(false);
+}
+
+// Bytes sent plus received on `host`'s uplink so far.
 uint64_t UplinkBytes(const Lab& lab, const std::string& host) {
   uint64_t total = 0;
   for (const char* dir : {"rx_bytes", "tx_bytes"}) {
