@@ -13,6 +13,7 @@
 #include <asio/use_future.hpp>
 #include <future>
 #include <random>
+#include <thread>
 
 #include "core/log.h"
 #include "dht/wire.h"
@@ -378,6 +379,23 @@ std::optional<Result<std::optional<Multiaddr>>> DialBackThrough(net::Host& host,
   return fut.get();
 }
 
+// A helper busy dialing others back (it runs few dial-backs at once: Host::ServeDialback) is
+// asked again, up to this many times in all, after the other helpers and a pause of 0.5-1.5 s:
+// many nodes that start at once from one bootstrap peer would otherwise find it busy, and a node
+// that no helper answered takes itself for public.
+constexpr int kDialBackTries = 3;
+
+// Sleeps `d`, or less when `stop` says so (then false).
+bool PauseUnless(std::chrono::milliseconds d, const std::function<bool()>& stop) {
+  const auto until = std::chrono::steady_clock::now() + d;
+  while (std::chrono::steady_clock::now() < until) {
+    if (stop()) return false;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(50), until - std::chrono::steady_clock::now()));
+  }
+  return !stop();
+}
+
 // Asks `trusted` helpers (the initial peers, whom the operator chose; in an order of this check's
 // own, so that the nodes of a swarm spread their questions over them instead of all asking the
 // first), then `others` (peers of the routing table), to dial us back, in turn. A trusted helper's
@@ -391,29 +409,42 @@ DialBackAnswer AskForDialBack(
   size_t unreachable = 0;
   bool trusted_unreachable = false;
   std::vector<Multiaddr> found_by_others;  // the address each other helper reached us at
-  for (size_t i = 0; i < trusted.size() + others.size() && !stop(); ++i) {
-    const bool is_trusted = i < trusted.size();
-    const std::string& text = is_trusted ? trusted[i] : others[i - trusted.size()];
-    auto addr = Multiaddr::Parse(text);
-    if (!addr.ok() || !addr->peer_id() || addr->is_relayed()) continue;
-    auto r = DialBackThrough(host, *addr, stop);
-    if (!r) break;
-    if (!r->ok()) {
-      COLONY_LOG_DEBUG("dial-back through {} failed: {}", text, r->status().ToString());
-      continue;
+  std::vector<size_t> ask(trusted.size() + others.size());  // trusted first, then others
+  for (size_t i = 0; i < ask.size(); ++i) ask[i] = i;
+  for (int round = 0; round < kDialBackTries && !ask.empty() && unreachable < 2; ++round) {
+    if (round > 0 &&
+        !PauseUnless(std::chrono::milliseconds(std::uniform_int_distribution<int>(500, 1500)(rng)),
+                     stop)) {
+      break;
     }
-    if (!r->value().has_value()) {
-      trusted_unreachable = trusted_unreachable || is_trusted;
-      if (++unreachable >= 2) break;
-      continue;
+    std::vector<size_t> busy;  // asked again next round
+    for (const size_t i : ask) {
+      if (stop()) break;
+      const bool is_trusted = i < trusted.size();
+      const std::string& text = is_trusted ? trusted[i] : others[i - trusted.size()];
+      auto addr = Multiaddr::Parse(text);
+      if (!addr.ok() || !addr->peer_id() || addr->is_relayed()) continue;
+      auto r = DialBackThrough(host, *addr, stop);
+      if (!r) break;
+      if (!r->ok()) {
+        COLONY_LOG_DEBUG("dial-back through {} failed: {}", text, r->status().ToString());
+        if (r->status().code() == StatusCode::kResourceExhausted) busy.push_back(i);
+        continue;
+      }
+      if (!r->value().has_value()) {
+        trusted_unreachable = trusted_unreachable || is_trusted;
+        if (++unreachable >= 2) break;
+        continue;
+      }
+      const Multiaddr& reached = *r->value();
+      if (is_trusted) return {.is_public = true, .reached = reached, .trusted = true};
+      if (std::find(found_by_others.begin(), found_by_others.end(), reached) !=
+          found_by_others.end()) {
+        return {.is_public = true, .reached = reached};
+      }
+      found_by_others.push_back(reached);
     }
-    const Multiaddr& reached = *r->value();
-    if (is_trusted) return {.is_public = true, .reached = reached, .trusted = true};
-    if (std::find(found_by_others.begin(), found_by_others.end(), reached) !=
-        found_by_others.end()) {
-      return {.is_public = true, .reached = reached};
-    }
-    found_by_others.push_back(reached);
+    ask = std::move(busy);
   }
   // Reached by one untrusted helper only: public, at an address not taken on its word.
   const bool is_public = unreachable == 0 || !found_by_others.empty();

@@ -407,6 +407,8 @@ enum class Says { kReached, kUnreachable, kNothing };
 struct Helper {
   std::shared_ptr<std::atomic<Says>> says = std::make_shared<std::atomic<Says>>(Says::kReached);
   std::shared_ptr<std::atomic<int>> asked = std::make_shared<std::atomic<int>>(0);  // dial-backs
+  // The first this many dial-backs are answered as a helper busy with others answers them.
+  std::shared_ptr<std::atomic<int>> busy_first = std::make_shared<std::atomic<int>>(0);
 };
 
 // `node` answers dial-backs as `h` says.
@@ -414,7 +416,9 @@ void Script(Node& node, const Helper& h) {
   node.host().RegisterUnary(
       "net.dialback",
       [h](net::CallContext& ctx, net::Message m) -> asio::awaitable<Result<net::Message>> {
-        ++*h.asked;
+        if (++*h.asked <= h.busy_first->load()) {
+          co_return ResourceExhausted("this peer is busy dialing others back; ask another");
+        }
         auto ports = net::ParseDialbackPorts(m.meta);
         if (!ports.ok()) co_return ports.status();
         switch (h.says->load()) {
@@ -624,6 +628,30 @@ TEST(DhtNode, ANodeThatStartsBehindNatServesTheDhtOnceItsInitialPeerReachesIt) {
   auto got = (*late)->GetSync("served");
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(got->value.value, "2");
+  (*node)->Shutdown();
+}
+
+// A node's only initial peer is busy dialing others back when the node starts (it runs 4
+// dial-backs at once; here it says so twice): the node asks again after a pause, and takes the
+// answer (that it cannot be reached) instead of taking itself for public for want of one.
+TEST(DhtNode, AnInitialPeerBusyWithOtherDialBacksIsAskedAgain) {
+  auto boot = Node::Start(KeyPair::Generate(), RelayingOpts());
+  ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+  Helper initial;
+  initial.says->store(Says::kUnreachable);
+  initial.busy_first->store(2);
+  Script(**boot, initial);
+  NodeOptions o = Opts({AddrOf(**boot)});
+  o.listen = {*Multiaddr::Parse("/ip4/0.0.0.0/tcp/0")};
+  auto node = Node::Start(KeyPair::Generate(), o);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  if (OnlyLoopback((*node)->host().ListenAddresses())) GTEST_SKIP() << kOnlyLoopback;
+  EXPECT_EQ(initial.asked->load(), 3);
+  EXPECT_TRUE((*node)->client_mode());
+  EXPECT_FALSE((*node)->publicly_reachable());
+  const std::vector<Multiaddr> relayed = (*node)->VisibleAddresses();
+  ASSERT_EQ(relayed.size(), 1u);
+  EXPECT_TRUE(relayed[0].is_relayed());
   (*node)->Shutdown();
 }
 
