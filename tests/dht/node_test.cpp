@@ -442,6 +442,58 @@ NodeOptions RelayingOpts() {
   return o;
 }
 
+// One node per helper, joined through `boot`, answering dial-backs as its helper says.
+std::vector<std::unique_ptr<Node>> ScriptedPeers(const Node& boot,
+                                                 const std::vector<Helper>& helpers) {
+  std::vector<std::unique_ptr<Node>> out;
+  for (const Helper& h : helpers) {
+    auto n = Node::Start(KeyPair::Generate(), Opts({AddrOf(boot)}));
+    EXPECT_TRUE(n.ok()) << n.status().ToString();
+    if (!n.ok()) break;
+    Script(**n, h);
+    out.push_back(std::move(*n));
+  }
+  return out;
+}
+
+// What a node's NodeOptions::on_addresses_changed told, in order.
+class AddressChanges {
+ public:
+  void Listen(NodeOptions& o) {
+    o.on_addresses_changed = [this](const std::vector<Multiaddr>& now) {
+      std::lock_guard lock(mu_);
+      told_.push_back(now);
+    };
+  }
+  size_t count() const {
+    std::lock_guard lock(mu_);
+    return told_.size();
+  }
+  std::vector<Multiaddr> at(size_t i) const {
+    std::lock_guard lock(mu_);
+    return told_.at(i);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::vector<Multiaddr>> told_;  // guarded by mu_
+};
+
+// That `node` serves the DHT directly at `own`, holding no reservation at `relaying` (the relay of
+// the node it left): a peer that joins through its address alone finds a record it stores.
+void ExpectServesDirectlyAt(Node& node, const Node& relaying, const std::vector<Multiaddr>& own) {
+  EXPECT_FALSE(node.client_mode());
+  EXPECT_TRUE(node.publicly_reachable());
+  EXPECT_EQ(node.VisibleAddresses(), own);
+  EXPECT_TRUE(test::WaitUntil([&] { return relaying.relay()->stats().reservations == 0; }, 10s));
+  ASSERT_TRUE(node.StoreSync("served directly", "yes", Now() + 30).ok());
+  auto late = Node::Start(KeyPair::Generate(), Opts({own.back().ToString()}));
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  auto got = (*late)->GetSync("served directly");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value.value, "yes");
+}
+
 // A public node whose router stops forwarding its port, and later forwards it again: its dial-back
 // checks find that its initial peer (which also runs a relay) can no longer reach it, so it
 // reserves with the relay, runs its DHT as a client and is called through the relayed address;
@@ -453,25 +505,16 @@ TEST(DhtNode, APublicNodeThatItsInitialPeerCannotReachMovesBehindARelayAndBack) 
   ASSERT_TRUE(boot.ok()) << boot.status().ToString();
   Helper initial;
   Script(**boot, initial);
-  std::vector<std::unique_ptr<Node>> others;
   std::vector<Helper> other_helpers(2);
-  for (const Helper& h : other_helpers) {
-    auto n = Node::Start(KeyPair::Generate(), Opts({AddrOf(**boot)}));
-    ASSERT_TRUE(n.ok()) << n.status().ToString();
-    h.says->store(Says::kUnreachable);
-    Script(**n, h);
-    others.push_back(std::move(*n));
-  }
+  for (const Helper& h : other_helpers) h.says->store(Says::kUnreachable);
+  const std::vector<std::unique_ptr<Node>> others = ScriptedPeers(**boot, other_helpers);
+  ASSERT_EQ(others.size(), 2u);
   NodeOptions o = Opts({AddrOf(**boot)});
   o.listen = {*Multiaddr::Parse("/ip4/0.0.0.0/tcp/0")};
   o.reachability_recheck = 100ms;
   o.relay_failover = 1s;
-  std::mutex mu;
-  std::vector<std::vector<Multiaddr>> told;  // each on_addresses_changed; guarded by mu
-  o.on_addresses_changed = [&](const std::vector<Multiaddr>& now) {
-    std::lock_guard lock(mu);
-    told.push_back(now);
-  };
+  AddressChanges told;
+  told.Listen(o);
   auto node = Node::Start(KeyPair::Generate(), o);
   ASSERT_TRUE(node.ok()) << node.status().ToString();
   const std::vector<Multiaddr> own = (*node)->VisibleAddresses();
@@ -483,14 +526,6 @@ TEST(DhtNode, APublicNodeThatItsInitialPeerCannotReachMovesBehindARelayAndBack) 
       });
   // The other two must be in the node's routing table: it looks itself up among all four.
   ASSERT_TRUE((*node)->StoreSync("seen by all", "1", Now() + 30).ok());
-  const auto told_count = [&] {
-    std::lock_guard lock(mu);
-    return told.size();
-  };
-  const auto told_at = [&](size_t i) {
-    std::lock_guard lock(mu);
-    return told.at(i);
-  };
 
   // The initial peer does not answer; the routing table's peers say they cannot reach the node,
   // each three times over: it stays a DHT server at its addresses.
@@ -505,17 +540,17 @@ TEST(DhtNode, APublicNodeThatItsInitialPeerCannotReachMovesBehindARelayAndBack) 
   EXPECT_FALSE((*node)->client_mode());
   EXPECT_TRUE((*node)->publicly_reachable());
   EXPECT_EQ((*node)->VisibleAddresses(), own);
-  EXPECT_EQ(told_count(), 0u);
+  EXPECT_EQ(told.count(), 0u);
 
   // The initial peer cannot reach it: behind the relay, called through it.
   initial.says->store(Says::kUnreachable);
-  ASSERT_TRUE(test::WaitUntil([&] { return told_count() == 1; }, 60s))
+  ASSERT_TRUE(test::WaitUntil([&] { return told.count() == 1; }, 60s))
       << "the node did not move behind the relay";
   EXPECT_TRUE((*node)->client_mode());
   EXPECT_FALSE((*node)->publicly_reachable());
   const std::vector<Multiaddr> relayed = (*node)->VisibleAddresses();
   ASSERT_EQ(relayed.size(), 1u);
-  EXPECT_EQ(told_at(0), relayed);
+  EXPECT_EQ(told.at(0), relayed);
   ASSERT_TRUE(relayed[0].is_relayed() && relayed[0].relay_id());
   EXPECT_EQ(*relayed[0].relay_id(), (*boot)->peer_id());
   EXPECT_EQ((*boot)->relay()->stats().reservations, 1u);
@@ -532,20 +567,10 @@ TEST(DhtNode, APublicNodeThatItsInitialPeerCannotReachMovesBehindARelayAndBack) 
 
   // Reached again: a DHT server at its own addresses, without the reservation.
   initial.says->store(Says::kReached);
-  ASSERT_TRUE(test::WaitUntil([&] { return told_count() == 2; }, 60s))
+  ASSERT_TRUE(test::WaitUntil([&] { return told.count() == 2; }, 60s))
       << "the node did not come back from behind the relay";
-  EXPECT_FALSE((*node)->client_mode());
-  EXPECT_TRUE((*node)->publicly_reachable());
-  EXPECT_EQ((*node)->VisibleAddresses(), own);
-  EXPECT_EQ(told_at(1), own);
-  EXPECT_TRUE(test::WaitUntil([&] { return (*boot)->relay()->stats().reservations == 0; }, 10s));
-  // It serves again: a peer that joins through its address alone finds the record there.
-  ASSERT_TRUE((*node)->StoreSync("served again", "3", Now() + 30).ok());
-  auto late = Node::Start(KeyPair::Generate(), Opts({own.back().ToString()}));
-  ASSERT_TRUE(late.ok()) << late.status().ToString();
-  auto again = (*late)->GetSync("served again");
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_EQ(again->value.value, "3");
+  EXPECT_EQ(told.at(1), own);
+  ExpectServesDirectlyAt(**node, **boot, own);
   (*node)->Shutdown();
 }
 
@@ -561,23 +586,14 @@ TEST(DhtNode, ANodeThatStartsBehindNatServesTheDhtOnceItsInitialPeerReachesIt) {
   Helper initial;
   initial.says->store(Says::kUnreachable);
   Script(**boot, initial);
-  std::vector<std::unique_ptr<Node>> others;
-  std::vector<Helper> other_helpers(2);
-  for (const Helper& h : other_helpers) {
-    auto n = Node::Start(KeyPair::Generate(), Opts({AddrOf(**boot)}));
-    ASSERT_TRUE(n.ok()) << n.status().ToString();
-    Script(**n, h);
-    others.push_back(std::move(*n));
-  }
+  const std::vector<Helper> other_helpers(2);  // they would say they reach it
+  const std::vector<std::unique_ptr<Node>> others = ScriptedPeers(**boot, other_helpers);
+  ASSERT_EQ(others.size(), 2u);
   NodeOptions o = Opts({AddrOf(**boot)});
   o.listen = {*Multiaddr::Parse("/ip4/0.0.0.0/tcp/0")};
   o.reachability_recheck = 100ms;
-  std::mutex mu;
-  std::vector<std::vector<Multiaddr>> told;  // each on_addresses_changed; guarded by mu
-  o.on_addresses_changed = [&](const std::vector<Multiaddr>& now) {
-    std::lock_guard lock(mu);
-    told.push_back(now);
-  };
+  AddressChanges told;
+  told.Listen(o);
   const auto started = std::chrono::steady_clock::now();
   auto node = Node::Start(KeyPair::Generate(), o);
   ASSERT_TRUE(node.ok()) << node.status().ToString();
@@ -599,35 +615,15 @@ TEST(DhtNode, ANodeThatStartsBehindNatServesTheDhtOnceItsInitialPeerReachesIt) {
   EXPECT_EQ(*other_helpers[0].asked, 0);
   EXPECT_EQ(*other_helpers[1].asked, 0);
   EXPECT_TRUE((*node)->client_mode());
-  {
-    std::lock_guard lock(mu);
-    EXPECT_TRUE(told.empty());
-  }
+  EXPECT_EQ(told.count(), 0u);
 
   // Reached: a DHT server at its own addresses, without the reservation.
   initial.says->store(Says::kReached);
-  ASSERT_TRUE(test::WaitUntil(
-      [&] {
-        std::lock_guard lock(mu);
-        return !told.empty();
-      },
-      60s))
+  ASSERT_TRUE(test::WaitUntil([&] { return told.count() > 0; }, 60s))
       << "the node did not come out from behind the relay";
-  EXPECT_FALSE((*node)->client_mode());
-  EXPECT_TRUE((*node)->publicly_reachable());
-  EXPECT_EQ((*node)->VisibleAddresses(), own);
-  {
-    std::lock_guard lock(mu);
-    ASSERT_EQ(told.size(), 1u);
-    EXPECT_EQ(told[0], own);
-  }
-  EXPECT_TRUE(test::WaitUntil([&] { return (*boot)->relay()->stats().reservations == 0; }, 10s));
-  ASSERT_TRUE((*node)->StoreSync("served", "2", Now() + 30).ok());
-  auto late = Node::Start(KeyPair::Generate(), Opts({own.back().ToString()}));
-  ASSERT_TRUE(late.ok()) << late.status().ToString();
-  auto got = (*late)->GetSync("served");
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_EQ(got->value.value, "2");
+  EXPECT_EQ(told.count(), 1u);
+  EXPECT_EQ(told.at(0), own);
+  ExpectServesDirectlyAt(**node, **boot, own);
   (*node)->Shutdown();
 }
 
