@@ -164,10 +164,10 @@ void AddDhtCommands(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& c
                   "seconds between dial-back checks of a node by its initial peers: when a "
                   "router's public address changes, the node gives others the new one; when "
                   "they can no longer reach it, it moves behind a relay until they can again; a "
-                  "node behind a relay (also one found behind NAT at start) serves the DHT once "
-                  "they reach it, and doubles its wait after each check that leaves it there, "
-                  "up to 8 times this; it prints its addresses again after each change (0: never "
-                  "check)")
+                  "node behind a relay (also one found behind NAT at start, without --relay) "
+                  "serves the DHT once they reach it, and doubles its wait after each check that "
+                  "leaves it there, up to 8 times this; it prints its addresses again after each "
+                  "change (0: never check)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   AddCommon(dht, va->common, false);
