@@ -651,6 +651,32 @@ TEST(DhtNode, AnInitialPeerBusyWithOtherDialBacksIsAskedAgain) {
   (*node)->Shutdown();
 }
 
+// Nodes ask their initial peers to dial them back in an order of each check's own: 30 nodes that
+// name the same two initial peers, which both answer that they reach them, ask both (the first
+// answer that reaches a node is taken, so with a fixed order only the first peer would be asked;
+// that both are asked by chance alone fails about once in 500 million runs).
+TEST(DhtNode, NodesSpreadTheirDialBackQuestionsOverTheirInitialPeers) {
+  auto first = Node::Start(KeyPair::Generate(), Opts());
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto second = Node::Start(KeyPair::Generate(), Opts({AddrOf(**first)}));
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  const std::vector<Helper> helpers(2);
+  Script(**first, helpers[0]);
+  Script(**second, helpers[1]);
+  NodeOptions o = Opts({AddrOf(**first), AddrOf(**second)});
+  o.listen = {*Multiaddr::Parse("/ip4/0.0.0.0/tcp/0")};
+  for (int i = 0; i < 30; ++i) {
+    auto node = Node::Start(KeyPair::Generate(), o);
+    ASSERT_TRUE(node.ok()) << node.status().ToString();
+    if (OnlyLoopback((*node)->host().ListenAddresses())) GTEST_SKIP() << kOnlyLoopback;
+    EXPECT_FALSE((*node)->client_mode());
+    (*node)->Shutdown();
+  }
+  EXPECT_EQ(*helpers[0].asked + *helpers[1].asked, 30);
+  EXPECT_GT(helpers[0].asked->load(), 0);
+  EXPECT_GT(helpers[1].asked->load(), 0);
+}
+
 // A node behind NAT (here: told it is private) that picked a relay announced in the DHT moves to
 // another announced relay when its relay goes away, and is reachable through the new one.
 TEST(DhtNode, APrivateNodeMovesToAnotherRelayWhenItsRelayDies) {
