@@ -654,7 +654,7 @@ TEST(DhtNode, AnInitialPeerBusyWithOtherDialBacksIsAskedAgain) {
 // Nodes ask their initial peers to dial them back in an order of each check's own: 30 nodes that
 // name the same two initial peers, which both answer that they reach them, ask both (the first
 // answer that reaches a node is taken, so with a fixed order only the first peer would be asked;
-// that both are asked by chance alone fails about once in 500 million runs).
+// with a random one, all 30 pick the same peer first about once in 500 million runs).
 TEST(DhtNode, NodesSpreadTheirDialBackQuestionsOverTheirInitialPeers) {
   auto first = Node::Start(KeyPair::Generate(), Opts());
   ASSERT_TRUE(first.ok()) << first.status().ToString();
