@@ -1,14 +1,10 @@
-// The chat templates written out (text and BOS/EOS pieces), their stop strings and tokens, and
-// finding a model's own template.
+// The chat templates written out (text and BOS/EOS pieces), their stop strings and tokens.
 #include "api/chat_template.h"
 
 #include <fmt/format.h>
 
 #include <array>
 #include <utility>
-
-#include "core/files.h"
-#include "model/strict_json.h"
 
 namespace colony::api {
 
@@ -164,6 +160,8 @@ std::vector<int64_t> EncodeChat(const std::vector<ChatPiece>& pieces, const mode
       for (int32_t id : tok.Encode(p.text)) out.push_back(id);
     } else if (const int id = p.kind == ChatPiece::kBos ? tok.bos_id() : tok.eos_id(); id >= 0) {
       out.push_back(id);
+    } else {
+      for (int32_t t : tok.Encode(p.text)) out.push_back(t);
     }
   }
   return out;
@@ -197,26 +195,6 @@ Status CheckChatTemplate(ChatTemplate t, const model::Tokenizer& tok) {
         ChatTemplateName(t), tok.file_name(), tok.bos_id() < 0 ? "a BOS token" : "an EOS token"));
   }
   return Status::Ok();
-}
-
-Result<std::optional<std::string>> OwnChatTemplate(const std::filesystem::path& model_dir) {
-  const auto file = model_dir / "tokenizer_config.json";
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec)) return std::optional<std::string>();
-  COLONY_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file, 16 << 20));
-  COLONY_ASSIGN_OR_RETURN(auto j, model::ParseStrictJsonObject(text, file.string(), 64));
-  auto it = j.find("chat_template");
-  if (it == j.end() || it->is_null()) return std::optional<std::string>();
-  // A string, or transformers' list of named templates.
-  return std::optional<std::string>(it->is_string() ? it->template get<std::string>() : it->dump());
-}
-
-std::optional<ChatTemplate> ResemblingChatTemplate(std::string_view jinja) {
-  if (jinja.find("<|start_header_id|>") != std::string_view::npos) return ChatTemplate::kLlama3;
-  if (jinja.find("<|im_start|>") != std::string_view::npos) return ChatTemplate::kChatml;
-  if (jinja.find("<<SYS>>") != std::string_view::npos) return ChatTemplate::kLlama2;
-  if (jinja.find("[INST]") != std::string_view::npos) return ChatTemplate::kMistral;
-  return std::nullopt;
 }
 
 }  // namespace colony::api

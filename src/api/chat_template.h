@@ -14,12 +14,11 @@
 //  - mistral (Mistral Instruct v0.1/v0.2): BOS "[INST] <user> [/INST]" "<answer>" EOS ...; a
 //    system message goes before the first user text, with "\n\n" (the template has no system role).
 // BOS and EOS are the tokenizer's tokens, not text: a SentencePiece tokenizer does not read "<s>"
-// in text as its BOS. A model whose tokenizer_config.json carries its own chat_template is served
-// with one of these only when the operator names it (`colony api --chat-template`): Colony does
-// not run Jinja, and guessing would silently change what the model sees.
+// in text as its BOS. A model with a chat template of its own (a Jinja program) is served with
+// that one (api/model_chat_template.h) unless the operator names one of these
+// (`colony api --chat-template`).
 #pragma once
 
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -37,7 +36,8 @@ enum class ChatTemplate { kPlain, kChatml, kLlama3, kLlama2, kMistral };
 Result<ChatTemplate> ParseChatTemplate(std::string_view name);
 std::string_view ChatTemplateName(ChatTemplate t);
 
-// A piece of a rendered chat: text, or the tokenizer's BOS or EOS token.
+// A piece of a rendered chat: text, or the tokenizer's BOS or EOS token (whose text, where a
+// template wrote it, is kept for a tokenizer without that token).
 struct ChatPiece {
   enum Kind { kText, kBos, kEos };
   Kind kind = kText;
@@ -52,7 +52,7 @@ Result<std::vector<ChatPiece>> RenderChat(ChatTemplate t, const std::vector<Chat
 std::vector<std::string> ChatStops(ChatTemplate t);
 
 // The prompt's tokens: text encoded piece by piece, BOS and EOS where the template puts them
-// (none where the tokenizer has none).
+// (where the tokenizer has none: their text, encoded, if any).
 std::vector<int64_t> EncodeChat(const std::vector<ChatPiece>& pieces, const model::Tokenizer& tok);
 // The tokens that end the assistant's turn as its EOS does: the stop strings the tokenizer reads
 // as one special token (which decoding skips, so the stop string would never be seen).
@@ -60,11 +60,5 @@ std::vector<int64_t> ChatStopTokens(ChatTemplate t, const model::Tokenizer& tok)
 // FailedPrecondition when the tokenizer cannot serve the template: llama3's markers must each be
 // one token, llama2's and mistral's BOS and EOS must exist.
 Status CheckChatTemplate(ChatTemplate t, const model::Tokenizer& tok);
-
-// The model directory's own chat template (tokenizer_config.json's chat_template), if it has one.
-Result<std::optional<std::string>> OwnChatTemplate(const std::filesystem::path& model_dir);
-// The template above whose markers a Jinja chat template writes (a hint for the operator, never
-// applied unasked); none when it writes none of them.
-std::optional<ChatTemplate> ResemblingChatTemplate(std::string_view jinja);
 
 }  // namespace colony::api

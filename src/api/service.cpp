@@ -102,7 +102,11 @@ struct ApiService::Choice {
 };
 
 ApiService::ApiService(serve::SwarmClient& client, ApiOptions options)
-    : client_(client), options_(std::move(options)) {}
+    : client_(client), options_(std::move(options)) {
+  if (options_.model_template && client_.tokenizer) {
+    model_turn_end_ = options_.model_template->EndOfTurn(*client_.tokenizer);
+  }
+}
 
 ApiService::~ApiService() = default;
 
@@ -131,21 +135,19 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   if (!client_.tokenizer) return FailedPrecondition("the model directory has no tokenizer");
   const model::Tokenizer& tok = *client_.tokenizer;
   if (r.chat) {
-    if (!options_.chat_template) {
-      const std::string hint = options_.resembling_template
-                                   ? fmt::format(" (it looks like {}'s)",
-                                                 ChatTemplateName(*options_.resembling_template))
-                                   : "";
-      return FailedPrecondition(fmt::format(
-          "this model's tokenizer_config.json has a chat_template of its own (a Jinja "
-          "program{}), which colony api does not run; restart colony api with --chat-template "
-          "plain, chatml, llama3, llama2 or mistral to choose one, or use /v1/completions",
-          hint));
+    if (options_.chat_template) {
+      COLONY_ASSIGN_OR_RETURN(auto pieces, RenderChat(*options_.chat_template, r.messages));
+      plan.prompt = EncodeChat(pieces, tok);
+      plan.stops = ChatStops(*options_.chat_template);
+      plan.stop_tokens = ChatStopTokens(*options_.chat_template, tok);
+    } else if (options_.model_template) {
+      COLONY_ASSIGN_OR_RETURN(auto pieces, options_.model_template->Render(r.messages));
+      plan.prompt = EncodeChat(pieces, tok);
+      plan.stops = model_turn_end_.stops;
+      plan.stop_tokens = model_turn_end_.tokens;
+    } else {
+      return FailedPrecondition("colony api was started without a chat template");
     }
-    COLONY_ASSIGN_OR_RETURN(auto pieces, RenderChat(*options_.chat_template, r.messages));
-    plan.prompt = EncodeChat(pieces, tok);
-    plan.stops = ChatStops(*options_.chat_template);
-    plan.stop_tokens = ChatStopTokens(*options_.chat_template, tok);
   } else if (r.prompt_is_tokens) {
     plan.prompt = r.prompt_tokens;
   } else {

@@ -19,6 +19,7 @@
 
 #include "api/chat_template.h"
 #include "api/client_gate.h"
+#include "api/model_chat_template.h"
 #include "api/openai_request.h"
 #include "http/server.h"
 #include "serve/swarm_client.h"
@@ -27,11 +28,10 @@ namespace colony::api {
 
 struct ApiOptions {
   std::string model_id;  // what /v1/models lists and requests may name
-  // The chat template; none when the model has a template of its own that the operator did not
-  // replace (chat requests then fail with a message that says so).
+  // The chat template: the model's own (a Jinja program) where it has one and the operator did
+  // not name a written-out one, which is then unset.
   std::optional<ChatTemplate> chat_template = ChatTemplate::kPlain;
-  // Without one: the template the model's own resembles, named in the refusal as a hint.
-  std::optional<ChatTemplate> resembling_template = std::nullopt;
+  std::shared_ptr<const ModelChatTemplate> model_template = nullptr;
   RequestLimits limits = {};
   // API keys and per-client rates (null: anyone who reaches the port, as fast as it likes).
   std::shared_ptr<ClientGate> gate = nullptr;
@@ -57,6 +57,7 @@ class ApiService {
 
   serve::SwarmClient& client_;
   ApiOptions options_;
+  ModelChatTemplate::TurnEnd model_turn_end_;  // of options_.model_template
 };
 
 }  // namespace colony::api

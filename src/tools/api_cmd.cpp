@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "api/chat_template.h"
+#include "api/model_chat_template.h"
 #include "api/service.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -38,24 +39,23 @@ int RunApi(const ApiArgs& a) {
   api::ApiOptions options;
   options.model_id = a.model_id.empty() ? ModelName(a.swarm) : a.model_id;
   options.limits.max_n = a.max_n;
-  auto own = api::OwnChatTemplate(a.swarm.model);
-  if (!own.ok()) return Fail(own.status());
   if (!a.chat_template.empty()) {
     auto t = api::ParseChatTemplate(a.chat_template);
     if (!t.ok()) return Fail(t.status().WithContext("--chat-template"));
     options.chat_template = *t;
-  } else if (own->has_value()) {
-    options.chat_template.reset();
-    options.resembling_template = api::ResemblingChatTemplate(**own);
-    COLONY_LOG_WARN(
-        "api: {}'s tokenizer_config.json has a chat_template of its own (Jinja), which colony api "
-        "does not run: /v1/chat/completions is refused until you pick one with --chat-template "
-        "plain|chatml|llama3|llama2|mistral{}",
-        a.swarm.model,
-        options.resembling_template
-            ? fmt::format(" (it looks like {})",
-                          api::ChatTemplateName(*options.resembling_template))
-            : "");
+  } else {
+    auto own = api::ModelChatTemplate::Load(a.swarm.model);
+    if (!own.ok()) {
+      return Fail(fmt::format(
+          "{}; name a written-out template with --chat-template plain|chatml|llama3|llama2|mistral "
+          "to serve chats without it (docs/api.md)",
+          own.status().message()));
+    }
+    if (own->has_value()) {
+      COLONY_LOG_INFO("api: chat template from {}", (*own)->file());
+      options.chat_template.reset();
+      options.model_template = std::make_shared<const api::ModelChatTemplate>(std::move(**own));
+    }
   }
   if (!a.api_keys.empty() || a.requests_per_minute > 0) {
     api::ClientGateOptions gate;
@@ -140,9 +140,9 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
   cmd->add_option("--model-id", a->model_id,
                   "the model's id in the API (default: its name in the DHT)");
   cmd->add_option("--chat-template", a->chat_template,
-                  "chat template: plain, chatml, llama3, llama2 or mistral (default: plain, "
-                  "unless the model's tokenizer_config.json has its own, which must then be "
-                  "replaced explicitly; docs/api.md)");
+                  "chat template: plain, chatml, llama3, llama2 or mistral, written out "
+                  "(default: the model's own Jinja template, from chat_template.jinja or "
+                  "tokenizer_config.json, where it has one, otherwise plain; docs/api.md)");
   cmd->add_option("--max-concurrent", a->max_concurrent,
                   "requests generating at once (each has its own inference session); more get "
                   "503")

@@ -121,7 +121,7 @@ class ApiProcessTest : public ::testing::Test {
   }
 
   // `colony api` in front of the swarm; returns false when it did not start.
-  bool StartApi(const std::vector<std::string>& extra = {}) {
+  bool StartApi(const std::vector<std::string>& extra = {}, const std::string& label = "api") {
     std::vector<std::string> args = {"api",
                                      "--model",
                                      model_dir_.string(),
@@ -134,7 +134,7 @@ class ApiProcessTest : public ::testing::Test {
                                      "--threads",
                                      "1"};
     args.insert(args.end(), extra.begin(), extra.end());
-    Proc* p = Start("api", args);
+    Proc* p = Start(label, args);
     if (p == nullptr) return false;
     base_url_ = p->first_line;  // http://127.0.0.1:PORT/v1
     EXPECT_TRUE(base_url_.starts_with("http://127.0.0.1:")) << base_url_;
@@ -949,7 +949,8 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
 // reads "<|im_end|>" as a special token X (a new id), and the model's LM head row of X is made a
 // larger copy of the row of a token g that greedy generation picks a few tokens into the answer,
 // so the model generates X there instead of g (checked against greedy generation of the whole
-// model in this process); the answer must be the text before X, with finish_reason "stop".
+// model in this process); the answer must be the text before X, with finish_reason "stop", with
+// the written-out chatml template and with the model's own (Jinja) one.
 // A model's generation_config.json, as vLLM reads it: its temperature is the default of requests
 // that leave it out, and its eos_token_id list ends answers. Here the file asks for greedy
 // decoding (OpenAI's default would sample at 1.0) and lists the third token transformers
@@ -1034,16 +1035,27 @@ TEST_F(ApiProcessTest, AChatTurnEndsAtItsSpecialEndOfTurnToken) {
   ASSERT_NE(StartServer("A", "0:4"), nullptr);
   ASSERT_TRUE(StartApi({"--chat-template", "chatml"}));
   WaitUntilRoutable();
-  const HttpAnswer a = Curl("/chat/completions",
-                            json({{"messages", {{{"role", "user"}, {"content", "Hello there"}}}},
-                                  {"max_tokens", kMaxTokens},
-                                  {"temperature", 0}})
-                                .dump());
-  ASSERT_EQ(a.status, 200) << a.body << Logs();
-  const json c = json::parse(a.body);
-  EXPECT_EQ(c["choices"][0]["message"]["content"], expected) << "X at " << end_at;
-  EXPECT_EQ(c["choices"][0]["finish_reason"], "stop");
-  EXPECT_EQ(c["usage"]["completion_tokens"], end_at + 1);
+  const auto ask = [&](const std::string& which) {
+    SCOPED_TRACE(which);
+    const HttpAnswer a = Curl("/chat/completions",
+                              json({{"messages", {{{"role", "user"}, {"content", "Hello there"}}}},
+                                    {"max_tokens", kMaxTokens},
+                                    {"temperature", 0}})
+                                  .dump());
+    ASSERT_EQ(a.status, 200) << a.body << Logs();
+    const json c = json::parse(a.body);
+    EXPECT_EQ(c["choices"][0]["message"]["content"], expected) << "X at " << end_at;
+    EXPECT_EQ(c["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(c["usage"]["completion_tokens"], end_at + 1);
+  };
+  ask("--chat-template chatml");
+  // The same template as the model's own Jinja program (ChatML's, as Qwen2 publishes it), run
+  // by default: the same prompt, and the turn's end found in what the template writes after an
+  // answer, <|im_end|>, which this tokenizer reads as X.
+  fs::copy_file(fs::path(COLONY_JINJA_DATA) / "templates" / "chatml.jinja",
+                model_dir_ / "chat_template.jinja");
+  ASSERT_TRUE(StartApi({}, "api-own-template"));
+  ask("the model's own chat_template.jinja");
 
   // llama3 needs its markers as tokens, which this tokenizer does not have: refused at start.
   const fs::path err = dir_ / "llama3.err";

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "api/chat_template.h"
+#include "api/model_chat_template.h"
 #include "api/openai_request.h"
 #include "api/text_stream.h"
 #include "model/tokenizer.h"
@@ -263,12 +264,6 @@ TEST(ChatTemplate, RendersWhatEachFamilysOwnTemplateRenders) {
     EXPECT_EQ(ChatTemplateName(*t), name);
   }
   EXPECT_FALSE(ParseChatTemplate("llama3.1").ok());
-  EXPECT_EQ(ResemblingChatTemplate("{{ '<|start_header_id|>' + message['role'] }}"),
-            ChatTemplate::kLlama3);
-  EXPECT_EQ(ResemblingChatTemplate("{{ '[INST] ' + content + ' [/INST]' }}"),
-            ChatTemplate::kMistral);
-  EXPECT_EQ(ResemblingChatTemplate("{{ '<<SYS>>' }}[INST]"), ChatTemplate::kLlama2);
-  EXPECT_EQ(ResemblingChatTemplate("{{ message }}"), std::nullopt);
 }
 
 // The transformers fixture's byte-level tokenizer with Llama 3's chat markers added as special
@@ -344,6 +339,101 @@ TEST(ChatTemplate, EncodesMarkersAsTokensAndEndsTheTurnAtItsSpecialToken) {
   if (plain->bos_id() < 0) {
     EXPECT_FALSE(CheckChatTemplate(ChatTemplate::kLlama2, *plain).ok());
   }
+}
+
+std::string JinjaTemplate(const std::string& name) {
+  return colony::test::ReadFile(std::string(COLONY_JINJA_DATA) + "/templates/" + name + ".jinja");
+}
+
+const std::vector<ChatMessage> kTurns = {
+    {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
+
+// Llama 3's and Llama 2's own templates, run, give the tokens their written-out twins give (which
+// the test above holds to the families' published output), and Llama 3's turn ends at its
+// <|eot_id|> token, found by rendering the template, not by knowing it.
+TEST(ModelChatTemplate, RunsTheModelsOwnTemplateToTheTokensOfItsWrittenOutTwin) {
+  const model::Tokenizer tok = Llama3LikeTokenizer();
+  const ModelChatTemplate::Tokens tokens{
+      .bos = "<|begin_of_text|>", .eos = "<|end_of_text|>", .unk = "", .pad = ""};
+  auto llama3 = ModelChatTemplate::FromSource(JinjaTemplate("llama3"), "llama3.jinja", tokens);
+  ASSERT_TRUE(llama3.ok()) << llama3.status().ToString();
+  auto own = llama3->Render(kTurns);
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  auto twin = RenderChat(ChatTemplate::kLlama3, kTurns);
+  ASSERT_TRUE(twin.ok());
+  EXPECT_EQ(EncodeChat(*own, tok), EncodeChat(*twin, tok));
+  EXPECT_EQ((*own)[0].kind, ChatPiece::kBos);
+  const auto end = llama3->EndOfTurn(tok);
+  EXPECT_EQ(end.tokens, (std::vector<int64_t>{2050}));
+  EXPECT_EQ(end.stops, (std::vector<std::string>{"<|eot_id|>"}));
+
+  // Llama 2 writes BOS and EOS as text between turns: split out, they are the tokenizer's.
+  auto llama2 = ModelChatTemplate::FromSource(JinjaTemplate("llama2"), "llama2.jinja", tokens);
+  ASSERT_TRUE(llama2.ok()) << llama2.status().ToString();
+  auto own2 = llama2->Render(kTurns);
+  ASSERT_TRUE(own2.ok()) << own2.status().ToString();
+  auto twin2 = RenderChat(ChatTemplate::kLlama2, kTurns);
+  ASSERT_TRUE(twin2.ok());
+  EXPECT_EQ(EncodeChat(*own2, tok), EncodeChat(*twin2, tok));
+  EXPECT_EQ(std::ranges::count(EncodeChat(*own2, tok), 0), 2);
+  // Its answer ends with EOS, which ends generation anyway.
+  EXPECT_TRUE(llama2->EndOfTurn(tok).tokens.empty());
+  EXPECT_TRUE(llama2->EndOfTurn(tok).stops.empty());
+  // Its own refusal reaches the client by the field's name and in its own words.
+  auto refused = llama2->Render({{"user", "a"}, {"user", "b"}});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "'messages': Conversation roles must alternate user/assistant/user/assistant/...");
+
+  // A base model's template of plain text ends the turn where the next one starts.
+  auto plain = ModelChatTemplate::FromSource(
+      "{% for m in messages %}{{ m.role|capitalize }}: {{ m.content }}\n{% endfor %}"
+      "{% if add_generation_prompt %}Assistant:{% endif %}",
+      "plain.jinja", {});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->EndOfTurn(tok).stops, (std::vector<std::string>{"\nUser:"}));
+  EXPECT_TRUE(plain->EndOfTurn(tok).tokens.empty());
+}
+
+TEST(ModelChatTemplate, FindsTheTemplateWhereTransformersSavesIt) {
+  const colony::test::TempDir dir("chat-template");
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir.File(name)) << text;
+  };
+  const auto rendered = [&]() -> std::string {
+    auto t = ModelChatTemplate::Load(dir.path());
+    if (!t.ok()) return "error: " + t.status().message();
+    if (!t->has_value()) return "none";
+    auto pieces = (*t)->Render({{"user", "Hi"}});
+    if (!pieces.ok()) return "error: " + pieces.status().message();
+    std::string out;
+    for (const ChatPiece& p : *pieces) {
+      out += p.kind == ChatPiece::kBos ? "<BOS>" : p.kind == ChatPiece::kEos ? "<EOS>" : p.text;
+    }
+    return out;
+  };
+  EXPECT_EQ(rendered(), "none");
+  // tokenizer_config.json: the tokens' texts as strings or as transformers' AddedToken objects.
+  write("tokenizer_config.json", R"({"bos_token": {"content": "<s>", "lstrip": false},
+      "eos_token": "</s>", "chat_template": "{{ bos_token }}A:{{ messages[0].content }}{{ eos_token }}"})");
+  EXPECT_EQ(rendered(), "<BOS>A:Hi<EOS>");
+  // transformers' list of named templates: the one named "default".
+  write("tokenizer_config.json", R"({"bos_token": "<s>", "chat_template": [
+      {"name": "tool_use", "template": "T"}, {"name": "default", "template": "D:{{ bos_token }}"}]})");
+  EXPECT_EQ(rendered(), "D:<BOS>");
+  write("tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "T"}]})");
+  EXPECT_EQ(rendered(), "error: " + dir.File("tokenizer_config.json") +
+                            "'s chat_template is a list without a template named \"default\"");
+  // chat_template.json, then chat_template.jinja (what transformers writes today) come first.
+  write("chat_template.json", R"({"chat_template": "J:{{ messages|length }}"})");
+  EXPECT_EQ(rendered(), "J:1");
+  write("chat_template.jinja", "K:{{ messages[0].role }}\n");
+  EXPECT_EQ(rendered(), "K:user");
+  // One Colony cannot run is refused by file, line and name when it is loaded.
+  write("chat_template.jinja", "ok\n{{ messages|shuffle }}");
+  EXPECT_EQ(rendered(), "error: " + dir.File("chat_template.jinja") +
+                            ": the chat template line 2: no filter named 'shuffle'");
 }
 
 // A decoder over a fixed table of token texts (tokens may hold parts of a UTF-8 character).

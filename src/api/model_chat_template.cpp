@@ -1,0 +1,216 @@
+// A model's own Jinja chat template: found in the model directory, rendered over a request's
+// messages, split at BOS and EOS, and probed for what ends the assistant's turn.
+#include "api/model_chat_template.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/files.h"
+#include "model/strict_json.h"
+
+namespace colony::api {
+
+namespace {
+
+using jinja::Dict;
+using jinja::List;
+using jinja::Value;
+
+constexpr uint64_t kMaxFileBytes = 16 << 20;
+
+Result<bool> Exists(const std::filesystem::path& file) {
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(file, ec);
+  if (ec) return FailedPrecondition(fmt::format("{}: {}", file.string(), ec.message()));
+  return exists;
+}
+
+Result<nlohmann::json> ReadJson(const std::filesystem::path& file) {
+  COLONY_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file, kMaxFileBytes));
+  return model::ParseStrictJsonObject(text, file.filename().string(), 64);
+}
+
+// A special token's text in tokenizer_config.json: "text", {"content": "text", ...} or null.
+Result<std::string> TokenText(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return std::string();
+  const nlohmann::json* content = &*it;
+  if (it->is_object()) {
+    auto c = it->find("content");
+    if (c == it->end()) {
+      return InvalidArgument(fmt::format("tokenizer_config.json's {} has no \"content\"", key));
+    }
+    content = &*c;
+  }
+  if (!content->is_string()) {
+    return InvalidArgument(
+        fmt::format("tokenizer_config.json's {} must be a string, an object or null", key));
+  }
+  return content->get<std::string>();
+}
+
+// tokenizer_config.json's chat_template: a string, or a list of {"name", "template"} of which
+// the one named "default" is the template of a chat without tools.
+Result<std::optional<std::string>> TemplateField(const nlohmann::json& j, const std::string& file) {
+  auto it = j.find("chat_template");
+  if (it == j.end() || it->is_null()) return std::optional<std::string>();
+  if (it->is_string()) return std::optional<std::string>(it->get<std::string>());
+  if (it->is_array()) {
+    for (const auto& named : *it) {
+      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+          named["template"].is_string()) {
+        return std::optional<std::string>(named["template"].get<std::string>());
+      }
+    }
+    return InvalidArgument(
+        fmt::format("{}'s chat_template is a list without a template named \"default\"", file));
+  }
+  return InvalidArgument(fmt::format("{}'s chat_template must be a string or a list", file));
+}
+
+Value Message(const ChatMessage& m) {
+  return Value::FromDict({{"role", Value::String(m.role)}, {"content", Value::String(m.content)}});
+}
+
+// A text that no answer, template or tokenizer writes by chance.
+constexpr std::string_view kProbe = "colony-end-of-turn-probe-4f1c";
+
+}  // namespace
+
+Result<std::optional<ModelChatTemplate>> ModelChatTemplate::Load(const std::filesystem::path& dir) {
+  Tokens tokens;
+  std::optional<std::string> source;
+  std::string file;
+  const auto config_file = dir / "tokenizer_config.json";
+  COLONY_ASSIGN_OR_RETURN(const bool has_config, Exists(config_file));
+  nlohmann::json config = nlohmann::json::object();
+  if (has_config) {
+    COLONY_ASSIGN_OR_RETURN(config, ReadJson(config_file));
+    COLONY_ASSIGN_OR_RETURN(tokens.bos, TokenText(config, "bos_token"));
+    COLONY_ASSIGN_OR_RETURN(tokens.eos, TokenText(config, "eos_token"));
+    COLONY_ASSIGN_OR_RETURN(tokens.unk, TokenText(config, "unk_token"));
+    COLONY_ASSIGN_OR_RETURN(tokens.pad, TokenText(config, "pad_token"));
+  }
+  const auto jinja_file = dir / "chat_template.jinja";
+  const auto json_file = dir / "chat_template.json";
+  COLONY_ASSIGN_OR_RETURN(const bool has_jinja, Exists(jinja_file));
+  COLONY_ASSIGN_OR_RETURN(const bool has_json, Exists(json_file));
+  if (has_jinja) {
+    COLONY_ASSIGN_OR_RETURN(std::string text, ReadFileToString(jinja_file, kMaxFileBytes));
+    source = std::move(text);
+    file = jinja_file.string();
+  } else if (has_json) {
+    COLONY_ASSIGN_OR_RETURN(auto j, ReadJson(json_file));
+    COLONY_ASSIGN_OR_RETURN(source, TemplateField(j, json_file.string()));
+    file = json_file.string();
+  } else if (has_config) {
+    COLONY_ASSIGN_OR_RETURN(source, TemplateField(config, config_file.string()));
+    file = config_file.string();
+  }
+  if (!source) return std::optional<ModelChatTemplate>();
+  COLONY_ASSIGN_OR_RETURN(auto t, FromSource(*source, file, std::move(tokens)));
+  return std::optional<ModelChatTemplate>(std::move(t));
+}
+
+Result<ModelChatTemplate> ModelChatTemplate::FromSource(std::string_view source, std::string file,
+                                                        Tokens tokens) {
+  auto t = jinja::Template::Parse(source);
+  if (!t.ok()) {
+    return InvalidArgument(fmt::format("{}: the chat template {}", file, t.status().message()));
+  }
+  return ModelChatTemplate(std::move(*t), std::move(file), std::move(tokens));
+}
+
+Result<std::string> ModelChatTemplate::RenderText(const std::vector<ChatMessage>& messages,
+                                                  bool prompt) const {
+  List list;
+  list.reserve(messages.size());
+  for (const ChatMessage& m : messages) list.push_back(Message(m));
+  Dict context = {
+      {"messages", Value::FromList(std::move(list))},
+      {"add_generation_prompt", Value::Bool(prompt)},
+      {"tools", Value::None()},
+      {"documents", Value::None()},
+  };
+  const std::pair<const char*, const std::string*> named[] = {{"bos_token", &tokens_.bos},
+                                                              {"eos_token", &tokens_.eos},
+                                                              {"unk_token", &tokens_.unk},
+                                                              {"pad_token", &tokens_.pad}};
+  for (const auto& [name, text] : named) {
+    if (!text->empty()) context.emplace_back(name, Value::String(*text));
+  }
+  auto out = template_.Render(context);
+  if (!out.ok()) {
+    if (out.status().code() == StatusCode::kInvalidArgument) {
+      return InvalidArgument(fmt::format("'messages': {}", out.status().message()));
+    }
+    return out.status().WithContext("'messages': the model's chat template");
+  }
+  return out;
+}
+
+Result<std::vector<ChatPiece>> ModelChatTemplate::Render(
+    const std::vector<ChatMessage>& messages) const {
+  COLONY_ASSIGN_OR_RETURN(std::string text, RenderText(messages, true));
+  std::vector<ChatPiece> pieces;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    // The nearest BOS or EOS text (the longer where both start at one place).
+    size_t at = std::string::npos;
+    ChatPiece::Kind kind = ChatPiece::kText;
+    const std::string* marker = nullptr;
+    for (const auto& [k, t] :
+         {std::pair{ChatPiece::kBos, &tokens_.bos}, std::pair{ChatPiece::kEos, &tokens_.eos}}) {
+      if (t->empty()) continue;
+      const size_t found = text.find(*t, pos);
+      if (found < at || (found == at && found != std::string::npos && t->size() > marker->size())) {
+        at = found;
+        kind = k;
+        marker = t;
+      }
+    }
+    if (at > pos) {
+      pieces.push_back({.kind = ChatPiece::kText, .text = text.substr(pos, at - pos)});
+    }
+    if (at == std::string::npos) break;
+    pieces.push_back({.kind = kind, .text = *marker});
+    pos = at + marker->size();
+  }
+  return pieces;
+}
+
+ModelChatTemplate::TurnEnd ModelChatTemplate::EndOfTurn(const model::Tokenizer& tok) const {
+  TurnEnd end;
+  auto text =
+      RenderText({{"user", "Hi"}, {"assistant", std::string(kProbe)}, {"user", "Next"}}, false);
+  if (!text.ok()) text = RenderText({{"user", "Hi"}, {"assistant", std::string(kProbe)}}, false);
+  if (!text.ok()) return end;
+  const size_t at = text->find(kProbe);
+  if (at == std::string::npos) return end;
+  std::string after = text->substr(at + kProbe.size());
+  if (const size_t next = after.find("Next"); next != std::string::npos) after.resize(next);
+  // Whitespace the template writes before the end (Llama 2's " " before EOS) is not the end.
+  const size_t first = after.find_first_not_of(" \t\n\r");
+  if (first == std::string::npos) return end;
+  after.erase(0, first);
+  if (!tokens_.eos.empty() && after.rfind(tokens_.eos, 0) == 0) return end;
+  // The longest start of it that the tokenizer reads as one special token.
+  for (size_t n = std::min<size_t>(after.size(), 64); n > 0; --n) {
+    const std::string candidate = after.substr(0, n);
+    const std::vector<int32_t> ids = tok.Encode(candidate);
+    if (ids.size() == 1 && tok.Decode(ids).empty()) {
+      end.stops.push_back(candidate);
+      end.tokens.push_back(ids[0]);
+      return end;
+    }
+  }
+  // Plain text up to the next turn's words: the turn ends where the template starts the next
+  // one (trailing whitespace dropped: the model need not write it).
+  const size_t last = after.find_last_not_of(" \t");
+  std::string stop = text->substr(at + kProbe.size(), first + last + 1);
+  if (!stop.empty()) end.stops.push_back(std::move(stop));
+  return end;
+}
+
+}  // namespace colony::api

@@ -1,0 +1,74 @@
+// A model's own chat template, run as transformers' apply_chat_template runs it: the Jinja
+// program a model directory carries, given `messages`, `add_generation_prompt` (true: the prompt
+// ends where the assistant's answer starts), `tools` and `documents` (none), and the texts of
+// tokenizer_config.json's bos_token, eos_token, unk_token and pad_token (those it names).
+//
+//   auto t = ModelChatTemplate::Load(model_dir);    // none when the directory has no template
+//   auto pieces = (*t)->Render(request.messages);   // the prompt: text, BOS and EOS
+//   auto end = (*t)->EndOfTurn(tokenizer);          // what ends the assistant's turn
+//
+// Where the template comes from, first found: chat_template.jinja (what transformers saves
+// today), chat_template.json's "chat_template", tokenizer_config.json's "chat_template" (a
+// string, or transformers' list of named templates, of which Colony runs the one named
+// "default"). The rendered text is split at the BOS and EOS texts, which become the tokenizer's
+// tokens (a SentencePiece tokenizer does not read "<s>" in text as its BOS); other special
+// tokens in the text are read as the tokenizer reads them.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/chat_template.h"
+#include "api/jinja_template.h"
+#include "api/openai_request.h"
+#include "core/status.h"
+#include "model/tokenizer.h"
+
+namespace colony::api {
+
+class ModelChatTemplate {
+ public:
+  // The texts of the special tokens the template is given (empty: not given, undefined there).
+  struct Tokens {
+    std::string bos, eos, unk, pad;
+  };
+
+  // The model directory's template; none when it has none. InvalidArgument naming the file (and
+  // the line) for a template that is malformed or uses what Colony's Jinja does not run.
+  static Result<std::optional<ModelChatTemplate>> Load(const std::filesystem::path& model_dir);
+  // `file` names the source in errors.
+  static Result<ModelChatTemplate> FromSource(std::string_view source, std::string file,
+                                              Tokens tokens);
+
+  // The prompt for the messages, ending where the assistant's answer starts. InvalidArgument
+  // naming 'messages' when the template refuses them (its raise_exception's message as it wrote
+  // it, e.g. roles that do not alternate).
+  Result<std::vector<ChatPiece>> Render(const std::vector<ChatMessage>& messages) const;
+
+  // What the template writes right after an assistant's answer, found by rendering a short
+  // conversation whose answer is a marker: the special token there (Llama 3's <|eot_id|>,
+  // ChatML's <|im_end|>, Gemma's <end_of_turn>) as a stop token, or the plain text up to the
+  // next turn (a base model's "\nUser:") as a stop string. Nothing where an EOS follows the
+  // answer: EOS ends generation anyway.
+  struct TurnEnd {
+    std::vector<std::string> stops;
+    std::vector<int64_t> tokens;
+  };
+  TurnEnd EndOfTurn(const model::Tokenizer& tok) const;
+
+  const std::string& file() const { return file_; }
+
+ private:
+  ModelChatTemplate(jinja::Template t, std::string file, Tokens tokens)
+      : template_(std::move(t)), file_(std::move(file)), tokens_(std::move(tokens)) {}
+  Result<std::string> RenderText(const std::vector<ChatMessage>& messages, bool prompt) const;
+
+  jinja::Template template_;
+  std::string file_;
+  Tokens tokens_;
+};
+
+}  // namespace colony::api

@@ -1,0 +1,200 @@
+// Colony's Jinja against Jinja itself: every template of tests/data/jinja/templates (the chat
+// templates of ten model families, and two that use each feature once) rendered over the
+// conversations of make_references.py, compared with what Jinja rendered there, configured as
+// transformers configures it (references.json). Then the bounds a hostile template or request
+// meets, and errors that name what they refuse.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "api/jinja_template.h"
+
+namespace colony::api::jinja {
+namespace {
+
+const std::string kData = COLONY_JINJA_DATA;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Value FromJson(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null:
+      return Value::None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value::Bool(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return Value::Int(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value::Float(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value::String(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      List l;
+      for (const auto& item : j) l.push_back(FromJson(item));
+      return Value::FromList(std::move(l));
+    }
+    default: {
+      Dict d;
+      for (const auto& [k, v] : j.items()) d.emplace_back(k, FromJson(v));
+      return Value::FromDict(std::move(d));
+    }
+  }
+}
+
+Result<std::string> Render(std::string_view source, const Dict& context = {},
+                           const RenderLimits& limits = {}) {
+  COLONY_ASSIGN_OR_RETURN(Template t, Template::Parse(source));
+  return t.Render(context, limits);
+}
+
+TEST(Jinja, RendersWhatJinjaRendersForEveryTemplateAndConversation) {
+  const auto refs = nlohmann::ordered_json::parse(ReadFile(kData + "/references.json"));
+  ASSERT_GE(refs["cases"].size(), 70u);
+  int errors = 0;
+  for (const auto& c : refs["cases"]) {
+    const std::string name = c["template"].get<std::string>();
+    SCOPED_TRACE(name + " over " + c["context"]["messages"].dump().substr(0, 120) +
+                 " add_generation_prompt=" + c["context"]["add_generation_prompt"].dump());
+    auto t = Template::Parse(ReadFile(kData + "/templates/" + name + ".jinja"));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    const Value context = FromJson(c["context"]);
+    auto out = t->Render(context.as_dict());
+    if (c.contains("error")) {
+      ++errors;
+      ASSERT_FALSE(out.ok()) << "Jinja raised '" << c["error"].get<std::string>()
+                             << "'; Colony rendered:\n"
+                             << *out;
+      EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
+      // raise_exception's message reaches the client as the template wrote it.
+      if (c["raised"].get<bool>()) {
+        EXPECT_EQ(out.status().message(), c["error"].get<std::string>());
+      }
+      continue;
+    }
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_EQ(*out, c["output"].get<std::string>());
+  }
+  EXPECT_GE(errors, 10);
+}
+
+TEST(Jinja, RefusesWhatItDoesNotRunByNameAndLine) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"a\n{{ x|shuffle }}", "line 2: no filter named 'shuffle'"},
+      {"{% if x is prime %}{% endif %}", "line 1: no test named 'prime'"},
+      {"{% include 'other.jinja' %}", "line 1: the statement 'include' is not supported here"},
+      {"{% raw %}x{% endraw %}", "line 1: the statement 'raw' is not supported here"},
+      {"{% for x in y recursive %}{% endfor %}", "line 1: recursive for loops are not supported"},
+      {"\n\n{% if x %}", "line 3: a block is not closed (expected 'elif')"},
+      {"{{ x", "line 1: a '{{' is not closed"},
+      {"{{ 'abc }}", "line 1: a string is not closed"},
+      {"{{ (1 }}", "line 1: unexpected '}': a '(' is not closed"},
+      {"{{ f(1 }}", "line 1: unexpected '}': a '(' is not closed"},
+      {"{{ f(1 ]", "line 1: unexpected ']': a '(' is not closed"},
+      {"{{ x ] }}", "line 1: unexpected ']'"},
+      {"{{ x @ y }}", "line 1: unexpected character '@'"},
+      {"{% endfor %}", "line 1: the statement 'endfor' is not supported here"},
+      {"{# open", "line 1: a comment is not closed"},
+      {"{{ 99999999999999999999 }}", "line 1: number 99999999999999999999 is too large"},
+  };
+  for (const auto& [source, message] : cases) {
+    auto t = Template::Parse(source);
+    ASSERT_FALSE(t.ok()) << source;
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << source;
+    EXPECT_EQ(t.status().message(), message) << source;
+  }
+}
+
+TEST(Jinja, ErrorsAtRenderingNameTheLineAndWhatFailed) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"\n{{ x.y }}", "line 2: 'x' is undefined"},
+      {"{{ none + 1 }}", "line 1: unsupported operand types for +: a none and a integer"},
+      {"{{ 'a' < 1 }}", "line 1: '<' is not supported between a string and a integer"},
+      {"{{ 1 // 0 }}", "line 1: integer division or modulo by zero"},
+      {"{{ 9223372036854775807 + 1 }}", "line 1: '+' overflows 64-bit integers"},
+      {"{{ nothing() }}", "line 1: 'nothing' is undefined, not a function"},
+      {"{% set x = 1 %}{% set x.y = 2 %}",
+       "line 1: cannot set an attribute of 'x', a integer (only of a namespace())"},
+      {"{% for a, b in [1] %}{% endfor %}", "line 1: cannot unpack a integer into 2 names"},
+      {"{{ range(1000000) }}", "line 1: range: more than 100,000 items"},
+      {"{% for x in none %}{% endfor %}", "line 1: a none cannot be iterated"},
+  };
+  for (const auto& [source, message] : cases) {
+    auto out = Render(source);
+    ASSERT_FALSE(out.ok()) << source;
+    EXPECT_EQ(out.status().message(), message) << source;
+  }
+}
+
+// A template, or the messages a client sends through it, cannot make rendering take unbounded
+// memory, time or stack.
+TEST(Jinja, BoundsWhatAHostileTemplateOrRequestCanMake) {
+  RenderLimits small;
+  small.max_output_bytes = 1 << 16;
+  small.max_list_items = 1000;
+  small.max_steps = 100000;
+  // Doubling a string: each step is allowed, the sum is not.
+  auto doubled = Render(
+      "{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}"
+      "{% endfor %}{{ ns.s|length }}",
+      {}, small);
+  ASSERT_FALSE(doubled.ok());
+  EXPECT_EQ(doubled.status().code(), StatusCode::kResourceExhausted);
+  auto repeated = Render("{{ 'ab' * 100000000000 }}", {}, small);
+  EXPECT_EQ(repeated.status().code(), StatusCode::kResourceExhausted);
+  auto listed = Render(
+      "{% set ns = namespace(l=[1]) %}{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}"
+      "{% endfor %}",
+      {}, small);
+  EXPECT_EQ(listed.status().code(), StatusCode::kResourceExhausted);
+  auto looped = Render(
+      "{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}", {}, small);
+  ASSERT_FALSE(looped.ok());
+  EXPECT_EQ(looped.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(looped.status().message().find("more than 100000 steps"), std::string::npos);
+  auto printed = Render("{% for a in range(100000) %}0123456789{% endfor %}", {}, small);
+  EXPECT_EQ(printed.status().code(), StatusCode::kResourceExhausted);
+  auto recursed = Render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", {}, small);
+  ASSERT_FALSE(recursed.ok());
+  EXPECT_EQ(recursed.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(recursed.status().message().find("nest deeper than 32"), std::string::npos);
+  // A client's long message passes through once per use: within the limits it renders.
+  const std::string content(20000, 'w');
+  Dict context = {{"m", Value::String(content)}};
+  auto ok = Render("{{ m }}{{ m|length }}", context, small);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(*ok, content + "20000");
+  // Deep nesting is a parse error, not a stack overflow.
+  for (const std::string& deep :
+       {"{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}",
+        "{{ " + std::string(100000, '[') + std::string(100000, ']') + " }}",
+        "{{ " + std::string(100000, '-') + "1 }}",
+        "{{ " +
+            [] {
+              std::string s;
+              for (int i = 0; i < 100000; ++i) s += "not ";
+              return s;
+            }() +
+            "1 }}",
+        [] {
+          std::string s;
+          for (int i = 0; i < 100000; ++i) s += "{% if 1 %}";
+          return s;
+        }()}) {
+    auto t = Template::Parse(deep);
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find("deeper than 64"), std::string::npos)
+        << t.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace colony::api::jinja

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Renders every template in templates/ with Jinja itself, configured as transformers'
+apply_chat_template configures it (transformers/utils/chat_template_utils.py: an immutable
+sandbox with trim_blocks and lstrip_blocks, loop controls, and its own tojson, raise_exception
+and strftime_now), over the conversations below, and writes what Jinja renders (or the error it
+raises) to references.json. tests/api/jinja_test.cpp renders the same with Colony's Jinja and
+compares. Needs python3-jinja2 (Debian); run it again after changing a template or a case:
+
+    python3 tests/data/jinja/make_references.py
+"""
+import json
+import os
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def environment():
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+
+CONVERSATIONS = {
+    "one-user": [{"role": "user", "content": "Hello!"}],
+    "system-and-turns": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3?  "},
+    ],
+    "unicode-and-spaces": [
+        {"role": "user", "content": "  Ünïcödé ✓ — 日本語 straße ŉ ĳ Ωμέγας Привет ÿ µ \"quotes\" 'single'\n\nnew\tlines  "},
+        {"role": "assistant", "content": "ÀÉÎÕÜ ŸŽ ΆΈΉΊΌΎΏ ЁЂЃ ѢѣҊҋ İ ı"},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": "<think>hidden</think>  padded answer  "},
+        {"role": "user", "content": "{{ not a template }} {% neither %}"},
+    ],
+    "out-of-order": [
+        {"role": "user", "content": "first"},
+        {"role": "user", "content": "second"},
+    ],
+    "empty": [],
+}
+
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    },
+}]
+
+TOOL_TURNS = [
+    {"role": "system", "content": "Use tools."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "",
+     "tool_calls": [{"type": "function",
+                     "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "{\"temperature\": 21.5}"},
+    {"role": "user", "content": "Thanks"},
+]
+
+
+def cases():
+    for name in sorted(os.listdir(os.path.join(HERE, "templates"))):
+        template = name[:-len(".jinja")]
+        for conversation, messages in CONVERSATIONS.items():
+            for prompt in (True, False):
+                if not prompt and conversation != "system-and-turns":
+                    continue
+                yield template, dict(TOKENS, messages=messages, add_generation_prompt=prompt,
+                                     tools=None, documents=None)
+        if template in ("qwen2.5", "llama3.1"):
+            yield template, dict(TOKENS, messages=TOOL_TURNS, add_generation_prompt=True,
+                                 tools=TOOLS, documents=None)
+
+
+def main():
+    env = environment()
+    out = []
+    for template, context in cases():
+        with open(os.path.join(HERE, "templates", template + ".jinja"), encoding="utf-8") as f:
+            source = f.read()
+        case = {"template": template, "context": context}
+        try:
+            case["output"] = env.from_string(source).render(**context)
+        except jinja2.exceptions.TemplateError as e:
+            case["error"] = str(e)
+            # raise_exception's own message (Colony passes it on as it is), or Jinja's.
+            case["raised"] = type(e) is jinja2.exceptions.TemplateError
+        out.append(case)
+    with open(os.path.join(HERE, "references.json"), "w", encoding="utf-8") as f:
+        json.dump({"jinja2": jinja2.__version__, "cases": out}, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"{len(out)} cases, {sum('error' in c for c in out)} of them errors")
+
+
+if __name__ == "__main__":
+    main()
