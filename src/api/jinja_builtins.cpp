@@ -1192,7 +1192,7 @@ Value Global(std::string_view name) {
   if (name == "raise_exception") {
     return Value::FromFunction([](Args& a) -> Result<Value> {
       const Value message = Arg(a, 0, "message");
-      return InvalidArgument(message.Str());
+      return FailedPrecondition(message.Str());  // the template's refusal (jinja_template.h)
     });
   }
   if (name == "strftime_now") {

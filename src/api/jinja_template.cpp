@@ -12,8 +12,10 @@ namespace colony::api::jinja {
 
 namespace {
 
+// Errors of rendering get the line; the template's own (raise_exception's FailedPrecondition)
+// and exhausted limits pass as they are.
 Status LineError(int line, const Status& st) {
-  if (st.code() == StatusCode::kResourceExhausted) return st;
+  if (st.code() != StatusCode::kInvalidArgument) return st;
   return InvalidArgument(fmt::format("line {}: {}", line, st.message()));
 }
 
@@ -300,7 +302,7 @@ class Renderer {
     COLONY_RETURN_IF_ERROR(Step(e.line));
     Result<Value> v = EvalInner(e);
     if (!v.ok() && v.status().message().rfind("line ", 0) != 0 &&
-        v.status().code() != StatusCode::kResourceExhausted && !raised_) {
+        v.status().code() == StatusCode::kInvalidArgument) {
       return LineError(e.line, v.status());
     }
     return v;
@@ -347,11 +349,7 @@ class Renderer {
               "{} is {}, not a function", Named(*e.operands[0]),
               callee.undefined() ? "undefined" : "a " + std::string(callee.TypeName())));
         }
-        const bool raise =
-            e.operands[0]->type == Expr::Type::kName && e.operands[0]->name == "raise_exception";
-        Result<Value> r = callee.as_function()(args);
-        if (!r.ok() && raise) raised_ = true;  // the template's own message, as it wrote it
-        return r;
+        return callee.as_function()(args);
       }
       case Expr::Type::kFilter: {
         COLONY_ASSIGN_OR_RETURN(Value operand, Eval(*e.operands[0]));
@@ -446,7 +444,6 @@ class Renderer {
   std::vector<Frame> frames_;
   uint64_t steps_ = 0;
   int call_depth_ = 0;
-  bool raised_ = false;
 };
 
 }  // namespace

@@ -37,8 +37,10 @@ class Template {
   static Result<Template> Parse(std::string_view source);
 
   // Renders with `context`'s names defined (and the globals range, namespace, dict,
-  // raise_exception, strftime_now). InvalidArgument for errors of the template's own making
-  // (raise_exception's message as it is; others with the line), ResourceExhausted past `limits`.
+  // raise_exception, strftime_now). FailedPrecondition with its message as it is when the
+  // template refuses the context itself (raise_exception), InvalidArgument "line N: ..." for
+  // what fails in it (an undefined value's attribute, a type error), ResourceExhausted past
+  // `limits`.
   Result<std::string> Render(const Dict& context, const RenderLimits& limits = {}) const;
 
  private:

@@ -122,8 +122,8 @@ Result<ModelChatTemplate> ModelChatTemplate::FromSource(std::string_view source,
   return ModelChatTemplate(std::move(*t), std::move(file), std::move(tokens));
 }
 
-Result<std::string> ModelChatTemplate::RenderText(const std::vector<ChatMessage>& messages,
-                                                  bool prompt) const {
+Result<std::string> ModelChatTemplate::RenderRaw(const std::vector<ChatMessage>& messages,
+                                                 bool prompt) const {
   List list;
   list.reserve(messages.size());
   for (const ChatMessage& m : messages) list.push_back(Message(m));
@@ -140,14 +140,34 @@ Result<std::string> ModelChatTemplate::RenderText(const std::vector<ChatMessage>
   for (const auto& [name, text] : named) {
     if (!text->empty()) context.emplace_back(name, Value::String(*text));
   }
-  auto out = template_.Render(context);
-  if (!out.ok()) {
-    if (out.status().code() == StatusCode::kInvalidArgument) {
-      return InvalidArgument(fmt::format("'messages': {}", out.status().message()));
-    }
-    return out.status().WithContext("'messages': the model's chat template");
+  return template_.Render(context);
+}
+
+Result<std::string> ModelChatTemplate::RenderText(const std::vector<ChatMessage>& messages,
+                                                  bool prompt) const {
+  auto out = RenderRaw(messages, prompt);
+  if (out.ok()) return out;
+  const Status& st = out.status();
+  switch (st.code()) {
+    case StatusCode::kFailedPrecondition:  // the template's own refusal, in its words
+      return InvalidArgument(fmt::format("'messages': {}", st.message()));
+    case StatusCode::kInvalidArgument:
+      return InvalidArgument(
+          fmt::format("'messages': the model's chat template ({}) failed on "
+                      "them: {}",
+                      file_, st.message()));
+    default:
+      return st.WithContext("'messages': the model's chat template");
   }
-  return out;
+}
+
+Status ModelChatTemplate::Check() const {
+  auto out = RenderRaw({{"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}}, true);
+  if (out.ok() || out.status().code() == StatusCode::kFailedPrecondition) return Status::Ok();
+  return InvalidArgument(fmt::format(
+      "{}: the chat template fails on a conversation of a user's, an assistant's and a user's "
+      "turn: {}",
+      file_, out.status().message()));
 }
 
 Result<std::vector<ChatPiece>> ModelChatTemplate::Render(

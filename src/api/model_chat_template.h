@@ -43,9 +43,15 @@ class ModelChatTemplate {
   static Result<ModelChatTemplate> FromSource(std::string_view source, std::string file,
                                               Tokens tokens);
 
+  // Renders a conversation of a user's, an assistant's and a user's turn: InvalidArgument naming
+  // the file and the line when the template fails on it other than by refusing it
+  // (raise_exception), e.g. with Python's `%` formatting, which Colony's Jinja does not run.
+  // `colony api` checks this at start, so that such a template does not fail every request.
+  Status Check() const;
+
   // The prompt for the messages, ending where the assistant's answer starts. InvalidArgument
   // naming 'messages' when the template refuses them (its raise_exception's message as it wrote
-  // it, e.g. roles that do not alternate).
+  // it, e.g. roles that do not alternate) or fails on them (with the line).
   Result<std::vector<ChatPiece>> Render(const std::vector<ChatMessage>& messages) const;
 
   // What the template writes right after an assistant's answer, found by rendering a short
@@ -64,6 +70,9 @@ class ModelChatTemplate {
  private:
   ModelChatTemplate(jinja::Template t, std::string file, Tokens tokens)
       : template_(std::move(t)), file_(std::move(file)), tokens_(std::move(tokens)) {}
+  // The template's rendering, its errors as jinja::Template gives them.
+  Result<std::string> RenderRaw(const std::vector<ChatMessage>& messages, bool prompt) const;
+  // The same, errors as a request's.
   Result<std::string> RenderText(const std::vector<ChatMessage>& messages, bool prompt) const;
 
   jinja::Template template_;

@@ -45,11 +45,14 @@ int RunApi(const ApiArgs& a) {
     options.chat_template = *t;
   } else {
     auto own = api::ModelChatTemplate::Load(a.swarm.model);
-    if (!own.ok()) {
+    const Status checked = !own.ok()          ? own.status()
+                           : own->has_value() ? (*own)->Check()
+                                              : Status::Ok();
+    if (!checked.ok()) {
       return Fail(fmt::format(
           "{}; name a written-out template with --chat-template plain|chatml|llama3|llama2|mistral "
           "to serve chats without it (docs/api.md)",
-          own.status().message()));
+          checked.message()));
     }
     if (own->has_value()) {
       COLONY_LOG_INFO("api: chat template from {}", (*own)->file());
