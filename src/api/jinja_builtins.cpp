@@ -198,8 +198,22 @@ std::u32string Upper(std::u32string_view s) {
 }
 
 std::u32string Lower(std::u32string_view s) {
+  const auto cased = [](char32_t c) {
+    std::u32string up;
+    std::u32string low;
+    AppendUpper(c, up);
+    AppendLower(c, low);
+    return up != std::u32string(1, c) || low != std::u32string(1, c);
+  };
   std::u32string out;
-  for (char32_t c : s) AppendLower(c, out);
+  for (size_t i = 0; i < s.size(); ++i) {
+    // Python's Final_Sigma: a capital sigma after a letter and not before one is final.
+    if (s[i] == 0x3a3 && i > 0 && cased(s[i - 1]) && (i + 1 == s.size() || !cased(s[i + 1]))) {
+      out += static_cast<char32_t>(0x3c2);
+      continue;
+    }
+    AppendLower(s[i], out);
+  }
   return out;
 }
 
@@ -233,6 +247,26 @@ std::string Title(const std::string& s) {
       AppendLower(c, out);
     }
     start = false;
+  }
+  return EncodeUtf8(out);
+}
+
+// Python's str.title(): a cased letter after an uncased character upper, other letters lower
+// ("a-b_c d" is "A-B_C D"; Jinja's title filter splits at spaces and hyphens only).
+std::string PyTitle(const std::string& s) {
+  std::u32string out;
+  bool after_cased = false;
+  for (char32_t c : DecodeUtf8(s)) {
+    const std::u32string one(1, c);
+    const bool cased = Upper(one) != one || Lower(one) != one;
+    if (!cased) {
+      out += c;
+    } else if (after_cased) {
+      AppendLower(c, out);
+    } else {
+      AppendUpper(c, out);
+    }
+    after_cased = cased;
   }
   return EncodeUtf8(out);
 }
@@ -344,7 +378,7 @@ Value StringMethod(const Value& self, std::string_view name, const Budget& budge
       COLONY_RETURN_IF_ERROR(CheckArgs(a, what, 0, {}));
       if (what == "upper") return Value::String(MapCase(s, Upper));
       if (what == "lower") return Value::String(MapCase(s, Lower));
-      if (what == "title") return Value::String(Title(s));
+      if (what == "title") return Value::String(PyTitle(s));
       return Value::String(Capitalize(s));
     });
   }
@@ -480,7 +514,10 @@ Result<Value> IntPower(int64_t x, int64_t y) {
 }
 
 Result<Value> Repeat(const Value& seq, int64_t n, const Budget& budget) {
-  if (n <= 0) return seq.is_string() ? Value::String("") : Value::FromList({});
+  const auto list = [&](List l) {
+    return seq.is_tuple() ? Value::FromTuple(std::move(l)) : Value::FromList(std::move(l));
+  };
+  if (n <= 0) return seq.is_string() ? Value::String("") : list({});
   if (seq.is_string()) {
     const size_t total =
         seq.as_string().size() * static_cast<size_t>(std::min<int64_t>(n, 1 << 30));
@@ -499,33 +536,75 @@ Result<Value> Repeat(const Value& seq, int64_t n, const Budget& budget) {
       CheckList(n >= (1 << 30) ? budget.max_list_items + 1 : total, budget, "'*'"));
   List out;
   for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq.as_list().begin(), seq.as_list().end());
-  return Value::FromList(std::move(out));
+  return list(std::move(out));
+}
+
+// Jinja's attribute argument of map, sort, sum...: "a.b.0" is item a, its item b, its item 0.
+Value AttributePath(const Value& v, const Value& path) {
+  if (!path.is_string()) return path.kind() == Value::Kind::kInt ? Item(v, path) : v;
+  Value out = v;
+  size_t pos = 0;
+  const std::string& p = path.as_string();
+  while (true) {
+    const size_t dot = p.find('.', pos);
+    const std::string part =
+        p.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
+    int64_t index = 0;
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), index);
+    out = (ec == std::errc() && end == part.data() + part.size()) ? Item(out, Value::Int(index))
+                                                                  : Item(out, Value::String(part));
+    if (dot == std::string::npos) return out;
+    pos = dot + 1;
+  }
+}
+
+// An attribute of an undefined item fails, as in Jinja.
+Status CheckDefined(const List& items, const Value& attribute, std::string_view what) {
+  if (attribute.undefined() || attribute.is_none()) return Status::Ok();
+  for (const Value& item : items) {
+    if (item.undefined()) {
+      return InvalidArgument(
+          fmt::format("{}: an undefined item has no attribute {}", what, attribute.Repr()));
+    }
+  }
+  return Status::Ok();
+}
+
+// What sort, unique, min and max compare: the attribute's value, a string in lower case unless
+// `case_sensitive` (Jinja's default is not).
+Value SortKey(const Value& v, const Value& attribute, bool case_sensitive) {
+  Value key = attribute.undefined() || attribute.is_none() ? v : AttributePath(v, attribute);
+  if (key.is_string() && !case_sensitive) return Value::String(MapCase(key.as_string(), Lower));
+  return key;
 }
 
 Result<Value> Aggregate(std::string_view name, const Value& operand, Args& args,
                         const Budget& budget) {
-  COLONY_RETURN_IF_ERROR(CheckArgs(args, name, 1, {"attribute", "start", "case_sensitive"}));
+  COLONY_RETURN_IF_ERROR(CheckArgs(args, name, 2, {"attribute", "start", "case_sensitive"}));
   COLONY_ASSIGN_OR_RETURN(List items, Iterate(operand));
-  const Value attribute = Arg(args, name == "sum" ? 1 : 0, "attribute");
-  if (attribute.is_string()) {
-    for (Value& v : items) v = v.Member(attribute.as_string());
-  }
-  if (name == "sum") {
+  if (name == "sum") {  // sum(attribute=None, start=0)
+    const Value attribute = Arg(args, 0, "attribute");
+    COLONY_RETURN_IF_ERROR(CheckDefined(items, attribute, name));
     Value total = Arg(args, 1, "start");
     if (total.undefined()) total = Value::Int(0);
     for (const Value& v : items) {
-      COLONY_ASSIGN_OR_RETURN(total, Arithmetic("+", total, v, budget));
+      COLONY_ASSIGN_OR_RETURN(total, Arithmetic("+", total, SortKey(v, attribute, true), budget));
     }
     return total;
   }
+  // min / max (case_sensitive=False, attribute=None): the first of the smallest or largest.
+  const bool case_sensitive = Arg(args, 0, "case_sensitive").Truthy();
+  const Value attribute = Arg(args, 1, "attribute");
+  COLONY_RETURN_IF_ERROR(CheckDefined(items, attribute, name));
   if (items.empty()) return Value();
-  Value best = items[0];
+  size_t best = 0;
   for (size_t i = 1; i < items.size(); ++i) {
-    COLONY_ASSIGN_OR_RETURN(bool less, Less(items[i], best));
-    COLONY_ASSIGN_OR_RETURN(bool more, Less(best, items[i]));
-    if (name == "min" ? less : more) best = items[i];
+    const Value a = SortKey(items[i], attribute, case_sensitive);
+    const Value b = SortKey(items[best], attribute, case_sensitive);
+    COLONY_ASSIGN_OR_RETURN(bool better, name == "min" ? Less(a, b) : Less(b, a));
+    if (better) best = i;
   }
-  return best;
+  return items[best];
 }
 
 // Jinja's indent: every line but the first (unless `first`) gets `width` spaces; blank lines
@@ -550,12 +629,16 @@ std::string Indent(const std::string& s, const std::string& pad, bool first, boo
 
 Result<Value> SortItems(List items, Args& args, std::string_view what) {
   const bool reverse = Arg(args, 0, "reverse").Truthy();
+  const bool case_sensitive = Arg(args, 1, "case_sensitive").Truthy();
   const Value attribute = Arg(args, 2, "attribute");
+  COLONY_RETURN_IF_ERROR(CheckDefined(items, attribute, what));
   Status error = Status::Ok();
-  const auto key = [&](const Value& v) {
-    return attribute.is_string() ? v.Member(attribute.as_string()) : v;
-  };
+  const auto key = [&](const Value& v) { return SortKey(v, attribute, case_sensitive); };
+  // With an attribute Jinja compares lists of keys, which are equal before they are compared
+  // (two undefined keys too).
+  const bool by_attribute = !attribute.undefined() && !attribute.is_none();
   std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
+    if (by_attribute && Equal(key(a), key(b))) return false;
     Result<bool> less = reverse ? Less(key(b), key(a)) : Less(key(a), key(b));
     if (!less.ok()) {
       error = less.status().WithContext(what);
@@ -628,6 +711,21 @@ Result<List> Iterate(const Value& v) {
 
 Value Attribute(const Value& obj, std::string_view name, const Budget& budget) {
   if (obj.is_string()) return StringMethod(obj, name, budget);
+  if (obj.kind() == Value::Kind::kList && (name == "count" || name == "index")) {
+    const bool count = name == "count";
+    return Bound([obj, count](Args& a) -> Result<Value> {
+      COLONY_RETURN_IF_ERROR(CheckArgs(a, count ? "count" : "index", 1, {}));
+      const Value x = Arg(a, 0, "");
+      int64_t n = 0;
+      for (size_t i = 0; i < obj.as_list().size(); ++i) {
+        if (!Equal(obj.as_list()[i], x)) continue;
+        if (!count) return Value::Int(static_cast<int64_t>(i));
+        ++n;
+      }
+      if (!count) return InvalidArgument(fmt::format("index: {} is not in the list", x.Repr()));
+      return Value::Int(n);
+    });
+  }
   if (obj.kind() == Value::Kind::kDict) {
     Value method = DictMethod(obj, name);
     if (!method.undefined()) return method;
@@ -637,7 +735,7 @@ Value Attribute(const Value& obj, std::string_view name, const Budget& budget) {
 
 Value Item(const Value& obj, const Value& key) {
   if (obj.is_mapping()) return key.is_string() ? obj.Member(key.as_string()) : Value();
-  if (key.kind() != Value::Kind::kInt) return {};
+  if (key.kind() != Value::Kind::kInt || obj.is_generator()) return {};
   int64_t i = key.as_int();
   if (obj.kind() == Value::Kind::kList) {
     const auto n = static_cast<int64_t>(obj.as_list().size());
@@ -674,9 +772,9 @@ Result<Value> Slice(const Value& obj, const Value& start_v, const Value& stop_v,
   if (obj.is_string()) {
     chars = DecodeUtf8(obj.as_string());
     n = static_cast<int64_t>(chars.size());
-  } else if (obj.kind() == Value::Kind::kList) {
+  } else if (obj.kind() == Value::Kind::kList && !obj.is_generator()) {
     n = static_cast<int64_t>(obj.as_list().size());
-  } else if (obj.undefined()) {
+  } else if (obj.undefined() || obj.is_generator()) {
     return Value();
   } else {
     return InvalidArgument(fmt::format("a {} cannot be sliced", obj.TypeName()));
@@ -723,11 +821,13 @@ Result<Value> Arithmetic(std::string_view op, const Value& a_in, const Value& b_
   };
   if (op == "+") {
     if (a.is_string() && b.is_string()) return Concat(a, b, budget);
-    if (a.kind() == Value::Kind::kList && b.kind() == Value::Kind::kList) {
+    // A list and a list, or a tuple and a tuple (Python adds no list to a tuple).
+    if (a.kind() == Value::Kind::kList && b.kind() == Value::Kind::kList &&
+        a.is_tuple() == b.is_tuple() && !a.is_generator() && !b.is_generator()) {
       COLONY_RETURN_IF_ERROR(CheckList(a.as_list().size() + b.as_list().size(), budget, "'+'"));
       List out = a.as_list();
       out.insert(out.end(), b.as_list().begin(), b.as_list().end());
-      return Value::FromList(std::move(out));
+      return a.is_tuple() ? Value::FromTuple(std::move(out)) : Value::FromList(std::move(out));
     }
   }
   if (op == "*") {
@@ -738,6 +838,7 @@ Result<Value> Arithmetic(std::string_view op, const Value& a_in, const Value& b_
       return Repeat(b, a.as_int(), budget);
     }
   }
+  if (op == "%" && a.is_string()) return PercentFormat(a.as_string(), b, budget);
   if (!a.is_number() || !b.is_number()) return unsupported();
   if (a.kind() == Value::Kind::kInt && b.kind() == Value::Kind::kInt && op != "/") {
     const int64_t x = a.as_int();
@@ -758,7 +859,10 @@ Result<Value> Arithmetic(std::string_view op, const Value& a_in, const Value& b_
       return Value::Int(m);
     }
     if (op == "**") {
-      if (y < 0) return Value::Float(std::pow(static_cast<double>(x), static_cast<double>(y)));
+      if (y < 0) {
+        if (x == 0) return InvalidArgument("0.0 cannot be raised to a negative power");
+        return Value::Float(std::pow(static_cast<double>(x), static_cast<double>(y)));
+      }
       return IntPower(x, y);
     }
   }
@@ -773,11 +877,189 @@ Result<Value> Arithmetic(std::string_view op, const Value& a_in, const Value& b_
   }
   if (op == "//" || op == "%") {
     if (y == 0) return InvalidArgument("float division or modulo by zero");
-    const double q = std::floor(x / y);
-    return op == "//" ? Value::Float(q) : Value::Float(x - q * y);
+    if (op == "//") return Value::Float(std::floor(x / y));
+    // Python's float %: the divisor's sign, and a zero signed like it.
+    double m = std::fmod(x, y);
+    if (m != 0) {
+      if ((y < 0) != (m < 0)) m += y;
+    } else {
+      m = std::copysign(0.0, y);
+    }
+    return Value::Float(m);
   }
-  if (op == "**") return Value::Float(std::pow(x, y));
+  if (op == "**") {
+    if (x == 0 && y < 0) return InvalidArgument("0.0 cannot be raised to a negative power");
+    // Python gives a complex number for a negative base and a fractional power.
+    if (x < 0 && y != std::floor(y)) return InvalidArgument("'**' would give a complex number");
+    const double r = std::pow(x, y);
+    if (std::isinf(r) && std::isfinite(x) && std::isfinite(y)) {
+      return InvalidArgument("'**': numerical result out of range");
+    }
+    return Value::Float(r);
+  }
   return unsupported();
+}
+
+namespace {
+
+// One conversion of Python's printf-style formatting, with its flags, width and precision.
+Result<std::string> FormatOne(char conversion, const std::string& flags, int width, int precision,
+                              const Value& v) {
+  std::string body;
+  const bool is_number = v.is_number() || v.kind() == Value::Kind::kBool;
+  const auto number = [&]() {
+    return v.kind() == Value::Kind::kBool ? (v.as_bool() ? 1.0 : 0.0) : v.as_number();
+  };
+  switch (conversion) {
+    case 's':
+    case 'r': {
+      std::u32string text = DecodeUtf8(conversion == 's' ? v.Str() : v.Repr());
+      if (precision >= 0 && text.size() > static_cast<size_t>(precision)) {
+        text.resize(static_cast<size_t>(precision));
+      }
+      if (width > static_cast<int>(text.size())) {
+        const std::u32string pad(static_cast<size_t>(width) - text.size(), U' ');
+        text = flags.find('-') != std::string::npos ? text + pad : pad + text;
+      }
+      return EncodeUtf8(text);
+    }
+    case 'd':
+    case 'i':
+    case 'x':
+    case 'X':
+    case 'o':
+    case 'c': {
+      if (conversion == 'c' && v.is_string() && DecodeUtf8(v.as_string()).size() == 1) {
+        return FormatOne('s', flags, width, -1, v);
+      }
+      if (!is_number) {
+        return InvalidArgument(
+            fmt::format("%{} format: a real number is required, not {}", conversion, v.TypeName()));
+      }
+      if (conversion != 'd' && conversion != 'i' && v.kind() == Value::Kind::kFloat) {
+        return InvalidArgument(
+            fmt::format("%{} format: an integer is required, not float", conversion));
+      }
+      const double d = number();
+      if (!std::isfinite(d) || std::fabs(d) > 9.2e18) {
+        return InvalidArgument("%d format: the number is out of range");
+      }
+      const auto i = v.kind() == Value::Kind::kInt ? v.as_int() : static_cast<int64_t>(d);
+      if (conversion == 'c') {
+        if (i < 0 || i > 0x10ffff) return InvalidArgument("%c arg not in range(0x110000)");
+        return FormatOne('s', flags, width, -1,
+                         Value::String(EncodeUtf8(std::u32string(1, static_cast<char32_t>(i)))));
+      }
+      std::string spec = "%" + flags;
+      if (width >= 0) spec += std::to_string(width);
+      if (precision >= 0) spec += "." + std::to_string(precision);
+      spec += "ll";
+      spec += conversion == 'i' ? 'd' : conversion;
+      char buf[512];
+      std::snprintf(buf, sizeof(buf), spec.c_str(), static_cast<long long>(i));
+      return std::string(buf);
+    }
+    case 'f':
+    case 'F':
+    case 'e':
+    case 'E':
+    case 'g':
+    case 'G': {
+      if (!is_number) {
+        return InvalidArgument(
+            fmt::format("%{} format: a real number is required, not {}", conversion, v.TypeName()));
+      }
+      std::string spec = "%" + flags;
+      if (width >= 0) spec += std::to_string(width);
+      if (precision >= 0) spec += "." + std::to_string(precision);
+      spec += conversion;
+      char buf[512];
+      std::snprintf(buf, sizeof(buf), spec.c_str(), number());
+      return std::string(buf);
+    }
+    default:
+      return InvalidArgument(fmt::format("unsupported format character '{}'", conversion));
+  }
+}
+
+}  // namespace
+
+Result<Value> PercentFormat(const std::string& format, const Value& args, const Budget& budget) {
+  // A tuple gives the arguments in order; anything else is the one argument, and a dict (or a
+  // list, which Python also takes for a mapping) may be named by %(key)s.
+  List positional;
+  if (args.is_tuple()) {
+    positional = args.as_list();
+  } else {
+    positional.push_back(args);
+  }
+  const bool mapping = !args.is_tuple() && (args.is_mapping() || args.kind() == Value::Kind::kList);
+  size_t next = 0;
+  bool used_key = false;
+  std::string out;
+  for (size_t i = 0; i < format.size(); ++i) {
+    if (format[i] != '%') {
+      out += format[i];
+      continue;
+    }
+    if (++i >= format.size()) return InvalidArgument("incomplete format");
+    Value value;
+    bool have_value = false;
+    if (format[i] == '(') {
+      const size_t close = format.find(')', i);
+      if (close == std::string::npos) return InvalidArgument("incomplete format key");
+      if (!args.is_mapping()) return InvalidArgument("format requires a mapping");
+      value = args.Member(format.substr(i + 1, close - i - 1));
+      if (value.undefined()) {
+        return InvalidArgument(
+            fmt::format("format key '{}' is missing", format.substr(i + 1, close - i - 1)));
+      }
+      have_value = true;
+      used_key = true;
+      i = close + 1;
+    }
+    std::string flags;
+    while (i < format.size() &&
+           std::string_view("-+ #0").find(format[i]) != std::string_view::npos) {
+      flags += format[i++];
+    }
+    const auto read_number = [&](int& n) -> Status {
+      if (i < format.size() && format[i] == '*')
+        return InvalidArgument("'*' widths are not supported");
+      while (i < format.size() && format[i] >= '0' && format[i] <= '9') {
+        n = (n < 0 ? 0 : n) * 10 + (format[i++] - '0');
+        if (n > 256) return InvalidArgument("a format's width or precision is over 256");
+      }
+      return Status::Ok();
+    };
+    int width = -1;
+    int precision = -1;
+    COLONY_RETURN_IF_ERROR(read_number(width));
+    if (i < format.size() && format[i] == '.') {
+      ++i;
+      precision = 0;
+      COLONY_RETURN_IF_ERROR(read_number(precision));
+    }
+    if (i >= format.size()) return InvalidArgument("incomplete format");
+    const char conversion = format[i];
+    if (conversion == '%') {
+      out += '%';
+      continue;
+    }
+    if (!have_value) {
+      if (next >= positional.size())
+        return InvalidArgument("not enough arguments for format string");
+      value = positional[next++];
+    }
+    COLONY_ASSIGN_OR_RETURN(std::string piece,
+                            FormatOne(conversion, flags, width, precision, value));
+    out += piece;
+    COLONY_RETURN_IF_ERROR(CheckString(out, budget, "'%'"));
+  }
+  if (next < positional.size() && !mapping && !used_key) {
+    return InvalidArgument("not all arguments converted during string formatting");
+  }
+  return Value::String(std::move(out));
 }
 
 Result<bool> Contains(const Value& container, const Value& item) {
@@ -795,6 +1077,9 @@ Result<bool> Contains(const Value& container, const Value& item) {
                          [&](const Value& v) { return Equal(v, item); });
     case Value::Kind::kDict:
     case Value::Kind::kNamespace:
+      if ((item.kind() == Value::Kind::kList && !item.is_tuple()) || item.is_mapping()) {
+        return InvalidArgument(fmt::format("'in <dict>': a {} is unhashable", item.TypeName()));
+      }
       return item.is_string() && !container.Member(item.as_string()).undefined();
     default:
       return InvalidArgument(fmt::format("'in': a {} is not a container", container.TypeName()));
@@ -818,17 +1103,17 @@ Result<bool> ApplyTest(std::string_view name, const Value& v, Args& args) {
     return v.is_string() || v.kind() == Value::Kind::kList || v.kind() == Value::Kind::kDict ||
            v.undefined();
   }
-  if (name == "sequence") {
-    return v.is_string() || v.kind() == Value::Kind::kList || v.kind() == Value::Kind::kDict;
+  if (name == "sequence") {  // what has a length and items (Jinja's undefined has both)
+    return v.is_string() || (v.kind() == Value::Kind::kList && !v.is_generator()) ||
+           v.kind() == Value::Kind::kDict || v.undefined();
   }
-  if (name == "callable") return v.kind() == Value::Kind::kFunction;
+  // Jinja's undefined is callable (calling it fails).
+  if (name == "callable") return v.kind() == Value::Kind::kFunction || v.undefined();
   if (name == "odd" || name == "even" || name == "divisibleby") {
-    COLONY_ASSIGN_OR_RETURN(int64_t x, ToInt(v, name));
-    if (name == "odd") return x % 2 != 0;
-    if (name == "even") return x % 2 == 0;
-    COLONY_ASSIGN_OR_RETURN(int64_t d, ToInt(arg, name));
-    if (d == 0) return InvalidArgument("divisibleby: division by zero");
-    return x % d == 0;
+    // Python's value % 2 == 1, value % 2 == 0, value % num == 0 (floats too).
+    const Value divisor = name == "divisibleby" ? arg : Value::Int(2);
+    COLONY_ASSIGN_OR_RETURN(Value rest, Arithmetic("%", v, divisor, Budget{1 << 20, 1 << 20}));
+    return Equal(rest, Value::Int(name == "odd" ? 1 : 0));
   }
   if (name == "eq" || name == "equalto" || name == "==") return Equal(v, arg);
   if (name == "ne" || name == "!=") return !Equal(v, arg);
@@ -849,10 +1134,9 @@ Result<bool> ApplyTest(std::string_view name, const Value& v, Args& args) {
             (v.kind() == Value::Kind::kBool && Equal(v, arg)));
   }
   if (name == "lower" || name == "upper") {
-    if (!v.is_string()) return false;
-    // Python's islower()/isupper(): some cased letter, and none of the other case.
+    // Python's str(value).islower()/isupper(): some cased letter, and none of the other case.
     bool cased = false;
-    for (char32_t c : DecodeUtf8(v.as_string())) {
+    for (char32_t c : DecodeUtf8(v.Str())) {
       const std::u32string one(1, c);
       const bool is_upper = Lower(one) != one;
       const bool is_lower = Upper(one) != one;
@@ -866,7 +1150,12 @@ Result<bool> ApplyTest(std::string_view name, const Value& v, Args& args) {
 
 Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, const Budget& budget) {
   const std::string what = fmt::format("filter '{}'", name);
-  if (name == "safe") return v;
+  // Jinja's undefined reads as "" or as empty, but fails where it would be a number or JSON.
+  if (v.undefined() && (name == "int" || name == "float" || name == "abs" || name == "round" ||
+                        name == "indent" || name == "tojson")) {
+    return ArgError(what, "its value is undefined");
+  }
+  if (name == "safe") return Value::String(v.Str());  // Markup: a string
   if (name == "tojson") {
     COLONY_RETURN_IF_ERROR(
         CheckArgs(args, what, 1, {"indent", "ensure_ascii", "separators", "sort_keys"}));
@@ -904,6 +1193,7 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
       case Value::Kind::kString:
         return Value::Int(static_cast<int64_t>(DecodeUtf8(v.as_string()).size()));
       case Value::Kind::kList:
+        if (v.is_generator()) return ArgError(what, "a generator has no length (add |list)");
         return Value::Int(static_cast<int64_t>(v.as_list().size()));
       case Value::Kind::kDict:
         return Value::Int(static_cast<int64_t>(v.as_dict().size()));
@@ -933,6 +1223,9 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
   }
   if (name == "indent") {
     COLONY_RETURN_IF_ERROR(CheckArgs(args, what, 3, {"width", "first", "blank"}));
+    if (!v.is_string() && !v.undefined()) {
+      return ArgError(what, fmt::format("takes a string, not a {}", v.TypeName()));
+    }
     const Value width = Arg(args, 0, "width");
     std::string pad(4, ' ');
     if (width.kind() == Value::Kind::kInt) {
@@ -982,6 +1275,7 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
     return fallback.undefined() ? Value::Float(0) : fallback;
   }
   if (name == "abs") {
+    if (v.kind() == Value::Kind::kBool) return Value::Int(v.as_bool() ? 1 : 0);
     if (v.kind() == Value::Kind::kInt) {
       if (v.as_int() == std::numeric_limits<int64_t>::min()) return ArgError(what, "overflow");
       return Value::Int(std::abs(v.as_int()));
@@ -991,6 +1285,9 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
   }
   if (name == "round") {
     COLONY_RETURN_IF_ERROR(CheckArgs(args, what, 2, {"precision", "method"}));
+    // Python's round() of an integer (a boolean is one) is that integer.
+    if (v.kind() == Value::Kind::kBool) return Value::Int(v.as_bool() ? 1 : 0);
+    if (v.kind() == Value::Kind::kInt) return v;
     if (!v.is_number()) return ArgError(what, "takes a number");
     const Value precision = Arg(args, 0, "precision");
     const int64_t p =
@@ -1016,12 +1313,12 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
     return attribute.is_string() ? Attribute(v, attribute.as_string(), budget) : Value();
   }
   if (name == "items") {
-    if (v.undefined()) return Value::FromList({});
+    if (v.undefined()) return Value::Generator({});
     if (v.kind() != Value::Kind::kDict) return ArgError(what, "takes a dict");
     List out;
     for (const auto& [k, item] : v.as_dict())
       out.push_back(Value::FromTuple({Value::String(k), item}));
-    return Value::FromList(std::move(out));
+    return Value::Generator(std::move(out));
   }
   if (name == "dictsort") {
     if (v.kind() != Value::Kind::kDict) return ArgError(what, "takes a dict");
@@ -1044,35 +1341,52 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
       return Value::String(EncodeUtf8(u));
     }
     if (name == "min" || name == "max" || name == "sum") return Aggregate(name, v, args, budget);
+    // map, select and the like go through nothing when given a false value (none, 0, false).
+    const bool lazy = name == "map" || name == "select" || name == "reject" ||
+                      name == "selectattr" || name == "rejectattr";
+    if (lazy && !v.Truthy()) return Value::Generator({});
     COLONY_ASSIGN_OR_RETURN(List items, Iterate(v));
     if (name == "list") return Value::FromList(std::move(items));
     if (name == "first") return items.empty() ? Value() : items.front();
     if (name == "last") return items.empty() ? Value() : items.back();
     if (name == "reverse") {
       std::reverse(items.begin(), items.end());
-      return Value::FromList(std::move(items));
+      // reversed(): an iterator, except of a generator (a list)
+      return v.is_generator() ? Value::FromList(std::move(items))
+                              : Value::Generator(std::move(items));
     }
     if (name == "sort") {
       COLONY_RETURN_IF_ERROR(CheckArgs(args, what, 3, {"reverse", "case_sensitive", "attribute"}));
       return SortItems(std::move(items), args, what);
     }
-    if (name == "unique") {
+    if (name == "unique") {  // unique(case_sensitive=False, attribute=None): first ones kept
+      COLONY_RETURN_IF_ERROR(CheckArgs(args, what, 2, {"case_sensitive", "attribute"}));
+      const bool case_sensitive = Arg(args, 0, "case_sensitive").Truthy();
+      const Value attribute = Arg(args, 1, "attribute");
+      COLONY_RETURN_IF_ERROR(CheckDefined(items, attribute, what));
       List out;
+      List seen;
       for (const Value& item : items) {
-        if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return Equal(o, item); })) {
+        Value key = SortKey(item, attribute, case_sensitive);
+        if ((key.kind() == Value::Kind::kList && !key.is_tuple()) || key.is_mapping()) {
+          return ArgError(what, fmt::format("a {} is unhashable", key.TypeName()));
+        }
+        if (std::none_of(seen.begin(), seen.end(), [&](const Value& o) { return Equal(o, key); })) {
+          seen.push_back(std::move(key));
           out.push_back(item);
         }
       }
-      return Value::FromList(std::move(out));
+      return Value::Generator(std::move(out));
     }
     if (name == "join") {
       COLONY_RETURN_IF_ERROR(CheckArgs(args, what, 2, {"d", "attribute"}));
       COLONY_ASSIGN_OR_RETURN(std::string sep, StringArg(args, 0, "d", what, ""));
       const Value attribute = Arg(args, 1, "attribute");
+      COLONY_RETURN_IF_ERROR(CheckDefined(items, attribute, what));
       std::string out;
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) out += sep;
-        out += (attribute.is_string() ? items[i].Member(attribute.as_string()) : items[i]).Str();
+        out += (attribute.undefined() ? items[i] : AttributePath(items[i], attribute)).Str();
         COLONY_RETURN_IF_ERROR(CheckString(out, budget, what));
       }
       return Value::String(std::move(out));
@@ -1081,12 +1395,13 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
       List out;
       const Value attribute = Arg(args, 99, "attribute");
       if (attribute.is_string()) {
+        COLONY_RETURN_IF_ERROR(CheckDefined(items, attribute, what));
         const Value fallback = Arg(args, 99, "default");
         for (const Value& item : items) {
-          Value m = Attribute(item, attribute.as_string(), budget);
+          Value m = AttributePath(item, attribute);
           out.push_back(m.undefined() && !fallback.undefined() ? fallback : m);
         }
-        return Value::FromList(std::move(out));
+        return Value::Generator(std::move(out));
       }
       if (args.positional.empty() || !args.positional[0].is_string()) {
         return ArgError(what, "needs a filter's name or attribute=");
@@ -1101,7 +1416,7 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
         COLONY_ASSIGN_OR_RETURN(Value m, ApplyFilter(filter, item, rest, budget));
         out.push_back(std::move(m));
       }
-      return Value::FromList(std::move(out));
+      return Value::Generator(std::move(out));
     }
     // select / reject / selectattr / rejectattr
     const bool by_attr = name == "selectattr" || name == "rejectattr";
@@ -1124,9 +1439,10 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
     Args rest;
     rest.positional.assign(args.positional.begin() + static_cast<std::ptrdiff_t>(next),
                            args.positional.end());
+    if (by_attr) COLONY_RETURN_IF_ERROR(CheckDefined(items, Value::String(attribute), what));
     List out;
     for (const Value& item : items) {
-      const Value subject = by_attr ? Attribute(item, attribute, budget) : item;
+      const Value subject = by_attr ? AttributePath(item, Value::String(attribute)) : item;
       bool pass = false;
       if (test.empty()) {
         pass = subject.Truthy();
@@ -1135,7 +1451,7 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
       }
       if (pass == keep) out.push_back(item);
     }
-    return Value::FromList(std::move(out));
+    return Value::Generator(std::move(out));
   }
   return InvalidArgument(fmt::format("no filter named '{}'", name));
 }

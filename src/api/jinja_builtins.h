@@ -39,6 +39,9 @@ Value Global(std::string_view name);
 Result<Value> Concat(const Value& a, const Value& b, const Budget& budget);
 // + - * / // % ** between numbers, strings and lists as Python computes them.
 Result<Value> Arithmetic(std::string_view op, const Value& a, const Value& b, const Budget& budget);
+// Python's printf-style `format % args`: %s %r %d %i %x %X %o %c %f %F %e %E %g %G %% with
+// flags, width and precision, and %(key)s of a dict.
+Result<Value> PercentFormat(const std::string& format, const Value& args, const Budget& budget);
 // `a in b`.
 Result<bool> Contains(const Value& container, const Value& item);
 // The items a for loop (or list(), join, map...) goes through: a list's items, a dict's keys, a

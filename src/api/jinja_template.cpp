@@ -60,6 +60,13 @@ class Renderer {
     frames_.push_back(Frame(context.begin(), context.end()));
     frames_.emplace_back();  // the template's own variables (set at top level)
   }
+  // A namespace can hold itself (`{% set ns.x = ns %}`): emptied here, none outlives the
+  // rendering in a cycle of shared pointers.
+  ~Renderer() {
+    for (const Value& ns : namespaces_) ns.namespace_dict().clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   Result<std::string> Run(const Body& body) {
     std::string out;
@@ -191,7 +198,9 @@ class Renderer {
     } else {
       items = std::move(*all);
     }
-    if (items.empty()) return Exec(n.else_body, out);
+    // Jinja runs the loop's else unless an iteration reached the end of the body: with no items,
+    // and also when every iteration ended in continue, or the first in break.
+    bool completed = false;
     const auto length = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < length; ++i) {
       COLONY_RETURN_IF_ERROR(Step(n.line));
@@ -216,8 +225,13 @@ class Renderer {
       frames_.pop_back();
       if (!flow.ok()) return flow.status();
       if (*flow == Flow::kBreak) break;
+      completed = completed || *flow == Flow::kNormal;
     }
-    return Flow::kNormal;
+    if (completed) return Flow::kNormal;
+    frames_.emplace_back();  // the else's own scope, as the body's
+    Result<Flow> flow = Exec(n.else_body, out);
+    frames_.pop_back();
+    return flow;
   }
 
   static Status Bind(const Node& n, const Value& item, Frame& frame) {
@@ -349,7 +363,10 @@ class Renderer {
               "{} is {}, not a function", Named(*e.operands[0]),
               callee.undefined() ? "undefined" : "a " + std::string(callee.TypeName())));
         }
-        return callee.as_function()(args);
+        Result<Value> result = callee.as_function()(args);
+        if (result.ok() && result->kind() == Value::Kind::kNamespace)
+          namespaces_.push_back(*result);
+        return result;
       }
       case Expr::Type::kFilter: {
         COLONY_ASSIGN_OR_RETURN(Value operand, Eval(*e.operands[0]));
@@ -365,7 +382,10 @@ class Renderer {
       case Expr::Type::kUnary: {
         COLONY_ASSIGN_OR_RETURN(Value v, Eval(*e.operands[0]));
         if (e.name == "not") return Value::Bool(!v.Truthy());
-        if (e.name == "-") return Arithmetic("-", Value::Int(0), v, budget_);
+        if (e.name == "-") {
+          if (v.kind() == Value::Kind::kFloat) return Value::Float(-v.as_number());  // -0.0
+          return Arithmetic("-", Value::Int(0), v, budget_);
+        }
         if (!v.is_number())
           return InvalidArgument(fmt::format("bad operand for unary +: a {}", v.TypeName()));
         return v;
@@ -444,6 +464,7 @@ class Renderer {
   std::vector<Frame> frames_;
   uint64_t steps_ = 0;
   int call_depth_ = 0;
+  std::vector<Value> namespaces_;  // every namespace() this rendering made
 };
 
 }  // namespace

@@ -58,6 +58,12 @@ Value Value::FromTuple(List l) {
   return v;
 }
 
+Value Value::Generator(List l) {
+  Value v = FromList(std::move(l));
+  v.generator_ = true;
+  return v;
+}
+
 Value Value::FromDict(Dict d) {
   Value v;
   v.kind_ = Kind::kDict;
@@ -92,7 +98,7 @@ bool Value::Truthy() const {
     case Kind::kString:
       return !s_->empty();
     case Kind::kList:
-      return !l_->empty();
+      return generator_ || !l_->empty();
     case Kind::kDict:
       return !d_->empty();
     case Kind::kNamespace:
@@ -219,6 +225,7 @@ Status JsonInto(const Value& v, int indent, bool sort_keys, int depth, std::stri
       JsonString(v.as_string(), out);
       return Status::Ok();
     case Value::Kind::kList: {
+      if (v.is_generator()) return InvalidArgument("tojson: a generator is not JSON");
       if (v.as_list().empty()) {
         out += "[]";
         return Status::Ok();
@@ -284,7 +291,7 @@ std::string Value::Str() const {
 std::string Value::Repr() const {
   switch (kind_) {
     case Kind::kUndefined:
-      return {};
+      return "Undefined";  // as Jinja prints one inside a list
     case Kind::kNone:
       return "None";
     case Kind::kBool:
@@ -296,6 +303,7 @@ std::string Value::Repr() const {
     case Kind::kString:
       return StringRepr(*s_);
     case Kind::kList: {
+      if (generator_) return "<generator object>";
       std::string out = b_ ? "(" : "[";
       for (size_t i = 0; i < l_->size(); ++i) {
         if (i > 0) out += ", ";
@@ -366,7 +374,7 @@ bool Equal(const Value& a, const Value& b) {
   if (b.kind() == Value::Kind::kBool && a.is_number()) {
     return Equal(a, Value::Int(b.as_bool() ? 1 : 0));
   }
-  if (a.kind() != b.kind()) return false;
+  if (a.kind() != b.kind() || a.is_generator() || b.is_generator()) return false;
   switch (a.kind()) {
     case Value::Kind::kUndefined:
     case Value::Kind::kNone:
@@ -376,7 +384,8 @@ bool Equal(const Value& a, const Value& b) {
     case Value::Kind::kString:
       return a.as_string() == b.as_string();
     case Value::Kind::kList:
-      return std::equal(a.as_list().begin(), a.as_list().end(), b.as_list().begin(),
+      return a.is_tuple() == b.is_tuple() &&  // Python's (1, 2) != [1, 2]
+             std::equal(a.as_list().begin(), a.as_list().end(), b.as_list().begin(),
                         b.as_list().end(), Equal);
     case Value::Kind::kDict: {
       if (a.as_dict().size() != b.as_dict().size()) return false;
@@ -418,7 +427,8 @@ Result<bool> Less(const Value& a, const Value& b) {
     // Code point order is UTF-8 byte order.
     return a.as_string() < b.as_string();
   }
-  if (a.kind() == Value::Kind::kList && b.kind() == Value::Kind::kList) {
+  if (a.kind() == Value::Kind::kList && b.kind() == Value::Kind::kList &&
+      a.is_tuple() == b.is_tuple() && !a.is_generator() && !b.is_generator()) {
     const List& x = a.as_list();
     const List& y = b.as_list();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {

@@ -55,6 +55,11 @@ class Value {
   static Value FromList(List l);
   // A tuple: a list that prints as Python prints a tuple, "(1, 2)".
   static Value FromTuple(List l);
+  // What Jinja's select, reject, map, unique, reverse and items filters give: a generator, which
+  // loops, joins and filters read like a list but which is always true, has no length, cannot
+  // be indexed and prints as "<generator object>" (a template that does any of these with one
+  // gets what it gets under Jinja).
+  static Value Generator(List l);
   static Value FromDict(Dict d);
   // namespace(): the one mutable value (`{% set ns.x = ... %}`).
   static Value Namespace(Dict d);
@@ -68,6 +73,7 @@ class Value {
   bool is_mapping() const { return kind_ == Kind::kDict || kind_ == Kind::kNamespace; }
 
   bool is_tuple() const { return kind_ == Kind::kList && b_; }
+  bool is_generator() const { return kind_ == Kind::kList && generator_; }
   bool as_bool() const { return b_; }
   int64_t as_int() const { return i_; }
   // An int or a float as a double.
@@ -85,7 +91,7 @@ class Value {
   Value Member(std::string_view key) const;
   // str(): strings as they are, undefined as "", everything else as Python prints it.
   std::string Str() const;
-  // repr(): strings quoted as Python quotes them.
+  // repr(): strings quoted as Python quotes them, undefined as "Undefined" (Jinja in a list).
   std::string Repr() const;
   // json.dumps(ensure_ascii=False, indent=indent, sort_keys=sort_keys); InvalidArgument for
   // undefined and functions. `indent` < 0: on one line.
@@ -96,6 +102,7 @@ class Value {
  private:
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;  // a boolean's value; a list's "is a tuple"
+  bool generator_ = false;
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;

@@ -45,7 +45,7 @@ class ModelChatTemplate {
 
   // Renders a conversation of a user's, an assistant's and a user's turn: InvalidArgument naming
   // the file and the line when the template fails on it other than by refusing it
-  // (raise_exception), e.g. with Python's `%` formatting, which Colony's Jinja does not run.
+  // (raise_exception), e.g. by reading a variable that transformers does not define.
   // `colony api` checks this at start, so that such a template does not fail every request.
   Status Check() const;
 

@@ -1,16 +1,19 @@
 // Colony's Jinja against Jinja itself: every template of tests/data/jinja/templates (the chat
 // templates of ten model families, and two that use each feature once) rendered over the
 // conversations of make_references.py, compared with what Jinja rendered there, configured as
-// transformers configures it (references.json). Then the bounds a hostile template or request
-// meets, and errors that name what they refuse.
+// transformers configures it (references.json); and thousands of random templates rendered by
+// Jinja as the test runs (differential.py). Then the bounds a hostile template or request meets,
+// and errors that name what they refuse.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
 #include "api/jinja_template.h"
+#include "core/subprocess.h"
 
 namespace colony::api::jinja {
 namespace {
@@ -87,6 +90,51 @@ TEST(Jinja, RendersWhatJinjaRendersForEveryTemplateAndConversation) {
     EXPECT_EQ(*out, c["output"].get<std::string>());
   }
   EXPECT_GE(errors, 10);
+}
+
+// Random templates (differential.py: nested expressions of every operator, filter, test and
+// method Colony runs over a context of strings, numbers, lists and dicts; and statements with
+// random whitespace control, comments, loops, sets and macros) rendered by Jinja itself and by
+// Colony: the same text, or an error from both. Seeds are fixed, so a failure repeats.
+TEST(Jinja, AgreesWithJinjaItselfOnRandomTemplates) {
+  for (const auto& [mode, count] :
+       {std::pair{"expressions", 4000}, std::pair{"statements", 2000}}) {
+    auto python = Subprocess::Spawn(
+        {"/usr/bin/python3", kData + "/differential.py", mode, "1", std::to_string(count)});
+    ASSERT_TRUE(python.ok()) << python.status().ToString();
+    std::vector<nlohmann::ordered_json> cases;
+    while (true) {
+      auto line = python->ReadLine(std::chrono::seconds(120));
+      if (!line.ok()) {
+        ASSERT_EQ(line.status().code(), StatusCode::kNotFound) << line.status().ToString();
+        break;
+      }
+      cases.push_back(nlohmann::ordered_json::parse(*line));
+    }
+    auto exit = python->Wait(std::chrono::seconds(30));
+    ASSERT_TRUE(exit.ok() && *exit == 0) << "differential.py " << mode << " failed";
+    ASSERT_EQ(cases.size(), static_cast<size_t>(count) + 1);
+    const Value context = FromJson(cases.back()["context"]);
+    cases.pop_back();
+    int differ = 0;
+    int errors = 0;
+    for (const auto& c : cases) {
+      const std::string source = c["template"].get<std::string>();
+      Result<std::string> out = Render(source, context.as_dict());
+      const bool jinja_failed = c.contains("error");
+      errors += jinja_failed ? 1 : 0;
+      if (jinja_failed ? !out.ok() : (out.ok() && *out == c["output"].get<std::string>())) continue;
+      if (++differ <= 5) {
+        ADD_FAILURE() << mode << ": " << source << "\n  Jinja:  "
+                      << (jinja_failed ? c["error"] : c["output"]).get<std::string>()
+                      << "\n  Colony: " << (out.ok() ? *out : "error " + out.status().message());
+      }
+    }
+    EXPECT_EQ(differ, 0) << mode;
+    // Both kinds of answer are exercised.
+    EXPECT_GT(errors, count / 20) << mode;
+    EXPECT_LT(errors, count / 2) << mode;
+  }
 }
 
 TEST(Jinja, RefusesWhatItDoesNotRunByNameAndLine) {

@@ -396,24 +396,25 @@ TEST(ModelChatTemplate, RunsTheModelsOwnTemplateToTheTokensOfItsWrittenOutTwin) 
   EXPECT_TRUE(plain->EndOfTurn(tok).tokens.empty());
 }
 
-// A template that fails on an ordinary conversation (here with Python's `%` formatting, which
-// Colony's Jinja does not run) is refused when colony api starts, by file and line, not on every
+// A template that fails on an ordinary conversation (here one that reads a variable
+// transformers does not define) is refused when colony api starts, by file and line, not on every
 // request; one that only refuses some conversations itself (raise_exception) passes, and its
 // refusal reaches the client in its own words.
 TEST(ModelChatTemplate, ATemplateThatFailsOnAPlainConversationIsRefusedAtStart) {
-  auto percent = ModelChatTemplate::FromSource(
-      "{% for m in messages %}\n{{ '%s: %s' % (m.role, m.content) }}{% endfor %}", "t.jinja", {});
-  ASSERT_TRUE(percent.ok()) << percent.status().ToString();
-  const Status st = percent->Check();
+  auto broken = ModelChatTemplate::FromSource(
+      "{% for m in messages %}\n{{ m.role ~ ': ' ~ m.content ~ settings.suffix }}{% endfor %}",
+      "t.jinja", {});
+  ASSERT_TRUE(broken.ok()) << broken.status().ToString();
+  const Status st = broken->Check();
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(),
             "t.jinja: the chat template fails on a conversation of a user's, an assistant's and a "
-            "user's turn: line 2: unsupported operand types for %: a string and a list");
-  auto rendered = percent->Render({{"user", "Hi"}});
+            "user's turn: line 2: 'settings' is undefined");
+  auto rendered = broken->Render({{"user", "Hi"}});
   ASSERT_FALSE(rendered.ok());
   EXPECT_EQ(rendered.status().message(),
-            "'messages': the model's chat template (t.jinja) failed on them: line 2: unsupported "
-            "operand types for %: a string and a list");
+            "'messages': the model's chat template (t.jinja) failed on them: line 2: 'settings' is "
+            "undefined");
 
   auto gemma = ModelChatTemplate::FromSource(JinjaTemplate("gemma"), "gemma.jinja", {});
   ASSERT_TRUE(gemma.ok()) << gemma.status().ToString();
