@@ -34,17 +34,25 @@ Status CheckExpr(const Expr* e) {
   return Status::Ok();
 }
 
-Status CheckBody(const Body& body) {
+// ... and break and continue stand in a loop's body (not its else, not a macro's body).
+Status CheckBody(const Body& body, bool in_loop) {
   for (const NodePtr& n : body) {
+    if ((n->type == Node::Type::kBreak || n->type == Node::Type::kContinue) && !in_loop) {
+      return InvalidArgument(fmt::format("line {}: '{}' outside a loop", n->line,
+                                         n->type == Node::Type::kBreak ? "break" : "continue"));
+    }
     COLONY_RETURN_IF_ERROR(CheckExpr(n->expr.get()));
     COLONY_RETURN_IF_ERROR(CheckExpr(n->cond.get()));
     for (const auto& d : n->defaults) COLONY_RETURN_IF_ERROR(CheckExpr(d.get()));
     for (const auto& [cond, b] : n->branches) {
       COLONY_RETURN_IF_ERROR(CheckExpr(cond.get()));
-      COLONY_RETURN_IF_ERROR(CheckBody(b));
+      COLONY_RETURN_IF_ERROR(CheckBody(b, in_loop));
     }
-    COLONY_RETURN_IF_ERROR(CheckBody(n->body));
-    COLONY_RETURN_IF_ERROR(CheckBody(n->else_body));
+    const bool body_in_loop = n->type == Node::Type::kFor     ? true
+                              : n->type == Node::Type::kMacro ? false
+                                                              : in_loop;
+    COLONY_RETURN_IF_ERROR(CheckBody(n->body, body_in_loop));
+    COLONY_RETURN_IF_ERROR(CheckBody(n->else_body, in_loop));
   }
   return Status::Ok();
 }
@@ -71,7 +79,7 @@ class Renderer {
   Result<std::string> Run(const Body& body) {
     std::string out;
     COLONY_ASSIGN_OR_RETURN(Flow flow, Exec(body, out));
-    if (flow != Flow::kNormal) return InvalidArgument("'break' or 'continue' outside a loop");
+    if (flow != Flow::kNormal) return Internal("'break' or 'continue' outside a loop");  // Parse
     return out;
   }
 
@@ -163,6 +171,7 @@ class Renderer {
         Result<Flow> flow = Exec(n.body, captured);
         frames_.pop_back();
         if (!flow.ok()) return flow.status();
+        if (*flow != Flow::kNormal) return *flow;  // a break or continue of the loop around it
         Assign(frames_.back(), n.targets[0], Value::String(std::move(captured)));
         return Flow::kNormal;
       }
@@ -471,7 +480,7 @@ class Renderer {
 
 Result<Template> Template::Parse(std::string_view source) {
   COLONY_ASSIGN_OR_RETURN(Body body, ParseTemplate(source));
-  COLONY_RETURN_IF_ERROR(CheckBody(body));
+  COLONY_RETURN_IF_ERROR(CheckBody(body, false));
   return Template(std::make_shared<const Body>(std::move(body)));
 }
 

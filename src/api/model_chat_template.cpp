@@ -225,11 +225,12 @@ ModelChatTemplate::TurnEnd ModelChatTemplate::EndOfTurn(const model::Tokenizer& 
       return end;
     }
   }
-  // Plain text up to the next turn's words: the turn ends where the template starts the next
-  // one (trailing whitespace dropped: the model need not write it).
-  const size_t last = after.find_last_not_of(" \t");
-  std::string stop = text->substr(at + kProbe.size(), first + last + 1);
-  if (!stop.empty()) end.stops.push_back(std::move(stop));
+  // Plain text: the turn ends where the template starts the next one, at the first line it
+  // writes after the answer (with the whitespace before it, and without trailing whitespace,
+  // which the model need not write): a base model's "\nUser:".
+  std::string line = after.substr(0, after.find('\n'));
+  line.erase(line.find_last_not_of(" \t\r") + 1);
+  if (!line.empty()) end.stops.push_back(text->substr(at + kProbe.size(), first) + line);
   return end;
 }
 

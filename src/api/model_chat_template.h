@@ -56,9 +56,9 @@ class ModelChatTemplate {
 
   // What the template writes right after an assistant's answer, found by rendering a short
   // conversation whose answer is a marker: the special token there (Llama 3's <|eot_id|>,
-  // ChatML's <|im_end|>, Gemma's <end_of_turn>) as a stop token, or the plain text up to the
-  // next turn (a base model's "\nUser:") as a stop string. Nothing where an EOS follows the
-  // answer: EOS ends generation anyway.
+  // ChatML's <|im_end|>, Gemma's <end_of_turn>) as a stop token, or else the first line of text
+  // there (a base model's "\nUser:", or "<|im_end|>" where the tokenizer has no such token) as
+  // a stop string. Nothing where an EOS follows the answer: EOS ends generation anyway.
   struct TurnEnd {
     std::vector<std::string> stops;
     std::vector<int64_t> tokens;

@@ -155,6 +155,11 @@ TEST(Jinja, RefusesWhatItDoesNotRunByNameAndLine) {
       {"{% endfor %}", "line 1: the statement 'endfor' is not supported here"},
       {"{# open", "line 1: a comment is not closed"},
       {"{{ 99999999999999999999 }}", "line 1: number 99999999999999999999 is too large"},
+      {"{% break %}", "line 1: 'break' outside a loop"},
+      {"{% for i in x %}{% else %}\n{% continue %}{% endfor %}",
+       "line 2: 'continue' outside a loop"},
+      {"{% for i in x %}{% macro m() %}{% break %}{% endmacro %}{% endfor %}",
+       "line 1: 'break' outside a loop"},
   };
   for (const auto& [source, message] : cases) {
     auto t = Template::Parse(source);

@@ -394,6 +394,11 @@ TEST(ModelChatTemplate, RunsTheModelsOwnTemplateToTheTokensOfItsWrittenOutTwin) 
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(plain->EndOfTurn(tok).stops, (std::vector<std::string>{"\nUser:"}));
   EXPECT_TRUE(plain->EndOfTurn(tok).tokens.empty());
+  // ChatML's with a tokenizer that has no <|im_end|> token: its text, up to the line's end.
+  auto chatml = ModelChatTemplate::FromSource(JinjaTemplate("chatml"), "chatml.jinja", tokens);
+  ASSERT_TRUE(chatml.ok());
+  EXPECT_EQ(chatml->EndOfTurn(tok).stops, (std::vector<std::string>{"<|im_end|>"}));
+  EXPECT_TRUE(chatml->EndOfTurn(tok).tokens.empty());
 }
 
 // A template that fails on an ordinary conversation (here one that reads a variable

@@ -131,7 +131,7 @@ def statements(r, count):
     def comment():
         return "{#" + r.choice(["", "-"]) + " c " + r.choice(["", "-"]) + "#}"
 
-    def block(depth):
+    def block(depth, in_loop=False):
         out = ""
         for _ in range(r.randrange(1, 5)):
             c = r.randrange(11)
@@ -143,20 +143,21 @@ def statements(r, count):
                 out += comment()
             elif c == 5 and depth < 3:
                 cond = r.choice(["n > 3", "loop is defined and loop.first", "x", "not m", "i"])
-                out += f"{begin()} if {cond} {end()}{block(depth + 1)}"
+                out += f"{begin()} if {cond} {end()}{block(depth + 1, in_loop)}"
                 if r.random() < 0.5:
-                    out += f"{begin()} elif {r.choice(['true', 'n'])} {end()}{block(depth + 1)}"
+                    out += f"{begin()} elif {r.choice(['true', 'n'])} {end()}"
+                    out += block(depth + 1, in_loop)
                 if r.random() < 0.5:
-                    out += f"{begin()} else {end()}{block(depth + 1)}"
+                    out += f"{begin()} else {end()}{block(depth + 1, in_loop)}"
                 out += f"{begin()} endif {end()}"
             elif c == 6 and depth < 3:
                 loop = r.choice(["m in messages", "i in range(3)", "i in l if i > 1",
                                  "k, v in d.items()", "i in w|reverse"])
-                out += f"{begin()} for {loop} {end()}{block(depth + 1)}"
+                out += f"{begin()} for {loop} {end()}{block(depth + 1, True)}"
                 if r.random() < 0.2:
                     out += f"{begin()} {r.choice(['break', 'continue'])} {end()}"
                 if r.random() < 0.3:
-                    out += f"{begin()} else {end()}{block(depth + 1)}"
+                    out += f"{begin()} else {end()}{block(depth + 1, in_loop)}"
                 out += f"{begin()} endfor {end()}"
             elif c == 7:
                 out += f"{begin()} set x = {r.choice(['1', 'n + 1', 'x ~ 2', '[1]'])} {end()}"
@@ -166,7 +167,10 @@ def statements(r, count):
                 out += (f"{begin()} macro mm(a, b='B') {end()}{block(depth + 1)}"
                         f"{begin()} endmacro {end()}{{{{ mm(1) }}}}")
             elif c == 10:
-                out += f"{begin()} set y {end()}{block(depth + 1)}{begin()} endset {end()}{{{{ y }}}}"
+                control = (f"{begin()} {r.choice(['break', 'continue'])} {end()}"
+                           if in_loop and r.random() < 0.3 else "")
+                out += (f"{begin()} set y {end()}{block(depth + 1, in_loop)}{control}"
+                        f"{begin()} endset {end()}{{{{ y }}}}")
             out += text()
         return out
 
