@@ -558,6 +558,14 @@ Value AttributePath(const Value& v, const Value& path) {
   }
 }
 
+// Python's hashable: lists and dicts are not, nor tuples holding one.
+bool Hashable(const Value& v) {
+  if (v.is_mapping()) return false;
+  if (v.kind() != Value::Kind::kList || v.is_generator()) return true;
+  if (!v.is_tuple()) return false;
+  return std::all_of(v.as_list().begin(), v.as_list().end(), Hashable);
+}
+
 // An attribute of an undefined item fails, as in Jinja.
 Status CheckDefined(const List& items, const Value& attribute, std::string_view what) {
   if (attribute.undefined() || attribute.is_none()) return Status::Ok();
@@ -607,24 +615,31 @@ Result<Value> Aggregate(std::string_view name, const Value& operand, Args& args,
   return items[best];
 }
 
-// Jinja's indent: every line but the first (unless `first`) gets `width` spaces; blank lines
-// only with `blank`.
+// Jinja's indent: every line but the first gets `pad`, blank lines only with `blank`; the first
+// line too with `first` (blank or not); line breaks become "\n".
 std::string Indent(const std::string& s, const std::string& pad, bool first, bool blank) {
-  std::string out;
-  size_t pos = 0;
-  bool is_first = true;
-  while (true) {
-    const size_t nl = s.find('\n', pos);
-    const std::string line = s.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
-    const bool indent = (is_first ? first : true) && (blank || !line.empty());
-    if (indent) out += pad;
-    out += line;
-    if (nl == std::string::npos) break;
-    out += '\n';
-    pos = nl + 1;
-    is_first = false;
+  // Python's (s + "\n").splitlines(): lines end at \n, \r, \r\n and the other line breaks.
+  const std::u32string u = DecodeUtf8(s) + U"\n";
+  std::vector<std::string> lines;
+  std::u32string line;
+  for (size_t i = 0; i < u.size(); ++i) {
+    const char32_t c = u[i];
+    if (c == '\n' || c == '\r' || c == 0x0b || c == 0x0c || (c >= 0x1c && c <= 0x1e) || c == 0x85 ||
+        c == 0x2028 || c == 0x2029) {
+      if (c == '\r' && i + 1 < u.size() && u[i + 1] == '\n') ++i;
+      lines.push_back(EncodeUtf8(line));
+      line.clear();
+    } else {
+      line += c;
+    }
   }
-  return out;
+  std::string out = lines[0];
+  for (size_t i = 1; i < lines.size(); ++i) {
+    out += '\n';
+    if (blank || !lines[i].empty()) out += pad;
+    out += lines[i];
+  }
+  return first ? pad + out : out;
 }
 
 Result<Value> SortItems(List items, Args& args, std::string_view what) {
@@ -1077,7 +1092,7 @@ Result<bool> Contains(const Value& container, const Value& item) {
                          [&](const Value& v) { return Equal(v, item); });
     case Value::Kind::kDict:
     case Value::Kind::kNamespace:
-      if ((item.kind() == Value::Kind::kList && !item.is_tuple()) || item.is_mapping()) {
+      if (!Hashable(item)) {
         return InvalidArgument(fmt::format("'in <dict>': a {} is unhashable", item.TypeName()));
       }
       return item.is_string() && !container.Member(item.as_string()).undefined();
@@ -1368,9 +1383,8 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, Args& args, con
       List seen;
       for (const Value& item : items) {
         Value key = SortKey(item, attribute, case_sensitive);
-        if ((key.kind() == Value::Kind::kList && !key.is_tuple()) || key.is_mapping()) {
+        if (!Hashable(key))
           return ArgError(what, fmt::format("a {} is unhashable", key.TypeName()));
-        }
         if (std::none_of(seen.begin(), seen.end(), [&](const Value& o) { return Equal(o, key); })) {
           seen.push_back(std::move(key));
           out.push_back(item);

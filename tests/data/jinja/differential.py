@@ -39,13 +39,13 @@ CONTEXT = {
                  {"role": "assistant", "content": "ok"}],
 }
 STRINGS = ["'a'", "'Ab c'", "\"it's\"", "'x\\ny'", "'é'", "''", "' pad '", "'1'", "'2.5'",
-           "'a,b'", "'ΣΑΣ ß'", "'%s!'", "'%d%%'", "'%-4s|%.2f'", "'%(a)s'"]
+           "'a,b'", "'ΣΑΣ ß'", "'%s!'", "'%d%%'", "'%-4s|%.2f'", "'%(a)s'", "'\\nx\\r\\ny\\n'"]
 FILTERS = [
     "trim", "upper", "lower", "length", "count", "first", "last", "list", "sort", "string",
     "int", "float", "tojson", "title", "capitalize", "abs", "round", "indent", "join",
     "default('D')", "default('D', true)", "join(', ')", "replace('a', 'X')", "sum", "min", "max",
     "tojson(indent=2)", "trim('H')", "int(9)", "sort(reverse=true)", "dictsort", "d",
-    "first|string", "round(1)", "indent(2, true)", "sort(attribute='role')|map(attribute='role')|list",
+    "first|string", "round(1)", "indent(2, true)", "indent(1, true, true)", "sort(attribute='role')|map(attribute='role')|list",
     "map(attribute='role')|list", "selectattr('role', 'eq', 'user')|list",
     "rejectattr('role')|list", "select('odd')|list", "reject('none')|list", "unique|list",
     "reverse|list", "items|list", "map('string')|list", "map('upper')|join('/')",
