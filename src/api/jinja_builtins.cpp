@@ -917,6 +917,31 @@ Result<Value> Arithmetic(std::string_view op, const Value& a_in, const Value& b_
 
 namespace {
 
+// An integer as Python's %d, %x, %X or %o writes it: the sign before the "0x" of '#' (Python's
+// octal prefix is "0o"), precision as a least number of digits, '0' padding after the sign.
+std::string FormatInt(char conversion, const std::string& flags, int width, int precision,
+                      int64_t i) {
+  const auto has = [&](char f) { return flags.find(f) != std::string::npos; };
+  const uint64_t magnitude = i < 0 ? 0 - static_cast<uint64_t>(i) : static_cast<uint64_t>(i);
+  std::string digits = conversion == 'x'   ? fmt::format("{:x}", magnitude)
+                       : conversion == 'X' ? fmt::format("{:X}", magnitude)
+                       : conversion == 'o' ? fmt::format("{:o}", magnitude)
+                                           : std::to_string(magnitude);
+  if (precision > static_cast<int>(digits.size())) {
+    digits.insert(0, static_cast<size_t>(precision) - digits.size(), '0');
+  }
+  std::string head = i < 0 ? "-" : has('+') ? "+" : has(' ') ? " " : "";
+  if (has('#') && conversion != 'd' && conversion != 'i') {
+    head += conversion == 'x' ? "0x" : conversion == 'X' ? "0X" : "0o";
+  }
+  const size_t length = head.size() + digits.size();
+  if (width <= static_cast<int>(length)) return head + digits;
+  const size_t pad = static_cast<size_t>(width) - length;
+  if (has('-')) return head + digits + std::string(pad, ' ');
+  if (has('0')) return head + std::string(pad, '0') + digits;
+  return std::string(pad, ' ') + head + digits;
+}
+
 // One conversion of Python's printf-style formatting, with its flags, width and precision.
 Result<std::string> FormatOne(char conversion, const std::string& flags, int width, int precision,
                               const Value& v) {
@@ -965,14 +990,7 @@ Result<std::string> FormatOne(char conversion, const std::string& flags, int wid
         return FormatOne('s', flags, width, -1,
                          Value::String(EncodeUtf8(std::u32string(1, static_cast<char32_t>(i)))));
       }
-      std::string spec = "%" + flags;
-      if (width >= 0) spec += std::to_string(width);
-      if (precision >= 0) spec += "." + std::to_string(precision);
-      spec += "ll";
-      spec += conversion == 'i' ? 'd' : conversion;
-      char buf[512];
-      std::snprintf(buf, sizeof(buf), spec.c_str(), static_cast<long long>(i));
-      return std::string(buf);
+      return FormatInt(conversion, flags, width, precision, i);
     }
     case 'f':
     case 'F':
@@ -988,9 +1006,12 @@ Result<std::string> FormatOne(char conversion, const std::string& flags, int wid
       if (width >= 0) spec += std::to_string(width);
       if (precision >= 0) spec += "." + std::to_string(precision);
       spec += conversion;
-      char buf[512];
-      std::snprintf(buf, sizeof(buf), spec.c_str(), number());
-      return std::string(buf);
+      const double d = number();
+      const int n = std::snprintf(nullptr, 0, spec.c_str(), d);  // a 1e308 has 309 digits
+      std::string out(static_cast<size_t>(std::max(n, 0)) + 1, '\0');
+      std::snprintf(out.data(), out.size(), spec.c_str(), d);
+      out.resize(static_cast<size_t>(std::max(n, 0)));
+      return out;
     }
     default:
       return InvalidArgument(fmt::format("unsupported format character '{}'", conversion));

@@ -137,6 +137,35 @@ TEST(Jinja, AgreesWithJinjaItselfOnRandomTemplates) {
   }
 }
 
+// Python's printf-style `%` formatting, against what Jinja rendered for each line (the
+// expected texts were printed by Debian's python3-jinja2), and the formats Python refuses.
+TEST(Jinja, FormatsWithPercentAsPythonDoes) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({{ "%x|%X|%o|%#x|%#o|%05x|%-5x|%+d|% d|%.3d|%8.3d|%-8.3d|%08d|%#08x|%+05d" % (-255, 255, 8, -255, 8, -255, 10, 5, 5, 5, -5, 5, -42, 255, 3) }})",
+       R"(-ff|FF|10|-0xff|0o10|-00ff|a    |+5| 5|005|    -005|005     |-0000042|0x0000ff|+0003)"},
+      {R"({{ "%40.10f|%.0f" % (1e20, 2.5) }})", R"(        100000000000000000000.0000000000|2)"},
+      {R"({{ "%d|%d|%i|%d|%x" % (3.99, -3.99, true, false, true) }})", R"(3|-3|1|0|1)"},
+      {R"({{ "%c%c|%5.1f%%" % (955, "x", 99.45) }})", R"(λx| 99.5%)"},
+      {R"({{ "%e|%E|%g|%G" % (0.000123, 1e100, 1e-5, 12345678.9) }})",
+       R"(1.230000e-04|1.000000E+100|1e-05|1.23457E+07)"},
+      {R"({{ "%s|%r|%5s|%-5s|%.2s" % ("é", "é", "ab", "ab", "日本語") }})",
+       R"(é|'é'|   ab|ab   |日本)"},
+      {R"({{ "%(name)s is %(age)d" % {"name": "Ann", "age": 30.5} }})", R"(Ann is 30)"},
+      {R"({{ "no specifiers" % {"a": 1} }})", R"(no specifiers)"},
+      {R"({{ "%s" % [1, "a"] }})", R"([1, 'a'])"},
+  };
+  for (const auto& [source, expected] : cases) {
+    auto out = Render(source);
+    ASSERT_TRUE(out.ok()) << source << ": " << out.status().ToString();
+    EXPECT_EQ(*out, expected) << source;
+  }
+  for (const char* refused :
+       {R"({{ "%s %s" % (1,) }})", R"({{ "a" % 5 }})", R"({{ "%d" % "x" }})", R"({{ "%x" % 2.5 }})",
+        R"({{ "%(a)s" % {} }})", R"({{ "%q" % 1 }})"}) {
+    EXPECT_FALSE(Render(refused).ok()) << refused;
+  }
+}
+
 TEST(Jinja, RefusesWhatItDoesNotRunByNameAndLine) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"a\n{{ x|shuffle }}", "line 2: no filter named 'shuffle'"},
