@@ -21,6 +21,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
 def environment():
+    """Jinja as transformers' apply_chat_template configures it
+    (transformers/utils/chat_template_utils.py): an immutable sandbox with trim_blocks and
+    lstrip_blocks, loop controls, and its own tojson and raise_exception."""
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
@@ -28,6 +34,7 @@ def environment():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[loopcontrols])
     env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
     return env
 
 

@@ -1,8 +1,6 @@
 #!/usr/bin/env python3
 """Renders every template in templates/ with Jinja itself, configured as transformers'
-apply_chat_template configures it (transformers/utils/chat_template_utils.py: an immutable
-sandbox with trim_blocks and lstrip_blocks, loop controls, and its own tojson, raise_exception
-and strftime_now), over the conversations below, and writes what Jinja renders (or the error it
+apply_chat_template configures it (differential.environment()), over the conversations below, and writes what Jinja renders (or the error it
 raises) to references.json. tests/api/jinja_test.cpp renders the same with Colony's Jinja and
 compares. Needs python3-jinja2 (Debian); run it again after changing a template or a case:
 
@@ -12,25 +10,10 @@ import json
 import os
 
 import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from differential import environment  # Jinja as transformers configures it
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def environment():
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    return env
 
 
 TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
