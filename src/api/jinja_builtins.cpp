@@ -330,9 +330,8 @@ Result<Value> Split(const std::string& s, const Value& sep, const Value& maxspli
     while (i < u.size() && IsSpace(u[i])) ++i;
     if (i >= u.size()) break;
     if (maxsplit >= 0 && n >= maxsplit) {
-      std::u32string rest = u.substr(i);
-      while (!rest.empty() && IsSpace(rest.back())) rest.pop_back();
-      out.push_back(Value::String(EncodeUtf8(rest)));
+      // Python keeps the rest as it is, trailing whitespace included.
+      out.push_back(Value::String(EncodeUtf8(std::u32string_view(u).substr(i))));
       break;
     }
     size_t e = i;
@@ -1029,7 +1028,9 @@ Result<Value> PercentFormat(const std::string& format, const Value& args, const 
   } else {
     positional.push_back(args);
   }
-  const bool mapping = !args.is_tuple() && (args.is_mapping() || args.kind() == Value::Kind::kList);
+  const bool mapping =
+      !args.is_tuple() && (args.is_mapping() || args.kind() == Value::Kind::kList ||
+                           args.undefined());  // Jinja's undefined has items
   size_t next = 0;
   bool used_key = false;
   std::string out;

@@ -64,6 +64,7 @@ TESTS = ["defined", "undefined", "none", "string", "number", "integer", "float",
          "lower", "upper", "boolean", "true", "false", "sameas(none)", "ne('a')", "gt(1)",
          "le 2", "callable"]
 METHODS = ["strip()", "lstrip()", "rstrip()", "split()", "split(',')", "split(' ', 1)",
+           "split(none, 1)", "split(maxsplit=0)",
            "startswith('H')", "endswith(('!', ' '))", "upper()", "lower()", "title()",
            "capitalize()", "replace('l', 'L')", "find('o')", "count('l')", "items()|list",
            "keys()|list", "values()|list", "get('a')", "get('q', 5)", "strip('H ')",
