@@ -197,18 +197,24 @@ std::u32string Upper(std::u32string_view s) {
   return out;
 }
 
+// A lower-case letter (its upper case differs), an upper-case one, either (Python's "cased").
+bool IsLowerCase(char32_t c) {
+  std::u32string up;
+  AppendUpper(c, up);
+  return up.size() != 1 || up[0] != c;
+}
+bool IsUpperCase(char32_t c) {
+  std::u32string low;
+  AppendLower(c, low);
+  return low.size() != 1 || low[0] != c;
+}
+bool IsCased(char32_t c) { return IsLowerCase(c) || IsUpperCase(c); }
+
 std::u32string Lower(std::u32string_view s) {
-  const auto cased = [](char32_t c) {
-    std::u32string up;
-    std::u32string low;
-    AppendUpper(c, up);
-    AppendLower(c, low);
-    return up != std::u32string(1, c) || low != std::u32string(1, c);
-  };
   std::u32string out;
   for (size_t i = 0; i < s.size(); ++i) {
     // Python's Final_Sigma: a capital sigma after a letter and not before one is final.
-    if (s[i] == 0x3a3 && i > 0 && cased(s[i - 1]) && (i + 1 == s.size() || !cased(s[i + 1]))) {
+    if (s[i] == 0x3a3 && i > 0 && IsCased(s[i - 1]) && (i + 1 == s.size() || !IsCased(s[i + 1]))) {
       out += static_cast<char32_t>(0x3c2);
       continue;
     }
@@ -257,8 +263,7 @@ std::string PyTitle(const std::string& s) {
   std::u32string out;
   bool after_cased = false;
   for (char32_t c : DecodeUtf8(s)) {
-    const std::u32string one(1, c);
-    const bool cased = Upper(one) != one || Lower(one) != one;
+    const bool cased = IsCased(c);
     if (!cased) {
       out += c;
     } else if (after_cased) {
@@ -1174,9 +1179,8 @@ Result<bool> ApplyTest(std::string_view name, const Value& v, Args& args) {
     // Python's str(value).islower()/isupper(): some cased letter, and none of the other case.
     bool cased = false;
     for (char32_t c : DecodeUtf8(v.Str())) {
-      const std::u32string one(1, c);
-      const bool is_upper = Lower(one) != one;
-      const bool is_lower = Upper(one) != one;
+      const bool is_upper = IsUpperCase(c);
+      const bool is_lower = IsLowerCase(c);
       if (name == "lower" ? is_upper : is_lower) return false;
       cased = cased || is_upper || is_lower;
     }
