@@ -1,6 +1,7 @@
 // Fuzz target for the requests of colony api (the body of POST /v1/completions and
 // /v1/chat/completions, from any HTTP client). Parsing never crashes, every error names what is
-// wrong, and an accepted request is within the documented ranges and limits.
+// wrong, and an accepted request is within the documented ranges and limits (tools and tool
+// calls included).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -37,8 +38,21 @@ void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
   if (r->chat) {
     if (r->messages.empty() || r->messages.size() > limits.max_messages) __builtin_trap();
     for (const auto& m : r->messages) {
-      if (m.role != "system" && m.role != "user" && m.role != "assistant") __builtin_trap();
+      if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
+        __builtin_trap();
+      }
+      // Calls are an assistant's, each with an id, a name and an object's text; a tool's message
+      // answers a call.
+      if (!m.tool_calls.empty() && m.role != "assistant") __builtin_trap();
+      if (m.tool_calls.size() > limits.max_tool_calls) __builtin_trap();
+      for (const auto& c : m.tool_calls) {
+        if (c.id.empty() || c.name.empty() || c.arguments.empty()) __builtin_trap();
+      }
+      if ((m.role == "tool") == m.tool_call_id.empty()) __builtin_trap();
+      if (m.content_null && m.role != "assistant") __builtin_trap();
     }
+    if (r->tool_names.size() > limits.max_tools) __builtin_trap();
+    if (r->tool_names.empty() != r->tools_json.empty()) __builtin_trap();
   } else if (r->prompt_is_tokens) {
     if (r->prompt_tokens.empty() || r->prompt_tokens.size() > limits.max_prompt_tokens) {
       __builtin_trap();
@@ -53,8 +67,14 @@ void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
-  const RequestLimits limits{
-      .max_n = 4, .max_messages = 8, .max_stop = 2, .max_stop_bytes = 16, .max_prompt_tokens = 32};
+  const RequestLimits limits{.max_n = 4,
+                             .max_messages = 8,
+                             .max_stop = 2,
+                             .max_stop_bytes = 16,
+                             .max_prompt_tokens = 32,
+                             .max_top_logprobs = 20,
+                             .max_tools = 4,
+                             .max_tool_calls = 4};
   Check(ParseCompletionRequest(body, limits), limits);
   Check(ParseChatRequest(body, limits), limits);
   return 0;

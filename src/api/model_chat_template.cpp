@@ -69,14 +69,73 @@ Result<std::optional<std::string>> TemplateField(const nlohmann::json& j, const 
   return InvalidArgument(fmt::format("{}'s chat_template must be a string or a list", file));
 }
 
+// A JSON text the request parser has checked (an object, or the tools' array).
+Value FromCheckedJson(std::string_view text) {
+  auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return JinjaValueFromJson(j);
+}
+
+// A message as transformers hands it to the template: an assistant's tool calls as
+// {"id", "type": "function", "function": {"name", "arguments": {...}}} (arguments as an object,
+// as vLLM passes them: templates write them with tojson or iterate them), a tool's answer with
+// its tool_call_id.
 Value Message(const ChatMessage& m) {
-  return Value::FromDict({{"role", Value::String(m.role)}, {"content", Value::String(m.content)}});
+  Dict d = {{"role", Value::String(m.role)},
+            {"content", m.content_null ? Value::None() : Value::String(m.content)}};
+  if (!m.tool_calls.empty()) {
+    List calls;
+    for (const ToolCall& c : m.tool_calls) {
+      Dict function = {{"name", Value::String(c.name)},
+                       {"arguments", FromCheckedJson(c.arguments)}};
+      calls.push_back(Value::FromDict({{"id", Value::String(c.id)},
+                                       {"type", Value::String("function")},
+                                       {"function", Value::FromDict(std::move(function))}}));
+    }
+    d.emplace_back("tool_calls", Value::FromList(std::move(calls)));
+  }
+  if (m.role == "tool") d.emplace_back("tool_call_id", Value::String(m.tool_call_id));
+  return Value::FromDict(std::move(d));
 }
 
 // A text that no answer, template or tokenizer writes by chance.
 constexpr std::string_view kProbe = "colony-end-of-turn-probe-4f1c";
 
 }  // namespace
+
+jinja::Value JinjaValueFromJson(const nlohmann::ordered_json& j) {
+  using Type = nlohmann::ordered_json::value_t;
+  switch (j.type()) {
+    case Type::null:
+      return Value::None();
+    case Type::boolean:
+      return Value::Bool(j.get<bool>());
+    case Type::number_integer:
+      return Value::Int(j.get<int64_t>());
+    case Type::number_unsigned:
+      if (j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        return Value::Float(j.get<double>());
+      }
+      return Value::Int(j.get<int64_t>());
+    case Type::number_float:
+      return Value::Float(j.get<double>());
+    case Type::string:
+      return Value::String(j.get<std::string>());
+    case Type::array: {
+      List l;
+      l.reserve(j.size());
+      for (const auto& item : j) l.push_back(JinjaValueFromJson(item));
+      return Value::FromList(std::move(l));
+    }
+    case Type::object: {
+      Dict d;
+      d.reserve(j.size());
+      for (const auto& [k, v] : j.items()) d.emplace_back(k, JinjaValueFromJson(v));
+      return Value::FromDict(std::move(d));
+    }
+    default:  // binary, discarded
+      return Value::None();
+  }
+}
 
 Result<std::optional<ModelChatTemplate>> ModelChatTemplate::Load(const std::filesystem::path& dir) {
   Tokens tokens;
@@ -119,18 +178,20 @@ Result<ModelChatTemplate> ModelChatTemplate::FromSource(std::string_view source,
   if (!t.ok()) {
     return InvalidArgument(fmt::format("{}: the chat template {}", file, t.status().message()));
   }
-  return ModelChatTemplate(std::move(*t), std::move(file), std::move(tokens));
+  return ModelChatTemplate(std::move(*t), std::move(file), std::move(tokens),
+                           DetectToolCallFormat(source),
+                           source.find("tools") != std::string_view::npos);
 }
 
 Result<std::string> ModelChatTemplate::RenderRaw(const std::vector<ChatMessage>& messages,
-                                                 bool prompt) const {
+                                                 bool prompt, std::string_view tools_json) const {
   List list;
   list.reserve(messages.size());
   for (const ChatMessage& m : messages) list.push_back(Message(m));
   Dict context = {
       {"messages", Value::FromList(std::move(list))},
       {"add_generation_prompt", Value::Bool(prompt)},
-      {"tools", Value::None()},
+      {"tools", tools_json.empty() ? Value::None() : FromCheckedJson(tools_json)},
       {"documents", Value::None()},
   };
   const std::pair<const char*, const std::string*> named[] = {{"bos_token", &tokens_.bos},
@@ -144,8 +205,8 @@ Result<std::string> ModelChatTemplate::RenderRaw(const std::vector<ChatMessage>&
 }
 
 Result<std::string> ModelChatTemplate::RenderText(const std::vector<ChatMessage>& messages,
-                                                  bool prompt) const {
-  auto out = RenderRaw(messages, prompt);
+                                                  bool prompt, std::string_view tools_json) const {
+  auto out = RenderRaw(messages, prompt, tools_json);
   if (out.ok()) return out;
   const Status& st = out.status();
   switch (st.code()) {
@@ -170,9 +231,13 @@ Status ModelChatTemplate::Check() const {
       file_, out.status().message()));
 }
 
-Result<std::vector<ChatPiece>> ModelChatTemplate::Render(
-    const std::vector<ChatMessage>& messages) const {
-  COLONY_ASSIGN_OR_RETURN(std::string text, RenderText(messages, true));
+Result<std::vector<ChatPiece>> ModelChatTemplate::Render(const std::vector<ChatMessage>& messages,
+                                                         std::string_view tools_json) const {
+  if (!tools_json.empty() && !takes_tools_) {
+    return InvalidArgument(
+        fmt::format("'tools': the model's chat template ({}) does not take tools", file_));
+  }
+  COLONY_ASSIGN_OR_RETURN(std::string text, RenderText(messages, true, tools_json));
   std::vector<ChatPiece> pieces;
   size_t pos = 0;
   while (pos < text.size()) {

@@ -1,7 +1,8 @@
 // A model's own chat template, run as transformers' apply_chat_template runs it: the Jinja
-// program a model directory carries, given `messages`, `add_generation_prompt` (true: the prompt
-// ends where the assistant's answer starts), `tools` and `documents` (none), and the texts of
-// tokenizer_config.json's bos_token, eos_token, unk_token and pad_token (those it names).
+// program a model directory carries, given `messages` (with assistants' tool calls and tools'
+// answers), `add_generation_prompt` (true: the prompt ends where the assistant's answer starts),
+// `tools` (the request's, as the client wrote them; none without), `documents` (none), and the
+// texts of tokenizer_config.json's bos_token, eos_token, unk_token and pad_token (those it names).
 //
 //   auto t = ModelChatTemplate::Load(model_dir);    // none when the directory has no template
 //   auto pieces = (*t)->Render(request.messages);   // the prompt: text, BOS and EOS
@@ -17,6 +18,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,10 +26,15 @@
 #include "api/chat_template.h"
 #include "api/jinja_template.h"
 #include "api/openai_request.h"
+#include "api/tool_calls.h"
 #include "core/status.h"
 #include "model/tokenizer.h"
 
 namespace colony::api {
+
+// JSON as a template sees it: objects as dicts in their keys' order, integers beyond int64 as
+// floats.
+jinja::Value JinjaValueFromJson(const nlohmann::ordered_json& j);
 
 class ModelChatTemplate {
  public:
@@ -51,8 +58,11 @@ class ModelChatTemplate {
 
   // The prompt for the messages, ending where the assistant's answer starts. InvalidArgument
   // naming 'messages' when the template refuses them (its raise_exception's message as it wrote
-  // it, e.g. roles that do not alternate) or fails on them (with the line).
-  Result<std::vector<ChatPiece>> Render(const std::vector<ChatMessage>& messages) const;
+  // it, e.g. roles that do not alternate) or fails on them (with the line). `tools_json`: the
+  // request's tools (GenerationRequest::tools_json); 'tools' is refused by a template that
+  // never reads them.
+  Result<std::vector<ChatPiece>> Render(const std::vector<ChatMessage>& messages,
+                                        std::string_view tools_json = {}) const;
 
   // What the template writes right after an assistant's answer, found by rendering a short
   // conversation whose answer is a marker: the special token there (Llama 3's <|eot_id|>,
@@ -66,18 +76,30 @@ class ModelChatTemplate {
   TurnEnd EndOfTurn(const model::Tokenizer& tok) const;
 
   const std::string& file() const { return file_; }
+  // How the template tells the model to write tool calls (tool_calls.h); kNone: in no way
+  // Colony knows.
+  ToolCallFormat tool_format() const { return tool_format_; }
 
  private:
-  ModelChatTemplate(jinja::Template t, std::string file, Tokens tokens)
-      : template_(std::move(t)), file_(std::move(file)), tokens_(std::move(tokens)) {}
+  ModelChatTemplate(jinja::Template t, std::string file, Tokens tokens, ToolCallFormat format,
+                    bool takes_tools)
+      : template_(std::move(t)),
+        file_(std::move(file)),
+        tokens_(std::move(tokens)),
+        tool_format_(format),
+        takes_tools_(takes_tools) {}
   // The template's rendering, its errors as jinja::Template gives them.
-  Result<std::string> RenderRaw(const std::vector<ChatMessage>& messages, bool prompt) const;
+  Result<std::string> RenderRaw(const std::vector<ChatMessage>& messages, bool prompt,
+                                std::string_view tools_json = {}) const;
   // The same, errors as a request's.
-  Result<std::string> RenderText(const std::vector<ChatMessage>& messages, bool prompt) const;
+  Result<std::string> RenderText(const std::vector<ChatMessage>& messages, bool prompt,
+                                 std::string_view tools_json = {}) const;
 
   jinja::Template template_;
   std::string file_;
   Tokens tokens_;
+  ToolCallFormat tool_format_ = ToolCallFormat::kNone;
+  bool takes_tools_ = false;  // the template reads `tools`
 };
 
 }  // namespace colony::api

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -15,9 +17,11 @@ namespace colony::api {
 
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in the client's order (tools' schemas)
 
-constexpr int kMaxDepth = 8;
+// Deep enough for the JSON schemas of tools' parameters; the parser does not recurse.
+constexpr int kMaxDepth = 32;
+constexpr size_t kMaxIdBytes = 256;
 
 Status Bad(std::string_view field, std::string_view what) {
   return InvalidArgument(fmt::format("'{}' {}", field, what));
@@ -133,6 +137,106 @@ Result<std::string> MessageContent(const json& v) {
   return out;
 }
 
+// OpenAI's rule for function names.
+Status FunctionName(const json& v, std::string_view field, std::string& out) {
+  COLONY_ASSIGN_OR_RETURN(out, Text(v, field));
+  const bool valid = !out.empty() && out.size() <= 64 && std::ranges::all_of(out, [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '-';
+  });
+  if (!valid) return Bad(field, "must be 1 to 64 letters, digits, '_' or '-'");
+  return Status::Ok();
+}
+
+// A call in an assistant's message: {"id", "type": "function", "function": {"name",
+// "arguments": the text of a JSON object}}.
+Result<ToolCall> ParseToolCall(const json& v) {
+  if (!v.is_object()) return Bad("messages.tool_calls", "must hold objects");
+  ToolCall call;
+  bool has_function = false;
+  for (const auto& [key, value] : v.items()) {
+    if (key == "id") {
+      COLONY_ASSIGN_OR_RETURN(call.id, Text(value, "messages.tool_calls.id"));
+      if (call.id.size() > kMaxIdBytes) {
+        return Bad("messages.tool_calls.id", fmt::format("is at most {} bytes", kMaxIdBytes));
+      }
+    } else if (key == "type") {
+      if (value != "function") return Bad("messages.tool_calls.type", "must be \"function\"");
+    } else if (key == "function") {
+      if (!value.is_object()) return Bad("messages.tool_calls.function", "must be an object");
+      has_function = true;
+      for (const auto& [fkey, fvalue] : value.items()) {
+        if (fkey == "name") {
+          COLONY_RETURN_IF_ERROR(
+              FunctionName(fvalue, "messages.tool_calls.function.name", call.name));
+        } else if (fkey == "arguments") {
+          COLONY_ASSIGN_OR_RETURN(call.arguments,
+                                  Text(fvalue, "messages.tool_calls.function.arguments"));
+          if (auto parsed = model::ParseStrictOrderedJsonObject(
+                  call.arguments, "'messages.tool_calls.function.arguments'", kMaxDepth);
+              !parsed.ok()) {
+            return parsed.status();
+          }
+        } else {
+          return Bad("messages.tool_calls.function." + fkey, "is not supported by colony api");
+        }
+      }
+    } else {
+      return Bad("messages.tool_calls." + key, "is not supported by colony api");
+    }
+  }
+  if (call.id.empty()) return Bad("messages.tool_calls.id", "is missing");
+  if (!has_function || call.name.empty()) {
+    return Bad("messages.tool_calls.function.name", "is missing");
+  }
+  if (call.arguments.empty()) return Bad("messages.tool_calls.function.arguments", "is missing");
+  return call;
+}
+
+// `tools`: [{"type": "function", "function": {"name", "description", "parameters", "strict"}}].
+Status ParseTools(const json& v, const RequestLimits& limits, GenerationRequest& r) {
+  if (v.is_null()) return Status::Ok();
+  if (!v.is_array()) return Bad("tools", "must be an array");
+  if (v.size() > limits.max_tools) {
+    return Bad("tools", fmt::format("holds {} tools; at most {}", v.size(), limits.max_tools));
+  }
+  std::vector<std::string> names;
+  for (const auto& tool : v) {
+    if (!tool.is_object() || tool.value("type", json()) != "function" ||
+        !tool.contains("function") || tool.size() != 2) {
+      return Bad("tools", "must hold {\"type\": \"function\", \"function\": {...}} objects");
+    }
+    const json& f = tool["function"];
+    if (!f.is_object()) return Bad("tools.function", "must be an object");
+    std::string name;
+    for (const auto& [key, value] : f.items()) {
+      if (key == "name") {
+        COLONY_RETURN_IF_ERROR(FunctionName(value, "tools.function.name", name));
+      } else if (key == "description") {
+        COLONY_RETURN_IF_ERROR(Text(value, "tools.function.description").status());
+      } else if (key == "parameters") {
+        if (!value.is_object())
+          return Bad("tools.function.parameters", "must be a JSON schema object");
+      } else if (key == "strict") {
+        COLONY_ASSIGN_OR_RETURN(bool strict, Bool(value, "tools.function.strict"));
+        if (strict) {
+          return Bad("tools.function.strict",
+                     "is not supported by colony api (no constrained decoding); leave it out");
+        }
+      } else {
+        return Bad("tools.function." + key, "is not supported by colony api");
+      }
+    }
+    if (name.empty()) return Bad("tools.function.name", "is missing");
+    if (std::ranges::find(names, name) != names.end()) {
+      return Bad("tools.function.name", fmt::format("'{}' names two tools", name));
+    }
+    names.push_back(std::move(name));
+  }
+  r.tools_json = names.empty() ? "" : v.dump();
+  r.tool_names = std::move(names);
+  return Status::Ok();
+}
+
 Status ParseMessages(const json& v, const RequestLimits& limits, GenerationRequest& r) {
   if (!v.is_array() || v.empty()) return Bad("messages", "must be a non-empty array");
   if (v.size() > limits.max_messages) {
@@ -146,17 +250,49 @@ Status ParseMessages(const json& v, const RequestLimits& limits, GenerationReque
       if (key == "role") {
         COLONY_ASSIGN_OR_RETURN(msg.role, Text(value, "messages.role"));
       } else if (key == "content") {
-        COLONY_ASSIGN_OR_RETURN(msg.content, MessageContent(value));
+        if (value.is_null()) {
+          msg.content_null = true;
+        } else {
+          COLONY_ASSIGN_OR_RETURN(msg.content, MessageContent(value));
+        }
+      } else if (key == "tool_calls") {
+        if (!value.is_array()) return Bad("messages.tool_calls", "must be an array");
+        if (value.size() > limits.max_tool_calls) {
+          return Bad("messages.tool_calls", fmt::format("holds {} calls; at most {}", value.size(),
+                                                        limits.max_tool_calls));
+        }
+        for (const auto& call : value) {
+          COLONY_ASSIGN_OR_RETURN(ToolCall c, ParseToolCall(call));
+          msg.tool_calls.push_back(std::move(c));
+        }
+      } else if (key == "tool_call_id") {
+        COLONY_ASSIGN_OR_RETURN(msg.tool_call_id, Text(value, "messages.tool_call_id"));
+        if (msg.tool_call_id.empty() || msg.tool_call_id.size() > kMaxIdBytes) {
+          return Bad("messages.tool_call_id", fmt::format("must be 1 to {} bytes", kMaxIdBytes));
+        }
       } else {
         return Bad("messages." + key, "is not supported by colony api (text messages only)");
       }
     }
     if (msg.role == "developer") msg.role = "system";
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant") {
-      return Bad("messages.role",
-                 fmt::format("'{}' is not one of system, developer, user, assistant", msg.role));
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
+        msg.role != "tool") {
+      return Bad(
+          "messages.role",
+          fmt::format("'{}' is not one of system, developer, user, assistant, tool", msg.role));
     }
-    if (!m.contains("content")) return Bad("messages.content", "is missing");
+    if (!m.contains("tool_calls") && (!m.contains("content") || msg.content_null)) {
+      return Bad("messages.content", m.contains("content") ? "must not be null" : "is missing");
+    }
+    if (m.contains("tool_calls") && msg.role != "assistant") {
+      return Bad("messages.tool_calls", "belong to an assistant's message");
+    }
+    if ((msg.role == "tool") != m.contains("tool_call_id")) {
+      return Bad("messages.tool_call_id", msg.role == "tool"
+                                              ? "is missing (a tool's message answers a call)"
+                                              : "belongs to a tool's message");
+    }
+    if (!m.contains("content")) msg.content_null = true;
     r.messages.push_back(std::move(msg));
   }
   return Status::Ok();
@@ -167,14 +303,15 @@ using FieldParser = std::function<Status(const json&, GenerationRequest&)>;
 Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestLimits& limits,
                                 const model::SamplingDefaults& defaults) {
   COLONY_ASSIGN_OR_RETURN(json j,
-                          model::ParseStrictJsonObject(body, "the request body", kMaxDepth));
+                          model::ParseStrictOrderedJsonObject(body, "the request body", kMaxDepth));
   GenerationRequest r;
   r.chat = chat;
   r.temperature = defaults.temperature;
   r.top_k = defaults.top_k;
   r.top_p = defaults.top_p;
   r.repetition_penalty = defaults.repetition_penalty;
-  bool chat_logprobs = false;           // chat's logprobs: true
+  bool chat_logprobs = false;  // chat's logprobs: true
+  bool tool_choice_none = false;
   std::optional<int64_t> top_logprobs;  // chat's top_logprobs
   const std::map<std::string, FieldParser, std::less<>> common = {
       {"model",
@@ -301,14 +438,24 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
            return Bad("response_format", "is not supported by colony api (text only)");
          }},
         {"tools",
-         [](const json& v, GenerationRequest&) -> Status {
-           if (v.is_null() || (v.is_array() && v.empty())) return Status::Ok();
-           return Bad("tools", "are not supported by colony api");
-         }},
+         [&limits](const json& v, GenerationRequest& q) { return ParseTools(v, limits, q); }},
         {"tool_choice",
+         [&tool_choice_none](const json& v, GenerationRequest&) -> Status {
+           if (v.is_null() || v == "auto") return Status::Ok();
+           if (v == "none") {
+             tool_choice_none = true;
+             return Status::Ok();
+           }
+           return Bad("tool_choice",
+                      "is not supported by colony api but as \"auto\" or \"none\" (making the "
+                      "model call a tool needs constrained decoding)");
+         }},
+        {"parallel_tool_calls",
          [](const json& v, GenerationRequest&) -> Status {
-           if (v.is_null() || v == "none") return Status::Ok();
-           return Bad("tool_choice", "is not supported by colony api");
+           if (v.is_null() || v == true) return Status::Ok();
+           return Bad("parallel_tool_calls",
+                      "is not supported by colony api but as true (it cannot keep a model from "
+                      "writing several calls); leave it out");
          }},
     };
   } else {
@@ -350,6 +497,10 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
     COLONY_RETURN_IF_ERROR((*parse)(value, r));
   }
   if (chat && r.messages.empty()) return Bad("messages", "is missing");
+  if (tool_choice_none) {  // the model is not told about tools, so it does not call them
+    r.tools_json.clear();
+    r.tool_names.clear();
+  }
   if (!chat && !j.contains("prompt")) return Bad("prompt", "is missing");
   if (chat && top_logprobs.value_or(0) > 0 && !chat_logprobs) {
     return Bad("top_logprobs", "needs \"logprobs\": true");

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -21,9 +22,24 @@
 
 namespace colony::api {
 
+// A function call an assistant's message made (or an answer makes): `arguments` is the text of
+// a JSON object, as the OpenAI API carries it.
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;
+  bool operator==(const ToolCall&) const = default;
+};
+
 struct ChatMessage {
-  std::string role;  // system, user or assistant ("developer" is read as system)
+  ChatMessage() = default;
+  ChatMessage(std::string r, std::string c) : role(std::move(r)), content(std::move(c)) {}
+
+  std::string role;  // system, user, assistant or tool ("developer" is read as system)
   std::string content;
+  bool content_null = false;         // an assistant's message that only calls tools
+  std::vector<ToolCall> tool_calls;  // an assistant's
+  std::string tool_call_id;          // a tool's: the call it answers
 };
 
 struct GenerationRequest {
@@ -50,6 +66,11 @@ struct GenerationRequest {
   std::optional<int64_t> logprobs;
   bool echo = false;           // completions: the answer starts with the prompt (and its logprobs)
   bool tokens_as_ids = false;  // return_tokens_as_token_ids (vLLM's): tokens as "token_id:N"
+  // Chat: the functions the model may call (`tools` with tool_choice "auto", the default), as
+  // the client wrote them (a JSON array, keys in its order), and their names. Empty: none
+  // (also with tool_choice "none").
+  std::string tools_json;
+  std::vector<std::string> tool_names;
 };
 
 struct RequestLimits {
@@ -59,6 +80,8 @@ struct RequestLimits {
   size_t max_stop_bytes = 256;
   size_t max_prompt_tokens = 1 << 16;  // a prompt given as token ids
   int64_t max_top_logprobs = 20;       // as OpenAI's top_logprobs
+  size_t max_tools = 128;              // as OpenAI
+  size_t max_tool_calls = 128;         // in one message
 };
 
 // OpenAI's values for the sampling fields a request leaves out (colony api puts a model's

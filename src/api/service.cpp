@@ -13,6 +13,7 @@
 
 #include "api/text_stream.h"
 #include "api/token_logprobs.h"
+#include "api/tool_calls.h"
 #include "core/log.h"
 #include "serve/generation.h"
 #include "serve/remote_sequential.h"
@@ -54,6 +55,9 @@ struct ApiService::Plan {
   std::string echo_text;  // what the answer starts with (echo: the prompt)
   // Tokens that end the answer as the EOS does (a chat template's end of turn).
   std::vector<int64_t> stop_tokens;
+  // The request's tools, and how the model writes calls to them (kNone: no tools).
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
+  std::vector<std::string> tool_names;
 
   int64_t max_length() const { return static_cast<int64_t>(prompt.size()) + max_new_tokens; }
 };
@@ -99,6 +103,21 @@ struct ApiService::Choice {
   int64_t tokens = 0;  // generated (stop strings included)
   std::string finish_reason;
   std::vector<TokenLogprob> logprobs;  // when asked for (and not streamed)
+  // With tools: the calls the answer makes (then `text` is the content besides them, null
+  // when there is none).
+  std::vector<ToolCall> calls;
+  bool content_null = false;
+
+  // Reads the calls out of the text, as the plan's format writes them.
+  void ReadCalls(const Plan& plan) {
+    if (plan.tool_format == ToolCallFormat::kNone) return;
+    Answer a = ReadToolCalls(plan.tool_format, text, plan.tool_names);
+    if (a.calls.empty()) return;
+    text = std::move(a.content);
+    content_null = a.content_null;
+    calls = std::move(a.calls);
+    finish_reason = "tool_calls";
+  }
 };
 
 ApiService::ApiService(serve::SwarmClient& client, ApiOptions options)
@@ -135,13 +154,34 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   if (!client_.tokenizer) return FailedPrecondition("the model directory has no tokenizer");
   const model::Tokenizer& tok = *client_.tokenizer;
   if (r.chat) {
+    const bool tool_turns = std::ranges::any_of(r.messages, [](const ChatMessage& m) {
+      return m.role == "tool" || !m.tool_calls.empty() || m.content_null;
+    });
+    if (options_.chat_template && (!r.tools_json.empty() || tool_turns)) {
+      return InvalidArgument(fmt::format(
+          "'{}': tools need the model's own chat template; this server runs the written-out "
+          "template '{}' (colony api --chat-template)",
+          r.tools_json.empty() ? "messages" : "tools", ChatTemplateName(*options_.chat_template)));
+    }
     if (options_.chat_template) {
       COLONY_ASSIGN_OR_RETURN(auto pieces, RenderChat(*options_.chat_template, r.messages));
       plan.prompt = EncodeChat(pieces, tok);
       plan.stops = ChatStops(*options_.chat_template);
       plan.stop_tokens = ChatStopTokens(*options_.chat_template, tok);
     } else if (options_.model_template) {
-      COLONY_ASSIGN_OR_RETURN(auto pieces, options_.model_template->Render(r.messages));
+      const ModelChatTemplate& model_template = *options_.model_template;
+      if (!r.tools_json.empty() && model_template.tool_format() == ToolCallFormat::kNone) {
+        return InvalidArgument(fmt::format(
+            "'tools': colony api does not know how this model writes tool calls: its chat "
+            "template ({}) shows none of Hermes' and Qwen's <tool_call>, Llama 3.1's "
+            "<|python_tag|> or Mistral's [TOOL_CALLS]",
+            model_template.file()));
+      }
+      COLONY_ASSIGN_OR_RETURN(auto pieces, model_template.Render(r.messages, r.tools_json));
+      if (!r.tools_json.empty()) {
+        plan.tool_format = model_template.tool_format();
+        plan.tool_names = r.tool_names;
+      }
       plan.prompt = EncodeChat(pieces, tok);
       plan.stops = model_turn_end_.stops;
       plan.stop_tokens = model_turn_end_.tokens;
@@ -298,6 +338,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       Choice c = std::move(row.choice);
       c.text = plan->echo_text + row.text.text();
       c.finish_reason = row.text.stopped() || row.ended_with_eos ? "stop" : "length";
+      c.ReadCalls(*plan);
       if (recorder) c.logprobs = recorder->Take(i);
       choices.push_back(std::move(c));
     }
@@ -316,7 +357,9 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
           LogprobFormat(tok, logprobs_kind, req->tokens_as_ids, logprobs_after).Answer(c.logprobs);
     }
     if (chat) {
-      j["message"] = {{"role", "assistant"}, {"content", c.text}};
+      j["message"] = {{"role", "assistant"},
+                      {"content", c.content_null ? json(nullptr) : json(c.text)}};
+      if (!c.calls.empty()) j["message"]["tool_calls"] = ToolCallsJson(c.calls, false);
     } else {
       j["text"] = c.text;
     }
@@ -358,6 +401,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         text.Finish();
         c.text = plan->echo_text + text.text();
         c.finish_reason = b.finished || end_of_turn || text.stopped() ? "stop" : "length";
+        c.ReadCalls(*plan);
         if (req->logprobs) {
           auto scored = ScoreBeam(client_, plan->prompt, said, *req->logprobs, req->echo);
           if (!scored.ok()) return SwarmError(scored.status());
@@ -389,7 +433,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
   const std::string model_id = options_.model_id;
   reply.stream = [req, chat, id, created, chunk_object, model_id, run_choices, usage, tok,
-                  logprobs_after, logprobs_kind](http::StreamWriter& out) {
+                  logprobs_after, logprobs_kind, plan](http::StreamWriter& out) {
     auto event = [&](json choices, const json* extra = nullptr) {
       json j = {{"id", id},
                 {"object", chunk_object},
@@ -424,11 +468,16 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                 {"finish_reason", nullptr}};
       if (!event(json::array({c}))) return;
     }
+    // With tools, each choice's text is passed on until a call may have begun.
+    std::vector<ToolCallStream> calls_held(static_cast<size_t>(req->n),
+                                           ToolCallStream(plan->tool_format));
     // The choices' pieces interleave, each event naming its choice's index.
     bool client_gone = false;
     auto choices = run_choices(
         [&](int64_t i, const std::string& d, const std::vector<TokenLogprob>& logprobs) {
-          if (!client_gone && !piece(i, d, nullptr, logprobs)) client_gone = true;
+          const std::string text = calls_held[static_cast<size_t>(i)].Add(d);
+          if (text.empty() && logprobs.empty()) return;
+          if (!client_gone && !piece(i, text, nullptr, logprobs)) client_gone = true;
         },
         [&] { return client_gone || out.cancelled(); });
     if (client_gone || out.cancelled()) return;
@@ -439,8 +488,21 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     }
     int64_t generated = 0;
     for (size_t i = 0; i < choices->size(); ++i) {
-      generated += (*choices)[i].tokens;
-      if (!piece(static_cast<int64_t>(i), "", (*choices)[i].finish_reason)) return;
+      const Choice& c = (*choices)[i];
+      const auto index = static_cast<int64_t>(i);
+      generated += c.tokens;
+      const Answer whole{.content = c.text, .content_null = c.content_null, .calls = c.calls};
+      if (const std::string rest = calls_held[i].Finish(whole); !rest.empty()) {
+        if (!piece(index, rest, nullptr)) return;
+      }
+      if (!c.calls.empty()) {
+        json delta = {{"index", index},
+                      {"delta", {{"tool_calls", ToolCallsJson(c.calls, true)}}},
+                      {"logprobs", nullptr},
+                      {"finish_reason", nullptr}};
+        if (!event(json::array({delta}))) return;
+      }
+      if (!piece(index, "", c.finish_reason)) return;
     }
     if (req->include_usage) {
       const json extra = {{"usage", usage(generated)}};

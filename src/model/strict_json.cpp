@@ -10,13 +10,15 @@
 
 namespace colony::model {
 
-Result<nlohmann::json> ParseStrictJsonObject(std::string_view text, std::string_view what,
-                                             int max_depth) {
-  using nlohmann::json;
+namespace {
+
+template <class json>
+Result<json> ParseStrict(std::string_view text, std::string_view what, int max_depth) {
   bool too_deep = false;
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
+  typename json::parser_callback_t cb = [&](int depth, typename json::parse_event_t event,
+                                            json& parsed) {
     if (depth > max_depth) too_deep = true;
     switch (event) {
       case json::parse_event_t::object_start:
@@ -27,8 +29,9 @@ Result<nlohmann::json> ParseStrictJsonObject(std::string_view text, std::string_
         break;
       case json::parse_event_t::key:
         if (!open_objects.empty() && parsed.is_string() &&
-            !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-          duplicate = parsed.get<std::string>();
+            !open_objects.back().insert(parsed.template get<std::string>()).second &&
+            duplicate.empty()) {
+          duplicate = parsed.template get<std::string>();
         }
         break;
       default:
@@ -50,6 +53,18 @@ Result<nlohmann::json> ParseStrictJsonObject(std::string_view text, std::string_
         fmt::format("duplicate key \"{}\" in {}", duplicate.substr(0, 256), what));
   }
   return doc;
+}
+
+}  // namespace
+
+Result<nlohmann::json> ParseStrictJsonObject(std::string_view text, std::string_view what,
+                                             int max_depth) {
+  return ParseStrict<nlohmann::json>(text, what, max_depth);
+}
+
+Result<nlohmann::ordered_json> ParseStrictOrderedJsonObject(std::string_view text,
+                                                            std::string_view what, int max_depth) {
+  return ParseStrict<nlohmann::ordered_json>(text, what, max_depth);
 }
 
 }  // namespace colony::model

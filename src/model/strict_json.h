@@ -17,5 +17,9 @@ namespace colony::model {
 // Parses `text`, which must hold one JSON object; `what` names it in errors (InvalidArgument).
 Result<nlohmann::json> ParseStrictJsonObject(std::string_view text, std::string_view what,
                                              int max_depth);
+// The same, keeping every object's keys in the order of the text (what a client sent, e.g. a
+// tool's JSON schema that a chat template writes out again).
+Result<nlohmann::ordered_json> ParseStrictOrderedJsonObject(std::string_view text,
+                                                            std::string_view what, int max_depth);
 
 }  // namespace colony::model

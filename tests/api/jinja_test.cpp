@@ -13,6 +13,7 @@
 #include <string>
 
 #include "api/jinja_template.h"
+#include "api/model_chat_template.h"
 #include "core/subprocess.h"
 
 namespace colony::api::jinja {
@@ -25,32 +26,6 @@ std::string ReadFile(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-Value FromJson(const nlohmann::ordered_json& j) {
-  switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null:
-      return Value::None();
-    case nlohmann::ordered_json::value_t::boolean:
-      return Value::Bool(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer:
-    case nlohmann::ordered_json::value_t::number_unsigned:
-      return Value::Int(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_float:
-      return Value::Float(j.get<double>());
-    case nlohmann::ordered_json::value_t::string:
-      return Value::String(j.get<std::string>());
-    case nlohmann::ordered_json::value_t::array: {
-      List l;
-      for (const auto& item : j) l.push_back(FromJson(item));
-      return Value::FromList(std::move(l));
-    }
-    default: {
-      Dict d;
-      for (const auto& [k, v] : j.items()) d.emplace_back(k, FromJson(v));
-      return Value::FromDict(std::move(d));
-    }
-  }
 }
 
 Result<std::string> Render(std::string_view source, const Dict& context = {},
@@ -69,7 +44,7 @@ TEST(Jinja, RendersWhatJinjaRendersForEveryTemplateAndConversation) {
                  " add_generation_prompt=" + c["context"]["add_generation_prompt"].dump());
     auto t = Template::Parse(ReadFile(kData + "/templates/" + name + ".jinja"));
     ASSERT_TRUE(t.ok()) << t.status().ToString();
-    const Value context = FromJson(c["context"]);
+    const Value context = JinjaValueFromJson(c["context"]);
     auto out = t->Render(context.as_dict());
     if (c.contains("error")) {
       ++errors;
@@ -114,7 +89,7 @@ TEST(Jinja, AgreesWithJinjaItselfOnRandomTemplates) {
     auto exit = python->Wait(std::chrono::seconds(30));
     ASSERT_TRUE(exit.ok() && *exit == 0) << "differential.py " << mode << " failed";
     ASSERT_EQ(cases.size(), static_cast<size_t>(count) + 1);
-    const Value context = FromJson(cases.back()["context"]);
+    const Value context = JinjaValueFromJson(cases.back()["context"]);
     cases.pop_back();
     int differ = 0;
     int errors = 0;

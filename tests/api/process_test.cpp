@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "api/chat_template.h"
@@ -1070,6 +1071,185 @@ TEST_F(ApiProcessTest, AChatTurnEndsAtItsSpecialEndOfTurnToken) {
   EXPECT_NE(colony::test::ReadFile(err.string()).find("'<|start_header_id|>' as one token"),
             std::string::npos)
       << Tail(err.string());
+}
+
+// A model that calls a tool, through real processes: the request's tools reach the model's own
+// template (the prompt is the text written out here by hand), and an answer that makes a call
+// comes back as OpenAI's tool_calls, whole and streamed. The model is made to call: one added
+// token's text is a whole Hermes call, and it and <|im_end|> get the weights of the greedy
+// tokens at two positions times 1.5, as in the test above.
+TEST_F(ApiProcessTest, ToolsReachTheTemplateAndAnAnswersCallComesBackAsToolCalls) {
+  constexpr std::string_view kCall =
+      "\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+      "</tool_call>";
+  json j = json::parse(colony::test::ReadFile((model_dir_ / "tokenizer.json").string()));
+  const int64_t x = tokenizer_->vocab_size();  // the call; x + 1: <|im_end|>; x + 2: <|im_start|>
+  for (const auto& [id, content, special] :
+       {std::tuple{x, std::string(kCall), false},
+        std::tuple{x + 1, std::string("<|im_end|>"), true},
+        std::tuple{x + 2, std::string("<|im_start|>"), true}}) {
+    j["added_tokens"].push_back({{"id", id},
+                                 {"content", content},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", special}});
+  }
+  auto tok = model::Tokenizer::FromHfJson(j.dump());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  const auto encode = [&](const std::string& text) {
+    std::vector<int64_t> ids;
+    for (int32_t id : tok->Encode(text)) ids.push_back(id);
+    return ids;
+  };
+  // A Hermes template in short (the model's context is 128 tokens): the tools' names, then the
+  // turns; an assistant's calls as <tool_call>NAME{arguments as JSON}</tool_call>.
+  const std::string kTemplate =
+      "{% if tools %}{{ 'Tools: ' }}{% for t in tools %}{{ t.function.name }}{% endfor %}"
+      "{{ '\\n' }}{% endif %}{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+      "{% if m.tool_calls %}{% for c in m.tool_calls %}{{ '<tool_call>' + c.function.name + "
+      "(c.function.arguments | tojson) + '</tool_call>' }}{% endfor %}{% else %}"
+      "{{ m.content }}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  const std::string turn = "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n";
+  const std::vector<int64_t> prompt = encode("Tools: get_weather\n" + turn);
+
+  model::LlamaConfig config = serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false);
+  config.vocab_size = tok->vocab_size();
+  constexpr int64_t kMaxTokens = 12;
+  // The first seed whose model, so changed, writes text, the call and the turn's end.
+  std::optional<model::LlamaModel> made;
+  std::vector<int64_t> after;
+  int64_t call_at = 0;
+  for (uint64_t seed = 12; seed < 40 && !made; ++seed) {
+    at::manual_seed(seed);
+    model::LlamaModel m(config);
+    m->eval();
+    const auto before = model::Generate(m, prompt, {.max_new_tokens = kMaxTokens});
+    const int64_t g = before[3];
+    call_at = std::ranges::find(before, g) - before.begin();
+    {
+      at::NoGradGuard no_grad;
+      m->lm_head->weight[x].copy_(m->lm_head->weight[g] * 1.5);
+    }
+    const auto with_call = model::Generate(m, prompt, {.max_new_tokens = kMaxTokens});
+    if (with_call[static_cast<size_t>(call_at)] != x) continue;
+    const int64_t g2 = with_call[static_cast<size_t>(call_at) + 1];
+    {
+      at::NoGradGuard no_grad;
+      m->lm_head->weight[x + 1].copy_(m->lm_head->weight[g2] * 1.5);
+    }
+    after = model::Generate(m, prompt, {.max_new_tokens = kMaxTokens});
+    if (std::equal(before.begin(), before.begin() + call_at, after.begin()) &&
+        after[static_cast<size_t>(call_at)] == x &&
+        after[static_cast<size_t>(call_at) + 1] == x + 1) {
+      made = m;
+    }
+  }
+  ASSERT_TRUE(made) << "no seed made a model that calls the tool";
+  model::LlamaModel m = *made;  // a holder: the same module
+  // The content: the text before the call, without the whitespace before it.
+  std::string content = tok->Decode(std::vector<int32_t>(after.begin(), after.begin() + call_at));
+  content.erase(content.find_last_not_of(" \t\r\n") + 1);
+  ASSERT_TRUE(model::SaveLlama(model_dir_, m).ok());
+  std::ofstream(model_dir_ / "tokenizer.json", std::ios::trunc) << j.dump();
+  std::ofstream(model_dir_ / "chat_template.jinja") << kTemplate;
+
+  ASSERT_NE(StartServer("A", "0:4"), nullptr);
+  ASSERT_TRUE(StartApi());
+  WaitUntilRoutable();
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const json messages = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+  const auto expect_call = [](const json& call) {
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_TRUE(call["id"].get<std::string>().starts_with("call_")) << call;
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()),
+              json({{"city", "Paris"}}));
+  };
+  json request = {
+      {"messages", messages}, {"tools", tools}, {"max_tokens", kMaxTokens}, {"temperature", 0}};
+  {
+    const HttpAnswer a = Curl("/chat/completions", request.dump());
+    ASSERT_EQ(a.status, 200) << a.body << Logs();
+    const json c = json::parse(a.body);
+    EXPECT_EQ(c["usage"]["prompt_tokens"], prompt.size());
+    EXPECT_EQ(c["usage"]["completion_tokens"], call_at + 2);
+    const json& choice = c["choices"][0];
+    EXPECT_EQ(choice["finish_reason"], "tool_calls");
+    EXPECT_EQ(choice["message"]["content"], content.empty() ? json(nullptr) : json(content));
+    ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << c;
+    expect_call(choice["message"]["tool_calls"][0]);
+  }
+  {
+    request["stream"] = true;
+    const HttpAnswer a = Curl("/chat/completions", request.dump());
+    ASSERT_EQ(a.status, 200) << a.body << Logs();
+    bool done = false;
+    std::string streamed;
+    int calls = 0;
+    std::string finish;
+    for (const json& e : Events(a.body, &done)) {
+      const json& choice = e["choices"][0];
+      const json& delta = choice["delta"];
+      if (delta.contains("content")) streamed += delta["content"].get<std::string>();
+      if (delta.contains("tool_calls")) {
+        ASSERT_EQ(delta["tool_calls"].size(), 1u);
+        EXPECT_EQ(delta["tool_calls"][0]["index"], 0);
+        expect_call(delta["tool_calls"][0]);
+        ++calls;
+      }
+      if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+    }
+    EXPECT_TRUE(done);
+    EXPECT_EQ(streamed, content);  // nothing of the call as text
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(finish, "tool_calls");
+  }
+  {
+    // tool_choice "none": the template is not given the tools.
+    request["stream"] = false;
+    request["tool_choice"] = "none";
+    const HttpAnswer a = Curl("/chat/completions", request.dump());
+    ASSERT_EQ(a.status, 200) << a.body << Logs();
+    const json c = json::parse(a.body);
+    EXPECT_EQ(c["usage"]["prompt_tokens"], encode(turn).size());
+    EXPECT_FALSE(c["choices"][0]["message"].contains("tool_calls"));
+  }
+  {
+    // The call and the tool's answer sent back: the template writes the call's arguments as the
+    // object they hold.
+    const json back = {
+        {"messages",
+         {messages[0],
+          {{"role", "assistant"},
+           {"content", nullptr},
+           {"tool_calls",
+            {{{"id", "call_1"},
+              {"type", "function"},
+              {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}}}}}}},
+          {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "21.5"}}}},
+        {"tools", tools},
+        {"max_tokens", 1}};
+    const HttpAnswer a = Curl("/chat/completions", back.dump());
+    ASSERT_EQ(a.status, 200) << a.body << Logs();
+    EXPECT_EQ(json::parse(a.body)["usage"]["prompt_tokens"],
+              encode("Tools: get_weather\n" + turn +
+                     "<tool_call>get_weather{\"city\": \"Paris\"}</tool_call><|im_end|>\n"
+                     "<|im_start|>tool\n21.5<|im_end|>\n<|im_start|>assistant\n")
+                  .size());
+  }
+  // A written-out template has no tools: refused by the field's name, not dropped.
+  ASSERT_TRUE(StartApi({"--chat-template", "chatml"}, "api-chatml"));
+  const HttpAnswer refused =
+      Curl("/chat/completions",
+           json({{"messages", messages}, {"tools", tools}, {"max_tokens", 1}}).dump());
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("'tools': tools need the model's own chat template"),
+            std::string::npos)
+      << refused.body;
 }
 
 }  // namespace

@@ -145,7 +145,8 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
   }
   const std::map<std::string, std::string> chat_cases = {
       {R"({"messages": []})", "'messages' must be a non-empty array"},
-      {R"({"messages": [{"role": "tool", "content": "x"}]})", "'messages.role'"},
+      {R"({"messages": [{"role": "tool", "content": "x"}]})", "'messages.tool_call_id' is missing"},
+      {R"({"messages": [{"role": "robot", "content": "x"}]})", "'messages.role'"},
       {R"({"messages": [{"role": "user"}]})", "'messages.content' is missing"},
       {R"({"messages": [{"role": "user", "content": "x", "name": "bob"}]})", "'messages.name'"},
       {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
@@ -184,6 +185,148 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
       {});
   ASSERT_TRUE(both.ok()) << both.status().ToString();
   EXPECT_EQ(both->max_tokens, 5);
+}
+
+// A tool-calling conversation as OpenAI's clients send it: tools, an assistant's call (its
+// arguments the text of a JSON object) and the tool's answer.
+constexpr std::string_view kToolRequest = R"({
+  "messages": [
+    {"role": "system", "content": "Use tools."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
+    {"role": "tool", "content": "{\"temperature\": 21.5}", "tool_call_id": "call_1"},
+    {"role": "user", "content": "Thanks"}],
+  "tools": [{"type": "function", "function": {"name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+      "unit": {"type": "string", "enum": ["celsius", "kelvin"]}}, "required": ["city"]}}}]
+})";
+
+TEST(OpenAiRequest, ParsesToolsCallsAndAnswersAsClientsSendThem) {
+  auto r = ParseChatRequest(kToolRequest, {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tool_names, (std::vector<std::string>{"get_weather"}));
+  // The tools as the client wrote them, keys in its order (not sorted), for the template.
+  EXPECT_LT(r->tools_json.find("\"description\""), r->tools_json.find("\"parameters\""));
+  EXPECT_LT(r->tools_json.find("\"unit\""), r->tools_json.find("\"required\""));
+  ASSERT_EQ(r->messages.size(), 5u);
+  EXPECT_EQ(r->messages[2].tool_calls,
+            (std::vector<ToolCall>{{.id = "call_1",
+                                    .name = "get_weather",
+                                    .arguments = R"({"city": "Paris", "unit": "celsius"})"}}));
+  EXPECT_EQ(r->messages[3].role, "tool");
+  EXPECT_EQ(r->messages[3].tool_call_id, "call_1");
+  // An assistant's message may hold only calls (content null or absent).
+  for (const char* content : {R"("content": null, )", ""}) {
+    const std::string body = std::string(R"({"messages": [{"role": "user", "content": "x"},
+        {"role": "assistant", )") +
+                             content +
+                             R"("tool_calls": [{"id": "c", "type": "function",
+        "function": {"name": "f", "arguments": "{}"}}]}]})";
+    auto only_calls = ParseChatRequest(body, {});
+    ASSERT_TRUE(only_calls.ok()) << body << only_calls.status().ToString();
+    EXPECT_TRUE(only_calls->messages[1].content_null);
+  }
+  // tool_choice "none": the model is not told of the tools.
+  const std::string none = std::string(kToolRequest).insert(1, R"("tool_choice": "none", )");
+  auto without = ParseChatRequest(none, {});
+  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  EXPECT_TRUE(without->tools_json.empty());
+  EXPECT_TRUE(without->tool_names.empty());
+  const std::string automatic = std::string(kToolRequest).insert(1, R"("tool_choice": "auto", )");
+  EXPECT_EQ(ParseChatRequest(automatic, {})->tool_names.size(), 1u);
+}
+
+// What a client (or an attacker) may get wrong about tools, each refused by the field's name.
+TEST(OpenAiRequest, RefusesMalformedToolsAndCallsNamingTheField) {
+  const std::string user = R"({"role": "user", "content": "x"})";
+  const auto with_tools = [&](const std::string& tools) {
+    return R"({"messages": [)" + user + R"(], "tools": )" + tools + "}";
+  };
+  const auto with_call = [&](const std::string& call) {
+    return R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": [)" + call +
+           "]}]}";
+  };
+  const std::string f = R"({"type": "function", "function": {"name": "f"}})";
+  const std::string deep = std::string(40, '[') + std::string(40, ']');
+  const std::map<std::string, std::string> cases = {
+      {with_tools("{}"), "'tools' must be an array"},
+      {with_tools(R"([{"type": "retrieval"}])"), "'tools' must hold"},
+      {with_tools(R"([{"type": "function", "function": {"description": "d"}}])"),
+       "'tools.function.name' is missing"},
+      {with_tools(R"([{"type": "function", "function": {"name": "a b"}}])"),
+       "'tools.function.name' must be 1 to 64 letters"},
+      {with_tools(R"([{"type": "function", "function": {"name": ")" + std::string(65, 'a') +
+                  R"("}}])"),
+       "'tools.function.name' must be 1 to 64"},
+      {with_tools("[" + f + ", " + f + "]"), "'tools.function.name' 'f' names two tools"},
+      {with_tools(R"([{"type": "function", "function": {"name": "f", "parameters": "x"}}])"),
+       "'tools.function.parameters' must be a JSON schema object"},
+      {with_tools(R"([{"type": "function", "function": {"name": "f", "strict": true}}])"),
+       "'tools.function.strict' is not supported"},
+      {with_tools(R"([{"type": "function", "function": {"name": "f", "code": "x"}}])"),
+       "'tools.function.code' is not supported"},
+      {with_tools(R"([{"type": "function", "function": {"name": "f", "parameters": )" + deep +
+                  "}}]"),
+       "nests deeper than 32"},
+      {with_tools("[" + f + R"(], "tool_choice": "required")"), "'tool_choice' is not supported"},
+      {with_tools("[" + f + R"(], "tool_choice": {"type": "function", "function": {"name": "f"}})"),
+       "'tool_choice' is not supported"},
+      {with_tools("[" + f + R"(], "parallel_tool_calls": false)"), "'parallel_tool_calls'"},
+      {with_call(R"({"type": "function", "function": {"name": "f", "arguments": "{}"}})"),
+       "'messages.tool_calls.id' is missing"},
+      {with_call(R"({"id": "c", "type": "code", "function": {"name": "f", "arguments": "{}"}})"),
+       "'messages.tool_calls.type' must be \"function\""},
+      {with_call(R"({"id": "c", "type": "function", "function": {"name": "f"}})"),
+       "'messages.tool_calls.function.arguments' is missing"},
+      {with_call(
+           R"({"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}})"),
+       "'messages.tool_calls.function.arguments' is not a JSON object"},
+      {with_call(R"({"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}})"),
+       "'messages.tool_calls.function.arguments' is not valid JSON"},
+      {with_call(R"({"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}})"),
+       "'messages.tool_calls.function.arguments' must be a string"},
+      {with_call(R"({"id": ")" + std::string(257, 'i') +
+                 R"(", "type": "function", "function": {"name": "f", "arguments": "{}"}})"),
+       "'messages.tool_calls.id' is at most 256 bytes"},
+      {R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})",
+       "'messages.tool_calls' belong to an assistant's message"},
+      {R"({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]})",
+       "'messages.tool_call_id' belongs to a tool's message"},
+      {R"({"messages": [{"role": "assistant", "content": null}]})",
+       "'messages.content' must not be null"},
+      {R"({"messages": [{"role": "tool", "content": "x", "tool_call_id": ""}]})",
+       "'messages.tool_call_id' must be 1 to 256 bytes"},
+  };
+  for (const auto& [body, expected] : cases) {
+    auto r = ParseChatRequest(body, {});
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << body;
+    EXPECT_NE(r.status().message().find(expected), std::string::npos)
+        << body << " -> " << r.status().message();
+  }
+  // Bounds: tools per request and calls per message.
+  std::string many_tools = "[";
+  for (int i = 0; i < 3; ++i) {
+    many_tools += (i > 0 ? ", " : "") +
+                  std::string(R"({"type": "function", "function": {"name": "f)") +
+                  std::to_string(i) + R"("}})";
+  }
+  many_tools += "]";
+  RequestLimits limits;
+  limits.max_tools = 2;
+  limits.max_tool_calls = 1;
+  auto too_many = ParseChatRequest(with_tools(many_tools), limits);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.status().message().find("'tools' holds 3 tools; at most 2"),
+            std::string::npos);
+  const std::string call =
+      R"({"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}})";
+  auto too_many_calls = ParseChatRequest(with_call(call + ", " + call), limits);
+  ASSERT_FALSE(too_many_calls.ok());
+  EXPECT_NE(too_many_calls.status().message().find("'messages.tool_calls' holds 2 calls"),
+            std::string::npos);
 }
 
 TEST(OpenAiRequest, LimitsBoundWhatOneRequestMayAskFor) {
@@ -427,6 +570,50 @@ TEST(ModelChatTemplate, ATemplateThatFailsOnAPlainConversationIsRefusedAtStart) 
   auto refused = gemma->Render(kTurns);  // a system turn, which Gemma's template refuses
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().message(), "'messages': System role not supported");
+}
+
+// A request's tools, calls and answers reach the model's own template as transformers hands
+// them over (arguments as an object): the prompt is, byte for byte, what Jinja itself renders
+// from the same conversation (references.json, make_references.py's TOOL_TURNS).
+TEST(ModelChatTemplate, RendersARequestsToolsAndCallsAsJinjaDoes) {
+  std::ifstream in(std::string(COLONY_JINJA_DATA) + "/references.json");
+  const auto refs = nlohmann::json::parse(in);
+  auto request = ParseChatRequest(kToolRequest, {});
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  const ModelChatTemplate::Tokens tokens{
+      .bos = "<s>", .eos = "</s>", .unk = "<unk>", .pad = "<pad>"};
+  int compared = 0;
+  for (const auto& c : refs["cases"]) {
+    if (c["context"]["tools"].is_null()) continue;
+    const std::string name = c["template"];
+    auto t = ModelChatTemplate::FromSource(JinjaTemplate(name), name + ".jinja", tokens);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    auto pieces = t->Render(request->messages, request->tools_json);
+    ASSERT_TRUE(pieces.ok()) << name << ": " << pieces.status().ToString();
+    std::string text;
+    for (const ChatPiece& p : *pieces) text += p.text;
+    EXPECT_EQ(text, c["output"].get<std::string>()) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2);  // Qwen2.5's and Llama 3.1's
+
+  // What each family's template tells its model to write.
+  const std::map<std::string, ToolCallFormat> formats = {{"qwen2.5", ToolCallFormat::kHermes},
+                                                         {"llama3.1", ToolCallFormat::kLlama3Json},
+                                                         {"llama3", ToolCallFormat::kNone},
+                                                         {"chatml", ToolCallFormat::kNone}};
+  for (const auto& [name, format] : formats) {
+    auto t = ModelChatTemplate::FromSource(JinjaTemplate(name), name, tokens);
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->tool_format(), format) << name;
+  }
+  // A template that never reads `tools` refuses them rather than drop them silently.
+  auto llama2 = ModelChatTemplate::FromSource(JinjaTemplate("llama2"), "llama2.jinja", tokens);
+  ASSERT_TRUE(llama2.ok());
+  auto refused = llama2->Render({{"user", "Hi"}}, request->tools_json);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "'tools': the model's chat template (llama2.jinja) does not take tools");
 }
 
 TEST(ModelChatTemplate, FindsTheTemplateWhereTransformersSavesIt) {

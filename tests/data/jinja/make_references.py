@@ -40,12 +40,16 @@ CONVERSATIONS = {
     "empty": [],
 }
 
+# As a client sends them (tests/api/request_test.cpp sends the same through colony's request
+# parser), keys in an order that is not sorted.
 TOOLS = [{
     "type": "function",
     "function": {
         "name": "get_weather",
         "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string"},
+                                      "unit": {"type": "string", "enum": ["celsius", "kelvin"]}},
                        "required": ["city"]},
     },
 }]
@@ -54,9 +58,10 @@ TOOL_TURNS = [
     {"role": "system", "content": "Use tools."},
     {"role": "user", "content": "Weather in Paris?"},
     {"role": "assistant", "content": "",
-     "tool_calls": [{"type": "function",
-                     "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-    {"role": "tool", "content": "{\"temperature\": 21.5}"},
+     "tool_calls": [{"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather",
+                                  "arguments": {"city": "Paris", "unit": "celsius"}}}]},
+    {"role": "tool", "content": "{\"temperature\": 21.5}", "tool_call_id": "call_1"},
     {"role": "user", "content": "Thanks"},
 ]
 

@@ -1,0 +1,302 @@
+// Reading tool calls out of an answer's text, format by format, and holding back a streamed
+// answer's text from where a call may begin.
+#include "api/tool_calls.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+
+#include "model/strict_json.h"
+
+namespace colony::api {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr int kMaxDepth = 32;
+constexpr std::string_view kSpace = " \t\r\n";
+
+std::string_view TrimLeft(std::string_view s) {
+  const size_t first = s.find_first_not_of(kSpace);
+  return first == std::string_view::npos ? std::string_view() : s.substr(first);
+}
+
+std::string_view TrimRight(std::string_view s) {
+  const size_t last = s.find_last_not_of(kSpace);
+  return last == std::string_view::npos ? std::string_view() : s.substr(0, last + 1);
+}
+
+// One call written as {"name": ..., "<arguments_key>": {...}}: none unless the name is one of
+// `names` and the arguments an object (absent: none).
+std::optional<ToolCall> CallFrom(const json& j, const std::vector<std::string>& names) {
+  if (!j.is_object()) return std::nullopt;
+  const auto name = j.find("name");
+  if (name == j.end() || !name->is_string()) return std::nullopt;
+  const auto& n = name->get_ref<const std::string&>();
+  if (std::ranges::find(names, n) == names.end()) return std::nullopt;
+  const json* args = nullptr;
+  for (const char* key : {"arguments", "parameters"}) {
+    if (auto it = j.find(key); it != j.end()) {
+      if (args != nullptr) return std::nullopt;  // both: which one was meant is a guess
+      args = &*it;
+    }
+  }
+  for (const auto& [key, value] : j.items()) {
+    if (key != "name" && key != "arguments" && key != "parameters" && key != "id") {
+      return std::nullopt;
+    }
+  }
+  if (args != nullptr && !args->is_object()) return std::nullopt;
+  return ToolCall{.id = "",
+                  .name = n,
+                  .arguments = args == nullptr
+                                   ? std::string("{}")
+                                   : args->dump(-1, ' ', false, json::error_handler_t::replace)};
+}
+
+std::optional<json> ParseObject(std::string_view text) {
+  auto parsed = model::ParseStrictOrderedJsonObject(text, "a tool call", kMaxDepth);
+  if (!parsed.ok()) return std::nullopt;
+  return std::move(*parsed);
+}
+
+// The end of the JSON object that starts at s[0] == '{' (brackets outside strings balanced), or
+// npos.
+size_t ObjectEnd(std::string_view s) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+      if (depth < 0) return std::string_view::npos;
+    }
+  }
+  return std::string_view::npos;
+}
+
+std::vector<ToolCall> ReadHermes(std::string_view rest, const std::vector<std::string>& names) {
+  std::vector<ToolCall> calls;
+  while (!(rest = TrimLeft(rest)).empty()) {
+    if (!rest.starts_with(kHermesOpen)) return {};
+    rest.remove_prefix(kHermesOpen.size());
+    const size_t close = rest.find(kHermesClose);
+    // The last block may end at the end of the answer (an end token right after the call).
+    const std::string_view body = rest.substr(0, close);
+    rest = close == std::string_view::npos ? std::string_view()
+                                           : rest.substr(close + kHermesClose.size());
+    const auto parsed = ParseObject(TrimLeft(TrimRight(body)));
+    std::optional<ToolCall> call = parsed ? CallFrom(*parsed, names) : std::nullopt;
+    if (!call) return {};
+    calls.push_back(std::move(*call));
+  }
+  return calls;
+}
+
+std::vector<ToolCall> ReadLlama3(std::string_view rest, const std::vector<std::string>& names) {
+  std::vector<ToolCall> calls;
+  rest = TrimLeft(rest);
+  if (rest.starts_with(kPythonTag)) rest = TrimLeft(rest.substr(kPythonTag.size()));
+  while (!rest.empty()) {
+    if (!calls.empty()) {  // calls separated by ';'
+      if (rest.front() != ';') return {};
+      rest = TrimLeft(rest.substr(1));
+      if (rest.empty()) break;
+    }
+    if (rest.front() != '{') return {};
+    const size_t end = ObjectEnd(rest);
+    if (end == std::string_view::npos) return {};
+    const auto parsed = ParseObject(rest.substr(0, end));
+    std::optional<ToolCall> call = parsed ? CallFrom(*parsed, names) : std::nullopt;
+    if (!call) return {};
+    calls.push_back(std::move(*call));
+    rest = TrimLeft(rest.substr(end));
+  }
+  return calls;
+}
+
+std::vector<ToolCall> ReadMistral(std::string_view rest, const std::vector<std::string>& names) {
+  // An array, parsed as the value of an object (the strict parser reads objects).
+  const auto parsed = ParseObject(fmt::format("{{\"calls\": {}}}", TrimLeft(TrimRight(rest))));
+  if (!parsed || !(*parsed)["calls"].is_array()) return {};
+  std::vector<ToolCall> calls;
+  for (const auto& item : (*parsed)["calls"]) {
+    std::optional<ToolCall> call = CallFrom(item, names);
+    if (!call) return {};
+    calls.push_back(std::move(*call));
+  }
+  return calls;
+}
+
+// The longest end of `text` that is a proper start of `marker`.
+size_t PartialMarker(std::string_view text, std::string_view marker) {
+  for (size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
+    if (text.substr(text.size() - n) == marker.substr(0, n)) return n;
+  }
+  return 0;
+}
+
+std::string NewId(ToolCallFormat format, std::mt19937_64& rng) {
+  static constexpr std::string_view kAlnum =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  // Mistral's templates refuse ids other than 9 letters and digits.
+  const size_t n = format == ToolCallFormat::kMistral ? 9 : 24;
+  std::string id = format == ToolCallFormat::kMistral ? "" : "call_";
+  for (size_t i = 0; i < n; ++i) id += kAlnum[rng() % kAlnum.size()];
+  return id;
+}
+
+}  // namespace
+
+ToolCallFormat DetectToolCallFormat(std::string_view source) {
+  if (source.find("tools") == std::string_view::npos) return ToolCallFormat::kNone;
+  if (source.find(kHermesOpen) != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (source.find(kMistralMarker) != std::string_view::npos) return ToolCallFormat::kMistral;
+  if (source.find(kPythonTag) != std::string_view::npos ||
+      source.find("\"parameters\": dictionary of argument name") != std::string_view::npos) {
+    return ToolCallFormat::kLlama3Json;
+  }
+  return ToolCallFormat::kNone;
+}
+
+std::string_view ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kLlama3Json:
+      return "llama3_json";
+    case ToolCallFormat::kMistral:
+      return "mistral";
+    case ToolCallFormat::kNone:
+      break;
+  }
+  return "none";
+}
+
+Answer ReadToolCalls(ToolCallFormat format, std::string_view text,
+                     const std::vector<std::string>& names) {
+  Answer answer{.content = std::string(text), .content_null = false, .calls = {}};
+  if (names.empty()) return answer;
+  std::string_view before;  // the content besides the calls
+  std::vector<ToolCall> calls;
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      if (const size_t at = text.find(kHermesOpen); at != std::string_view::npos) {
+        before = text.substr(0, at);
+        calls = ReadHermes(text.substr(at), names);
+      }
+      break;
+    case ToolCallFormat::kLlama3Json:
+      calls = ReadLlama3(text, names);
+      break;
+    case ToolCallFormat::kMistral:
+      if (const size_t at = text.find(kMistralMarker); at != std::string_view::npos) {
+        before = text.substr(0, at);
+        calls = ReadMistral(text.substr(at + kMistralMarker.size()), names);
+      } else if (TrimLeft(text).starts_with('[')) {
+        calls = ReadMistral(text, names);
+      }
+      break;
+    case ToolCallFormat::kNone:
+      break;
+  }
+  if (calls.empty()) return answer;
+  answer.content = std::string(TrimRight(before));
+  answer.content_null = answer.content.empty();
+  std::random_device rd;
+  std::mt19937_64 rng((static_cast<uint64_t>(rd()) << 32) | rd());
+  for (ToolCall& call : calls) call.id = NewId(format, rng);
+  answer.calls = std::move(calls);
+  return answer;
+}
+
+nlohmann::json ToolCallsJson(const std::vector<ToolCall>& calls, bool indexed) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    nlohmann::json call = {
+        {"id", calls[k].id},
+        {"type", "function"},
+        {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+    if (indexed) call["index"] = k;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+std::string ToolCallStream::Add(std::string_view delta) {
+  text_ += delta;
+  if (holding_ || format_ == ToolCallFormat::kNone) {
+    if (format_ != ToolCallFormat::kNone) return {};
+    passed_ = text_.size();
+    return std::string(delta);
+  }
+  size_t end = text_.size();  // what may be passed on: [passed_, end)
+  const std::string_view all = text_;
+  const std::string_view start = TrimLeft(all);
+  switch (format_) {
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kMistral: {
+      const std::string_view marker =
+          format_ == ToolCallFormat::kHermes ? kHermesOpen : kMistralMarker;
+      // A bare array at the start of a Mistral answer may be its calls ([TOOL_CALLS] decoded
+      // away).
+      if (format_ == ToolCallFormat::kMistral && passed_ == 0 && start.starts_with('[')) {
+        holding_ = true;
+        return {};
+      }
+      if (const size_t at = all.find(marker, passed_); at != std::string_view::npos) {
+        holding_ = true;
+        end = at;
+      } else {
+        end -= PartialMarker(all, marker);
+      }
+      break;
+    }
+    case ToolCallFormat::kLlama3Json:
+      // Calls are the whole answer: held while it may be one.
+      if (start.empty() || start.starts_with('{') || start.starts_with(kPythonTag) ||
+          std::string_view(kPythonTag).starts_with(start)) {
+        if (!start.empty() && !std::string_view(kPythonTag).starts_with(start)) holding_ = true;
+        return {};
+      }
+      format_ = ToolCallFormat::kNone;  // text: passed on as it comes from now on
+      passed_ = text_.size();
+      return text_;
+    case ToolCallFormat::kNone:
+      break;
+  }
+  // Whitespace that may precede a call is not passed on yet.
+  end = TrimRight(all.substr(0, end)).size();
+  if (end <= passed_) return {};
+  std::string out = text_.substr(passed_, end - passed_);
+  passed_ = end;
+  return out;
+}
+
+std::string ToolCallStream::Finish(const Answer& whole) {
+  // What was passed on is the start of the content either way.
+  const std::string_view content = whole.calls.empty() ? std::string_view(text_) : whole.content;
+  std::string rest(content.substr(std::min(passed_, content.size())));
+  passed_ = text_.size();
+  return rest;
+}
+
+}  // namespace colony::api
