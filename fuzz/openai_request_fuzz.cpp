@@ -53,6 +53,8 @@ void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
     }
     if (r->tool_names.size() > limits.max_tools) __builtin_trap();
     if (r->tool_names.empty() != r->tools_json.empty()) __builtin_trap();
+  } else if (!r->tools_json.empty() || !r->template_kwargs_json.empty()) {
+    __builtin_trap();  // chat's only
   } else if (r->prompt_is_tokens) {
     if (r->prompt_tokens.empty() || r->prompt_tokens.size() > limits.max_prompt_tokens) {
       __builtin_trap();

@@ -184,7 +184,8 @@ Result<ModelChatTemplate> ModelChatTemplate::FromSource(std::string_view source,
 }
 
 Result<std::string> ModelChatTemplate::RenderRaw(const std::vector<ChatMessage>& messages,
-                                                 bool prompt, std::string_view tools_json) const {
+                                                 bool prompt, std::string_view tools_json,
+                                                 std::string_view kwargs_json) const {
   List list;
   list.reserve(messages.size());
   for (const ChatMessage& m : messages) list.push_back(Message(m));
@@ -201,12 +202,19 @@ Result<std::string> ModelChatTemplate::RenderRaw(const std::vector<ChatMessage>&
   for (const auto& [name, text] : named) {
     if (!text->empty()) context.emplace_back(name, Value::String(*text));
   }
+  if (!kwargs_json.empty()) {  // names the request parser let through (none of the above)
+    const Value kwargs = FromCheckedJson(kwargs_json);
+    if (kwargs.kind() == Value::Kind::kDict) {
+      for (const auto& [name, value] : kwargs.as_dict()) context.emplace_back(name, value);
+    }
+  }
   return template_.Render(context);
 }
 
 Result<std::string> ModelChatTemplate::RenderText(const std::vector<ChatMessage>& messages,
-                                                  bool prompt, std::string_view tools_json) const {
-  auto out = RenderRaw(messages, prompt, tools_json);
+                                                  bool prompt, std::string_view tools_json,
+                                                  std::string_view kwargs_json) const {
+  auto out = RenderRaw(messages, prompt, tools_json, kwargs_json);
   if (out.ok()) return out;
   const Status& st = out.status();
   switch (st.code()) {
@@ -232,12 +240,13 @@ Status ModelChatTemplate::Check() const {
 }
 
 Result<std::vector<ChatPiece>> ModelChatTemplate::Render(const std::vector<ChatMessage>& messages,
-                                                         std::string_view tools_json) const {
+                                                         std::string_view tools_json,
+                                                         std::string_view kwargs_json) const {
   if (!tools_json.empty() && !takes_tools_) {
     return InvalidArgument(
         fmt::format("'tools': the model's chat template ({}) does not take tools", file_));
   }
-  COLONY_ASSIGN_OR_RETURN(std::string text, RenderText(messages, true, tools_json));
+  COLONY_ASSIGN_OR_RETURN(std::string text, RenderText(messages, true, tools_json, kwargs_json));
   std::vector<ChatPiece> pieces;
   size_t pos = 0;
   while (pos < text.size()) {

@@ -1,8 +1,9 @@
 // A model's own chat template, run as transformers' apply_chat_template runs it: the Jinja
 // program a model directory carries, given `messages` (with assistants' tool calls and tools'
 // answers), `add_generation_prompt` (true: the prompt ends where the assistant's answer starts),
-// `tools` (the request's, as the client wrote them; none without), `documents` (none), and the
-// texts of tokenizer_config.json's bos_token, eos_token, unk_token and pad_token (those it names).
+// `tools` (the request's, as the client wrote them; none without), `documents` (none), the
+// texts of tokenizer_config.json's bos_token, eos_token, unk_token and pad_token (those it names),
+// and the request's chat_template_kwargs.
 //
 //   auto t = ModelChatTemplate::Load(model_dir);    // none when the directory has no template
 //   auto pieces = (*t)->Render(request.messages);   // the prompt: text, BOS and EOS
@@ -60,9 +61,10 @@ class ModelChatTemplate {
   // naming 'messages' when the template refuses them (its raise_exception's message as it wrote
   // it, e.g. roles that do not alternate) or fails on them (with the line). `tools_json`: the
   // request's tools (GenerationRequest::tools_json); 'tools' is refused by a template that
-  // never reads them.
+  // never reads them. `kwargs_json`: more variables (GenerationRequest::template_kwargs_json).
   Result<std::vector<ChatPiece>> Render(const std::vector<ChatMessage>& messages,
-                                        std::string_view tools_json = {}) const;
+                                        std::string_view tools_json = {},
+                                        std::string_view kwargs_json = {}) const;
 
   // What the template writes right after an assistant's answer, found by rendering a short
   // conversation whose answer is a marker: the special token there (Llama 3's <|eot_id|>,
@@ -90,10 +92,12 @@ class ModelChatTemplate {
         takes_tools_(takes_tools) {}
   // The template's rendering, its errors as jinja::Template gives them.
   Result<std::string> RenderRaw(const std::vector<ChatMessage>& messages, bool prompt,
-                                std::string_view tools_json = {}) const;
+                                std::string_view tools_json = {},
+                                std::string_view kwargs_json = {}) const;
   // The same, errors as a request's.
   Result<std::string> RenderText(const std::vector<ChatMessage>& messages, bool prompt,
-                                 std::string_view tools_json = {}) const;
+                                 std::string_view tools_json = {},
+                                 std::string_view kwargs_json = {}) const;
 
   jinja::Template template_;
   std::string file_;

@@ -137,6 +137,18 @@ Result<std::string> MessageContent(const json& v) {
   return out;
 }
 
+// The variables colony api gives a chat template itself (model_chat_template.h), which
+// chat_template_kwargs may not set.
+bool IsTemplateVariable(std::string_view name) {
+  for (std::string_view v :
+       {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token",
+        "unk_token", "pad_token", "raise_exception", "strftime_now", "namespace", "range", "dict",
+        "lipsum", "cycler", "joiner"}) {
+    if (name == v) return true;
+  }
+  return false;
+}
+
 // OpenAI's rule for function names.
 Status FunctionName(const json& v, std::string_view field, std::string& out) {
   COLONY_ASSIGN_OR_RETURN(out, Text(v, field));
@@ -449,6 +461,29 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
            return Bad("tool_choice",
                       "is not supported by colony api but as \"auto\" or \"none\" (making the "
                       "model call a tool needs constrained decoding)");
+         }},
+        {"chat_template_kwargs",
+         [](const json& v, GenerationRequest& q) -> Status {
+           if (v.is_null()) return Status::Ok();
+           if (!v.is_object()) return Bad("chat_template_kwargs", "must be an object");
+           for (const auto& [key, value] : v.items()) {
+             if (IsTemplateVariable(key)) {
+               return Bad("chat_template_kwargs." + key,
+                          "is set by colony api from the request itself; send it there");
+             }
+             const bool identifier =
+                 !key.empty() && key.size() <= 64 &&
+                 std::isdigit(static_cast<unsigned char>(key.front())) == 0 &&
+                 std::ranges::all_of(key, [](char c) {
+                   return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+                 });
+             if (!identifier) {
+               return Bad("chat_template_kwargs." + key.substr(0, 64),
+                          "is not a template variable's name (letters, digits and '_')");
+             }
+           }
+           if (!v.empty()) q.template_kwargs_json = v.dump();
+           return Status::Ok();
          }},
         {"parallel_tool_calls",
          [](const json& v, GenerationRequest&) -> Status {

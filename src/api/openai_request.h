@@ -71,6 +71,9 @@ struct GenerationRequest {
   // (also with tool_choice "none").
   std::string tools_json;
   std::vector<std::string> tool_names;
+  // Chat: more variables for the model's own chat template (`chat_template_kwargs`, vLLM's, e.g.
+  // Qwen3's {"enable_thinking": false}), as the text of a JSON object. Empty: none.
+  std::string template_kwargs_json;
 };
 
 struct RequestLimits {

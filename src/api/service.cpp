@@ -157,6 +157,12 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
     const bool tool_turns = std::ranges::any_of(r.messages, [](const ChatMessage& m) {
       return m.role == "tool" || !m.tool_calls.empty() || m.content_null;
     });
+    if (options_.chat_template && !r.template_kwargs_json.empty()) {
+      return InvalidArgument(fmt::format(
+          "'chat_template_kwargs': this server runs the written-out template '{}' (colony api "
+          "--chat-template), which has no variables",
+          ChatTemplateName(*options_.chat_template)));
+    }
     if (options_.chat_template && (!r.tools_json.empty() || tool_turns)) {
       return InvalidArgument(fmt::format(
           "'{}': tools need the model's own chat template; this server runs the written-out "
@@ -177,7 +183,8 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
             "<|python_tag|> or Mistral's [TOOL_CALLS]",
             model_template.file()));
       }
-      COLONY_ASSIGN_OR_RETURN(auto pieces, model_template.Render(r.messages, r.tools_json));
+      COLONY_ASSIGN_OR_RETURN(
+          auto pieces, model_template.Render(r.messages, r.tools_json, r.template_kwargs_json));
       if (!r.tools_json.empty()) {
         plan.tool_format = model_template.tool_format();
         plan.tool_names = r.tool_names;

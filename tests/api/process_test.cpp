@@ -1103,10 +1103,12 @@ TEST_F(ApiProcessTest, ToolsReachTheTemplateAndAnAnswersCallComesBackAsToolCalls
     for (int32_t id : tok->Encode(text)) ids.push_back(id);
     return ids;
   };
-  // A Hermes template in short (the model's context is 128 tokens): the tools' names, then the
-  // turns; an assistant's calls as <tool_call>NAME{arguments as JSON}</tool_call>.
+  // A Hermes template in short (the model's context is 128 tokens): a greeting when a request's
+  // chat_template_kwargs gives one, the tools' names, then the turns; an assistant's calls as
+  // <tool_call>NAME{arguments as JSON}</tool_call>.
   const std::string kTemplate =
-      "{% if tools %}{{ 'Tools: ' }}{% for t in tools %}{{ t.function.name }}{% endfor %}"
+      "{% if greeting is defined %}{{ greeting }}{% endif %}{% if tools %}{{ 'Tools: ' }}{% for t "
+      "in tools %}{{ t.function.name }}{% endfor %}"
       "{{ '\\n' }}{% endif %}{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
       "{% if m.tool_calls %}{% for c in m.tool_calls %}{{ '<tool_call>' + c.function.name + "
       "(c.function.arguments | tojson) + '</tool_call>' }}{% endfor %}{% else %}"
@@ -1219,6 +1221,13 @@ TEST_F(ApiProcessTest, ToolsReachTheTemplateAndAnAnswersCallComesBackAsToolCalls
     EXPECT_FALSE(c["choices"][0]["message"].contains("tool_calls"));
   }
   {
+    // chat_template_kwargs: the template's variables.
+    request["chat_template_kwargs"] = {{"greeting", "Hello!\n"}};
+    const HttpAnswer a = Curl("/chat/completions", request.dump());
+    ASSERT_EQ(a.status, 200) << a.body << Logs();
+    EXPECT_EQ(json::parse(a.body)["usage"]["prompt_tokens"], encode("Hello!\n" + turn).size());
+  }
+  {
     // The call and the tool's answer sent back: the template writes the call's arguments as the
     // object they hold.
     const json back = {
@@ -1250,6 +1259,15 @@ TEST_F(ApiProcessTest, ToolsReachTheTemplateAndAnAnswersCallComesBackAsToolCalls
   EXPECT_NE(refused.body.find("'tools': tools need the model's own chat template"),
             std::string::npos)
       << refused.body;
+  const HttpAnswer no_variables =
+      Curl("/chat/completions", json({{"messages", messages},
+                                      {"chat_template_kwargs", {{"enable_thinking", false}}},
+                                      {"max_tokens", 1}})
+                                    .dump());
+  EXPECT_EQ(no_variables.status, 400) << no_variables.body;
+  EXPECT_NE(no_variables.body.find("'chat_template_kwargs': this server runs the written-out"),
+            std::string::npos)
+      << no_variables.body;
 }
 
 }  // namespace

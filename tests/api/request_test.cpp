@@ -238,6 +238,32 @@ TEST(OpenAiRequest, ParsesToolsCallsAndAnswersAsClientsSendThem) {
   EXPECT_EQ(ParseChatRequest(automatic, {})->tool_names.size(), 1u);
 }
 
+// chat_template_kwargs (vLLM's): more variables for the model's own template, by their names;
+// not the ones colony api sets from the request itself.
+TEST(OpenAiRequest, ChatTemplateKwargsAreVariablesOfTheTemplate) {
+  const std::string user = R"({"messages": [{"role": "user", "content": "x"}], )";
+  auto r = ParseChatRequest(
+      user + R"("chat_template_kwargs": {"enable_thinking": false, "n": [1]}})", {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->template_kwargs_json, R"({"enable_thinking":false,"n":[1]})");
+  const std::map<std::string, std::string> cases = {
+      {R"("chat_template_kwargs": [1]})", "'chat_template_kwargs' must be an object"},
+      {R"("chat_template_kwargs": {"messages": []}})",
+       "'chat_template_kwargs.messages' is set by colony api"},
+      {R"("chat_template_kwargs": {"raise_exception": 1}})",
+       "'chat_template_kwargs.raise_exception' is set by colony api"},
+      {R"("chat_template_kwargs": {"a-b": 1}})", "'chat_template_kwargs.a-b' is not a template"},
+      {R"("chat_template_kwargs": {"1a": 1}})", "'chat_template_kwargs.1a' is not a template"},
+  };
+  for (const auto& [rest, expected] : cases) {
+    auto bad = ParseChatRequest(user + rest, {});
+    ASSERT_FALSE(bad.ok()) << rest;
+    EXPECT_NE(bad.status().message().find(expected), std::string::npos)
+        << rest << " -> " << bad.status().message();
+  }
+  EXPECT_FALSE(ParseCompletionRequest(R"({"prompt": "x", "chat_template_kwargs": {}})", {}).ok());
+}
+
 // What a client (or an attacker) may get wrong about tools, each refused by the field's name.
 TEST(OpenAiRequest, RefusesMalformedToolsAndCallsNamingTheField) {
   const std::string user = R"({"role": "user", "content": "x"})";
@@ -607,6 +633,18 @@ TEST(ModelChatTemplate, RendersARequestsToolsAndCallsAsJinjaDoes) {
     ASSERT_TRUE(t.ok());
     EXPECT_EQ(t->tool_format(), format) << name;
   }
+  // chat_template_kwargs are the template's variables (Qwen3's switch of its thinking).
+  auto qwen3 = ModelChatTemplate::FromSource(
+      "{{ messages[0].content }}{% if enable_thinking is defined and not enable_thinking %}"
+      "<think></think>{% endif %}",
+      "qwen3.jinja", {});
+  ASSERT_TRUE(qwen3.ok());
+  auto thinking = qwen3->Render({{"user", "Hi"}});
+  auto quiet = qwen3->Render({{"user", "Hi"}}, "", R"({"enable_thinking": false})");
+  ASSERT_TRUE(thinking.ok() && quiet.ok());
+  EXPECT_EQ((*thinking)[0].text, "Hi");
+  EXPECT_EQ((*quiet)[0].text, "Hi<think></think>");
+
   // A template that never reads `tools` refuses them rather than drop them silently.
   auto llama2 = ModelChatTemplate::FromSource(JinjaTemplate("llama2"), "llama2.jinja", tokens);
   ASSERT_TRUE(llama2.ok());
