@@ -293,7 +293,8 @@ Status ParseMessages(const json& v, const RequestLimits& limits, GenerationReque
           "messages.role",
           fmt::format("'{}' is not one of system, developer, user, assistant, tool", msg.role));
     }
-    if (!m.contains("tool_calls") && (!m.contains("content") || msg.content_null)) {
+    // Content may only be left out (or null) by an assistant's message that calls tools.
+    if (msg.tool_calls.empty() && (!m.contains("content") || msg.content_null)) {
       return Bad("messages.content", m.contains("content") ? "must not be null" : "is missing");
     }
     if (m.contains("tool_calls") && msg.role != "assistant") {

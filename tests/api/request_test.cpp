@@ -322,6 +322,8 @@ TEST(OpenAiRequest, RefusesMalformedToolsAndCallsNamingTheField) {
        "'messages.tool_call_id' belongs to a tool's message"},
       {R"({"messages": [{"role": "assistant", "content": null}]})",
        "'messages.content' must not be null"},
+      {R"({"messages": [{"role": "assistant", "tool_calls": []}]})",
+       "'messages.content' is missing"},
       {R"({"messages": [{"role": "tool", "content": "x", "tool_call_id": ""}]})",
        "'messages.tool_call_id' must be 1 to 256 bytes"},
   };
