@@ -50,24 +50,72 @@ Result<std::string> TokenText(const nlohmann::json& config, const char* key) {
   return content->get<std::string>();
 }
 
-// tokenizer_config.json's chat_template: a string, or a list of {"name", "template"} of which
-// the one named "default" is the template of a chat without tools.
-Result<std::optional<std::string>> TemplateField(const nlohmann::json& j, const std::string& file) {
+// The templates a model directory names: the default one and transformers' "tool_use".
+struct Found {
+  std::optional<ModelChatTemplate::Source> main;
+  std::optional<ModelChatTemplate::Source> tool_use;
+};
+
+// tokenizer_config.json's chat_template: a string, or transformers' list of {"name", "template"}
+// (each name once) of which the one named "default" is the template of every chat, or of those
+// without tools where one is named "tool_use". Other names are chosen by name in transformers,
+// which an OpenAI request cannot do.
+Result<Found> TemplateField(const nlohmann::json& j, const std::string& file) {
+  Found found;
   auto it = j.find("chat_template");
-  if (it == j.end() || it->is_null()) return std::optional<std::string>();
-  if (it->is_string()) return std::optional<std::string>(it->get<std::string>());
-  if (it->is_array()) {
-    for (const auto& named : *it) {
-      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
-          named["template"].is_string()) {
-        return std::optional<std::string>(named["template"].get<std::string>());
-      }
+  if (it == j.end() || it->is_null()) return found;
+  if (it->is_string()) {
+    found.main = {.text = it->get<std::string>(), .file = file};
+    return found;
+  }
+  if (!it->is_array()) {
+    return InvalidArgument(fmt::format("{}'s chat_template must be a string or a list", file));
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const nlohmann::json& named = (*it)[i];
+    if (!named.is_object() || !named.contains("name") || !named["name"].is_string() ||
+        !named.contains("template") || !named["template"].is_string()) {
+      return InvalidArgument(fmt::format(
+          "{}'s chat_template[{}] must be an object with a string \"name\" and a string "
+          "\"template\"",
+          file, i));
     }
+    std::string name = named["name"].get<std::string>();
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      return InvalidArgument(
+          fmt::format("{}'s chat_template names a template \"{}\" twice", file, name));
+    }
+    if (name == "default")
+      found.main = {.text = named["template"].get<std::string>(), .file = file};
+    if (name == "tool_use") {
+      found.tool_use = {.text = named["template"].get<std::string>(),
+                        .file = file + "'s \"tool_use\" chat_template"};
+    }
+    names.push_back(std::move(name));
+  }
+  if (!found.main) {
     return InvalidArgument(
         fmt::format("{}'s chat_template is a list without a template named \"default\"", file));
   }
-  return InvalidArgument(fmt::format("{}'s chat_template must be a string or a list", file));
+  return found;
 }
+
+// The .jinja files of transformers' additional_chat_templates/ (at most a few: the first found).
+Result<std::optional<std::filesystem::path>> AnyJinjaIn(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    if (it->path().extension() == ".jinja") return std::optional(it->path());
+  }
+  if (ec) return FailedPrecondition(fmt::format("{}: {}", dir.string(), ec.message()));
+  return std::optional<std::filesystem::path>();
+}
+
+// A request's tools as the templates' tool_use variants are checked and probed with.
+constexpr std::string_view kProbeTools =
+    R"([{"type": "function", "function": {"name": "probe", "description": "A tool.", )"
+    R"("parameters": {"type": "object", "properties": {}}}}])";
 
 // A JSON text the request parser has checked (an object, or the tools' array).
 Value FromCheckedJson(std::string_view text) {
@@ -139,8 +187,7 @@ jinja::Value JinjaValueFromJson(const nlohmann::ordered_json& j) {
 
 Result<std::optional<ModelChatTemplate>> ModelChatTemplate::Load(const std::filesystem::path& dir) {
   Tokens tokens;
-  std::optional<std::string> source;
-  std::string file;
+  Found found;
   const auto config_file = dir / "tokenizer_config.json";
   COLONY_ASSIGN_OR_RETURN(const bool has_config, Exists(config_file));
   nlohmann::json config = nlohmann::json::object();
@@ -153,34 +200,73 @@ Result<std::optional<ModelChatTemplate>> ModelChatTemplate::Load(const std::file
   }
   const auto jinja_file = dir / "chat_template.jinja";
   const auto json_file = dir / "chat_template.json";
+  // transformers saves a list's other templates there, by name, beside chat_template.jinja.
+  const auto extra_dir = dir / "additional_chat_templates";
+  const auto tool_use_file = extra_dir / "tool_use.jinja";
   COLONY_ASSIGN_OR_RETURN(const bool has_jinja, Exists(jinja_file));
   COLONY_ASSIGN_OR_RETURN(const bool has_json, Exists(json_file));
+  COLONY_ASSIGN_OR_RETURN(const bool has_extra, Exists(extra_dir));
   if (has_jinja) {
     COLONY_ASSIGN_OR_RETURN(std::string text, ReadFileToString(jinja_file, kMaxFileBytes));
-    source = std::move(text);
-    file = jinja_file.string();
-  } else if (has_json) {
-    COLONY_ASSIGN_OR_RETURN(auto j, ReadJson(json_file));
-    COLONY_ASSIGN_OR_RETURN(source, TemplateField(j, json_file.string()));
-    file = json_file.string();
-  } else if (has_config) {
-    COLONY_ASSIGN_OR_RETURN(source, TemplateField(config, config_file.string()));
-    file = config_file.string();
+    found.main = {.text = std::move(text), .file = jinja_file.string()};
+    COLONY_ASSIGN_OR_RETURN(const bool has_tool_use, Exists(tool_use_file));
+    if (has_tool_use) {
+      COLONY_ASSIGN_OR_RETURN(std::string tool_text,
+                              ReadFileToString(tool_use_file, kMaxFileBytes));
+      found.tool_use = {.text = std::move(tool_text), .file = tool_use_file.string()};
+    }
+  } else {
+    // Without chat_template.jinja, transformers takes these templates for all there are and has
+    // no default one (nor the configuration's).
+    std::optional<std::filesystem::path> extra;
+    if (has_extra) {
+      COLONY_ASSIGN_OR_RETURN(extra, AnyJinjaIn(extra_dir));
+    }
+    if (extra) {
+      return InvalidArgument(fmt::format(
+          "{} is a chat template of a model directory without chat_template.jinja, which "
+          "transformers saves as the default template beside it",
+          extra->string()));
+    }
+    if (has_json) {
+      COLONY_ASSIGN_OR_RETURN(auto j, ReadJson(json_file));
+      COLONY_ASSIGN_OR_RETURN(found, TemplateField(j, json_file.string()));
+    } else if (has_config) {
+      COLONY_ASSIGN_OR_RETURN(found, TemplateField(config, config_file.string()));
+    }
   }
-  if (!source) return std::optional<ModelChatTemplate>();
-  COLONY_ASSIGN_OR_RETURN(auto t, FromSource(*source, file, std::move(tokens)));
+  if (!found.main) return std::optional<ModelChatTemplate>();
+  COLONY_ASSIGN_OR_RETURN(auto t, FromSources(*found.main, found.tool_use, std::move(tokens)));
   return std::optional<ModelChatTemplate>(std::move(t));
 }
 
-Result<ModelChatTemplate> ModelChatTemplate::FromSource(std::string_view source, std::string file,
-                                                        Tokens tokens) {
+Result<ModelChatTemplate::Variant> ModelChatTemplate::Parse(std::string_view source,
+                                                            std::string file) {
   auto t = jinja::Template::Parse(source);
   if (!t.ok()) {
     return InvalidArgument(fmt::format("{}: the chat template {}", file, t.status().message()));
   }
-  return ModelChatTemplate(std::move(*t), std::move(file), std::move(tokens),
-                           DetectToolCallFormat(source),
-                           source.find("tools") != std::string_view::npos);
+  return Variant{.program = std::move(*t),
+                 .file = std::move(file),
+                 .format = DetectToolCallFormat(source),
+                 .takes_tools = source.find("tools") != std::string_view::npos};
+}
+
+Result<ModelChatTemplate> ModelChatTemplate::FromSource(std::string_view source, std::string file,
+                                                        Tokens tokens) {
+  COLONY_ASSIGN_OR_RETURN(Variant main, Parse(source, std::move(file)));
+  return ModelChatTemplate(std::move(main), std::nullopt, std::move(tokens));
+}
+
+Result<ModelChatTemplate> ModelChatTemplate::FromSources(const Source& default_source,
+                                                         const std::optional<Source>& tool_use,
+                                                         Tokens tokens) {
+  COLONY_ASSIGN_OR_RETURN(Variant main, Parse(default_source.text, default_source.file));
+  std::optional<Variant> with_tools;
+  if (tool_use) {
+    COLONY_ASSIGN_OR_RETURN(with_tools, Parse(tool_use->text, tool_use->file));
+  }
+  return ModelChatTemplate(std::move(main), std::move(with_tools), std::move(tokens));
 }
 
 Result<std::string> ModelChatTemplate::RenderRaw(const std::vector<ChatMessage>& messages,
@@ -208,7 +294,7 @@ Result<std::string> ModelChatTemplate::RenderRaw(const std::vector<ChatMessage>&
       for (const auto& [name, value] : kwargs.as_dict()) context.emplace_back(name, value);
     }
   }
-  return template_.Render(context);
+  return For(!tools_json.empty()).program.Render(context);
 }
 
 Result<std::string> ModelChatTemplate::RenderText(const std::vector<ChatMessage>& messages,
@@ -224,27 +310,32 @@ Result<std::string> ModelChatTemplate::RenderText(const std::vector<ChatMessage>
       return InvalidArgument(
           fmt::format("'messages': the model's chat template ({}) failed on "
                       "them: {}",
-                      file_, st.message()));
+                      file(!tools_json.empty()), st.message()));
     default:
       return st.WithContext("'messages': the model's chat template");
   }
 }
 
 Status ModelChatTemplate::Check() const {
-  auto out = RenderRaw({{"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}}, true);
-  if (out.ok() || out.status().code() == StatusCode::kFailedPrecondition) return Status::Ok();
-  return InvalidArgument(fmt::format(
-      "{}: the chat template fails on a conversation of a user's, an assistant's and a user's "
-      "turn: {}",
-      file_, out.status().message()));
+  for (const bool tools : {false, true}) {
+    if (tools && !tool_use_) break;
+    auto out = RenderRaw({{"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}}, true,
+                         tools ? kProbeTools : std::string_view());
+    if (out.ok() || out.status().code() == StatusCode::kFailedPrecondition) continue;
+    return InvalidArgument(fmt::format(
+        "{}: the chat template fails on a conversation of a user's, an assistant's and a user's "
+        "turn{}: {}",
+        file(tools), tools ? " with a tool offered" : "", out.status().message()));
+  }
+  return Status::Ok();
 }
 
 Result<std::vector<ChatPiece>> ModelChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                                          std::string_view tools_json,
                                                          std::string_view kwargs_json) const {
-  if (!tools_json.empty() && !takes_tools_) {
+  if (!tools_json.empty() && !For(true).takes_tools) {
     return InvalidArgument(
-        fmt::format("'tools': the model's chat template ({}) does not take tools", file_));
+        fmt::format("'tools': the model's chat template ({}) does not take tools", file(true)));
   }
   COLONY_ASSIGN_OR_RETURN(std::string text, RenderText(messages, true, tools_json, kwargs_json));
   std::vector<ChatPiece> pieces;
@@ -274,11 +365,15 @@ Result<std::vector<ChatPiece>> ModelChatTemplate::Render(const std::vector<ChatM
   return pieces;
 }
 
-ModelChatTemplate::TurnEnd ModelChatTemplate::EndOfTurn(const model::Tokenizer& tok) const {
+ModelChatTemplate::TurnEnd ModelChatTemplate::EndOfTurn(const model::Tokenizer& tok,
+                                                        bool tools) const {
   TurnEnd end;
-  auto text =
-      RenderText({{"user", "Hi"}, {"assistant", std::string(kProbe)}, {"user", "Next"}}, false);
-  if (!text.ok()) text = RenderText({{"user", "Hi"}, {"assistant", std::string(kProbe)}}, false);
+  const std::string_view probe_tools = tools && tool_use_ ? kProbeTools : std::string_view();
+  auto text = RenderText({{"user", "Hi"}, {"assistant", std::string(kProbe)}, {"user", "Next"}},
+                         false, probe_tools);
+  if (!text.ok()) {
+    text = RenderText({{"user", "Hi"}, {"assistant", std::string(kProbe)}}, false, probe_tools);
+  }
   if (!text.ok()) return end;
   const size_t at = text->find(kProbe);
   if (at == std::string::npos) return end;

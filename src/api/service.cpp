@@ -124,6 +124,9 @@ ApiService::ApiService(serve::SwarmClient& client, ApiOptions options)
     : client_(client), options_(std::move(options)) {
   if (options_.model_template && client_.tokenizer) {
     model_turn_end_ = options_.model_template->EndOfTurn(*client_.tokenizer);
+    model_tool_turn_end_ = options_.model_template->has_tool_use()
+                               ? options_.model_template->EndOfTurn(*client_.tokenizer, true)
+                               : model_turn_end_;
   }
 }
 
@@ -181,7 +184,7 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
             "'tools': colony api does not know how this model writes tool calls: its chat "
             "template ({}) shows none of Hermes' and Qwen's <tool_call>, Llama 3.1's "
             "<|python_tag|> or Mistral's [TOOL_CALLS]",
-            model_template.file()));
+            model_template.file(true)));
       }
       COLONY_ASSIGN_OR_RETURN(
           auto pieces, model_template.Render(r.messages, r.tools_json, r.template_kwargs_json));
@@ -190,8 +193,9 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
         plan.tool_names = r.tool_names;
       }
       plan.prompt = EncodeChat(pieces, tok);
-      plan.stops = model_turn_end_.stops;
-      plan.stop_tokens = model_turn_end_.tokens;
+      const auto& turn_end = r.tools_json.empty() ? model_turn_end_ : model_tool_turn_end_;
+      plan.stops = turn_end.stops;
+      plan.stop_tokens = turn_end.tokens;
     } else {
       return FailedPrecondition("colony api was started without a chat template");
     }

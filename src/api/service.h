@@ -57,7 +57,8 @@ class ApiService {
 
   serve::SwarmClient& client_;
   ApiOptions options_;
-  ModelChatTemplate::TurnEnd model_turn_end_;  // of options_.model_template
+  ModelChatTemplate::TurnEnd model_turn_end_;       // of options_.model_template
+  ModelChatTemplate::TurnEnd model_tool_turn_end_;  // of the template it runs with tools
 };
 
 }  // namespace colony::api

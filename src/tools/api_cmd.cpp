@@ -55,7 +55,8 @@ int RunApi(const ApiArgs& a) {
           checked.message()));
     }
     if (own->has_value()) {
-      COLONY_LOG_INFO("api: chat template from {} (tool calls: {})", (*own)->file(),
+      COLONY_LOG_INFO("api: chat template from {}{} (tool calls: {})", (*own)->file(),
+                      (*own)->has_tool_use() ? ", with tools from " + (*own)->file(true) : "",
                       api::ToolCallFormatName((*own)->tool_format()));
       options.chat_template.reset();
       options.model_template = std::make_shared<const api::ModelChatTemplate>(std::move(**own));

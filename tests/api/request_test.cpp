@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -694,6 +695,121 @@ TEST(ModelChatTemplate, FindsTheTemplateWhereTransformersSavesIt) {
   write("chat_template.jinja", "ok\n{{ messages|shuffle }}");
   EXPECT_EQ(rendered(), "error: " + dir.File("chat_template.jinja") +
                             ": the chat template line 2: no filter named 'shuffle'");
+}
+
+// transformers' apply_chat_template runs a model's "tool_use" template for a request with tools
+// and its default one for every other (Hermes 2 Pro and Command-R carry both): from a
+// tokenizer_config.json list or from additional_chat_templates/ beside chat_template.jinja. The
+// prompt with tools is, byte for byte, what Jinja renders from the tool_use template
+// (references.json); without them, what the default template alone renders.
+TEST(ModelChatTemplate, RunsTheToolUseTemplateForRequestsWithToolsAsTransformersDoes) {
+  std::ifstream in(std::string(COLONY_JINJA_DATA) + "/references.json");
+  const auto refs = nlohmann::json::parse(in);
+  std::string with_tools_reference;
+  for (const auto& c : refs["cases"]) {
+    if (c["template"] == "qwen2.5" && !c["context"]["tools"].is_null()) {
+      with_tools_reference = c["output"].get<std::string>();
+    }
+  }
+  ASSERT_FALSE(with_tools_reference.empty());
+  auto request = ParseChatRequest(kToolRequest, {});
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  const std::vector<ChatMessage> plain = {{"user", "Hi"}};
+  const auto text_of = [](const Result<std::vector<ChatPiece>>& pieces) -> std::string {
+    if (!pieces.ok()) return "error: " + pieces.status().message();
+    std::string text;
+    for (const ChatPiece& p : *pieces) text += p.text;
+    return text;
+  };
+  auto llama3 =
+      ModelChatTemplate::FromSource(JinjaTemplate("llama3"), "llama3",
+                                    {.bos = "<|begin_of_text|>", .eos = "", .unk = "", .pad = ""});
+  ASSERT_TRUE(llama3.ok());
+  const std::string without_tools_reference = text_of(llama3->Render(plain));
+  ASSERT_NE(without_tools_reference.find("<|start_header_id|>user<|end_header_id|>\n\nHi"),
+            std::string::npos)
+      << without_tools_reference;
+
+  const colony::test::TempDir dir("tool-use-template");
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir.File(name)) << text;
+  };
+  const auto check = [&](const std::string& tool_use_file) {
+    auto t = ModelChatTemplate::Load(dir.path());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_TRUE(t->has_value());
+    const ModelChatTemplate& both = **t;
+    EXPECT_TRUE(both.has_tool_use());
+    EXPECT_TRUE(both.Check().ok());
+    EXPECT_EQ(text_of(both.Render(request->messages, request->tools_json)), with_tools_reference);
+    EXPECT_EQ(text_of(both.Render(plain)), without_tools_reference);
+    // The format the answer is read in is the one the tool_use template teaches.
+    EXPECT_EQ(both.tool_format(), ToolCallFormat::kHermes);
+    EXPECT_EQ(both.file(true), tool_use_file);
+  };
+  nlohmann::json config = {{"bos_token", "<|begin_of_text|>"},
+                           {"chat_template",
+                            {{{"name", "default"}, {"template", JinjaTemplate("llama3")}},
+                             {{"name", "rag"}, {"template", "{{ documents }}"}},
+                             {{"name", "tool_use"}, {"template", JinjaTemplate("qwen2.5")}}}}};
+  write("tokenizer_config.json", config.dump());
+  check(dir.File("tokenizer_config.json") + "'s \"tool_use\" chat_template");
+
+  // What transformers saves today: the default in chat_template.jinja, the others by name in
+  // additional_chat_templates/ (which then win over the configuration's list).
+  write("tokenizer_config.json", R"({"bos_token": "<|begin_of_text|>"})");
+  write("chat_template.jinja", JinjaTemplate("llama3"));
+  std::filesystem::create_directory(dir.path() / "additional_chat_templates");
+  write("additional_chat_templates/tool_use.jinja", JinjaTemplate("qwen2.5"));
+  write("additional_chat_templates/rag.jinja", "{{ documents }}");
+  check(dir.File("additional_chat_templates/tool_use.jinja"));
+
+  // Without a tool_use template the default one runs with tools too (and refuses them here:
+  // Llama 3's never reads them).
+  std::filesystem::remove(dir.path() / "additional_chat_templates/tool_use.jinja");
+  auto one = ModelChatTemplate::Load(dir.path());
+  ASSERT_TRUE(one.ok() && one->has_value());
+  EXPECT_FALSE((*one)->has_tool_use());
+  EXPECT_EQ(text_of((*one)->Render(request->messages, request->tools_json)),
+            "error: 'tools': the model's chat template (" + dir.File("chat_template.jinja") +
+                ") does not take tools");
+
+  // A tool_use template that fails on a plain conversation with a tool is refused at start.
+  write("additional_chat_templates/tool_use.jinja", "{{ tools[0].function.nam.x }}");
+  auto failing = ModelChatTemplate::Load(dir.path());
+  ASSERT_TRUE(failing.ok() && failing->has_value());
+  const Status checked = (*failing)->Check();
+  EXPECT_NE(checked.message().find(dir.File("additional_chat_templates/tool_use.jinja") +
+                                   ": the chat template fails on a conversation of a user's, an "
+                                   "assistant's and a user's turn with a tool offered"),
+            std::string::npos)
+      << checked.ToString();
+
+  // Templates transformers could not pair with a default one, or lists it would misread.
+  const auto refused = [&]() -> std::string {
+    auto t = ModelChatTemplate::Load(dir.path());
+    return t.ok() ? "loaded" : t.status().message();
+  };
+  std::filesystem::remove(dir.path() / "chat_template.jinja");
+  std::filesystem::remove(dir.path() / "additional_chat_templates/tool_use.jinja");
+  EXPECT_EQ(refused(), dir.File("additional_chat_templates/rag.jinja") +
+                           " is a chat template of a model directory without "
+                           "chat_template.jinja, which transformers saves as the default "
+                           "template beside it");
+  std::filesystem::remove_all(dir.path() / "additional_chat_templates");
+  write("tokenizer_config.json", R"({"chat_template": [{"name": "default", "template": "D"},
+      {"name": "tool_use", "template": "T"}, {"name": "default", "template": "E"}]})");
+  EXPECT_EQ(refused(), dir.File("tokenizer_config.json") +
+                           "'s chat_template names a template \"default\" twice");
+  write("tokenizer_config.json",
+        R"({"chat_template": [{"name": "default", "template": "D"}, {"name": "tool_use"}]})");
+  EXPECT_EQ(refused(), dir.File("tokenizer_config.json") +
+                           "'s chat_template[1] must be an object with a string \"name\" and a "
+                           "string \"template\"");
+  write("tokenizer_config.json", R"({"chat_template": [{"name": "default", "template": "D"}, 7]})");
+  EXPECT_EQ(refused(), dir.File("tokenizer_config.json") +
+                           "'s chat_template[1] must be an object with a string \"name\" and a "
+                           "string \"template\"");
 }
 
 // A decoder over a fixed table of token texts (tokens may hold parts of a UTF-8 character).
