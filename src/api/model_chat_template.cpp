@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "api/jinja_builtins.h"
 #include "core/files.h"
 #include "model/strict_json.h"
 
@@ -269,6 +270,21 @@ Result<ModelChatTemplate> ModelChatTemplate::FromSources(const Source& default_s
   return ModelChatTemplate(std::move(main), std::move(with_tools), std::move(tokens));
 }
 
+// The names RenderRaw() puts in the context, besides the request's chat_template_kwargs.
+constexpr std::string_view kContextNames[] = {"messages",  "add_generation_prompt",
+                                              "tools",     "documents",
+                                              "bos_token", "eos_token",
+                                              "unk_token", "pad_token"};
+
+bool ModelChatTemplate::SetsVariable(std::string_view name) {
+  // Jinja's globals besides Colony's (whose templates would meet the request's value there).
+  for (std::string_view global : {"lipsum", "cycler", "joiner"}) {
+    if (name == global) return true;
+  }
+  return std::ranges::find(kContextNames, name) != std::end(kContextNames) ||
+         !jinja::Global(name).undefined();
+}
+
 Result<std::string> ModelChatTemplate::RenderRaw(const std::vector<ChatMessage>& messages,
                                                  bool prompt, std::string_view tools_json,
                                                  std::string_view kwargs_json) const {
@@ -276,22 +292,27 @@ Result<std::string> ModelChatTemplate::RenderRaw(const std::vector<ChatMessage>&
   list.reserve(messages.size());
   for (const ChatMessage& m : messages) list.push_back(Message(m));
   Dict context = {
-      {"messages", Value::FromList(std::move(list))},
-      {"add_generation_prompt", Value::Bool(prompt)},
-      {"tools", tools_json.empty() ? Value::None() : FromCheckedJson(tools_json)},
-      {"documents", Value::None()},
+      {std::string(kContextNames[0]), Value::FromList(std::move(list))},
+      {std::string(kContextNames[1]), Value::Bool(prompt)},
+      {std::string(kContextNames[2]),
+       tools_json.empty() ? Value::None() : FromCheckedJson(tools_json)},
+      {std::string(kContextNames[3]), Value::None()},
   };
-  const std::pair<const char*, const std::string*> named[] = {{"bos_token", &tokens_.bos},
-                                                              {"eos_token", &tokens_.eos},
-                                                              {"unk_token", &tokens_.unk},
-                                                              {"pad_token", &tokens_.pad}};
-  for (const auto& [name, text] : named) {
-    if (!text->empty()) context.emplace_back(name, Value::String(*text));
+  const std::string* texts[] = {&tokens_.bos, &tokens_.eos, &tokens_.unk, &tokens_.pad};
+  for (size_t k = 0; k < 4; ++k) {
+    if (!texts[k]->empty())
+      context.emplace_back(std::string(kContextNames[4 + k]), Value::String(*texts[k]));
   }
   if (!kwargs_json.empty()) {  // names the request parser let through (none of the above)
     const Value kwargs = FromCheckedJson(kwargs_json);
     if (kwargs.kind() == Value::Kind::kDict) {
-      for (const auto& [name, value] : kwargs.as_dict()) context.emplace_back(name, value);
+      for (const auto& [name, value] : kwargs.as_dict()) {
+        if (SetsVariable(name)) {
+          return InvalidArgument(
+              fmt::format("chat_template_kwargs: '{}' is set by colony api", name));
+        }
+        context.emplace_back(name, value);
+      }
     }
   }
   return For(!tools_json.empty()).program.Render(context);

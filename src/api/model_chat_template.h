@@ -81,6 +81,10 @@ class ModelChatTemplate {
                                         std::string_view tools_json = {},
                                         std::string_view kwargs_json = {}) const;
 
+  // Whether Render() gives the template a variable of this name itself (the request's messages,
+  // tools and special tokens' texts, Jinja's globals), which chat_template_kwargs may not set.
+  static bool SetsVariable(std::string_view name);
+
   // What the template writes right after an assistant's answer, found by rendering a short
   // conversation whose answer is a marker: the special token there (Llama 3's <|eot_id|>,
   // ChatML's <|im_end|>, Gemma's <end_of_turn>) as a stop token, or else the first line of text

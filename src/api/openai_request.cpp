@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "api/model_chat_template.h"
 #include "model/strict_json.h"
 
 namespace colony::api {
@@ -137,25 +138,17 @@ Result<std::string> MessageContent(const json& v) {
   return out;
 }
 
-// The variables colony api gives a chat template itself (model_chat_template.h), which
-// chat_template_kwargs may not set.
-bool IsTemplateVariable(std::string_view name) {
-  for (std::string_view v :
-       {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token",
-        "unk_token", "pad_token", "raise_exception", "strftime_now", "namespace", "range", "dict",
-        "lipsum", "cycler", "joiner"}) {
-    if (name == v) return true;
-  }
-  return false;
+// 1 to 64 ASCII letters, digits and '_' (and '-' where `dash`).
+bool IsName(std::string_view s, bool dash) {
+  return !s.empty() && s.size() <= 64 && std::ranges::all_of(s, [dash](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || (dash && c == '-');
+  });
 }
 
 // OpenAI's rule for function names.
 Status FunctionName(const json& v, std::string_view field, std::string& out) {
   COLONY_ASSIGN_OR_RETURN(out, Text(v, field));
-  const bool valid = !out.empty() && out.size() <= 64 && std::ranges::all_of(out, [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '-';
-  });
-  if (!valid) return Bad(field, "must be 1 to 64 letters, digits, '_' or '-'");
+  if (!IsName(out, /*dash=*/true)) return Bad(field, "must be 1 to 64 letters, digits, '_' or '-'");
   return Status::Ok();
 }
 
@@ -468,17 +461,12 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
            if (v.is_null()) return Status::Ok();
            if (!v.is_object()) return Bad("chat_template_kwargs", "must be an object");
            for (const auto& [key, value] : v.items()) {
-             if (IsTemplateVariable(key)) {
+             if (ModelChatTemplate::SetsVariable(key)) {
                return Bad("chat_template_kwargs." + key,
                           "is set by colony api from the request itself; send it there");
              }
-             const bool identifier =
-                 !key.empty() && key.size() <= 64 &&
-                 std::isdigit(static_cast<unsigned char>(key.front())) == 0 &&
-                 std::ranges::all_of(key, [](char c) {
-                   return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
-                 });
-             if (!identifier) {
+             if (!IsName(key, /*dash=*/false) ||
+                 std::isdigit(static_cast<unsigned char>(key.front())) != 0) {
                return Bad("chat_template_kwargs." + key.substr(0, 64),
                           "is not a template variable's name (letters, digits and '_')");
              }

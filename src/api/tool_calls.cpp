@@ -242,12 +242,9 @@ nlohmann::json ToolCallsJson(const std::vector<ToolCall>& calls, bool indexed) {
 }
 
 std::string ToolCallStream::Add(std::string_view delta) {
+  if (format_ == ToolCallFormat::kNone) return std::string(delta);  // all of it, kept nowhere
   text_ += delta;
-  if (holding_ || format_ == ToolCallFormat::kNone) {
-    if (format_ != ToolCallFormat::kNone) return {};
-    passed_ = text_.size();
-    return std::string(delta);
-  }
+  if (holding_) return {};
   size_t end = text_.size();  // what may be passed on: [passed_, end)
   const std::string_view all = text_;
   const std::string_view start = TrimLeft(all);
@@ -292,6 +289,7 @@ std::string ToolCallStream::Add(std::string_view delta) {
 }
 
 std::string ToolCallStream::Finish(const Answer& whole) {
+  if (format_ == ToolCallFormat::kNone) return {};  // passed on as it came (never calls)
   // What was passed on is the start of the content either way.
   const std::string_view content = whole.calls.empty() ? std::string_view(text_) : whole.content;
   std::string rest(content.substr(std::min(passed_, content.size())));

@@ -64,7 +64,7 @@ class ToolCallStream {
 
  private:
   ToolCallFormat format_;
-  std::string text_;      // everything so far
+  std::string text_;      // everything so far (nothing kept once it is known to be text)
   size_t passed_ = 0;     // how much of it Add() returned
   bool holding_ = false;  // a call may have begun: everything from passed_ on is held
 };

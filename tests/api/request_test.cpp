@@ -253,6 +253,13 @@ TEST(OpenAiRequest, ChatTemplateKwargsAreVariablesOfTheTemplate) {
        "'chat_template_kwargs.messages' is set by colony api"},
       {R"("chat_template_kwargs": {"raise_exception": 1}})",
        "'chat_template_kwargs.raise_exception' is set by colony api"},
+      {R"("chat_template_kwargs": {"pad_token": "x"}})",
+       "'chat_template_kwargs.pad_token' is set by colony api"},
+      {R"("chat_template_kwargs": {"namespace": 1}})",
+       "'chat_template_kwargs.namespace' is set by colony api"},
+      {R"("chat_template_kwargs": {"joiner": 1}})",
+       "'chat_template_kwargs.joiner' is set by colony api"},
+      {R"("chat_template_kwargs": {"": 1}})", "'chat_template_kwargs.' is not a template"},
       {R"("chat_template_kwargs": {"a-b": 1}})", "'chat_template_kwargs.a-b' is not a template"},
       {R"("chat_template_kwargs": {"1a": 1}})", "'chat_template_kwargs.1a' is not a template"},
   };
