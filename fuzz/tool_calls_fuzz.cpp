@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (c.name != names[0] && c.name != names[1]) __builtin_trap();
       if (c.arguments.empty() || c.arguments.front() != '{' || c.id.empty()) __builtin_trap();
     }
-    ToolCallStream stream(format);
+    ToolCallStream stream(format, names);
     std::string streamed;
     for (size_t at = 0; at < text.size(); at += step) streamed += stream.Add(text.substr(at, step));
     streamed += stream.Finish(a);

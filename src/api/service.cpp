@@ -481,7 +481,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     }
     // With tools, each choice's text is passed on until a call may have begun.
     std::vector<ToolCallStream> calls_held(static_cast<size_t>(req->n),
-                                           ToolCallStream(plan->tool_format));
+                                           ToolCallStream(plan->tool_format, plan->tool_names));
     // The choices' pieces interleave, each event naming its choice's index.
     bool client_gone = false;
     auto choices = run_choices(

@@ -68,30 +68,34 @@ std::optional<json> ParseObject(std::string_view text) {
   return std::move(*parsed);
 }
 
-// The end of the JSON object that starts at s[0] == '{' (brackets outside strings balanced), or
-// npos.
-size_t ObjectEnd(std::string_view s) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
+}  // namespace
+
+size_t BracketScan::Feed(std::string_view s) {
+  for (; pos_ < s.size(); ++pos_) {
+    const char c = s[pos_];
+    if (in_string_) {
       if (c == '\\') {
-        ++i;
+        if (pos_ + 1 == s.size()) break;  // what it escapes has not come yet
+        ++pos_;
       } else if (c == '"') {
-        in_string = false;
+        in_string_ = false;
       }
     } else if (c == '"') {
-      in_string = true;
+      in_string_ = true;
     } else if (c == '{' || c == '[') {
-      ++depth;
+      ++depth_;
     } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
-      if (depth < 0) return std::string_view::npos;
+      if (--depth_ <= 0) return ++pos_;
     }
   }
   return std::string_view::npos;
 }
+
+namespace {
+
+// The end of the JSON value that starts at s[0] == '{' or '[' (brackets outside strings
+// balanced), or npos.
+size_t ObjectEnd(std::string_view s) { return BracketScan().Feed(s); }
 
 std::vector<ToolCall> ReadHermes(std::string_view rest, const std::vector<std::string>& names) {
   std::vector<ToolCall> calls;
@@ -244,7 +248,11 @@ nlohmann::json ToolCallsJson(const std::vector<ToolCall>& calls, bool indexed) {
 std::string ToolCallStream::Add(std::string_view delta) {
   if (format_ == ToolCallFormat::kNone) return std::string(delta);  // all of it, kept nowhere
   text_ += delta;
-  if (holding_) return {};
+  if (!holding_) return Scan();
+  return MayBeCalls() ? std::string() : Release();
+}
+
+std::string ToolCallStream::Scan() {
   size_t end = text_.size();  // what may be passed on: [passed_, end)
   const std::string_view all = text_;
   const std::string_view start = TrimLeft(all);
@@ -255,12 +263,14 @@ std::string ToolCallStream::Add(std::string_view delta) {
           format_ == ToolCallFormat::kHermes ? kHermesOpen : kMistralMarker;
       // A bare array at the start of a Mistral answer may be its calls ([TOOL_CALLS] decoded
       // away).
-      if (format_ == ToolCallFormat::kMistral && passed_ == 0 && start.starts_with('[')) {
-        holding_ = true;
-        return {};
+      if (format_ == ToolCallFormat::kMistral && passed_ == 0 && !bare_refused_ &&
+          start.starts_with('[')) {
+        Hold(0, /*bare=*/true);
+        return MayBeCalls() ? std::string() : Release();
       }
       if (const size_t at = all.find(marker, passed_); at != std::string_view::npos) {
-        holding_ = true;
+        // Hermes' calls begin with their marker, Mistral's array after it.
+        Hold(format_ == ToolCallFormat::kHermes ? at : at + marker.size(), /*bare=*/false);
         end = at;
       } else {
         end -= PartialMarker(all, marker);
@@ -271,21 +281,132 @@ std::string ToolCallStream::Add(std::string_view delta) {
       // Calls are the whole answer: held while it may be one.
       if (start.empty() || start.starts_with('{') || start.starts_with(kPythonTag) ||
           std::string_view(kPythonTag).starts_with(start)) {
-        if (!start.empty() && !std::string_view(kPythonTag).starts_with(start)) holding_ = true;
+        if (!start.empty() && !std::string_view(kPythonTag).starts_with(start)) {
+          Hold(0, /*bare=*/false);
+          if (!MayBeCalls()) return Release();
+        }
         return {};
       }
-      format_ = ToolCallFormat::kNone;  // text: passed on as it comes from now on
-      passed_ = text_.size();
-      return text_;
+      return Release();  // text: passed on as it comes from now on
     case ToolCallFormat::kNone:
       break;
   }
   // Whitespace that may precede a call is not passed on yet.
   end = TrimRight(all.substr(0, end)).size();
-  if (end <= passed_) return {};
-  std::string out = text_.substr(passed_, end - passed_);
-  passed_ = end;
+  std::string out = end > passed_ ? text_.substr(passed_, end - passed_) : std::string();
+  passed_ = std::max(passed_, end);
+  if (holding_ && !MayBeCalls()) out += Release();
   return out;
+}
+
+void ToolCallStream::Hold(size_t at, bool bare) {
+  holding_ = true;
+  at_ = at;
+  in_unit_ = false;
+  scan_ = BracketScan();
+  after_call_ = false;
+  bare_ = bare;
+  tag_seen_ = false;
+  call_seen_ = false;
+}
+
+std::string ToolCallStream::Release() {
+  holding_ = false;
+  if (bare_) {
+    // Not a bare array of calls; [TOOL_CALLS] may still come, as ReadToolCalls would find it.
+    bare_refused_ = true;
+    bare_ = false;
+    return Scan();
+  }
+  // The first call (Hermes, Mistral) or the whole answer (Llama) is not one, so the whole
+  // answer is text, as ReadToolCalls reads it: passed on as it comes from now on.
+  format_ = ToolCallFormat::kNone;
+  std::string out = text_.substr(passed_);
+  passed_ = text_.size();
+  text_ = std::string();
+  return out;
+}
+
+bool ToolCallStream::MayBeCalls() {
+  const std::string_view all = text_;
+  while (true) {
+    if (in_unit_) {
+      // A call (Hermes: the body after <tool_call>; Llama: an object; Mistral: the array).
+      std::string_view body;
+      size_t next = 0;
+      if (format_ == ToolCallFormat::kHermes) {
+        // The close tag may have begun in what was read before.
+        const size_t from =
+            std::max(unit_, at_ >= kHermesClose.size() ? at_ - kHermesClose.size() : 0);
+        const size_t close = all.find(kHermesClose, from);
+        if (close == std::string_view::npos) {
+          at_ = all.size();
+          return true;
+        }
+        body = TrimLeft(TrimRight(all.substr(unit_, close - unit_)));
+        next = close + kHermesClose.size();
+      } else {
+        const size_t end = scan_.Feed(all.substr(unit_));
+        if (end == std::string_view::npos) return true;
+        body = all.substr(unit_, end);
+        next = unit_ + end;
+      }
+      if (format_ == ToolCallFormat::kMistral) {
+        if (ReadMistral(body, names_).empty()) return false;
+      } else {
+        const auto parsed = ParseObject(body);
+        if (!parsed || !CallFrom(*parsed, names_)) return false;
+      }
+      in_unit_ = false;
+      after_call_ = true;
+      at_ = next;
+      continue;
+    }
+    const size_t first = all.find_first_not_of(kSpace, at_);
+    if (first == std::string_view::npos) {
+      at_ = all.size();
+      return true;
+    }
+    at_ = first;
+    const std::string_view rest = all.substr(at_);
+    switch (format_) {
+      case ToolCallFormat::kHermes:  // blocks, whitespace between them
+        if (!rest.starts_with(kHermesOpen)) return kHermesOpen.starts_with(rest);
+        at_ += kHermesOpen.size();
+        unit_ = at_;
+        in_unit_ = true;
+        break;
+      case ToolCallFormat::kLlama3Json:   // [<|python_tag|>] object (; object)*
+        if (!tag_seen_ && !call_seen_) {  // the tag only before the first call
+          if (rest.starts_with(kPythonTag)) {
+            tag_seen_ = true;
+            at_ += kPythonTag.size();
+            break;
+          }
+          if (std::string_view(kPythonTag).starts_with(rest)) return true;
+        }
+        if (after_call_) {
+          if (rest.front() != ';') return false;
+          after_call_ = false;
+          ++at_;
+          break;
+        }
+        if (rest.front() != '{') return false;
+        unit_ = at_;
+        scan_ = BracketScan();
+        in_unit_ = true;
+        call_seen_ = true;
+        break;
+      case ToolCallFormat::kMistral:  // one array, only whitespace after it
+        if (after_call_ || rest.front() != '[') return false;
+        unit_ = at_;
+        scan_ = BracketScan();
+        in_unit_ = true;
+        break;
+      case ToolCallFormat::kNone:
+        return false;
+    }
+  }
 }
 
 std::string ToolCallStream::Finish(const Answer& whole) {

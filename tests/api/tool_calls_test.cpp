@@ -130,7 +130,7 @@ TEST(ToolCalls, AnAnswerThatIsNotWhollyCallsToTheRequestsToolsIsText) {
 
 std::string Stream(ToolCallFormat format, const std::string& text, std::mt19937& rng,
                    std::vector<std::string>* pieces) {
-  ToolCallStream stream(format);
+  ToolCallStream stream(format, kTools);
   std::string out;
   for (size_t at = 0; at < text.size();) {
     const size_t n = std::min<size_t>(text.size() - at, 1 + rng() % 6);
@@ -172,6 +172,20 @@ TEST(ToolCallStream, PassesOnExactlyTheContentOfTheWholeAnswerHoweverItIsSplit) 
       {ToolCallFormat::kMistral,
        R"([a link] first, then [TOOL_CALLS][{"name": "get_time", "arguments": {}}])"},
       {ToolCallFormat::kNone, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n"},
+      // Held, then found to be text before the end (and what comes after).
+      {ToolCallFormat::kHermes,
+       "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>\nDone."},
+      {ToolCallFormat::kHermes,
+       "A <tool_call>{\"name\": \"rm\"}</tool_call> <tool_call>{\"name\": "
+       "\"get_time\"}</tool_call>"},
+      {ToolCallFormat::kHermes, "<tool_call>{\"name\": \"get_time\"}</tool_call> <tool_cal> x"},
+      {ToolCallFormat::kLlama3Json,
+       R"({"name": "get_time", "parameters": {}}; {"answer": "a\"}"} ok)"},
+      {ToolCallFormat::kLlama3Json, R"({"name": "get_time", "parameters": {}}; ; x)"},
+      {ToolCallFormat::kLlama3Json, "<|python_tag|> {\"name\": \"get_time\"} <|python_tag|>"},
+      {ToolCallFormat::kMistral, R"([1, "]"] then [TOOL_CALLS] [{"name": "get_time"}])"},
+      {ToolCallFormat::kMistral, R"([TOOL_CALLS][{"name": "get_time"}] [{"name": "f"}])"},
+      {ToolCallFormat::kMistral, "[TOOL_CALLS] {\"name\": \"get_time\"}\n\nmore"},
   };
   std::mt19937 rng(7);
   for (const auto& [format, text] : answers) {
@@ -183,14 +197,63 @@ TEST(ToolCallStream, PassesOnExactlyTheContentOfTheWholeAnswerHoweverItIsSplit) 
     }
   }
   // Text is passed on as it comes where no call can be starting.
-  ToolCallStream hermes(ToolCallFormat::kHermes);
+  ToolCallStream hermes(ToolCallFormat::kHermes, kTools);
   EXPECT_EQ(hermes.Add("Hello"), "Hello");
   EXPECT_EQ(hermes.Add(" there <tool"), " there");  // " <tool" may begin a call
   EXPECT_EQ(hermes.Add("bar>"), " <toolbar>");
-  ToolCallStream llama(ToolCallFormat::kLlama3Json);
+  ToolCallStream llama(ToolCallFormat::kLlama3Json, kTools);
   EXPECT_EQ(llama.Add(" "), "");
   EXPECT_EQ(llama.Add("Hi"), " Hi");
   EXPECT_EQ(llama.Add(" {x}"), " {x}");
+}
+
+// Held text is passed on as soon as it can no longer be calls, not at the end of the answer: a
+// Llama answer that is a JSON object but not a call (a client that asked for JSON), a call to a
+// tool the request does not have, text after a call. Fed one byte at a time, the text up to the
+// byte that decides it has been passed on once that byte has come, and never before.
+TEST(ToolCallStream, PassesHeldTextOnOnceItCanNoLongerBeCalls) {
+  struct Case {
+    ToolCallFormat format;
+    std::string text;
+    size_t decided;  // bytes after which it is known to be text
+  };
+  const std::string json_answer = R"({"answer": {"city": "Paris", "list": [1, "}"]}})";
+  const std::string call = R"({"name": "get_time", "parameters": {}})";
+  const std::string unknown = "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>";
+  const std::string hermes_call =
+      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+  const std::vector<Case> cases = {
+      {ToolCallFormat::kLlama3Json, json_answer + " and on", json_answer.size()},
+      {ToolCallFormat::kLlama3Json, call + "\nThen text.", call.size() + 2},
+      {ToolCallFormat::kLlama3Json, call + "; [1]", call.size() + 3},
+      {ToolCallFormat::kLlama3Json, "<|python_tag|>x", 15},
+      {ToolCallFormat::kHermes, unknown + " more", unknown.size()},
+      {ToolCallFormat::kHermes, hermes_call + "\nDone.", hermes_call.size() + 2},
+      {ToolCallFormat::kHermes, "<tool_call>{\"name\": \"get_time\"</tool_call> x", 42},
+      {ToolCallFormat::kMistral, R"([1, 2] is a list)", 6},
+      {ToolCallFormat::kMistral, R"([TOOL_CALLS] {"name": "get_time"})", 14},
+      {ToolCallFormat::kMistral, R"([TOOL_CALLS][{"name": "get_time"}] x)", 36},
+  };
+  for (const Case& c : cases) {
+    ASSERT_TRUE(ReadToolCalls(c.format, c.text, kTools).calls.empty()) << c.text;
+    ToolCallStream stream(c.format, kTools);
+    std::string out;
+    for (size_t i = 0; i < c.text.size(); ++i) {
+      out += stream.Add(c.text.substr(i, 1));
+      const std::string so_far = c.text.substr(0, i + 1);
+      if (i + 1 < c.decided) {
+        EXPECT_LT(out.size(), so_far.size()) << c.text << ": passed on at byte " << i + 1;
+      } else {
+        ASSERT_EQ(out.substr(0, c.decided), so_far.substr(0, c.decided))
+            << c.text << ": not passed on by byte " << i + 1;
+      }
+    }
+    EXPECT_EQ(out + stream.Finish(ReadToolCalls(c.format, c.text, kTools)), c.text);
+  }
+  // A call to one of the request's tools stays held to the end (and never reaches the text).
+  ToolCallStream held(ToolCallFormat::kLlama3Json, kTools);
+  EXPECT_EQ(held.Add(call), "");
+  EXPECT_EQ(held.Add("  "), "");
 }
 
 }  // namespace
