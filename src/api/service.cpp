@@ -179,17 +179,19 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
       plan.stop_tokens = ChatStopTokens(*options_.chat_template, tok);
     } else if (options_.model_template) {
       const ModelChatTemplate& model_template = *options_.model_template;
-      if (!r.tools_json.empty() && model_template.tool_format() == ToolCallFormat::kNone) {
+      const ToolCallFormat format = options_.tool_format.value_or(model_template.tool_format());
+      if (!r.tools_json.empty() && format == ToolCallFormat::kNone) {
         return InvalidArgument(fmt::format(
             "'tools': colony api does not know how this model writes tool calls: its chat "
             "template ({}) shows none of Hermes' and Qwen's <tool_call>, Llama 3.1's "
-            "<|python_tag|> or Mistral's [TOOL_CALLS]",
+            "<|python_tag|> or Mistral's [TOOL_CALLS] (colony api --tool-call-parser names "
+            "one)",
             model_template.file(true)));
       }
       COLONY_ASSIGN_OR_RETURN(
           auto pieces, model_template.Render(r.messages, r.tools_json, r.template_kwargs_json));
       if (!r.tools_json.empty()) {
-        plan.tool_format = model_template.tool_format();
+        plan.tool_format = format;
         plan.tool_names = r.tool_names;
       }
       plan.prompt = EncodeChat(pieces, tok);

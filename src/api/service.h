@@ -32,6 +32,9 @@ struct ApiOptions {
   // not name a written-out one, which is then unset.
   std::optional<ChatTemplate> chat_template = ChatTemplate::kPlain;
   std::shared_ptr<const ModelChatTemplate> model_template = nullptr;
+  // How answers to requests with tools are read for calls, instead of the format the model's
+  // template shows (colony api --tool-call-parser).
+  std::optional<ToolCallFormat> tool_format = std::nullopt;
   RequestLimits limits = {};
   // API keys and per-client rates (null: anyone who reaches the port, as fast as it likes).
   std::shared_ptr<ClientGate> gate = nullptr;

@@ -3,6 +3,7 @@
 #include "api/tool_calls.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -193,6 +194,18 @@ std::string_view ToolCallFormatName(ToolCallFormat format) {
       break;
   }
   return "none";
+}
+
+Result<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
+  constexpr ToolCallFormat kFormats[] = {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json,
+                                         ToolCallFormat::kMistral};
+  std::vector<std::string_view> names;
+  for (ToolCallFormat f : kFormats) {
+    if (ToolCallFormatName(f) == name) return f;
+    names.push_back(ToolCallFormatName(f));
+  }
+  return InvalidArgument(
+      fmt::format("unknown tool call format '{}' (one of: {})", name, fmt::join(names, ", ")));
 }
 
 Answer ReadToolCalls(ToolCallFormat format, std::string_view text,

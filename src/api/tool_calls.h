@@ -33,6 +33,9 @@ enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kMistral };
 // knows, or the template takes no tools).
 ToolCallFormat DetectToolCallFormat(std::string_view template_source);
 std::string_view ToolCallFormatName(ToolCallFormat format);
+// A format by its name (hermes, llama3_json, mistral; vLLM's --tool-call-parser names):
+// InvalidArgument naming the ones there are.
+Result<ToolCallFormat> ParseToolCallFormat(std::string_view name);
 
 struct Answer {
   std::string content;  // the text besides the calls (with calls: before them, trimmed)

@@ -22,6 +22,7 @@ struct ApiArgs {
   std::string http = "127.0.0.1:8000";
   std::string model_id;
   std::string chat_template;
+  std::string tool_call_parser = "auto";
   int max_concurrent = 16;
   int max_connections = 256;
   size_t max_body_bytes = 1 << 20;
@@ -39,6 +40,17 @@ int RunApi(const ApiArgs& a) {
   api::ApiOptions options;
   options.model_id = a.model_id.empty() ? ModelName(a.swarm) : a.model_id;
   options.limits.max_n = a.max_n;
+  if (a.tool_call_parser != "auto") {
+    auto format = api::ParseToolCallFormat(a.tool_call_parser);
+    if (!format.ok()) return Fail(format.status().WithContext("--tool-call-parser"));
+    if (!a.chat_template.empty()) {
+      return Fail(fmt::format(
+          "--tool-call-parser reads the calls a model's own chat template teaches it; the "
+          "written-out template '{}' (--chat-template) takes no tools",
+          a.chat_template));
+    }
+    options.tool_format = *format;
+  }
   if (!a.chat_template.empty()) {
     auto t = api::ParseChatTemplate(a.chat_template);
     if (!t.ok()) return Fail(t.status().WithContext("--chat-template"));
@@ -55,9 +67,10 @@ int RunApi(const ApiArgs& a) {
           checked.message()));
     }
     if (own->has_value()) {
-      COLONY_LOG_INFO("api: chat template from {}{} (tool calls: {})", (*own)->file(),
+      COLONY_LOG_INFO("api: chat template from {}{} (tool calls: {}{})", (*own)->file(),
                       (*own)->has_tool_use() ? ", with tools from " + (*own)->file(true) : "",
-                      api::ToolCallFormatName((*own)->tool_format()));
+                      api::ToolCallFormatName(options.tool_format.value_or((*own)->tool_format())),
+                      options.tool_format ? ", --tool-call-parser" : "");
       options.chat_template.reset();
       options.model_template = std::make_shared<const api::ModelChatTemplate>(std::move(**own));
     }
@@ -148,6 +161,10 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
                   "chat template: plain, chatml, llama3, llama2 or mistral, written out "
                   "(default: the model's own Jinja template, from chat_template.jinja or "
                   "tokenizer_config.json, where it has one, otherwise plain; docs/api.md)");
+  cmd->add_option("--tool-call-parser", a->tool_call_parser,
+                  "how answers to requests with tools are read for calls: auto (the format the "
+                  "model's chat template shows), hermes, llama3_json or mistral (docs/api.md)")
+      ->capture_default_str();
   cmd->add_option("--max-concurrent", a->max_concurrent,
                   "requests generating at once (each has its own inference session); more get "
                   "503")

@@ -1250,6 +1250,23 @@ TEST_F(ApiProcessTest, ToolsReachTheTemplateAndAnAnswersCallComesBackAsToolCalls
                      "<|im_start|>tool\n21.5<|im_end|>\n<|im_start|>assistant\n")
                   .size());
   }
+  // --tool-call-parser: answers are read in the format named instead of the template's. The
+  // same Hermes call read as Mistral's is text (the prompt is the same).
+  request.erase("chat_template_kwargs");
+  request["tool_choice"] = "auto";
+  ASSERT_TRUE(StartApi({"--tool-call-parser", "mistral"}, "api-mistral"));
+  {
+    const HttpAnswer a = Curl("/chat/completions", request.dump());
+    ASSERT_EQ(a.status, 200) << a.body << Logs();
+    const json c = json::parse(a.body);
+    EXPECT_EQ(c["usage"]["prompt_tokens"], prompt.size());
+    const json& choice = c["choices"][0];
+    EXPECT_NE(choice["finish_reason"], "tool_calls");
+    EXPECT_FALSE(choice["message"].contains("tool_calls")) << c;
+    EXPECT_NE(choice["message"]["content"].get<std::string>().find("<tool_call>"),
+              std::string::npos)
+        << c;
+  }
   // A written-out template has no tools: refused by the field's name, not dropped.
   ASSERT_TRUE(StartApi({"--chat-template", "chatml"}, "api-chatml"));
   const HttpAnswer refused =

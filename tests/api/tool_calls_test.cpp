@@ -79,6 +79,17 @@ TEST(ToolCalls, ReadsEachFamilysFormat) {
                 .content,
             "Sure.");
 
+  // Formats by the names colony api --tool-call-parser takes (vLLM's).
+  for (ToolCallFormat f :
+       {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral}) {
+    auto parsed = ParseToolCallFormat(ToolCallFormatName(f));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, f);
+  }
+  EXPECT_EQ(ParseToolCallFormat("llama3_json").value(), ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(ParseToolCallFormat("none").status().message(),
+            "unknown tool call format 'none' (one of: hermes, llama3_json, mistral)");
+
   // OpenAI's shape of them.
   const nlohmann::json j = ToolCallsJson({{.id = "call_x", .name = "f", .arguments = "{}"}}, true);
   EXPECT_EQ(j, nlohmann::json::parse(R"([{"id": "call_x", "type": "function", "index": 0,
