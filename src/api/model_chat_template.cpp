@@ -87,8 +87,9 @@ Result<Found> TemplateField(const nlohmann::json& j, const std::string& file) {
       return InvalidArgument(
           fmt::format("{}'s chat_template names a template \"{}\" twice", file, name));
     }
-    if (name == "default")
+    if (name == "default") {
       found.main = {.text = named["template"].get<std::string>(), .file = file};
+    }
     if (name == "tool_use") {
       found.tool_use = {.text = named["template"].get<std::string>(),
                         .file = file + "'s \"tool_use\" chat_template"};
@@ -300,8 +301,9 @@ Result<std::string> ModelChatTemplate::RenderRaw(const std::vector<ChatMessage>&
   };
   const std::string* texts[] = {&tokens_.bos, &tokens_.eos, &tokens_.unk, &tokens_.pad};
   for (size_t k = 0; k < 4; ++k) {
-    if (!texts[k]->empty())
+    if (!texts[k]->empty()) {
       context.emplace_back(std::string(kContextNames[4 + k]), Value::String(*texts[k]));
+    }
   }
   if (!kwargs_json.empty()) {  // names the request parser let through (none of the above)
     const Value kwargs = FromCheckedJson(kwargs_json);

@@ -13,7 +13,7 @@
 // today), chat_template.json's "chat_template", tokenizer_config.json's "chat_template" (a
 // string, or transformers' list of named templates). A model may carry a second template for
 // chats with tools, named "tool_use" (additional_chat_templates/tool_use.jinja beside
-// chat_template.jinja, or in that list; Hermes 2 Pro, Command-R): as transformers'
+// chat_template.jinja, or in that list; Hermes 2 Pro): as transformers'
 // apply_chat_template does, a request with tools runs it and every other request the default one.
 // The rendered text is split at the BOS and EOS texts, which become the tokenizer's tokens (a
 // SentencePiece tokenizer does not read "<s>" in text as its BOS); other special tokens in the text

@@ -139,8 +139,11 @@ std::vector<ToolCall> ReadLlama3(std::string_view rest, const std::vector<std::s
 }
 
 std::vector<ToolCall> ReadMistral(std::string_view rest, const std::vector<std::string>& names) {
-  // An array, parsed as the value of an object (the strict parser reads objects).
-  const auto parsed = ParseObject(fmt::format("{{\"calls\": {}}}", TrimLeft(TrimRight(rest))));
+  // One array and nothing after it, parsed as the value of an object (the strict parser reads
+  // objects), which must not take in what follows the array (`], "k": 1` would be its member).
+  rest = TrimLeft(TrimRight(rest));
+  if (!rest.starts_with('[') || ObjectEnd(rest) != rest.size()) return {};
+  const auto parsed = ParseObject(fmt::format("{{\"calls\": {}}}", rest));
   if (!parsed || !(*parsed)["calls"].is_array()) return {};
   std::vector<ToolCall> calls;
   for (const auto& item : (*parsed)["calls"]) {
@@ -268,7 +271,9 @@ std::string ToolCallStream::Add(std::string_view delta) {
 std::string ToolCallStream::Scan() {
   size_t end = text_.size();  // what may be passed on: [passed_, end)
   const std::string_view all = text_;
-  const std::string_view start = TrimLeft(all);
+  // What was not passed on is whitespace up to tail_, then at most a marker's start: no call
+  // begins before tail_, and where nothing was passed on, the answer starts there.
+  const std::string_view start = TrimLeft(all.substr(tail_));
   switch (format_) {
     case ToolCallFormat::kHermes:
     case ToolCallFormat::kMistral: {
@@ -278,10 +283,11 @@ std::string ToolCallStream::Scan() {
       // away).
       if (format_ == ToolCallFormat::kMistral && passed_ == 0 && !bare_refused_ &&
           start.starts_with('[')) {
+        tail_ = all.size() - start.size();
         Hold(0, /*bare=*/true);
         return MayBeCalls() ? std::string() : Release();
       }
-      if (const size_t at = all.find(marker, passed_); at != std::string_view::npos) {
+      if (const size_t at = all.find(marker, tail_); at != std::string_view::npos) {
         // Hermes' calls begin with their marker, Mistral's array after it.
         Hold(format_ == ToolCallFormat::kHermes ? at : at + marker.size(), /*bare=*/false);
         end = at;
@@ -298,16 +304,21 @@ std::string ToolCallStream::Scan() {
           Hold(0, /*bare=*/false);
           if (!MayBeCalls()) return Release();
         }
+        tail_ = all.size() - start.size();
         return {};
       }
       return Release();  // text: passed on as it comes from now on
     case ToolCallFormat::kNone:
       break;
   }
-  // Whitespace that may precede a call is not passed on yet.
-  end = TrimRight(all.substr(0, end)).size();
-  std::string out = end > passed_ ? text_.substr(passed_, end - passed_) : std::string();
-  passed_ = std::max(passed_, end);
+  // Whitespace that may precede a call is not passed on yet: [tail_, end) read back to its last
+  // other byte (before tail_ all is whitespace), so that a long run is not read again each time.
+  size_t last = end;
+  while (last > tail_ && kSpace.find(all[last - 1]) != std::string_view::npos) --last;
+  if (last == tail_) last = passed_;
+  std::string out = last > passed_ ? text_.substr(passed_, last - passed_) : std::string();
+  passed_ = std::max(passed_, last);
+  tail_ = std::max(passed_, end);
   if (holding_ && !MayBeCalls()) out += Release();
   return out;
 }

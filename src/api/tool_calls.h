@@ -71,8 +71,8 @@ class BracketScan {
 // call's marker). What is held is passed on as soon as it can no longer be well-formed calls to
 // the request's tools (a call that names another tool or is malformed, text after a call: a
 // Llama answer that starts with '{' but is not a call, say), as ReadToolCalls would read the
-// whole answer; otherwise it is decided at the end, by ReadToolCalls on the whole text. Each
-// piece of the answer is read once.
+// whole answer; otherwise it is decided at the end, by ReadToolCalls on the whole text. The work
+// per piece is bounded by the piece (and a marker's length), not by what is held.
 class ToolCallStream {
  public:
   // `names`: the request's tools.
@@ -98,6 +98,7 @@ class ToolCallStream {
   std::vector<std::string> names_;
   std::string text_;      // everything so far (nothing kept once it is known to be text)
   size_t passed_ = 0;     // how much of it Add() returned
+  size_t tail_ = 0;       // not holding: text_[passed_, tail_) is whitespace
   bool holding_ = false;  // a call may have begun: everything from passed_ on is held
   // While holding: how far the held text was read (text_[at_] is the next unread place outside
   // a call), whether a call is being read (from unit_, its brackets by scan_), whether one

@@ -43,12 +43,6 @@ int RunApi(const ApiArgs& a) {
   if (a.tool_call_parser != "auto") {
     auto format = api::ParseToolCallFormat(a.tool_call_parser);
     if (!format.ok()) return Fail(format.status().WithContext("--tool-call-parser"));
-    if (!a.chat_template.empty()) {
-      return Fail(fmt::format(
-          "--tool-call-parser reads the calls a model's own chat template teaches it; the "
-          "written-out template '{}' (--chat-template) takes no tools",
-          a.chat_template));
-    }
     options.tool_format = *format;
   }
   if (!a.chat_template.empty()) {
@@ -74,6 +68,14 @@ int RunApi(const ApiArgs& a) {
       options.chat_template.reset();
       options.model_template = std::make_shared<const api::ModelChatTemplate>(std::move(**own));
     }
+  }
+  if (options.tool_format && !options.model_template) {
+    return Fail(fmt::format(
+        "--tool-call-parser reads the calls a model's own chat template teaches it; {}",
+        a.chat_template.empty()
+            ? "the model directory has none (chat_template.jinja, tokenizer_config.json)"
+            : "the written-out template '" + a.chat_template +
+                  "' (--chat-template) takes no tools"));
   }
   if (!a.api_keys.empty() || a.requests_per_minute > 0) {
     api::ClientGateOptions gate;

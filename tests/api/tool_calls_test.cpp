@@ -125,6 +125,9 @@ TEST(ToolCalls, AnAnswerThatIsNotWhollyCallsToTheRequestsToolsIsText) {
       {ToolCallFormat::kMistral, R"([1, 2, 3])"},
       {ToolCallFormat::kMistral, R"([TOOL_CALLS] [{"name": "get_time", "arguments": "{}"}])"},
       {ToolCallFormat::kMistral, R"([TOOL_CALLS] {"name": "get_time", "arguments": {}})"},
+      {ToolCallFormat::kMistral, R"([{"name": "get_time", "arguments": {}}], "x": 1)"},
+      {ToolCallFormat::kMistral,
+       R"(Hi [TOOL_CALLS][{"name": "get_time", "arguments": {}}], "x": 1)"},
       {ToolCallFormat::kNone, R"({"name": "get_time", "parameters": {}})"},
   };
   for (const auto& [format, text] : texts) {
@@ -197,6 +200,10 @@ TEST(ToolCallStream, PassesOnExactlyTheContentOfTheWholeAnswerHoweverItIsSplit) 
       {ToolCallFormat::kMistral, R"([1, "]"] then [TOOL_CALLS] [{"name": "get_time"}])"},
       {ToolCallFormat::kMistral, R"([TOOL_CALLS][{"name": "get_time"}] [{"name": "f"}])"},
       {ToolCallFormat::kMistral, "[TOOL_CALLS] {\"name\": \"get_time\"}\n\nmore"},
+      {ToolCallFormat::kMistral, R"([{"name": "get_time", "arguments": {}}], "x": 1)"},
+      {ToolCallFormat::kHermes,
+       "Text, \n \n\t then <tool_cal \n <tool_call>{\"name\": \"get_time\"}"},
+      {ToolCallFormat::kMistral, " \n [1] \n [TOOL_CALLS]  \n [{\"name\": \"get_time\"}] \n"},
   };
   std::mt19937 rng(7);
   for (const auto& [format, text] : answers) {
