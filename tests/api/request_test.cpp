@@ -753,6 +753,12 @@ TEST(ModelChatTemplate, RunsTheToolUseTemplateForRequestsWithToolsAsTransformers
     // The format the answer is read in is the one the tool_use template teaches.
     EXPECT_EQ(both.tool_format(), ToolCallFormat::kHermes);
     EXPECT_EQ(both.file(true), tool_use_file);
+    // Each ends the assistant's turn its way: Llama 3's <|eot_id|> token, Qwen's <|im_end|>
+    // (text to this tokenizer).
+    const model::Tokenizer tok = Llama3LikeTokenizer();
+    EXPECT_EQ(both.EndOfTurn(tok).tokens, (std::vector<int64_t>{2050}));
+    EXPECT_EQ(both.EndOfTurn(tok, /*tools=*/true).stops, (std::vector<std::string>{"<|im_end|>"}));
+    EXPECT_TRUE(both.EndOfTurn(tok, /*tools=*/true).tokens.empty());
   };
   nlohmann::json config = {{"bos_token", "<|begin_of_text|>"},
                            {"chat_template",
