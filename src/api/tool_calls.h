@@ -72,7 +72,7 @@ class BracketScan {
 // the request's tools (a call that names another tool or is malformed, text after a call: a
 // Llama answer that starts with '{' but is not a call, say), as ReadToolCalls would read the
 // whole answer; otherwise it is decided at the end, by ReadToolCalls on the whole text. The work
-// per piece is bounded by the piece (and a marker's length), not by what is held.
+// is linear in the answer: each byte is read a bounded number of times, however it is split.
 class ToolCallStream {
  public:
   // `names`: the request's tools.
