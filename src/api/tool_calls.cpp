@@ -69,6 +69,27 @@ std::optional<json> ParseObject(std::string_view text) {
   return std::move(*parsed);
 }
 
+// The call that the text of one JSON object is (Hermes' block, Llama's object).
+std::optional<ToolCall> CallIn(std::string_view object, const std::vector<std::string>& names) {
+  const auto parsed = ParseObject(object);
+  return parsed ? CallFrom(*parsed, names) : std::nullopt;
+}
+
+// The calls of a Mistral array, given as exactly one array (its brackets balanced at its end),
+// parsed as the value of an object (the strict parser reads objects); none unless every item is
+// a call.
+std::vector<ToolCall> CallsInArray(std::string_view array, const std::vector<std::string>& names) {
+  const auto parsed = ParseObject(fmt::format("{{\"calls\": {}}}", array));
+  if (!parsed || !(*parsed)["calls"].is_array()) return {};
+  std::vector<ToolCall> calls;
+  for (const auto& item : (*parsed)["calls"]) {
+    std::optional<ToolCall> call = CallFrom(item, names);
+    if (!call) return {};
+    calls.push_back(std::move(*call));
+  }
+  return calls;
+}
+
 }  // namespace
 
 size_t BracketScan::Feed(std::string_view s) {
@@ -108,8 +129,7 @@ std::vector<ToolCall> ReadHermes(std::string_view rest, const std::vector<std::s
     const std::string_view body = rest.substr(0, close);
     rest = close == std::string_view::npos ? std::string_view()
                                            : rest.substr(close + kHermesClose.size());
-    const auto parsed = ParseObject(TrimLeft(TrimRight(body)));
-    std::optional<ToolCall> call = parsed ? CallFrom(*parsed, names) : std::nullopt;
+    std::optional<ToolCall> call = CallIn(TrimLeft(TrimRight(body)), names);
     if (!call) return {};
     calls.push_back(std::move(*call));
   }
@@ -129,8 +149,7 @@ std::vector<ToolCall> ReadLlama3(std::string_view rest, const std::vector<std::s
     if (rest.front() != '{') return {};
     const size_t end = ObjectEnd(rest);
     if (end == std::string_view::npos) return {};
-    const auto parsed = ParseObject(rest.substr(0, end));
-    std::optional<ToolCall> call = parsed ? CallFrom(*parsed, names) : std::nullopt;
+    std::optional<ToolCall> call = CallIn(rest.substr(0, end), names);
     if (!call) return {};
     calls.push_back(std::move(*call));
     rest = TrimLeft(rest.substr(end));
@@ -139,19 +158,11 @@ std::vector<ToolCall> ReadLlama3(std::string_view rest, const std::vector<std::s
 }
 
 std::vector<ToolCall> ReadMistral(std::string_view rest, const std::vector<std::string>& names) {
-  // One array and nothing after it, parsed as the value of an object (the strict parser reads
-  // objects), which must not take in what follows the array (`], "k": 1` would be its member).
+  // One array and nothing after it (the object CallsInArray wraps it in would take in what
+  // follows: `], "k": 1` would be its member).
   rest = TrimLeft(TrimRight(rest));
   if (!rest.starts_with('[') || ObjectEnd(rest) != rest.size()) return {};
-  const auto parsed = ParseObject(fmt::format("{{\"calls\": {}}}", rest));
-  if (!parsed || !(*parsed)["calls"].is_array()) return {};
-  std::vector<ToolCall> calls;
-  for (const auto& item : (*parsed)["calls"]) {
-    std::optional<ToolCall> call = CallFrom(item, names);
-    if (!call) return {};
-    calls.push_back(std::move(*call));
-  }
-  return calls;
+  return CallsInArray(rest, names);
 }
 
 // The longest end of `text` that is a proper start of `marker`.
@@ -375,11 +386,10 @@ bool ToolCallStream::MayBeCalls() {
         body = all.substr(unit_, end);
         next = unit_ + end;
       }
-      if (format_ == ToolCallFormat::kMistral) {
-        if (ReadMistral(body, names_).empty()) return false;
-      } else {
-        const auto parsed = ParseObject(body);
-        if (!parsed || !CallFrom(*parsed, names_)) return false;
+      // The scan ended the unit where its brackets balance: Mistral's array is read as it is.
+      if (format_ == ToolCallFormat::kMistral ? CallsInArray(body, names_).empty()
+                                              : !CallIn(body, names_)) {
+        return false;
       }
       in_unit_ = false;
       after_call_ = true;
