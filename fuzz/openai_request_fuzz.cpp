@@ -31,6 +31,16 @@ void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
     __builtin_trap();
   }
   if (r->chat && r->echo) __builtin_trap();
+  if (!(std::fabs(r->presence_penalty) <= 2 && std::fabs(r->frequency_penalty) <= 2)) {
+    __builtin_trap();
+  }
+  // Biases: ids in increasing order, each once, within int32; values in [-100, 100].
+  if (r->logit_bias.size() > limits.max_logit_bias) __builtin_trap();
+  for (size_t i = 0; i < r->logit_bias.size(); ++i) {
+    const auto& [token, bias] = r->logit_bias[i];
+    if (token < 0 || token > INT32_MAX || !(std::fabs(bias) <= 100)) __builtin_trap();
+    if (i > 0 && token <= r->logit_bias[i - 1].first) __builtin_trap();
+  }
   if (r->stop.size() > limits.max_stop) __builtin_trap();
   for (const auto& s : r->stop) {
     if (s.empty() || s.size() > limits.max_stop_bytes) __builtin_trap();

@@ -57,12 +57,30 @@ Result<std::string> Text(const json& v, std::string_view field) {
   return v.get<std::string>();
 }
 
-// A field accepted only with the value that changes nothing.
-Status OnlyNoOp(const json& v, std::string_view field, std::string_view why) {
-  const bool no_op = v.is_null() || (v.is_number() && v.get<double>() == 0) ||
-                     (v.is_boolean() && !v.get<bool>()) || (v.is_object() && v.empty());
-  if (no_op) return Status::Ok();
-  return Bad(field, fmt::format("is not supported by colony api ({}); leave it out", why));
+// logit_bias: {"token id": bias}, ids as decimal text without sign or leading zeros (so that no
+// two keys name one token), biases in [-100, 100]. Kept in the order of the ids.
+Status ParseLogitBias(const json& v, const RequestLimits& limits, GenerationRequest& r) {
+  if (v.is_null()) return Status::Ok();
+  if (!v.is_object()) return Bad("logit_bias", "must be an object of token ids and biases");
+  if (v.size() > limits.max_logit_bias) {
+    return Bad("logit_bias",
+               fmt::format("holds {} tokens; at most {}", v.size(), limits.max_logit_bias));
+  }
+  std::vector<std::pair<int64_t, double>> bias;
+  for (const auto& [key, value] : v.items()) {
+    const bool canonical = !key.empty() && key.size() <= 10 &&
+                           std::ranges::all_of(key, [](char c) { return c >= '0' && c <= '9'; }) &&
+                           (key == "0" || key.front() != '0');
+    const std::string field = "logit_bias." + key.substr(0, 32);
+    if (!canonical || std::stoll(key) > INT32_MAX) {
+      return Bad(field, "is not a token id (a key is a token id in decimal, e.g. \"50256\")");
+    }
+    COLONY_ASSIGN_OR_RETURN(double b, Number(value, field, -100, 100));
+    bias.emplace_back(std::stoll(key), b);
+  }
+  std::ranges::sort(bias);
+  r.logit_bias = std::move(bias);
+  return Status::Ok();
 }
 
 Status ParseStop(const json& v, const RequestLimits& limits, GenerationRequest& r) {
@@ -396,17 +414,19 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
          return Status::Ok();  // an end-user id for the provider's abuse monitoring
        }},
       {"presence_penalty",
-       [](const json& v, GenerationRequest&) {
-         return OnlyNoOp(v, "presence_penalty", "use repetition_penalty");
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.presence_penalty, Number(v, "presence_penalty", -2, 2));
+         return Status::Ok();
        }},
       {"frequency_penalty",
-       [](const json& v, GenerationRequest&) {
-         return OnlyNoOp(v, "frequency_penalty", "use repetition_penalty");
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.frequency_penalty, Number(v, "frequency_penalty", -2, 2));
+         return Status::Ok();
        }},
       {"logit_bias",
-       [](const json& v, GenerationRequest&) {
-         return OnlyNoOp(v, "logit_bias", "no logit biases");
-       }},
+       [&limits](const json& v, GenerationRequest& q) { return ParseLogitBias(v, limits, q); }},
       {"return_tokens_as_token_ids",
        [](const json& v, GenerationRequest& q) -> Status {
          if (v.is_null()) return Status::Ok();

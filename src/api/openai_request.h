@@ -5,7 +5,7 @@
 //   if (!r.ok()) return http::JsonError(400, r.status().message());
 //
 // Every field of the API either is understood, or is accepted only with the value that changes
-// nothing (presence_penalty 0, best_of 1, ...), or makes the request fail with a message that
+// nothing (best_of 1, response_format text, ...), or makes the request fail with a message that
 // names the field. Unknown fields fail too: a client that asks for something Colony would not do
 // is told so instead of getting a different answer.
 #pragma once
@@ -55,6 +55,13 @@ struct GenerationRequest {
   double top_p = 1.0;
   int64_t top_k = 0;                // an extension (as vLLM's); 0: off
   double repetition_penalty = 1.0;  // an extension (as vLLM's); 1: off
+  // OpenAI's penalties, in [-2, 2] (0: off): a token's logit is lowered by frequency_penalty
+  // for each time the answer has it so far and by presence_penalty once it has it at all.
+  double presence_penalty = 0;
+  double frequency_penalty = 0;
+  // logit_bias: token ids, each once and in increasing order, and what is added to their
+  // logits, in [-100, 100] (whether an id is in the model's vocabulary is the service's check).
+  std::vector<std::pair<int64_t, double>> logit_bias;
   std::vector<std::string> stop;
   int64_t n = 1;
   bool stream = false;
@@ -85,6 +92,7 @@ struct RequestLimits {
   int64_t max_top_logprobs = 20;       // as OpenAI's top_logprobs
   size_t max_tools = 128;              // as OpenAI
   size_t max_tool_calls = 128;         // in one message
+  size_t max_logit_bias = 1024;        // tokens in logit_bias (each costs work at every step)
 };
 
 // OpenAI's values for the sampling fields a request leaves out (colony api puts a model's

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "api/logit_adjustments.h"
 #include "api/text_stream.h"
 #include "api/token_logprobs.h"
 #include "api/tool_calls.h"
@@ -235,6 +236,19 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
     std::vector<int32_t> ids(plan.prompt.begin(), plan.prompt.end());
     plan.echo_text = r.prompt_is_tokens ? tok.Decode(ids) : r.prompt;
   }
+  for (const auto& [token, bias] : r.logit_bias) {
+    if (token >= config.vocab_size) {
+      return InvalidArgument(fmt::format("'logit_bias.{}' is outside the vocabulary [0, {})", token,
+                                         config.vocab_size));
+    }
+  }
+  if (plan.beams &&
+      (r.presence_penalty != 0 || r.frequency_penalty != 0 || !r.logit_bias.empty())) {
+    return InvalidArgument(
+        "'n': n > 1 at temperature 0 runs beam search, which presence_penalty, "
+        "frequency_penalty and logit_bias do not apply to; use a temperature above 0 for n "
+        "samples, or n 1");
+  }
   if (plan.beams && r.stream) {
     return InvalidArgument(
         "'stream': n > 1 at temperature 0 runs beam search, whose answers are known only at the "
@@ -286,8 +300,14 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     SwarmDecoder decoder(client_, plan->max_length(), n);
     std::optional<LogprobRecorder> recorder;
     if (req->logprobs) recorder.emplace(decoder.backend, *req->logprobs, req->echo);
-    serve::DecoderBackend& backend =
-        recorder ? static_cast<serve::DecoderBackend&>(*recorder) : decoder.backend;
+    serve::DecoderBackend* backend =
+        recorder ? static_cast<serve::DecoderBackend*>(&*recorder) : &decoder.backend;
+    // The penalties and biases go over the recorder: log-probabilities are the model's own.
+    const LogitAdjustments adjustments{.presence_penalty = req->presence_penalty,
+                                       .frequency_penalty = req->frequency_penalty,
+                                       .logit_bias = req->logit_bias};
+    std::optional<AdjustedLogits> adjusted;
+    if (!adjustments.none()) backend = &adjusted.emplace(*backend, adjustments);
     struct Row {
       TextStream text;
       std::string echo;  // until the row's first delta
@@ -312,7 +332,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     if (plan->max_new_tokens == 0) {
       // echo with max_tokens 0: the prompt is scored, nothing is generated.
       const at::Tensor prompt = at::tensor(plan->prompt, at::kLong).unsqueeze(0).repeat({n, 1});
-      if (auto scored = backend.Step(prompt, 0, {}, serve::StepLogits::kLast); !scored.ok())
+      if (auto scored = backend->Step(prompt, 0, {}, serve::StepLogits::kLast); !scored.ok())
         return scored.status();
     } else {
       std::vector<model::SamplingOptions> options;
@@ -325,7 +345,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                            .seed = base_seed + static_cast<uint64_t>(i)});
       }
       auto tokens = serve::GenerateRows(
-          backend, plan->prompt, options, eos,
+          *backend, plan->prompt, options, eos,
           [&](int64_t i, int64_t t) {
             Row& row = rows[static_cast<size_t>(i)];
             ++row.choice.tokens;

@@ -3,7 +3,8 @@
 // the token that followed each position and the most likely tokens there; and the two OpenAI
 // shapes they are answered in (completions: `tokens`, `token_logprobs`, `top_logprobs`,
 // `text_offset`; chat: `content` entries with `bytes`). The log-probabilities are the model's
-// own (the log-softmax of its logits), before temperature, top-p, top-k and repetition penalty.
+// own (the log-softmax of its logits), before logit biases, penalties, temperature, top-p and
+// top-k.
 //
 //   LogprobRecorder rec(decoder.backend, /*top=*/5, /*score_prompt=*/echo);
 //   GenerateWith(rec, prompt, options, eos, [&](int64_t t) { rec.Chose(t); });

@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "api/chat_template.h"
+#include "api/logit_adjustments.h"
 #include "core/files.h"
 #include "core/subprocess.h"
 #include "model/checkpoint.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "serve/generation.h"
 #include "serve/naive_beam_search.h"
 #include "serve/small_model.h"
 #include "test_support.h"
@@ -386,6 +388,10 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
       {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "stream": true})", 400,
        "beam search"},
       {"/completions", R"({"prompt": [1, 2], "max_tokens": 0})", 400, "0 only with"},
+      {"/completions", R"({"prompt": "x", "logit_bias": {"999999": 5}})", 400,
+       "'logit_bias.999999' is outside the vocabulary"},
+      {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "presence_penalty": 1})", 400,
+       "beam search, which presence_penalty"},
       {"/chat/completions", R"({"messages": "hi"})", 400, "'messages'"},
       {"/nothing", R"({})", 404, "no such endpoint"},
   };
@@ -623,6 +629,48 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
   }
   EXPECT_FALSE(std::ranges::is_sorted(order)) << "the choices were streamed one after another";
   EXPECT_EQ(SessionsOpened(procs_[0]) - before, 1u) << "one session for the n choices" << Logs();
+
+  // OpenAI's penalties and biases reach the sampler: a greedy answer is what AdjustedLogits
+  // gives over the whole model here (its formula is held to one written apart in
+  // logit_adjustments_test), not the plain greedy one.
+  const api::LogitAdjustments adjust{
+      .presence_penalty = 1.5, .frequency_penalty = 0.5, .logit_bias = {{7, 3.0}}};
+  const model::SamplingOptions greedy{.max_new_tokens = max_tokens,
+                                      .temperature = 0,
+                                      .top_k = 0,
+                                      .top_p = 1,
+                                      .repetition_penalty = 1,
+                                      .seed = 0};
+  serve::LocalBackend whole(*local);
+  api::AdjustedLogits adjusted(whole, adjust);
+  auto want = serve::GenerateWith(adjusted, prompt, greedy, tokenizer_->eos_id());
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  EXPECT_NE(*want, model::Generate(*local, prompt, greedy, tokenizer_->eos_id()));
+  if (!want->empty() && want->back() == tokenizer_->eos_id()) want->pop_back();
+  const HttpAnswer p = Curl("/completions", json({{"prompt", prompt_text},
+                                                  {"max_tokens", max_tokens},
+                                                  {"temperature", 0},
+                                                  {"presence_penalty", 1.5},
+                                                  {"frequency_penalty", 0.5},
+                                                  {"logit_bias", {{"7", 3.0}}}})
+                                                .dump());
+  ASSERT_EQ(p.status, 200) << p.body << Logs();
+  EXPECT_EQ(json::parse(p.body)["choices"][0]["text"],
+            tokenizer_->Decode(std::vector<int32_t>(want->begin(), want->end())));
+  // A bias of 100 chooses its token every time, sampled or not; the log-probabilities stay the
+  // model's own (the biased distribution would give the token ~0).
+  const HttpAnswer b = Curl("/completions", json({{"prompt", prompt_text},
+                                                  {"max_tokens", 4},
+                                                  {"temperature", 1.0},
+                                                  {"logit_bias", {{"11", 100}}},
+                                                  {"logprobs", 0},
+                                                  {"return_tokens_as_token_ids", true}})
+                                                .dump());
+  ASSERT_EQ(b.status, 200) << b.body << Logs();
+  const json biased = json::parse(b.body);
+  const json& lp = biased["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json(std::vector<std::string>(4, "token_id:11"))) << b.body;
+  for (const json& l : lp["token_logprobs"]) EXPECT_LT(l.get<double>(), -0.5) << b.body;
 }
 
 TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {

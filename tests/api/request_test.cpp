@@ -1,6 +1,7 @@
 // The API's torch-free parts: OpenAI requests parsed field by field (and refused with the field's
 // name), chat templates rendered to the documented text, and streamed text that never sends a
 // stop string's start or half a character, checked against the whole text cut by hand.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,6 +43,25 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
 
   EXPECT_FALSE(r->logprobs.has_value());
   EXPECT_FALSE(r->echo);
+  EXPECT_EQ(r->presence_penalty, 0);
+  EXPECT_EQ(r->frequency_penalty, 0);
+  EXPECT_TRUE(r->logit_bias.empty());
+
+  // OpenAI's penalties and biases, as a client sends them (ids as the keys of an object).
+  auto biased = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}],
+      "presence_penalty": -0.5, "frequency_penalty": 1.25,
+      "logit_bias": {"50256": -100, "7": 2.5, "0": 100}})",
+                                 {});
+  ASSERT_TRUE(biased.ok()) << biased.status().ToString();
+  EXPECT_EQ(biased->presence_penalty, -0.5);
+  EXPECT_EQ(biased->frequency_penalty, 1.25);
+  EXPECT_EQ(biased->logit_bias,
+            (std::vector<std::pair<int64_t, double>>{{0, 100}, {7, 2.5}, {50256, -100}}));
+  std::string many = R"({"prompt": "x", "logit_bias": {)";
+  for (int i = 0; i < 1025; ++i) many += fmt::format("{}\"{}\": 1", i ? ", " : "", i);
+  auto too_many = ParseCompletionRequest(many + "}}", {});
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_EQ(too_many.status().message(), "'logit_bias' holds 1025 tokens; at most 1024");
 
   // Scoring a prompt as lm-eval-harness asks: its tokens echoed with their log-probabilities.
   auto scoring = ParseCompletionRequest(R"({"prompt": [[1, 2, 3]], "max_tokens": 0,
@@ -104,13 +124,22 @@ TEST(OpenAiRequest, ParsesAChatRequest) {
 TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
   const std::map<std::string, std::string> cases = {
       {R"({"prompt": "x", "best_of": 3})", "'best_of'"},
-      {R"({"prompt": "x", "frequency_penalty": 0.5})", "'frequency_penalty'"},
+      {R"({"prompt": "x", "frequency_penalty": 2.5})", "'frequency_penalty' must be between -2"},
+      {R"({"prompt": "x", "presence_penalty": "high"})", "'presence_penalty' must be a number"},
       {R"({"prompt": "x", "logprobs": 21})", "'logprobs' must be between 0 and 20"},
       {R"({"prompt": "x", "logprobs": true})", "'logprobs' must be an integer"},
       {R"({"prompt": "x", "echo": "yes"})", "'echo' must be true or false"},
       {R"({"prompt": "x", "return_tokens_as_token_ids": 1})", "'return_tokens_as_token_ids'"},
       {R"({"prompt": "x", "suffix": "end"})", "'suffix'"},
-      {R"({"prompt": "x", "logit_bias": {"50256": -100}})", "'logit_bias'"},
+      {R"({"prompt": "x", "logit_bias": {"50256": -101}})",
+       "'logit_bias.50256' must be between -100 and 100"},
+      {R"({"prompt": "x", "logit_bias": {"050256": 1}})", "'logit_bias.050256' is not a token id"},
+      {R"({"prompt": "x", "logit_bias": {"-1": 1}})", "'logit_bias.-1' is not a token id"},
+      {R"({"prompt": "x", "logit_bias": {"": 1}})", "'logit_bias.' is not a token id"},
+      {R"({"prompt": "x", "logit_bias": {"1.0": 1}})", "'logit_bias.1.0' is not a token id"},
+      {R"({"prompt": "x", "logit_bias": {"4294967296": 1}})", "'logit_bias.4294967296' is not"},
+      {R"({"prompt": "x", "logit_bias": {"7": "up"}})", "'logit_bias.7' must be a number"},
+      {R"({"prompt": "x", "logit_bias": [[7, 1]]})", "'logit_bias' must be an object"},
       {R"({"prompt": "x", "temperature": 2.5})", "'temperature' must be between 0 and 2"},
       {R"({"prompt": "x", "temperature": "hot"})", "'temperature' must be a number"},
       {R"({"prompt": "x", "top_p": 0})", "'top_p' must be above 0"},

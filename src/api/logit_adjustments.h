@@ -1,0 +1,59 @@
+// OpenAI's presence_penalty, frequency_penalty and logit_bias: a decoder backend that passes every
+// step through and changes the logits each row's next token is sampled from. For a token that
+// the row's answer has had c times so far (the prompt is not counted, as OpenAI counts only
+// what was sampled), the logit becomes
+//   logit + bias - c * frequency_penalty - (c > 0 ? presence_penalty : 0),
+// in float64, rounded once to the float32 the backend returns. The sampler's repetition penalty,
+// temperature, top-k and top-p then apply to that (vLLM applies its repetition penalty before
+// the other two penalties: the same answers unless both kinds are asked for at once).
+//
+//   AdjustedLogits adjusted(backend, {.presence_penalty = 0.5, .logit_bias = {{50256, -100}}});
+//   serve::GenerateRows(adjusted, prompt, options, eos);
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+#include "serve/generation.h"
+
+namespace colony::api {
+
+struct LogitAdjustments {
+  double presence_penalty = 0;
+  double frequency_penalty = 0;
+  std::vector<std::pair<int64_t, double>> logit_bias;  // token id, bias: each id once
+
+  // Whether they change nothing (then there is no need for an AdjustedLogits).
+  bool none() const {
+    return presence_penalty == 0 && frequency_penalty == 0 && logit_bias.empty();
+  }
+};
+
+// Serves one generation, whose answers it counts as GenerateWith and GenerateRows step: the first
+// step is the prompt (not counted), every later step the token each row was given after the
+// step before. Only the last position's logits are adjusted, the ones a token is sampled from: a
+// step must ask for StepLogits::kLast, must not reorder rows (no hypo_ids: beam search scores
+// log-probabilities, not these), must keep the first step's rows and must not roll back; other
+// steps fail with InvalidArgument, as does a bias for a token outside the logits' vocabulary.
+class AdjustedLogits : public serve::DecoderBackend {
+ public:
+  AdjustedLogits(serve::DecoderBackend& inner, LogitAdjustments adjustments);
+
+  Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,
+                          serve::StepLogits logits) override;
+  int64_t position() const override { return inner_.position(); }
+  int64_t max_length() const override { return inner_.max_length(); }
+
+ private:
+  serve::DecoderBackend& inner_;
+  LogitAdjustments adjustments_;
+  bool started_ = false;                                      // the prompt has been stepped
+  std::vector<std::unordered_map<int64_t, int64_t>> counts_;  // per row: token -> times given
+};
+
+}  // namespace colony::api
