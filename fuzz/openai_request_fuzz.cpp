@@ -20,6 +20,9 @@ void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
     return;
   }
   if (r->n < 1 || r->n > limits.max_n) __builtin_trap();
+  if (r->best_of < r->n || r->best_of > limits.max_n || (r->best_of > r->n && r->stream)) {
+    __builtin_trap();
+  }
   if (!(r->temperature >= 0 && r->temperature <= 2)) __builtin_trap();
   if (!(r->top_p > 0 && r->top_p <= 1)) __builtin_trap();
   if (r->top_k < 0 || !std::isfinite(r->repetition_penalty)) __builtin_trap();

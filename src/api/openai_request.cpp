@@ -76,7 +76,7 @@ Status ParseLogitBias(const json& v, const RequestLimits& limits, GenerationRequ
       return Bad(field, "is not a token id (a key is a token id in decimal, e.g. \"50256\")");
     }
     COLONY_ASSIGN_OR_RETURN(double b, Number(value, field, -100, 100));
-    bias.emplace_back(std::stoll(key), b);
+    if (b != 0) bias.emplace_back(std::stoll(key), b);  // 0 changes nothing
   }
   std::ranges::sort(bias);
   r.logit_bias = std::move(bias);
@@ -337,6 +337,7 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
   bool chat_logprobs = false;  // chat's logprobs: true
   bool tool_choice_none = false;
   std::optional<int64_t> top_logprobs;  // chat's top_logprobs
+  std::optional<int64_t> best_of;       // completions'
   const std::map<std::string, FieldParser, std::less<>> common = {
       {"model",
        [](const json& v, GenerationRequest& q) -> Status {
@@ -524,9 +525,10 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
            return Bad("suffix", "is not supported by colony api (no insertion)");
          }},
         {"best_of",
-         [](const json& v, GenerationRequest&) -> Status {
-           if (v.is_null() || v == 1) return Status::Ok();
-           return Bad("best_of", "is not supported by colony api; use n");
+         [&limits, &best_of](const json& v, GenerationRequest&) -> Status {
+           if (v.is_null()) return Status::Ok();
+           COLONY_ASSIGN_OR_RETURN(best_of, Integer(v, "best_of", 1, limits.max_n));
+           return Status::Ok();
          }},
     };
   }
@@ -541,6 +543,14 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
     COLONY_RETURN_IF_ERROR((*parse)(value, r));
   }
   if (chat && r.messages.empty()) return Bad("messages", "is missing");
+  r.best_of = best_of.value_or(r.n);
+  if (r.best_of < r.n) {
+    return Bad("best_of",
+               fmt::format("is {}, fewer than the {} choices asked for (n)", r.best_of, r.n));
+  }
+  if (r.best_of > r.n && r.stream) {
+    return Bad("best_of", "cannot be streamed: which candidates are best is known only at the end");
+  }
   if (tool_choice_none) {  // the model is not told about tools, so it does not call them
     r.tools_json.clear();
     r.tool_names.clear();

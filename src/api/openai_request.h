@@ -5,7 +5,7 @@
 //   if (!r.ok()) return http::JsonError(400, r.status().message());
 //
 // Every field of the API either is understood, or is accepted only with the value that changes
-// nothing (best_of 1, response_format text, ...), or makes the request fail with a message that
+// nothing (suffix "", response_format text, ...), or makes the request fail with a message that
 // names the field. Unknown fields fail too: a client that asks for something Colony would not do
 // is told so instead of getting a different answer.
 #pragma once
@@ -64,6 +64,10 @@ struct GenerationRequest {
   std::vector<std::pair<int64_t, double>> logit_bias;
   std::vector<std::string> stop;
   int64_t n = 1;
+  // Completions: how many candidates are generated, of which the n best are answered (>= n;
+  // n when absent). Sampled, the best have the highest mean log-probability per token; at
+  // temperature 0 it is the beam search's width.
+  int64_t best_of = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::optional<uint64_t> seed;
@@ -84,7 +88,7 @@ struct GenerationRequest {
 };
 
 struct RequestLimits {
-  int64_t max_n = 8;
+  int64_t max_n = 8;  // n and best_of
   size_t max_messages = 256;
   size_t max_stop = 4;  // as OpenAI
   size_t max_stop_bytes = 256;

@@ -108,6 +108,8 @@ struct ApiService::Choice {
   // when there is none).
   std::vector<ToolCall> calls;
   bool content_null = false;
+  // best_of's rank: the mean log-probability of the generated tokens, the end token's included.
+  double rank_score = 0;
 
   // Reads the calls out of the text, as the plan's format writes them.
   void ReadCalls(const Plan& plan) {
@@ -231,7 +233,8 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
       plan.stop_tokens.push_back(t);
     }
   }
-  plan.beams = r.n > 1 && r.temperature == 0;
+  // (max_tokens 0 with echo scores the prompt: no beams to search.)
+  plan.beams = r.best_of > 1 && r.temperature == 0 && plan.max_new_tokens > 0;
   if (r.echo) {
     std::vector<int32_t> ids(plan.prompt.begin(), plan.prompt.end());
     plan.echo_text = r.prompt_is_tokens ? tok.Decode(ids) : r.prompt;
@@ -245,9 +248,9 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   if (plan.beams &&
       (r.presence_penalty != 0 || r.frequency_penalty != 0 || !r.logit_bias.empty())) {
     return InvalidArgument(
-        "'n': n > 1 at temperature 0 runs beam search, which presence_penalty, "
-        "frequency_penalty and logit_bias do not apply to; use a temperature above 0 for n "
-        "samples, or n 1");
+        "'n': n (or best_of) > 1 at temperature 0 runs beam search, which presence_penalty, "
+        "frequency_penalty and logit_bias do not apply to; ask for a temperature above 0 (the "
+        "model's default temperature may be 0) for n samples, or n 1");
   }
   if (plan.beams && r.stream) {
     return InvalidArgument(
@@ -296,10 +299,14 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                          const OnDelta& on_delta,
                          const std::function<bool()>& stop_early) -> Result<std::vector<Choice>> {
     at::NoGradGuard no_grad;
-    const int64_t n = req->n;
+    // best_of > n: every candidate is a row, and the n best are answered (not streamed), ranked
+    // by their tokens' log-probabilities, the end token's included.
+    const int64_t n = req->best_of;
+    const bool rank = req->best_of > req->n;
     SwarmDecoder decoder(client_, plan->max_length(), n);
     std::optional<LogprobRecorder> recorder;
-    if (req->logprobs) recorder.emplace(decoder.backend, *req->logprobs, req->echo);
+    if (req->logprobs || rank)
+      recorder.emplace(decoder.backend, req->logprobs.value_or(0), req->echo);
     serve::DecoderBackend* backend =
         recorder ? static_cast<serve::DecoderBackend*>(&*recorder) : &decoder.backend;
     // The penalties and biases go over the recorder: log-probabilities are the model's own.
@@ -351,6 +358,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
             ++row.choice.tokens;
             if (t == eos || std::ranges::find(plan->stop_tokens, t) != plan->stop_tokens.end()) {
               row.ended_with_eos = true;  // not part of the text, so not of its log-probabilities
+              if (rank) recorder->Chose(t, i);  // but of the candidate's rank
               return;
             }
             if (recorder) recorder->Chose(t, i);
@@ -373,8 +381,19 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       c.finish_reason = row.text.stopped() || row.ended_with_eos ? "stop" : "length";
       c.ReadCalls(*plan);
       if (recorder) c.logprobs = recorder->Take(i);
+      if (rank) {
+        // The mean over the generated tokens (an echoed prompt's are first, and not counted).
+        const size_t from = req->echo ? plan->prompt.size() : 0;
+        double sum = 0;
+        for (size_t k = from; k < c.logprobs.size(); ++k) sum += c.logprobs[k].logprob.value_or(0);
+        const size_t count = c.logprobs.size() - std::min(from, c.logprobs.size());
+        c.rank_score = count > 0 ? sum / static_cast<double>(count) : 0;
+        if (row.ended_with_eos && c.logprobs.size() > from) c.logprobs.pop_back();
+        if (!req->logprobs) c.logprobs.clear();
+      }
       choices.push_back(std::move(c));
     }
+    if (rank) std::ranges::stable_sort(choices, std::ranges::greater{}, &Choice::rank_score);
     return choices;
   };
 
@@ -409,16 +428,19 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     std::vector<Choice> choices;
     if (plan->beams) {
       at::NoGradGuard no_grad;
-      SwarmDecoder decoder(client_, plan->max_length(), req->n);
+      SwarmDecoder decoder(client_, plan->max_length(), req->best_of);
       // A beam ends at the EOS or at any stop token (generation_config.json's end tokens, a
       // chat turn's end), as transformers' beam search ends at each id of its eos list.
       std::vector<int64_t> ends = plan->stop_tokens;
       ends.push_back(eos);
       // The repetition penalty (the request's, else the model's generation_config.json's)
       // applies to the beams as transformers applies it to its beam search.
-      auto beams = serve::BeamSearch(decoder.backend, plan->prompt, req->n, plan->max_new_tokens,
-                                     ends, /*length_penalty=*/1.0, req->repetition_penalty);
+      // best_of is the beams' width, of which the n best are answered.
+      auto beams =
+          serve::BeamSearch(decoder.backend, plan->prompt, req->best_of, plan->max_new_tokens, ends,
+                            /*length_penalty=*/1.0, req->repetition_penalty);
       if (!beams.ok()) return SwarmError(beams.status());
+      beams->resize(std::min(beams->size(), static_cast<size_t>(req->n)));
       for (const auto& b : *beams) {
         TextStream text(decode, plan->stops);
         Choice c;
@@ -443,15 +465,17 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         choices.push_back(std::move(c));
       }
     } else {
+      // best_of > n: the candidates, best first, of which the first n are answered.
       auto sampled = run_choices({}, {});
       if (!sampled.ok()) return SwarmError(sampled.status());
       choices = std::move(*sampled);
     }
     json out = {{"id", id}, {"object", object}, {"created", created}, {"model", options_.model_id}};
     out["choices"] = json::array();
-    int64_t generated = 0;
+    int64_t generated = 0;  // every candidate's tokens: they were all generated
     for (size_t i = 0; i < choices.size(); ++i) {
-      out["choices"].push_back(choice_json(static_cast<int64_t>(i), choices[i]));
+      if (i < static_cast<size_t>(req->n))
+        out["choices"].push_back(choice_json(static_cast<int64_t>(i), choices[i]));
       generated += choices[i].tokens;
     }
     out["usage"] = usage(generated);

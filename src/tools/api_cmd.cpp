@@ -178,7 +178,8 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
   cmd->add_option("--max-body-bytes", a->max_body_bytes, "largest request body")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1024}, size_t{64} << 20));
-  cmd->add_option("--max-n", a->max_n, "largest n (choices per request)")
+  cmd->add_option("--max-n", a->max_n,
+                  "largest n and best_of (choices and candidates per request: rows of one session)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{64}));
   cmd->add_option("--request-timeout", a->request_timeout,

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/llama.h"
@@ -27,13 +28,15 @@ std::vector<int64_t> Reference(model::LlamaModel& model, const std::vector<int64
   std::vector<int64_t> all = prompt, answer;
   std::map<int64_t, int64_t> counts;
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
-    const at::Tensor logits =
+    at::Tensor logits =
         model->forward(at::tensor(all, at::kLong).unsqueeze(0))[0][-1].to(at::kDouble);
     for (const auto& [token, bias] : adjust.logit_bias) logits[token] += bias;
     for (const auto& [token, count] : counts) {
       logits[token] -= static_cast<double>(count) * adjust.frequency_penalty;
       logits[token] -= adjust.presence_penalty;
     }
+    // Rounded to float32 once, as the backend returns them.
+    logits = logits.to(at::kFloat);
     const int64_t next = model::SampleNextToken(logits, all, options, rng);
     all.push_back(next);
     answer.push_back(next);
@@ -118,12 +121,18 @@ TEST(AdjustedLogits, RefusesStepsItCannotCountAndTokensOutsideTheVocabulary) {
   EXPECT_EQ(st.status().message(), "'logit_bias': token 256 is outside the vocabulary [0, 256)");
 
   AdjustedLogits adjusted(local, {.presence_penalty = 1, .frequency_penalty = 0, .logit_bias = {}});
-  EXPECT_FALSE(adjusted.Step(prompt, 0, {}, serve::StepLogits::kAll).ok());
+  auto refused = [&](const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,
+                     serve::StepLogits logits, const std::string& why) {
+    auto r = adjusted.Step(tokens, position, hypo_ids, logits);
+    ASSERT_FALSE(r.ok()) << why;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
+  };
+  refused(prompt, 0, {}, serve::StepLogits::kAll, "the last position's logits only");
   ASSERT_TRUE(adjusted.Step(prompt, 0, {}, serve::StepLogits::kLast).ok());
-  EXPECT_FALSE(adjusted.Step(one, 3, at::zeros({1}, at::kLong), serve::StepLogits::kLast).ok());
-  EXPECT_FALSE(adjusted.Step(one, 1, {}, serve::StepLogits::kLast).ok());  // a rollback
-  EXPECT_FALSE(adjusted.Step(prompt, 0, {}, serve::StepLogits::kLast).ok());
-  EXPECT_FALSE(adjusted.Step(one.repeat({2, 1}), 3, {}, serve::StepLogits::kLast).ok());
+  refused(one, 3, at::zeros({1}, at::kLong), serve::StepLogits::kLast, "reordered rows");
+  refused(one, 1, {}, serve::StepLogits::kLast, "a step at 1 after 3");  // a rollback
+  refused(prompt, 0, {}, serve::StepLogits::kLast, "a step at 0 after 3");
+  refused(one.repeat({2, 1}), 3, {}, serve::StepLogits::kLast, "a step of 2 rows after");
   auto next = adjusted.Step(one, 3, {}, serve::StepLogits::kLast);
   ASSERT_TRUE(next.ok()) << next.status().ToString();
   EXPECT_EQ(next->sizes(), (std::vector<int64_t>{1, 1, config.vocab_size}));

@@ -630,6 +630,51 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
   EXPECT_FALSE(std::ranges::is_sorted(order)) << "the choices were streamed one after another";
   EXPECT_EQ(SessionsOpened(procs_[0]) - before, 1u) << "one session for the n choices" << Logs();
 
+  // best_of 3, n 2: the three samples above are the candidates (seeds 5, 6 and 7), and the two
+  // answered are those whose tokens (the end token's included) have the highest mean
+  // log-probability under the whole model here, best first; usage counts all three.
+  std::vector<double> score;
+  int64_t all_tokens = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto t = model::Generate(
+        *local, prompt,
+        {.max_new_tokens = max_tokens, .temperature = 1.0, .seed = static_cast<uint64_t>(seed + i)},
+        tokenizer_->eos_id());
+    std::vector<int64_t> all = prompt;
+    all.insert(all.end(), t.begin(), t.end());
+    const at::Tensor logp =
+        at::log_softmax((*local)->forward(at::tensor(all, at::kLong).unsqueeze(0))[0], -1);
+    double sum = 0;
+    for (size_t j = 0; j < t.size(); ++j) {
+      sum += logp[static_cast<int64_t>(prompt.size() + j) - 1][t[j]].item<double>();
+    }
+    score.push_back(sum / static_cast<double>(t.size()));
+    all_tokens += static_cast<int64_t>(t.size());
+  }
+  std::vector<size_t> ranked = {0, 1, 2};
+  std::ranges::stable_sort(ranked, [&](size_t x, size_t y) { return score[x] > score[y]; });
+  ASSERT_GT(score[ranked[0]] - score[ranked[2]], 1e-2) << "the ranking must matter here";
+  const HttpAnswer best = Curl("/completions", json({{"prompt", prompt_text},
+                                                     {"max_tokens", max_tokens},
+                                                     {"temperature", 1.0},
+                                                     {"n", 2},
+                                                     {"best_of", n},
+                                                     {"seed", seed}})
+                                                   .dump());
+  ASSERT_EQ(best.status, 200) << best.body << Logs();
+  const json bj = json::parse(best.body);
+  ASSERT_EQ(bj["choices"].size(), 2u) << best.body;
+  EXPECT_EQ(bj["usage"]["completion_tokens"], all_tokens);
+  for (size_t k = 0; k < 2; ++k) {
+    const auto it = std::ranges::find(texts, bj["choices"][k]["text"].get<std::string>());
+    ASSERT_NE(it, texts.end()) << best.body;
+    const auto i = static_cast<size_t>(it - texts.begin());
+    EXPECT_EQ(bj["choices"][k]["index"], k);
+    // The swarm's log-probabilities are the model's to ~1e-4: a near tie may go either way.
+    EXPECT_GE(score[i], score[ranked[k]] - 1e-3) << "choice " << k << " is candidate " << i;
+  }
+  EXPECT_NE(bj["choices"][0]["text"], bj["choices"][1]["text"]);
+
   // OpenAI's penalties and biases reach the sampler: a greedy answer is what AdjustedLogits
   // gives over the whole model here (its formula is held to one written apart in
   // logit_adjustments_test), not the plain greedy one.
@@ -990,6 +1035,26 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
       got.push_back(std::stoll(t.get<std::string>().substr(9)));
     }
     EXPECT_EQ(got, penalized_beams[c].tokens) << "beam " << c;
+  }
+
+  // best_of at temperature 0 is the beams' width: the n best of a 4-beam search.
+  const HttpAnswer widest = Curl("/completions", json({{"prompt", prompt},
+                                                       {"max_tokens", kPenaltySteps},
+                                                       {"temperature", 0},
+                                                       {"n", 2},
+                                                       {"best_of", 4},
+                                                       {"logprobs", 0},
+                                                       {"return_tokens_as_token_ids", true}})
+                                                     .dump());
+  ASSERT_EQ(widest.status, 200) << widest.body;
+  const json widest_json = json::parse(widest.body);
+  ASSERT_EQ(widest_json["choices"].size(), 2u);
+  for (size_t c = 0; c < 2; ++c) {
+    std::vector<int64_t> got;
+    for (const auto& t : widest_json["choices"][c]["logprobs"]["tokens"]) {
+      got.push_back(std::stoll(t.get<std::string>().substr(9)));
+    }
+    EXPECT_EQ(got, free_beams[c].tokens) << "beam " << c;
   }
 }
 

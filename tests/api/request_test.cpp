@@ -43,6 +43,7 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
 
   EXPECT_FALSE(r->logprobs.has_value());
   EXPECT_FALSE(r->echo);
+  EXPECT_EQ(r->best_of, 2);  // n when absent
   EXPECT_EQ(r->presence_penalty, 0);
   EXPECT_EQ(r->frequency_penalty, 0);
   EXPECT_TRUE(r->logit_bias.empty());
@@ -57,6 +58,15 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
   EXPECT_EQ(biased->frequency_penalty, 1.25);
   EXPECT_EQ(biased->logit_bias,
             (std::vector<std::pair<int64_t, double>>{{0, 100}, {7, 2.5}, {50256, -100}}));
+  auto best = ParseCompletionRequest(R"({"prompt": "x", "n": 2, "best_of": 5})", {});
+  ASSERT_TRUE(best.ok()) << best.status().ToString();
+  EXPECT_EQ(best->n, 2);
+  EXPECT_EQ(best->best_of, 5);
+  auto chat_best = ParseChatRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}], "best_of": 2})", {});  // legacy only
+  ASSERT_FALSE(chat_best.ok());
+  EXPECT_EQ(chat_best.status().message(),
+            "'best_of' is not a field of a chat completion request that colony api knows");
   std::string many = R"({"prompt": "x", "logit_bias": {)";
   for (int i = 0; i < 1025; ++i) many += fmt::format("{}\"{}\": 1", i ? ", " : "", i);
   auto too_many = ParseCompletionRequest(many + "}}", {});
@@ -123,7 +133,10 @@ TEST(OpenAiRequest, ParsesAChatRequest) {
 
 TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
   const std::map<std::string, std::string> cases = {
-      {R"({"prompt": "x", "best_of": 3})", "'best_of'"},
+      {R"({"prompt": "x", "best_of": 9})", "'best_of' must be between 1 and 8"},
+      {R"({"prompt": "x", "n": 3, "best_of": 2})",
+       "'best_of' is 2, fewer than the 3 choices asked for (n)"},
+      {R"({"prompt": "x", "best_of": 2, "stream": true})", "'best_of' cannot be streamed"},
       {R"({"prompt": "x", "frequency_penalty": 2.5})", "'frequency_penalty' must be between -2"},
       {R"({"prompt": "x", "presence_penalty": "high"})", "'presence_penalty' must be a number"},
       {R"({"prompt": "x", "logprobs": 21})", "'logprobs' must be between 0 and 20"},
