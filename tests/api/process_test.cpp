@@ -426,6 +426,20 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
   ASSERT_EQ(f["choices"].size(), 2u);
   EXPECT_EQ(f["choices"], g["choices"]);
   EXPECT_EQ(f["choices"][1]["index"], 1);
+  // n > 1 at temperature 0 with echo and max_tokens 0 scores the prompt in n rows (no beams to
+  // search; was a failed beam search).
+  const HttpAnswer scored = Curl("/completions", json({{"prompt", {1, 2, 3}},
+                                                       {"max_tokens", 0},
+                                                       {"echo", true},
+                                                       {"n", 2},
+                                                       {"temperature", 0},
+                                                       {"logprobs", 0}})
+                                                     .dump());
+  ASSERT_EQ(scored.status, 200) << scored.body;
+  const json sj = json::parse(scored.body);
+  ASSERT_EQ(sj["choices"].size(), 2u);
+  EXPECT_EQ(sj["choices"][0]["logprobs"], sj["choices"][1]["logprobs"]);
+  EXPECT_EQ(sj["choices"][0]["logprobs"]["tokens"].size(), 3u) << scored.body;
   // n beams at temperature 0: the best beam first, all distinct.
   const HttpAnswer beams =
       Curl("/completions",
