@@ -428,6 +428,12 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
        }},
       {"logit_bias",
        [&limits](const json& v, GenerationRequest& q) { return ParseLogitBias(v, limits, q); }},
+      {"ignore_eos",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.ignore_eos, Bool(v, "ignore_eos"));
+         return Status::Ok();
+       }},
       {"return_tokens_as_token_ids",
        [](const json& v, GenerationRequest& q) -> Status {
          if (v.is_null()) return Status::Ok();

@@ -64,6 +64,10 @@ struct GenerationRequest {
   std::vector<std::pair<int64_t, double>> logit_bias;
   std::vector<std::string> stop;
   int64_t n = 1;
+  // An extension (as vLLM's): generation goes on past the EOS and the model's other end tokens
+  // (generation_config.json's, a chat template's end of turn) up to max_tokens; stop strings
+  // still end it.
+  bool ignore_eos = false;
   // Completions: how many candidates are generated, of which the n best are answered (>= n;
   // n when absent). Sampled, the best have the highest mean log-probability per token; at
   // temperature 0 it is the beam search's width.

@@ -233,6 +233,8 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
       plan.stop_tokens.push_back(t);
     }
   }
+  // ignore_eos: the model's end tokens (its EOS too, in Generate) are tokens like any other.
+  if (r.ignore_eos) plan.stop_tokens.clear();
   // (max_tokens 0 with echo scores the prompt: no beams to search.)
   plan.beams = r.best_of > 1 && r.temperature == 0 && plan.max_new_tokens > 0;
   if (r.echo) {
@@ -247,10 +249,11 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   }
   if (plan.beams &&
       (r.presence_penalty != 0 || r.frequency_penalty != 0 || !r.logit_bias.empty())) {
-    return InvalidArgument(
-        "'n': n (or best_of) > 1 at temperature 0 runs beam search, which presence_penalty, "
+    return InvalidArgument(fmt::format(
+        "'{}': {} > 1 at temperature 0 runs beam search, which presence_penalty, "
         "frequency_penalty and logit_bias do not apply to; ask for a temperature above 0 (the "
-        "model's default temperature may be 0) for n samples, or n 1");
+        "model's default temperature may be 0) for samples",
+        r.best_of > r.n ? "best_of" : "n", r.best_of > r.n ? "best_of" : "n"));
   }
   if (plan.beams && r.stream) {
     return InvalidArgument(
@@ -287,7 +290,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
 
   const model::Tokenizer tok = *client_.tokenizer;
   auto decode = [tok](std::span<const int32_t> ids) { return tok.Decode(ids); };
-  const int64_t eos = tok.eos_id();
+  const int64_t eos = req->ignore_eos ? -1 : tok.eos_id();  // -1: none ends an answer
   std::random_device rd;
   const uint64_t base_seed = req->seed.value_or((static_cast<uint64_t>(rd()) << 32) | rd());
 
@@ -301,12 +304,15 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     at::NoGradGuard no_grad;
     // best_of > n: every candidate is a row, and the n best are answered (not streamed), ranked
     // by their tokens' log-probabilities, the end token's included.
-    const int64_t n = req->best_of;
-    const bool rank = req->best_of > req->n;
+    // (A scored prompt alone, max_tokens 0, has no candidates to rank.)
+    const bool rank = req->best_of > req->n && plan->max_new_tokens > 0;
+    const int64_t n = rank ? req->best_of : req->n;
     SwarmDecoder decoder(client_, plan->max_length(), n);
     std::optional<LogprobRecorder> recorder;
+    // Ranking alone needs no scores of an echoed prompt.
+    const bool score_prompt = req->echo && req->logprobs;
     if (req->logprobs || rank)
-      recorder.emplace(decoder.backend, req->logprobs.value_or(0), req->echo);
+      recorder.emplace(decoder.backend, req->logprobs.value_or(0), score_prompt);
     serve::DecoderBackend* backend =
         recorder ? static_cast<serve::DecoderBackend*>(&*recorder) : &decoder.backend;
     // The penalties and biases go over the recorder: log-probabilities are the model's own.
@@ -383,7 +389,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       if (recorder) c.logprobs = recorder->Take(i);
       if (rank) {
         // The mean over the generated tokens (an echoed prompt's are first, and not counted).
-        const size_t from = req->echo ? plan->prompt.size() : 0;
+        const size_t from = score_prompt ? plan->prompt.size() : 0;
         double sum = 0;
         for (size_t k = from; k < c.logprobs.size(); ++k) sum += c.logprobs[k].logprob.value_or(0);
         const size_t count = c.logprobs.size() - std::min(from, c.logprobs.size());
@@ -432,7 +438,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       // A beam ends at the EOS or at any stop token (generation_config.json's end tokens, a
       // chat turn's end), as transformers' beam search ends at each id of its eos list.
       std::vector<int64_t> ends = plan->stop_tokens;
-      ends.push_back(eos);
+      if (eos >= 0) ends.push_back(eos);
       // The repetition penalty (the request's, else the model's generation_config.json's)
       // applies to the beams as transformers applies it to its beam search.
       // best_of is the beams' width, of which the n best are answered.

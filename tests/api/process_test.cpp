@@ -668,6 +668,7 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
   std::vector<size_t> ranked = {0, 1, 2};
   std::ranges::stable_sort(ranked, [&](size_t x, size_t y) { return score[x] > score[y]; });
   ASSERT_GT(score[ranked[0]] - score[ranked[2]], 1e-2) << "the ranking must matter here";
+  ASSERT_NE(ranked[0], 0u) << "the first candidate must not be the best for this to check ranking";
   const HttpAnswer best = Curl("/completions", json({{"prompt", prompt_text},
                                                      {"max_tokens", max_tokens},
                                                      {"temperature", 1.0},
@@ -1051,7 +1052,11 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
     EXPECT_EQ(got, penalized_beams[c].tokens) << "beam " << c;
   }
 
-  // best_of at temperature 0 is the beams' width: the n best of a 4-beam search.
+  // best_of at temperature 0 is the beams' width: the n best of a 4-beam search (which differ
+  // from a 2-beam search's).
+  const auto narrow = serve::test::NaiveBeamSearch(*local, prompt, 2, kPenaltySteps);
+  ASSERT_TRUE(narrow[0].tokens != free_beams[0].tokens || narrow[1].tokens != free_beams[1].tokens)
+      << "the width must matter for this check to mean anything";
   const HttpAnswer widest = Curl("/completions", json({{"prompt", prompt},
                                                        {"max_tokens", kPenaltySteps},
                                                        {"temperature", 0},
@@ -1111,6 +1116,37 @@ TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
         << a.body;
     EXPECT_EQ(json::parse(a.body)["usage"]["completion_tokens"], 3);
   }
+  // ignore_eos (vLLM's): the end tokens are tokens like any other, up to max_tokens: transformers'
+  // greedy tokens.
+  const HttpAnswer ignoring = Curl("/completions", json({{"prompt", prompt},
+                                                         {"max_tokens", 12},
+                                                         {"ignore_eos", true},
+                                                         {"logprobs", 0},
+                                                         {"return_tokens_as_token_ids", true}})
+                                                       .dump());
+  ASSERT_EQ(ignoring.status, 200) << ignoring.body;
+  const json ic = json::parse(ignoring.body)["choices"][0];
+  EXPECT_EQ(ic["finish_reason"], "length") << ignoring.body;
+  json all_twelve = json::array();
+  for (size_t i = 0; i < 12; ++i) all_twelve.push_back("token_id:" + std::to_string(greedy[p + i]));
+  EXPECT_EQ(ic["logprobs"]["tokens"], all_twelve) << ignoring.body;
+  // best_of ranks a candidate by its end token too, which is then not one of the answer's
+  // tokens: with a bias of 100 on the end token each candidate is that token alone.
+  const std::string end = std::to_string(greedy[p + 2]);
+  const HttpAnswer ended = Curl("/completions", json({{"prompt", prompt},
+                                                      {"max_tokens", 12},
+                                                      {"temperature", 1.0},
+                                                      {"best_of", 2},
+                                                      {"logit_bias", {{end, 100}}},
+                                                      {"logprobs", 0},
+                                                      {"return_tokens_as_token_ids", true}})
+                                                    .dump());
+  ASSERT_EQ(ended.status, 200) << ended.body;
+  const json ej = json::parse(ended.body);
+  ASSERT_EQ(ej["choices"].size(), 1u) << ended.body;
+  EXPECT_EQ(ej["choices"][0]["finish_reason"], "stop") << ended.body;
+  EXPECT_EQ(ej["choices"][0]["logprobs"]["tokens"], json::array()) << ended.body;
+  EXPECT_EQ(ej["usage"]["completion_tokens"], 2) << ended.body;
   // A field Colony would not honour stops colony api before it serves, naming the field.
   g["typical_p"] = 0.9;
   colony::test::WriteFile((model_dir_ / "generation_config.json").string(), g.dump());

@@ -62,6 +62,14 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
   ASSERT_TRUE(best.ok()) << best.status().ToString();
   EXPECT_EQ(best->n, 2);
   EXPECT_EQ(best->best_of, 5);
+  EXPECT_FALSE(best->ignore_eos);
+  // What vLLM's benchmark client sends.
+  auto bench = ParseCompletionRequest(R"({"model": "m", "prompt": "x", "temperature": 0.0,
+      "max_tokens": 8, "logprobs": null, "stream": true, "stream_options": {"include_usage": true},
+      "ignore_eos": true, "best_of": 1})",
+                                      {});
+  ASSERT_TRUE(bench.ok()) << bench.status().ToString();
+  EXPECT_TRUE(bench->ignore_eos);
   auto chat_best = ParseChatRequest(
       R"({"messages": [{"role": "user", "content": "hi"}], "best_of": 2})", {});  // legacy only
   ASSERT_FALSE(chat_best.ok());
@@ -134,6 +142,7 @@ TEST(OpenAiRequest, ParsesAChatRequest) {
 TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
   const std::map<std::string, std::string> cases = {
       {R"({"prompt": "x", "best_of": 9})", "'best_of' must be between 1 and 8"},
+      {R"({"prompt": "x", "ignore_eos": 1})", "'ignore_eos' must be true or false"},
       {R"({"prompt": "x", "n": 3, "best_of": 2})",
        "'best_of' is 2, fewer than the 3 choices asked for (n)"},
       {R"({"prompt": "x", "best_of": 2, "stream": true})", "'best_of' cannot be streamed"},
