@@ -1044,12 +1044,16 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
   ASSERT_EQ(penalized.status, 200) << penalized.body;
   const json pj = json::parse(penalized.body);
   ASSERT_EQ(pj["choices"].size(), 4u);
-  for (size_t c = 0; c < 4; ++c) {
+  // A choice's tokens, as "token_id:N" names them.
+  auto ids = [](const json& answered) {
     std::vector<int64_t> got;
-    for (const auto& t : pj["choices"][c]["logprobs"]["tokens"]) {
+    for (const auto& t : answered["logprobs"]["tokens"]) {
       got.push_back(std::stoll(t.get<std::string>().substr(9)));
     }
-    EXPECT_EQ(got, penalized_beams[c].tokens) << "beam " << c;
+    return got;
+  };
+  for (size_t c = 0; c < 4; ++c) {
+    EXPECT_EQ(ids(pj["choices"][c]), penalized_beams[c].tokens) << "beam " << c;
   }
 
   // best_of at temperature 0 is the beams' width: the n best of a 4-beam search (which differ
@@ -1069,11 +1073,7 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
   const json widest_json = json::parse(widest.body);
   ASSERT_EQ(widest_json["choices"].size(), 2u);
   for (size_t c = 0; c < 2; ++c) {
-    std::vector<int64_t> got;
-    for (const auto& t : widest_json["choices"][c]["logprobs"]["tokens"]) {
-      got.push_back(std::stoll(t.get<std::string>().substr(9)));
-    }
-    EXPECT_EQ(got, free_beams[c].tokens) << "beam " << c;
+    EXPECT_EQ(ids(widest_json["choices"][c]), free_beams[c].tokens) << "beam " << c;
   }
 }
 
