@@ -47,7 +47,7 @@ Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t positi
   for (const auto& [token, bias] : adjustments_.logit_bias) {
     if (token < 0 || token >= vocab) {
       return InvalidArgument(
-          fmt::format("'logit_bias': token {} is outside the vocabulary [0, {})", token, vocab));
+          fmt::format("'logit_bias.{}' is outside the vocabulary [0, {})", token, vocab));
     }
   }
   float* base = out.data_ptr<float>();

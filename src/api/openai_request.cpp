@@ -72,11 +72,12 @@ Status ParseLogitBias(const json& v, const RequestLimits& limits, GenerationRequ
                            std::ranges::all_of(key, [](char c) { return c >= '0' && c <= '9'; }) &&
                            (key == "0" || key.front() != '0');
     const std::string field = "logit_bias." + key.substr(0, 32);
-    if (!canonical || std::stoll(key) > INT32_MAX) {
+    const int64_t id = canonical ? std::stoll(key) : -1;
+    if (id < 0 || id > INT32_MAX) {
       return Bad(field, "is not a token id (a key is a token id in decimal, e.g. \"50256\")");
     }
     COLONY_ASSIGN_OR_RETURN(double b, Number(value, field, -100, 100));
-    if (b != 0) bias.emplace_back(std::stoll(key), b);  // 0 changes nothing
+    bias.emplace_back(id, b);
   }
   std::ranges::sort(bias);
   r.logit_bias = std::move(bias);

@@ -60,7 +60,8 @@ struct GenerationRequest {
   double presence_penalty = 0;
   double frequency_penalty = 0;
   // logit_bias: token ids, each once and in increasing order, and what is added to their
-  // logits, in [-100, 100] (whether an id is in the model's vocabulary is the service's check).
+  // logits, in [-100, 100], 0 included (whether an id is in the model's vocabulary is the
+  // service's check).
   std::vector<std::pair<int64_t, double>> logit_bias;
   std::vector<std::string> stop;
   int64_t n = 1;
@@ -69,8 +70,8 @@ struct GenerationRequest {
   // still end it.
   bool ignore_eos = false;
   // Completions: how many candidates are generated, of which the n best are answered (>= n;
-  // n when absent). Sampled, the best have the highest mean log-probability per token; at
-  // temperature 0 it is the beam search's width.
+  // the parser sets n when the request has none). Sampled, the best have the highest mean
+  // log-probability per token; at temperature 0 it is the beam search's width.
   int64_t best_of = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -52,10 +52,11 @@ struct ApiService::Plan {
   std::vector<int64_t> prompt;
   int64_t max_new_tokens = 0;
   std::vector<std::string> stops;
-  bool beams = false;     // n > 1 at temperature 0
+  bool beams = false;     // best_of (n when absent) > 1 at temperature 0, with tokens to generate
   std::string echo_text;  // what the answer starts with (echo: the prompt)
-  // Tokens that end the answer as the EOS does (a chat template's end of turn).
-  std::vector<int64_t> stop_tokens;
+  // Tokens that end the answer: the EOS, generation_config.json's end tokens, a chat template's
+  // end of turn (none with ignore_eos).
+  std::vector<int64_t> end_tokens;
   // The request's tools, and how the model writes calls to them (kNone: no tools).
   ToolCallFormat tool_format = ToolCallFormat::kNone;
   std::vector<std::string> tool_names;
@@ -179,7 +180,7 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
       COLONY_ASSIGN_OR_RETURN(auto pieces, RenderChat(*options_.chat_template, r.messages));
       plan.prompt = EncodeChat(pieces, tok);
       plan.stops = ChatStops(*options_.chat_template);
-      plan.stop_tokens = ChatStopTokens(*options_.chat_template, tok);
+      plan.end_tokens = ChatStopTokens(*options_.chat_template, tok);
     } else if (options_.model_template) {
       const ModelChatTemplate& model_template = *options_.model_template;
       const ToolCallFormat format = options_.tool_format.value_or(model_template.tool_format());
@@ -200,7 +201,7 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
       plan.prompt = EncodeChat(pieces, tok);
       const auto& turn_end = r.tools_json.empty() ? model_turn_end_ : model_tool_turn_end_;
       plan.stops = turn_end.stops;
-      plan.stop_tokens = turn_end.tokens;
+      plan.end_tokens = turn_end.tokens;
     } else {
       return FailedPrecondition("colony api was started without a chat template");
     }
@@ -227,14 +228,20 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   plan.max_new_tokens =
       r.max_tokens ? *r.max_tokens : (r.chat ? room : std::min<int64_t>(16, room));
   plan.stops.insert(plan.stops.end(), r.stop.begin(), r.stop.end());
-  // The model's generation_config.json's end tokens end an answer as the EOS does.
-  for (int64_t t : client_.generation.eos_token_ids) {
-    if (std::ranges::find(plan.stop_tokens, t) == plan.stop_tokens.end()) {
-      plan.stop_tokens.push_back(t);
+  // The EOS and the model's generation_config.json's end tokens end an answer.
+  std::vector<int64_t> ends = client_.generation.eos_token_ids;
+  if (tok.eos_id() >= 0) ends.push_back(tok.eos_id());
+  for (int64_t t : ends) {
+    if (std::ranges::find(plan.end_tokens, t) == plan.end_tokens.end()) {
+      plan.end_tokens.push_back(t);
     }
   }
-  // ignore_eos: the model's end tokens (its EOS too, in Generate) are tokens like any other.
-  if (r.ignore_eos) plan.stop_tokens.clear();
+  // ignore_eos: the model's end tokens are tokens like any other, and a chat template's end of
+  // turn written as text is no stop string; the request's stop strings stay.
+  if (r.ignore_eos) {
+    plan.end_tokens.clear();
+    plan.stops = r.stop;
+  }
   // (max_tokens 0 with echo scores the prompt: no beams to search.)
   plan.beams = r.best_of > 1 && r.temperature == 0 && plan.max_new_tokens > 0;
   if (r.echo) {
@@ -249,11 +256,12 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   }
   if (plan.beams &&
       (r.presence_penalty != 0 || r.frequency_penalty != 0 || !r.logit_bias.empty())) {
+    const std::string_view field = r.best_of > r.n ? "best_of" : "n";
     return InvalidArgument(fmt::format(
         "'{}': {} > 1 at temperature 0 runs beam search, which presence_penalty, "
         "frequency_penalty and logit_bias do not apply to; ask for a temperature above 0 (the "
         "model's default temperature may be 0) for samples",
-        r.best_of > r.n ? "best_of" : "n", r.best_of > r.n ? "best_of" : "n"));
+        field, field));
   }
   if (plan.beams && r.stream) {
     return InvalidArgument(
@@ -290,7 +298,6 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
 
   const model::Tokenizer tok = *client_.tokenizer;
   auto decode = [tok](std::span<const int32_t> ids) { return tok.Decode(ids); };
-  const int64_t eos = req->ignore_eos ? -1 : tok.eos_id();  // -1: none ends an answer
   std::random_device rd;
   const uint64_t base_seed = req->seed.value_or((static_cast<uint64_t>(rd()) << 32) | rd());
 
@@ -298,7 +305,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   // per token for all of them); on_delta(i, text, logprobs) sees choice i's text as it is
   // released, with the log-probabilities of its tokens since the last call (when asked for).
   using OnDelta = std::function<void(int64_t, const std::string&, std::vector<TokenLogprob>)>;
-  auto run_choices = [this, plan, req, decode, eos, base_seed, cancelled](
+  auto run_choices = [this, plan, req, decode, base_seed, cancelled](
                          const OnDelta& on_delta,
                          const std::function<bool()>& stop_early) -> Result<std::vector<Choice>> {
     at::NoGradGuard no_grad;
@@ -316,9 +323,12 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     serve::DecoderBackend* backend =
         recorder ? static_cast<serve::DecoderBackend*>(&*recorder) : &decoder.backend;
     // The penalties and biases go over the recorder: log-probabilities are the model's own.
-    const LogitAdjustments adjustments{.presence_penalty = req->presence_penalty,
-                                       .frequency_penalty = req->frequency_penalty,
-                                       .logit_bias = req->logit_bias};
+    LogitAdjustments adjustments{.presence_penalty = req->presence_penalty,
+                                 .frequency_penalty = req->frequency_penalty,
+                                 .logit_bias = {}};
+    for (const auto& [token, bias] : req->logit_bias) {
+      if (bias != 0) adjustments.logit_bias.emplace_back(token, bias);  // 0 changes nothing
+    }
     std::optional<AdjustedLogits> adjusted;
     if (!adjustments.none()) backend = &adjusted.emplace(*backend, adjustments);
     struct Row {
@@ -358,11 +368,11 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                            .seed = base_seed + static_cast<uint64_t>(i)});
       }
       auto tokens = serve::GenerateRows(
-          *backend, plan->prompt, options, eos,
+          *backend, plan->prompt, options, /*eos_id=*/-1,  // the plan's end tokens end rows
           [&](int64_t i, int64_t t) {
             Row& row = rows[static_cast<size_t>(i)];
             ++row.choice.tokens;
-            if (t == eos || std::ranges::find(plan->stop_tokens, t) != plan->stop_tokens.end()) {
+            if (std::ranges::find(plan->end_tokens, t) != plan->end_tokens.end()) {
               row.ended_with_eos = true;  // not part of the text, so not of its log-probabilities
               if (rank) recorder->Chose(t, i);  // but of the candidate's rank
               return;
@@ -435,33 +445,31 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     if (plan->beams) {
       at::NoGradGuard no_grad;
       SwarmDecoder decoder(client_, plan->max_length(), req->best_of);
-      // A beam ends at the EOS or at any stop token (generation_config.json's end tokens, a
-      // chat turn's end), as transformers' beam search ends at each id of its eos list.
-      std::vector<int64_t> ends = plan->stop_tokens;
-      if (eos >= 0) ends.push_back(eos);
+      // A beam ends at any of the end tokens (the EOS, generation_config.json's, a chat turn's
+      // end), as transformers' beam search ends at each id of its eos list.
       // The repetition penalty (the request's, else the model's generation_config.json's)
       // applies to the beams as transformers applies it to its beam search.
       // best_of is the beams' width, of which the n best are answered.
-      auto beams =
-          serve::BeamSearch(decoder.backend, plan->prompt, req->best_of, plan->max_new_tokens, ends,
-                            /*length_penalty=*/1.0, req->repetition_penalty);
+      auto beams = serve::BeamSearch(decoder.backend, plan->prompt, req->best_of,
+                                     plan->max_new_tokens, plan->end_tokens,
+                                     /*length_penalty=*/1.0, req->repetition_penalty);
       if (!beams.ok()) return SwarmError(beams.status());
       beams->resize(std::min(beams->size(), static_cast<size_t>(req->n)));
       for (const auto& b : *beams) {
         TextStream text(decode, plan->stops);
         Choice c;
-        bool end_of_turn = false;
+        bool ended = false;
         std::vector<int64_t> said;  // the tokens of the text, as a sampled choice records them
         for (int64_t t : b.tokens) {
-          end_of_turn = std::ranges::find(plan->stop_tokens, t) != plan->stop_tokens.end();
-          if (t == eos || end_of_turn || text.stopped()) break;
+          ended = std::ranges::find(plan->end_tokens, t) != plan->end_tokens.end();
+          if (ended || text.stopped()) break;
           said.push_back(t);
           text.Add(t);
         }
         c.tokens = static_cast<int64_t>(b.tokens.size());
         text.Finish();
         c.text = plan->echo_text + text.text();
-        c.finish_reason = b.finished || end_of_turn || text.stopped() ? "stop" : "length";
+        c.finish_reason = b.finished || ended || text.stopped() ? "stop" : "length";
         c.ReadCalls(*plan);
         if (req->logprobs) {
           auto scored = ScoreBeam(client_, plan->prompt, said, *req->logprobs, req->echo);

@@ -86,6 +86,22 @@ TEST(AdjustedLogits, RowsGetOpenAisPenaltiesAndBiasesEachOverItsOwnAnswer) {
   auto got = serve::GenerateRows(adjusted, prompt, rows);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(*got, want);
+
+  // The presence penalty alone, once per token whatever its count: not the frequency penalty's
+  // answer of the same size (a small one, so that tokens still repeat), nor the plain one.
+  model::SamplingOptions longer = rows[0];
+  longer.max_new_tokens = 80;
+  const LogitAdjustments presence{
+      .presence_penalty = 0.1, .frequency_penalty = 0, .logit_bias = {}};
+  const std::vector<int64_t> once = Reference(model, prompt, longer, presence);
+  EXPECT_NE(once, Reference(model, prompt, longer, {}));
+  EXPECT_NE(once, Reference(model, prompt, longer,
+                            {.presence_penalty = 0, .frequency_penalty = 0.1, .logit_bias = {}}));
+  serve::LocalBackend fresh(model);
+  AdjustedLogits present(fresh, presence);
+  auto alone = serve::GenerateWith(present, prompt, longer);
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  EXPECT_EQ(*alone, once);
 }
 
 TEST(AdjustedLogits, ABiasOfAHundredChoosesItsTokenEveryTime) {
@@ -118,7 +134,7 @@ TEST(AdjustedLogits, RefusesStepsItCannotCountAndTokensOutsideTheVocabulary) {
   AdjustedLogits outside(other, {.logit_bias = {{config.vocab_size, 1}}});
   auto st = outside.Step(prompt, 0, {}, serve::StepLogits::kLast);
   ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.status().message(), "'logit_bias': token 256 is outside the vocabulary [0, 256)");
+  EXPECT_EQ(st.status().message(), "'logit_bias.256' is outside the vocabulary [0, 256)");
 
   AdjustedLogits adjusted(local, {.presence_penalty = 1, .frequency_penalty = 0, .logit_bias = {}});
   auto refused = [&](const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,

@@ -391,7 +391,11 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
       {"/completions", R"({"prompt": "x", "logit_bias": {"999999": 5}})", 400,
        "'logit_bias.999999' is outside the vocabulary"},
       {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "presence_penalty": 1})", 400,
-       "beam search, which presence_penalty"},
+       "'n': n > 1 at temperature 0 runs beam search, which presence_penalty"},
+      {"/completions", R"({"prompt": "x", "best_of": 2, "temperature": 0, "logit_bias": {"1": 1}})",
+       400, "'best_of': best_of > 1 at temperature 0 runs beam search"},
+      {"/completions", R"({"prompt": "x", "logit_bias": {"999999": 0}})", 400,
+       "'logit_bias.999999' is outside the vocabulary"},
       {"/chat/completions", R"({"messages": "hi"})", 400, "'messages'"},
       {"/nothing", R"({})", 404, "no such endpoint"},
   };
@@ -1130,8 +1134,23 @@ TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
   json all_twelve = json::array();
   for (size_t i = 0; i < 12; ++i) all_twelve.push_back("token_id:" + std::to_string(greedy[p + i]));
   EXPECT_EQ(ic["logprobs"]["tokens"], all_twelve) << ignoring.body;
-  // best_of ranks a candidate by its end token too, which is then not one of the answer's
-  // tokens: with a bias of 100 on the end token each candidate is that token alone.
+  // ... and with a bias of 100 on the EOS (2, generation_config.json's first end token; the
+  // tokenizer's own EOS is in the same list of end tokens) every token is the EOS.
+  const HttpAnswer eos_only = Curl("/completions", json({{"prompt", prompt},
+                                                         {"max_tokens", 4},
+                                                         {"ignore_eos", true},
+                                                         {"logit_bias", {{"2", 100}}},
+                                                         {"logprobs", 0},
+                                                         {"return_tokens_as_token_ids", true}})
+                                                       .dump());
+  ASSERT_EQ(eos_only.status, 200) << eos_only.body;
+  const json oc = json::parse(eos_only.body)["choices"][0];
+  EXPECT_EQ(oc["finish_reason"], "length") << eos_only.body;
+  EXPECT_EQ(oc["logprobs"]["tokens"], json(std::vector<std::string>(4, "token_id:2")))
+      << eos_only.body;
+  // best_of keeps a candidate's end token out of the tokens it answers (it is recorded for the
+  // ranking, then dropped): with a bias of 100 on the end token each candidate is that token
+  // alone, answered with no tokens.
   const std::string end = std::to_string(greedy[p + 2]);
   const HttpAnswer ended = Curl("/completions", json({{"prompt", prompt},
                                                       {"max_tokens", 12},
