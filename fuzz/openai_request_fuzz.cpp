@@ -30,6 +30,8 @@ void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
   if (r->max_tokens && (*r->max_tokens < 0 || (*r->max_tokens == 0 && !r->echo))) {
     __builtin_trap();
   }
+  // min_tokens is at most max_tokens.
+  if (r->min_tokens < 0 || (r->max_tokens && r->min_tokens > *r->max_tokens)) __builtin_trap();
   if (r->logprobs && (*r->logprobs < 0 || *r->logprobs > limits.max_top_logprobs)) {
     __builtin_trap();
   }

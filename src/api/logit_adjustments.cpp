@@ -1,13 +1,17 @@
-// presence_penalty, frequency_penalty and logit_bias on the logits of each step.
+// presence_penalty, frequency_penalty, logit_bias and min_tokens on the logits of each step.
 #include "api/logit_adjustments.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <limits>
+
 namespace colony::api {
 
 AdjustedLogits::AdjustedLogits(serve::DecoderBackend& inner, LogitAdjustments adjustments)
-    : inner_(inner), adjustments_(std::move(adjustments)) {}
+    : inner_(inner), adjustments_(std::move(adjustments)) {
+  for (const auto& [token, bias] : adjustments_.logit_bias) bias_[token] += bias;
+}
 
 Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t position,
                                         const at::Tensor& hypo_ids, serve::StepLogits logits) {
@@ -37,6 +41,7 @@ Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t positi
     const int64_t* g = given.data_ptr<int64_t>();
     const int64_t per_row = given.size(1);
     for (int64_t i = 0; i < given.numel(); ++i) ++counts_[static_cast<size_t>(i / per_row)][g[i]];
+    answered_ += per_row;
   }
   COLONY_ASSIGN_OR_RETURN(at::Tensor out, inner_.Step(tokens, position, hypo_ids, logits));
   if (out.dim() != 3 || out.size(0) != rows || out.scalar_type() != at::kFloat) {
@@ -44,24 +49,37 @@ Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t positi
   }
   out = out.select(1, out.size(1) - 1).clone().contiguous();  // [rows, V], our own
   const int64_t vocab = out.size(1);
-  for (const auto& [token, bias] : adjustments_.logit_bias) {
-    if (token < 0 || token >= vocab) {
-      return InvalidArgument(
-          fmt::format("'logit_bias.{}' is outside the vocabulary [0, {})", token, vocab));
+  if (vocab != vocab_) {
+    for (const auto& [token, bias] : adjustments_.logit_bias) {
+      if (token < 0 || token >= vocab) {
+        return InvalidArgument(
+            fmt::format("'logit_bias.{}' is outside the vocabulary [0, {})", token, vocab));
+      }
     }
+    vocab_ = vocab;
   }
+  // Rows are stepped together: every row's answer has answered_ tokens.
+  const bool mask_ends = answered_ < adjustments_.min_tokens;
   float* base = out.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
     float* row = base + r * vocab;
-    std::unordered_map<int64_t, double> delta;
-    for (const auto& [token, bias] : adjustments_.logit_bias) delta[token] += bias;
-    for (const auto& [token, count] : counts_[static_cast<size_t>(r)]) {
+    const auto& counts = counts_[static_cast<size_t>(r)];
+    // Each changed logit is written once: bias and penalty summed in float64, then rounded.
+    for (const auto& [token, count] : counts) {
       if (token < 0 || token >= vocab) continue;  // never sampled: nothing to lower
-      delta[token] -= static_cast<double>(count) * adjustments_.frequency_penalty +
-                      adjustments_.presence_penalty;
+      const auto b = bias_.find(token);
+      const double delta = (b == bias_.end() ? 0.0 : b->second) -
+                           (static_cast<double>(count) * adjustments_.frequency_penalty +
+                            adjustments_.presence_penalty);
+      row[token] = static_cast<float>(static_cast<double>(row[token]) + delta);
     }
-    for (const auto& [token, d] : delta) {
-      row[token] = static_cast<float>(static_cast<double>(row[token]) + d);
+    for (const auto& [token, bias] : bias_) {
+      if (counts.contains(token)) continue;  // written above
+      row[token] = static_cast<float>(static_cast<double>(row[token]) + bias);
+    }
+    if (!mask_ends) continue;
+    for (int64_t token : adjustments_.end_tokens) {
+      if (token >= 0 && token < vocab) row[token] = -std::numeric_limits<float>::infinity();
     }
   }
   return out.unsqueeze(1);

@@ -1,11 +1,13 @@
-// OpenAI's presence_penalty, frequency_penalty and logit_bias: a decoder backend that passes every
-// step through and changes the logits each row's next token is sampled from. For a token that
-// the row's answer has had c times so far (the prompt is not counted, as OpenAI counts only
-// what was sampled), the logit becomes
+// OpenAI's presence_penalty, frequency_penalty and logit_bias, and vLLM's min_tokens: a decoder
+// backend that passes every step through and changes the logits each row's next token is sampled
+// from. For a token that the row's answer has had c times so far (the prompt is not counted, as
+// OpenAI counts only what was sampled), the logit becomes
 //   logit + bias - c * frequency_penalty - (c > 0 ? presence_penalty : 0),
-// in float64, rounded once to the float32 the backend returns. The sampler's repetition penalty,
-// temperature, top-k and top-p then apply to that (vLLM applies its repetition penalty before
-// the other two penalties: the same answers unless both kinds are asked for at once).
+// in float64, rounded once to the float32 the backend returns; while a row's answer has fewer
+// than min_tokens tokens, the end tokens' logits are -inf (they cannot be chosen). The sampler's
+// repetition penalty, temperature, top-k and top-p then apply to that (vLLM applies its
+// repetition penalty before the other two penalties: the same answers unless both kinds are
+// asked for at once).
 //
 //   AdjustedLogits adjusted(backend, {.presence_penalty = 0.5, .logit_bias = {{50256, -100}}});
 //   serve::GenerateRows(adjusted, prompt, options, eos);
@@ -27,10 +29,15 @@ struct LogitAdjustments {
   double presence_penalty = 0;
   double frequency_penalty = 0;
   std::vector<std::pair<int64_t, double>> logit_bias;  // token id, bias: each id once
+  // The end tokens are not chosen until a row's answer has min_tokens tokens (those outside
+  // the logits' vocabulary cannot be chosen anyway).
+  int64_t min_tokens = 0;
+  std::vector<int64_t> end_tokens;
 
   // Whether they change nothing (then there is no need for an AdjustedLogits).
   bool none() const {
-    return presence_penalty == 0 && frequency_penalty == 0 && logit_bias.empty();
+    return presence_penalty == 0 && frequency_penalty == 0 && logit_bias.empty() &&
+           (min_tokens == 0 || end_tokens.empty());
   }
 };
 
@@ -52,7 +59,10 @@ class AdjustedLogits : public serve::DecoderBackend {
  private:
   serve::DecoderBackend& inner_;
   LogitAdjustments adjustments_;
-  bool started_ = false;                                      // the prompt has been stepped
+  std::unordered_map<int64_t, double> bias_;  // logit_bias by token
+  bool started_ = false;                      // the prompt has been stepped
+  int64_t vocab_ = -1;                        // of the logits, once the biases are checked for it
+  int64_t answered_ = 0;                      // tokens each row was given since the prompt
   std::vector<std::unordered_map<int64_t, int64_t>> counts_;  // per row: token -> times given
 };
 

@@ -435,6 +435,12 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
          COLONY_ASSIGN_OR_RETURN(q.ignore_eos, Bool(v, "ignore_eos"));
          return Status::Ok();
        }},
+      {"min_tokens",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.min_tokens, Integer(v, "min_tokens", 0, 1 << 20));
+         return Status::Ok();
+       }},
       {"return_tokens_as_token_ids",
        [](const json& v, GenerationRequest& q) -> Status {
          if (v.is_null()) return Status::Ok();
@@ -582,6 +588,13 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
   if (r.max_tokens == 0 && !r.echo) {
     return Bad(j.contains("max_tokens") ? "max_tokens" : "max_completion_tokens",
                "must be at least 1 (0 only with \"echo\": true, to score a prompt)");
+  }
+  if (r.max_tokens && r.min_tokens > *r.max_tokens) {
+    const bool completion_tokens =
+        j.contains("max_completion_tokens") && !j["max_completion_tokens"].is_null();
+    return Bad("min_tokens", fmt::format("is {}, more than {} ({})", r.min_tokens,
+                                         completion_tokens ? "max_completion_tokens" : "max_tokens",
+                                         *r.max_tokens));
   }
   return r;
 }

@@ -69,6 +69,10 @@ struct GenerationRequest {
   // (generation_config.json's, a chat template's end of turn) up to max_tokens; stop strings
   // still end it.
   bool ignore_eos = false;
+  // An extension (as vLLM's): at least this many tokens are generated (at most max_tokens): the
+  // end tokens are not chosen until then, and a stop string counts only where it ends after
+  // their text.
+  int64_t min_tokens = 0;
   // Completions: how many candidates are generated, of which the n best are answered (>= n;
   // the parser sets n when the request has none). Sampled, the best have the highest mean
   // log-probability per token; at temperature 0 it is the beam search's width.

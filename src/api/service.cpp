@@ -227,6 +227,17 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   }
   plan.max_new_tokens =
       r.max_tokens ? *r.max_tokens : (r.chat ? room : std::min<int64_t>(16, room));
+  if (r.min_tokens > plan.max_new_tokens) {  // (an explicit max_tokens was checked in parsing)
+    if (plan.max_new_tokens == room) {
+      return Status(StatusCode::kOutOfRange,
+                    fmt::format("'min_tokens' is {}, more than the {} tokens this model's context "
+                                "of {} leaves after the prompt's {}",
+                                r.min_tokens, room, config.max_seq_len, plan.prompt.size()));
+    }
+    return InvalidArgument(
+        fmt::format("'min_tokens' is {}, more than max_tokens' default ({}); send max_tokens",
+                    r.min_tokens, plan.max_new_tokens));
+  }
   plan.stops.insert(plan.stops.end(), r.stop.begin(), r.stop.end());
   // The EOS and the model's generation_config.json's end tokens end an answer.
   std::vector<int64_t> ends = client_.generation.eos_token_ids;
@@ -254,13 +265,13 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
                                          config.vocab_size));
     }
   }
-  if (plan.beams &&
-      (r.presence_penalty != 0 || r.frequency_penalty != 0 || !r.logit_bias.empty())) {
+  if (plan.beams && (r.presence_penalty != 0 || r.frequency_penalty != 0 || !r.logit_bias.empty() ||
+                     r.min_tokens > 0)) {
     const std::string_view field = r.best_of > r.n ? "best_of" : "n";
     return InvalidArgument(fmt::format(
         "'{}': {} > 1 at temperature 0 runs beam search, which presence_penalty, "
-        "frequency_penalty and logit_bias do not apply to; ask for a temperature above 0 (the "
-        "model's default temperature may be 0) for samples",
+        "frequency_penalty, logit_bias and min_tokens do not apply to; ask for a temperature "
+        "above 0 (the model's default temperature may be 0) for samples",
         field, field));
   }
   if (plan.beams && r.stream) {
@@ -322,10 +333,13 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       recorder.emplace(decoder.backend, req->logprobs.value_or(0), score_prompt);
     serve::DecoderBackend* backend =
         recorder ? static_cast<serve::DecoderBackend*>(&*recorder) : &decoder.backend;
-    // The penalties and biases go over the recorder: log-probabilities are the model's own.
+    // The penalties, biases and min_tokens go over the recorder: log-probabilities are the
+    // model's own.
     LogitAdjustments adjustments{.presence_penalty = req->presence_penalty,
                                  .frequency_penalty = req->frequency_penalty,
-                                 .logit_bias = {}};
+                                 .logit_bias = {},
+                                 .min_tokens = req->min_tokens,
+                                 .end_tokens = plan->end_tokens};
     for (const auto& [token, bias] : req->logit_bias) {
       if (bias != 0) adjustments.logit_bias.emplace_back(token, bias);  // 0 changes nothing
     }
@@ -339,7 +353,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     };
     std::vector<Row> rows;
     for (int64_t i = 0; i < n; ++i) {
-      rows.push_back({.text = TextStream(decode, plan->stops),
+      rows.push_back({.text = TextStream(decode, plan->stops, req->min_tokens),
                       .echo = plan->echo_text,
                       .ended_with_eos = false,
                       .choice = {}});

@@ -46,8 +46,8 @@ size_t PossibleStopStart(std::string_view s, size_t from, const std::vector<std:
 
 }  // namespace
 
-TextStream::TextStream(Decode decode, std::vector<std::string> stops)
-    : decode_(std::move(decode)), stops_(std::move(stops)) {
+TextStream::TextStream(Decode decode, std::vector<std::string> stops, int64_t min_tokens)
+    : decode_(std::move(decode)), stops_(std::move(stops)), min_tokens_(min_tokens) {
   std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
 }
 
@@ -64,6 +64,12 @@ std::string TextStream::Finish() {
 
 std::string TextStream::Release(bool final) {
   const std::string full = decode_(tokens_);
+  // Until min_tokens tokens are here no stop string counts; then only one that ends after
+  // their text, as much of it as later tokens left as it was (a decoder rewrites an unfinished
+  // character's stand-in when the character is completed).
+  if (static_cast<int64_t>(tokens_.size()) <= min_tokens_) first_text_ = full;
+  const size_t unstoppable =
+      static_cast<size_t>(std::ranges::mismatch(first_text_, full).in1 - first_text_.begin());
   // A decoder may rewrite the end of its text when more tokens come (merged bytes): wait until
   // what was sent is still the text's beginning.
   if (full.size() < released_.size() || full.compare(0, released_.size(), released_) != 0) {
@@ -72,8 +78,9 @@ std::string TextStream::Release(bool final) {
   size_t end = full.size();
   for (const auto& stop : stops_) {
     // Nothing sent can be a stop string's start (it was held back).
-    if (const size_t at = full.find(stop, released_.size()); at != std::string::npos && at < end)
-      end = at;
+    const size_t from =
+        std::max(released_.size(), unstoppable >= stop.size() ? unstoppable - stop.size() + 1 : 0);
+    if (const size_t at = full.find(stop, from); at != std::string::npos && at < end) end = at;
   }
   if (end < full.size()) {
     stopped_ = true;

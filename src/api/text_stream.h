@@ -7,6 +7,11 @@
 //   for (token : generated) { send(text.Add(token)); if (text.stopped()) break; }
 //   send(text.Finish());
 //   // text.text() == everything sent, ending before the first stop string
+//
+// With min_tokens (vLLM's), a stop string counts only where it ends after the text of the first
+// min_tokens tokens, as vLLM checks stop strings only in text that comes after them (the text
+// they keep as it was: a character they left unfinished, which a later token completes, is
+// text after them).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +25,7 @@ namespace colony::api {
 class TextStream {
  public:
   using Decode = std::function<std::string(std::span<const int32_t>)>;
-  TextStream(Decode decode, std::vector<std::string> stops);
+  TextStream(Decode decode, std::vector<std::string> stops, int64_t min_tokens = 0);
 
   // Adds a generated token; returns the text released by it (often empty). After a stop string
   // appears, stopped() is true and the text ends before it; further tokens are ignored.
@@ -36,6 +41,9 @@ class TextStream {
 
   Decode decode_;
   std::vector<std::string> stops_;
+  int64_t min_tokens_;
+  // The text while there are at most min_tokens tokens (then: of the first min_tokens).
+  std::string first_text_;
   std::vector<int32_t> tokens_;
   std::string released_;
   bool stopped_ = false;

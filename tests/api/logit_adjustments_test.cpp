@@ -1,12 +1,14 @@
-// presence_penalty, frequency_penalty and logit_bias against OpenAI's formula applied apart: a
-// small random model's whole forward pass over each sequence so far (no KV cache), the logits
-// changed by the formula here, and the token then drawn, must give what GenerateRows gives
-// through AdjustedLogits, row by row.
+// presence_penalty, frequency_penalty, logit_bias and min_tokens against OpenAI's formula and
+// vLLM's mask applied apart: a small random model's whole forward pass over each sequence so far
+// (no KV cache), the logits changed here, and the token then drawn, must give what GenerateRows
+// gives through AdjustedLogits, row by row.
 #include "api/logit_adjustments.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -20,7 +22,8 @@ namespace colony::api {
 namespace {
 
 // OpenAI's rule, written out: logit + bias - count * frequency - (count > 0) * presence, over
-// the tokens the answer has had so far.
+// the tokens the answer has had so far; and vLLM's: the end tokens' logits are -inf while the
+// answer has fewer than min_tokens tokens.
 std::vector<int64_t> Reference(model::LlamaModel& model, const std::vector<int64_t>& prompt,
                                const model::SamplingOptions& options,
                                const LogitAdjustments& adjust) {
@@ -37,6 +40,11 @@ std::vector<int64_t> Reference(model::LlamaModel& model, const std::vector<int64
     }
     // Rounded to float32 once, as the backend returns them.
     logits = logits.to(at::kFloat);
+    if (step < adjust.min_tokens) {
+      for (int64_t end : adjust.end_tokens) {
+        if (end < logits.size(0)) logits[end] = -std::numeric_limits<float>::infinity();
+      }
+    }
     const int64_t next = model::SampleNextToken(logits, all, options, rng);
     all.push_back(next);
     answer.push_back(next);
@@ -74,12 +82,19 @@ TEST(AdjustedLogits, RowsGetOpenAisPenaltiesAndBiasesEachOverItsOwnAnswer) {
   const std::vector<int64_t> plain = Reference(model, prompt, rows[0], {});
   const LogitAdjustments adjust{.presence_penalty = 0.75,
                                 .frequency_penalty = 1.5,
-                                .logit_bias = {{plain[0], -100}, {plain[3], 0.5}, {200, -2.25}}};
+                                .logit_bias = {{plain[0], -100}, {plain[3], 0.5}, {200, -2.25}},
+                                .min_tokens = 0,
+                                .end_tokens = {}};
   std::vector<std::vector<int64_t>> want;
   for (const auto& o : rows) want.push_back(Reference(model, prompt, o, adjust));
   EXPECT_NE(want[0], plain);
   EXPECT_NE(want[0][0], plain[0]);  // -100 bans the token
-  EXPECT_NE(want[0], Reference(model, prompt, rows[0], {.logit_bias = adjust.logit_bias}));
+  EXPECT_NE(want[0], Reference(model, prompt, rows[0],
+                               {.presence_penalty = 0,
+                                .frequency_penalty = 0,
+                                .logit_bias = adjust.logit_bias,
+                                .min_tokens = 0,
+                                .end_tokens = {}}));
 
   serve::LocalBackend local(model);
   AdjustedLogits adjusted(local, adjust);
@@ -91,12 +106,19 @@ TEST(AdjustedLogits, RowsGetOpenAisPenaltiesAndBiasesEachOverItsOwnAnswer) {
   // answer of the same size (a small one, so that tokens still repeat), nor the plain one.
   model::SamplingOptions longer = rows[0];
   longer.max_new_tokens = 80;
-  const LogitAdjustments presence{
-      .presence_penalty = 0.1, .frequency_penalty = 0, .logit_bias = {}};
+  const LogitAdjustments presence{.presence_penalty = 0.1,
+                                  .frequency_penalty = 0,
+                                  .logit_bias = {},
+                                  .min_tokens = 0,
+                                  .end_tokens = {}};
   const std::vector<int64_t> once = Reference(model, prompt, longer, presence);
   EXPECT_NE(once, Reference(model, prompt, longer, {}));
   EXPECT_NE(once, Reference(model, prompt, longer,
-                            {.presence_penalty = 0, .frequency_penalty = 0.1, .logit_bias = {}}));
+                            {.presence_penalty = 0,
+                             .frequency_penalty = 0.1,
+                             .logit_bias = {},
+                             .min_tokens = 0,
+                             .end_tokens = {}}));
   serve::LocalBackend fresh(model);
   AdjustedLogits present(fresh, presence);
   auto alone = serve::GenerateWith(present, prompt, longer);
@@ -109,7 +131,11 @@ TEST(AdjustedLogits, ABiasOfAHundredChoosesItsTokenEveryTime) {
   model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/true));
   at::NoGradGuard no_grad;
   serve::LocalBackend local(model);
-  AdjustedLogits adjusted(local, {.logit_bias = {{77, 100}}});
+  AdjustedLogits adjusted(local, {.presence_penalty = 0,
+                                  .frequency_penalty = 0,
+                                  .logit_bias = {{77, 100}},
+                                  .min_tokens = 0,
+                                  .end_tokens = {}});
   auto got = serve::GenerateWith(adjusted, {1, 2, 3},
                                  {.max_new_tokens = 6,
                                   .temperature = 1.0,
@@ -119,6 +145,72 @@ TEST(AdjustedLogits, ABiasOfAHundredChoosesItsTokenEveryTime) {
                                   .seed = 3});
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(*got, std::vector<int64_t>(6, 77));
+}
+
+TEST(AdjustedLogits, MinTokensKeepsTheEndTokensOutUntilTheAnswerHasThem) {
+  at::manual_seed(14);
+  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
+  at::NoGradGuard no_grad;
+  const std::vector<int64_t> prompt = {9, 4, 31, 2};
+  std::vector<model::SamplingOptions> rows = {{.max_new_tokens = 16,
+                                               .temperature = 0,
+                                               .top_k = 0,
+                                               .top_p = 1,
+                                               .repetition_penalty = 1,
+                                               .seed = 0},
+                                              {.max_new_tokens = 16,
+                                               .temperature = 1.1,
+                                               .top_k = 0,
+                                               .top_p = 1,
+                                               .repetition_penalty = 1,
+                                               .seed = 21}};
+  // End tokens the unmasked answers choose early: the greedy row's first and third tokens and
+  // the sampled row's second, so that the mask has something to keep out; a bias lifts the
+  // first, and the mask still wins; and one outside the vocabulary, never chosen anyway.
+  const std::vector<int64_t> greedy = Reference(model, prompt, rows[0], {});
+  const std::vector<int64_t> sampled = Reference(model, prompt, rows[1], {});
+  const LogitAdjustments adjust{.presence_penalty = 0,
+                                .frequency_penalty = 0,
+                                .logit_bias = {{greedy[0], 2.5}},
+                                .min_tokens = 6,
+                                .end_tokens = {greedy[0], greedy[2], sampled[1], 100000}};
+  std::vector<std::vector<int64_t>> want;
+  for (const auto& o : rows) want.push_back(Reference(model, prompt, o, adjust));
+  for (const auto& w : want) {
+    for (int64_t i = 0; i < adjust.min_tokens; ++i) {
+      EXPECT_EQ(std::ranges::count(adjust.end_tokens, w[static_cast<size_t>(i)]), 0) << i;
+    }
+  }
+  EXPECT_NE(want[0][0], greedy[0]);
+  EXPECT_NE(want[1], sampled);
+  // After min_tokens the end tokens may come again: the mask is not for the whole answer.
+  LogitAdjustments always = adjust;
+  always.min_tokens = rows[0].max_new_tokens;
+  EXPECT_NE(want, (std::vector<std::vector<int64_t>>{Reference(model, prompt, rows[0], always),
+                                                     Reference(model, prompt, rows[1], always)}));
+
+  serve::LocalBackend local(model);
+  AdjustedLogits adjusted(local, adjust);
+  auto got = serve::GenerateRows(adjusted, prompt, rows);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, want);
+
+  // With a bias of 100 an end token is chosen at once unless masked: the answer is exactly
+  // min_tokens other tokens and then the end token, for each min_tokens.
+  const int64_t end = 42;
+  for (int64_t min_tokens = 0; min_tokens <= 4; ++min_tokens) {
+    serve::LocalBackend fresh(model);
+    AdjustedLogits forced(fresh, {.presence_penalty = 0,
+                                  .frequency_penalty = 0,
+                                  .logit_bias = {{end, 100}},
+                                  .min_tokens = min_tokens,
+                                  .end_tokens = {end}});
+    auto answer = serve::GenerateWith(forced, prompt, rows[1], /*eos_id=*/end);
+    ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+    ASSERT_EQ(std::ssize(*answer), min_tokens + 1) << min_tokens;
+    EXPECT_EQ(answer->back(), end);
+    EXPECT_EQ(std::ranges::count(*answer, end), 1) << min_tokens;
+  }
 }
 
 TEST(AdjustedLogits, RefusesStepsItCannotCountAndTokensOutsideTheVocabulary) {
@@ -131,12 +223,20 @@ TEST(AdjustedLogits, RefusesStepsItCannotCountAndTokensOutsideTheVocabulary) {
   const at::Tensor one = at::tensor(std::vector<int64_t>{4}, at::kLong).unsqueeze(0);
 
   serve::LocalBackend other(model);
-  AdjustedLogits outside(other, {.logit_bias = {{config.vocab_size, 1}}});
+  AdjustedLogits outside(other, {.presence_penalty = 0,
+                                 .frequency_penalty = 0,
+                                 .logit_bias = {{config.vocab_size, 1}},
+                                 .min_tokens = 0,
+                                 .end_tokens = {}});
   auto st = outside.Step(prompt, 0, {}, serve::StepLogits::kLast);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.status().message(), "'logit_bias.256' is outside the vocabulary [0, 256)");
 
-  AdjustedLogits adjusted(local, {.presence_penalty = 1, .frequency_penalty = 0, .logit_bias = {}});
+  AdjustedLogits adjusted(local, {.presence_penalty = 1,
+                                  .frequency_penalty = 0,
+                                  .logit_bias = {},
+                                  .min_tokens = 0,
+                                  .end_tokens = {}});
   auto refused = [&](const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,
                      serve::StepLogits logits, const std::string& why) {
     auto r = adjusted.Step(tokens, position, hypo_ids, logits);

@@ -396,6 +396,10 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
        400, "'best_of': best_of > 1 at temperature 0 runs beam search"},
       {"/completions", R"({"prompt": "x", "logit_bias": {"999999": 0}})", 400,
        "'logit_bias.999999' is outside the vocabulary"},
+      {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "min_tokens": 1})", 400,
+       "logit_bias and min_tokens do not apply to"},
+      {"/completions", R"({"prompt": "x", "min_tokens": 17})", 400,
+       "'min_tokens' is 17, more than max_tokens' default (16); send max_tokens"},
       {"/chat/completions", R"({"messages": "hi"})", 400, "'messages'"},
       {"/nothing", R"({})", 404, "no such endpoint"},
   };
@@ -697,8 +701,11 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
   // OpenAI's penalties and biases reach the sampler: a greedy answer is what AdjustedLogits
   // gives over the whole model here (its formula is held to one written apart in
   // logit_adjustments_test), not the plain greedy one.
-  const api::LogitAdjustments adjust{
-      .presence_penalty = 1.5, .frequency_penalty = 0.5, .logit_bias = {{7, 3.0}}};
+  const api::LogitAdjustments adjust{.presence_penalty = 1.5,
+                                     .frequency_penalty = 0.5,
+                                     .logit_bias = {{7, 3.0}},
+                                     .min_tokens = 0,
+                                     .end_tokens = {}};
   const model::SamplingOptions greedy{.max_new_tokens = max_tokens,
                                       .temperature = 0,
                                       .top_k = 0,
@@ -735,6 +742,41 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
   const json& lp = biased["choices"][0]["logprobs"];
   EXPECT_EQ(lp["tokens"], json(std::vector<std::string>(4, "token_id:11"))) << b.body;
   for (const json& l : lp["token_logprobs"]) EXPECT_LT(l.get<double>(), -0.5) << b.body;
+
+  // min_tokens (vLLM's): a stop string counts only where it ends after the first min_tokens
+  // tokens' text. The stop string is the greedy answer's first character, so that without
+  // min_tokens the answer is empty; the cut is found here with std::string::find.
+  const std::vector<int64_t> plain = model::Generate(*local, prompt, greedy, tokenizer_->eos_id());
+  ASSERT_EQ(std::ranges::count(plain, tokenizer_->eos_id()), 0);  // min_tokens would change it
+  auto text_of = [&](int64_t k) {
+    return tokenizer_->Decode(std::vector<int32_t>(plain.begin(), plain.begin() + k));
+  };
+  const std::string answer_text = text_of(static_cast<int64_t>(plain.size()));
+  ASSERT_FALSE(answer_text.empty());
+  size_t first_char = 1;  // the first character's bytes
+  while (first_char < answer_text.size() &&
+         (static_cast<unsigned char>(answer_text[first_char]) & 0xC0) == 0x80)
+    ++first_char;
+  const std::string stop = answer_text.substr(0, first_char);
+  for (const int64_t min_tokens : {int64_t{0}, int64_t{3}, max_tokens}) {
+    const size_t kept = text_of(std::min<int64_t>(min_tokens, std::ssize(plain))).size();
+    size_t at = answer_text.find(stop);
+    while (at != std::string::npos && at + stop.size() <= kept) at = answer_text.find(stop, at + 1);
+    const std::string expected = at == std::string::npos ? answer_text : answer_text.substr(0, at);
+    if (min_tokens > 0) {
+      EXPECT_FALSE(expected.empty());
+    }
+    const HttpAnswer m = Curl("/completions", json({{"prompt", prompt_text},
+                                                    {"max_tokens", max_tokens},
+                                                    {"temperature", 0},
+                                                    {"stop", json::array({stop})},
+                                                    {"min_tokens", min_tokens}})
+                                                  .dump());
+    ASSERT_EQ(m.status, 200) << m.body << Logs();
+    const json mc = json::parse(m.body)["choices"][0];
+    EXPECT_EQ(mc["text"], expected) << "min_tokens " << min_tokens << ": " << m.body;
+    EXPECT_EQ(mc["finish_reason"], at == std::string::npos ? "length" : "stop") << m.body;
+  }
 }
 
 TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
@@ -1148,6 +1190,30 @@ TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
   EXPECT_EQ(oc["finish_reason"], "length") << eos_only.body;
   EXPECT_EQ(oc["logprobs"]["tokens"], json(std::vector<std::string>(4, "token_id:2")))
       << eos_only.body;
+  // min_tokens (vLLM's): the end tokens cannot be chosen until the answer has min_tokens tokens:
+  // transformers' two greedy tokens, then the most likely token that is no end token (read from
+  // the model's own top log-probabilities, which the mask does not change).
+  const HttpAnswer least = Curl("/completions", json({{"prompt", prompt},
+                                                      {"max_tokens", 3},
+                                                      {"min_tokens", 3},
+                                                      {"logprobs", 5},
+                                                      {"return_tokens_as_token_ids", true}})
+                                                    .dump());
+  ASSERT_EQ(least.status, 200) << least.body;
+  const json lc = json::parse(least.body)["choices"][0];
+  EXPECT_EQ(lc["finish_reason"], "length") << least.body;
+  ASSERT_EQ(lc["logprobs"]["tokens"].size(), 3u) << least.body;
+  EXPECT_EQ(lc["logprobs"]["tokens"][0], "token_id:" + std::to_string(greedy[p])) << least.body;
+  EXPECT_EQ(lc["logprobs"]["tokens"][1], "token_id:" + std::to_string(greedy[p + 1])) << least.body;
+  std::string best_other;
+  double best_other_logprob = -1e300;
+  for (const auto& [token, logprob] : lc["logprobs"]["top_logprobs"][2].items()) {
+    if (token == "token_id:2" || token == "token_id:" + std::to_string(greedy[p + 2])) continue;
+    if (logprob.get<double>() > best_other_logprob) {
+      std::tie(best_other, best_other_logprob) = std::pair{token, logprob.get<double>()};
+    }
+  }
+  EXPECT_EQ(lc["logprobs"]["tokens"][2], best_other) << least.body;
   // best_of keeps a candidate's end token out of the tokens it answers (it is recorded for the
   // ranking, then dropped): with a bias of 100 on the end token each candidate is that token
   // alone, answered with no tokens.

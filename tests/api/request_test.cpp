@@ -9,7 +9,9 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/chat_template.h"
@@ -70,6 +72,15 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
                                       {});
   ASSERT_TRUE(bench.ok()) << bench.status().ToString();
   EXPECT_TRUE(bench->ignore_eos);
+  EXPECT_EQ(bench->min_tokens, 0);
+  auto at_least =
+      ParseCompletionRequest(R"({"prompt": "x", "max_tokens": 8, "min_tokens": 8})", {});
+  ASSERT_TRUE(at_least.ok()) << at_least.status().ToString();
+  EXPECT_EQ(at_least->min_tokens, 8);
+  auto chat_least =
+      ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "min_tokens": 3})", {});
+  ASSERT_TRUE(chat_least.ok()) << chat_least.status().ToString();
+  EXPECT_EQ(chat_least->min_tokens, 3);
   auto chat_best = ParseChatRequest(
       R"({"messages": [{"role": "user", "content": "hi"}], "best_of": 2})", {});  // legacy only
   ASSERT_FALSE(chat_best.ok());
@@ -143,6 +154,10 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
   const std::map<std::string, std::string> cases = {
       {R"({"prompt": "x", "best_of": 9})", "'best_of' must be between 1 and 8"},
       {R"({"prompt": "x", "ignore_eos": 1})", "'ignore_eos' must be true or false"},
+      {R"({"prompt": "x", "max_tokens": 4, "min_tokens": 5})",
+       "'min_tokens' is 5, more than max_tokens (4)"},
+      {R"({"prompt": "x", "min_tokens": -1})", "'min_tokens' must be between 0 and"},
+      {R"({"prompt": "x", "min_tokens": 1.5})", "'min_tokens' must be"},
       {R"({"prompt": "x", "n": 3, "best_of": 2})",
        "'best_of' is 2, fewer than the 3 choices asked for (n)"},
       {R"({"prompt": "x", "best_of": 2, "stream": true})", "'best_of' cannot be streamed"},
@@ -196,6 +211,9 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
         << body << " -> " << r.status().message();
   }
   const std::map<std::string, std::string> chat_cases = {
+      {R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2,
+          "min_tokens": 3})",
+       "'min_tokens' is 3, more than max_completion_tokens (2)"},
       {R"({"messages": []})", "'messages' must be a non-empty array"},
       {R"({"messages": [{"role": "tool", "content": "x"}]})", "'messages.tool_call_id' is missing"},
       {R"({"messages": [{"role": "robot", "content": "x"}]})", "'messages.role'"},
@@ -888,8 +906,8 @@ TextStream::Decode TableDecoder(std::vector<std::string> table) {
 // Streams tokens 0..n-1 of the table and returns the pieces sent.
 std::vector<std::string> StreamAll(const std::vector<std::string>& table,
                                    const std::vector<std::string>& stops, std::string* text,
-                                   bool* stopped) {
-  TextStream s(TableDecoder(table), stops);
+                                   bool* stopped, int64_t min_tokens = 0) {
+  TextStream s(TableDecoder(table), stops, min_tokens);
   std::vector<std::string> pieces;
   for (size_t i = 0; i < table.size() && !s.stopped(); ++i) {
     pieces.push_back(s.Add(static_cast<int64_t>(i)));
@@ -943,27 +961,58 @@ TEST(TextStream, NeverSendsHalfACharacter) {
   EXPECT_EQ(text, "caf\xC3\xA9 \xE2\x82\xAC!");
 }
 
-TEST(TextStream, StreamedPiecesAlwaysJoinToTheWholeTextCutByHand) {
-  // Every split of a text into tokens, every stop string: the pieces join to the text cut before
-  // the stop string's first occurrence, found here with std::string::find.
+TEST(TextStream, StreamedPiecesJoinToTheTextCutByHandWithAndWithoutMinTokens) {
+  // Every split of a text into three tokens, every stop string, every min_tokens: the pieces
+  // join to the text cut before the first occurrence (found with std::string::find) that ends
+  // after the text of the first min_tokens tokens (min_tokens 0: the first occurrence), as vLLM
+  // looks for stop strings only in the text after them.
   const std::string whole = "ab\nUser: cd\nUser: e";
-  for (const std::string stop : {"\nUser:", "cd", "e", "zz", "b\n"}) {
+  for (const std::string stop : {"\nUser:", "cd", "e", "zz", "b\n", "a"}) {
     for (size_t cut1 = 1; cut1 < whole.size(); ++cut1) {
       for (size_t cut2 = cut1 + 1; cut2 < whole.size(); ++cut2) {
         const std::vector<std::string> table = {
             whole.substr(0, cut1), whole.substr(cut1, cut2 - cut1), whole.substr(cut2)};
-        std::string text;
-        bool stopped = false;
-        auto pieces = StreamAll(table, {stop}, &text, &stopped);
-        const auto at = whole.find(stop);
-        const std::string expected = at == std::string::npos ? whole : whole.substr(0, at);
-        std::string joined;
-        for (const auto& p : pieces) joined += p;
-        EXPECT_EQ(joined, expected) << "stop '" << stop << "' cuts " << cut1 << "," << cut2;
-        EXPECT_EQ(text, expected);
-        EXPECT_EQ(stopped, at != std::string::npos);
+        for (int64_t min_tokens = 0; min_tokens <= 4; ++min_tokens) {
+          size_t kept = 0;  // bytes of the first min_tokens tokens' text
+          for (int64_t i = 0; i < std::min<int64_t>(min_tokens, 3); ++i) {
+            kept += table[static_cast<size_t>(i)].size();
+          }
+          size_t at = whole.find(stop);
+          while (at != std::string::npos && at + stop.size() <= kept) at = whole.find(stop, at + 1);
+          const std::string expected = at == std::string::npos ? whole : whole.substr(0, at);
+          std::string text;
+          bool stopped = false;
+          auto pieces = StreamAll(table, {stop}, &text, &stopped, min_tokens);
+          std::string joined;
+          for (const auto& p : pieces) joined += p;
+          const std::string where = "stop '" + stop + "' cuts " + std::to_string(cut1) + "," +
+                                    std::to_string(cut2) + " min_tokens " +
+                                    std::to_string(min_tokens);
+          EXPECT_EQ(joined, expected) << where;
+          EXPECT_EQ(text, expected) << where;
+          EXPECT_EQ(stopped, at != std::string::npos) << where;
+        }
       }
     }
+  }
+  // A decoder that writes an unfinished character as U+FFFD and rewrites it when a later token
+  // completes it (as byte-level decoders do): "\xC3", "\xA9", "!" with min_tokens 1 is
+  // "\xEF\xBF\xBD" after the first token, "é!" after the third. The "!" is the third token's text
+  // (and "é" was finished by the second), so each is a stop string.
+  const TextStream::Decode replacing = [](std::span<const int32_t> ids) {
+    const std::vector<std::string> table = {"\xC3", "\xA9", "!"};
+    std::string out;
+    for (int32_t id : ids) out += table.at(static_cast<size_t>(id));
+    if (out.ends_with("\xC3")) out.replace(out.size() - 1, 1, "\xEF\xBF\xBD");
+    return out;
+  };
+  for (const auto& [stop, expected] :
+       std::vector<std::pair<std::string, std::string>>{{"!", "\xC3\xA9"}, {"\xC3\xA9", ""}}) {
+    TextStream s(replacing, {stop}, /*min_tokens=*/1);
+    for (int64_t t = 0; t < 3 && !s.stopped(); ++t) s.Add(t);
+    s.Finish();
+    EXPECT_TRUE(s.stopped()) << stop;
+    EXPECT_EQ(s.text(), expected) << stop;
   }
 }
 
