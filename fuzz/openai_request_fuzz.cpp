@@ -50,6 +50,15 @@ void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
   for (const auto& s : r->stop) {
     if (s.empty() || s.size() > limits.max_stop_bytes) __builtin_trap();
   }
+  // stop_token_ids: ids within int32, each once.
+  if (r->stop_token_ids.size() > limits.max_stop_token_ids) __builtin_trap();
+  for (size_t i = 0; i < r->stop_token_ids.size(); ++i) {
+    const int64_t t = r->stop_token_ids[i];
+    if (t < 0 || t > INT32_MAX) __builtin_trap();
+    for (size_t k = 0; k < i; ++k) {
+      if (r->stop_token_ids[k] == t) __builtin_trap();
+    }
+  }
   if (r->chat) {
     if (r->messages.empty() || r->messages.size() > limits.max_messages) __builtin_trap();
     for (const auto& m : r->messages) {
@@ -88,6 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                              .max_messages = 8,
                              .max_stop = 2,
                              .max_stop_bytes = 16,
+                             .max_stop_token_ids = 4,
                              .max_prompt_tokens = 32,
                              .max_top_logprobs = 20,
                              .max_tools = 4,

@@ -110,6 +110,24 @@ Status ParseStop(const json& v, const RequestLimits& limits, GenerationRequest& 
   return Status::Ok();
 }
 
+// stop_token_ids: token ids in [0, 2^31); an id given twice counts once.
+Status ParseStopTokenIds(const json& v, const RequestLimits& limits, GenerationRequest& r) {
+  if (v.is_null()) return Status::Ok();
+  if (!v.is_array()) return Bad("stop_token_ids", "must be an array of token ids");
+  if (v.size() > limits.max_stop_token_ids) {
+    return Bad("stop_token_ids",
+               fmt::format("holds {} tokens; at most {}", v.size(), limits.max_stop_token_ids));
+  }
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < v.size(); ++i) {
+    COLONY_ASSIGN_OR_RETURN(int64_t id,
+                            Integer(v[i], fmt::format("stop_token_ids[{}]", i), 0, INT32_MAX));
+    if (std::ranges::find(ids, id) == ids.end()) ids.push_back(id);
+  }
+  r.stop_token_ids = std::move(ids);
+  return Status::Ok();
+}
+
 Status ParsePrompt(const json& v, const RequestLimits& limits, GenerationRequest& r) {
   if (v.is_string()) {
     r.prompt = v.get<std::string>();
@@ -435,6 +453,8 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
          COLONY_ASSIGN_OR_RETURN(q.ignore_eos, Bool(v, "ignore_eos"));
          return Status::Ok();
        }},
+      {"stop_token_ids",
+       [&limits](const json& v, GenerationRequest& q) { return ParseStopTokenIds(v, limits, q); }},
       {"min_tokens",
        [](const json& v, GenerationRequest& q) -> Status {
          if (v.is_null()) return Status::Ok();

@@ -64,6 +64,11 @@ struct GenerationRequest {
   // service's check).
   std::vector<std::pair<int64_t, double>> logit_bias;
   std::vector<std::string> stop;
+  // An extension (as vLLM's): token ids that end the answer as the EOS does (not part of its
+  // text; ignore_eos leaves them; min_tokens holds them back as it holds the end tokens). Each
+  // id once, in the request's order (whether an id is in the model's vocabulary is the service's
+  // check).
+  std::vector<int64_t> stop_token_ids;
   int64_t n = 1;
   // An extension (as vLLM's): generation goes on past the EOS and the model's other end tokens
   // (generation_config.json's, a chat template's end of turn) up to max_tokens; stop strings
@@ -101,6 +106,7 @@ struct RequestLimits {
   size_t max_messages = 256;
   size_t max_stop = 4;  // as OpenAI
   size_t max_stop_bytes = 256;
+  size_t max_stop_token_ids = 64;      // each is looked for in every row at every step
   size_t max_prompt_tokens = 1 << 16;  // a prompt given as token ids
   int64_t max_top_logprobs = 20;       // as OpenAI's top_logprobs
   size_t max_tools = 128;              // as OpenAI

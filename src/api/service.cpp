@@ -55,7 +55,7 @@ struct ApiService::Plan {
   bool beams = false;     // best_of (n when absent) > 1 at temperature 0, with tokens to generate
   std::string echo_text;  // what the answer starts with (echo: the prompt)
   // Tokens that end the answer: the EOS, generation_config.json's end tokens, a chat template's
-  // end of turn (none with ignore_eos).
+  // end of turn (none of these with ignore_eos), and the request's stop_token_ids.
   std::vector<int64_t> end_tokens;
   // The request's tools, and how the model writes calls to them (kNone: no tools).
   ToolCallFormat tool_format = ToolCallFormat::kNone;
@@ -240,18 +240,28 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   }
   plan.stops.insert(plan.stops.end(), r.stop.begin(), r.stop.end());
   // The EOS and the model's generation_config.json's end tokens end an answer.
-  std::vector<int64_t> ends = client_.generation.eos_token_ids;
-  if (tok.eos_id() >= 0) ends.push_back(tok.eos_id());
-  for (int64_t t : ends) {
+  auto end_with = [&plan](int64_t t) {
     if (std::ranges::find(plan.end_tokens, t) == plan.end_tokens.end()) {
       plan.end_tokens.push_back(t);
     }
-  }
+  };
+  for (int64_t t : client_.generation.eos_token_ids) end_with(t);
+  if (tok.eos_id() >= 0) end_with(tok.eos_id());
   // ignore_eos: the model's end tokens are tokens like any other, and a chat template's end of
   // turn written as text is no stop string; the request's stop strings stay.
   if (r.ignore_eos) {
     plan.end_tokens.clear();
     plan.stops = r.stop;
+  }
+  // stop_token_ids (vLLM's) end the answer as the end tokens do, ignore_eos or not.
+  for (int64_t t : r.stop_token_ids) {
+    if (t >= config.vocab_size) {
+      return InvalidArgument(
+          fmt::format("'stop_token_ids': token {} is outside the vocabulary "
+                      "[0, {})",
+                      t, config.vocab_size));
+    }
+    end_with(t);
   }
   // (max_tokens 0 with echo scores the prompt: no beams to search.)
   plan.beams = r.best_of > 1 && r.temperature == 0 && plan.max_new_tokens > 0;
@@ -460,8 +470,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       at::NoGradGuard no_grad;
       SwarmDecoder decoder(client_, plan->max_length(), req->best_of);
       // A beam ends at any of the end tokens (the EOS, generation_config.json's, a chat turn's
-      // end), as transformers' beam search ends at each id of its eos list.
-      // The repetition penalty (the request's, else the model's generation_config.json's)
+      // end, the request's stop_token_ids), as transformers' beam search ends at each id of its eos
+      // list. The repetition penalty (the request's, else the model's generation_config.json's)
       // applies to the beams as transformers applies it to its beam search.
       // best_of is the beams' width, of which the n best are answered.
       auto beams = serve::BeamSearch(decoder.backend, plan->prompt, req->best_of,

@@ -396,6 +396,8 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
        400, "'best_of': best_of > 1 at temperature 0 runs beam search"},
       {"/completions", R"({"prompt": "x", "logit_bias": {"999999": 0}})", 400,
        "'logit_bias.999999' is outside the vocabulary"},
+      {"/completions", R"({"prompt": "x", "stop_token_ids": [1, 999999]})", 400,
+       "'stop_token_ids': token 999999 is outside the vocabulary"},
       {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "min_tokens": 1})", 400,
        "logit_bias and min_tokens do not apply to"},
       {"/completions", R"({"prompt": "x", "min_tokens": 17})", 400,
@@ -836,6 +838,17 @@ TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {
 // against a plain log-softmax of the whole model run in this process.
 // The model directory becomes a copy of transformers' llama-v5-rope500k-tied fixture (its
 // generation_config.json included) with the byte-level BPE tokenizer; returns its reference.
+// The key of the largest value of a top_logprobs object, leaving out the keys in `skip`.
+std::string BestTopToken(const json& top, const std::vector<std::string>& skip = {}) {
+  std::string key;
+  double value = -1e300;
+  for (const auto& [k, v] : top.items()) {
+    if (std::ranges::find(skip, k) != skip.end()) continue;
+    if (v.get<double>() > value) std::tie(key, value) = std::pair{k, v.get<double>()};
+  }
+  return key;
+}
+
 json UseHfFixture(const fs::path& model_dir) {
   const fs::path fixtures(COLONY_HF_FIXTURES);
   fs::create_directories(model_dir);
@@ -864,15 +877,6 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
   WaitUntilRoutable();
 
   auto id = [](int64_t t) { return "token_id:" + std::to_string(t); };
-  // The key of the largest value of a top_logprobs object.
-  auto best = [](const json& top) {
-    std::string key;
-    double value = -1e300;
-    for (const auto& [k, v] : top.items()) {
-      if (v.get<double>() > value) std::tie(key, value) = std::pair{k, v.get<double>()};
-    }
-    return key;
-  };
   auto score = [&](const std::vector<int64_t>& tokens) {
     const HttpAnswer a = Curl("/completions", json({{"prompt", json::array({tokens})},
                                                     {"max_tokens", 0},
@@ -913,7 +917,7 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
   for (size_t i = 0; i < p; ++i) EXPECT_EQ(lp["tokens"][i], id(prompt[i]));
   for (size_t i = 1; i < p; ++i) {
     // Transformers' argmax at the position before, and the chosen token among the top 3.
-    EXPECT_EQ(best(lp["top_logprobs"][i]), id(argmax[i - 1])) << "position " << i;
+    EXPECT_EQ(BestTopToken(lp["top_logprobs"][i]), id(argmax[i - 1])) << "position " << i;
     EXPECT_LE(lp["top_logprobs"][i].size(), 4u);
     const double got = lp["token_logprobs"][i];
     EXPECT_DOUBLE_EQ(lp["top_logprobs"][i][id(prompt[i])].get<double>(), got);
@@ -931,7 +935,7 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
     ASSERT_FALSE(s.is_null());
     const json& l = s["choices"][0]["logprobs"];
     ASSERT_EQ(l["token_logprobs"].size(), p + 1);
-    EXPECT_EQ(best(l["top_logprobs"][p]), id(argmax[p - 1]));
+    EXPECT_EQ(BestTopToken(l["top_logprobs"][p]), id(argmax[p - 1]));
     last.push_back(l["token_logprobs"][p].get<double>());
   }
   EXPECT_NEAR(last[0] - last[1], last_logits[3] - last_logits[8], 1e-4);
@@ -950,7 +954,7 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
   ASSERT_EQ(glp["tokens"].size(), 8u) << glp;
   for (size_t i = 0; i < 8; ++i) {
     EXPECT_EQ(glp["tokens"][i], id(greedy[p + i])) << "token " << i;
-    EXPECT_EQ(best(glp["top_logprobs"][i]), id(greedy[p + i]));
+    EXPECT_EQ(BestTopToken(glp["top_logprobs"][i]), id(greedy[p + i]));
     EXPECT_EQ(glp["top_logprobs"][i].size(), 2u);  // the chosen token is one of the top 2
   }
   EXPECT_EQ(glp["text_offset"][0], 0);
@@ -1205,15 +1209,49 @@ TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
   ASSERT_EQ(lc["logprobs"]["tokens"].size(), 3u) << least.body;
   EXPECT_EQ(lc["logprobs"]["tokens"][0], "token_id:" + std::to_string(greedy[p])) << least.body;
   EXPECT_EQ(lc["logprobs"]["tokens"][1], "token_id:" + std::to_string(greedy[p + 1])) << least.body;
-  std::string best_other;
-  double best_other_logprob = -1e300;
-  for (const auto& [token, logprob] : lc["logprobs"]["top_logprobs"][2].items()) {
-    if (token == "token_id:2" || token == "token_id:" + std::to_string(greedy[p + 2])) continue;
-    if (logprob.get<double>() > best_other_logprob) {
-      std::tie(best_other, best_other_logprob) = std::pair{token, logprob.get<double>()};
-    }
-  }
-  EXPECT_EQ(lc["logprobs"]["tokens"][2], best_other) << least.body;
+  EXPECT_EQ(lc["logprobs"]["tokens"][2],
+            BestTopToken(lc["logprobs"]["top_logprobs"][2],
+                         {"token_id:2", "token_id:" + std::to_string(greedy[p + 2])}))
+      << least.body;
+  // stop_token_ids (vLLM's) end the answer as the end tokens do, also with ignore_eos: here the
+  // second greedy token, which is counted in usage but is not part of the answer.
+  const std::string second = std::to_string(greedy[p + 1]);
+  ASSERT_NE(greedy[p], greedy[p + 1]);
+  const HttpAnswer stopped =
+      Curl("/completions", json({{"prompt", prompt},
+                                 {"max_tokens", 12},
+                                 {"ignore_eos", true},
+                                 {"stop_token_ids", json::array({greedy[p + 1]})},
+                                 {"logprobs", 0},
+                                 {"return_tokens_as_token_ids", true}})
+                               .dump());
+  ASSERT_EQ(stopped.status, 200) << stopped.body;
+  const json sc = json::parse(stopped.body)["choices"][0];
+  EXPECT_EQ(sc["finish_reason"], "stop") << stopped.body;
+  EXPECT_EQ(sc["logprobs"]["tokens"], json({"token_id:" + std::to_string(greedy[p])}))
+      << stopped.body;
+  EXPECT_EQ(json::parse(stopped.body)["usage"]["completion_tokens"], 2) << stopped.body;
+  // ... and min_tokens holds them back as it holds the end tokens: transformers' first greedy
+  // token, then the most likely token that is neither an end token nor the stop token.
+  const HttpAnswer held =
+      Curl("/completions", json({{"prompt", prompt},
+                                 {"max_tokens", 2},
+                                 {"min_tokens", 2},
+                                 {"stop_token_ids", json::array({greedy[p + 1]})},
+                                 {"logprobs", 5},
+                                 {"return_tokens_as_token_ids", true}})
+                               .dump());
+  ASSERT_EQ(held.status, 200) << held.body;
+  const json hc = json::parse(held.body)["choices"][0];
+  EXPECT_EQ(hc["finish_reason"], "length") << held.body;
+  ASSERT_EQ(hc["logprobs"]["tokens"].size(), 2u) << held.body;
+  EXPECT_EQ(hc["logprobs"]["tokens"][0], "token_id:" + std::to_string(greedy[p])) << held.body;
+  EXPECT_EQ(BestTopToken(hc["logprobs"]["top_logprobs"][1]), "token_id:" + second) << held.body;
+  EXPECT_EQ(hc["logprobs"]["tokens"][1],
+            BestTopToken(
+                hc["logprobs"]["top_logprobs"][1],
+                {"token_id:2", "token_id:" + std::to_string(greedy[p + 2]), "token_id:" + second}))
+      << held.body;
   // best_of keeps a candidate's end token out of the tokens it answers (it is recorded for the
   // ranking, then dropped): with a bias of 100 on the end token each candidate is that token
   // alone, answered with no tokens.

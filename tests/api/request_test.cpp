@@ -81,6 +81,16 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
       ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "min_tokens": 3})", {});
   ASSERT_TRUE(chat_least.ok()) << chat_least.status().ToString();
   EXPECT_EQ(chat_least->min_tokens, 3);
+  EXPECT_TRUE(chat_least->stop_token_ids.empty());
+  // stop_token_ids (vLLM's): in the request's order, an id given twice once.
+  auto stop_ids = ParseChatRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}], "stop_token_ids": [7, 0, 7, 2147483647]})",
+      {});
+  ASSERT_TRUE(stop_ids.ok()) << stop_ids.status().ToString();
+  EXPECT_EQ(stop_ids->stop_token_ids, (std::vector<int64_t>{7, 0, 2147483647}));
+  auto no_stop_ids = ParseCompletionRequest(R"({"prompt": "x", "stop_token_ids": null})", {});
+  ASSERT_TRUE(no_stop_ids.ok()) << no_stop_ids.status().ToString();
+  EXPECT_TRUE(no_stop_ids->stop_token_ids.empty());
   auto chat_best = ParseChatRequest(
       R"({"messages": [{"role": "user", "content": "hi"}], "best_of": 2})", {});  // legacy only
   ASSERT_FALSE(chat_best.ok());
@@ -91,6 +101,12 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
   auto too_many = ParseCompletionRequest(many + "}}", {});
   ASSERT_FALSE(too_many.ok());
   EXPECT_EQ(too_many.status().message(), "'logit_bias' holds 1025 tokens; at most 1024");
+  nlohmann::json ids = nlohmann::json::array();
+  for (int i = 0; i < 65; ++i) ids.push_back(i);
+  auto too_many_ids =
+      ParseCompletionRequest(nlohmann::json({{"prompt", "x"}, {"stop_token_ids", ids}}).dump(), {});
+  ASSERT_FALSE(too_many_ids.ok());
+  EXPECT_EQ(too_many_ids.status().message(), "'stop_token_ids' holds 65 tokens; at most 64");
 
   // Scoring a prompt as lm-eval-harness asks: its tokens echoed with their log-probabilities.
   auto scoring = ParseCompletionRequest(R"({"prompt": [[1, 2, 3]], "max_tokens": 0,
@@ -158,6 +174,12 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
        "'min_tokens' is 5, more than max_tokens (4)"},
       {R"({"prompt": "x", "min_tokens": -1})", "'min_tokens' must be between 0 and"},
       {R"({"prompt": "x", "min_tokens": 1.5})", "'min_tokens' must be"},
+      {R"({"prompt": "x", "stop_token_ids": 7})", "'stop_token_ids' must be an array of token ids"},
+      {R"({"prompt": "x", "stop_token_ids": [1, -1]})",
+       "'stop_token_ids[1]' must be between 0 and 2147483647"},
+      {R"({"prompt": "x", "stop_token_ids": [2147483648]})",
+       "'stop_token_ids[0]' must be between 0 and 2147483647"},
+      {R"({"prompt": "x", "stop_token_ids": ["7"]})", "'stop_token_ids[0]' must be an integer"},
       {R"({"prompt": "x", "n": 3, "best_of": 2})",
        "'best_of' is 2, fewer than the 3 choices asked for (n)"},
       {R"({"prompt": "x", "best_of": 2, "stream": true})", "'best_of' cannot be streamed"},
