@@ -77,14 +77,20 @@ void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
     }
     if (r->tool_names.size() > limits.max_tools) __builtin_trap();
     if (r->tool_names.empty() != r->tools_json.empty()) __builtin_trap();
+    if (!r->prompts.empty()) __builtin_trap();  // completions' only
   } else if (!r->tools_json.empty() || !r->template_kwargs_json.empty()) {
     __builtin_trap();  // chat's only
-  } else if (r->prompt_is_tokens) {
-    if (r->prompt_tokens.empty() || r->prompt_tokens.size() > limits.max_prompt_tokens) {
-      __builtin_trap();
-    }
-    for (int64_t t : r->prompt_tokens) {
-      if (t < 0) __builtin_trap();
+  } else {
+    // One to max_prompts prompts, those of token ids non-empty, bounded and within int32.
+    if (r->prompts.empty() || r->prompts.size() > limits.max_prompts) __builtin_trap();
+    for (const auto& p : r->prompts) {
+      if (!p.is_tokens && !p.tokens.empty()) __builtin_trap();
+      if (p.is_tokens && (p.tokens.empty() || p.tokens.size() > limits.max_prompt_tokens)) {
+        __builtin_trap();
+      }
+      for (int64_t t : p.tokens) {
+        if (t < 0 || t > INT32_MAX) __builtin_trap();
+      }
     }
   }
 }
@@ -98,6 +104,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                              .max_stop = 2,
                              .max_stop_bytes = 16,
                              .max_stop_token_ids = 4,
+                             .max_prompts = 3,
                              .max_prompt_tokens = 32,
                              .max_top_logprobs = 20,
                              .max_tools = 4,

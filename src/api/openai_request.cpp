@@ -128,34 +128,51 @@ Status ParseStopTokenIds(const json& v, const RequestLimits& limits, GenerationR
   return Status::Ok();
 }
 
+// prompt: a string, token ids, or an array of several of either (each answered with n
+// choices).
 Status ParsePrompt(const json& v, const RequestLimits& limits, GenerationRequest& r) {
-  if (v.is_string()) {
-    r.prompt = v.get<std::string>();
-    return Status::Ok();
-  }
-  // One prompt only: an array of one string, or token ids (an array of one array of them).
-  const json* tokens = &v;
-  if (v.is_array() && v.size() == 1 && (v[0].is_string() || v[0].is_array())) {
-    if (v[0].is_string()) {
-      r.prompt = v[0].get<std::string>();
-      return Status::Ok();
-    }
-    tokens = &v[0];
-  }
   constexpr std::string_view kShape =
-      "must be a string or an array of token ids (one prompt per request; use n for several "
-      "completions)";
-  if (!tokens->is_array() || tokens->empty()) return Bad("prompt", kShape);
-  if (tokens->size() > limits.max_prompt_tokens) {
-    return Bad("prompt", fmt::format("holds {} tokens; at most {}", tokens->size(),
-                                     limits.max_prompt_tokens));
+      "must be a string, an array of token ids, or an array of strings or of arrays of token ids";
+  auto tokens = [&limits](const json& ids,
+                          const std::string& field) -> Result<std::vector<int64_t>> {
+    if (ids.empty()) return Bad(field, "must not be empty");
+    if (ids.size() > limits.max_prompt_tokens) {
+      return Bad(field,
+                 fmt::format("holds {} tokens; at most {}", ids.size(), limits.max_prompt_tokens));
+    }
+    std::vector<int64_t> out;
+    for (const auto& t : ids) {
+      COLONY_ASSIGN_OR_RETURN(int64_t id, Integer(t, field, 0, INT32_MAX));
+      out.push_back(id);
+    }
+    return out;
+  };
+  std::vector<GenerationRequest::Prompt> prompts;
+  if (v.is_string()) {
+    prompts.push_back({.text = v.get<std::string>(), .tokens = {}, .is_tokens = false});
+  } else if (!v.is_array() || v.empty()) {
+    return Bad("prompt", kShape);
+  } else if (v[0].is_number()) {  // one prompt of token ids
+    COLONY_ASSIGN_OR_RETURN(auto ids, tokens(v, "prompt"));
+    prompts.push_back({.text = {}, .tokens = std::move(ids), .is_tokens = true});
+  } else {
+    if (v.size() > limits.max_prompts) {
+      return Bad("prompt",
+                 fmt::format("holds {} prompts; at most {}", v.size(), limits.max_prompts));
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string field = v.size() == 1 ? "prompt" : fmt::format("prompt[{}]", i);
+      if (v[i].is_string()) {
+        prompts.push_back({.text = v[i].get<std::string>(), .tokens = {}, .is_tokens = false});
+      } else if (v[i].is_array()) {
+        COLONY_ASSIGN_OR_RETURN(auto ids, tokens(v[i], field));
+        prompts.push_back({.text = {}, .tokens = std::move(ids), .is_tokens = true});
+      } else {
+        return Bad("prompt", kShape);
+      }
+    }
   }
-  for (const auto& t : *tokens) {
-    if (!t.is_number_integer()) return Bad("prompt", kShape);
-    COLONY_ASSIGN_OR_RETURN(int64_t id, Integer(t, "prompt", 0, INT32_MAX));
-    r.prompt_tokens.push_back(id);
-  }
-  r.prompt_is_tokens = true;
+  r.prompts = std::move(prompts);
   return Status::Ok();
 }
 

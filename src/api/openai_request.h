@@ -45,10 +45,14 @@ struct ChatMessage {
 struct GenerationRequest {
   bool chat = false;
   std::string model;  // as asked; empty when absent
-  // Completions: the prompt as text, or as token ids (prompt_is_tokens).
-  std::string prompt;
-  std::vector<int64_t> prompt_tokens;
-  bool prompt_is_tokens = false;
+  // Completions: the prompts, each as text or as token ids (is_tokens). Several (OpenAI's array
+  // of prompts, a batch) are each answered with n choices.
+  struct Prompt {
+    std::string text;
+    std::vector<int64_t> tokens;
+    bool is_tokens = false;
+  };
+  std::vector<Prompt> prompts;
   std::vector<ChatMessage> messages;  // chat
   std::optional<int64_t> max_tokens;  // absent: completions 16, chat the context's room
   double temperature = 1.0;           // 0: greedy (omitted: the defaults', see below)
@@ -107,6 +111,7 @@ struct RequestLimits {
   size_t max_stop = 4;  // as OpenAI
   size_t max_stop_bytes = 256;
   size_t max_stop_token_ids = 64;      // each is looked for in every row at every step
+  size_t max_prompts = 16;             // in one completions request (each runs n choices)
   size_t max_prompt_tokens = 1 << 16;  // a prompt given as token ids
   int64_t max_top_logprobs = 20;       // as OpenAI's top_logprobs
   size_t max_tools = 128;              // as OpenAI

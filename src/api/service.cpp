@@ -155,7 +155,7 @@ http::Reply ApiService::Models() const {
   return http::Json(200, Dump({{"object", "list"}, {"data", json::array({model})}}));
 }
 
-Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const {
+Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t prompt) const {
   Plan plan;
   const auto& config = client_.head->config();
   if (!client_.tokenizer) return FailedPrecondition("the model directory has no tokenizer");
@@ -205,17 +205,20 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
     } else {
       return FailedPrecondition("colony api was started without a chat template");
     }
-  } else if (r.prompt_is_tokens) {
-    plan.prompt = r.prompt_tokens;
+  } else if (r.prompts.at(prompt).is_tokens) {
+    plan.prompt = r.prompts[prompt].tokens;
   } else {
     if (tok.bos_id() >= 0) plan.prompt.push_back(tok.bos_id());
-    for (int32_t id : tok.Encode(r.prompt)) plan.prompt.push_back(id);
+    for (int32_t id : tok.Encode(r.prompts[prompt].text)) plan.prompt.push_back(id);
   }
-  if (plan.prompt.empty()) return InvalidArgument("'prompt' is empty");
+  // (One of several prompts is named by its index.)
+  const std::string prompt_field =
+      r.prompts.size() > 1 ? fmt::format("prompt[{}]", prompt) : std::string("prompt");
+  if (plan.prompt.empty()) return InvalidArgument(fmt::format("'{}' is empty", prompt_field));
   for (int64_t t : plan.prompt) {
     if (t < 0 || t >= config.vocab_size) {
-      return InvalidArgument(fmt::format("'prompt': token {} is outside the vocabulary [0, {})", t,
-                                         config.vocab_size));
+      return InvalidArgument(fmt::format("'{}': token {} is outside the vocabulary [0, {})",
+                                         prompt_field, t, config.vocab_size));
     }
   }
   const int64_t room = config.max_seq_len - static_cast<int64_t>(plan.prompt.size());
@@ -267,7 +270,7 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r) const 
   plan.beams = r.best_of > 1 && r.temperature == 0 && plan.max_new_tokens > 0;
   if (r.echo) {
     std::vector<int32_t> ids(plan.prompt.begin(), plan.prompt.end());
-    plan.echo_text = r.prompt_is_tokens ? tok.Decode(ids) : r.prompt;
+    plan.echo_text = r.prompts.at(prompt).is_tokens ? tok.Decode(ids) : r.prompts[prompt].text;
   }
   for (const auto& [token, bias] : r.logit_bias) {
     if (token >= config.vocab_size) {
@@ -304,13 +307,18 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                                        r.model, options_.model_id),
                            "invalid_request_error", "model_not_found");
   }
-  auto planned = MakePlan(r);
-  if (!planned.ok()) {
-    const auto code = planned.status().code();
-    return http::JsonError(400, planned.status().message(), "invalid_request_error",
-                           code == StatusCode::kOutOfRange ? "context_length_exceeded" : "");
+  // One plan per prompt (chat: one), all made before anything runs: a bad prompt among
+  // several fails the request.
+  auto plans = std::make_shared<std::vector<Plan>>();
+  for (size_t k = 0; k < (chat ? 1 : r.prompts.size()); ++k) {
+    auto planned = MakePlan(r, k);
+    if (!planned.ok()) {
+      const auto code = planned.status().code();
+      return http::JsonError(400, planned.status().message(), "invalid_request_error",
+                             code == StatusCode::kOutOfRange ? "context_length_exceeded" : "");
+    }
+    plans->push_back(std::move(*planned));
   }
-  auto plan = std::make_shared<Plan>(std::move(*planned));
   auto req = std::make_shared<GenerationRequest>(std::move(r));
   const std::string id = RandomId(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = UnixTime();
@@ -322,20 +330,20 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   std::random_device rd;
   const uint64_t base_seed = req->seed.value_or((static_cast<uint64_t>(rd()) << 32) | rd());
 
-  // Runs the n choices side by side, each a row of one session (one pass through the swarm
-  // per token for all of them); on_delta(i, text, logprobs) sees choice i's text as it is
+  // Runs a plan's n choices side by side, each a row of one session (one pass through the
+  // swarm per token for all of them); on_delta(i, text, logprobs) sees choice i's text as it is
   // released, with the log-probabilities of its tokens since the last call (when asked for).
   using OnDelta = std::function<void(int64_t, const std::string&, std::vector<TokenLogprob>)>;
-  auto run_choices = [this, plan, req, decode, base_seed, cancelled](
-                         const OnDelta& on_delta,
+  auto run_choices = [this, req, decode, base_seed, cancelled](
+                         const Plan& plan, const OnDelta& on_delta,
                          const std::function<bool()>& stop_early) -> Result<std::vector<Choice>> {
     at::NoGradGuard no_grad;
     // best_of > n: every candidate is a row, and the n best are answered (not streamed), ranked
     // by their tokens' log-probabilities, the end token's included.
     // (A scored prompt alone, max_tokens 0, has no candidates to rank.)
-    const bool rank = req->best_of > req->n && plan->max_new_tokens > 0;
+    const bool rank = req->best_of > req->n && plan.max_new_tokens > 0;
     const int64_t n = rank ? req->best_of : req->n;
-    SwarmDecoder decoder(client_, plan->max_length(), n);
+    SwarmDecoder decoder(client_, plan.max_length(), n);
     std::optional<LogprobRecorder> recorder;
     // Ranking alone needs no scores of an echoed prompt.
     const bool score_prompt = req->echo && req->logprobs;
@@ -349,7 +357,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                                  .frequency_penalty = req->frequency_penalty,
                                  .logit_bias = {},
                                  .min_tokens = req->min_tokens,
-                                 .end_tokens = plan->end_tokens};
+                                 .end_tokens = plan.end_tokens};
     for (const auto& [token, bias] : req->logit_bias) {
       if (bias != 0) adjustments.logit_bias.emplace_back(token, bias);  // 0 changes nothing
     }
@@ -363,8 +371,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     };
     std::vector<Row> rows;
     for (int64_t i = 0; i < n; ++i) {
-      rows.push_back({.text = TextStream(decode, plan->stops, req->min_tokens),
-                      .echo = plan->echo_text,
+      rows.push_back({.text = TextStream(decode, plan.stops, req->min_tokens),
+                      .echo = plan.echo_text,
                       .ended_with_eos = false,
                       .choice = {}});
     }
@@ -376,15 +384,15 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       if (d.empty() && row.echo.empty() && logprobs.empty()) return;
       on_delta(i, std::exchange(row.echo, {}) + d, std::move(logprobs));
     };
-    if (plan->max_new_tokens == 0) {
+    if (plan.max_new_tokens == 0) {
       // echo with max_tokens 0: the prompt is scored, nothing is generated.
-      const at::Tensor prompt = at::tensor(plan->prompt, at::kLong).unsqueeze(0).repeat({n, 1});
+      const at::Tensor prompt = at::tensor(plan.prompt, at::kLong).unsqueeze(0).repeat({n, 1});
       if (auto scored = backend->Step(prompt, 0, {}, serve::StepLogits::kLast); !scored.ok())
         return scored.status();
     } else {
       std::vector<model::SamplingOptions> options;
       for (int64_t i = 0; i < n; ++i) {
-        options.push_back({.max_new_tokens = plan->max_new_tokens,
+        options.push_back({.max_new_tokens = plan.max_new_tokens,
                            .temperature = req->temperature,
                            .top_k = req->top_k,
                            .top_p = req->top_p,
@@ -392,11 +400,11 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                            .seed = base_seed + static_cast<uint64_t>(i)});
       }
       auto tokens = serve::GenerateRows(
-          *backend, plan->prompt, options, /*eos_id=*/-1,  // the plan's end tokens end rows
+          *backend, plan.prompt, options, /*eos_id=*/-1,  // the plan's end tokens end rows
           [&](int64_t i, int64_t t) {
             Row& row = rows[static_cast<size_t>(i)];
             ++row.choice.tokens;
-            if (std::ranges::find(plan->end_tokens, t) != plan->end_tokens.end()) {
+            if (std::ranges::find(plan.end_tokens, t) != plan.end_tokens.end()) {
               row.ended_with_eos = true;  // not part of the text, so not of its log-probabilities
               if (rank) recorder->Chose(t, i);  // but of the candidate's rank
               return;
@@ -417,13 +425,13 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       Row& row = rows[static_cast<size_t>(i)];
       emit(i, row.text.Finish());
       Choice c = std::move(row.choice);
-      c.text = plan->echo_text + row.text.text();
+      c.text = plan.echo_text + row.text.text();
       c.finish_reason = row.text.stopped() || row.ended_with_eos ? "stop" : "length";
-      c.ReadCalls(*plan);
+      c.ReadCalls(plan);
       if (recorder) c.logprobs = recorder->Take(i);
       if (rank) {
         // The mean over the generated tokens (an echoed prompt's are first, and not counted).
-        const size_t from = score_prompt ? plan->prompt.size() : 0;
+        const size_t from = score_prompt ? plan.prompt.size() : 0;
         double sum = 0;
         for (size_t k = from; k < c.logprobs.size(); ++k) sum += c.logprobs[k].logprob.value_or(0);
         const size_t count = c.logprobs.size() - std::min(from, c.logprobs.size());
@@ -437,17 +445,16 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     return choices;
   };
 
-  // The tokens the first log-probability entry follows: the prompt, unless it is echoed.
-  const std::vector<int64_t> logprobs_after = req->echo ? std::vector<int64_t>{} : plan->prompt;
   const LogprobFormat::Kind logprobs_kind =
       chat ? LogprobFormat::kChat : LogprobFormat::kCompletion;
-  auto choice_json = [chat, req, tok, logprobs_after, logprobs_kind](int64_t index,
-                                                                     const Choice& c) {
+  // A plan's log-probabilities: their first entry follows its prompt, unless it is echoed.
+  auto logprob_format = [req, tok, logprobs_kind](const Plan& plan) {
+    return LogprobFormat(tok, logprobs_kind, req->tokens_as_ids,
+                         req->echo ? std::vector<int64_t>{} : plan.prompt);
+  };
+  auto choice_json = [chat, req, logprob_format](const Plan& plan, int64_t index, const Choice& c) {
     json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
-    if (req->logprobs) {
-      j["logprobs"] =
-          LogprobFormat(tok, logprobs_kind, req->tokens_as_ids, logprobs_after).Answer(c.logprobs);
-    }
+    if (req->logprobs) j["logprobs"] = logprob_format(plan).Answer(c.logprobs);
     if (chat) {
       j["message"] = {{"role", "assistant"},
                       {"content", c.content_null ? json(nullptr) : json(c.text)}};
@@ -457,64 +464,71 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     }
     return j;
   };
-  auto usage = [plan](int64_t completion_tokens) {
-    const auto prompt_tokens = static_cast<int64_t>(plan->prompt.size());
+  // Every prompt's tokens and every choice's (or candidate's, or beam's) generated tokens.
+  auto usage = [plans](int64_t completion_tokens) {
+    int64_t prompt_tokens = 0;
+    for (const Plan& plan : *plans) prompt_tokens += static_cast<int64_t>(plan.prompt.size());
     return json{{"prompt_tokens", prompt_tokens},
                 {"completion_tokens", completion_tokens},
                 {"total_tokens", prompt_tokens + completion_tokens}};
   };
 
+  // Several prompts run one after another, each with its n choices: prompt k's choice i is
+  // choice k * n + i of the answer (as OpenAI numbers them).
   if (!req->stream) {
-    std::vector<Choice> choices;
-    if (plan->beams) {
-      at::NoGradGuard no_grad;
-      SwarmDecoder decoder(client_, plan->max_length(), req->best_of);
-      // A beam ends at any of the end tokens (the EOS, generation_config.json's, a chat turn's
-      // end, the request's stop_token_ids), as transformers' beam search ends at each id of its eos
-      // list. The repetition penalty (the request's, else the model's generation_config.json's)
-      // applies to the beams as transformers applies it to its beam search.
-      // best_of is the beams' width, of which the n best are answered.
-      auto beams = serve::BeamSearch(decoder.backend, plan->prompt, req->best_of,
-                                     plan->max_new_tokens, plan->end_tokens,
-                                     /*length_penalty=*/1.0, req->repetition_penalty);
-      if (!beams.ok()) return SwarmError(beams.status());
-      beams->resize(std::min(beams->size(), static_cast<size_t>(req->n)));
-      for (const auto& b : *beams) {
-        TextStream text(decode, plan->stops);
-        Choice c;
-        bool ended = false;
-        std::vector<int64_t> said;  // the tokens of the text, as a sampled choice records them
-        for (int64_t t : b.tokens) {
-          ended = std::ranges::find(plan->end_tokens, t) != plan->end_tokens.end();
-          if (ended || text.stopped()) break;
-          said.push_back(t);
-          text.Add(t);
-        }
-        c.tokens = static_cast<int64_t>(b.tokens.size());
-        text.Finish();
-        c.text = plan->echo_text + text.text();
-        c.finish_reason = b.finished || ended || text.stopped() ? "stop" : "length";
-        c.ReadCalls(*plan);
-        if (req->logprobs) {
-          auto scored = ScoreBeam(client_, plan->prompt, said, *req->logprobs, req->echo);
-          if (!scored.ok()) return SwarmError(scored.status());
-          c.logprobs = std::move(*scored);
-        }
-        choices.push_back(std::move(c));
-      }
-    } else {
-      // best_of > n: the candidates, best first, of which the first n are answered.
-      auto sampled = run_choices({}, {});
-      if (!sampled.ok()) return SwarmError(sampled.status());
-      choices = std::move(*sampled);
-    }
     json out = {{"id", id}, {"object", object}, {"created", created}, {"model", options_.model_id}};
     out["choices"] = json::array();
     int64_t generated = 0;  // every candidate's tokens: they were all generated
-    for (size_t i = 0; i < choices.size(); ++i) {
-      if (i < static_cast<size_t>(req->n))
-        out["choices"].push_back(choice_json(static_cast<int64_t>(i), choices[i]));
-      generated += choices[i].tokens;
+    for (const Plan& plan : *plans) {
+      std::vector<Choice> choices;
+      if (plan.beams) {
+        at::NoGradGuard no_grad;
+        SwarmDecoder decoder(client_, plan.max_length(), req->best_of);
+        // A beam ends at any of the end tokens (the EOS, generation_config.json's, a chat turn's
+        // end, the request's stop_token_ids), as transformers' beam search ends at each id of its
+        // eos list. The repetition penalty (the request's, else the model's
+        // generation_config.json's) applies to the beams as transformers applies it to its beam
+        // search. best_of is the beams' width, of which the n best are answered.
+        auto beams = serve::BeamSearch(decoder.backend, plan.prompt, req->best_of,
+                                       plan.max_new_tokens, plan.end_tokens,
+                                       /*length_penalty=*/1.0, req->repetition_penalty);
+        if (!beams.ok()) return SwarmError(beams.status());
+        beams->resize(std::min(beams->size(), static_cast<size_t>(req->n)));
+        for (const auto& b : *beams) {
+          TextStream text(decode, plan.stops);
+          Choice c;
+          bool ended = false;
+          std::vector<int64_t> said;  // the tokens of the text, as a sampled choice records them
+          for (int64_t t : b.tokens) {
+            ended = std::ranges::find(plan.end_tokens, t) != plan.end_tokens.end();
+            if (ended || text.stopped()) break;
+            said.push_back(t);
+            text.Add(t);
+          }
+          c.tokens = static_cast<int64_t>(b.tokens.size());
+          text.Finish();
+          c.text = plan.echo_text + text.text();
+          c.finish_reason = b.finished || ended || text.stopped() ? "stop" : "length";
+          c.ReadCalls(plan);
+          if (req->logprobs) {
+            auto scored = ScoreBeam(client_, plan.prompt, said, *req->logprobs, req->echo);
+            if (!scored.ok()) return SwarmError(scored.status());
+            c.logprobs = std::move(*scored);
+          }
+          choices.push_back(std::move(c));
+        }
+      } else {
+        // best_of > n: the candidates, best first, of which the first n are answered.
+        auto sampled = run_choices(plan, {}, {});
+        if (!sampled.ok()) return SwarmError(sampled.status());
+        choices = std::move(*sampled);
+      }
+      for (size_t i = 0; i < choices.size(); ++i) {
+        if (i < static_cast<size_t>(req->n)) {
+          out["choices"].push_back(choice_json(plan, std::ssize(out["choices"]), choices[i]));
+        }
+        generated += choices[i].tokens;
+      }
     }
     out["usage"] = usage(generated);
     return http::Json(200, Dump(out));
@@ -527,8 +541,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   reply.content_type = "text/event-stream";
   const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
   const std::string model_id = options_.model_id;
-  reply.stream = [req, chat, id, created, chunk_object, model_id, run_choices, usage, tok,
-                  logprobs_after, logprobs_kind, plan](http::StreamWriter& out) {
+  reply.stream = [req, chat, id, created, chunk_object, model_id, run_choices, usage,
+                  logprob_format, plans](http::StreamWriter& out) {
     auto event = [&](json choices, const json* extra = nullptr) {
       json j = {{"id", id},
                 {"object", chunk_object},
@@ -538,8 +552,9 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       if (extra != nullptr) j.update(*extra);
       return out.Write("data: " + Dump(j) + "\n\n");
     };
+    const auto n = static_cast<size_t>(req->n);
     // Each choice's log-probabilities, written as its tokens arrive.
-    std::vector<std::optional<LogprobFormat>> formats(static_cast<size_t>(req->n));
+    std::vector<std::optional<LogprobFormat>> formats(plans->size() * n);
     auto piece = [&](int64_t index, const std::string& text, const json& finish,
                      const std::vector<TokenLogprob>& logprobs = {}) {
       json c = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", finish}};
@@ -552,52 +567,55 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       }
       return event(json::array({c}));
     };
-    for (int64_t i = 0; i < req->n; ++i) {
-      if (req->logprobs)
-        formats[static_cast<size_t>(i)].emplace(tok, logprobs_kind, req->tokens_as_ids,
-                                                logprobs_after);
-      if (!chat) continue;
+    for (size_t i = 0; chat && i < n; ++i) {  // (chat has one plan)
       json c = {{"index", i},
                 {"delta", {{"role", "assistant"}, {"content", ""}}},
                 {"logprobs", nullptr},
                 {"finish_reason", nullptr}};
       if (!event(json::array({c}))) return;
     }
-    // With tools, each choice's text is passed on until a call may have begun.
-    std::vector<ToolCallStream> calls_held(static_cast<size_t>(req->n),
-                                           ToolCallStream(plan->tool_format, plan->tool_names));
-    // The choices' pieces interleave, each event naming its choice's index.
     bool client_gone = false;
-    auto choices = run_choices(
-        [&](int64_t i, const std::string& d, const std::vector<TokenLogprob>& logprobs) {
-          const std::string text = calls_held[static_cast<size_t>(i)].Add(d);
-          if (text.empty() && logprobs.empty()) return;
-          if (!client_gone && !piece(i, text, nullptr, logprobs)) client_gone = true;
-        },
-        [&] { return client_gone || out.cancelled(); });
-    if (client_gone || out.cancelled()) return;
-    if (!choices.ok()) {
-      COLONY_LOG_WARN("api: a streamed request failed: {}", choices.status().ToString());
-      out.Write("data: " + SwarmError(choices.status()).body + "\n\n");
-      return;
-    }
     int64_t generated = 0;
-    for (size_t i = 0; i < choices->size(); ++i) {
-      const Choice& c = (*choices)[i];
-      const auto index = static_cast<int64_t>(i);
-      generated += c.tokens;
-      const Answer whole{.content = c.text, .content_null = c.content_null, .calls = c.calls};
-      if (const std::string rest = calls_held[i].Finish(whole); !rest.empty()) {
-        if (!piece(index, rest, nullptr)) return;
+    for (size_t k = 0; k < plans->size(); ++k) {
+      const Plan& plan = (*plans)[k];
+      const size_t first = k * n;  // the index of the plan's first choice
+      for (size_t i = 0; req->logprobs && i < n; ++i)
+        formats[first + i].emplace(logprob_format(plan));
+      // With tools, each choice's text is passed on until a call may have begun.
+      std::vector<ToolCallStream> calls_held(n, ToolCallStream(plan.tool_format, plan.tool_names));
+      // The choices' pieces interleave, each event naming its choice's index.
+      auto choices = run_choices(
+          plan,
+          [&](int64_t i, const std::string& d, const std::vector<TokenLogprob>& logprobs) {
+            const std::string text = calls_held[static_cast<size_t>(i)].Add(d);
+            if (text.empty() && logprobs.empty()) return;
+            const auto index = static_cast<int64_t>(first) + i;
+            if (!client_gone && !piece(index, text, nullptr, logprobs)) client_gone = true;
+          },
+          [&] { return client_gone || out.cancelled(); });
+      if (client_gone || out.cancelled()) return;
+      if (!choices.ok()) {
+        COLONY_LOG_WARN("api: a streamed request failed: {}", choices.status().ToString());
+        out.Write("data: " + SwarmError(choices.status()).body + "\n\n");
+        return;
       }
-      if (!c.calls.empty()) {
-        json delta = {{"index", index},
-                      {"delta", {{"tool_calls", ToolCallsJson(c.calls, true)}}},
-                      {"logprobs", nullptr},
-                      {"finish_reason", nullptr}};
-        if (!event(json::array({delta}))) return;
+      for (size_t i = 0; i < choices->size(); ++i) {
+        const Choice& c = (*choices)[i];
+        const auto index = static_cast<int64_t>(first + i);
+        generated += c.tokens;
+        const Answer whole{.content = c.text, .content_null = c.content_null, .calls = c.calls};
+        if (const std::string rest = calls_held[i].Finish(whole); !rest.empty()) {
+          if (!piece(index, rest, nullptr)) return;
+        }
+        if (!c.calls.empty()) {
+          json delta = {{"index", index},
+                        {"delta", {{"tool_calls", ToolCallsJson(c.calls, true)}}},
+                        {"logprobs", nullptr},
+                        {"finish_reason", nullptr}};
+          if (!event(json::array({delta}))) return;
+        }
+        if (!piece(index, "", c.finish_reason)) return;
       }
-      if (!piece(index, "", c.finish_reason)) return;
     }
     if (req->include_usage) {
       const json extra = {{"usage", usage(generated)}};

@@ -56,7 +56,7 @@ class ApiService {
  private:
   http::Reply Models() const;
   http::Reply Generate(const http::Request& request, bool chat);
-  Result<Plan> MakePlan(const GenerationRequest& r) const;
+  Result<Plan> MakePlan(const GenerationRequest& r, size_t prompt) const;
 
   serve::SwarmClient& client_;
   ApiOptions options_;

@@ -27,6 +27,7 @@ struct ApiArgs {
   int max_connections = 256;
   size_t max_body_bytes = 1 << 20;
   int64_t max_n = 8;
+  size_t max_prompts = 16;
   double request_timeout = 600;
   std::string api_keys;
   double requests_per_minute = 0;
@@ -40,6 +41,7 @@ int RunApi(const ApiArgs& a) {
   api::ApiOptions options;
   options.model_id = a.model_id.empty() ? ModelName(a.swarm) : a.model_id;
   options.limits.max_n = a.max_n;
+  options.limits.max_prompts = a.max_prompts;
   if (a.tool_call_parser != "auto") {
     auto format = api::ParseToolCallFormat(a.tool_call_parser);
     if (!format.ok()) return Fail(format.status().WithContext("--tool-call-parser"));
@@ -182,6 +184,11 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
                   "largest n and best_of (choices and candidates per request: rows of one session)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{64}));
+  cmd->add_option("--max-prompts", a->max_prompts,
+                  "most prompts in one completions request (an array of prompts: run one after "
+                  "another, each with its n choices)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1024}));
   cmd->add_option("--request-timeout", a->request_timeout,
                   "seconds a request may take from arrival to the end of its answer")
       ->capture_default_str()

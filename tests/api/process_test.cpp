@@ -330,6 +330,48 @@ TEST_F(ApiProcessTest, CompletionsAndChatMatchLocalGenerationInTheOpenAiFormat) 
   EXPECT_EQ(joined, expected);
   EXPECT_EQ(finish, c["choices"][0]["finish_reason"]);
 
+  // A batch (OpenAI's array of prompts): one choice per prompt, in the prompts' order, each
+  // local greedy generation of its own prompt (the third is the second as token ids); usage
+  // counts every prompt's tokens. Streamed, each index's pieces join to its text.
+  const std::string other = "A swarm of volunteers";
+  const std::string other_expected = Reference(other, 12);
+  ASSERT_NE(other_expected, expected);
+  json other_ids = json::array();
+  if (tokenizer_->bos_id() >= 0) other_ids.push_back(tokenizer_->bos_id());
+  for (int32_t t : tokenizer_->Encode(other)) other_ids.push_back(t);
+  const std::vector<std::string> batch_expected = {expected, other_expected, other_expected};
+  for (const bool stream : {false, true}) {
+    json body = {{"prompt", {prompt, other, other_ids}},
+                 {"max_tokens", 12},
+                 {"temperature", 0},
+                 {"stream", stream}};
+    if (stream) body["stream_options"] = {{"include_usage", true}};
+    const HttpAnswer b = Curl("/completions", body.dump());
+    ASSERT_EQ(b.status, 200) << b.body;
+    std::vector<std::string> texts(3);
+    json usage;
+    if (stream) {
+      for (const auto& e : Events(b.body, &done)) {
+        if (e.contains("usage")) usage = e["usage"];
+        if (e["choices"].empty()) continue;
+        const auto index = e["choices"][0]["index"].get<size_t>();
+        ASSERT_LT(index, 3u) << b.body;
+        texts[index] += e["choices"][0]["text"].get<std::string>();
+      }
+      EXPECT_TRUE(done) << b.body;
+    } else {
+      const json bj = json::parse(b.body);
+      ASSERT_EQ(bj["choices"].size(), 3u) << b.body;
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(bj["choices"][i]["index"], i) << b.body;
+        texts[i] = bj["choices"][i]["text"];
+      }
+      usage = bj["usage"];
+    }
+    EXPECT_EQ(texts, batch_expected) << "stream " << stream << ": " << b.body;
+    EXPECT_EQ(usage["prompt_tokens"], prompt_tokens + 2 * std::ssize(other_ids)) << b.body;
+  }
+
   // Chat: the plain template's prompt, cut at the stop string "\nUser:".
   const std::string chat_prompt = "Be brief.\n\nUser: Hello there\nAssistant:";
   const std::string chat_expected = Reference(chat_prompt, 20, {"\nUser:"});
@@ -385,6 +427,8 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
       {"/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "model_not_found"},
       {"/completions", R"({"prompt": "x", "max_tokens": 100000})", 400, "context_length_exceeded"},
       {"/completions", R"({"prompt": [999999]})", 400, "outside the vocabulary"},
+      {"/completions", R"({"prompt": ["x", [1, 999999]]})", 400,
+       "'prompt[1]': token 999999 is outside the vocabulary"},
       {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "stream": true})", 400,
        "beam search"},
       {"/completions", R"({"prompt": [1, 2], "max_tokens": 0})", 400, "0 only with"},
@@ -621,6 +665,25 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
   }
   EXPECT_EQ(c["usage"]["completion_tokens"], generated);
   EXPECT_EQ(SessionsOpened(procs_[0]) - before, 1u) << "one session for the n choices" << Logs();
+
+  // A batch of the prompt as text and as token ids: prompt k's choice i is choice k * n + i,
+  // sampled with seed + i, so each prompt's n choices are the local samples above.
+  const HttpAnswer batch = Curl("/completions", json({{"prompt", {prompt_text, prompt}},
+                                                      {"max_tokens", max_tokens},
+                                                      {"temperature", 1.0},
+                                                      {"n", n},
+                                                      {"seed", seed}})
+                                                    .dump());
+  ASSERT_EQ(batch.status, 200) << batch.body << Logs();
+  const json bc = json::parse(batch.body);
+  ASSERT_EQ(bc["choices"].size(), static_cast<size_t>(2 * n)) << batch.body;
+  for (int64_t k = 0; k < 2 * n; ++k) {
+    const json& choice = bc["choices"][static_cast<size_t>(k)];
+    EXPECT_EQ(choice["index"], k);
+    EXPECT_EQ(choice["text"], texts[static_cast<size_t>(k % n)]) << "choice " << k;
+  }
+  EXPECT_EQ(bc["usage"]["completion_tokens"], 2 * generated) << batch.body;
+  EXPECT_EQ(bc["usage"]["prompt_tokens"], 2 * std::ssize(prompt)) << batch.body;
 
   // Streamed: the pieces of the choices interleave, each naming its index.
   before = SessionsOpened(procs_[0]);

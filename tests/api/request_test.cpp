@@ -33,7 +33,9 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE(r->chat);
   EXPECT_EQ(r->model, "llama");
-  EXPECT_EQ(r->prompt, "Hello");
+  ASSERT_EQ(r->prompts.size(), 1u);
+  EXPECT_EQ(r->prompts[0].text, "Hello");
+  EXPECT_FALSE(r->prompts[0].is_tokens);
   EXPECT_EQ(r->max_tokens, 7);
   EXPECT_EQ(r->temperature, 0);
   EXPECT_DOUBLE_EQ(r->top_p, 0.9);
@@ -130,12 +132,23 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
 
   auto tokens = ParseCompletionRequest(R"({"prompt": [1, 17, 42]})", {});
   ASSERT_TRUE(tokens.ok());
-  EXPECT_TRUE(tokens->prompt_is_tokens);
-  EXPECT_EQ(tokens->prompt_tokens, (std::vector<int64_t>{1, 17, 42}));
+  ASSERT_EQ(tokens->prompts.size(), 1u);
+  EXPECT_TRUE(tokens->prompts[0].is_tokens);
+  EXPECT_EQ(tokens->prompts[0].tokens, (std::vector<int64_t>{1, 17, 42}));
   auto nested = ParseCompletionRequest(R"({"prompt": [[5, 6]], "stop": "x"})", {});
   ASSERT_TRUE(nested.ok());
-  EXPECT_EQ(nested->prompt_tokens, (std::vector<int64_t>{5, 6}));
+  ASSERT_EQ(nested->prompts.size(), 1u);
+  EXPECT_EQ(nested->prompts[0].tokens, (std::vector<int64_t>{5, 6}));
   EXPECT_EQ(nested->stop, (std::vector<std::string>{"x"}));
+  // A batch (OpenAI's array of prompts): strings or arrays of token ids, in order.
+  auto batch = ParseCompletionRequest(R"({"prompt": ["a", [7, 8], "b"]})", {});
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  ASSERT_EQ(batch->prompts.size(), 3u);
+  EXPECT_EQ(batch->prompts[0].text, "a");
+  EXPECT_TRUE(batch->prompts[1].is_tokens);
+  EXPECT_EQ(batch->prompts[1].tokens, (std::vector<int64_t>{7, 8}));
+  EXPECT_EQ(batch->prompts[2].text, "b");
+  EXPECT_FALSE(batch->prompts[2].is_tokens);
 }
 
 TEST(OpenAiRequest, ParsesAChatRequest) {
@@ -217,7 +230,11 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
       {R"({"prompt": "x", "stream": false, "stream_options": {"include_usage": true}})",
        "'stream_options' is only allowed with \"stream\": true"},
       {R"({"prompt": "x", "functions": []})", "'functions' is not a field"},
-      {R"({"prompt": ["a", "b"]})", "'prompt' must be a string or an array of token ids"},
+      {R"({"prompt": [true]})", "'prompt' must be a string, an array of token ids, or an"},
+      {R"({"prompt": []})", "'prompt' must be a string, an array of token ids, or an"},
+      {R"({"prompt": ["a", []]})", "'prompt[1]' must not be empty"},
+      {R"({"prompt": [[1], [2, -3]]})", "'prompt[1]' must be between 0 and 2147483647"},
+      {R"({"prompt": [1, "a"]})", "'prompt' must be an integer"},
       {R"({"prompt": [1, -2]})", "'prompt' must be between 0"},
       {R"({"prompt": []})", "'prompt' must be a string"},
       {R"({"max_tokens": 3})", "'prompt' is missing"},
@@ -457,10 +474,19 @@ TEST(OpenAiRequest, RefusesMalformedToolsAndCallsNamingTheField) {
 }
 
 TEST(OpenAiRequest, LimitsBoundWhatOneRequestMayAskFor) {
-  RequestLimits limits{
-      .max_n = 2, .max_messages = 3, .max_stop = 1, .max_stop_bytes = 4, .max_prompt_tokens = 5};
+  RequestLimits limits{.max_n = 2,
+                       .max_messages = 3,
+                       .max_stop = 1,
+                       .max_stop_bytes = 4,
+                       .max_prompts = 2,
+                       .max_prompt_tokens = 5};
   EXPECT_FALSE(ParseCompletionRequest(R"({"prompt": "x", "n": 3})", limits).ok());
   EXPECT_FALSE(ParseCompletionRequest(R"({"prompt": [1, 2, 3, 4, 5, 6]})", limits).ok());
+  EXPECT_FALSE(ParseCompletionRequest(R"({"prompt": [[1], [1, 2, 3, 4, 5, 6]]})", limits).ok());
+  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": ["a", "b"]})", limits).ok());
+  auto three = ParseCompletionRequest(R"({"prompt": ["a", "b", "c"]})", limits);
+  ASSERT_FALSE(three.ok());
+  EXPECT_EQ(three.status().message(), "'prompt' holds 3 prompts; at most 2");
   EXPECT_FALSE(ParseCompletionRequest(R"({"prompt": "x", "stop": ["a", "b"]})", limits).ok());
   EXPECT_FALSE(ParseCompletionRequest(R"({"prompt": "x", "stop": "abcde"})", limits).ok());
   EXPECT_FALSE(ParseChatRequest(R"({"messages": [{"role": "user", "content": "1"},
