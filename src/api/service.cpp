@@ -46,6 +46,31 @@ http::Reply SwarmError(const Status& st) {
       st.code() == StatusCode::kInvalidArgument ? "invalid_request_error" : "server_error");
 }
 
+// The OpenAI API's model object of the served model.
+json ModelObject(const std::string& id) {
+  return {{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "colony"}};
+}
+
+// A path segment with its %XX escapes decoded (others kept as sent).
+std::string PercentDecoded(std::string_view s) {
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && digit(s[i + 1]) >= 0 && digit(s[i + 2]) >= 0) {
+      out += static_cast<char>(digit(s[i + 1]) * 16 + digit(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 struct ApiService::Plan {
@@ -142,6 +167,12 @@ http::Router ApiService::Routes() {
   };
   http::Router router;
   router.Add("GET", "/v1/models", guarded([this](const http::Request&) { return Models(); }));
+  router.AddPrefix("GET", "/v1/models/", guarded([this](const http::Request& r) {
+                     return Model(std::string_view(r.path).substr(std::size("/v1/models/") - 1));
+                   }));
+  // Whether a route through the swarm serves the model now, for load balancers' probes: no key
+  // is asked for (it tells nothing a server's DHT records do not).
+  router.Add("GET", "/health", [this](const http::Request&) { return Health(); });
   router.Add("POST", "/v1/completions",
              guarded([this](const http::Request& r) { return Generate(r, /*chat=*/false); }));
   router.Add("POST", "/v1/chat/completions",
@@ -150,9 +181,38 @@ http::Router ApiService::Routes() {
 }
 
 http::Reply ApiService::Models() const {
-  json model = {
-      {"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "colony"}};
-  return http::Json(200, Dump({{"object", "list"}, {"data", json::array({model})}}));
+  return http::Json(
+      200, Dump({{"object", "list"}, {"data", json::array({ModelObject(options_.model_id)})}}));
+}
+
+http::Reply ApiService::Model(std::string_view id) const {
+  // An id with a '/' (an organisation's model) may come percent-encoded.
+  const std::string decoded = PercentDecoded(id);
+  if (decoded != options_.model_id) {
+    return http::JsonError(404,
+                           fmt::format("the model '{}' does not exist; this server serves '{}'",
+                                       decoded.substr(0, 256), options_.model_id),
+                           "invalid_request_error", "model_not_found");
+  }
+  return http::Json(200, Dump(ModelObject(options_.model_id)));
+}
+
+http::Reply ApiService::Health() const {
+  std::lock_guard lock(health_mu_);  // one route at a time; probes that wait get its answer
+  const auto now = std::chrono::steady_clock::now();
+  if (health_ && now - health_at_ < std::chrono::seconds(1)) return *health_;
+  health_at_ = now;
+  const int64_t blocks = client_.manager->options().num_blocks;
+  auto route = client_.manager->MakeRoute(0, blocks, serve::RoutingMode::kMinLatency);
+  health_ = route.ok()
+                ? http::Json(200, Dump({{"status", "ok"},
+                                        {"model", options_.model_id},
+                                        {"blocks", blocks},
+                                        {"route_servers", route->size()}}))
+                : http::JsonError(
+                      503, "the swarm cannot serve the model now: " + route.status().message(),
+                      "server_error");
+  return *health_;
 }
 
 Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t prompt) const {

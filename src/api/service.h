@@ -13,7 +13,9 @@
 // (not streamable). docs/api.md lists every field and what it does.
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -55,6 +57,8 @@ class ApiService {
 
  private:
   http::Reply Models() const;
+  http::Reply Model(std::string_view id) const;  // GET /v1/models/{id}
+  http::Reply Health() const;                    // GET /health
   http::Reply Generate(const http::Request& request, bool chat);
   Result<Plan> MakePlan(const GenerationRequest& r, size_t prompt) const;
 
@@ -62,6 +66,11 @@ class ApiService {
   ApiOptions options_;
   ModelChatTemplate::TurnEnd model_turn_end_;       // of options_.model_template
   ModelChatTemplate::TurnEnd model_tool_turn_end_;  // of the template it runs with tools
+  // /health's last answer and when it was found: probes, which need no key, are answered from it
+  // for a second, so that any number of them costs one route a second.
+  mutable std::mutex health_mu_;
+  mutable std::chrono::steady_clock::time_point health_at_;
+  mutable std::optional<http::Reply> health_;
 };
 
 }  // namespace colony::api

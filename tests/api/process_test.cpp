@@ -4,6 +4,7 @@
 // of the whole model loaded in this process (model::Generate), decoded by the model's tokenizer.
 // A replica SIGKILLed during a streaming request must not break the stream.
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -231,6 +232,15 @@ class ApiProcessTest : public ::testing::Test {
         },
         60s))
         << warm.body << Logs();
+  }
+
+  // A path of the API's root (outside /v1), e.g. /health.
+  HttpAnswer CurlRoot(const std::string& path) {
+    const std::string v1 = base_url_;
+    base_url_ = v1.substr(0, v1.rfind("/v1"));
+    HttpAnswer a = Curl(path);
+    base_url_ = v1;
+    return a;
   }
 
   // Inference sessions a server started with --log-level debug has logged opening.
@@ -537,6 +547,57 @@ TEST_F(ApiProcessTest, OnlyHoldersOfAnApiKeyGenerateAndClientsKeepToTheirRate) {
   const HttpAnswer over = Curl("/models");
   EXPECT_EQ(over.status, 429) << over.body;
   EXPECT_NE(over.body.find("rate_limit_exceeded"), std::string::npos) << over.body;
+}
+
+// GET /health (vLLM's) answers 200 only while a route through the swarm's servers covers every
+// block of the model, and asks for no API key (load balancers' probes send none): 503 naming the
+// first uncovered block while one server serves half of them, 200 once a second serves the rest.
+// GET /v1/models/{id} is OpenAI's retrieve-model call (behind the key like every /v1 path; an id
+// may come percent-encoded); another id is a 404.
+TEST_F(ApiProcessTest, HealthSaysWhetherTheSwarmServesTheModelAndModelsCanBeRetrieved) {
+  const std::string key = "colony-test-key-0123456789abcdef";
+  const fs::path keys = dir_ / "keys.txt";
+  std::ofstream(keys) << key << "\n";
+  ASSERT_NE(StartServer("A", "0:2"), nullptr);
+  ASSERT_TRUE(StartApi({"--api-keys", keys.string()}));
+  HttpAnswer half;  // (once the API has read A's record: block 0 is uncovered before)
+  ASSERT_TRUE(colony::test::WaitUntil(
+      [&] {
+        half = CurlRoot("/health");
+        return half.body.find("holds block 2 of model") != std::string::npos;
+      },
+      60s))
+      << half.body << Logs();
+  EXPECT_EQ(half.status, 503) << half.body;
+
+  ASSERT_NE(StartServer("B", "2:4"), nullptr);
+  HttpAnswer whole;
+  ASSERT_TRUE(colony::test::WaitUntil(
+      [&] {
+        whole = CurlRoot("/health");
+        return whole.status == 200;
+      },
+      60s))
+      << whole.body << Logs();
+  const json h = json::parse(whole.body);
+  EXPECT_EQ(h["status"], "ok");
+  EXPECT_EQ(h["model"], model_name_);
+  EXPECT_EQ(h["blocks"], 4);
+  EXPECT_EQ(h["route_servers"], 2);
+
+  EXPECT_EQ(Curl("/models/" + model_name_).status, 401);
+  headers_ = {"Authorization: Bearer " + key};
+  const HttpAnswer model = Curl("/models/" + model_name_);
+  ASSERT_EQ(model.status, 200) << model.body;
+  EXPECT_EQ(
+      json::parse(model.body),
+      json({{"id", model_name_}, {"object", "model"}, {"created", 0}, {"owned_by", "colony"}}));
+  std::string encoded;  // every byte as %XX
+  for (unsigned char c : model_name_) encoded += fmt::format("%{:02X}", c);
+  EXPECT_EQ(Curl("/models/" + encoded).status, 200);
+  const HttpAnswer other = Curl("/models/gpt-4");
+  EXPECT_EQ(other.status, 404) << other.body;
+  EXPECT_NE(other.body.find("model_not_found"), std::string::npos) << other.body;
 }
 
 // Requests at the same time each get an inference session of their own: streams that overlap in
