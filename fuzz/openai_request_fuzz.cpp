@@ -1,7 +1,7 @@
-// Fuzz target for the requests of colony api (the body of POST /v1/completions and
-// /v1/chat/completions, from any HTTP client). Parsing never crashes, every error names what is
-// wrong, and an accepted request is within the documented ranges and limits (tools and tool
-// calls included).
+// Fuzz target for the requests of colony api (the body of POST /v1/completions,
+// /v1/chat/completions, /tokenize and /detokenize, from any HTTP client). Parsing never crashes,
+// every error names what is wrong, and an accepted request is within the documented ranges and
+// limits (tools and tool calls included).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -111,5 +111,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                              .max_tool_calls = 4};
   Check(ParseCompletionRequest(body, limits), limits);
   Check(ParseChatRequest(body, limits), limits);
+  // /tokenize: one text prompt or a chat's messages (the chat's checks above hold for them);
+  // /detokenize: bounded ids within int32.
+  if (auto t = ParseTokenizeRequest(body, limits); t.ok()) {
+    const GenerationRequest& r = t->what;
+    if (r.chat ? (r.messages.empty() || !r.prompts.empty() || t->add_special_tokens)
+               : (r.prompts.size() != 1 || r.prompts[0].is_tokens || !r.messages.empty() ||
+                  !r.tools_json.empty() || !r.template_kwargs_json.empty())) {
+      __builtin_trap();
+    }
+    if (r.messages.size() > limits.max_messages || r.tool_names.size() > limits.max_tools) {
+      __builtin_trap();
+    }
+  } else if (t.status().message().empty()) {
+    __builtin_trap();
+  }
+  if (auto d = ParseDetokenizeRequest(body, limits); d.ok()) {
+    if (d->tokens.size() > limits.max_prompt_tokens) __builtin_trap();
+    for (int64_t id : d->tokens) {
+      if (id < 0 || id > INT32_MAX) __builtin_trap();
+    }
+  } else if (d.status().message().empty()) {
+    __builtin_trap();
+  }
   return 0;
 }

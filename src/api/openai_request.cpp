@@ -360,6 +360,25 @@ Status ParseMessages(const json& v, const RequestLimits& limits, GenerationReque
 
 using FieldParser = std::function<Status(const json&, GenerationRequest&)>;
 
+// chat_template_kwargs (vLLM's): more variables of the model's own template, by name.
+Status ParseTemplateKwargs(const json& v, GenerationRequest& q) {
+  if (v.is_null()) return Status::Ok();
+  if (!v.is_object()) return Bad("chat_template_kwargs", "must be an object");
+  for (const auto& [key, value] : v.items()) {
+    if (ModelChatTemplate::SetsVariable(key)) {
+      return Bad("chat_template_kwargs." + key,
+                 "is set by colony api from the request itself; send it there");
+    }
+    if (!IsName(key, /*dash=*/false) ||
+        std::isdigit(static_cast<unsigned char>(key.front())) != 0) {
+      return Bad("chat_template_kwargs." + key.substr(0, 64),
+                 "is not a template variable's name (letters, digits and '_')");
+    }
+  }
+  if (!v.empty()) q.template_kwargs_json = v.dump();
+  return Status::Ok();
+}
+
 Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestLimits& limits,
                                 const model::SamplingDefaults& defaults) {
   COLONY_ASSIGN_OR_RETURN(json j,
@@ -527,24 +546,7 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
                       "is not supported by colony api but as \"auto\" or \"none\" (making the "
                       "model call a tool needs constrained decoding)");
          }},
-        {"chat_template_kwargs",
-         [](const json& v, GenerationRequest& q) -> Status {
-           if (v.is_null()) return Status::Ok();
-           if (!v.is_object()) return Bad("chat_template_kwargs", "must be an object");
-           for (const auto& [key, value] : v.items()) {
-             if (ModelChatTemplate::SetsVariable(key)) {
-               return Bad("chat_template_kwargs." + key,
-                          "is set by colony api from the request itself; send it there");
-             }
-             if (!IsName(key, /*dash=*/false) ||
-                 std::isdigit(static_cast<unsigned char>(key.front())) != 0) {
-               return Bad("chat_template_kwargs." + key.substr(0, 64),
-                          "is not a template variable's name (letters, digits and '_')");
-             }
-           }
-           if (!v.empty()) q.template_kwargs_json = v.dump();
-           return Status::Ok();
-         }},
+        {"chat_template_kwargs", ParseTemplateKwargs},
         {"parallel_tool_calls",
          [](const json& v, GenerationRequest&) -> Status {
            if (v.is_null() || v == true) return Status::Ok();
@@ -646,6 +648,88 @@ Result<GenerationRequest> ParseCompletionRequest(std::string_view body, const Re
 Result<GenerationRequest> ParseChatRequest(std::string_view body, const RequestLimits& limits,
                                            const model::SamplingDefaults& defaults) {
   return Parse(body, /*chat=*/true, limits, defaults);
+}
+
+Result<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const RequestLimits& limits) {
+  COLONY_ASSIGN_OR_RETURN(json j,
+                          model::ParseStrictOrderedJsonObject(body, "the request body", kMaxDepth));
+  TokenizeRequest t;
+  GenerationRequest& r = t.what;
+  std::optional<bool> add_special_tokens;
+  // Fields whose only value Colony does what it says for (vLLM's defaults).
+  auto only = [](const json& v, std::string_view field, const json& value,
+                 std::string_view why) -> Status {
+    if (v.is_null() || v == value) return Status::Ok();
+    return Bad(field, fmt::format("is only supported as {} ({})", value.dump(), why));
+  };
+  for (const auto& [key, value] : j.items()) {
+    if (key == "model") {
+      COLONY_ASSIGN_OR_RETURN(r.model, Text(value, "model"));
+    } else if (key == "prompt") {
+      COLONY_RETURN_IF_ERROR(ParsePrompt(value, limits, r));
+      if (r.prompts.size() != 1 || r.prompts[0].is_tokens) return Bad("prompt", "must be a string");
+    } else if (key == "messages") {
+      r.chat = true;
+      COLONY_RETURN_IF_ERROR(ParseMessages(value, limits, r));
+    } else if (key == "tools") {
+      COLONY_RETURN_IF_ERROR(ParseTools(value, limits, r));
+    } else if (key == "chat_template_kwargs") {
+      COLONY_RETURN_IF_ERROR(ParseTemplateKwargs(value, r));
+    } else if (key == "add_special_tokens") {
+      if (!value.is_null()) {
+        COLONY_ASSIGN_OR_RETURN(add_special_tokens, Bool(value, "add_special_tokens"));
+      }
+    } else if (key == "add_generation_prompt") {
+      COLONY_RETURN_IF_ERROR(only(value, key, true, "chats are tokenized as they are generated"));
+    } else if (key == "continue_final_message") {
+      COLONY_RETURN_IF_ERROR(only(value, key, false, "chats are tokenized as they are generated"));
+    } else if (key == "return_token_strs") {
+      COLONY_RETURN_IF_ERROR(only(value, key, false, "tokens are ids; /detokenize gives text"));
+    } else {
+      return Bad(key, "is not a field of a tokenize request that colony api knows");
+    }
+  }
+  if (j.contains("prompt") == j.contains("messages")) {
+    return Bad("prompt", "or 'messages' must be given, and not both");
+  }
+  if (!r.chat && (!r.tools_json.empty() || !r.template_kwargs_json.empty())) {
+    return Bad(r.tools_json.empty() ? "chat_template_kwargs" : "tools", "needs 'messages'");
+  }
+  // A chat's template writes its own special tokens: vLLM adds none by default.
+  if (r.chat && add_special_tokens.value_or(false)) {
+    return Bad("add_special_tokens",
+               "is only supported as false with messages (the chat "
+               "template writes the special tokens)");
+  }
+  t.add_special_tokens = !r.chat && add_special_tokens.value_or(true);
+  return t;
+}
+
+Result<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body,
+                                                 const RequestLimits& limits) {
+  COLONY_ASSIGN_OR_RETURN(json j,
+                          model::ParseStrictOrderedJsonObject(body, "the request body", kMaxDepth));
+  DetokenizeRequest d;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "model") {
+      COLONY_ASSIGN_OR_RETURN(d.model, Text(value, "model"));
+    } else if (key == "tokens") {
+      if (!value.is_array()) return Bad("tokens", "must be an array of token ids");
+      if (value.size() > limits.max_prompt_tokens) {
+        return Bad("tokens", fmt::format("holds {} tokens; at most {}", value.size(),
+                                         limits.max_prompt_tokens));
+      }
+      for (size_t i = 0; i < value.size(); ++i) {
+        COLONY_ASSIGN_OR_RETURN(int64_t id,
+                                Integer(value[i], fmt::format("tokens[{}]", i), 0, INT32_MAX));
+        d.tokens.push_back(id);
+      }
+    } else {
+      return Bad(key, "is not a field of a detokenize request that colony api knows");
+    }
+  }
+  if (!j.contains("tokens")) return Bad("tokens", "is missing");
+  return d;
 }
 
 }  // namespace colony::api

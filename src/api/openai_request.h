@@ -124,6 +124,21 @@ struct RequestLimits {
 inline constexpr model::SamplingDefaults kOpenAiSampling{
     .temperature = 1.0, .top_k = 0, .top_p = 1.0, .repetition_penalty = 1.0};
 
+// POST /tokenize (vLLM's): a prompt (text) or a chat (messages, with tools and
+// chat_template_kwargs) to turn into the token ids that generation would run on.
+struct TokenizeRequest {
+  GenerationRequest what;  // model, prompts (one text) or chat's messages, tools, kwargs
+  // A prompt's BOS first (vLLM's default; its add_special_tokens). A chat's template writes its
+  // own special tokens: false there.
+  bool add_special_tokens = true;
+};
+
+// POST /detokenize (vLLM's): token ids to turn into text.
+struct DetokenizeRequest {
+  std::string model;            // as asked; empty when absent
+  std::vector<int64_t> tokens;  // each in [0, 2^31); whether in the vocabulary is the service's
+};
+
 // InvalidArgument naming the field (its message starts with the field's name in quotes). The
 // sampling fields a request leaves out are `defaults`'.
 Result<GenerationRequest> ParseCompletionRequest(
@@ -132,5 +147,8 @@ Result<GenerationRequest> ParseCompletionRequest(
 Result<GenerationRequest> ParseChatRequest(
     std::string_view body, const RequestLimits& limits,
     const model::SamplingDefaults& defaults = kOpenAiSampling);
+Result<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const RequestLimits& limits);
+Result<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body,
+                                                 const RequestLimits& limits);
 
 }  // namespace colony::api

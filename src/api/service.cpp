@@ -51,6 +51,11 @@ json ModelObject(const std::string& id) {
   return {{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "colony"}};
 }
 
+// How an error names a request's prompt: by its index when it is one of several.
+std::string PromptField(const GenerationRequest& r, size_t prompt) {
+  return r.prompts.size() > 1 ? fmt::format("prompt[{}]", prompt) : std::string("prompt");
+}
+
 // A path segment with its %XX escapes decoded (others kept as sent).
 std::string PercentDecoded(std::string_view s) {
   auto digit = [](char c) -> int {
@@ -170,6 +175,9 @@ http::Router ApiService::Routes() {
   router.AddPrefix("GET", "/v1/models/", guarded([this](const http::Request& r) {
                      return Model(std::string_view(r.path).substr(std::size("/v1/models/") - 1));
                    }));
+  router.Add("POST", "/tokenize", guarded([this](const http::Request& r) { return Tokenize(r); }));
+  router.Add("POST", "/detokenize",
+             guarded([this](const http::Request& r) { return Detokenize(r); }));
   // Whether a route through the swarm serves the model now, for load balancers' probes: no key
   // is asked for (it tells nothing a server's DHT records do not).
   router.Add("GET", "/health", [this](const http::Request&) { return Health(); });
@@ -180,6 +188,13 @@ http::Router ApiService::Routes() {
   return router;
 }
 
+http::Reply ApiService::NoSuchModel(std::string_view id) const {
+  return http::JsonError(404,
+                         fmt::format("the model '{}' does not exist; this server serves '{}'",
+                                     id.substr(0, 256), options_.model_id),
+                         "invalid_request_error", "model_not_found");
+}
+
 http::Reply ApiService::Models() const {
   return http::Json(
       200, Dump({{"object", "list"}, {"data", json::array({ModelObject(options_.model_id)})}}));
@@ -188,13 +203,48 @@ http::Reply ApiService::Models() const {
 http::Reply ApiService::Model(std::string_view id) const {
   // An id with a '/' (an organisation's model) may come percent-encoded.
   const std::string decoded = PercentDecoded(id);
-  if (decoded != options_.model_id) {
-    return http::JsonError(404,
-                           fmt::format("the model '{}' does not exist; this server serves '{}'",
-                                       decoded.substr(0, 256), options_.model_id),
-                           "invalid_request_error", "model_not_found");
-  }
+  if (decoded != options_.model_id) return NoSuchModel(decoded);
   return http::Json(200, Dump(ModelObject(options_.model_id)));
+}
+
+http::Reply ApiService::Tokenize(const http::Request& request) const {
+  auto parsed = ParseTokenizeRequest(request.body, options_.limits);
+  if (!parsed.ok()) return http::JsonError(400, parsed.status().message());
+  const GenerationRequest& r = parsed->what;
+  if (!r.model.empty() && r.model != options_.model_id) return NoSuchModel(r.model);
+  Plan plan;
+  if (Status st = Encode(r, 0, plan); !st.ok()) return http::JsonError(400, st.message());
+  // (A text prompt's tokens begin with the BOS that Encode put first, when the model has one.)
+  if (!r.chat && !parsed->add_special_tokens && client_.tokenizer->bos_id() >= 0) {
+    plan.prompt.erase(plan.prompt.begin());
+  }
+  return http::Json(200, Dump({{"count", plan.prompt.size()},
+                               {"max_model_len", client_.head->config().max_seq_len},
+                               {"tokens", plan.prompt},
+                               {"token_strs", nullptr}}));
+}
+
+http::Reply ApiService::Detokenize(const http::Request& request) const {
+  auto parsed = ParseDetokenizeRequest(request.body, options_.limits);
+  if (!parsed.ok()) return http::JsonError(400, parsed.status().message());
+  if (!parsed->model.empty() && parsed->model != options_.model_id) {
+    return NoSuchModel(parsed->model);
+  }
+  if (!client_.tokenizer) {
+    return http::JsonError(400, "the model directory has no tokenizer");
+  }
+  const int64_t vocab = client_.head->config().vocab_size;
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < parsed->tokens.size(); ++i) {
+    const int64_t t = parsed->tokens[i];
+    if (t >= vocab) {
+      return http::JsonError(
+          400,
+          fmt::format("'tokens[{}]': token {} is outside the vocabulary [0, {})", i, t, vocab));
+    }
+    ids.push_back(static_cast<int32_t>(t));
+  }
+  return http::Json(200, Dump({{"prompt", client_.tokenizer->Decode(ids)}}));
 }
 
 http::Reply ApiService::Health() const {
@@ -215,9 +265,7 @@ http::Reply ApiService::Health() const {
   return *health_;
 }
 
-Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t prompt) const {
-  Plan plan;
-  const auto& config = client_.head->config();
+Status ApiService::Encode(const GenerationRequest& r, size_t prompt, Plan& plan) const {
   if (!client_.tokenizer) return FailedPrecondition("the model directory has no tokenizer");
   const model::Tokenizer& tok = *client_.tokenizer;
   if (r.chat) {
@@ -271,10 +319,17 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
     if (tok.bos_id() >= 0) plan.prompt.push_back(tok.bos_id());
     for (int32_t id : tok.Encode(r.prompts[prompt].text)) plan.prompt.push_back(id);
   }
-  // (One of several prompts is named by its index.)
-  const std::string prompt_field =
-      r.prompts.size() > 1 ? fmt::format("prompt[{}]", prompt) : std::string("prompt");
+  const std::string prompt_field = PromptField(r, prompt);
   if (plan.prompt.empty()) return InvalidArgument(fmt::format("'{}' is empty", prompt_field));
+  return Status::Ok();
+}
+
+Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t prompt) const {
+  Plan plan;
+  COLONY_RETURN_IF_ERROR(Encode(r, prompt, plan));
+  const auto& config = client_.head->config();
+  const model::Tokenizer& tok = *client_.tokenizer;
+  const std::string prompt_field = PromptField(r, prompt);
   for (int64_t t : plan.prompt) {
     if (t < 0 || t >= config.vocab_size) {
       return InvalidArgument(fmt::format("'{}': token {} is outside the vocabulary [0, {})",
@@ -361,12 +416,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                      : ParseCompletionRequest(request.body, options_.limits, defaults);
   if (!parsed.ok()) return http::JsonError(400, parsed.status().message());
   GenerationRequest r = std::move(*parsed);
-  if (!r.model.empty() && r.model != options_.model_id) {
-    return http::JsonError(404,
-                           fmt::format("the model '{}' does not exist; this server serves '{}'",
-                                       r.model, options_.model_id),
-                           "invalid_request_error", "model_not_found");
-  }
+  if (!r.model.empty() && r.model != options_.model_id) return NoSuchModel(r.model);
   // One plan per prompt (chat: one), all made before anything runs: a bad prompt among
   // several fails the request.
   auto plans = std::make_shared<std::vector<Plan>>();

@@ -57,8 +57,14 @@ class ApiService {
 
  private:
   http::Reply Models() const;
-  http::Reply Model(std::string_view id) const;  // GET /v1/models/{id}
-  http::Reply Health() const;                    // GET /health
+  http::Reply Model(std::string_view id) const;                // GET /v1/models/{id}
+  http::Reply Health() const;                                  // GET /health
+  http::Reply Tokenize(const http::Request& request) const;    // POST /tokenize (vLLM's)
+  http::Reply Detokenize(const http::Request& request) const;  // POST /detokenize (vLLM's)
+  http::Reply NoSuchModel(std::string_view id) const;          // 404 model_not_found
+  // The prompt (`prompt`, of several) or chat that generation would run on, as token ids (with
+  // the chat's stops, end tokens and tool format) into `plan`; InvalidArgument naming the field.
+  Status Encode(const GenerationRequest& r, size_t prompt, Plan& plan) const;
   http::Reply Generate(const http::Request& request, bool chat);
   Result<Plan> MakePlan(const GenerationRequest& r, size_t prompt) const;
 

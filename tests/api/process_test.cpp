@@ -421,6 +421,49 @@ TEST_F(ApiProcessTest, CompletionsAndChatMatchLocalGenerationInTheOpenAiFormat) 
   }
   EXPECT_EQ(chat_joined, chat_expected);
   EXPECT_EQ(chat_events.back()["choices"][0]["finish_reason"], ch["choices"][0]["finish_reason"]);
+
+  // /tokenize and /detokenize (vLLM's), against this process's tokenizer: a prompt's ids, a
+  // chat's as its template renders it (the plain template's text above), and ids back to text.
+  // (This tokenizer has no BOS: see the next test for add_special_tokens.)
+  auto ids_of = [&](const std::string& text, bool bos) {
+    std::vector<int64_t> ids;
+    if (bos && tokenizer_->bos_id() >= 0) ids.push_back(tokenizer_->bos_id());
+    for (int32_t t : tokenizer_->Encode(text)) ids.push_back(t);
+    return ids;
+  };
+  auto root_post = [&](const std::string& path, const json& body) {
+    const std::string v1 = base_url_;
+    base_url_ = v1.substr(0, v1.rfind("/v1"));
+    HttpAnswer answer = Curl(path, body.dump());
+    base_url_ = v1;
+    return answer;
+  };
+  const HttpAnswer tokenized = root_post("/tokenize", {{"model", model_name_}, {"prompt", prompt}});
+  ASSERT_EQ(tokenized.status, 200) << tokenized.body;
+  const json tj = json::parse(tokenized.body);
+  EXPECT_EQ(tj["tokens"], json(ids_of(prompt, true))) << tokenized.body;
+  EXPECT_EQ(tj["count"], prompt_tokens);
+  EXPECT_EQ(tj["max_model_len"],
+            json::parse(colony::test::ReadFile(
+                (model_dir_ / "config.json").string()))["max_position_embeddings"]);
+  const HttpAnswer chat_tokens =
+      root_post("/tokenize", {{"messages",
+                               {{{"role", "system"}, {"content", "Be brief."}},
+                                {{"role", "user"}, {"content", "Hello there"}}}}});
+  ASSERT_EQ(chat_tokens.status, 200) << chat_tokens.body;
+  EXPECT_EQ(json::parse(chat_tokens.body)["tokens"], json(ids_of(chat_prompt, true)))
+      << chat_tokens.body;
+  const HttpAnswer text = root_post("/detokenize", {{"tokens", ids_of(chat_prompt, false)}});
+  ASSERT_EQ(text.status, 200) << text.body;
+  EXPECT_EQ(json::parse(text.body), json({{"prompt", chat_prompt}}));
+  const HttpAnswer outside = root_post("/detokenize", {{"tokens", {1, 999999}}});
+  EXPECT_EQ(outside.status, 400) << outside.body;
+  EXPECT_NE(outside.body.find("'tokens[1]': token 999999 is outside the vocabulary"),
+            std::string::npos)
+      << outside.body;
+  const HttpAnswer strs = root_post("/tokenize", {{"prompt", prompt}, {"return_token_strs", true}});
+  EXPECT_EQ(strs.status, 400) << strs.body;
+  EXPECT_NE(strs.body.find("'return_token_strs'"), std::string::npos) << strs.body;
 }
 
 TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
@@ -549,12 +592,25 @@ TEST_F(ApiProcessTest, OnlyHoldersOfAnApiKeyGenerateAndClientsKeepToTheirRate) {
   EXPECT_NE(over.body.find("rate_limit_exceeded"), std::string::npos) << over.body;
 }
 
+// The small endpoints, on a model whose tokenizer.json prepends a BOS:
 // GET /health (vLLM's) answers 200 only while a route through the swarm's servers covers every
 // block of the model, and asks for no API key (load balancers' probes send none): 503 naming the
 // first uncovered block while one server serves half of them, 200 once a second serves the rest.
 // GET /v1/models/{id} is OpenAI's retrieve-model call (behind the key like every /v1 path; an id
-// may come percent-encoded); another id is a 404.
-TEST_F(ApiProcessTest, HealthSaysWhetherTheSwarmServesTheModelAndModelsCanBeRetrieved) {
+// may come percent-encoded); another id is a 404. POST /tokenize (vLLM's) puts the BOS first
+// unless add_special_tokens is false.
+TEST_F(ApiProcessTest, HealthModelsAndTokenizeAnswerAsVllmsAndOpenAis) {
+  json tokenizer = json::parse(colony::test::ReadFile((model_dir_ / "tokenizer.json").string()));
+  const json bos = {{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}};
+  const json sequence = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
+  tokenizer["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {bos, sequence}},
+      {"pair", {bos, sequence, bos, {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+      {"special_tokens",
+       {{"<|begin_of_text|>",
+         {{"id", "<|begin_of_text|>"}, {"ids", {0}}, {"tokens", {"<|begin_of_text|>"}}}}}}};
+  colony::test::WriteFile((model_dir_ / "tokenizer.json").string(), tokenizer.dump());
   const std::string key = "colony-test-key-0123456789abcdef";
   const fs::path keys = dir_ / "keys.txt";
   std::ofstream(keys) << key << "\n";
@@ -598,6 +654,21 @@ TEST_F(ApiProcessTest, HealthSaysWhetherTheSwarmServesTheModelAndModelsCanBeRetr
   const HttpAnswer other = Curl("/models/gpt-4");
   EXPECT_EQ(other.status, 404) << other.body;
   EXPECT_NE(other.body.find("model_not_found"), std::string::npos) << other.body;
+
+  std::vector<int64_t> ids;  // "Once upon" as this process's tokenizer encodes it (no BOS)
+  for (int32_t t : tokenizer_->Encode("Once upon")) ids.push_back(t);
+  std::vector<int64_t> with_bos = {0};
+  with_bos.insert(with_bos.end(), ids.begin(), ids.end());
+  const std::string v1 = base_url_;
+  base_url_ = v1.substr(0, v1.rfind("/v1"));
+  const HttpAnswer tokenized = Curl("/tokenize", R"({"prompt": "Once upon"})");
+  const HttpAnswer bare =
+      Curl("/tokenize", R"({"prompt": "Once upon", "add_special_tokens": false})");
+  base_url_ = v1;
+  ASSERT_EQ(tokenized.status, 200) << tokenized.body;
+  EXPECT_EQ(json::parse(tokenized.body)["tokens"], json(with_bos)) << tokenized.body;
+  ASSERT_EQ(bare.status, 200) << bare.body;
+  EXPECT_EQ(json::parse(bare.body)["tokens"], json(ids)) << bare.body;
 }
 
 // Requests at the same time each get an inference session of their own: streams that overlap in

@@ -473,6 +473,77 @@ TEST(OpenAiRequest, RefusesMalformedToolsAndCallsNamingTheField) {
             std::string::npos);
 }
 
+// vLLM's /tokenize and /detokenize: a prompt (text) or a chat; token ids back to text.
+TEST(OpenAiRequest, TokenizeAndDetokenizeRequestsAreParsedAsVllmsAndRefusedNamingTheField) {
+  auto prompt = ParseTokenizeRequest(R"({"model": "m", "prompt": "Hi there"})", {});
+  ASSERT_TRUE(prompt.ok()) << prompt.status().ToString();
+  EXPECT_EQ(prompt->what.model, "m");
+  EXPECT_FALSE(prompt->what.chat);
+  ASSERT_EQ(prompt->what.prompts.size(), 1u);
+  EXPECT_EQ(prompt->what.prompts[0].text, "Hi there");
+  EXPECT_TRUE(prompt->add_special_tokens);  // vLLM's default for a prompt
+  auto bare = ParseTokenizeRequest(R"({"prompt": "x", "add_special_tokens": false})", {});
+  ASSERT_TRUE(bare.ok()) << bare.status().ToString();
+  EXPECT_FALSE(bare->add_special_tokens);
+  auto chat = ParseTokenizeRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true,
+          "chat_template_kwargs": {"enable_thinking": false}, "return_token_strs": false})",
+      {});
+  ASSERT_TRUE(chat.ok()) << chat.status().ToString();
+  EXPECT_TRUE(chat->what.chat);
+  ASSERT_EQ(chat->what.messages.size(), 1u);
+  EXPECT_EQ(chat->what.messages[0].content, "hi");
+  EXPECT_EQ(chat->what.template_kwargs_json, R"({"enable_thinking":false})");
+  EXPECT_FALSE(chat->add_special_tokens);  // the template writes them
+  auto ids = ParseDetokenizeRequest(R"({"model": "m", "tokens": [0, 5, 2147483647]})", {});
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  EXPECT_EQ(ids->model, "m");
+  EXPECT_EQ(ids->tokens, (std::vector<int64_t>{0, 5, 2147483647}));
+
+  const std::map<std::string, std::string> tokenize_cases = {
+      {R"({})", "'prompt' or 'messages' must be given"},
+      {R"({"prompt": "x", "messages": [{"role": "user", "content": "x"}]})",
+       "'prompt' or 'messages' must be given, and not both"},
+      {R"({"prompt": [1, 2]})", "'prompt' must be a string"},
+      {R"({"prompt": ["a", "b"]})", "'prompt' must be a string"},
+      {R"({"prompt": "x", "max_tokens": 3})", "'max_tokens' is not a field of a tokenize request"},
+      {R"({"prompt": "x", "return_token_strs": true})",
+       "'return_token_strs' is only supported as false"},
+      {R"({"prompt": "x", "chat_template_kwargs": {"a": 1}})",
+       "'chat_template_kwargs' needs 'messages'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "add_special_tokens": true})",
+       "'add_special_tokens' is only supported as false with messages"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})",
+       "'add_generation_prompt' is only supported as true"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true})",
+       "'continue_final_message' is only supported as false"},
+      {R"({"prompt": "x", "add_special_tokens": "yes"})",
+       "'add_special_tokens' must be true or false"},
+  };
+  // Each body is refused with a message that holds its needle.
+  auto refused = [](const auto& parse, const std::map<std::string, std::string>& cases) {
+    for (const auto& [body, needle] : cases) {
+      auto r = parse(body, RequestLimits{});
+      ASSERT_FALSE(r.ok()) << body;
+      EXPECT_NE(r.status().message().find(needle), std::string::npos)
+          << body << ": " << r.status().message();
+    }
+  };
+  refused(ParseTokenizeRequest, tokenize_cases);
+  const std::map<std::string, std::string> detokenize_cases = {
+      {R"({})", "'tokens' is missing"},
+      {R"({"tokens": "1 2"})", "'tokens' must be an array of token ids"},
+      {R"({"tokens": [1, -2]})", "'tokens[1]' must be between 0 and 2147483647"},
+      {R"({"tokens": [1], "prompt": "x"})", "'prompt' is not a field of a detokenize request"},
+  };
+  refused(ParseDetokenizeRequest, detokenize_cases);
+  RequestLimits limits;
+  limits.max_prompt_tokens = 2;
+  auto long_ids = ParseDetokenizeRequest(R"({"tokens": [1, 2, 3]})", limits);
+  ASSERT_FALSE(long_ids.ok());
+  EXPECT_EQ(long_ids.status().message(), "'tokens' holds 3 tokens; at most 2");
+}
+
 TEST(OpenAiRequest, LimitsBoundWhatOneRequestMayAskFor) {
   RequestLimits limits{.max_n = 2,
                        .max_messages = 3,
