@@ -168,7 +168,7 @@ Status ParsePrompt(const json& v, const RequestLimits& limits, GenerationRequest
         COLONY_ASSIGN_OR_RETURN(auto ids, tokens(v[i], field));
         prompts.push_back({.text = {}, .tokens = std::move(ids), .is_tokens = true});
       } else {
-        return Bad("prompt", kShape);
+        return Bad(field, kShape);
       }
     }
   }
@@ -692,8 +692,11 @@ Result<TokenizeRequest> ParseTokenizeRequest(std::string_view body, const Reques
   if (j.contains("prompt") == j.contains("messages")) {
     return Bad("prompt", "or 'messages' must be given, and not both");
   }
-  if (!r.chat && (!r.tools_json.empty() || !r.template_kwargs_json.empty())) {
-    return Bad(r.tools_json.empty() ? "chat_template_kwargs" : "tools", "needs 'messages'");
+  if (!r.chat) {
+    for (const char* field :
+         {"tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"}) {
+      if (j.contains(field)) return Bad(field, "needs 'messages'");
+    }
   }
   // A chat's template writes its own special tokens: vLLM adds none by default.
   if (r.chat && add_special_tokens.value_or(false)) {

@@ -248,21 +248,32 @@ http::Reply ApiService::Detokenize(const http::Request& request) const {
 }
 
 http::Reply ApiService::Health() const {
-  std::lock_guard lock(health_mu_);  // one route at a time; probes that wait get its answer
-  const auto now = std::chrono::steady_clock::now();
-  if (health_ && now - health_at_ < std::chrono::seconds(1)) return *health_;
-  health_at_ = now;
+  {
+    std::lock_guard lock(health_mu_);
+    const bool fresh =
+        health_ && std::chrono::steady_clock::now() - health_at_ < std::chrono::seconds(1);
+    if (fresh || health_finding_) {
+      if (health_) return *health_;
+      return http::JsonError(503, "colony api is finding its first route through the swarm",
+                             "server_error");
+    }
+    health_finding_ = true;
+  }
   const int64_t blocks = client_.manager->options().num_blocks;
   auto route = client_.manager->MakeRoute(0, blocks, serve::RoutingMode::kMinLatency);
-  health_ = route.ok()
-                ? http::Json(200, Dump({{"status", "ok"},
-                                        {"model", options_.model_id},
-                                        {"blocks", blocks},
-                                        {"route_servers", route->size()}}))
-                : http::JsonError(
-                      503, "the swarm cannot serve the model now: " + route.status().message(),
-                      "server_error");
-  return *health_;
+  http::Reply reply =
+      route.ok() ? http::Json(200, Dump({{"status", "ok"},
+                                         {"model", options_.model_id},
+                                         {"blocks", blocks},
+                                         {"route_servers", route->size()}}))
+                 : http::JsonError(
+                       503, "the swarm cannot serve the model now: " + route.status().message(),
+                       "server_error");
+  std::lock_guard lock(health_mu_);
+  health_ = reply;
+  health_at_ = std::chrono::steady_clock::now();  // (finding it may have taken seconds)
+  health_finding_ = false;
+  return reply;
 }
 
 Status ApiService::Encode(const GenerationRequest& r, size_t prompt, Plan& plan) const {
@@ -439,13 +450,18 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   auto decode = [tok](std::span<const int32_t> ids) { return tok.Decode(ids); };
   std::random_device rd;
   const uint64_t base_seed = req->seed.value_or((static_cast<uint64_t>(rd()) << 32) | rd());
+  // The seed of prompt k's first row (row i samples with it + i): a request's seed for every
+  // prompt (as vLLM), else seeds of their own.
+  auto first_seed = [req, base_seed](size_t k) {
+    return req->seed ? *req->seed : base_seed + k * static_cast<uint64_t>(req->best_of);
+  };
 
   // Runs a plan's n choices side by side, each a row of one session (one pass through the
   // swarm per token for all of them); on_delta(i, text, logprobs) sees choice i's text as it is
   // released, with the log-probabilities of its tokens since the last call (when asked for).
   using OnDelta = std::function<void(int64_t, const std::string&, std::vector<TokenLogprob>)>;
-  auto run_choices = [this, req, decode, base_seed, cancelled](
-                         const Plan& plan, const OnDelta& on_delta,
+  auto run_choices = [this, req, decode, cancelled](
+                         const Plan& plan, uint64_t seed, const OnDelta& on_delta,
                          const std::function<bool()>& stop_early) -> Result<std::vector<Choice>> {
     at::NoGradGuard no_grad;
     // best_of > n: every candidate is a row, and the n best are answered (not streamed), ranked
@@ -507,7 +523,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                            .top_k = req->top_k,
                            .top_p = req->top_p,
                            .repetition_penalty = req->repetition_penalty,
-                           .seed = base_seed + static_cast<uint64_t>(i)});
+                           .seed = seed + static_cast<uint64_t>(i)});
       }
       auto tokens = serve::GenerateRows(
           *backend, plan.prompt, options, /*eos_id=*/-1,  // the plan's end tokens end rows
@@ -589,7 +605,9 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     json out = {{"id", id}, {"object", object}, {"created", created}, {"model", options_.model_id}};
     out["choices"] = json::array();
     int64_t generated = 0;  // every candidate's tokens: they were all generated
-    for (const Plan& plan : *plans) {
+    for (size_t k = 0; k < plans->size(); ++k) {
+      const Plan& plan = (*plans)[k];
+      if (cancelled()) return SwarmError(Cancelled("the client went away"));
       std::vector<Choice> choices;
       if (plan.beams) {
         at::NoGradGuard no_grad;
@@ -621,6 +639,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
           c.finish_reason = b.finished || ended || text.stopped() ? "stop" : "length";
           c.ReadCalls(plan);
           if (req->logprobs) {
+            if (cancelled()) return SwarmError(Cancelled("the client went away"));
             auto scored = ScoreBeam(client_, plan.prompt, said, *req->logprobs, req->echo);
             if (!scored.ok()) return SwarmError(scored.status());
             c.logprobs = std::move(*scored);
@@ -629,7 +648,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         }
       } else {
         // best_of > n: the candidates, best first, of which the first n are answered.
-        auto sampled = run_choices(plan, {}, {});
+        auto sampled = run_choices(plan, first_seed(k), {}, {});
         if (!sampled.ok()) return SwarmError(sampled.status());
         choices = std::move(*sampled);
       }
@@ -652,7 +671,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
   const std::string model_id = options_.model_id;
   reply.stream = [req, chat, id, created, chunk_object, model_id, run_choices, usage,
-                  logprob_format, plans](http::StreamWriter& out) {
+                  logprob_format, plans, first_seed](http::StreamWriter& out) {
     auto event = [&](json choices, const json* extra = nullptr) {
       json j = {{"id", id},
                 {"object", chunk_object},
@@ -695,7 +714,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       std::vector<ToolCallStream> calls_held(n, ToolCallStream(plan.tool_format, plan.tool_names));
       // The choices' pieces interleave, each event naming its choice's index.
       auto choices = run_choices(
-          plan,
+          plan, first_seed(k),
           [&](int64_t i, const std::string& d, const std::vector<TokenLogprob>& logprobs) {
             const std::string text = calls_held[static_cast<size_t>(i)].Add(d);
             if (text.empty() && logprobs.empty()) return;

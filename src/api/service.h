@@ -1,8 +1,9 @@
 // The OpenAI-compatible generation API over a swarm (`colony api`, as chat.petals.dev over
-// Petals): GET /v1/models, POST /v1/completions and POST /v1/chat/completions, answered whole or
-// as server-sent events token by token. Each request opens its own inference session(s) in the
-// swarm, so concurrent requests do not share a KV cache, and a server that dies mid-request is
-// replaced by the session's failover without the client noticing.
+// Petals): GET /v1/models and /v1/models/{id}, POST /v1/completions and POST
+// /v1/chat/completions, answered whole or as server-sent events token by token, and vLLM's POST
+// /tokenize, /detokenize and GET /health. Each request (each prompt of a batch) opens its own
+// inference session(s) in the swarm, so concurrent requests do not share a KV cache, and a server
+// that dies mid-request is replaced by the session's failover without the client noticing.
 //
 //   auto client = serve::ConnectToSwarm({.model_dir = dir, .initial_peers = {addr}});
 //   api::ApiService api(**client, {.model_id = "llama"});
@@ -74,9 +75,12 @@ class ApiService {
   ModelChatTemplate::TurnEnd model_tool_turn_end_;  // of the template it runs with tools
   // /health's last answer and when it was found: probes, which need no key, are answered from it
   // for a second, so that any number of them costs one route a second.
+  // A probe finds the answer while none is being found (outside the lock); the others meanwhile
+  // get the last one (or 503 before the first).
   mutable std::mutex health_mu_;
   mutable std::chrono::steady_clock::time_point health_at_;
   mutable std::optional<http::Reply> health_;
+  mutable bool health_finding_ = false;
 };
 
 }  // namespace colony::api

@@ -752,16 +752,23 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
   if (tokenizer_->bos_id() >= 0) prompt.push_back(tokenizer_->bos_id());
   for (int32_t id : tokenizer_->Encode(prompt_text)) prompt.push_back(id);
   const int64_t n = 3, max_tokens = 10, seed = 5;
-  std::vector<std::vector<int64_t>> tokens;  // each choice's, without its end
-  std::vector<std::string> texts;
-  for (int64_t i = 0; i < n; ++i) {
+  // The whole model's sample of a prompt with seed + i, without its end.
+  auto sample = [&](const std::vector<int64_t>& of, int64_t i) {
     auto t = model::Generate(
-        *local, prompt,
+        *local, of,
         {.max_new_tokens = max_tokens, .temperature = 1.0, .seed = static_cast<uint64_t>(seed + i)},
         tokenizer_->eos_id());
     if (!t.empty() && t.back() == tokenizer_->eos_id()) t.pop_back();
-    texts.push_back(tokenizer_->Decode(std::vector<int32_t>(t.begin(), t.end())));
-    tokens.push_back(std::move(t));
+    return t;
+  };
+  auto text_of_tokens = [&](const std::vector<int64_t>& t) {
+    return tokenizer_->Decode(std::vector<int32_t>(t.begin(), t.end()));
+  };
+  std::vector<std::vector<int64_t>> tokens;  // each choice's, without its end
+  std::vector<std::string> texts;
+  for (int64_t i = 0; i < n; ++i) {
+    tokens.push_back(sample(prompt, i));
+    texts.push_back(text_of_tokens(tokens.back()));
   }
   ASSERT_NE(texts[0], texts[1]);
 
@@ -798,24 +805,46 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
   EXPECT_EQ(c["usage"]["completion_tokens"], generated);
   EXPECT_EQ(SessionsOpened(procs_[0]) - before, 1u) << "one session for the n choices" << Logs();
 
-  // A batch of the prompt as text and as token ids: prompt k's choice i is choice k * n + i,
-  // sampled with seed + i, so each prompt's n choices are the local samples above.
-  const HttpAnswer batch = Curl("/completions", json({{"prompt", {prompt_text, prompt}},
-                                                      {"max_tokens", max_tokens},
-                                                      {"temperature", 1.0},
-                                                      {"n", n},
-                                                      {"seed", seed}})
-                                                    .dump());
-  ASSERT_EQ(batch.status, 200) << batch.body << Logs();
-  const json bc = json::parse(batch.body);
-  ASSERT_EQ(bc["choices"].size(), static_cast<size_t>(2 * n)) << batch.body;
-  for (int64_t k = 0; k < 2 * n; ++k) {
-    const json& choice = bc["choices"][static_cast<size_t>(k)];
-    EXPECT_EQ(choice["index"], k);
-    EXPECT_EQ(choice["text"], texts[static_cast<size_t>(k % n)]) << "choice " << k;
+  // A batch of the prompt as token ids and another as text: prompt k's choice i is choice
+  // k * n + i, sampled with seed + i (a request's seed holds for every prompt, as vLLM's), so
+  // each prompt's n choices are its local samples, whole and streamed.
+  const std::string other_text = "The kernel";
+  std::vector<int64_t> other;
+  if (tokenizer_->bos_id() >= 0) other.push_back(tokenizer_->bos_id());
+  for (int32_t id : tokenizer_->Encode(other_text)) other.push_back(id);
+  std::vector<std::string> batch_texts = texts;
+  for (int64_t i = 0; i < n; ++i) batch_texts.push_back(text_of_tokens(sample(other, i)));
+  ASSERT_NE(batch_texts[0], batch_texts[static_cast<size_t>(n)]);
+  for (const bool stream : {false, true}) {
+    const HttpAnswer batch = Curl("/completions", json({{"prompt", {prompt, other_text}},
+                                                        {"max_tokens", max_tokens},
+                                                        {"temperature", 1.0},
+                                                        {"n", n},
+                                                        {"seed", seed},
+                                                        {"stream", stream}})
+                                                      .dump());
+    ASSERT_EQ(batch.status, 200) << batch.body << Logs();
+    std::vector<std::string> got(static_cast<size_t>(2 * n));
+    if (stream) {
+      bool ended = false;
+      for (const json& e : Events(batch.body, &ended)) {
+        ASSERT_EQ(e["choices"].size(), 1u) << e;
+        const int64_t i = e["choices"][0]["index"];
+        ASSERT_TRUE(i >= 0 && i < 2 * n) << e;
+        got[static_cast<size_t>(i)] += e["choices"][0]["text"].get<std::string>();
+      }
+      EXPECT_TRUE(ended) << batch.body;
+    } else {
+      const json bc = json::parse(batch.body);
+      ASSERT_EQ(bc["choices"].size(), static_cast<size_t>(2 * n)) << batch.body;
+      for (int64_t k = 0; k < 2 * n; ++k) {
+        EXPECT_EQ(bc["choices"][static_cast<size_t>(k)]["index"], k);
+        got[static_cast<size_t>(k)] = bc["choices"][static_cast<size_t>(k)]["text"];
+      }
+      EXPECT_EQ(bc["usage"]["prompt_tokens"], std::ssize(prompt) + std::ssize(other)) << batch.body;
+    }
+    EXPECT_EQ(got, batch_texts) << "stream " << stream;
   }
-  EXPECT_EQ(bc["usage"]["completion_tokens"], 2 * generated) << batch.body;
-  EXPECT_EQ(bc["usage"]["prompt_tokens"], 2 * std::ssize(prompt)) << batch.body;
 
   // Streamed: the pieces of the choices interleave, each naming its index.
   before = SessionsOpened(procs_[0]);
