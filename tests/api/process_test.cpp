@@ -234,13 +234,21 @@ class ApiProcessTest : public ::testing::Test {
         << warm.body << Logs();
   }
 
-  // A path of the API's root (outside /v1), e.g. /health.
-  HttpAnswer CurlRoot(const std::string& path) {
+  // A path of the API's root (outside /v1), e.g. /health or /tokenize.
+  HttpAnswer CurlRoot(const std::string& path, const std::string& body = {}) {
     const std::string v1 = base_url_;
     base_url_ = v1.substr(0, v1.rfind("/v1"));
-    HttpAnswer a = Curl(path);
+    HttpAnswer a = Curl(path, body);
     base_url_ = v1;
     return a;
+  }
+
+  // A text as this process's tokenizer encodes it, the BOS first (when asked, and it has one).
+  std::vector<int64_t> IdsOf(const std::string& text, bool bos = true) const {
+    std::vector<int64_t> ids;
+    if (bos && tokenizer_->bos_id() >= 0) ids.push_back(tokenizer_->bos_id());
+    for (int32_t t : tokenizer_->Encode(text)) ids.push_back(t);
+    return ids;
   }
 
   // Inference sessions a server started with --log-level debug has logged opening.
@@ -346,9 +354,7 @@ TEST_F(ApiProcessTest, CompletionsAndChatMatchLocalGenerationInTheOpenAiFormat) 
   const std::string other = "A swarm of volunteers";
   const std::string other_expected = Reference(other, 12);
   ASSERT_NE(other_expected, expected);
-  json other_ids = json::array();
-  if (tokenizer_->bos_id() >= 0) other_ids.push_back(tokenizer_->bos_id());
-  for (int32_t t : tokenizer_->Encode(other)) other_ids.push_back(t);
+  const std::vector<int64_t> other_ids = IdsOf(other);
   const std::vector<std::string> batch_expected = {expected, other_expected, other_expected};
   for (const bool stream : {false, true}) {
     json body = {{"prompt", {prompt, other, other_ids}},
@@ -425,23 +431,13 @@ TEST_F(ApiProcessTest, CompletionsAndChatMatchLocalGenerationInTheOpenAiFormat) 
   // /tokenize and /detokenize (vLLM's), against this process's tokenizer: a prompt's ids, a
   // chat's as its template renders it (the plain template's text above), and ids back to text.
   // (This tokenizer has no BOS: see the next test for add_special_tokens.)
-  auto ids_of = [&](const std::string& text, bool bos) {
-    std::vector<int64_t> ids;
-    if (bos && tokenizer_->bos_id() >= 0) ids.push_back(tokenizer_->bos_id());
-    for (int32_t t : tokenizer_->Encode(text)) ids.push_back(t);
-    return ids;
-  };
   auto root_post = [&](const std::string& path, const json& body) {
-    const std::string v1 = base_url_;
-    base_url_ = v1.substr(0, v1.rfind("/v1"));
-    HttpAnswer answer = Curl(path, body.dump());
-    base_url_ = v1;
-    return answer;
+    return CurlRoot(path, body.dump());
   };
   const HttpAnswer tokenized = root_post("/tokenize", {{"model", model_name_}, {"prompt", prompt}});
   ASSERT_EQ(tokenized.status, 200) << tokenized.body;
   const json tj = json::parse(tokenized.body);
-  EXPECT_EQ(tj["tokens"], json(ids_of(prompt, true))) << tokenized.body;
+  EXPECT_EQ(tj["tokens"], json(IdsOf(prompt))) << tokenized.body;
   EXPECT_EQ(tj["count"], prompt_tokens);
   EXPECT_EQ(tj["max_model_len"],
             json::parse(colony::test::ReadFile(
@@ -451,9 +447,8 @@ TEST_F(ApiProcessTest, CompletionsAndChatMatchLocalGenerationInTheOpenAiFormat) 
                                {{{"role", "system"}, {"content", "Be brief."}},
                                 {{"role", "user"}, {"content", "Hello there"}}}}});
   ASSERT_EQ(chat_tokens.status, 200) << chat_tokens.body;
-  EXPECT_EQ(json::parse(chat_tokens.body)["tokens"], json(ids_of(chat_prompt, true)))
-      << chat_tokens.body;
-  const HttpAnswer text = root_post("/detokenize", {{"tokens", ids_of(chat_prompt, false)}});
+  EXPECT_EQ(json::parse(chat_tokens.body)["tokens"], json(IdsOf(chat_prompt))) << chat_tokens.body;
+  const HttpAnswer text = root_post("/detokenize", {{"tokens", IdsOf(chat_prompt, false)}});
   ASSERT_EQ(text.status, 200) << text.body;
   EXPECT_EQ(json::parse(text.body), json({{"prompt", chat_prompt}}));
   const HttpAnswer outside = root_post("/detokenize", {{"tokens", {1, 999999}}});
@@ -655,16 +650,13 @@ TEST_F(ApiProcessTest, HealthModelsAndTokenizeAnswerAsVllmsAndOpenAis) {
   EXPECT_EQ(other.status, 404) << other.body;
   EXPECT_NE(other.body.find("model_not_found"), std::string::npos) << other.body;
 
-  std::vector<int64_t> ids;  // "Once upon" as this process's tokenizer encodes it (no BOS)
-  for (int32_t t : tokenizer_->Encode("Once upon")) ids.push_back(t);
+  // "Once upon" as this process's tokenizer (without the BOS) encodes it.
+  const std::vector<int64_t> ids = IdsOf("Once upon", false);
   std::vector<int64_t> with_bos = {0};
   with_bos.insert(with_bos.end(), ids.begin(), ids.end());
-  const std::string v1 = base_url_;
-  base_url_ = v1.substr(0, v1.rfind("/v1"));
-  const HttpAnswer tokenized = Curl("/tokenize", R"({"prompt": "Once upon"})");
+  const HttpAnswer tokenized = CurlRoot("/tokenize", R"({"prompt": "Once upon"})");
   const HttpAnswer bare =
-      Curl("/tokenize", R"({"prompt": "Once upon", "add_special_tokens": false})");
-  base_url_ = v1;
+      CurlRoot("/tokenize", R"({"prompt": "Once upon", "add_special_tokens": false})");
   ASSERT_EQ(tokenized.status, 200) << tokenized.body;
   EXPECT_EQ(json::parse(tokenized.body)["tokens"], json(with_bos)) << tokenized.body;
   ASSERT_EQ(bare.status, 200) << bare.body;
@@ -809,9 +801,7 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
   // k * n + i, sampled with seed + i (a request's seed holds for every prompt, as vLLM's), so
   // each prompt's n choices are its local samples, whole and streamed.
   const std::string other_text = "The kernel";
-  std::vector<int64_t> other;
-  if (tokenizer_->bos_id() >= 0) other.push_back(tokenizer_->bos_id());
-  for (int32_t id : tokenizer_->Encode(other_text)) other.push_back(id);
+  const std::vector<int64_t> other = IdsOf(other_text);
   std::vector<std::string> batch_texts = texts;
   for (int64_t i = 0; i < n; ++i) batch_texts.push_back(text_of_tokens(sample(other, i)));
   ASSERT_NE(batch_texts[0], batch_texts[static_cast<size_t>(n)]);
