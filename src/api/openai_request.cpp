@@ -489,6 +489,12 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
          COLONY_ASSIGN_OR_RETURN(q.ignore_eos, Bool(v, "ignore_eos"));
          return Status::Ok();
        }},
+      {"include_stop_str_in_output",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.include_stop, Bool(v, "include_stop_str_in_output"));
+         return Status::Ok();
+       }},
       {"stop_token_ids",
        [&limits](const json& v, GenerationRequest& q) { return ParseStopTokenIds(v, limits, q); }},
       {"min_tokens",

@@ -69,15 +69,19 @@ struct GenerationRequest {
   std::vector<std::pair<int64_t, double>> logit_bias;
   std::vector<std::string> stop;
   // An extension (as vLLM's): token ids that end the answer as the EOS does (not part of its
-  // text; ignore_eos leaves them; min_tokens holds them back as it holds the end tokens). Each
-  // id once, in the request's order (whether an id is in the model's vocabulary is the service's
-  // check).
+  // text unless include_stop; ignore_eos leaves them; min_tokens holds them back as it holds the
+  // end tokens). Each id once, in the request's order (whether an id is in the model's vocabulary
+  // is the service's check).
   std::vector<int64_t> stop_token_ids;
   int64_t n = 1;
   // An extension (as vLLM's): generation goes on past the EOS and the model's other end tokens
   // (generation_config.json's, a chat template's end of turn) up to max_tokens; stop strings
   // still end it.
   bool ignore_eos = false;
+  // An extension (as vLLM's include_stop_str_in_output): the answer ends with the stop string
+  // or stop token that ended it (a token's text as the decoder writes it: none for a special
+  // token), and that token is part of its log-probabilities.
+  bool include_stop = false;
   // An extension (as vLLM's): at least this many tokens are generated (at most max_tokens): the
   // end tokens are not chosen until then, and a stop string counts only where it ends after
   // their text.

@@ -134,6 +134,9 @@ struct ApiService::Choice {
   std::string text;
   int64_t tokens = 0;  // generated (stop strings included)
   std::string finish_reason;
+  // vLLM's: the stop string or the token id that ended the answer; null when it ended at the
+  // tokenizer's EOS (unless ignore_eos made that a stop token id) or at max_tokens.
+  json stop_reason;
   std::vector<TokenLogprob> logprobs;  // when asked for (and not streamed)
   // With tools: the calls the answer makes (then `text` is the content besides them, null
   // when there is none).
@@ -448,6 +451,12 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
 
   const model::Tokenizer tok = *client_.tokenizer;
   auto decode = [tok](std::span<const int32_t> ids) { return tok.Decode(ids); };
+  // vLLM's stop_reason of an answer that ended at token t: null at the tokenizer's EOS (unless
+  // ignore_eos, when it can only be a stop token id), else the id (a stop token id,
+  // generation_config.json's end token, a chat turn's end).
+  auto stop_reason = [req, eos = tok.eos_id()](int64_t t) {
+    return t == eos && !req->ignore_eos ? json(nullptr) : json(t);
+  };
   std::random_device rd;
   const uint64_t base_seed = req->seed.value_or((static_cast<uint64_t>(rd()) << 32) | rd());
   // The seed of prompt k's first row (row i samples with it + i): a request's seed for every
@@ -460,7 +469,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   // swarm per token for all of them); on_delta(i, text, logprobs) sees choice i's text as it is
   // released, with the log-probabilities of its tokens since the last call (when asked for).
   using OnDelta = std::function<void(int64_t, const std::string&, std::vector<TokenLogprob>)>;
-  auto run_choices = [this, req, decode, cancelled](
+  auto run_choices = [this, req, decode, cancelled, stop_reason](
                          const Plan& plan, uint64_t seed, const OnDelta& on_delta,
                          const std::function<bool()>& stop_early) -> Result<std::vector<Choice>> {
     at::NoGradGuard no_grad;
@@ -497,7 +506,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     };
     std::vector<Row> rows;
     for (int64_t i = 0; i < n; ++i) {
-      rows.push_back({.text = TextStream(decode, plan.stops, req->min_tokens),
+      rows.push_back({.text = TextStream(decode, plan.stops, req->min_tokens, req->include_stop),
                       .echo = plan.echo_text,
                       .ended_with_eos = false,
                       .choice = {}});
@@ -531,9 +540,15 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
             Row& row = rows[static_cast<size_t>(i)];
             ++row.choice.tokens;
             if (std::ranges::find(plan.end_tokens, t) != plan.end_tokens.end()) {
-              row.ended_with_eos = true;  // not part of the text, so not of its log-probabilities
-              if (rank) recorder->Chose(t, i);  // but of the candidate's rank
-              return;
+              row.ended_with_eos = true;
+              row.choice.stop_reason = stop_reason(t);
+              // Not part of the text, so not of its log-probabilities (but of the candidate's
+              // rank), unless include_stop_str_in_output asked for it (its text is then the
+              // decoder's, special tokens' none).
+              if (!req->include_stop) {
+                if (rank) recorder->Chose(t, i);
+                return;
+              }
             }
             if (recorder) recorder->Chose(t, i);
             if (std::string d = row.text.Add(t); !d.empty()) emit(i, d);
@@ -553,6 +568,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       Choice c = std::move(row.choice);
       c.text = plan.echo_text + row.text.text();
       c.finish_reason = row.text.stopped() || row.ended_with_eos ? "stop" : "length";
+      // (A stop token's text that holds a stop string: the token ended it, as vLLM says.)
+      if (row.text.stopped() && !row.ended_with_eos) c.stop_reason = row.text.stop();
       c.ReadCalls(plan);
       if (recorder) c.logprobs = recorder->Take(i);
       if (rank) {
@@ -562,7 +579,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         for (size_t k = from; k < c.logprobs.size(); ++k) sum += c.logprobs[k].logprob.value_or(0);
         const size_t count = c.logprobs.size() - std::min(from, c.logprobs.size());
         c.rank_score = count > 0 ? sum / static_cast<double>(count) : 0;
-        if (row.ended_with_eos && c.logprobs.size() > from) c.logprobs.pop_back();
+        if (row.ended_with_eos && !req->include_stop && c.logprobs.size() > from)
+          c.logprobs.pop_back();
         if (!req->logprobs) c.logprobs.clear();
       }
       choices.push_back(std::move(c));
@@ -579,7 +597,10 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                          req->echo ? std::vector<int64_t>{} : plan.prompt);
   };
   auto choice_json = [chat, req, logprob_format](const Plan& plan, int64_t index, const Choice& c) {
-    json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
+    json j = {{"index", index},
+              {"logprobs", nullptr},
+              {"finish_reason", c.finish_reason},
+              {"stop_reason", c.stop_reason}};
     if (req->logprobs) j["logprobs"] = logprob_format(plan).Answer(c.logprobs);
     if (chat) {
       j["message"] = {{"role", "assistant"},
@@ -623,20 +644,24 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         if (!beams.ok()) return SwarmError(beams.status());
         beams->resize(std::min(beams->size(), static_cast<size_t>(req->n)));
         for (const auto& b : *beams) {
-          TextStream text(decode, plan.stops);
+          TextStream text(decode, plan.stops, 0, req->include_stop);
           Choice c;
           bool ended = false;
           std::vector<int64_t> said;  // the tokens of the text, as a sampled choice records them
           for (int64_t t : b.tokens) {
+            if (text.stopped()) break;
             ended = std::ranges::find(plan.end_tokens, t) != plan.end_tokens.end();
-            if (ended || text.stopped()) break;
+            if (ended) c.stop_reason = stop_reason(t);
+            if (ended && !req->include_stop) break;
             said.push_back(t);
             text.Add(t);
+            if (ended) break;
           }
           c.tokens = static_cast<int64_t>(b.tokens.size());
           text.Finish();
           c.text = plan.echo_text + text.text();
           c.finish_reason = b.finished || ended || text.stopped() ? "stop" : "length";
+          if (text.stopped() && !ended) c.stop_reason = text.stop();
           c.ReadCalls(plan);
           if (req->logprobs) {
             if (cancelled()) return SwarmError(Cancelled("the client went away"));
@@ -685,8 +710,9 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     // Each choice's log-probabilities, written as its tokens arrive.
     std::vector<std::optional<LogprobFormat>> formats(plans->size() * n);
     auto piece = [&](int64_t index, const std::string& text, const json& finish,
-                     const std::vector<TokenLogprob>& logprobs = {}) {
+                     const std::vector<TokenLogprob>& logprobs = {}, const json& reason = nullptr) {
       json c = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", finish}};
+      if (!finish.is_null()) c["stop_reason"] = reason;  // (vLLM's, on the last event)
       auto& format = formats[static_cast<size_t>(index)];
       if (format && !logprobs.empty()) c["logprobs"] = format->Answer(logprobs);
       if (chat) {
@@ -743,7 +769,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                         {"finish_reason", nullptr}};
           if (!event(json::array({delta}))) return;
         }
-        if (!piece(index, "", c.finish_reason)) return;
+        if (!piece(index, "", c.finish_reason, {}, c.stop_reason)) return;
       }
     }
     if (req->include_usage) {

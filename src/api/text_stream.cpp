@@ -46,8 +46,12 @@ size_t PossibleStopStart(std::string_view s, size_t from, const std::vector<std:
 
 }  // namespace
 
-TextStream::TextStream(Decode decode, std::vector<std::string> stops, int64_t min_tokens)
-    : decode_(std::move(decode)), stops_(std::move(stops)), min_tokens_(min_tokens) {
+TextStream::TextStream(Decode decode, std::vector<std::string> stops, int64_t min_tokens,
+                       bool include_stop)
+    : decode_(std::move(decode)),
+      stops_(std::move(stops)),
+      min_tokens_(min_tokens),
+      include_stop_(include_stop) {
   std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
 }
 
@@ -76,14 +80,20 @@ std::string TextStream::Release(bool final) {
     return {};
   }
   size_t end = full.size();
+  const std::string* found = nullptr;
   for (const auto& stop : stops_) {
     // Nothing sent can be a stop string's start (it was held back).
     const size_t from =
         std::max(released_.size(), unstoppable >= stop.size() ? unstoppable - stop.size() + 1 : 0);
-    if (const size_t at = full.find(stop, from); at != std::string::npos && at < end) end = at;
+    if (const size_t at = full.find(stop, from); at != std::string::npos && at < end) {
+      end = at;
+      found = &stop;
+    }
   }
-  if (end < full.size()) {
+  if (found != nullptr) {
     stopped_ = true;
+    stop_ = *found;
+    if (include_stop_) end += found->size();
   } else if (!final) {
     end -= std::max(UnfinishedTail(full), PossibleStopStart(full, released_.size(), stops_));
   }

@@ -12,6 +12,9 @@
 // min_tokens tokens, as vLLM checks stop strings only in text that comes after them (the text
 // they keep as it was: a character they left unfinished, which a later token completes, is
 // text after them).
+//
+// With include_stop (vLLM's include_stop_str_in_output) the text ends with the stop string
+// instead of before it. stop() names the stop string that ended the text.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +28,8 @@ namespace colony::api {
 class TextStream {
  public:
   using Decode = std::function<std::string(std::span<const int32_t>)>;
-  TextStream(Decode decode, std::vector<std::string> stops, int64_t min_tokens = 0);
+  TextStream(Decode decode, std::vector<std::string> stops, int64_t min_tokens = 0,
+             bool include_stop = false);
 
   // Adds a generated token; returns the text released by it (often empty). After a stop string
   // appears, stopped() is true and the text ends before it; further tokens are ignored.
@@ -33,6 +37,9 @@ class TextStream {
   // The end of generation: releases what was held back (it was no stop string after all).
   std::string Finish();
   bool stopped() const { return stopped_; }
+  // The stop string that ended the text (the one that begins first; of two that begin at the
+  // same place, the first given); empty while none has.
+  const std::string& stop() const { return stop_; }
   const std::string& text() const { return released_; }
 
  private:
@@ -42,11 +49,13 @@ class TextStream {
   Decode decode_;
   std::vector<std::string> stops_;
   int64_t min_tokens_;
+  bool include_stop_;
   // The text while there are at most min_tokens tokens (then: of the first min_tokens).
   std::string first_text_;
   std::vector<int32_t> tokens_;
   std::string released_;
   bool stopped_ = false;
+  std::string stop_;
 };
 
 }  // namespace colony::api

@@ -982,16 +982,69 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
     if (min_tokens > 0) {
       EXPECT_FALSE(expected.empty());
     }
-    const HttpAnswer m = Curl("/completions", json({{"prompt", prompt_text},
-                                                    {"max_tokens", max_tokens},
-                                                    {"temperature", 0},
-                                                    {"stop", json::array({stop})},
-                                                    {"min_tokens", min_tokens}})
-                                                  .dump());
-    ASSERT_EQ(m.status, 200) << m.body << Logs();
-    const json mc = json::parse(m.body)["choices"][0];
-    EXPECT_EQ(mc["text"], expected) << "min_tokens " << min_tokens << ": " << m.body;
-    EXPECT_EQ(mc["finish_reason"], at == std::string::npos ? "length" : "stop") << m.body;
+    // vLLM's stop_reason names the stop string (null at max_tokens); with its
+    // include_stop_str_in_output the text ends with the stop string.
+    for (const bool include : {false, true}) {
+      const HttpAnswer m = Curl("/completions", json({{"prompt", prompt_text},
+                                                      {"max_tokens", max_tokens},
+                                                      {"temperature", 0},
+                                                      {"stop", json::array({stop})},
+                                                      {"min_tokens", min_tokens},
+                                                      {"include_stop_str_in_output", include}})
+                                                    .dump());
+      ASSERT_EQ(m.status, 200) << m.body << Logs();
+      const json mc = json::parse(m.body)["choices"][0];
+      EXPECT_EQ(mc["text"], include && at != std::string::npos
+                                ? answer_text.substr(0, at + stop.size())
+                                : expected)
+          << "min_tokens " << min_tokens << ": " << m.body;
+      EXPECT_EQ(mc["finish_reason"], at == std::string::npos ? "length" : "stop") << m.body;
+      EXPECT_EQ(mc["stop_reason"], at == std::string::npos ? json(nullptr) : json(stop)) << m.body;
+    }
+  }
+
+  // A stop token id that is a token of text (the greedy answer's first token k > 0 that it has
+  // not had before): its id is the stop_reason; include_stop_str_in_output puts its text in the
+  // answer, whole and streamed, and the token in its log-probabilities.
+  size_t k = 1;
+  while (k < plain.size() &&
+         std::ranges::find(plain.begin(), plain.begin() + k, plain[k]) != plain.begin() + k)
+    ++k;
+  ASSERT_LT(k, plain.size());
+  for (const bool include : {false, true}) {
+    const json body = {{"prompt", prompt_text},
+                       {"max_tokens", max_tokens},
+                       {"temperature", 0},
+                       {"stop_token_ids", json::array({plain[k]})},
+                       {"include_stop_str_in_output", include},
+                       {"logprobs", 0},
+                       {"return_tokens_as_token_ids", true}};
+    const std::string answered = text_of(static_cast<int64_t>(include ? k + 1 : k));
+    json want_tokens = json::array();
+    for (size_t i = 0; i < (include ? k + 1 : k); ++i)
+      want_tokens.push_back("token_id:" + std::to_string(plain[i]));
+    const HttpAnswer t = Curl("/completions", body.dump());
+    ASSERT_EQ(t.status, 200) << t.body << Logs();
+    const json tc = json::parse(t.body)["choices"][0];
+    EXPECT_EQ(tc["text"], answered) << t.body;
+    EXPECT_EQ(tc["logprobs"]["tokens"], want_tokens) << t.body;
+    EXPECT_EQ(tc["finish_reason"], "stop") << t.body;
+    EXPECT_EQ(tc["stop_reason"], plain[k]) << t.body;
+    json streamed = body;
+    streamed["stream"] = true;
+    const HttpAnswer st = Curl("/completions", streamed.dump());
+    ASSERT_EQ(st.status, 200) << st.body;
+    bool ended = false;
+    std::string pieces;
+    json last;
+    for (const auto& e : Events(st.body, &ended)) {
+      pieces += e["choices"][0]["text"].get<std::string>();
+      if (!e["choices"][0]["finish_reason"].is_null()) last = e["choices"][0];
+    }
+    EXPECT_TRUE(ended) << st.body;
+    EXPECT_EQ(pieces, answered) << st.body;
+    EXPECT_EQ(last["finish_reason"], "stop") << st.body;
+    EXPECT_EQ(last["stop_reason"], plain[k]) << st.body;
   }
 }
 
@@ -1339,6 +1392,31 @@ TEST_F(ApiProcessTest, LogprobsScoreEveryTokenAsTransformersDoes) {
   for (size_t c = 0; c < 2; ++c) {
     EXPECT_EQ(ids(widest_json["choices"][c]), free_beams[c].tokens) << "beam " << c;
   }
+
+  // A stop string cuts a beam's text where std::string::find finds it (after it with vLLM's
+  // include_stop_str_in_output) and is its stop_reason: here the best beam's third token's text.
+  const std::vector<int32_t> best_ids(free_beams[0].tokens.begin(), free_beams[0].tokens.end());
+  const std::string best_text = tokenizer_->Decode(best_ids);
+  const std::string beam_stop = tokenizer_->Decode(std::vector<int32_t>{best_ids.at(2)});
+  ASSERT_FALSE(beam_stop.empty());
+  const size_t cut = best_text.find(beam_stop);
+  ASSERT_NE(cut, std::string::npos);
+  for (const bool include : {false, true}) {
+    const HttpAnswer stopped = Curl("/completions", json({{"prompt", prompt},
+                                                          {"max_tokens", kPenaltySteps},
+                                                          {"temperature", 0},
+                                                          {"n", 2},
+                                                          {"best_of", 4},
+                                                          {"stop", beam_stop},
+                                                          {"include_stop_str_in_output", include}})
+                                                        .dump());
+    ASSERT_EQ(stopped.status, 200) << stopped.body;
+    const json sc = json::parse(stopped.body)["choices"][0];
+    EXPECT_EQ(sc["text"], best_text.substr(0, cut + (include ? beam_stop.size() : 0)))
+        << stopped.body;
+    EXPECT_EQ(sc["finish_reason"], "stop") << stopped.body;
+    EXPECT_EQ(sc["stop_reason"], beam_stop) << stopped.body;
+  }
 }
 
 // A chat template's end of turn is a special token that decoding skips, so its stop string never
@@ -1363,6 +1441,9 @@ TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
   g["eos_token_id"] = {2, greedy[p + 2]};
   g["temperature"] = 0.0;
   colony::test::WriteFile((model_dir_ / "generation_config.json").string(), g.dump());
+  // The tokenizer's own EOS: <|end_of_text|>, 1.
+  colony::test::WriteFile((model_dir_ / "tokenizer_config.json").string(),
+                          json({{"eos_token", "<|end_of_text|>"}}).dump());
   ASSERT_NE(StartServer("A", "0:4"), nullptr);
   ASSERT_TRUE(StartApi());
   WaitUntilRoutable();
@@ -1375,6 +1456,7 @@ TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
     ASSERT_EQ(a.status, 200) << a.body;
     const json c = json::parse(a.body)["choices"][0];
     EXPECT_EQ(c["finish_reason"], "stop") << a.body;
+    EXPECT_EQ(c["stop_reason"], greedy[p + 2]) << a.body;  // (vLLM's: the end token's id)
     EXPECT_EQ(c["logprobs"]["tokens"], json({"token_id:" + std::to_string(greedy[p]),
                                              "token_id:" + std::to_string(greedy[p + 1])}))
         << a.body;
@@ -1391,6 +1473,7 @@ TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
   ASSERT_EQ(ignoring.status, 200) << ignoring.body;
   const json ic = json::parse(ignoring.body)["choices"][0];
   EXPECT_EQ(ic["finish_reason"], "length") << ignoring.body;
+  EXPECT_EQ(ic["stop_reason"], nullptr) << ignoring.body;
   json all_twelve = json::array();
   for (size_t i = 0; i < 12; ++i) all_twelve.push_back("token_id:" + std::to_string(greedy[p + i]));
   EXPECT_EQ(ic["logprobs"]["tokens"], all_twelve) << ignoring.body;
@@ -1425,7 +1508,7 @@ TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
   EXPECT_EQ(lc["logprobs"]["tokens"][1], "token_id:" + std::to_string(greedy[p + 1])) << least.body;
   EXPECT_EQ(lc["logprobs"]["tokens"][2],
             BestTopToken(lc["logprobs"]["top_logprobs"][2],
-                         {"token_id:2", "token_id:" + std::to_string(greedy[p + 2])}))
+                         {"token_id:1", "token_id:2", "token_id:" + std::to_string(greedy[p + 2])}))
       << least.body;
   // stop_token_ids (vLLM's) end the answer as the end tokens do, also with ignore_eos: here the
   // second greedy token, which is counted in usage but is not part of the answer.
@@ -1442,6 +1525,7 @@ TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
   ASSERT_EQ(stopped.status, 200) << stopped.body;
   const json sc = json::parse(stopped.body)["choices"][0];
   EXPECT_EQ(sc["finish_reason"], "stop") << stopped.body;
+  EXPECT_EQ(sc["stop_reason"], greedy[p + 1]) << stopped.body;
   EXPECT_EQ(sc["logprobs"]["tokens"], json({"token_id:" + std::to_string(greedy[p])}))
       << stopped.body;
   EXPECT_EQ(json::parse(stopped.body)["usage"]["completion_tokens"], 2) << stopped.body;
@@ -1462,10 +1546,26 @@ TEST_F(ApiProcessTest, TheModelsGenerationConfigGivesDefaultsAndEndTokens) {
   EXPECT_EQ(hc["logprobs"]["tokens"][0], "token_id:" + std::to_string(greedy[p])) << held.body;
   EXPECT_EQ(BestTopToken(hc["logprobs"]["top_logprobs"][1]), "token_id:" + second) << held.body;
   EXPECT_EQ(hc["logprobs"]["tokens"][1],
-            BestTopToken(
-                hc["logprobs"]["top_logprobs"][1],
-                {"token_id:2", "token_id:" + std::to_string(greedy[p + 2]), "token_id:" + second}))
+            BestTopToken(hc["logprobs"]["top_logprobs"][1],
+                         {"token_id:1", "token_id:2", "token_id:" + std::to_string(greedy[p + 2]),
+                          "token_id:" + second}))
       << held.body;
+  // vLLM's stop_reason: null at the tokenizer's EOS, its id when ignore_eos made it a stop token
+  // id, and the id of generation_config.json's end token that is not the tokenizer's EOS (vLLM
+  // adds those to the stop token ids).
+  for (const auto& [bias_on, ignore_eos, reason] : std::vector<std::tuple<int64_t, bool, json>>{
+           {1, false, nullptr}, {1, true, 1}, {2, false, 2}}) {
+    json body = {
+        {"prompt", prompt}, {"max_tokens", 4}, {"logit_bias", {{std::to_string(bias_on), 100}}}};
+    if (ignore_eos) body.update({{"ignore_eos", true}, {"stop_token_ids", json::array({bias_on})}});
+    const HttpAnswer e = Curl("/completions", body.dump());
+    ASSERT_EQ(e.status, 200) << e.body;
+    const json ej = json::parse(e.body);
+    EXPECT_EQ(ej["choices"][0]["text"], "") << e.body;
+    EXPECT_EQ(ej["choices"][0]["finish_reason"], "stop") << e.body;
+    EXPECT_EQ(ej["choices"][0]["stop_reason"], reason) << e.body;
+    EXPECT_EQ(ej["usage"]["completion_tokens"], 1) << e.body;
+  }
   // best_of keeps a candidate's end token out of the tokens it answers (it is recorded for the
   // ranking, then dropped): with a bias of 100 on the end token each candidate is that token
   // alone, answered with no tokens.

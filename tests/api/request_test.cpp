@@ -74,6 +74,11 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
                                       {});
   ASSERT_TRUE(bench.ok()) << bench.status().ToString();
   EXPECT_TRUE(bench->ignore_eos);
+  EXPECT_FALSE(bench->include_stop);
+  auto with_stop = ParseCompletionRequest(
+      R"({"prompt": "x", "stop": "y", "include_stop_str_in_output": true})", {});
+  ASSERT_TRUE(with_stop.ok()) << with_stop.status().ToString();
+  EXPECT_TRUE(with_stop->include_stop);
   EXPECT_EQ(bench->min_tokens, 0);
   auto at_least =
       ParseCompletionRequest(R"({"prompt": "x", "max_tokens": 8, "min_tokens": 8})", {});
@@ -183,6 +188,8 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
   const std::map<std::string, std::string> cases = {
       {R"({"prompt": "x", "best_of": 9})", "'best_of' must be between 1 and 8"},
       {R"({"prompt": "x", "ignore_eos": 1})", "'ignore_eos' must be true or false"},
+      {R"({"prompt": "x", "include_stop_str_in_output": "yes"})",
+       "'include_stop_str_in_output' must be true or false"},
       {R"({"prompt": "x", "max_tokens": 4, "min_tokens": 5})",
        "'min_tokens' is 5, more than max_tokens (4)"},
       {R"({"prompt": "x", "min_tokens": -1})", "'min_tokens' must be between 0 and"},
@@ -1024,11 +1031,13 @@ TextStream::Decode TableDecoder(std::vector<std::string> table) {
   };
 }
 
-// Streams tokens 0..n-1 of the table and returns the pieces sent.
+// Streams tokens 0..n-1 of the table and returns the pieces sent (and, when asked, the stop
+// string that ended the text).
 std::vector<std::string> StreamAll(const std::vector<std::string>& table,
                                    const std::vector<std::string>& stops, std::string* text,
-                                   bool* stopped, int64_t min_tokens = 0) {
-  TextStream s(TableDecoder(table), stops, min_tokens);
+                                   bool* stopped, int64_t min_tokens = 0, bool include_stop = false,
+                                   std::string* stop = nullptr) {
+  TextStream s(TableDecoder(table), stops, min_tokens, include_stop);
   std::vector<std::string> pieces;
   for (size_t i = 0; i < table.size() && !s.stopped(); ++i) {
     pieces.push_back(s.Add(static_cast<int64_t>(i)));
@@ -1036,6 +1045,7 @@ std::vector<std::string> StreamAll(const std::vector<std::string>& table,
   pieces.push_back(s.Finish());
   *text = s.text();
   *stopped = s.stopped();
+  if (stop != nullptr) *stop = s.stop();
   return pieces;
 }
 
@@ -1086,7 +1096,8 @@ TEST(TextStream, StreamedPiecesJoinToTheTextCutByHandWithAndWithoutMinTokens) {
   // Every split of a text into three tokens, every stop string, every min_tokens: the pieces
   // join to the text cut before the first occurrence (found with std::string::find) that ends
   // after the text of the first min_tokens tokens (min_tokens 0: the first occurrence), as vLLM
-  // looks for stop strings only in the text after them.
+  // looks for stop strings only in the text after them; with include_stop (vLLM's
+  // include_stop_str_in_output) cut after it. stop() names the stop string that cut.
   const std::string whole = "ab\nUser: cd\nUser: e";
   for (const std::string stop : {"\nUser:", "cd", "e", "zz", "b\n", "a"}) {
     for (size_t cut1 = 1; cut1 < whole.size(); ++cut1) {
@@ -1100,18 +1111,24 @@ TEST(TextStream, StreamedPiecesJoinToTheTextCutByHandWithAndWithoutMinTokens) {
           }
           size_t at = whole.find(stop);
           while (at != std::string::npos && at + stop.size() <= kept) at = whole.find(stop, at + 1);
-          const std::string expected = at == std::string::npos ? whole : whole.substr(0, at);
-          std::string text;
-          bool stopped = false;
-          auto pieces = StreamAll(table, {stop}, &text, &stopped, min_tokens);
-          std::string joined;
-          for (const auto& p : pieces) joined += p;
-          const std::string where = "stop '" + stop + "' cuts " + std::to_string(cut1) + "," +
-                                    std::to_string(cut2) + " min_tokens " +
-                                    std::to_string(min_tokens);
-          EXPECT_EQ(joined, expected) << where;
-          EXPECT_EQ(text, expected) << where;
-          EXPECT_EQ(stopped, at != std::string::npos) << where;
+          for (const bool include : {false, true}) {
+            const std::string expected =
+                at == std::string::npos ? whole : whole.substr(0, at + (include ? stop.size() : 0));
+            std::string text;
+            std::string cut_by;
+            bool stopped = false;
+            auto pieces = StreamAll(table, {stop}, &text, &stopped, min_tokens, include, &cut_by);
+            std::string joined;
+            for (const auto& p : pieces) joined += p;
+            const std::string where = "stop '" + stop + "' cuts " + std::to_string(cut1) + "," +
+                                      std::to_string(cut2) + " min_tokens " +
+                                      std::to_string(min_tokens) + " include " +
+                                      std::to_string(static_cast<int>(include));
+            EXPECT_EQ(joined, expected) << where;
+            EXPECT_EQ(text, expected) << where;
+            EXPECT_EQ(stopped, at != std::string::npos) << where;
+            EXPECT_EQ(cut_by, at != std::string::npos ? stop : "") << where;
+          }
         }
       }
     }
@@ -1134,6 +1151,31 @@ TEST(TextStream, StreamedPiecesJoinToTheTextCutByHandWithAndWithoutMinTokens) {
     s.Finish();
     EXPECT_TRUE(s.stopped()) << stop;
     EXPECT_EQ(s.text(), expected) << stop;
+  }
+}
+
+TEST(TextStream, NamesTheStopStringThatBeginsFirstAndOfTwoThereTheFirstGiven) {
+  // One token "xabcd": "bc" begins before "cd" whatever their order; "abc" and "ab" begin at the
+  // same place, and the first given is the one that cut (with include_stop, the text ends with
+  // it).
+  const std::vector<std::string> table = {"xabcd"};
+  // {stops, the one that cuts, the text, the text with include_stop}
+  for (const auto& [stops, cut_by, text_without, text_with] :
+       std::vector<std::tuple<std::vector<std::string>, std::string, std::string, std::string>>{
+           {{"cd", "bc"}, "bc", "xa", "xabc"},
+           {{"bc", "cd"}, "bc", "xa", "xabc"},
+           {{"abc", "ab"}, "abc", "x", "xabc"},
+           {{"ab", "abc"}, "ab", "x", "xab"},
+           {{"zz"}, "", "xabcd", "xabcd"}}) {
+    for (const bool include : {false, true}) {
+      std::string text;
+      std::string stop;
+      bool stopped = false;
+      StreamAll(table, stops, &text, &stopped, 0, include, &stop);
+      EXPECT_EQ(stop, cut_by) << cut_by;
+      EXPECT_EQ(stopped, !cut_by.empty()) << cut_by;
+      EXPECT_EQ(text, include ? text_with : text_without) << cut_by;
+    }
   }
 }
 
