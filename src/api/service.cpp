@@ -263,7 +263,14 @@ http::Reply ApiService::Health() const {
     health_finding_ = true;
   }
   const int64_t blocks = client_.manager->options().num_blocks;
-  auto route = client_.manager->MakeRoute(0, blocks, serve::RoutingMode::kMinLatency);
+  Result<std::vector<serve::RouteSpan>> route = InvalidArgument("no route yet");
+  try {
+    route = client_.manager->MakeRoute(0, blocks, serve::RoutingMode::kMinLatency);
+  } catch (...) {  // (the next probe finds it again; none is left waiting on this one)
+    std::lock_guard lock(health_mu_);
+    health_finding_ = false;
+    throw;
+  }
   http::Reply reply =
       route.ok() ? http::Json(200, Dump({{"status", "ok"},
                                          {"model", options_.model_id},
