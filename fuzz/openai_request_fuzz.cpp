@@ -26,6 +26,7 @@ void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
   if (!(r->temperature >= 0 && r->temperature <= 2)) __builtin_trap();
   if (!(r->top_p > 0 && r->top_p <= 1)) __builtin_trap();
   if (r->top_k < 0 || !std::isfinite(r->repetition_penalty)) __builtin_trap();
+  if (!(r->min_p >= 0 && r->min_p <= 1)) __builtin_trap();
   // max_tokens 0 only scores an echoed prompt.
   if (r->max_tokens && (*r->max_tokens < 0 || (*r->max_tokens == 0 && !r->echo))) {
     __builtin_trap();

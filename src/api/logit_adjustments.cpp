@@ -1,9 +1,12 @@
-// presence_penalty, frequency_penalty, logit_bias and min_tokens on the logits of each step.
+// logit_bias, the repetition penalty, presence_penalty, frequency_penalty, min_tokens and min_p on
+// the logits of each step.
 #include "api/logit_adjustments.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace colony::api {
@@ -29,26 +32,33 @@ Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t positi
   }
   if (tokens.dim() != 2) return InvalidArgument("tokens must be [rows, T]");
   const int64_t rows = tokens.size(0);
+  const bool repeats = adjustments_.repetition_penalty != 1;
+  const at::Tensor given = tokens.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* g = given.data_ptr<int64_t>();
+  const int64_t per_row = given.size(1);
   if (!started_) {
     started_ = true;
     counts_.assign(static_cast<size_t>(rows), {});
+    seen_.assign(static_cast<size_t>(rows), {});
   } else {
     if (rows != static_cast<int64_t>(counts_.size())) {
       return InvalidArgument(
           fmt::format("a step of {} rows after a first step of {}", rows, counts_.size()));
     }
-    const at::Tensor given = tokens.to(at::kCPU, at::kLong).contiguous();
-    const int64_t* g = given.data_ptr<int64_t>();
-    const int64_t per_row = given.size(1);
     for (int64_t i = 0; i < given.numel(); ++i) ++counts_[static_cast<size_t>(i / per_row)][g[i]];
     answered_ += per_row;
+  }
+  if (repeats) {  // the prompt's tokens count too
+    for (int64_t i = 0; i < given.numel(); ++i)
+      seen_[static_cast<size_t>(i / per_row)].insert(g[i]);
   }
   COLONY_ASSIGN_OR_RETURN(at::Tensor out, inner_.Step(tokens, position, hypo_ids, logits));
   if (out.dim() != 3 || out.size(0) != rows || out.scalar_type() != at::kFloat) {
     return InvalidArgument("logit adjustments need float32 logits [rows, 1, V]");
   }
-  out = out.select(1, out.size(1) - 1).clone().contiguous();  // [rows, V], our own
-  const int64_t vocab = out.size(1);
+  // [rows, V] in float64 (exact), rounded once at the end.
+  at::Tensor wide = out.select(1, out.size(1) - 1).to(at::kDouble).contiguous();
+  const int64_t vocab = wide.size(1);
   if (vocab != vocab_) {
     for (const auto& [token, bias] : adjustments_.logit_bias) {
       if (token < 0 || token >= vocab) {
@@ -60,29 +70,37 @@ Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t positi
   }
   // Rows are stepped together: every row's answer has answered_ tokens.
   const bool mask_ends = answered_ < adjustments_.min_tokens;
-  float* base = out.data_ptr<float>();
+  const bool min_p = adjustments_.min_p > 0 && adjustments_.temperature > 0;
+  constexpr double kOut = -std::numeric_limits<double>::infinity();
+  double* base = wide.data_ptr<double>();
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = base + r * vocab;
-    const auto& counts = counts_[static_cast<size_t>(r)];
-    // Each changed logit is written once: bias and penalty summed in float64, then rounded.
-    for (const auto& [token, count] : counts) {
+    double* row = base + r * vocab;
+    for (const auto& [token, bias] : bias_) row[token] += bias;
+    if (repeats) {
+      const double penalty = adjustments_.repetition_penalty;
+      for (int64_t token : seen_[static_cast<size_t>(r)]) {
+        if (token < 0 || token >= vocab) continue;
+        row[token] = row[token] > 0 ? row[token] / penalty : row[token] * penalty;
+      }
+    }
+    for (const auto& [token, count] : counts_[static_cast<size_t>(r)]) {
       if (token < 0 || token >= vocab) continue;  // never sampled: nothing to lower
-      const auto b = bias_.find(token);
-      const double delta = (b == bias_.end() ? 0.0 : b->second) -
-                           (static_cast<double>(count) * adjustments_.frequency_penalty +
-                            adjustments_.presence_penalty);
-      row[token] = static_cast<float>(static_cast<double>(row[token]) + delta);
+      row[token] -= static_cast<double>(count) * adjustments_.frequency_penalty +
+                    adjustments_.presence_penalty;
     }
-    for (const auto& [token, bias] : bias_) {
-      if (counts.contains(token)) continue;  // written above
-      row[token] = static_cast<float>(static_cast<double>(row[token]) + bias);
+    if (mask_ends) {
+      for (int64_t token : adjustments_.end_tokens) {
+        if (token >= 0 && token < vocab) row[token] = kOut;
+      }
     }
-    if (!mask_ends) continue;
-    for (int64_t token : adjustments_.end_tokens) {
-      if (token >= 0 && token < vocab) row[token] = -std::numeric_limits<float>::infinity();
+    if (min_p) {
+      const double top = *std::max_element(row, row + vocab);
+      for (int64_t v = 0; v < vocab; ++v) {
+        if (std::exp((row[v] - top) / adjustments_.temperature) < adjustments_.min_p) row[v] = kOut;
+      }
     }
   }
-  return out.unsqueeze(1);
+  return wide.to(at::kFloat).unsqueeze(1);
 }
 
 }  // namespace colony::api

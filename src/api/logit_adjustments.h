@@ -1,13 +1,16 @@
-// OpenAI's presence_penalty, frequency_penalty and logit_bias, and vLLM's min_tokens: a decoder
-// backend that passes every step through and changes the logits each row's next token is sampled
-// from. For a token that the row's answer has had c times so far (the prompt is not counted, as
-// OpenAI counts only what was sampled), the logit becomes
-//   logit + bias - c * frequency_penalty - (c > 0 ? presence_penalty : 0),
-// in float64, rounded once to the float32 the backend returns; while a row's answer has fewer
-// than min_tokens tokens, the end tokens' logits are -inf (they cannot be chosen). The sampler's
-// repetition penalty, temperature, top-k and top-p then apply to that (vLLM applies its
-// repetition penalty before the other two penalties: the same answers unless both kinds are
-// asked for at once).
+// OpenAI's presence_penalty, frequency_penalty and logit_bias, vLLM's min_tokens and min_p, and
+// the repetition penalty: a decoder backend that passes every step through and changes the logits
+// each row's next token is sampled from, in vLLM's order. For a token that the row's answer has
+// had c times so far (the prompt is not counted, as OpenAI counts only what was sampled), the
+// logit x becomes, in float64:
+//   x + bias;  then, for a token of the prompt or the answer, divided by repetition_penalty when
+//   positive and multiplied by it otherwise (HF's rule);  then - c * frequency_penalty -
+//   (c > 0 ? presence_penalty : 0);
+// while a row's answer has fewer than min_tokens tokens, the end tokens' logits are -inf (they
+// cannot be chosen); with min_p (and a temperature T > 0), a token whose probability at T is
+// below min_p times the most likely token's, exp((x - max) / T) < min_p, gets -inf. The row is
+// rounded once to the float32 the backend returns, and the sampler's temperature, top-k and top-p
+// apply to it (the sampler's own repetition penalty must then be 1: it is applied here).
 //
 //   AdjustedLogits adjusted(backend, {.presence_penalty = 0.5, .logit_bias = {{50256, -100}}});
 //   serve::GenerateRows(adjusted, prompt, options, eos);
@@ -17,6 +20,7 @@
 
 #include <cstdint>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -33,11 +37,16 @@ struct LogitAdjustments {
   // the logits' vocabulary cannot be chosen anyway).
   int64_t min_tokens = 0;
   std::vector<int64_t> end_tokens;
+  // vLLM's min_p, in [0, 1] (0: off), at the sampler's temperature (0: greedy, min_p is off).
+  double min_p = 0;
+  double temperature = 0;
+  double repetition_penalty = 1;  // 1: off
 
-  // Whether they change nothing (then there is no need for an AdjustedLogits).
+  // Whether they change nothing (then there is no need for an AdjustedLogits). The repetition
+  // penalty alone is no reason for one: the sampler applies it then.
   bool none() const {
     return presence_penalty == 0 && frequency_penalty == 0 && logit_bias.empty() &&
-           (min_tokens == 0 || end_tokens.empty());
+           (min_tokens == 0 || end_tokens.empty()) && (min_p == 0 || temperature == 0);
   }
 };
 
@@ -64,6 +73,8 @@ class AdjustedLogits : public serve::DecoderBackend {
   int64_t vocab_ = -1;                        // of the logits, once the biases are checked for it
   int64_t answered_ = 0;                      // tokens each row was given since the prompt
   std::vector<std::unordered_map<int64_t, int64_t>> counts_;  // per row: token -> times given
+  // Per row: the tokens of its prompt and answer (with a repetition penalty).
+  std::vector<std::unordered_set<int64_t>> seen_;
 };
 
 }  // namespace colony::api

@@ -483,6 +483,12 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
        }},
       {"logit_bias",
        [&limits](const json& v, GenerationRequest& q) { return ParseLogitBias(v, limits, q); }},
+      {"min_p",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null()) return Status::Ok();
+         COLONY_ASSIGN_OR_RETURN(q.min_p, Number(v, "min_p", 0, 1));
+         return Status::Ok();
+       }},
       {"ignore_eos",
        [](const json& v, GenerationRequest& q) -> Status {
          if (v.is_null()) return Status::Ok();

@@ -59,6 +59,9 @@ struct GenerationRequest {
   double top_p = 1.0;
   int64_t top_k = 0;                // an extension (as vLLM's); 0: off
   double repetition_penalty = 1.0;  // an extension (as vLLM's); 1: off
+  // An extension (as vLLM's): tokens less likely than min_p times the most likely one (at the
+  // temperature) are not sampled; 0: off; nothing at temperature 0.
+  double min_p = 0;
   // OpenAI's penalties, in [-2, 2] (0: off): a token's logit is lowered by frequency_penalty
   // for each time the answer has it so far and by presence_penalty once it has it at all.
   double presence_penalty = 0;

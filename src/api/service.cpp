@@ -493,13 +493,17 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       recorder.emplace(decoder.backend, req->logprobs.value_or(0), score_prompt);
     serve::DecoderBackend* backend =
         recorder ? static_cast<serve::DecoderBackend*>(&*recorder) : &decoder.backend;
-    // The penalties, biases and min_tokens go over the recorder: log-probabilities are the
-    // model's own.
+    // The penalties, biases, min_tokens and min_p go over the recorder: log-probabilities are
+    // the model's own. With any of them the repetition penalty is applied there too, in vLLM's
+    // order (after the biases, before the other penalties and min_p), and not by the sampler.
     LogitAdjustments adjustments{.presence_penalty = req->presence_penalty,
                                  .frequency_penalty = req->frequency_penalty,
                                  .logit_bias = {},
                                  .min_tokens = req->min_tokens,
-                                 .end_tokens = plan.end_tokens};
+                                 .end_tokens = plan.end_tokens,
+                                 .min_p = req->min_p,
+                                 .temperature = req->temperature,
+                                 .repetition_penalty = req->repetition_penalty};
     for (const auto& [token, bias] : req->logit_bias) {
       if (bias != 0) adjustments.logit_bias.emplace_back(token, bias);  // 0 changes nothing
     }
@@ -534,12 +538,13 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     } else {
       std::vector<model::SamplingOptions> options;
       for (int64_t i = 0; i < n; ++i) {
-        options.push_back({.max_new_tokens = plan.max_new_tokens,
-                           .temperature = req->temperature,
-                           .top_k = req->top_k,
-                           .top_p = req->top_p,
-                           .repetition_penalty = req->repetition_penalty,
-                           .seed = seed + static_cast<uint64_t>(i)});
+        options.push_back(
+            {.max_new_tokens = plan.max_new_tokens,
+             .temperature = req->temperature,
+             .top_k = req->top_k,
+             .top_p = req->top_p,
+             .repetition_penalty = adjusted.has_value() ? 1.0 : req->repetition_penalty,
+             .seed = seed + static_cast<uint64_t>(i)});
       }
       auto tokens = serve::GenerateRows(
           *backend, plan.prompt, options, /*eos_id=*/-1,  // the plan's end tokens end rows

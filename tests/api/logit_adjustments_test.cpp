@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,10 @@ namespace colony::api {
 namespace {
 
 // OpenAI's rule, written out: logit + bias - count * frequency - (count > 0) * presence, over
-// the tokens the answer has had so far; and vLLM's: the end tokens' logits are -inf while the
-// answer has fewer than min_tokens tokens.
+// the tokens the answer has had so far, with HF's repetition penalty (over the prompt's tokens
+// and the answer's) between the bias and the other penalties, as vLLM orders them; and vLLM's:
+// the end tokens' logits are -inf while the answer has fewer than min_tokens tokens, and min_p
+// drops the tokens whose probability at the temperature is below min_p times the highest.
 std::vector<int64_t> Reference(model::LlamaModel& model, const std::vector<int64_t>& prompt,
                                const model::SamplingOptions& options,
                                const LogitAdjustments& adjust) {
@@ -34,6 +37,12 @@ std::vector<int64_t> Reference(model::LlamaModel& model, const std::vector<int64
     at::Tensor logits =
         model->forward(at::tensor(all, at::kLong).unsqueeze(0))[0][-1].to(at::kDouble);
     for (const auto& [token, bias] : adjust.logit_bias) logits[token] += bias;
+    if (adjust.repetition_penalty != 1) {
+      for (int64_t token : std::set<int64_t>(all.begin(), all.end())) {
+        const double x = logits[token].item<double>();
+        logits[token] = x > 0 ? x / adjust.repetition_penalty : x * adjust.repetition_penalty;
+      }
+    }
     for (const auto& [token, count] : counts) {
       logits[token] -= static_cast<double>(count) * adjust.frequency_penalty;
       logits[token] -= adjust.presence_penalty;
@@ -44,6 +53,11 @@ std::vector<int64_t> Reference(model::LlamaModel& model, const std::vector<int64
       for (int64_t end : adjust.end_tokens) {
         if (end < logits.size(0)) logits[end] = -std::numeric_limits<float>::infinity();
       }
+    }
+    if (adjust.min_p > 0 && adjust.temperature > 0) {
+      const at::Tensor probs = at::softmax(logits.to(at::kDouble) / adjust.temperature, -1);
+      logits.masked_fill_(probs < adjust.min_p * probs.max().item<double>(),
+                          -std::numeric_limits<float>::infinity());
     }
     const int64_t next = model::SampleNextToken(logits, all, options, rng);
     all.push_back(next);
@@ -211,6 +225,66 @@ TEST(AdjustedLogits, MinTokensKeepsTheEndTokensOutUntilTheAnswerHasThem) {
     EXPECT_EQ(answer->back(), end);
     EXPECT_EQ(std::ranges::count(*answer, end), 1) << min_tokens;
   }
+}
+
+TEST(AdjustedLogits, MinPAndTheRepetitionPenaltyApplyInVllmsOrder) {
+  at::manual_seed(15);
+  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
+  at::NoGradGuard no_grad;
+  const std::vector<int64_t> prompt = {7, 3, 3, 50, 8};
+  constexpr double kTemperature = 1.4;
+  std::vector<model::SamplingOptions> rows;
+  for (uint64_t seed : {31, 32, 33}) {
+    rows.push_back({.max_new_tokens = 20,
+                    .temperature = kTemperature,
+                    .top_k = 0,
+                    .top_p = seed == 33 ? 0.8 : 1.0,
+                    .repetition_penalty = 1,  // applied by AdjustedLogits
+                    .seed = seed});
+  }
+  const LogitAdjustments adjust{.presence_penalty = 0.3,
+                                .frequency_penalty = 0,
+                                .logit_bias = {{11, 1.5}},
+                                .min_tokens = 0,
+                                .end_tokens = {},
+                                .min_p = 0.2,
+                                .temperature = kTemperature,
+                                .repetition_penalty = 1.6};
+  std::vector<std::vector<int64_t>> want;
+  for (const auto& o : rows) want.push_back(Reference(model, prompt, o, adjust));
+  // Each part must show: without min_p, or without the repetition penalty, the answers differ.
+  LogitAdjustments no_min_p = adjust;
+  no_min_p.min_p = 0;
+  LogitAdjustments no_penalty = adjust;
+  no_penalty.repetition_penalty = 1;
+  EXPECT_NE(want[0], Reference(model, prompt, rows[0], no_min_p));
+  EXPECT_NE(want[0], Reference(model, prompt, rows[0], no_penalty));
+  serve::LocalBackend local(model);
+  AdjustedLogits adjusted(local, adjust);
+  auto got = serve::GenerateRows(adjusted, prompt, rows);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, want);
+
+  // min_p 1 keeps only the most likely token: sampling at any temperature is greedy decoding,
+  // and with the repetition penalty it is the sampler's own greedy decoding with that penalty.
+  const model::SamplingOptions greedy{.max_new_tokens = 20,
+                                      .temperature = 0,
+                                      .top_k = 0,
+                                      .top_p = 1,
+                                      .repetition_penalty = 1.6,
+                                      .seed = 0};
+  serve::LocalBackend fresh(model);
+  AdjustedLogits only_top(fresh, {.presence_penalty = 0,
+                                  .frequency_penalty = 0,
+                                  .logit_bias = {},
+                                  .min_tokens = 0,
+                                  .end_tokens = {},
+                                  .min_p = 1,
+                                  .temperature = kTemperature,
+                                  .repetition_penalty = 1.6});
+  auto top = serve::GenerateWith(only_top, prompt, rows[0]);
+  ASSERT_TRUE(top.ok()) << top.status().ToString();
+  EXPECT_EQ(*top, model::Generate(model, prompt, greedy));
 }
 
 TEST(AdjustedLogits, RefusesStepsItCannotCountAndTokensOutsideTheVocabulary) {

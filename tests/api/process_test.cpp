@@ -1046,6 +1046,65 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
     EXPECT_EQ(last["finish_reason"], "stop") << st.body;
     EXPECT_EQ(last["stop_reason"], plain[k]) << st.body;
   }
+
+  // vLLM's min_p reaches the sampler: min_p 1 keeps only the most likely token, so sampling at
+  // temperature 1.5 gives the whole model's greedy answer (with a repetition penalty, its greedy
+  // answer under that penalty), which plain sampling with that seed does not.
+  for (const double penalty : {1.0, 1.3}) {
+    std::vector<int64_t> top = model::Generate(
+        *local, prompt,
+        {.max_new_tokens = max_tokens, .temperature = 0, .repetition_penalty = penalty},
+        tokenizer_->eos_id());
+    if (!top.empty() && top.back() == tokenizer_->eos_id()) top.pop_back();
+    json body = {{"prompt", prompt_text},
+                 {"max_tokens", max_tokens},
+                 {"temperature", 1.5},
+                 {"seed", seed},
+                 {"repetition_penalty", penalty}};
+    const HttpAnswer free = Curl("/completions", body.dump());
+    body["min_p"] = 1;
+    const HttpAnswer only_top = Curl("/completions", body.dump());
+    ASSERT_EQ(free.status, 200) << free.body;
+    ASSERT_EQ(only_top.status, 200) << only_top.body;
+    EXPECT_NE(json::parse(free.body)["choices"][0]["text"], text_of_tokens(top)) << free.body;
+    EXPECT_EQ(json::parse(only_top.body)["choices"][0]["text"], text_of_tokens(top))
+        << "repetition_penalty " << penalty << ": " << only_top.body;
+  }
+  // With min_p the repetition penalty is applied once, before min_p (vLLM's order; AdjustedLogits
+  // is held to that order written apart in logit_adjustments_test), not again by the sampler.
+  const api::LogitAdjustments with_min_p{.presence_penalty = 0,
+                                         .frequency_penalty = 0,
+                                         .logit_bias = {},
+                                         .min_tokens = 0,
+                                         .end_tokens = {},
+                                         .min_p = 0.02,
+                                         .temperature = 1.0,
+                                         .repetition_penalty = 1.5};
+  auto sampled_with = [&](double sampler_penalty) {
+    serve::LocalBackend model_backend(*local);
+    api::AdjustedLogits penalized(model_backend, with_min_p);
+    auto t = serve::GenerateWith(penalized, prompt,
+                                 {.max_new_tokens = max_tokens,
+                                  .temperature = 1.0,
+                                  .repetition_penalty = sampler_penalty,
+                                  .seed = static_cast<uint64_t>(seed)},
+                                 tokenizer_->eos_id());
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    std::vector<int64_t> out = t.ok() ? *t : std::vector<int64_t>{};
+    if (!out.empty() && out.back() == tokenizer_->eos_id()) out.pop_back();
+    return text_of_tokens(out);
+  };
+  const std::string once = sampled_with(1.0);
+  ASSERT_NE(once, sampled_with(1.5)) << "a penalty applied twice must show for this check";
+  const HttpAnswer mp = Curl("/completions", json({{"prompt", prompt_text},
+                                                   {"max_tokens", max_tokens},
+                                                   {"temperature", 1.0},
+                                                   {"seed", seed},
+                                                   {"min_p", 0.02},
+                                                   {"repetition_penalty", 1.5}})
+                                                 .dump());
+  ASSERT_EQ(mp.status, 200) << mp.body;
+  EXPECT_EQ(json::parse(mp.body)["choices"][0]["text"], once) << mp.body;
 }
 
 TEST_F(ApiProcessTest, AStreamSurvivesTheKillOfTheServerItRunsThrough) {

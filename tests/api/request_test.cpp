@@ -75,6 +75,10 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
   ASSERT_TRUE(bench.ok()) << bench.status().ToString();
   EXPECT_TRUE(bench->ignore_eos);
   EXPECT_FALSE(bench->include_stop);
+  EXPECT_EQ(bench->min_p, 0);
+  auto min_p = ParseCompletionRequest(R"({"prompt": "x", "temperature": 0.7, "min_p": 0.05})", {});
+  ASSERT_TRUE(min_p.ok()) << min_p.status().ToString();
+  EXPECT_EQ(min_p->min_p, 0.05);
   auto with_stop = ParseCompletionRequest(
       R"({"prompt": "x", "stop": "y", "include_stop_str_in_output": true})", {});
   ASSERT_TRUE(with_stop.ok()) << with_stop.status().ToString();
@@ -222,6 +226,9 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
       {R"({"prompt": "x", "temperature": 2.5})", "'temperature' must be between 0 and 2"},
       {R"({"prompt": "x", "temperature": "hot"})", "'temperature' must be a number"},
       {R"({"prompt": "x", "top_p": 0})", "'top_p' must be above 0"},
+      {R"({"prompt": "x", "min_p": 1.5})", "'min_p' must be between 0 and 1"},
+      {R"({"prompt": "x", "min_p": -0.1})", "'min_p' must be between 0 and 1"},
+      {R"({"prompt": "x", "min_p": "0.1"})", "'min_p' must be a number"},
       {R"({"prompt": "x", "n": 9})", "'n' must be between 1 and 8"},
       {R"({"prompt": "x", "n": 1.5})", "'n' must be an integer"},
       {R"({"prompt": "x", "max_tokens": 0})", "'max_tokens' must be at least 1 (0 only with"},
