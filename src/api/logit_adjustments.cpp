@@ -66,6 +66,14 @@ Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t positi
             fmt::format("'logit_bias.{}' is outside the vocabulary [0, {})", token, vocab));
       }
     }
+    allowed_.assign(adjustments_.allowed_tokens.empty() ? 0 : static_cast<size_t>(vocab), false);
+    for (int64_t token : adjustments_.allowed_tokens) {
+      if (token < 0 || token >= vocab) {
+        return InvalidArgument(fmt::format(
+            "'allowed_token_ids': token {} is outside the vocabulary [0, {})", token, vocab));
+      }
+      allowed_[static_cast<size_t>(token)] = true;
+    }
     vocab_ = vocab;
   }
   // Rows are stepped together: every row's answer has answered_ tokens.
@@ -75,6 +83,11 @@ Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t positi
   double* base = wide.data_ptr<double>();
   for (int64_t r = 0; r < rows; ++r) {
     double* row = base + r * vocab;
+    if (!allowed_.empty()) {
+      for (int64_t v = 0; v < vocab; ++v) {
+        if (!allowed_[static_cast<size_t>(v)]) row[v] = kOut;
+      }
+    }
     for (const auto& [token, bias] : bias_) row[token] += bias;
     if (repeats) {
       const double penalty = adjustments_.repetition_penalty;

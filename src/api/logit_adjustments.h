@@ -6,6 +6,7 @@
 //   x + bias;  then, for a token of the prompt or the answer, divided by repetition_penalty when
 //   positive and multiplied by it otherwise (HF's rule);  then - c * frequency_penalty -
 //   (c > 0 ? presence_penalty : 0);
+// allowed_tokens (vLLM's allowed_token_ids) first leave every other token at -inf;
 // while a row's answer has fewer than min_tokens tokens, the end tokens' logits are -inf (they
 // cannot be chosen); with min_p (and a temperature T > 0), a token whose probability at T is
 // below min_p times the most likely token's, exp((x - max) / T) < min_p, gets -inf. The row is
@@ -41,12 +42,16 @@ struct LogitAdjustments {
   double min_p = 0;
   double temperature = 0;
   double repetition_penalty = 1;  // 1: off
+  // vLLM's allowed_token_ids: when not empty, every other token's logit is -inf (first, so that
+  // min_p's most likely token is an allowed one). Ids outside the vocabulary are an error.
+  std::vector<int64_t> allowed_tokens = {};
 
   // Whether they change nothing (then there is no need for an AdjustedLogits). The repetition
   // penalty alone is no reason for one: the sampler applies it then.
   bool none() const {
     return presence_penalty == 0 && frequency_penalty == 0 && logit_bias.empty() &&
-           (min_tokens == 0 || end_tokens.empty()) && (min_p == 0 || temperature == 0);
+           (min_tokens == 0 || end_tokens.empty()) && (min_p == 0 || temperature == 0) &&
+           allowed_tokens.empty();
   }
 };
 
@@ -71,6 +76,7 @@ class AdjustedLogits : public serve::DecoderBackend {
   std::unordered_map<int64_t, double> bias_;  // logit_bias by token
   bool started_ = false;                      // the prompt has been stepped
   int64_t vocab_ = -1;                        // of the logits, once the biases are checked for it
+  std::vector<bool> allowed_;                 // by token, for that vocabulary
   int64_t answered_ = 0;                      // tokens each row was given since the prompt
   std::vector<std::unordered_map<int64_t, int64_t>> counts_;  // per row: token -> times given
   // Per row: the tokens of its prompt and answer (with a repetition penalty).

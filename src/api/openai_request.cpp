@@ -128,6 +128,28 @@ Status ParseStopTokenIds(const json& v, const RequestLimits& limits, GenerationR
   return Status::Ok();
 }
 
+// allowed_token_ids: at least one token id in [0, 2^31); sorted, an id given twice counts once.
+Status ParseAllowedTokenIds(const json& v, const RequestLimits& limits, GenerationRequest& r) {
+  if (v.is_null()) return Status::Ok();
+  if (!v.is_array()) return Bad("allowed_token_ids", "must be an array of token ids");
+  if (v.empty()) return Bad("allowed_token_ids", "must hold at least one token id");
+  if (v.size() > limits.max_allowed_token_ids) {
+    return Bad("allowed_token_ids",
+               fmt::format("holds {} tokens; at most {}", v.size(), limits.max_allowed_token_ids));
+  }
+  std::vector<int64_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    COLONY_ASSIGN_OR_RETURN(int64_t id,
+                            Integer(v[i], fmt::format("allowed_token_ids[{}]", i), 0, INT32_MAX));
+    ids.push_back(id);
+  }
+  std::ranges::sort(ids);
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  r.allowed_token_ids = std::move(ids);
+  return Status::Ok();
+}
+
 // prompt: a string, token ids, or an array of several of either (each answered with n
 // choices).
 Status ParsePrompt(const json& v, const RequestLimits& limits, GenerationRequest& r) {
@@ -500,6 +522,10 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
          if (v.is_null()) return Status::Ok();
          COLONY_ASSIGN_OR_RETURN(q.include_stop, Bool(v, "include_stop_str_in_output"));
          return Status::Ok();
+       }},
+      {"allowed_token_ids",
+       [&limits](const json& v, GenerationRequest& q) {
+         return ParseAllowedTokenIds(v, limits, q);
        }},
       {"stop_token_ids",
        [&limits](const json& v, GenerationRequest& q) { return ParseStopTokenIds(v, limits, q); }},

@@ -76,6 +76,10 @@ struct GenerationRequest {
   // end tokens). Each id once, in the request's order (whether an id is in the model's vocabulary
   // is the service's check).
   std::vector<int64_t> stop_token_ids;
+  // An extension (as vLLM's): when not empty, only these tokens can be generated (the end tokens
+  // too: an answer whose list has none ends at max_tokens). Increasing, each id once (whether an
+  // id is in the model's vocabulary is the service's check).
+  std::vector<int64_t> allowed_token_ids;
   int64_t n = 1;
   // An extension (as vLLM's): generation goes on past the EOS and the model's other end tokens
   // (generation_config.json's, a chat template's end of turn) up to max_tokens; stop strings
@@ -117,13 +121,14 @@ struct RequestLimits {
   size_t max_messages = 256;
   size_t max_stop = 4;  // as OpenAI
   size_t max_stop_bytes = 256;
-  size_t max_stop_token_ids = 64;      // each is looked for in every row at every step
-  size_t max_prompts = 16;             // in one completions request (each runs n choices)
-  size_t max_prompt_tokens = 1 << 16;  // a prompt given as token ids
-  int64_t max_top_logprobs = 20;       // as OpenAI's top_logprobs
-  size_t max_tools = 128;              // as OpenAI
-  size_t max_tool_calls = 128;         // in one message
-  size_t max_logit_bias = 1024;        // tokens in logit_bias (each costs work at every step)
+  size_t max_stop_token_ids = 64;          // each is looked for in every row at every step
+  size_t max_allowed_token_ids = 1 << 16;  // a mask built once per request
+  size_t max_prompts = 16;                 // in one completions request (each runs n choices)
+  size_t max_prompt_tokens = 1 << 16;      // a prompt given as token ids
+  int64_t max_top_logprobs = 20;           // as OpenAI's top_logprobs
+  size_t max_tools = 128;                  // as OpenAI
+  size_t max_tool_calls = 128;             // in one message
+  size_t max_logit_bias = 1024;            // tokens in logit_bias (each costs work at every step)
 };
 
 // OpenAI's values for the sampling fields a request leaves out (colony api puts a model's

@@ -414,13 +414,29 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
                                          config.vocab_size));
     }
   }
+  if (!r.allowed_token_ids.empty()) {
+    if (r.allowed_token_ids.back() >= config.vocab_size) {  // (sorted)
+      return InvalidArgument(
+          fmt::format("'allowed_token_ids': token {} is outside the vocabulary [0, {})",
+                      r.allowed_token_ids.back(), config.vocab_size));
+    }
+    // While min_tokens holds the end tokens back, some allowed token must be left to choose.
+    const bool only_ends = std::ranges::all_of(r.allowed_token_ids, [&plan](int64_t t) {
+      return std::ranges::find(plan.end_tokens, t) != plan.end_tokens.end();
+    });
+    if (r.min_tokens > 0 && only_ends) {
+      return InvalidArgument(
+          "'allowed_token_ids': every allowed token is an end or stop token, which min_tokens "
+          "keeps from being chosen");
+    }
+  }
   if (plan.beams && (r.presence_penalty != 0 || r.frequency_penalty != 0 || !r.logit_bias.empty() ||
-                     r.min_tokens > 0)) {
+                     r.min_tokens > 0 || !r.allowed_token_ids.empty())) {
     const std::string_view field = r.best_of > r.n ? "best_of" : "n";
     return InvalidArgument(fmt::format(
         "'{}': {} > 1 at temperature 0 runs beam search, which presence_penalty, "
-        "frequency_penalty, logit_bias and min_tokens do not apply to; ask for a temperature "
-        "above 0 (the model's default temperature may be 0) for samples",
+        "frequency_penalty, logit_bias, min_tokens and allowed_token_ids do not apply to; ask for "
+        "a temperature above 0 (the model's default temperature may be 0) for samples",
         field, field));
   }
   if (plan.beams && r.stream) {
@@ -503,7 +519,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
                                  .end_tokens = plan.end_tokens,
                                  .min_p = req->min_p,
                                  .temperature = req->temperature,
-                                 .repetition_penalty = req->repetition_penalty};
+                                 .repetition_penalty = req->repetition_penalty,
+                                 .allowed_tokens = req->allowed_token_ids};
     for (const auto& [token, bias] : req->logit_bias) {
       if (bias != 0) adjustments.logit_bias.emplace_back(token, bias);  // 0 changes nothing
     }

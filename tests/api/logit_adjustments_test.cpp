@@ -36,6 +36,11 @@ std::vector<int64_t> Reference(model::LlamaModel& model, const std::vector<int64
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     at::Tensor logits =
         model->forward(at::tensor(all, at::kLong).unsqueeze(0))[0][-1].to(at::kDouble);
+    if (!adjust.allowed_tokens.empty()) {
+      at::Tensor keep = at::zeros_like(logits, at::kBool);
+      for (int64_t token : adjust.allowed_tokens) keep[token] = true;
+      logits.masked_fill_(keep.logical_not(), -std::numeric_limits<double>::infinity());
+    }
     for (const auto& [token, bias] : adjust.logit_bias) logits[token] += bias;
     if (adjust.repetition_penalty != 1) {
       for (int64_t token : std::set<int64_t>(all.begin(), all.end())) {
@@ -285,6 +290,60 @@ TEST(AdjustedLogits, MinPAndTheRepetitionPenaltyApplyInVllmsOrder) {
   auto top = serve::GenerateWith(only_top, prompt, rows[0]);
   ASSERT_TRUE(top.ok()) << top.status().ToString();
   EXPECT_EQ(*top, model::Generate(model, prompt, greedy));
+}
+
+TEST(AdjustedLogits, AllowedTokensAreTheOnlyOnesGenerated) {
+  at::manual_seed(16);
+  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/true));
+  at::NoGradGuard no_grad;
+  const std::vector<int64_t> prompt = {4, 8, 15, 16};
+  const std::vector<int64_t> allowed = {3, 23, 42, 77, 101};
+  std::vector<model::SamplingOptions> rows;
+  for (uint64_t seed : {0, 41, 42}) {
+    rows.push_back({.max_new_tokens = 16,
+                    .temperature = seed == 0 ? 0.0 : 1.2,
+                    .top_k = 0,
+                    .top_p = 1,
+                    .repetition_penalty = 1,
+                    .seed = seed});
+  }
+  // With a bias and min_p among them (min_p's most likely token is an allowed one).
+  const LogitAdjustments adjust{.presence_penalty = 0,
+                                .frequency_penalty = 0,
+                                .logit_bias = {{23, 0.5}},
+                                .min_tokens = 0,
+                                .end_tokens = {},
+                                .min_p = 0.1,
+                                .temperature = 1.2,
+                                .repetition_penalty = 1,
+                                .allowed_tokens = allowed};
+  std::vector<std::vector<int64_t>> want;
+  for (const auto& o : rows) want.push_back(Reference(model, prompt, o, adjust));
+  for (const auto& w : want) {
+    for (int64_t t : w) EXPECT_NE(std::ranges::find(allowed, t), allowed.end()) << t;
+  }
+  EXPECT_NE(want[0], Reference(model, prompt, rows[0], {}));
+  serve::LocalBackend local(model);
+  AdjustedLogits adjusted(local, adjust);
+  auto got = serve::GenerateRows(adjusted, prompt, rows);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, want);
+  // A token outside the vocabulary is refused at the first step.
+  serve::LocalBackend fresh(model);
+  AdjustedLogits outside(fresh, {.presence_penalty = 0,
+                                 .frequency_penalty = 0,
+                                 .logit_bias = {},
+                                 .min_tokens = 0,
+                                 .end_tokens = {},
+                                 .min_p = 0,
+                                 .temperature = 0,
+                                 .repetition_penalty = 1,
+                                 .allowed_tokens = {3, 1 << 20}});
+  auto refused = serve::GenerateWith(outside, prompt, rows[0]);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("'allowed_token_ids': token 1048576"),
+            std::string::npos)
+      << refused.status().ToString();
 }
 
 TEST(AdjustedLogits, RefusesStepsItCannotCountAndTokensOutsideTheVocabulary) {

@@ -491,7 +491,14 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
       {"/completions", R"({"prompt": "x", "stop_token_ids": [1, 999999]})", 400,
        "'stop_token_ids': token 999999 is outside the vocabulary"},
       {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "min_tokens": 1})", 400,
-       "logit_bias and min_tokens do not apply to"},
+       "logit_bias, min_tokens and allowed_token_ids do not apply to"},
+      {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "allowed_token_ids": [5]})",
+       400, "min_tokens and allowed_token_ids do not apply to"},
+      {"/completions", R"({"prompt": "x", "allowed_token_ids": [5, 999999]})", 400,
+       "'allowed_token_ids': token 999999 is outside the vocabulary"},
+      {"/completions",
+       R"({"prompt": "x", "allowed_token_ids": [7], "stop_token_ids": [7], "min_tokens": 1})", 400,
+       "'allowed_token_ids': every allowed token is an end or stop token"},
       {"/completions", R"({"prompt": "x", "min_tokens": 17})", 400,
        "'min_tokens' is 17, more than max_tokens' default (16); send max_tokens"},
       {"/chat/completions", R"({"messages": "hi"})", 400, "'messages'"},
@@ -1096,6 +1103,43 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
   };
   const std::string once = sampled_with(1.0);
   ASSERT_NE(once, sampled_with(1.5)) << "a penalty applied twice must show for this check";
+  // vLLM's allowed_token_ids: greedy decoding among two tokens is, at each step, the one of the
+  // two whose logit in the whole model's forward pass is higher (the lower id on a tie).
+  {
+    const int64_t low = 5, high = 9;
+    std::vector<int64_t> seq = prompt;
+    json among = json::array();
+    for (int64_t i = 0; i < max_tokens; ++i) {
+      const at::Tensor l = (*local)->forward(at::tensor(seq, at::kLong).unsqueeze(0))[0][-1];
+      seq.push_back(l[low].item<float>() >= l[high].item<float>() ? low : high);
+      among.push_back("token_id:" + std::to_string(seq.back()));
+    }
+    const HttpAnswer two = Curl("/completions", json({{"prompt", prompt_text},
+                                                      {"max_tokens", max_tokens},
+                                                      {"temperature", 0},
+                                                      {"allowed_token_ids", {high, low}},
+                                                      {"logprobs", 0},
+                                                      {"return_tokens_as_token_ids", true}})
+                                                    .dump());
+    ASSERT_EQ(two.status, 200) << two.body;
+    EXPECT_EQ(json::parse(two.body)["choices"][0]["logprobs"]["tokens"], among) << two.body;
+    // Sampled, every token of every choice is one of them.
+    const HttpAnswer drawn = Curl("/completions", json({{"prompt", prompt_text},
+                                                        {"max_tokens", max_tokens},
+                                                        {"temperature", 1.0},
+                                                        {"n", 2},
+                                                        {"allowed_token_ids", {low, high}},
+                                                        {"logprobs", 0},
+                                                        {"return_tokens_as_token_ids", true}})
+                                                      .dump());
+    ASSERT_EQ(drawn.status, 200) << drawn.body;
+    for (const json& choice : json::parse(drawn.body)["choices"]) {
+      ASSERT_EQ(choice["logprobs"]["tokens"].size(), static_cast<size_t>(max_tokens)) << drawn.body;
+      for (const json& t : choice["logprobs"]["tokens"]) {
+        EXPECT_TRUE(t == "token_id:5" || t == "token_id:9") << drawn.body;
+      }
+    }
+  }
   const HttpAnswer mp = Curl("/completions", json({{"prompt", prompt_text},
                                                    {"max_tokens", max_tokens},
                                                    {"temperature", 1.0},

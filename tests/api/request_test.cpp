@@ -79,6 +79,11 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
   auto min_p = ParseCompletionRequest(R"({"prompt": "x", "temperature": 0.7, "min_p": 0.05})", {});
   ASSERT_TRUE(min_p.ok()) << min_p.status().ToString();
   EXPECT_EQ(min_p->min_p, 0.05);
+  EXPECT_TRUE(min_p->allowed_token_ids.empty());
+  auto allowed =
+      ParseCompletionRequest(R"({"prompt": "x", "allowed_token_ids": [9, 2, 9, 0]})", {});
+  ASSERT_TRUE(allowed.ok()) << allowed.status().ToString();
+  EXPECT_EQ(allowed->allowed_token_ids, (std::vector<int64_t>{0, 2, 9}));
   auto with_stop = ParseCompletionRequest(
       R"({"prompt": "x", "stop": "y", "include_stop_str_in_output": true})", {});
   ASSERT_TRUE(with_stop.ok()) << with_stop.status().ToString();
@@ -229,6 +234,10 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
       {R"({"prompt": "x", "min_p": 1.5})", "'min_p' must be between 0 and 1"},
       {R"({"prompt": "x", "min_p": -0.1})", "'min_p' must be between 0 and 1"},
       {R"({"prompt": "x", "min_p": "0.1"})", "'min_p' must be a number"},
+      {R"({"prompt": "x", "allowed_token_ids": []})",
+       "'allowed_token_ids' must hold at least one token id"},
+      {R"({"prompt": "x", "allowed_token_ids": 5})", "'allowed_token_ids' must be an array"},
+      {R"({"prompt": "x", "allowed_token_ids": [1, -1]})", "'allowed_token_ids[1]'"},
       {R"({"prompt": "x", "n": 9})", "'n' must be between 1 and 8"},
       {R"({"prompt": "x", "n": 1.5})", "'n' must be an integer"},
       {R"({"prompt": "x", "max_tokens": 0})", "'max_tokens' must be at least 1 (0 only with"},
