@@ -27,6 +27,11 @@ void Check(const Result<GenerationRequest>& r, const RequestLimits& limits) {
   if (!(r->top_p > 0 && r->top_p <= 1)) __builtin_trap();
   if (r->top_k < 0 || !std::isfinite(r->repetition_penalty)) __builtin_trap();
   if (!(r->min_p >= 0 && r->min_p <= 1)) __builtin_trap();
+  // allowed_token_ids: increasing (each once), within the limit.
+  if (r->allowed_token_ids.size() > limits.max_allowed_token_ids) __builtin_trap();
+  for (size_t i = 1; i < r->allowed_token_ids.size(); ++i) {
+    if (r->allowed_token_ids[i - 1] >= r->allowed_token_ids[i]) __builtin_trap();
+  }
   // max_tokens 0 only scores an echoed prompt.
   if (r->max_tokens && (*r->max_tokens < 0 || (*r->max_tokens == 0 && !r->echo))) {
     __builtin_trap();

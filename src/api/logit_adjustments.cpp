@@ -107,9 +107,11 @@ Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t positi
       }
     }
     if (min_p) {
+      // exp((x - top) / T) < min_p, i.e. x < top + T log(min_p) (min_p 1: below the top).
       const double top = *std::max_element(row, row + vocab);
+      const double cutoff = top + adjustments_.temperature * std::log(adjustments_.min_p);
       for (int64_t v = 0; v < vocab; ++v) {
-        if (std::exp((row[v] - top) / adjustments_.temperature) < adjustments_.min_p) row[v] = kOut;
+        if (row[v] < cutoff) row[v] = kOut;
       }
     }
   }

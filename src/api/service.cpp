@@ -81,7 +81,10 @@ std::string PercentDecoded(std::string_view s) {
 struct ApiService::Plan {
   std::vector<int64_t> prompt;
   int64_t max_new_tokens = 0;
+  // The request's stop strings (the first request_stops), then a chat template's end of turn
+  // written as text.
   std::vector<std::string> stops;
+  size_t request_stops = 0;
   bool beams = false;     // best_of (n when absent) > 1 at temperature 0, with tokens to generate
   std::string echo_text;  // what the answer starts with (echo: the prompt)
   // Tokens that end the answer: the EOS, generation_config.json's end tokens, a chat template's
@@ -262,15 +265,17 @@ http::Reply ApiService::Health() const {
     }
     health_finding_ = true;
   }
+  // However this ends (a throw included), the next probe may look again.
+  struct Found {
+    std::mutex& mu;
+    bool& finding;
+    ~Found() {
+      std::lock_guard lock(mu);
+      finding = false;
+    }
+  } found{health_mu_, health_finding_};
   const int64_t blocks = client_.manager->options().num_blocks;
-  Result<std::vector<serve::RouteSpan>> route = InvalidArgument("no route yet");
-  try {
-    route = client_.manager->MakeRoute(0, blocks, serve::RoutingMode::kMinLatency);
-  } catch (...) {  // (the next probe finds it again; none is left waiting on this one)
-    std::lock_guard lock(health_mu_);
-    health_finding_ = false;
-    throw;
-  }
+  auto route = client_.manager->MakeRoute(0, blocks, serve::RoutingMode::kMinLatency);
   http::Reply reply =
       route.ok() ? http::Json(200, Dump({{"status", "ok"},
                                          {"model", options_.model_id},
@@ -282,7 +287,6 @@ http::Reply ApiService::Health() const {
   std::lock_guard lock(health_mu_);
   health_ = reply;
   health_at_ = std::chrono::steady_clock::now();  // (finding it may have taken seconds)
-  health_finding_ = false;
   return reply;
 }
 
@@ -377,7 +381,8 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
         fmt::format("'min_tokens' is {}, more than max_tokens' default ({}); send max_tokens",
                     r.min_tokens, plan.max_new_tokens));
   }
-  plan.stops.insert(plan.stops.end(), r.stop.begin(), r.stop.end());
+  plan.stops.insert(plan.stops.begin(), r.stop.begin(), r.stop.end());
+  plan.request_stops = r.stop.size();
   // The EOS and the model's generation_config.json's end tokens end an answer.
   auto end_with = [&plan](int64_t t) {
     if (std::ranges::find(plan.end_tokens, t) == plan.end_tokens.end()) {
@@ -480,6 +485,16 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   auto stop_reason = [req, eos = tok.eos_id()](int64_t t) {
     return t == eos && !req->ignore_eos ? json(nullptr) : json(t);
   };
+  // ... and of one a stop string ended: the request's stop string, null for a chat template's
+  // end of turn written as text (as at the EOS).
+  auto text_stop_reason = [](const Plan& plan, const TextStream& text) {
+    const int64_t i = text.stop_index();
+    return i >= 0 && static_cast<size_t>(i) < plan.request_stops
+               ? json(plan.stops[static_cast<size_t>(i)])
+               : json(nullptr);
+  };
+  // include_stop_str_in_output keeps the request's stop strings in the text, not a template's.
+  auto kept_stops = [req](const Plan& plan) { return req->include_stop ? plan.request_stops : 0; };
   std::random_device rd;
   const uint64_t base_seed = req->seed.value_or((static_cast<uint64_t>(rd()) << 32) | rd());
   // The seed of prompt k's first row (row i samples with it + i): a request's seed for every
@@ -492,7 +507,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   // swarm per token for all of them); on_delta(i, text, logprobs) sees choice i's text as it is
   // released, with the log-probabilities of its tokens since the last call (when asked for).
   using OnDelta = std::function<void(int64_t, const std::string&, std::vector<TokenLogprob>)>;
-  auto run_choices = [this, req, decode, cancelled, stop_reason](
+  auto run_choices = [this, req, decode, cancelled, stop_reason, text_stop_reason, kept_stops](
                          const Plan& plan, uint64_t seed, const OnDelta& on_delta,
                          const std::function<bool()>& stop_early) -> Result<std::vector<Choice>> {
     at::NoGradGuard no_grad;
@@ -534,7 +549,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     };
     std::vector<Row> rows;
     for (int64_t i = 0; i < n; ++i) {
-      rows.push_back({.text = TextStream(decode, plan.stops, req->min_tokens, req->include_stop),
+      rows.push_back({.text = TextStream(decode, plan.stops, req->min_tokens, kept_stops(plan)),
                       .echo = plan.echo_text,
                       .ended_with_eos = false,
                       .choice = {}});
@@ -598,7 +613,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       c.text = plan.echo_text + row.text.text();
       c.finish_reason = row.text.stopped() || row.ended_with_eos ? "stop" : "length";
       // (A stop token's text that holds a stop string: the token ended it, as vLLM says.)
-      if (row.text.stopped() && !row.ended_with_eos) c.stop_reason = row.text.stop();
+      if (row.text.stopped() && !row.ended_with_eos)
+        c.stop_reason = text_stop_reason(plan, row.text);
       c.ReadCalls(plan);
       if (recorder) c.logprobs = recorder->Take(i);
       if (rank) {
@@ -673,7 +689,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         if (!beams.ok()) return SwarmError(beams.status());
         beams->resize(std::min(beams->size(), static_cast<size_t>(req->n)));
         for (const auto& b : *beams) {
-          TextStream text(decode, plan.stops, 0, req->include_stop);
+          TextStream text(decode, plan.stops, 0, kept_stops(plan));
           Choice c;
           bool ended = false;
           std::vector<int64_t> said;  // the tokens of the text, as a sampled choice records them
@@ -690,7 +706,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
           text.Finish();
           c.text = plan.echo_text + text.text();
           c.finish_reason = b.finished || ended || text.stopped() ? "stop" : "length";
-          if (text.stopped() && !ended) c.stop_reason = text.stop();
+          if (text.stopped() && !ended) c.stop_reason = text_stop_reason(plan, text);
           c.ReadCalls(plan);
           if (req->logprobs) {
             if (cancelled()) return SwarmError(Cancelled("the client went away"));

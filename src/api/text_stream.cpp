@@ -33,6 +33,7 @@ size_t UnfinishedTail(std::string_view s) {
 size_t PossibleStopStart(std::string_view s, size_t from, const std::vector<std::string>& stops) {
   size_t longest = 0;
   for (const auto& stop : stops) {
+    if (stop.empty()) continue;  // (no stop string)
     const size_t max_len = std::min(stop.size() - 1, s.size() - from);
     for (size_t len = max_len; len > longest; --len) {
       if (s.substr(s.size() - len) == std::string_view(stop).substr(0, len)) {
@@ -47,13 +48,8 @@ size_t PossibleStopStart(std::string_view s, size_t from, const std::vector<std:
 }  // namespace
 
 TextStream::TextStream(Decode decode, std::vector<std::string> stops, int64_t min_tokens,
-                       bool include_stop)
-    : decode_(std::move(decode)),
-      stops_(std::move(stops)),
-      min_tokens_(min_tokens),
-      include_stop_(include_stop) {
-  std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
-}
+                       size_t kept)
+    : decode_(std::move(decode)), stops_(std::move(stops)), min_tokens_(min_tokens), kept_(kept) {}
 
 std::string TextStream::Add(int64_t token) {
   if (stopped_) return {};
@@ -80,20 +76,22 @@ std::string TextStream::Release(bool final) {
     return {};
   }
   size_t end = full.size();
-  const std::string* found = nullptr;
-  for (const auto& stop : stops_) {
+  int64_t found = -1;
+  for (size_t i = 0; i < stops_.size(); ++i) {
+    const std::string& stop = stops_[i];
+    if (stop.empty()) continue;
     // Nothing sent can be a stop string's start (it was held back).
     const size_t from =
         std::max(released_.size(), unstoppable >= stop.size() ? unstoppable - stop.size() + 1 : 0);
     if (const size_t at = full.find(stop, from); at != std::string::npos && at < end) {
       end = at;
-      found = &stop;
+      found = static_cast<int64_t>(i);
     }
   }
-  if (found != nullptr) {
+  if (found >= 0) {
     stopped_ = true;
-    stop_ = *found;
-    if (include_stop_) end += found->size();
+    stop_index_ = found;
+    if (static_cast<size_t>(found) < kept_) end += stops_[static_cast<size_t>(found)].size();
   } else if (!final) {
     end -= std::max(UnfinishedTail(full), PossibleStopStart(full, released_.size(), stops_));
   }

@@ -13,8 +13,11 @@
 // they keep as it was: a character they left unfinished, which a later token completes, is
 // text after them).
 //
-// With include_stop (vLLM's include_stop_str_in_output) the text ends with the stop string
-// instead of before it. stop() names the stop string that ended the text.
+// The first `kept` stop strings (the request's, with vLLM's include_stop_str_in_output) end the
+// text with themselves instead of before them. stop_index() names the stop string that ended the
+// text: the one that begins first (vLLM takes the first given of those in the newest token's
+// text: the same unless two complete in one token); of two that begin at the same place, the
+// first given, when both are there at once (a shorter one that a token completes first cuts).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +32,7 @@ class TextStream {
  public:
   using Decode = std::function<std::string(std::span<const int32_t>)>;
   TextStream(Decode decode, std::vector<std::string> stops, int64_t min_tokens = 0,
-             bool include_stop = false);
+             size_t kept = 0);
 
   // Adds a generated token; returns the text released by it (often empty). After a stop string
   // appears, stopped() is true and the text ends before it; further tokens are ignored.
@@ -37,9 +40,8 @@ class TextStream {
   // The end of generation: releases what was held back (it was no stop string after all).
   std::string Finish();
   bool stopped() const { return stopped_; }
-  // The stop string that ended the text (the one that begins first; of two that begin at the
-  // same place, the first given); empty while none has.
-  const std::string& stop() const { return stop_; }
+  // The index in `stops` of the stop string that ended the text; -1 while none has.
+  int64_t stop_index() const { return stop_index_; }
   const std::string& text() const { return released_; }
 
  private:
@@ -49,13 +51,13 @@ class TextStream {
   Decode decode_;
   std::vector<std::string> stops_;
   int64_t min_tokens_;
-  bool include_stop_;
+  size_t kept_;
   // The text while there are at most min_tokens tokens (then: of the first min_tokens).
   std::string first_text_;
   std::vector<int32_t> tokens_;
   std::string released_;
   bool stopped_ = false;
-  std::string stop_;
+  int64_t stop_index_ = -1;
 };
 
 }  // namespace colony::api

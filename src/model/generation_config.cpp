@@ -75,6 +75,7 @@ Result<GenerationConfig> GenerationConfig::FromJson(const json& j) {
       {"min_length", 0, "(a minimum length is not supported)"},
       {"min_new_tokens", 0, "(a minimum length is not supported)"},
       {"typical_p", 1, "(typical sampling is not supported)"},
+      {"min_p", 0, "(min-p sampling is not a model default here; colony api takes it per request)"},
       {"epsilon_cutoff", 0, "(epsilon sampling is not supported)"},
       {"eta_cutoff", 0, "(eta sampling is not supported)"},
       {"diversity_penalty", 0, "(diverse beam search is not supported)"},

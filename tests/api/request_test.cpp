@@ -1048,12 +1048,12 @@ TextStream::Decode TableDecoder(std::vector<std::string> table) {
 }
 
 // Streams tokens 0..n-1 of the table and returns the pieces sent (and, when asked, the stop
-// string that ended the text).
+// string that ended the text, "" for none). With include_stop every stop string is kept.
 std::vector<std::string> StreamAll(const std::vector<std::string>& table,
                                    const std::vector<std::string>& stops, std::string* text,
                                    bool* stopped, int64_t min_tokens = 0, bool include_stop = false,
                                    std::string* stop = nullptr) {
-  TextStream s(TableDecoder(table), stops, min_tokens, include_stop);
+  TextStream s(TableDecoder(table), stops, min_tokens, include_stop ? stops.size() : 0);
   std::vector<std::string> pieces;
   for (size_t i = 0; i < table.size() && !s.stopped(); ++i) {
     pieces.push_back(s.Add(static_cast<int64_t>(i)));
@@ -1061,7 +1061,9 @@ std::vector<std::string> StreamAll(const std::vector<std::string>& table,
   pieces.push_back(s.Finish());
   *text = s.text();
   *stopped = s.stopped();
-  if (stop != nullptr) *stop = s.stop();
+  if (stop != nullptr) {
+    *stop = s.stop_index() >= 0 ? stops.at(static_cast<size_t>(s.stop_index())) : "";
+  }
   return pieces;
 }
 
@@ -1167,6 +1169,21 @@ TEST(TextStream, StreamedPiecesJoinToTheTextCutByHandWithAndWithoutMinTokens) {
     s.Finish();
     EXPECT_TRUE(s.stopped()) << stop;
     EXPECT_EQ(s.text(), expected) << stop;
+  }
+}
+
+TEST(TextStream, KeepsOnlyTheFirstKeptStopStringsInTheText) {
+  // A request's stop strings come first and are kept (include_stop_str_in_output); a chat
+  // template's end of turn after them is not.
+  const std::vector<std::string> table = {"one", "\nUser:", " two"};
+  for (const auto& [stops, text_is, index] :
+       std::vector<std::tuple<std::vector<std::string>, std::string, int64_t>>{
+           {{"ne", "\nUser:"}, "one", 0}, {{"zz", "\nUser:"}, "one", 1}}) {
+    TextStream s(TableDecoder(table), stops, 0, /*kept=*/1);
+    for (int64_t t = 0; t < 3 && !s.stopped(); ++t) s.Add(t);
+    s.Finish();
+    EXPECT_EQ(s.text(), text_is) << index;
+    EXPECT_EQ(s.stop_index(), index);
   }
 }
 

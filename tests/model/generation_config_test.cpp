@@ -76,6 +76,7 @@ TEST(GenerationConfig, TheFixturesTransformersSavedLoad) {
 TEST(GenerationConfig, FieldsColonyWouldNotHonourAreRefusedByName) {
   const std::pair<const char*, const char*> refused[] = {
       {R"({"typical_p": 0.9})", "\"typical_p\" = 0.9"},
+      {R"({"min_p": 0.05})", "\"min_p\" = 0.05"},
       {R"({"num_beams": 4})", "\"num_beams\" = 4"},
       {R"({"no_repeat_ngram_size": 3})", "\"no_repeat_ngram_size\" = 3"},
       {R"({"min_new_tokens": 5})", "\"min_new_tokens\" = 5"},
@@ -102,7 +103,7 @@ TEST(GenerationConfig, FieldsColonyWouldNotHonourAreRefusedByName) {
   EXPECT_NE(g.status().message().find("65 ids"), std::string::npos) << g.status().ToString();
   EXPECT_FALSE(GenerationConfig::FromJson(json::array()).ok());
   // The neutral values, nulls and bookkeeping pass.
-  auto neutral = Parse(R"({"num_beams": 1, "length_penalty": 1.0, "typical_p": 1.0,
+  auto neutral = Parse(R"({"num_beams": 1, "length_penalty": 1.0, "typical_p": 1.0, "min_p": 0.0,
                            "min_length": 0, "temperature": null, "eos_token_id": null,
                            "_from_model_config": true, "use_cache": true,
                            "cache_implementation": "dynamic", "max_new_tokens": 200})");
