@@ -137,8 +137,9 @@ struct ApiService::Choice {
   std::string text;
   int64_t tokens = 0;  // generated (stop strings included)
   std::string finish_reason;
-  // vLLM's: the stop string or the token id that ended the answer; null when it ended at the
-  // tokenizer's EOS (unless ignore_eos made that a stop token id) or at max_tokens.
+  // vLLM's: the request's stop string or the token id that ended the answer; null when it ended
+  // at the tokenizer's EOS (unless ignore_eos made that a stop token id), at a chat template's
+  // end of turn written as text, or at max_tokens.
   json stop_reason;
   std::vector<TokenLogprob> logprobs;  // when asked for (and not streamed)
   // With tools: the calls the answer makes (then `text` is the content besides them, null

@@ -1133,7 +1133,8 @@ TEST_F(ApiProcessTest, NSampledChoicesAreRowsOfOneSessionAndEachEqualsLocalSampl
                                                         {"return_tokens_as_token_ids", true}})
                                                       .dump());
     ASSERT_EQ(drawn.status, 200) << drawn.body;
-    for (const json& choice : json::parse(drawn.body)["choices"]) {
+    const json drawn_json = json::parse(drawn.body);  // (a range-for would not keep a temporary)
+    for (const json& choice : drawn_json["choices"]) {
       ASSERT_EQ(choice["logprobs"]["tokens"].size(), static_cast<size_t>(max_tokens)) << drawn.body;
       for (const json& t : choice["logprobs"]["tokens"]) {
         EXPECT_TRUE(t == "token_id:5" || t == "token_id:9") << drawn.body;
