@@ -567,9 +567,19 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
            return Status::Ok();
          }},
         {"response_format",
-         [](const json& v, GenerationRequest&) -> Status {
+         [](const json& v, GenerationRequest& q) -> Status {
            if (v.is_null() || v == json({{"type", "text"}})) return Status::Ok();
-           return Bad("response_format", "is not supported by colony api (text only)");
+           if (v == json({{"type", "json_object"}})) {
+             q.json_object = true;
+             return Status::Ok();
+           }
+           if (v.is_object() && v.contains("type") && v["type"] == "json_schema") {
+             return Bad("response_format",
+                        "json_schema is not supported by colony api (json_object is: an answer "
+                        "that is a JSON object, of any shape)");
+           }
+           return Bad("response_format",
+                      "must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
          }},
         {"tools",
          [&limits](const json& v, GenerationRequest& q) { return ParseTools(v, limits, q); }},
@@ -644,6 +654,11 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
   if (tool_choice_none) {  // the model is not told about tools, so it does not call them
     r.tools_json.clear();
     r.tool_names.clear();
+  }
+  if (r.json_object && !r.tools_json.empty()) {
+    return Bad("response_format",
+               "json_object with tools is not supported (an answer kept to a JSON object could "
+               "not call a tool in the model's format); send tool_choice \"none\" or no tools");
   }
   if (!chat && !j.contains("prompt")) return Bad("prompt", "is missing");
   if (chat && top_logprobs.value_or(0) > 0 && !chat_logprobs) {

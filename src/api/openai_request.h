@@ -5,7 +5,7 @@
 //   if (!r.ok()) return http::JsonError(400, r.status().message());
 //
 // Every field of the API either is understood, or is accepted only with the value that changes
-// nothing (suffix "", response_format text, ...), or makes the request fail with a message that
+// nothing (suffix "", tool_choice "auto", ...), or makes the request fail with a message that
 // names the field. Unknown fields fail too: a client that asks for something Colony would not do
 // is told so instead of getting a different answer.
 #pragma once
@@ -111,6 +111,9 @@ struct GenerationRequest {
   // (also with tool_choice "none").
   std::string tools_json;
   std::vector<std::string> tool_names;
+  // Chat: response_format {"type": "json_object"}: the answer is kept to a JSON object
+  // (api/json_mode.h).
+  bool json_object = false;
   // Chat: more variables for the model's own chat template (`chat_template_kwargs`, vLLM's, e.g.
   // Qwen3's {"enable_thinking": false}), as the text of a JSON object. Empty: none.
   std::string template_kwargs_json;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "api/json_mode.h"
 #include "api/logit_adjustments.h"
 #include "api/text_stream.h"
 #include "api/token_logprobs.h"
@@ -437,20 +438,35 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
     }
   }
   if (plan.beams && (r.presence_penalty != 0 || r.frequency_penalty != 0 || !r.logit_bias.empty() ||
-                     r.min_tokens > 0 || !r.allowed_token_ids.empty())) {
+                     r.min_tokens > 0 || !r.allowed_token_ids.empty() || r.json_object)) {
     const std::string_view field = r.best_of > r.n ? "best_of" : "n";
     return InvalidArgument(fmt::format(
         "'{}': {} > 1 at temperature 0 runs beam search, which presence_penalty, "
-        "frequency_penalty, logit_bias, min_tokens and allowed_token_ids do not apply to; ask for "
-        "a temperature above 0 (the model's default temperature may be 0) for samples",
+        "frequency_penalty, logit_bias, min_tokens, allowed_token_ids and response_format "
+        "json_object do not apply to; ask for a temperature above 0 (the model's default "
+        "temperature may be 0) for samples",
         field, field));
   }
+  if (r.json_object && !r.allowed_token_ids.empty()) {
+    return InvalidArgument(
+        "'allowed_token_ids' cannot be asked for with response_format json_object (each keeps "
+        "tokens from being chosen: together they could leave none)");
+  }
+
   if (plan.beams && r.stream) {
     return InvalidArgument(
         "'stream': n > 1 at temperature 0 runs beam search, whose answers are known only at the "
         "end; use stream: false, or a temperature above 0 for n samples");
   }
   return plan;
+}
+
+std::shared_ptr<const std::vector<std::string>> ApiService::TokenTexts() const {
+  std::call_once(token_texts_once_, [this] {
+    token_texts_ =
+        std::make_shared<const std::vector<std::string>>(api::TokenTexts(*client_.tokenizer));
+  });
+  return token_texts_;
 }
 
 http::Reply ApiService::Generate(const http::Request& request, bool chat) {
@@ -540,12 +556,21 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     for (const auto& [token, bias] : req->logit_bias) {
       if (bias != 0) adjustments.logit_bias.emplace_back(token, bias);  // 0 changes nothing
     }
+    // response_format json_object masks the model's logits before those (as vLLM's structured
+    // outputs do), the end tokens allowed only after a whole object.
+    std::optional<JsonObjectLogits> json_mode;
+    if (req->json_object) {
+      backend = &json_mode.emplace(*backend, JsonModeOptions{.token_texts = TokenTexts(),
+                                                             .end_tokens = plan.end_tokens,
+                                                             .min_tokens = req->min_tokens});
+    }
     std::optional<AdjustedLogits> adjusted;
     if (!adjustments.none()) backend = &adjusted.emplace(*backend, adjustments);
     struct Row {
       TextStream text;
       std::string echo;  // until the row's first delta
       bool ended_with_eos = false;
+      bool whole_object = false;  // json_object without end tokens: ended at the object's end
       Choice choice;
     };
     std::vector<Row> rows;
@@ -553,6 +578,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       rows.push_back({.text = TextStream(decode, plan.stops, req->min_tokens, kept_stops(plan)),
                       .echo = plan.echo_text,
                       .ended_with_eos = false,
+                      .whole_object = false,
                       .choice = {}});
     }
     auto emit = [&](int64_t i, const std::string& d) {
@@ -597,10 +623,16 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
             }
             if (recorder) recorder->Chose(t, i);
             if (std::string d = row.text.Add(t); !d.empty()) emit(i, d);
+            // response_format json_object with no end token to choose (a tokenizer without an
+            // EOS, its chat turn ending in text): the answer ends with its object (ignore_eos
+            // goes on, with whitespace).
+            row.whole_object = json_mode && plan.end_tokens.empty() && !req->ignore_eos &&
+                               row.choice.tokens >= req->min_tokens && json_mode->WholeWith(i, t);
           },
           [&](int64_t i) {
             const Row& row = rows[static_cast<size_t>(i)];
-            return row.ended_with_eos || row.text.stopped() || cancelled() ||
+            if (json_mode && row.text.stopped()) json_mode->End(i);
+            return row.ended_with_eos || row.whole_object || row.text.stopped() || cancelled() ||
                    (stop_early && stop_early());
           });
       if (!tokens.ok()) return tokens.status();
@@ -612,7 +644,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       emit(i, row.text.Finish());
       Choice c = std::move(row.choice);
       c.text = plan.echo_text + row.text.text();
-      c.finish_reason = row.text.stopped() || row.ended_with_eos ? "stop" : "length";
+      c.finish_reason =
+          row.text.stopped() || row.ended_with_eos || row.whole_object ? "stop" : "length";
       // (A stop token's text that holds a stop string: the token ended it, as vLLM says.)
       if (row.text.stopped() && !row.ended_with_eos)
         c.stop_reason = text_stop_reason(plan, row.text);

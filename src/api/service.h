@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "api/chat_template.h"
 #include "api/client_gate.h"
@@ -68,6 +69,9 @@ class ApiService {
   Status Encode(const GenerationRequest& r, size_t prompt, Plan& plan) const;
   http::Reply Generate(const http::Request& request, bool chat);
   Result<Plan> MakePlan(const GenerationRequest& r, size_t prompt) const;
+  // Every token's text (api/json_mode.h's TokenTexts), read once, when response_format
+  // json_object first needs it.
+  std::shared_ptr<const std::vector<std::string>> TokenTexts() const;
 
   serve::SwarmClient& client_;
   ApiOptions options_;
@@ -77,6 +81,8 @@ class ApiService {
   // for a second, so that any number of them costs one route a second.
   // A probe finds the answer while none is being found (outside the lock); the others meanwhile
   // get the last one (or 503 before the first).
+  mutable std::once_flag token_texts_once_;
+  mutable std::shared_ptr<const std::vector<std::string>> token_texts_;
   mutable std::mutex health_mu_;
   mutable std::chrono::steady_clock::time_point health_at_;
   mutable std::optional<http::Reply> health_;

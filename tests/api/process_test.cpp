@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../../fuzz/json_prefix_checks.h"
 #include "api/chat_template.h"
 #include "api/logit_adjustments.h"
 #include "core/files.h"
@@ -491,9 +492,9 @@ TEST_F(ApiProcessTest, BadRequestsGetOpenAiErrorsAndTheApiKeepsServing) {
       {"/completions", R"({"prompt": "x", "stop_token_ids": [1, 999999]})", 400,
        "'stop_token_ids': token 999999 is outside the vocabulary"},
       {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "min_tokens": 1})", 400,
-       "logit_bias, min_tokens and allowed_token_ids do not apply to"},
+       "logit_bias, min_tokens, allowed_token_ids and response_format json_object do not apply"},
       {"/completions", R"({"prompt": "x", "n": 2, "temperature": 0, "allowed_token_ids": [5]})",
-       400, "min_tokens and allowed_token_ids do not apply to"},
+       400, "min_tokens, allowed_token_ids and response_format json_object do not apply to"},
       {"/completions", R"({"prompt": "x", "allowed_token_ids": [5, 999999]})", 400,
        "'allowed_token_ids': token 999999 is outside the vocabulary"},
       {"/completions",
@@ -1775,6 +1776,131 @@ TEST_F(ApiProcessTest, AChatTurnEndsAtItsSpecialEndOfTurnToken) {
   EXPECT_NE(colony::test::ReadFile(err.string()).find("'<|start_header_id|>' as one token"),
             std::string::npos)
       << Tail(err.string());
+}
+
+// response_format json_object through real processes: the greedy answer is, at each step, the
+// whole model's highest logit among the tokens after which nlohmann can still read the decoded
+// answer as the start of a JSON object (fuzz/json_prefix_checks.h; the object first, no
+// whitespace before it), ending with the object (this tokenizer has no EOS); samples are such
+// starts too; beam search and allowed_token_ids are refused with it.
+TEST_F(ApiProcessTest, JsonObjectAnswersAreTheModelsChoicesThatKeepToAnObject) {
+  ASSERT_NE(StartServer("A", "0:4"), nullptr);
+  ASSERT_TRUE(StartApi({"--chat-template", "chatml"}));
+  WaitUntilRoutable();
+  auto pieces = RenderChat(ChatTemplate::kChatml, {{"user", "Hello there"}});
+  ASSERT_TRUE(pieces.ok());
+  const std::vector<int64_t> prompt = EncodeChat(*pieces, *tokenizer_);
+  auto local = model::LoadLlama(model_dir_);
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  (*local)->eval();
+  at::NoGradGuard no_grad;
+  constexpr int64_t kMaxTokens = 16;
+  const int64_t eos = tokenizer_->eos_id();
+  // The model closes its object at once ("{}"), or writes whitespace: a bias against the tokens
+  // that close one and those of whitespace alone (after the mask, as the service applies it)
+  // makes it write one (and JsonObjectPrefix's bound on runs of whitespace never matters).
+  json closers = json::object();
+  for (int32_t v = 0; v < tokenizer_->vocab_size(); ++v) {
+    const int32_t one[] = {v};
+    const std::string t = tokenizer_->Decode(one);
+    if (t.find('}') != std::string::npos ||
+        (!t.empty() && t.find_first_not_of(" \t\n\r") == std::string::npos)) {
+      closers[std::to_string(v)] = -100;
+    }
+  }
+  ASSERT_FALSE(closers.empty());
+  // The greedy answer with `bias`, and whether it ended (else max_tokens cut it).
+  const auto reference = [&](const json& bias) -> std::pair<std::string, bool> {
+    std::vector<int64_t> all = prompt;
+    std::vector<int32_t> answer;
+    bool ended = false;
+    for (int64_t step = 0; step < kMaxTokens && !ended; ++step) {
+      const at::Tensor logits =
+          (*local)->forward(at::tensor(all, at::kLong).unsqueeze(0))[0][-1].contiguous();
+      const auto biased = [&](int64_t t) {
+        const double x = logits[t].item<float>();
+        return bias.contains(std::to_string(t)) ? x + bias[std::to_string(t)].get<double>() : x;
+      };
+      const std::string text = tokenizer_->Decode(answer);
+      const bool whole = ReadWithNlohmann(text).complete;
+      int64_t best = -1;
+      for (int64_t v = 0; v < logits.size(0); ++v) {
+        bool keep = v == eos && whole;
+        if (v != eos && !whole && v < tokenizer_->vocab_size()) {
+          std::vector<int32_t> with = answer;
+          with.push_back(static_cast<int32_t>(v));
+          const std::string t = tokenizer_->Decode(with);
+          keep = t.size() > text.size() && t[0] == '{' && NlohmannStartsAnObject(t);
+        }
+        if (keep && (best < 0 || biased(v) > biased(best))) best = v;
+      }
+      EXPECT_GE(best, 0) << "no token continues " << text;
+      if (best < 0) break;
+      all.push_back(best);
+      ended = best == eos;
+      if (!ended) answer.push_back(static_cast<int32_t>(best));
+      // Without an end token the answer ends with its object.
+      if (eos < 0 && ReadWithNlohmann(tokenizer_->Decode(answer)).complete) ended = true;
+    }
+    return {tokenizer_->Decode(answer), ended};
+  };
+  const json messages = {{{"role", "user"}, {"content", "Hello there"}}};
+  const json json_mode = {{"type", "json_object"}};
+  for (const json& bias : {closers, json::object()}) {
+    const auto [expected, ended] = reference(bias);
+    SCOPED_TRACE(expected);
+    ASSERT_FALSE(expected.empty());
+    json request = {{"messages", messages},
+                    {"max_tokens", kMaxTokens},
+                    {"temperature", 0},
+                    {"response_format", json_mode}};
+    if (!bias.empty()) request["logit_bias"] = bias;
+    const HttpAnswer a = Curl("/chat/completions", request.dump());
+    ASSERT_EQ(a.status, 200) << a.body << Logs();
+    const json greedy = json::parse(a.body);
+    EXPECT_EQ(greedy["choices"][0]["message"]["content"], expected);
+    EXPECT_EQ(greedy["choices"][0]["finish_reason"], ended ? "stop" : "length");
+    // (Without it the model's answer is no JSON at all.)
+    request.erase("response_format");
+    const HttpAnswer plain = Curl("/chat/completions", request.dump());
+    ASSERT_EQ(plain.status, 200) << plain.body;
+    EXPECT_NE(json::parse(plain.body)["choices"][0]["message"]["content"], expected);
+  }
+  EXPECT_EQ(reference(json::object()), std::make_pair(std::string("{}"), true));  // no bias
+
+  json soft_closers = closers;  // samples that may close their objects, or write whitespace
+  for (auto& [token, bias] : soft_closers.items()) bias = -3;
+  const HttpAnswer sampled = Curl("/chat/completions", json({{"messages", messages},
+                                                             {"max_tokens", 24},
+                                                             {"temperature", 1.2},
+                                                             {"n", 3},
+                                                             {"seed", 5},
+                                                             {"logit_bias", soft_closers},
+                                                             {"response_format", json_mode}})
+                                                           .dump());
+  ASSERT_EQ(sampled.status, 200) << sampled.body;
+  const json samples = json::parse(sampled.body);
+  for (const json& c : samples["choices"]) {
+    const std::string content = c["message"]["content"];
+    ASSERT_FALSE(content.empty());
+    EXPECT_EQ(content[0], '{');
+    EXPECT_TRUE(NlohmannStartsAnObject(content)) << content;
+    if (c["finish_reason"] == "stop") {
+      EXPECT_TRUE(json::parse(content).is_object()) << content;
+    }
+  }
+
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"n", 2}, {"temperature", 0}}, "response_format json_object do not apply to"},
+      {{{"allowed_token_ids", {1, 2}}}, "'allowed_token_ids' cannot be asked for with"},
+  };
+  for (const auto& [extra, message] : refused) {
+    json request = {{"messages", messages}, {"max_tokens", 4}, {"response_format", json_mode}};
+    request.update(extra);
+    const HttpAnswer r = Curl("/chat/completions", request.dump());
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find(message), std::string::npos) << r.body;
+  }
 }
 
 // A model that calls a tool, through real processes: the request's tools reach the model's own

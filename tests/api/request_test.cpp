@@ -180,8 +180,19 @@ TEST(OpenAiRequest, ParsesAChatRequest) {
   EXPECT_EQ(r->messages[3].role, "system");
   EXPECT_EQ(r->max_tokens, 5);
   EXPECT_FALSE(r->logprobs.has_value());
+  EXPECT_FALSE(r->json_object);
 
   const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
+  auto json_mode =
+      ParseChatRequest("{" + user + R"(, "response_format": {"type": "json_object"}})", {});
+  ASSERT_TRUE(json_mode.ok()) << json_mode.status().ToString();
+  EXPECT_TRUE(json_mode->json_object);
+  auto no_tools =
+      ParseChatRequest("{" + user +
+                           R"(, "response_format": {"type": "json_object"}, "tool_choice": "none",
+          "tools": [{"type": "function", "function": {"name": "f"}}]})",
+                       {});
+  ASSERT_TRUE(no_tools.ok()) << no_tools.status().ToString();  // the model is not told of tools
   auto top = ParseChatRequest("{" + user + R"(, "logprobs": true, "top_logprobs": 3})", {});
   ASSERT_TRUE(top.ok()) << top.status().ToString();
   EXPECT_EQ(top->logprobs, 3);
@@ -285,8 +296,17 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
        "'messages.content' parts must be"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
        "'tools'"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
-       "'response_format'"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema",
+          "json_schema": {"name": "n", "schema": {}}}})",
+       "'response_format' json_schema is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json"}})",
+       "'response_format' must be"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"},
+          "tools": [{"type": "function", "function": {"name": "f"}}]})",
+       "'response_format' json_object with tools is not supported"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object",
+          "strict": true}})",
+       "'response_format' must be"},
       {R"({"messages": [{"role": "user", "content": "x"}], "prompt": "y"})",
        "'prompt' is not a field of a chat completion request"},
       {R"({"model": "m"})", "'messages' is missing"},

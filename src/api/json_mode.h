@@ -1,0 +1,72 @@
+// response_format {"type": "json_object"}: a decoder backend that keeps each row's answer a JSON
+// object (api/json_prefix.h), as vLLM's structured outputs do: at every step a token whose text
+// could not follow the row's answer so far gets -inf, before the penalties, biases and sampling.
+// The end tokens are allowed only once the object is whole and min_tokens tokens were generated,
+// and then nothing else is (the answer ends there); a whole object not yet allowed to end (by
+// min_tokens, or with no end tokens, as with ignore_eos) is followed by whitespace (without end
+// tokens the service ends the answer with its object instead: WholeWith). A token
+// without text (a special token) is never chosen but as an end token. An answer cut short by
+// max_tokens or a stop string is a prefix of an object.
+//
+//   JsonObjectLogits json(backend, {.token_texts = texts, .end_tokens = {eos}, .min_tokens = 0});
+//   serve::GenerateRows(json, prompt, options, eos);
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/json_prefix.h"
+#include "core/status.h"
+#include "serve/generation.h"
+
+namespace colony::model {
+class Tokenizer;
+}
+
+namespace colony::api {
+
+struct JsonModeOptions {
+  // Each token's text as it reads inside an answer (TokenTexts), by id; ids past its end (a
+  // model's padded vocabulary) have none.
+  std::shared_ptr<const std::vector<std::string>> token_texts;
+  std::vector<int64_t> end_tokens;
+  int64_t min_tokens = 0;
+};
+
+// Steps as AdjustedLogits does (the last position's logits only, no reordered rows, the first
+// step's rows throughout); a row none of whose tokens can continue its object fails the step
+// with FailedPrecondition (a vocabulary without some of JSON's bytes).
+class JsonObjectLogits : public serve::DecoderBackend {
+ public:
+  JsonObjectLogits(serve::DecoderBackend& inner, JsonModeOptions options);
+
+  Result<at::Tensor> Step(const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,
+                          serve::StepLogits logits) override;
+  int64_t position() const override { return inner_.position(); }
+  int64_t max_length() const override { return inner_.max_length(); }
+
+  // Row `row`'s answer has ended (a stop string cut it): its logits are left alone from now on
+  // (serve::GenerateRows steps an ended row with its last token, which need not fit the object).
+  void End(int64_t row);
+  // Whether row `row`'s answer, followed by `token` (not yet stepped with), is a whole object.
+  bool WholeWith(int64_t row, int64_t token) const;
+
+ private:
+  serve::DecoderBackend& inner_;
+  JsonModeOptions options_;
+  bool started_ = false;
+  int64_t answered_ = 0;  // tokens each row was given since the prompt
+  std::vector<JsonObjectPrefix> rows_;
+  std::vector<bool> ended_;
+  std::vector<bool> is_end_;  // by token, for the logits' vocabulary
+};
+
+// Every token's text within an answer: decoded after another token and cut from its text, so
+// that a tokenizer dropping the leading space of a text's first word keeps it.
+std::vector<std::string> TokenTexts(const model::Tokenizer& tokenizer);
+
+}  // namespace colony::api
