@@ -20,7 +20,6 @@
 struct NlohmannVerdict {
   bool refused = false;   // refused before its end, or its first byte past whitespace is no '{'
   bool complete = false;  // a whole JSON object
-  bool decidable = true;  // false: a number nlohmann cannot hold (1e999), which it refuses
   // Not refused, but the text's end cut a token (a string, number, literal) nlohmann could not
   // yet judge; else, not refused, it waits for the next token.
   bool cut_token = false;
@@ -52,13 +51,17 @@ inline NlohmannVerdict ReadWithNlohmann(std::string_view text) {
       return false;
     }
   } sax;
-  nlohmann::json::sax_parse(text, &sax);
+  // nlohmann reads a NUL byte outside a string as the input's end; JSON has it nowhere, as it
+  // has no \x01 (which nlohmann refuses everywhere).
+  std::string bytes(text);
+  std::ranges::replace(bytes, '\0', '\x01');
+  nlohmann::json::sax_parse(bytes, &sax);
   const size_t first = text.find_first_not_of(" \t\n\r");
   const bool object = first == std::string_view::npos || text[first] == '{';
   NlohmannVerdict v;
-  v.decidable = sax.id != 406;  // out_of_range.406: a number overflowed a double
   v.complete = object && !sax.failed;
-  v.refused = !object || (sax.failed && sax.at <= text.size());
+  // (out_of_range.406, a number that overflows a double, is refused wherever it ends.)
+  v.refused = !object || (sax.failed && (sax.at <= text.size() || sax.id == 406));
   v.cut_token = !v.refused && sax.failed && !sax.waits;
   return v;
 }
@@ -133,23 +136,26 @@ inline bool NlohmannStartsAnObject(const std::string& text) {
 // become an object, whether it is one) and its Closing() makes each viable prefix an object;
 // else what differs. Only the prefixes of at least `from` bytes are checked. JsonObjectPrefix's
 // own bounds end the check: nesting deeper than kMaxDepth, whitespace before the object, a run
-// of more than kMaxSpaces whitespace bytes in it.
+// of more than kMaxSpaces whitespace bytes in it, a number with more digits than it allows.
 inline std::string CheckJsonObjectPrefixes(std::string_view text, size_t from = 0) {
   colony::api::JsonObjectPrefix p;
   for (size_t k = 0; k <= text.size(); ++k) {
+    using colony::api::JsonObjectPrefix;
+    const char next = k > 0 ? text[k - 1] : 'x';
+    const bool space = std::string_view(" \t\n\r").find(next) != std::string_view::npos;
     const bool bounded =
-        p.depth() == colony::api::JsonObjectPrefix::kMaxDepth ||
-        (k > 0 && std::string_view(" \t\n\r").find(text[k - 1]) != std::string_view::npos &&
-         (!p.started() || p.spaces() == colony::api::JsonObjectPrefix::kMaxSpaces));
+        (p.depth() == JsonObjectPrefix::kMaxDepth && (next == '{' || next == '[')) ||
+        (space && (!p.started() || p.spaces() == JsonObjectPrefix::kMaxSpaces)) ||
+        (p.number_full() && next >= '0' && next <= '9');
     const bool alive = k == 0 || p.Feed(text[k - 1]);
     if (k < from && alive) continue;
     const std::string_view prefix = text.substr(0, k);
     const NlohmannVerdict want = ReadWithNlohmann(prefix);
-    if (!want.decidable) return "";
     if (!alive) {
       if (bounded) return "";  // JsonObjectPrefix's bounds
       int budget = 600;
-      if (want.complete || (!want.refused && NlohmannCompletes(std::string(prefix), 6, budget))) {
+      if (want.complete || (!want.refused && (NlohmannStartsAnObject(std::string(prefix)) ||
+                                              NlohmannCompletes(std::string(prefix), 6, budget)))) {
         return fmt::format("{:?}: JsonObjectPrefix says dead, nlohmann reads it as {}", prefix,
                            want.complete ? "an object" : "the start of one");
       }
@@ -162,8 +168,7 @@ inline std::string CheckJsonObjectPrefixes(std::string_view text, size_t from = 
                          p.complete() ? "" : "not ");
     }
     const std::string closed = std::string(prefix) + p.Closing();
-    const NlohmannVerdict whole = ReadWithNlohmann(closed);
-    if (whole.decidable && !whole.complete) {
+    if (!ReadWithNlohmann(closed).complete) {
       return fmt::format("{:?} closed as {:?} is no JSON object", prefix, closed);
     }
   }

@@ -11,9 +11,57 @@
 
 namespace colony::api {
 
+TokenTextTable TokenTextTable::From(std::vector<std::string> within,
+                                    std::vector<std::string> first) {
+  TokenTextTable t;
+  t.within = std::move(within);
+  t.first = first.empty() ? t.within : std::move(first);
+  t.first.resize(t.within.size());
+  t.plain.resize(t.within.size());
+  JsonObjectPrefix in_string;
+  in_string.Feed("{\"");
+  for (size_t v = 0; v < t.within.size(); ++v) {
+    JsonObjectPrefix probe = in_string;
+    t.plain[v] =
+        !t.within[v].empty() && probe.Feed(t.within[v]) && probe.between_string_characters();
+    JsonObjectPrefix start;
+    if (!t.first[v].empty() && start.Feed(t.first[v])) t.begins_object = true;
+  }
+  return t;
+}
+
+std::shared_ptr<const TokenTextTable> ReadTokenTexts(const model::Tokenizer& tokenizer) {
+  const int vocab = std::max(tokenizer.vocab_size(), 0);
+  std::vector<std::string> within(static_cast<size_t>(vocab)), first(within.size());
+  // A token to decode each one after ("a" is one token in any tokenizer worth the name).
+  const std::vector<int32_t> encoded = tokenizer.Encode("a");
+  const int32_t anchor = encoded.empty() ? -1 : encoded.back();
+  const std::string before = anchor >= 0 ? tokenizer.Decode(std::vector<int32_t>{anchor}) : "";
+  for (int v = 0; v < vocab; ++v) {
+    const auto token = static_cast<size_t>(v);
+    const int32_t alone[] = {v};
+    first[token] = tokenizer.Decode(alone);
+    within[token] = first[token];
+    if (anchor >= 0) {
+      const int32_t pair[] = {anchor, v};
+      std::string with = tokenizer.Decode(pair);
+      if (with.starts_with(before)) within[token] = with.substr(before.size());
+    }
+  }
+  return std::make_shared<const TokenTextTable>(
+      TokenTextTable::From(std::move(within), std::move(first)));
+}
+
 JsonObjectLogits::JsonObjectLogits(serve::DecoderBackend& inner, JsonModeOptions options)
     : inner_(inner), options_(std::move(options)) {
-  if (!options_.token_texts) options_.token_texts = std::make_shared<std::vector<std::string>>();
+  if (!options_.texts) options_.texts = std::make_shared<const TokenTextTable>();
+}
+
+const std::string* JsonObjectLogits::Text(int64_t t, int64_t answered) const {
+  const TokenTextTable& table = *options_.texts;
+  if (t < 0 || static_cast<size_t>(t) >= table.within.size()) return nullptr;
+  return answered == 0 ? &table.first[static_cast<size_t>(t)]
+                       : &table.within[static_cast<size_t>(t)];
 }
 
 void JsonObjectLogits::End(int64_t row) {
@@ -21,13 +69,13 @@ void JsonObjectLogits::End(int64_t row) {
 }
 
 bool JsonObjectLogits::WholeWith(int64_t row, int64_t token) const {
-  const std::vector<std::string>& texts = *options_.token_texts;
+  const std::string* text = Text(token, answered_);
   if (row < 0 || static_cast<size_t>(row) >= rows_.size() || ended_[static_cast<size_t>(row)] ||
-      token < 0 || static_cast<size_t>(token) >= texts.size()) {
+      text == nullptr) {
     return false;
   }
   JsonObjectPrefix next = rows_[static_cast<size_t>(row)];
-  return next.Feed(texts[static_cast<size_t>(token)]) && next.complete();
+  return next.Feed(*text) && next.complete();
 }
 
 Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t position,
@@ -45,7 +93,7 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
   }
   if (tokens.dim() != 2) return InvalidArgument("tokens must be [rows, T]");
   const int64_t rows = tokens.size(0);
-  const std::vector<std::string>& texts = *options_.token_texts;
+  const TokenTextTable& table = *options_.texts;
   if (!started_) {
     started_ = true;
     rows_.assign(static_cast<size_t>(rows), {});
@@ -65,10 +113,8 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
         // An end token ends the answer; a token that does not fit can only be an ended row's
         // last one, given again.
         const bool ends = std::ranges::find(options_.end_tokens, t) != options_.end_tokens.end();
-        if (ends || t < 0 || t >= static_cast<int64_t>(texts.size()) ||
-            !rows_[row].Feed(texts[static_cast<size_t>(t)])) {
-          ended_[row] = true;
-        }
+        const std::string* text = Text(t, answered_ + j);
+        if (ends || text == nullptr || !rows_[row].Feed(*text)) ended_[row] = true;
       }
     }
     answered_ += per_row;
@@ -93,6 +139,8 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
     if (ended_[static_cast<size_t>(r)]) continue;
     const JsonObjectPrefix& answer = rows_[static_cast<size_t>(r)];
     const bool end_now = may_end && answer.complete();
+    // Inside a string most tokens are string content, which always fits.
+    const bool in_string = answered_ > 0 && answer.between_string_characters();
     float* row = base + r * vocab;
     bool any = false;
     for (int64_t v = 0; v < vocab; ++v) {
@@ -100,9 +148,11 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
       bool keep = false;
       if (is_end_[token] || end_now) {
         keep = is_end_[token] && end_now;
-      } else if (token < texts.size() && !texts[token].empty()) {
+      } else if (in_string && token < table.plain.size() && table.plain[token]) {
+        keep = true;
+      } else if (const std::string* text = Text(v, answered_); text != nullptr && !text->empty()) {
         JsonObjectPrefix next = answer;
-        keep = next.Feed(texts[token]);
+        keep = next.Feed(*text);
       }
       if (keep) {
         any = true;
@@ -118,28 +168,6 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
     }
   }
   return masked.unsqueeze(1);
-}
-
-std::vector<std::string> TokenTexts(const model::Tokenizer& tokenizer) {
-  const int vocab = tokenizer.vocab_size();
-  std::vector<std::string> texts(static_cast<size_t>(std::max(vocab, 0)));
-  // A token to decode each one after ("a" is one token in any tokenizer worth the name).
-  const std::vector<int32_t> encoded = tokenizer.Encode("a");
-  const int32_t anchor = encoded.empty() ? -1 : encoded.back();
-  const std::string before = anchor >= 0 ? tokenizer.Decode(std::vector<int32_t>{anchor}) : "";
-  for (int v = 0; v < vocab; ++v) {
-    const int32_t alone[] = {v};
-    if (anchor >= 0) {
-      const int32_t pair[] = {anchor, v};
-      std::string with = tokenizer.Decode(pair);
-      if (with.starts_with(before) && with.size() > before.size()) {
-        texts[static_cast<size_t>(v)] = with.substr(before.size());
-        continue;
-      }
-    }
-    texts[static_cast<size_t>(v)] = tokenizer.Decode(alone);
-  }
-  return texts;
 }
 
 }  // namespace colony::api

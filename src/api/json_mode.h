@@ -8,7 +8,7 @@
 // without text (a special token) is never chosen but as an end token. An answer cut short by
 // max_tokens or a stop string is a prefix of an object.
 //
-//   JsonObjectLogits json(backend, {.token_texts = texts, .end_tokens = {eos}, .min_tokens = 0});
+//   JsonObjectLogits json(backend, {.texts = ReadTokenTexts(tokenizer), .end_tokens = {eos}});
 //   serve::GenerateRows(json, prompt, options, eos);
 #pragma once
 
@@ -29,10 +29,26 @@ class Tokenizer;
 
 namespace colony::api {
 
+// Every token's text, read from a tokenizer once (ReadTokenTexts) and shared by the requests.
+struct TokenTextTable {
+  // Decoded after another token and cut from its text, so that a tokenizer that drops the
+  // leading space of a text's first word keeps it; by id.
+  std::vector<std::string> within;
+  // Decoded alone: an answer's first token, as the answer's text has it.
+  std::vector<std::string> first;
+  // Whether within[t] is string content alone (no '"', '\\', control bytes or incomplete UTF-8
+  // character): inside a string it always fits, and leaves the string as it was.
+  std::vector<bool> plain;
+  bool begins_object = false;  // some first token's text can begin a JSON object
+
+  // The table of these texts (`first` empty: the same as `within`).
+  static TokenTextTable From(std::vector<std::string> within, std::vector<std::string> first = {});
+};
+std::shared_ptr<const TokenTextTable> ReadTokenTexts(const model::Tokenizer& tokenizer);
+
 struct JsonModeOptions {
-  // Each token's text as it reads inside an answer (TokenTexts), by id; ids past its end (a
-  // model's padded vocabulary) have none.
-  std::shared_ptr<const std::vector<std::string>> token_texts;
+  // Ids past the table's end (a model's padded vocabulary) have no text.
+  std::shared_ptr<const TokenTextTable> texts;
   std::vector<int64_t> end_tokens;
   int64_t min_tokens = 0;
 };
@@ -56,6 +72,9 @@ class JsonObjectLogits : public serve::DecoderBackend {
   bool WholeWith(int64_t row, int64_t token) const;
 
  private:
+  // Token t's text after the row's answer so far (whose first token was the `answered`th).
+  const std::string* Text(int64_t t, int64_t answered) const;
+
   serve::DecoderBackend& inner_;
   JsonModeOptions options_;
   bool started_ = false;
@@ -64,9 +83,5 @@ class JsonObjectLogits : public serve::DecoderBackend {
   std::vector<bool> ended_;
   std::vector<bool> is_end_;  // by token, for the logits' vocabulary
 };
-
-// Every token's text within an answer: decoded after another token and cut from its text, so
-// that a tokenizer dropping the leading space of a text's first word keeps it.
-std::vector<std::string> TokenTexts(const model::Tokenizer& tokenizer);
 
 }  // namespace colony::api

@@ -90,6 +90,7 @@ bool JsonObjectPrefix::Value(char c) {
       if (!IsDigit(c)) return false;
       mode_ = Mode::kNumber;
       num_ = c == '0' ? Num::kZero : Num::kInt;
+      digits_ = 1;
       return true;
   }
 }
@@ -235,10 +236,11 @@ bool JsonObjectPrefix::Take(char c) {
         case Num::kMinus:
           if (!digit) return false;
           num_ = c == '0' ? Num::kZero : Num::kInt;
+          digits_ = 1;
           return true;
         case Num::kZero:
         case Num::kInt:
-          if (digit && num_ == Num::kInt) return true;
+          if (digit && num_ == Num::kInt) return digits_++ < kMaxIntegerDigits;
           if (c == '.') {
             num_ = Num::kDot;
             return true;
@@ -268,9 +270,10 @@ bool JsonObjectPrefix::Take(char c) {
         case Num::kExpSign:
           if (!digit) return false;
           num_ = Num::kExpDigits;
+          digits_ = 1;
           return true;
         case Num::kExpDigits:
-          if (digit) return true;
+          if (digit) return digits_++ < kMaxExponentDigits;
           break;
       }
       mode_ = Mode::kAfterValue;  // a whole number, ended by c

@@ -4,10 +4,11 @@
 // overlong forms, no surrogates), \u escapes of four hex digits whose high surrogates are followed
 // by low ones, numbers without leading zeros. Two bounds keep a model from filling its answer
 // with whitespace: the object comes first (no whitespace before it), and whitespace inside it
-// comes in runs of at most kMaxSpaces bytes (llama.cpp's JSON grammar bounds it so too; a
-// newline and 22 bytes of indentation fit); after it any whitespace may follow. Objects and arrays
-// nest at most kMaxDepth deep (a bound on the state, which is a few bytes and cheap to copy).
-// Torch-free.
+// comes in runs of at most kMaxSpaces bytes (llama.cpp's JSON grammar bounds it too); after it
+// any whitespace may follow. A number has at most kMaxIntegerDigits digits before its fraction and
+// kMaxExponentDigits in its exponent, so that it is a finite double (nlohmann, Go and Rust refuse
+// 1e999). Objects and arrays nest at most kMaxDepth deep (a bound on the state, which is a few
+// bytes and cheap to copy). Torch-free.
 //
 //   JsonObjectPrefix p;
 //   p.Feed("{\"a\": [1, tr");  // true: it can still become an object
@@ -24,6 +25,8 @@ class JsonObjectPrefix {
  public:
   static constexpr int kMaxDepth = 64;
   static constexpr int kMaxSpaces = 24;
+  static constexpr int kMaxIntegerDigits = 200;  // at most 1e200 * 1e99: finite
+  static constexpr int kMaxExponentDigits = 2;
 
   // Whether the text read so far followed by `bytes` can still become a JSON object (whitespace
   // after it included). A false is final: no byte is taken after it (copy the state first to
@@ -36,6 +39,14 @@ class JsonObjectPrefix {
   int depth() const { return depth_; }
   bool started() const { return mode_ != Mode::kStart; }  // the object's '{' was read
   int spaces() const { return spaces_; }  // whitespace bytes just read, outside strings
+  // Whether a number's integer part or exponent has all the digits it may have.
+  bool number_full() const {
+    return mode_ == Mode::kNumber && ((num_ == Num::kInt && digits_ == kMaxIntegerDigits) ||
+                                      (num_ == Num::kExpDigits && digits_ == kMaxExponentDigits));
+  }
+  // Whether it is inside a string, between characters: where any text without '"', '\\',
+  // control characters or an incomplete UTF-8 character can follow (and leave it there).
+  bool between_string_characters() const { return mode_ == Mode::kString && str_ == Str::kChars; }
 
   // A short text that makes what was read a whole object (empty when it is one): a string is
   // closed, a key given a value, an open number, literal or escape finished, and every open
@@ -84,6 +95,7 @@ class JsonObjectPrefix {
   uint8_t utf8_left_ = 0;
   uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;
   uint8_t spaces_ = 0;
+  uint8_t digits_ = 0;  // of the number's integer part, or of its exponent
   int depth_ = 0;
   uint64_t stack_ = 0;  // bit i: whether the container at depth i + 1 is an array
 };

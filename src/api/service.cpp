@@ -91,6 +91,7 @@ struct ApiService::Plan {
   // Tokens that end the answer: the EOS, generation_config.json's end tokens, a chat template's
   // end of turn (none of these with ignore_eos), and the request's stop_token_ids.
   std::vector<int64_t> end_tokens;
+  size_t model_end_tokens = 0;  // the first of them, before the stop_token_ids
   // The request's tools, and how the model writes calls to them (kNone: no tools).
   ToolCallFormat tool_format = ToolCallFormat::kNone;
   std::vector<std::string> tool_names;
@@ -400,6 +401,7 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
     plan.stops = r.stop;
   }
   // stop_token_ids (vLLM's) end the answer as the end tokens do, ignore_eos or not.
+  plan.model_end_tokens = plan.end_tokens.size();
   for (int64_t t : r.stop_token_ids) {
     if (t >= config.vocab_size) {
       return InvalidArgument(
@@ -447,6 +449,16 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
         "temperature may be 0) for samples",
         field, field));
   }
+  if (r.json_object) {
+    // The answer ends with its object: a chat template's end of turn written as text is no stop
+    // (a model could write it inside a string); the request's stops stay.
+    plan.stops.resize(plan.request_stops);
+    if (!TokenTexts()->begins_object) {
+      return InvalidArgument(
+          "'response_format': json_object needs a token that begins a JSON object ('{'), and "
+          "this model's tokenizer has none");
+    }
+  }
   if (r.json_object && !r.allowed_token_ids.empty()) {
     return InvalidArgument(
         "'allowed_token_ids' cannot be asked for with response_format json_object (each keeps "
@@ -461,11 +473,8 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
   return plan;
 }
 
-std::shared_ptr<const std::vector<std::string>> ApiService::TokenTexts() const {
-  std::call_once(token_texts_once_, [this] {
-    token_texts_ =
-        std::make_shared<const std::vector<std::string>>(api::TokenTexts(*client_.tokenizer));
-  });
+std::shared_ptr<const TokenTextTable> ApiService::TokenTexts() const {
+  std::call_once(token_texts_once_, [this] { token_texts_ = ReadTokenTexts(*client_.tokenizer); });
   return token_texts_;
 }
 
@@ -558,11 +567,20 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     }
     // response_format json_object masks the model's logits before those (as vLLM's structured
     // outputs do), the end tokens allowed only after a whole object.
+    // Its end tokens are the model's and the stop_token_ids without text (special tokens); a
+    // stop token id with text is a token like any other to it (it still ends the answer).
     std::optional<JsonObjectLogits> json_mode;
+    std::vector<int64_t> json_ends;
     if (req->json_object) {
-      backend = &json_mode.emplace(*backend, JsonModeOptions{.token_texts = TokenTexts(),
-                                                             .end_tokens = plan.end_tokens,
-                                                             .min_tokens = req->min_tokens});
+      const auto texts = TokenTexts();
+      for (size_t k = 0; k < plan.end_tokens.size(); ++k) {
+        const auto t = static_cast<size_t>(plan.end_tokens[k]);
+        if (k < plan.model_end_tokens || t >= texts->within.size() || texts->within[t].empty())
+          json_ends.push_back(plan.end_tokens[k]);
+      }
+      backend = &json_mode.emplace(
+          *backend,
+          JsonModeOptions{.texts = texts, .end_tokens = json_ends, .min_tokens = req->min_tokens});
     }
     std::optional<AdjustedLogits> adjusted;
     if (!adjustments.none()) backend = &adjusted.emplace(*backend, adjustments);
@@ -626,14 +644,15 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
             // response_format json_object with no end token to choose (a tokenizer without an
             // EOS, its chat turn ending in text): the answer ends with its object (ignore_eos
             // goes on, with whitespace).
-            row.whole_object = json_mode && plan.end_tokens.empty() && !req->ignore_eos &&
+            row.whole_object = json_mode && json_ends.empty() && !req->ignore_eos &&
                                row.choice.tokens >= req->min_tokens && json_mode->WholeWith(i, t);
           },
           [&](int64_t i) {
             const Row& row = rows[static_cast<size_t>(i)];
-            if (json_mode && row.text.stopped()) json_mode->End(i);
-            return row.ended_with_eos || row.whole_object || row.text.stopped() || cancelled() ||
-                   (stop_early && stop_early());
+            const bool stop = row.ended_with_eos || row.whole_object || row.text.stopped() ||
+                              cancelled() || (stop_early && stop_early());
+            if (json_mode && stop) json_mode->End(i);  // its logits are no longer read
+            return stop;
           });
       if (!tokens.ok()) return tokens.status();
     }

@@ -23,6 +23,7 @@
 
 #include "api/chat_template.h"
 #include "api/client_gate.h"
+#include "api/json_mode.h"
 #include "api/model_chat_template.h"
 #include "api/openai_request.h"
 #include "http/server.h"
@@ -69,9 +70,9 @@ class ApiService {
   Status Encode(const GenerationRequest& r, size_t prompt, Plan& plan) const;
   http::Reply Generate(const http::Request& request, bool chat);
   Result<Plan> MakePlan(const GenerationRequest& r, size_t prompt) const;
-  // Every token's text (api/json_mode.h's TokenTexts), read once, when response_format
-  // json_object first needs it.
-  std::shared_ptr<const std::vector<std::string>> TokenTexts() const;
+  // Every token's text (api/json_mode.h), read once, when response_format json_object first
+  // needs it.
+  std::shared_ptr<const TokenTextTable> TokenTexts() const;
 
   serve::SwarmClient& client_;
   ApiOptions options_;
@@ -82,7 +83,7 @@ class ApiService {
   // A probe finds the answer while none is being found (outside the lock); the others meanwhile
   // get the last one (or 503 before the first).
   mutable std::once_flag token_texts_once_;
-  mutable std::shared_ptr<const std::vector<std::string>> token_texts_;
+  mutable std::shared_ptr<const TokenTextTable> token_texts_;
   mutable std::mutex health_mu_;
   mutable std::chrono::steady_clock::time_point health_at_;
   mutable std::optional<http::Reply> health_;

@@ -33,7 +33,8 @@ bool IsSpace(int64_t b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'
 // bytes after which the answer still starts an object; then the biases, then the draw.
 std::vector<int64_t> Reference(model::LlamaModel& model, const std::vector<int64_t>& prompt,
                                const model::SamplingOptions& options, int64_t min_tokens,
-                               const std::vector<std::pair<int64_t, double>>& bias) {
+                               const std::vector<std::pair<int64_t, double>>& bias,
+                               const TokenTextTable& table) {
   std::mt19937_64 rng(options.seed);
   std::vector<int64_t> all = prompt, answer;
   std::string text;
@@ -45,7 +46,11 @@ std::vector<int64_t> Reference(model::LlamaModel& model, const std::vector<int64
       if (v == kEnd || end_now) {
         keep = v == kEnd && end_now;
       } else {
-        keep = text.empty() ? v == '{' : NlohmannStartsAnObject(text + static_cast<char>(v));
+        const auto token = static_cast<size_t>(v);
+        if (token < table.within.size()) {
+          const std::string& t = step == 0 ? table.first[token] : table.within[token];
+          keep = !t.empty() && (text + t)[0] == '{' && NlohmannStartsAnObject(text + t);
+        }
       }
       if (!keep) logits[v] = -std::numeric_limits<float>::infinity();
     }
@@ -55,16 +60,39 @@ std::vector<int64_t> Reference(model::LlamaModel& model, const std::vector<int64
     all.push_back(next);
     answer.push_back(next);
     if (next == kEnd) break;
-    text += static_cast<char>(next);
+    text += step == 0 ? table.first[static_cast<size_t>(next)]
+                      : table.within[static_cast<size_t>(next)];
   }
   return answer;
 }
 
-std::shared_ptr<const std::vector<std::string>> ByteTexts() {
-  auto texts = std::make_shared<std::vector<std::string>>();
-  texts->emplace_back();  // kEnd
-  for (int b = 1; b < 256; ++b) texts->push_back(std::string(1, static_cast<char>(b)));
-  return texts;
+std::shared_ptr<const TokenTextTable> ByteTexts() {
+  std::vector<std::string> texts = {""};  // kEnd
+  for (int b = 1; b < 256; ++b) texts.emplace_back(1, static_cast<char>(b));
+  return std::make_shared<const TokenTextTable>(TokenTextTable::From(std::move(texts)));
+}
+
+// Tokens of one to three pieces of JSON (a sentencepiece-like first token without its leading
+// space: within an answer, every token that opens an object has one), 200 of them for the
+// model's 256 logits: the rest, as a padded vocabulary's, have no text.
+std::shared_ptr<const TokenTextTable> FragmentTexts() {
+  const std::vector<std::string> pieces = {
+      " {",   "}",  " {\"", "\":", "\": ", "\"",    ",",    ", \"",     "1",
+      "23",   "-",  ".5",   "e+",  "0",    "true",  "fal",  "se",       "null",
+      "[",    "]",  "[1,",  " ",   "\n  ", "ab",    "key",  "\xC3\xA9", "\xC3",
+      "\xA9", "\\", "n",    "u00", "e9",   "\\u",   "D83D", "\\uDE00",  "}}",
+      "\"}",  "]}", " x",   "\t",  ":",    "\"a\"", "\x01", "\xF0\x9F", "\x98\x80"};
+  std::mt19937_64 rng(3);
+  std::vector<std::string> within = {""}, first = {""};  // kEnd
+  while (within.size() < 200) {
+    std::string t;
+    const size_t n = 1 + rng() % 3;
+    for (size_t k = 0; k < n; ++k) t += pieces[rng() % pieces.size()];
+    within.push_back(t);
+    first.push_back(t.starts_with(' ') ? t.substr(1) : t);
+  }
+  return std::make_shared<const TokenTextTable>(
+      TokenTextTable::From(std::move(within), std::move(first)));
 }
 
 std::vector<model::SamplingOptions> Rows(int64_t max_new_tokens) {
@@ -81,10 +109,11 @@ std::vector<model::SamplingOptions> Rows(int64_t max_new_tokens) {
   return rows;
 }
 
-std::string Text(const std::vector<int64_t>& answer) {
+std::string Text(const std::vector<int64_t>& answer, const TokenTextTable& table) {
   std::string text;
-  for (int64_t t : answer) {
-    if (t != kEnd) text += static_cast<char>(t);
+  for (size_t k = 0; k < answer.size(); ++k) {
+    const auto t = static_cast<size_t>(answer[k]);
+    if (answer[k] != kEnd) text += k == 0 ? table.first.at(t) : table.within.at(t);
   }
   // (A run of whitespace as long as JsonObjectPrefix's bound would make the reference wrong.)
   int run = 0;
@@ -95,27 +124,35 @@ std::string Text(const std::vector<int64_t>& answer) {
   return text;
 }
 
+// Over single bytes, and over tokens of several pieces of JSON (which may fail partway, and
+// whose first token reads differently), with ids past the texts.
 TEST(JsonObjectLogits, RowsAreTheModelsAnswersKeptToAJsonObject) {
   at::manual_seed(11);
   model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
   at::NoGradGuard no_grad;
   const std::vector<int64_t> prompt = {3, 17, 99, 42, 5};
   const auto rows = Rows(24);
-  std::vector<std::vector<int64_t>> want;
-  for (const auto& o : rows) want.push_back(Reference(model, prompt, o, 0, {}));
-  serve::LocalBackend local(model);
-  JsonObjectLogits json(local, {.token_texts = ByteTexts(), .end_tokens = {kEnd}, .min_tokens = 0});
-  auto got = serve::GenerateRows(json, prompt, rows, kEnd);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_EQ(*got, want);
-  for (const auto& answer : *got) {
-    EXPECT_FALSE(ReadWithNlohmann(Text(answer)).refused) << Text(answer);
-    EXPECT_EQ(Text(answer).front(), '{');  // the random model's own answer is no JSON at all
+  for (const auto& table : {ByteTexts(), FragmentTexts()}) {
+    SCOPED_TRACE(table->within.size());
+    std::vector<std::vector<int64_t>> want;
+    for (const auto& o : rows) want.push_back(Reference(model, prompt, o, 0, {}, *table));
+    serve::LocalBackend local(model);
+    JsonObjectLogits json(local, {.texts = table, .end_tokens = {kEnd}, .min_tokens = 0});
+    auto got = serve::GenerateRows(json, prompt, rows, kEnd);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, want);
+    for (const auto& answer : *got) {
+      const std::string text = Text(answer, *table);
+      EXPECT_TRUE(NlohmannStartsAnObject(text)) << text;
+      EXPECT_EQ(text.front(), '{');  // the random model's own answer is no JSON at all
+      const auto texts = static_cast<int64_t>(table->within.size());
+      EXPECT_TRUE(std::ranges::all_of(answer, [texts](int64_t t) { return t < texts; }));
+    }
+    // Unmasked, the model writes something else.
+    auto plain = serve::GenerateRows(local, prompt, rows, kEnd);
+    ASSERT_TRUE(plain.ok());
+    EXPECT_NE((*plain)[0], want[0]);
   }
-  // Unmasked, the model writes something else.
-  auto plain = serve::GenerateRows(local, prompt, rows, kEnd);
-  ASSERT_TRUE(plain.ok());
-  EXPECT_NE((*plain)[0], want[0]);
 }
 
 // Biased toward closing, answers become whole objects: then whitespace until min_tokens, then the
@@ -127,12 +164,13 @@ TEST(JsonObjectLogits, AWholeObjectEndsTheAnswerOnceMinTokensAreGenerated) {
   const std::vector<int64_t> prompt = {3, 17, 99, 42, 5};
   const std::vector<std::pair<int64_t, double>> bias = {{'}', 6}, {'"', 5}, {'1', 4}, {':', 4}};
   const auto rows = Rows(40);
+  const auto table = ByteTexts();
   for (const int64_t min_tokens : {0, 16}) {
     std::vector<std::vector<int64_t>> want;
-    for (const auto& o : rows) want.push_back(Reference(model, prompt, o, min_tokens, bias));
+    for (const auto& o : rows)
+      want.push_back(Reference(model, prompt, o, min_tokens, bias, *table));
     serve::LocalBackend local(model);
-    JsonObjectLogits json(
-        local, {.token_texts = ByteTexts(), .end_tokens = {kEnd}, .min_tokens = min_tokens});
+    JsonObjectLogits json(local, {.texts = table, .end_tokens = {kEnd}, .min_tokens = min_tokens});
     AdjustedLogits biased(json, {.presence_penalty = 0,
                                  .frequency_penalty = 0,
                                  .logit_bias = bias,
@@ -142,20 +180,47 @@ TEST(JsonObjectLogits, AWholeObjectEndsTheAnswerOnceMinTokensAreGenerated) {
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_EQ(*got, want) << "min_tokens " << min_tokens;
     for (const auto& answer : *got) {
-      ASSERT_EQ(answer.back(), kEnd) << Text(answer);
+      const std::string text = Text(answer, *table);
+      ASSERT_EQ(answer.back(), kEnd) << text;
       EXPECT_GE(static_cast<int64_t>(answer.size()), min_tokens + 1);
-      EXPECT_TRUE(nlohmann::json::parse(Text(answer)).is_object()) << Text(answer);
+      EXPECT_TRUE(nlohmann::json::accept(text)) << text;
     }
   }
+}
+
+// A row that ended (a stop string) is no longer masked: the token it is given again need not fit.
+TEST(JsonObjectLogits, AnEndedRowIsLeftAlone) {
+  at::manual_seed(11);
+  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
+  at::NoGradGuard no_grad;
+  serve::LocalBackend local(model);
+  JsonObjectLogits json(local, {.texts = ByteTexts(), .end_tokens = {kEnd}, .min_tokens = 0});
+  const at::Tensor prompt = at::tensor(std::vector<int64_t>{3, 17}, at::kLong).repeat({2, 1});
+  ASSERT_TRUE(json.Step(prompt, 0, {}, serve::StepLogits::kLast).ok());
+  EXPECT_FALSE(json.WholeWith(0, '}'));
+  ASSERT_TRUE(json.Step(at::tensor(std::vector<int64_t>{'{', '{'}, at::kLong).unsqueeze(1), 2, {},
+                        serve::StepLogits::kLast)
+                  .ok());
+  EXPECT_TRUE(json.WholeWith(0, '}'));
+  json.End(1);
+  auto out = json.Step(at::tensor(std::vector<int64_t>{'"', '"'}, at::kLong).unsqueeze(1), 3, {},
+                       serve::StepLogits::kLast);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const at::Tensor logits = out->select(1, 0);
+  EXPECT_TRUE(at::isinf(logits[0][kEnd]).item<bool>());     // row 0: in a key, the end cannot come
+  EXPECT_TRUE(at::isfinite(logits[1]).all().item<bool>());  // row 1: ended, its logits as they are
 }
 
 TEST(JsonObjectLogits, AVocabularyThatCannotContinueTheObjectFailsTheStep) {
   at::manual_seed(11);
   model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
   at::NoGradGuard no_grad;
-  auto texts = std::make_shared<std::vector<std::string>>(256, "x");  // no '{'
+  auto texts = std::make_shared<const TokenTextTable>(
+      TokenTextTable::From(std::vector<std::string>(256, "x")));  // no '{'
+  EXPECT_FALSE(texts->begins_object);
+  EXPECT_TRUE(ByteTexts()->begins_object);
   serve::LocalBackend local(model);
-  JsonObjectLogits json(local, {.token_texts = texts, .end_tokens = {kEnd}, .min_tokens = 0});
+  JsonObjectLogits json(local, {.texts = texts, .end_tokens = {kEnd}, .min_tokens = 0});
   auto got = serve::GenerateRows(json, {3, 17}, Rows(4), kEnd);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition);

@@ -36,6 +36,10 @@ TEST(JsonObjectPrefix, HandPickedTexts) {
       {"{}{", false, false},
       {"{\"a\":01", false, false},  // no leading zeros
       {"{\"a\":-0.5e+3}", true, true},
+      {"{\"a\":1e99}", true, true},
+      {"{\"a\":1e999}", false, false},  // at most two digits of exponent: a finite double
+      {"{\"a\":" + std::string(200, '7') + "}", true, true},
+      {"{\"a\":" + std::string(201, '7'), false, false},
       {"{\"a\":1.}", false, false},
       {"{\"a\":1e", true, false},
       {"{\"a\":tr", true, false},
