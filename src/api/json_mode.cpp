@@ -21,9 +21,11 @@ TokenTextTable TokenTextTable::From(std::vector<std::string> within,
   JsonObjectPrefix in_string;
   in_string.Feed("{\"");
   for (size_t v = 0; v < t.within.size(); ++v) {
+    // (Without any '"': one could close a key and open a value, as `":"` does, which no value
+    // string can take.)
     JsonObjectPrefix probe = in_string;
-    t.plain[v] =
-        !t.within[v].empty() && probe.Feed(t.within[v]) && probe.between_string_characters();
+    t.plain[v] = !t.within[v].empty() && t.within[v].find('"') == std::string::npos &&
+                 probe.Feed(t.within[v]) && probe.between_string_characters();
     JsonObjectPrefix start;
     if (!t.first[v].empty() && start.Feed(t.first[v])) t.begins_object = true;
   }

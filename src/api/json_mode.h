@@ -36,8 +36,8 @@ struct TokenTextTable {
   std::vector<std::string> within;
   // Decoded alone: an answer's first token, as the answer's text has it.
   std::vector<std::string> first;
-  // Whether within[t] is string content alone (no '"', '\\', control bytes or incomplete UTF-8
-  // character): inside a string it always fits, and leaves the string as it was.
+  // Whether within[t] is string content alone (no '"', no control bytes, whole escapes and UTF-8
+  // characters): inside any string it always fits, and leaves the string as it was.
   std::vector<bool> plain;
   bool begins_object = false;  // some first token's text can begin a JSON object
 
@@ -65,8 +65,8 @@ class JsonObjectLogits : public serve::DecoderBackend {
   int64_t position() const override { return inner_.position(); }
   int64_t max_length() const override { return inner_.max_length(); }
 
-  // Row `row`'s answer has ended (a stop string cut it): its logits are left alone from now on
-  // (serve::GenerateRows steps an ended row with its last token, which need not fit the object).
+  // Row `row`'s answer has ended (at a stop string, a stop token, its object's end): its logits
+  // are left alone from now on (serve::GenerateRows steps an ended row with its last token).
   void End(int64_t row);
   // Whether row `row`'s answer, followed by `token` (not yet stepped with), is a whole object.
   bool WholeWith(int64_t row, int64_t token) const;

@@ -453,16 +453,16 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
     // The answer ends with its object: a chat template's end of turn written as text is no stop
     // (a model could write it inside a string); the request's stops stay.
     plan.stops.resize(plan.request_stops);
-    if (!TokenTexts()->begins_object) {
+    if (!r.allowed_token_ids.empty()) {
+      return InvalidArgument(
+          "'allowed_token_ids' cannot be asked for with response_format json_object (each keeps "
+          "tokens from being chosen: together they could leave none)");
+    }
+    if (!TokenTexts()->begins_object) {  // (read once, at the first such request)
       return InvalidArgument(
           "'response_format': json_object needs a token that begins a JSON object ('{'), and "
           "this model's tokenizer has none");
     }
-  }
-  if (r.json_object && !r.allowed_token_ids.empty()) {
-    return InvalidArgument(
-        "'allowed_token_ids' cannot be asked for with response_format json_object (each keeps "
-        "tokens from being chosen: together they could leave none)");
   }
 
   if (plan.beams && r.stream) {

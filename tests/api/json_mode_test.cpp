@@ -188,7 +188,7 @@ TEST(JsonObjectLogits, AWholeObjectEndsTheAnswerOnceMinTokensAreGenerated) {
   }
 }
 
-// A row that ended (a stop string) is no longer masked: the token it is given again need not fit.
+// A row that ended (at a stop string, say) is no longer masked.
 TEST(JsonObjectLogits, AnEndedRowIsLeftAlone) {
   at::manual_seed(11);
   model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
@@ -209,6 +209,70 @@ TEST(JsonObjectLogits, AnEndedRowIsLeftAlone) {
   const at::Tensor logits = out->select(1, 0);
   EXPECT_TRUE(at::isinf(logits[0][kEnd]).item<bool>());     // row 0: in a key, the end cannot come
   EXPECT_TRUE(at::isfinite(logits[1]).all().item<bool>());  // row 1: ended, its logits as they are
+}
+
+// String content alone: no '"' (`":"` closes a key and opens a value, which no value string
+// can take), whole escapes and UTF-8 characters, no control bytes.
+TEST(JsonObjectLogits, PlainTokensAreStringContentAlone) {
+  const TokenTextTable t = TokenTextTable::From(
+      {"ab", "\":\"", "\\\"", "\": \"", "\":{\"", "\\n", "\xC3", "\xC3\xA9", "\x01", "", " {"});
+  EXPECT_EQ(t.plain, (std::vector<bool>{true, false, false, false, false, true, false, true, false,
+                                        false, true}));
+
+  // Through the mask: `":"` after a key, not inside a value.
+  std::vector<std::string> texts = {""};
+  for (int b = 1; b < 256; ++b) texts.emplace_back(1, static_cast<char>(b));
+  constexpr int64_t kColonQuote = 200;
+  texts[kColonQuote] = "\":\"";
+  auto table = std::make_shared<const TokenTextTable>(TokenTextTable::From(std::move(texts)));
+  at::manual_seed(11);
+  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
+  at::NoGradGuard no_grad;
+  serve::LocalBackend local(model);
+  JsonObjectLogits json(local, {.texts = table, .end_tokens = {kEnd}, .min_tokens = 0});
+  auto out = json.Step(at::tensor(std::vector<int64_t>{3, 17}, at::kLong).unsqueeze(0), 0, {},
+                       serve::StepLogits::kLast);
+  int64_t position = 2;
+  for (const char c : std::string("{\"a")) {
+    out = json.Step(at::tensor(std::vector<int64_t>{c}, at::kLong).unsqueeze(0), position++, {},
+                    serve::StepLogits::kLast);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+  }
+  EXPECT_TRUE(at::isfinite((*out)[0][0][kColonQuote]).item<bool>());  // in a key
+  for (const char c : std::string("\":\"x")) {
+    out = json.Step(at::tensor(std::vector<int64_t>{c}, at::kLong).unsqueeze(0), position++, {},
+                    serve::StepLogits::kLast);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+  }
+  EXPECT_TRUE(at::isinf((*out)[0][0][kColonQuote]).item<bool>());  // in a value
+  EXPECT_TRUE(at::isfinite((*out)[0][0]['y']).item<bool>());
+}
+
+// An answer's first token is read as it is written alone (a sentencepiece word start loses its
+// space there), later ones as within the text.
+TEST(JsonObjectLogits, TheFirstTokenIsReadAsWrittenAlone) {
+  std::vector<std::string> within = {"", " {}", "{", "}"};
+  std::vector<std::string> first = {"", "{}", "{", "}"};
+  within.resize(256, "x");
+  first.resize(256, "x");
+  auto table = std::make_shared<const TokenTextTable>(
+      TokenTextTable::From(std::move(within), std::move(first)));
+  at::manual_seed(11);
+  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
+  at::NoGradGuard no_grad;
+  serve::LocalBackend local(model);
+  JsonObjectLogits json(local, {.texts = table, .end_tokens = {kEnd}, .min_tokens = 0});
+  auto out = json.Step(at::tensor(std::vector<int64_t>{3, 17}, at::kLong).unsqueeze(0), 0, {},
+                       serve::StepLogits::kLast);
+  ASSERT_TRUE(out.ok());
+  EXPECT_TRUE(at::isfinite((*out)[0][0][1]).item<bool>());  // "{}" first, " {}" within
+  EXPECT_TRUE(json.WholeWith(0, 1));
+  out = json.Step(at::tensor(std::vector<int64_t>{2}, at::kLong).unsqueeze(0), 2, {},
+                  serve::StepLogits::kLast);
+  ASSERT_TRUE(out.ok());
+  EXPECT_TRUE(at::isinf((*out)[0][0][1]).item<bool>());  // " {}" within: no object after "{"
+  EXPECT_FALSE(json.WholeWith(0, 1));
+  EXPECT_TRUE(json.WholeWith(0, 3));
 }
 
 TEST(JsonObjectLogits, AVocabularyThatCannotContinueTheObjectFailsTheStep) {
