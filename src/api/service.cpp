@@ -464,7 +464,6 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
           "this model's tokenizer has none");
     }
   }
-
   if (plan.beams && r.stream) {
     return InvalidArgument(
         "'stream': n > 1 at temperature 0 runs beam search, whose answers are known only at the "
@@ -566,9 +565,9 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       if (bias != 0) adjustments.logit_bias.emplace_back(token, bias);  // 0 changes nothing
     }
     // response_format json_object masks the model's logits before those (as vLLM's structured
-    // outputs do), the end tokens allowed only after a whole object.
-    // Its end tokens are the model's and the stop_token_ids without text (special tokens); a
-    // stop token id with text is a token like any other to it (it still ends the answer).
+    // outputs do), the end tokens allowed only after a whole object: the model's, and the
+    // stop_token_ids without text (special tokens); a stop token id with text is a token like
+    // any other to the mask (it still ends the answer).
     std::optional<JsonObjectLogits> json_mode;
     std::vector<int64_t> json_ends;
     if (req->json_object) {

@@ -78,12 +78,12 @@ class ApiService {
   ApiOptions options_;
   ModelChatTemplate::TurnEnd model_turn_end_;       // of options_.model_template
   ModelChatTemplate::TurnEnd model_tool_turn_end_;  // of the template it runs with tools
+  mutable std::once_flag token_texts_once_;
+  mutable std::shared_ptr<const TokenTextTable> token_texts_;  // TokenTexts()
   // /health's last answer and when it was found: probes, which need no key, are answered from it
   // for a second, so that any number of them costs one route a second.
   // A probe finds the answer while none is being found (outside the lock); the others meanwhile
   // get the last one (or 503 before the first).
-  mutable std::once_flag token_texts_once_;
-  mutable std::shared_ptr<const TokenTextTable> token_texts_;
   mutable std::mutex health_mu_;
   mutable std::chrono::steady_clock::time_point health_at_;
   mutable std::optional<http::Reply> health_;
