@@ -535,6 +535,21 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
          COLONY_ASSIGN_OR_RETURN(q.min_tokens, Integer(v, "min_tokens", 0, 1 << 20));
          return Status::Ok();
        }},
+      {"response_format",
+       [](const json& v, GenerationRequest& q) -> Status {
+         if (v.is_null() || v == json({{"type", "text"}})) return Status::Ok();
+         if (v == json({{"type", "json_object"}})) {
+           q.json_object = true;
+           return Status::Ok();
+         }
+         if (v.is_object() && v.contains("type") && v["type"] == "json_schema") {
+           return Bad("response_format",
+                      "json_schema is not supported by colony api (json_object is: an answer "
+                      "that is a JSON object, of any shape)");
+         }
+         return Bad("response_format",
+                    "must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+       }},
       {"return_tokens_as_token_ids",
        [](const json& v, GenerationRequest& q) -> Status {
          if (v.is_null()) return Status::Ok();
@@ -565,21 +580,6 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
            COLONY_ASSIGN_OR_RETURN(top_logprobs,
                                    Integer(v, "top_logprobs", 0, limits.max_top_logprobs));
            return Status::Ok();
-         }},
-        {"response_format",
-         [](const json& v, GenerationRequest& q) -> Status {
-           if (v.is_null() || v == json({{"type", "text"}})) return Status::Ok();
-           if (v == json({{"type", "json_object"}})) {
-             q.json_object = true;
-             return Status::Ok();
-           }
-           if (v.is_object() && v.contains("type") && v["type"] == "json_schema") {
-             return Bad("response_format",
-                        "json_schema is not supported by colony api (json_object is: an answer "
-                        "that is a JSON object, of any shape)");
-           }
-           return Bad("response_format",
-                      "must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
          }},
         {"tools",
          [&limits](const json& v, GenerationRequest& q) { return ParseTools(v, limits, q); }},

@@ -111,8 +111,8 @@ struct GenerationRequest {
   // (also with tool_choice "none").
   std::string tools_json;
   std::vector<std::string> tool_names;
-  // Chat: response_format {"type": "json_object"}: the answer is kept to a JSON object
-  // (api/json_mode.h).
+  // response_format {"type": "json_object"}: the answer (a completion's too, after its prompt)
+  // is kept to a JSON object (api/json_mode.h).
   bool json_object = false;
   // Chat: more variables for the model's own chat template (`chat_template_kwargs`, vLLM's, e.g.
   // Qwen3's {"enable_thinking": false}), as the text of a JSON object. Empty: none.

@@ -1782,7 +1782,8 @@ TEST_F(ApiProcessTest, AChatTurnEndsAtItsSpecialEndOfTurnToken) {
 // whole model's highest logit among the tokens after which nlohmann can still read the decoded
 // answer as the start of a JSON object (fuzz/json_prefix_checks.h; the object first, no
 // whitespace before it), ending with the object (this tokenizer has no EOS); samples are such
-// starts too; beam search and allowed_token_ids are refused with it.
+// starts too; a completion's text after its prompt is kept so as well; beam search and
+// allowed_token_ids are refused with it.
 TEST_F(ApiProcessTest, JsonObjectAnswersAreTheModelsChoicesThatKeepToAnObject) {
   ASSERT_NE(StartServer("A", "0:4"), nullptr);
   ASSERT_TRUE(StartApi({"--chat-template", "chatml"}));
@@ -1810,8 +1811,10 @@ TEST_F(ApiProcessTest, JsonObjectAnswersAreTheModelsChoicesThatKeepToAnObject) {
   }
   ASSERT_FALSE(closers.empty());
   // The greedy answer's tokens with `bias`, and whether it ended (else max_tokens cut it).
-  const auto reference = [&](const json& bias) -> std::pair<std::vector<int32_t>, bool> {
-    std::vector<int64_t> all = prompt;
+  const auto reference =
+      [&](const json& bias,
+          const std::vector<int64_t>& prompt_tokens) -> std::pair<std::vector<int32_t>, bool> {
+    std::vector<int64_t> all = prompt_tokens;
     std::vector<int32_t> answer;
     bool ended = false;
     for (int64_t step = 0; step < kMaxTokens && !ended; ++step) {
@@ -1847,7 +1850,7 @@ TEST_F(ApiProcessTest, JsonObjectAnswersAreTheModelsChoicesThatKeepToAnObject) {
   const json messages = {{{"role", "user"}, {"content", "Hello there"}}};
   const json json_mode = {{"type", "json_object"}};
   for (const json& bias : {closers, json::object()}) {
-    const auto [tokens, ended] = reference(bias);
+    const auto [tokens, ended] = reference(bias, prompt);
     const std::string expected = tokenizer_->Decode(tokens);
     SCOPED_TRACE(expected);
     ASSERT_FALSE(expected.empty());
@@ -1867,13 +1870,35 @@ TEST_F(ApiProcessTest, JsonObjectAnswersAreTheModelsChoicesThatKeepToAnObject) {
     ASSERT_EQ(plain.status, 200) << plain.body;
     EXPECT_NE(json::parse(plain.body)["choices"][0]["message"]["content"], expected);
   }
-  const auto [unbiased, unbiased_ended] = reference(json::object());
+  const auto [unbiased, unbiased_ended] = reference(json::object(), prompt);
   EXPECT_EQ(tokenizer_->Decode(unbiased), "{}");
   EXPECT_TRUE(unbiased_ended);
 
+  // The legacy endpoint too (vLLM takes response_format there): each prompt's answer after it is
+  // the object; an echoed prompt comes before it and is not part of it.
+  const std::vector<std::string> texts = {"Hello there", "Once upon a"};
+  const HttpAnswer legacy = Curl("/completions", json({{"prompt", texts},
+                                                       {"max_tokens", kMaxTokens},
+                                                       {"temperature", 0},
+                                                       {"echo", true},
+                                                       {"logit_bias", closers},
+                                                       {"response_format", json_mode}})
+                                                     .dump());
+  ASSERT_EQ(legacy.status, 200) << legacy.body;
+  const json completions = json::parse(legacy.body)["choices"];
+  ASSERT_EQ(completions.size(), texts.size());
+  for (size_t k = 0; k < texts.size(); ++k) {
+    std::vector<int64_t> ids;
+    if (tokenizer_->bos_id() >= 0) ids.push_back(tokenizer_->bos_id());
+    for (int32_t id : tokenizer_->Encode(texts[k])) ids.push_back(id);
+    const auto [answer, answer_ended] = reference(closers, ids);
+    EXPECT_EQ(completions[k]["text"], texts[k] + tokenizer_->Decode(answer)) << k;
+    EXPECT_EQ(completions[k]["finish_reason"], answer_ended ? "stop" : "length") << k;
+  }
+
   // A stop string, and a stop token id with text (a token like any other to the mask: it is
   // chosen where the model chooses it, and ends the answer there), cut the greedy answer short.
-  const auto [tokens, ended] = reference(closers);
+  const auto [tokens, ended] = reference(closers, prompt);
   ASSERT_FALSE(ended);
   ASSERT_GE(tokens.size(), 4u);
   const std::string expected = tokenizer_->Decode(tokens);

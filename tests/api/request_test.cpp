@@ -133,6 +133,15 @@ TEST(OpenAiRequest, ParsesACompletionRequestAsClientsSendIt) {
   EXPECT_TRUE(scoring->echo);
   EXPECT_EQ(scoring->logprobs, 1);
   EXPECT_TRUE(scoring->tokens_as_ids);
+  // JSON mode on the legacy endpoint too (vLLM takes it there): the answer after the prompt.
+  auto completion_json = ParseCompletionRequest(
+      R"({"prompt": "x", "response_format": {"type": "json_object"}, "echo": true})", {});
+  ASSERT_TRUE(completion_json.ok()) << completion_json.status().ToString();
+  EXPECT_TRUE(completion_json->json_object);
+  auto completion_text =
+      ParseCompletionRequest(R"({"prompt": "x", "response_format": {"type": "text"}})", {});
+  ASSERT_TRUE(completion_text.ok()) << completion_text.status().ToString();
+  EXPECT_FALSE(completion_text->json_object);
   auto none = ParseCompletionRequest(R"({"prompt": "x", "logprobs": 0})", {});
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->logprobs, 0);  // the chosen tokens' only
@@ -264,6 +273,9 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
       {R"({"prompt": "x", "stream": false, "stream_options": {"include_usage": true}})",
        "'stream_options' is only allowed with \"stream\": true"},
       {R"({"prompt": "x", "functions": []})", "'functions' is not a field"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {}}})",
+       "'response_format' json_schema is not supported"},
+      {R"({"prompt": "x", "response_format": "json_object"})", "'response_format' must be"},
       {R"({"prompt": [true]})", "'prompt' must be a string, an array of token ids, or an"},
       {R"({"prompt": ["a", 7]})", "'prompt[1]' must be a string, an array of token ids, or an"},
       {R"({"prompt": []})", "'prompt' must be a string, an array of token ids, or an"},
