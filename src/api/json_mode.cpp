@@ -55,7 +55,7 @@ std::shared_ptr<const TokenTextTable> ReadTokenTexts(const model::Tokenizer& tok
 }
 
 JsonObjectLogits::JsonObjectLogits(serve::DecoderBackend& inner, JsonModeOptions options)
-    : inner_(inner), options_(std::move(options)) {
+    : inner_(inner), options_(std::move(options)), steps_("response_format json_object") {
   if (!options_.texts) options_.texts = std::make_shared<const TokenTextTable>();
 }
 
@@ -71,7 +71,7 @@ void JsonObjectLogits::End(int64_t row) {
 }
 
 bool JsonObjectLogits::WholeWith(int64_t row, int64_t token) const {
-  const std::string* text = Text(token, answered_);
+  const std::string* text = Text(token, steps_.answered());
   if (row < 0 || static_cast<size_t>(row) >= rows_.size() || ended_[static_cast<size_t>(row)] ||
       text == nullptr) {
     return false;
@@ -82,32 +82,16 @@ bool JsonObjectLogits::WholeWith(int64_t row, int64_t token) const {
 
 Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t position,
                                           const at::Tensor& hypo_ids, serve::StepLogits logits) {
-  if (logits != serve::StepLogits::kLast) {
-    return InvalidArgument("response_format json_object applies to the last position's logits");
-  }
-  if (hypo_ids.defined()) {
-    return InvalidArgument("response_format json_object does not follow reordered rows");
-  }
-  if (position != inner_.position()) {
-    return InvalidArgument(fmt::format(
-        "response_format json_object reads what each row was given: a step at {} after {}",
-        position, inner_.position()));
-  }
-  if (tokens.dim() != 2) return InvalidArgument("tokens must be [rows, T]");
-  const int64_t rows = tokens.size(0);
+  COLONY_ASSIGN_OR_RETURN(AnswerSteps::Given given,
+                          steps_.Begin(tokens, position, hypo_ids, logits, inner_.position()));
+  const int64_t rows = steps_.rows();
   const TokenTextTable& table = *options_.texts;
-  if (!started_) {
-    started_ = true;
+  if (given.prompt) {
     rows_.assign(static_cast<size_t>(rows), {});
     ended_.assign(static_cast<size_t>(rows), false);
   } else {
-    if (rows != static_cast<int64_t>(rows_.size())) {
-      return InvalidArgument(
-          fmt::format("a step of {} rows after a first step of {}", rows, rows_.size()));
-    }
-    const at::Tensor given = tokens.to(at::kCPU, at::kLong).contiguous();
-    const int64_t* g = given.data_ptr<int64_t>();
-    const int64_t per_row = given.size(1);
+    const int64_t* g = given.tokens.data_ptr<int64_t>();
+    const int64_t per_row = given.tokens.size(1);
     for (int64_t r = 0; r < rows; ++r) {
       const auto row = static_cast<size_t>(r);
       for (int64_t j = 0; j < per_row && !ended_[row]; ++j) {
@@ -115,26 +99,24 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
         // An end token ends the answer; a token that does not fit can only be an ended row's
         // last one, given again.
         const bool ends = std::ranges::find(options_.end_tokens, t) != options_.end_tokens.end();
-        const std::string* text = Text(t, answered_ + j);
+        const std::string* text = Text(t, given.answered + j);
         if (ends || text == nullptr || !rows_[row].Feed(*text)) ended_[row] = true;
       }
     }
-    answered_ += per_row;
   }
   COLONY_ASSIGN_OR_RETURN(at::Tensor out, inner_.Step(tokens, position, hypo_ids, logits));
-  if (out.dim() != 3 || out.size(0) != rows || out.scalar_type() != at::kFloat) {
-    return InvalidArgument("response_format json_object needs float32 logits [rows, 1, V]");
-  }
-  at::Tensor masked = out.select(1, out.size(1) - 1).contiguous().clone();
+  COLONY_ASSIGN_OR_RETURN(const at::Tensor last, steps_.LastLogits(out));
+  at::Tensor masked = last.contiguous().clone();
   const int64_t vocab = masked.size(1);
   if (static_cast<int64_t>(is_end_.size()) != vocab) {
     is_end_.assign(static_cast<size_t>(vocab), false);
+    any_end_ = false;
     for (int64_t t : options_.end_tokens) {
-      if (t >= 0 && t < vocab) is_end_[static_cast<size_t>(t)] = true;
+      if (t >= 0 && t < vocab) is_end_[static_cast<size_t>(t)] = any_end_ = true;
     }
   }
-  const bool may_end =
-      answered_ >= options_.min_tokens && std::ranges::find(is_end_, true) != is_end_.end();
+  const int64_t answered = steps_.answered();
+  const bool may_end = answered >= options_.min_tokens && any_end_;
   constexpr float kOut = -std::numeric_limits<float>::infinity();
   float* base = masked.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
@@ -142,7 +124,7 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
     const JsonObjectPrefix& answer = rows_[static_cast<size_t>(r)];
     const bool end_now = may_end && answer.complete();
     // Inside a string most tokens are string content, which always fits.
-    const bool in_string = answered_ > 0 && answer.between_string_characters();
+    const bool in_string = answered > 0 && answer.between_string_characters();
     float* row = base + r * vocab;
     bool any = false;
     for (int64_t v = 0; v < vocab; ++v) {
@@ -152,7 +134,7 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
         keep = is_end_[token] && end_now;
       } else if (in_string && token < table.plain.size() && table.plain[token]) {
         keep = true;
-      } else if (const std::string* text = Text(v, answered_); text != nullptr && !text->empty()) {
+      } else if (const std::string* text = Text(v, answered); text != nullptr && !text->empty()) {
         JsonObjectPrefix next = answer;
         keep = next.Feed(*text);
       }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "api/answer_steps.h"
 #include "api/json_prefix.h"
 #include "core/status.h"
 #include "serve/generation.h"
@@ -53,9 +54,8 @@ struct JsonModeOptions {
   int64_t min_tokens = 0;
 };
 
-// Steps as AdjustedLogits does (the last position's logits only, no reordered rows, the first
-// step's rows throughout); a row none of whose tokens can continue its object fails the step
-// with FailedPrecondition (a vocabulary without some of JSON's bytes).
+// Steps as AdjustedLogits does (api/answer_steps.h); a row none of whose tokens can continue its
+// object fails the step with FailedPrecondition (a vocabulary without some of JSON's bytes).
 class JsonObjectLogits : public serve::DecoderBackend {
  public:
   JsonObjectLogits(serve::DecoderBackend& inner, JsonModeOptions options);
@@ -77,11 +77,11 @@ class JsonObjectLogits : public serve::DecoderBackend {
 
   serve::DecoderBackend& inner_;
   JsonModeOptions options_;
-  bool started_ = false;
-  int64_t answered_ = 0;  // tokens each row was given since the prompt
+  AnswerSteps steps_;
   std::vector<JsonObjectPrefix> rows_;
   std::vector<bool> ended_;
   std::vector<bool> is_end_;  // by token, for the logits' vocabulary
+  bool any_end_ = false;      // whether is_end_ holds any
 };
 
 }  // namespace colony::api

@@ -12,52 +12,33 @@
 namespace colony::api {
 
 AdjustedLogits::AdjustedLogits(serve::DecoderBackend& inner, LogitAdjustments adjustments)
-    : inner_(inner), adjustments_(std::move(adjustments)) {
+    : inner_(inner), adjustments_(std::move(adjustments)), steps_("logit adjustments") {
   for (const auto& [token, bias] : adjustments_.logit_bias) bias_[token] += bias;
 }
 
 Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t position,
                                         const at::Tensor& hypo_ids, serve::StepLogits logits) {
-  if (logits != serve::StepLogits::kLast) {
-    return InvalidArgument("logit adjustments apply to the last position's logits only");
-  }
-  if (hypo_ids.defined()) {
-    return InvalidArgument("logit adjustments do not follow reordered rows (beam search)");
-  }
-  if (position != inner_.position()) {
-    return InvalidArgument(
-        fmt::format("logit adjustments count what each row was given: a step at {} after {} would "
-                    "miscount",
-                    position, inner_.position()));
-  }
-  if (tokens.dim() != 2) return InvalidArgument("tokens must be [rows, T]");
-  const int64_t rows = tokens.size(0);
+  COLONY_ASSIGN_OR_RETURN(AnswerSteps::Given given,
+                          steps_.Begin(tokens, position, hypo_ids, logits, inner_.position()));
+  const int64_t rows = steps_.rows();
   const bool repeats = adjustments_.repetition_penalty != 1;
-  const at::Tensor given = tokens.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* g = given.data_ptr<int64_t>();
-  const int64_t per_row = given.size(1);
-  if (!started_) {
-    started_ = true;
+  const int64_t* g = given.tokens.data_ptr<int64_t>();
+  const int64_t per_row = given.tokens.size(1);
+  if (given.prompt) {
     counts_.assign(static_cast<size_t>(rows), {});
     seen_.assign(static_cast<size_t>(rows), {});
   } else {
-    if (rows != static_cast<int64_t>(counts_.size())) {
-      return InvalidArgument(
-          fmt::format("a step of {} rows after a first step of {}", rows, counts_.size()));
-    }
-    for (int64_t i = 0; i < given.numel(); ++i) ++counts_[static_cast<size_t>(i / per_row)][g[i]];
-    answered_ += per_row;
+    for (int64_t i = 0; i < given.tokens.numel(); ++i)
+      ++counts_[static_cast<size_t>(i / per_row)][g[i]];
   }
   if (repeats) {  // the prompt's tokens count too
-    for (int64_t i = 0; i < given.numel(); ++i)
+    for (int64_t i = 0; i < given.tokens.numel(); ++i)
       seen_[static_cast<size_t>(i / per_row)].insert(g[i]);
   }
   COLONY_ASSIGN_OR_RETURN(at::Tensor out, inner_.Step(tokens, position, hypo_ids, logits));
-  if (out.dim() != 3 || out.size(0) != rows || out.scalar_type() != at::kFloat) {
-    return InvalidArgument("logit adjustments need float32 logits [rows, 1, V]");
-  }
+  COLONY_ASSIGN_OR_RETURN(const at::Tensor last, steps_.LastLogits(out));
   // [rows, V] in float64 (exact), rounded once at the end.
-  at::Tensor wide = out.select(1, out.size(1) - 1).to(at::kDouble).contiguous();
+  at::Tensor wide = last.to(at::kDouble).contiguous();
   const int64_t vocab = wide.size(1);
   if (vocab != vocab_) {
     for (const auto& [token, bias] : adjustments_.logit_bias) {
@@ -76,8 +57,7 @@ Result<at::Tensor> AdjustedLogits::Step(const at::Tensor& tokens, int64_t positi
     }
     vocab_ = vocab;
   }
-  // Rows are stepped together: every row's answer has answered_ tokens.
-  const bool mask_ends = answered_ < adjustments_.min_tokens;
+  const bool mask_ends = steps_.answered() < adjustments_.min_tokens;
   const bool min_p = adjustments_.min_p > 0 && adjustments_.temperature > 0;
   constexpr double kOut = -std::numeric_limits<double>::infinity();
   double* base = wide.data_ptr<double>();

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/answer_steps.h"
 #include "core/status.h"
 #include "serve/generation.h"
 
@@ -55,12 +56,10 @@ struct LogitAdjustments {
   }
 };
 
-// Serves one generation, whose answers it counts as GenerateWith and GenerateRows step: the first
-// step is the prompt (not counted), every later step the token each row was given after the
-// step before. Only the last position's logits are adjusted, the ones a token is sampled from: a
-// step must ask for StepLogits::kLast, must not reorder rows (no hypo_ids: beam search scores
-// log-probabilities, not these), must keep the first step's rows and must not roll back; other
-// steps fail with InvalidArgument, as does a bias for a token outside the logits' vocabulary.
+// Serves one generation, whose answers it counts as GenerateWith and GenerateRows step them
+// (api/answer_steps.h: the prompt first, not counted; then the tokens each row was given; the
+// last position's logits, the ones a token is sampled from, are adjusted). Another step fails
+// with InvalidArgument, as does a bias for a token outside the logits' vocabulary.
 class AdjustedLogits : public serve::DecoderBackend {
  public:
   AdjustedLogits(serve::DecoderBackend& inner, LogitAdjustments adjustments);
@@ -74,10 +73,9 @@ class AdjustedLogits : public serve::DecoderBackend {
   serve::DecoderBackend& inner_;
   LogitAdjustments adjustments_;
   std::unordered_map<int64_t, double> bias_;  // logit_bias by token
-  bool started_ = false;                      // the prompt has been stepped
-  int64_t vocab_ = -1;                        // of the logits, once the biases are checked for it
-  std::vector<bool> allowed_;                 // by token, for that vocabulary
-  int64_t answered_ = 0;                      // tokens each row was given since the prompt
+  AnswerSteps steps_;
+  int64_t vocab_ = -1;         // of the logits, once the biases are checked for it
+  std::vector<bool> allowed_;  // by token, for that vocabulary
   std::vector<std::unordered_map<int64_t, int64_t>> counts_;  // per row: token -> times given
   // Per row: the tokens of its prompt and answer (with a repetition penalty).
   std::vector<std::unordered_set<int64_t>> seen_;

@@ -124,21 +124,38 @@ std::string Text(const std::vector<int64_t>& answer, const TokenTextTable& table
   return text;
 }
 
+// A small random model to mask, and steps of one token per row through the mask.
+class JsonObjectLogitsTest : public ::testing::Test {
+ protected:
+  static model::LlamaModel SeededModel() {
+    at::manual_seed(11);
+    return model::LlamaModel(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
+  }
+  // [1, T]: one row's tokens.
+  static at::Tensor OneRow(const std::vector<int64_t>& tokens) {
+    return at::tensor(tokens, at::kLong).unsqueeze(0);
+  }
+  // [rows, 1] of one token each.
+  static at::Tensor Column(const std::vector<int64_t>& tokens) {
+    return at::tensor(tokens, at::kLong).unsqueeze(1);
+  }
+
+  at::NoGradGuard no_grad_;
+  model::LlamaModel model_ = SeededModel();
+  const std::vector<int64_t> prompt_ = {3, 17, 99, 42, 5};
+};
+
 // Over single bytes, and over tokens of several pieces of JSON (which may fail partway, and
 // whose first token reads differently), with ids past the texts.
-TEST(JsonObjectLogits, RowsAreTheModelsAnswersKeptToAJsonObject) {
-  at::manual_seed(11);
-  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
-  at::NoGradGuard no_grad;
-  const std::vector<int64_t> prompt = {3, 17, 99, 42, 5};
+TEST_F(JsonObjectLogitsTest, RowsAreTheModelsAnswersKeptToAJsonObject) {
   const auto rows = Rows(24);
   for (const auto& table : {ByteTexts(), FragmentTexts()}) {
     SCOPED_TRACE(table->within.size());
     std::vector<std::vector<int64_t>> want;
-    for (const auto& o : rows) want.push_back(Reference(model, prompt, o, 0, {}, *table));
-    serve::LocalBackend local(model);
+    for (const auto& o : rows) want.push_back(Reference(model_, prompt_, o, 0, {}, *table));
+    serve::LocalBackend local(model_);
     JsonObjectLogits json(local, {.texts = table, .end_tokens = {kEnd}, .min_tokens = 0});
-    auto got = serve::GenerateRows(json, prompt, rows, kEnd);
+    auto got = serve::GenerateRows(json, prompt_, rows, kEnd);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_EQ(*got, want);
     for (const auto& answer : *got) {
@@ -149,7 +166,7 @@ TEST(JsonObjectLogits, RowsAreTheModelsAnswersKeptToAJsonObject) {
       EXPECT_TRUE(std::ranges::all_of(answer, [texts](int64_t t) { return t < texts; }));
     }
     // Unmasked, the model writes something else.
-    auto plain = serve::GenerateRows(local, prompt, rows, kEnd);
+    auto plain = serve::GenerateRows(local, prompt_, rows, kEnd);
     ASSERT_TRUE(plain.ok());
     EXPECT_NE((*plain)[0], want[0]);
   }
@@ -157,26 +174,22 @@ TEST(JsonObjectLogits, RowsAreTheModelsAnswersKeptToAJsonObject) {
 
 // Biased toward closing, answers become whole objects: then whitespace until min_tokens, then the
 // end token and nothing else.
-TEST(JsonObjectLogits, AWholeObjectEndsTheAnswerOnceMinTokensAreGenerated) {
-  at::manual_seed(11);
-  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
-  at::NoGradGuard no_grad;
-  const std::vector<int64_t> prompt = {3, 17, 99, 42, 5};
+TEST_F(JsonObjectLogitsTest, AWholeObjectEndsTheAnswerOnceMinTokensAreGenerated) {
   const std::vector<std::pair<int64_t, double>> bias = {{'}', 6}, {'"', 5}, {'1', 4}, {':', 4}};
   const auto rows = Rows(40);
   const auto table = ByteTexts();
   for (const int64_t min_tokens : {0, 16}) {
     std::vector<std::vector<int64_t>> want;
     for (const auto& o : rows)
-      want.push_back(Reference(model, prompt, o, min_tokens, bias, *table));
-    serve::LocalBackend local(model);
+      want.push_back(Reference(model_, prompt_, o, min_tokens, bias, *table));
+    serve::LocalBackend local(model_);
     JsonObjectLogits json(local, {.texts = table, .end_tokens = {kEnd}, .min_tokens = min_tokens});
     AdjustedLogits biased(json, {.presence_penalty = 0,
                                  .frequency_penalty = 0,
                                  .logit_bias = bias,
                                  .min_tokens = 0,
                                  .end_tokens = {}});
-    auto got = serve::GenerateRows(biased, prompt, rows, kEnd);
+    auto got = serve::GenerateRows(biased, prompt_, rows, kEnd);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_EQ(*got, want) << "min_tokens " << min_tokens;
     for (const auto& answer : *got) {
@@ -189,22 +202,16 @@ TEST(JsonObjectLogits, AWholeObjectEndsTheAnswerOnceMinTokensAreGenerated) {
 }
 
 // A row that ended (at a stop string, say) is no longer masked.
-TEST(JsonObjectLogits, AnEndedRowIsLeftAlone) {
-  at::manual_seed(11);
-  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
-  at::NoGradGuard no_grad;
-  serve::LocalBackend local(model);
+TEST_F(JsonObjectLogitsTest, AnEndedRowIsLeftAlone) {
+  serve::LocalBackend local(model_);
   JsonObjectLogits json(local, {.texts = ByteTexts(), .end_tokens = {kEnd}, .min_tokens = 0});
   const at::Tensor prompt = at::tensor(std::vector<int64_t>{3, 17}, at::kLong).repeat({2, 1});
   ASSERT_TRUE(json.Step(prompt, 0, {}, serve::StepLogits::kLast).ok());
   EXPECT_FALSE(json.WholeWith(0, '}'));
-  ASSERT_TRUE(json.Step(at::tensor(std::vector<int64_t>{'{', '{'}, at::kLong).unsqueeze(1), 2, {},
-                        serve::StepLogits::kLast)
-                  .ok());
+  ASSERT_TRUE(json.Step(Column({'{', '{'}), 2, {}, serve::StepLogits::kLast).ok());
   EXPECT_TRUE(json.WholeWith(0, '}'));
   json.End(1);
-  auto out = json.Step(at::tensor(std::vector<int64_t>{'"', '"'}, at::kLong).unsqueeze(1), 3, {},
-                       serve::StepLogits::kLast);
+  auto out = json.Step(Column({'"', '"'}), 3, {}, serve::StepLogits::kLast);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   const at::Tensor logits = out->select(1, 0);
   EXPECT_TRUE(at::isinf(logits[0][kEnd]).item<bool>());     // row 0: in a key, the end cannot come
@@ -213,7 +220,7 @@ TEST(JsonObjectLogits, AnEndedRowIsLeftAlone) {
 
 // String content alone: no '"' (`":"` closes a key and opens a value, which no value string
 // can take), whole escapes and UTF-8 characters, no control bytes.
-TEST(JsonObjectLogits, PlainTokensAreStringContentAlone) {
+TEST_F(JsonObjectLogitsTest, PlainTokensAreStringContentAlone) {
   const TokenTextTable t = TokenTextTable::From(
       {"ab", "\":\"", "\\\"", "\": \"", "\":{\"", "\\n", "\xC3", "\xC3\xA9", "\x01", "", " {"});
   EXPECT_EQ(t.plain, (std::vector<bool>{true, false, false, false, false, true, false, true, false,
@@ -225,23 +232,17 @@ TEST(JsonObjectLogits, PlainTokensAreStringContentAlone) {
   constexpr int64_t kColonQuote = 200;
   texts[kColonQuote] = "\":\"";
   auto table = std::make_shared<const TokenTextTable>(TokenTextTable::From(std::move(texts)));
-  at::manual_seed(11);
-  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
-  at::NoGradGuard no_grad;
-  serve::LocalBackend local(model);
+  serve::LocalBackend local(model_);
   JsonObjectLogits json(local, {.texts = table, .end_tokens = {kEnd}, .min_tokens = 0});
-  auto out = json.Step(at::tensor(std::vector<int64_t>{3, 17}, at::kLong).unsqueeze(0), 0, {},
-                       serve::StepLogits::kLast);
+  auto out = json.Step(OneRow({3, 17}), 0, {}, serve::StepLogits::kLast);
   int64_t position = 2;
   for (const char c : std::string("{\"a")) {
-    out = json.Step(at::tensor(std::vector<int64_t>{c}, at::kLong).unsqueeze(0), position++, {},
-                    serve::StepLogits::kLast);
+    out = json.Step(Column({c}), position++, {}, serve::StepLogits::kLast);
     ASSERT_TRUE(out.ok()) << out.status().ToString();
   }
   EXPECT_TRUE(at::isfinite((*out)[0][0][kColonQuote]).item<bool>());  // in a key
   for (const char c : std::string("\":\"x")) {
-    out = json.Step(at::tensor(std::vector<int64_t>{c}, at::kLong).unsqueeze(0), position++, {},
-                    serve::StepLogits::kLast);
+    out = json.Step(Column({c}), position++, {}, serve::StepLogits::kLast);
     ASSERT_TRUE(out.ok()) << out.status().ToString();
   }
   EXPECT_TRUE(at::isinf((*out)[0][0][kColonQuote]).item<bool>());  // in a value
@@ -250,44 +251,64 @@ TEST(JsonObjectLogits, PlainTokensAreStringContentAlone) {
 
 // An answer's first token is read as it is written alone (a sentencepiece word start loses its
 // space there), later ones as within the text.
-TEST(JsonObjectLogits, TheFirstTokenIsReadAsWrittenAlone) {
+TEST_F(JsonObjectLogitsTest, TheFirstTokenIsReadAsWrittenAlone) {
   std::vector<std::string> within = {"", " {}", "{", "}"};
   std::vector<std::string> first = {"", "{}", "{", "}"};
   within.resize(256, "x");
   first.resize(256, "x");
   auto table = std::make_shared<const TokenTextTable>(
       TokenTextTable::From(std::move(within), std::move(first)));
-  at::manual_seed(11);
-  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
-  at::NoGradGuard no_grad;
-  serve::LocalBackend local(model);
+  serve::LocalBackend local(model_);
   JsonObjectLogits json(local, {.texts = table, .end_tokens = {kEnd}, .min_tokens = 0});
-  auto out = json.Step(at::tensor(std::vector<int64_t>{3, 17}, at::kLong).unsqueeze(0), 0, {},
-                       serve::StepLogits::kLast);
+  auto out = json.Step(OneRow({3, 17}), 0, {}, serve::StepLogits::kLast);
   ASSERT_TRUE(out.ok());
   EXPECT_TRUE(at::isfinite((*out)[0][0][1]).item<bool>());  // "{}" first, " {}" within
   EXPECT_TRUE(json.WholeWith(0, 1));
-  out = json.Step(at::tensor(std::vector<int64_t>{2}, at::kLong).unsqueeze(0), 2, {},
-                  serve::StepLogits::kLast);
+  out = json.Step(Column({2}), 2, {}, serve::StepLogits::kLast);
   ASSERT_TRUE(out.ok());
   EXPECT_TRUE(at::isinf((*out)[0][0][1]).item<bool>());  // " {}" within: no object after "{"
   EXPECT_FALSE(json.WholeWith(0, 1));
   EXPECT_TRUE(json.WholeWith(0, 3));
 }
 
-TEST(JsonObjectLogits, AVocabularyThatCannotContinueTheObjectFailsTheStep) {
-  at::manual_seed(11);
-  model::LlamaModel model(serve::test::SmallLlamaConfig(/*tie_word_embeddings=*/false));
-  at::NoGradGuard no_grad;
+TEST_F(JsonObjectLogitsTest, AVocabularyThatCannotContinueTheObjectFailsTheStep) {
   auto texts = std::make_shared<const TokenTextTable>(
       TokenTextTable::From(std::vector<std::string>(256, "x")));  // no '{'
   EXPECT_FALSE(texts->begins_object);
   EXPECT_TRUE(ByteTexts()->begins_object);
-  serve::LocalBackend local(model);
+  serve::LocalBackend local(model_);
   JsonObjectLogits json(local, {.texts = texts, .end_tokens = {kEnd}, .min_tokens = 0});
   auto got = serve::GenerateRows(json, {3, 17}, Rows(4), kEnd);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition);
+}
+
+// The steps it cannot follow (api/answer_steps.h) fail before they reach the model, and leave it
+// able to go on.
+TEST_F(JsonObjectLogitsTest, RefusesStepsItCannotFollow) {
+  serve::LocalBackend local(model_);
+  JsonObjectLogits json(local, {.texts = ByteTexts(), .end_tokens = {kEnd}, .min_tokens = 0});
+  auto refused = [&](const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,
+                     serve::StepLogits logits, const std::string& why) {
+    auto r = json.Step(tokens, position, hypo_ids, logits);
+    ASSERT_FALSE(r.ok()) << why;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("response_format json_object: " + why), std::string::npos)
+        << r.status().ToString();
+  };
+  refused(OneRow(prompt_), 0, {}, serve::StepLogits::kAll, "a step takes the last position's");
+  refused(at::tensor(prompt_, at::kLong), 0, {}, serve::StepLogits::kLast,
+          "tokens must be [rows, T]");
+  ASSERT_TRUE(json.Step(OneRow(prompt_), 0, {}, serve::StepLogits::kLast).ok());
+  refused(Column({'{'}), 5, at::zeros({1}, at::kLong), serve::StepLogits::kLast,
+          "a step cannot follow reordered rows");
+  refused(Column({'{'}), 2, {}, serve::StepLogits::kLast, "a step at 2 after 5");  // a rollback
+  refused(Column({'{', '{'}), 5, {}, serve::StepLogits::kLast, "a step of 2 rows after");
+  EXPECT_EQ(local.position(), 5);
+  auto next = json.Step(Column({'{'}), 5, {}, serve::StepLogits::kLast);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->sizes(), (std::vector<int64_t>{1, 1, 256}));
+  EXPECT_TRUE(json.WholeWith(0, '}'));  // the refused steps' tokens were not read
 }
 
 }  // namespace
