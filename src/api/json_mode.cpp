@@ -80,12 +80,56 @@ bool JsonObjectLogits::WholeWith(int64_t row, int64_t token) const {
   return next.Feed(*text) && next.complete();
 }
 
+void JsonObjectLogits::ReadFits(const JsonObjectPrefix& answer, int64_t answered, int64_t vocab,
+                                Bits& out) const {
+  const TokenTextTable& table = *options_.texts;
+  out.assign(static_cast<size_t>((vocab + 63) / 64), 0);
+  // Inside a string most tokens are string content, which always fits.
+  const bool in_string = answered > 0 && answer.between_string_characters();
+  for (int64_t v = 0; v < vocab; ++v) {
+    const auto token = static_cast<size_t>(v);
+    bool fits = false;
+    if (in_string && token < table.plain.size() && table.plain[token]) {
+      fits = true;
+    } else if (const std::string* text = Text(v, answered); text != nullptr && !text->empty()) {
+      JsonObjectPrefix next = answer;
+      fits = next.Feed(*text);
+    }
+    if (fits) out[token / 64] |= uint64_t{1} << (token % 64);
+  }
+}
+
+const JsonObjectLogits::Bits& JsonObjectLogits::Fits(const JsonObjectPrefix& answer,
+                                                     int64_t answered, int64_t vocab) {
+  const auto words = static_cast<size_t>((vocab + 63) / 64);
+  if (!options_.cache_masks) {
+    ReadFits(answer, answered, vocab, scratch_);
+    return scratch_;
+  }
+  if (answered == 0) {  // every row is at the start
+    if (first_.size() != words) {
+      ReadFits(answer, answered, vocab, first_);
+    } else {
+      ++cached_masks_;
+    }
+    return first_;
+  }
+  const JsonObjectPrefix::Key key = answer.key();
+  if (auto it = masks_.find(key); it != masks_.end() && it->second.size() == words) {
+    ++cached_masks_;
+    return it->second;
+  }
+  if ((masks_.size() + 1) * words * sizeof(uint64_t) > options_.mask_cache_bytes) masks_.clear();
+  Bits& bits = masks_[key];
+  ReadFits(answer, answered, vocab, bits);
+  return bits;
+}
+
 Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t position,
                                           const at::Tensor& hypo_ids, serve::StepLogits logits) {
   COLONY_ASSIGN_OR_RETURN(AnswerSteps::Given given,
                           steps_.Begin(tokens, position, hypo_ids, logits, inner_.position()));
   const int64_t rows = steps_.rows();
-  const TokenTextTable& table = *options_.texts;
   if (given.prompt) {
     rows_.assign(static_cast<size_t>(rows), {});
     ended_.assign(static_cast<size_t>(rows), false);
@@ -108,41 +152,51 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
   COLONY_ASSIGN_OR_RETURN(const at::Tensor last, steps_.LastLogits(out));
   at::Tensor masked = last.contiguous().clone();
   const int64_t vocab = masked.size(1);
-  if (static_cast<int64_t>(is_end_.size()) != vocab) {
-    is_end_.assign(static_cast<size_t>(vocab), false);
+  const auto words = static_cast<size_t>((vocab + 63) / 64);
+  if (vocab != vocab_) {
+    vocab_ = vocab;
+    ends_.assign(words, 0);
     any_end_ = false;
     for (int64_t t : options_.end_tokens) {
-      if (t >= 0 && t < vocab) is_end_[static_cast<size_t>(t)] = any_end_ = true;
+      if (t < 0 || t >= vocab) continue;
+      ends_[static_cast<size_t>(t) / 64] |= uint64_t{1} << (static_cast<size_t>(t) % 64);
+      any_end_ = true;
     }
   }
   const int64_t answered = steps_.answered();
   const bool may_end = answered >= options_.min_tokens && any_end_;
   constexpr float kOut = -std::numeric_limits<float>::infinity();
+  // -inf for the tokens whose bit in keep(word) is clear; whether any is kept. (Bits past the
+  // vocabulary are clear: no text or end token has them.)
+  auto apply = [&](float* row, const auto& keep) {
+    bool any = false;
+    for (size_t w = 0; w < words; ++w) {
+      const uint64_t kept = keep(w);
+      any = any || kept != 0;
+      if (kept == ~uint64_t{0}) continue;
+      const size_t from = w * 64;
+      const size_t n = std::min<size_t>(64, static_cast<size_t>(vocab) - from);
+      if (kept == 0) {
+        std::fill_n(row + from, n, kOut);
+        continue;
+      }
+      for (size_t b = 0; b < n; ++b) {
+        if (((kept >> b) & 1U) == 0) row[from + b] = kOut;
+      }
+    }
+    return any;
+  };
   float* base = masked.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
     if (ended_[static_cast<size_t>(r)]) continue;
     const JsonObjectPrefix& answer = rows_[static_cast<size_t>(r)];
-    const bool end_now = may_end && answer.complete();
-    // Inside a string most tokens are string content, which always fits.
-    const bool in_string = answered > 0 && answer.between_string_characters();
     float* row = base + r * vocab;
     bool any = false;
-    for (int64_t v = 0; v < vocab; ++v) {
-      const auto token = static_cast<size_t>(v);
-      bool keep = false;
-      if (is_end_[token] || end_now) {
-        keep = is_end_[token] && end_now;
-      } else if (in_string && token < table.plain.size() && table.plain[token]) {
-        keep = true;
-      } else if (const std::string* text = Text(v, answered); text != nullptr && !text->empty()) {
-        JsonObjectPrefix next = answer;
-        keep = next.Feed(*text);
-      }
-      if (keep) {
-        any = true;
-      } else {
-        row[v] = kOut;
-      }
+    if (may_end && answer.complete()) {  // the end tokens, and nothing else
+      any = apply(row, [this](size_t w) { return ends_[w]; });
+    } else {
+      const Bits& fits = Fits(answer, answered, vocab);
+      any = apply(row, [this, &fits](size_t w) { return fits[w] & ~ends_[w]; });
     }
     if (!any) {
       return FailedPrecondition(fmt::format(

@@ -55,6 +55,35 @@ bool JsonObjectPrefix::Feed(char byte) {
   return !bad_;
 }
 
+JsonObjectPrefix::Key JsonObjectPrefix::key() const {
+  const uint64_t open =
+      depth_ >= 64 ? stack_ : stack_ & ((uint64_t{1} << static_cast<unsigned>(depth_)) - 1);
+  Key k = {static_cast<uint8_t>(bad_),
+           static_cast<uint8_t>(mode_),
+           static_cast<uint8_t>(str_),
+           static_cast<uint8_t>(num_),
+           static_cast<uint8_t>(key_),
+           literal_,
+           literal_at_,
+           hex_left_,
+           static_cast<uint8_t>(hex_ >> 8U),
+           static_cast<uint8_t>(hex_ & 0xFFU),
+           utf8_left_,
+           utf8_lo_,
+           utf8_hi_,
+           spaces_,
+           digits_,
+           static_cast<uint8_t>(depth_)};
+  for (size_t b = 0; b < 8; ++b) k[16 + b] = static_cast<uint8_t>(open >> (8 * b));
+  return k;
+}
+
+size_t JsonObjectPrefix::KeyHash::operator()(const Key& k) const {
+  uint64_t h = 14695981039346656037ULL;  // FNV-1a
+  for (uint8_t b : k) h = (h ^ b) * 1099511628211ULL;
+  return static_cast<size_t>(h);
+}
+
 bool JsonObjectPrefix::Push(bool array) {
   if (depth_ == kMaxDepth) return false;
   const uint64_t bit = uint64_t{1} << depth_;

@@ -15,6 +15,8 @@
 //   p.complete();              // false; p.Closing() is "ue]}", one text that completes it
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -47,6 +49,15 @@ class JsonObjectPrefix {
   // Whether it is inside a string, between characters: where any text without '"', '\\',
   // control characters or an incomplete UTF-8 character can follow (and leave it there).
   bool between_string_characters() const { return mode_ == Mode::kString && str_ == Str::kChars; }
+
+  // The whole state as bytes, the open containers' kinds past the depth left out: prefixes with
+  // equal keys take and refuse the same texts, and end in states with equal keys (masks are
+  // kept by it: api/json_mode.h).
+  using Key = std::array<uint8_t, 24>;
+  Key key() const;
+  struct KeyHash {
+    size_t operator()(const Key& k) const;
+  };
 
   // A short text that makes what was read a whole object (empty when it is one): a string is
   // closed, a key given a value, an open number, literal or escape finished, and every open

@@ -158,6 +158,15 @@ TEST_F(JsonObjectLogitsTest, RowsAreTheModelsAnswersKeptToAJsonObject) {
     auto got = serve::GenerateRows(json, prompt_, rows, kEnd);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_EQ(*got, want);
+    EXPECT_GT(json.cached_masks(), 0);  // rows came to states they (or others) had been in
+    // Reading the vocabulary at every step gives the same.
+    serve::LocalBackend again(model_);
+    JsonObjectLogits uncached(
+        again, {.texts = table, .end_tokens = {kEnd}, .min_tokens = 0, .cache_masks = false});
+    auto read = serve::GenerateRows(uncached, prompt_, rows, kEnd);
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    EXPECT_EQ(*read, want);
+    EXPECT_EQ(uncached.cached_masks(), 0);
     for (const auto& answer : *got) {
       const std::string text = Text(answer, *table);
       EXPECT_TRUE(NlohmannStartsAnObject(text)) << text;
@@ -281,6 +290,36 @@ TEST_F(JsonObjectLogitsTest, AVocabularyThatCannotContinueTheObjectFailsTheStep)
   auto got = serve::GenerateRows(json, {3, 17}, Rows(4), kEnd);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition);
+}
+
+// The kept masks take at most mask_cache_bytes (an answer nesting ever deeper is in a new state
+// at every step), and those kept are right after being dropped and kept anew.
+TEST_F(JsonObjectLogitsTest, KeptMasksTakeAtMostTheirBudget) {
+  constexpr size_t kMasks = 40;  // of 256 bits each
+  serve::LocalBackend local(model_);
+  JsonObjectLogits json(local, {.texts = ByteTexts(),
+                                .end_tokens = {kEnd},
+                                .min_tokens = 0,
+                                .cache_masks = true,
+                                .mask_cache_bytes = kMasks * 256 / 8});
+  ASSERT_TRUE(json.Step(OneRow(prompt_), 0, {}, serve::StepLogits::kLast).ok());
+  int64_t position = static_cast<int64_t>(prompt_.size());
+  std::string text;
+  size_t most = 0;
+  for (const char c : "{\"\":" + std::string(JsonObjectPrefix::kMaxDepth - 1, '[')) {
+    auto out = json.Step(Column({c}), position++, {}, serve::StepLogits::kLast);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    text += c;
+    most = std::max(most, json.kept_masks());
+    if (text.size() < 4) continue;
+    // In the arrays '[' fits until the bound, and ']' does.
+    const bool deepest = text.size() == 3 + JsonObjectPrefix::kMaxDepth;
+    EXPECT_EQ(at::isfinite((*out)[0][0]['[']).item<bool>(), !deepest) << text;
+    EXPECT_EQ(at::isfinite((*out)[0][0][']']).item<bool>(), text.size() > 4) << text;
+  }
+  EXPECT_EQ(most, kMasks);
+  EXPECT_LE(json.kept_masks(), kMasks);
+  EXPECT_EQ(json.cached_masks(), 0);  // every state was new
 }
 
 // The steps it cannot follow (api/answer_steps.h) fail before they reach the model, and leave it

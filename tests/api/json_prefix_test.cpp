@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "../../fuzz/json_prefix_checks.h"
@@ -212,6 +213,77 @@ TEST(JsonObjectPrefix, EveryShortTextAfterEachContext) {
     }
   }
   EXPECT_EQ(checked, 4 * (1 + 16 + 16 * 16 + 16 * 16 * 16 + 16 * 16 * 16 * 16));
+}
+
+// Prefixes with equal keys (by which api/json_mode.h keeps masks) take and refuse the same
+// texts and end with equal keys: every prefix of random objects and their mutations and of every
+// byte after a few contexts, each against the first prefix seen with its key, on every byte, runs
+// of whitespace and digits to their bounds, the rest of either text and (4 times a key) every two
+// bytes over JSON's own. Keys differ where what can follow differs, and the kinds of closed
+// containers are not part of them.
+TEST(JsonObjectPrefix, PrefixesWithEqualKeysReadAlike) {
+  const std::string alphabet = "{}[]\":,0123456789-+.eEtrufalsn \n\\uDCd\x01\x80\xBF\xC3\xE0";
+  // Each byte, and runs of whitespace and digits to their bounds; and (at most 4 times for a
+  // key: the test's time) every two bytes over JSON's own.
+  std::vector<std::string> always, pairs;
+  for (int b = 0; b < 256; ++b) always.emplace_back(1, static_cast<char>(b));
+  always.emplace_back(JsonObjectPrefix::kMaxSpaces, ' ');
+  always.emplace_back(JsonObjectPrefix::kMaxIntegerDigits, '1');
+  for (char a : alphabet) {
+    for (char b : alphabet) pairs.push_back(std::string{a, b});
+  }
+  struct Seen {
+    JsonObjectPrefix state;
+    std::string rest;
+    int compared = 0;  // on pairs
+  };
+  std::unordered_map<JsonObjectPrefix::Key, Seen, JsonObjectPrefix::KeyHash> seen;
+  std::mt19937_64 rng(5);
+  int64_t shared = 0;
+  auto check = [&](const std::string& text) {
+    JsonObjectPrefix p;
+    for (size_t at = 0; at <= text.size(); ++at) {
+      if (at > 0 && !p.Feed(text[at - 1])) return;
+      const std::string rest = text.substr(at);
+      auto [it, added] = seen.try_emplace(p.key(), Seen{p, rest});
+      if (added) continue;
+      ++shared;
+      std::vector<std::string> tried = always;
+      if (it->second.compared < 4) {
+        ++it->second.compared;
+        tried.insert(tried.end(), pairs.begin(), pairs.end());
+      }
+      tried.push_back(rest);
+      tried.push_back(it->second.rest);
+      for (const std::string& c : tried) {
+        JsonObjectPrefix a = p, b = it->second.state;
+        ASSERT_EQ(a.Feed(c), b.Feed(c)) << text.substr(0, at) << " + " << c;
+        ASSERT_EQ(a.key(), b.key()) << text.substr(0, at) << " + " << c;
+        ASSERT_EQ(a.complete(), b.complete());
+      }
+      ASSERT_EQ(p.Closing(), it->second.state.Closing()) << text.substr(0, at);
+    }
+  };
+  for (uint64_t seed = 0; seed < 120; ++seed) {
+    const std::string doc = Writer(seed).Object(0);
+    check(doc);
+    std::string mutant = doc;
+    mutant[rng() % mutant.size()] = alphabet[rng() % alphabet.size()];
+    check(mutant);
+  }
+  for (const std::string context : {"{\"", "{\"a\": \"", "{\"a\":", "{\"a\":[1", "{\"a\":tr"}) {
+    for (int b = 0; b < 256; ++b) check(context + static_cast<char>(b));  // UTF-8's leads too
+  }
+  EXPECT_GT(shared, 10000);  // most prefixes share a key with one seen before
+  EXPECT_GT(seen.size(), 100u);
+
+  JsonObjectPrefix after_array, after_object, in_array, in_object;
+  ASSERT_TRUE(after_array.Feed("{\"a\":[1],\"b\":"));
+  ASSERT_TRUE(after_object.Feed("{\"c\":{\"x\":2},\"d\":"));
+  EXPECT_EQ(after_array.key(), after_object.key());
+  ASSERT_TRUE(in_array.Feed("{\"a\":[1"));
+  ASSERT_TRUE(in_object.Feed("{\"a\":{\"x\":1"));
+  EXPECT_NE(in_array.key(), in_object.key());
 }
 
 TEST(JsonObjectPrefix, NestsAtMostMaxDepthDeep) {
