@@ -106,12 +106,8 @@ const JsonObjectLogits::Bits& JsonObjectLogits::Fits(const JsonObjectPrefix& ans
     ReadFits(answer, answered, vocab, scratch_);
     return scratch_;
   }
-  if (answered == 0) {  // every row is at the start
-    if (first_.size() != words) {
-      ReadFits(answer, answered, vocab, first_);
-    } else {
-      ++cached_masks_;
-    }
+  if (answered == 0) {  // every row is at the start (read once: not counted as kept)
+    if (first_.size() != words) ReadFits(answer, answered, vocab, first_);
     return first_;
   }
   const JsonObjectPrefix::Key key = answer.key();
@@ -153,8 +149,10 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
   at::Tensor masked = last.contiguous().clone();
   const int64_t vocab = masked.size(1);
   const auto words = static_cast<size_t>((vocab + 63) / 64);
-  if (vocab != vocab_) {
+  if (vocab != vocab_) {  // (the masks kept are of another vocabulary)
     vocab_ = vocab;
+    masks_.clear();
+    first_.clear();
     ends_.assign(words, 0);
     any_end_ = false;
     for (int64_t t : options_.end_tokens) {

@@ -78,7 +78,8 @@ class JsonObjectLogits : public serve::DecoderBackend {
   void End(int64_t row);
   // Whether row `row`'s answer, followed by `token` (not yet stepped with), is a whole object.
   bool WholeWith(int64_t row, int64_t token) const;
-  // Rows masked with the tokens kept for their state, without reading the vocabulary.
+  // Rows masked with the tokens kept for their state, without reading the vocabulary (after the
+  // first step, whose mask is read once for every row).
   int64_t cached_masks() const { return cached_masks_; }
   size_t kept_masks() const { return masks_.size(); }  // states whose masks are kept now
 

@@ -56,23 +56,33 @@ bool JsonObjectPrefix::Feed(char byte) {
 }
 
 JsonObjectPrefix::Key JsonObjectPrefix::key() const {
+  // Only what the state's mode reads: a field is set on entering the modes that read it, so the
+  // leftovers of a closed string, number or literal are not part of the state.
+  const bool string = mode_ == Mode::kString;
+  const bool number = mode_ == Mode::kNumber;
+  const bool literal = mode_ == Mode::kLiteral;
+  const bool hex = string && (str_ == Str::kHex || str_ == Str::kLowHex);
+  const bool utf8 = string && str_ == Str::kUtf8;
+  const bool counted = number && (num_ == Num::kInt || num_ == Num::kExpDigits);
+  // (Whitespace is counted outside strings, up to the object's end.)
+  const bool spaced = !string && !complete();
   const uint64_t open =
       depth_ >= 64 ? stack_ : stack_ & ((uint64_t{1} << static_cast<unsigned>(depth_)) - 1);
   Key k = {static_cast<uint8_t>(bad_),
            static_cast<uint8_t>(mode_),
-           static_cast<uint8_t>(str_),
-           static_cast<uint8_t>(num_),
-           static_cast<uint8_t>(key_),
-           literal_,
-           literal_at_,
-           hex_left_,
-           static_cast<uint8_t>(hex_ >> 8U),
-           static_cast<uint8_t>(hex_ & 0xFFU),
-           utf8_left_,
-           utf8_lo_,
-           utf8_hi_,
-           spaces_,
-           digits_,
+           string ? static_cast<uint8_t>(str_) : uint8_t{0},
+           number ? static_cast<uint8_t>(num_) : uint8_t{0},
+           string ? static_cast<uint8_t>(key_) : uint8_t{0},
+           literal ? literal_ : uint8_t{0},
+           literal ? literal_at_ : uint8_t{0},
+           hex ? hex_left_ : uint8_t{0},
+           hex ? static_cast<uint8_t>(hex_ >> 8U) : uint8_t{0},
+           hex ? static_cast<uint8_t>(hex_ & 0xFFU) : uint8_t{0},
+           utf8 ? utf8_left_ : uint8_t{0},
+           utf8 ? utf8_lo_ : uint8_t{0},
+           utf8 ? utf8_hi_ : uint8_t{0},
+           spaced ? spaces_ : uint8_t{0},
+           counted ? digits_ : uint8_t{0},
            static_cast<uint8_t>(depth_)};
   for (size_t b = 0; b < 8; ++b) k[16 + b] = static_cast<uint8_t>(open >> (8 * b));
   return k;

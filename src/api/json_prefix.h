@@ -50,9 +50,9 @@ class JsonObjectPrefix {
   // control characters or an incomplete UTF-8 character can follow (and leave it there).
   bool between_string_characters() const { return mode_ == Mode::kString && str_ == Str::kChars; }
 
-  // The whole state as bytes, the open containers' kinds past the depth left out: prefixes with
-  // equal keys take and refuse the same texts, and end in states with equal keys (masks are
-  // kept by it: api/json_mode.h).
+  // The state as bytes: what its mode reads (not the kinds of closed containers, nor what is
+  // left of a closed string, number or literal). Prefixes with equal keys take and refuse the
+  // same texts, and end in states with equal keys (masks are kept by it: api/json_mode.h).
   using Key = std::array<uint8_t, 24>;
   Key key() const;
   struct KeyHash {

@@ -567,10 +567,11 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     // response_format json_object masks the model's logits before those (as vLLM's structured
     // outputs do), the end tokens allowed only after a whole object: the model's, and the
     // stop_token_ids without text (special tokens); a stop token id with text is a token like
-    // any other to the mask (it still ends the answer).
+    // any other to the mask (it still ends the answer). (A prompt scored alone, max_tokens 0,
+    // has no answer to mask.)
     std::optional<JsonObjectLogits> json_mode;
     std::vector<int64_t> json_ends;
-    if (req->json_object) {
+    if (req->json_object && plan.max_new_tokens > 0) {
       const auto texts = TokenTexts();
       for (size_t k = 0; k < plan.end_tokens.size(); ++k) {
         const auto t = static_cast<size_t>(plan.end_tokens[k]);

@@ -326,7 +326,7 @@ TEST_F(JsonObjectLogitsTest, KeptMasksTakeAtMostTheirBudget) {
 // able to go on.
 TEST_F(JsonObjectLogitsTest, RefusesStepsItCannotFollow) {
   serve::LocalBackend local(model_);
-  JsonObjectLogits json(local, {.texts = ByteTexts(), .end_tokens = {kEnd}, .min_tokens = 0});
+  JsonObjectLogits json(local, {.texts = ByteTexts(), .end_tokens = {kEnd}, .min_tokens = 3});
   auto refused = [&](const at::Tensor& tokens, int64_t position, const at::Tensor& hypo_ids,
                      serve::StepLogits logits, const std::string& why) {
     auto r = json.Step(tokens, position, hypo_ids, logits);
@@ -348,6 +348,13 @@ TEST_F(JsonObjectLogitsTest, RefusesStepsItCannotFollow) {
   ASSERT_TRUE(next.ok()) << next.status().ToString();
   EXPECT_EQ(next->sizes(), (std::vector<int64_t>{1, 1, 256}));
   EXPECT_TRUE(json.WholeWith(0, '}'));  // the refused steps' tokens were not read
+  // Nor counted: the object is whole after 2 tokens, and min_tokens 3 holds the end back.
+  next = json.Step(Column({'}'}), 6, {}, serve::StepLogits::kLast);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_TRUE(at::isinf((*next)[0][0][kEnd]).item<bool>());
+  next = json.Step(Column({' '}), 7, {}, serve::StepLogits::kLast);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_TRUE(at::isfinite((*next)[0][0][kEnd]).item<bool>());
 }
 
 }  // namespace

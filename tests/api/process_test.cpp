@@ -1877,15 +1877,16 @@ TEST_F(ApiProcessTest, JsonObjectAnswersAreTheModelsChoicesThatKeepToAnObject) {
   // The legacy endpoint too (vLLM takes response_format there): each prompt's answer after it is
   // the object; an echoed prompt comes before it and is not part of it.
   const std::vector<std::string> texts = {"Hello there", "Once upon a"};
-  const HttpAnswer legacy = Curl("/completions", json({{"prompt", texts},
-                                                       {"max_tokens", kMaxTokens},
-                                                       {"temperature", 0},
-                                                       {"echo", true},
-                                                       {"logit_bias", closers},
-                                                       {"response_format", json_mode}})
-                                                     .dump());
+  json legacy_request = {{"prompt", texts},       {"max_tokens", kMaxTokens},
+                         {"temperature", 0},      {"echo", true},
+                         {"logit_bias", closers}, {"response_format", json_mode}};
+  const HttpAnswer legacy = Curl("/completions", legacy_request.dump());
   ASSERT_EQ(legacy.status, 200) << legacy.body;
   const json completions = json::parse(legacy.body)["choices"];
+  legacy_request.erase("response_format");
+  const HttpAnswer legacy_plain = Curl("/completions", legacy_request.dump());
+  ASSERT_EQ(legacy_plain.status, 200) << legacy_plain.body;
+  EXPECT_NE(json::parse(legacy_plain.body)["choices"], completions);  // (no JSON without it)
   ASSERT_EQ(completions.size(), texts.size());
   for (size_t k = 0; k < texts.size(); ++k) {
     std::vector<int64_t> ids;
