@@ -1,6 +1,6 @@
 // JSON mode's mask (response_format json_object, api/json_mode.h) with masks kept by each
-// answer's state against reading the whole vocabulary for every row at every step, in the same
-// run.
+// answer's state (api/json_masks.h, kept for every request as the service keeps them) against
+// reading the whole vocabulary for every row at every step, in the same run.
 //
 // A vocabulary of --vocab tokens (default 152,064, Qwen2's): tokens 1-255 are single bytes
 // (0 is the end token, without text), the rest texts of 1-3 random pieces of JSON and words, as
@@ -8,11 +8,15 @@
 // model's cost is not what is measured here). --rows answers, each a different JSON document of
 // --records records (an array of objects with a number, strings, a list and a literal; checked
 // with nlohmann::json), are fed a byte a step through two JsonObjectLogits, one keeping masks
-// (the default) and one not, and each step of each is timed. At every step the two masks must
-// be equal and must allow the byte each answer takes next; else the benchmark exits non-zero
-// before any RESULT line. RESULT json_mask_cached_ms and json_mask_uncached_ms are the means per
-// step (all rows; a state first met costs a vocabulary read, which a median could leave out),
-// json_mask_cached_vs_uncached their ratio.
+// (the default) and one not, and each step of each is timed; then a next request's answers
+// (other documents) through a JsonObjectLogits that starts with the masks the first one kept. At
+// every step the two masks must be equal, must allow the byte each answer takes next, and 4
+// tokens of those each row's mask allows must leave the answer an object's start to nlohmann
+// (fuzz/json_prefix_checks.h); else the benchmark exits non-zero before any RESULT line. RESULT
+// json_mask_cached_ms and json_mask_uncached_ms are the first request's means per step (all
+// rows; a state first met costs a vocabulary read, which a median could leave out),
+// json_mask_next_request_ms the next request's, the _vs_uncached figures ratios to the
+// vocabulary read in the same request.
 #include <ATen/ATen.h>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "../fuzz/json_prefix_checks.h"
+#include "api/json_masks.h"
 #include "api/json_mode.h"
 #include "serve/generation.h"
 #include "test_support.h"
@@ -94,76 +100,156 @@ struct Options {
   int records = 6;
 };
 
-int Run(const Options& o) {
-  const int64_t vocab = o.vocab;
-  const int rows = o.rows;
-  const int records = o.records;
-  at::set_num_threads(1);
-
+// A request: rows answers, each a document, fed a byte a step.
+std::vector<std::string> Documents(uint64_t first_seed, int rows, int records) {
   std::vector<std::string> docs;
+  for (int r = 0; r < rows; ++r)
+    docs.push_back(Document(first_seed + static_cast<uint64_t>(r), records));
+  return docs;
+}
+
+// Feeds `docs` (up to the shortest one's length) through `timed` and `read`, timing each step of
+// each into timed_ms and read_ms. Every step's two masks must be equal, must allow each answer's
+// next byte, and every token of a sample of those `timed` allows must keep the answer the start
+// of an object to nlohmann (fuzz/json_prefix_checks.h, written apart from JsonObjectPrefix);
+// false, with the error printed, when not.
+bool Feed(const std::vector<std::string>& docs, const api::TokenTextTable& table,
+          api::JsonObjectLogits& timed, api::JsonObjectLogits& read, std::mt19937_64& rng,
+          std::vector<double>& timed_ms, std::vector<double>& read_ms, int64_t& checked) {
+  const auto rows = static_cast<int64_t>(docs.size());
   size_t steps = SIZE_MAX;
-  for (int r = 0; r < rows; ++r) {
-    docs.push_back(Document(static_cast<uint64_t>(r) + 1, records));
-    if (!nlohmann::json::accept(docs.back())) {
-      std::fprintf(stderr, "error: document %d is not JSON: %s\n", r, docs.back().c_str());
-      return 1;
-    }
-    steps = std::min(steps, docs.back().size());
-  }
-  const auto table = Vocabulary(vocab);
-  std::printf("vocabulary %lld tokens, %d rows, %zu steps (bytes of the shortest document)\n",
-              static_cast<long long>(vocab), rows, steps);
-  ZeroLogits cached_model(vocab), read_model(vocab);
-  api::JsonObjectLogits cached(cached_model, {.texts = table, .end_tokens = {0}, .min_tokens = 0});
-  api::JsonObjectLogits read(
-      read_model, {.texts = table, .end_tokens = {0}, .min_tokens = 0, .cache_masks = false});
+  for (const auto& d : docs) steps = std::min(steps, d.size());
   at::Tensor tokens = at::ones({rows, 1}, at::kLong);  // the "prompt": one token
-  std::vector<double> cached_ms, read_ms;
   for (size_t step = 0; step < steps; ++step) {
-    const int64_t position = step == 0 ? 0 : static_cast<int64_t>(step);
+    const auto position = static_cast<int64_t>(step);
     auto t0 = SteadyClock::now();
-    auto a = cached.Step(tokens, position, {}, serve::StepLogits::kLast);
+    auto a = timed.Step(tokens, position, {}, serve::StepLogits::kLast);
     auto t1 = SteadyClock::now();
     auto b = read.Step(tokens, position, {}, serve::StepLogits::kLast);
     auto t2 = SteadyClock::now();
     if (!a.ok() || !b.ok()) {
       std::fprintf(stderr, "error: step %zu failed: %s\n", step,
                    (!a.ok() ? a.status() : b.status()).ToString().c_str());
-      return 1;
+      return false;
     }
-    cached_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    timed_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     read_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     if (!at::equal(*a, *b)) {
       std::fprintf(stderr, "error: step %zu: the kept masks differ from the vocabulary read\n",
                    step);
-      return 1;
+      return false;
     }
     std::vector<int64_t> next;
-    for (int r = 0; r < rows; ++r) {
-      const auto byte = static_cast<unsigned char>(docs[static_cast<size_t>(r)][step]);
-      if (!std::isfinite((*a)[r][0][byte].item<float>())) {
-        std::fprintf(stderr, "error: step %zu: row %d's next byte '%c' is masked\n", step, r,
-                     static_cast<char>(byte));
-        return 1;
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::string& doc = docs[static_cast<size_t>(r)];
+      const at::Tensor logits = (*a)[r][0].contiguous();
+      const float* l = logits.data_ptr<float>();
+      const auto byte = static_cast<unsigned char>(doc[step]);
+      if (!std::isfinite(l[byte])) {
+        std::fprintf(stderr, "error: step %zu: row %lld's next byte '%c' is masked\n", step,
+                     static_cast<long long>(r), static_cast<char>(byte));
+        return false;
       }
       next.push_back(byte);
+      // Four of the allowed tokens, against nlohmann.
+      std::vector<int64_t> allowed;
+      for (int64_t t = 0; t < logits.size(0); ++t) {
+        if (std::isfinite(l[t])) allowed.push_back(t);
+      }
+      const std::string answer = doc.substr(0, step);
+      for (int k = 0; k < 4; ++k) {
+        const int64_t t = allowed[rng() % allowed.size()];
+        const auto token = static_cast<size_t>(t);
+        bool fine = false;
+        if (t == 0) {  // the end token
+          fine = ReadWithNlohmann(answer).complete;
+        } else {
+          const std::string text =
+              answer + (step == 0 ? table.first.at(token) : table.within.at(token));
+          fine = text[0] == '{' && NlohmannStartsAnObject(text);
+        }
+        ++checked;
+        if (!fine) {
+          std::fprintf(stderr,
+                       "error: step %zu: row %lld's mask allows token %lld, after which nlohmann "
+                       "reads no object's start\n",
+                       step, static_cast<long long>(r), static_cast<long long>(t));
+          return false;
+        }
+      }
     }
     tokens = at::tensor(next, at::kLong).unsqueeze(1);
   }
-  // Means (a state first met costs a vocabulary read: the mean counts it, the median may not).
-  const auto mean = [](const std::vector<double>& v) {
-    double sum = 0;
-    for (double x : v) sum += x;
-    return v.empty() ? 0 : sum / static_cast<double>(v.size());
-  };
-  const double c = mean(cached_ms), u = mean(read_ms);
+  return true;
+}
+
+// Means (a state first met costs a vocabulary read: the mean counts it, the median may not).
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
+int Run(const Options& o) {
+  const int64_t vocab = o.vocab;
+  const int rows = o.rows;
+  at::set_num_threads(1);
+
+  // A request's documents, and the next request's (other records, the same kinds of states).
+  const std::vector<std::string> docs = Documents(1, rows, o.records);
+  const std::vector<std::string> next_docs =
+      Documents(1 + static_cast<uint64_t>(rows), rows, o.records);
+  size_t steps = SIZE_MAX;
+  for (const auto& d : docs) {
+    if (!nlohmann::json::accept(d)) {
+      std::fprintf(stderr, "error: a document is not JSON: %s\n", d.c_str());
+      return 1;
+    }
+    steps = std::min(steps, d.size());
+  }
+  const auto table = Vocabulary(vocab);
+  std::printf("vocabulary %lld tokens, %d rows, %zu steps (bytes of the shortest document)\n",
+              static_cast<long long>(vocab), rows, steps);
+  // The masks kept for every request, as the service keeps them (32 MiB).
+  auto masks = std::make_shared<api::JsonMasks>(table, size_t{32} << 20);
+  const api::JsonModeOptions kept{
+      .texts = table, .end_tokens = {0}, .min_tokens = 0, .masks = masks};
+  const api::JsonModeOptions reads{
+      .texts = table, .end_tokens = {0}, .min_tokens = 0, .cache_masks = false};
+  std::mt19937_64 rng(7);
+  int64_t checked = 0;
+  std::vector<double> cached_ms, read_ms, next_ms, next_read_ms;
+  int64_t first_kept = 0;
+  {
+    ZeroLogits cached_model(vocab), read_model(vocab);
+    api::JsonObjectLogits cached(cached_model, kept), read(read_model, reads);
+    if (!Feed(docs, *table, cached, read, rng, cached_ms, read_ms, checked)) return 1;
+    first_kept = cached.cached_masks();
+  }
+  const api::JsonMasks::Counts after_first = masks->counts();
+  {
+    ZeroLogits next_model(vocab), read_model(vocab);
+    api::JsonObjectLogits next(next_model, kept), read(read_model, reads);
+    if (!Feed(next_docs, *table, next, read, rng, next_ms, next_read_ms, checked)) return 1;
+  }
+  const api::JsonMasks::Counts after_next = masks->counts();
+  const double c = Mean(cached_ms), u = Mean(read_ms), n = Mean(next_ms), nu = Mean(next_read_ms);
   std::printf(
       "per step (%d rows), mean (median): kept masks %.3f (%.3f) ms, vocabulary read %.3f "
       "(%.3f) ms; %lld of %zu row masks after the first step from the %zu kept states\n",
-      rows, c, Median(cached_ms), u, Median(read_ms), static_cast<long long>(cached.cached_masks()),
-      (steps - 1) * rows, cached.kept_masks());
+      rows, c, Median(cached_ms), u, Median(read_ms), static_cast<long long>(first_kept),
+      (steps - 1) * static_cast<size_t>(rows), after_first.masks);
+  std::printf(
+      "the next request (other documents, the masks kept): %.3f (%.3f) ms a step against %.3f "
+      "(%.3f) ms reading the vocabulary; it read %lld masks and found %lld (%zu states now)\n",
+      n, Median(next_ms), nu, Median(next_read_ms),
+      static_cast<long long>(after_next.misses - after_first.misses),
+      static_cast<long long>(after_next.hits - after_first.hits), after_next.masks);
+  std::printf("%lld allowed tokens checked against nlohmann\n", static_cast<long long>(checked));
   std::printf("RESULT json_mask_cached_ms=%.3f\n", c);
   std::printf("RESULT json_mask_uncached_ms=%.3f\n", u);
+  std::printf("RESULT json_mask_next_request_ms=%.3f\n", n);
+  std::printf("RESULT json_mask_next_request_vs_uncached=%.3f\n", n / nu);
   std::printf("RESULT json_mask_cached_vs_uncached=%.3f\n", c / u);
   return 0;
 }

@@ -55,8 +55,13 @@ std::shared_ptr<const TokenTextTable> ReadTokenTexts(const model::Tokenizer& tok
 }
 
 JsonObjectLogits::JsonObjectLogits(serve::DecoderBackend& inner, JsonModeOptions options)
-    : inner_(inner), options_(std::move(options)), steps_("response_format json_object") {
+    : inner_(inner),
+      options_(std::move(options)),
+      steps_("response_format json_object"),
+      masks_(options_.masks) {
   if (!options_.texts) options_.texts = std::make_shared<const TokenTextTable>();
+  if (!masks_ || masks_->texts() != options_.texts)
+    masks_ = std::make_shared<JsonMasks>(options_.texts, options_.mask_cache_bytes);
 }
 
 const std::string* JsonObjectLogits::Text(int64_t t, int64_t answered) const {
@@ -99,25 +104,25 @@ void JsonObjectLogits::ReadFits(const JsonObjectPrefix& answer, int64_t answered
   }
 }
 
-const JsonObjectLogits::Bits& JsonObjectLogits::Fits(const JsonObjectPrefix& answer,
-                                                     int64_t answered, int64_t vocab) {
-  const auto words = static_cast<size_t>((vocab + 63) / 64);
+std::shared_ptr<const JsonObjectLogits::Bits> JsonObjectLogits::Fits(const JsonObjectPrefix& answer,
+                                                                     int64_t answered,
+                                                                     int64_t vocab) {
   if (!options_.cache_masks) {
-    ReadFits(answer, answered, vocab, scratch_);
+    ReadFits(answer, answered, vocab, *scratch_);
     return scratch_;
   }
-  if (answered == 0) {  // every row is at the start (read once: not counted as kept)
-    if (first_.size() != words) ReadFits(answer, answered, vocab, first_);
-    return first_;
+  // Every row is at the start at the first step: its mask is found (or read) once for all rows,
+  // and not counted as kept.
+  if (answered == 0 && first_) return first_;
+  const JsonMasks::Key key{.state = answer.key(), .vocab = vocab, .first = answered == 0};
+  std::shared_ptr<const Bits> bits = masks_->Find(key);
+  if (bits && answered > 0) ++cached_masks_;
+  if (!bits) {
+    Bits read;
+    ReadFits(answer, answered, vocab, read);
+    bits = masks_->Keep(key, std::move(read));
   }
-  const JsonObjectPrefix::Key key = answer.key();
-  if (auto it = masks_.find(key); it != masks_.end() && it->second.size() == words) {
-    ++cached_masks_;
-    return it->second;
-  }
-  if ((masks_.size() + 1) * words * sizeof(uint64_t) > options_.mask_cache_bytes) masks_.clear();
-  Bits& bits = masks_[key];
-  ReadFits(answer, answered, vocab, bits);
+  if (answered == 0) first_ = bits;
   return bits;
 }
 
@@ -149,10 +154,9 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
   at::Tensor masked = last.contiguous().clone();
   const int64_t vocab = masked.size(1);
   const auto words = static_cast<size_t>((vocab + 63) / 64);
-  if (vocab != vocab_) {  // (the masks kept are of another vocabulary)
+  if (vocab != vocab_) {  // (the masks are kept by vocabulary too)
     vocab_ = vocab;
-    masks_.clear();
-    first_.clear();
+    first_.reset();
     ends_.assign(words, 0);
     any_end_ = false;
     for (int64_t t : options_.end_tokens) {
@@ -193,8 +197,8 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
     if (may_end && answer.complete()) {  // the end tokens, and nothing else
       any = apply(row, [this](size_t w) { return ends_[w]; });
     } else {
-      const Bits& fits = Fits(answer, answered, vocab);
-      any = apply(row, [this, &fits](size_t w) { return fits[w] & ~ends_[w]; });
+      const std::shared_ptr<const Bits> fits = Fits(answer, answered, vocab);
+      any = apply(row, [this, &fits](size_t w) { return (*fits)[w] & ~ends_[w]; });
     }
     if (!any) {
       return FailedPrecondition(fmt::format(

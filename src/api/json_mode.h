@@ -17,10 +17,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "api/answer_steps.h"
+#include "api/json_masks.h"
 #include "api/json_prefix.h"
 #include "core/status.h"
 #include "serve/generation.h"
@@ -57,8 +57,11 @@ struct JsonModeOptions {
   // the rows and steps that reach it again; false reads the vocabulary for every row at every
   // step (the benchmark's reference).
   bool cache_masks = true;
-  // The memory the kept masks may take (a bit per token each; then they are dropped and kept
-  // anew): 4 MiB holds 220 states' masks of a 152,000-token vocabulary.
+  // The masks kept for every request of `texts` (api/json_masks.h; the service keeps one per
+  // model). Null, or kept for other texts: the request keeps its own, within mask_cache_bytes
+  // (a bit per token each; the least recently used dropped first): 4 MiB holds 220 states' masks
+  // of a 152,000-token vocabulary.
+  std::shared_ptr<JsonMasks> masks = nullptr;
   size_t mask_cache_bytes = size_t{4} << 20;
 };
 
@@ -79,17 +82,17 @@ class JsonObjectLogits : public serve::DecoderBackend {
   // Whether row `row`'s answer, followed by `token` (not yet stepped with), is a whole object.
   bool WholeWith(int64_t row, int64_t token) const;
   // Rows masked with the tokens kept for their state, without reading the vocabulary (after the
-  // first step, whose mask is read once for every row).
+  // first step, whose mask is read, or found kept, once for every row).
   int64_t cached_masks() const { return cached_masks_; }
-  size_t kept_masks() const { return masks_.size(); }  // states whose masks are kept now
+  const JsonMasks& masks() const { return *masks_; }  // those this request keeps its masks in
 
  private:
   // Token t's text after the row's answer so far (whose first token was the `answered`th).
   const std::string* Text(int64_t t, int64_t answered) const;
   // A bit per token of the vocabulary: whether its text continues `answer` (an end token's bit
   // is not read), kept by the answer's state.
-  using Bits = std::vector<uint64_t>;
-  const Bits& Fits(const JsonObjectPrefix& answer, int64_t answered, int64_t vocab);
+  using Bits = JsonMasks::Bits;
+  std::shared_ptr<const Bits> Fits(const JsonObjectPrefix& answer, int64_t answered, int64_t vocab);
   void ReadFits(const JsonObjectPrefix& answer, int64_t answered, int64_t vocab, Bits& out) const;
 
   serve::DecoderBackend& inner_;
@@ -100,9 +103,9 @@ class JsonObjectLogits : public serve::DecoderBackend {
   int64_t vocab_ = -1;  // of the logits
   Bits ends_;           // the end tokens' bits, for that vocabulary
   bool any_end_ = false;
-  std::unordered_map<JsonObjectPrefix::Key, Bits, JsonObjectPrefix::KeyHash> masks_;
-  Bits first_;    // the start's, read at the first step (for every row)
-  Bits scratch_;  // without cache_masks
+  std::shared_ptr<JsonMasks> masks_;
+  std::shared_ptr<const Bits> first_;  // the start's, at the first step (for every row)
+  std::shared_ptr<Bits> scratch_ = std::make_shared<Bits>();  // without cache_masks
   int64_t cached_masks_ = 0;
 };
 

@@ -458,7 +458,7 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
           "'allowed_token_ids' cannot be asked for with response_format json_object (each keeps "
           "tokens from being chosen: together they could leave none)");
     }
-    if (!TokenTexts()->begins_object) {  // (read once, at the first such request)
+    if (!JsonModeMasks()->texts()->begins_object) {  // (read once, at the first such request)
       return InvalidArgument(
           "'response_format': json_object needs a token that begins a JSON object ('{'), and "
           "this model's tokenizer has none");
@@ -472,9 +472,12 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
   return plan;
 }
 
-std::shared_ptr<const TokenTextTable> ApiService::TokenTexts() const {
-  std::call_once(token_texts_once_, [this] { token_texts_ = ReadTokenTexts(*client_.tokenizer); });
-  return token_texts_;
+std::shared_ptr<JsonMasks> ApiService::JsonModeMasks() const {
+  std::call_once(json_masks_once_, [this] {
+    json_masks_ =
+        std::make_shared<JsonMasks>(ReadTokenTexts(*client_.tokenizer), options_.json_mask_bytes);
+  });
+  return json_masks_;
 }
 
 http::Reply ApiService::Generate(const http::Request& request, bool chat) {
@@ -572,15 +575,18 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     std::optional<JsonObjectLogits> json_mode;
     std::vector<int64_t> json_ends;
     if (req->json_object && plan.max_new_tokens > 0) {
-      const auto texts = TokenTexts();
+      const auto masks = JsonModeMasks();
+      const auto& texts = masks->texts();
       for (size_t k = 0; k < plan.end_tokens.size(); ++k) {
         const auto t = static_cast<size_t>(plan.end_tokens[k]);
         if (k < plan.model_end_tokens || t >= texts->within.size() || texts->within[t].empty())
           json_ends.push_back(plan.end_tokens[k]);
       }
-      backend = &json_mode.emplace(
-          *backend,
-          JsonModeOptions{.texts = texts, .end_tokens = json_ends, .min_tokens = req->min_tokens});
+      backend = &json_mode.emplace(*backend, JsonModeOptions{.texts = texts,
+                                                             .end_tokens = json_ends,
+                                                             .min_tokens = req->min_tokens,
+                                                             .cache_masks = true,
+                                                             .masks = masks});
     }
     std::optional<AdjustedLogits> adjusted;
     if (!adjustments.none()) backend = &adjusted.emplace(*backend, adjustments);

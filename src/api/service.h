@@ -23,6 +23,7 @@
 
 #include "api/chat_template.h"
 #include "api/client_gate.h"
+#include "api/json_masks.h"
 #include "api/json_mode.h"
 #include "api/model_chat_template.h"
 #include "api/openai_request.h"
@@ -43,6 +44,10 @@ struct ApiOptions {
   RequestLimits limits = {};
   // API keys and per-client rates (null: anyone who reaches the port, as fast as it likes).
   std::shared_ptr<ClientGate> gate = nullptr;
+  // The memory response_format json_object's masks, kept for every request, may take
+  // (api/json_masks.h; colony api --json-mask-mib): 32 MiB holds 1,760 states' masks of a
+  // 152,000-token vocabulary.
+  size_t json_mask_bytes = size_t{32} << 20;
 };
 
 class ApiService {
@@ -70,16 +75,16 @@ class ApiService {
   Status Encode(const GenerationRequest& r, size_t prompt, Plan& plan) const;
   http::Reply Generate(const http::Request& request, bool chat);
   Result<Plan> MakePlan(const GenerationRequest& r, size_t prompt) const;
-  // Every token's text (api/json_mode.h), read once, when response_format json_object first
-  // needs it.
-  std::shared_ptr<const TokenTextTable> TokenTexts() const;
+  // Every token's text (api/json_mode.h) and the masks kept of them for every request
+  // (api/json_masks.h), made once, when response_format json_object first needs them.
+  std::shared_ptr<JsonMasks> JsonModeMasks() const;
 
   serve::SwarmClient& client_;
   ApiOptions options_;
   ModelChatTemplate::TurnEnd model_turn_end_;       // of options_.model_template
   ModelChatTemplate::TurnEnd model_tool_turn_end_;  // of the template it runs with tools
-  mutable std::once_flag token_texts_once_;
-  mutable std::shared_ptr<const TokenTextTable> token_texts_;  // TokenTexts()
+  mutable std::once_flag json_masks_once_;
+  mutable std::shared_ptr<JsonMasks> json_masks_;  // JsonModeMasks()
   // /health's last answer and when it was found: probes, which need no key, are answered from it
   // for a second, so that any number of them costs one route a second.
   // A probe finds the answer while none is being found (outside the lock); the others meanwhile

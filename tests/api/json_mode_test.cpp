@@ -310,7 +310,7 @@ TEST_F(JsonObjectLogitsTest, KeptMasksTakeAtMostTheirBudget) {
     auto out = json.Step(Column({c}), position++, {}, serve::StepLogits::kLast);
     ASSERT_TRUE(out.ok()) << out.status().ToString();
     text += c;
-    most = std::max(most, json.kept_masks());
+    most = std::max(most, json.masks().counts().masks);
     if (text.size() < 4) continue;
     // In the arrays '[' fits until the bound, and ']' does.
     const bool deepest = text.size() == 3 + JsonObjectPrefix::kMaxDepth;
@@ -318,8 +318,43 @@ TEST_F(JsonObjectLogitsTest, KeptMasksTakeAtMostTheirBudget) {
     EXPECT_EQ(at::isfinite((*out)[0][0][']']).item<bool>(), text.size() > 4) << text;
   }
   EXPECT_EQ(most, kMasks);
-  EXPECT_LE(json.kept_masks(), kMasks);
+  EXPECT_LE(json.masks().counts().masks, kMasks);
+  EXPECT_LE(json.masks().counts().bytes, json.masks().budget_bytes());
   EXPECT_EQ(json.cached_masks(), 0);  // every state was new
+}
+
+// Masks kept for every request of a token table: a second request reads none (its first step's
+// mask too was kept) and answers as the rule does; masks kept for other texts are not used.
+TEST_F(JsonObjectLogitsTest, MasksAreKeptForEveryRequestOfTheirTexts) {
+  const auto rows = Rows(24);
+  const auto table = FragmentTexts();
+  std::vector<std::vector<int64_t>> want;
+  for (const auto& o : rows) want.push_back(Reference(model_, prompt_, o, 0, {}, *table));
+  auto shared = std::make_shared<JsonMasks>(table, size_t{1} << 20);
+  for (int request = 0; request < 2; ++request) {
+    const JsonMasks::Counts before = shared->counts();
+    serve::LocalBackend local(model_);
+    JsonObjectLogits json(local,
+                          {.texts = table, .end_tokens = {kEnd}, .min_tokens = 0, .masks = shared});
+    auto got = serve::GenerateRows(json, prompt_, rows, kEnd);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, want) << "request " << request;
+    EXPECT_EQ(&json.masks(), shared.get());
+    const JsonMasks::Counts after = shared->counts();
+    if (request == 0) {
+      EXPECT_GT(after.masks, 0U);
+    } else {
+      EXPECT_EQ(after.misses, before.misses);  // every mask was kept by the first request
+      EXPECT_GT(after.hits, before.hits);
+    }
+  }
+  serve::LocalBackend local(model_);
+  JsonObjectLogits other(local, {.texts = ByteTexts(),
+                                 .end_tokens = {kEnd},
+                                 .min_tokens = 0,
+                                 .cache_masks = true,
+                                 .masks = shared});
+  EXPECT_NE(&other.masks(), shared.get());
 }
 
 // The steps it cannot follow (api/answer_steps.h) fail before they reach the model, and leave it
