@@ -191,10 +191,39 @@ http::Router ApiService::Routes() {
   // is asked for (it tells nothing a server's DHT records do not).
   router.Add("GET", "/health", [this](const http::Request&) { return Health(); });
   router.Add("POST", "/v1/completions",
-             guarded([this](const http::Request& r) { return Generate(r, /*chat=*/false); }));
+             guarded([this](const http::Request& r) { return Counted(r, /*chat=*/false); }));
   router.Add("POST", "/v1/chat/completions",
-             guarded([this](const http::Request& r) { return Generate(r, /*chat=*/true); }));
+             guarded([this](const http::Request& r) { return Counted(r, /*chat=*/true); }));
+  // What the API has served, in Prometheus' text format (behind the keys, as the endpoints
+  // whose traffic it counts).
+  router.Add("GET", "/metrics", guarded([this](const http::Request&) { return Metrics(); }));
   return router;
+}
+
+http::Reply ApiService::Counted(const http::Request& request, bool chat) {
+  auto record = metrics_.Start(chat ? "chat_completions" : "completions");
+  http::Reply reply = Generate(request, chat, record);
+  record->Status(reply.status);
+  if (!reply.stream) {
+    record->End(reply.status);
+    return reply;
+  }
+  reply.stream = [inner = std::move(reply.stream), record,
+                  status = reply.status](http::StreamWriter& out) {
+    inner(out);
+    record->End(status);
+  };
+  return reply;
+}
+
+http::Reply ApiService::Metrics() const {
+  ApiMetrics::Others others;
+  if (options_.gate) others.gate = options_.gate->stats();
+  if (json_masks_made_.load(std::memory_order_acquire)) others.masks = json_masks_->counts();
+  http::Reply r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = metrics_.Text(others);
+  return r;
 }
 
 http::Reply ApiService::NoSuchModel(std::string_view id) const {
@@ -476,11 +505,13 @@ std::shared_ptr<JsonMasks> ApiService::JsonModeMasks() const {
   std::call_once(json_masks_once_, [this] {
     json_masks_ =
         std::make_shared<JsonMasks>(ReadTokenTexts(*client_.tokenizer), options_.json_mask_bytes);
+    json_masks_made_.store(true, std::memory_order_release);
   });
   return json_masks_;
 }
 
-http::Reply ApiService::Generate(const http::Request& request, bool chat) {
+http::Reply ApiService::Generate(const http::Request& request, bool chat,
+                                 const std::shared_ptr<ApiMetrics::Request>& record) {
   const model::SamplingDefaults defaults = client_.generation.Over(kOpenAiSampling);
   auto parsed = chat ? ParseChatRequest(request.body, options_.limits, defaults)
                      : ParseCompletionRequest(request.body, options_.limits, defaults);
@@ -499,6 +530,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
     }
     plans->push_back(std::move(*planned));
   }
+  for (const Plan& plan : *plans) record->Prompt(static_cast<int64_t>(plan.prompt.size()));
   auto req = std::make_shared<GenerationRequest>(std::move(r));
   const std::string id = RandomId(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = UnixTime();
@@ -535,7 +567,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   // swarm per token for all of them); on_delta(i, text, logprobs) sees choice i's text as it is
   // released, with the log-probabilities of its tokens since the last call (when asked for).
   using OnDelta = std::function<void(int64_t, const std::string&, std::vector<TokenLogprob>)>;
-  auto run_choices = [this, req, decode, cancelled, stop_reason, text_stop_reason, kept_stops](
+  auto run_choices = [this, req, decode, cancelled, stop_reason, text_stop_reason, kept_stops,
+                      record](
                          const Plan& plan, uint64_t seed, const OnDelta& on_delta,
                          const std::function<bool()>& stop_early) -> Result<std::vector<Choice>> {
     at::NoGradGuard no_grad;
@@ -632,6 +665,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       auto tokens = serve::GenerateRows(
           *backend, plan.prompt, options, /*eos_id=*/-1,  // the plan's end tokens end rows
           [&](int64_t i, int64_t t) {
+            record->FirstToken();
             Row& row = rows[static_cast<size_t>(i)];
             ++row.choice.tokens;
             if (std::ranges::find(plan.end_tokens, t) != plan.end_tokens.end()) {
@@ -784,8 +818,10 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       for (size_t i = 0; i < choices.size(); ++i) {
         if (i < static_cast<size_t>(req->n)) {
           out["choices"].push_back(choice_json(plan, std::ssize(out["choices"]), choices[i]));
+          record->Choice(choices[i].finish_reason);
         }
         generated += choices[i].tokens;
+        record->Generated(choices[i].tokens);
       }
     }
     out["usage"] = usage(generated);
@@ -800,7 +836,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
   const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
   const std::string model_id = options_.model_id;
   reply.stream = [req, chat, id, created, chunk_object, model_id, run_choices, usage,
-                  logprob_format, plans, first_seed](http::StreamWriter& out) {
+                  logprob_format, plans, first_seed, record](http::StreamWriter& out) {
     auto event = [&](json choices, const json* extra = nullptr) {
       json j = {{"id", id},
                 {"object", chunk_object},
@@ -855,6 +891,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
       if (client_gone || out.cancelled()) return;
       if (!choices.ok()) {
         COLONY_LOG_WARN("api: a streamed request failed: {}", choices.status().ToString());
+        record->StreamFailed();
         out.Write("data: " + SwarmError(choices.status()).body + "\n\n");
         return;
       }
@@ -862,6 +899,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat) {
         const Choice& c = (*choices)[i];
         const auto index = static_cast<int64_t>(first + i);
         generated += c.tokens;
+        record->Generated(c.tokens);
+        record->Choice(c.finish_reason);
         const Answer whole{.content = c.text, .content_null = c.content_null, .calls = c.calls};
         if (const std::string rest = calls_held[i].Finish(whole); !rest.empty()) {
           if (!piece(index, rest, nullptr)) return;

@@ -1,9 +1,10 @@
 // The OpenAI-compatible generation API over a swarm (`colony api`, as chat.petals.dev over
 // Petals): GET /v1/models and /v1/models/{id}, POST /v1/completions and POST
 // /v1/chat/completions, answered whole or as server-sent events token by token, and vLLM's POST
-// /tokenize, /detokenize and GET /health. Each request (each prompt of a batch) opens its own
-// inference session(s) in the swarm, so concurrent requests do not share a KV cache, and a server
-// that dies mid-request is replaced by the session's failover without the client noticing.
+// /tokenize, /detokenize and GET /health, and GET /metrics (Prometheus, api/api_metrics.h). Each
+// request (each prompt of a batch) opens its own inference session(s) in the swarm, so
+// concurrent requests do not share a KV cache, and a server that dies mid-request is replaced by
+// the session's failover without the client noticing.
 //
 //   auto client = serve::ConnectToSwarm({.model_dir = dir, .initial_peers = {addr}});
 //   api::ApiService api(**client, {.model_id = "llama"});
@@ -14,6 +15,7 @@
 // (not streamable). docs/api.md lists every field and what it does.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "api/api_metrics.h"
 #include "api/chat_template.h"
 #include "api/client_gate.h"
 #include "api/json_masks.h"
@@ -73,7 +76,11 @@ class ApiService {
   // The prompt (`prompt`, of several) or chat that generation would run on, as token ids (with
   // the chat's stops, end tokens and tool format) into `plan`; InvalidArgument naming the field.
   Status Encode(const GenerationRequest& r, size_t prompt, Plan& plan) const;
-  http::Reply Generate(const http::Request& request, bool chat);
+  // A generation request, counted in metrics_ until its answer (a stream's last write) ends.
+  http::Reply Counted(const http::Request& request, bool chat);
+  http::Reply Generate(const http::Request& request, bool chat,
+                       const std::shared_ptr<ApiMetrics::Request>& record);
+  http::Reply Metrics() const;  // GET /metrics (Prometheus' text format)
   Result<Plan> MakePlan(const GenerationRequest& r, size_t prompt) const;
   // Every token's text (api/json_mode.h) and the masks kept of them for every request
   // (api/json_masks.h), made once, when response_format json_object first needs them.
@@ -84,7 +91,9 @@ class ApiService {
   ModelChatTemplate::TurnEnd model_turn_end_;       // of options_.model_template
   ModelChatTemplate::TurnEnd model_tool_turn_end_;  // of the template it runs with tools
   mutable std::once_flag json_masks_once_;
-  mutable std::shared_ptr<JsonMasks> json_masks_;  // JsonModeMasks()
+  mutable std::shared_ptr<JsonMasks> json_masks_;     // JsonModeMasks()
+  mutable std::atomic<bool> json_masks_made_{false};  // (for /metrics, without making them)
+  ApiMetrics metrics_;
   // /health's last answer and when it was found: probes, which need no key, are answered from it
   // for a second, so that any number of them costs one route a second.
   // A probe finds the answer while none is being found (outside the lock); the others meanwhile

@@ -6,47 +6,12 @@
 #include <cmath>
 #include <map>
 
+#include "http/prometheus.h"
+
 namespace colony::monitor {
 namespace {
 
-// Collects one family's samples, then writes it whole (the format wants a family's lines
-// together, after its HELP and TYPE).
-class Family {
- public:
-  Family(std::string name, std::string type, std::string help)
-      : name_(std::move(name)), type_(std::move(type)), help_(std::move(help)) {}
-
-  void Add(const std::vector<std::pair<std::string, std::string>>& labels, double value,
-           std::string_view suffix = {}) {
-    std::string line = name_ + std::string(suffix);
-    if (!labels.empty()) {
-      line += '{';
-      for (size_t i = 0; i < labels.size(); ++i) {
-        if (i > 0) line += ',';
-        line += labels[i].first + "=\"" + EscapeLabelValue(labels[i].second) + '"';
-      }
-      line += '}';
-    }
-    line += ' ';
-    if (std::isnan(value)) {
-      line += "NaN";
-    } else if (std::isinf(value)) {
-      line += value > 0 ? "+Inf" : "-Inf";
-    } else {
-      line += fmt::format("{}", value);
-    }
-    lines_.push_back(std::move(line));
-  }
-
-  void WriteTo(std::string& out) const {
-    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name_, help_, name_, type_);
-    for (const auto& l : lines_) out += l + '\n';
-  }
-
- private:
-  std::string name_, type_, help_;
-  std::vector<std::string> lines_;
-};
+using Family = http::PrometheusFamily;
 
 // The q-quantile of sorted values (nearest rank).
 double Quantile(const std::vector<double>& sorted, double q) {
@@ -55,23 +20,6 @@ double Quantile(const std::vector<double>& sorted, double q) {
 }
 
 }  // namespace
-
-std::string EscapeLabelValue(std::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 std::string PrometheusText(const SwarmState& state) {
   Family servers("colony_servers", "gauge", "Block servers of a model by state.");

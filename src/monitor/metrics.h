@@ -10,7 +10,5 @@
 namespace colony::monitor {
 
 std::string PrometheusText(const SwarmState& state);
-// A label value escaped as the format requires (backslash, double quote and newline).
-std::string EscapeLabelValue(std::string_view value);
 
 }  // namespace colony::monitor

@@ -155,7 +155,7 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
       "api",
       "serve generation through the swarm over HTTP, compatible with the OpenAI API "
       "(/v1/completions, /v1/chat/completions, /v1/models; vLLM's /tokenize, /detokenize and "
-      "/health; docs/api.md)");
+      "/health; Prometheus' /metrics; docs/api.md)");
   AddSwarmOptions(cmd, a->swarm);
   cmd->add_option("--http", a->http,
                   "host:port to listen on (default 127.0.0.1:8000: loopback only; port 0 picks a "

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -593,6 +594,97 @@ TEST_F(ApiProcessTest, OnlyHoldersOfAnApiKeyGenerateAndClientsKeepToTheirRate) {
   const HttpAnswer over = Curl("/models");
   EXPECT_EQ(over.status, 429) << over.body;
   EXPECT_NE(over.body.find("rate_limit_exceeded"), std::string::npos) << over.body;
+}
+
+// A sample's value in a Prometheus text (0 when absent: a counter with labels before its first
+// event); every sample line must read as `name[{labels}] value`.
+double Sample(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  double value = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line.starts_with("# HELP ") || line.starts_with("# TYPE ")) continue;
+    const size_t space = line.rfind(' ');
+    EXPECT_NE(space, std::string::npos) << line;
+    if (space == std::string::npos) continue;
+    char* end = nullptr;
+    const double v = std::strtod(line.c_str() + space + 1, &end);
+    EXPECT_EQ(*end, '\0') << "not a sample: " << line;
+    if (line.substr(0, space) == series) value = v;
+  }
+  return value;
+}
+
+// GET /metrics (behind the key, as the endpoints it counts) against what the test asked for:
+// requests by endpoint and status, prompt tokens as this process's tokenizer counts them,
+// generated tokens and choices of answers run to max_tokens, whole and streamed, the time to
+// the first token and the durations counted once a request, the requests refused without a key,
+// and JSON mode's masks kept for the next request (which reads none).
+TEST_F(ApiProcessTest, MetricsCountWhatTheApiServed) {
+  const std::string key = "colony-test-key-0123456789abcdef";
+  const fs::path keys = dir_ / "keys.txt";
+  std::ofstream(keys) << key << "\n";
+  ASSERT_NE(StartServer("A", "0:4"), nullptr);
+  ASSERT_TRUE(StartApi({"--api-keys", keys.string()}));
+  headers_ = {"Authorization: Bearer " + key};
+  WaitUntilRoutable();
+  auto scrape = [&] {
+    const HttpAnswer m = CurlRoot("/metrics");
+    EXPECT_EQ(m.status, 200) << m.body;
+    return m.body;
+  };
+  const std::string before = scrape();
+  auto grew = [&](const std::string& after, const std::string& series) {
+    return Sample(after, series) - Sample(before, series);
+  };
+  const HttpAnswer whole = Curl("/completions", json({{"prompt", "Once upon"},
+                                                      {"max_tokens", 5},
+                                                      {"n", 2},
+                                                      {"temperature", 0.8},
+                                                      {"ignore_eos", true}})
+                                                    .dump());
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const HttpAnswer streamed = Curl("/completions", json({{"prompt", "Hello"},
+                                                         {"max_tokens", 3},
+                                                         {"temperature", 0},
+                                                         {"ignore_eos", true},
+                                                         {"stream", true}})
+                                                       .dump());
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(Curl("/completions", R"({"prompt": "x", "max_tokens": -1})").status, 400);
+  headers_.clear();
+  EXPECT_EQ(Curl("/completions", R"({"prompt": "x"})").status, 401);
+  EXPECT_EQ(CurlRoot("/metrics").status, 401);
+  headers_ = {"Authorization: Bearer " + key};
+  const std::string after = scrape();
+  EXPECT_EQ(grew(after, R"(colony_api_requests_total{endpoint="completions",status="200"})"), 2);
+  EXPECT_EQ(grew(after, R"(colony_api_requests_total{endpoint="completions",status="400"})"), 1);
+  EXPECT_EQ(grew(after, "colony_api_prompt_tokens_total"),
+            static_cast<double>(IdsOf("Once upon").size() + IdsOf("Hello").size()));
+  EXPECT_EQ(grew(after, "colony_api_generation_tokens_total"), 2 * 5 + 3);
+  EXPECT_EQ(grew(after, R"(colony_api_choices_total{finish_reason="length"})"), 3);
+  EXPECT_EQ(grew(after, "colony_api_time_to_first_token_seconds_count"), 2);
+  EXPECT_EQ(grew(after, "colony_api_request_duration_seconds_count"), 3);
+  EXPECT_EQ(grew(after, R"(colony_api_refused_total{reason="unauthorized"})"), 2);
+  EXPECT_EQ(Sample(after, "colony_api_requests_running"), 0);
+  EXPECT_EQ(after.find("colony_api_json_mask"), std::string::npos);  // none made yet
+
+  // JSON mode: the second request finds every mask the first kept.
+  const std::string json_request = json({{"prompt", "Once upon"},
+                                         {"max_tokens", 8},
+                                         {"temperature", 0},
+                                         {"response_format", {{"type", "json_object"}}}})
+                                       .dump();
+  const HttpAnswer j1 = Curl("/completions", json_request);
+  ASSERT_EQ(j1.status, 200) << j1.body;
+  const std::string first = scrape();
+  ASSERT_EQ(Curl("/completions", json_request).status, 200);
+  const std::string second = scrape();
+  const std::string misses = R"(colony_api_json_mask_lookups_total{result="miss"})";
+  const std::string hits = R"(colony_api_json_mask_lookups_total{result="hit"})";
+  EXPECT_GT(Sample(first, misses), 0);
+  EXPECT_GT(Sample(first, "colony_api_json_masks"), 0);
+  EXPECT_EQ(Sample(second, misses), Sample(first, misses));
+  EXPECT_GT(Sample(second, hits), Sample(first, hits));
 }
 
 // The small endpoints, on a model whose tokenizer.json prepends a BOS:

@@ -11,6 +11,7 @@
 #include <regex>
 #include <sstream>
 
+#include "http/prometheus.h"
 #include "monitor/swarm_state.h"
 
 namespace colony::monitor {
@@ -119,7 +120,7 @@ TEST(Metrics, FiguresEqualThoseComputedApartAndLabelsAreEscaped) {
   EXPECT_EQ(Value(text, "colony_training_peers{run=\"run1\"}"), 3);
   EXPECT_EQ(Value(text, "colony_dht_peers_known"), 3);
   EXPECT_EQ(Value(text, "colony_dht_peers_reachable"), 1);
-  EXPECT_EQ(EscapeLabelValue("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+  EXPECT_EQ(http::EscapeLabelValue("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
 }
 
 TEST(StateJson, HoldsTheDocumentedFields) {
