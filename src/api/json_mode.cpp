@@ -109,6 +109,7 @@ std::shared_ptr<const JsonObjectLogits::Bits> JsonObjectLogits::Fits(const JsonO
                                                                      int64_t vocab) {
   if (!options_.cache_masks) {
     ReadFits(answer, answered, vocab, *scratch_);
+    ++read_masks_;
     return scratch_;
   }
   // Every row is at the start at the first step: its mask is found (or read) once for all rows,
@@ -120,6 +121,7 @@ std::shared_ptr<const JsonObjectLogits::Bits> JsonObjectLogits::Fits(const JsonO
   if (!bits) {
     Bits read;
     ReadFits(answer, answered, vocab, read);
+    ++read_masks_;
     bits = masks_->Keep(key, std::move(read));
   }
   if (answered == 0) first_ = bits;

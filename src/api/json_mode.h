@@ -84,6 +84,9 @@ class JsonObjectLogits : public serve::DecoderBackend {
   // Rows masked with the tokens kept for their state, without reading the vocabulary (after the
   // first step, whose mask is read, or found kept, once for every row).
   int64_t cached_masks() const { return cached_masks_; }
+  // Masks read from the vocabulary (a state met first, by this request or by every request that
+  // kept its masks in masks()).
+  int64_t read_masks() const { return read_masks_; }
   const JsonMasks& masks() const { return *masks_; }  // those this request keeps its masks in
 
  private:
@@ -107,6 +110,7 @@ class JsonObjectLogits : public serve::DecoderBackend {
   std::shared_ptr<const Bits> first_;  // the start's, at the first step (for every row)
   std::shared_ptr<Bits> scratch_ = std::make_shared<Bits>();  // without cache_masks
   int64_t cached_masks_ = 0;
+  int64_t read_masks_ = 0;
 };
 
 }  // namespace colony::api
