@@ -77,15 +77,15 @@ std::string ApiMetrics::Text(const Others& others) const {
   PrometheusFamily prompt("colony_api_prompt_tokens_total", "counter",
                           "Prompt tokens of the generation requests run (every prompt).");
   PrometheusFamily generated("colony_api_generation_tokens_total", "counter",
-                             "Tokens generated (every choice, candidate and beam).");
+                             "Tokens generated for the answers given, as usage counts them.");
   PrometheusFamily choices("colony_api_choices_total", "counter",
                            "Choices answered, by finish_reason.");
   PrometheusFamily stream_errors("colony_api_stream_errors_total", "counter",
                                  "Streamed answers that failed after their headers were sent.");
   PrometheusFamily first_token("colony_api_time_to_first_token_seconds", "histogram",
-                               "From a request's arrival to its first sampled token.");
+                               "From a request's handler start to its first sampled token.");
   PrometheusFamily duration("colony_api_request_duration_seconds", "histogram",
-                            "From a generation request's arrival to the end of its answer.");
+                            "From a request's handler start to the end of its answer.");
   {
     const std::scoped_lock lock(mu_);
     running.Add({}, static_cast<double>(running_));

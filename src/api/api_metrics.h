@@ -52,7 +52,7 @@ class ApiMetrics {
     ApiMetrics& metrics_;
     const std::string endpoint_;
     const double start_;
-    int status_ = 0;
+    int status_ = 500;  // until told: a handler that threw is answered 500
     bool first_token_ = false;
     bool ended_ = false;
   };

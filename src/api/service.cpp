@@ -201,17 +201,28 @@ http::Router ApiService::Routes() {
 }
 
 http::Reply ApiService::Counted(const http::Request& request, bool chat) {
+  // (An exception out of Generate ends the record with its first status, 500, as the server
+  // answers it.)
   auto record = metrics_.Start(chat ? "chat_completions" : "completions");
   http::Reply reply = Generate(request, chat, record);
-  record->Status(reply.status);
+  // A request cut short, its client gone or its --request-timeout passed: 499, as nginx counts
+  // a client that closed its request.
+  constexpr int kCut = 499;
+  record->Status(reply.status);  // (should the stream never run)
   if (!reply.stream) {
-    record->End(reply.status);
+    record->End(request.cancelled() ? kCut : reply.status);
     return reply;
   }
   reply.stream = [inner = std::move(reply.stream), record,
                   status = reply.status](http::StreamWriter& out) {
-    inner(out);
-    record->End(status);
+    try {
+      inner(out);
+    } catch (...) {
+      record->StreamFailed();
+      record->End(status);
+      throw;
+    }
+    record->End(out.cancelled() ? kCut : status);
   };
   return reply;
 }
@@ -818,13 +829,14 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat,
       for (size_t i = 0; i < choices.size(); ++i) {
         if (i < static_cast<size_t>(req->n)) {
           out["choices"].push_back(choice_json(plan, std::ssize(out["choices"]), choices[i]));
-          record->Choice(choices[i].finish_reason);
         }
         generated += choices[i].tokens;
-        record->Generated(choices[i].tokens);
       }
     }
     out["usage"] = usage(generated);
+    // (Counted once the whole answer is: a prompt that failed after others fails the request.)
+    record->Generated(generated);
+    for (const auto& c : out["choices"]) record->Choice(c["finish_reason"].get<std::string>());
     return http::Json(200, Dump(out));
   }
 
@@ -895,12 +907,14 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat,
         out.Write("data: " + SwarmError(choices.status()).body + "\n\n");
         return;
       }
+      for (const Choice& c : *choices) {  // (all generated, whether or not all are sent)
+        record->Generated(c.tokens);
+        record->Choice(c.finish_reason);
+      }
       for (size_t i = 0; i < choices->size(); ++i) {
         const Choice& c = (*choices)[i];
         const auto index = static_cast<int64_t>(first + i);
         generated += c.tokens;
-        record->Generated(c.tokens);
-        record->Choice(c.finish_reason);
         const Answer whole{.content = c.text, .content_null = c.content_null, .calls = c.calls};
         if (const std::string rest = calls_held[i].Finish(whole); !rest.empty()) {
           if (!piece(index, rest, nullptr)) return;

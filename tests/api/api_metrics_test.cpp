@@ -36,6 +36,7 @@ TEST(ApiMetrics, CountsWhatItsRequestsReport) {
     now += 700;
   }  // ends with its last status
   m.Start("completions")->End(400);
+  { auto thrown = m.Start("completions"); }  // a handler that threw: the server answers 500
 
   const std::string want =
       R"(# HELP colony_api_requests_running Generation requests being answered now.
@@ -46,10 +47,11 @@ colony_api_requests_running 0
 colony_api_requests_total{endpoint="chat_completions",status="503"} 1
 colony_api_requests_total{endpoint="completions",status="200"} 1
 colony_api_requests_total{endpoint="completions",status="400"} 1
+colony_api_requests_total{endpoint="completions",status="500"} 1
 # HELP colony_api_prompt_tokens_total Prompt tokens of the generation requests run (every prompt).
 # TYPE colony_api_prompt_tokens_total counter
 colony_api_prompt_tokens_total 8
-# HELP colony_api_generation_tokens_total Tokens generated (every choice, candidate and beam).
+# HELP colony_api_generation_tokens_total Tokens generated for the answers given, as usage counts them.
 # TYPE colony_api_generation_tokens_total counter
 colony_api_generation_tokens_total 7
 # HELP colony_api_choices_total Choices answered, by finish_reason.
@@ -59,7 +61,7 @@ colony_api_choices_total{finish_reason="stop"} 2
 # HELP colony_api_stream_errors_total Streamed answers that failed after their headers were sent.
 # TYPE colony_api_stream_errors_total counter
 colony_api_stream_errors_total 1
-# HELP colony_api_time_to_first_token_seconds From a request's arrival to its first sampled token.
+# HELP colony_api_time_to_first_token_seconds From a request's handler start to its first sampled token.
 # TYPE colony_api_time_to_first_token_seconds histogram
 colony_api_time_to_first_token_seconds_bucket{le="0.01"} 0
 colony_api_time_to_first_token_seconds_bucket{le="0.025"} 0
@@ -77,24 +79,24 @@ colony_api_time_to_first_token_seconds_bucket{le="120"} 1
 colony_api_time_to_first_token_seconds_bucket{le="+Inf"} 1
 colony_api_time_to_first_token_seconds_sum 0.05
 colony_api_time_to_first_token_seconds_count 1
-# HELP colony_api_request_duration_seconds From a generation request's arrival to the end of its answer.
+# HELP colony_api_request_duration_seconds From a request's handler start to the end of its answer.
 # TYPE colony_api_request_duration_seconds histogram
-colony_api_request_duration_seconds_bucket{le="0.1"} 1
-colony_api_request_duration_seconds_bucket{le="0.25"} 2
-colony_api_request_duration_seconds_bucket{le="0.5"} 2
-colony_api_request_duration_seconds_bucket{le="1"} 2
-colony_api_request_duration_seconds_bucket{le="2.5"} 2
-colony_api_request_duration_seconds_bucket{le="5"} 2
-colony_api_request_duration_seconds_bucket{le="10"} 2
-colony_api_request_duration_seconds_bucket{le="30"} 2
-colony_api_request_duration_seconds_bucket{le="60"} 2
-colony_api_request_duration_seconds_bucket{le="120"} 2
-colony_api_request_duration_seconds_bucket{le="300"} 2
-colony_api_request_duration_seconds_bucket{le="600"} 2
-colony_api_request_duration_seconds_bucket{le="1800"} 3
-colony_api_request_duration_seconds_bucket{le="+Inf"} 3
+colony_api_request_duration_seconds_bucket{le="0.1"} 2
+colony_api_request_duration_seconds_bucket{le="0.25"} 3
+colony_api_request_duration_seconds_bucket{le="0.5"} 3
+colony_api_request_duration_seconds_bucket{le="1"} 3
+colony_api_request_duration_seconds_bucket{le="2.5"} 3
+colony_api_request_duration_seconds_bucket{le="5"} 3
+colony_api_request_duration_seconds_bucket{le="10"} 3
+colony_api_request_duration_seconds_bucket{le="30"} 3
+colony_api_request_duration_seconds_bucket{le="60"} 3
+colony_api_request_duration_seconds_bucket{le="120"} 3
+colony_api_request_duration_seconds_bucket{le="300"} 3
+colony_api_request_duration_seconds_bucket{le="600"} 3
+colony_api_request_duration_seconds_bucket{le="1800"} 4
+colony_api_request_duration_seconds_bucket{le="+Inf"} 4
 colony_api_request_duration_seconds_sum 700.25
-colony_api_request_duration_seconds_count 3
+colony_api_request_duration_seconds_count 4
 )";
   EXPECT_EQ(m.Text({}), want);
 }

@@ -618,7 +618,7 @@ double Sample(const std::string& text, const std::string& series) {
 // requests by endpoint and status, prompt tokens as this process's tokenizer counts them,
 // generated tokens and choices of answers run to max_tokens, whole and streamed, the time to
 // the first token and the durations counted once a request, the requests refused without a key,
-// and JSON mode's masks kept for the next request (which reads none).
+// and JSON mode's masks kept for the next request (which finds every mask it looks for).
 TEST_F(ApiProcessTest, MetricsCountWhatTheApiServed) {
   const std::string key = "colony-test-key-0123456789abcdef";
   const fs::path keys = dir_ / "keys.txt";
@@ -650,6 +650,16 @@ TEST_F(ApiProcessTest, MetricsCountWhatTheApiServed) {
                                                          {"stream", true}})
                                                        .dump());
   ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  const HttpAnswer chat = Curl(
+      "/chat/completions",
+      json({{"messages", messages}, {"max_tokens", 2}, {"temperature", 0}, {"ignore_eos", true}})
+          .dump());
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  // (The chat's prompt as the template renders it: vLLM's /tokenize of the same messages.)
+  const HttpAnswer chat_prompt = CurlRoot("/tokenize", json({{"messages", messages}}).dump());
+  ASSERT_EQ(chat_prompt.status, 200) << chat_prompt.body;
+  const auto chat_tokens = json::parse(chat_prompt.body)["count"].get<double>();
   EXPECT_EQ(Curl("/completions", R"({"prompt": "x", "max_tokens": -1})").status, 400);
   headers_.clear();
   EXPECT_EQ(Curl("/completions", R"({"prompt": "x"})").status, 401);
@@ -658,14 +668,16 @@ TEST_F(ApiProcessTest, MetricsCountWhatTheApiServed) {
   const std::string after = scrape();
   EXPECT_EQ(grew(after, R"(colony_api_requests_total{endpoint="completions",status="200"})"), 2);
   EXPECT_EQ(grew(after, R"(colony_api_requests_total{endpoint="completions",status="400"})"), 1);
+  EXPECT_EQ(grew(after, R"(colony_api_requests_total{endpoint="chat_completions",status="200"})"),
+            1);
   EXPECT_EQ(grew(after, "colony_api_prompt_tokens_total"),
-            static_cast<double>(IdsOf("Once upon").size() + IdsOf("Hello").size()));
-  EXPECT_EQ(grew(after, "colony_api_generation_tokens_total"), 2 * 5 + 3);
-  EXPECT_EQ(grew(after, R"(colony_api_choices_total{finish_reason="length"})"), 3);
-  EXPECT_EQ(grew(after, "colony_api_time_to_first_token_seconds_count"), 2);
-  EXPECT_EQ(grew(after, "colony_api_request_duration_seconds_count"), 3);
+            static_cast<double>(IdsOf("Once upon").size() + IdsOf("Hello").size()) + chat_tokens);
+  EXPECT_EQ(grew(after, "colony_api_generation_tokens_total"), 2 * 5 + 3 + 2);
+  EXPECT_EQ(grew(after, R"(colony_api_choices_total{finish_reason="length"})"), 4);
+  EXPECT_EQ(grew(after, "colony_api_time_to_first_token_seconds_count"), 3);
+  EXPECT_EQ(grew(after, "colony_api_request_duration_seconds_count"), 4);
   EXPECT_EQ(grew(after, R"(colony_api_refused_total{reason="unauthorized"})"), 2);
-  EXPECT_EQ(Sample(after, "colony_api_requests_running"), 0);
+  EXPECT_NE(after.find("\ncolony_api_requests_running 0\n"), std::string::npos) << after;
   EXPECT_EQ(after.find("colony_api_json_mask"), std::string::npos);  // none made yet
 
   // JSON mode: the second request finds every mask the first kept.
