@@ -17,6 +17,7 @@
 #include "api/token_logprobs.h"
 #include "api/tool_calls.h"
 #include "core/log.h"
+#include "http/server_metrics.h"
 #include "serve/generation.h"
 #include "serve/remote_sequential.h"
 
@@ -227,6 +228,11 @@ http::Reply ApiService::Counted(const http::Request& request, bool chat) {
   return reply;
 }
 
+void ApiService::SetServerStats(std::function<http::ServerStats()> stats) {
+  const std::scoped_lock lock(server_stats_mu_);
+  server_stats_ = std::move(stats);
+}
+
 http::Reply ApiService::Metrics() const {
   ApiMetrics::Others others;
   if (options_.gate) others.gate = options_.gate->stats();
@@ -234,6 +240,8 @@ http::Reply ApiService::Metrics() const {
   http::Reply r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   r.body = metrics_.Text(others);
+  const std::scoped_lock lock(server_stats_mu_);
+  if (server_stats_) http::AddServerMetrics(server_stats_(), r.body);
   return r;
 }
 

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,7 +48,7 @@ struct ApiOptions {
   RequestLimits limits = {};
   // API keys and per-client rates (null: anyone who reaches the port, as fast as it likes).
   std::shared_ptr<ClientGate> gate = nullptr;
-  // The memory response_format json_object's masks, kept for every request, may take
+  // The memory the bits of response_format json_object's masks, kept for every request, may take
   // (api/json_masks.h; colony api --json-mask-mib): 32 MiB holds 1,760 states' masks of a
   // 152,000-token vocabulary.
   size_t json_mask_bytes = size_t{32} << 20;
@@ -62,6 +63,9 @@ class ApiService {
   ApiService& operator=(const ApiService&) = delete;
 
   http::Router Routes();
+  // The HTTP server's counters, which GET /metrics then shows too (http/server_metrics.h); the
+  // function must stay callable while the service serves.
+  void SetServerStats(std::function<http::ServerStats()> stats);
 
   struct Choice;
   struct Plan;
@@ -94,6 +98,8 @@ class ApiService {
   mutable std::shared_ptr<JsonMasks> json_masks_;     // JsonModeMasks()
   mutable std::atomic<bool> json_masks_made_{false};  // (for /metrics, without making them)
   ApiMetrics metrics_;
+  mutable std::mutex server_stats_mu_;
+  std::function<http::ServerStats()> server_stats_;  // SetServerStats()
   // /health's last answer and when it was found: probes, which need no key, are answered from it
   // for a second, so that any number of them costs one route a second.
   // A probe finds the answer while none is being found (outside the lock); the others meanwhile

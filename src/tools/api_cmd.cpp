@@ -123,6 +123,7 @@ int RunApi(const ApiArgs& a) {
   a.serving.ApplyTo(http_options);
   auto server = http::Server::Start(http_options, service.Routes());
   if (!server.ok()) return Fail(server.status().WithContext(a.serving.OptionNames()));
+  service.SetServerStats([s = server->get()] { return s->stats(); });
   const std::string url = (*server)->BaseUrl() + "/v1";
   std::printf("%s\n", url.c_str());
   std::fflush(stdout);

@@ -618,7 +618,8 @@ double Sample(const std::string& text, const std::string& series) {
 // requests by endpoint and status, prompt tokens as this process's tokenizer counts them,
 // generated tokens and choices of answers run to max_tokens, whole and streamed, the time to
 // the first token and the durations counted once a request, the requests refused without a key,
-// and JSON mode's masks kept for the next request (which finds every mask it looks for).
+// the HTTP server's counts, and JSON mode's masks kept for the next request (which finds every
+// mask it looks for).
 TEST_F(ApiProcessTest, MetricsCountWhatTheApiServed) {
   const std::string key = "colony-test-key-0123456789abcdef";
   const fs::path keys = dir_ / "keys.txt";
@@ -661,6 +662,10 @@ TEST_F(ApiProcessTest, MetricsCountWhatTheApiServed) {
   ASSERT_EQ(chat_prompt.status, 200) << chat_prompt.body;
   const auto chat_tokens = json::parse(chat_prompt.body)["count"].get<double>();
   EXPECT_EQ(Curl("/completions", R"({"prompt": "x", "max_tokens": -1})").status, 400);
+  // Over --max-body-bytes (1 MiB): refused by the HTTP server before any handler.
+  const HttpAnswer big =
+      Curl("/completions", R"({"prompt": ")" + std::string(2 << 20, 'a') + "\"}");
+  EXPECT_EQ(big.status, 413) << big.body.substr(0, 200);
   headers_.clear();
   EXPECT_EQ(Curl("/completions", R"({"prompt": "x"})").status, 401);
   EXPECT_EQ(CurlRoot("/metrics").status, 401);
@@ -677,6 +682,10 @@ TEST_F(ApiProcessTest, MetricsCountWhatTheApiServed) {
   EXPECT_EQ(grew(after, "colony_api_time_to_first_token_seconds_count"), 3);
   EXPECT_EQ(grew(after, "colony_api_request_duration_seconds_count"), 4);
   EXPECT_EQ(grew(after, R"(colony_api_refused_total{reason="unauthorized"})"), 2);
+  // The HTTP server's own counts: every request routed since the first scrape was (the three
+  // answered, /tokenize, the 400, the two refused, this scrape), and the body too large.
+  EXPECT_EQ(grew(after, "colony_http_requests_total"), 8);
+  EXPECT_EQ(grew(after, "colony_http_bad_requests_total"), 1);
   EXPECT_NE(after.find("\ncolony_api_requests_running 0\n"), std::string::npos) << after;
   EXPECT_EQ(after.find("colony_api_json_mask"), std::string::npos);  // none made yet
 
