@@ -45,6 +45,10 @@ class ApiMetrics {
     void Generated(int64_t tokens);
     void Choice(std::string_view finish_reason);  // an answered choice
     void StreamFailed();                          // an error after a stream's headers
+    // The whole answer was handed to the client (a stream's last event written): a hang-up
+    // after it is no cut request.
+    void Delivered() { delivered_ = true; }
+    bool delivered() const { return delivered_; }
     void Status(int status) { status_ = status; }
     void End(int status);  // counts the request with `status` (once)
 
@@ -54,6 +58,7 @@ class ApiMetrics {
     const double start_;
     int status_ = 500;  // until told: a handler that threw is answered 500
     bool first_token_ = false;
+    bool delivered_ = false;
     bool ended_ = false;
   };
   std::shared_ptr<Request> Start(std::string endpoint);

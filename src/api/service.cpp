@@ -206,8 +206,9 @@ http::Reply ApiService::Counted(const http::Request& request, bool chat) {
   // answers it.)
   auto record = metrics_.Start(chat ? "chat_completions" : "completions");
   http::Reply reply = Generate(request, chat, record);
-  // A request cut short, its client gone or its --request-timeout passed: 499, as nginx counts
-  // a client that closed its request.
+  // A request whose handler was told to stop before its answer was whole (its client gone, its
+  // --request-timeout passed, the server stopping): 499, as nginx counts a client that closed
+  // its request.
   constexpr int kCut = 499;
   record->Status(reply.status);  // (should the stream never run)
   if (!reply.stream) {
@@ -223,7 +224,7 @@ http::Reply ApiService::Counted(const http::Request& request, bool chat) {
       record->End(status);
       throw;
     }
-    record->End(out.cancelled() ? kCut : status);
+    record->End(out.cancelled() && !record->delivered() ? kCut : status);
   };
   return reply;
 }
@@ -941,7 +942,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat,
       const json extra = {{"usage", usage(generated)}};
       if (!event(json::array(), &extra)) return;
     }
-    out.Write("data: [DONE]\n\n");
+    if (out.Write("data: [DONE]\n\n")) record->Delivered();
   };
   return reply;
 }

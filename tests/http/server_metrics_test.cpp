@@ -1,5 +1,5 @@
 // An HTTP server's counters in Prometheus' text format, for counts set by hand, against the
-// exposition written out (the busy and refused counts split by reason).
+// exposition written out (the busy refusals split by reason).
 #include "http/server_metrics.h"
 
 #include <gtest/gtest.h>
@@ -22,7 +22,7 @@ TEST(ServerMetrics, EveryCounterByReason) {
   std::string out = "before\n";
   AddServerMetrics(s, out);
   EXPECT_EQ(out, R"(before
-# HELP colony_http_requests_total HTTP requests parsed and routed.
+# HELP colony_http_requests_total HTTP requests parsed (any path; those then refused as busy too).
 # TYPE colony_http_requests_total counter
 colony_http_requests_total 120
 # HELP colony_http_bad_requests_total HTTP requests refused as malformed or over a size bound (400, 413, 431).
@@ -32,17 +32,19 @@ colony_http_bad_requests_total 3
 # TYPE colony_http_busy_total counter
 colony_http_busy_total{reason="max_concurrent"} 5
 colony_http_busy_total{reason="address_share"} 2
-# HELP colony_http_refused_connections_total Connections closed at accept, by reason.
+# HELP colony_http_refused_connections_total Connections closed at accept (connection caps, TLS handshake rate).
 # TYPE colony_http_refused_connections_total counter
-colony_http_refused_connections_total{reason="connection_limits"} 5
-colony_http_refused_connections_total{reason="tls_handshake_rate"} 4
-# HELP colony_http_cancelled_streams_total Streamed answers cut: the client went away or a deadline passed.
+colony_http_refused_connections_total 9
+# HELP colony_http_refused_tls_handshake_rate_total Of those, for their address's TLS handshake rate.
+# TYPE colony_http_refused_tls_handshake_rate_total counter
+colony_http_refused_tls_handshake_rate_total 4
+# HELP colony_http_cancelled_streams_total Streamed answers cut: the client left, a deadline passed, a write failed or the server stopped.
 # TYPE colony_http_cancelled_streams_total counter
 colony_http_cancelled_streams_total 5
 # HELP colony_http_abandoned_requests_total Requests whose client hung up while their handler ran.
 # TYPE colony_http_abandoned_requests_total counter
 colony_http_abandoned_requests_total 6
-# HELP colony_http_tls_handshake_failures_total TLS connections closed before a request.
+# HELP colony_http_tls_handshake_failures_total TLS handshakes that failed or timed out (plain HTTP included).
 # TYPE colony_http_tls_handshake_failures_total counter
 colony_http_tls_handshake_failures_total 1
 # HELP colony_http_tls_reloads_total Renewed certificates taken up.
