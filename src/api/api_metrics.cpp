@@ -119,15 +119,15 @@ std::string ApiMetrics::Text(const Others& others) const {
                              "JSON mode's looks for a kept mask of an answer's state, by result.");
     lookups.Add({{"result", "hit"}}, static_cast<double>(m.hits));
     lookups.Add({{"result", "miss"}}, static_cast<double>(m.misses));
-    PrometheusFamily dropped("colony_api_json_masks_dropped_total", "counter",
-                             "Kept JSON mode masks dropped to stay within --json-mask-mib.");
-    dropped.Add({}, static_cast<double>(m.dropped));
-    PrometheusFamily kept("colony_api_json_masks", "gauge", "JSON mode masks kept now.");
-    kept.Add({}, static_cast<double>(m.masks));
-    PrometheusFamily bytes("colony_api_json_mask_bytes", "gauge",
-                           "Bytes the kept JSON mode masks take.");
-    bytes.Add({}, static_cast<double>(m.bytes));
-    for (const PrometheusFamily* f : {&lookups, &dropped, &kept, &bytes}) f->WriteTo(out);
+    lookups.WriteTo(out);
+    http::WritePrometheusSample(out, "colony_api_json_masks_dropped_total", "counter",
+                                "Kept JSON mode masks dropped to stay within --json-mask-mib.",
+                                static_cast<double>(m.dropped));
+    http::WritePrometheusSample(out, "colony_api_json_masks", "gauge", "JSON mode masks kept now.",
+                                static_cast<double>(m.masks));
+    http::WritePrometheusSample(out, "colony_api_json_mask_bytes", "gauge",
+                                "Bytes the kept JSON mode masks take.",
+                                static_cast<double>(m.bytes));
   }
   return out;
 }

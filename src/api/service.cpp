@@ -17,7 +17,6 @@
 #include "api/token_logprobs.h"
 #include "api/tool_calls.h"
 #include "core/log.h"
-#include "http/server_metrics.h"
 #include "serve/generation.h"
 #include "serve/remote_sequential.h"
 
@@ -230,8 +229,7 @@ http::Reply ApiService::Counted(const http::Request& request, bool chat) {
 }
 
 void ApiService::SetServerStats(std::function<http::ServerStats()> stats) {
-  const std::scoped_lock lock(server_stats_mu_);
-  server_stats_ = std::move(stats);
+  server_stats_.Attach(std::move(stats));
 }
 
 http::Reply ApiService::Metrics() const {
@@ -241,8 +239,7 @@ http::Reply ApiService::Metrics() const {
   http::Reply r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   r.body = metrics_.Text(others);
-  const std::scoped_lock lock(server_stats_mu_);
-  if (server_stats_) http::AddServerMetrics(server_stats_(), r.body);
+  server_stats_.AddTo(r.body);
   return r;
 }
 

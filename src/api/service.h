@@ -32,6 +32,7 @@
 #include "api/model_chat_template.h"
 #include "api/openai_request.h"
 #include "http/server.h"
+#include "http/server_metrics.h"
 #include "serve/swarm_client.h"
 
 namespace colony::api {
@@ -98,8 +99,7 @@ class ApiService {
   mutable std::shared_ptr<JsonMasks> json_masks_;     // JsonModeMasks()
   mutable std::atomic<bool> json_masks_made_{false};  // (for /metrics, without making them)
   ApiMetrics metrics_;
-  mutable std::mutex server_stats_mu_;
-  std::function<http::ServerStats()> server_stats_;  // SetServerStats()
+  http::ServerStatsSource server_stats_;  // SetServerStats()
   // /health's last answer and when it was found: probes, which need no key, are answered from it
   // for a second, so that any number of them costs one route a second.
   // A probe finds the answer while none is being found (outside the lock); the others meanwhile

@@ -57,6 +57,13 @@ void PrometheusFamily::WriteTo(std::string& out) const {
   for (const auto& l : lines_) out += l + '\n';
 }
 
+void WritePrometheusSample(std::string& out, std::string name, std::string type, std::string help,
+                           double value) {
+  PrometheusFamily family(std::move(name), std::move(type), std::move(help));
+  family.Add({}, value);
+  family.WriteTo(out);
+}
+
 PrometheusHistogram::PrometheusHistogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 

@@ -34,6 +34,10 @@ class PrometheusFamily {
   std::vector<std::string> lines_;
 };
 
+// A family of one sample without labels, written whole to `out`.
+void WritePrometheusSample(std::string& out, std::string name, std::string type, std::string help,
+                           double value);
+
 // Observations counted into buckets by their upper bounds (each bucket holds the values at most
 // its bound and above the one before; the last, +Inf, the rest).
 class PrometheusHistogram {

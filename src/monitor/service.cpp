@@ -25,7 +25,8 @@ http::Reply Fresh(http::Reply r) {
 
 }  // namespace
 
-http::Router MonitorRoutes(const Collector& collector) {
+http::Router MonitorRoutes(const Collector& collector,
+                           const http::ServerStatsSource* server_stats) {
   http::Router router;
   for (const WebAsset& asset : WebAssets()) {
     router.Add("GET", std::string(asset.path), [&asset](const http::Request&) {
@@ -43,9 +44,10 @@ http::Router MonitorRoutes(const Collector& collector) {
   router.Add("GET", "/api/v1/state", [&collector](const http::Request&) {
     return Fresh(http::Json(200, StateJson(collector.Snapshot())));
   });
-  router.Add("GET", "/metrics", [&collector](const http::Request&) {
-    return Fresh(
-        Text("text/plain; version=0.0.4; charset=utf-8", PrometheusText(collector.Snapshot())));
+  router.Add("GET", "/metrics", [&collector, server_stats](const http::Request&) {
+    std::string text = PrometheusText(collector.Snapshot());
+    if (server_stats != nullptr) server_stats->AddTo(text);
+    return Fresh(Text("text/plain; version=0.0.4; charset=utf-8", std::move(text)));
   });
   router.AddPrefix("GET", std::string(kReachablePrefix), [&collector](const http::Request& req) {
     const std::string_view id = std::string_view(req.path).substr(kReachablePrefix.size());

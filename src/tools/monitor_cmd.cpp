@@ -55,8 +55,11 @@ int RunMonitor(const MonitorArgs& a) {
                                    .max_connections = a.max_connections,
                                    .request_timeout = std::chrono::seconds(30)};
   a.serving.ApplyTo(http_options);
-  auto server = http::Server::Start(http_options, monitor::MonitorRoutes(**collector));
+  http::ServerStatsSource server_stats;  // (declared before the server, which uses it)
+  auto server =
+      http::Server::Start(http_options, monitor::MonitorRoutes(**collector, &server_stats));
   if (!server.ok()) return Fail(server.status().WithContext(a.serving.OptionNames()));
+  server_stats.Attach([s = server->get()] { return s->stats(); });
   const std::string url = (*server)->BaseUrl() + "/";
   std::printf("%s\n", url.c_str());
   std::fflush(stdout);

@@ -310,8 +310,10 @@ TEST_F(MonitoredSwarm, ATrainingRunShowsItsEpochThroughputLossAndGroups) {
   EXPECT_EQ(r.history.back().epoch, 6);
 
   // The HTTP routes, asked by curl.
-  auto server = http::Server::Start({}, MonitorRoutes(*collector_));
+  http::ServerStatsSource server_stats;
+  auto server = http::Server::Start({}, MonitorRoutes(*collector_, &server_stats));
   ASSERT_TRUE(server.ok()) << server.status().ToString();
+  server_stats.Attach([s = server->get()] { return s->stats(); });
   const std::string base = "http://127.0.0.1:" + std::to_string((*server)->port());
   auto curl = [&](const std::string& path) {
     const std::string cmd =
@@ -338,6 +340,9 @@ TEST_F(MonitoredSwarm, ATrainingRunShowsItsEpochThroughputLossAndGroups) {
   const std::string metrics = curl("/metrics");
   EXPECT_NE(metrics.find("colony_training_epoch{run=\"run1\"} 6\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("\n200 text/plain; version=0.0.4"), std::string::npos);
+  // The HTTP server's own counts: the four requests above and this one, none of them bad.
+  EXPECT_NE(metrics.find("\ncolony_http_requests_total 5\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\ncolony_http_bad_requests_total 0\n"), std::string::npos) << metrics;
   const std::string bad = curl("/api/v1/is_reachable/not-a-peer");
   EXPECT_NE(bad.find("\n400 "), std::string::npos) << bad;
   const std::string reach =
