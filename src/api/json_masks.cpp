@@ -7,7 +7,7 @@
 namespace colony::api {
 
 size_t JsonMasks::KeyHash::operator()(const Key& k) const {
-  size_t h = JsonObjectPrefix::KeyHash{}(k.state);
+  size_t h = std::hash<std::string>{}(k.state);
   h ^= std::hash<int64_t>{}(k.vocab * 2 + (k.first ? 1 : 0)) + 0x9e3779b97f4a7c15ULL + (h << 6) +
        (h >> 2);
   return h;

@@ -1,9 +1,10 @@
 // JSON mode's masks (api/json_mode.h) kept for every request of one token table: which tokens can
-// continue an answer depends only on the answer's state (JsonObjectPrefix::key), whether the
-// token is the answer's first (read as written alone) and the logits' vocabulary, so requests
-// that meet a state another request met (every request meets the start) take its mask instead of
-// reading the vocabulary again. The least recently used masks are dropped to stay within a budget
-// of bytes. Thread-safe; a mask handed out stays valid while its holder keeps it, dropped or not.
+// continue an answer depends only on the answer's state (JsonSchemaPrefix::key: of no schema in
+// the masks the service keeps for every request), whether the token is the answer's first (read
+// as written alone) and the logits' vocabulary, so requests that meet a state another request met
+// (every request meets the start) take its mask instead of reading the vocabulary again. The
+// least recently used masks are dropped to stay within a budget of bytes. Thread-safe; a mask
+// handed out stays valid while its holder keeps it, dropped or not.
 //
 //   auto masks = std::make_shared<JsonMasks>(texts, 32 << 20);   // one per model
 //   JsonObjectLogits json(backend, {.texts = texts, .end_tokens = {eos}, .masks = masks});
@@ -14,10 +15,9 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
-
-#include "api/json_prefix.h"
 
 namespace colony::api {
 
@@ -27,7 +27,7 @@ class JsonMasks {
  public:
   using Bits = std::vector<uint64_t>;  // a bit per token: whether its text fits
   struct Key {
-    JsonObjectPrefix::Key state{};
+    std::string state;   // JsonSchemaPrefix::key()
     int64_t vocab = 0;   // of the logits
     bool first = false;  // the answer's first token (its text as written alone)
     bool operator==(const Key&) const = default;

@@ -1,4 +1,4 @@
-// The JSON-object mask of response_format json_object on each step's logits.
+// The JSON-object mask of response_format json_object and json_schema on each step's logits.
 #include "api/json_mode.h"
 
 #include <ATen/ATen.h>
@@ -57,8 +57,8 @@ std::shared_ptr<const TokenTextTable> ReadTokenTexts(const model::Tokenizer& tok
 JsonObjectLogits::JsonObjectLogits(serve::DecoderBackend& inner, JsonModeOptions options)
     : inner_(inner),
       options_(std::move(options)),
-      steps_("response_format json_object"),
-      masks_(options_.masks) {
+      steps_(options_.schema ? "response_format json_schema" : "response_format json_object"),
+      masks_(options_.schema ? nullptr : options_.masks) {
   if (!options_.texts) options_.texts = std::make_shared<const TokenTextTable>();
   if (!masks_ || masks_->texts() != options_.texts)
     masks_ = std::make_shared<JsonMasks>(options_.texts, options_.mask_cache_bytes);
@@ -81,11 +81,11 @@ bool JsonObjectLogits::WholeWith(int64_t row, int64_t token) const {
       text == nullptr) {
     return false;
   }
-  JsonObjectPrefix next = rows_[static_cast<size_t>(row)];
+  JsonSchemaPrefix next = rows_[static_cast<size_t>(row)];
   return next.Feed(*text) && next.complete();
 }
 
-void JsonObjectLogits::ReadFits(const JsonObjectPrefix& answer, int64_t answered, int64_t vocab,
+void JsonObjectLogits::ReadFits(const JsonSchemaPrefix& answer, int64_t answered, int64_t vocab,
                                 Bits& out) const {
   const TokenTextTable& table = *options_.texts;
   out.assign(static_cast<size_t>((vocab + 63) / 64), 0);
@@ -97,14 +97,19 @@ void JsonObjectLogits::ReadFits(const JsonObjectPrefix& answer, int64_t answered
     if (in_string && token < table.plain.size() && table.plain[token]) {
       fits = true;
     } else if (const std::string* text = Text(v, answered); text != nullptr && !text->empty()) {
-      JsonObjectPrefix next = answer;
-      fits = next.Feed(*text);
+      if (options_.schema) {
+        JsonSchemaPrefix next = answer;
+        fits = next.Feed(*text);
+      } else {  // (the syntax alone, a smaller copy)
+        JsonObjectPrefix next = answer.syntax();
+        fits = next.Feed(*text);
+      }
     }
     if (fits) out[token / 64] |= uint64_t{1} << (token % 64);
   }
 }
 
-std::shared_ptr<const JsonObjectLogits::Bits> JsonObjectLogits::Fits(const JsonObjectPrefix& answer,
+std::shared_ptr<const JsonObjectLogits::Bits> JsonObjectLogits::Fits(const JsonSchemaPrefix& answer,
                                                                      int64_t answered,
                                                                      int64_t vocab) {
   if (!options_.cache_masks) {
@@ -134,7 +139,7 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
                           steps_.Begin(tokens, position, hypo_ids, logits, inner_.position()));
   const int64_t rows = steps_.rows();
   if (given.prompt) {
-    rows_.assign(static_cast<size_t>(rows), {});
+    rows_.assign(static_cast<size_t>(rows), JsonSchemaPrefix(options_.schema.get()));
     ended_.assign(static_cast<size_t>(rows), false);
   } else {
     const int64_t* g = given.tokens.data_ptr<int64_t>();
@@ -193,7 +198,7 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
   float* base = masked.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
     if (ended_[static_cast<size_t>(r)]) continue;
-    const JsonObjectPrefix& answer = rows_[static_cast<size_t>(r)];
+    const JsonSchemaPrefix& answer = rows_[static_cast<size_t>(r)];
     float* row = base + r * vocab;
     bool any = false;
     if (may_end && answer.complete()) {  // the end tokens, and nothing else
@@ -204,9 +209,8 @@ Result<at::Tensor> JsonObjectLogits::Step(const at::Tensor& tokens, int64_t posi
     }
     if (!any) {
       return FailedPrecondition(fmt::format(
-          "response_format json_object: no token of the model's vocabulary continues answer {}'s "
-          "JSON object",
-          r));
+          "{}: no token of the model's vocabulary continues answer {}'s JSON object",
+          options_.schema ? "response_format json_schema" : "response_format json_object", r));
     }
   }
   return masked.unsqueeze(1);

@@ -1,5 +1,6 @@
-// response_format {"type": "json_object"}: a decoder backend that keeps each row's answer a JSON
-// object (api/json_prefix.h), as vLLM's structured outputs do: at every step a token whose text
+// response_format {"type": "json_object"} and {"type": "json_schema"}: a decoder backend that
+// keeps each row's answer a JSON object (api/json_prefix.h), valid against a schema when given one
+// (api/json_schema.h), as vLLM's structured outputs do: at every step a token whose text
 // could not follow the row's answer so far gets -inf, before the penalties, biases and sampling.
 // The end tokens are allowed only once the object is whole and min_tokens tokens were generated,
 // and then nothing else is (the answer ends there); a whole object not yet allowed to end (by
@@ -22,6 +23,7 @@
 #include "api/answer_steps.h"
 #include "api/json_masks.h"
 #include "api/json_prefix.h"
+#include "api/json_schema.h"
 #include "core/status.h"
 #include "serve/generation.h"
 
@@ -51,6 +53,8 @@ std::shared_ptr<const TokenTextTable> ReadTokenTexts(const model::Tokenizer& tok
 struct JsonModeOptions {
   // Ids past the table's end (a model's padded vocabulary) have no text.
   std::shared_ptr<const TokenTextTable> texts;
+  // The schema answers must be valid against (response_format json_schema); null: any object.
+  std::shared_ptr<const JsonSchema> schema = nullptr;
   std::vector<int64_t> end_tokens;
   int64_t min_tokens = 0;
   // Which tokens continue an answer is kept by the answer's state (JsonObjectPrefix::key) for
@@ -58,7 +62,8 @@ struct JsonModeOptions {
   // step (the benchmark's reference).
   bool cache_masks = true;
   // The masks kept for every request of `texts` (api/json_masks.h; the service keeps one per
-  // model). Null, or kept for other texts: the request keeps its own, within mask_cache_bytes
+  // model), without a schema. Null, kept for other texts, or with a schema (whose states are not
+  // those of other schemas): the request keeps its own, within mask_cache_bytes
   // (a bit per token each; the least recently used dropped first): 4 MiB holds 220 states' masks
   // of a 152,000-token vocabulary.
   std::shared_ptr<JsonMasks> masks = nullptr;
@@ -95,13 +100,13 @@ class JsonObjectLogits : public serve::DecoderBackend {
   // A bit per token of the vocabulary: whether its text continues `answer` (an end token's bit
   // is not read), kept by the answer's state.
   using Bits = JsonMasks::Bits;
-  std::shared_ptr<const Bits> Fits(const JsonObjectPrefix& answer, int64_t answered, int64_t vocab);
-  void ReadFits(const JsonObjectPrefix& answer, int64_t answered, int64_t vocab, Bits& out) const;
+  std::shared_ptr<const Bits> Fits(const JsonSchemaPrefix& answer, int64_t answered, int64_t vocab);
+  void ReadFits(const JsonSchemaPrefix& answer, int64_t answered, int64_t vocab, Bits& out) const;
 
   serve::DecoderBackend& inner_;
   JsonModeOptions options_;
   AnswerSteps steps_;
-  std::vector<JsonObjectPrefix> rows_;
+  std::vector<JsonSchemaPrefix> rows_;
   std::vector<bool> ended_;
   int64_t vocab_ = -1;  // of the logits
   Bits ends_;           // the end tokens' bits, for that vocabulary

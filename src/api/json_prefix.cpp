@@ -322,7 +322,7 @@ bool JsonObjectPrefix::Take(char c) {
   return false;
 }
 
-std::string JsonObjectPrefix::Closing() const {
+std::string JsonObjectPrefix::Closing(int depth) const {
   if (bad_) return "";
   std::string out;
   auto hex4 = [&out](uint32_t v, uint8_t digits) {
@@ -382,7 +382,8 @@ std::string JsonObjectPrefix::Closing() const {
       if (key_) out += ":0";
       break;
   }
-  for (int d = depth_ - 1; d >= 0; --d) out += ((stack_ >> d) & 1U) != 0 ? ']' : '}';
+  for (int d = depth_ - 1; d >= std::max(depth, 0); --d)
+    out += ((stack_ >> d) & 1U) != 0 ? ']' : '}';
   return out;
 }
 

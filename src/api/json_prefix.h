@@ -61,8 +61,9 @@ class JsonObjectPrefix {
 
   // A short text that makes what was read a whole object (empty when it is one): a string is
   // closed, a key given a value, an open number, literal or escape finished, and every open
-  // object and array closed. Tests check the prefixes with it.
-  std::string Closing() const;
+  // object and array closed (those deeper than `depth`: a value's, api/json_schema.h). Tests
+  // check the prefixes with it.
+  std::string Closing(int depth = 0) const;
 
  private:
   enum class Mode : uint8_t {

@@ -28,6 +28,41 @@ Status Bad(std::string_view field, std::string_view what) {
   return InvalidArgument(fmt::format("'{}' {}", field, what));
 }
 
+// response_format {"type": "json_schema", "json_schema": {"name", "description", "schema",
+// "strict"}} (OpenAI's structured outputs): the schema compiled (api/json_schema.h); without one,
+// any object. The answer keeps to it whether or not "strict" is set.
+Status ParseJsonSchema(const json& v, GenerationRequest& q) {
+  for (const auto& [key, _] : v.items()) {
+    if (key != "type" && key != "json_schema") {
+      return Bad("response_format", fmt::format("has no field '{}'", key.substr(0, 64)));
+    }
+  }
+  if (!v.contains("json_schema") || !v["json_schema"].is_object()) {
+    return Bad("response_format", "json_schema needs a \"json_schema\" object");
+  }
+  const json& spec = v["json_schema"];
+  for (const auto& [key, value] : spec.items()) {
+    if (key == "name" || key == "description") {
+      if (!value.is_string() || value.get_ref<const std::string&>().size() > 1024) {
+        return Bad("response_format", fmt::format("json_schema.{} must be a string", key));
+      }
+    } else if (key == "strict") {
+      if (!value.is_boolean() && !value.is_null()) {
+        return Bad("response_format", "json_schema.strict must be true or false");
+      }
+    } else if (key != "schema") {
+      return Bad("response_format",
+                 fmt::format("json_schema has no field '{}'", key.substr(0, 64)));
+    }
+  }
+  q.json_object = true;
+  if (!spec.contains("schema") || spec["schema"].is_null()) return Status::Ok();
+  auto schema = JsonSchema::Compile(spec["schema"]);
+  if (!schema.ok()) return Bad("response_format", schema.status().message());
+  q.json_schema = std::move(*schema);
+  return Status::Ok();
+}
+
 Result<double> Number(const json& v, std::string_view field, double lo, double hi) {
   if (!v.is_number()) return Bad(field, "must be a number");
   const double x = v.get<double>();
@@ -543,12 +578,11 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
            return Status::Ok();
          }
          if (v.is_object() && v.contains("type") && v["type"] == "json_schema") {
-           return Bad("response_format",
-                      "json_schema is not supported by colony api (json_object is: an answer "
-                      "that is a JSON object, of any shape)");
+           return ParseJsonSchema(v, q);
          }
          return Bad("response_format",
-                    "must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+                    "must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": "
+                    "\"json_schema\", \"json_schema\": {...}}");
        }},
       {"return_tokens_as_token_ids",
        [](const json& v, GenerationRequest& q) -> Status {
@@ -657,8 +691,10 @@ Result<GenerationRequest> Parse(std::string_view body, bool chat, const RequestL
   }
   if (r.json_object && !r.tools_json.empty()) {
     return Bad("response_format",
-               "json_object with tools is not supported (an answer kept to a JSON object could "
-               "not call a tool in the model's format); send tool_choice \"none\" or no tools");
+               fmt::format("{} with tools is not supported (an answer kept to a JSON object could "
+                           "not call a tool in the model's format); send tool_choice \"none\" or "
+                           "no tools",
+                           r.json_schema ? "json_schema" : "json_object"));
   }
   if (!chat && !j.contains("prompt")) return Bad("prompt", "is missing");
   if (chat && top_logprobs.value_or(0) > 0 && !chat_logprobs) {

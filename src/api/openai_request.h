@@ -11,12 +11,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "api/json_schema.h"
 #include "core/status.h"
 #include "model/generation_config.h"
 
@@ -111,9 +113,11 @@ struct GenerationRequest {
   // (also with tool_choice "none").
   std::string tools_json;
   std::vector<std::string> tool_names;
-  // response_format {"type": "json_object"}: the answer (a completion's too, after its prompt)
-  // is kept to a JSON object (api/json_mode.h).
+  // response_format {"type": "json_object"} or {"type": "json_schema"}: the answer (a
+  // completion's too, after its prompt) is kept to a JSON object (api/json_mode.h), valid against
+  // json_schema when the request gave one (api/json_schema.h).
   bool json_object = false;
+  std::shared_ptr<const JsonSchema> json_schema;
   // Chat: more variables for the model's own chat template (`chat_template_kwargs`, vLLM's, e.g.
   // Qwen3's {"enable_thinking": false}), as the text of a JSON object. Empty: none.
   std::string template_kwargs_json;

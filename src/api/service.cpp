@@ -491,8 +491,8 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
     return InvalidArgument(fmt::format(
         "'{}': {} > 1 at temperature 0 runs beam search, which presence_penalty, "
         "frequency_penalty, logit_bias, min_tokens, allowed_token_ids and response_format "
-        "json_object do not apply to; ask for a temperature above 0 (the model's default "
-        "temperature may be 0) for samples",
+        "json_object or json_schema do not apply to; ask for a temperature above 0 (the model's "
+        "default temperature may be 0) for samples",
         field, field));
   }
   if (r.json_object) {
@@ -500,14 +500,16 @@ Result<ApiService::Plan> ApiService::MakePlan(const GenerationRequest& r, size_t
     // (a model could write it inside a string); the request's stops stay.
     plan.stops.resize(plan.request_stops);
     if (!r.allowed_token_ids.empty()) {
-      return InvalidArgument(
-          "'allowed_token_ids' cannot be asked for with response_format json_object (each keeps "
-          "tokens from being chosen: together they could leave none)");
+      return InvalidArgument(fmt::format(
+          "'allowed_token_ids' cannot be asked for with response_format {} (each keeps tokens "
+          "from being chosen: together they could leave none)",
+          r.json_schema ? "json_schema" : "json_object"));
     }
     if (!JsonModeMasks()->texts()->begins_object) {  // (read once, at the first such request)
-      return InvalidArgument(
-          "'response_format': json_object needs a token that begins a JSON object ('{'), and "
-          "this model's tokenizer has none");
+      return InvalidArgument(fmt::format(
+          "'response_format': {} needs a token that begins a JSON object ('{{'), and this "
+          "model's tokenizer has none",
+          r.json_schema ? "json_schema" : "json_object"));
     }
   }
   if (plan.beams && r.stream) {
@@ -633,6 +635,7 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat,
           json_ends.push_back(plan.end_tokens[k]);
       }
       backend = &json_mode.emplace(*backend, JsonModeOptions{.texts = texts,
+                                                             .schema = req->json_schema,
                                                              .end_tokens = json_ends,
                                                              .min_tokens = req->min_tokens,
                                                              .cache_masks = true,

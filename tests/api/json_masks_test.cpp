@@ -19,7 +19,8 @@ using Bits = JsonMasks::Bits;
 
 JsonMasks::Key KeyOf(uint8_t state, int64_t vocab = 640, bool first = false) {
   JsonMasks::Key k;
-  k.state[0] = state;
+  k.state = std::string(24, '\0');
+  k.state[0] = static_cast<char>(state);
   k.vocab = vocab;
   k.first = first;
   return k;
@@ -27,7 +28,8 @@ JsonMasks::Key KeyOf(uint8_t state, int64_t vocab = 640, bool first = false) {
 
 // A mask that names its key, of `words` words.
 Bits MaskOf(const JsonMasks::Key& k, size_t words = 10) {
-  Bits b = {k.state[0] | (uint64_t(k.vocab) << 8) | (uint64_t(k.first) << 62)};
+  Bits b = {static_cast<uint8_t>(k.state[0]) | (uint64_t(k.vocab) << 8) |
+            (uint64_t(k.first) << 62)};
   b.resize(words, ~uint64_t{0});
   return b;
 }

@@ -196,6 +196,25 @@ TEST(OpenAiRequest, ParsesAChatRequest) {
       ParseChatRequest("{" + user + R"(, "response_format": {"type": "json_object"}})", {});
   ASSERT_TRUE(json_mode.ok()) << json_mode.status().ToString();
   EXPECT_TRUE(json_mode->json_object);
+  EXPECT_EQ(json_mode->json_schema, nullptr);
+  // OpenAI's structured outputs: the schema compiled (api/json_schema.h); without one, any object.
+  auto schema = ParseChatRequest("{" + user + R"(, "response_format": {"type": "json_schema",
+      "json_schema": {"name": "n", "strict": true, "schema": {"type": "object",
+      "properties": {"a": {"type": "integer"}}, "required": ["a"],
+      "additionalProperties": false}}}})",
+                                 {});
+  ASSERT_TRUE(schema.ok()) << schema.status().ToString();
+  EXPECT_TRUE(schema->json_object);
+  ASSERT_NE(schema->json_schema, nullptr);
+  JsonSchemaPrefix answer(schema->json_schema.get());
+  EXPECT_TRUE(answer.Feed("{\"a\": 12}") && answer.complete());
+  EXPECT_FALSE(JsonSchemaPrefix(schema->json_schema.get()).Feed("{\"b\""));
+  auto no_schema = ParseChatRequest(
+      "{" + user + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "n"}}})",
+      {});
+  ASSERT_TRUE(no_schema.ok()) << no_schema.status().ToString();
+  EXPECT_TRUE(no_schema->json_object);
+  EXPECT_EQ(no_schema->json_schema, nullptr);
   auto no_tools =
       ParseChatRequest("{" + user +
                            R"(, "response_format": {"type": "json_object"}, "tool_choice": "none",
@@ -273,8 +292,19 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
       {R"({"prompt": "x", "stream": false, "stream_options": {"include_usage": true}})",
        "'stream_options' is only allowed with \"stream\": true"},
       {R"({"prompt": "x", "functions": []})", "'functions' is not a field"},
-      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {}}})",
-       "'response_format' json_schema is not supported"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema"}})",
+       "'response_format' json_schema needs a \"json_schema\" object"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {
+          "type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}}}})",
+       "'response_format' json_schema: /properties/a/pattern: 'pattern' is not supported"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {},
+          "strict": 1}}})",
+       "'response_format' json_schema.strict must be true or false"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {},
+          "format": "x"}}})",
+       "'response_format' json_schema has no field 'format'"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {}, "x": 1}})",
+       "'response_format' has no field 'x'"},
       {R"({"prompt": "x", "response_format": "json_object"})", "'response_format' must be"},
       {R"({"prompt": [true]})", "'prompt' must be a string, an array of token ids, or an"},
       {R"({"prompt": ["a", 7]})", "'prompt[1]' must be a string, an array of token ids, or an"},
@@ -309,8 +339,12 @@ TEST(OpenAiRequest, RefusesWhatItWouldNotDoNamingTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
        "'tools'"},
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema",
-          "json_schema": {"name": "n", "schema": {}}}})",
-       "'response_format' json_schema is not supported"},
+          "json_schema": {"name": "n", "schema": {"type": "string"}}}})",
+       "'response_format' json_schema: the schema: the answer is a JSON object"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema",
+          "json_schema": {"name": "n", "schema": {"type": "object"}}},
+          "tools": [{"type": "function", "function": {"name": "f"}}]})",
+       "'response_format' json_schema with tools is not supported"},
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json"}})",
        "'response_format' must be"},
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"},

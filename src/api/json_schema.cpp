@@ -1,0 +1,891 @@
+// A JSON Schema compiled into nodes by the kind of a value's first byte, and a byte-at-a-time
+// reader of the objects valid against it: JsonObjectPrefix checks the syntax, a stack of frames
+// (one per object or array the schema describes) what the schema allows.
+#include "api/json_schema.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace colony::api {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::array<std::string_view, JsonSchema::kSlots> kSlotNames = {
+    "an object", "an array", "a string", "a number", "a boolean", "null"};
+
+// The kind of value a first byte begins; kSlots for none.
+JsonSchema::Slot SlotOf(unsigned char c) {
+  switch (c) {
+    case '{':
+      return JsonSchema::kObject;
+    case '[':
+      return JsonSchema::kArray;
+    case '"':
+      return JsonSchema::kString;
+    case 't':
+    case 'f':
+      return JsonSchema::kBoolean;
+    case 'n':
+      return JsonSchema::kNull;
+    default:
+      return c == '-' || (c >= '0' && c <= '9') ? JsonSchema::kNumber : JsonSchema::kSlots;
+  }
+}
+
+bool IsSpace(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool IsNumberByte(unsigned char c) {
+  return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+}
+
+// A JSON pointer's token escaped (RFC 6901), for error messages.
+std::string PointerToken(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+const std::set<std::string, std::less<>>& Annotations() {
+  static const std::set<std::string, std::less<>> k = {
+      "title",    "description", "default",  "examples",  "$schema", "$id",
+      "$comment", "deprecated",  "readOnly", "writeOnly", "$defs",   "definitions"};
+  return k;
+}
+
+const std::set<std::string, std::less<>>& Keywords() {
+  static const std::set<std::string, std::less<>> k = {
+      "type",       "enum",     "const",
+      "anyOf",      "oneOf",    "$ref",
+      "properties", "required", "additionalProperties",
+      "items",      "minItems", "maxItems"};
+  return k;
+}
+
+}  // namespace
+
+struct JsonSchema::Compiler {
+  const json& root;
+  std::vector<Node> nodes;
+  std::vector<std::string> resolving;  // the $refs being compiled
+
+  static Status Error(const std::string& at, std::string_view what) {
+    return InvalidArgument(
+        fmt::format("json_schema: {}: {}", at.empty() ? std::string("the schema") : at, what));
+  }
+
+  static Node Blank() {
+    Node n;
+    n.by_slot.fill(-1);
+    return n;
+  }
+
+  Result<int> Add(Node n) {
+    if (nodes.size() >= kMaxNodes) {
+      return InvalidArgument(
+          fmt::format("json_schema: the schema has more than {} parts (with its $refs written out)",
+                      kMaxNodes));
+    }
+    nodes.push_back(std::move(n));
+    return static_cast<int>(nodes.size() - 1);
+  }
+
+  Result<int> Compile(const json& s, const std::string& at, int depth) {
+    if (depth > kMaxDepth) {
+      return Error(at, fmt::format("objects and arrays nest deeper than {}", kMaxDepth));
+    }
+    if (s.is_boolean()) {
+      if (s.get<bool>()) return 0;
+      return Error(at, "false (no value at all) is not supported");
+    }
+    if (!s.is_object()) return Error(at, "must be a schema (an object or true)");
+    int constraints = 0;
+    for (const auto& [key, value] : s.items()) {
+      if (Annotations().contains(key)) continue;
+      if (!Keywords().contains(key)) {
+        return Error(at + "/" + PointerToken(key),
+                     fmt::format("'{}' is not supported by colony api (supported: type, enum, "
+                                 "const, anyOf, oneOf, $ref, properties, required, "
+                                 "additionalProperties, items, minItems, maxItems)",
+                                 key.substr(0, 64)));
+      }
+      ++constraints;
+    }
+    if (s.contains("$ref")) {
+      if (constraints > 1) return Error(at, "$ref beside other keywords is not supported");
+      return Ref(s["$ref"], at + "/$ref", depth);
+    }
+    for (const char* one_of : {"anyOf", "oneOf"}) {
+      if (!s.contains(one_of)) continue;
+      if (constraints > 1) {
+        return Error(at, fmt::format("{} beside other keywords is not supported", one_of));
+      }
+      return AnyOf(s[one_of], at + "/" + one_of, depth);
+    }
+    // The kinds a value may be.
+    std::array<bool, kSlots> kinds{};
+    bool integer = false;
+    if (s.contains("type")) {
+      COLONY_RETURN_IF_ERROR(Types(s["type"], at + "/type", kinds, integer));
+    } else {
+      kinds.fill(true);
+    }
+    if (s.contains("enum") || s.contains("const")) {
+      for (const char* k :
+           {"properties", "required", "additionalProperties", "items", "minItems", "maxItems"}) {
+        if (s.contains(k))
+          return Error(at, fmt::format("enum or const beside {} is not supported", k));
+      }
+      if (s.contains("enum") && s.contains("const")) {
+        return Error(at, "enum beside const is not supported");
+      }
+      return Enum(s.contains("const") ? json::array({s["const"]}) : s["enum"],
+                  at + (s.contains("const") ? "/const" : "/enum"), kinds, integer);
+    }
+    Node n = Blank();
+    n.integer = integer;
+    // The node's index, taken before its children are compiled (they come after it).
+    COLONY_ASSIGN_OR_RETURN(const int index, Add(Blank()));
+    const auto self = static_cast<int16_t>(index);
+    if (kinds[kObject]) {
+      COLONY_ASSIGN_OR_RETURN(const bool own, Object(s, at, depth, n));
+      n.by_slot[kObject] = own ? self : int16_t{0};
+    }
+    if (kinds[kArray]) {
+      COLONY_ASSIGN_OR_RETURN(const bool own, Array(s, at, depth, n));
+      n.by_slot[kArray] = own ? self : int16_t{0};
+    }
+    for (Slot k : {kString, kNumber, kBoolean, kNull}) {
+      if (kinds[k]) n.by_slot[k] = self;
+    }
+    nodes[static_cast<size_t>(self)] = std::move(n);
+    return index;
+  }
+
+  // Sets `kinds` (and `integer`: integers without other numbers) from "type".
+  static Status Types(const json& t, const std::string& at, std::array<bool, kSlots>& kinds,
+                      bool& integer) {
+    const json list = t.is_array() ? t : json::array({t});
+    if (list.empty()) return Error(at, "must name at least one type");
+    bool number = false, whole = false;
+    for (const json& name : list) {
+      if (!name.is_string()) return Error(at, "must be a type's name or a list of them");
+      const std::string& n = name.get_ref<const std::string&>();
+      if (n == "object") {
+        kinds[kObject] = true;
+      } else if (n == "array") {
+        kinds[kArray] = true;
+      } else if (n == "string") {
+        kinds[kString] = true;
+      } else if (n == "number") {
+        number = true;
+      } else if (n == "integer") {
+        whole = true;
+      } else if (n == "boolean") {
+        kinds[kBoolean] = true;
+      } else if (n == "null") {
+        kinds[kNull] = true;
+      } else {
+        return Error(at, fmt::format("'{}' is not a JSON Schema type", n.substr(0, 64)));
+      }
+    }
+    kinds[kNumber] = number || whole;
+    integer = whole && !number;
+    return Status::Ok();
+  }
+
+  // An object's part of node `n`: its properties into n; false when any object is valid.
+  Result<bool> Object(const json& s, const std::string& at, int depth, Node& n) {
+    const bool closed = s.contains("additionalProperties") && s["additionalProperties"] == false;
+    if (s.contains("additionalProperties") && !s["additionalProperties"].is_boolean() &&
+        !s["additionalProperties"].is_object()) {
+      return Error(at + "/additionalProperties", "must be a boolean or a schema");
+    }
+    if (!s.contains("properties")) {
+      if (s.contains("required") && !s["required"].empty()) {
+        return Error(at + "/required", "names properties the schema does not describe");
+      }
+      if (s.contains("additionalProperties") && s["additionalProperties"].is_object()) {
+        return Error(at + "/additionalProperties",
+                     "a schema for the properties of an object without properties (a map) is "
+                     "not supported");
+      }
+      return closed;
+    }
+    const json& props = s["properties"];
+    if (!props.is_object()) return Error(at + "/properties", "must be an object");
+    if (props.size() > kMaxProperties) {
+      return Error(at + "/properties", fmt::format("has more than {} properties", kMaxProperties));
+    }
+    std::vector<std::pair<std::string, int16_t>> named;
+    for (const auto& [name, schema] : props.items()) {
+      std::string text;
+      COLONY_ASSIGN_OR_RETURN(text, Text(json(name), at + "/properties"));
+      text = text.substr(1, text.size() - 2);  // (between its quotes)
+      COLONY_ASSIGN_OR_RETURN(const int child,
+                              Compile(schema, at + "/properties/" + PointerToken(name), depth + 1));
+      named.emplace_back(std::move(text), static_cast<int16_t>(child));
+    }
+    std::ranges::sort(named);
+    for (auto& [text, child] : named) {
+      n.names.push_back(std::move(text));
+      n.properties.push_back(child);
+    }
+    if (s.contains("required")) {
+      const json& required = s["required"];
+      if (!required.is_array()) return Error(at + "/required", "must be a list of names");
+      for (const json& r : required) {
+        if (!r.is_string()) return Error(at + "/required", "must be a list of names");
+        std::string text;
+        COLONY_ASSIGN_OR_RETURN(text, Text(r, at + "/required"));
+        const auto it = std::ranges::find(n.names, text.substr(1, text.size() - 2));
+        if (it == n.names.end()) {
+          return Error(at + "/required",
+                       fmt::format("names '{}', which is not among the properties",
+                                   r.get_ref<const std::string&>().substr(0, 64)));
+        }
+        n.required |= uint64_t{1} << static_cast<unsigned>(it - n.names.begin());
+      }
+    }
+    return true;
+  }
+
+  // An array's part of node `n`; false when any array is valid.
+  Result<bool> Array(const json& s, const std::string& at, int depth, Node& n) {
+    if (!s.contains("items") && !s.contains("minItems") && !s.contains("maxItems")) return false;
+    if (s.contains("items")) {
+      if (s["items"].is_array()) {
+        return Error(at + "/items", "a list of schemas (a tuple) is not supported");
+      }
+      COLONY_ASSIGN_OR_RETURN(const int items, Compile(s["items"], at + "/items", depth + 1));
+      n.items = static_cast<int16_t>(items);
+    }
+    auto bound = [&](const char* key, uint32_t most) -> Result<uint32_t> {
+      const json& v = s[key];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > most) {
+        return Error(at + "/" + key, fmt::format("must be an integer from 0 to {}", most));
+      }
+      return static_cast<uint32_t>(v.get<int64_t>());
+    };
+    if (s.contains("minItems")) {
+      COLONY_ASSIGN_OR_RETURN(n.min_items, bound("minItems", kMaxMinItems));
+    }
+    if (s.contains("maxItems")) {
+      COLONY_ASSIGN_OR_RETURN(n.max_items, bound("maxItems", kUnbounded - 1));
+    }
+    if (n.max_items < n.min_items) return Error(at + "/maxItems", "is below minItems");
+    return true;
+  }
+
+  // A value's JSON text, as an answer must write it.
+  static Result<std::string> Text(const json& v, const std::string& at) {
+    std::string text;
+    try {
+      text = v.dump();
+    } catch (const json::exception&) {
+      return Error(at, "holds a string that is not UTF-8");
+    }
+    if (text.size() > kMaxTextBytes) {
+      return Error(at, fmt::format("holds a value longer than {} bytes as JSON", kMaxTextBytes));
+    }
+    // (A number with more digits than an answer may write cannot be one.)
+    JsonObjectPrefix p;
+    if (!p.Feed("{\"\":") || !p.Feed(text) || !p.Feed('}') || !p.complete()) {
+      return Error(at, fmt::format("holds {}, which an answer cannot write", text.substr(0, 64)));
+    }
+    return text;
+  }
+
+  Result<int> Enum(const json& values, const std::string& at, const std::array<bool, kSlots>& kinds,
+                   bool integer) {
+    if (!values.is_array() || values.empty() || values.size() > kMaxEnumValues) {
+      return Error(at, fmt::format("must be a list of 1 to {} values", kMaxEnumValues));
+    }
+    Node n = Blank();
+    const auto self = static_cast<int16_t>(nodes.size());
+    for (const json& v : values) {
+      std::string text;
+      COLONY_ASSIGN_OR_RETURN(text, Text(v, at));
+      const Slot slot = SlotOf(static_cast<unsigned char>(text[0]));
+      // Values not of the type cannot be valid: left out.
+      const bool whole = v.is_number_integer() ||
+                         (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+      if (!kinds[slot] || (slot == kNumber && integer && !whole)) continue;
+      n.values.push_back(std::move(text));
+      n.by_slot[slot] = self;
+    }
+    std::ranges::sort(n.values);
+    n.values.erase(std::unique(n.values.begin(), n.values.end()), n.values.end());
+    if (n.values.empty()) return Error(at, "has no value of the schema's type");
+    return Add(std::move(n));
+  }
+
+  Result<int> AnyOf(const json& branches, const std::string& at, int depth) {
+    if (!branches.is_array() || branches.empty() || branches.size() > kMaxBranches) {
+      return Error(at, fmt::format("must be a list of 1 to {} schemas", kMaxBranches));
+    }
+    Node n = Blank();
+    std::array<size_t, kSlots> from{};
+    for (size_t b = 0; b < branches.size(); ++b) {
+      COLONY_ASSIGN_OR_RETURN(const int branch,
+                              Compile(branches[b], fmt::format("{}/{}", at, b), depth));
+      for (size_t k = 0; k < kSlots; ++k) {
+        const int16_t to = nodes[static_cast<size_t>(branch)].by_slot[k];
+        if (to < 0) continue;
+        if (n.by_slot[k] >= 0) {
+          return Error(at, fmt::format("branches {} and {} can both be {}: the branches must "
+                                       "differ in the kind of value (an object or null, a "
+                                       "string or a number)",
+                                       from[k], b, kSlotNames[k]));
+        }
+        n.by_slot[k] = to;
+        from[k] = b;
+      }
+    }
+    return Add(std::move(n));
+  }
+
+  Result<int> Ref(const json& ref, const std::string& at, int depth) {
+    if (!ref.is_string()) return Error(at, "must be a string");
+    const std::string& r = ref.get_ref<const std::string&>();
+    if (!r.starts_with("#/$defs/") && !r.starts_with("#/definitions/")) {
+      return Error(at, "only #/$defs/... and #/definitions/... are supported");
+    }
+    if (std::ranges::find(resolving, r) != resolving.end()) {
+      return Error(at, fmt::format("{} refers to itself: recursive schemas are not supported",
+                                   r.substr(0, 128)));
+    }
+    const json* target = nullptr;
+    try {
+      target = &root.at(json::json_pointer(r.substr(1)));
+    } catch (const json::exception&) {
+      return Error(at, fmt::format("{} names no schema", r.substr(0, 128)));
+    }
+    resolving.push_back(r);
+    auto compiled = Compile(*target, r.substr(1), depth);
+    resolving.pop_back();
+    return compiled;
+  }
+
+  // The bytes of node i's shortest value (saturating at kMaxSmallestAnswer + 1).
+  size_t SmallestBytes(int i, std::vector<size_t>& memo) const {
+    auto& m = memo[static_cast<size_t>(i)];
+    if (m != 0) return m;
+    const Node& n = nodes[static_cast<size_t>(i)];
+    size_t bytes = kMaxSmallestAnswer + 1;
+    for (size_t k = 0; k < kSlots; ++k) {
+      const int to = n.by_slot[k];
+      if (to < 0) continue;
+      const Node& t = nodes[static_cast<size_t>(to)];
+      size_t b = 4;  // (at most: {}, [], "", 0, true, null)
+      if (!t.any && !t.values.empty()) {
+        b = t.values.front().size();
+      } else if (!t.any && k == kObject) {
+        b = 2;
+        for (size_t p = 0; p < t.names.size(); ++p) {
+          if (((t.required >> p) & 1U) != 0) {
+            b += t.names[p].size() + 4 + SmallestBytes(t.properties[p], memo);
+          }
+        }
+      } else if (!t.any && k == kArray) {
+        b = 2 + t.min_items * (1 + SmallestBytes(t.items, memo));
+      }
+      bytes = std::min(bytes, b);
+      break;  // (Smallest takes the first kind)
+    }
+    m = std::min(bytes, kMaxSmallestAnswer + 1);
+    return m;
+  }
+};
+
+Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::json& schema) {
+  Compiler c{.root = schema, .nodes = {}, .resolving = {}};
+  Node any = Compiler::Blank();
+  any.by_slot.fill(0);
+  any.any = true;
+  c.nodes.push_back(any);
+  COLONY_ASSIGN_OR_RETURN(const int root, c.Compile(schema, "", 0));
+  if (c.nodes[static_cast<size_t>(root)].by_slot[kObject] < 0) {
+    return Compiler::Error("", "the answer is a JSON object, which the schema does not allow");
+  }
+  std::vector<size_t> memo(c.nodes.size());
+  Node only_object = Compiler::Blank();  // (the root as an answer begins it)
+  only_object.by_slot[kObject] = c.nodes[static_cast<size_t>(root)].by_slot[kObject];
+  c.nodes.push_back(only_object);
+  const int answer = static_cast<int>(c.nodes.size() - 1);
+  memo.push_back(0);
+  if (c.SmallestBytes(answer, memo) > kMaxSmallestAnswer) {
+    return Compiler::Error(
+        "", fmt::format("its shortest valid answer is longer than {} bytes", kMaxSmallestAnswer));
+  }
+  auto out = std::make_shared<JsonSchema>();
+  out->nodes_ = std::move(c.nodes);
+  out->root_ = answer;
+  return std::shared_ptr<const JsonSchema>(std::move(out));
+}
+
+std::string JsonSchema::Smallest(int i) const {
+  const Node& n = node(i);
+  for (size_t k = 0; k < kSlots; ++k) {
+    const int to = n.by_slot[k];
+    if (to < 0) continue;
+    const Node& t = node(to);
+    if (!t.any && !t.values.empty()) return t.values.front();
+    switch (k) {
+      case kObject: {
+        std::string out = "{";
+        for (size_t p = 0; !t.any && p < t.names.size(); ++p) {
+          if (((t.required >> p) & 1U) == 0) continue;
+          if (out.size() > 1) out += ',';
+          out += '"' + t.names[p] + "\":" + Smallest(t.properties[p]);
+        }
+        return out + "}";
+      }
+      case kArray: {
+        std::string out = "[";
+        for (uint32_t j = 0; !t.any && j < t.min_items; ++j) {
+          if (j > 0) out += ',';
+          out += Smallest(t.items);
+        }
+        return out + "]";
+      }
+      case kString:
+        return "\"\"";
+      case kNumber:
+        return "0";
+      case kBoolean:
+        return "true";
+      default:
+        return "null";
+    }
+  }
+  return "null";  // (no node allows nothing)
+}
+
+// ---- JsonSchemaPrefix ----
+
+JsonSchemaPrefix& JsonSchemaPrefix::operator=(const JsonSchemaPrefix& other) {
+  if (this == &other) return *this;
+  schema_ = other.schema_;
+  syntax_ = other.syntax_;
+  bad_ = other.bad_;
+  done_ = other.done_;
+  scalar_ = other.scalar_;
+  escape_ = other.escape_;
+  integer_ = other.integer_;
+  pos_ = other.pos_;
+  lo_ = other.lo_;
+  hi_ = other.hi_;
+  node_ = other.node_;
+  any_depth_ = other.any_depth_;
+  any_string_ = other.any_string_;
+  any_scalar_ = other.any_scalar_;
+  any_base_ = other.any_base_;
+  depth_ = other.depth_;
+  std::copy_n(other.frames_.begin(), depth_, frames_.begin());
+  return *this;
+}
+
+bool JsonSchemaPrefix::FeedSchema(std::string_view bytes) {
+  for (char c : bytes) {
+    if (!Feed(c)) return false;
+  }
+  return !bad_;
+}
+
+bool JsonSchemaPrefix::Feed(char byte) {
+  if (bad_) return false;
+  const int syntax_depth = syntax_.depth();
+  if (!syntax_.Feed(byte)) {
+    bad_ = true;
+    return false;
+  }
+  if (schema_ == nullptr) return true;
+  if (scalar_ == Scalar::kNone && syntax_depth >= 0) any_base_ = static_cast<uint8_t>(syntax_depth);
+  if (!Take(static_cast<unsigned char>(byte))) bad_ = true;
+  return !bad_;
+}
+
+bool JsonSchemaPrefix::Take(unsigned char c) {
+  switch (scalar_) {
+    case Scalar::kNone:
+      return Structural(c);
+    case Scalar::kKey:
+      return Key(c);
+    case Scalar::kString:
+      if (escape_) {
+        escape_ = false;
+      } else if (c == '\\') {
+        escape_ = true;
+      } else if (c == '"') {
+        scalar_ = Scalar::kNone;
+        return ValueEnded();
+      }
+      return true;
+    case Scalar::kNumber:
+      if (IsNumberByte(c)) return !(integer_ && (c == '.' || c == 'e' || c == 'E'));
+      scalar_ = Scalar::kNone;
+      return ValueEnded() && Structural(c);
+    case Scalar::kLiteral:
+      if (c >= 'a' && c <= 'z') return true;
+      scalar_ = Scalar::kNone;
+      return ValueEnded() && Structural(c);
+    case Scalar::kEnum: {
+      if (Enum(c)) {
+        // A whole string, object or array ends with its last byte (no other value extends it);
+        // a number or literal at the byte after it.
+        const std::string& v = schema_->node(node_).values[lo_];
+        if (v.size() == pos_ && (c == '"' || c == '}' || c == ']')) {
+          scalar_ = Scalar::kNone;
+          return ValueEnded();
+        }
+        return true;
+      }
+      if (schema_->node(node_).values[lo_].size() != pos_) return false;
+      scalar_ = Scalar::kNone;
+      return ValueEnded() && Structural(c);
+    }
+    case Scalar::kAny:
+      return AnyByte(c);
+  }
+  return false;
+}
+
+bool JsonSchemaPrefix::AnyByte(unsigned char c) {
+  if (any_string_) {
+    if (escape_) {
+      escape_ = false;
+    } else if (c == '\\') {
+      escape_ = true;
+    } else if (c == '"') {
+      any_string_ = false;
+      if (any_depth_ == 0) {
+        scalar_ = Scalar::kNone;
+        return ValueEnded();
+      }
+    }
+    return true;
+  }
+  if (any_scalar_) {
+    if (IsNumberByte(c) || (c >= 'a' && c <= 'z')) return true;
+    scalar_ = Scalar::kNone;
+    return ValueEnded() && Structural(c);
+  }
+  if (c == '"') {
+    any_string_ = true;
+  } else if (c == '{' || c == '[') {
+    ++any_depth_;
+  } else if (c == '}' || c == ']') {
+    if (--any_depth_ == 0) {
+      scalar_ = Scalar::kNone;
+      return ValueEnded();
+    }
+  }
+  return true;  // (the syntax checks the rest)
+}
+
+bool JsonSchemaPrefix::Enum(unsigned char c) {
+  const std::vector<std::string>& values = schema_->node(node_).values;
+  // [lo_, hi_) share their first pos_ bytes, and are sorted: those whose next byte is c are a run.
+  uint16_t lo = lo_;
+  while (lo < hi_ &&
+         (values[lo].size() <= pos_ || static_cast<unsigned char>(values[lo][pos_]) != c))
+    ++lo;
+  if (lo == hi_) return false;
+  uint16_t hi = lo;
+  while (hi < hi_ && values[hi].size() > pos_ && static_cast<unsigned char>(values[hi][pos_]) == c)
+    ++hi;
+  lo_ = lo;
+  hi_ = hi;
+  ++pos_;
+  return true;
+}
+
+bool JsonSchemaPrefix::Key(unsigned char c) {
+  Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  const JsonSchema::Node& n = schema_->node(f.node);
+  auto unused = [&f](size_t i) { return ((f.used >> i) & 1U) == 0; };
+  if (c == '"' && !escape_) {
+    // The name read must be a whole name not written yet (the shortest of the run: lo_).
+    if (lo_ == hi_ || n.names[lo_].size() != pos_ || !unused(lo_)) return false;
+    f.used |= uint64_t{1} << lo_;
+    f.value = n.properties[lo_];
+    f.stage = Stage::kColon;
+    scalar_ = Scalar::kNone;
+    return true;
+  }
+  escape_ = !escape_ && c == '\\';
+  uint16_t lo = lo_;
+  while (lo < hi_ &&
+         (n.names[lo].size() <= pos_ || static_cast<unsigned char>(n.names[lo][pos_]) != c))
+    ++lo;
+  uint16_t hi = lo;
+  bool any = false;
+  while (hi < hi_ && n.names[hi].size() > pos_ &&
+         static_cast<unsigned char>(n.names[hi][pos_]) == c) {
+    any = any || unused(hi);
+    ++hi;
+  }
+  if (!any) return false;
+  lo_ = lo;
+  hi_ = hi;
+  ++pos_;
+  return true;
+}
+
+bool JsonSchemaPrefix::StartValue(int node, unsigned char c) {
+  const JsonSchema::Slot slot = SlotOf(c);
+  if (slot == JsonSchema::kSlots) return false;
+  const int to = schema_->node(node).by_slot[slot];
+  if (to < 0) return false;
+  const JsonSchema::Node& t = schema_->node(to);
+  if (t.any) {
+    scalar_ = Scalar::kAny;
+    escape_ = false;
+    any_string_ = slot == JsonSchema::kString;
+    any_depth_ = slot == JsonSchema::kObject || slot == JsonSchema::kArray ? 1 : 0;
+    any_scalar_ = any_depth_ == 0 && !any_string_;
+    return true;
+  }
+  if (!t.values.empty()) {
+    scalar_ = Scalar::kEnum;
+    node_ = static_cast<int16_t>(to);
+    pos_ = 0;
+    lo_ = 0;
+    hi_ = static_cast<uint16_t>(t.values.size());
+    return Enum(c);  // (a value of one byte is a digit: it ends at the byte after it)
+  }
+  switch (slot) {
+    case JsonSchema::kObject:
+    case JsonSchema::kArray:
+      if (depth_ == kMaxFrames) return false;
+      frames_[static_cast<size_t>(depth_++)] = Frame{.used = 0,
+                                                     .count = 0,
+                                                     .node = static_cast<int16_t>(to),
+                                                     .value = 0,
+                                                     .array = slot == JsonSchema::kArray,
+                                                     .stage = Stage::kOpen};
+      return true;
+    case JsonSchema::kString:
+      scalar_ = Scalar::kString;
+      escape_ = false;
+      return true;
+    case JsonSchema::kNumber:
+      scalar_ = Scalar::kNumber;
+      integer_ = t.integer;
+      return true;
+    default:
+      scalar_ = Scalar::kLiteral;
+      return true;
+  }
+}
+
+bool JsonSchemaPrefix::ValueEnded() {
+  if (depth_ == 0) {
+    done_ = true;
+    return true;
+  }
+  Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  if (f.array && f.count < JsonSchema::kUnbounded) ++f.count;
+  f.stage = Stage::kAfter;
+  return true;
+}
+
+bool JsonSchemaPrefix::Structural(unsigned char c) {
+  if (IsSpace(c)) return true;  // (the syntax bounds where, and how many)
+  if (depth_ == 0) return !done_ && StartValue(schema_->root(), c);
+  Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  const JsonSchema::Node& n = schema_->node(f.node);
+  auto pop = [this] {
+    --depth_;
+    return ValueEnded();
+  };
+  if (f.array) {
+    switch (f.stage) {
+      case Stage::kOpen:
+        if (c == ']') return n.min_items == 0 && pop();
+        return n.max_items > 0 && StartValue(n.items, c);
+      case Stage::kAfter:
+        if (c == ']') return f.count >= n.min_items && pop();
+        if (c != ',' || f.count >= n.max_items) return false;
+        f.stage = Stage::kValue;
+        return true;
+      default:
+        return StartValue(n.items, c);
+    }
+  }
+  const uint64_t all = n.names.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << n.names.size()) - 1;
+  switch (f.stage) {
+    case Stage::kOpen:
+      if (c == '}') return n.required == 0 && pop();
+      [[fallthrough]];
+    case Stage::kKey:
+      if (c != '"' || (f.used & all) == all) return false;
+      scalar_ = Scalar::kKey;
+      escape_ = false;
+      pos_ = 0;
+      lo_ = 0;
+      hi_ = static_cast<uint16_t>(n.names.size());
+      return true;
+    case Stage::kColon:
+      if (c != ':') return false;
+      f.stage = Stage::kValue;
+      return true;
+    case Stage::kValue:
+      return StartValue(f.value, c);
+    case Stage::kAfter:
+      if (c == '}') return (n.required & ~f.used) == 0 && pop();
+      if (c != ',' || (f.used & all) == all) return false;
+      f.stage = Stage::kKey;
+      return true;
+  }
+  return false;
+}
+
+std::string JsonSchemaPrefix::key() const {
+  const JsonObjectPrefix::Key k = syntax_.key();
+  std::string out(k.begin(), k.end());
+  if (schema_ == nullptr) return out;
+  auto put = [&out](auto v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);  // (the same process reads it)
+  };
+  put(static_cast<uint8_t>(bad_));
+  put(static_cast<uint8_t>(done_));
+  put(static_cast<uint8_t>(scalar_));
+  switch (scalar_) {
+    case Scalar::kKey:
+    case Scalar::kEnum:
+      put(escape_);
+      put(pos_);
+      put(lo_);
+      put(hi_);
+      put(node_);
+      break;
+    case Scalar::kString:
+      put(escape_);
+      break;
+    case Scalar::kNumber:
+      put(integer_);
+      break;
+    case Scalar::kAny:
+      put(escape_);
+      put(any_depth_);
+      put(any_string_);
+      put(any_scalar_);
+      break;
+    default:
+      break;
+  }
+  put(static_cast<uint8_t>(depth_));
+  for (int d = 0; d < depth_; ++d) {
+    const Frame& f = frames_[static_cast<size_t>(d)];
+    const JsonSchema::Node& n = schema_->node(f.node);
+    put(f.node);
+    put(f.stage);
+    put(f.array);
+    if (f.array) {
+      // Past its minimum, an unbounded array's count changes nothing.
+      put(n.max_items == JsonSchema::kUnbounded ? std::min(f.count, n.min_items) : f.count);
+    } else {
+      put(f.used);
+      put(f.stage == Stage::kValue || f.stage == Stage::kColon ? f.value : int16_t{0});
+    }
+  }
+  return out;
+}
+
+void JsonSchemaPrefix::CloseFrame(Frame f, std::string& out) const {
+  const JsonSchema::Node& n = schema_->node(f.node);
+  if (f.array) {
+    if (f.stage == Stage::kValue || (f.stage == Stage::kOpen && n.min_items > 0)) {
+      out += schema_->Smallest(n.items);
+      ++f.count;
+    }
+    for (; f.count < n.min_items; ++f.count) out += "," + schema_->Smallest(n.items);
+    out += ']';
+    return;
+  }
+  auto write = [&](size_t p) {
+    out += '"' + n.names[p] + "\":" + schema_->Smallest(n.properties[p]);
+    f.used |= uint64_t{1} << p;
+  };
+  bool first = f.stage == Stage::kOpen;
+  if (f.stage == Stage::kColon) out += ':';
+  if (f.stage == Stage::kColon || f.stage == Stage::kValue) out += schema_->Smallest(f.value);
+  if (f.stage == Stage::kKey) {
+    // After a comma (allowed while some property is not written): a required one, if any is
+    // left, else the first one left.
+    const uint64_t left = (n.required & ~f.used) != 0 ? n.required & ~f.used : ~f.used;
+    write(static_cast<size_t>(std::countr_zero(left)));
+  }
+  for (size_t p = 0; p < n.names.size(); ++p) {
+    if ((((n.required & ~f.used) >> p) & 1U) == 0) continue;
+    if (!first) out += ',';
+    first = false;
+    write(p);
+  }
+  out += '}';
+}
+
+std::string JsonSchemaPrefix::Closing() const {
+  if (schema_ == nullptr) return syntax_.Closing();
+  if (bad_) return "";
+  if (done_) return syntax_.Closing();  // (whitespace after the object: nothing)
+  if (depth_ == 0 && scalar_ == Scalar::kNone) return schema_->Smallest(schema_->root());
+  std::string out;
+  std::array<Frame, kMaxFrames> frames;  // (those in use)
+  std::copy_n(frames_.begin(), depth_, frames.begin());
+  bool ended = true;  // whether a value ended (its frame goes on after it)
+  switch (scalar_) {
+    case Scalar::kNone:
+      ended = false;
+      break;
+    case Scalar::kKey: {
+      Frame& f = frames[static_cast<size_t>(depth_ - 1)];
+      const JsonSchema::Node& n = schema_->node(f.node);
+      uint16_t p = lo_;
+      while (((f.used >> p) & 1U) != 0) ++p;  // (Key keeps an unused one in the run)
+      out += n.names[p].substr(pos_) + '"';
+      f.used |= uint64_t{1} << p;
+      f.value = n.properties[p];
+      f.stage = Stage::kColon;
+      ended = false;
+      break;
+    }
+    case Scalar::kString:
+    case Scalar::kNumber:
+    case Scalar::kLiteral:
+      out += syntax_.Closing(syntax_.depth());
+      break;
+    case Scalar::kEnum:
+      out += schema_->node(node_).values[lo_].substr(pos_);
+      break;
+    case Scalar::kAny:
+      out += syntax_.Closing(any_base_);
+      break;
+  }
+  for (int d = depth_ - 1; d >= 0; --d) {
+    Frame f = frames[static_cast<size_t>(d)];
+    if (ended) {
+      if (f.array) ++f.count;
+      f.stage = Stage::kAfter;
+    }
+    CloseFrame(f, out);
+    ended = true;
+  }
+  return out;
+}
+
+}  // namespace colony::api

@@ -1,0 +1,177 @@
+// response_format {"type": "json_schema"} (OpenAI's structured outputs): a JSON Schema compiled
+// for generation (JsonSchema), and the texts that can still become a JSON object valid against it,
+// read a byte at a time (JsonSchemaPrefix, over JsonObjectPrefix's syntax). What a schema may say
+// is a subset, each keyword checked and any other refused by name (never ignored):
+//   type (a name or a list), enum, const, anyOf and oneOf (whose branches differ in the first byte
+//   of their values: an object and null, a string and a number; "Optional" fields), $ref to
+//   #/$defs/... or #/definitions/... (not recursive), properties, required, additionalProperties,
+//   items, minItems, maxItems, and the annotations (title, description, default, examples, ...).
+// An answer writes only the properties the schema names (each at most once, in any order, the
+// required ones all), so additionalProperties changes nothing but for an object without
+// properties: true or absent, any object; false, only {}; a schema, refused. A property name or
+// an enum value is written as nlohmann::json writes it, compactly; an integer has no fraction or
+// exponent. The root must be able to be an object. Torch-free.
+//
+//   auto schema = JsonSchema::Compile(json::parse(R"({"type": "object", "properties": {...}})"));
+//   JsonSchemaPrefix p(schema->get());
+//   p.Feed("{\"name\": \"Ada\"");  // true: it can still become a valid object
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api/json_prefix.h"
+#include "core/status.h"
+
+namespace colony::api {
+
+class JsonSchema {
+ public:
+  static constexpr size_t kMaxNodes = 1024;       // after $refs are inlined
+  static constexpr int kMaxDepth = 16;            // objects and arrays the schema nests
+  static constexpr size_t kMaxProperties = 64;    // of one object
+  static constexpr size_t kMaxEnumValues = 1024;  // of one enum
+  static constexpr size_t kMaxTextBytes = 1024;   // a property name's or enum value's JSON text
+  static constexpr size_t kMaxBranches = 16;      // of one anyOf
+  static constexpr uint32_t kMaxMinItems = 256;
+  static constexpr size_t kMaxSmallestAnswer = 64 * 1024;  // bytes of the shortest valid answer
+
+  // What a value's first byte says it is.
+  enum Slot : uint8_t { kObject, kArray, kString, kNumber, kBoolean, kNull, kSlots };
+  static constexpr uint32_t kUnbounded = std::numeric_limits<uint32_t>::max();
+
+  struct Node {
+    std::array<int16_t, kSlots> by_slot;  // the node a value of each kind follows; -1: refused
+    bool any = false;                     // any JSON value of its kinds
+    bool integer = false;                 // a number without fraction or exponent
+    std::vector<std::string> values;      // enum: its values' JSON texts, sorted
+    // An object's properties: names as JSON writes them between the quotes, sorted, and nodes.
+    std::vector<std::string> names;
+    std::vector<int16_t> properties;
+    uint64_t required = 0;  // bit i: names[i]
+    int16_t items = 0;      // an array's items (node 0: any value)
+    uint32_t min_items = 0, max_items = kUnbounded;
+  };
+
+  // InvalidArgument naming what is not supported or wrong, and where (a JSON pointer).
+  static Result<std::shared_ptr<const JsonSchema>> Compile(const nlohmann::json& schema);
+
+  const Node& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
+  int root() const { return root_; }
+  // The shortest text of a value of node `i` (of its first kind in Slot's order).
+  std::string Smallest(int i) const;
+
+  struct Compiler;
+
+ private:
+  std::vector<Node> nodes_;  // 0: any value
+  int root_ = 0;
+};
+
+class JsonSchemaPrefix {
+ public:
+  static constexpr int kMaxFrames = JsonSchema::kMaxDepth + 1;
+
+  // Without a schema: any JSON object (JsonObjectPrefix's rules alone). The schema must outlive it.
+  explicit JsonSchemaPrefix(const JsonSchema* schema = nullptr) : schema_(schema) {}
+  // Copies only the frames in use: a mask copies the state once per token of the vocabulary.
+  JsonSchemaPrefix(const JsonSchemaPrefix& other);
+  JsonSchemaPrefix& operator=(const JsonSchemaPrefix& other);
+  ~JsonSchemaPrefix() = default;
+
+  // Whether the text read so far followed by `bytes` can still become a valid object. A false is
+  // final (copy the state first to try a text).
+  bool Feed(std::string_view bytes) {
+    if (schema_ != nullptr) return FeedSchema(bytes);
+    if (!bad_ && !syntax_.Feed(bytes)) bad_ = true;  // (the syntax's own loop: masks feed every
+    return !bad_;                                    // token's text)
+  }
+  bool Feed(char byte);
+
+  bool complete() const { return syntax_.complete() && (schema_ == nullptr || done_); }
+  // Inside a string where any text without '"', '\\', control characters or an incomplete UTF-8
+  // character can follow and leave the state as it was (not a property name nor an enum value).
+  bool between_string_characters() const {
+    return syntax_.between_string_characters() &&
+           (schema_ == nullptr || scalar_ == Scalar::kString ||
+            (scalar_ == Scalar::kAny && any_string_));
+  }
+  const JsonObjectPrefix& syntax() const { return syntax_; }
+
+  // The state as bytes: prefixes with equal keys (of one schema) take and refuse the same texts.
+  std::string key() const;
+  // A short text that makes what was read a whole valid object (empty when it is one). Tests
+  // check the prefixes with it.
+  std::string Closing() const;
+
+ private:
+  enum class Scalar : uint8_t { kNone, kKey, kString, kNumber, kLiteral, kEnum, kAny };
+  enum class Stage : uint8_t { kOpen, kKey, kColon, kValue, kAfter };
+  struct Frame {     // (trivial: frames past depth_ are left unset)
+    uint64_t used;   // an object's properties written
+    uint32_t count;  // an array's items
+    int16_t node;
+    int16_t value;  // an object's: the node of the value after the key just read
+    bool array;
+    Stage stage;
+  };
+
+  bool FeedSchema(std::string_view bytes);
+  bool Take(unsigned char c);
+  bool Structural(unsigned char c);
+  bool StartValue(int node, unsigned char c);
+  bool Key(unsigned char c);
+  bool Enum(unsigned char c);  // narrows values_ by the next byte; false if none has it
+  bool AnyByte(unsigned char c);
+  bool ValueEnded();
+  // Appends a closing of `f` to `out` (its value in progress ended), as Closing() does.
+  void CloseFrame(Frame f, std::string& out) const;
+
+  const JsonSchema* schema_;
+  JsonObjectPrefix syntax_;
+  bool bad_ = false;
+  bool done_ = false;  // the root object was read
+  Scalar scalar_ = Scalar::kNone;
+  bool escape_ = false;   // a key's or string's byte after '\'
+  bool integer_ = false;  // kNumber
+  // kKey, kEnum: the names or values [lo_, hi_) of node_ begin with the pos_ bytes read.
+  uint16_t pos_ = 0, lo_ = 0, hi_ = 0;
+  int16_t node_ = 0;
+  // kAny: containers open in the value, whether in a string, whether a number or literal, and
+  // the syntax's depth at its start.
+  uint8_t any_depth_ = 0;
+  bool any_string_ = false;
+  bool any_scalar_ = false;
+  uint8_t any_base_ = 0;
+  int depth_ = 0;
+  std::array<Frame, kMaxFrames> frames_;  // [0, depth_) in use (operator= copies those)
+};
+
+inline JsonSchemaPrefix::JsonSchemaPrefix(const JsonSchemaPrefix& other)
+    : schema_(other.schema_),
+      syntax_(other.syntax_),
+      bad_(other.bad_),
+      done_(other.done_),
+      scalar_(other.scalar_),
+      escape_(other.escape_),
+      integer_(other.integer_),
+      pos_(other.pos_),
+      lo_(other.lo_),
+      hi_(other.hi_),
+      node_(other.node_),
+      any_depth_(other.any_depth_),
+      any_string_(other.any_string_),
+      any_scalar_(other.any_scalar_),
+      any_base_(other.any_base_),
+      depth_(other.depth_) {
+  std::copy_n(other.frames_.begin(), depth_, frames_.begin());
+}
+
+}  // namespace colony::api

@@ -1,0 +1,298 @@
+// JsonSchema and JsonSchemaPrefix (response_format json_schema) against a validator written here
+// from the JSON Schema specification (not from the compiled nodes) and nlohmann::json's reader:
+// every prefix of documents generated from the schema is taken, random walks over the bytes the
+// prefix takes stay completable by Closing() into valid documents, a whole object that the
+// prefix calls complete is valid, and what is not supported is refused by name.
+#include "api/json_schema.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../../fuzz/json_schema_checks.h"
+
+namespace colony::api {
+namespace {
+
+using json = nlohmann::json;
+using schema_checks::SchemaValid;
+
+// ---- Documents generated from a schema, as an answer may write them ----
+
+// A random valid value of `schema`, compact, writing only the properties it names (each once,
+// in a random order), integers without fractions.
+json Generate(const json& schema, const json& root, std::mt19937& rng, int depth = 0) {
+  auto pick = [&rng](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+  if (schema.is_boolean() || schema.empty() ||
+      (schema.size() == 1 && (schema.contains("title") || schema.contains("description")))) {
+    const json anys[] = {json(1),       json("x"),  json::object({{"k", json::array({1, "y"})}}),
+                         json(nullptr), json(true), json::array()};
+    return anys[pick(6)];
+  }
+  if (schema.contains("$ref")) {
+    const std::string ref = schema["$ref"];
+    return Generate(root.at(json::json_pointer(ref.substr(1))), root, rng, depth);
+  }
+  if (schema.contains("anyOf"))
+    return Generate(schema["anyOf"][pick(schema["anyOf"].size())], root, rng, depth);
+  if (schema.contains("oneOf"))
+    return Generate(schema["oneOf"][pick(schema["oneOf"].size())], root, rng, depth);
+  if (schema.contains("const")) return schema["const"];
+  if (schema.contains("enum")) {
+    for (int tries = 0; tries < 100; ++tries) {
+      json e = schema["enum"][pick(schema["enum"].size())];
+      if (SchemaValid(schema, e, root)) return e;
+    }
+  }
+  std::string type;
+  if (schema.contains("type")) {
+    type = schema["type"].is_array()
+               ? schema["type"][pick(schema["type"].size())].get<std::string>()
+               : schema["type"].get<std::string>();
+  } else {
+    const char* types[] = {"object", "array", "string", "number", "boolean", "null"};
+    type = types[pick(6)];
+  }
+  if (type == "object") {
+    json o = json::object();
+    if (!schema.contains("properties")) {
+      if (schema.value("additionalProperties", json(true)) == json(false)) return o;
+      o["free"] = json::array({1, 2});
+      return o;
+    }
+    std::vector<std::string> names;
+    for (const auto& [k, _] : schema["properties"].items()) names.push_back(k);
+    std::shuffle(names.begin(), names.end(), rng);
+    const json required = schema.value("required", json::array());
+    for (const auto& k : names) {
+      const bool must = std::find(required.begin(), required.end(), json(k)) != required.end();
+      if (must || pick(2) == 0) o[k] = Generate(schema["properties"][k], root, rng, depth + 1);
+    }
+    return o;
+  }
+  if (type == "array") {
+    const size_t lo = schema.value("minItems", 0);
+    const size_t hi = std::min<size_t>(schema.value("maxItems", lo + 3), lo + 3);
+    json a = json::array();
+    const size_t n = lo + pick(hi - lo + 1);
+    for (size_t i = 0; i < n; ++i)
+      a.push_back(Generate(schema.value("items", json(true)), root, rng, depth + 1));
+    return a;
+  }
+  if (type == "string") {
+    const char* s[] = {"", "a b", "\"quoted\" \\ / \n", "\xC3\xA9t\xC3\xA9", "\xF0\x9F\x98\x80"};
+    return s[pick(5)];
+  }
+  if (type == "integer") return static_cast<int64_t>(pick(2001)) - 1000;
+  if (type == "number") {
+    const json n[] = {json(0), json(-3), json(2.5), json(-0.125), json(1e20)};
+    return n[pick(5)];
+  }
+  if (type == "boolean") return pick(2) == 0;
+  return nullptr;
+}
+
+// The written order of an object's keys is the generator's (nlohmann's json sorts them): write
+// with a random key order by hand.
+std::string Write(const json& v, std::mt19937& rng) {
+  if (v.is_object()) {
+    std::vector<std::string> keys;
+    for (const auto& [k, _] : v.items()) keys.push_back(k);
+    std::shuffle(keys.begin(), keys.end(), rng);
+    std::string out = "{";
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (i > 0) out += std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? ", " : ",";
+      out += json(keys[i]).dump() + ":" + Write(v[keys[i]], rng);
+    }
+    return out + "}";
+  }
+  if (v.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i > 0) out += ',';
+      out += Write(v[i], rng);
+    }
+    return out + "]";
+  }
+  return v.dump();
+}
+
+// Schemas as applications send them (pydantic's, with $defs and Optional fields; OpenAI's strict
+// ones), and ones that reach each rule.
+std::vector<json> Schemas() {
+  return {
+      json::parse(R"({"type": "object", "properties": {"name": {"type": "string"},
+        "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "age"], "additionalProperties": false})"),
+      json::parse(R"({"$defs": {"Color": {"enum": ["red", "green", "blue"], "title": "Color",
+          "type": "string"},
+        "Address": {"properties": {"street": {"title": "Street", "type": "string"},
+          "zip": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": null}},
+          "required": ["street"], "title": "Address", "type": "object"}},
+        "properties": {"color": {"$ref": "#/$defs/Color"},
+          "home": {"$ref": "#/$defs/Address"},
+          "past": {"items": {"$ref": "#/$defs/Address"}, "type": "array", "maxItems": 2},
+          "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "description": "free"}},
+        "required": ["color", "home", "past", "note"], "title": "Person", "type": "object"})"),
+      json::parse(R"({"type": "object", "properties": {
+        "n": {"type": ["number", "null"]}, "b": {"type": "boolean"}, "z": {"type": "null"},
+        "k": {"enum": [1, 12, 1.5, "1", true, null, [1, 2], {"a": "b"}, "a,b", "\"q\""]},
+        "c": {"const": "fixed"}, "e": {"type": "object", "additionalProperties": false},
+        "free": {"type": "object"}, "any": {}, "list": {"type": "array", "minItems": 2,
+        "maxItems": 3, "items": {"type": "integer"}}, "a\"b\\c/\u00e9": {"type": "integer"},
+        "ab": {"type": "string"}, "abc": {"type": "string"}},
+        "required": ["k", "list", "ab"]})"),
+      json::parse(R"({"type": "object", "properties": {"x": {"type": "object", "properties": {
+        "y": {"type": "array", "items": {"type": "array", "items": {"oneOf": [
+          {"type": "object", "properties": {"z": {"type": "integer"}}, "required": ["z"]},
+          {"type": "string", "enum": ["s", "t"]}, {"type": "integer"}]}}}}, "required": ["y"]}},
+        "required": ["x"]})"),
+      json::parse(R"({"type": "object"})"),
+      json::parse(R"({"type": "object", "properties": {}, "additionalProperties": false})"),
+  };
+}
+
+TEST(JsonSchema, GeneratedDocumentsAreTakenWhole) {
+  std::mt19937 rng(7);
+  for (const json& schema : Schemas()) {
+    auto compiled = JsonSchema::Compile(schema);
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString() << "\n" << schema.dump();
+    for (int i = 0; i < 300; ++i) {
+      const json doc = Generate(schema, schema, rng);
+      ASSERT_TRUE(SchemaValid(schema, doc, schema)) << doc.dump();  // (the generator itself)
+      const std::string text = Write(doc, rng);
+      JsonSchemaPrefix p(compiled->get());
+      for (size_t at = 0; at < text.size(); ++at) {
+        ASSERT_TRUE(p.Feed(text[at])) << schema.dump() << "\n" << text.substr(0, at + 1);
+        ASSERT_FALSE(p.complete() && at + 1 < text.size()) << text.substr(0, at + 1);
+      }
+      EXPECT_TRUE(p.complete()) << text;
+    }
+  }
+}
+
+// Random walks over the bytes a prefix takes: at every step, the prefix and its Closing() are a
+// whole object that the validator accepts; an object the prefix calls complete is valid.
+TEST(JsonSchema, EveryTakenPrefixClosesIntoAValidDocument) {
+  std::mt19937 rng(11);
+  for (const json& schema : Schemas()) {
+    auto compiled = JsonSchema::Compile(schema);
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    for (int walk = 0; walk < 60; ++walk) {
+      JsonSchemaPrefix p(compiled->get());
+      std::string text;
+      for (int step = 0; step < 300 && !p.complete(); ++step) {
+        const std::string closing = p.Closing();
+        JsonSchemaPrefix closed = p;
+        ASSERT_TRUE(closed.Feed(closing) && closed.complete()) << schema.dump() << "\n"
+                                                               << text << " + " << closing;
+        const json doc = json::parse(text + closing, nullptr, false);
+        ASSERT_FALSE(doc.is_discarded()) << text << " + " << closing;
+        ASSERT_TRUE(SchemaValid(schema, doc, schema)) << schema.dump() << "\n"
+                                                      << text << " + " << closing;
+        // The next byte: one of those taken (late in a walk, the closing's first, to end it).
+        std::vector<char> taken;
+        for (int b = 0; b < 256; ++b) {
+          JsonSchemaPrefix next = p;
+          if (next.Feed(static_cast<char>(b))) taken.push_back(static_cast<char>(b));
+        }
+        ASSERT_FALSE(taken.empty()) << text;
+        const bool close = step > 100 && std::uniform_int_distribution<int>(0, 1)(rng) == 0;
+        const char c = close
+                           ? closing[0]
+                           : taken[std::uniform_int_distribution<size_t>(0, taken.size() - 1)(rng)];
+        ASSERT_TRUE(p.Feed(c));
+        text += c;
+      }
+      if (p.complete()) {
+        const json doc = json::parse(text, nullptr, false);
+        ASSERT_FALSE(doc.is_discarded()) << text;
+        EXPECT_TRUE(SchemaValid(schema, doc, schema)) << schema.dump() << "\n" << text;
+      }
+    }
+  }
+}
+
+TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}})",
+       "/properties/a/pattern: 'pattern' is not supported"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}})",
+       "'format' is not supported"},
+      {R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}})",
+       "'minimum' is not supported"},
+      {R"({"type": "object", "properties": {"a": false}})", "false (no value at all)"},
+      {R"({"type": "array"})", "the answer is a JSON object"},
+      {R"({"type": "object", "required": ["a"]})", "names properties the schema does not"},
+      {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", "names 'b'"},
+      {R"({"type": "object", "additionalProperties": {"type": "integer"}})", "(a map)"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "items": [{}]}}})", "a tuple"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"},
+          {"enum": ["x"]}]}}})",
+       "branches 0 and 1 can both be a string"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}},
+          "$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}}}})",
+       "recursive schemas are not supported"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/M"}}})", "names no schema"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "http://x/y"}}})", "only #/$defs/"},
+      {R"({"type": "object", "properties": {"a": {"type": "integer", "enum": ["x", 1.5]}}})",
+       "no value of the schema's type"},
+      {R"({"type": "object", "properties": {"a": {"type": "text"}}})", "'text' is not a JSON"},
+      {R"({"type": "object", "properties": {"a": {"const": 1e300}}})", "cannot write"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "minItems": 3, "maxItems": 2}}})",
+       "below minItems"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "minItems": 256, "items": {
+          "type": "array", "minItems": 256, "items": {"type": "array", "minItems": 2}}}},
+          "required": ["a"]})",
+       "shortest valid answer is longer"},
+  };
+  for (const auto& [schema, message] : cases) {
+    auto compiled = JsonSchema::Compile(json::parse(schema));
+    ASSERT_FALSE(compiled.ok()) << schema;
+    EXPECT_EQ(compiled.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(compiled.status().message().find(message), std::string::npos)
+        << compiled.status().message() << "\nwanted: " << message;
+  }
+  json deep = json::parse(R"({"type": "integer"})");
+  for (int i = 0; i < JsonSchema::kMaxDepth + 1; ++i)
+    deep = {{"type", "object"}, {"properties", {{"a", deep}}}};
+  EXPECT_NE(JsonSchema::Compile(deep).status().message().find("nest deeper than 16"),
+            std::string::npos);
+  json many = {{"type", "object"}, {"properties", json::object()}};
+  for (int i = 0; i < 65; ++i) many["properties"]["p" + std::to_string(i)] = json::object();
+  EXPECT_NE(JsonSchema::Compile(many).status().message().find("more than 64 properties"),
+            std::string::npos);
+}
+
+TEST(JsonSchema, HandPickedTexts) {
+  const json schema = Schemas()[0];
+  auto compiled = JsonSchema::Compile(schema);
+  ASSERT_TRUE(compiled.ok());
+  auto takes = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    return p.Feed(text);
+  };
+  auto whole = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    return p.Feed(text) && p.complete();
+  };
+  EXPECT_TRUE(whole(R"({"name": "a", "age": 3})"));
+  EXPECT_TRUE(whole(R"({"age": -3, "tags": [], "name": ""})"));  // any order
+  EXPECT_FALSE(takes(R"({"name": "a", "name")"));                // each once
+  EXPECT_FALSE(takes(R"({"nam": )"));                            // no such property
+  EXPECT_FALSE(takes(R"({"other)"));
+  EXPECT_FALSE(takes(R"({"name": "a"})"));  // age is required
+  EXPECT_FALSE(takes(R"({"age": 1.5)"));    // an integer
+  EXPECT_FALSE(takes(R"({"age": 1e3)"));
+  EXPECT_FALSE(takes(R"({"age": "3")"));
+  EXPECT_FALSE(takes(R"({"tags": [1)"));
+  EXPECT_TRUE(takes(R"({"tags": ["x", "y"], "age": 10)"));
+  EXPECT_FALSE(takes(R"({"name": "a", "age": 3, "tags": [], )"));  // no property is left
+  EXPECT_FALSE(takes(R"({"n\u0061me")"));                          // a name as JSON writes it
+}
+
+}  // namespace
+}  // namespace colony::api
