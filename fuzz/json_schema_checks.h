@@ -1,6 +1,7 @@
 // A validator of the JSON Schema keywords api::JsonSchema supports, written from the
-// specification (draft 2020-12: type, enum, const, anyOf, oneOf, $ref, properties, required,
-// additionalProperties, items, minItems, maxItems), not from the compiled nodes; and a check that
+// specification (draft 2020-12: type, enum, const, anyOf, oneOf, allOf, $ref, properties,
+// required, additionalProperties, items, minItems, maxItems; format asserts nothing), not from
+// the compiled nodes; and a check that
 // every prefix of a text that JsonSchemaPrefix takes closes into a valid document. Used by the
 // fuzz target and the unit tests.
 #pragma once
@@ -55,6 +56,11 @@ inline bool SchemaValid(const json& schema, const json& v, const json& root) {
     bool any = false;
     for (const auto& s : schema["anyOf"]) any = any || SchemaValid(s, v, root);
     if (!any) return false;
+  }
+  if (schema.contains("allOf")) {
+    for (const auto& s : schema["allOf"]) {
+      if (!SchemaValid(s, v, root)) return false;
+    }
   }
   if (schema.contains("oneOf")) {
     int n = 0;

@@ -16,6 +16,10 @@ namespace {
 
 using json = nlohmann::json;
 
+// An enum value at the schema's deepest level stays within the syntax's nesting bound.
+static_assert(JsonSchema::kMaxDepth + 1 + JsonSchema::kMaxValueNesting <
+              JsonObjectPrefix::kMaxDepth);
+
 constexpr std::array<std::string_view, JsonSchema::kSlots> kSlotNames = {
     "an object", "an array", "a string", "a number", "a boolean", "null"};
 
@@ -36,6 +40,24 @@ JsonSchema::Slot SlotOf(unsigned char c) {
     default:
       return c == '-' || (c >= '0' && c <= '9') ? JsonSchema::kNumber : JsonSchema::kSlots;
   }
+}
+
+// How deep a value's arrays and objects nest (0 for a number, string, literal).
+int Nesting(const json& v) {
+  int deepest = 0;
+  if (v.is_object() || v.is_array()) {
+    for (const auto& item : v) deepest = std::max(deepest, Nesting(item));
+    return deepest + 1;
+  }
+  return 0;
+}
+
+// An enum's first value of the kind `slot` (by_slot names an enum for the kinds it has values of).
+const std::string& FirstOfKind(const JsonSchema::Node& n, size_t slot) {
+  for (const std::string& v : n.values) {
+    if (SlotOf(static_cast<unsigned char>(v[0])) == slot) return v;
+  }
+  return n.values.front();  // (unreached)
 }
 
 bool IsSpace(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -59,18 +81,20 @@ std::string PointerToken(std::string_view s) {
 }
 
 const std::set<std::string, std::less<>>& Annotations() {
-  static const std::set<std::string, std::less<>> k = {
-      "title",    "description", "default",  "examples",  "$schema", "$id",
-      "$comment", "deprecated",  "readOnly", "writeOnly", "$defs",   "definitions"};
+  static const std::set<std::string, std::less<>>
+      k =
+          {
+              "title",       "description", "default",  "examples",  "$schema",
+              "$comment",    "deprecated",  "readOnly", "writeOnly", "$defs",
+              "definitions", "format"};  // (2020-12's default: an annotation, asserting nothing)
   return k;
 }
 
 const std::set<std::string, std::less<>>& Keywords() {
   static const std::set<std::string, std::less<>> k = {
-      "type",       "enum",     "const",
-      "anyOf",      "oneOf",    "$ref",
-      "properties", "required", "additionalProperties",
-      "items",      "minItems", "maxItems"};
+      "type",  "enum",     "const",      "anyOf",    "oneOf",
+      "allOf", "$ref",     "properties", "required", "additionalProperties",
+      "items", "minItems", "maxItems"};
   return k;
 }
 
@@ -80,10 +104,12 @@ struct JsonSchema::Compiler {
   const json& root;
   std::vector<Node> nodes;
   std::vector<std::string> resolving;  // the $refs being compiled
+  int nested = 0;                      // Compile calls in progress (anyOf in anyOf, $refs)
+  size_t calls = 0;                    // Compile calls made (a $ref is compiled at each use)
 
   static Status Error(const std::string& at, std::string_view what) {
-    return InvalidArgument(
-        fmt::format("json_schema: {}: {}", at.empty() ? std::string("the schema") : at, what));
+    return InvalidArgument(fmt::format(
+        "json_schema: {}: {}", at.empty() ? std::string("the schema") : at.substr(0, 256), what));
   }
 
   static Node Blank() {
@@ -103,6 +129,18 @@ struct JsonSchema::Compiler {
   }
 
   Result<int> Compile(const json& s, const std::string& at, int depth) {
+    struct Nested {
+      int& n;
+      explicit Nested(int& count) : n(++count) {}
+      ~Nested() { --n; }
+      Nested(const Nested&) = delete;
+      Nested& operator=(const Nested&) = delete;
+    } nested_here(nested);
+    if (nested > kMaxNested) return Error(at, "nests schemas too deep");
+    if (++calls > kMaxCompiled) {
+      return Error(
+          at, fmt::format("has more than {} schemas (with its $refs written out)", kMaxCompiled));
+    }
     if (depth > kMaxDepth) {
       return Error(at, fmt::format("objects and arrays nest deeper than {}", kMaxDepth));
     }
@@ -113,12 +151,13 @@ struct JsonSchema::Compiler {
     if (!s.is_object()) return Error(at, "must be a schema (an object or true)");
     int constraints = 0;
     for (const auto& [key, value] : s.items()) {
+      if (key == "$id" && at.empty()) continue;  // (elsewhere it would move the $refs' base)
       if (Annotations().contains(key)) continue;
       if (!Keywords().contains(key)) {
         return Error(at + "/" + PointerToken(key),
                      fmt::format("'{}' is not supported by colony api (supported: type, enum, "
-                                 "const, anyOf, oneOf, $ref, properties, required, "
-                                 "additionalProperties, items, minItems, maxItems)",
+                                 "const, anyOf, oneOf, allOf of one schema, $ref, properties, "
+                                 "required, additionalProperties, items, minItems, maxItems)",
                                  key.substr(0, 64)));
       }
       ++constraints;
@@ -126,6 +165,14 @@ struct JsonSchema::Compiler {
     if (s.contains("$ref")) {
       if (constraints > 1) return Error(at, "$ref beside other keywords is not supported");
       return Ref(s["$ref"], at + "/$ref", depth);
+    }
+    if (s.contains("allOf")) {  // (pydantic's wrapper of a $ref beside a description)
+      const json& all = s["allOf"];
+      if (constraints > 1) return Error(at, "allOf beside other keywords is not supported");
+      if (!all.is_array() || all.size() != 1) {
+        return Error(at + "/allOf", "allOf of more than one schema is not supported");
+      }
+      return Compile(all[0], at + "/allOf/0", depth);
     }
     for (const char* one_of : {"anyOf", "oneOf"}) {
       if (!s.contains(one_of)) continue;
@@ -300,6 +347,10 @@ struct JsonSchema::Compiler {
     if (text.size() > kMaxTextBytes) {
       return Error(at, fmt::format("holds a value longer than {} bytes as JSON", kMaxTextBytes));
     }
+    // (Written inside the schema's own nesting, within JsonObjectPrefix::kMaxDepth.)
+    if (Nesting(v) > kMaxValueNesting) {
+      return Error(at, fmt::format("holds a value nested deeper than {}", kMaxValueNesting));
+    }
     // (A number with more digits than an answer may write cannot be one.)
     JsonObjectPrefix p;
     if (!p.Feed("{\"\":") || !p.Feed(text) || !p.Feed('}') || !p.complete()) {
@@ -391,7 +442,7 @@ struct JsonSchema::Compiler {
       const Node& t = nodes[static_cast<size_t>(to)];
       size_t b = 4;  // (at most: {}, [], "", 0, true, null)
       if (!t.any && !t.values.empty()) {
-        b = t.values.front().size();
+        b = FirstOfKind(t, k).size();
       } else if (!t.any && k == kObject) {
         b = 2;
         for (size_t p = 0; p < t.names.size(); ++p) {
@@ -430,6 +481,14 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
     return Compiler::Error(
         "", fmt::format("its shortest valid answer is longer than {} bytes", kMaxSmallestAnswer));
   }
+  // (An optional part's too: an answer that begins it must be able to end it.)
+  for (size_t i = 0; i < c.nodes.size(); ++i) {
+    if (c.SmallestBytes(static_cast<int>(i), memo) > kMaxSmallestAnswer) {
+      return Compiler::Error("", fmt::format("a value it describes is longer than {} bytes at "
+                                             "its shortest",
+                                             kMaxSmallestAnswer));
+    }
+  }
   auto out = std::make_shared<JsonSchema>();
   out->nodes_ = std::move(c.nodes);
   out->root_ = answer;
@@ -442,7 +501,7 @@ std::string JsonSchema::Smallest(int i) const {
     const int to = n.by_slot[k];
     if (to < 0) continue;
     const Node& t = node(to);
-    if (!t.any && !t.values.empty()) return t.values.front();
+    if (!t.any && !t.values.empty()) return FirstOfKind(t, k);
     switch (k) {
       case kObject: {
         std::string out = "{";
@@ -596,17 +655,29 @@ bool JsonSchemaPrefix::AnyByte(unsigned char c) {
   return true;  // (the syntax checks the rest)
 }
 
+namespace {
+
+// Of the sorted texts [lo, hi), which share their first `pos` bytes, the run whose next byte is
+// c (binary searches: the one that ends at pos, if any, comes first, then the rest by that byte
+// as std::string orders them, unsigned).
+std::pair<uint16_t, uint16_t> Run(const std::vector<std::string>& texts, uint16_t lo, uint16_t hi,
+                                  uint16_t pos, unsigned char c) {
+  const auto first = texts.begin() + lo, last = texts.begin() + hi;
+  const auto below = [pos, c](const std::string& t) {
+    return t.size() <= pos || static_cast<unsigned char>(t[pos]) < c;
+  };
+  const auto not_above = [pos, c](const std::string& t) {
+    return t.size() <= pos || static_cast<unsigned char>(t[pos]) <= c;
+  };
+  return {static_cast<uint16_t>(std::partition_point(first, last, below) - texts.begin()),
+          static_cast<uint16_t>(std::partition_point(first, last, not_above) - texts.begin())};
+}
+
+}  // namespace
+
 bool JsonSchemaPrefix::Enum(unsigned char c) {
-  const std::vector<std::string>& values = schema_->node(node_).values;
-  // [lo_, hi_) share their first pos_ bytes, and are sorted: those whose next byte is c are a run.
-  uint16_t lo = lo_;
-  while (lo < hi_ &&
-         (values[lo].size() <= pos_ || static_cast<unsigned char>(values[lo][pos_]) != c))
-    ++lo;
-  if (lo == hi_) return false;
-  uint16_t hi = lo;
-  while (hi < hi_ && values[hi].size() > pos_ && static_cast<unsigned char>(values[hi][pos_]) == c)
-    ++hi;
+  const auto [lo, hi] = Run(schema_->node(node_).values, lo_, hi_, pos_, c);
+  if (lo == hi) return false;
   lo_ = lo;
   hi_ = hi;
   ++pos_;
@@ -627,17 +698,9 @@ bool JsonSchemaPrefix::Key(unsigned char c) {
     return true;
   }
   escape_ = !escape_ && c == '\\';
-  uint16_t lo = lo_;
-  while (lo < hi_ &&
-         (n.names[lo].size() <= pos_ || static_cast<unsigned char>(n.names[lo][pos_]) != c))
-    ++lo;
-  uint16_t hi = lo;
-  bool any = false;
-  while (hi < hi_ && n.names[hi].size() > pos_ &&
-         static_cast<unsigned char>(n.names[hi][pos_]) == c) {
-    any = any || unused(hi);
-    ++hi;
-  }
+  const auto [lo, hi] = Run(n.names, lo_, hi_, pos_, c);
+  bool any = false;  // (a name not written yet must remain)
+  for (uint16_t i = lo; i < hi && !any; ++i) any = unused(i);
   if (!any) return false;
   lo_ = lo;
   hi_ = hi;
@@ -765,13 +828,17 @@ std::string JsonSchemaPrefix::key() const {
   put(static_cast<uint8_t>(done_));
   put(static_cast<uint8_t>(scalar_));
   switch (scalar_) {
-    case Scalar::kKey:
-    case Scalar::kEnum:
+    case Scalar::kKey:  // (of the top frame's node)
       put(escape_);
       put(pos_);
       put(lo_);
       put(hi_);
+      break;
+    case Scalar::kEnum:
       put(node_);
+      put(pos_);
+      put(lo_);
+      put(hi_);
       break;
     case Scalar::kString:
       put(escape_);

@@ -8,7 +8,9 @@
 //   items, minItems, maxItems, and the annotations (title, description, default, examples, ...).
 // An answer writes only the properties the schema names (each at most once, in any order, the
 // required ones all), so additionalProperties changes nothing but for an object without
-// properties: true or absent, any object; false, only {}; a schema, refused. A property name or
+// properties: true or absent, any object; false, only {}; a schema, refused (a map). format is an
+// annotation (2020-12's default), and so is $id at the root (refused below it, where it would move
+// the base of the $refs under it); allOf of one schema is that schema. A property name or
 // an enum value is written as nlohmann::json writes it, compactly; an integer has no fraction or
 // exponent. The root must be able to be an object. Torch-free.
 //
@@ -39,7 +41,10 @@ class JsonSchema {
   static constexpr size_t kMaxProperties = 64;    // of one object
   static constexpr size_t kMaxEnumValues = 1024;  // of one enum
   static constexpr size_t kMaxTextBytes = 1024;   // a property name's or enum value's JSON text
+  static constexpr int kMaxValueNesting = 32;     // an enum value's arrays and objects
   static constexpr size_t kMaxBranches = 16;      // of one anyOf
+  static constexpr int kMaxNested = 64;           // schemas within schemas (anyOf, $ref too)
+  static constexpr size_t kMaxCompiled = 16 * kMaxNodes;  // schemas, each $ref at each use
   static constexpr uint32_t kMaxMinItems = 256;
   static constexpr size_t kMaxSmallestAnswer = 64 * 1024;  // bytes of the shortest valid answer
 
@@ -95,7 +100,7 @@ class JsonSchemaPrefix {
   }
   bool Feed(char byte);
 
-  bool complete() const { return syntax_.complete() && (schema_ == nullptr || done_); }
+  bool complete() const { return !bad_ && syntax_.complete() && (schema_ == nullptr || done_); }
   // Inside a string where any text without '"', '\\', control characters or an incomplete UTF-8
   // character can follow and leave the state as it was (not a property name nor an enum value).
   bool between_string_characters() const {

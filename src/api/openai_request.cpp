@@ -44,7 +44,8 @@ Status ParseJsonSchema(const json& v, GenerationRequest& q) {
   for (const auto& [key, value] : spec.items()) {
     if (key == "name" || key == "description") {
       if (!value.is_string() || value.get_ref<const std::string&>().size() > 1024) {
-        return Bad("response_format", fmt::format("json_schema.{} must be a string", key));
+        return Bad("response_format",
+                   fmt::format("json_schema.{} must be a string of at most 1024 bytes", key));
       }
     } else if (key == "strict") {
       if (!value.is_boolean() && !value.is_null()) {

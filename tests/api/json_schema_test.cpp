@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -36,6 +37,7 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
     const std::string ref = schema["$ref"];
     return Generate(root.at(json::json_pointer(ref.substr(1))), root, rng, depth);
   }
+  if (schema.contains("allOf")) return Generate(schema["allOf"][0], root, rng, depth);
   if (schema.contains("anyOf"))
     return Generate(schema["anyOf"][pick(schema["anyOf"].size())], root, rng, depth);
   if (schema.contains("oneOf"))
@@ -152,6 +154,14 @@ std::vector<json> Schemas() {
         "required": ["x"]})"),
       json::parse(R"({"type": "object"})"),
       json::parse(R"({"type": "object", "properties": {}, "additionalProperties": false})"),
+      // An enum of several kinds as the root (the answer takes its object), format (an
+      // annotation), allOf of one schema, $id at the root.
+      json::parse(R"({"$id": "https://example.com/s", "enum": ["x", {"a": [1, {"b": null}]},
+        {"a": []}, 3]})"),
+      json::parse(R"({"type": "object", "properties": {
+        "when": {"type": "string", "format": "date-time"},
+        "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"}},
+        "$defs": {"W": {"enum": ["me", "you"]}}, "required": ["who"]})"),
   };
 }
 
@@ -161,8 +171,9 @@ TEST(JsonSchema, GeneratedDocumentsAreTakenWhole) {
     auto compiled = JsonSchema::Compile(schema);
     ASSERT_TRUE(compiled.ok()) << compiled.status().ToString() << "\n" << schema.dump();
     for (int i = 0; i < 300; ++i) {
-      const json doc = Generate(schema, schema, rng);
-      ASSERT_TRUE(SchemaValid(schema, doc, schema)) << doc.dump();  // (the generator itself)
+      json doc = Generate(schema, schema, rng);
+      while (!doc.is_object()) doc = Generate(schema, schema, rng);  // (an answer is an object)
+      ASSERT_TRUE(SchemaValid(schema, doc, schema)) << doc.dump();   // (the generator itself)
       const std::string text = Write(doc, rng);
       JsonSchemaPrefix p(compiled->get());
       for (size_t at = 0; at < text.size(); ++at) {
@@ -175,16 +186,31 @@ TEST(JsonSchema, GeneratedDocumentsAreTakenWhole) {
 }
 
 // Random walks over the bytes a prefix takes: at every step, the prefix and its Closing() are a
-// whole object that the validator accepts; an object the prefix calls complete is valid.
+// whole object that the validator accepts; an object the prefix calls complete is valid. States
+// with equal keys (by which masks are kept) take the same bytes, into states with equal keys.
 TEST(JsonSchema, EveryTakenPrefixClosesIntoAValidDocument) {
   std::mt19937 rng(11);
   for (const json& schema : Schemas()) {
     auto compiled = JsonSchema::Compile(schema);
     ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    std::map<std::string, std::pair<JsonSchemaPrefix, std::string>> seen;  // by key
+    int equal_keys = 0;
     for (int walk = 0; walk < 60; ++walk) {
       JsonSchemaPrefix p(compiled->get());
       std::string text;
       for (int step = 0; step < 300 && !p.complete(); ++step) {
+        const auto [it, first] = seen.try_emplace(p.key(), p, text);
+        if (!first) {
+          ++equal_keys;
+          for (int b = 0; b < 256; ++b) {
+            JsonSchemaPrefix x = p, y = it->second.first;
+            const bool tx = x.Feed(static_cast<char>(b)), ty = y.Feed(static_cast<char>(b));
+            ASSERT_EQ(tx, ty) << text << " / " << it->second.second << " + byte " << b;
+            if (tx) {
+              ASSERT_EQ(x.key(), y.key()) << text << " / " << it->second.second << " + " << b;
+            }
+          }
+        }
         const std::string closing = p.Closing();
         JsonSchemaPrefix closed = p;
         ASSERT_TRUE(closed.Feed(closing) && closed.complete()) << schema.dump() << "\n"
@@ -213,6 +239,7 @@ TEST(JsonSchema, EveryTakenPrefixClosesIntoAValidDocument) {
         EXPECT_TRUE(SchemaValid(schema, doc, schema)) << schema.dump() << "\n" << text;
       }
     }
+    EXPECT_GT(equal_keys, 100);  // (states recur: between values, in names)
   }
 }
 
@@ -220,8 +247,12 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}})",
        "/properties/a/pattern: 'pattern' is not supported"},
-      {R"({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}})",
-       "'format' is not supported"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "minLength": 2}}})",
+       "/properties/a/minLength: 'minLength' is not supported"},
+      {R"({"type": "object", "properties": {"a": {"$id": "x", "type": "string"}}})",
+       "/properties/a/$id: '$id' is not supported"},
+      {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, {}]}}})",
+       "allOf of more than one schema is not supported"},
       {R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}})",
        "'minimum' is not supported"},
       {R"({"type": "object", "properties": {"a": false}})", "false (no value at all)"},
@@ -261,6 +292,40 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
     deep = {{"type", "object"}, {"properties", {{"a", deep}}}};
   EXPECT_NE(JsonSchema::Compile(deep).status().message().find("nest deeper than 16"),
             std::string::npos);
+  json branches = {{"type", "integer"}};
+  for (int i = 0; i < JsonSchema::kMaxNested; ++i) branches = {{"anyOf", json::array({branches})}};
+  EXPECT_NE(JsonSchema::Compile({{"type", "object"}, {"properties", {{"a", branches}}}})
+                .status()
+                .message()
+                .find("nests schemas too deep"),
+            std::string::npos);
+  json nested = json::array();
+  for (int i = 0; i < JsonSchema::kMaxValueNesting; ++i) nested = json::array({nested});
+  EXPECT_NE(JsonSchema::Compile({{"type", "object"}, {"properties", {{"a", {{"const", nested}}}}}})
+                .status()
+                .message()
+                .find("a value nested deeper than 32"),
+            std::string::npos);
+  // References used many times are compiled at each use, within a bound: 15 x 64 x 64 uses of a
+  // chain of 50 $refs would take millions of compilations.
+  json amplified = {{"type", "object"}, {"properties", json::object()}, {"$defs", json::object()}};
+  for (int i = 0; i < 50; ++i) {
+    amplified["$defs"]["c" + std::to_string(i)] = {{"$ref", "#/$defs/c" + std::to_string(i + 1)}};
+  }
+  amplified["$defs"]["c50"] = true;
+  for (const char* level : {"O", "T"}) {
+    json o = {{"type", "object"}, {"properties", json::object()}};
+    for (int i = 0; i < 64; ++i) {
+      o["properties"]["p" + std::to_string(i)] = {
+          {"$ref", std::string("#/$defs/") + (level[0] == 'O' ? "c0" : "O")}};
+    }
+    amplified["$defs"][level] = o;
+  }
+  for (int i = 0; i < 15; ++i)
+    amplified["properties"]["t" + std::to_string(i)] = {{"$ref", "#/$defs/T"}};
+  EXPECT_NE(JsonSchema::Compile(amplified).status().message().find("has more than 16384 schemas"),
+            std::string::npos)
+      << JsonSchema::Compile(amplified).status().ToString();
   json many = {{"type", "object"}, {"properties", json::object()}};
   for (int i = 0; i < 65; ++i) many["properties"]["p" + std::to_string(i)] = json::object();
   EXPECT_NE(JsonSchema::Compile(many).status().message().find("more than 64 properties"),
