@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 namespace colony::api {
 namespace {
@@ -103,9 +105,17 @@ const std::set<std::string, std::less<>>& Keywords() {
 struct JsonSchema::Compiler {
   const json& root;
   std::vector<Node> nodes;
-  std::vector<std::string> resolving;  // the $refs being compiled
-  int nested = 0;                      // Compile calls in progress (anyOf in anyOf, $refs)
-  size_t calls = 0;                    // Compile calls made (a $ref is compiled at each use)
+  std::vector<const json*> resolving;  // the $refs' targets being compiled
+  // The $refs' targets compiled: their node, and how many levels of containers below the depth
+  // they were compiled at they reach (nodes are shared: every use of a $ref is the same node).
+  struct Compiled {
+    int node;
+    int height;
+  };
+  std::map<const json*, Compiled> refs;
+  int deepest = 0;   // the deepest level of containers a Compile call reached
+  int nested = 0;    // Compile calls in progress (properties, items, anyOf, $refs)
+  size_t calls = 0;  // Compile calls made
 
   static Status Error(const std::string& at, std::string_view what) {
     return InvalidArgument(fmt::format(
@@ -144,6 +154,7 @@ struct JsonSchema::Compiler {
     if (depth > kMaxDepth) {
       return Error(at, fmt::format("objects and arrays nest deeper than {}", kMaxDepth));
     }
+    deepest = std::max(deepest, depth);
     if (s.is_boolean()) {
       if (s.get<bool>()) return 0;
       return Error(at, "false (no value at all) is not supported");
@@ -170,7 +181,7 @@ struct JsonSchema::Compiler {
       const json& all = s["allOf"];
       if (constraints > 1) return Error(at, "allOf beside other keywords is not supported");
       if (!all.is_array() || all.size() != 1) {
-        return Error(at + "/allOf", "allOf of more than one schema is not supported");
+        return Error(at + "/allOf", "must be a list of one schema (more are not supported)");
       }
       return Compile(all[0], at + "/allOf/0", depth);
     }
@@ -195,8 +206,15 @@ struct JsonSchema::Compiler {
         if (s.contains(k))
           return Error(at, fmt::format("enum or const beside {} is not supported", k));
       }
-      if (s.contains("enum") && s.contains("const")) {
-        return Error(at, "enum beside const is not supported");
+      if (s.contains("enum") && s.contains("const")) {  // (pydantic's one-member enums)
+        json both = json::array();
+        if (s["enum"].is_array()) {
+          for (const json& v : s["enum"]) {
+            if (v == s["const"]) both.push_back(v);
+          }
+        }
+        if (both.empty()) return Error(at + "/const", "is not among the enum's values");
+        return Enum(both, at + "/enum", kinds, integer);
       }
       return Enum(s.contains("const") ? json::array({s["const"]}) : s["enum"],
                   at + (s.contains("const") ? "/const" : "/enum"), kinds, integer);
@@ -383,6 +401,12 @@ struct JsonSchema::Compiler {
     return Add(std::move(n));
   }
 
+  // Whether node i reads a number as any number (or integer), not as an enum's or any value.
+  bool Plain(int i) const {
+    const Node& t = nodes[static_cast<size_t>(i)];
+    return !t.any && t.values.empty();
+  }
+
   Result<int> AnyOf(const json& branches, const std::string& at, int depth) {
     if (!branches.is_array() || branches.empty() || branches.size() > kMaxBranches) {
       return Error(at, fmt::format("must be a list of 1 to {} schemas", kMaxBranches));
@@ -395,6 +419,12 @@ struct JsonSchema::Compiler {
       for (size_t k = 0; k < kSlots; ++k) {
         const int16_t to = nodes[static_cast<size_t>(branch)].by_slot[k];
         if (to < 0) continue;
+        if (n.by_slot[k] >= 0 && k == kNumber && Plain(n.by_slot[k]) && Plain(to)) {
+          // Integers or numbers (pydantic's Union[int, float]): numbers, if either is.
+          if (nodes[static_cast<size_t>(to)].integer) continue;
+          n.by_slot[k] = to;
+          continue;
+        }
         if (n.by_slot[k] >= 0) {
           return Error(at, fmt::format("branches {} and {} can both be {}: the branches must "
                                        "differ in the kind of value (an object or null, a "
@@ -414,55 +444,66 @@ struct JsonSchema::Compiler {
     if (!r.starts_with("#/$defs/") && !r.starts_with("#/definitions/")) {
       return Error(at, "only #/$defs/... and #/definitions/... are supported");
     }
-    if (std::ranges::find(resolving, r) != resolving.end()) {
-      return Error(at, fmt::format("{} refers to itself: recursive schemas are not supported",
-                                   r.substr(0, 128)));
-    }
     const json* target = nullptr;
     try {
       target = &root.at(json::json_pointer(r.substr(1)));
     } catch (const json::exception&) {
       return Error(at, fmt::format("{} names no schema", r.substr(0, 128)));
     }
-    resolving.push_back(r);
-    auto compiled = Compile(*target, r.substr(1), depth);
+    if (std::ranges::find(resolving, target) != resolving.end()) {
+      return Error(at, fmt::format("{} refers to itself: recursive schemas are not supported",
+                                   r.substr(0, 128)));
+    }
+    if (const auto it = refs.find(target); it != refs.end()) {  // (compiled at another use)
+      if (depth + it->second.height > kMaxDepth) {
+        return Error(at, fmt::format("objects and arrays nest deeper than {}", kMaxDepth));
+      }
+      deepest = std::max(deepest, depth + it->second.height);
+      return it->second.node;
+    }
+    resolving.push_back(target);
+    const int outer = std::exchange(deepest, depth);
+    auto compiled = Compile(*target, r.substr(1, 256), depth);
     resolving.pop_back();
+    if (compiled.ok()) refs[target] = {.node = *compiled, .height = deepest - depth};
+    deepest = std::max(outer, deepest);
     return compiled;
   }
 
-  // The bytes of node i's shortest value (saturating at kMaxSmallestAnswer + 1).
+  // The bytes of Smallest(i) (its first kind's) and of the shortest value of kind k after node i,
+  // saturating at kMaxSmallestAnswer + 1; memo: a byte count + 1 per node and kind (0: not yet).
   size_t SmallestBytes(int i, std::vector<size_t>& memo) const {
-    auto& m = memo[static_cast<size_t>(i)];
-    if (m != 0) return m;
     const Node& n = nodes[static_cast<size_t>(i)];
-    size_t bytes = kMaxSmallestAnswer + 1;
     for (size_t k = 0; k < kSlots; ++k) {
-      const int to = n.by_slot[k];
-      if (to < 0) continue;
-      const Node& t = nodes[static_cast<size_t>(to)];
-      size_t b = 4;  // (at most: {}, [], "", 0, true, null)
-      if (!t.any && !t.values.empty()) {
-        b = FirstOfKind(t, k).size();
-      } else if (!t.any && k == kObject) {
-        b = 2;
-        for (size_t p = 0; p < t.names.size(); ++p) {
-          if (((t.required >> p) & 1U) != 0) {
-            b += t.names[p].size() + 4 + SmallestBytes(t.properties[p], memo);
-          }
-        }
-      } else if (!t.any && k == kArray) {
-        b = 2 + t.min_items * (1 + SmallestBytes(t.items, memo));
-      }
-      bytes = std::min(bytes, b);
-      break;  // (Smallest takes the first kind)
+      if (n.by_slot[k] >= 0) return KindBytes(i, k, memo);
     }
-    m = std::min(bytes, kMaxSmallestAnswer + 1);
-    return m;
+    return 4;
+  }
+  size_t KindBytes(int i, size_t k, std::vector<size_t>& memo) const {
+    size_t& m = memo[static_cast<size_t>(i) * kSlots + k];
+    if (m != 0) return m - 1;
+    const Node& t = nodes[static_cast<size_t>(nodes[static_cast<size_t>(i)].by_slot[k])];
+    size_t b = 4;  // (at most: {}, [], "", 0, true, null)
+    if (!t.any && !t.values.empty()) {
+      b = FirstOfKind(t, k).size();
+    } else if (!t.any && k == kObject) {
+      b = 2;
+      for (size_t p = 0; p < t.names.size(); ++p) {
+        if (((t.required >> p) & 1U) != 0) {
+          b += t.names[p].size() + 4 + SmallestBytes(t.properties[p], memo);
+        }
+      }
+    } else if (!t.any && k == kArray) {
+      b = 2 + t.min_items * (1 + SmallestBytes(t.items, memo));
+    }
+    b = std::min(b, kMaxSmallestAnswer + 1);
+    m = b + 1;
+    return b;
   }
 };
 
 Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::json& schema) {
-  Compiler c{.root = schema, .nodes = {}, .resolving = {}};
+  Compiler c{.root = schema, .nodes = {}, .resolving = {}, .refs = {}};
   Node any = Compiler::Blank();
   any.by_slot.fill(0);
   any.any = true;
@@ -471,22 +512,25 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
   if (c.nodes[static_cast<size_t>(root)].by_slot[kObject] < 0) {
     return Compiler::Error("", "the answer is a JSON object, which the schema does not allow");
   }
-  std::vector<size_t> memo(c.nodes.size());
   Node only_object = Compiler::Blank();  // (the root as an answer begins it)
   only_object.by_slot[kObject] = c.nodes[static_cast<size_t>(root)].by_slot[kObject];
   c.nodes.push_back(only_object);
   const int answer = static_cast<int>(c.nodes.size() - 1);
-  memo.push_back(0);
+  std::vector<size_t> memo(c.nodes.size() * kSlots);
   if (c.SmallestBytes(answer, memo) > kMaxSmallestAnswer) {
     return Compiler::Error(
         "", fmt::format("its shortest valid answer is longer than {} bytes", kMaxSmallestAnswer));
   }
-  // (An optional part's too: an answer that begins it must be able to end it.)
+  // Every kind of every value it describes too (a value an answer may begin, whose shortest end
+  // Closing() writes).
   for (size_t i = 0; i < c.nodes.size(); ++i) {
-    if (c.SmallestBytes(static_cast<int>(i), memo) > kMaxSmallestAnswer) {
-      return Compiler::Error("", fmt::format("a value it describes is longer than {} bytes at "
-                                             "its shortest",
-                                             kMaxSmallestAnswer));
+    for (size_t k = 0; k < kSlots; ++k) {
+      if (c.nodes[i].by_slot[k] >= 0 &&
+          c.KindBytes(static_cast<int>(i), k, memo) > kMaxSmallestAnswer) {
+        return Compiler::Error(
+            "", fmt::format("a value it describes ({}) is longer than {} bytes at its shortest",
+                            kSlotNames[k], kMaxSmallestAnswer));
+      }
     }
   }
   auto out = std::make_shared<JsonSchema>();

@@ -2,10 +2,12 @@
 // for generation (JsonSchema), and the texts that can still become a JSON object valid against it,
 // read a byte at a time (JsonSchemaPrefix, over JsonObjectPrefix's syntax). What a schema may say
 // is a subset, each keyword checked and any other refused by name (never ignored):
-//   type (a name or a list), enum, const, anyOf and oneOf (whose branches differ in the first byte
-//   of their values: an object and null, a string and a number; "Optional" fields), $ref to
-//   #/$defs/... or #/definitions/... (not recursive), properties, required, additionalProperties,
-//   items, minItems, maxItems, and the annotations (title, description, default, examples, ...).
+//   type (a name or a list), enum, const (both: the enum's values equal to it), anyOf and oneOf
+//   (whose branches differ in the first byte of their values: an object and null, a string and a
+//   number; "Optional" fields; integers and numbers are numbers), $ref to #/$defs/... or
+//   #/definitions/... (not recursive; each target compiled once, its node shared), properties,
+//   required, additionalProperties, items, minItems, maxItems, and the annotations (title,
+//   description, default, examples, ...).
 // An answer writes only the properties the schema names (each at most once, in any order, the
 // required ones all), so additionalProperties changes nothing but for an object without
 // properties: true or absent, any object; false, only {}; a schema, refused (a map). format is an

@@ -147,6 +147,10 @@ std::vector<json> Schemas() {
         "maxItems": 3, "items": {"type": "integer"}}, "a\"b\\c/\u00e9": {"type": "integer"},
         "ab": {"type": "string"}, "abc": {"type": "string"}},
         "required": ["k", "list", "ab"]})"),
+      json::parse(R"({"type": "object", "properties": {
+        "either": {"anyOf": [{"type": "integer"}, {"type": "number"}, {"type": "string"}]},
+        "whole": {"anyOf": [{"type": "integer"}, {"type": "null"}, {"type": "integer"}]}},
+        "required": ["either", "whole"]})"),
       json::parse(R"({"type": "object", "properties": {"x": {"type": "object", "properties": {
         "y": {"type": "array", "items": {"type": "array", "items": {"oneOf": [
           {"type": "object", "properties": {"z": {"type": "integer"}}, "required": ["z"]},
@@ -155,12 +159,14 @@ std::vector<json> Schemas() {
       json::parse(R"({"type": "object"})"),
       json::parse(R"({"type": "object", "properties": {}, "additionalProperties": false})"),
       // An enum of several kinds as the root (the answer takes its object), format (an
-      // annotation), allOf of one schema, $id at the root.
+      // annotation), allOf of one schema, $id at the root, pydantic's one-member enum (both
+      // enum and const).
       json::parse(R"({"$id": "https://example.com/s", "enum": ["x", {"a": [1, {"b": null}]},
         {"a": []}, 3]})"),
       json::parse(R"({"type": "object", "properties": {
         "when": {"type": "string", "format": "date-time"},
-        "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"}},
+        "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"},
+        "kind": {"const": "person", "enum": ["person"], "type": "string"}},
         "$defs": {"W": {"enum": ["me", "you"]}}, "required": ["who"]})"),
   };
 }
@@ -252,7 +258,12 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
       {R"({"type": "object", "properties": {"a": {"$id": "x", "type": "string"}}})",
        "/properties/a/$id: '$id' is not supported"},
       {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, {}]}}})",
-       "allOf of more than one schema is not supported"},
+       "must be a list of one schema (more are not supported)"},
+      {R"({"type": "object", "properties": {"a": {"enum": ["x", "y"], "const": "z"}}})",
+       "/properties/a/const: is not among the enum's values"},
+      {R"({"type": "object", "properties": {"a": {"type": ["object", "array"], "minItems": 256,
+          "items": {"type": "array", "minItems": 255}}}})",
+       "a value it describes (an array) is longer than 65536 bytes at its shortest"},
       {R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}})",
        "'minimum' is not supported"},
       {R"({"type": "object", "properties": {"a": false}})", "false (no value at all)"},
@@ -306,8 +317,8 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
                 .message()
                 .find("a value nested deeper than 32"),
             std::string::npos);
-  // References used many times are compiled at each use, within a bound: 15 x 64 x 64 uses of a
-  // chain of 50 $refs would take millions of compilations.
+  // A reference is compiled once, whatever its uses: 15 x 64 x 64 uses of a chain of 50 $refs
+  // compiled at each use would take millions of compilations. Other schemas are bounded.
   json amplified = {{"type", "object"}, {"properties", json::object()}, {"$defs", json::object()}};
   for (int i = 0; i < 50; ++i) {
     amplified["$defs"]["c" + std::to_string(i)] = {{"$ref", "#/$defs/c" + std::to_string(i + 1)}};
@@ -323,9 +334,20 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
   }
   for (int i = 0; i < 15; ++i)
     amplified["properties"]["t" + std::to_string(i)] = {{"$ref", "#/$defs/T"}};
-  EXPECT_NE(JsonSchema::Compile(amplified).status().message().find("has more than 16384 schemas"),
+  EXPECT_TRUE(JsonSchema::Compile(amplified).ok());
+  json wide = {{"type", "object"}, {"properties", json::object()}};
+  for (int i = 0; i < 64; ++i) {
+    json a = {{"type", "object"}, {"properties", json::object()}};
+    for (int j = 0; j < 14; ++j) {
+      json b = {{"type", "object"}, {"properties", json::object()}};
+      for (int k = 0; k < 64; ++k) b["properties"]["t" + std::to_string(k)] = true;
+      a["properties"]["b" + std::to_string(j)] = b;
+    }
+    wide["properties"]["a" + std::to_string(i)] = a;
+  }
+  EXPECT_NE(JsonSchema::Compile(wide).status().message().find("has more than 16384 schemas"),
             std::string::npos)
-      << JsonSchema::Compile(amplified).status().ToString();
+      << JsonSchema::Compile(wide).status().ToString();
   json many = {{"type", "object"}, {"properties", json::object()}};
   for (int i = 0; i < 65; ++i) many["properties"]["p" + std::to_string(i)] = json::object();
   EXPECT_NE(JsonSchema::Compile(many).status().message().find("more than 64 properties"),
