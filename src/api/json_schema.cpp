@@ -130,9 +130,9 @@ struct JsonSchema::Compiler {
 
   Result<int> Add(Node n) {
     if (nodes.size() >= kMaxNodes) {
-      return InvalidArgument(
-          fmt::format("json_schema: the schema has more than {} parts (with its $refs written out)",
-                      kMaxNodes));
+      return InvalidArgument(fmt::format(
+          "json_schema: the schema has more than {} parts (a $ref's target counted once)",
+          kMaxNodes));
     }
     nodes.push_back(std::move(n));
     return static_cast<int>(nodes.size() - 1);
@@ -148,8 +148,7 @@ struct JsonSchema::Compiler {
     } nested_here(nested);
     if (nested > kMaxNested) return Error(at, "nests schemas too deep");
     if (++calls > kMaxCompiled) {
-      return Error(
-          at, fmt::format("has more than {} schemas (with its $refs written out)", kMaxCompiled));
+      return Error(at, fmt::format("has more than {} schemas", kMaxCompiled));
     }
     if (depth > kMaxDepth) {
       return Error(at, fmt::format("objects and arrays nest deeper than {}", kMaxDepth));

@@ -38,15 +38,15 @@ namespace colony::api {
 
 class JsonSchema {
  public:
-  static constexpr size_t kMaxNodes = 1024;       // after $refs are inlined
+  static constexpr size_t kMaxNodes = 1024;       // a $ref's target counted once
   static constexpr int kMaxDepth = 16;            // objects and arrays the schema nests
   static constexpr size_t kMaxProperties = 64;    // of one object
   static constexpr size_t kMaxEnumValues = 1024;  // of one enum
   static constexpr size_t kMaxTextBytes = 1024;   // a property name's or enum value's JSON text
   static constexpr int kMaxValueNesting = 32;     // an enum value's arrays and objects
   static constexpr size_t kMaxBranches = 16;      // of one anyOf
-  static constexpr int kMaxNested = 64;           // schemas within schemas (anyOf, $ref too)
-  static constexpr size_t kMaxCompiled = 16 * kMaxNodes;  // schemas, each $ref at each use
+  static constexpr int kMaxNested = 64;  // schemas within schemas (properties, anyOf, $ref...)
+  static constexpr size_t kMaxCompiled = 16 * kMaxNodes;  // schemas compiled in all
   static constexpr uint32_t kMaxMinItems = 256;
   static constexpr size_t kMaxSmallestAnswer = 64 * 1024;  // bytes of the shortest valid answer
 
