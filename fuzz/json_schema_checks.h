@@ -1,9 +1,8 @@
 // A validator of the JSON Schema keywords api::JsonSchema supports, written from the
 // specification (draft 2020-12: type, enum, const, anyOf, oneOf, allOf, $ref, properties,
-// required, additionalProperties, items, minItems, maxItems; format asserts nothing), not from
-// the compiled nodes; and a check that
-// every prefix of a text that JsonSchemaPrefix takes closes into a valid document. Used by the
-// fuzz target and the unit tests.
+// required, additionalProperties, items, minItems, maxItems, minLength, maxLength; format asserts
+// nothing), not from the compiled nodes; and a check that every prefix of a text that
+// JsonSchemaPrefix takes closes into a valid document. Used by the fuzz target and the unit tests.
 #pragma once
 
 #include <cmath>
@@ -80,6 +79,13 @@ inline bool SchemaValid(const json& schema, const json& v, const json& root) {
         return false;
       }
     }
+  }
+  if (v.is_string()) {
+    // Its length: Unicode code points (nlohmann holds UTF-8: the bytes that are not 10xxxxxx).
+    size_t length = 0;
+    for (unsigned char c : v.get_ref<const std::string&>()) length += (c & 0xC0U) != 0x80U ? 1 : 0;
+    if (schema.contains("minLength") && length < schema["minLength"].get<size_t>()) return false;
+    if (schema.contains("maxLength") && length > schema["maxLength"].get<size_t>()) return false;
   }
   if (v.is_array()) {
     if (schema.contains("minItems") && v.size() < schema["minItems"].get<size_t>()) return false;

@@ -18,14 +18,21 @@ TokenTextTable TokenTextTable::From(std::vector<std::string> within,
   t.first = first.empty() ? t.within : std::move(first);
   t.first.resize(t.within.size());
   t.plain.resize(t.within.size());
+  t.chars.resize(t.within.size());
   JsonObjectPrefix in_string;
   in_string.Feed("{\"");
   for (size_t v = 0; v < t.within.size(); ++v) {
     // (Without any '"': one could close a key and open a value, as `":"` does, which no value
     // string can take.)
     JsonObjectPrefix probe = in_string;
-    t.plain[v] = !t.within[v].empty() && t.within[v].find('"') == std::string::npos &&
-                 probe.Feed(t.within[v]) && probe.between_string_characters();
+    uint32_t chars = 0;  // (a character begins where the string is between characters)
+    bool fits = !t.within[v].empty() && t.within[v].find('"') == std::string::npos;
+    for (size_t i = 0; fits && i < t.within[v].size(); ++i) {
+      chars += probe.between_string_characters() ? 1 : 0;
+      fits = probe.Feed(t.within[v][i]);
+    }
+    t.plain[v] = fits && probe.between_string_characters();
+    t.chars[v] = t.plain[v] ? chars : 0;
     JsonObjectPrefix start;
     if (!t.first[v].empty() && start.Feed(t.first[v])) t.begins_object = true;
   }
@@ -89,13 +96,14 @@ void JsonObjectLogits::ReadFits(const JsonSchemaPrefix& answer, int64_t answered
                                 Bits& out) const {
   const TokenTextTable& table = *options_.texts;
   out.assign(static_cast<size_t>((vocab + 63) / 64), 0);
-  // Inside a string most tokens are string content, which always fits.
+  // Inside a string most tokens are string content, which fits up to its maxLength.
   const bool in_string = answered > 0 && answer.between_string_characters();
+  const uint32_t room = answer.string_room();
   for (int64_t v = 0; v < vocab; ++v) {
     const auto token = static_cast<size_t>(v);
     bool fits = false;
     if (in_string && token < table.plain.size() && table.plain[token]) {
-      fits = true;
+      fits = table.chars[token] <= room;
     } else if (const std::string* text = Text(v, answered); text != nullptr && !text->empty()) {
       if (options_.schema) {
         JsonSchemaPrefix next = answer;

@@ -41,9 +41,11 @@ struct TokenTextTable {
   // Decoded alone: an answer's first token, as the answer's text has it.
   std::vector<std::string> first;
   // Whether within[t] is string content alone (no '"', no control bytes, whole escapes and UTF-8
-  // characters): inside any string it always fits, and leaves the string as it was.
+  // characters): inside any string it fits, if the string may take chars[t] more characters
+  // (maxLength), and leaves the string as it was but for their count.
   std::vector<bool> plain;
-  bool begins_object = false;  // some first token's text can begin a JSON object
+  std::vector<uint32_t> chars;  // of a plain text (as JsonSchemaPrefix counts them); else 0
+  bool begins_object = false;   // some first token's text can begin a JSON object
 
   // The table of these texts (`first` empty: the same as `within`).
   static TokenTextTable From(std::vector<std::string> within, std::vector<std::string> first = {});

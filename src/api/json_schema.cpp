@@ -94,9 +94,9 @@ const std::set<std::string, std::less<>>& Annotations() {
 
 const std::set<std::string, std::less<>>& Keywords() {
   static const std::set<std::string, std::less<>> k = {
-      "type",  "enum",     "const",      "anyOf",    "oneOf",
-      "allOf", "$ref",     "properties", "required", "additionalProperties",
-      "items", "minItems", "maxItems"};
+      "type",  "enum",     "const",      "anyOf",     "oneOf",
+      "allOf", "$ref",     "properties", "required",  "additionalProperties",
+      "items", "minItems", "maxItems",   "minLength", "maxLength"};
   return k;
 }
 
@@ -167,7 +167,8 @@ struct JsonSchema::Compiler {
         return Error(at + "/" + PointerToken(key),
                      fmt::format("'{}' is not supported by colony api (supported: type, enum, "
                                  "const, anyOf, oneOf, allOf of one schema, $ref, properties, "
-                                 "required, additionalProperties, items, minItems, maxItems)",
+                                 "required, additionalProperties, items, minItems, maxItems, "
+                                 "minLength, maxLength)",
                                  key.substr(0, 64)));
       }
       ++constraints;
@@ -200,8 +201,8 @@ struct JsonSchema::Compiler {
       kinds.fill(true);
     }
     if (s.contains("enum") || s.contains("const")) {
-      for (const char* k :
-           {"properties", "required", "additionalProperties", "items", "minItems", "maxItems"}) {
+      for (const char* k : {"properties", "required", "additionalProperties", "items", "minItems",
+                            "maxItems", "minLength", "maxLength"}) {
         if (s.contains(k))
           return Error(at, fmt::format("enum or const beside {} is not supported", k));
       }
@@ -230,6 +231,15 @@ struct JsonSchema::Compiler {
     if (kinds[kArray]) {
       COLONY_ASSIGN_OR_RETURN(const bool own, Array(s, at, depth, n));
       n.by_slot[kArray] = own ? self : int16_t{0};
+    }
+    if (kinds[kString]) {
+      if (s.contains("minLength")) {
+        COLONY_ASSIGN_OR_RETURN(n.min_length, Bound(s, "minLength", at, kMaxMinLength));
+      }
+      if (s.contains("maxLength")) {
+        COLONY_ASSIGN_OR_RETURN(n.max_length, Bound(s, "maxLength", at, kUnbounded - 1));
+      }
+      if (n.max_length < n.min_length) return Error(at + "/maxLength", "is below minLength");
     }
     for (Slot k : {kString, kNumber, kBoolean, kNull}) {
       if (kinds[k]) n.by_slot[k] = self;
@@ -336,21 +346,24 @@ struct JsonSchema::Compiler {
       COLONY_ASSIGN_OR_RETURN(const int items, Compile(s["items"], at + "/items", depth + 1));
       n.items = static_cast<int16_t>(items);
     }
-    auto bound = [&](const char* key, uint32_t most) -> Result<uint32_t> {
-      const json& v = s[key];
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > most) {
-        return Error(at + "/" + key, fmt::format("must be an integer from 0 to {}", most));
-      }
-      return static_cast<uint32_t>(v.get<int64_t>());
-    };
     if (s.contains("minItems")) {
-      COLONY_ASSIGN_OR_RETURN(n.min_items, bound("minItems", kMaxMinItems));
+      COLONY_ASSIGN_OR_RETURN(n.min_items, Bound(s, "minItems", at, kMaxMinItems));
     }
     if (s.contains("maxItems")) {
-      COLONY_ASSIGN_OR_RETURN(n.max_items, bound("maxItems", kUnbounded - 1));
+      COLONY_ASSIGN_OR_RETURN(n.max_items, Bound(s, "maxItems", at, kUnbounded - 1));
     }
     if (n.max_items < n.min_items) return Error(at + "/maxItems", "is below minItems");
     return true;
+  }
+
+  // A count's bound (minItems, maxLength, ...): an integer from 0 to `most`.
+  static Result<uint32_t> Bound(const json& s, const char* key, const std::string& at,
+                                uint32_t most) {
+    const json& v = s[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > most) {
+      return Error(at + "/" + key, fmt::format("must be an integer from 0 to {}", most));
+    }
+    return static_cast<uint32_t>(v.get<int64_t>());
   }
 
   // A value's JSON text, as an answer must write it.
@@ -494,6 +507,8 @@ struct JsonSchema::Compiler {
       }
     } else if (!t.any && k == kArray) {
       b = 2 + t.min_items * (1 + SmallestBytes(t.items, memo));
+    } else if (!t.any && k == kString) {
+      b = 2 + size_t{t.min_length};
     }
     b = std::min(b, kMaxSmallestAnswer + 1);
     m = b + 1;
@@ -564,7 +579,7 @@ std::string JsonSchema::Smallest(int i) const {
         return out + "]";
       }
       case kString:
-        return "\"\"";
+        return '"' + std::string(t.any ? 0 : t.min_length, 'a') + '"';
       case kNumber:
         return "0";
       case kBoolean:
@@ -587,6 +602,8 @@ JsonSchemaPrefix& JsonSchemaPrefix::operator=(const JsonSchemaPrefix& other) {
   scalar_ = other.scalar_;
   escape_ = other.escape_;
   integer_ = other.integer_;
+  need_ = other.need_;
+  room_ = other.room_;
   pos_ = other.pos_;
   lo_ = other.lo_;
   hi_ = other.hi_;
@@ -610,31 +627,35 @@ bool JsonSchemaPrefix::FeedSchema(std::string_view bytes) {
 bool JsonSchemaPrefix::Feed(char byte) {
   if (bad_) return false;
   const int syntax_depth = syntax_.depth();
+  const bool starts = syntax_.between_string_characters();
   if (!syntax_.Feed(byte)) {
     bad_ = true;
     return false;
   }
   if (schema_ == nullptr) return true;
   if (scalar_ == Scalar::kNone && syntax_depth >= 0) any_base_ = static_cast<uint8_t>(syntax_depth);
-  if (!Take(static_cast<unsigned char>(byte))) bad_ = true;
+  if (!Take(static_cast<unsigned char>(byte), starts)) bad_ = true;
   return !bad_;
 }
 
-bool JsonSchemaPrefix::Take(unsigned char c) {
+bool JsonSchemaPrefix::Take(unsigned char c, bool starts) {
   switch (scalar_) {
     case Scalar::kNone:
       return Structural(c);
     case Scalar::kKey:
       return Key(c);
     case Scalar::kString:
-      if (escape_) {
-        escape_ = false;
-      } else if (c == '\\') {
-        escape_ = true;
-      } else if (c == '"') {
+      // Each character counted at its first byte (a surrogate pair's second escape is read
+      // within its first: one character, as a decoder makes it).
+      if (!starts) return true;
+      if (c == '"') {
+        if (need_ > 0) return false;
         scalar_ = Scalar::kNone;
         return ValueEnded();
       }
+      if (room_ == 0) return false;
+      if (room_ != JsonSchema::kUnbounded) --room_;
+      if (need_ > 0) --need_;
       return true;
     case Scalar::kNumber:
       if (IsNumberByte(c)) return !(integer_ && (c == '.' || c == 'e' || c == 'E'));
@@ -786,7 +807,8 @@ bool JsonSchemaPrefix::StartValue(int node, unsigned char c) {
       return true;
     case JsonSchema::kString:
       scalar_ = Scalar::kString;
-      escape_ = false;
+      need_ = t.min_length;
+      room_ = t.max_length;
       return true;
     case JsonSchema::kNumber:
       scalar_ = Scalar::kNumber;
@@ -884,7 +906,8 @@ std::string JsonSchemaPrefix::key() const {
       put(hi_);
       break;
     case Scalar::kString:
-      put(escape_);
+      put(need_);
+      put(room_);
       break;
     case Scalar::kNumber:
       put(integer_);
@@ -974,7 +997,11 @@ std::string JsonSchemaPrefix::Closing() const {
       ended = false;
       break;
     }
-    case Scalar::kString:
+    case Scalar::kString: {  // (the character in progress ended, then those it still needs)
+      const std::string end = syntax_.Closing(syntax_.depth());
+      out += end.substr(0, end.size() - 1) + std::string(need_, 'a') + '"';
+      break;
+    }
     case Scalar::kNumber:
     case Scalar::kLiteral:
       out += syntax_.Closing(syntax_.depth());

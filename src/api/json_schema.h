@@ -6,8 +6,9 @@
 //   (whose branches differ in the first byte of their values: an object and null, a string and a
 //   number; "Optional" fields; integers and numbers are numbers), $ref to #/$defs/... or
 //   #/definitions/... (not recursive; each target compiled once, its node shared), properties,
-//   required, additionalProperties, items, minItems, maxItems, and the annotations (title,
-//   description, default, examples, ...).
+//   required, additionalProperties, items, minItems, maxItems, minLength, maxLength (a string's
+//   characters: Unicode code points, an escape or a surrogate pair's two escapes one), and the
+//   annotations (title, description, default, examples, ...).
 // An answer writes only the properties the schema names (each at most once, in any order, the
 // required ones all), so additionalProperties changes nothing but for an object without
 // properties: true or absent, any object; false, only {}; a schema, refused (a map). format is an
@@ -48,6 +49,7 @@ class JsonSchema {
   static constexpr int kMaxNested = 64;  // schemas within schemas (properties, anyOf, $ref...)
   static constexpr size_t kMaxCompiled = 16 * kMaxNodes;  // schemas compiled in all
   static constexpr uint32_t kMaxMinItems = 256;
+  static constexpr uint32_t kMaxMinLength = 16 * 1024;     // characters a string must have
   static constexpr size_t kMaxSmallestAnswer = 64 * 1024;  // bytes of the shortest valid answer
 
   // What a value's first byte says it is.
@@ -65,6 +67,7 @@ class JsonSchema {
     uint64_t required = 0;  // bit i: names[i]
     int16_t items = 0;      // an array's items (node 0: any value)
     uint32_t min_items = 0, max_items = kUnbounded;
+    uint32_t min_length = 0, max_length = kUnbounded;  // a string's characters
   };
 
   // InvalidArgument naming what is not supported or wrong, and where (a JSON pointer).
@@ -104,11 +107,15 @@ class JsonSchemaPrefix {
 
   bool complete() const { return !bad_ && syntax_.complete() && (schema_ == nullptr || done_); }
   // Inside a string where any text without '"', '\\', control characters or an incomplete UTF-8
-  // character can follow and leave the state as it was (not a property name nor an enum value).
+  // character can follow, up to string_room() characters (not a property name nor an enum value).
   bool between_string_characters() const {
     return syntax_.between_string_characters() &&
            (schema_ == nullptr || scalar_ == Scalar::kString ||
             (scalar_ == Scalar::kAny && any_string_));
+  }
+  // How many more characters the string being read may take (maxLength); kUnbounded: any.
+  uint32_t string_room() const {
+    return scalar_ == Scalar::kString ? room_ : JsonSchema::kUnbounded;
   }
   const JsonObjectPrefix& syntax() const { return syntax_; }
 
@@ -131,7 +138,9 @@ class JsonSchemaPrefix {
   };
 
   bool FeedSchema(std::string_view bytes);
-  bool Take(unsigned char c);
+  // `starts` : whether the byte begins a string's character or ends it (the syntax was between
+  // characters).
+  bool Take(unsigned char c, bool starts);
   bool Structural(unsigned char c);
   bool StartValue(int node, unsigned char c);
   bool Key(unsigned char c);
@@ -146,8 +155,10 @@ class JsonSchemaPrefix {
   bool bad_ = false;
   bool done_ = false;  // the root object was read
   Scalar scalar_ = Scalar::kNone;
-  bool escape_ = false;   // a key's or string's byte after '\'
+  bool escape_ = false;   // a key's or free string's byte after '\'
   bool integer_ = false;  // kNumber
+  // kString: the characters it must still take (minLength) and may still take (maxLength).
+  uint32_t need_ = 0, room_ = JsonSchema::kUnbounded;
   // kKey, kEnum: the names or values [lo_, hi_) of node_ begin with the pos_ bytes read.
   uint16_t pos_ = 0, lo_ = 0, hi_ = 0;
   int16_t node_ = 0;
@@ -169,6 +180,8 @@ inline JsonSchemaPrefix::JsonSchemaPrefix(const JsonSchemaPrefix& other)
       scalar_(other.scalar_),
       escape_(other.escape_),
       integer_(other.integer_),
+      need_(other.need_),
+      room_(other.room_),
       pos_(other.pos_),
       lo_(other.lo_),
       hi_(other.hi_),

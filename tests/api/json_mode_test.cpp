@@ -234,6 +234,7 @@ TEST_F(JsonObjectLogitsTest, PlainTokensAreStringContentAlone) {
       {"ab", "\":\"", "\\\"", "\": \"", "\":{\"", "\\n", "\xC3", "\xC3\xA9", "\x01", "", " {"});
   EXPECT_EQ(t.plain, (std::vector<bool>{true, false, false, false, false, true, false, true, false,
                                         false, true}));
+  EXPECT_EQ(t.chars, (std::vector<uint32_t>{2, 0, 0, 0, 0, 1, 0, 1, 0, 0, 2}));
 
   // Through the mask: `":"` after a key, not inside a value.
   std::vector<std::string> texts = {""};
@@ -256,6 +257,50 @@ TEST_F(JsonObjectLogitsTest, PlainTokensAreStringContentAlone) {
   }
   EXPECT_TRUE(at::isinf((*out)[0][0][kColonQuote]).item<bool>());  // in a value
   EXPECT_TRUE(at::isfinite((*out)[0][0]['y']).item<bool>());
+}
+
+// In a string of at most 3 characters (maxLength) a plain token fits while its characters do,
+// each counted once however many bytes or escapes write it.
+TEST_F(JsonObjectLogitsTest, ABoundedStringTakesTokensUpToItsLength) {
+  auto schema = JsonSchema::Compile(nlohmann::json::parse(
+      R"({"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().ToString();
+  std::vector<std::string> texts = {""};
+  for (int b = 1; b < 256; ++b) texts.emplace_back(1, static_cast<char>(b));
+  const std::vector<std::pair<std::string, bool>> tokens = {// and whether each fits after "a
+                                                            {"ab", true},
+                                                            {"abc", false},
+                                                            {"\xC3\xA9\xF0\x9F\x98\x80", true},
+                                                            {"\\n\\t", true},
+                                                            {"\\n\\t\\r", false},
+                                                            {"\\ud83d\\ude00\\u00e9", true},
+                                                            {"a\xC3\xA9"
+                                                             "b",
+                                                             false},
+                                                            {"b\"", true}};
+  constexpr int64_t kFirst = 200;  // (the model has 256 logits: ids 200... are these texts)
+  for (size_t i = 0; i < tokens.size(); ++i) texts[kFirst + i] = tokens[i].first;
+  auto table = std::make_shared<const TokenTextTable>(TokenTextTable::From(std::move(texts)));
+  serve::LocalBackend local(model_);
+  JsonObjectLogits json(local, {.texts = table, .schema = *schema, .end_tokens = {kEnd}});
+  auto out = json.Step(OneRow({3, 17}), 0, {}, serve::StepLogits::kLast);
+  int64_t position = 2;
+  for (const char c : std::string("{\"s\":\"a")) {
+    out = json.Step(Column({c}), position++, {}, serve::StepLogits::kLast);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    EXPECT_EQ(at::isfinite((*out)[0][0][kFirst + static_cast<int64_t>(i)]).item<bool>(),
+              tokens[i].second)
+        << tokens[i].first;
+  }
+  EXPECT_TRUE(at::isfinite((*out)[0][0]['"']).item<bool>());
+  out = json.Step(Column({kFirst}), position++, {}, serve::StepLogits::kLast);  // "ab": 3 now
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_TRUE(at::isinf((*out)[0][0]['c']).item<bool>());  // then only the string's end
+  EXPECT_TRUE(at::isinf((*out)[0][0]['\\']).item<bool>());
+  EXPECT_TRUE(at::isinf((*out)[0][0][kFirst + 2]).item<bool>());
+  EXPECT_TRUE(at::isfinite((*out)[0][0]['"']).item<bool>());
 }
 
 // An answer's first token is read as it is written alone (a sentencepiece word start loses its

@@ -85,6 +85,16 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
     return a;
   }
   if (type == "string") {
+    if (schema.contains("minLength") || schema.contains("maxLength")) {
+      // Characters of one to four bytes, escaped ones among them.
+      const char* chars[] = {"a",  " ",        "\"",           "\n",
+                             "\\", "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80"};
+      const size_t lo = schema.value("minLength", 0);
+      const size_t hi = std::min<size_t>(schema.value("maxLength", lo + 4), lo + 4);
+      std::string out;
+      for (size_t n = lo + pick(hi - lo + 1); n > 0; --n) out += chars[pick(8)];
+      return out;
+    }
     const char* s[] = {"", "a b", "\"quoted\" \\ / \n", "\xC3\xA9t\xC3\xA9", "\xF0\x9F\x98\x80"};
     return s[pick(5)];
   }
@@ -163,6 +173,16 @@ std::vector<json> Schemas() {
       // enum and const).
       json::parse(R"({"$id": "https://example.com/s", "enum": ["x", {"a": [1, {"b": null}]},
         {"a": []}, 3]})"),
+      // Strings of bounded length (pydantic's constr and Field(min_length=..., max_length=...)).
+      json::parse(R"({"type": "object", "properties": {
+        "code": {"type": "string", "minLength": 3, "maxLength": 3},
+        "short": {"type": "string", "maxLength": 2}, "none": {"type": "string", "maxLength": 0},
+        "long": {"type": "string", "minLength": 5},
+        "opt": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 4}, {"type": "null"}]},
+        "list": {"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 2},
+          "minItems": 1},
+        "mixed": {"type": ["string", "integer"], "minLength": 2}},
+        "required": ["code", "long", "list"]})"),
       json::parse(R"({"type": "object", "properties": {
         "when": {"type": "string", "format": "date-time"},
         "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"},
@@ -253,8 +273,20 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}})",
        "/properties/a/pattern: 'pattern' is not supported"},
-      {R"({"type": "object", "properties": {"a": {"type": "string", "minLength": 2}}})",
-       "/properties/a/minLength: 'minLength' is not supported"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "minLength": 3,
+          "maxLength": 2}}})",
+       "/properties/a/maxLength: is below minLength"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "minLength": -1}}})",
+       "/properties/a/minLength: must be an integer from 0 to 16384"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "maxLength": 1.5}}})",
+       "/properties/a/maxLength: must be an integer from 0 to"},
+      {R"({"type": "object", "properties": {"a": {"enum": ["x"], "maxLength": 2}}})",
+       "enum or const beside maxLength is not supported"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "minLength": 16384},
+          "b": {"type": "string", "minLength": 16384}, "c": {"type": "string",
+          "minLength": 16384}, "d": {"type": "string", "minLength": 16384}},
+          "required": ["a", "b", "c", "d"]})",
+       "shortest valid answer is longer"},
       {R"({"type": "object", "properties": {"a": {"$id": "x", "type": "string"}}})",
        "/properties/a/$id: '$id' is not supported"},
       {R"({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, {}]}}})",
@@ -379,6 +411,46 @@ TEST(JsonSchema, HandPickedTexts) {
   EXPECT_TRUE(takes(R"({"tags": ["x", "y"], "age": 10)"));
   EXPECT_FALSE(takes(R"({"name": "a", "age": 3, "tags": [], )"));  // no property is left
   EXPECT_FALSE(takes(R"({"n\u0061me")"));                          // a name as JSON writes it
+}
+
+// A string's length is its characters (code points), each counted once however it is written:
+// one to four bytes of UTF-8, an escape, a surrogate pair's two escapes.
+TEST(JsonSchema, StringLengthsCountCharacters) {
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "s": {"type": "string", "minLength": 2, "maxLength": 3}}, "required": ["s"]})");
+  auto compiled = JsonSchema::Compile(schema);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  auto takes = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    return p.Feed(text);
+  };
+  auto whole = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    return p.Feed(text) && p.complete();
+  };
+  EXPECT_TRUE(whole(R"({"s": "ab"})"));
+  EXPECT_TRUE(whole(R"({"s": "abc"})"));
+  EXPECT_FALSE(takes(R"({"s": "a")"));  // too short
+  EXPECT_FALSE(takes(R"({"s": "")"));
+  EXPECT_FALSE(takes(R"({"s": "abcd)"));                                    // too long
+  EXPECT_TRUE(whole("{\"s\": \"\xC3\xA9\xF0\x9F\x98\x80\"}"));              // 2 characters, 6 bytes
+  EXPECT_TRUE(whole("{\"s\": \"\xE2\x82\xAC\xC3\xA9\xF0\x9F\x98\x80\"}"));  // 3, 9 bytes
+  EXPECT_FALSE(takes("{\"s\": \"\xE2\x82\xAC\xC3\xA9\xF0\x9F\x98\x80\xC3"));
+  EXPECT_TRUE(whole(R"({"s": "\u00e9\n\\"})"));     // 3 escapes
+  EXPECT_FALSE(takes(R"({"s": "\u00e9\n\\\")"));    // a 4th
+  EXPECT_TRUE(whole(R"({"s": "\ud83d\ude00a"})"));  // a pair is one character
+  EXPECT_TRUE(whole(R"({"s": "\ud83d\ude00\ud83d\ude00\ud83d\ude00"})"));
+  EXPECT_FALSE(takes(R"({"s": "\ud83d\ude00ab\u)"));
+  EXPECT_FALSE(takes(R"({"s": "\ud83d\ude00")"));  // one character
+  for (const std::string prefix : {R"({"s": "\u00)", R"({"s": "\ud83d\u)", "{\"s\": \"\xF0\x9F",
+                                   R"({"s": ")", R"({"s": "ab)", R"({"s)"}) {
+    JsonSchemaPrefix p(compiled->get());
+    ASSERT_TRUE(p.Feed(prefix)) << prefix;
+    const std::string text = prefix + p.Closing();
+    const json doc = json::parse(text, nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << text;
+    EXPECT_TRUE(SchemaValid(schema, doc, schema)) << text;
+  }
 }
 
 }  // namespace

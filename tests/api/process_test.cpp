@@ -2080,14 +2080,15 @@ TEST_F(ApiProcessTest, JsonSchemaAnswersAreValidAgainstTheirSchema) {
   ASSERT_NE(StartServer("A", "0:4"), nullptr);
   ASSERT_TRUE(StartApi({"--chat-template", "chatml"}));
   WaitUntilRoutable();
-  // Every value an enum, a boolean or null, so that a random model's answer is short.
+  // Every value an enum, a boolean, null or a string of at most 4 characters, so that a random
+  // model's answer is short.
   const json schema = json::parse(R"({"$defs": {"Color": {"enum": ["red", "green", "blue"],
       "type": "string", "title": "Color"}},
     "type": "object", "title": "Pick", "additionalProperties": false,
     "properties": {"color": {"$ref": "#/$defs/Color"}, "ok": {"type": "boolean"},
       "size": {"enum": [1, 2, 30]}, "none": {"anyOf": [{"type": "null"}, {"enum": ["x"]}]},
-      "spare": {"type": "boolean"}},
-    "required": ["color", "ok", "size", "none"]})");
+      "spare": {"type": "boolean"}, "code": {"type": "string", "minLength": 2, "maxLength": 4}},
+    "required": ["color", "ok", "size", "none", "code"]})");
   // Tokens of whitespace alone are biased away (JSON allows runs of 24 bytes between tokens).
   json spaces = json::object();
   for (int32_t v = 0; v < tokenizer_->vocab_size(); ++v) {
@@ -2154,11 +2155,11 @@ TEST_F(ApiProcessTest, JsonSchemaAnswersAreValidAgainstTheirSchema) {
 
   json unsupported = format;
   unsupported["json_schema"]["schema"]["properties"]["name"] = {{"type", "string"},
-                                                                {"maxLength", 8}};
+                                                                {"pattern", "^a"}};
   a = Curl("/chat/completions",
            json({{"messages", messages}, {"response_format", unsupported}}).dump());
   EXPECT_EQ(a.status, 400) << a.body;
-  EXPECT_NE(a.body.find("json_schema: /properties/name/maxLength: 'maxLength' is not supported"),
+  EXPECT_NE(a.body.find("json_schema: /properties/name/pattern: 'pattern' is not supported"),
             std::string::npos)
       << a.body;
 }
