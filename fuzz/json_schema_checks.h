@@ -1,8 +1,9 @@
 // A validator of the JSON Schema keywords api::JsonSchema supports, written from the
 // specification (draft 2020-12: type, enum, const, anyOf, oneOf, allOf, $ref, properties,
-// required, additionalProperties, items, minItems, maxItems, minLength, maxLength; format asserts
-// nothing), not from the compiled nodes; and a check that every prefix of a text that
-// JsonSchemaPrefix takes closes into a valid document. Used by the fuzz target and the unit tests.
+// required, additionalProperties, items, minItems, maxItems, minLength, maxLength, minimum,
+// maximum, exclusiveMinimum, exclusiveMaximum; format asserts nothing), not from the compiled
+// nodes; and a check that every prefix of a text that JsonSchemaPrefix takes closes into a valid
+// document. Used by the fuzz target and the unit tests.
 #pragma once
 
 #include <cmath>
@@ -78,6 +79,17 @@ inline bool SchemaValid(const json& schema, const json& v, const json& root) {
                  !SchemaValid(schema["additionalProperties"], x, root)) {
         return false;
       }
+    }
+  }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    if (schema.contains("minimum") && x < schema["minimum"].get<double>()) return false;
+    if (schema.contains("maximum") && x > schema["maximum"].get<double>()) return false;
+    if (schema.contains("exclusiveMinimum") && x <= schema["exclusiveMinimum"].get<double>()) {
+      return false;
+    }
+    if (schema.contains("exclusiveMaximum") && x >= schema["exclusiveMaximum"].get<double>()) {
+      return false;
     }
   }
   if (v.is_string()) {

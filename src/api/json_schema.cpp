@@ -10,6 +10,7 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -93,10 +94,25 @@ const std::set<std::string, std::less<>>& Annotations() {
 }
 
 const std::set<std::string, std::less<>>& Keywords() {
-  static const std::set<std::string, std::less<>> k = {
-      "type",  "enum",     "const",      "anyOf",     "oneOf",
-      "allOf", "$ref",     "properties", "required",  "additionalProperties",
-      "items", "minItems", "maxItems",   "minLength", "maxLength"};
+  static const std::set<std::string, std::less<>> k = {"type",
+                                                       "enum",
+                                                       "const",
+                                                       "anyOf",
+                                                       "oneOf",
+                                                       "allOf",
+                                                       "$ref",
+                                                       "properties",
+                                                       "required",
+                                                       "additionalProperties",
+                                                       "items",
+                                                       "minItems",
+                                                       "maxItems",
+                                                       "minLength",
+                                                       "maxLength",
+                                                       "minimum",
+                                                       "maximum",
+                                                       "exclusiveMinimum",
+                                                       "exclusiveMaximum"};
   return k;
 }
 
@@ -168,7 +184,8 @@ struct JsonSchema::Compiler {
                      fmt::format("'{}' is not supported by colony api (supported: type, enum, "
                                  "const, anyOf, oneOf, allOf of one schema, $ref, properties, "
                                  "required, additionalProperties, items, minItems, maxItems, "
-                                 "minLength, maxLength)",
+                                 "minLength, maxLength, and minimum, maximum, exclusiveMinimum, "
+                                 "exclusiveMaximum of integers)",
                                  key.substr(0, 64)));
       }
       ++constraints;
@@ -202,7 +219,8 @@ struct JsonSchema::Compiler {
     }
     if (s.contains("enum") || s.contains("const")) {
       for (const char* k : {"properties", "required", "additionalProperties", "items", "minItems",
-                            "maxItems", "minLength", "maxLength"}) {
+                            "maxItems", "minLength", "maxLength", "minimum", "maximum",
+                            "exclusiveMinimum", "exclusiveMaximum"}) {
         if (s.contains(k))
           return Error(at, fmt::format("enum or const beside {} is not supported", k));
       }
@@ -241,6 +259,7 @@ struct JsonSchema::Compiler {
       }
       if (n.max_length < n.min_length) return Error(at + "/maxLength", "is below minLength");
     }
+    if (kinds[kNumber]) COLONY_RETURN_IF_ERROR(IntegerBounds(s, at, n));
     for (Slot k : {kString, kNumber, kBoolean, kNull}) {
       if (kinds[k]) n.by_slot[k] = self;
     }
@@ -354,6 +373,36 @@ struct JsonSchema::Compiler {
     }
     if (n.max_items < n.min_items) return Error(at + "/maxItems", "is below minItems");
     return true;
+  }
+
+  // minimum, maximum, exclusiveMinimum, exclusiveMaximum into n's inclusive integer bounds.
+  static Status IntegerBounds(const json& s, const std::string& at, Node& n) {
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (!s.contains(key)) continue;
+      const std::string where = at + "/" + key;
+      if (!n.integer) {
+        return Error(where,
+                     "a bound on numbers that may have a fraction is not supported (on "
+                     "integers it is: \"type\": \"integer\")");
+      }
+      const json& v = s[key];
+      if (!v.is_number() || !(std::abs(v.get<double>()) <= static_cast<double>(kMaxBound))) {
+        return Error(where, fmt::format("must be a number from -{} to {}", kMaxBound, kMaxBound));
+      }
+      const double d = v.get<double>();  // (exact: integers of at most 10^15)
+      const std::string_view k = key;
+      if (k == "minimum") {
+        n.minimum = std::max(n.minimum, static_cast<int64_t>(std::ceil(d)));
+      } else if (k == "exclusiveMinimum") {
+        n.minimum = std::max(n.minimum, static_cast<int64_t>(std::floor(d)) + 1);
+      } else if (k == "maximum") {
+        n.maximum = std::min(n.maximum, static_cast<int64_t>(std::floor(d)));
+      } else {
+        n.maximum = std::min(n.maximum, static_cast<int64_t>(std::ceil(d)) - 1);
+      }
+    }
+    if (n.minimum > n.maximum) return Error(at, "no integer is within its minimum and maximum");
+    return Status::Ok();
   }
 
   // A count's bound (minItems, maxLength, ...): an integer from 0 to `most`.
@@ -509,6 +558,8 @@ struct JsonSchema::Compiler {
       b = 2 + t.min_items * (1 + SmallestBytes(t.items, memo));
     } else if (!t.any && k == kString) {
       b = 2 + size_t{t.min_length};
+    } else if (!t.any && k == kNumber) {
+      b = SmallestInteger(t).size();
     }
     b = std::min(b, kMaxSmallestAnswer + 1);
     m = b + 1;
@@ -581,7 +632,7 @@ std::string JsonSchema::Smallest(int i) const {
       case kString:
         return '"' + std::string(t.any ? 0 : t.min_length, 'a') + '"';
       case kNumber:
-        return "0";
+        return SmallestInteger(t);
       case kBoolean:
         return "true";
       default:
@@ -593,6 +644,37 @@ std::string JsonSchema::Smallest(int i) const {
 
 // ---- JsonSchemaPrefix ----
 
+namespace {
+
+constexpr int64_t kSaturated = 100 * JsonSchema::kMaxBound;  // past every bound
+
+int64_t SaturatingMul(int64_t x, int64_t y) { return x > kSaturated / y ? kSaturated : x * y; }
+
+// Of the integers whose digits begin with those of m > 0 (m itself, then [10m, 10m + 9], ...),
+// the least within [lo, hi] (kNo...: unbounded), if any.
+std::optional<int64_t> LeastExtending(int64_t m, int64_t lo, int64_t hi) {
+  for (int64_t p = 1;; p *= 10) {
+    const int64_t first = SaturatingMul(m, p);
+    if (first > hi) return std::nullopt;  // (and every later run begins past it too)
+    if (SaturatingMul(m + 1, p) - 1 >= lo) return std::max(first, lo);
+    // (A run ends below lo <= kMaxBound only while m p < kMaxBound: p stays far from overflow.)
+  }
+}
+
+// The magnitudes [lo, hi] of negative integers in [minimum, maximum].
+std::pair<int64_t, int64_t> NegativeMagnitudes(int64_t minimum, int64_t maximum) {
+  return {maximum == JsonSchema::kNoMaximum ? JsonSchema::kNoMinimum : -maximum,
+          minimum == JsonSchema::kNoMinimum ? JsonSchema::kNoMaximum : -minimum};
+}
+
+}  // namespace
+
+std::string JsonSchema::SmallestInteger(const Node& t) {
+  if (t.minimum > 0) return std::to_string(t.minimum);
+  if (t.maximum < 0) return std::to_string(t.maximum);
+  return "0";
+}
+
 JsonSchemaPrefix& JsonSchemaPrefix::operator=(const JsonSchemaPrefix& other) {
   if (this == &other) return *this;
   schema_ = other.schema_;
@@ -602,6 +684,9 @@ JsonSchemaPrefix& JsonSchemaPrefix::operator=(const JsonSchemaPrefix& other) {
   scalar_ = other.scalar_;
   escape_ = other.escape_;
   integer_ = other.integer_;
+  negative_ = other.negative_;
+  digit_ = other.digit_;
+  magnitude_ = other.magnitude_;
   need_ = other.need_;
   room_ = other.room_;
   pos_ = other.pos_;
@@ -657,10 +742,17 @@ bool JsonSchemaPrefix::Take(unsigned char c, bool starts) {
       if (room_ != JsonSchema::kUnbounded) --room_;
       if (need_ > 0) --need_;
       return true;
-    case Scalar::kNumber:
-      if (IsNumberByte(c)) return !(integer_ && (c == '.' || c == 'e' || c == 'E'));
+    case Scalar::kNumber: {
+      const JsonSchema::Node& n = schema_->node(node_);
+      if (IsNumberByte(c)) {
+        if (integer_ && (c == '.' || c == 'e' || c == 'E')) return false;
+        return !n.bounded() || IntegerByte(c);
+      }
+      const int64_t value = negative_ ? -magnitude_ : magnitude_;
+      if (n.bounded() && (value < n.minimum || value > n.maximum)) return false;
       scalar_ = Scalar::kNone;
       return ValueEnded() && Structural(c);
+    }
     case Scalar::kLiteral:
       if (c >= 'a' && c <= 'z') return true;
       scalar_ = Scalar::kNone;
@@ -748,6 +840,20 @@ bool JsonSchemaPrefix::Enum(unsigned char c) {
   return true;
 }
 
+bool JsonSchemaPrefix::IntegerByte(unsigned char c) {
+  const JsonSchema::Node& n = schema_->node(node_);
+  if (c == '-') {
+    negative_ = true;
+    return n.minimum <= 0;  // (-0 is 0)
+  }
+  digit_ = true;
+  magnitude_ = std::min(SaturatingMul(magnitude_, 10) + (c - '0'), kSaturated);
+  if (magnitude_ == 0) return n.minimum <= 0 && n.maximum >= 0;  // ("0" ends there)
+  if (!negative_) return LeastExtending(magnitude_, n.minimum, n.maximum).has_value();
+  const auto [lo, hi] = NegativeMagnitudes(n.minimum, n.maximum);
+  return LeastExtending(magnitude_, lo, hi).has_value();
+}
+
 bool JsonSchemaPrefix::Key(unsigned char c) {
   Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   const JsonSchema::Node& n = schema_->node(f.node);
@@ -813,7 +919,11 @@ bool JsonSchemaPrefix::StartValue(int node, unsigned char c) {
     case JsonSchema::kNumber:
       scalar_ = Scalar::kNumber;
       integer_ = t.integer;
-      return true;
+      node_ = static_cast<int16_t>(to);
+      negative_ = false;
+      digit_ = false;
+      magnitude_ = 0;
+      return !t.bounded() || IntegerByte(c);
     default:
       scalar_ = Scalar::kLiteral;
       return true;
@@ -911,6 +1021,12 @@ std::string JsonSchemaPrefix::key() const {
       break;
     case Scalar::kNumber:
       put(integer_);
+      if (schema_->node(node_).bounded()) {
+        put(node_);
+        put(negative_);
+        put(digit_);
+        put(magnitude_);
+      }
       break;
     case Scalar::kAny:
       put(escape_);
@@ -972,6 +1088,17 @@ void JsonSchemaPrefix::CloseFrame(Frame f, std::string& out) const {
   out += '}';
 }
 
+std::string JsonSchemaPrefix::IntegerClosing() const {
+  const JsonSchema::Node& n = schema_->node(node_);
+  if (!digit_) return n.maximum >= 0 ? "0" : std::to_string(-n.maximum);  // (after '-')
+  if (magnitude_ == 0) return "";
+  auto [lo, hi] =
+      negative_ ? NegativeMagnitudes(n.minimum, n.maximum) : std::pair{n.minimum, n.maximum};
+  const std::string read = std::to_string(magnitude_);
+  return std::to_string(LeastExtending(magnitude_, lo, hi).value_or(magnitude_))
+      .substr(read.size());
+}
+
 std::string JsonSchemaPrefix::Closing() const {
   if (schema_ == nullptr) return syntax_.Closing();
   if (bad_) return "";
@@ -1003,6 +1130,11 @@ std::string JsonSchemaPrefix::Closing() const {
       break;
     }
     case Scalar::kNumber:
+      if (schema_->node(node_).bounded()) {
+        out += IntegerClosing();
+        break;
+      }
+      [[fallthrough]];
     case Scalar::kLiteral:
       out += syntax_.Closing(syntax_.depth());
       break;

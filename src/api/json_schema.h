@@ -7,7 +7,8 @@
 //   number; "Optional" fields; integers and numbers are numbers), $ref to #/$defs/... or
 //   #/definitions/... (not recursive; each target compiled once, its node shared), properties,
 //   required, additionalProperties, items, minItems, maxItems, minLength, maxLength (a string's
-//   characters: Unicode code points, an escape or a surrogate pair's two escapes one), and the
+//   characters: Unicode code points, an escape or a surrogate pair's two escapes one), minimum,
+//   maximum, exclusiveMinimum, exclusiveMaximum (of integers, within +-10^15), and the
 //   annotations (title, description, default, examples, ...).
 // An answer writes only the properties the schema names (each at most once, in any order, the
 // required ones all), so additionalProperties changes nothing but for an object without
@@ -49,7 +50,10 @@ class JsonSchema {
   static constexpr int kMaxNested = 64;  // schemas within schemas (properties, anyOf, $ref...)
   static constexpr size_t kMaxCompiled = 16 * kMaxNodes;  // schemas compiled in all
   static constexpr uint32_t kMaxMinItems = 256;
-  static constexpr uint32_t kMaxMinLength = 16 * 1024;     // characters a string must have
+  static constexpr uint32_t kMaxMinLength = 16 * 1024;         // characters a string must have
+  static constexpr int64_t kMaxBound = 1'000'000'000'000'000;  // of an integer's minimum, maximum
+  static constexpr int64_t kNoMinimum = std::numeric_limits<int64_t>::min();
+  static constexpr int64_t kNoMaximum = std::numeric_limits<int64_t>::max();
   static constexpr size_t kMaxSmallestAnswer = 64 * 1024;  // bytes of the shortest valid answer
 
   // What a value's first byte says it is.
@@ -68,6 +72,9 @@ class JsonSchema {
     int16_t items = 0;      // an array's items (node 0: any value)
     uint32_t min_items = 0, max_items = kUnbounded;
     uint32_t min_length = 0, max_length = kUnbounded;  // a string's characters
+    // An integer's least and greatest values (exclusive bounds made inclusive); kNo...: none.
+    int64_t minimum = kNoMinimum, maximum = kNoMaximum;
+    bool bounded() const { return minimum != kNoMinimum || maximum != kNoMaximum; }
   };
 
   // InvalidArgument naming what is not supported or wrong, and where (a JSON pointer).
@@ -77,6 +84,8 @@ class JsonSchema {
   int root() const { return root_; }
   // The shortest text of a value of node `i` (of its first kind in Slot's order).
   std::string Smallest(int i) const;
+  // The shortest integer within n's bounds (0 if they allow it).
+  static std::string SmallestInteger(const Node& n);
 
   struct Compiler;
 
@@ -145,8 +154,12 @@ class JsonSchemaPrefix {
   bool StartValue(int node, unsigned char c);
   bool Key(unsigned char c);
   bool Enum(unsigned char c);  // narrows values_ by the next byte; false if none has it
+  // A bounded integer's byte ('-' or a digit): false if no integer it can still become is in
+  // its bounds.
+  bool IntegerByte(unsigned char c);
   bool AnyByte(unsigned char c);
   bool ValueEnded();
+  std::string IntegerClosing() const;  // the rest of a bounded integer that makes it valid
   // Appends a closing of `f` to `out` (its value in progress ended), as Closing() does.
   void CloseFrame(Frame f, std::string& out) const;
 
@@ -157,6 +170,10 @@ class JsonSchemaPrefix {
   Scalar scalar_ = Scalar::kNone;
   bool escape_ = false;   // a key's or free string's byte after '\'
   bool integer_ = false;  // kNumber
+  // kNumber of a bounded integer (node_): its sign, whether a digit was read, and the digits'
+  // value (saturating past any bound).
+  bool negative_ = false, digit_ = false;
+  int64_t magnitude_ = 0;
   // kString: the characters it must still take (minLength) and may still take (maxLength).
   uint32_t need_ = 0, room_ = JsonSchema::kUnbounded;
   // kKey, kEnum: the names or values [lo_, hi_) of node_ begin with the pos_ bytes read.
@@ -180,6 +197,9 @@ inline JsonSchemaPrefix::JsonSchemaPrefix(const JsonSchemaPrefix& other)
       scalar_(other.scalar_),
       escape_(other.escape_),
       integer_(other.integer_),
+      negative_(other.negative_),
+      digit_(other.digit_),
+      magnitude_(other.magnitude_),
       need_(other.need_),
       room_(other.room_),
       pos_(other.pos_),

@@ -98,7 +98,20 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
     const char* s[] = {"", "a b", "\"quoted\" \\ / \n", "\xC3\xA9t\xC3\xA9", "\xF0\x9F\x98\x80"};
     return s[pick(5)];
   }
-  if (type == "integer") return static_cast<int64_t>(pick(2001)) - 1000;
+  if (type == "integer") {
+    // Within the bounds, near the least or the greatest of them.
+    auto bound = [&](const char* k, double d) { return schema.value(k, json(d)).get<double>(); };
+    const auto lo = static_cast<int64_t>(std::max(
+        std::ceil(bound("minimum", -1e15)), std::floor(bound("exclusiveMinimum", -1e15 - 1)) + 1));
+    const auto hi = static_cast<int64_t>(std::min(
+        std::floor(bound("maximum", 1e15)), std::ceil(bound("exclusiveMaximum", 1e15 + 1)) - 1));
+    if (lo == -1000000000000000 && hi == 1000000000000000) {
+      return static_cast<int64_t>(pick(2001)) - 1000;
+    }
+    const int64_t span = std::min<int64_t>(hi - lo, 2000);
+    const auto step = static_cast<int64_t>(pick(static_cast<size_t>(span) + 1));
+    return pick(2) == 0 || hi == 1000000000000000 ? lo + step : hi - step;
+  }
   if (type == "number") {
     const json n[] = {json(0), json(-3), json(2.5), json(-0.125), json(1e20)};
     return n[pick(5)];
@@ -183,6 +196,18 @@ std::vector<json> Schemas() {
           "minItems": 1},
         "mixed": {"type": ["string", "integer"], "minLength": 2}},
         "required": ["code", "long", "list"]})"),
+      // Bounded integers (pydantic's Field(ge=..., le=...), conint).
+      json::parse(R"({"type": "object", "properties": {
+        "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+        "below": {"type": "integer", "exclusiveMaximum": -9},
+        "big": {"type": "integer", "minimum": 100},
+        "mid": {"type": "integer", "minimum": -20, "maximum": -15},
+        "fraction": {"type": "integer", "minimum": 0.5, "exclusiveMaximum": 3.5},
+        "around": {"type": "integer", "exclusiveMinimum": -3, "maximum": 12},
+        "wide": {"type": "integer", "minimum": -1000000000000000, "maximum": 999},
+        "opt": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 0}, {"type": "null"}]},
+        "list": {"type": "array", "items": {"type": "integer", "minimum": 10, "maximum": 19}}},
+        "required": ["stars", "below", "big", "mid", "fraction"]})"),
       json::parse(R"({"type": "object", "properties": {
         "when": {"type": "string", "format": "date-time"},
         "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"},
@@ -296,8 +321,19 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
       {R"({"type": "object", "properties": {"a": {"type": ["object", "array"], "minItems": 256,
           "items": {"type": "array", "minItems": 255}}}})",
        "a value it describes (an array) is longer than 65536 bytes at its shortest"},
-      {R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}})",
-       "'minimum' is not supported"},
+      {R"({"type": "object", "properties": {"a": {"type": "number", "minimum": 0}}})",
+       "/properties/a/minimum: a bound on numbers that may have a fraction is not supported"},
+      {R"({"type": "object", "properties": {"a": {"minimum": 0}}})",
+       "a bound on numbers that may have a fraction"},
+      {R"({"type": "object", "properties": {"a": {"type": "integer", "maximum": 1e16}}})",
+       "/properties/a/maximum: must be a number from -1000000000000000 to 1000000000000000"},
+      {R"({"type": "object", "properties": {"a": {"type": "integer", "exclusiveMinimum": true}}})",
+       "/properties/a/exclusiveMinimum: must be a number"},
+      {R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 2.5,
+          "exclusiveMaximum": 3}}})",
+       "/properties/a: no integer is within its minimum and maximum"},
+      {R"({"type": "object", "properties": {"a": {"enum": [1], "minimum": 0}}})",
+       "enum or const beside minimum is not supported"},
       {R"({"type": "object", "properties": {"a": false}})", "false (no value at all)"},
       {R"({"type": "array"})", "the answer is a JSON object"},
       {R"({"type": "object", "required": ["a"]})", "names properties the schema does not"},
@@ -411,6 +447,61 @@ TEST(JsonSchema, HandPickedTexts) {
   EXPECT_TRUE(takes(R"({"tags": ["x", "y"], "age": 10)"));
   EXPECT_FALSE(takes(R"({"name": "a", "age": 3, "tags": [], )"));  // no property is left
   EXPECT_FALSE(takes(R"({"n\u0061me")"));                          // a name as JSON writes it
+}
+
+// An integer's bounds are kept at every digit: a digit is taken only while some integer it can
+// still become is within them.
+TEST(JsonSchema, IntegersStayWithinTheirBounds) {
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "r": {"type": "integer", "minimum": 1, "maximum": 5},
+      "n": {"type": "integer", "exclusiveMaximum": -9},
+      "b": {"type": "integer", "minimum": 100},
+      "z": {"type": "integer", "minimum": -20, "maximum": -15},
+      "e": {"type": "integer", "minimum": 0, "maximum": 0}}})");
+  auto compiled = JsonSchema::Compile(schema);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  auto takes = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    return p.Feed(text);
+  };
+  EXPECT_TRUE(takes(R"({"r": 1,)"));
+  EXPECT_TRUE(takes(R"({"r": 5})"));
+  EXPECT_FALSE(takes(R"({"r": 0)"));  // (refused at the digit)
+  EXPECT_FALSE(takes(R"({"r": 6)"));
+  EXPECT_FALSE(takes(R"({"r": 10)"));
+  EXPECT_FALSE(takes(R"({"r": -)"));
+  EXPECT_TRUE(takes(R"({"n": -1)"));  // (-10 ... -19 follow)
+  EXPECT_FALSE(takes(R"({"n": -1})"));
+  EXPECT_FALSE(takes(R"({"n": -9 )"));
+  EXPECT_TRUE(takes(R"({"n": -10 )"));
+  EXPECT_TRUE(takes(R"({"n": -123456789012)"));
+  EXPECT_FALSE(takes(R"({"n": 5)"));
+  EXPECT_FALSE(takes(R"({"n": -0)"));
+  EXPECT_TRUE(takes(R"({"b": 1)"));
+  EXPECT_FALSE(takes(R"({"b": 99,)"));
+  EXPECT_TRUE(takes(R"({"b": 100,)"));
+  EXPECT_TRUE(takes(R"({"b": 99999999999999999999999,)"));  // (past every bound: no maximum)
+  EXPECT_FALSE(takes(R"({"b": -)"));
+  EXPECT_TRUE(takes(R"({"z": -1)"));
+  EXPECT_TRUE(takes(R"({"z": -2)"));
+  EXPECT_TRUE(takes(R"({"z": -15})"));
+  EXPECT_FALSE(takes(R"({"z": -21)"));
+  EXPECT_FALSE(takes(R"({"z": -3)"));
+  EXPECT_FALSE(takes(R"({"z": -14)"));
+  EXPECT_FALSE(takes(R"({"z": -1})"));
+  EXPECT_TRUE(takes(R"({"e": 0})"));
+  EXPECT_TRUE(takes(R"({"e": -0})"));  // (-0 is 0)
+  EXPECT_FALSE(takes(R"({"e": 1)"));
+  for (const std::string prefix :
+       {R"({"r": )", R"({"n": -)", R"({"n": -1)", R"({"b": 1)", R"({"b": 10)", R"({"z": -)",
+        R"({"z": -2)", R"({"e": -)", R"({"b": 12345678901234567890)"}) {
+    JsonSchemaPrefix p(compiled->get());
+    ASSERT_TRUE(p.Feed(prefix)) << prefix;
+    const std::string text = prefix + p.Closing();
+    const json doc = json::parse(text, nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << text;
+    EXPECT_TRUE(SchemaValid(schema, doc, schema)) << text;
+  }
 }
 
 // A string's length is its characters (code points), each counted once however it is written:

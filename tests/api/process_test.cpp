@@ -2080,15 +2080,16 @@ TEST_F(ApiProcessTest, JsonSchemaAnswersAreValidAgainstTheirSchema) {
   ASSERT_NE(StartServer("A", "0:4"), nullptr);
   ASSERT_TRUE(StartApi({"--chat-template", "chatml"}));
   WaitUntilRoutable();
-  // Every value an enum, a boolean, null or a string of at most 4 characters, so that a random
-  // model's answer is short.
+  // Every value an enum, a boolean, null, a string of at most 4 characters or an integer from 1
+  // to 5, so that a random model's answer is short.
   const json schema = json::parse(R"({"$defs": {"Color": {"enum": ["red", "green", "blue"],
       "type": "string", "title": "Color"}},
     "type": "object", "title": "Pick", "additionalProperties": false,
     "properties": {"color": {"$ref": "#/$defs/Color"}, "ok": {"type": "boolean"},
       "size": {"enum": [1, 2, 30]}, "none": {"anyOf": [{"type": "null"}, {"enum": ["x"]}]},
-      "spare": {"type": "boolean"}, "code": {"type": "string", "minLength": 2, "maxLength": 4}},
-    "required": ["color", "ok", "size", "none", "code"]})");
+      "spare": {"type": "boolean"}, "code": {"type": "string", "minLength": 2, "maxLength": 4},
+      "stars": {"type": "integer", "minimum": 1, "maximum": 5}},
+    "required": ["color", "ok", "size", "none", "code", "stars"]})");
   // Tokens of whitespace alone are biased away (JSON allows runs of 24 bytes between tokens).
   json spaces = json::object();
   for (int32_t v = 0; v < tokenizer_->vocab_size(); ++v) {
