@@ -207,7 +207,7 @@ struct JsonSchema::Compiler {
       if (constraints > 1) {
         return Error(at, fmt::format("{} beside other keywords is not supported", one_of));
       }
-      return AnyOf(s[one_of], at + "/" + one_of, depth);
+      return AnyOf(s[one_of], at + "/" + one_of, depth, one_of[0] == 'o');
     }
     // The kinds a value may be.
     std::array<bool, kSlots> kinds{};
@@ -250,16 +250,16 @@ struct JsonSchema::Compiler {
       COLONY_ASSIGN_OR_RETURN(const bool own, Array(s, at, depth, n));
       n.by_slot[kArray] = own ? self : int16_t{0};
     }
-    if (kinds[kString]) {
-      if (s.contains("minLength")) {
-        COLONY_ASSIGN_OR_RETURN(n.min_length, Bound(s, "minLength", at, kMaxMinLength));
-      }
-      if (s.contains("maxLength")) {
-        COLONY_ASSIGN_OR_RETURN(n.max_length, Bound(s, "maxLength", at, kUnbounded - 1));
-      }
-      if (n.max_length < n.min_length) return Error(at + "/maxLength", "is below minLength");
+    // (Bounds are checked whatever the type: a malformed one is an error even where it asserts
+    // nothing. They are read only on the kinds they bound.)
+    if (s.contains("minLength")) {
+      COLONY_ASSIGN_OR_RETURN(n.min_length, Bound(s, "minLength", at, kMaxMinLength));
     }
-    if (kinds[kNumber]) COLONY_RETURN_IF_ERROR(IntegerBounds(s, at, n));
+    if (s.contains("maxLength")) {
+      COLONY_ASSIGN_OR_RETURN(n.max_length, Bound(s, "maxLength", at, kUnbounded - 1));
+    }
+    if (n.max_length < n.min_length) return Error(at + "/maxLength", "is below minLength");
+    COLONY_RETURN_IF_ERROR(IntegerBounds(s, at, kinds[kNumber], n));
     for (Slot k : {kString, kNumber, kBoolean, kNull}) {
       if (kinds[k]) n.by_slot[k] = self;
     }
@@ -375,19 +375,21 @@ struct JsonSchema::Compiler {
     return true;
   }
 
-  // minimum, maximum, exclusiveMinimum, exclusiveMaximum into n's inclusive integer bounds.
-  static Status IntegerBounds(const json& s, const std::string& at, Node& n) {
+  // minimum, maximum, exclusiveMinimum, exclusiveMaximum into n's inclusive integer bounds
+  // (`numbers`: whether the node's values may be numbers; if not, they are only checked).
+  static Status IntegerBounds(const json& s, const std::string& at, bool numbers, Node& n) {
     for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
       if (!s.contains(key)) continue;
       const std::string where = at + "/" + key;
+      const json& v = s[key];
+      if (!v.is_number() || !(std::abs(v.get<double>()) <= static_cast<double>(kMaxBound))) {
+        return Error(where, fmt::format("must be a number from -{} to {}", kMaxBound, kMaxBound));
+      }
+      if (!numbers) continue;
       if (!n.integer) {
         return Error(where,
                      "a bound on numbers that may have a fraction is not supported (on "
                      "integers it is: \"type\": \"integer\")");
-      }
-      const json& v = s[key];
-      if (!v.is_number() || !(std::abs(v.get<double>()) <= static_cast<double>(kMaxBound))) {
-        return Error(where, fmt::format("must be a number from -{} to {}", kMaxBound, kMaxBound));
       }
       const double d = v.get<double>();  // (exact: integers of at most 10^15)
       const std::string_view k = key;
@@ -468,7 +470,33 @@ struct JsonSchema::Compiler {
     return !t.any && t.values.empty();
   }
 
-  Result<int> AnyOf(const json& branches, const std::string& at, int depth) {
+  // The union of two plain number nodes (a and b, from branches i and j): numbers take every
+  // integer, unbounded integers every bounded one; bounded integers whose ranges overlap or
+  // touch make one range (a node of its own: a and b may be shared); others are refused.
+  Result<int16_t> NumberUnion(int16_t a, int16_t b, size_t i, size_t j, const std::string& at) {
+    const Node& x = nodes[static_cast<size_t>(a)];
+    const Node& y = nodes[static_cast<size_t>(b)];
+    if (!x.integer || (y.integer && !x.bounded())) return a;
+    if (!y.integer || !y.bounded()) return b;
+    const bool apart =
+        (x.maximum != kNoMaximum && y.minimum != kNoMinimum && x.maximum < y.minimum - 1) ||
+        (y.maximum != kNoMaximum && x.minimum != kNoMinimum && y.maximum < x.minimum - 1);
+    if (apart) {
+      return Error(at, fmt::format("branches {} and {} are integers of ranges apart: not "
+                                   "supported (a union must be one range)",
+                                   i, j));
+    }
+    Node hull = Blank();
+    hull.integer = true;
+    hull.minimum = std::min(x.minimum, y.minimum);
+    hull.maximum = std::max(x.maximum, y.maximum);
+    hull.by_slot[kNumber] = static_cast<int16_t>(nodes.size());
+    COLONY_ASSIGN_OR_RETURN(const int index, Add(std::move(hull)));
+    return static_cast<int16_t>(index);
+  }
+
+  // anyOf, or oneOf (`one`: a value valid against two branches is not valid).
+  Result<int> AnyOf(const json& branches, const std::string& at, int depth, bool one) {
     if (!branches.is_array() || branches.empty() || branches.size() > kMaxBranches) {
       return Error(at, fmt::format("must be a list of 1 to {} schemas", kMaxBranches));
     }
@@ -480,10 +508,11 @@ struct JsonSchema::Compiler {
       for (size_t k = 0; k < kSlots; ++k) {
         const int16_t to = nodes[static_cast<size_t>(branch)].by_slot[k];
         if (to < 0) continue;
-        if (n.by_slot[k] >= 0 && k == kNumber && Plain(n.by_slot[k]) && Plain(to)) {
-          // Integers or numbers (pydantic's Union[int, float]): numbers, if either is.
-          if (nodes[static_cast<size_t>(to)].integer) continue;
-          n.by_slot[k] = to;
+        if (!one && n.by_slot[k] >= 0 && k == kNumber && Plain(n.by_slot[k]) && Plain(to)) {
+          // Integers or numbers (pydantic's Union[int, float]): their union, where it is one
+          // branch or one range. Not in a oneOf: 3 would be valid against both branches, and so
+          // not against the oneOf.
+          COLONY_ASSIGN_OR_RETURN(n.by_slot[k], NumberUnion(n.by_slot[k], to, from[k], b, at));
           continue;
         }
         if (n.by_slot[k] >= 0) {
@@ -1021,11 +1050,17 @@ std::string JsonSchemaPrefix::key() const {
       break;
     case Scalar::kNumber:
       put(integer_);
-      if (schema_->node(node_).bounded()) {
+      if (const JsonSchema::Node& n = schema_->node(node_); n.bounded()) {
         put(node_);
         put(negative_);
         put(digit_);
-        put(magnitude_);
+        // Within the bounds with none past it on its side, the value no longer matters: every
+        // digit and the end are taken from there on.
+        const bool settled =
+            digit_ && magnitude_ > 0 &&
+            (negative_ ? n.minimum == JsonSchema::kNoMinimum && -magnitude_ <= n.maximum
+                       : n.maximum == JsonSchema::kNoMaximum && magnitude_ >= n.minimum);
+        put(settled ? int64_t{-1} : magnitude_);
       }
       break;
     case Scalar::kAny:

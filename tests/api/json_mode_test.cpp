@@ -295,6 +295,16 @@ TEST_F(JsonObjectLogitsTest, ABoundedStringTakesTokensUpToItsLength) {
         << tokens[i].first;
   }
   EXPECT_TRUE(at::isfinite((*out)[0][0]['"']).item<bool>());
+  // Every token as the answer's reader takes it fed byte by byte (the mask takes tokens that
+  // are string content alone without feeding them).
+  JsonSchemaPrefix answer(schema->get());
+  ASSERT_TRUE(answer.Feed("{\"s\":\"a"));
+  for (int64_t v = 1; v < 256; ++v) {
+    JsonSchemaPrefix fed = answer;
+    EXPECT_EQ(at::isfinite((*out)[0][0][v]).item<bool>(),
+              fed.Feed(table->within[static_cast<size_t>(v)]))
+        << v;
+  }
   out = json.Step(Column({kFirst}), position++, {}, serve::StepLogits::kLast);  // "ab": 3 now
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_TRUE(at::isinf((*out)[0][0]['c']).item<bool>());  // then only the string's end

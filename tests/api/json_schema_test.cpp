@@ -206,6 +206,9 @@ std::vector<json> Schemas() {
         "around": {"type": "integer", "exclusiveMinimum": -3, "maximum": 12},
         "wide": {"type": "integer", "minimum": -1000000000000000, "maximum": 999},
         "opt": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 0}, {"type": "null"}]},
+        "union": {"anyOf": [{"type": "integer", "minimum": 5, "maximum": 20},
+          {"type": "integer", "minimum": 0, "maximum": 5}, {"type": "string", "maxLength": 1}]},
+        "positive": {"type": "integer", "minimum": 1},
         "list": {"type": "array", "items": {"type": "integer", "minimum": 10, "maximum": 19}}},
         "required": ["stars", "below", "big", "mid", "fraction"]})"),
       json::parse(R"({"type": "object", "properties": {
@@ -343,6 +346,16 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
       {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"},
           {"enum": ["x"]}]}}})",
        "branches 0 and 1 can both be a string"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer", "maximum": -1},
+          {"type": "integer", "minimum": 1}]}}})",
+       "branches 0 and 1 are integers of ranges apart"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "minimum": "x"}}})",
+       "/properties/a/minimum: must be a number"},
+      {R"({"type": "object", "properties": {"a": {"type": "integer", "minLength": -1}}})",
+       "/properties/a/minLength: must be an integer from 0"},
+      {R"({"type": "object", "properties": {"a": {"oneOf": [{"type": "integer"},
+          {"type": "number"}]}}})",
+       "branches 0 and 1 can both be a number"},
       {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}},
           "$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}}}})",
        "recursive schemas are not supported"},
@@ -456,8 +469,13 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
       "r": {"type": "integer", "minimum": 1, "maximum": 5},
       "n": {"type": "integer", "exclusiveMaximum": -9},
       "b": {"type": "integer", "minimum": 100},
+      "o": {"type": "integer", "minimum": 150}, "q": {"type": "integer", "maximum": -150},
       "z": {"type": "integer", "minimum": -20, "maximum": -15},
-      "e": {"type": "integer", "minimum": 0, "maximum": 0}}})");
+      "e": {"type": "integer", "minimum": 0, "maximum": 0},
+      "u": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5}, {"type": "integer"}]},
+      "f": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5}, {"type": "number"}]},
+      "h": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5},
+        {"type": ["integer", "null"], "minimum": 6, "maximum": 9}]}}})");
   auto compiled = JsonSchema::Compile(schema);
   ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
   auto takes = [&](const std::string& text) {
@@ -492,6 +510,24 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
   EXPECT_TRUE(takes(R"({"e": 0})"));
   EXPECT_TRUE(takes(R"({"e": -0})"));  // (-0 is 0)
   EXPECT_FALSE(takes(R"({"e": 1)"));
+  EXPECT_TRUE(takes(R"({"u": 100})"));  // (a union: the wider branch)
+  EXPECT_TRUE(takes(R"({"f": -2.5})"));
+  EXPECT_TRUE(takes(R"({"h": 9})"));  // (ranges that touch: one range)
+  EXPECT_TRUE(takes(R"({"h": 1})"));
+  EXPECT_FALSE(takes(R"({"h": 10)"));
+  EXPECT_FALSE(takes(R"({"h": 0)"));
+  EXPECT_TRUE(takes(R"({"h": null})"));
+  // States are keyed by what they can still take: 14 and 24 end differently with a minimum of
+  // 150 (149 and 249); 1500 and 2000, past it with no maximum, take the same.
+  auto key = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    EXPECT_TRUE(p.Feed(text)) << text;
+    return p.key();
+  };
+  EXPECT_NE(key(R"({"o": 14)"), key(R"({"o": 24)"));
+  EXPECT_EQ(key(R"({"o": 1500)"), key(R"({"o": 2000)"));
+  EXPECT_NE(key(R"({"q": -14)"), key(R"({"q": -24)"));
+  EXPECT_EQ(key(R"({"q": -150)"), key(R"({"q": -999)"));
   for (const std::string prefix :
        {R"({"r": )", R"({"n": -)", R"({"n": -1)", R"({"b": 1)", R"({"b": 10)", R"({"z": -)",
         R"({"z": -2)", R"({"e": -)", R"({"b": 12345678901234567890)"}) {
