@@ -383,7 +383,9 @@ struct JsonSchema::Compiler {
       const std::string where = at + "/" + key;
       const json& v = s[key];
       if (!v.is_number() || !(std::abs(v.get<double>()) <= static_cast<double>(kMaxBound))) {
-        return Error(where, fmt::format("must be a number from -{} to {}", kMaxBound, kMaxBound));
+        return Error(where, fmt::format("must be a number from -{} to {} (a bound on strings, "
+                                        "such as a date's, is not supported)",
+                                        kMaxBound, kMaxBound));
       }
       if (!numbers) continue;
       if (!n.integer) {
@@ -470,26 +472,39 @@ struct JsonSchema::Compiler {
     return !t.any && t.values.empty();
   }
 
-  // The union of two plain number nodes (a and b, from branches i and j): numbers take every
-  // integer, unbounded integers every bounded one; bounded integers whose ranges overlap or
-  // touch make one range (a node of its own: a and b may be shared); others are refused.
-  Result<int16_t> NumberUnion(int16_t a, int16_t b, size_t i, size_t j, const std::string& at) {
-    const Node& x = nodes[static_cast<size_t>(a)];
-    const Node& y = nodes[static_cast<size_t>(b)];
-    if (!x.integer || (y.integer && !x.bounded())) return a;
-    if (!y.integer || !y.bounded()) return b;
-    const bool apart =
-        (x.maximum != kNoMaximum && y.minimum != kNoMinimum && x.maximum < y.minimum - 1) ||
-        (y.maximum != kNoMaximum && x.minimum != kNoMinimum && y.maximum < x.minimum - 1);
-    if (apart) {
-      return Error(at, fmt::format("branches {} and {} are integers of ranges apart: not "
-                                   "supported (a union must be one range)",
-                                   i, j));
+  // The union of an anyOf's plain number branches (node, branch), whatever their order: numbers
+  // take every integer, an unbounded integer every bounded one; bounded integers make one range
+  // (a node of its own: the branches' may be shared) if, in order, each overlaps or touches the
+  // ones before it; a gap is refused.
+  Result<int16_t> NumberUnion(std::vector<std::pair<int16_t, size_t>> numbers,
+                              const std::string& at) {
+    auto node = [this](int16_t i) -> const Node& { return nodes[static_cast<size_t>(i)]; };
+    for (const auto& [i, b] : numbers) {
+      if (!node(i).integer) return i;
     }
+    for (const auto& [i, b] : numbers) {
+      if (!node(i).bounded()) return i;
+    }
+    std::ranges::sort(numbers, [&](const auto& x, const auto& y) {
+      return node(x.first).minimum < node(y.first).minimum;
+    });
     Node hull = Blank();
     hull.integer = true;
-    hull.minimum = std::min(x.minimum, y.minimum);
-    hull.maximum = std::max(x.maximum, y.maximum);
+    hull.minimum = node(numbers[0].first).minimum;
+    hull.maximum = node(numbers[0].first).maximum;
+    size_t last = numbers[0].second;  // the branch whose range reaches hull.maximum
+    for (const auto& [i, b] : numbers) {
+      const Node& r = node(i);
+      if (hull.maximum != kNoMaximum && r.minimum != kNoMinimum && hull.maximum < r.minimum - 1) {
+        return Error(at, fmt::format("branches {} and {} leave the integers from {} to {} out: "
+                                     "integer branches must make one range",
+                                     last, b, hull.maximum + 1, r.minimum - 1));
+      }
+      if (r.maximum > hull.maximum) {
+        hull.maximum = r.maximum;
+        last = b;
+      }
+    }
     hull.by_slot[kNumber] = static_cast<int16_t>(nodes.size());
     COLONY_ASSIGN_OR_RETURN(const int index, Add(std::move(hull)));
     return static_cast<int16_t>(index);
@@ -502,17 +517,22 @@ struct JsonSchema::Compiler {
     }
     Node n = Blank();
     std::array<size_t, kSlots> from{};
+    std::vector<std::pair<int16_t, size_t>> numbers;  // plain number branches (node, branch)
     for (size_t b = 0; b < branches.size(); ++b) {
       COLONY_ASSIGN_OR_RETURN(const int branch,
                               Compile(branches[b], fmt::format("{}/{}", at, b), depth));
       for (size_t k = 0; k < kSlots; ++k) {
         const int16_t to = nodes[static_cast<size_t>(branch)].by_slot[k];
         if (to < 0) continue;
-        if (!one && n.by_slot[k] >= 0 && k == kNumber && Plain(n.by_slot[k]) && Plain(to)) {
-          // Integers or numbers (pydantic's Union[int, float]): their union, where it is one
-          // branch or one range. Not in a oneOf: 3 would be valid against both branches, and so
-          // not against the oneOf.
-          COLONY_ASSIGN_OR_RETURN(n.by_slot[k], NumberUnion(n.by_slot[k], to, from[k], b, at));
+        if (!one && k == kNumber && Plain(to) && (n.by_slot[k] < 0 || !numbers.empty())) {
+          // Integers or numbers (pydantic's Union[int, float]): their union, once all are read,
+          // where it is one branch or one range. Not in a oneOf: 3 would be valid against both
+          // branches, and so not against the oneOf.
+          if (numbers.empty()) {
+            n.by_slot[k] = to;
+            from[k] = b;
+          }
+          numbers.emplace_back(to, b);
           continue;
         }
         if (n.by_slot[k] >= 0) {
@@ -524,6 +544,9 @@ struct JsonSchema::Compiler {
         n.by_slot[k] = to;
         from[k] = b;
       }
+    }
+    if (numbers.size() > 1) {
+      COLONY_ASSIGN_OR_RETURN(n.by_slot[kNumber], NumberUnion(std::move(numbers), at));
     }
     return Add(std::move(n));
   }

@@ -4,7 +4,8 @@
 // is a subset, each keyword checked and any other refused by name (never ignored):
 //   type (a name or a list), enum, const (both: the enum's values equal to it), anyOf and oneOf
 //   (whose branches differ in the first byte of their values: an object and null, a string and a
-//   number; "Optional" fields; integers and numbers are numbers), $ref to #/$defs/... or
+//   number; "Optional" fields; in an anyOf, integers and numbers make their union where it is
+//   numbers or one range of integers), $ref to #/$defs/... or
 //   #/definitions/... (not recursive; each target compiled once, its node shared), properties,
 //   required, additionalProperties, items, minItems, maxItems, minLength, maxLength (a string's
 //   characters: Unicode code points, an escape or a surrogate pair's two escapes one), minimum,

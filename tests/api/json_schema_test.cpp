@@ -348,7 +348,11 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
        "branches 0 and 1 can both be a string"},
       {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer", "maximum": -1},
           {"type": "integer", "minimum": 1}]}}})",
-       "branches 0 and 1 are integers of ranges apart"},
+       "/properties/a/anyOf: branches 0 and 1 leave the integers from 0 to 0 out"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer", "minimum": 20,
+          "maximum": 30}, {"type": "integer", "minimum": 6, "maximum": 10},
+          {"type": "integer", "minimum": 1, "maximum": 5}]}}})",
+       "branches 1 and 0 leave the integers from 11 to 19 out"},
       {R"({"type": "object", "properties": {"a": {"type": "string", "minimum": "x"}}})",
        "/properties/a/minimum: must be a number"},
       {R"({"type": "object", "properties": {"a": {"type": "integer", "minLength": -1}}})",
@@ -475,7 +479,12 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
       "u": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5}, {"type": "integer"}]},
       "f": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5}, {"type": "number"}]},
       "h": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5},
-        {"type": ["integer", "null"], "minimum": 6, "maximum": 9}]}}})");
+        {"type": ["integer", "null"], "minimum": 6, "maximum": 9}]},
+      "g": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5},
+        {"type": "integer", "minimum": 20, "maximum": 30},
+        {"type": "integer", "minimum": 6, "maximum": 19}]},
+      "p": {"anyOf": [{"type": "integer", "maximum": -1}, {"type": "integer", "minimum": 1},
+        {"type": "number"}]}}})");
   auto compiled = JsonSchema::Compile(schema);
   ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
   auto takes = [&](const std::string& text) {
@@ -517,6 +526,10 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
   EXPECT_FALSE(takes(R"({"h": 10)"));
   EXPECT_FALSE(takes(R"({"h": 0)"));
   EXPECT_TRUE(takes(R"({"h": null})"));
+  EXPECT_TRUE(takes(R"({"g": 25})"));  // (whatever the order of the ranges: 1 to 30)
+  EXPECT_TRUE(takes(R"({"g": 10})"));
+  EXPECT_FALSE(takes(R"({"g": 31)"));
+  EXPECT_TRUE(takes(R"({"p": 0.5})"));  // (pydantic's Union[conint(lt=0), conint(gt=0), float])
   // States are keyed by what they can still take: 14 and 24 end differently with a minimum of
   // 150 (149 and 249); 1500 and 2000, past it with no maximum, take the same.
   auto key = [&](const std::string& text) {
