@@ -439,18 +439,35 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
             std::string::npos);
 }
 
+// Whether a reader of `schema` takes `text`; and is then a whole object.
+bool Takes(const JsonSchema* schema, const std::string& text) {
+  JsonSchemaPrefix p(schema);
+  return p.Feed(text);
+}
+bool Whole(const JsonSchema* schema, const std::string& text) {
+  JsonSchemaPrefix p(schema);
+  return p.Feed(text) && p.complete();
+}
+
+// Each prefix is taken, and it and its Closing() are a document the validator accepts.
+void ExpectClosingsValid(const json& schema, const JsonSchema* compiled,
+                         const std::vector<std::string>& prefixes) {
+  for (const std::string& prefix : prefixes) {
+    JsonSchemaPrefix p(compiled);
+    ASSERT_TRUE(p.Feed(prefix)) << prefix;
+    const std::string text = prefix + p.Closing();
+    const json doc = json::parse(text, nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << text;
+    EXPECT_TRUE(SchemaValid(schema, doc, schema)) << text;
+  }
+}
+
 TEST(JsonSchema, HandPickedTexts) {
   const json schema = Schemas()[0];
   auto compiled = JsonSchema::Compile(schema);
   ASSERT_TRUE(compiled.ok());
-  auto takes = [&](const std::string& text) {
-    JsonSchemaPrefix p(compiled->get());
-    return p.Feed(text);
-  };
-  auto whole = [&](const std::string& text) {
-    JsonSchemaPrefix p(compiled->get());
-    return p.Feed(text) && p.complete();
-  };
+  auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
+  auto whole = [&](const std::string& text) { return Whole(compiled->get(), text); };
   EXPECT_TRUE(whole(R"({"name": "a", "age": 3})"));
   EXPECT_TRUE(whole(R"({"age": -3, "tags": [], "name": ""})"));  // any order
   EXPECT_FALSE(takes(R"({"name": "a", "name")"));                // each once
@@ -487,10 +504,7 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
         {"type": "number"}]}}})");
   auto compiled = JsonSchema::Compile(schema);
   ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
-  auto takes = [&](const std::string& text) {
-    JsonSchemaPrefix p(compiled->get());
-    return p.Feed(text);
-  };
+  auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
   EXPECT_TRUE(takes(R"({"r": 1,)"));
   EXPECT_TRUE(takes(R"({"r": 5})"));
   EXPECT_FALSE(takes(R"({"r": 0)"));  // (refused at the digit)
@@ -541,16 +555,9 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
   EXPECT_EQ(key(R"({"o": 1500)"), key(R"({"o": 2000)"));
   EXPECT_NE(key(R"({"q": -14)"), key(R"({"q": -24)"));
   EXPECT_EQ(key(R"({"q": -150)"), key(R"({"q": -999)"));
-  for (const std::string prefix :
-       {R"({"r": )", R"({"n": -)", R"({"n": -1)", R"({"b": 1)", R"({"b": 10)", R"({"z": -)",
-        R"({"z": -2)", R"({"e": -)", R"({"b": 12345678901234567890)"}) {
-    JsonSchemaPrefix p(compiled->get());
-    ASSERT_TRUE(p.Feed(prefix)) << prefix;
-    const std::string text = prefix + p.Closing();
-    const json doc = json::parse(text, nullptr, false);
-    ASSERT_FALSE(doc.is_discarded()) << text;
-    EXPECT_TRUE(SchemaValid(schema, doc, schema)) << text;
-  }
+  ExpectClosingsValid(schema, compiled->get(),
+                      {R"({"r": )", R"({"n": -)", R"({"n": -1)", R"({"b": 1)", R"({"b": 10)",
+                       R"({"z": -)", R"({"z": -2)", R"({"e": -)", R"({"b": 12345678901234567890)"});
 }
 
 // A string's length is its characters (code points), each counted once however it is written:
@@ -560,14 +567,8 @@ TEST(JsonSchema, StringLengthsCountCharacters) {
       "s": {"type": "string", "minLength": 2, "maxLength": 3}}, "required": ["s"]})");
   auto compiled = JsonSchema::Compile(schema);
   ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
-  auto takes = [&](const std::string& text) {
-    JsonSchemaPrefix p(compiled->get());
-    return p.Feed(text);
-  };
-  auto whole = [&](const std::string& text) {
-    JsonSchemaPrefix p(compiled->get());
-    return p.Feed(text) && p.complete();
-  };
+  auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
+  auto whole = [&](const std::string& text) { return Whole(compiled->get(), text); };
   EXPECT_TRUE(whole(R"({"s": "ab"})"));
   EXPECT_TRUE(whole(R"({"s": "abc"})"));
   EXPECT_FALSE(takes(R"({"s": "a")"));  // too short
@@ -582,15 +583,9 @@ TEST(JsonSchema, StringLengthsCountCharacters) {
   EXPECT_TRUE(whole(R"({"s": "\ud83d\ude00\ud83d\ude00\ud83d\ude00"})"));
   EXPECT_FALSE(takes(R"({"s": "\ud83d\ude00ab\u)"));
   EXPECT_FALSE(takes(R"({"s": "\ud83d\ude00")"));  // one character
-  for (const std::string prefix : {R"({"s": "\u00)", R"({"s": "\ud83d\u)", "{\"s\": \"\xF0\x9F",
-                                   R"({"s": ")", R"({"s": "ab)", R"({"s)"}) {
-    JsonSchemaPrefix p(compiled->get());
-    ASSERT_TRUE(p.Feed(prefix)) << prefix;
-    const std::string text = prefix + p.Closing();
-    const json doc = json::parse(text, nullptr, false);
-    ASSERT_FALSE(doc.is_discarded()) << text;
-    EXPECT_TRUE(SchemaValid(schema, doc, schema)) << text;
-  }
+  ExpectClosingsValid(schema, compiled->get(),
+                      {R"({"s": "\u00)", R"({"s": "\ud83d\u)", "{\"s\": \"\xF0\x9F", R"({"s": ")",
+                       R"({"s": "ab)", R"({"s)"});
 }
 
 }  // namespace
