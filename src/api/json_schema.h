@@ -148,8 +148,8 @@ class JsonSchemaPrefix {
   };
 
   bool FeedSchema(std::string_view bytes);
-  // `starts` : whether the byte begins a string's character or ends it (the syntax was between
-  // characters).
+  // `starts`: whether the byte begins a string's character or ends the string (the syntax was
+  // between characters before it).
   bool Take(unsigned char c, bool starts);
   bool Structural(unsigned char c);
   bool StartValue(int node, unsigned char c);
