@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -184,8 +185,8 @@ struct JsonSchema::Compiler {
                      fmt::format("'{}' is not supported by colony api (supported: type, enum, "
                                  "const, anyOf, oneOf, allOf of one schema, $ref, properties, "
                                  "required, additionalProperties, items, minItems, maxItems, "
-                                 "minLength, maxLength, and minimum, maximum, exclusiveMinimum, "
-                                 "exclusiveMaximum of integers)",
+                                 "minLength, maxLength, minimum, maximum, exclusiveMinimum, "
+                                 "exclusiveMaximum)",
                                  key.substr(0, 64)));
       }
       ++constraints;
@@ -259,7 +260,7 @@ struct JsonSchema::Compiler {
       COLONY_ASSIGN_OR_RETURN(n.max_length, Bound(s, "maxLength", at, kUnbounded - 1));
     }
     if (n.max_length < n.min_length) return Error(at + "/maxLength", "is below minLength");
-    COLONY_RETURN_IF_ERROR(IntegerBounds(s, at, kinds[kNumber], n));
+    COLONY_RETURN_IF_ERROR(NumberBounds(s, at, kinds[kNumber], n));
     for (Slot k : {kString, kNumber, kBoolean, kNull}) {
       if (kinds[k]) n.by_slot[k] = self;
     }
@@ -375,9 +376,11 @@ struct JsonSchema::Compiler {
     return true;
   }
 
-  // minimum, maximum, exclusiveMinimum, exclusiveMaximum into n's inclusive integer bounds
-  // (`numbers`: whether the node's values may be numbers; if not, they are only checked).
-  static Status IntegerBounds(const json& s, const std::string& at, bool numbers, Node& n) {
+  // minimum, maximum, exclusiveMinimum, exclusiveMaximum into n's inclusive integer bounds, or
+  // its sides if it may have a fraction (`numbers`: whether the node's values may be numbers; if
+  // not, they are only checked).
+  static Status NumberBounds(const json& s, const std::string& at, bool numbers, Node& n) {
+    std::optional<double> low, high;  // a number's, exclusive ones made inclusive
     for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
       if (!s.contains(key)) continue;
       const std::string where = at + "/" + key;
@@ -388,13 +391,20 @@ struct JsonSchema::Compiler {
                                         kMaxBound, kMaxBound));
       }
       if (!numbers) continue;
-      if (!n.integer) {
-        return Error(where,
-                     "a bound on numbers that may have a fraction is not supported (on "
-                     "integers it is: \"type\": \"integer\")");
-      }
       const double d = v.get<double>();  // (exact: integers of at most 10^15)
       const std::string_view k = key;
+      if (!n.integer) {
+        // (The next double inside an exclusive bound: none lies between them.)
+        const double inf = std::numeric_limits<double>::infinity();
+        if (k == "minimum" || k == "exclusiveMinimum") {
+          const double b = k == "minimum" ? d : std::nextafter(d, inf);
+          low = std::max(low.value_or(b), b);
+        } else {
+          const double b = k == "maximum" ? d : std::nextafter(d, -inf);
+          high = std::min(high.value_or(b), b);
+        }
+        continue;
+      }
       if (k == "minimum") {
         n.minimum = std::max(n.minimum, static_cast<int64_t>(std::ceil(d)));
       } else if (k == "exclusiveMinimum") {
@@ -406,7 +416,38 @@ struct JsonSchema::Compiler {
       }
     }
     if (n.minimum > n.maximum) return Error(at, "no integer is within its minimum and maximum");
+    if (!low && !high) return Status::Ok();
+    if (low && high && *low > *high) {
+      return Error(at, "no number is within its minimum and maximum");
+    }
+    // (0 and -0 are within both sides' where 0 is within the bounds.)
+    n.decimal = true;
+    Side& positive = n.sides[0];
+    positive.allowed = !high || *high >= 0;
+    if (low && *low > 0) positive.low = Decimal(*low);
+    positive.capped = high.has_value();
+    if (high && *high >= 0) positive.high = Decimal(*high);
+    Side& negative = n.sides[1];
+    negative.allowed = !low || *low <= 0;
+    if (high && *high < 0) negative.low = Decimal(-*high);
+    negative.capped = low.has_value();
+    if (low && *low <= 0) negative.high = Decimal(-*low);
     return Status::Ok();
+  }
+
+  // The shortest decimal text of |d| (at most about 10^15) that reads back as |d|.
+  static Magnitude Decimal(double d) {
+    std::array<char, 400> text{};  // (at most 16 digits before the point, 340 after it)
+    const auto end =
+        std::to_chars(text.data(), text.data() + text.size(), std::abs(d), std::chars_format::fixed)
+            .ptr;
+    const std::string_view digits(text.data(), static_cast<size_t>(end - text.data()));
+    const size_t point = std::min(digits.find('.'), digits.size());
+    Magnitude m;
+    std::from_chars(digits.data(), digits.data() + point, m.whole);
+    if (point < digits.size()) m.fraction = digits.substr(point + 1);
+    while (!m.fraction.empty() && m.fraction.back() == '0') m.fraction.pop_back();
+    return m;
   }
 
   // A count's bound (minItems, maxLength, ...): an integer from 0 to `most`.
@@ -472,15 +513,23 @@ struct JsonSchema::Compiler {
     return !t.any && t.values.empty();
   }
 
-  // The union of an anyOf's plain number branches (node, branch), whatever their order: numbers
-  // take every integer, an unbounded integer every bounded one; bounded integers make one range
-  // (a node of its own: the branches' may be shared) if, in order, each overlaps or touches the
-  // ones before it; a gap is refused.
+  // The union of an anyOf's plain number branches (node, branch), whatever their order: unbounded
+  // numbers take every number, an unbounded integer every bounded one; bounded integers make one
+  // range (a node of its own: the branches' may be shared) if, in order, each overlaps or touches
+  // the ones before it; a gap is refused, and so is a bounded number beside other branches.
   Result<int16_t> NumberUnion(std::vector<std::pair<int16_t, size_t>> numbers,
                               const std::string& at) {
     auto node = [this](int16_t i) -> const Node& { return nodes[static_cast<size_t>(i)]; };
     for (const auto& [i, b] : numbers) {
-      if (!node(i).integer) return i;
+      if (!node(i).integer && !node(i).decimal) return i;
+    }
+    for (const auto& [i, b] : numbers) {
+      if (node(i).decimal) {
+        return Error(at, fmt::format("branch {} is a number with bounds beside other number "
+                                     "branches, which is not supported (one number branch with "
+                                     "bounds, or integer branches, are)",
+                                     b));
+      }
     }
     for (const auto& [i, b] : numbers) {
       if (!node(i).bounded()) return i;
@@ -611,7 +660,7 @@ struct JsonSchema::Compiler {
     } else if (!t.any && k == kString) {
       b = 2 + size_t{t.min_length};
     } else if (!t.any && k == kNumber) {
-      b = SmallestInteger(t).size();
+      b = SmallestNumber(t).size();
     }
     b = std::min(b, kMaxSmallestAnswer + 1);
     m = b + 1;
@@ -684,7 +733,7 @@ std::string JsonSchema::Smallest(int i) const {
       case kString:
         return '"' + std::string(t.any ? 0 : t.min_length, 'a') + '"';
       case kNumber:
-        return SmallestInteger(t);
+        return SmallestNumber(t);
       case kBoolean:
         return "true";
       default:
@@ -719,9 +768,25 @@ std::pair<int64_t, int64_t> NegativeMagnitudes(int64_t minimum, int64_t maximum)
           minimum == JsonSchema::kNoMinimum ? JsonSchema::kNoMaximum : -minimum};
 }
 
+// A magnitude's decimal text, and the least integer at least it.
+std::string DecimalText(const JsonSchema::Magnitude& m) {
+  return std::to_string(m.whole) + (m.fraction.empty() ? "" : "." + m.fraction);
+}
+int64_t Ceil(const JsonSchema::Magnitude& m) { return m.whole + (m.fraction.empty() ? 0 : 1); }
+
 }  // namespace
 
-std::string JsonSchema::SmallestInteger(const Node& t) {
+std::string JsonSchema::SmallestNumber(const Node& t) {
+  if (t.decimal) {
+    for (size_t sign = 0; sign < 2; ++sign) {  // (the positive side first: it holds 0)
+      const Side& s = t.sides[sign];
+      if (!s.allowed) continue;
+      const std::string digits = !s.capped || Ceil(s.low) <= s.high.whole
+                                     ? std::to_string(Ceil(s.low))
+                                     : DecimalText(s.low);
+      return (sign == 1 ? "-" : "") + digits;
+    }
+  }
   if (t.minimum > 0) return std::to_string(t.minimum);
   if (t.maximum < 0) return std::to_string(t.maximum);
   return "0";
@@ -739,6 +804,10 @@ JsonSchemaPrefix& JsonSchemaPrefix::operator=(const JsonSchemaPrefix& other) {
   negative_ = other.negative_;
   digit_ = other.digit_;
   magnitude_ = other.magnitude_;
+  point_ = other.point_;
+  tight_low_ = other.tight_low_;
+  tight_high_ = other.tight_high_;
+  place_ = other.place_;
   need_ = other.need_;
   room_ = other.room_;
   pos_ = other.pos_;
@@ -798,10 +867,12 @@ bool JsonSchemaPrefix::Take(unsigned char c, bool starts) {
       const JsonSchema::Node& n = schema_->node(node_);
       if (IsNumberByte(c)) {
         if (integer_ && (c == '.' || c == 'e' || c == 'E')) return false;
+        if (n.decimal) return DecimalByte(c);
         return !n.bounded() || IntegerByte(c);
       }
       const int64_t value = negative_ ? -magnitude_ : magnitude_;
       if (n.bounded() && (value < n.minimum || value > n.maximum)) return false;
+      if (n.decimal && !DecimalEnds()) return false;
       scalar_ = Scalar::kNone;
       return ValueEnded() && Structural(c);
     }
@@ -906,6 +977,55 @@ bool JsonSchemaPrefix::IntegerByte(unsigned char c) {
   return LeastExtending(magnitude_, lo, hi).has_value();
 }
 
+bool JsonSchemaPrefix::DecimalByte(unsigned char c) {
+  const JsonSchema::Node& n = schema_->node(node_);
+  if (c == '-') {
+    negative_ = true;
+    return n.sides[1].allowed;
+  }
+  const JsonSchema::Side& s = n.sides[negative_ ? 1 : 0];
+  if (!s.allowed) return false;
+  const int64_t top = s.capped ? s.high.whole : JsonSchema::kNoMaximum;
+  if (c == '.') {  // (then [m, m + 1) must meet the bounds)
+    if (magnitude_ < s.low.whole || magnitude_ > top) return false;
+    point_ = true;
+    digit_ = false;
+    tight_low_ = magnitude_ == s.low.whole && !s.low.fraction.empty();
+    tight_high_ = s.capped && magnitude_ == s.high.whole;
+    place_ = 0;
+    return true;
+  }
+  if (c < '0' || c > '9') return false;  // (an exponent)
+  digit_ = true;
+  if (!point_) {  // (the numbers that begin with these digits: runs [m 10^j, (m + 1) 10^j))
+    magnitude_ = std::min(SaturatingMul(magnitude_, 10) + (c - '0'), kSaturated);
+    if (magnitude_ == 0) return s.low.whole == 0;  // ("0" alone: [0, 1))
+    return LeastExtending(magnitude_, s.low.whole, top).has_value();
+  }
+  // A fraction digit: compared with the bounds' at the same place while equal to them so far.
+  auto digit = [this](const JsonSchema::Magnitude& m) {
+    return place_ < m.fraction.size() ? m.fraction[place_] : '0';
+  };
+  if (tight_low_) {
+    if (c < digit(s.low)) return false;
+    tight_low_ = c == digit(s.low);
+  }
+  if (tight_high_) {
+    if (c > digit(s.high)) return false;
+    tight_high_ = c == digit(s.high);
+  }
+  place_ = static_cast<uint16_t>(
+      std::min<size_t>(place_ + 1U, std::max(s.low.fraction.size(), s.high.fraction.size())));
+  if (place_ >= s.low.fraction.size()) tight_low_ = false;  // (equal to the least: within)
+  return true;
+}
+
+bool JsonSchemaPrefix::DecimalEnds() const {
+  const JsonSchema::Side& s = schema_->node(node_).sides[negative_ ? 1 : 0];
+  if (point_) return !tight_low_;  // (tight to the greatest, or below it)
+  return magnitude_ >= Ceil(s.low) && (!s.capped || magnitude_ <= s.high.whole);
+}
+
 bool JsonSchemaPrefix::Key(unsigned char c) {
   Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   const JsonSchema::Node& n = schema_->node(f.node);
@@ -975,6 +1095,11 @@ bool JsonSchemaPrefix::StartValue(int node, unsigned char c) {
       negative_ = false;
       digit_ = false;
       magnitude_ = 0;
+      point_ = false;
+      tight_low_ = false;
+      tight_high_ = false;
+      place_ = 0;
+      if (t.decimal) return DecimalByte(c);
       return !t.bounded() || IntegerByte(c);
     default:
       scalar_ = Scalar::kLiteral;
@@ -1084,6 +1209,20 @@ std::string JsonSchemaPrefix::key() const {
             (negative_ ? n.minimum == JsonSchema::kNoMinimum && -magnitude_ <= n.maximum
                        : n.maximum == JsonSchema::kNoMaximum && magnitude_ >= n.minimum);
         put(settled ? int64_t{-1} : magnitude_);
+      } else if (n.decimal) {
+        put(node_);
+        put(negative_);
+        put(digit_);
+        put(point_);
+        if (point_) {  // (the whole part matters no more: only whether it was the bounds')
+          put(tight_low_);
+          put(tight_high_);
+          put(tight_low_ || tight_high_ ? place_ : uint16_t{0});
+        } else {
+          const JsonSchema::Side& s = n.sides[negative_ ? 1 : 0];
+          const bool settled = digit_ && magnitude_ > 0 && !s.capped && magnitude_ >= Ceil(s.low);
+          put(settled ? int64_t{-1} : magnitude_);
+        }
       }
       break;
     case Scalar::kAny:
@@ -1157,6 +1296,24 @@ std::string JsonSchemaPrefix::IntegerClosing() const {
       .substr(read.size());
 }
 
+std::string JsonSchemaPrefix::DecimalClosing() const {
+  const JsonSchema::Side& s = schema_->node(node_).sides[negative_ ? 1 : 0];
+  if (point_) {
+    if (tight_low_) return s.low.fraction.substr(place_);  // (the least: within)
+    return digit_ ? "" : "0";
+  }
+  if (!digit_) return DecimalText(s.low);  // (after '-')
+  if (DecimalEnds()) return "";
+  if (magnitude_ == 0) return "." + s.low.fraction;  // (0 < the least < 1)
+  // The least number in the runs the digits begin: an integer, or the least magnitude (whose
+  // whole part is the run's least integer within the bounds, then).
+  const int64_t top = s.capped ? s.high.whole : JsonSchema::kNoMaximum;
+  const int64_t least = LeastExtending(magnitude_, s.low.whole, top).value_or(magnitude_);
+  std::string out = std::to_string(least).substr(std::to_string(magnitude_).size());
+  if (least < Ceil(s.low)) out += "." + s.low.fraction;
+  return out;
+}
+
 std::string JsonSchemaPrefix::Closing() const {
   if (schema_ == nullptr) return syntax_.Closing();
   if (bad_) return "";
@@ -1190,6 +1347,10 @@ std::string JsonSchemaPrefix::Closing() const {
     case Scalar::kNumber:
       if (schema_->node(node_).bounded()) {
         out += IntegerClosing();
+        break;
+      }
+      if (schema_->node(node_).decimal) {
+        out += DecimalClosing();
         break;
       }
       [[fallthrough]];

@@ -5,12 +5,13 @@
 //   type (a name or a list), enum, const (both: the enum's values equal to it), anyOf and oneOf
 //   (whose branches differ in the first byte of their values: an object and null, a string and a
 //   number; "Optional" fields; in an anyOf, integers and numbers make their union where it is
-//   numbers or one range of integers), $ref to #/$defs/... or
+//   unbounded numbers or one range of integers), $ref to #/$defs/... or
 //   #/definitions/... (not recursive; each target compiled once, its node shared), properties,
 //   required, additionalProperties, items, minItems, maxItems, minLength, maxLength (a string's
 //   characters: Unicode code points, an escape or a surrogate pair's two escapes one), minimum,
-//   maximum, exclusiveMinimum, exclusiveMaximum (of integers, within +-10^15), and the
-//   annotations (title, description, default, examples, ...).
+//   maximum, exclusiveMinimum, exclusiveMaximum (within +-10^15; of a number that may have a
+//   fraction, compared exactly as decimals: see JsonSchema::Side), and the annotations (title,
+//   description, default, examples, ...).
 // An answer writes only the properties the schema names (each at most once, in any order, the
 // required ones all), so additionalProperties changes nothing but for an object without
 // properties: true or absent, any object; false, only {}; a schema, refused (a map). format is an
@@ -52,7 +53,7 @@ class JsonSchema {
   static constexpr size_t kMaxCompiled = 16 * kMaxNodes;  // schemas compiled in all
   static constexpr uint32_t kMaxMinItems = 256;
   static constexpr uint32_t kMaxMinLength = 16 * 1024;         // characters a string must have
-  static constexpr int64_t kMaxBound = 1'000'000'000'000'000;  // of an integer's minimum, maximum
+  static constexpr int64_t kMaxBound = 1'000'000'000'000'000;  // of a minimum, maximum
   static constexpr int64_t kNoMinimum = std::numeric_limits<int64_t>::min();
   static constexpr int64_t kNoMaximum = std::numeric_limits<int64_t>::max();
   static constexpr size_t kMaxSmallestAnswer = 64 * 1024;  // bytes of the shortest valid answer
@@ -60,6 +61,22 @@ class JsonSchema {
   // What a value's first byte says it is.
   enum Slot : uint8_t { kObject, kArray, kString, kNumber, kBoolean, kNull, kSlots };
   static constexpr uint32_t kUnbounded = std::numeric_limits<uint32_t>::max();
+
+  // A bounded number's bound without its sign, as an exact decimal: whole + 0.fraction.
+  struct Magnitude {
+    int64_t whole = 0;
+    std::string fraction;  // the digits after the point, without trailing zeros
+  };
+  // The magnitudes [low, high] of a bounded number's values of one sign (high: none unless
+  // capped). A bound is the shortest decimal text of its double, an exclusive one of the double
+  // next to it inside: rounding to the nearest double never decreases, so a decimal within the
+  // texts parses to a double within the bounds, whatever its digits.
+  struct Side {
+    bool allowed = false;  // any value of this sign (0 counts as both)
+    Magnitude low;
+    bool capped = false;
+    Magnitude high;
+  };
 
   struct Node {
     std::array<int16_t, kSlots> by_slot;  // the node a value of each kind follows; -1: refused
@@ -76,6 +93,10 @@ class JsonSchema {
     // An integer's least and greatest values (exclusive bounds made inclusive); kNo...: none.
     int64_t minimum = kNoMinimum, maximum = kNoMaximum;
     bool bounded() const { return minimum != kNoMinimum || maximum != kNoMaximum; }
+    // A number that may have a fraction, bounded: its values' magnitudes by sign (0: positive
+    // ones, and 0; 1: negative ones, and -0).
+    bool decimal = false;
+    std::array<Side, 2> sides;
   };
 
   // InvalidArgument naming what is not supported or wrong, and where (a JSON pointer).
@@ -85,8 +106,9 @@ class JsonSchema {
   int root() const { return root_; }
   // The shortest text of a value of node `i` (of its first kind in Slot's order).
   std::string Smallest(int i) const;
-  // The shortest integer within n's bounds (0 if they allow it).
-  static std::string SmallestInteger(const Node& n);
+  // The shortest integer within n's bounds (0 if they allow it); of a bounded number, a short
+  // number within its bounds (the integer nearest 0 within them, if any).
+  static std::string SmallestNumber(const Node& n);
 
   struct Compiler;
 
@@ -158,9 +180,14 @@ class JsonSchemaPrefix {
   // A bounded integer's byte ('-' or a digit): false if no integer it can still become is in
   // its bounds.
   bool IntegerByte(unsigned char c);
+  // A bounded number's byte (not the end: DecimalEnds): false if no number it can still become
+  // is within its bounds. Exponents are refused.
+  bool DecimalByte(unsigned char c);
+  bool DecimalEnds() const;  // whether the bounded number read is within its bounds
   bool AnyByte(unsigned char c);
   bool ValueEnded();
   std::string IntegerClosing() const;  // the rest of a bounded integer that makes it valid
+  std::string DecimalClosing() const;  // and of a bounded number
   // Appends a closing of `f` to `out` (its value in progress ended), as Closing() does.
   void CloseFrame(Frame f, std::string& out) const;
 
@@ -175,6 +202,12 @@ class JsonSchemaPrefix {
   // value (saturating past any bound).
   bool negative_ = false, digit_ = false;
   int64_t magnitude_ = 0;
+  // kNumber of a bounded number (node_.decimal), after its point (point_: digit_ then says
+  // whether a fraction digit was read): whether the fraction read equals that of the least and
+  // greatest magnitude so far (their whole parts being the one read), and how many digits of
+  // them it has matched (place_, at most their longer fraction's).
+  bool point_ = false, tight_low_ = false, tight_high_ = false;
+  uint16_t place_ = 0;
   // kString: the characters it must still take (minLength) and may still take (maxLength).
   uint32_t need_ = 0, room_ = JsonSchema::kUnbounded;
   // kKey, kEnum: the names or values [lo_, hi_) of node_ begin with the pos_ bytes read.
@@ -201,6 +234,10 @@ inline JsonSchemaPrefix::JsonSchemaPrefix(const JsonSchemaPrefix& other)
       negative_(other.negative_),
       digit_(other.digit_),
       magnitude_(other.magnitude_),
+      point_(other.point_),
+      tight_low_(other.tight_low_),
+      tight_high_(other.tight_high_),
+      place_(other.place_),
       need_(other.need_),
       room_(other.room_),
       pos_(other.pos_),

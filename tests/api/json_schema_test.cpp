@@ -113,8 +113,34 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
     return pick(2) == 0 || hi == 1000000000000000 ? lo + step : hi - step;
   }
   if (type == "number") {
-    const json n[] = {json(0), json(-3), json(2.5), json(-0.125), json(1e20)};
-    return n[pick(5)];
+    const char* bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+    if (std::none_of(std::begin(bounds), std::end(bounds),
+                     [&](const char* k) { return schema.contains(k); })) {
+      const json n[] = {json(0), json(-3), json(2.5), json(-0.125), json(1e20)};
+      return n[pick(5)];
+    }
+    // Within the bounds (as doubles compare), near one of them or between, rounded to a few
+    // places, written without an exponent (an answer's bounded number has none).
+    auto bound = [&](const char* a, const char* b) {
+      return schema.contains(a) ? schema[a].get<double>() : schema[b].get<double>();
+    };
+    const bool has_lo = schema.contains("minimum") || schema.contains("exclusiveMinimum");
+    const bool has_hi = schema.contains("maximum") || schema.contains("exclusiveMaximum");
+    const double lo =
+        has_lo ? bound("minimum", "exclusiveMinimum") : bound("maximum", "exclusiveMaximum") - 1000;
+    const double hi = has_hi ? bound("maximum", "exclusiveMaximum") : lo + 1000;
+    for (int tries = 0; tries < 200; ++tries) {
+      const double u[] = {0,    1,        0.5,
+                          1e-9, 1 - 1e-9, std::uniform_real_distribution<double>(0, 1)(rng)};
+      double x = lo + (hi - lo) * u[pick(6)];
+      const double scale = std::pow(10.0, static_cast<double>(pick(8)));
+      if (pick(2) == 0) x = std::round(x * scale) / scale;
+      const json v = x;
+      if (SchemaValid(schema, v, root) && v.dump().find_first_of("eE") == std::string::npos) {
+        return v;
+      }
+    }
+    return (lo + hi) / 2;
   }
   if (type == "boolean") return pick(2) == 0;
   return nullptr;
@@ -211,6 +237,21 @@ std::vector<json> Schemas() {
         "positive": {"type": "integer", "minimum": 1},
         "list": {"type": "array", "items": {"type": "integer", "minimum": 10, "maximum": 19}}},
         "required": ["stars", "below", "big", "mid", "fraction"]})"),
+      // Bounded numbers (pydantic's Field(ge=0.0, le=1.0), confloat): decimals that are not
+      // doubles, exclusive bounds, and a bound whose double is only just above 0.
+      json::parse(R"({"type": "object", "properties": {
+        "p": {"type": "number", "minimum": 0, "maximum": 1},
+        "open": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        "lat": {"type": "number", "minimum": -90, "maximum": 90},
+        "c": {"type": "number", "minimum": 0.1, "maximum": 0.3},
+        "neg": {"type": "number", "minimum": -2.75, "maximum": -0.5},
+        "below": {"type": "number", "exclusiveMaximum": -1.5},
+        "gt": {"type": "number", "exclusiveMinimum": 0},
+        "big": {"type": "number", "minimum": 999999999999999.5, "maximum": 1e15},
+        "opt": {"anyOf": [{"type": "number", "minimum": 0.5, "maximum": 2.5}, {"type": "null"}]},
+        "list": {"type": "array", "items": {"type": "number", "minimum": 2.5, "maximum": 3}},
+        "mixed": {"type": ["number", "string"], "maximum": 0.001}},
+        "required": ["p", "open", "c", "neg", "big"]})"),
       json::parse(R"({"type": "object", "properties": {
         "when": {"type": "string", "format": "date-time"},
         "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"},
@@ -324,10 +365,16 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
       {R"({"type": "object", "properties": {"a": {"type": ["object", "array"], "minItems": 256,
           "items": {"type": "array", "minItems": 255}}}})",
        "a value it describes (an array) is longer than 65536 bytes at its shortest"},
-      {R"({"type": "object", "properties": {"a": {"type": "number", "minimum": 0}}})",
-       "/properties/a/minimum: a bound on numbers that may have a fraction is not supported"},
-      {R"({"type": "object", "properties": {"a": {"minimum": 0}}})",
-       "a bound on numbers that may have a fraction"},
+      {R"({"type": "object", "properties": {"a": {"type": "number", "minimum": 0.5,
+          "exclusiveMaximum": 0.5}}})",
+       "/properties/a: no number is within its minimum and maximum"},
+      {R"({"type": "object", "properties": {"a": {"minimum": 2, "maximum": 1}}})",
+       "/properties/a: no number is within"},
+      {R"({"type": "object", "properties": {"a": {"type": "number", "minimum": -1e16}}})",
+       "/properties/a/minimum: must be a number from -1000000000000000"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"},
+          {"type": "number", "minimum": 0}]}}})",
+       "/properties/a/anyOf: branch 1 is a number with bounds beside other number branches"},
       {R"({"type": "object", "properties": {"a": {"type": "integer", "maximum": 1e16}}})",
        "/properties/a/maximum: must be a number from -1000000000000000 to 1000000000000000"},
       {R"({"type": "object", "properties": {"a": {"type": "integer", "exclusiveMinimum": true}}})",
@@ -558,6 +605,129 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
   ExpectClosingsValid(schema, compiled->get(),
                       {R"({"r": )", R"({"n": -)", R"({"n": -1)", R"({"b": 1)", R"({"b": 10)",
                        R"({"z": -)", R"({"z": -2)", R"({"e": -)", R"({"b": 12345678901234567890)"});
+}
+
+// A number's bounds are kept at every digit, compared as decimals with the shortest texts of
+// their doubles (an exclusive one's: of the double next to it inside), so that what is taken
+// parses to a double within them: a digit is taken only while some number it can still become
+// is within them. Exponents are not written.
+TEST(JsonSchema, NumbersStayWithinTheirBounds) {
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "p": {"type": "number", "minimum": 0, "maximum": 1},
+      "x": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+      "c": {"type": "number", "minimum": 0.1, "maximum": 0.3},
+      "n": {"type": "number", "minimum": -2.75, "maximum": -0.5},
+      "t": {"type": "number", "minimum": 1e-20, "maximum": 3e-20},
+      "b": {"type": "number", "minimum": 12.5},
+      "w": {"type": "number", "minimum": 999999999999999.5, "maximum": 1e15}}})");
+  auto compiled = JsonSchema::Compile(schema);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
+  // Each text taken whole is valid, and each refused at its last byte has no valid end.
+  const std::vector<std::pair<std::string, bool>> cases = {
+      {R"({"p": 0})", true},
+      {R"({"p": 1})", true},
+      {R"({"p": 1.0})", true},
+      {R"({"p": 0.5})", true},
+      {R"({"p": -0})", true},  // (-0 is 0)
+      {R"({"p": -0.0})", true},
+      {R"({"p": 1.00001)", false},
+      {R"({"p": 2)", false},
+      {R"({"p": 10)", false},
+      {R"({"p": -0.1)", false},
+      {R"({"p": -1)", false},
+      {R"({"p": 1e)", false},  // (no exponents)
+      {R"({"x": 0})", false},
+      {R"({"x": 0.0})", false},
+      {R"({"x": 0.000001})", true},
+      {R"({"x": 0.9999999999999999})", true},
+      {R"({"x": 0.99999999999999999)", false},  // (17 nines: the double 1, not below it)
+      {R"({"x": 1)", false},
+      {R"({"x": -)", false},
+      {R"({"c": 0.1})", true},
+      {R"({"c": 0.3})", true},
+      {R"({"c": 0.3000000000000000})", true},
+      {R"({"c": 0.2})", true},
+      {R"({"c": 0.30000000000000004)", false},  // (0.1 + 0.2: above the double 0.3)
+      {R"({"c": 0.0)", false},
+      {R"({"c": 0})", false},
+      {R"({"c": 1)", false},
+      {R"({"n": -0.5})", true},
+      {R"({"n": -0.6})", true},
+      {R"({"n": -2.75})", true},
+      {R"({"n": -2.750000})", true},
+      {R"({"n": -2.7})", true},
+      {R"({"n": -1})", true},
+      {R"({"n": -0})", false},
+      {R"({"n": -0.4)", false},
+      {R"({"n": -2.76)", false},
+      {R"({"n": -3)", false},
+      {R"({"n": 0)", false},
+      {R"({"t": 0.00000000000000000001})", true},
+      {R"({"t": 0.00000000000000000003})", true},
+      {R"({"t": 0.000000000000000000025})", true},
+      {R"({"t": 0.00000000000000000004)", false},
+      {R"({"t": 0.00000000000000000000)", false},
+      {R"({"t": 0.1)", false},
+      {R"({"t": 1)", false},
+      {R"({"b": 12.5})", true},
+      {R"({"b": 13})", true},
+      {R"({"b": 100})", true},
+      {R"({"b": 12})", false},
+      {R"({"b": 9})", false},
+      {R"({"b": 12.4)", false},
+      {R"({"b": -)", false},
+      {R"({"w": 1000000000000000})", true},
+      {R"({"w": 1000000000000000.0})", true},
+      {R"({"w": 999999999999999.5})", true},
+      {R"({"w": 999999999999999.75})", true},
+      {R"({"w": 999999999999999})", false},
+      {R"({"w": 999999999999999.4)", false},
+      {R"({"w": 1000000000000000.1)", false},
+      {R"({"w": 10000000000000000)", false},
+  };
+  for (const auto& [text, valid] : cases) {
+    EXPECT_EQ(takes(text), valid) << text;
+    EXPECT_TRUE(takes(text.substr(0, text.size() - 1))) << text;
+    if (valid) {
+      EXPECT_TRUE(Whole(compiled->get(), text)) << text;
+      EXPECT_TRUE(SchemaValid(schema, json::parse(text), schema)) << text;  // (the cases)
+    }
+  }
+  // The keys of states that take the same texts agree; of those that do not, differ.
+  auto key = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    EXPECT_TRUE(p.Feed(text)) << text;
+    return p.key();
+  };
+  EXPECT_EQ(key(R"({"x": 0.1)"), key(R"({"x": 0.5)"));
+  EXPECT_EQ(key(R"({"c": 0.1)"), key(R"({"c": 0.2)"));  // (0.1 is the least: within)
+  EXPECT_NE(key(R"({"c": 0.3)"), key(R"({"c": 0.2)"));  // (0.31 is not)
+  EXPECT_EQ(key(R"({"c": 0.25)"), key(R"({"c": 0.26)"));
+  EXPECT_EQ(key(R"({"b": 13)"), key(R"({"b": 14)"));
+  EXPECT_NE(key(R"({"b": 11)"), key(R"({"b": 12)"));  // (12.5 follows 12)
+  EXPECT_NE(key(R"({"t": 0.0000)"), key(R"({"t": 0.00000)"));
+  ExpectClosingsValid(schema, compiled->get(),
+                      {R"({"p": -)",
+                       R"({"p": -0.)",
+                       R"({"x": 0)",
+                       R"({"x": 0.)",
+                       R"({"x": 0.99999)",
+                       R"({"c": 0)",
+                       R"({"c": 0.)",
+                       R"({"c": 0.1)",
+                       R"({"c": 0.3)",
+                       R"({"n": -)",
+                       R"({"n": -0)",
+                       R"({"n": -2)",
+                       R"({"n": -2.7)",
+                       R"({"t": 0.0000)",
+                       R"({"b": 1)",
+                       R"({"b": 12)",
+                       R"({"b": 12.)",
+                       R"({"w": 9)",
+                       R"({"w": 99999999999999)",
+                       R"({"w": 1)"});
 }
 
 // A string's length is its characters (code points), each counted once however it is written:
