@@ -129,6 +129,17 @@ std::string ApiMetrics::Text(const Others& others) const {
                                 "Bytes the kept JSON mode masks take.",
                                 static_cast<double>(m.bytes));
   }
+  if (others.schemas) {
+    PrometheusFamily lookups(
+        "colony_api_json_schema_lookups_total", "counter",
+        "Requests' JSON schemas looked for among those compiled before, by result.");
+    lookups.Add({{"result", "hit"}}, static_cast<double>(others.schemas->hits));
+    lookups.Add({{"result", "miss"}}, static_cast<double>(others.schemas->misses));
+    lookups.WriteTo(out);
+    http::WritePrometheusSample(out, "colony_api_json_schemas", "gauge",
+                                "Compiled JSON schemas kept now.",
+                                static_cast<double>(others.schemas->schemas));
+  }
   return out;
 }
 

@@ -22,6 +22,7 @@
 
 #include "api/client_gate.h"
 #include "api/json_masks.h"
+#include "api/json_schema_cache.h"
 #include "http/prometheus.h"
 
 namespace colony::api {
@@ -64,8 +65,9 @@ class ApiMetrics {
   std::shared_ptr<Request> Start(std::string endpoint);
 
   struct Others {
-    std::optional<ClientGateStats> gate;     // with a client gate
-    std::optional<JsonMasks::Counts> masks;  // once JSON mode has kept masks
+    std::optional<ClientGateStats> gate;             // with a client gate
+    std::optional<JsonMasks::Counts> masks;          // once JSON mode has kept masks
+    std::optional<JsonSchemaCache::Counts> schemas;  // once a request sent a JSON schema
   };
   std::string Text(const Others& others) const;
 

@@ -8,8 +8,9 @@ namespace colony::api {
 
 size_t JsonMasks::KeyHash::operator()(const Key& k) const {
   size_t h = std::hash<std::string>{}(k.state);
-  h ^= std::hash<int64_t>{}(k.vocab * 2 + (k.first ? 1 : 0)) + 0x9e3779b97f4a7c15ULL + (h << 6) +
-       (h >> 2);
+  for (const uint64_t v : {static_cast<uint64_t>(k.vocab) * 2 + (k.first ? 1 : 0), k.schema}) {
+    h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  }
   return h;
 }
 

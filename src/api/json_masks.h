@@ -1,8 +1,9 @@
 // JSON mode's masks (api/json_mode.h) kept for every request of one token table: which tokens can
-// continue an answer depends only on the answer's state (JsonSchemaPrefix::key: of no schema in
-// the masks the service keeps for every request), whether the token is the answer's first (read
-// as written alone) and the logits' vocabulary, so requests that meet a state another request met
-// (every request meets the start) take its mask instead of reading the vocabulary again. The
+// continue an answer depends only on the answer's state (JsonSchemaPrefix::key) and schema (its
+// compilation's JsonSchema::id: the service compiles a schema text once, api/json_schema_cache.h),
+// whether the token is the answer's first (read as written alone) and the logits' vocabulary, so
+// requests that meet a state another request met (every request meets the start) take its mask
+// instead of reading the vocabulary again. The
 // least recently used masks are dropped to stay within a budget of bytes. Thread-safe; a mask
 // handed out stays valid while its holder keeps it, dropped or not.
 //
@@ -27,9 +28,10 @@ class JsonMasks {
  public:
   using Bits = std::vector<uint64_t>;  // a bit per token: whether its text fits
   struct Key {
-    std::string state;   // JsonSchemaPrefix::key()
-    int64_t vocab = 0;   // of the logits
-    bool first = false;  // the answer's first token (its text as written alone)
+    std::string state;    // JsonSchemaPrefix::key()
+    uint64_t schema = 0;  // JsonSchema::id() of the state's schema; 0: none (any object)
+    int64_t vocab = 0;    // of the logits
+    bool first = false;   // the answer's first token (its text as written alone)
     bool operator==(const Key&) const = default;
   };
   struct Counts {

@@ -65,7 +65,7 @@ JsonObjectLogits::JsonObjectLogits(serve::DecoderBackend& inner, JsonModeOptions
     : inner_(inner),
       options_(std::move(options)),
       steps_(options_.schema ? "response_format json_schema" : "response_format json_object"),
-      masks_(options_.schema ? nullptr : options_.masks) {
+      masks_(options_.masks) {
   if (!options_.texts) options_.texts = std::make_shared<const TokenTextTable>();
   if (!masks_ || masks_->texts() != options_.texts)
     masks_ = std::make_shared<JsonMasks>(options_.texts, options_.mask_cache_bytes);
@@ -128,7 +128,10 @@ std::shared_ptr<const JsonObjectLogits::Bits> JsonObjectLogits::Fits(const JsonS
   // Every row is at the start at the first step: its mask is found (or read) once for all rows,
   // and not counted as kept.
   if (answered == 0 && first_) return first_;
-  const JsonMasks::Key key{.state = answer.key(), .vocab = vocab, .first = answered == 0};
+  const JsonMasks::Key key{.state = answer.key(),
+                           .schema = options_.schema ? options_.schema->id() : 0,
+                           .vocab = vocab,
+                           .first = answered == 0};
   std::shared_ptr<const Bits> bits = masks_->Find(key);
   if (bits && answered > 0) ++cached_masks_;
   if (!bits) {

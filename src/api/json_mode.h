@@ -64,10 +64,9 @@ struct JsonModeOptions {
   // step (the benchmark's reference).
   bool cache_masks = true;
   // The masks kept for every request of `texts` (api/json_masks.h; the service keeps one per
-  // model), without a schema. Null, kept for other texts, or with a schema (whose states are not
-  // those of other schemas): the request keeps its own, within mask_cache_bytes
-  // (a bit per token each; the least recently used dropped first): 4 MiB holds 220 states' masks
-  // of a 152,000-token vocabulary.
+  // model), by state and schema. Null, or kept for other texts: the request keeps its own, within
+  // mask_cache_bytes (a bit per token each; the least recently used dropped first): 4 MiB holds
+  // 220 states' masks of a 152,000-token vocabulary.
   std::shared_ptr<JsonMasks> masks = nullptr;
   size_t mask_cache_bytes = size_t{4} << 20;
 };

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <charconv>
 #include <cmath>
@@ -702,6 +703,8 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
   auto out = std::make_shared<JsonSchema>();
   out->nodes_ = std::move(c.nodes);
   out->root_ = answer;
+  static std::atomic<uint64_t> compiled{0};
+  out->id_ = compiled.fetch_add(1, std::memory_order_relaxed) + 1;
   return std::shared_ptr<const JsonSchema>(std::move(out));
 }
 

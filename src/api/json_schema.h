@@ -103,6 +103,9 @@ class JsonSchema {
   static Result<std::shared_ptr<const JsonSchema>> Compile(const nlohmann::json& schema);
 
   const Node& node(int i) const { return nodes_[static_cast<size_t>(i)]; }
+  // This compilation's own number, never another's in the process (masks of its states are kept
+  // by it: api/json_masks.h).
+  uint64_t id() const { return id_; }
   int root() const { return root_; }
   // The shortest text of a value of node `i` (of its first kind in Slot's order).
   std::string Smallest(int i) const;
@@ -115,6 +118,7 @@ class JsonSchema {
  private:
   std::vector<Node> nodes_;  // 0: any value
   int root_ = 0;
+  uint64_t id_ = 0;
 };
 
 class JsonSchemaPrefix {

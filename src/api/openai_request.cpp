@@ -61,6 +61,7 @@ Status ParseJsonSchema(const json& v, GenerationRequest& q) {
   auto schema = JsonSchema::Compile(spec["schema"]);
   if (!schema.ok()) return Bad("response_format", schema.status().message());
   q.json_schema = std::move(*schema);
+  q.json_schema_text = spec["schema"].dump();  // (the body was read as UTF-8: it dumps)
   return Status::Ok();
 }
 

@@ -236,6 +236,7 @@ http::Reply ApiService::Metrics() const {
   ApiMetrics::Others others;
   if (options_.gate) others.gate = options_.gate->stats();
   if (json_masks_made_.load(std::memory_order_acquire)) others.masks = json_masks_->counts();
+  if (const auto c = json_schemas_.counts(); c.hits + c.misses > 0) others.schemas = c;
   http::Reply r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   r.body = metrics_.Text(others);
@@ -537,6 +538,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat,
   if (!parsed.ok()) return http::JsonError(400, parsed.status().message());
   GenerationRequest r = std::move(*parsed);
   if (!r.model.empty() && r.model != options_.model_id) return NoSuchModel(r.model);
+  // A schema sent before is that compilation (by whose id its states' masks are kept).
+  if (r.json_schema) r.json_schema = json_schemas_.Intern(r.json_schema_text, r.json_schema);
   // One plan per prompt (chat: one), all made before anything runs: a bad prompt among
   // several fails the request.
   auto plans = std::make_shared<std::vector<Plan>>();

@@ -29,6 +29,7 @@
 #include "api/client_gate.h"
 #include "api/json_masks.h"
 #include "api/json_mode.h"
+#include "api/json_schema_cache.h"
 #include "api/model_chat_template.h"
 #include "api/openai_request.h"
 #include "http/server.h"
@@ -98,6 +99,9 @@ class ApiService {
   mutable std::once_flag json_masks_once_;
   mutable std::shared_ptr<JsonMasks> json_masks_;     // JsonModeMasks()
   mutable std::atomic<bool> json_masks_made_{false};  // (for /metrics, without making them)
+  // response_format json_schema's schemas, each text compiled once for every request that sends
+  // it, so that they share its states' masks.
+  JsonSchemaCache json_schemas_;
   ApiMetrics metrics_;
   http::ServerStatsSource server_stats_;  // SetServerStats()
   // /health's last answer and when it was found: probes, which need no key, are answered from it

@@ -101,15 +101,19 @@ colony_api_request_duration_seconds_count 4
   EXPECT_EQ(m.Text({}), want);
 }
 
-TEST(ApiMetrics, TheGatesRefusalsAndTheKeptMasksWhenThereAreAny) {
+TEST(ApiMetrics, TheGatesRefusalsAndTheKeptMasksAndSchemasWhenThereAreAny) {
   ApiMetrics m;
   const std::string bare = m.Text({});
   EXPECT_EQ(bare.find("colony_api_refused_total"), std::string::npos);
   EXPECT_EQ(bare.find("colony_api_json_mask"), std::string::npos);
+  EXPECT_EQ(bare.find("colony_api_json_schema"), std::string::npos);
   const std::string text =
       m.Text({.gate = ClientGateStats{.unauthorized = 4, .rate_limited = 2},
-              .masks = JsonMasks::Counts{
-                  .hits = 90, .misses = 10, .dropped = 3, .masks = 7, .bytes = 7 * 19008}});
+              .masks =
+                  JsonMasks::Counts{
+                      .hits = 90, .misses = 10, .dropped = 3, .masks = 7, .bytes = 7 * 19008},
+              .schemas = JsonSchemaCache::Counts{
+                  .hits = 5, .misses = 2, .dropped = 0, .schemas = 2, .bytes = 900}});
   EXPECT_EQ(
       text.substr(bare.size()),
       R"(# HELP colony_api_refused_total Requests the API keys or the rate limit refused, by reason.
@@ -129,6 +133,13 @@ colony_api_json_masks 7
 # HELP colony_api_json_mask_bytes Bytes the kept JSON mode masks take.
 # TYPE colony_api_json_mask_bytes gauge
 colony_api_json_mask_bytes 133056
+# HELP colony_api_json_schema_lookups_total Requests' JSON schemas looked for among those compiled before, by result.
+# TYPE colony_api_json_schema_lookups_total counter
+colony_api_json_schema_lookups_total{result="hit"} 5
+colony_api_json_schema_lookups_total{result="miss"} 2
+# HELP colony_api_json_schemas Compiled JSON schemas kept now.
+# TYPE colony_api_json_schemas gauge
+colony_api_json_schemas 2
 )");
 }
 

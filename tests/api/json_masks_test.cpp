@@ -17,8 +17,9 @@ namespace {
 
 using Bits = JsonMasks::Bits;
 
-JsonMasks::Key KeyOf(uint8_t state, int64_t vocab = 640, bool first = false) {
+JsonMasks::Key KeyOf(uint8_t state, int64_t vocab = 640, bool first = false, uint64_t schema = 0) {
   JsonMasks::Key k;
+  k.schema = schema;
   k.state = std::string(24, '\0');
   k.state[0] = static_cast<char>(state);
   k.vocab = vocab;
@@ -29,7 +30,7 @@ JsonMasks::Key KeyOf(uint8_t state, int64_t vocab = 640, bool first = false) {
 // A mask that names its key, of `words` words.
 Bits MaskOf(const JsonMasks::Key& k, size_t words = 10) {
   Bits b = {static_cast<uint8_t>(k.state[0]) | (uint64_t(k.vocab) << 8) |
-            (uint64_t(k.first) << 62)};
+            (uint64_t(k.first) << 62) | (k.schema << 40)};
   b.resize(words, ~uint64_t{0});
   return b;
 }
@@ -55,10 +56,15 @@ TEST(JsonMasks, TheLeastRecentlyUsedAreDroppedFirst) {
   EXPECT_EQ(c.misses, 1);
 }
 
-// A state's mask is kept apart by vocabulary and by first token.
-TEST(JsonMasks, KeysDifferByStateVocabularyAndFirstToken) {
+// A state's mask is kept apart by schema, vocabulary and first token.
+TEST(JsonMasks, KeysDifferByStateSchemaVocabularyAndFirstToken) {
   JsonMasks masks(nullptr, 100 * kMaskBytes);
-  const std::vector<JsonMasks::Key> keys = {KeyOf(1), KeyOf(2), KeyOf(1, 704), KeyOf(1, 640, true)};
+  const std::vector<JsonMasks::Key> keys = {KeyOf(1),
+                                            KeyOf(2),
+                                            KeyOf(1, 704),
+                                            KeyOf(1, 640, true),
+                                            KeyOf(1, 640, false, 7),
+                                            KeyOf(1, 640, false, 8)};
   for (const auto& k : keys) masks.Keep(k, MaskOf(k));
   for (const auto& k : keys) {
     auto found = masks.Find(k);

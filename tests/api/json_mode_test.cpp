@@ -414,6 +414,58 @@ TEST_F(JsonObjectLogitsTest, MasksAreKeptForEveryRequestOfTheirTexts) {
   EXPECT_NE(&other.masks(), shared.get());
 }
 
+// A schema's masks are kept for every request of its compilation (the service compiles a text
+// once: api/json_schema_cache.h): a second request reads none. Another schema whose states have
+// the same keys (the same nodes, of another kind) does not take them: after {"a": one takes
+// digits, the other a string.
+TEST_F(JsonObjectLogitsTest, ASchemasMasksAreKeptForEveryRequestOfIt) {
+  auto integer = JsonSchema::Compile(nlohmann::json::parse(
+      R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})"));
+  auto string = JsonSchema::Compile(nlohmann::json::parse(
+      R"({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})"));
+  ASSERT_TRUE(integer.ok() && string.ok());
+  const auto table = ByteTexts();
+  auto shared = std::make_shared<JsonMasks>(table, size_t{1} << 20);
+  // Steps through `text` with `schema`'s masks; the logits after it.
+  auto after = [&](const std::shared_ptr<const JsonSchema>& schema, const std::string& text,
+                   int64_t& read) {
+    serve::LocalBackend local(model_);
+    JsonObjectLogits json(local, {.texts = table,
+                                  .schema = schema,
+                                  .end_tokens = {kEnd},
+                                  .min_tokens = 0,
+                                  .cache_masks = true,
+                                  .masks = shared});
+    EXPECT_EQ(&json.masks(), shared.get());
+    auto out = json.Step(OneRow(prompt_), 0, {}, serve::StepLogits::kLast);
+    int64_t position = static_cast<int64_t>(prompt_.size());
+    for (const char c : text) {
+      EXPECT_TRUE(out.ok()) << out.status().ToString();
+      out = json.Step(Column({c}), position++, {}, serve::StepLogits::kLast);
+    }
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    read = json.read_masks();
+    return out.ok() ? (*out)[0][0] : at::Tensor();
+  };
+  int64_t read = 0;
+  at::Tensor logits = after(*integer, "{\"a\": ", read);
+  EXPECT_EQ(read, 7);  // (each state a first time)
+  EXPECT_TRUE(at::isfinite(logits['7']).item<bool>());
+  EXPECT_TRUE(at::isinf(logits['"']).item<bool>());
+  logits = after(*integer, "{\"a\": ", read);
+  EXPECT_EQ(read, 0);
+  EXPECT_TRUE(at::isfinite(logits['7']).item<bool>());
+  {
+    JsonSchemaPrefix i(integer->get()), s(string->get());
+    ASSERT_TRUE(i.Feed("{\"a\": ") && s.Feed("{\"a\": "));
+    EXPECT_EQ(i.key(), s.key());  // (what the schema's id in the masks' keys tells apart)
+  }
+  logits = after(*string, "{\"a\": ", read);
+  EXPECT_EQ(read, 7);
+  EXPECT_TRUE(at::isinf(logits['7']).item<bool>());
+  EXPECT_TRUE(at::isfinite(logits['"']).item<bool>());
+}
+
 // The steps it cannot follow (api/answer_steps.h) fail before they reach the model, and leave it
 // able to go on.
 TEST_F(JsonObjectLogitsTest, RefusesStepsItCannotFollow) {

@@ -2163,6 +2163,13 @@ TEST_F(ApiProcessTest, JsonSchemaAnswersAreValidAgainstTheirSchema) {
   EXPECT_NE(a.body.find("json_schema: /properties/name/pattern: 'pattern' is not supported"),
             std::string::npos)
       << a.body;
+  // The three requests that sent the schema had one compilation of it, and so shared its
+  // states' masks (the refused one was not kept).
+  const std::string metrics = CurlRoot("/metrics").body;
+  EXPECT_EQ(Sample(metrics, "colony_api_json_schema_lookups_total{result=\"miss\"}"), 1) << metrics;
+  EXPECT_EQ(Sample(metrics, "colony_api_json_schema_lookups_total{result=\"hit\"}"), 2);
+  EXPECT_EQ(Sample(metrics, "colony_api_json_schemas"), 1);
+  EXPECT_GT(Sample(metrics, "colony_api_json_mask_lookups_total{result=\"hit\"}"), 0);
 }
 
 // A model that calls a tool, through real processes: the request's tools reach the model's own
