@@ -392,7 +392,7 @@ struct JsonSchema::Compiler {
                                         kMaxBound, kMaxBound));
       }
       if (!numbers) continue;
-      const double d = v.get<double>();  // (exact: integers of at most 10^15)
+      const double d = v.get<double>();  // (an integer's: exact, at most 10^15)
       const std::string_view k = key;
       if (!n.integer) {
         // (The next double inside an exclusive bound: none lies between them.)
@@ -517,7 +517,8 @@ struct JsonSchema::Compiler {
   // The union of an anyOf's plain number branches (node, branch), whatever their order: unbounded
   // numbers take every number, an unbounded integer every bounded one; bounded integers make one
   // range (a node of its own: the branches' may be shared) if, in order, each overlaps or touches
-  // the ones before it; a gap is refused, and so is a bounded number beside other branches.
+  // the ones before it; a gap is refused, and so is a bounded number beside integer or bounded
+  // number branches.
   Result<int16_t> NumberUnion(std::vector<std::pair<int16_t, size_t>> numbers,
                               const std::string& at) {
     auto node = [this](int16_t i) -> const Node& { return nodes[static_cast<size_t>(i)]; };
@@ -771,11 +772,40 @@ std::pair<int64_t, int64_t> NegativeMagnitudes(int64_t minimum, int64_t maximum)
           minimum == JsonSchema::kNoMinimum ? JsonSchema::kNoMaximum : -minimum};
 }
 
-// A magnitude's decimal text, and the least integer at least it.
-std::string DecimalText(const JsonSchema::Magnitude& m) {
-  return std::to_string(m.whole) + (m.fraction.empty() ? "" : "." + m.fraction);
-}
+// The least integer at least a magnitude.
 int64_t Ceil(const JsonSchema::Magnitude& m) { return m.whole + (m.fraction.empty() ? 0 : 1); }
+
+// The fewest fraction digits that, after the `place` digits read (after the whole part of side
+// s's magnitudes; equal so far to its least's if tight_low, to its greatest's if tight_high),
+// make a magnitude within them: the least's digits while they are the greatest's too (or 9s),
+// then one above the least's (or the least's last). Empty if not tight to the least.
+std::string ShortestFraction(const JsonSchema::Side& s, size_t place, bool tight_low,
+                             bool tight_high) {
+  auto digit = [](const JsonSchema::Magnitude& m, size_t i) {
+    return i < m.fraction.size() ? m.fraction[i] : '0';
+  };
+  std::string out;
+  for (size_t i = place; tight_low; ++i) {
+    const char a = digit(s.low, i), b = tight_high ? digit(s.high, i) : '9';
+    if (i + 1 >= s.low.fraction.size()) {
+      out += a;  // (the least itself)
+      break;
+    }
+    if (a < b) {
+      out += static_cast<char>(a + 1);
+      break;
+    }
+    out += a;
+  }
+  return out;
+}
+
+// A short magnitude of side s: its least integer if one is within it, else its whole part and
+// the fewest fraction digits (no integer within: its least and greatest share their whole part).
+std::string ShortestMagnitude(const JsonSchema::Side& s) {
+  if (!s.capped || Ceil(s.low) <= s.high.whole) return std::to_string(Ceil(s.low));
+  return std::to_string(s.low.whole) + "." + ShortestFraction(s, 0, true, true);
+}
 
 }  // namespace
 
@@ -784,10 +814,7 @@ std::string JsonSchema::SmallestNumber(const Node& t) {
     for (size_t sign = 0; sign < 2; ++sign) {  // (the positive side first: it holds 0)
       const Side& s = t.sides[sign];
       if (!s.allowed) continue;
-      const std::string digits = !s.capped || Ceil(s.low) <= s.high.whole
-                                     ? std::to_string(Ceil(s.low))
-                                     : DecimalText(s.low);
-      return (sign == 1 ? "-" : "") + digits;
+      return (sign == 1 ? "-" : "") + ShortestMagnitude(s);
     }
   }
   if (t.minimum > 0) return std::to_string(t.minimum);
@@ -1302,18 +1329,20 @@ std::string JsonSchemaPrefix::IntegerClosing() const {
 std::string JsonSchemaPrefix::DecimalClosing() const {
   const JsonSchema::Side& s = schema_->node(node_).sides[negative_ ? 1 : 0];
   if (point_) {
-    if (tight_low_) return s.low.fraction.substr(place_);  // (the least: within)
-    return digit_ ? "" : "0";
+    const std::string rest = ShortestFraction(s, place_, tight_low_, tight_high_);
+    return rest.empty() && !digit_ ? "0" : rest;
   }
-  if (!digit_) return DecimalText(s.low);  // (after '-')
+  if (!digit_) return ShortestMagnitude(s);  // (after '-')
   if (DecimalEnds()) return "";
-  if (magnitude_ == 0) return "." + s.low.fraction;  // (0 < the least < 1)
-  // The least number in the runs the digits begin: an integer, or the least magnitude (whose
-  // whole part is the run's least integer within the bounds, then).
+  // The least integer in the runs the digits begin that is at least the least magnitude's
+  // whole part; if it is that whole part (below the least), a fraction after it.
   const int64_t top = s.capped ? s.high.whole : JsonSchema::kNoMaximum;
-  const int64_t least = LeastExtending(magnitude_, s.low.whole, top).value_or(magnitude_);
+  const int64_t least =
+      magnitude_ == 0 ? 0 : LeastExtending(magnitude_, s.low.whole, top).value_or(magnitude_);
   std::string out = std::to_string(least).substr(std::to_string(magnitude_).size());
-  if (least < Ceil(s.low)) out += "." + s.low.fraction;
+  if (least < Ceil(s.low)) {
+    out += "." + ShortestFraction(s, 0, true, s.capped && s.high.whole == least);
+  }
   return out;
 }
 

@@ -706,7 +706,28 @@ TEST(JsonSchema, NumbersStayWithinTheirBounds) {
   EXPECT_EQ(key(R"({"c": 0.25)"), key(R"({"c": 0.26)"));
   EXPECT_EQ(key(R"({"b": 13)"), key(R"({"b": 14)"));
   EXPECT_NE(key(R"({"b": 11)"), key(R"({"b": 12)"));  // (12.5 follows 12)
+  EXPECT_NE(key(R"({"b": 12)"), key(R"({"b": 13)"));  // (13 ends)
   EXPECT_NE(key(R"({"t": 0.0000)"), key(R"({"t": 0.00000)"));
+  // Closings write few digits, not a bound's (exclusiveMinimum 0's is 5e-324: 324 of them).
+  auto closing = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    EXPECT_TRUE(p.Feed(text)) << text;
+    return p.Closing();
+  };
+  EXPECT_EQ(closing(R"({"x")"), ":0.1}");
+  EXPECT_EQ(closing(R"({"x": 0.)"), "1}");
+  EXPECT_EQ(closing(R"({"x": 0.0)"), "1}");
+  EXPECT_EQ(closing(R"({"x": 0.99)"), "}");
+  EXPECT_EQ(closing(R"({"c": 0)"), ".1}");
+  EXPECT_EQ(closing(R"({"n": -)"), "1}");
+  EXPECT_EQ(closing(R"({"n": -0)"), ".5}");
+  EXPECT_EQ(closing(R"({"b": 12)"), ".5}");
+  EXPECT_EQ(closing(R"({"w": 9)"), "99999999999999.5}");
+  EXPECT_EQ(closing(R"({"t": 0.0000)"), "0000000000000001}");
+  EXPECT_TRUE(JsonSchema::Compile(json::parse(R"({"type": "object", "properties": {"a": {
+      "type": "array", "minItems": 256, "items": {"type": "number", "exclusiveMinimum": 0,
+      "exclusiveMaximum": 1}}}, "required": ["a"]})"))
+                  .ok());
   ExpectClosingsValid(schema, compiled->get(),
                       {R"({"p": -)",
                        R"({"p": -0.)",
