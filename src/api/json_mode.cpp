@@ -35,6 +35,7 @@ TokenTextTable TokenTextTable::From(std::vector<std::string> within,
     t.chars[v] = t.plain[v] ? chars : 0;
     JsonObjectPrefix start;
     if (!t.first[v].empty() && start.Feed(t.first[v])) t.begins_object = true;
+    t.longest = std::max({t.longest, t.within[v].size(), t.first[v].size()});
   }
   return t;
 }
@@ -128,7 +129,10 @@ std::shared_ptr<const JsonObjectLogits::Bits> JsonObjectLogits::Fits(const JsonS
   // Every row is at the start at the first step: its mask is found (or read) once for all rows,
   // and not counted as kept.
   if (answered == 0 && first_) return first_;
-  const JsonMasks::Key key{.state = answer.key(),
+  // (A token has at most `longest` bytes, so at most that many characters.)
+  const auto longest =
+      static_cast<uint32_t>(std::min<size_t>(options_.texts->longest, JsonSchema::kUnbounded - 1));
+  const JsonMasks::Key key{.state = answer.key(longest),
                            .schema = options_.schema ? options_.schema->id() : 0,
                            .vocab = vocab,
                            .first = answered == 0};

@@ -45,6 +45,7 @@ struct TokenTextTable {
   // (maxLength), and leaves the string as it was but for their count.
   std::vector<bool> plain;
   std::vector<uint32_t> chars;  // of a plain text (as JsonSchemaPrefix counts them); else 0
+  size_t longest = 0;           // bytes of the longest text, within or first
   bool begins_object = false;   // some first token's text can begin a JSON object
 
   // The table of these texts (`first` empty: the same as `within`).

@@ -706,6 +706,16 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
   out->root_ = answer;
   static std::atomic<uint64_t> compiled{0};
   out->id_ = compiled.fetch_add(1, std::memory_order_relaxed) + 1;
+  out->bytes_ = sizeof(JsonSchema) + out->nodes_.capacity() * sizeof(Node);
+  for (const Node& n : out->nodes_) {
+    for (const auto* texts : {&n.names, &n.values}) {
+      out->bytes_ += texts->capacity() * sizeof(std::string);
+      for (const std::string& t : *texts) out->bytes_ += t.capacity() + 1;
+    }
+    out->bytes_ += n.properties.capacity() * sizeof(int16_t);
+    for (const Side& s : n.sides)
+      out->bytes_ += s.low.fraction.capacity() + s.high.fraction.capacity();
+  }
   return std::shared_ptr<const JsonSchema>(std::move(out));
 }
 
@@ -1199,7 +1209,7 @@ bool JsonSchemaPrefix::Structural(unsigned char c) {
   return false;
 }
 
-std::string JsonSchemaPrefix::key() const {
+std::string JsonSchemaPrefix::key(uint32_t longest) const {
   const JsonObjectPrefix::Key k = syntax_.key();
   std::string out(k.begin(), k.end());
   if (schema_ == nullptr) return out;
@@ -1222,10 +1232,12 @@ std::string JsonSchemaPrefix::key() const {
       put(lo_);
       put(hi_);
       break;
-    case Scalar::kString:
-      put(need_);
-      put(room_);
+    case Scalar::kString: {
+      const uint32_t most = longest == JsonSchema::kUnbounded ? longest : longest + 1;
+      put(std::min(need_, most));
+      put(std::min(room_, most));
       break;
+    }
     case Scalar::kNumber:
       put(integer_);
       if (const JsonSchema::Node& n = schema_->node(node_); n.bounded()) {

@@ -106,6 +106,7 @@ class JsonSchema {
   // This compilation's own number, never another's in the process (masks of its states are kept
   // by it: api/json_masks.h).
   uint64_t id() const { return id_; }
+  size_t bytes() const { return bytes_; }  // about what its nodes take in memory
   int root() const { return root_; }
   // The shortest text of a value of node `i` (of its first kind in Slot's order).
   std::string Smallest(int i) const;
@@ -119,6 +120,7 @@ class JsonSchema {
   std::vector<Node> nodes_;  // 0: any value
   int root_ = 0;
   uint64_t id_ = 0;
+  size_t bytes_ = 0;
 };
 
 class JsonSchemaPrefix {
@@ -156,7 +158,10 @@ class JsonSchemaPrefix {
   const JsonObjectPrefix& syntax() const { return syntax_; }
 
   // The state as bytes: prefixes with equal keys (of one schema) take and refuse the same texts.
-  std::string key() const;
+  // With `longest`, only the same texts of at most `longest` bytes (a mask's tokens): a string's
+  // counts of characters needed and left past `longest` are alike then (so a long bounded string
+  // is not a state, and a mask read, at every character).
+  std::string key(uint32_t longest = JsonSchema::kUnbounded) const;
   // A short text that makes what was read a whole valid object (empty when it is one). Tests
   // check the prefixes with it.
   std::string Closing() const;

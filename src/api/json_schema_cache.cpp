@@ -14,18 +14,26 @@ std::shared_ptr<const JsonSchema> JsonSchemaCache::Intern(
     return it->second.schema;
   }
   ++counts_.misses;
-  if (!compiled || text.size() > max_bytes_ || max_schemas_ == 0) return compiled;
-  while (schemas_.size() >= max_schemas_ || counts_.bytes + text.size() > max_bytes_) {
+  if (!compiled || text.empty() || max_schemas_ == 0) return compiled;
+  const size_t bytes = text.size() + compiled->bytes();
+  if (bytes > max_bytes_) return compiled;
+  while (schemas_.size() >= max_schemas_ || counts_.bytes + bytes > max_bytes_) {
     const auto oldest = schemas_.find(*used_.back());
-    counts_.bytes -= oldest->first.size();
+    counts_.bytes -= oldest->second.bytes;
     used_.pop_back();
     schemas_.erase(oldest);
     ++counts_.dropped;
   }
-  const auto [it, _] = schemas_.emplace(text, Entry{.schema = compiled, .used = {}});
-  used_.push_front(&it->first);
+  const auto [it, _] =
+      schemas_.emplace(text, Entry{.schema = compiled, .bytes = bytes, .used = used_.end()});
+  try {
+    used_.push_front(&it->first);
+  } catch (...) {  // (no entry without its place in used_)
+    schemas_.erase(it);
+    throw;
+  }
   it->second.used = used_.begin();
-  counts_.bytes += text.size();
+  counts_.bytes += bytes;
   return compiled;
 }
 

@@ -2,7 +2,8 @@
 // schema text, so that requests with the same schema (an application sends its pydantic model's
 // every time) share its states' masks (api/json_masks.h keeps them by JsonSchema::id), which
 // reading the vocabulary for each state of each request would cost again. The least recently
-// used are dropped past a count or the bytes of their texts. Thread-safe. Torch-free.
+// used are dropped past a count or bytes (of their texts and compiled nodes). Thread-safe.
+// Torch-free.
 //
 //   JsonSchemaCache schemas;
 //   request.json_schema = schemas.Intern(request.json_schema_text, request.json_schema);
@@ -22,22 +23,23 @@ namespace colony::api {
 class JsonSchemaCache {
  public:
   static constexpr size_t kDefaultSchemas = 256;
-  static constexpr size_t kDefaultBytes = size_t{16} << 20;  // of their texts
+  static constexpr size_t kDefaultBytes = size_t{16} << 20;  // of their texts and nodes
 
   struct Counts {
     int64_t hits = 0;     // Intern()s that found the text kept
     int64_t misses = 0;   // that did not
     int64_t dropped = 0;  // schemas dropped to stay within the bounds
     size_t schemas = 0;   // kept now
-    size_t bytes = 0;     // of their texts
+    size_t bytes = 0;     // of their texts and nodes (JsonSchema::bytes)
   };
 
   explicit JsonSchemaCache(size_t max_schemas = kDefaultSchemas, size_t max_bytes = kDefaultBytes)
       : max_schemas_(max_schemas), max_bytes_(max_bytes) {}
 
-  // The schema kept for `text` (a schema's canonical JSON: nlohmann's dump, keys sorted), now the
-  // most recently used; else `compiled` (compiled from that text), kept for it. Null `compiled`,
-  // or a text longer than the bytes allowed, is handed back unkept.
+  // The schema kept for `text` (a schema's canonical JSON: nlohmann::json's dump, keys sorted),
+  // now the most recently used; else `compiled` (compiled from that text), kept for it. Null
+  // `compiled`, an empty text, or one larger (with its nodes) than the bytes allowed, is handed
+  // back unkept.
   std::shared_ptr<const JsonSchema> Intern(const std::string& text,
                                            std::shared_ptr<const JsonSchema> compiled);
   Counts counts() const;
@@ -45,6 +47,7 @@ class JsonSchemaCache {
  private:
   struct Entry {
     std::shared_ptr<const JsonSchema> schema;
+    size_t bytes;                                  // its text's and nodes'
     std::list<const std::string*>::iterator used;  // its place in used_
   };
 

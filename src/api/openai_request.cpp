@@ -58,10 +58,11 @@ Status ParseJsonSchema(const json& v, GenerationRequest& q) {
   }
   q.json_object = true;
   if (!spec.contains("schema") || spec["schema"].is_null()) return Status::Ok();
-  auto schema = JsonSchema::Compile(spec["schema"]);
+  const nlohmann::json sorted = spec["schema"];  // (keys sorted: one text for any order)
+  auto schema = JsonSchema::Compile(sorted);
   if (!schema.ok()) return Bad("response_format", schema.status().message());
   q.json_schema = std::move(*schema);
-  q.json_schema_text = spec["schema"].dump();  // (the body was read as UTF-8: it dumps)
+  q.json_schema_text = sorted.dump();  // (the body was read as UTF-8: it dumps)
   return Status::Ok();
 }
 

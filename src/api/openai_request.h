@@ -118,7 +118,7 @@ struct GenerationRequest {
   // json_schema when the request gave one (api/json_schema.h).
   bool json_object = false;
   std::shared_ptr<const JsonSchema> json_schema;
-  std::string json_schema_text;  // its canonical text: nlohmann's dump, keys sorted
+  std::string json_schema_text;  // its canonical text: nlohmann::json's dump, keys sorted
   // Chat: more variables for the model's own chat template (`chat_template_kwargs`, vLLM's, e.g.
   // Qwen3's {"enable_thinking": false}), as the text of a JSON object. Empty: none.
   std::string template_kwargs_json;

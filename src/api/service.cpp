@@ -538,8 +538,6 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat,
   if (!parsed.ok()) return http::JsonError(400, parsed.status().message());
   GenerationRequest r = std::move(*parsed);
   if (!r.model.empty() && r.model != options_.model_id) return NoSuchModel(r.model);
-  // A schema sent before is that compilation (by whose id its states' masks are kept).
-  if (r.json_schema) r.json_schema = json_schemas_.Intern(r.json_schema_text, r.json_schema);
   // One plan per prompt (chat: one), all made before anything runs: a bad prompt among
   // several fails the request.
   auto plans = std::make_shared<std::vector<Plan>>();
@@ -553,6 +551,8 @@ http::Reply ApiService::Generate(const http::Request& request, bool chat,
     plans->push_back(std::move(*planned));
   }
   for (const Plan& plan : *plans) record->Prompt(static_cast<int64_t>(plan.prompt.size()));
+  // A schema sent before is that compilation (by whose id its states' masks are kept).
+  if (r.json_schema) r.json_schema = json_schemas_.Intern(r.json_schema_text, r.json_schema);
   auto req = std::make_shared<GenerationRequest>(std::move(r));
   const std::string id = RandomId(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = UnixTime();

@@ -207,9 +207,10 @@ void AddApiCommand(CLI::App& app, std::vector<std::pair<CLI::App*, Command>>& co
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--json-mask-mib", a->json_mask_mib,
-                  "MiB that the bits of response_format json_object's masks (a bit per token for "
-                  "each state of an answer) may take, kept for every request (least recently used "
-                  "dropped first; 32 MiB: 1,760 states of a 152,000-token vocabulary)")
+                  "MiB that the bits of response_format json_object's and json_schema's masks (a "
+                  "bit per token for each state of an answer) may take, kept for every request "
+                  "(least recently used dropped first; 32 MiB: 1,760 states of a 152,000-token "
+                  "vocabulary)")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{65536}));
   commands.emplace_back(cmd, [a] { return RunApi(*a); });

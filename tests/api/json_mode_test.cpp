@@ -313,6 +313,33 @@ TEST_F(JsonObjectLogitsTest, ABoundedStringTakesTokensUpToItsLength) {
   EXPECT_TRUE(at::isfinite((*out)[0][0]['"']).item<bool>());
 }
 
+// Inside a long bounded string the counts of characters left past the longest token's bytes are
+// one state, whose mask is kept: a 60-character string of single bytes reads masks at its start
+// and for its last character alone.
+TEST_F(JsonObjectLogitsTest, ALongBoundedStringReadsFewMasks) {
+  auto schema = JsonSchema::Compile(nlohmann::json::parse(
+      R"({"type": "object", "properties": {"s": {"type": "string", "maxLength": 60}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().ToString();
+  serve::LocalBackend local(model_);
+  JsonObjectLogits json(local, {.texts = ByteTexts(), .schema = *schema, .end_tokens = {kEnd}});
+  auto out = json.Step(OneRow(prompt_), 0, {}, serve::StepLogits::kLast);
+  int64_t position = static_cast<int64_t>(prompt_.size());
+  const std::string text = "{\"s\":\"" + std::string(60, 'a');
+  for (size_t i = 0; i < text.size(); ++i) {
+    out = json.Step(Column({text[i]}), position++, {}, serve::StepLogits::kLast);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    if (i < 5)
+      continue;  // (in the string from its quote on: 'a' fits while characters are
+                 // left, '"' always: no minLength)
+    EXPECT_EQ(at::isfinite((*out)[0][0]['a']).item<bool>(), i + 1 < text.size()) << i;
+    EXPECT_TRUE(at::isfinite((*out)[0][0]['"']).item<bool>()) << i;
+  }
+  // The start and the 6 states to the string's first character (60 left: as 2, past the
+  // longest token's byte), then 1 left, 0 left.
+  EXPECT_EQ(json.read_masks(), 9);
+  EXPECT_EQ(json.cached_masks(), static_cast<int64_t>(text.size()) + 1 - 9);
+}
+
 // An answer's first token is read as it is written alone (a sentencepiece word start loses its
 // space there), later ones as within the text.
 TEST_F(JsonObjectLogitsTest, TheFirstTokenIsReadAsWrittenAlone) {

@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "api/openai_request.h"
+
 namespace colony::api {
 namespace {
 
@@ -32,15 +34,25 @@ TEST(JsonSchemaCache, ATextSentAgainIsItsFirstCompilation) {
   EXPECT_EQ(cache.Intern(again_text, again), first);
   const auto [other_text, other] = Schema("b");
   EXPECT_EQ(cache.Intern(other_text, other), other);
-  // Keys in another order are the same canonical text.
-  const auto reordered = nlohmann::json::parse(R"({"properties": {"a": {"type": "integer"}},
-      "type": "object"})");
-  EXPECT_EQ(cache.Intern(reordered.dump(), *JsonSchema::Compile(reordered)), first);
+  // A request's schema with its keys in any order is the same canonical text (a request is read
+  // keeping its keys' order).
+  for (const char* schema : {R"({"type": "object", "properties": {"a": {"type": "integer"}}})",
+                             R"({"properties": {"a": {"type": "integer"}}, "type": "object"})"}) {
+    auto request = ParseChatRequest(
+        std::string(R"({"messages": [{"role": "user", "content": "hi"}], "response_format":
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": )") +
+            schema + "}}}",
+        {});
+    ASSERT_TRUE(request.ok()) << request.status().ToString();
+    EXPECT_EQ(request->json_schema_text, text);
+    EXPECT_EQ(cache.Intern(request->json_schema_text, request->json_schema), first);
+  }
   const JsonSchemaCache::Counts c = cache.counts();
-  EXPECT_EQ(c.hits, 2);
+  EXPECT_EQ(c.hits, 3);
   EXPECT_EQ(c.misses, 2);
   EXPECT_EQ(c.schemas, 2U);
-  EXPECT_EQ(c.bytes, text.size() + other_text.size());
+  EXPECT_EQ(c.bytes, text.size() + first->bytes() + other_text.size() + other->bytes());
+  EXPECT_GT(first->bytes(), sizeof(JsonSchema));
 }
 
 TEST(JsonSchemaCache, TheLeastRecentlyUsedAreDroppedFirst) {
@@ -57,17 +69,22 @@ TEST(JsonSchemaCache, TheLeastRecentlyUsedAreDroppedFirst) {
   const auto b_again = Schema("b");
   EXPECT_EQ(cache.Intern(b.first, b_again.second), b_again.second);  // dropped: compiled anew
 
-  // By bytes: room for two of these texts, not three; a text longer than all of it is not kept.
-  JsonSchemaCache small(/*max_schemas=*/100, /*max_bytes=*/2 * a.first.size() + 1);
+  // By bytes (texts and nodes): room for two of these, not three; a schema larger than all of it
+  // is not kept.
+  const size_t each = a.first.size() + a.second->bytes();
+  ASSERT_EQ(each, c.first.size() + c.second->bytes());
+  JsonSchemaCache small(/*max_schemas=*/100, /*max_bytes=*/2 * each + 1);
   small.Intern(a.first, a.second);
   small.Intern(b.first, b.second);
   small.Intern(c.first, c.second);
   EXPECT_EQ(small.counts().schemas, 2U);
-  EXPECT_LE(small.counts().bytes, 2 * a.first.size() + 1);
+  EXPECT_EQ(small.counts().bytes, 2 * each);
   EXPECT_EQ(small.Intern(b.first, Schema("b").second), b.second);
   EXPECT_EQ(small.Intern(c.first, Schema("c").second), c.second);
-  const auto long_name = Schema(std::string(3 * a.first.size(), 'x'));
-  EXPECT_EQ(small.Intern(long_name.first, long_name.second), long_name.second);
+  const nlohmann::json described = {{"type", "object"},
+                                    {"description", std::string(3 * each, 'x')}};
+  const auto large = *JsonSchema::Compile(described);
+  EXPECT_EQ(small.Intern(described.dump(), large), large);
   EXPECT_EQ(small.counts().schemas, 2U);  // (none dropped for it)
   EXPECT_EQ(small.Intern(b.first, Schema("b").second), b.second);
   EXPECT_EQ(small.Intern("{}", nullptr), nullptr);  // (nothing to keep)

@@ -774,6 +774,21 @@ TEST(JsonSchema, StringLengthsCountCharacters) {
   EXPECT_TRUE(whole(R"({"s": "\ud83d\ude00\ud83d\ude00\ud83d\ude00"})"));
   EXPECT_FALSE(takes(R"({"s": "\ud83d\ude00ab\u)"));
   EXPECT_FALSE(takes(R"({"s": "\ud83d\ude00")"));  // one character
+  // For a mask's tokens of at most `longest` bytes, counts past it are alike.
+  const json wide = json::parse(R"({"type": "object", "properties": {
+      "s": {"type": "string", "minLength": 10, "maxLength": 30}}})");
+  auto compiled_wide = JsonSchema::Compile(wide);
+  ASSERT_TRUE(compiled_wide.ok());
+  auto key = [&](const std::string& text, uint32_t longest) {
+    JsonSchemaPrefix p(compiled_wide->get());
+    EXPECT_TRUE(p.Feed(text)) << text;
+    return p.key(longest);
+  };
+  const std::string s = R"({"s": ")";
+  EXPECT_NE(key(s + "a", JsonSchema::kUnbounded), key(s + "ab", JsonSchema::kUnbounded));
+  EXPECT_EQ(key(s + "a", 5), key(s + "ab", 5));          // (9 and 8 needed, 29 and 28 left)
+  EXPECT_NE(key(s + "abcde", 5), key(s + "abcdef", 5));  // (5 needed: a token may close it)
+  EXPECT_NE(key(s + std::string(24, 'a'), 5), key(s + std::string(25, 'a'), 5));
   ExpectClosingsValid(schema, compiled->get(),
                       {R"({"s": "\u00)", R"({"s": "\ud83d\u)", "{\"s\": \"\xF0\x9F", R"({"s": ")",
                        R"({"s": "ab)", R"({"s)"});

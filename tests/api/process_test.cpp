@@ -2169,7 +2169,6 @@ TEST_F(ApiProcessTest, JsonSchemaAnswersAreValidAgainstTheirSchema) {
   EXPECT_EQ(Sample(metrics, "colony_api_json_schema_lookups_total{result=\"miss\"}"), 1) << metrics;
   EXPECT_EQ(Sample(metrics, "colony_api_json_schema_lookups_total{result=\"hit\"}"), 2);
   EXPECT_EQ(Sample(metrics, "colony_api_json_schemas"), 1);
-  EXPECT_GT(Sample(metrics, "colony_api_json_mask_lookups_total{result=\"hit\"}"), 0);
 }
 
 // A model that calls a tool, through real processes: the request's tools reach the model's own
