@@ -1,7 +1,8 @@
 // A validator of the JSON Schema keywords api::JsonSchema supports, written from the
 // specification (draft 2020-12: type, enum, const, anyOf, oneOf, allOf, $ref, properties,
-// required, additionalProperties, items, minItems, maxItems, minLength, maxLength, minimum,
-// maximum, exclusiveMinimum, exclusiveMaximum; format asserts nothing), not from the compiled
+// required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength,
+// minimum, maximum, exclusiveMinimum, exclusiveMaximum; format asserts nothing; and draft 7's
+// tuples, a list of items with additionalItems), not from the compiled
 // nodes; and a check that every prefix of a text that JsonSchemaPrefix takes closes into a valid
 // document. Used by the fuzz target and the unit tests.
 #pragma once
@@ -102,9 +103,16 @@ inline bool SchemaValid(const json& schema, const json& v, const json& root) {
   if (v.is_array()) {
     if (schema.contains("minItems") && v.size() < schema["minItems"].get<size_t>()) return false;
     if (schema.contains("maxItems") && v.size() > schema["maxItems"].get<size_t>()) return false;
-    if (schema.contains("items")) {
-      for (const auto& x : v) {
-        if (!SchemaValid(schema["items"], x, root)) return false;
+    // The tuple's places: prefixItems, or items as a list (draft 7); the other items: items, or
+    // additionalItems beside a list.
+    const bool listed = schema.contains("items") && schema["items"].is_array();
+    const json places = listed ? schema["items"] : schema.value("prefixItems", json::array());
+    const char* rest = listed ? "additionalItems" : "items";
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i < places.size()) {
+        if (!SchemaValid(places[i], v[i], root)) return false;
+      } else if (schema.contains(rest) && !SchemaValid(schema[rest], v[i], root)) {
+        return false;
       }
     }
   }

@@ -107,6 +107,8 @@ const std::set<std::string, std::less<>>& Keywords() {
                                                        "required",
                                                        "additionalProperties",
                                                        "items",
+                                                       "prefixItems",
+                                                       "additionalItems",
                                                        "minItems",
                                                        "maxItems",
                                                        "minLength",
@@ -185,9 +187,9 @@ struct JsonSchema::Compiler {
         return Error(at + "/" + PointerToken(key),
                      fmt::format("'{}' is not supported by colony api (supported: type, enum, "
                                  "const, anyOf, oneOf, allOf of one schema, $ref, properties, "
-                                 "required, additionalProperties, items, minItems, maxItems, "
-                                 "minLength, maxLength, minimum, maximum, exclusiveMinimum, "
-                                 "exclusiveMaximum)",
+                                 "required, additionalProperties, items, prefixItems, "
+                                 "additionalItems, minItems, maxItems, minLength, maxLength, "
+                                 "minimum, maximum, exclusiveMinimum, exclusiveMaximum)",
                                  key.substr(0, 64)));
       }
       ++constraints;
@@ -220,9 +222,10 @@ struct JsonSchema::Compiler {
       kinds.fill(true);
     }
     if (s.contains("enum") || s.contains("const")) {
-      for (const char* k : {"properties", "required", "additionalProperties", "items", "minItems",
-                            "maxItems", "minLength", "maxLength", "minimum", "maximum",
-                            "exclusiveMinimum", "exclusiveMaximum"}) {
+      for (const char* k :
+           {"properties", "required", "additionalProperties", "items", "prefixItems",
+            "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "minimum",
+            "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
         if (s.contains(k))
           return Error(at, fmt::format("enum or const beside {} is not supported", k));
       }
@@ -357,15 +360,44 @@ struct JsonSchema::Compiler {
     return true;
   }
 
-  // An array's part of node `n`; false when any array is valid.
+  // An array's part of node `n`; false when any array is valid. A tuple's places are
+  // prefixItems (2020-12) or a list of items with additionalItems (the drafts before it).
   Result<bool> Array(const json& s, const std::string& at, int depth, Node& n) {
-    if (!s.contains("items") && !s.contains("minItems") && !s.contains("maxItems")) return false;
-    if (s.contains("items")) {
-      if (s["items"].is_array()) {
-        return Error(at + "/items", "a list of schemas (a tuple) is not supported");
+    if (!s.contains("items") && !s.contains("prefixItems") && !s.contains("additionalItems") &&
+        !s.contains("minItems") && !s.contains("maxItems")) {
+      return false;
+    }
+    const bool listed = s.contains("items") && s["items"].is_array();
+    if (listed && s.contains("prefixItems")) {
+      return Error(at + "/items", "a list of items beside prefixItems is not supported");
+    }
+    if (s.contains("additionalItems") && !listed) {
+      return Error(at + "/additionalItems",
+                   "is supported only beside a list of items (a tuple as drafts before 2020-12 "
+                   "wrote it; 2020-12 writes prefixItems, then items for the rest)");
+    }
+    bool more = true;  // whether items may follow the tuple's places
+    if (listed || s.contains("prefixItems")) {
+      const std::string places = listed ? "/items" : "/prefixItems";
+      const json& list = listed ? s["items"] : s["prefixItems"];
+      if (!list.is_array() || list.size() > kMaxPrefixItems) {
+        return Error(at + places,
+                     fmt::format("must be a list of at most {} schemas", kMaxPrefixItems));
       }
-      COLONY_ASSIGN_OR_RETURN(const int items, Compile(s["items"], at + "/items", depth + 1));
-      n.items = static_cast<int16_t>(items);
+      for (size_t i = 0; i < list.size(); ++i) {
+        COLONY_ASSIGN_OR_RETURN(const int place,
+                                Compile(list[i], fmt::format("{}{}/{}", at, places, i), depth + 1));
+        n.prefix.push_back(static_cast<int16_t>(place));
+      }
+    }
+    const char* rest = listed ? "additionalItems" : "items";
+    if (s.contains(rest)) {
+      if (s[rest] == json(false)) {  // (no value at all: no items past the places)
+        more = false;
+      } else {
+        COLONY_ASSIGN_OR_RETURN(const int items, Compile(s[rest], at + "/" + rest, depth + 1));
+        n.items = static_cast<int16_t>(items);
+      }
     }
     if (s.contains("minItems")) {
       COLONY_ASSIGN_OR_RETURN(n.min_items, Bound(s, "minItems", at, kMaxMinItems));
@@ -374,6 +406,14 @@ struct JsonSchema::Compiler {
       COLONY_ASSIGN_OR_RETURN(n.max_items, Bound(s, "maxItems", at, kUnbounded - 1));
     }
     if (n.max_items < n.min_items) return Error(at + "/maxItems", "is below minItems");
+    if (!more) {
+      if (n.min_items > n.prefix.size()) {
+        return Error(at + "/minItems",
+                     fmt::format("is more than the {} items the array may have ({} is false)",
+                                 n.prefix.size(), rest));
+      }
+      n.max_items = std::min(n.max_items, static_cast<uint32_t>(n.prefix.size()));
+    }
     return true;
   }
 
@@ -658,7 +698,10 @@ struct JsonSchema::Compiler {
         }
       }
     } else if (!t.any && k == kArray) {
-      b = 2 + t.min_items * (1 + SmallestBytes(t.items, memo));
+      b = 2;
+      for (uint32_t j = 0; j < t.min_items && b <= kMaxSmallestAnswer; ++j) {
+        b += 1 + SmallestBytes(t.item(j), memo);
+      }
     } else if (!t.any && k == kString) {
       b = 2 + size_t{t.min_length};
     } else if (!t.any && k == kNumber) {
@@ -712,7 +755,7 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
       out->bytes_ += texts->capacity() * sizeof(std::string);
       for (const std::string& t : *texts) out->bytes_ += t.capacity() + 1;
     }
-    out->bytes_ += n.properties.capacity() * sizeof(int16_t);
+    out->bytes_ += (n.properties.capacity() + n.prefix.capacity()) * sizeof(int16_t);
     for (const Side& s : n.sides)
       out->bytes_ += s.low.fraction.capacity() + s.high.fraction.capacity();
   }
@@ -740,7 +783,7 @@ std::string JsonSchema::Smallest(int i) const {
         std::string out = "[";
         for (uint32_t j = 0; !t.any && j < t.min_items; ++j) {
           if (j > 0) out += ',';
-          out += Smallest(t.items);
+          out += Smallest(t.item(j));
         }
         return out + "]";
       }
@@ -1171,14 +1214,14 @@ bool JsonSchemaPrefix::Structural(unsigned char c) {
     switch (f.stage) {
       case Stage::kOpen:
         if (c == ']') return n.min_items == 0 && pop();
-        return n.max_items > 0 && StartValue(n.items, c);
+        return n.max_items > 0 && StartValue(n.item(0), c);
       case Stage::kAfter:
         if (c == ']') return f.count >= n.min_items && pop();
         if (c != ',' || f.count >= n.max_items) return false;
         f.stage = Stage::kValue;
         return true;
       default:
-        return StartValue(n.items, c);
+        return StartValue(n.item(f.count), c);
     }
   }
   const uint64_t all = n.names.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << n.names.size()) - 1;
@@ -1284,8 +1327,9 @@ std::string JsonSchemaPrefix::key(uint32_t longest) const {
     put(f.stage);
     put(f.array);
     if (f.array) {
-      // Past its minimum, an unbounded array's count changes nothing.
-      put(n.max_items == JsonSchema::kUnbounded ? std::min(f.count, n.min_items) : f.count);
+      // Past its minimum and its tuple's places, an unbounded array's count changes nothing.
+      const auto settled = std::max(n.min_items, static_cast<uint32_t>(n.prefix.size()));
+      put(n.max_items == JsonSchema::kUnbounded ? std::min(f.count, settled) : f.count);
     } else {
       put(f.used);
       put(f.stage == Stage::kValue || f.stage == Stage::kColon ? f.value : int16_t{0});
@@ -1298,10 +1342,10 @@ void JsonSchemaPrefix::CloseFrame(Frame f, std::string& out) const {
   const JsonSchema::Node& n = schema_->node(f.node);
   if (f.array) {
     if (f.stage == Stage::kValue || (f.stage == Stage::kOpen && n.min_items > 0)) {
-      out += schema_->Smallest(n.items);
+      out += schema_->Smallest(n.item(f.count));
       ++f.count;
     }
-    for (; f.count < n.min_items; ++f.count) out += "," + schema_->Smallest(n.items);
+    for (; f.count < n.min_items; ++f.count) out += "," + schema_->Smallest(n.item(f.count));
     out += ']';
     return;
   }

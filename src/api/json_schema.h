@@ -7,7 +7,9 @@
 //   number; "Optional" fields; in an anyOf, integers and numbers make their union where it is
 //   unbounded numbers or one range of integers), $ref to #/$defs/... or
 //   #/definitions/... (not recursive; each target compiled once, its node shared), properties,
-//   required, additionalProperties, items, minItems, maxItems, minLength, maxLength (a string's
+//   required, additionalProperties, items, prefixItems (a tuple: each place's schema, then items'
+//   for the rest; items false: no more), items as a list with additionalItems (the same, as
+//   drafts before 2020-12 wrote tuples), minItems, maxItems, minLength, maxLength (a string's
 //   characters: Unicode code points, an escape or a surrogate pair's two escapes one), minimum,
 //   maximum, exclusiveMinimum, exclusiveMaximum (within +-10^15; of a number that may have a
 //   fraction, compared exactly as decimals: see JsonSchema::Side), and the annotations (title,
@@ -52,6 +54,7 @@ class JsonSchema {
   static constexpr int kMaxNested = 64;  // schemas within schemas (properties, anyOf, $ref...)
   static constexpr size_t kMaxCompiled = 16 * kMaxNodes;  // schemas compiled in all
   static constexpr uint32_t kMaxMinItems = 256;
+  static constexpr size_t kMaxPrefixItems = 256;               // places of a tuple (prefixItems)
   static constexpr uint32_t kMaxMinLength = 16 * 1024;         // characters a string must have
   static constexpr int64_t kMaxBound = 1'000'000'000'000'000;  // of a minimum, maximum
   static constexpr int64_t kNoMinimum = std::numeric_limits<int64_t>::min();
@@ -87,8 +90,12 @@ class JsonSchema {
     std::vector<std::string> names;
     std::vector<int16_t> properties;
     uint64_t required = 0;  // bit i: names[i]
-    int16_t items = 0;      // an array's items (node 0: any value)
+    // An array's items: the first ones' (prefixItems, a tuple's places), then the others'
+    // (node 0: any value; where there may be no others, max_items says so).
+    std::vector<int16_t> prefix;
+    int16_t items = 0;
     uint32_t min_items = 0, max_items = kUnbounded;
+    int16_t item(uint32_t i) const { return i < prefix.size() ? prefix[i] : items; }
     uint32_t min_length = 0, max_length = kUnbounded;  // a string's characters
     // An integer's least and greatest values (exclusive bounds made inclusive); kNo...: none.
     int64_t minimum = kNoMinimum, maximum = kNoMaximum;

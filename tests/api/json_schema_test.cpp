@@ -76,12 +76,18 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
     return o;
   }
   if (type == "array") {
+    // A tuple's places (prefixItems, or a list of items as draft 7 wrote it), then the rest.
+    const bool listed = schema.contains("items") && schema["items"].is_array();
+    const json places = listed ? schema["items"] : schema.value("prefixItems", json::array());
+    const json rest = schema.value(listed ? "additionalItems" : "items", json(true));
     const size_t lo = schema.value("minItems", 0);
-    const size_t hi = std::min<size_t>(schema.value("maxItems", lo + 3), lo + 3);
+    const size_t most = std::max(lo, places.size()) + 3;
+    size_t hi = std::min<size_t>(schema.value("maxItems", most), most);
+    if (rest == json(false)) hi = std::min(hi, places.size());
     json a = json::array();
     const size_t n = lo + pick(hi - lo + 1);
     for (size_t i = 0; i < n; ++i)
-      a.push_back(Generate(schema.value("items", json(true)), root, rng, depth + 1));
+      a.push_back(Generate(i < places.size() ? places[i] : rest, root, rng, depth + 1));
     return a;
   }
   if (type == "string") {
@@ -252,6 +258,27 @@ std::vector<json> Schemas() {
         "list": {"type": "array", "items": {"type": "number", "minimum": 2.5, "maximum": 3}},
         "mixed": {"type": ["number", "string"], "maximum": 0.001}},
         "required": ["p", "open", "c", "neg", "big"]})"),
+      // Tuples (pydantic's tuple[int, str]: prefixItems; draft 7's, and pydantic v1's, a list
+      // of items with additionalItems).
+      json::parse(R"({"type": "object", "properties": {
+        "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+          "minItems": 2, "maxItems": 2},
+        "point": {"type": "array", "prefixItems": [{"type": "number", "minimum": -90,
+          "maximum": 90}, {"type": "number", "minimum": -180, "maximum": 180}], "items": false},
+        "head": {"type": "array", "prefixItems": [{"enum": ["x", "y"]}, {"type": "boolean"}],
+          "items": {"type": "integer", "minimum": 0}},
+        "rec": {"type": "array", "prefixItems": [{"type": "null"}, {"type": "object",
+          "properties": {"k": {"type": "string"}}, "required": ["k"]}], "minItems": 1},
+        "v7": {"type": "array", "items": [{"type": "string"}, {"type": "integer"}],
+          "additionalItems": false, "minItems": 1},
+        "v7more": {"type": "array", "items": [{"type": "boolean"}],
+          "additionalItems": {"type": "null"}},
+        "none": {"type": "array", "items": false},
+        "nested": {"type": "array", "maxItems": 3, "items": {"type": "array", "prefixItems": [
+          {"type": "string", "maxLength": 3}, {"type": "integer"}], "minItems": 2, "maxItems": 2}},
+        "some": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"},
+          {"type": "string"}], "minItems": 1, "maxItems": 5}},
+        "required": ["pair", "point", "head"]})"),
       json::parse(R"({"type": "object", "properties": {
         "when": {"type": "string", "format": "date-time"},
         "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"},
@@ -389,7 +416,18 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
       {R"({"type": "object", "required": ["a"]})", "names properties the schema does not"},
       {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", "names 'b'"},
       {R"({"type": "object", "additionalProperties": {"type": "integer"}})", "(a map)"},
-      {R"({"type": "object", "properties": {"a": {"type": "array", "items": [{}]}}})", "a tuple"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "items": [{}],
+          "prefixItems": [{}]}}})",
+       "a list of items beside prefixItems"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "additionalItems": false}}})",
+       "only beside a list of items"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": {}}}})",
+       "must be a list of at most 256"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}],
+          "items": false, "minItems": 2}}})",
+       "is more than the 1 items the array may have (items is false)"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "items": [{"type": "x"}]}}})",
+       "/properties/a/items/0/type"},
       {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"},
           {"enum": ["x"]}]}}})",
        "branches 0 and 1 can both be a string"},
@@ -605,6 +643,73 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
   ExpectClosingsValid(schema, compiled->get(),
                       {R"({"r": )", R"({"n": -)", R"({"n": -1)", R"({"b": 1)", R"({"b": 10)",
                        R"({"z": -)", R"({"z": -2)", R"({"e": -)", R"({"b": 12345678901234567890)"});
+}
+
+// A tuple's items each keep to their place's schema, then to items' (additionalItems' in draft
+// 7's form); items false ends the array at its places.
+TEST(JsonSchema, TuplesKeepEachPlacesSchema) {
+  const json schema = Schemas()[Schemas().size() - 2];
+  ASSERT_TRUE(schema["properties"].contains("pair"));
+  auto compiled = JsonSchema::Compile(schema);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
+  auto whole = [&](const std::string& text) { return Whole(compiled->get(), text); };
+  EXPECT_TRUE(whole(R"({"pair": [1, "a"], "point": [], "head": ["x", true]})"));
+  EXPECT_TRUE(takes(R"({"pair": [-1, "a"])"));
+  EXPECT_FALSE(takes(R"({"pair": [")"));  // (the first place is an integer)
+  EXPECT_FALSE(takes(R"({"pair": [1, 2)"));
+  EXPECT_FALSE(takes(R"({"pair": [1])"));  // (minItems 2)
+  EXPECT_FALSE(takes(R"({"pair": [1, "a",)"));
+  EXPECT_TRUE(takes(R"({"point": [-90, 180])"));
+  EXPECT_TRUE(takes(R"({"point": [1.5])"));  // (no minItems)
+  EXPECT_FALSE(takes(R"({"point": [91)"));
+  EXPECT_FALSE(takes(R"({"point": [0, 181)"));
+  EXPECT_FALSE(takes(R"({"point": [0, 180,)"));  // (items false: no third)
+  EXPECT_TRUE(takes(R"({"head": ["y", false, 3, 0, 12])"));
+  EXPECT_FALSE(takes(R"({"head": ["y", false, -1)"));
+  EXPECT_FALSE(takes(R"({"head": ["z)"));
+  EXPECT_FALSE(takes(R"({"head": [true)"));
+  EXPECT_FALSE(takes(R"({"head": ["x", 1)"));
+  EXPECT_TRUE(takes(R"({"rec": [null, {"k": ""}, [1], "any"])"));
+  EXPECT_FALSE(takes(R"({"rec": [null, {}])"));
+  EXPECT_FALSE(takes(R"({"rec": [])"));
+  EXPECT_TRUE(takes(R"({"v7": ["a", 1])"));
+  EXPECT_FALSE(takes(R"({"v7": ["a", 1,)"));
+  EXPECT_FALSE(takes(R"({"v7": [1)"));
+  EXPECT_FALSE(takes(R"({"v7": [])"));
+  EXPECT_TRUE(takes(R"({"v7more": [true, null, null])"));
+  EXPECT_FALSE(takes(R"({"v7more": [true, 1)"));
+  EXPECT_TRUE(takes(R"({"none": [ ])"));
+  EXPECT_FALSE(takes(R"({"none": [1)"));
+  EXPECT_TRUE(takes(R"({"nested": [["abc", 1], ["", -2]])"));
+  EXPECT_FALSE(takes(R"({"nested": [["abcd")"));
+  EXPECT_FALSE(takes(R"({"nested": [["a", 1, )"));
+  EXPECT_TRUE(takes(R"({"some": [1, 2, "x", "y", 3])"));
+  EXPECT_FALSE(takes(R"({"some": [1, "x")"));
+  EXPECT_FALSE(takes(R"({"some": [1, 2, "x", 4, 5, 6)"));
+  // States are keyed by the place: the same place (or, past the places and minItems of an
+  // unbounded array, any count) takes the same; the next place does not.
+  auto key = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    EXPECT_TRUE(p.Feed(text)) << text;
+    return p.key();
+  };
+  EXPECT_EQ(key(R"({"pair": [1, )"), key(R"({"pair": [22, )"));
+  EXPECT_NE(key(R"({"head": ["x", )"), key(R"({"head": ["x", true, )"));
+  EXPECT_EQ(key(R"({"head": ["x", true, 3, )"), key(R"({"head": ["x", true, 3, 4, 5, )"));
+  EXPECT_NE(key(R"({"some": [1, )"), key(R"({"some": [1, 2, )"));
+  ExpectClosingsValid(schema, compiled->get(),
+                      {R"({)", R"({"pair": [)", R"({"pair": [1, )", R"({"point": [1)",
+                       R"({"head": [)", R"({"rec": [)", R"({"rec": [null, )", R"({"v7": [)",
+                       R"({"nested": [[)", R"({"nested": [["a", )", R"({"some": [)"});
+  // Closings written out: each place's shortest value, up to minItems (the required properties
+  // in their sorted order; head and point may be empty).
+  JsonSchemaPrefix p(compiled->get());
+  ASSERT_TRUE(p.Feed(R"({"pair": [)"));
+  EXPECT_EQ(p.Closing(), R"(0,""],"head":[],"point":[]})");
+  JsonSchemaPrefix q(compiled->get());
+  ASSERT_TRUE(q.Feed(R"({"rec": [)"));
+  EXPECT_EQ(q.Closing(), R"(null],"head":[],"pair":[0,""],"point":[]})");
 }
 
 // A number's bounds are kept at every digit, compared as decimals with the shortest texts of
