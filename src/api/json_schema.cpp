@@ -316,9 +316,12 @@ struct JsonSchema::Compiler {
         return Error(at + "/required", "names properties the schema does not describe");
       }
       if (s.contains("additionalProperties") && s["additionalProperties"].is_object()) {
-        return Error(at + "/additionalProperties",
-                     "a schema for the properties of an object without properties (a map) is "
-                     "not supported");
+        // A map: any keys, each value valid against the schema ({}: any object).
+        COLONY_ASSIGN_OR_RETURN(const int values, Compile(s["additionalProperties"],
+                                                          at + "/additionalProperties", depth + 1));
+        if (values == 0) return false;
+        n.additional = static_cast<int16_t>(values);
+        return true;
       }
       return closed;
     }
@@ -980,6 +983,14 @@ bool JsonSchemaPrefix::Take(unsigned char c, bool starts) {
     }
     case Scalar::kAny:
       return AnyByte(c);
+    case Scalar::kMapKey:  // (any key: the syntax checks it; it ends at a '"' that starts)
+      if (starts && c == '"') {
+        Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+        f.value = schema_->node(f.node).additional;
+        f.stage = Stage::kColon;
+        scalar_ = Scalar::kNone;
+      }
+      return true;
   }
   return false;
 }
@@ -1230,6 +1241,11 @@ bool JsonSchemaPrefix::Structural(unsigned char c) {
       if (c == '}') return n.required == 0 && pop();
       [[fallthrough]];
     case Stage::kKey:
+      if (c == '"' && n.additional >= 0) {  // (a map's key: the first as the others)
+        scalar_ = Scalar::kMapKey;
+        f.stage = Stage::kKey;
+        return true;
+      }
       if (c != '"' || (f.used & all) == all) return false;
       scalar_ = Scalar::kKey;
       escape_ = false;
@@ -1245,7 +1261,7 @@ bool JsonSchemaPrefix::Structural(unsigned char c) {
       return StartValue(f.value, c);
     case Stage::kAfter:
       if (c == '}') return (n.required & ~f.used) == 0 && pop();
-      if (c != ',' || (f.used & all) == all) return false;
+      if (c != ',' || (n.additional < 0 && (f.used & all) == all)) return false;
       f.stage = Stage::kKey;
       return true;
   }
@@ -1356,7 +1372,9 @@ void JsonSchemaPrefix::CloseFrame(Frame f, std::string& out) const {
   bool first = f.stage == Stage::kOpen;
   if (f.stage == Stage::kColon) out += ':';
   if (f.stage == Stage::kColon || f.stage == Stage::kValue) out += schema_->Smallest(f.value);
-  if (f.stage == Stage::kKey) {
+  if (f.stage == Stage::kKey && n.additional >= 0) {  // (a map's: any key)
+    out += "\"\":" + schema_->Smallest(n.additional);
+  } else if (f.stage == Stage::kKey) {
     // After a comma (allowed while some property is not written): a required one, if any is
     // left, else the first one left.
     const uint64_t left = (n.required & ~f.used) != 0 ? n.required & ~f.used : ~f.used;
@@ -1451,6 +1469,15 @@ std::string JsonSchemaPrefix::Closing() const {
     case Scalar::kAny:
       out += syntax_.Closing(any_base_);
       break;
+    case Scalar::kMapKey: {  // (the key's string closed; the syntax's closing then adds ":0")
+      const std::string end = syntax_.Closing(syntax_.depth());
+      out += end.substr(0, end.rfind('"') + 1);
+      Frame& f = frames[static_cast<size_t>(depth_ - 1)];
+      f.value = schema_->node(f.node).additional;
+      f.stage = Stage::kColon;
+      ended = false;
+      break;
+    }
   }
   for (int d = depth_ - 1; d >= 0; --d) {
     Frame f = frames[static_cast<size_t>(d)];

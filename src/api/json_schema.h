@@ -16,7 +16,9 @@
 //   description, default, examples, ...).
 // An answer writes only the properties the schema names (each at most once, in any order, the
 // required ones all), so additionalProperties changes nothing but for an object without
-// properties: true or absent, any object; false, only {}; a schema, refused (a map). format is an
+// properties: true or absent, any object; false, only {}; a schema, a map (pydantic's
+// dict[str, X]: any keys, each value valid against it; a key may repeat, as JSON allows, each of
+// its values valid). format is an
 // annotation (2020-12's default), and so is $id at the root (refused below it, where it would move
 // the base of the $refs under it); allOf of one schema is that schema. A property name or
 // an enum value is written as nlohmann::json writes it, compactly; an integer has no fraction or
@@ -90,6 +92,9 @@ class JsonSchema {
     std::vector<std::string> names;
     std::vector<int16_t> properties;
     uint64_t required = 0;  // bit i: names[i]
+    // An object without properties whose additionalProperties is a schema (a map): its values'
+    // node; -1: none.
+    int16_t additional = -1;
     // An array's items: the first ones' (prefixItems, a tuple's places), then the others'
     // (node 0: any value; where there may be no others, max_items says so).
     std::vector<int16_t> prefix;
@@ -152,10 +157,11 @@ class JsonSchemaPrefix {
 
   bool complete() const { return !bad_ && syntax_.complete() && (schema_ == nullptr || done_); }
   // Inside a string where any text without '"', '\\', control characters or an incomplete UTF-8
-  // character can follow, up to string_room() characters (not a property name nor an enum value).
+  // character can follow, up to string_room() characters (not a property name nor an enum value;
+  // a map's key).
   bool between_string_characters() const {
     return syntax_.between_string_characters() &&
-           (schema_ == nullptr || scalar_ == Scalar::kString ||
+           (schema_ == nullptr || scalar_ == Scalar::kString || scalar_ == Scalar::kMapKey ||
             (scalar_ == Scalar::kAny && any_string_));
   }
   // How many more characters the string being read may take (maxLength); kUnbounded: any.
@@ -174,7 +180,7 @@ class JsonSchemaPrefix {
   std::string Closing() const;
 
  private:
-  enum class Scalar : uint8_t { kNone, kKey, kString, kNumber, kLiteral, kEnum, kAny };
+  enum class Scalar : uint8_t { kNone, kKey, kString, kNumber, kLiteral, kEnum, kAny, kMapKey };
   enum class Stage : uint8_t { kOpen, kKey, kColon, kValue, kAfter };
   struct Frame {     // (trivial: frames past depth_ are left unset)
     uint64_t used;   // an object's properties written

@@ -140,6 +140,47 @@ class JsonObjectLogitsTest : public ::testing::Test {
     return at::tensor(tokens, at::kLong).unsqueeze(1);
   }
 
+  // Texts: single bytes (ids 1-255), then `tokens` from id kFirst (the model has 256 logits).
+  static constexpr int64_t kFirst = 200;
+  using Expected = std::vector<std::pair<std::string, bool>>;  // a text, whether it fits
+  static std::shared_ptr<const TokenTextTable> BytesAnd(const Expected& tokens) {
+    std::vector<std::string> texts = {""};
+    for (int b = 1; b < 256; ++b) texts.emplace_back(1, static_cast<char>(b));
+    for (size_t i = 0; i < tokens.size(); ++i) texts[kFirst + i] = tokens[i].first;
+    return std::make_shared<const TokenTextTable>(TokenTextTable::From(std::move(texts)));
+  }
+  // The logits after the prompt, then `answer` given a byte a step from `position`.
+  static at::Tensor After(JsonObjectLogits& json, const std::string& answer, int64_t& position) {
+    auto out = json.Step(OneRow({3, 17}), 0, {}, serve::StepLogits::kLast);
+    position = 2;
+    for (const char c : answer) {
+      EXPECT_TRUE(out.ok()) << out.status().ToString();
+      out = json.Step(Column({c}), position++, {}, serve::StepLogits::kLast);
+    }
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    return out.ok() ? *out : at::Tensor();
+  }
+  // `tokens` (from kFirst) fit as expected, and every token as the answer's reader takes it fed
+  // byte by byte after `answer` (the mask takes tokens that are string content alone without
+  // feeding them).
+  static void ExpectMask(const at::Tensor& out, const Expected& tokens, const TokenTextTable& table,
+                         const JsonSchema* schema, const std::string& answer) {
+    ASSERT_TRUE(out.defined());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      EXPECT_EQ(at::isfinite(out[0][0][kFirst + static_cast<int64_t>(i)]).item<bool>(),
+                tokens[i].second)
+          << tokens[i].first;
+    }
+    JsonSchemaPrefix read(schema);
+    ASSERT_TRUE(read.Feed(answer));
+    for (int64_t v = 1; v < 256; ++v) {
+      JsonSchemaPrefix fed = read;
+      EXPECT_EQ(at::isfinite(out[0][0][v]).item<bool>(),
+                fed.Feed(table.within[static_cast<size_t>(v)]))
+          << v;
+    }
+  }
+
   at::NoGradGuard no_grad_;
   model::LlamaModel model_ = SeededModel();
   const std::vector<int64_t> prompt_ = {3, 17, 99, 42, 5};
@@ -265,52 +306,51 @@ TEST_F(JsonObjectLogitsTest, ABoundedStringTakesTokensUpToItsLength) {
   auto schema = JsonSchema::Compile(nlohmann::json::parse(
       R"({"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}})"));
   ASSERT_TRUE(schema.ok()) << schema.status().ToString();
-  std::vector<std::string> texts = {""};
-  for (int b = 1; b < 256; ++b) texts.emplace_back(1, static_cast<char>(b));
-  const std::vector<std::pair<std::string, bool>> tokens = {// and whether each fits after "a
-                                                            {"ab", true},
-                                                            {"abc", false},
-                                                            {"\xC3\xA9\xF0\x9F\x98\x80", true},
-                                                            {"\\n\\t", true},
-                                                            {"\\n\\t\\r", false},
-                                                            {"\\ud83d\\ude00\\u00e9", true},
-                                                            {"a\xC3\xA9"
-                                                             "b",
-                                                             false},
-                                                            {"b\"", true}};
-  constexpr int64_t kFirst = 200;  // (the model has 256 logits: ids 200... are these texts)
-  for (size_t i = 0; i < tokens.size(); ++i) texts[kFirst + i] = tokens[i].first;
-  auto table = std::make_shared<const TokenTextTable>(TokenTextTable::From(std::move(texts)));
+  const Expected tokens = {// and whether each fits after "a
+                           {"ab", true},
+                           {"abc", false},
+                           {"\xC3\xA9\xF0\x9F\x98\x80", true},
+                           {"\\n\\t", true},
+                           {"\\n\\t\\r", false},
+                           {"\\ud83d\\ude00\\u00e9", true},
+                           {"a\xC3\xA9"
+                            "b",
+                            false},
+                           {"b\"", true}};
   serve::LocalBackend local(model_);
+  const auto table = BytesAnd(tokens);
   JsonObjectLogits json(local, {.texts = table, .schema = *schema, .end_tokens = {kEnd}});
-  auto out = json.Step(OneRow({3, 17}), 0, {}, serve::StepLogits::kLast);
-  int64_t position = 2;
-  for (const char c : std::string("{\"s\":\"a")) {
-    out = json.Step(Column({c}), position++, {}, serve::StepLogits::kLast);
-    ASSERT_TRUE(out.ok()) << out.status().ToString();
-  }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    EXPECT_EQ(at::isfinite((*out)[0][0][kFirst + static_cast<int64_t>(i)]).item<bool>(),
-              tokens[i].second)
-        << tokens[i].first;
-  }
-  EXPECT_TRUE(at::isfinite((*out)[0][0]['"']).item<bool>());
-  // Every token as the answer's reader takes it fed byte by byte (the mask takes tokens that
-  // are string content alone without feeding them).
+  int64_t position = 0;
+  at::Tensor out = After(json, "{\"s\":\"a", position);
+  ExpectMask(out, tokens, *table, schema->get(), "{\"s\":\"a");
+  EXPECT_TRUE(at::isfinite(out[0][0]['"']).item<bool>());
+  auto next = json.Step(Column({kFirst}), position++, {}, serve::StepLogits::kLast);  // "ab"
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_TRUE(at::isinf((*next)[0][0]['c']).item<bool>());  // then only the string's end
+  EXPECT_TRUE(at::isinf((*next)[0][0]['\\']).item<bool>());
+  EXPECT_TRUE(at::isinf((*next)[0][0][kFirst + 2]).item<bool>());
+  EXPECT_TRUE(at::isfinite((*next)[0][0]['"']).item<bool>());
+}
+
+// A map's key takes any string content: tokens that are string content alone are kept without
+// being fed (as in a free string), the others as the answer's reader takes them.
+TEST_F(JsonObjectLogitsTest, AMapsKeyTakesAnyStringContent) {
+  auto schema = JsonSchema::Compile(nlohmann::json::parse(
+      R"({"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().ToString();
+  const Expected tokens = {// and whether each fits after {"a
+                           {"bc", true},    {"\\u00e9\\n", true}, {"\xC3\xA9 d", true},
+                           {"b\":", true},  {"b\": 12", true},    {"b\":-1", false},
+                           {"b\"x", false}, {"\\q", false}};
+  serve::LocalBackend local(model_);
+  const auto table = BytesAnd(tokens);
+  JsonObjectLogits json(local, {.texts = table, .schema = *schema, .end_tokens = {kEnd}});
+  int64_t position = 0;
+  const at::Tensor out = After(json, "{\"a", position);
+  ExpectMask(out, tokens, *table, schema->get(), "{\"a");
   JsonSchemaPrefix answer(schema->get());
-  ASSERT_TRUE(answer.Feed("{\"s\":\"a"));
-  for (int64_t v = 1; v < 256; ++v) {
-    JsonSchemaPrefix fed = answer;
-    EXPECT_EQ(at::isfinite((*out)[0][0][v]).item<bool>(),
-              fed.Feed(table->within[static_cast<size_t>(v)]))
-        << v;
-  }
-  out = json.Step(Column({kFirst}), position++, {}, serve::StepLogits::kLast);  // "ab": 3 now
-  ASSERT_TRUE(out.ok()) << out.status().ToString();
-  EXPECT_TRUE(at::isinf((*out)[0][0]['c']).item<bool>());  // then only the string's end
-  EXPECT_TRUE(at::isinf((*out)[0][0]['\\']).item<bool>());
-  EXPECT_TRUE(at::isinf((*out)[0][0][kFirst + 2]).item<bool>());
-  EXPECT_TRUE(at::isfinite((*out)[0][0]['"']).item<bool>());
+  ASSERT_TRUE(answer.Feed("{\"a"));
+  EXPECT_TRUE(answer.between_string_characters());  // (the mask takes plain tokens unread)
 }
 
 // Inside a long bounded string the counts of characters left past the longest token's bytes are

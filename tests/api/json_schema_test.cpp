@@ -61,7 +61,14 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
   if (type == "object") {
     json o = json::object();
     if (!schema.contains("properties")) {
-      if (schema.value("additionalProperties", json(true)) == json(false)) return o;
+      const json more = schema.value("additionalProperties", json(true));
+      if (more == json(false)) return o;
+      if (more.is_object()) {  // (a map: keys escaped, of several bytes, empty)
+        const char* keys[] = {"a", "b c", "q\"d\\", "\xC3\xA9", "", "line\n", "\x01", "k"};
+        for (size_t n = pick(4); n > 0; --n)
+          o[keys[pick(8)]] = Generate(more, root, rng, depth + 1);
+        return o;
+      }
       o["free"] = json::array({1, 2});
       return o;
     }
@@ -279,6 +286,21 @@ std::vector<json> Schemas() {
         "some": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"},
           {"type": "string"}], "minItems": 1, "maxItems": 5}},
         "required": ["pair", "point", "head"]})"),
+      // Maps (pydantic's dict[str, X]): additionalProperties a schema, without properties.
+      json::parse(R"({"type": "object", "properties": {
+        "counts": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+        "people": {"type": "object", "additionalProperties": {"$ref": "#/$defs/P"}},
+        "nested": {"type": "object", "additionalProperties": {"type": "object",
+          "additionalProperties": {"type": "string", "maxLength": 2}}},
+        "anymap": {"type": "object", "additionalProperties": {}},
+        "lists": {"type": "object", "additionalProperties": {"type": "array",
+          "items": {"type": "boolean"}, "minItems": 1}},
+        "opt": {"anyOf": [{"type": "object", "additionalProperties": {"type": "boolean"}},
+          {"type": "null"}]}},
+        "$defs": {"P": {"type": "object", "properties": {"name": {"type": "string"}},
+          "required": ["name"]}},
+        "required": ["counts"]})"),
+      json::parse(R"({"type": "object", "additionalProperties": {"type": "number"}})"),
       json::parse(R"({"type": "object", "properties": {
         "when": {"type": "string", "format": "date-time"},
         "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"},
@@ -415,7 +437,6 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
       {R"({"type": "array"})", "the answer is a JSON object"},
       {R"({"type": "object", "required": ["a"]})", "names properties the schema does not"},
       {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", "names 'b'"},
-      {R"({"type": "object", "additionalProperties": {"type": "integer"}})", "(a map)"},
       {R"({"type": "object", "properties": {"a": {"type": "array", "items": [{}],
           "prefixItems": [{}]}}})",
        "a list of items beside prefixItems"},
@@ -648,7 +669,7 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
 // A tuple's items each keep to their place's schema, then to items' (additionalItems' in draft
 // 7's form); items false ends the array at its places.
 TEST(JsonSchema, TuplesKeepEachPlacesSchema) {
-  const json schema = Schemas()[Schemas().size() - 2];
+  const json schema = Schemas()[Schemas().size() - 4];
   ASSERT_TRUE(schema["properties"].contains("pair"));
   auto compiled = JsonSchema::Compile(schema);
   ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
@@ -710,6 +731,61 @@ TEST(JsonSchema, TuplesKeepEachPlacesSchema) {
   JsonSchemaPrefix q(compiled->get());
   ASSERT_TRUE(q.Feed(R"({"rec": [)"));
   EXPECT_EQ(q.Closing(), R"(null],"head":[],"pair":[0,""],"point":[]})");
+}
+
+// A map (additionalProperties a schema, without properties) takes any keys, written any way JSON
+// allows, each value valid against its schema.
+TEST(JsonSchema, MapsTakeAnyKeys) {
+  const json schema = Schemas()[Schemas().size() - 3];
+  ASSERT_TRUE(schema["properties"].contains("counts"));
+  auto compiled = JsonSchema::Compile(schema);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
+  auto whole = [&](const std::string& text) { return Whole(compiled->get(), text); };
+  EXPECT_TRUE(whole(R"({"counts": {}})"));
+  EXPECT_TRUE(whole(R"({"counts": {"a": 1, "b c": 20}, "people": {"x": {"name": "y"}}})"));
+  EXPECT_TRUE(takes(R"({"counts": {"\u00e9\n\"": 3, "": 0)"));  // (any key, escaped)
+  EXPECT_TRUE(takes(R"({"counts": {"a": 1, "a": 2)"));  // (a key may repeat, as JSON allows)
+  EXPECT_FALSE(takes(R"({"counts": {"a": -1)"));
+  EXPECT_FALSE(takes(R"({"counts": {"a": ")"));
+  EXPECT_FALSE(takes(R"({"counts": {1)"));
+  EXPECT_FALSE(takes(R"({"counts": {"a": 1,})"));
+  EXPECT_FALSE(takes(R"({"counts": {"a" 1)"));
+  EXPECT_FALSE(takes(R"({"people": {"x": {})"));  // (name is required)
+  EXPECT_FALSE(takes(R"({"nested": {"k": {"j": "abc)"));
+  EXPECT_TRUE(takes(R"({"anymap": {"k": [1, {"a": null}], "l": "x"})"));
+  EXPECT_FALSE(takes(R"({"lists": {"k": [])"));
+  EXPECT_TRUE(takes(R"({"opt": null)"));
+  EXPECT_TRUE(takes(R"({"opt": {"k": true})"));
+  EXPECT_FALSE(takes(R"({"opt": {"k": 1)"));
+  // A key's state is the syntax's (whatever was written), its value's the map's: keys agree.
+  auto key = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    EXPECT_TRUE(p.Feed(text)) << text;
+    return p.key();
+  };
+  EXPECT_EQ(key(R"({"counts": {"a": 1, )"), key(R"({"counts": {"abc": 7, "d": 0, )"));
+  EXPECT_EQ(key(R"({"counts": {"ab)"), key(R"({"counts": {"x\"yz)"));
+  EXPECT_EQ(key(R"({"counts": {"ab)"), key(R"({"counts": {"x": 1, "ab)"));
+  EXPECT_NE(key(R"({"counts": {"ab)"), key(R"({"counts": {"ab\)"));
+  EXPECT_NE(key(R"({"counts": {"ab)"), key(R"({"nested": {"ab)"));
+  ExpectClosingsValid(schema, compiled->get(),
+                      {R"({"counts": {)", R"({"counts": {"a)", R"({"counts": {"a\)",
+                       R"({"counts": {"a\u00)", "{\"counts\": {\"\xC3", R"({"counts": {"a")",
+                       R"({"counts": {"a": )", R"({"counts": {"a": 1, )", R"({"people": {"x)",
+                       R"({"nested": {"k": {"j)", R"({"lists": {"k)", R"({"opt": {"k)"});
+  JsonSchemaPrefix p(compiled->get());
+  ASSERT_TRUE(p.Feed(R"({"lists": {"k)"));
+  EXPECT_EQ(p.Closing(), R"(":[true]},"counts":{}})");
+  JsonSchemaPrefix q(compiled->get());
+  ASSERT_TRUE(q.Feed(R"({"counts": {"a": 1, )"));
+  EXPECT_EQ(q.Closing(), R"("":0}})");
+  // A map at the root: the answer is the map.
+  auto root = JsonSchema::Compile(Schemas()[Schemas().size() - 2]);
+  ASSERT_TRUE(root.ok()) << root.status().ToString();
+  EXPECT_TRUE(Whole(root->get(), R"({"x": 1.5, "y": -2})"));
+  EXPECT_TRUE(Whole(root->get(), R"({})"));
+  EXPECT_FALSE(Takes(root->get(), R"({"x": "s)"));
 }
 
 // A number's bounds are kept at every digit, compared as decimals with the shortest texts of
