@@ -822,6 +822,27 @@ std::optional<int64_t> LeastExtending(int64_t m, int64_t lo, int64_t hi) {
   }
 }
 
+// How the integers whose digits begin with those of m > 0 meet [lo, hi] (kNo...: unbounded), as
+// a key: of each run [m 10^j, (m + 1) 10^j - 1], j = 0, 1, ..., whether it lies wholly inside or
+// wholly outside, up to one past hi (every later one is too) or, without a hi, one inside (every
+// later one is too); nullopt if a run lies partly inside (its digits then matter). With
+// `strict`, a run that holds lo or hi lies partly inside (a bounded number's whole part equal to
+// a bound's is held to that bound's fraction). Magnitudes keyed alike take the same digits and
+// ends, into states keyed alike again (10m + d's runs lie within m's next ones): a bounded
+// value's digits are a few states, not one per value read.
+std::optional<uint32_t> RunsKey(int64_t m, int64_t lo, int64_t hi, bool strict) {
+  uint32_t key = 1;  // (a leading 1: keys of different lengths differ)
+  for (int64_t p = 1;; p *= 10) {
+    const int64_t first = SaturatingMul(m, p), last = SaturatingMul(m + 1, p) - 1;
+    if (first > hi) return key << 2U | 2U;
+    const bool inside = strict ? first > lo && last < hi : first >= lo && last <= hi;
+    if (!inside && last >= lo) return std::nullopt;
+    if (inside && hi == JsonSchema::kNoMaximum) return key << 2U | 3U;
+    key = key << 1U | (inside ? 1U : 0U);
+    // (Within 18 runs: first reaches a bounded hi <= kMaxBound, or a lo <= kMaxBound.)
+  }
+}
+
 // The magnitudes [lo, hi] of negative integers in [minimum, maximum].
 std::pair<int64_t, int64_t> NegativeMagnitudes(int64_t minimum, int64_t maximum) {
   return {maximum == JsonSchema::kNoMaximum ? JsonSchema::kNoMinimum : -maximum,
@@ -1275,6 +1296,15 @@ std::string JsonSchemaPrefix::key(uint32_t longest) const {
   auto put = [&out](auto v) {
     out.append(reinterpret_cast<const char*>(&v), sizeof v);  // (the same process reads it)
   };
+  // A bounded number's digits read: how their runs meet the bounds (RunsKey), else their value.
+  auto put_magnitude = [&](std::optional<uint32_t> runs) {
+    put(runs.has_value());
+    if (runs) {
+      put(*runs);
+    } else {
+      put(magnitude_);
+    }
+  };
   put(static_cast<uint8_t>(bad_));
   put(static_cast<uint8_t>(done_));
   put(static_cast<uint8_t>(scalar_));
@@ -1303,13 +1333,10 @@ std::string JsonSchemaPrefix::key(uint32_t longest) const {
         put(node_);
         put(negative_);
         put(digit_);
-        // Within the bounds with none past it on its side, the value no longer matters: every
-        // digit and the end are taken from there on.
-        const bool settled =
-            digit_ && magnitude_ > 0 &&
-            (negative_ ? n.minimum == JsonSchema::kNoMinimum && -magnitude_ <= n.maximum
-                       : n.maximum == JsonSchema::kNoMaximum && magnitude_ >= n.minimum);
-        put(settled ? int64_t{-1} : magnitude_);
+        // The digits read as how their runs meet the bounds, where that is all that matters.
+        const auto [lo, hi] =
+            negative_ ? NegativeMagnitudes(n.minimum, n.maximum) : std::pair{n.minimum, n.maximum};
+        put_magnitude(digit_ && magnitude_ > 0 ? RunsKey(magnitude_, lo, hi, false) : std::nullopt);
       } else if (n.decimal) {
         put(node_);
         put(negative_);
@@ -1321,8 +1348,10 @@ std::string JsonSchemaPrefix::key(uint32_t longest) const {
           put(tight_low_ || tight_high_ ? place_ : uint16_t{0});
         } else {
           const JsonSchema::Side& s = n.sides[negative_ ? 1 : 0];
-          const bool settled = digit_ && magnitude_ > 0 && !s.capped && magnitude_ >= Ceil(s.low);
-          put(settled ? int64_t{-1} : magnitude_);
+          const int64_t top = s.capped ? s.high.whole : JsonSchema::kNoMaximum;
+          put_magnitude(digit_ && magnitude_ > 0 && s.allowed
+                            ? RunsKey(magnitude_, s.low.whole, top, true)
+                            : std::nullopt);
         }
       }
       break;

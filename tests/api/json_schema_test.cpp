@@ -599,6 +599,8 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
       "o": {"type": "integer", "minimum": 150}, "q": {"type": "integer", "maximum": -150},
       "z": {"type": "integer", "minimum": -20, "maximum": -15},
       "e": {"type": "integer", "minimum": 0, "maximum": 0},
+      "k": {"type": "integer", "minimum": 0, "maximum": 1000},
+      "v": {"type": "integer", "minimum": 5, "maximum": 60},
       "u": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5}, {"type": "integer"}]},
       "f": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5}, {"type": "number"}]},
       "h": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5},
@@ -661,9 +663,72 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
   EXPECT_EQ(key(R"({"o": 1500)"), key(R"({"o": 2000)"));
   EXPECT_NE(key(R"({"q": -14)"), key(R"({"q": -24)"));
   EXPECT_EQ(key(R"({"q": -150)"), key(R"({"q": -999)"));
+  // Values whose runs (the value, then its ten, hundred... continuations) lie alike inside or
+  // outside the bounds take the same: 0 to 1000 reads a few states, not one per value.
+  EXPECT_EQ(key(R"({"k": 2)"), key(R"({"k": 9)"));    // (2..9, 20..99: within, 200..: past)
+  EXPECT_EQ(key(R"({"k": 11)"), key(R"({"k": 99)"));  // (110..119: within, 1100..: past)
+  EXPECT_EQ(key(R"({"k": 101)"), key(R"({"k": 999)"));
+  EXPECT_NE(key(R"({"k": 1)"), key(R"({"k": 2)"));    // (1000 and 1001..1999 follow 1)
+  EXPECT_NE(key(R"({"k": 10)"), key(R"({"k": 11)"));  // (100 and 1000 follow 10, not 110)
+  EXPECT_NE(key(R"({"k": 100)"), key(R"({"k": 101)"));
+  EXPECT_NE(key(R"({"k": 9)"), key(R"({"k": 99)"));     // (90 is still within)
+  EXPECT_EQ(key(R"({"z": -16)"), key(R"({"z": -17)"));  // (within, ending there)
+  EXPECT_EQ(key(R"({"v": 2)"), key(R"({"v": 4)"));      // (below, then 20..29 or 40..49 within)
+  EXPECT_NE(key(R"({"v": 4)"), key(R"({"v": 5)"));      // (4 cannot end there)
+  EXPECT_EQ(key(R"({"v": 7)"), key(R"({"v": 9)"));      // (within, then past)
+  EXPECT_NE(key(R"({"v": 5)"), key(R"({"v": 6)"));      // (60 and 61 follow 6)
+  EXPECT_NE(key(R"({"z": -1)"), key(R"({"z": -2)"));    // (-15..-19 and -20 follow them)
   ExpectClosingsValid(schema, compiled->get(),
                       {R"({"r": )", R"({"n": -)", R"({"n": -1)", R"({"b": 1)", R"({"b": 10)",
                        R"({"z": -)", R"({"z": -2)", R"({"e": -)", R"({"b": 12345678901234567890)"});
+}
+
+// A bounded integer's digits, and a bounded number's whole part, key states by how the values
+// they can still become meet the bounds, not by their value: every value keyed like one met
+// before takes the same texts (digits, then an end, a point, a fraction), into states keyed alike
+// again; and there are few keys for a thousand values.
+TEST(JsonSchema, BoundedDigitsKeyedAlikeTakeTheSameTexts) {
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "a": {"type": "integer", "minimum": 0, "maximum": 1000},
+      "b": {"type": "integer", "minimum": 5, "maximum": 60},
+      "c": {"type": "integer", "minimum": -20, "maximum": -15},
+      "d": {"type": "integer", "minimum": 150},
+      "e": {"type": "integer", "maximum": -150},
+      "f": {"type": "number", "minimum": 0, "maximum": 29.5},
+      "g": {"type": "number", "minimum": 12.5},
+      "h": {"type": "number", "exclusiveMinimum": -7.25, "exclusiveMaximum": 300}}})");
+  auto compiled = JsonSchema::Compile(schema);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  std::vector<std::string> rests = {""};
+  for (char d = '0'; d <= '9'; ++d) rests.emplace_back(1, d);
+  for (const char* dd : {"00", "05", "09", "50", "55", "59", "90", "95", "99"}) rests.push_back(dd);
+  int merged = 0;
+  for (const char* name : {"a", "b", "c", "d", "e", "f", "g", "h"}) {
+    for (const std::string sign : {"", "-"}) {
+      const std::string start = std::string("{\"") + name + "\": " + sign;
+      std::map<std::string, JsonSchemaPrefix> first;  // by key: the first value met with it
+      for (int m = 1; m <= 1100; ++m) {
+        JsonSchemaPrefix p(compiled->get());
+        if (!p.Feed(start + std::to_string(m))) continue;
+        const auto [it, fresh] = first.try_emplace(p.key(), p);
+        if (fresh) continue;
+        ++merged;
+        for (const std::string& rest : rests) {
+          for (const char* end : {"", "}", ".", ".0", ".5", ".9", ".49", ".51"}) {
+            JsonSchemaPrefix x = p, y = it->second;
+            const std::string text = rest + end;
+            const bool tx = x.Feed(text), ty = y.Feed(text);
+            ASSERT_EQ(tx, ty) << start << m << " + " << text;
+            if (tx) {
+              ASSERT_EQ(x.key(), y.key()) << start << m << " + " << text;
+            }
+          }
+        }
+      }
+      EXPECT_LT(first.size(), 40U) << start;  // (not one per value)
+    }
+  }
+  EXPECT_GT(merged, 4000);
 }
 
 // A tuple's items each keep to their place's schema, then to items' (additionalItems' in draft
@@ -800,7 +865,8 @@ TEST(JsonSchema, NumbersStayWithinTheirBounds) {
       "n": {"type": "number", "minimum": -2.75, "maximum": -0.5},
       "t": {"type": "number", "minimum": 1e-20, "maximum": 3e-20},
       "b": {"type": "number", "minimum": 12.5},
-      "w": {"type": "number", "minimum": 999999999999999.5, "maximum": 1e15}}})");
+      "w": {"type": "number", "minimum": 999999999999999.5, "maximum": 1e15},
+      "h": {"type": "number", "minimum": 0, "maximum": 29.5}}})");
   auto compiled = JsonSchema::Compile(schema);
   ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
   auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
@@ -889,6 +955,12 @@ TEST(JsonSchema, NumbersStayWithinTheirBounds) {
   EXPECT_NE(key(R"({"b": 11)"), key(R"({"b": 12)"));  // (12.5 follows 12)
   EXPECT_NE(key(R"({"b": 12)"), key(R"({"b": 13)"));  // (13 ends)
   EXPECT_NE(key(R"({"t": 0.0000)"), key(R"({"t": 0.00000)"));
+  // A whole part keys by its runs as an integer's, but one that may reach a bound's whole part
+  // (whose fraction then bounds the answer's) keys apart: 29.6 is past 29.5, 19.6 is not.
+  EXPECT_EQ(key(R"({"h": 3)"), key(R"({"h": 9)"));
+  EXPECT_EQ(key(R"({"h": 11)"), key(R"({"h": 18)"));
+  EXPECT_NE(key(R"({"h": 1)"), key(R"({"h": 2)"));
+  EXPECT_NE(key(R"({"h": 28)"), key(R"({"h": 29)"));
   // Closings write few digits, not a bound's (exclusiveMinimum 0's is 5e-324: 324 of them).
   auto closing = [&](const std::string& text) {
     JsonSchemaPrefix p(compiled->get());
