@@ -18,7 +18,19 @@
 // rows; a state first met costs a vocabulary read, which a median could leave out),
 // json_mask_next_request_ms the next request's, the _vs_uncached figures ratios to the
 // vocabulary read in the same request.
+//
+// --schema: response_format json_schema instead, the documents' schema (the records' fields typed
+// and bounded, all required), each request's compilation interned as the service interns it
+// (api/json_schema_cache.h), so the next request reads its states' masks from the first one's
+// (each state first met costs a vocabulary read per request otherwise: the first request's cost
+// again: the next request is also fed through a compilation of its own, as before the service
+// interned them: RESULT json_mask_next_request_fresh_schema_ms, its _vs_uncached against the
+// vocabulary read in the same pass, and json_mask_next_request_interned_vs_fresh). An end token a
+// mask allows must
+// end a document the validator written from the specification accepts
+// (fuzz/json_schema_checks.h).
 #include <ATen/ATen.h>
+#include <malloc.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -33,8 +45,11 @@
 #include <vector>
 
 #include "../fuzz/json_prefix_checks.h"
+#include "../fuzz/json_schema_checks.h"
 #include "api/json_masks.h"
 #include "api/json_mode.h"
+#include "api/json_schema.h"
+#include "api/json_schema_cache.h"
 #include "serve/generation.h"
 #include "test_support.h"
 
@@ -95,10 +110,22 @@ std::string Document(uint64_t seed, int records) {
   return d + "]}";
 }
 
+// What Document() writes, as a pydantic model's schema says it.
+constexpr const char* kSchema = R"({"type": "object", "properties": {"items": {"type": "array",
+  "items": {"$ref": "#/$defs/Record"}}}, "required": ["items"], "additionalProperties": false,
+  "$defs": {"Record": {"type": "object", "properties": {
+    "id": {"type": "integer", "minimum": 0},
+    "name": {"type": "string", "maxLength": 32},
+    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 8},
+    "score": {"type": "number", "minimum": 0, "maximum": 1000},
+    "ok": {"type": "boolean"}},
+    "required": ["id", "name", "tags", "score", "ok"], "additionalProperties": false}}})";
+
 struct Options {
   int64_t vocab = 152064;
   int rows = 4;
   int records = 6;
+  bool schema = false;
 };
 
 // A request: rows answers, each a document, fed a byte a step.
@@ -182,14 +209,17 @@ bool Feed(const std::vector<std::string>& docs, api::JsonObjectLogits& timed,
 // Whether each allowed token leaves its answer the start of an object to nlohmann
 // (fuzz/json_prefix_checks.h, written apart from JsonObjectPrefix); false, with the error
 // printed, when one does not.
+// With a schema, an allowed end token must end a document valid against it.
 bool CheckedByNlohmann(const std::vector<std::string>& docs, const api::TokenTextTable& table,
-                       const std::vector<Allowed>& allowed) {
+                       const std::vector<Allowed>& allowed, const nlohmann::json* schema) {
   for (const Allowed& a : allowed) {
     const std::string answer = docs[a.row].substr(0, a.step);
     const auto token = static_cast<size_t>(a.token);
     bool fine = false;
     if (a.token == 0) {  // the end token
-      fine = ReadWithNlohmann(answer).complete;
+      fine = ReadWithNlohmann(answer).complete &&
+             (schema == nullptr ||
+              schema_checks::SchemaValid(*schema, nlohmann::json::parse(answer), *schema));
     } else {
       const std::string text =
           answer + (a.step == 0 ? table.first.at(token) : table.within.at(token));
@@ -231,15 +261,46 @@ int Run(const Options& o) {
       return 1;
     }
   }
+  // Each request's schema as the service has it: compiled from the request, interned.
+  const nlohmann::json schema = nlohmann::json::parse(kSchema);
+  api::JsonSchemaCache schemas;
+  auto request_schema = [&]() -> std::shared_ptr<const api::JsonSchema> {
+    if (!o.schema) return nullptr;
+    auto compiled = api::JsonSchema::Compile(schema);
+    if (!compiled.ok()) return nullptr;
+    return schemas.Intern(nlohmann::json(schema).dump(), *compiled);
+  };
+  const std::shared_ptr<const api::JsonSchema> first_schema = request_schema();
+  const std::shared_ptr<const api::JsonSchema> next_schema = request_schema();
+  if (o.schema) {
+    for (const auto* request : {&docs, &next_docs}) {
+      for (const auto& d : *request) {
+        if (first_schema && schema_checks::SchemaValid(schema, nlohmann::json::parse(d), schema)) {
+          continue;
+        }
+        std::fprintf(stderr, "error: the schema does not compile or a document is not valid\n");
+        return 1;
+      }
+    }
+    if (next_schema != first_schema) {
+      std::fprintf(stderr, "error: the next request's schema is not the first one's compilation\n");
+      return 1;
+    }
+  }
   const auto table = Vocabulary(vocab);
-  std::printf("vocabulary %lld tokens, %d rows, %zu steps (bytes of the shortest document)\n",
-              static_cast<long long>(vocab), rows, steps);
+  std::printf(
+      "vocabulary %lld tokens, %d rows, %zu steps (bytes of the shortest document), %s\n",
+      static_cast<long long>(vocab), rows, steps,
+      o.schema ? "json_schema (interned, one compilation for both requests)" : "json_object");
   // The masks kept for every request, as the service keeps them (32 MiB).
   auto masks = std::make_shared<api::JsonMasks>(table, size_t{32} << 20);
   const api::JsonModeOptions kept{
-      .texts = table, .end_tokens = {0}, .min_tokens = 0, .masks = masks};
-  const api::JsonModeOptions reads{
-      .texts = table, .end_tokens = {0}, .min_tokens = 0, .cache_masks = false};
+      .texts = table, .schema = first_schema, .end_tokens = {0}, .min_tokens = 0, .masks = masks};
+  const api::JsonModeOptions reads{.texts = table,
+                                   .schema = first_schema,
+                                   .end_tokens = {0},
+                                   .min_tokens = 0,
+                                   .cache_masks = false};
   std::mt19937_64 rng(7);
   std::vector<Allowed> allowed, next_allowed;
   int64_t next_read = 0;
@@ -258,11 +319,27 @@ int Run(const Options& o) {
     if (!Feed(next_docs, next, read, rng, next_ms, next_read_ms, next_allowed)) return 1;
     next_read = next.read_masks();
   }
-  if (!CheckedByNlohmann(docs, *table, allowed) ||
-      !CheckedByNlohmann(next_docs, *table, next_allowed)) {
+  const api::JsonMasks::Counts after_next = masks->counts();
+  // The next request through a compilation of its own (its states' masks are not the first
+  // one's: each state first met is read again).
+  std::vector<double> fresh_ms, fresh_read_ms;
+  std::vector<Allowed> fresh_allowed;
+  if (o.schema) {
+    auto fresh = api::JsonSchema::Compile(schema);
+    if (!fresh.ok()) return 1;
+    api::JsonModeOptions own = kept, own_reads = reads;
+    own.schema = *fresh;
+    own_reads.schema = *fresh;
+    ZeroLogits fresh_model(vocab), read_model(vocab);
+    api::JsonObjectLogits next(fresh_model, own), read(read_model, own_reads);
+    if (!Feed(next_docs, next, read, rng, fresh_ms, fresh_read_ms, fresh_allowed)) return 1;
+  }
+  const nlohmann::json* checked = o.schema ? &schema : nullptr;
+  if (!CheckedByNlohmann(docs, *table, allowed, checked) ||
+      !CheckedByNlohmann(next_docs, *table, next_allowed, checked) ||
+      !CheckedByNlohmann(next_docs, *table, fresh_allowed, checked)) {
     return 1;
   }
-  const api::JsonMasks::Counts after_next = masks->counts();
   const double c = Mean(cached_ms), u = Mean(read_ms), n = Mean(next_ms), nu = Mean(next_read_ms);
   std::printf(
       "per step (%d rows), mean (median): kept masks %.3f (%.3f) ms, vocabulary read %.3f "
@@ -274,12 +351,25 @@ int Run(const Options& o) {
       "(%.3f) ms reading the vocabulary; it read %lld masks and found %lld (%zu states now)\n",
       n, Median(next_ms), nu, Median(next_read_ms), static_cast<long long>(next_read),
       static_cast<long long>(after_next.hits - after_first.hits), after_next.masks);
-  std::printf("%zu allowed tokens checked against nlohmann\n",
-              allowed.size() + next_allowed.size());
+  if (o.schema) {
+    std::printf(
+        "the next request through a compilation of its own: %.3f (%.3f) ms a step against %.3f "
+        "(%.3f) ms reading the vocabulary\n",
+        Mean(fresh_ms), Median(fresh_ms), Mean(fresh_read_ms), Median(fresh_read_ms));
+  }
+  std::printf("%zu allowed tokens checked against nlohmann%s\n",
+              allowed.size() + next_allowed.size() + fresh_allowed.size(),
+              o.schema ? " (end tokens against the schema's validator)" : "");
   std::printf("RESULT json_mask_cached_ms=%.3f\n", c);
   std::printf("RESULT json_mask_uncached_ms=%.3f\n", u);
   std::printf("RESULT json_mask_next_request_ms=%.3f\n", n);
   std::printf("RESULT json_mask_next_request_vs_uncached=%.3f\n", n / nu);
+  if (o.schema) {
+    std::printf("RESULT json_mask_next_request_fresh_schema_ms=%.3f\n", Mean(fresh_ms));
+    std::printf("RESULT json_mask_next_request_fresh_schema_vs_uncached=%.3f\n",
+                Mean(fresh_ms) / Mean(fresh_read_ms));
+    std::printf("RESULT json_mask_next_request_interned_vs_fresh=%.3f\n", n / Mean(fresh_ms));
+  }
   std::printf("RESULT json_mask_cached_vs_uncached=%.3f\n", c / u);
   return 0;
 }
@@ -294,6 +384,14 @@ int main(int argc, char** argv) {
   app.add_option("--rows", o.rows, "answers generated together")->check(CLI::Range(1, 8));
   app.add_option("--records", o.records, "records in each answer's document")
       ->check(CLI::Range(1, 1000));
+  app.add_flag("--schema", o.schema,
+               "response_format json_schema (the documents' schema, interned as the service "
+               "does) instead of json_object");
   CLI11_PARSE(app, argc, argv);
+  // Each step's logits (rows x vocabulary floats, MiBs) from the heap, not fresh mappings: on the
+  // development VM a fresh mapping's page faults cost up to 10 ms a step, in some passes and not
+  // others, which is the allocator's and the VM's cost, not the masks'.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   return Run(o);
 }
