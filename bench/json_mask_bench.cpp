@@ -23,12 +23,12 @@
 // and bounded, all required), each request's compilation interned as the service interns it
 // (api/json_schema_cache.h), so the next request reads its states' masks from the first one's
 // (each state first met costs a vocabulary read per request otherwise: the first request's cost
-// again: the next request is also fed through a compilation of its own, as before the service
+// again). The next request is also fed through a compilation of its own, as before the service
 // interned them: RESULT json_mask_next_request_fresh_schema_ms, its _vs_uncached against the
-// vocabulary read in the same pass, and json_mask_next_request_interned_vs_fresh). An end token a
-// mask allows must
-// end a document the validator written from the specification accepts
-// (fuzz/json_schema_checks.h).
+// vocabulary read in the same pass, and json_mask_next_request_interned_vs_fresh. Each drawn
+// token must leave its answer the start of a document the validator written from the
+// specification accepts (fuzz/json_schema_checks.h): the answer and the token, closed by the
+// reader's Closing(), valid against the schema.
 #include <ATen/ATen.h>
 #include <malloc.h>
 
@@ -207,11 +207,13 @@ bool Feed(const std::vector<std::string>& docs, api::JsonObjectLogits& timed,
 }
 
 // Whether each allowed token leaves its answer the start of an object to nlohmann
-// (fuzz/json_prefix_checks.h, written apart from JsonObjectPrefix); false, with the error
-// printed, when one does not.
-// With a schema, an allowed end token must end a document valid against it.
+// (fuzz/json_prefix_checks.h, written apart from JsonObjectPrefix) and, with a schema, the start
+// of a valid document (the answer and token closed by the reader's Closing(), then validated by
+// fuzz/json_schema_checks.h, written from the specification); false, with the error printed,
+// when one does not.
 bool CheckedByNlohmann(const std::vector<std::string>& docs, const api::TokenTextTable& table,
-                       const std::vector<Allowed>& allowed, const nlohmann::json* schema) {
+                       const std::vector<Allowed>& allowed, const nlohmann::json* schema,
+                       const api::JsonSchema* compiled) {
   for (const Allowed& a : allowed) {
     const std::string answer = docs[a.row].substr(0, a.step);
     const auto token = static_cast<size_t>(a.token);
@@ -224,6 +226,18 @@ bool CheckedByNlohmann(const std::vector<std::string>& docs, const api::TokenTex
       const std::string text =
           answer + (a.step == 0 ? table.first.at(token) : table.within.at(token));
       fine = text[0] == '{' && NlohmannStartsAnObject(text);
+      if (fine && schema != nullptr) {
+        api::JsonSchemaPrefix read(compiled);
+        const bool taken = read.Feed(text);
+        const auto doc = nlohmann::json::parse(text + read.Closing(), nullptr, false);
+        if (!taken || doc.is_discarded() || !schema_checks::SchemaValid(*schema, doc, *schema)) {
+          std::fprintf(stderr,
+                       "error: step %zu: row %zu's mask allows token %lld, after which the answer "
+                       "cannot become a document valid against the schema\n",
+                       a.step, a.row, static_cast<long long>(a.token));
+          return false;
+        }
+      }
     }
     if (!fine) {
       std::fprintf(stderr,
@@ -335,9 +349,9 @@ int Run(const Options& o) {
     if (!Feed(next_docs, next, read, rng, fresh_ms, fresh_read_ms, fresh_allowed)) return 1;
   }
   const nlohmann::json* checked = o.schema ? &schema : nullptr;
-  if (!CheckedByNlohmann(docs, *table, allowed, checked) ||
-      !CheckedByNlohmann(next_docs, *table, next_allowed, checked) ||
-      !CheckedByNlohmann(next_docs, *table, fresh_allowed, checked)) {
+  if (!CheckedByNlohmann(docs, *table, allowed, checked, first_schema.get()) ||
+      !CheckedByNlohmann(next_docs, *table, next_allowed, checked, first_schema.get()) ||
+      !CheckedByNlohmann(next_docs, *table, fresh_allowed, checked, first_schema.get())) {
     return 1;
   }
   const double c = Mean(cached_ms), u = Mean(read_ms), n = Mean(next_ms), nu = Mean(next_read_ms);
@@ -359,7 +373,7 @@ int Run(const Options& o) {
   }
   std::printf("%zu allowed tokens checked against nlohmann%s\n",
               allowed.size() + next_allowed.size() + fresh_allowed.size(),
-              o.schema ? " (end tokens against the schema's validator)" : "");
+              o.schema ? " and the schema's validator" : "");
   std::printf("RESULT json_mask_cached_ms=%.3f\n", c);
   std::printf("RESULT json_mask_uncached_ms=%.3f\n", u);
   std::printf("RESULT json_mask_next_request_ms=%.3f\n", n);
@@ -391,7 +405,8 @@ int main(int argc, char** argv) {
   // Each step's logits (rows x vocabulary floats, MiBs) from the heap, not fresh mappings: on the
   // development VM a fresh mapping's page faults cost up to 10 ms a step, in some passes and not
   // others, which is the allocator's and the VM's cost, not the masks'.
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) == 0 || mallopt(M_TRIM_THRESHOLD, 64 << 20) == 0) {
+    std::fprintf(stderr, "warning: mallopt refused the thresholds: steps may fault fresh pages\n");
+  }
   return Run(o);
 }

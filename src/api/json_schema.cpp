@@ -95,6 +95,15 @@ const std::set<std::string, std::less<>>& Annotations() {
   return k;
 }
 
+// A schema of annotations alone: any value.
+bool AnyValue(const json& schema) {
+  if (!schema.is_object()) return schema == json(true);
+  for (const auto& [key, value] : schema.items()) {
+    if (!Annotations().contains(key)) return false;
+  }
+  return true;
+}
+
 const std::set<std::string, std::less<>>& Keywords() {
   static const std::set<std::string, std::less<>> k = {"type",
                                                        "enum",
@@ -247,14 +256,14 @@ struct JsonSchema::Compiler {
     // The node's index, taken before its children are compiled (they come after it).
     COLONY_ASSIGN_OR_RETURN(const int index, Add(Blank()));
     const auto self = static_cast<int16_t>(index);
-    if (kinds[kObject]) {
-      COLONY_ASSIGN_OR_RETURN(const bool own, Object(s, at, depth, n));
-      n.by_slot[kObject] = own ? self : int16_t{0};
-    }
-    if (kinds[kArray]) {
-      COLONY_ASSIGN_OR_RETURN(const bool own, Array(s, at, depth, n));
-      n.by_slot[kArray] = own ? self : int16_t{0};
-    }
+    // (An object's and an array's keywords are compiled, so checked, whatever the type: one that
+    // is malformed or not supported is an error even where it asserts nothing.)
+    Node unused = Blank();
+    COLONY_ASSIGN_OR_RETURN(const bool own_object,
+                            Object(s, at, depth, kinds[kObject] ? n : unused));
+    if (kinds[kObject]) n.by_slot[kObject] = own_object ? self : int16_t{0};
+    COLONY_ASSIGN_OR_RETURN(const bool own_array, Array(s, at, depth, kinds[kArray] ? n : unused));
+    if (kinds[kArray]) n.by_slot[kArray] = own_array ? self : int16_t{0};
     // (Bounds are checked whatever the type: a malformed one is an error even where it asserts
     // nothing. They are read only on the kinds they bound.)
     if (s.contains("minLength")) {
@@ -316,14 +325,21 @@ struct JsonSchema::Compiler {
         return Error(at + "/required", "names properties the schema does not describe");
       }
       if (s.contains("additionalProperties") && s["additionalProperties"].is_object()) {
-        // A map: any keys, each value valid against the schema ({}: any object).
+        // A map: any keys, each value valid against the schema (one of annotations alone, or
+        // true through a $ref: any object).
         COLONY_ASSIGN_OR_RETURN(const int values, Compile(s["additionalProperties"],
                                                           at + "/additionalProperties", depth + 1));
-        if (values == 0) return false;
+        if (values == 0 || AnyValue(s["additionalProperties"])) return false;
         n.additional = static_cast<int16_t>(values);
         return true;
       }
       return closed;
+    }
+    if (s.contains("additionalProperties") && s["additionalProperties"].is_object()) {
+      // (Beside properties it changes nothing, but is checked as any schema is.)
+      COLONY_ASSIGN_OR_RETURN(const int checked, Compile(s["additionalProperties"],
+                                                         at + "/additionalProperties", depth + 1));
+      static_cast<void>(checked);
     }
     const json& props = s["properties"];
     if (!props.is_object()) return Error(at + "/properties", "must be an object");
@@ -826,16 +842,17 @@ std::optional<int64_t> LeastExtending(int64_t m, int64_t lo, int64_t hi) {
 // a key: of each run [m 10^j, (m + 1) 10^j - 1], j = 0, 1, ..., whether it lies wholly inside or
 // wholly outside, up to one past hi (every later one is too) or, without a hi, one inside (every
 // later one is too); nullopt if a run lies partly inside (its digits then matter). With
-// `strict`, a run that holds lo or hi lies partly inside (a bounded number's whole part equal to
-// a bound's is held to that bound's fraction). Magnitudes keyed alike take the same digits and
-// ends, into states keyed alike again (10m + d's runs lie within m's next ones): a bounded
-// value's digits are a few states, not one per value read.
-std::optional<uint32_t> RunsKey(int64_t m, int64_t lo, int64_t hi, bool strict) {
+// `strict_lo` (`strict_hi`), a run that holds lo (hi) lies partly inside (a bounded number's
+// whole part equal to a bound's is held to that bound's fraction). Magnitudes keyed alike take the
+// same digits and ends, into states keyed alike again (10m + d's runs lie within m's next ones): a
+// bounded value's digits are a few states, not one per value read.
+std::optional<uint32_t> RunsKey(int64_t m, int64_t lo, int64_t hi, bool strict_lo, bool strict_hi) {
   uint32_t key = 1;  // (a leading 1: keys of different lengths differ)
   for (int64_t p = 1;; p *= 10) {
     const int64_t first = SaturatingMul(m, p), last = SaturatingMul(m + 1, p) - 1;
     if (first > hi) return key << 2U | 2U;
-    const bool inside = strict ? first > lo && last < hi : first >= lo && last <= hi;
+    const bool inside =
+        (strict_lo ? first > lo : first >= lo) && (strict_hi ? last < hi : last <= hi);
     if (!inside && last >= lo) return std::nullopt;
     if (inside && hi == JsonSchema::kNoMaximum) return key << 2U | 3U;
     key = key << 1U | (inside ? 1U : 0U);
@@ -1336,7 +1353,8 @@ std::string JsonSchemaPrefix::key(uint32_t longest) const {
         // The digits read as how their runs meet the bounds, where that is all that matters.
         const auto [lo, hi] =
             negative_ ? NegativeMagnitudes(n.minimum, n.maximum) : std::pair{n.minimum, n.maximum};
-        put_magnitude(digit_ && magnitude_ > 0 ? RunsKey(magnitude_, lo, hi, false) : std::nullopt);
+        put_magnitude(digit_ && magnitude_ > 0 ? RunsKey(magnitude_, lo, hi, false, false)
+                                               : std::nullopt);
       } else if (n.decimal) {
         put(node_);
         put(negative_);
@@ -1350,7 +1368,8 @@ std::string JsonSchemaPrefix::key(uint32_t longest) const {
           const JsonSchema::Side& s = n.sides[negative_ ? 1 : 0];
           const int64_t top = s.capped ? s.high.whole : JsonSchema::kNoMaximum;
           put_magnitude(digit_ && magnitude_ > 0 && s.allowed
-                            ? RunsKey(magnitude_, s.low.whole, top, true)
+                            // (the least's whole part alone, without a fraction, is within)
+                            ? RunsKey(magnitude_, s.low.whole, top, !s.low.fraction.empty(), true)
                             : std::nullopt);
         }
       }
@@ -1372,9 +1391,15 @@ std::string JsonSchemaPrefix::key(uint32_t longest) const {
     put(f.stage);
     put(f.array);
     if (f.array) {
-      // Past its minimum and its tuple's places, an unbounded array's count changes nothing.
+      // Past its minimum and its tuple's places only how many items it may still take matters,
+      // and with `longest` no more of them than a token can write (a byte each at least).
       const auto settled = std::max(n.min_items, static_cast<uint32_t>(n.prefix.size()));
-      put(n.max_items == JsonSchema::kUnbounded ? std::min(f.count, settled) : f.count);
+      put(std::min(f.count, settled));
+      if (f.count >= settled) {
+        const uint32_t left =
+            n.max_items == JsonSchema::kUnbounded ? JsonSchema::kUnbounded : n.max_items - f.count;
+        put(longest == JsonSchema::kUnbounded ? left : std::min(left, longest + 1));
+      }
     } else {
       put(f.used);
       put(f.stage == Stage::kValue || f.stage == Stage::kColon ? f.value : int16_t{0});

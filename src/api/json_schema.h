@@ -173,7 +173,8 @@ class JsonSchemaPrefix {
   // The state as bytes: prefixes with equal keys (of one schema) take and refuse the same texts.
   // With `longest`, only the same texts of at most `longest` bytes (a mask's tokens): a string's
   // counts of characters needed and left past `longest` are alike then (so a long bounded string
-  // is not a state, and a mask read, at every character).
+  // is not a state, and a mask read, at every character), and so are a bounded array's counts of
+  // items left.
   std::string key(uint32_t longest = JsonSchema::kUnbounded) const;
   // A short text that makes what was read a whole valid object (empty when it is one). Tests
   // check the prefixes with it.

@@ -284,7 +284,11 @@ std::vector<json> Schemas() {
         "nested": {"type": "array", "maxItems": 3, "items": {"type": "array", "prefixItems": [
           {"type": "string", "maxLength": 3}, {"type": "integer"}], "minItems": 2, "maxItems": 2}},
         "some": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"},
-          {"type": "string"}], "minItems": 1, "maxItems": 5}},
+          {"type": "string"}], "minItems": 1, "maxItems": 5},
+        "maybe": {"anyOf": [{"type": "array", "prefixItems": [{"type": "integer"}],
+          "items": false, "minItems": 1}, {"type": "null"}]},
+        "v7any": {"type": "array", "items": [], "additionalItems": true},
+        "many": {"type": "array", "items": {"type": "integer"}, "maxItems": 100}},
         "required": ["pair", "point", "head"]})"),
       // Maps (pydantic's dict[str, X]): additionalProperties a schema, without properties.
       json::parse(R"({"type": "object", "properties": {
@@ -307,6 +311,19 @@ std::vector<json> Schemas() {
         "kind": {"const": "person", "enum": ["person"], "type": "string"}},
         "$defs": {"W": {"enum": ["me", "you"]}}, "required": ["who"]})"),
   };
+}
+
+// The first of Schemas() with a property `name`; or, with `root`, the one whose
+// additionalProperties at the root is a schema (a map).
+json SchemaWith(const std::string& name, bool root = false) {
+  for (const json& schema : Schemas()) {
+    if (root ? schema.contains("additionalProperties") && schema["additionalProperties"].is_object()
+             : schema.contains("properties") && schema["properties"].contains(name)) {
+      return schema;
+    }
+  }
+  ADD_FAILURE() << "no schema with " << name;
+  return json::object();
 }
 
 TEST(JsonSchema, GeneratedDocumentsAreTakenWhole) {
@@ -442,6 +459,19 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
        "a list of items beside prefixItems"},
       {R"({"type": "object", "properties": {"a": {"type": "array", "additionalItems": false}}})",
        "only beside a list of items"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "items": false,
+          "minItems": 1}}})",
+       "is more than the 0 items the array may have (items is false)"},
+      {R"({"type": "object", "additionalProperties": {"type": "integer"}, "required": ["a"]})",
+       "names properties the schema does not describe"},
+      {R"({"type": "object", "properties": {"a": {}},
+          "additionalProperties": {"type": "string", "pattern": "x"}})",
+       "/additionalProperties/pattern"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "prefixItems": 5}}})",
+       "/properties/a/prefixItems"},
+      {R"({"type": "object", "properties": {"a": {"type": "integer", "properties": {
+          "b": {"type": "text"}}}}})",
+       "/properties/a/properties/b/type"},
       {R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": {}}}})",
        "must be a list of at most 256"},
       {R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}],
@@ -489,6 +519,14 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
     EXPECT_NE(compiled.status().message().find(message), std::string::npos)
         << compiled.status().message() << "\nwanted: " << message;
   }
+  // A tuple of 256 places compiles, of 257 does not.
+  json places = json::array();
+  for (size_t i = 0; i < JsonSchema::kMaxPrefixItems; ++i) places.push_back({{"type", "null"}});
+  json tuple = {{"type", "object"}, {"properties", {{"t", {{"prefixItems", places}}}}}};
+  EXPECT_TRUE(JsonSchema::Compile(tuple).ok());
+  tuple["properties"]["t"]["prefixItems"].push_back(json::object());
+  EXPECT_NE(JsonSchema::Compile(tuple).status().message().find("at most 256 schemas"),
+            std::string::npos);
   json deep = json::parse(R"({"type": "integer"})");
   for (int i = 0; i < JsonSchema::kMaxDepth + 1; ++i)
     deep = {{"type", "object"}, {"properties", {{"a", deep}}}};
@@ -665,7 +703,7 @@ TEST(JsonSchema, IntegersStayWithinTheirBounds) {
   EXPECT_EQ(key(R"({"q": -150)"), key(R"({"q": -999)"));
   // Values whose runs (the value, then its ten, hundred... continuations) lie alike inside or
   // outside the bounds take the same: 0 to 1000 reads a few states, not one per value.
-  EXPECT_EQ(key(R"({"k": 2)"), key(R"({"k": 9)"));    // (2..9, 20..99: within, 200..: past)
+  EXPECT_EQ(key(R"({"k": 2)"), key(R"({"k": 9)"));    // (2, 20..29, 200..299 within; 2000..: past)
   EXPECT_EQ(key(R"({"k": 11)"), key(R"({"k": 99)"));  // (110..119: within, 1100..: past)
   EXPECT_EQ(key(R"({"k": 101)"), key(R"({"k": 999)"));
   EXPECT_NE(key(R"({"k": 1)"), key(R"({"k": 2)"));    // (1000 and 1001..1999 follow 1)
@@ -707,14 +745,14 @@ TEST(JsonSchema, BoundedDigitsKeyedAlikeTakeTheSameTexts) {
     for (const std::string sign : {"", "-"}) {
       const std::string start = std::string("{\"") + name + "\": " + sign;
       std::map<std::string, JsonSchemaPrefix> first;  // by key: the first value met with it
-      for (int m = 1; m <= 1100; ++m) {
+      for (int m = 0; m <= 1100; ++m) {
         JsonSchemaPrefix p(compiled->get());
         if (!p.Feed(start + std::to_string(m))) continue;
         const auto [it, fresh] = first.try_emplace(p.key(), p);
         if (fresh) continue;
         ++merged;
         for (const std::string& rest : rests) {
-          for (const char* end : {"", "}", ".", ".0", ".5", ".9", ".49", ".51"}) {
+          for (const char* end : {"", "}", ",", " ", ".", ".0", ".5", ".9", ".49", ".51"}) {
             JsonSchemaPrefix x = p, y = it->second;
             const std::string text = rest + end;
             const bool tx = x.Feed(text), ty = y.Feed(text);
@@ -734,8 +772,7 @@ TEST(JsonSchema, BoundedDigitsKeyedAlikeTakeTheSameTexts) {
 // A tuple's items each keep to their place's schema, then to items' (additionalItems' in draft
 // 7's form); items false ends the array at its places.
 TEST(JsonSchema, TuplesKeepEachPlacesSchema) {
-  const json schema = Schemas()[Schemas().size() - 4];
-  ASSERT_TRUE(schema["properties"].contains("pair"));
+  const json schema = SchemaWith("pair");
   auto compiled = JsonSchema::Compile(schema);
   ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
   auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
@@ -773,6 +810,11 @@ TEST(JsonSchema, TuplesKeepEachPlacesSchema) {
   EXPECT_TRUE(takes(R"({"some": [1, 2, "x", "y", 3])"));
   EXPECT_FALSE(takes(R"({"some": [1, "x")"));
   EXPECT_FALSE(takes(R"({"some": [1, 2, "x", 4, 5, 6)"));
+  EXPECT_TRUE(takes(R"({"maybe": null)"));
+  EXPECT_TRUE(takes(R"({"maybe": [3])"));
+  EXPECT_FALSE(takes(R"({"maybe": [3,)"));
+  EXPECT_FALSE(takes(R"({"maybe": [])"));
+  EXPECT_TRUE(takes(R"({"v7any": [1, "a", null])"));
   // States are keyed by the place: the same place (or, past the places and minItems of an
   // unbounded array, any count) takes the same; the next place does not.
   auto key = [&](const std::string& text) {
@@ -787,7 +829,21 @@ TEST(JsonSchema, TuplesKeepEachPlacesSchema) {
   ExpectClosingsValid(schema, compiled->get(),
                       {R"({)", R"({"pair": [)", R"({"pair": [1, )", R"({"point": [1)",
                        R"({"head": [)", R"({"rec": [)", R"({"rec": [null, )", R"({"v7": [)",
-                       R"({"nested": [[)", R"({"nested": [["a", )", R"({"some": [)"});
+                       R"({"nested": [[)", R"({"nested": [["a", )", R"({"some": [)",
+                       R"({"some": [1, 2, )", R"({"maybe": [)", R"({"many": [1, )"});
+  // With a mask's longest token, a bounded array's items left key alike past what one token can
+  // write: 99 and 98 left alike to 5-byte tokens, not 5 and 4.
+  auto key_within = [&](const std::string& text, uint32_t longest) {
+    JsonSchemaPrefix p(compiled->get());
+    EXPECT_TRUE(p.Feed(text)) << text;
+    return p.key(longest);
+  };
+  std::string items = R"({"many": [)";
+  for (int i = 0; i < 94; ++i) items += "1,";
+  EXPECT_EQ(key_within(R"({"many": [1,)", 5), key_within(R"({"many": [1,2,)", 5));
+  EXPECT_NE(key_within(R"({"many": [1,)", JsonSchema::kUnbounded),
+            key_within(R"({"many": [1,2,)", JsonSchema::kUnbounded));
+  EXPECT_NE(key_within(items + "1,", 5), key_within(items + "1,1,", 5));
   // Closings written out: each place's shortest value, up to minItems (the required properties
   // in their sorted order; head and point may be empty).
   JsonSchemaPrefix p(compiled->get());
@@ -801,8 +857,7 @@ TEST(JsonSchema, TuplesKeepEachPlacesSchema) {
 // A map (additionalProperties a schema, without properties) takes any keys, written any way JSON
 // allows, each value valid against its schema.
 TEST(JsonSchema, MapsTakeAnyKeys) {
-  const json schema = Schemas()[Schemas().size() - 3];
-  ASSERT_TRUE(schema["properties"].contains("counts"));
+  const json schema = SchemaWith("counts");
   auto compiled = JsonSchema::Compile(schema);
   ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
   auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
@@ -813,16 +868,16 @@ TEST(JsonSchema, MapsTakeAnyKeys) {
   EXPECT_TRUE(takes(R"({"counts": {"a": 1, "a": 2)"));  // (a key may repeat, as JSON allows)
   EXPECT_FALSE(takes(R"({"counts": {"a": -1)"));
   EXPECT_FALSE(takes(R"({"counts": {"a": ")"));
-  EXPECT_FALSE(takes(R"({"counts": {1)"));
-  EXPECT_FALSE(takes(R"({"counts": {"a": 1,})"));
-  EXPECT_FALSE(takes(R"({"counts": {"a" 1)"));
-  EXPECT_FALSE(takes(R"({"people": {"x": {})"));  // (name is required)
+  EXPECT_FALSE(takes(R"({"counts": {"a": 1, "b": -1)"));  // (every value, not the first)
+  EXPECT_FALSE(takes(R"({"counts": {"a": 1, "a": -1)"));  // (a key written again too)
+  EXPECT_FALSE(takes(R"({"people": {"x": {})"));          // (name is required)
   EXPECT_FALSE(takes(R"({"nested": {"k": {"j": "abc)"));
   EXPECT_TRUE(takes(R"({"anymap": {"k": [1, {"a": null}], "l": "x"})"));
   EXPECT_FALSE(takes(R"({"lists": {"k": [])"));
   EXPECT_TRUE(takes(R"({"opt": null)"));
   EXPECT_TRUE(takes(R"({"opt": {"k": true})"));
   EXPECT_FALSE(takes(R"({"opt": {"k": 1)"));
+  EXPECT_FALSE(takes(R"({"opt": {"k": true, "j": "x)"));
   // A key's state is the syntax's (whatever was written), its value's the map's: keys agree.
   auto key = [&](const std::string& text) {
     JsonSchemaPrefix p(compiled->get());
@@ -832,13 +887,14 @@ TEST(JsonSchema, MapsTakeAnyKeys) {
   EXPECT_EQ(key(R"({"counts": {"a": 1, )"), key(R"({"counts": {"abc": 7, "d": 0, )"));
   EXPECT_EQ(key(R"({"counts": {"ab)"), key(R"({"counts": {"x\"yz)"));
   EXPECT_EQ(key(R"({"counts": {"ab)"), key(R"({"counts": {"x": 1, "ab)"));
-  EXPECT_NE(key(R"({"counts": {"ab)"), key(R"({"counts": {"ab\)"));
   EXPECT_NE(key(R"({"counts": {"ab)"), key(R"({"nested": {"ab)"));
-  ExpectClosingsValid(schema, compiled->get(),
-                      {R"({"counts": {)", R"({"counts": {"a)", R"({"counts": {"a\)",
-                       R"({"counts": {"a\u00)", "{\"counts\": {\"\xC3", R"({"counts": {"a")",
-                       R"({"counts": {"a": )", R"({"counts": {"a": 1, )", R"({"people": {"x)",
-                       R"({"nested": {"k": {"j)", R"({"lists": {"k)", R"({"opt": {"k)"});
+  ExpectClosingsValid(
+      schema, compiled->get(),
+      {R"({"counts": {)", R"({"counts": {"a)", R"({"counts": {"a\)", R"({"counts": {"a\u00)",
+       "{\"counts\": {\"\xC3", R"({"counts": {"a")", R"({"counts": {"\ud83d)",
+       R"({"counts": {"\ud83d\)", R"({"counts": {"\ud83d\u)", R"({"counts": {"\ud83d\udc)",
+       R"({"counts": {"a": )", R"({"counts": {"a": 1, )", R"({"people": {"x)",
+       R"({"nested": {"k": {"j)", R"({"lists": {"k)", R"({"opt": {"k)"});
   JsonSchemaPrefix p(compiled->get());
   ASSERT_TRUE(p.Feed(R"({"lists": {"k)"));
   EXPECT_EQ(p.Closing(), R"(":[true]},"counts":{}})");
@@ -846,7 +902,7 @@ TEST(JsonSchema, MapsTakeAnyKeys) {
   ASSERT_TRUE(q.Feed(R"({"counts": {"a": 1, )"));
   EXPECT_EQ(q.Closing(), R"("":0}})");
   // A map at the root: the answer is the map.
-  auto root = JsonSchema::Compile(Schemas()[Schemas().size() - 2]);
+  auto root = JsonSchema::Compile(SchemaWith("", true));
   ASSERT_TRUE(root.ok()) << root.status().ToString();
   EXPECT_TRUE(Whole(root->get(), R"({"x": 1.5, "y": -2})"));
   EXPECT_TRUE(Whole(root->get(), R"({})"));
@@ -866,7 +922,8 @@ TEST(JsonSchema, NumbersStayWithinTheirBounds) {
       "t": {"type": "number", "minimum": 1e-20, "maximum": 3e-20},
       "b": {"type": "number", "minimum": 12.5},
       "w": {"type": "number", "minimum": 999999999999999.5, "maximum": 1e15},
-      "h": {"type": "number", "minimum": 0, "maximum": 29.5}}})");
+      "h": {"type": "number", "minimum": 0, "maximum": 29.5},
+      "m": {"type": "number", "minimum": 150}}})");
   auto compiled = JsonSchema::Compile(schema);
   ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
   auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
@@ -961,6 +1018,7 @@ TEST(JsonSchema, NumbersStayWithinTheirBounds) {
   EXPECT_EQ(key(R"({"h": 11)"), key(R"({"h": 18)"));
   EXPECT_NE(key(R"({"h": 1)"), key(R"({"h": 2)"));
   EXPECT_NE(key(R"({"h": 28)"), key(R"({"h": 29)"));
+  EXPECT_EQ(key(R"({"m": 150)"), key(R"({"m": 151)"));  // (150 has no fraction to keep to)
   // Closings write few digits, not a bound's (exclusiveMinimum 0's is 5e-324: 324 of them).
   auto closing = [&](const std::string& text) {
     JsonSchemaPrefix p(compiled->get());
