@@ -152,7 +152,7 @@ void StagePeer::Shutdown() {
   if (stage_) stage_->Shutdown();
 }
 
-Status StagePeer::StartStage(size_t index) {
+Status StagePeer::StartStage(size_t index, uint64_t* counter) {
   StageOptions so = options_.stage;
   so.first_block = options_.layout.stages[index].first;
   so.last_block = options_.layout.stages[index].second;
@@ -160,6 +160,7 @@ Status StagePeer::StartStage(size_t index) {
   std::lock_guard lock(mu_);
   stage_ = std::move(stage);
   index_ = index;
+  if (counter != nullptr) ++*counter;
   return Status::Ok();
 }
 
@@ -308,14 +309,12 @@ void StagePeer::Check(uint64_t round) {
     // A move and the move back failed: join the weakest stage, as a new peer does.
     const size_t index = WeakestStage(options_.layout, peers);
     const auto& [first, last] = options_.layout.stages[index];
-    if (Status st = StartStage(index); !st.ok()) {
+    if (Status st = StartStage(index, &rejoins_); !st.ok()) {
       COLONY_LOG_WARN("swarm: stageless; could not join stage {}:{} ({}); trying again next round",
                       first, last, st.ToString());
       return;
     }
     COLONY_LOG_INFO("swarm: stageless after a failed move; joined stage {}:{}", first, last);
-    std::lock_guard lock(mu_);
-    ++rejoins_;
     return;
   }
   auto move = PlanMove(options_.layout, peers, options_.rebalance.balance_quality, round);
@@ -345,21 +344,20 @@ void StagePeer::Check(uint64_t round) {
   event.left = old->training_stats();
   old->Shutdown();
   old.reset();
-  event.status = StartStage(move->to);
+  // A stage and the count that says how it came are seen together (stats() never shows a joined
+  // stage without its move, or a stage gone back to without its failed move).
+  event.status = StartStage(move->to, &moves_);
   if (!event.status.ok()) {
     COLONY_LOG_WARN("swarm: could not join stage {}:{} ({}); going back", event.to.first,
                     event.to.second, event.status.ToString());
-    if (Status back = StartStage(move->from); !back.ok()) {
+    if (Status back = StartStage(move->from, &failed_moves_); !back.ok()) {
       COLONY_LOG_ERROR(
           "swarm: could not go back to stage {}:{} either: {}; stageless until a later round "
           "joins a stage",
           event.from.first, event.from.second, back.ToString());
+      std::lock_guard lock(mu_);
+      ++failed_moves_;
     }
-    std::lock_guard lock(mu_);
-    ++failed_moves_;
-  } else {
-    std::lock_guard lock(mu_);
-    ++moves_;
   }
   if (options_.on_move) options_.on_move(event);
 }

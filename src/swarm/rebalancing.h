@@ -128,7 +128,8 @@ class StagePeer {
 
  private:
   StagePeer(dht::Node& node, StagePeerOptions options);
-  Status StartStage(size_t index);
+  // Starts stage `index` and, in the same step stats() sees, counts it in `counter` (if given).
+  Status StartStage(size_t index, uint64_t* counter = nullptr);
   std::vector<PeerLoad> ReadPeers();
   void Loop();
   void Check(uint64_t round);
