@@ -146,7 +146,7 @@ class CliTest : public ::testing::Test {
       ADD_FAILURE() << p.status().ToString();
       return std::nullopt;
     }
-    auto line = p->ReadLine(seconds(10));
+    auto line = p->ReadLine(test::HangGuard(seconds(10)));
     if (!line.ok()) {
       ADD_FAILURE() << "listener printed no address: " << line.status().ToString() << "\nstderr:\n"
                     << ReadFile(err_path);
@@ -160,10 +160,10 @@ class CliTest : public ::testing::Test {
   void ExpectCleanStop(Listener& l, int sig) {
     auto start = steady_clock::now();
     l.proc.Signal(sig);
-    auto code = l.proc.Wait(seconds(5));
+    auto code = l.proc.Wait(test::HangGuard(seconds(5)));
     ASSERT_TRUE(code.ok()) << code.status().ToString() << "\nstderr:\n" << ReadFile(l.stderr_path);
     EXPECT_EQ(*code, 0) << "stderr:\n" << ReadFile(l.stderr_path);
-    EXPECT_LT(steady_clock::now() - start, seconds(5));
+    EXPECT_LT(steady_clock::now() - start, test::HangGuard(seconds(5)));
   }
 
   // Creates an identity file with `colony identity new` and returns its peer id.
@@ -416,7 +416,8 @@ TEST_F(CliTest, ListenPrintsAddressAndAnswersPing) {
   auto start = steady_clock::now();
   auto l = StartListener();
   ASSERT_TRUE(l.has_value());
-  EXPECT_LT(steady_clock::now() - start, seconds(5)) << "listen took too long to print its address";
+  EXPECT_LT(steady_clock::now() - start, test::HangGuard(seconds(5)))
+      << "listen took too long to print its address";
   EXPECT_TRUE(StartsWith(l->addr, "/ip4/127.0.0.1/tcp/")) << l->addr;
   EXPECT_TRUE(Contains(l->addr, std::string("/p2p/") + kPeerIdPrefix)) << l->addr;
   ASSERT_TRUE(StartsWith(l->peer_id, kPeerIdPrefix)) << l->addr;

@@ -272,8 +272,9 @@ TEST(HttpServer, OneAddressCannotHoldEveryHandlerSlot) {
   EXPECT_EQ(StatusOf(b.get()), 200);
   EXPECT_EQ(StatusOf(other.get()), 200);
   EXPECT_EQ((*server)->stats().busy_per_address, 1);
-  // Its slots given back, the address runs requests again.
-  EXPECT_EQ(StatusOf(from("127.0.0.2")), 200);
+  // Its slots given back, the address runs requests again (a slot is given back just after its
+  // reply is handed over: a moment after the client reads it).
+  EXPECT_TRUE(test::WaitUntil([&] { return StatusOf(from("127.0.0.2")) == 200; }, 10s));
 }
 
 TEST(HttpServer, ConnectionsOverTheLimitAreRefused) {
@@ -478,9 +479,11 @@ TEST(HttpServer, StreamedEventsArriveWhenWrittenNotADelayedAcknowledgementLater)
     ASSERT_TRUE(seen.ends_with("\r\n0\r\n\r\n")) << seen;
     end_ms.push_back(static_cast<double>(now_ns() - written_ns[kEvents - 1]) / 1e6);
   }
-  EXPECT_LT(test::Median(first_ms), 10.0)
+  // (A delayed acknowledgement is 40 ms on Linux; a loaded 2-core machine wakes threads late
+  // by a few ms.)
+  EXPECT_LT(test::Median(first_ms), 25.0)
       << "ms from the first event's write to its arrival: " << ::testing::PrintToString(first_ms);
-  EXPECT_LT(test::Median(end_ms), 10.0)
+  EXPECT_LT(test::Median(end_ms), 25.0)
       << "ms from the last event's write to the stream's end: " << ::testing::PrintToString(end_ms);
 }
 

@@ -151,7 +151,8 @@ TEST_F(ExpertSwarm, AStrangerAddsOnlyItsOwnValidEntries) {
 
 TEST_F(ExpertSwarm, EmptyPrefixesAreNotAskedForAgainUntilTheNegativeCacheExpires) {
   BeamSearchOptions options;
-  options.negative_cache = 1500ms;
+  // (Longer than the first search, a declaration and a second search take on a loaded machine.)
+  options.negative_cache = 3000ms;
   auto searcher = BeamSearcher::Create(node(0), "ffn", {4, 4}, options);
   ASSERT_TRUE(searcher.ok());
   std::vector<std::vector<float>> scores = {{4, 3, 2, 1}, {1, 2, 3, 4}};
@@ -166,7 +167,7 @@ TEST_F(ExpertSwarm, EmptyPrefixesAreNotAskedForAgainUntilTheNegativeCacheExpires
   ASSERT_TRUE(cached.ok());
   EXPECT_EQ(cached->at(0).expert.uid, "ffn.1.0");
   // ...and is once it expires (ffn.0.3 scores 4 + 4 against 3 + 1).
-  std::this_thread::sleep_for(1600ms);
+  std::this_thread::sleep_for(3100ms);
   auto fresh = (*searcher)->FindBestExperts(scores, 1);
   ASSERT_TRUE(fresh.ok());
   EXPECT_EQ(fresh->at(0).expert.uid, "ffn.0.3");

@@ -289,7 +289,9 @@ TEST_F(Trackers, SeeEachOtherAndCountOnlyReportedSamplesAsReported) {
   GlobalProgress g = Until(a, [](const GlobalProgress& v) { return v.num_peers == 2; });
   EXPECT_EQ(g.num_peers, 2u);
   EXPECT_EQ(g.num_growing_at_epoch, 0u);  // b has not computed anything yet
-  b.Report({.epoch = 0, .samples = 300, .samples_per_second = 1e6, .batch = 10});
+  // (b reports every 2 s at its rate: a's reads of its report, however late on a slow machine,
+  // find it on time, not stalled)
+  b.Report({.epoch = 0, .samples = 300, .samples_per_second = 1e6, .batch = 2'000'000});
   a.Report({.epoch = 0, .samples = 200, .samples_per_second = 1e6, .batch = 10});
   g = Until(a, [](const GlobalProgress& v) { return v.samples_reported == 500; });
   EXPECT_EQ(g.samples_reported, 500);
@@ -301,9 +303,14 @@ TEST_F(Trackers, SeeEachOtherAndCountOnlyReportedSamplesAsReported) {
   EXPECT_GT(g.samples_expected, 1000);
   EXPECT_EQ(DecideEpoch(g, 0, 0, Standing::kComputing).action, EpochAction::kWait);
   // b stops: a stops extrapolating it at once, whatever its rate.
-  b.Report(
-      {.epoch = 0, .samples = 400, .samples_per_second = 1e6, .batch = 10, .phase = Phase::kWait});
-  g = Until(a, [](const GlobalProgress& v) { return v.num_growing_at_epoch == 0; });
+  b.Report({.epoch = 0,
+            .samples = 400,
+            .samples_per_second = 1e6,
+            .batch = 2'000'000,
+            .phase = Phase::kWait});
+  g = Until(a, [](const GlobalProgress& v) {
+    return v.num_growing_at_epoch == 0 && v.samples_reported == 600;
+  });
   EXPECT_EQ(g.samples_reported, 600);
   EXPECT_EQ(g.samples_expected, 600);
 }
