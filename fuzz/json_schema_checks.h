@@ -1,10 +1,10 @@
 // A validator of the JSON Schema keywords api::JsonSchema supports, written from the
 // specification (draft 2020-12: type, enum, const, anyOf, oneOf, allOf, $ref, properties,
-// required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength,
-// minimum, maximum, exclusiveMinimum, exclusiveMaximum; format asserts nothing; and draft 7's
-// tuples, a list of items with additionalItems), not from the compiled
-// nodes; and a check that every prefix of a text that JsonSchemaPrefix takes closes into a valid
-// document. Used by the fuzz target and the unit tests.
+// required, additionalProperties, items, prefixItems, minItems, maxItems, uniqueItems, minLength,
+// maxLength, minimum, maximum, exclusiveMinimum, exclusiveMaximum; format asserts nothing; and
+// draft 7's tuples, a list of items with additionalItems), not from the compiled nodes; and a check
+// that every prefix of a text that JsonSchemaPrefix takes closes into a valid document. Used by the
+// fuzz target and the unit tests.
 #pragma once
 
 #include <cmath>
@@ -103,6 +103,13 @@ inline bool SchemaValid(const json& schema, const json& v, const json& root) {
   if (v.is_array()) {
     if (schema.contains("minItems") && v.size() < schema["minItems"].get<size_t>()) return false;
     if (schema.contains("maxItems") && v.size() > schema["maxItems"].get<size_t>()) return false;
+    if (schema.value("uniqueItems", false)) {  // (equal as JSON: 1 and 1.0 are one item twice)
+      for (size_t i = 0; i < v.size(); ++i) {
+        for (size_t j = 0; j < i; ++j) {
+          if (v[i] == v[j]) return false;
+        }
+      }
+    }
     // The tuple's places: prefixItems, or items as a list (draft 7); the other items: items, or
     // additionalItems beside a list.
     const bool listed = schema.contains("items") && schema["items"].is_array();

@@ -120,6 +120,7 @@ const std::set<std::string, std::less<>>& Keywords() {
                                                        "additionalItems",
                                                        "minItems",
                                                        "maxItems",
+                                                       "uniqueItems",
                                                        "minLength",
                                                        "maxLength",
                                                        "minimum",
@@ -197,8 +198,9 @@ struct JsonSchema::Compiler {
                      fmt::format("'{}' is not supported by colony api (supported: type, enum, "
                                  "const, anyOf, oneOf, allOf of one schema, $ref, properties, "
                                  "required, additionalProperties, items, prefixItems, "
-                                 "additionalItems, minItems, maxItems, minLength, maxLength, "
-                                 "minimum, maximum, exclusiveMinimum, exclusiveMaximum)",
+                                 "additionalItems, minItems, maxItems, uniqueItems of enum items, "
+                                 "minLength, maxLength, minimum, maximum, exclusiveMinimum, "
+                                 "exclusiveMaximum)",
                                  key.substr(0, 64)));
       }
       ++constraints;
@@ -233,8 +235,8 @@ struct JsonSchema::Compiler {
     if (s.contains("enum") || s.contains("const")) {
       for (const char* k :
            {"properties", "required", "additionalProperties", "items", "prefixItems",
-            "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "minimum",
-            "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+            "additionalItems", "minItems", "maxItems", "uniqueItems", "minLength", "maxLength",
+            "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
         if (s.contains(k))
           return Error(at, fmt::format("enum or const beside {} is not supported", k));
       }
@@ -383,7 +385,7 @@ struct JsonSchema::Compiler {
   // prefixItems (2020-12) or a list of items with additionalItems (the drafts before it).
   Result<bool> Array(const json& s, const std::string& at, int depth, Node& n) {
     if (!s.contains("items") && !s.contains("prefixItems") && !s.contains("additionalItems") &&
-        !s.contains("minItems") && !s.contains("maxItems")) {
+        !s.contains("minItems") && !s.contains("maxItems") && !s.contains("uniqueItems")) {
       return false;
     }
     const bool listed = s.contains("items") && s["items"].is_array();
@@ -425,6 +427,7 @@ struct JsonSchema::Compiler {
       COLONY_ASSIGN_OR_RETURN(n.max_items, Bound(s, "maxItems", at, kUnbounded - 1));
     }
     if (n.max_items < n.min_items) return Error(at + "/maxItems", "is below minItems");
+    if (s.contains("uniqueItems")) COLONY_RETURN_IF_ERROR(Unique(s["uniqueItems"], at, n));
     if (!more) {
       if (n.min_items > n.prefix.size()) {
         return Error(at + "/minItems",
@@ -434,6 +437,43 @@ struct JsonSchema::Compiler {
       n.max_items = std::min(n.max_items, static_cast<uint32_t>(n.prefix.size()));
     }
     return true;
+  }
+
+  // uniqueItems into array node n (its items compiled): distinct items, each of its enum's values
+  // at most once. A reader's state is fixed-size: it can remember which of at most 64 values were
+  // written (a bit each), not which strings or numbers were.
+  Status Unique(const json& unique, const std::string& at, Node& n) {
+    if (!unique.is_boolean()) return Error(at + "/uniqueItems", "must be true or false");
+    if (!unique.get<bool>()) return Status::Ok();
+    if (!n.prefix.empty()) {
+      return Error(at + "/uniqueItems", "beside a tuple's places is not supported");
+    }
+    Node& e = nodes[static_cast<size_t>(n.items)];
+    if (e.any || e.values.empty() || e.values.size() > kMaxUniqueValues) {
+      return Error(at + "/uniqueItems",
+                   fmt::format("is supported only for items that are an enum (or const) of at "
+                               "most {} values, such as pydantic's set[SomeEnum] (the items "
+                               "written must be remembered: a set of any strings or numbers "
+                               "cannot be)",
+                               kMaxUniqueValues));
+    }
+    // The values equal as JSON to each (1 and 1.0, whose texts differ, are one item twice).
+    e.alike.assign(e.values.size(), 0);
+    size_t distinct = 0;
+    for (size_t i = 0; i < e.values.size(); ++i) {
+      const json v = json::parse(e.values[i]);
+      for (size_t j = 0; j < e.values.size(); ++j) {
+        if (j == i || v == json::parse(e.values[j])) e.alike[i] |= uint64_t{1} << j;
+      }
+      if (std::countr_zero(e.alike[i]) == static_cast<int>(i)) ++distinct;  // (first of its kind)
+    }
+    if (n.min_items > distinct) {
+      return Error(at + "/minItems",
+                   fmt::format("is more than the {} distinct items uniqueItems allows", distinct));
+    }
+    n.max_items = std::min(n.max_items, static_cast<uint32_t>(distinct));
+    n.unique = true;
+    return Status::Ok();
   }
 
   // minimum, maximum, exclusiveMinimum, exclusiveMaximum into n's inclusive integer bounds, or
@@ -716,6 +756,16 @@ struct JsonSchema::Compiler {
           b += t.names[p].size() + 4 + SmallestBytes(t.properties[p], memo);
         }
       }
+    } else if (!t.any && k == kArray && t.unique) {
+      // (closings write distinct values, which ones depending on those written: at most the
+      // longest ones)
+      std::vector<size_t> sizes;
+      for (const std::string& v : nodes[static_cast<size_t>(t.items)].values) {
+        sizes.push_back(v.size());
+      }
+      std::ranges::sort(sizes, std::greater<>());
+      b = 2;
+      for (uint32_t j = 0; j < t.min_items; ++j) b += 1 + sizes[j];
     } else if (!t.any && k == kArray) {
       b = 2;
       for (uint32_t j = 0; j < t.min_items && b <= kMaxSmallestAnswer; ++j) {
@@ -774,11 +824,19 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
       out->bytes_ += texts->capacity() * sizeof(std::string);
       for (const std::string& t : *texts) out->bytes_ += t.capacity() + 1;
     }
-    out->bytes_ += (n.properties.capacity() + n.prefix.capacity()) * sizeof(int16_t);
+    out->bytes_ += (n.properties.capacity() + n.prefix.capacity()) * sizeof(int16_t) +
+                   n.alike.capacity() * sizeof(uint64_t);
     for (const Side& s : n.sides)
       out->bytes_ += s.low.fraction.capacity() + s.high.fraction.capacity();
   }
   return std::shared_ptr<const JsonSchema>(std::move(out));
+}
+
+std::string JsonSchema::UnusedValue(int e, uint64_t& used) const {
+  const Node& n = node(e);
+  const auto i = static_cast<size_t>(std::countr_one(used));  // (a unique array's: some is left)
+  used |= n.alike[i];
+  return n.values[i];
 }
 
 std::string JsonSchema::Smallest(int i) const {
@@ -800,9 +858,10 @@ std::string JsonSchema::Smallest(int i) const {
       }
       case kArray: {
         std::string out = "[";
+        uint64_t used = 0;  // (a unique array's values written)
         for (uint32_t j = 0; !t.any && j < t.min_items; ++j) {
           if (j > 0) out += ',';
-          out += Smallest(t.item(j));
+          out += t.unique ? UnusedValue(t.items, used) : Smallest(t.item(j));
         }
         return out + "]";
       }
@@ -1009,15 +1068,11 @@ bool JsonSchemaPrefix::Take(unsigned char c, bool starts) {
         // A whole string, object or array ends with its last byte (no other value extends it);
         // a number or literal at the byte after it.
         const std::string& v = schema_->node(node_).values[lo_];
-        if (v.size() == pos_ && (c == '"' || c == '}' || c == ']')) {
-          scalar_ = Scalar::kNone;
-          return ValueEnded();
-        }
+        if (v.size() == pos_ && (c == '"' || c == '}' || c == ']')) return EnumEnded();
         return true;
       }
       if (schema_->node(node_).values[lo_].size() != pos_) return false;
-      scalar_ = Scalar::kNone;
-      return ValueEnded() && Structural(c);
+      return EnumEnded() && Structural(c);
     }
     case Scalar::kAny:
       return AnyByte(c);
@@ -1086,13 +1141,42 @@ std::pair<uint16_t, uint16_t> Run(const std::vector<std::string>& texts, uint16_
 
 }  // namespace
 
+const JsonSchemaPrefix::Frame* JsonSchemaPrefix::UniqueArray() const {
+  if (depth_ == 0) return nullptr;
+  const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  return f.array && schema_->node(f.node).unique ? &f : nullptr;
+}
+
+uint64_t JsonSchemaPrefix::Written() const {
+  const Frame* f = UniqueArray();
+  return f != nullptr ? f->used : 0;
+}
+
 bool JsonSchemaPrefix::Enum(unsigned char c) {
   const auto [lo, hi] = Run(schema_->node(node_).values, lo_, hi_, pos_, c);
   if (lo == hi) return false;
+  if (const uint64_t written = Written(); written != 0) {
+    // (a unique array's: a value not written yet must remain; at most 64 values, hi <= 64)
+    const uint64_t run =
+        (hi == 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1) & ~((uint64_t{1} << lo) - 1);
+    if ((run & ~written) == 0) return false;
+  }
   lo_ = lo;
   hi_ = hi;
   ++pos_;
   return true;
+}
+
+bool JsonSchemaPrefix::EnumEnded() {
+  // (the value read is values[lo_], the shortest of the run; in a unique array, not written yet)
+  if (const uint64_t written = Written(); written != 0 && ((written >> lo_) & 1U) != 0) {
+    return false;
+  }
+  if (UniqueArray() != nullptr) {
+    frames_[static_cast<size_t>(depth_ - 1)].used |= schema_->node(node_).alike[lo_];
+  }
+  scalar_ = Scalar::kNone;
+  return ValueEnded();
 }
 
 bool JsonSchemaPrefix::IntegerByte(unsigned char c) {
@@ -1395,6 +1479,7 @@ std::string JsonSchemaPrefix::key(uint32_t longest) const {
       // and with `longest` no more of them than a token can write (a byte each at least).
       const auto settled = std::max(n.min_items, static_cast<uint32_t>(n.prefix.size()));
       put(std::min(f.count, settled));
+      if (n.unique) put(f.used);  // (its enum's values written)
       if (f.count >= settled) {
         const uint32_t left =
             n.max_items == JsonSchema::kUnbounded ? JsonSchema::kUnbounded : n.max_items - f.count;
@@ -1411,11 +1496,14 @@ std::string JsonSchemaPrefix::key(uint32_t longest) const {
 void JsonSchemaPrefix::CloseFrame(Frame f, std::string& out) const {
   const JsonSchema::Node& n = schema_->node(f.node);
   if (f.array) {
+    auto item = [&] {  // (a unique array's: a value not written yet)
+      return n.unique ? schema_->UnusedValue(n.items, f.used) : schema_->Smallest(n.item(f.count));
+    };
     if (f.stage == Stage::kValue || (f.stage == Stage::kOpen && n.min_items > 0)) {
-      out += schema_->Smallest(n.item(f.count));
+      out += item();
       ++f.count;
     }
-    for (; f.count < n.min_items; ++f.count) out += "," + schema_->Smallest(n.item(f.count));
+    for (; f.count < n.min_items; ++f.count) out += "," + item();
     out += ']';
     return;
   }
@@ -1517,9 +1605,17 @@ std::string JsonSchemaPrefix::Closing() const {
     case Scalar::kLiteral:
       out += syntax_.Closing(syntax_.depth());
       break;
-    case Scalar::kEnum:
-      out += schema_->node(node_).values[lo_].substr(pos_);
+    case Scalar::kEnum: {
+      const JsonSchema::Node& e = schema_->node(node_);
+      uint16_t i = lo_;
+      if (UniqueArray() != nullptr) {
+        Frame& f = frames[static_cast<size_t>(depth_ - 1)];
+        while (((f.used >> i) & 1U) != 0) ++i;  // (Enum keeps one not written in the run)
+        f.used |= e.alike[i];
+      }
+      out += e.values[i].substr(pos_);
       break;
+    }
     case Scalar::kAny:
       out += syntax_.Closing(any_base_);
       break;

@@ -9,7 +9,8 @@
 //   #/definitions/... (not recursive; each target compiled once, its node shared), properties,
 //   required, additionalProperties, items, prefixItems (a tuple: each place's schema, then items'
 //   for the rest; items false: no more), items as a list with additionalItems (the same, as
-//   drafts before 2020-12 wrote tuples), minItems, maxItems, minLength, maxLength (a string's
+//   drafts before 2020-12 wrote tuples), minItems, maxItems, uniqueItems (of an enum's or const's
+//   values, at most 64: a bit each in the state), minLength, maxLength (a string's
 //   characters: Unicode code points, an escape or a surrogate pair's two escapes one), minimum,
 //   maximum, exclusiveMinimum, exclusiveMaximum (within +-10^15; of a number that may have a
 //   fraction, compared exactly as decimals: see JsonSchema::Side), and the annotations (title,
@@ -56,7 +57,8 @@ class JsonSchema {
   static constexpr int kMaxNested = 64;  // schemas within schemas (properties, anyOf, $ref...)
   static constexpr size_t kMaxCompiled = 16 * kMaxNodes;  // schemas compiled in all
   static constexpr uint32_t kMaxMinItems = 256;
-  static constexpr size_t kMaxPrefixItems = 256;               // places of a tuple (prefixItems)
+  static constexpr size_t kMaxPrefixItems = 256;  // places of a tuple (prefixItems)
+  static constexpr size_t kMaxUniqueValues = 64;  // of uniqueItems' enum (a bit each in a state)
   static constexpr uint32_t kMaxMinLength = 16 * 1024;         // characters a string must have
   static constexpr int64_t kMaxBound = 1'000'000'000'000'000;  // of a minimum, maximum
   static constexpr int64_t kNoMinimum = std::numeric_limits<int64_t>::min();
@@ -88,6 +90,9 @@ class JsonSchema {
     bool any = false;                     // any JSON value of its kinds
     bool integer = false;                 // a number without fraction or exponent
     std::vector<std::string> values;      // enum: its values' JSON texts, sorted
+    // An enum that is a unique array's items: bit j of alike[i], value j equals value i as JSON
+    // (i's own bit set; 1 and 1.0 alike).
+    std::vector<uint64_t> alike;
     // An object's properties: names as JSON writes them between the quotes, sorted, and nodes.
     std::vector<std::string> names;
     std::vector<int16_t> properties;
@@ -100,6 +105,7 @@ class JsonSchema {
     std::vector<int16_t> prefix;
     int16_t items = 0;
     uint32_t min_items = 0, max_items = kUnbounded;
+    bool unique = false;  // uniqueItems: items is an enum node (alike set), no prefix
     int16_t item(uint32_t i) const { return i < prefix.size() ? prefix[i] : items; }
     uint32_t min_length = 0, max_length = kUnbounded;  // a string's characters
     // An integer's least and greatest values (exclusive bounds made inclusive); kNo...: none.
@@ -125,6 +131,9 @@ class JsonSchema {
   // The shortest integer within n's bounds (0 if they allow it); of a bounded number, a short
   // number within its bounds (the integer nearest 0 within them, if any).
   static std::string SmallestNumber(const Node& n);
+  // The first value of enum node `e` that no value in `used` (bits of e's values) is alike to;
+  // adds it and its alike ones to `used`. Some value must be left.
+  std::string UnusedValue(int e, uint64_t& used) const;
 
   struct Compiler;
 
@@ -184,7 +193,7 @@ class JsonSchemaPrefix {
   enum class Scalar : uint8_t { kNone, kKey, kString, kNumber, kLiteral, kEnum, kAny, kMapKey };
   enum class Stage : uint8_t { kOpen, kKey, kColon, kValue, kAfter };
   struct Frame {     // (trivial: frames past depth_ are left unset)
-    uint64_t used;   // an object's properties written
+    uint64_t used;   // an object's properties written; a unique array's values (alike bits)
     uint32_t count;  // an array's items
     int16_t node;
     int16_t value;  // an object's: the node of the value after the key just read
@@ -199,7 +208,11 @@ class JsonSchemaPrefix {
   bool Structural(unsigned char c);
   bool StartValue(int node, unsigned char c);
   bool Key(unsigned char c);
-  bool Enum(unsigned char c);  // narrows values_ by the next byte; false if none has it
+  // Narrows values_ by the next byte; false if none has it (in a unique array: none not written).
+  bool Enum(unsigned char c);
+  bool EnumEnded();  // the enum's value values[lo_] read: false if a unique array has it already
+  const Frame* UniqueArray() const;  // the top frame, if a unique array (items read as an enum)
+  uint64_t Written() const;          // a unique array's values written (their alike bits); or 0
   // A bounded integer's byte ('-' or a digit): false if no integer it can still become is in
   // its bounds.
   bool IntegerByte(unsigned char c);

@@ -353,6 +353,29 @@ TEST_F(JsonObjectLogitsTest, AMapsKeyTakesAnyStringContent) {
   EXPECT_TRUE(answer.between_string_characters());  // (the mask takes plain tokens unread)
 }
 
+// In a set (uniqueItems of an enum's values) the mask allows no token that writes a value again,
+// and the same texts after values written in another order.
+TEST_F(JsonObjectLogitsTest, ASetsMaskRefusesAValueWrittenBefore) {
+  auto schema = JsonSchema::Compile(nlohmann::json::parse(
+      R"({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": true,
+        "items": {"enum": ["red", "green", "greenish", "blue"]}}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().ToString();
+  const Expected tokens = {
+      // and whether each fits after {"tags":["green","red",
+      {"\"red\"", false},       {"\"r", false},     {"\"green\"", false}, {"\"green", true},
+      {"\"greenish\"]", true},  {"\"blue\"", true}, {"\"bl", true},       {"]", false},
+      {"\"blue\",\"red", false}};
+  const auto table = BytesAnd(tokens);
+  for (const std::string answer :
+       {"{\"tags\":[\"green\",\"red\",", "{\"tags\":[\"red\",\"green\","}) {
+    serve::LocalBackend local(model_);
+    JsonObjectLogits json(local, {.texts = table, .schema = *schema, .end_tokens = {kEnd}});
+    int64_t position = 0;
+    const at::Tensor out = After(json, answer, position);
+    ExpectMask(out, tokens, *table, schema->get(), answer);
+  }
+}
+
 // Inside a long bounded string the counts of characters left past the longest token's bytes are
 // one state, whose mask is kept: a 60-character string of single bytes reads masks at its start
 // and for its last character alone.

@@ -93,8 +93,13 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
     if (rest == json(false)) hi = std::min(hi, places.size());
     json a = json::array();
     const size_t n = lo + pick(hi - lo + 1);
-    for (size_t i = 0; i < n; ++i)
-      a.push_back(Generate(i < places.size() ? places[i] : rest, root, rng, depth + 1));
+    // (uniqueItems: items equal to one before drawn again; an enum may have fewer than n)
+    for (size_t i = 0, tries = 0; i < n && tries < 100 * n; ++tries) {
+      json item = Generate(i < places.size() ? places[i] : rest, root, rng, depth + 1);
+      if (schema.value("uniqueItems", false) && std::ranges::find(a, item) != a.end()) continue;
+      a.push_back(std::move(item));
+      ++i;
+    }
     return a;
   }
   if (type == "string") {
@@ -305,6 +310,21 @@ std::vector<json> Schemas() {
           "required": ["name"]}},
         "required": ["counts"]})"),
       json::parse(R"({"type": "object", "additionalProperties": {"type": "number"}})"),
+      // Sets of an enum's values (pydantic's set[Tag], frozenset[Literal[...]]): uniqueItems.
+      json::parse(R"({"type": "object", "properties": {
+        "colors": {"type": "array", "items": {"$ref": "#/$defs/Tag"}, "uniqueItems": true},
+        "nums": {"type": "array", "items": {"enum": [1, 1.0, 2, 10, 12]}, "uniqueItems": true,
+          "minItems": 2},
+        "mixed": {"type": "array", "items": {"enum": [true, false, null, "x", [1], {"a": 1}]},
+          "uniqueItems": true, "maxItems": 3},
+        "one": {"type": "array", "items": {"const": "only"}, "uniqueItems": true},
+        "opt": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/Tag"},
+          "uniqueItems": true, "minItems": 4}, {"type": "null"}]},
+        "list": {"type": "array", "items": {"$ref": "#/$defs/Tag"}, "uniqueItems": false},
+        "inner": {"type": "array", "items": {"type": "array", "items": {"enum": ["a", "b"]},
+          "uniqueItems": true}}},
+        "$defs": {"Tag": {"enum": ["red", "green", "greenish", "blue"], "type": "string"}},
+        "required": ["colors", "nums"]})"),
       json::parse(R"({"type": "object", "properties": {
         "when": {"type": "string", "format": "date-time"},
         "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"},
@@ -462,6 +482,26 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
       {R"({"type": "object", "properties": {"a": {"type": "array", "items": false,
           "minItems": 1}}})",
        "is more than the 0 items the array may have (items is false)"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"},
+          "uniqueItems": true}}})",
+       "/properties/a/uniqueItems: is supported only for items that are an enum"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}})",
+       "/properties/a/uniqueItems: is supported only for items that are an enum"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "items": {"anyOf": [
+          {"enum": ["x"]}, {"type": "null"}]}, "uniqueItems": true}}})",
+       "/properties/a/uniqueItems: is supported only for items that are an enum"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}],
+          "items": {"enum": [1]}, "uniqueItems": true}}})",
+       "/properties/a/uniqueItems: beside a tuple's places is not supported"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "items": {"enum": [1]},
+          "uniqueItems": 1}}})",
+       "/properties/a/uniqueItems: must be true or false"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "items": {"enum": [1, 1.0, 2]},
+          "uniqueItems": true, "minItems": 3}}})",
+       "/properties/a/minItems: is more than the 2 distinct items uniqueItems allows"},
+      {R"({"type": "object", "properties": {"a": {"enum": [[1]], "uniqueItems": true}}})",
+       "enum or const beside uniqueItems is not supported"},
+      {R"({"type": "string", "uniqueItems": "x"})", "/uniqueItems: must be true or false"},
       {R"({"type": "object", "additionalProperties": {"type": "integer"}, "required": ["a"]})",
        "names properties the schema does not describe"},
       {R"({"type": "object", "properties": {"a": {}},
@@ -577,6 +617,15 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
   EXPECT_NE(JsonSchema::Compile(wide).status().message().find("has more than 16384 schemas"),
             std::string::npos)
       << JsonSchema::Compile(wide).status().ToString();
+  json set = {{"type", "array"}, {"uniqueItems", true}, {"items", {{"enum", json::array()}}}};
+  for (int i = 0; i < 65; ++i) set["items"]["enum"].push_back(i);
+  EXPECT_NE(JsonSchema::Compile({{"type", "object"}, {"properties", {{"a", set}}}})
+                .status()
+                .message()
+                .find("an enum (or const) of at most 64 values"),
+            std::string::npos);
+  set["items"]["enum"].erase(64);
+  EXPECT_TRUE(JsonSchema::Compile({{"type", "object"}, {"properties", {{"a", set}}}}).ok());
   json many = {{"type", "object"}, {"properties", json::object()}};
   for (int i = 0; i < 65; ++i) many["properties"]["p" + std::to_string(i)] = json::object();
   EXPECT_NE(JsonSchema::Compile(many).status().message().find("more than 64 properties"),
@@ -907,6 +956,66 @@ TEST(JsonSchema, MapsTakeAnyKeys) {
   EXPECT_TRUE(Whole(root->get(), R"({"x": 1.5, "y": -2})"));
   EXPECT_TRUE(Whole(root->get(), R"({})"));
   EXPECT_FALSE(Takes(root->get(), R"({"x": "s)"));
+}
+
+// A set (uniqueItems, its items an enum) takes each value at most once, refused at the first byte
+// that leaves only values written before; values equal as JSON (1 and 1.0) are one.
+TEST(JsonSchema, SetsTakeEachValueOnce) {
+  const json schema = SchemaWith("colors");
+  auto compiled = JsonSchema::Compile(schema);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  auto takes = [&](const std::string& text) { return Takes(compiled->get(), text); };
+  auto whole = [&](const std::string& text) { return Whole(compiled->get(), text); };
+  EXPECT_TRUE(whole(R"({"colors": ["red", "green"], "nums": [1, 2]})"));
+  EXPECT_TRUE(
+      whole(R"({"nums": [12, 1.0, 10, 2], "colors": ["greenish", "green", "blue", "red"]})"));
+  EXPECT_TRUE(takes(R"({"colors": ["red", ")"));
+  EXPECT_FALSE(takes(R"({"colors": ["red", "r)"));       // (only red begins so)
+  EXPECT_TRUE(takes(R"({"colors": ["green", "green)"));  // (greenish may follow)
+  EXPECT_FALSE(takes(R"({"colors": ["green", "green")"));
+  EXPECT_TRUE(takes(R"({"colors": ["greenish", "green")"));
+  EXPECT_FALSE(takes(R"({"colors": ["red", "blue", "red)"));
+  EXPECT_FALSE(takes(R"({"colors": ["red", "green", "greenish", "blue", )"));  // (none is left)
+  EXPECT_TRUE(takes(R"({"nums": [1, 1)"));  // (10 or 12 may follow)
+  EXPECT_FALSE(takes(R"({"nums": [1, 1])"));
+  EXPECT_FALSE(takes(R"({"nums": [1, 1.)"));  // (1.0 is 1)
+  EXPECT_FALSE(takes(R"({"nums": [1.0, 1,)"));
+  EXPECT_FALSE(takes(R"({"nums": [1])"));  // (minItems)
+  EXPECT_FALSE(takes(R"({"nums": [1, 10, 12, 2, )"));
+  EXPECT_TRUE(takes(R"({"mixed": [[1], {"a":1}, null])"));  // (values as JSON writes them)
+  EXPECT_FALSE(takes(R"({"mixed": [[1], [)"));
+  EXPECT_FALSE(takes(R"({"mixed": [true, false, null, )"));  // (maxItems)
+  EXPECT_FALSE(takes(R"({"one": ["only", )"));
+  EXPECT_FALSE(takes(R"({"opt": ["red", "blue", "green"])"));
+  EXPECT_TRUE(takes(R"({"opt": null)"));
+  EXPECT_TRUE(takes(R"({"list": ["red", "red"])"));  // (uniqueItems false: any items)
+  EXPECT_TRUE(takes(R"({"inner": [["a", "b"], ["b", "a"], ["a"]])"));  // (each set its own)
+  EXPECT_FALSE(takes(R"({"inner": [["a", "b"], ["b", "b)"));
+  // A set's state keys the values written, not their order.
+  auto key = [&](const std::string& text) {
+    JsonSchemaPrefix p(compiled->get());
+    EXPECT_TRUE(p.Feed(text)) << text;
+    return p.key();
+  };
+  EXPECT_EQ(key(R"({"colors": ["red", "blue", )"), key(R"({"colors": ["blue", "red", )"));
+  EXPECT_NE(key(R"({"colors": ["red", "blue", )"), key(R"({"colors": ["red", "green", )"));
+  EXPECT_EQ(key(R"({"nums": [1, )"), key(R"({"nums": [1.0, )"));
+  ExpectClosingsValid(
+      schema, compiled->get(),
+      {R"({"colors": [)", R"({"colors": ["red", )", R"({"colors": ["green)",
+       R"({"colors": ["green", "gr)", R"({"nums": [)", R"({"nums": [1)", R"({"nums": [1, )",
+       R"({"nums": [10, 1)", R"({"nums": [1.0, 1)", R"({"mixed": [[1], )", R"({"opt": [)",
+       R"({"opt": ["blue", "gr)", R"({"inner": [["a", )"});
+  // Closings write values not written yet, as few as minItems asks.
+  JsonSchemaPrefix p(compiled->get());
+  ASSERT_TRUE(p.Feed(R"({"colors": [], "nums": [1.0)"));
+  EXPECT_EQ(p.Closing(), ",10]}");
+  JsonSchemaPrefix q(compiled->get());
+  ASSERT_TRUE(q.Feed(R"({"nums": [1, 10, 2], "colors": ["green", "gr)"));
+  EXPECT_EQ(q.Closing(), R"(eenish"]})");
+  JsonSchemaPrefix r(compiled->get());
+  ASSERT_TRUE(r.Feed(R"({"opt": ["blue", )"));
+  EXPECT_EQ(r.Closing(), R"("green","greenish","red"],"colors":[],"nums":[1,10]})");
 }
 
 // A number's bounds are kept at every digit, compared as decimals with the shortest texts of
