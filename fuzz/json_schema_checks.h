@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -33,6 +34,41 @@ inline bool OfType(const std::string& type, const json& v) {
   if (type == "boolean") return v.is_boolean();
   if (type == "null") return v.is_null();
   return false;
+}
+
+// A number's value as exact decimal digits: an integer's; an integral double's (printed whole,
+// exactly); another double's shortest text (no integer equals it).
+inline std::string ExactNumber(const json& v) {
+  if (v.is_number_unsigned()) return std::to_string(v.get<uint64_t>());
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  const double d = v.get<double>();
+  if (d == 0) return "0";  // (and -0)
+  if (std::floor(d) != d) return v.dump();
+  char digits[400];
+  std::snprintf(digits, sizeof digits, "%.0f", d);
+  return digits;
+}
+
+// Equality as the specification defines it: numbers by their values, arrays item by item,
+// objects by their members.
+inline bool Equal(const json& a, const json& b) {
+  if (a.is_number() && b.is_number()) return ExactNumber(a) == ExactNumber(b);
+  if (a.type() != b.type()) return false;
+  if (a.is_array()) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!Equal(a[i], b[i])) return false;
+    }
+    return true;
+  }
+  if (a.is_object()) {
+    if (a.size() != b.size()) return false;
+    for (const auto& [k, x] : a.items()) {
+      if (!b.contains(k) || !Equal(x, b[k])) return false;
+    }
+    return true;
+  }
+  return a == b;
 }
 
 inline bool SchemaValid(const json& schema, const json& v, const json& root) {
@@ -103,10 +139,11 @@ inline bool SchemaValid(const json& schema, const json& v, const json& root) {
   if (v.is_array()) {
     if (schema.contains("minItems") && v.size() < schema["minItems"].get<size_t>()) return false;
     if (schema.contains("maxItems") && v.size() > schema["maxItems"].get<size_t>()) return false;
-    if (schema.value("uniqueItems", false)) {  // (equal as JSON: 1 and 1.0 are one item twice)
+    // (1 and 1.0 are one item twice)
+    if (schema.contains("uniqueItems") && schema["uniqueItems"] == json(true)) {
       for (size_t i = 0; i < v.size(); ++i) {
         for (size_t j = 0; j < i; ++j) {
-          if (v[i] == v[j]) return false;
+          if (Equal(v[i], v[j])) return false;
         }
       }
     }

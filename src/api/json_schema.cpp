@@ -65,6 +65,50 @@ const std::string& FirstOfKind(const JsonSchema::Node& n, size_t slot) {
   return n.values.front();  // (unreached)
 }
 
+// Whether a double holds exactly the integer i (an integer-valued double within int64's range, or
+// uint64's for u).
+bool DoubleIs(double d, int64_t i) {
+  return std::floor(d) == d && d >= -0x1p63 && d < 0x1p63 && static_cast<int64_t>(d) == i;
+}
+bool DoubleIs(double d, uint64_t u) {
+  return std::floor(d) == d && d >= 0 && d < 0x1p64 && static_cast<uint64_t>(d) == u;
+}
+
+// JSON Schema's equality (uniqueItems, enum): numbers by their values, exactly (nlohmann::json's
+// == compares an unsigned and a signed integer as int64, and an integer and a double as doubles:
+// 18446744073709551615 == -1 and 9007199254740993 == 9007199254740992.0 to it, which are not
+// equal; it is not transitive), arrays item by item, objects by their members.
+bool SameValue(const json& a, const json& b) {
+  if (a.is_number() && b.is_number()) {
+    if (a.is_number_float() || b.is_number_float()) {
+      const json& f = a.is_number_float() ? a : b;
+      const json& o = a.is_number_float() ? b : a;
+      const auto d = f.get<double>();
+      if (o.is_number_float()) return d == o.get<double>();
+      return o.is_number_unsigned() ? DoubleIs(d, o.get<uint64_t>())
+                                    : DoubleIs(d, o.get<int64_t>());
+    }
+    if (a.is_number_unsigned() != b.is_number_unsigned()) {
+      const json& u = a.is_number_unsigned() ? a : b;
+      const json& i = a.is_number_unsigned() ? b : a;
+      return i.get<int64_t>() >= 0 && static_cast<uint64_t>(i.get<int64_t>()) == u.get<uint64_t>();
+    }
+    return a == b;
+  }
+  if (a.type() != b.type()) return false;
+  if (a.is_array()) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), SameValue);
+  }
+  if (a.is_object()) {
+    if (a.size() != b.size()) return false;
+    for (const auto& [k, v] : a.items()) {
+      if (!b.contains(k) || !SameValue(v, b[k])) return false;
+    }
+    return true;
+  }
+  return a == b;
+}
+
 bool IsSpace(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 bool IsNumberByte(unsigned char c) {
   return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
@@ -427,7 +471,6 @@ struct JsonSchema::Compiler {
       COLONY_ASSIGN_OR_RETURN(n.max_items, Bound(s, "maxItems", at, kUnbounded - 1));
     }
     if (n.max_items < n.min_items) return Error(at + "/maxItems", "is below minItems");
-    if (s.contains("uniqueItems")) COLONY_RETURN_IF_ERROR(Unique(s["uniqueItems"], at, n));
     if (!more) {
       if (n.min_items > n.prefix.size()) {
         return Error(at + "/minItems",
@@ -436,6 +479,7 @@ struct JsonSchema::Compiler {
       }
       n.max_items = std::min(n.max_items, static_cast<uint32_t>(n.prefix.size()));
     }
+    if (s.contains("uniqueItems")) COLONY_RETURN_IF_ERROR(Unique(s["uniqueItems"], at, n));
     return true;
   }
 
@@ -444,7 +488,7 @@ struct JsonSchema::Compiler {
   // written (a bit each), not which strings or numbers were.
   Status Unique(const json& unique, const std::string& at, Node& n) {
     if (!unique.is_boolean()) return Error(at + "/uniqueItems", "must be true or false");
-    if (!unique.get<bool>()) return Status::Ok();
+    if (!unique.get<bool>() || n.max_items <= 1) return Status::Ok();  // (one item is unique)
     if (!n.prefix.empty()) {
       return Error(at + "/uniqueItems", "beside a tuple's places is not supported");
     }
@@ -457,15 +501,21 @@ struct JsonSchema::Compiler {
                                "cannot be)",
                                kMaxUniqueValues));
     }
-    // The values equal as JSON to each (1 and 1.0, whose texts differ, are one item twice).
-    e.alike.assign(e.values.size(), 0);
-    size_t distinct = 0;
-    for (size_t i = 0; i < e.values.size(); ++i) {
-      const json v = json::parse(e.values[i]);
-      for (size_t j = 0; j < e.values.size(); ++j) {
-        if (j == i || v == json::parse(e.values[j])) e.alike[i] |= uint64_t{1} << j;
+    // The values equal to each (1 and 1.0, whose texts differ, are one item twice): once per
+    // enum, however many sets share it through a $ref.
+    if (e.alike.empty()) {
+      std::vector<json> parsed;
+      for (const std::string& t : e.values) parsed.push_back(json::parse(t));
+      e.alike.assign(e.values.size(), 0);
+      for (size_t i = 0; i < parsed.size(); ++i) {
+        for (size_t j = 0; j < parsed.size(); ++j) {
+          if (j == i || SameValue(parsed[i], parsed[j])) e.alike[i] |= uint64_t{1} << j;
+        }
       }
-      if (std::countr_zero(e.alike[i]) == static_cast<int>(i)) ++distinct;  // (first of its kind)
+    }
+    size_t distinct = 0;  // (an equivalence: a value is the first of its kind, or alike to it)
+    for (size_t i = 0; i < e.alike.size(); ++i) {
+      distinct += std::countr_zero(e.alike[i]) == static_cast<int>(i) ? 1 : 0;
     }
     if (n.min_items > distinct) {
       return Error(at + "/minItems",
@@ -835,6 +885,7 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
 std::string JsonSchema::UnusedValue(int e, uint64_t& used) const {
   const Node& n = node(e);
   const auto i = static_cast<size_t>(std::countr_one(used));  // (a unique array's: some is left)
+  if (i >= n.values.size()) return "null";  // (none: the array's count refuses a next item first)
   used |= n.alike[i];
   return n.values[i];
 }
@@ -1351,6 +1402,12 @@ bool JsonSchemaPrefix::Structural(unsigned char c) {
       case Stage::kAfter:
         if (c == ']') return f.count >= n.min_items && pop();
         if (c != ',' || f.count >= n.max_items) return false;
+        // (a set's: some value not written yet; max_items says so too, as the values alike make
+        // an equivalence)
+        if (n.unique &&
+            std::popcount(f.used) >= static_cast<int>(schema_->node(n.items).values.size())) {
+          return false;
+        }
         f.stage = Stage::kValue;
         return true;
       default:

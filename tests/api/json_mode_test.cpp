@@ -360,11 +360,12 @@ TEST_F(JsonObjectLogitsTest, ASetsMaskRefusesAValueWrittenBefore) {
       R"({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": true,
         "items": {"enum": ["red", "green", "greenish", "blue"]}}}})"));
   ASSERT_TRUE(schema.ok()) << schema.status().ToString();
-  const Expected tokens = {
-      // and whether each fits after {"tags":["green","red",
-      {"\"red\"", false},       {"\"r", false},     {"\"green\"", false}, {"\"green", true},
-      {"\"greenish\"]", true},  {"\"blue\"", true}, {"\"bl", true},       {"]", false},
-      {"\"blue\",\"red", false}};
+  const Expected tokens = {// and whether each fits after {"tags":["green","red",
+                           {"\"red\"", false},       {"\"r", false},
+                           {"\"green\"", false},     {"\"green", true},
+                           {"\"greenish\"]", true},  {"\"blue\"", true},
+                           {"\"bl", true},           {"\"blue\",\"green", true},
+                           {"\"blue\",\"red", false}};
   const auto table = BytesAnd(tokens);
   for (const std::string answer :
        {"{\"tags\":[\"green\",\"red\",", "{\"tags\":[\"red\",\"green\","}) {

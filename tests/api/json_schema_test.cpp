@@ -19,6 +19,7 @@ namespace colony::api {
 namespace {
 
 using json = nlohmann::json;
+using schema_checks::Equal;
 using schema_checks::SchemaValid;
 
 // ---- Documents generated from a schema, as an answer may write them ----
@@ -96,7 +97,10 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
     // (uniqueItems: items equal to one before drawn again; an enum may have fewer than n)
     for (size_t i = 0, tries = 0; i < n && tries < 100 * n; ++tries) {
       json item = Generate(i < places.size() ? places[i] : rest, root, rng, depth + 1);
-      if (schema.value("uniqueItems", false) && std::ranges::find(a, item) != a.end()) continue;
+      if (schema.contains("uniqueItems") && schema["uniqueItems"] == json(true) &&
+          std::ranges::any_of(a, [&](const json& x) { return Equal(x, item); })) {
+        continue;
+      }
       a.push_back(std::move(item));
       ++i;
     }
@@ -318,6 +322,9 @@ std::vector<json> Schemas() {
         "mixed": {"type": "array", "items": {"enum": [true, false, null, "x", [1], {"a": 1}]},
           "uniqueItems": true, "maxItems": 3},
         "one": {"type": "array", "items": {"const": "only"}, "uniqueItems": true},
+        "big": {"type": "array", "items": {"enum": [-1, 18446744073709551615,
+          1.8446744073709552e19, 9007199254740993, 9007199254740992.0, 9007199254740992]},
+          "uniqueItems": true, "minItems": 2},
         "opt": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/Tag"},
           "uniqueItems": true, "minItems": 4}, {"type": "null"}]},
         "list": {"type": "array", "items": {"$ref": "#/$defs/Tag"}, "uniqueItems": false},
@@ -626,6 +633,15 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
             std::string::npos);
   set["items"]["enum"].erase(64);
   EXPECT_TRUE(JsonSchema::Compile({{"type", "object"}, {"properties", {{"a", set}}}}).ok());
+  // At most one item is a set whatever the items.
+  for (const char* one : {R"({"type": "array", "items": {"type": "string"}, "maxItems": 1,
+                              "uniqueItems": true})",
+                          R"({"type": "array", "prefixItems": [{}], "items": false,
+                              "uniqueItems": true})"}) {
+    EXPECT_TRUE(
+        JsonSchema::Compile({{"type", "object"}, {"properties", {{"a", json::parse(one)}}}}).ok())
+        << one;
+  }
   json many = {{"type", "object"}, {"properties", json::object()}};
   for (int i = 0; i < 65; ++i) many["properties"]["p" + std::to_string(i)] = json::object();
   EXPECT_NE(JsonSchema::Compile(many).status().message().find("more than 64 properties"),
@@ -975,7 +991,8 @@ TEST(JsonSchema, SetsTakeEachValueOnce) {
   EXPECT_FALSE(takes(R"({"colors": ["green", "green")"));
   EXPECT_TRUE(takes(R"({"colors": ["greenish", "green")"));
   EXPECT_FALSE(takes(R"({"colors": ["red", "blue", "red)"));
-  EXPECT_FALSE(takes(R"({"colors": ["red", "green", "greenish", "blue", )"));  // (none is left)
+  // (maxItems: the four distinct values written)
+  EXPECT_FALSE(takes(R"({"colors": ["red", "green", "greenish", "blue", )"));
   EXPECT_TRUE(takes(R"({"nums": [1, 1)"));  // (10 or 12 may follow)
   EXPECT_FALSE(takes(R"({"nums": [1, 1])"));
   EXPECT_FALSE(takes(R"({"nums": [1, 1.)"));  // (1.0 is 1)
@@ -986,6 +1003,13 @@ TEST(JsonSchema, SetsTakeEachValueOnce) {
   EXPECT_FALSE(takes(R"({"mixed": [[1], [)"));
   EXPECT_FALSE(takes(R"({"mixed": [true, false, null, )"));  // (maxItems)
   EXPECT_FALSE(takes(R"({"one": ["only", )"));
+  // Numbers equal by their values alone (nlohmann::json's == has 18446744073709551615 equal -1, and
+  // 9007199254740993 equal 9007199254740992.0).
+  EXPECT_TRUE(takes(R"({"big": [18446744073709551615, -1, 1.8446744073709552e+19])"));
+  EXPECT_TRUE(takes(R"({"big": [9007199254740993, 9.007199254740992e+15])"));  // (as JSON
+                                                                               // writes it)
+  EXPECT_FALSE(takes(R"({"big": [9007199254740992, 9.)"));
+  EXPECT_FALSE(takes(R"({"big": [9.007199254740992e+15, 9007199254740992,)"));
   EXPECT_FALSE(takes(R"({"opt": ["red", "blue", "green"])"));
   EXPECT_TRUE(takes(R"({"opt": null)"));
   EXPECT_TRUE(takes(R"({"list": ["red", "red"])"));  // (uniqueItems false: any items)
@@ -1005,7 +1029,8 @@ TEST(JsonSchema, SetsTakeEachValueOnce) {
       {R"({"colors": [)", R"({"colors": ["red", )", R"({"colors": ["green)",
        R"({"colors": ["green", "gr)", R"({"nums": [)", R"({"nums": [1)", R"({"nums": [1, )",
        R"({"nums": [10, 1)", R"({"nums": [1.0, 1)", R"({"mixed": [[1], )", R"({"opt": [)",
-       R"({"opt": ["blue", "gr)", R"({"inner": [["a", )"});
+       R"({"opt": ["blue", "gr)", R"({"inner": [["a", )", R"({"big": [18446744073709551615, )",
+       R"({"big": [-1, 9)"});
   // Closings write values not written yet, as few as minItems asks.
   JsonSchemaPrefix p(compiled->get());
   ASSERT_TRUE(p.Feed(R"({"colors": [], "nums": [1.0)"));
