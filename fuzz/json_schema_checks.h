@@ -85,10 +85,10 @@ inline bool SchemaValid(const json& schema, const json& v, const json& root) {
   }
   if (schema.contains("enum")) {
     bool found = false;
-    for (const auto& e : schema["enum"]) found = found || e == v;
+    for (const auto& e : schema["enum"]) found = found || Equal(e, v);
     if (!found) return false;
   }
-  if (schema.contains("const") && schema["const"] != v) return false;
+  if (schema.contains("const") && !Equal(schema["const"], v)) return false;
   if (schema.contains("anyOf")) {
     bool any = false;
     for (const auto& s : schema["anyOf"]) any = any || SchemaValid(s, v, root);

@@ -128,11 +128,11 @@ TEST(ClientGate, EachKeyHasItsOwnRateAndIsToldWhenToRetry) {
   const Answer over = Get(g.port(), as1, "127.0.0.2");
   EXPECT_EQ(over.status, 429) << over.head;
   EXPECT_NE(over.body.find("\"rate_limit_exceeded\""), std::string::npos) << over.body;
-  // (20 s until the next request's token, less the time the four took: 19 on a slow machine)
+  // (20 s until the next request's token, less the time the four took: less on a slow machine)
   const size_t retry = over.head.find("Retry-After: ");
   ASSERT_NE(retry, std::string::npos) << over.head;
   const int seconds = std::atoi(over.head.c_str() + retry + 13);
-  EXPECT_TRUE(seconds == 20 || seconds == 19) << over.head;
+  EXPECT_TRUE(seconds >= 18 && seconds <= 20) << over.head;
   EXPECT_EQ(Get(g.port(), as2).status, 200);
   EXPECT_EQ(g.served.load(), 4);
   EXPECT_EQ(g.gate->stats().rate_limited, 1);

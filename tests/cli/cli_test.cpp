@@ -163,7 +163,8 @@ class CliTest : public ::testing::Test {
     auto code = l.proc.Wait(test::HangGuard(seconds(5)));
     ASSERT_TRUE(code.ok()) << code.status().ToString() << "\nstderr:\n" << ReadFile(l.stderr_path);
     EXPECT_EQ(*code, 0) << "stderr:\n" << ReadFile(l.stderr_path);
-    EXPECT_LT(steady_clock::now() - start, test::HangGuard(seconds(5)));
+    // (a clean stop is prompt on any machine: no internal timeout of seconds may pass)
+    EXPECT_LT(steady_clock::now() - start, seconds(10));
   }
 
   // Creates an identity file with `colony identity new` and returns its peer id.

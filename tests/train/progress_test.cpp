@@ -289,8 +289,8 @@ TEST_F(Trackers, SeeEachOtherAndCountOnlyReportedSamplesAsReported) {
   GlobalProgress g = Until(a, [](const GlobalProgress& v) { return v.num_peers == 2; });
   EXPECT_EQ(g.num_peers, 2u);
   EXPECT_EQ(g.num_growing_at_epoch, 0u);  // b has not computed anything yet
-  // (b reports every 2 s at its rate: a's reads of its report, however late on a slow machine,
-  // find it on time, not stalled)
+  // (a expects b's next report 2 s after this one, batch / rate: a read of it, however late on a
+  // slow machine, finds it stalled only 8 s after it)
   b.Report({.epoch = 0, .samples = 300, .samples_per_second = 1e6, .batch = 2'000'000});
   a.Report({.epoch = 0, .samples = 200, .samples_per_second = 1e6, .batch = 10});
   g = Until(a, [](const GlobalProgress& v) { return v.samples_reported == 500; });
