@@ -524,6 +524,17 @@ asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp:
     return !e || e->cancelled();
   };
   asio::post(*workers, [this, ex, request, &handler, source] {
+    // The request's slot, and its address's, are given back once its work is done and before
+    // its reply (or a stream's end) is handed over: a client that has read it may send its next
+    // request at once.
+    auto give_back = [this, &source] {
+      if (!source.empty()) {
+        std::lock_guard lock(mu);
+        auto it = running_per_address.find(source);
+        if (it != running_per_address.end() && --it->second <= 0) running_per_address.erase(it);
+      }
+      --active;
+    };
     Reply reply;
     try {
       reply = handler(*request);
@@ -535,6 +546,7 @@ asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp:
     auto stream_fn = std::move(reply.stream);
     const bool streaming = static_cast<bool>(stream_fn);
     reply.stream = streaming ? [](StreamWriter&) {} : std::function<void(StreamWriter&)>{};
+    if (!streaming) give_back();
     ex->SetReply(std::move(reply));
     if (streaming) {
       try {
@@ -543,14 +555,9 @@ asio::awaitable<bool> Server::Impl::Answer(Stream& stream, bhttp::request<bhttp:
         COLONY_LOG_ERROR("http: stream for {} {} threw: {}", request->method, request->path,
                          e.what());
       }
+      give_back();
     }
     ex->Finish();
-    if (!source.empty()) {
-      std::lock_guard lock(mu);
-      auto it = running_per_address.find(source);
-      if (it != running_per_address.end() && --it->second <= 0) running_per_address.erase(it);
-    }
-    --active;
   });
 
   // A client that leaves while its request runs cancels it, as one that leaves a stream does:

@@ -477,7 +477,8 @@ TEST(Averager, AStepCancelledBeforeItsGroupBeginsLeavesTheValuesAlone) {
   Swarm swarm(n);
   auto o = Options(3);  // a group of 3 is never reached: the leader begins at its deadline
   o.min_group_size = 2;
-  o.matchmaking_time = 3s;
+  // (The cancel, 2 s in, comes well before the leader's deadline however slow the machine.)
+  o.matchmaking_time = 6s;
   Peer& leader = swarm.Add(0, o);
   Peer& follower = swarm.Add(1, o);
   // The earlier declaration leads: the leader steps first.

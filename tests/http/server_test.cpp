@@ -221,6 +221,10 @@ struct HeldRoute {
     }
     cv.notify_all();
   }
+  void HoldAgain() {
+    std::lock_guard lock(mu);
+    released = false;
+  }
 };
 
 TEST(HttpServer, MoreRequestsThanHandlerSlotsGet503) {
@@ -272,9 +276,17 @@ TEST(HttpServer, OneAddressCannotHoldEveryHandlerSlot) {
   EXPECT_EQ(StatusOf(b.get()), 200);
   EXPECT_EQ(StatusOf(other.get()), 200);
   EXPECT_EQ((*server)->stats().busy_per_address, 1);
-  // Its slots given back, the address runs requests again (a slot is given back just after its
-  // reply is handed over: a moment after the client reads it).
-  EXPECT_TRUE(test::WaitUntil([&] { return StatusOf(from("127.0.0.2")) == 200; }, 10s));
+  // Its slots given back before its replies were handed over, the address runs two requests at
+  // once again, at once.
+  held.HoldAgain();
+  auto c = std::async(std::launch::async, [&] { return from("127.0.0.2"); });
+  auto d = std::async(std::launch::async, [&] { return from("127.0.0.2"); });
+  EXPECT_TRUE(test::WaitUntil([&] { return held.entered.load() == 5; }, 10s))
+      << "the address's slots did not come back";
+  held.Release();
+  EXPECT_EQ(StatusOf(c.get()), 200);
+  EXPECT_EQ(StatusOf(d.get()), 200);
+  EXPECT_EQ((*server)->stats().busy_per_address, 1);
 }
 
 TEST(HttpServer, ConnectionsOverTheLimitAreRefused) {
