@@ -74,7 +74,7 @@ bool DoubleIs(double d, uint64_t u) {
   return std::floor(d) == d && d >= 0 && d < 0x1p64 && static_cast<uint64_t>(d) == u;
 }
 
-// JSON Schema's equality (uniqueItems, enum): numbers by their values, exactly (nlohmann::json's
+// JSON Schema's equality (uniqueItems): numbers by their values, exactly (nlohmann::json's
 // == compares an unsigned and a signed integer as int64, and an integer and a double as doubles:
 // 18446744073709551615 == -1 and 9007199254740993 == 9007199254740992.0 to it, which are not
 // equal; it is not transitive), arrays item by item, objects by their members.

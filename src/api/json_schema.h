@@ -90,8 +90,8 @@ class JsonSchema {
     bool any = false;                     // any JSON value of its kinds
     bool integer = false;                 // a number without fraction or exponent
     std::vector<std::string> values;      // enum: its values' JSON texts, sorted
-    // An enum that is a unique array's items: bit j of alike[i], value j equals value i as JSON
-    // (i's own bit set; 1 and 1.0 alike).
+    // An enum that is a unique array's items: bit j of alike[i], value j equals value i by JSON
+    // Schema's equality (numbers by their values: 1 and 1.0 alike; i's own bit set).
     std::vector<uint64_t> alike;
     // An object's properties: names as JSON writes them between the quotes, sorted, and nodes.
     std::vector<std::string> names;
