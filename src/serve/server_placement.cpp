@@ -155,7 +155,7 @@ std::vector<double> BlockServer::Impl::PlacementCoverage(double own_claim) {
                        : std::string());
   }
   const std::vector<bool> answers =
-      AnsweringRecords(node_.host(), records, std::chrono::seconds(1));
+      AnsweringRecords(node_.host(), records, options_.placement_ping_timeout);
   std::vector<ServerRecord> answered;
   std::vector<std::string> answered_keys;
   for (size_t i = 0; i < records.size(); ++i) {

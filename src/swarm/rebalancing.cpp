@@ -114,11 +114,11 @@ Result<std::unique_ptr<StagePeer>> StagePeer::Start(dht::Node& node, StagePeerOp
   if (options.layout.stages.empty()) return InvalidArgument("a stage peer needs the run's layout");
   const auto& r = options.rebalance;
   if (!(r.balance_quality > 0 && r.balance_quality <= 1) || !(r.max_claim_ratio >= 1) ||
-      r.period.count() < 0) {
+      r.period.count() < 0 || r.ping_timeout.count() <= 0) {
     return InvalidArgument(fmt::format(
-        "balance quality {} must be in (0, 1], the claim ratio {} at least 1 and the period "
-        "not negative",
-        r.balance_quality, r.max_claim_ratio));
+        "balance quality {} must be in (0, 1], the claim ratio {} at least 1, the period ({} ms) "
+        "not negative and the ping timeout ({} ms) positive",
+        r.balance_quality, r.max_claim_ratio, r.period.count(), r.ping_timeout.count()));
   }
   auto peer = std::unique_ptr<StagePeer>(new StagePeer(node, std::move(options)));
   const StageOptions& so = peer->options_.stage;
@@ -236,7 +236,7 @@ std::vector<PeerLoad> StagePeer::ReadPeers() {
   std::vector<serve::ServerRecord> pinged;
   for (const auto& d : drawn) pinged.push_back(d.second);
   const std::vector<bool> answered =
-      serve::AnsweringRecords(node_.host(), pinged, std::chrono::seconds(1));
+      serve::AnsweringRecords(node_.host(), pinged, options_.rebalance.ping_timeout);
   std::map<PeerId, PeerLoad> by_peer;
   std::set<PeerId> joining;
   std::vector<double> claims;

@@ -84,6 +84,10 @@ struct RebalanceOptions {
   double balance_quality = 0.75;
   // An announced throughput counts at most this many times this peer's own.
   double max_claim_ratio = 8;
+  // How long a check waits for the peers it pings (all at once); one that has not answered by
+  // then counts for nothing. A peer across the world needs about four round trips (TCP, the
+  // handshake, the ping): at 1 s, peers more than ~250 ms away would never count.
+  std::chrono::milliseconds ping_timeout{5'000};
 };
 
 // What a move did, for the caller's log: the stage left (with what it did there) and the new one.

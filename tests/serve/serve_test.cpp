@@ -1759,6 +1759,20 @@ TEST_F(ServeTest, PlacementCountsServersThatAnswerOncePerAddressWithClaimsCapped
   for (auto& h : sybils) h->Shutdown();
 }
 
+// A placement that waits no time for pings would count no server: refused by name.
+TEST_F(ServeTest, APlacementPingTimeoutThatIsNotPositiveIsRefused) {
+  ServerOptions o;
+  o.model_dir = dir_;
+  o.num_blocks = 2;
+  o.placement_ping_timeout = 0ms;
+  auto refused = BlockServer::Start(*bootstrap_, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("placement_ping_timeout must be positive, not 0 ms"),
+            std::string::npos)
+      << refused.status().ToString();
+}
+
 TEST_F(ServeTest, AnUnpinnedServerMovesToUncoveredBlocks) {
   ServerOptions o;
   o.announce_period = 50ms;  // rebalancing is checked every 6 announcements

@@ -221,7 +221,7 @@ class StagePeerTest : public ::testing::Test {
 
   dht::Node& AddNode() { return dht_.Add(); }
 
-  StagePeer& AddPeer(int64_t first, int64_t last, std::chrono::milliseconds period) {
+  StagePeerOptions Options(int64_t first, int64_t last, std::chrono::milliseconds period) {
     StagePeerOptions o;
     o.stage.run = "run";
     o.stage.model_dir = dir_;
@@ -234,7 +234,11 @@ class StagePeerTest : public ::testing::Test {
     o.stage.training.collaborative.load_state_timeout = 3s;
     o.layout = *ReadLayout(dir_, 4);
     o.rebalance.period = period;
-    auto peer = StagePeer::Start(AddNode(), o);
+    return o;
+  }
+
+  StagePeer& AddPeer(int64_t first, int64_t last, std::chrono::milliseconds period) {
+    auto peer = StagePeer::Start(AddNode(), Options(first, last, period));
     EXPECT_TRUE(peer.ok()) << peer.status().ToString();
     peers_.push_back(std::move(*peer));
     return *peers_.back();
@@ -244,6 +248,23 @@ class StagePeerTest : public ::testing::Test {
   test::LoopbackDht dht_;
   std::vector<std::unique_ptr<StagePeer>> peers_;
 };
+
+// Options out of range are refused by name before anything starts.
+TEST_F(StagePeerTest, OptionsOutOfRangeAreRefused) {
+  dht::Node& node = AddNode();
+  StagePeerOptions o = Options(0, 2, 60s);
+  o.rebalance.ping_timeout = 0ms;  // every record would count for nothing
+  auto refused = StagePeer::Start(node, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("ping timeout (0 ms) positive"), std::string::npos)
+      << refused.status().ToString();
+  o = Options(0, 2, -1ms);
+  refused = StagePeer::Start(node, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("period (-1 ms)"), std::string::npos)
+      << refused.status().ToString();
+}
 
 TEST_F(StagePeerTest, APeerMovesToAStageThatLostItsPeersAndOnlyOneDoes) {
   StagePeer& a = AddPeer(0, 2, 500ms);
