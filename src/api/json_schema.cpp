@@ -187,9 +187,14 @@ struct JsonSchema::Compiler {
     int height;
   };
   std::map<const json*, Compiled> refs;
-  int deepest = 0;   // the deepest level of containers a Compile call reached
-  int nested = 0;    // Compile calls in progress (properties, items, anyOf, $refs)
-  size_t calls = 0;  // Compile calls made
+  // The $refs' targets being compiled whose node is taken (an object or array schema's, taken
+  // before its parts are compiled): a $ref to one of them from its parts is that node (a
+  // recursive schema), whose kinds and bounds are set before its parts are compiled.
+  std::map<const json*, int> taken;
+  std::set<int> recursed;  // those nodes, where a $ref from their parts used them
+  int deepest = 0;         // the deepest level of containers a Compile call reached
+  int nested = 0;          // Compile calls in progress (properties, items, anyOf, $refs)
+  size_t calls = 0;        // Compile calls made
 
   static Status Error(const std::string& at, std::string_view what) {
     return InvalidArgument(fmt::format(
@@ -302,14 +307,6 @@ struct JsonSchema::Compiler {
     // The node's index, taken before its children are compiled (they come after it).
     COLONY_ASSIGN_OR_RETURN(const int index, Add(Blank()));
     const auto self = static_cast<int16_t>(index);
-    // (An object's and an array's keywords are compiled, so checked, whatever the type: one that
-    // is malformed or not supported is an error even where it asserts nothing.)
-    Node unused = Blank();
-    COLONY_ASSIGN_OR_RETURN(const bool own_object,
-                            Object(s, at, depth, kinds[kObject] ? n : unused));
-    if (kinds[kObject]) n.by_slot[kObject] = own_object ? self : int16_t{0};
-    COLONY_ASSIGN_OR_RETURN(const bool own_array, Array(s, at, depth, kinds[kArray] ? n : unused));
-    if (kinds[kArray]) n.by_slot[kArray] = own_array ? self : int16_t{0};
     // (Bounds are checked whatever the type: a malformed one is an error even where it asserts
     // nothing. They are read only on the kinds they bound.)
     if (s.contains("minLength")) {
@@ -323,6 +320,36 @@ struct JsonSchema::Compiler {
     for (Slot k : {kString, kNumber, kBoolean, kNull}) {
       if (kinds[k]) n.by_slot[k] = self;
     }
+    // What a $ref from its parts back to it sees (the parts of an object or array come later):
+    // its kinds, bounds, and whether any object or array is valid (read from the keywords; had
+    // the parts said otherwise of a node used so, an error below).
+    const json& more = s.contains("additionalProperties") ? s["additionalProperties"] : json(true);
+    const bool object_said =
+        s.contains("properties") || more == json(false) || (more.is_object() && !AnyValue(more));
+    const bool array_said = s.contains("items") || s.contains("prefixItems") ||
+                            s.contains("additionalItems") || s.contains("minItems") ||
+                            s.contains("maxItems") || s.contains("uniqueItems");
+    if (kinds[kObject]) n.by_slot[kObject] = object_said ? self : int16_t{0};
+    if (kinds[kArray]) n.by_slot[kArray] = array_said ? self : int16_t{0};
+    nodes[static_cast<size_t>(self)] = n;
+    const bool target = !resolving.empty() && resolving.back() == &s;
+    if (target) taken[&s] = index;
+    // (An object's and an array's keywords are compiled, so checked, whatever the type: one that
+    // is malformed or not supported is an error even where it asserts nothing.)
+    Node unused = Blank();
+    auto own_object = Object(s, at, depth, kinds[kObject] ? n : unused);
+    auto own_array = own_object.ok() ? Array(s, at, depth, kinds[kArray] ? n : unused)
+                                     : Result<bool>(own_object.status());
+    if (target) taken.erase(&s);
+    if (!own_array.ok()) return own_array.status();
+    if (recursed.contains(index) && ((kinds[kObject] && *own_object != object_said) ||
+                                     (kinds[kArray] && *own_array != array_said))) {
+      return Error(at,
+                   "a recursive schema whose parts allow any object or array is not "
+                   "supported");
+    }
+    if (kinds[kObject]) n.by_slot[kObject] = *own_object ? self : int16_t{0};
+    if (kinds[kArray]) n.by_slot[kArray] = *own_array ? self : int16_t{0};
     nodes[static_cast<size_t>(self)] = std::move(n);
     return index;
   }
@@ -764,8 +791,19 @@ struct JsonSchema::Compiler {
       return Error(at, fmt::format("{} names no schema", r.substr(0, 128)));
     }
     if (std::ranges::find(resolving, target) != resolving.end()) {
-      return Error(at, fmt::format("{} refers to itself: recursive schemas are not supported",
-                                   r.substr(0, 128)));
+      // A recursive schema: the node being compiled (its values nest as deep as an answer
+      // writes them, up to kMaxFrames: JsonSchemaPrefix refuses a value that could not end
+      // within them).
+      const auto it = taken.find(target);
+      if (it == taken.end()) {
+        return Error(at, fmt::format("{} refers to itself through a $ref, allOf, anyOf, oneOf "
+                                     "or enum of its own: recursive schemas are supported "
+                                     "where the recursion goes through an object's or an "
+                                     "array's schema",
+                                     r.substr(0, 128)));
+      }
+      recursed.insert(it->second);
+      return it->second;
     }
     if (const auto it = refs.find(target); it != refs.end()) {  // (compiled at another use)
       if (depth + it->second.height > kMaxDepth) {
@@ -783,17 +821,75 @@ struct JsonSchema::Compiler {
     return compiled;
   }
 
-  // The bytes of Smallest(i) (its first kind's) and of the shortest value of kind k after node i,
-  // saturating at kMaxSmallestAnswer + 1; memo: a byte count + 1 per node and kind (0: not yet).
-  size_t SmallestBytes(int i, std::vector<size_t>& memo) const {
-    const Node& n = nodes[static_cast<size_t>(i)];
-    for (size_t k = 0; k < kSlots; ++k) {
-      if (n.by_slot[k] >= 0) return KindBytes(i, k, memo);
+  // Node::frames, least and tallest of every node. Level by level: a value of a kind fits in d
+  // frames when it takes none (any value, an enum's, a string, number or literal), or when it
+  // takes one and what it must hold (required properties, minItems' items) fits in d - 1 (a
+  // recursive schema's nodes are their own parts: no order of the nodes would do).
+  void Frames() {
+    for (Node& n : nodes) n.frames.fill(kTooTall);
+    auto least = [this](int i) {
+      const Node& n = nodes[static_cast<size_t>(i)];
+      uint8_t m = kTooTall;
+      for (size_t k = 0; k < kSlots; ++k) {
+        if (n.by_slot[k] >= 0) m = std::min(m, n.frames[k]);
+      }
+      return m;
+    };
+    for (int d = 0; d <= kMaxFrames; ++d) {
+      for (Node& n : nodes) {
+        for (size_t k = 0; k < kSlots; ++k) {
+          if (n.by_slot[k] < 0 || n.frames[k] != kTooTall) continue;
+          const Node& t = nodes[static_cast<size_t>(n.by_slot[k])];
+          bool fits = true;
+          if ((k == kObject || k == kArray) && !t.any && t.values.empty()) {
+            fits = d > 0;
+            for (size_t p = 0; fits && k == kObject && p < t.names.size(); ++p) {
+              if (((t.required >> p) & 1U) != 0) fits = least(t.properties[p]) < d;
+            }
+            // (a unique array's items are an enum's values; past the places, all items alike)
+            const uint32_t items =
+                std::min<uint32_t>(t.min_items, static_cast<uint32_t>(t.prefix.size()) + 1);
+            for (uint32_t j = 0; fits && k == kArray && !t.unique && j < items; ++j) {
+              fits = least(t.item(j)) < d;
+            }
+          }
+          if (fits) n.frames[k] = static_cast<uint8_t>(d);
+        }
+      }
     }
-    return 4;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      Node& n = nodes[i];
+      n.least = least(static_cast<int>(i));
+      n.tallest = 0;
+      for (int16_t p : n.properties) n.tallest = std::max(n.tallest, least(p));
+      if (n.additional >= 0) n.tallest = std::max(n.tallest, least(n.additional));
+    }
   }
-  size_t KindBytes(int i, size_t k, std::vector<size_t>& memo) const {
-    size_t& m = memo[static_cast<size_t>(i) * kSlots + k];
+
+  // The kind of node i whose shortest value within `frames` is the shortest (ties: the first in
+  // Slot's order; kSlots: none fits), and the bytes of that value (what Smallest writes) and of
+  // the shortest value of kind k after node i, saturating at kMaxSmallestAnswer + 1; memo: a
+  // byte count + 1 per node, kind and frames (0: not yet).
+  size_t ShortestKind(int i, int frames, std::vector<size_t>& memo) const {
+    const Node& n = nodes[static_cast<size_t>(i)];
+    size_t best = kSlots, bytes = 0;
+    for (size_t k = 0; k < kSlots; ++k) {
+      if (n.by_slot[k] < 0 || n.frames[k] > frames) continue;
+      const size_t b = KindBytes(i, k, frames, memo);
+      if (best == kSlots || b < bytes) {
+        best = k;
+        bytes = b;
+      }
+    }
+    return best;
+  }
+  size_t SmallestBytes(int i, int frames, std::vector<size_t>& memo) const {
+    const size_t k = ShortestKind(i, frames, memo);
+    return k == kSlots ? 4 : KindBytes(i, k, frames, memo);
+  }
+  size_t KindBytes(int i, size_t k, int frames, std::vector<size_t>& memo) const {
+    size_t& m = memo[(static_cast<size_t>(i) * kSlots + k) * (kMaxFrames + 1) +
+                     static_cast<size_t>(frames)];
     if (m != 0) return m - 1;
     const Node& t = nodes[static_cast<size_t>(nodes[static_cast<size_t>(i)].by_slot[k])];
     size_t b = 4;  // (at most: {}, [], "", 0, true, null)
@@ -803,7 +899,7 @@ struct JsonSchema::Compiler {
       b = 2;
       for (size_t p = 0; p < t.names.size(); ++p) {
         if (((t.required >> p) & 1U) != 0) {
-          b += t.names[p].size() + 4 + SmallestBytes(t.properties[p], memo);
+          b += t.names[p].size() + 4 + SmallestBytes(t.properties[p], frames - 1, memo);
         }
       }
     } else if (!t.any && k == kArray && t.unique) {
@@ -819,7 +915,7 @@ struct JsonSchema::Compiler {
     } else if (!t.any && k == kArray) {
       b = 2;
       for (uint32_t j = 0; j < t.min_items && b <= kMaxSmallestAnswer; ++j) {
-        b += 1 + SmallestBytes(t.item(j), memo);
+        b += 1 + SmallestBytes(t.item(j), frames - 1, memo);
       }
     } else if (!t.any && k == kString) {
       b = 2 + size_t{t.min_length};
@@ -833,7 +929,7 @@ struct JsonSchema::Compiler {
 };
 
 Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::json& schema) {
-  Compiler c{.root = schema, .nodes = {}, .resolving = {}, .refs = {}};
+  Compiler c{.root = schema, .nodes = {}, .resolving = {}, .refs = {}, .taken = {}, .recursed = {}};
   Node any = Compiler::Blank();
   any.by_slot.fill(0);
   any.any = true;
@@ -846,20 +942,34 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
   only_object.by_slot[kObject] = c.nodes[static_cast<size_t>(root)].by_slot[kObject];
   c.nodes.push_back(only_object);
   const int answer = static_cast<int>(c.nodes.size() - 1);
-  std::vector<size_t> memo(c.nodes.size() * kSlots);
-  if (c.SmallestBytes(answer, memo) > kMaxSmallestAnswer) {
+  c.Frames();
+  if (c.nodes[static_cast<size_t>(answer)].frames[kObject] > kMaxFrames) {
+    return Compiler::Error(
+        "", fmt::format("no valid answer nests at most {} objects and arrays (a recursive schema "
+                        "whose required properties or minItems recur without end?)",
+                        kMaxFrames));
+  }
+  std::vector<size_t> memo(c.nodes.size() * kSlots * (kMaxFrames + 1));
+  if (c.SmallestBytes(answer, kMaxFrames, memo) > kMaxSmallestAnswer) {
     return Compiler::Error(
         "", fmt::format("its shortest valid answer is longer than {} bytes", kMaxSmallestAnswer));
   }
-  // Every kind of every value it describes too (a value an answer may begin, whose shortest end
-  // Closing() writes).
+  // Every kind of every value it describes too, within any frames it fits in (a value an answer
+  // may begin, at any depth, whose shortest end Closing() writes); and which kind Smallest
+  // writes.
   for (size_t i = 0; i < c.nodes.size(); ++i) {
+    for (int frames = 0; frames <= kMaxFrames; ++frames) {
+      c.nodes[i].shortest[static_cast<size_t>(frames)] =
+          static_cast<uint8_t>(c.ShortestKind(static_cast<int>(i), frames, memo));
+    }
     for (size_t k = 0; k < kSlots; ++k) {
-      if (c.nodes[i].by_slot[k] >= 0 &&
-          c.KindBytes(static_cast<int>(i), k, memo) > kMaxSmallestAnswer) {
-        return Compiler::Error(
-            "", fmt::format("a value it describes ({}) is longer than {} bytes at its shortest",
-                            kSlotNames[k], kMaxSmallestAnswer));
+      if (c.nodes[i].by_slot[k] < 0) continue;
+      for (int frames = c.nodes[i].frames[k]; frames <= kMaxFrames; ++frames) {
+        if (c.KindBytes(static_cast<int>(i), k, frames, memo) > kMaxSmallestAnswer) {
+          return Compiler::Error(
+              "", fmt::format("a value it describes ({}) is longer than {} bytes at its shortest",
+                              kSlotNames[k], kMaxSmallestAnswer));
+        }
       }
     }
   }
@@ -890,11 +1000,12 @@ std::string JsonSchema::UnusedValue(int e, uint64_t& used) const {
   return n.values[i];
 }
 
-std::string JsonSchema::Smallest(int i) const {
+std::string JsonSchema::Smallest(int i, int frames) const {
   const Node& n = node(i);
-  for (size_t k = 0; k < kSlots; ++k) {
-    const int to = n.by_slot[k];
-    if (to < 0) continue;
+  if (frames >= 0 && frames <= kMaxFrames) {
+    const size_t k = n.shortest[static_cast<size_t>(frames)];
+    const int to = k < kSlots ? n.by_slot[k] : -1;
+    if (to < 0) return "null";  // (none fits: not asked of a reader's value)
     const Node& t = node(to);
     if (!t.any && !t.values.empty()) return FirstOfKind(t, k);
     switch (k) {
@@ -903,7 +1014,7 @@ std::string JsonSchema::Smallest(int i) const {
         for (size_t p = 0; !t.any && p < t.names.size(); ++p) {
           if (((t.required >> p) & 1U) == 0) continue;
           if (out.size() > 1) out += ',';
-          out += '"' + t.names[p] + "\":" + Smallest(t.properties[p]);
+          out += '"' + t.names[p] + "\":" + Smallest(t.properties[p], frames - 1);
         }
         return out + "}";
       }
@@ -912,7 +1023,7 @@ std::string JsonSchema::Smallest(int i) const {
         uint64_t used = 0;  // (a unique array's values written)
         for (uint32_t j = 0; !t.any && j < t.min_items; ++j) {
           if (j > 0) out += ',';
-          out += t.unique ? UnusedValue(t.items, used) : Smallest(t.item(j));
+          out += t.unique ? UnusedValue(t.items, used) : Smallest(t.item(j), frames - 1);
         }
         return out + "]";
       }
@@ -926,7 +1037,7 @@ std::string JsonSchema::Smallest(int i) const {
         return "null";
     }
   }
-  return "null";  // (no node allows nothing)
+  return "null";  // (frames out of range: not asked)
 }
 
 // ---- JsonSchemaPrefix ----
@@ -1293,12 +1404,24 @@ bool JsonSchemaPrefix::DecimalEnds() const {
   return magnitude_ >= Ceil(s.low) && (!s.capped || magnitude_ <= s.high.whole);
 }
 
+uint64_t JsonSchemaPrefix::Open(const Frame& f, const JsonSchema::Node& n) const {
+  const size_t count = n.names.size();
+  uint64_t open = ~f.used & (count == 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1);
+  if (depth_ + n.tallest <= kMaxFrames) return open;  // (every value fits)
+  for (size_t p = 0; p < count; ++p) {
+    if (!Fits(n.properties[p])) open &= ~(uint64_t{1} << p);
+  }
+  return open;
+}
+
 bool JsonSchemaPrefix::Key(unsigned char c) {
   Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   const JsonSchema::Node& n = schema_->node(f.node);
-  auto unused = [&f](size_t i) { return ((f.used >> i) & 1U) == 0; };
+  const uint64_t open = Open(f, n);
+  auto unused = [open](size_t i) { return ((open >> i) & 1U) != 0; };
   if (c == '"' && !escape_) {
-    // The name read must be a whole name not written yet (the shortest of the run: lo_).
+    // The name read must be a whole name not written yet whose value fits (the shortest of the
+    // run: lo_).
     if (lo_ == hi_ || n.names[lo_].size() != pos_ || !unused(lo_)) return false;
     f.used |= uint64_t{1} << lo_;
     f.value = n.properties[lo_];
@@ -1308,7 +1431,7 @@ bool JsonSchemaPrefix::Key(unsigned char c) {
   }
   escape_ = !escape_ && c == '\\';
   const auto [lo, hi] = Run(n.names, lo_, hi_, pos_, c);
-  bool any = false;  // (a name not written yet must remain)
+  bool any = false;  // (a name not written yet, whose value fits, must remain)
   for (uint16_t i = lo; i < hi && !any; ++i) any = unused(i);
   if (!any) return false;
   lo_ = lo;
@@ -1342,7 +1465,8 @@ bool JsonSchemaPrefix::StartValue(int node, unsigned char c) {
   switch (slot) {
     case JsonSchema::kObject:
     case JsonSchema::kArray:
-      if (depth_ == kMaxFrames) return false;
+      // (one that could not end within the frames left: a recursive schema's, nested deep)
+      if (depth_ + schema_->node(node).frames[slot] > kMaxFrames) return false;
       frames_[static_cast<size_t>(depth_++)] = Frame{.used = 0,
                                                      .count = 0,
                                                      .node = static_cast<int16_t>(to),
@@ -1401,7 +1525,7 @@ bool JsonSchemaPrefix::Structural(unsigned char c) {
         return n.max_items > 0 && StartValue(n.item(0), c);
       case Stage::kAfter:
         if (c == ']') return f.count >= n.min_items && pop();
-        if (c != ',' || f.count >= n.max_items) return false;
+        if (c != ',' || f.count >= n.max_items || !Fits(n.item(f.count))) return false;
         // (a set's: some value not written yet; max_items says so too, as the values alike make
         // an equivalence)
         if (n.unique &&
@@ -1414,18 +1538,18 @@ bool JsonSchemaPrefix::Structural(unsigned char c) {
         return StartValue(n.item(f.count), c);
     }
   }
-  const uint64_t all = n.names.size() == 64 ? ~uint64_t{0} : (uint64_t{1} << n.names.size()) - 1;
   switch (f.stage) {
     case Stage::kOpen:
       if (c == '}') return n.required == 0 && pop();
       [[fallthrough]];
     case Stage::kKey:
       if (c == '"' && n.additional >= 0) {  // (a map's key: the first as the others)
+        if (!Fits(n.additional)) return false;
         scalar_ = Scalar::kMapKey;
         f.stage = Stage::kKey;
         return true;
       }
-      if (c != '"' || (f.used & all) == all) return false;
+      if (c != '"' || Open(f, n) == 0) return false;
       scalar_ = Scalar::kKey;
       escape_ = false;
       pos_ = 0;
@@ -1440,7 +1564,7 @@ bool JsonSchemaPrefix::Structural(unsigned char c) {
       return StartValue(f.value, c);
     case Stage::kAfter:
       if (c == '}') return (n.required & ~f.used) == 0 && pop();
-      if (c != ',' || (n.additional < 0 && (f.used & all) == all)) return false;
+      if (c != ',' || (n.additional >= 0 ? !Fits(n.additional) : Open(f, n) == 0)) return false;
       f.stage = Stage::kKey;
       return true;
   }
@@ -1550,11 +1674,13 @@ std::string JsonSchemaPrefix::key(uint32_t longest) const {
   return out;
 }
 
-void JsonSchemaPrefix::CloseFrame(Frame f, std::string& out) const {
+void JsonSchemaPrefix::CloseFrame(Frame f, int depth, std::string& out) const {
   const JsonSchema::Node& n = schema_->node(f.node);
+  const int left = kMaxFrames - depth - 1;  // (frames for the values inside it)
   if (f.array) {
     auto item = [&] {  // (a unique array's: a value not written yet)
-      return n.unique ? schema_->UnusedValue(n.items, f.used) : schema_->Smallest(n.item(f.count));
+      return n.unique ? schema_->UnusedValue(n.items, f.used)
+                      : schema_->Smallest(n.item(f.count), left);
     };
     if (f.stage == Stage::kValue || (f.stage == Stage::kOpen && n.min_items > 0)) {
       out += item();
@@ -1565,19 +1691,25 @@ void JsonSchemaPrefix::CloseFrame(Frame f, std::string& out) const {
     return;
   }
   auto write = [&](size_t p) {
-    out += '"' + n.names[p] + "\":" + schema_->Smallest(n.properties[p]);
+    out += '"' + n.names[p] + "\":" + schema_->Smallest(n.properties[p], left);
     f.used |= uint64_t{1} << p;
   };
   bool first = f.stage == Stage::kOpen;
   if (f.stage == Stage::kColon) out += ':';
-  if (f.stage == Stage::kColon || f.stage == Stage::kValue) out += schema_->Smallest(f.value);
+  if (f.stage == Stage::kColon || f.stage == Stage::kValue) {
+    out += schema_->Smallest(f.value, left);
+  }
   if (f.stage == Stage::kKey && n.additional >= 0) {  // (a map's: any key)
-    out += "\"\":" + schema_->Smallest(n.additional);
+    out += "\"\":" + schema_->Smallest(n.additional, left);
   } else if (f.stage == Stage::kKey) {
-    // After a comma (allowed while some property is not written): a required one, if any is
-    // left, else the first one left.
-    const uint64_t left = (n.required & ~f.used) != 0 ? n.required & ~f.used : ~f.used;
-    write(static_cast<size_t>(std::countr_zero(left)));
+    // After a comma (allowed while some property not written yet fits): a required one, if any
+    // is left, else the first one left that fits.
+    uint64_t open = ~f.used;
+    for (size_t p = 0; p < n.names.size(); ++p) {
+      if (schema_->node(n.properties[p]).least > left) open &= ~(uint64_t{1} << p);
+    }
+    write(static_cast<size_t>(
+        std::countr_zero((n.required & ~f.used) != 0 ? n.required & ~f.used : open)));
   }
   for (size_t p = 0; p < n.names.size(); ++p) {
     if ((((n.required & ~f.used) >> p) & 1U) == 0) continue;
@@ -1623,7 +1755,8 @@ std::string JsonSchemaPrefix::Closing() const {
   if (schema_ == nullptr) return syntax_.Closing();
   if (bad_) return "";
   if (done_) return syntax_.Closing();  // (whitespace after the object: nothing)
-  if (depth_ == 0 && scalar_ == Scalar::kNone) return schema_->Smallest(schema_->root());
+  if (depth_ == 0 && scalar_ == Scalar::kNone)
+    return schema_->Smallest(schema_->root(), kMaxFrames);
   std::string out;
   std::array<Frame, kMaxFrames> frames;  // (those in use)
   std::copy_n(frames_.begin(), depth_, frames.begin());
@@ -1636,7 +1769,8 @@ std::string JsonSchemaPrefix::Closing() const {
       Frame& f = frames[static_cast<size_t>(depth_ - 1)];
       const JsonSchema::Node& n = schema_->node(f.node);
       uint16_t p = lo_;
-      while (((f.used >> p) & 1U) != 0) ++p;  // (Key keeps an unused one in the run)
+      const uint64_t open = Open(f, n);
+      while (((open >> p) & 1U) == 0) ++p;  // (Key keeps an open one in the run)
       out += n.names[p].substr(pos_) + '"';
       f.used |= uint64_t{1} << p;
       f.value = n.properties[p];
@@ -1692,7 +1826,7 @@ std::string JsonSchemaPrefix::Closing() const {
       if (f.array) ++f.count;
       f.stage = Stage::kAfter;
     }
-    CloseFrame(f, out);
+    CloseFrame(f, d, out);
     ended = true;
   }
   return out;

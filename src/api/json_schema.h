@@ -6,7 +6,9 @@
 //   (whose branches differ in the first byte of their values: an object and null, a string and a
 //   number; "Optional" fields; in an anyOf, integers and numbers make their union where it is
 //   unbounded numbers or one range of integers), $ref to #/$defs/... or
-//   #/definitions/... (not recursive; each target compiled once, its node shared), properties,
+//   #/definitions/... (each target compiled once, its node shared; recursive where the target is
+//   an object or array schema: pydantic's trees and linked lists, written at most kMaxFrames
+//   objects and arrays deep, see JsonSchemaPrefix), properties,
 //   required, additionalProperties, items, prefixItems (a tuple: each place's schema, then items'
 //   for the rest; items false: no more), items as a list with additionalItems (the same, as
 //   drafts before 2020-12 wrote tuples), minItems, maxItems, uniqueItems (of an enum's or const's
@@ -47,8 +49,12 @@ namespace colony::api {
 
 class JsonSchema {
  public:
-  static constexpr size_t kMaxNodes = 1024;       // a $ref's target counted once
-  static constexpr int kMaxDepth = 16;            // objects and arrays the schema nests
+  static constexpr size_t kMaxNodes = 1024;  // a $ref's target counted once
+  static constexpr int kMaxDepth = 16;       // objects and arrays the schema nests
+  // Objects and arrays of the schema's own an answer nests (a reader's frames): a recursive
+  // schema's values nest no deeper.
+  static constexpr int kMaxFrames = kMaxDepth + 1;
+  static constexpr uint8_t kTooTall = 255;        // a value that would nest deeper (Node::frames)
   static constexpr size_t kMaxProperties = 64;    // of one object
   static constexpr size_t kMaxEnumValues = 1024;  // of one enum
   static constexpr size_t kMaxTextBytes = 1024;   // a property name's or enum value's JSON text
@@ -115,6 +121,14 @@ class JsonSchema {
     // ones, and 0; 1: negative ones, and -0).
     bool decimal = false;
     std::array<Side, 2> sides;
+    // Frames a value of each kind takes at the least (a frame for each object and array of the
+    // schema's own, itself included; kTooTall: more than kMaxFrames), the least of its kinds',
+    // and an object's: the most any of its properties' (a map's values') least takes.
+    std::array<uint8_t, kSlots> frames{};
+    uint8_t least = 0;
+    uint8_t tallest = 0;
+    // The kind whose value Smallest writes within each number of frames (kSlots: none fits).
+    std::array<uint8_t, kMaxFrames + 1> shortest{};
   };
 
   // InvalidArgument naming what is not supported or wrong, and where (a JSON pointer).
@@ -126,8 +140,9 @@ class JsonSchema {
   uint64_t id() const { return id_; }
   size_t bytes() const { return bytes_; }  // about what its nodes take in memory
   int root() const { return root_; }
-  // The shortest text of a value of node `i` (of its first kind in Slot's order).
-  std::string Smallest(int i) const;
+  // The shortest text of a value of node `i` within `frames` frames (the shortest of its kinds'
+  // that fit, each written at its shortest; ties: the first kind in Slot's order).
+  std::string Smallest(int i, int frames = kMaxFrames) const;
   // The shortest integer within n's bounds (0 if they allow it); of a bounded number, a short
   // number within its bounds (the integer nearest 0 within them, if any).
   static std::string SmallestNumber(const Node& n);
@@ -146,7 +161,7 @@ class JsonSchema {
 
 class JsonSchemaPrefix {
  public:
-  static constexpr int kMaxFrames = JsonSchema::kMaxDepth + 1;
+  static constexpr int kMaxFrames = JsonSchema::kMaxFrames;
 
   // Without a schema: any JSON object (JsonObjectPrefix's rules alone). The schema must outlive it.
   explicit JsonSchemaPrefix(const JsonSchema* schema = nullptr) : schema_(schema) {}
@@ -224,8 +239,13 @@ class JsonSchemaPrefix {
   bool ValueEnded();
   std::string IntegerClosing() const;  // the rest of a bounded integer that makes it valid
   std::string DecimalClosing() const;  // and of a bounded number
-  // Appends a closing of `f` to `out` (its value in progress ended), as Closing() does.
-  void CloseFrame(Frame f, std::string& out) const;
+  // Appends a closing of `f`, the frame at `depth` (from 0), to `out` (its value in progress
+  // ended), as Closing() does.
+  void CloseFrame(Frame f, int depth, std::string& out) const;
+  // Whether a value of `node` fits in the frames left (a recursive schema's may not).
+  bool Fits(int node) const { return depth_ + schema_->node(node).least <= JsonSchema::kMaxFrames; }
+  // The top frame's properties not written yet whose values fit.
+  uint64_t Open(const Frame& f, const JsonSchema::Node& n) const;
 
   const JsonSchema* schema_;
   JsonObjectPrefix syntax_;

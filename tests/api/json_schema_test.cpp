@@ -24,6 +24,9 @@ using schema_checks::SchemaValid;
 
 // ---- Documents generated from a schema, as an answer may write them ----
 
+// Objects and arrays deep, past which Generate writes only what a recursive schema needs.
+constexpr int kDeep = 6;
+
 // A random valid value of `schema`, compact, writing only the properties it names (each once,
 // in a random order), integers without fractions.
 json Generate(const json& schema, const json& root, std::mt19937& rng, int depth = 0) {
@@ -39,10 +42,19 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
     return Generate(root.at(json::json_pointer(ref.substr(1))), root, rng, depth);
   }
   if (schema.contains("allOf")) return Generate(schema["allOf"][0], root, rng, depth);
-  if (schema.contains("anyOf"))
-    return Generate(schema["anyOf"][pick(schema["anyOf"].size())], root, rng, depth);
-  if (schema.contains("oneOf"))
-    return Generate(schema["oneOf"][pick(schema["oneOf"].size())], root, rng, depth);
+  // Deep in a recursive schema, what ends it: a branch of no object, array or $ref (null), only
+  // the required properties and minItems' items.
+  const bool deep = depth >= kDeep;
+  for (const char* any_of : {"anyOf", "oneOf"}) {
+    if (!schema.contains(any_of)) continue;
+    const json& branches = schema[any_of];
+    if (deep) {
+      for (const json& b : branches) {
+        if (b.value("type", json()) == "null") return Generate(b, root, rng, depth);
+      }
+    }
+    return Generate(branches[pick(branches.size())], root, rng, depth);
+  }
   if (schema.contains("const")) return schema["const"];
   if (schema.contains("enum")) {
     for (int tries = 0; tries < 100; ++tries) {
@@ -66,7 +78,7 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
       if (more == json(false)) return o;
       if (more.is_object()) {  // (a map: keys escaped, of several bytes, empty)
         const char* keys[] = {"a", "b c", "q\"d\\", "\xC3\xA9", "", "line\n", "\x01", "k"};
-        for (size_t n = pick(4); n > 0; --n)
+        for (size_t n = deep ? 0 : pick(4); n > 0; --n)
           o[keys[pick(8)]] = Generate(more, root, rng, depth + 1);
         return o;
       }
@@ -79,7 +91,9 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
     const json required = schema.value("required", json::array());
     for (const auto& k : names) {
       const bool must = std::find(required.begin(), required.end(), json(k)) != required.end();
-      if (must || pick(2) == 0) o[k] = Generate(schema["properties"][k], root, rng, depth + 1);
+      if (must || (!deep && pick(2) == 0)) {
+        o[k] = Generate(schema["properties"][k], root, rng, depth + 1);
+      }
     }
     return o;
   }
@@ -93,7 +107,7 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
     size_t hi = std::min<size_t>(schema.value("maxItems", most), most);
     if (rest == json(false)) hi = std::min(hi, places.size());
     json a = json::array();
-    const size_t n = lo + pick(hi - lo + 1);
+    const size_t n = deep ? lo : lo + pick(hi - lo + 1);
     // (uniqueItems: items equal to one before drawn again; an enum may have fewer than n)
     for (size_t i = 0, tries = 0; i < n && tries < 100 * n; ++tries) {
       json item = Generate(i < places.size() ? places[i] : rest, root, rng, depth + 1);
@@ -332,6 +346,25 @@ std::vector<json> Schemas() {
           "uniqueItems": true}}},
         "$defs": {"Tag": {"enum": ["red", "green", "greenish", "blue"], "type": "string"}},
         "required": ["colors", "nums"]})"),
+      // Recursive schemas (pydantic's trees, linked lists of Optional["Item"], and a forest of
+      // maps and tuples that refer to each other).
+      json::parse(R"({"$defs": {"Node": {"title": "Node", "type": "object", "properties": {
+          "value": {"type": "integer"}, "children": {"type": "array",
+          "items": {"$ref": "#/$defs/Node"}, "default": []}}, "required": ["value"]}},
+        "$ref": "#/$defs/Node"})"),
+      json::parse(R"({"type": "object", "properties": {"head": {"$ref": "#/$defs/Item"},
+          "forest": {"$ref": "#/$defs/Forest"}}, "required": ["head"],
+        "$defs": {"Item": {"type": "object", "properties": {"name": {"type": "string",
+            "maxLength": 2}, "next": {"anyOf": [{"$ref": "#/$defs/Item"}, {"type": "null"}]}},
+            "required": ["name", "next"]},
+          "Forest": {"type": "object", "additionalProperties": {"$ref": "#/$defs/Tree"}},
+          "Tree": {"type": "array", "prefixItems": [{"type": "integer"}],
+            "items": {"$ref": "#/$defs/Forest"}, "minItems": 1}}})"),
+      json::parse(R"({"$defs": {"D": {"type": "object", "properties": {
+          "d": {"$ref": "#/$defs/D"}, "e": {"type": "array", "items": {"$ref": "#/$defs/D"},
+          "minItems": 1}, "w": {"anyOf": [{"type": "object", "properties": {"a": {"type": "array",
+          "items": {"$ref": "#/$defs/D"}}}, "required": ["a"]}, {"type": "null"}]}}}},
+        "$ref": "#/$defs/D"})"),
       json::parse(R"({"type": "object", "properties": {
         "when": {"type": "string", "format": "date-time"},
         "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"},
@@ -543,9 +576,21 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
       {R"({"type": "object", "properties": {"a": {"oneOf": [{"type": "integer"},
           {"type": "number"}]}}})",
        "branches 0 and 1 can both be a number"},
+      // Recursion through a definition that is an anyOf (not an object's or array's schema),
+      // without end (every answer would nest forever), and through a node whose parts make any
+      // object valid (a map of any values) while a $ref back to it had read it as its own.
       {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}},
-          "$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}}}})",
-       "recursive schemas are not supported"},
+          "$defs": {"N": {"anyOf": [{"type": "null"}, {"type": "object",
+          "properties": {"n": {"$ref": "#/$defs/N"}}}]}}})",
+       "#/$defs/N refers to itself through a $ref, allOf, anyOf, oneOf or enum of its own"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}}, "required": ["a"],
+          "$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}},
+          "required": ["n"]}}})",
+       "no valid answer nests at most 17 objects and arrays"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}},
+          "$defs": {"Any": true, "N": {"type": ["object", "array"],
+          "additionalProperties": {"$ref": "#/$defs/Any"}, "items": {"$ref": "#/$defs/N"}}}})",
+       "/$defs/N: a recursive schema whose parts allow any object or array"},
       {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/M"}}})", "names no schema"},
       {R"({"type": "object", "properties": {"a": {"$ref": "http://x/y"}}})", "only #/$defs/"},
       {R"({"type": "object", "properties": {"a": {"type": "integer", "enum": ["x", 1.5]}}})",
@@ -1047,6 +1092,143 @@ TEST(JsonSchema, SetsTakeEachValueOnce) {
 // their doubles (an exclusive one's: of the double next to it inside), so that what is taken
 // parses to a double within them: a digit is taken only while some number it can still become
 // is within them. Exponents are not written.
+// Every byte taken after each prefix of `text` (which must be taken) leaves a prefix whose
+// Closing() the validator accepts: no byte leads where no valid answer is left.
+void ExpectNoDeadEndAlong(const json& schema, const JsonSchema* compiled, const std::string& text) {
+  JsonSchemaPrefix p(compiled);
+  for (size_t at = 0; at <= text.size(); ++at) {
+    for (int b = 0; b < 256; ++b) {
+      JsonSchemaPrefix next = p;
+      if (!next.Feed(static_cast<char>(b))) continue;
+      const std::string whole = text.substr(0, at) + static_cast<char>(b) + next.Closing();
+      const json doc = json::parse(whole, nullptr, false);
+      ASSERT_FALSE(doc.is_discarded()) << whole;
+      ASSERT_TRUE(SchemaValid(schema, doc, schema)) << whole;
+    }
+    if (at < text.size()) {
+      ASSERT_TRUE(p.Feed(text[at])) << text.substr(0, at + 1);
+    }
+  }
+}
+
+// A recursive schema's values nest as deep as the reader's frames allow (17 objects and arrays
+// of the schema's own), and no deeper: a value, key or comma that would need more is refused
+// while what can still end is taken, so no prefix taken is a dead end.
+TEST(JsonSchema, RecursiveSchemasNestAsDeepAsTheFramesAllow) {
+  static_assert(JsonSchema::kMaxFrames == 17);
+  {  // A tree: each node an object (a frame), its children an array (another).
+    const json schema = Schemas()[Schemas().size() - 4];
+    ASSERT_TRUE(schema.contains("$defs") && schema["$defs"].contains("Node")) << schema.dump();
+    auto compiled = JsonSchema::Compile(schema);
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    const JsonSchema* c = compiled->get();
+    EXPECT_EQ(c->Smallest(c->root()), R"({"value":0})");
+    std::string down;  // 8 nodes and their children's arrays: 16 frames
+    for (int i = 0; i < 8; ++i) down += R"({"value":1,"children":[)";
+    EXPECT_TRUE(Takes(c, down + "]"));
+    EXPECT_TRUE(Takes(c, down + R"({"value":2})"));   // the 17th frame: a node
+    EXPECT_FALSE(Takes(c, down + R"({"value":2,)"));  // (its children would be the 18th)
+    EXPECT_FALSE(Takes(c, down + R"({"c)"));
+    EXPECT_FALSE(Takes(c, down + R"({"value":2,"children")"));
+    EXPECT_TRUE(Takes(c, down + R"({"v)"));
+    std::string up;
+    for (int i = 0; i < 8; ++i) up += "]}";
+    const std::string deepest = down + R"({"value":2})" + up;
+    EXPECT_TRUE(Whole(c, deepest));
+    ASSERT_TRUE(SchemaValid(schema, json::parse(deepest), schema));
+    // One level less: the 16th frame, an array, takes a node but not the node's children.
+    const std::string less =
+        down.substr(0, down.size() - std::string(R"({"value":1,"children":[)").size());
+    EXPECT_TRUE(Takes(c, less + R"({"value":1,"children":[{"value":1}, {"value":3}]})"));
+    ExpectNoDeadEndAlong(schema, c, deepest);
+    ExpectClosingsValid(schema, c, {down, down + "{", down + R"({"value":2)", less + "{"});
+  }
+  {  // A linked list whose next item is required (Optional["Item"]): deep, only null ends it.
+    const json schema = SchemaWith("forest");
+    auto compiled = JsonSchema::Compile(schema);
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    const JsonSchema* c = compiled->get();
+    // The root's frame, then an item's each: the 16th item is the 17th frame.
+    std::string items = R"({"head":)";
+    for (int i = 0; i < 15; ++i) items += R"({"name":"a","next":)";
+    EXPECT_TRUE(Takes(c, items + "{"));
+    EXPECT_TRUE(Takes(c, items + R"({"name":"b","next":null})"));
+    items += R"({"name":"a","next":)";
+    EXPECT_FALSE(Takes(c, items + "{"));  // (an item would be the 18th frame)
+    EXPECT_TRUE(Takes(c, items + "null"));
+    std::string whole = items + "null";
+    for (int i = 0; i < 16; ++i) whole += "}";
+    whole += "}";
+    EXPECT_TRUE(Whole(c, whole));
+    ASSERT_TRUE(SchemaValid(schema, json::parse(whole), schema));
+    ExpectNoDeadEndAlong(schema, c, whole);
+    // A closing writes the shortest values: null, not items.
+    JsonSchemaPrefix p(c);
+    ASSERT_TRUE(p.Feed(R"({"head":{"name":"a","next":)"));
+    EXPECT_EQ(p.Closing(), "null}}");
+  }
+  {  // A binary tree whose both children are required, each a node or null: the shortest
+     // answer is short (a node's first kind, an object, written to the deepest frame each time,
+     // would be 2^17 nodes long).
+    const json schema = json::parse(R"({"$defs": {"B": {"type": "object", "properties": {
+        "l": {"anyOf": [{"$ref": "#/$defs/B"}, {"type": "null"}]},
+        "r": {"anyOf": [{"$ref": "#/$defs/B"}, {"type": "null"}]}}, "required": ["l", "r"]}},
+      "$ref": "#/$defs/B"})");
+    auto compiled = JsonSchema::Compile(schema);
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    const JsonSchema* c = compiled->get();
+    EXPECT_EQ(c->Smallest(c->root()), R"({"l":null,"r":null})");
+    std::string left;
+    for (int i = 0; i < 17; ++i) left += R"({"r":null,"l":)";
+    EXPECT_TRUE(Takes(c, left + "null}"));
+    EXPECT_FALSE(Takes(c, left + "{"));  // (an 18th frame)
+    EXPECT_TRUE(Takes(c, left.substr(0, left.size() - 14) + "{"));
+    ExpectNoDeadEndAlong(schema, c, left + "null" + std::string(17, '}'));
+  }
+  {  // Maps and tuples that refer to each other: a forest's trees are [n, forest, ...].
+    const json schema = SchemaWith("forest");
+    auto compiled = JsonSchema::Compile(schema);
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    const JsonSchema* c = compiled->get();
+    // Frames: the root, the forest (a map), then a tree (array) and its forest (map) each.
+    std::string down = R"({"head":{"name":"","next":null},"forest":)";
+    for (int i = 0; i < 7; ++i) down += R"({"t":[1,)";
+    down += "{";                                  // the 16th frame: a forest
+    EXPECT_TRUE(Takes(c, down + R"("t":[1])"));   // (a tree: the 17th)
+    EXPECT_FALSE(Takes(c, down + R"("t":[1,)"));  // (its forest would be the 18th)
+    std::string whole = down + R"("t":[1]})";
+    for (int i = 0; i < 7; ++i) whole += "]}";
+    whole += "}";
+    ASSERT_TRUE(SchemaValid(schema, json::parse(whole), schema)) << whole;
+    EXPECT_TRUE(Whole(c, whole));
+    ExpectNoDeadEndAlong(schema, c, whole);
+  }
+  {  // Optional recursion: a node 17 frames deep takes only the property that can be null.
+    const json schema = Schemas()[Schemas().size() - 2];
+    ASSERT_TRUE(schema.contains("$defs") && schema["$defs"].contains("D")) << schema.dump();
+    auto compiled = JsonSchema::Compile(schema);
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    const JsonSchema* c = compiled->get();
+    std::string down;
+    for (int i = 0; i < 16; ++i) down += R"({"d":)";
+    EXPECT_TRUE(Takes(c, down + "{}"));
+    EXPECT_FALSE(Takes(c, down + R"({"d)"));
+    EXPECT_FALSE(Takes(c, down + R"({"e)"));
+    EXPECT_TRUE(Takes(c, down + R"({"w":null})"));
+    EXPECT_FALSE(Takes(c, down + R"({"w":null,)"));                         // (nothing else fits)
+    EXPECT_FALSE(Takes(c, down.substr(0, down.size() - 5) + R"({"e":[)"));  // (e needs an item)
+    EXPECT_TRUE(Takes(c, down.substr(0, down.size() - 10) + R"({"e":[{})"));
+    // w's object takes two frames (its a is required): where one is left, only null.
+    EXPECT_FALSE(Takes(c, down.substr(0, down.size() - 5) + R"({"w":{)"));
+    EXPECT_TRUE(Takes(c, down.substr(0, down.size() - 5) + R"({"w":null})"));
+    const std::string w = down.substr(0, down.size() - 10) + R"({"w":{"a":[)";
+    EXPECT_TRUE(Takes(c, w + "]"));
+    EXPECT_FALSE(Takes(c, w + "{"));
+    ExpectNoDeadEndAlong(schema, c, down + "{}" + std::string(16, '}'));
+    ExpectNoDeadEndAlong(schema, c, w + "]}}" + std::string(14, '}'));
+  }
+}
+
 TEST(JsonSchema, NumbersStayWithinTheirBounds) {
   const json schema = json::parse(R"({"type": "object", "properties": {
       "p": {"type": "number", "minimum": 0, "maximum": 1},
