@@ -68,9 +68,9 @@ Status BlockServer::Impl::Init() {
         "request_share_per_address {} must be in (0, 1] and max_request_bytes {} at least 1",
         options_.request_share_per_address, options_.max_request_bytes));
   }
-  if (options_.placement_ping_timeout.count() <= 0) {
-    return InvalidArgument(fmt::format("placement_ping_timeout must be positive, not {} ms",
-                                       options_.placement_ping_timeout.count()));
+  if (options_.ping_timeout.count() <= 0) {
+    return InvalidArgument(
+        fmt::format("ping_timeout must be positive, not {} ms", options_.ping_timeout.count()));
   }
   COLONY_ASSIGN_OR_RETURN(config_, model::LoadLlamaConfig(options_.model_dir));
   if (options_.model_name.empty()) {

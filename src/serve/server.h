@@ -115,11 +115,13 @@ struct ServerOptions {
   // Rebalance (move to weaker blocks) when not pinned; checked every announce_period x 6.
   bool rebalance = true;
   double balance_quality = 0.75;
-  // How long placement waits for the servers it pings (all at once, each dialled if it is not
-  // connected yet); one that has not answered by then counts for nothing. A server across the
-  // world needs about four round trips (TCP, the handshake, the ping): at 1 s, servers more
-  // than ~250 ms away would never count.
-  std::chrono::milliseconds placement_ping_timeout{5'000};
+  // How long the server waits for the servers it pings (all at once, each dialled if it is not
+  // connected yet): placement's (one that has not answered counts for nothing) and the next
+  // servers' whose round-trip times it announces. A server across the world needs about four
+  // round trips (TCP, the handshake, the ping): at 1 s, servers more than ~250 ms away would
+  // never count. Placement and rebalancing checks run on the announcing thread: a check of
+  // records that never answer delays the next announcement (and a shutdown) by up to this.
+  std::chrono::milliseconds ping_timeout{5'000};
   // Trains the blocks (SWARM, swarm/stage.h): called once with the loaded blocks' parameters;
   // serve.backward then also computes their gradients, every forward and backward goes through
   // the returned BlockTraining, and inference sessions, deep prompts and adapters are refused

@@ -154,8 +154,7 @@ std::vector<double> BlockServer::Impl::PlacementCoverage(double own_claim) {
                        ? net::SourceKey(addr->host(), options_.limit_loopback_addresses)
                        : std::string());
   }
-  const std::vector<bool> answers =
-      AnsweringRecords(node_.host(), records, options_.placement_ping_timeout);
+  const std::vector<bool> answers = AnsweringRecords(node_.host(), records, options_.ping_timeout);
   std::vector<ServerRecord> answered;
   std::vector<std::string> answered_keys;
   for (size_t i = 0; i < records.size(); ++i) {
@@ -240,9 +239,9 @@ void BlockServer::Impl::MeasureNextPings() {
     if (pending.size() == 4 * kMaxNextPings) break;
     auto addr = AddressOf(r);
     if (!addr.ok()) continue;
-    pending.emplace_back(r.peer, asio::co_spawn(node_.host().io_context(),
-                                                node_.host().Ping(*addr, std::chrono::seconds(1)),
-                                                asio::use_future));
+    pending.emplace_back(
+        r.peer, asio::co_spawn(node_.host().io_context(),
+                               node_.host().Ping(*addr, options_.ping_timeout), asio::use_future));
   }
   for (auto& [peer, future] : pending) {
     auto ping = future.get();

@@ -1759,16 +1759,16 @@ TEST_F(ServeTest, PlacementCountsServersThatAnswerOncePerAddressWithClaimsCapped
   for (auto& h : sybils) h->Shutdown();
 }
 
-// A placement that waits no time for pings would count no server: refused by name.
-TEST_F(ServeTest, APlacementPingTimeoutThatIsNotPositiveIsRefused) {
+// A server that waits no time for pings would count no server in placement: refused by name.
+TEST_F(ServeTest, APingTimeoutThatIsNotPositiveIsRefused) {
   ServerOptions o;
   o.model_dir = dir_;
   o.num_blocks = 2;
-  o.placement_ping_timeout = 0ms;
+  o.ping_timeout = 0ms;
   auto refused = BlockServer::Start(*bootstrap_, o);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("placement_ping_timeout must be positive, not 0 ms"),
+  EXPECT_NE(refused.status().message().find("ping_timeout must be positive, not 0 ms"),
             std::string::npos)
       << refused.status().ToString();
 }
