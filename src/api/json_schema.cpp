@@ -170,7 +170,8 @@ const std::set<std::string, std::less<>>& Keywords() {
                                                        "minimum",
                                                        "maximum",
                                                        "exclusiveMinimum",
-                                                       "exclusiveMaximum"};
+                                                       "exclusiveMaximum",
+                                                       "discriminator"};
   return k;
 }
 
@@ -192,9 +193,16 @@ struct JsonSchema::Compiler {
   // recursive schema), whose kinds and bounds are set before its parts are compiled.
   std::map<const json*, int> taken;
   std::set<int> recursed;  // those nodes, where a $ref from their parts used them
-  int deepest = 0;         // the deepest level of containers a Compile call reached
-  int nested = 0;          // Compile calls in progress (properties, items, anyOf, $refs)
-  size_t calls = 0;        // Compile calls made
+  struct PendingUnion {    // an anyOf's or oneOf's object branches (node, branch), made a union
+    int16_t node;          // once every model is compiled
+    std::vector<std::pair<int16_t, size_t>> objects;
+    std::optional<std::string> named;
+    std::string at;
+  };
+  std::vector<PendingUnion> unions;
+  int deepest = 0;   // the deepest level of containers a Compile call reached
+  int nested = 0;    // Compile calls in progress (properties, items, anyOf, $refs)
+  size_t calls = 0;  // Compile calls made
 
   static Status Error(const std::string& at, std::string_view what) {
     return InvalidArgument(fmt::format(
@@ -245,8 +253,8 @@ struct JsonSchema::Compiler {
       if (!Keywords().contains(key)) {
         return Error(at + "/" + PointerToken(key),
                      fmt::format("'{}' is not supported by colony api (supported: type, enum, "
-                                 "const, anyOf, oneOf, allOf of one schema, $ref, properties, "
-                                 "required, additionalProperties, items, prefixItems, "
+                                 "const, anyOf, oneOf, discriminator, allOf of one schema, $ref, "
+                                 "properties, required, additionalProperties, items, prefixItems, "
                                  "additionalItems, minItems, maxItems, uniqueItems of enum items, "
                                  "minLength, maxLength, minimum, maximum, exclusiveMinimum, "
                                  "exclusiveMaximum)",
@@ -266,12 +274,18 @@ struct JsonSchema::Compiler {
       }
       return Compile(all[0], at + "/allOf/0", depth);
     }
+    const json* discriminator = s.contains("discriminator") ? &s["discriminator"] : nullptr;
     for (const char* one_of : {"anyOf", "oneOf"}) {
       if (!s.contains(one_of)) continue;
-      if (constraints > 1) {
-        return Error(at, fmt::format("{} beside other keywords is not supported", one_of));
+      if (constraints > (discriminator != nullptr ? 2 : 1)) {
+        return Error(at, fmt::format("{} beside other keywords (but discriminator) is not "
+                                     "supported",
+                                     one_of));
       }
-      return AnyOf(s[one_of], at + "/" + one_of, depth, one_of[0] == 'o');
+      return AnyOf(s[one_of], at + "/" + one_of, depth, one_of[0] == 'o', discriminator);
+    }
+    if (discriminator != nullptr) {
+      return Error(at + "/discriminator", "is supported only beside anyOf or oneOf");
     }
     // The kinds a value may be.
     std::array<bool, kSlots> kinds{};
@@ -323,9 +337,10 @@ struct JsonSchema::Compiler {
     // What a $ref from its parts back to it sees (the parts of an object or array come later):
     // its kinds, bounds, and whether any object or array is valid (read from the keywords; had
     // the parts said otherwise of a node used so, an error below).
-    const json& more = s.contains("additionalProperties") ? s["additionalProperties"] : json(true);
+    const json* more = s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
     const bool object_said =
-        s.contains("properties") || more == json(false) || (more.is_object() && !AnyValue(more));
+        s.contains("properties") ||
+        (more != nullptr && (*more == json(false) || (more->is_object() && !AnyValue(*more))));
     const bool array_said = s.contains("items") || s.contains("prefixItems") ||
                             s.contains("additionalItems") || s.contains("minItems") ||
                             s.contains("maxItems") || s.contains("uniqueItems");
@@ -737,14 +752,35 @@ struct JsonSchema::Compiler {
     return static_cast<int16_t>(index);
   }
 
-  // anyOf, or oneOf (`one`: a value valid against two branches is not valid).
-  Result<int> AnyOf(const json& branches, const std::string& at, int depth, bool one) {
+  // anyOf, or oneOf (`one`: a value valid against two branches is not valid); `discriminator`
+  // (OpenAPI's, as pydantic writes it beside a union of models), if any, names the property
+  // that tells object branches apart.
+  Result<int> AnyOf(const json& branches, const std::string& at, int depth, bool one,
+                    const json* discriminator) {
     if (!branches.is_array() || branches.empty() || branches.size() > kMaxBranches) {
       return Error(at, fmt::format("must be a list of 1 to {} schemas", kMaxBranches));
+    }
+    std::optional<std::string> named;  // the discriminator's property name as JSON writes it
+    if (discriminator != nullptr) {
+      const std::string where = at.substr(0, at.rfind('/')) + "/discriminator";
+      if (!discriminator->is_object() || !discriminator->contains("propertyName") ||
+          !(*discriminator)["propertyName"].is_string()) {
+        return Error(where, "must be an object with a propertyName");
+      }
+      for (const auto& [key, value] : discriminator->items()) {
+        if (key != "propertyName" && key != "mapping") {
+          return Error(where, fmt::format("'{}' is not supported (propertyName and mapping are)",
+                                          key.substr(0, 64)));
+        }
+      }
+      std::string text;
+      COLONY_ASSIGN_OR_RETURN(text, Text((*discriminator)["propertyName"], where));
+      named = text.substr(1, text.size() - 2);
     }
     Node n = Blank();
     std::array<size_t, kSlots> from{};
     std::vector<std::pair<int16_t, size_t>> numbers;  // plain number branches (node, branch)
+    std::vector<std::pair<int16_t, size_t>> objects;  // object branches (node, branch)
     for (size_t b = 0; b < branches.size(); ++b) {
       COLONY_ASSIGN_OR_RETURN(const int branch,
                               Compile(branches[b], fmt::format("{}/{}", at, b), depth));
@@ -762,6 +798,14 @@ struct JsonSchema::Compiler {
           numbers.emplace_back(to, b);
           continue;
         }
+        if (k == kObject) {  // (several: a discriminated union, below)
+          if (objects.empty()) {
+            n.by_slot[k] = to;
+            from[k] = b;
+          }
+          objects.emplace_back(to, b);
+          continue;
+        }
         if (n.by_slot[k] >= 0) {
           return Error(at, fmt::format("branches {} and {} can both be {}: the branches must "
                                        "differ in the kind of value (an object or null, a "
@@ -775,7 +819,116 @@ struct JsonSchema::Compiler {
     if (numbers.size() > 1) {
       COLONY_ASSIGN_OR_RETURN(n.by_slot[kNumber], NumberUnion(std::move(numbers), at));
     }
+    if (objects.size() > 1) {
+      // (its parts once every model is compiled, Unions(): a model may be one being compiled,
+      // whose properties are not known yet, as a recursive union's are)
+      COLONY_ASSIGN_OR_RETURN(const int u, Add(Blank()));
+      nodes[static_cast<size_t>(u)].by_slot[kObject] = static_cast<int16_t>(u);
+      unions.push_back({.node = static_cast<int16_t>(u),
+                        .objects = std::move(objects),
+                        .named = std::move(named),
+                        .at = at});
+      n.by_slot[kObject] = static_cast<int16_t>(u);
+    }
     return Add(std::move(n));
+  }
+
+  // A discriminated union of an anyOf's object branches (node, branch): each branch an object
+  // with properties that requires one property (`named`, or the first of the first branch's
+  // names that will do) whose values are strings, from an enum or const, that no other branch
+  // has. Its node reads that property first (its only name; its value an enum of every branch's
+  // values), then, as the object of the value's branch, the rest.
+  Status Unions() {
+    for (const PendingUnion& u : unions) {
+      COLONY_RETURN_IF_ERROR(Union(u.node, u.objects, u.named, u.at));
+    }
+    return Status::Ok();
+  }
+  Status Union(int16_t self, const std::vector<std::pair<int16_t, size_t>>& objects,
+               const std::optional<std::string>& named, const std::string& at) {
+    auto node = [this](int16_t i) -> const Node& { return nodes[static_cast<size_t>(i)]; };
+    for (const auto& [i, b] : objects) {
+      const Node& t = node(i);
+      if (t.any || !t.values.empty() || t.names.empty() || !t.branches.empty()) {
+        return Error(at, fmt::format("branches {} and {} can both be an object: objects in one "
+                                     "anyOf or oneOf must be models that each require a "
+                                     "property whose string values (an enum or const) no other "
+                                     "has (a discriminated union)",
+                                     objects[0].second, objects[1].second));
+      }
+    }
+    // The values (as JSON texts) that `name` takes in branch node i, if it will do there.
+    auto values = [&](int16_t i,
+                      const std::string& name) -> std::optional<std::vector<std::string>> {
+      const Node& t = node(i);
+      const auto it = std::ranges::lower_bound(t.names, name);
+      if (it == t.names.end() || *it != name) return std::nullopt;
+      const auto p = static_cast<size_t>(it - t.names.begin());
+      if (((t.required >> p) & 1U) == 0) return std::nullopt;
+      const int16_t v = t.properties[p];
+      const Node& e = node(v);
+      if (e.any || e.values.empty()) return std::nullopt;
+      for (size_t k = 0; k < kSlots; ++k) {
+        if (e.by_slot[k] >= 0 && (k != kString || e.by_slot[k] != v)) return std::nullopt;
+      }
+      return e.values;
+    };
+    std::vector<std::string> names;
+    if (named) {
+      names.push_back(*named);
+    } else {
+      names = node(objects[0].first).names;
+    }
+    for (const std::string& name : names) {
+      std::vector<std::pair<std::string, int16_t>> by_value;  // (value, branch node)
+      bool will_do = true;
+      for (const auto& [i, b] : objects) {
+        const auto v = values(i, name);
+        if (!v) {
+          will_do = false;
+          break;
+        }
+        for (const std::string& text : *v) by_value.emplace_back(text, i);
+      }
+      std::ranges::sort(by_value);
+      for (size_t j = 1; will_do && j < by_value.size(); ++j) {
+        will_do = by_value[j].first != by_value[j - 1].first;
+      }
+      if (!will_do) continue;
+      if (by_value.size() > kMaxEnumValues) {
+        return Error(at, fmt::format("the object branches' values of '{}' are more than {}",
+                                     name.substr(0, 64), kMaxEnumValues));
+      }
+      Node e = Blank();
+      const auto e_index = static_cast<int16_t>(nodes.size());
+      e.by_slot[kString] = e_index;
+      Node u = Blank();
+      u.names = {name};
+      u.required = 1;
+      for (auto& [text, i] : by_value) {
+        e.values.push_back(std::move(text));
+        const Node& t = node(i);
+        const auto p = std::ranges::lower_bound(t.names, name) - t.names.begin();
+        u.branches.emplace_back(i, static_cast<uint8_t>(p));
+      }
+      COLONY_ASSIGN_OR_RETURN(const int added, Add(std::move(e)));
+      u.properties = {static_cast<int16_t>(added)};
+      u.by_slot[kObject] = self;
+      nodes[static_cast<size_t>(self)] = std::move(u);
+      return Status::Ok();
+    }
+    if (named) {
+      return Error(at.substr(0, at.rfind('/')) + "/discriminator",
+                   fmt::format("names '{}', which is not a property every object branch "
+                               "requires, with string values (an enum or const) that no other "
+                               "branch has",
+                               named->substr(0, 64)));
+    }
+    return Error(at, fmt::format("branches {} and {} can both be an object, and no property "
+                                 "tells the object branches apart: each must require one, "
+                                 "with string values (an enum or const) that no other has (a "
+                                 "discriminated union)",
+                                 objects[0].second, objects[1].second));
   }
 
   Result<int> Ref(const json& ref, const std::string& at, int depth) {
@@ -796,10 +949,10 @@ struct JsonSchema::Compiler {
       // within them).
       const auto it = taken.find(target);
       if (it == taken.end()) {
-        return Error(at, fmt::format("{} refers to itself through a $ref, allOf, anyOf, oneOf "
-                                     "or enum of its own: recursive schemas are supported "
-                                     "where the recursion goes through an object's or an "
-                                     "array's schema",
+        return Error(at, fmt::format("{} refers to itself through a $ref, allOf, anyOf or "
+                                     "oneOf of its own: recursive schemas are supported where "
+                                     "the recursion goes through an object's or an array's "
+                                     "schema",
                                      r.substr(0, 128)));
       }
       recursed.insert(it->second);
@@ -841,7 +994,13 @@ struct JsonSchema::Compiler {
           if (n.by_slot[k] < 0 || n.frames[k] != kTooTall) continue;
           const Node& t = nodes[static_cast<size_t>(n.by_slot[k])];
           bool fits = true;
-          if ((k == kObject || k == kArray) && !t.any && t.values.empty()) {
+          if (k == kObject && !t.branches.empty()) {
+            // (a union: its frame becomes the value's branch's; fits where some branch does,
+            // the reader taking only values whose branch fits)
+            fits = std::ranges::any_of(t.branches, [&](const auto& b) {
+              return nodes[static_cast<size_t>(b.first)].frames[kObject] <= d;
+            });
+          } else if ((k == kObject || k == kArray) && !t.any && t.values.empty()) {
             fits = d > 0;
             for (size_t p = 0; fits && k == kObject && p < t.names.size(); ++p) {
               if (((t.required >> p) & 1U) != 0) fits = least(t.properties[p]) < d;
@@ -864,6 +1023,69 @@ struct JsonSchema::Compiler {
       for (int16_t p : n.properties) n.tallest = std::max(n.tallest, least(p));
       if (n.additional >= 0) n.tallest = std::max(n.tallest, least(n.additional));
     }
+  }
+
+  // Which numbers of frames an answer may give each node's values: the answer's 17, and within
+  // a value that fits, its parts one fewer (a union's branch as many: it goes on in its frame).
+  std::vector<std::array<bool, kMaxFrames + 1>> Given(int answer) const {
+    std::vector<std::array<bool, kMaxFrames + 1>> given(nodes.size());
+    std::vector<std::pair<int, int>> todo = {{answer, kMaxFrames}};
+    auto give = [&](int i, int frames) {
+      if (frames >= 0 && !given[static_cast<size_t>(i)][static_cast<size_t>(frames)]) {
+        todo.emplace_back(i, frames);
+      }
+    };
+    while (!todo.empty()) {
+      const auto [i, frames] = todo.back();
+      todo.pop_back();
+      if (given[static_cast<size_t>(i)][static_cast<size_t>(frames)]) continue;
+      given[static_cast<size_t>(i)][static_cast<size_t>(frames)] = true;
+      const Node& n = nodes[static_cast<size_t>(i)];
+      for (size_t k = 0; k < kSlots; ++k) {
+        if (n.by_slot[k] < 0 || n.frames[k] > frames || (k != kObject && k != kArray)) continue;
+        const Node& t = nodes[static_cast<size_t>(n.by_slot[k])];
+        if (t.any || !t.values.empty()) continue;
+        for (const auto& [branch, p] : t.branches) give(branch, frames);
+        for (int16_t p : t.properties) give(p, frames - 1);
+        if (t.additional >= 0) give(t.additional, frames - 1);
+        if (k == kArray) {
+          for (int16_t p : t.prefix) give(p, frames - 1);
+          give(t.items, frames - 1);
+        }
+      }
+    }
+    return given;
+  }
+
+  // A union's value v's shortest object within `frames` (the union's own frame included): its
+  // property and v, then v's branch's other required properties.
+  size_t UnionBytes(const Node& t, size_t v, int frames, std::vector<size_t>& memo) const {
+    const auto [branch, first] = t.branches[v];
+    const Node& o = nodes[static_cast<size_t>(branch)];
+    size_t b =
+        2 + t.names[0].size() + 3 + nodes[static_cast<size_t>(t.properties[0])].values[v].size();
+    for (size_t p = 0; p < o.names.size() && b <= kMaxSmallestAnswer; ++p) {
+      if (((o.required >> p) & 1U) != 0 && p != first) {
+        b += o.names[p].size() + 4 + SmallestBytes(o.properties[p], frames - 1, memo);
+      }
+    }
+    return b;
+  }
+  // The union's value whose branch fits in `frames` with the shortest object (ties: the first;
+  // 0 if none fits: not asked).
+  size_t UnionValue(const Node& t, int frames, std::vector<size_t>& memo) const {
+    size_t best = 0, bytes = 0;
+    bool found = false;
+    for (size_t v = 0; v < t.branches.size(); ++v) {
+      if (nodes[static_cast<size_t>(t.branches[v].first)].frames[kObject] > frames) continue;
+      const size_t b = UnionBytes(t, v, frames, memo);
+      if (!found || b < bytes) {
+        best = v;
+        bytes = b;
+        found = true;
+      }
+    }
+    return best;
   }
 
   // The kind of node i whose shortest value within `frames` is the shortest (ties: the first in
@@ -895,6 +1117,8 @@ struct JsonSchema::Compiler {
     size_t b = 4;  // (at most: {}, [], "", 0, true, null)
     if (!t.any && !t.values.empty()) {
       b = FirstOfKind(t, k).size();
+    } else if (!t.any && k == kObject && !t.branches.empty()) {
+      b = UnionBytes(t, UnionValue(t, frames, memo), frames, memo);
     } else if (!t.any && k == kObject) {
       b = 2;
       for (size_t p = 0; p < t.names.size(); ++p) {
@@ -929,12 +1153,19 @@ struct JsonSchema::Compiler {
 };
 
 Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::json& schema) {
-  Compiler c{.root = schema, .nodes = {}, .resolving = {}, .refs = {}, .taken = {}, .recursed = {}};
+  Compiler c{.root = schema,
+             .nodes = {},
+             .resolving = {},
+             .refs = {},
+             .taken = {},
+             .recursed = {},
+             .unions = {}};
   Node any = Compiler::Blank();
   any.by_slot.fill(0);
   any.any = true;
   c.nodes.push_back(any);
   COLONY_ASSIGN_OR_RETURN(const int root, c.Compile(schema, "", 0));
+  COLONY_RETURN_IF_ERROR(c.Unions());
   if (c.nodes[static_cast<size_t>(root)].by_slot[kObject] < 0) {
     return Compiler::Error("", "the answer is a JSON object, which the schema does not allow");
   }
@@ -954,18 +1185,23 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
     return Compiler::Error(
         "", fmt::format("its shortest valid answer is longer than {} bytes", kMaxSmallestAnswer));
   }
-  // Every kind of every value it describes too, within any frames it fits in (a value an answer
-  // may begin, at any depth, whose shortest end Closing() writes); and which kind Smallest
-  // writes.
+  // Every kind of every value it describes too, within the frames an answer may give it (a value
+  // an answer may begin, whose shortest end Closing() writes); and which kind Smallest writes.
+  const std::vector<std::array<bool, kMaxFrames + 1>> given = c.Given(answer);
   for (size_t i = 0; i < c.nodes.size(); ++i) {
     for (int frames = 0; frames <= kMaxFrames; ++frames) {
       c.nodes[i].shortest[static_cast<size_t>(frames)] =
           static_cast<uint8_t>(c.ShortestKind(static_cast<int>(i), frames, memo));
+      if (!c.nodes[i].branches.empty()) {
+        c.nodes[i].value[static_cast<size_t>(frames)] =
+            static_cast<uint16_t>(c.UnionValue(c.nodes[i], frames, memo));
+      }
     }
     for (size_t k = 0; k < kSlots; ++k) {
       if (c.nodes[i].by_slot[k] < 0) continue;
       for (int frames = c.nodes[i].frames[k]; frames <= kMaxFrames; ++frames) {
-        if (c.KindBytes(static_cast<int>(i), k, frames, memo) > kMaxSmallestAnswer) {
+        if (given[i][static_cast<size_t>(frames)] &&
+            c.KindBytes(static_cast<int>(i), k, frames, memo) > kMaxSmallestAnswer) {
           return Compiler::Error(
               "", fmt::format("a value it describes ({}) is longer than {} bytes at its shortest",
                               kSlotNames[k], kMaxSmallestAnswer));
@@ -985,7 +1221,8 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
       for (const std::string& t : *texts) out->bytes_ += t.capacity() + 1;
     }
     out->bytes_ += (n.properties.capacity() + n.prefix.capacity()) * sizeof(int16_t) +
-                   n.alike.capacity() * sizeof(uint64_t);
+                   n.alike.capacity() * sizeof(uint64_t) +
+                   n.branches.capacity() * sizeof(n.branches[0]);
     for (const Side& s : n.sides)
       out->bytes_ += s.low.fraction.capacity() + s.high.fraction.capacity();
   }
@@ -1011,10 +1248,18 @@ std::string JsonSchema::Smallest(int i, int frames) const {
     switch (k) {
       case kObject: {
         std::string out = "{";
-        for (size_t p = 0; !t.any && p < t.names.size(); ++p) {
-          if (((t.required >> p) & 1U) == 0) continue;
+        const Node* o = &t;  // (a union's: its first value's branch, that value written first)
+        size_t first = t.names.size();
+        if (!t.branches.empty()) {
+          const size_t v = t.value[static_cast<size_t>(frames)];
+          out += '"' + t.names[0] + "\":" + node(t.properties[0]).values[v];
+          o = &node(t.branches[v].first);
+          first = t.branches[v].second;
+        }
+        for (size_t p = 0; !o->any && p < o->names.size(); ++p) {
+          if (((o->required >> p) & 1U) == 0 || p == first) continue;
           if (out.size() > 1) out += ',';
-          out += '"' + t.names[p] + "\":" + Smallest(t.properties[p], frames - 1);
+          out += '"' + o->names[p] + "\":" + Smallest(o->properties[p], frames - 1);
         }
         return out + "}";
       }
@@ -1303,6 +1548,19 @@ std::pair<uint16_t, uint16_t> Run(const std::vector<std::string>& texts, uint16_
 
 }  // namespace
 
+const JsonSchema::Node* JsonSchemaPrefix::Union() const {
+  if (depth_ == 0) return nullptr;
+  const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
+  const JsonSchema::Node& n = schema_->node(f.node);
+  return !f.array && !n.branches.empty() ? &n : nullptr;
+}
+
+bool JsonSchemaPrefix::BranchFits(const JsonSchema::Node& u, uint16_t value) const {
+  // (the branch goes on in the union's frame, the top one)
+  return depth_ - 1 + schema_->node(u.branches[value].first).frames[JsonSchema::kObject] <=
+         kMaxFrames;
+}
+
 const JsonSchemaPrefix::Frame* JsonSchemaPrefix::UniqueArray() const {
   if (depth_ == 0) return nullptr;
   const Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
@@ -1317,6 +1575,12 @@ uint64_t JsonSchemaPrefix::Written() const {
 bool JsonSchemaPrefix::Enum(unsigned char c) {
   const auto [lo, hi] = Run(schema_->node(node_).values, lo_, hi_, pos_, c);
   if (lo == hi) return false;
+  if (const JsonSchema::Node* u = Union(); u != nullptr) {
+    // (a union's property: a value whose branch fits in the frames left must remain)
+    bool any = false;
+    for (uint16_t v = lo; v < hi && !any; ++v) any = BranchFits(*u, v);
+    if (!any) return false;
+  }
   if (const uint64_t written = Written(); written != 0) {
     // (a unique array's: a value not written yet must remain; at most 64 values, hi <= 64)
     const uint64_t run =
@@ -1330,10 +1594,12 @@ bool JsonSchemaPrefix::Enum(unsigned char c) {
 }
 
 bool JsonSchemaPrefix::EnumEnded() {
-  // (the value read is values[lo_], the shortest of the run; in a unique array, not written yet)
+  // (the value read is values[lo_], the shortest of the run; in a unique array, not written yet;
+  // a union's, one whose branch fits)
   if (const uint64_t written = Written(); written != 0 && ((written >> lo_) & 1U) != 0) {
     return false;
   }
+  if (const JsonSchema::Node* u = Union(); u != nullptr && !BranchFits(*u, lo_)) return false;
   if (UniqueArray() != nullptr) {
     frames_[static_cast<size_t>(depth_ - 1)].used |= schema_->node(node_).alike[lo_];
   }
@@ -1506,7 +1772,16 @@ bool JsonSchemaPrefix::ValueEnded() {
   Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   if (f.array && f.count < JsonSchema::kUnbounded) ++f.count;
   f.stage = Stage::kAfter;
+  if (!f.array) Chosen(f, lo_);
   return true;
+}
+
+void JsonSchemaPrefix::Chosen(Frame& f, uint16_t value) const {
+  const JsonSchema::Node& n = schema_->node(f.node);
+  if (n.branches.empty()) return;
+  const auto [branch, index] = n.branches[value];
+  f.node = branch;
+  f.used = uint64_t{1} << index;
 }
 
 bool JsonSchemaPrefix::Structural(unsigned char c) {
@@ -1690,6 +1965,18 @@ void JsonSchemaPrefix::CloseFrame(Frame f, int depth, std::string& out) const {
     out += ']';
     return;
   }
+  if (!n.branches.empty()) {
+    // A union before its property's value was read: the property, its first value, then the
+    // object of that value's branch.
+    if (f.stage == Stage::kOpen) out += '"' + n.names[0] + '"';
+    if (f.stage != Stage::kValue) out += ':';
+    const size_t v = n.value[static_cast<size_t>(kMaxFrames - depth)];
+    out += schema_->node(n.properties[0]).values[v];
+    Chosen(f, static_cast<uint16_t>(v));
+    f.stage = Stage::kAfter;
+    CloseFrame(f, depth, out);
+    return;
+  }
   auto write = [&](size_t p) {
     out += '"' + n.names[p] + "\":" + schema_->Smallest(n.properties[p], left);
     f.used |= uint64_t{1} << p;
@@ -1704,8 +1991,9 @@ void JsonSchemaPrefix::CloseFrame(Frame f, int depth, std::string& out) const {
   } else if (f.stage == Stage::kKey) {
     // After a comma (allowed while some property not written yet fits): a required one, if any
     // is left, else the first one left that fits.
-    uint64_t open = ~f.used;
-    for (size_t p = 0; p < n.names.size(); ++p) {
+    const size_t count = n.names.size();
+    uint64_t open = ~f.used & (count == 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1);
+    for (size_t p = 0; p < count; ++p) {
       if (schema_->node(n.properties[p]).least > left) open &= ~(uint64_t{1} << p);
     }
     write(static_cast<size_t>(
@@ -1799,12 +2087,18 @@ std::string JsonSchemaPrefix::Closing() const {
     case Scalar::kEnum: {
       const JsonSchema::Node& e = schema_->node(node_);
       uint16_t i = lo_;
+      if (const JsonSchema::Node* u = Union(); u != nullptr) {
+        while (!BranchFits(*u, i)) ++i;  // (Enum keeps one that fits in the run)
+      }
       if (UniqueArray() != nullptr) {
         Frame& f = frames[static_cast<size_t>(depth_ - 1)];
         while (((f.used >> i) & 1U) != 0) ++i;  // (Enum keeps one not written in the run)
         f.used |= e.alike[i];
       }
       out += e.values[i].substr(pos_);
+      if (depth_ > 0 && !frames[static_cast<size_t>(depth_ - 1)].array) {
+        Chosen(frames[static_cast<size_t>(depth_ - 1)], i);  // (a union's property: its branch)
+      }
       break;
     }
     case Scalar::kAny:

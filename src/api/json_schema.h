@@ -5,10 +5,12 @@
 //   type (a name or a list), enum, const (both: the enum's values equal to it), anyOf and oneOf
 //   (whose branches differ in the first byte of their values: an object and null, a string and a
 //   number; "Optional" fields; in an anyOf, integers and numbers make their union where it is
-//   unbounded numbers or one range of integers), $ref to #/$defs/... or
+//   unbounded numbers or one range of integers; objects, a discriminated union: models that each
+//   require one property, discriminator's propertyName or the first that will do, whose string
+//   values no other has, written first), $ref to #/$defs/... or
 //   #/definitions/... (each target compiled once, its node shared; recursive where the target is
-//   an object or array schema: pydantic's trees and linked lists, written at most kMaxFrames
-//   objects and arrays deep, see JsonSchemaPrefix), properties,
+//   a schema of its own, not a $ref, allOf, anyOf or oneOf: pydantic's trees and linked lists,
+//   written at most kMaxFrames objects and arrays deep, see JsonSchemaPrefix), properties,
 //   required, additionalProperties, items, prefixItems (a tuple: each place's schema, then items'
 //   for the rest; items false: no more), items as a list with additionalItems (the same, as
 //   drafts before 2020-12 wrote tuples), minItems, maxItems, uniqueItems (of an enum's or const's
@@ -106,6 +108,11 @@ class JsonSchema {
     // An object without properties whose additionalProperties is a schema (a map): its values'
     // node; -1: none.
     int16_t additional = -1;
+    // A discriminated union of objects (an anyOf's or oneOf's): names[0] is the property that
+    // tells them apart (written first), properties[0] an enum node of its values, and for each
+    // value (in the enum's order) its branch's object node and the property's index there. The
+    // object goes on as that node once the value is read.
+    std::vector<std::pair<int16_t, uint8_t>> branches;
     // An array's items: the first ones' (prefixItems, a tuple's places), then the others'
     // (node 0: any value; where there may be no others, max_items says so).
     std::vector<int16_t> prefix;
@@ -127,8 +134,10 @@ class JsonSchema {
     std::array<uint8_t, kSlots> frames{};
     uint8_t least = 0;
     uint8_t tallest = 0;
-    // The kind whose value Smallest writes within each number of frames (kSlots: none fits).
+    // The kind whose value Smallest writes within each number of frames (kSlots: none fits),
+    // and a union's value (its branch fitting, its object the shortest).
     std::array<uint8_t, kMaxFrames + 1> shortest{};
+    std::array<uint16_t, kMaxFrames + 1> value{};
   };
 
   // InvalidArgument naming what is not supported or wrong, and where (a JSON pointer).
@@ -242,6 +251,13 @@ class JsonSchemaPrefix {
   // Appends a closing of `f`, the frame at `depth` (from 0), to `out` (its value in progress
   // ended), as Closing() does.
   void CloseFrame(Frame f, int depth, std::string& out) const;
+  // Where f's node is a union: f goes on as the object of value `value`'s branch, its property
+  // written.
+  void Chosen(Frame& f, uint16_t value) const;
+  // The top frame's node if it is a union (before its property's value was read); and whether
+  // value `value`'s branch fits in the frames left (the union's own included).
+  const JsonSchema::Node* Union() const;
+  bool BranchFits(const JsonSchema::Node& u, uint16_t value) const;
   // Whether a value of `node` fits in the frames left (a recursive schema's may not).
   bool Fits(int node) const { return depth_ + schema_->node(node).least <= JsonSchema::kMaxFrames; }
   // The top frame's properties not written yet whose values fit.

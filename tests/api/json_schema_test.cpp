@@ -183,12 +183,15 @@ json Generate(const json& schema, const json& root, std::mt19937& rng, int depth
 }
 
 // The written order of an object's keys is the generator's (nlohmann's json sorts them): write
-// with a random key order by hand.
+// with a random key order by hand, but for "kind" first (the test schemas' discriminated unions
+// tell their objects apart by it, which an answer writes first).
 std::string Write(const json& v, std::mt19937& rng) {
   if (v.is_object()) {
     std::vector<std::string> keys;
     for (const auto& [k, _] : v.items()) keys.push_back(k);
     std::shuffle(keys.begin(), keys.end(), rng);
+    std::stable_partition(keys.begin(), keys.end(),
+                          [](const std::string& k) { return k == "kind"; });
     std::string out = "{";
     for (size_t i = 0; i < keys.size(); ++i) {
       if (i > 0) out += std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? ", " : ",";
@@ -365,6 +368,26 @@ std::vector<json> Schemas() {
           "minItems": 1}, "w": {"anyOf": [{"type": "object", "properties": {"a": {"type": "array",
           "items": {"$ref": "#/$defs/D"}}}, "required": ["a"]}, {"type": "null"}]}}}},
         "$ref": "#/$defs/D"})"),
+      // Discriminated unions (pydantic's Union[Cat, Dog] with Field(discriminator="kind"): a
+      // oneOf of $refs with OpenAPI's discriminator; and without one, an anyOf whose object
+      // branches each require "kind" of values of their own).
+      json::parse(R"({"$defs": {
+          "Cat": {"type": "object", "properties": {"kind": {"const": "cat", "enum": ["cat"],
+            "type": "string"}, "meows": {"type": "integer", "minimum": 0}},
+            "required": ["kind", "meows"]},
+          "Dog": {"type": "object", "properties": {"kind": {"const": "dog", "type": "string"},
+            "barks": {"type": "boolean"}, "name": {"type": "string", "maxLength": 3}},
+            "required": ["barks", "kind"], "additionalProperties": false},
+          "Bird": {"type": "object", "properties": {"kind": {"enum": ["bird", "parrot"]},
+            "wings": {"type": "integer", "minimum": 2, "maximum": 2}}, "required": ["kind"]}},
+        "type": "object", "properties": {
+          "pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"},
+            {"$ref": "#/$defs/Bird"}], "discriminator": {"propertyName": "kind",
+            "mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog", "bird": "#/$defs/Bird",
+            "parrot": "#/$defs/Bird"}}},
+          "pets": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/Dog"},
+            {"$ref": "#/$defs/Cat"}, {"type": "null"}]}}},
+        "required": ["pet"]})"),
       json::parse(R"({"type": "object", "properties": {
         "when": {"type": "string", "format": "date-time"},
         "who": {"allOf": [{"$ref": "#/$defs/W"}], "description": "a wrapped $ref"},
@@ -582,7 +605,7 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
       {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}},
           "$defs": {"N": {"anyOf": [{"type": "null"}, {"type": "object",
           "properties": {"n": {"$ref": "#/$defs/N"}}}]}}})",
-       "#/$defs/N refers to itself through a $ref, allOf, anyOf, oneOf or enum of its own"},
+       "#/$defs/N refers to itself through a $ref, allOf, anyOf or oneOf of its own"},
       {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}}, "required": ["a"],
           "$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}},
           "required": ["n"]}}})",
@@ -703,12 +726,15 @@ bool Whole(const JsonSchema* schema, const std::string& text) {
   return p.Feed(text) && p.complete();
 }
 
-// Each prefix is taken, and it and its Closing() are a document the validator accepts.
+// Each prefix is taken, and it and its Closing() are a document the reader takes whole and the
+// validator accepts.
 void ExpectClosingsValid(const json& schema, const JsonSchema* compiled,
                          const std::vector<std::string>& prefixes) {
   for (const std::string& prefix : prefixes) {
     JsonSchemaPrefix p(compiled);
     ASSERT_TRUE(p.Feed(prefix)) << prefix;
+    JsonSchemaPrefix closed = p;
+    ASSERT_TRUE(closed.Feed(p.Closing()) && closed.complete()) << prefix << " + " << p.Closing();
     const std::string text = prefix + p.Closing();
     const json doc = json::parse(text, nullptr, false);
     ASSERT_FALSE(doc.is_discarded()) << text;
@@ -1088,10 +1114,6 @@ TEST(JsonSchema, SetsTakeEachValueOnce) {
   EXPECT_EQ(r.Closing(), R"("green","greenish","red"],"colors":[],"nums":[1,10]})");
 }
 
-// A number's bounds are kept at every digit, compared as decimals with the shortest texts of
-// their doubles (an exclusive one's: of the double next to it inside), so that what is taken
-// parses to a double within them: a digit is taken only while some number it can still become
-// is within them. Exponents are not written.
 // Every byte taken after each prefix of `text` (which must be taken) leaves a prefix whose
 // Closing() the validator accepts: no byte leads where no valid answer is left.
 void ExpectNoDeadEndAlong(const json& schema, const JsonSchema* compiled, const std::string& text) {
@@ -1100,7 +1122,11 @@ void ExpectNoDeadEndAlong(const json& schema, const JsonSchema* compiled, const 
     for (int b = 0; b < 256; ++b) {
       JsonSchemaPrefix next = p;
       if (!next.Feed(static_cast<char>(b))) continue;
-      const std::string whole = text.substr(0, at) + static_cast<char>(b) + next.Closing();
+      const std::string closing = next.Closing();
+      JsonSchemaPrefix closed = next;  // (the reader takes its own closing: no frame too many)
+      ASSERT_TRUE(closed.Feed(closing) && closed.complete())
+          << text.substr(0, at) << static_cast<char>(b) << " + " << closing;
+      const std::string whole = text.substr(0, at) + static_cast<char>(b) + closing;
       const json doc = json::parse(whole, nullptr, false);
       ASSERT_FALSE(doc.is_discarded()) << whole;
       ASSERT_TRUE(SchemaValid(schema, doc, schema)) << whole;
@@ -1117,7 +1143,7 @@ void ExpectNoDeadEndAlong(const json& schema, const JsonSchema* compiled, const 
 TEST(JsonSchema, RecursiveSchemasNestAsDeepAsTheFramesAllow) {
   static_assert(JsonSchema::kMaxFrames == 17);
   {  // A tree: each node an object (a frame), its children an array (another).
-    const json schema = Schemas()[Schemas().size() - 4];
+    const json schema = Schemas()[Schemas().size() - 5];
     ASSERT_TRUE(schema.contains("$defs") && schema["$defs"].contains("Node")) << schema.dump();
     auto compiled = JsonSchema::Compile(schema);
     ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
@@ -1167,6 +1193,61 @@ TEST(JsonSchema, RecursiveSchemasNestAsDeepAsTheFramesAllow) {
     ASSERT_TRUE(p.Feed(R"({"head":{"name":"a","next":)"));
     EXPECT_EQ(p.Closing(), "null}}");
   }
+  {  // Names that begin one another (a needs two frames, ab one), a tuple whose second place
+     // recurs, a set of enum values (one an object): at the 16th frame, "ab" is taken and "a"
+     // not, the tuple closes after its first place, the set is written whole.
+    const json schema = json::parse(R"({"$defs": {"R": {"type": "object", "properties": {
+        "a": {"type": "array", "items": {"$ref": "#/$defs/R"}, "minItems": 1},
+        "ab": {"$ref": "#/$defs/R"},
+        "t": {"type": "array", "prefixItems": [{"type": "integer"}, {"$ref": "#/$defs/R"}],
+          "minItems": 1},
+        "s": {"type": "array", "items": {"enum": ["x", {"o": 1}]}, "uniqueItems": true}}}},
+      "$ref": "#/$defs/R"})");
+    auto compiled = JsonSchema::Compile(schema);
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    const JsonSchema* c = compiled->get();
+    std::string down;  // 15 objects: the next is the 16th frame
+    for (int i = 0; i < 15; ++i) down += R"({"ab":)";
+    EXPECT_TRUE(Takes(c, down + R"({"a)"));
+    EXPECT_FALSE(Takes(c, down + R"({"a")"));
+    EXPECT_TRUE(Takes(c, down + R"({"ab":{})"));
+    EXPECT_TRUE(Takes(c, down + R"({"t":[1])"));
+    EXPECT_FALSE(Takes(c, down + R"({"t":[1,)"));
+    EXPECT_TRUE(Takes(c, down + R"({"s":["x",{"o":1}])"));
+    JsonSchemaPrefix p(c);
+    ASSERT_TRUE(p.Feed(down + R"({"a)"));
+    EXPECT_EQ(p.Closing(), R"(b":{}})" + std::string(15, '}'));
+    ExpectNoDeadEndAlong(schema, c,
+                         down + R"({"ab":{},"t":[2],"s":[{"o":1},"x"]})" + std::string(15, '}'));
+  }
+  {  // A value whose shortest kind (an object, {}) needs a frame: where none is left, its
+     // closing writes the other kind (a string of three characters), which the reader takes.
+    const json schema = json::parse(R"({"$defs": {"N": {"type": "object", "properties": {
+        "p": {"anyOf": [{"$ref": "#/$defs/N"}, {"type": "string", "minLength": 3}]}}}},
+      "$ref": "#/$defs/N"})");
+    auto compiled = JsonSchema::Compile(schema);
+    ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+    const JsonSchema* c = compiled->get();
+    std::string down;
+    for (int i = 0; i < 17; ++i) down += R"({"p":)";
+    JsonSchemaPrefix p(c);
+    ASSERT_TRUE(p.Feed(down));
+    EXPECT_EQ(p.Closing(), R"("aaa")" + std::string(17, '}'));
+    JsonSchemaPrefix q(c);
+    ASSERT_TRUE(q.Feed(down.substr(0, down.size() - 5)));
+    EXPECT_EQ(q.Closing(), "{}" + std::string(16, '}'));  // ({} for the 16th's p: the 17th frame)
+    ExpectNoDeadEndAlong(schema, c, down + R"("abc")" + std::string(17, '}'));
+  }
+  // Only the frames an answer can give a value bound its shortest text: X at one frame (never
+  // given: the root has 17) would be five strings of 16,000 characters, beyond the 64 KiB bound;
+  // within the 16 it is given, X's shortest is {"z":{}}.
+  EXPECT_TRUE(JsonSchema::Compile(json::parse(R"({"type": "object",
+      "required": ["a", "b", "c", "d", "e"], "properties": {"a": {"$ref": "#/$defs/X"},
+      "b": {"$ref": "#/$defs/X"}, "c": {"$ref": "#/$defs/X"}, "d": {"$ref": "#/$defs/X"},
+      "e": {"$ref": "#/$defs/X"}}, "$defs": {"X": {"type": ["object", "string"],
+      "minLength": 16000, "properties": {"z": {"type": "object", "properties": {}}},
+      "required": ["z"]}}})"))
+                  .ok());
   {  // A binary tree whose both children are required, each a node or null: the shortest
      // answer is short (a node's first kind, an object, written to the deepest frame each time,
      // would be 2^17 nodes long).
@@ -1204,7 +1285,7 @@ TEST(JsonSchema, RecursiveSchemasNestAsDeepAsTheFramesAllow) {
     ExpectNoDeadEndAlong(schema, c, whole);
   }
   {  // Optional recursion: a node 17 frames deep takes only the property that can be null.
-    const json schema = Schemas()[Schemas().size() - 2];
+    const json schema = Schemas()[Schemas().size() - 3];
     ASSERT_TRUE(schema.contains("$defs") && schema["$defs"].contains("D")) << schema.dump();
     auto compiled = JsonSchema::Compile(schema);
     ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
@@ -1229,6 +1310,140 @@ TEST(JsonSchema, RecursiveSchemasNestAsDeepAsTheFramesAllow) {
   }
 }
 
+// A discriminated union's object writes its discriminator first; once its value is read, the
+// object goes on as that value's branch (its properties, required ones and bounds); closings
+// write the first value's branch.
+TEST(JsonSchema, DiscriminatedUnionsGoOnAsTheBranchTheirValueNames) {
+  const json schema = SchemaWith("pet");
+  auto compiled = JsonSchema::Compile(schema);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  const JsonSchema* c = compiled->get();
+  auto takes = [&](const std::string& text) { return Takes(c, text); };
+  auto whole = [&](const std::string& text) { return Whole(c, text); };
+  EXPECT_TRUE(whole(R"({"pet":{"kind":"cat","meows":3}})"));
+  EXPECT_TRUE(whole(R"({"pet": {"kind": "dog", "name": "Rex", "barks": true}})"));
+  EXPECT_TRUE(whole(R"({"pet":{"kind":"parrot"}})"));
+  EXPECT_TRUE(whole(R"({"pet":{"kind":"bird","wings":2},"pets":[null,{"kind":"cat","meows":0}]})"));
+  EXPECT_FALSE(takes(R"({"pet":{"meows")"));  // the discriminator first
+  EXPECT_FALSE(takes(R"({"pet":{})"));
+  EXPECT_FALSE(takes(R"({"pet":{"kind":"co)"));            // no such value
+  EXPECT_FALSE(takes(R"({"pet":{"kind":"cat","barks")"));  // a dog's
+  EXPECT_FALSE(takes(R"({"pet":{"kind":"cat"})"));         // meows is required
+  EXPECT_FALSE(takes(R"({"pet":{"kind":"cat","meows":-1)"));
+  EXPECT_FALSE(takes(R"({"pet":{"kind":"dog","name":"Rexy")"));
+  EXPECT_FALSE(takes(R"({"pet":{"kind":"dog","kind")"));  // each once
+  EXPECT_FALSE(takes(R"({"pet":{"kind":"bird","wings":3)"));
+  EXPECT_FALSE(takes(R"({"pets":[{"kind":"bird")"));  // not among the list's branches
+  JsonSchemaPrefix p(c);
+  ASSERT_TRUE(p.Feed(R"({"pet":{)"));
+  EXPECT_EQ(p.Closing(), R"("kind":"bird"}})");  // (the first value: its branch needs no more)
+  JsonSchemaPrefix q(c);
+  ASSERT_TRUE(q.Feed(R"({"pet":{"kind":"c)"));
+  EXPECT_EQ(q.Closing(), R"(at","meows":0}})");
+  JsonSchemaPrefix r(c);
+  ASSERT_TRUE(r.Feed(R"({"pets":[{"kind":)"));
+  EXPECT_EQ(r.Closing(), R"("cat","meows":0}],"pet":{"kind":"bird"}})");
+  ExpectClosingsValid(schema, c,
+                      {R"({"pet":{"kind")", R"({"pet":{"kind":)", R"({"pet":{"kind":"dog")",
+                       R"({"pet":{"kind":"dog",)", R"({"pets":[{"kind":"dog","barks":false},{)"});
+  // The state after a value is its branch's: two texts that chose the same branch differently
+  // (bird, parrot) are keyed alike.
+  JsonSchemaPrefix bird(c), parrot(c);
+  ASSERT_TRUE(bird.Feed(R"({"pet":{"kind":"bird")"));
+  ASSERT_TRUE(parrot.Feed(R"({"pet":{"kind":"parrot")"));
+  EXPECT_EQ(bird.key(), parrot.key());
+  ExpectNoDeadEndAlong(
+      schema, c,
+      R"({"pet":{"kind":"dog","name":"R","barks":true},"pets":[{"kind":"cat","meows":12},null]})");
+
+  // What is not a discriminated union is refused by name.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"type": "object", "properties": {"a": {"anyOf": [
+          {"type": "object", "properties": {"x": {"type": "integer"}}},
+          {"type": "object", "properties": {"y": {"type": "integer"}}}]}}})",
+       "/properties/a/anyOf: branches 0 and 1 can both be an object, and no property tells"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [
+          {"type": "object", "properties": {"k": {"const": "x"}}, "required": ["k"]},
+          {"type": "object", "properties": {"k": {"enum": ["y", "x"]}}, "required": ["k"]}]}}})",
+       "no property tells the object branches apart"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [
+          {"type": "object", "properties": {"k": {"const": "x"}}, "required": ["k"]},
+          {"type": "object", "properties": {"k": {"const": "y"}}}]}}})",
+       "no property tells the object branches apart"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [
+          {"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]},
+          {"type": "object", "properties": {"k": {"const": 2}}, "required": ["k"]}]}}})",
+       "no property tells the object branches apart"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "object"},
+          {"type": "object", "properties": {"k": {"const": "y"}}, "required": ["k"]}]}}})",
+       "branches 0 and 1 can both be an object: objects in one anyOf or oneOf must be models"},
+      {R"({"type": "object", "properties": {"a": {"oneOf": [
+          {"type": "object", "properties": {"k": {"const": "x"}, "j": {"const": "p"}},
+            "required": ["k", "j"]},
+          {"type": "object", "properties": {"k": {"const": "y"}, "j": {"const": "p"}},
+            "required": ["k", "j"]}], "discriminator": {"propertyName": "j"}}}})",
+       "/properties/a/discriminator: names 'j', which is not a property every object branch"},
+      {R"({"type": "object", "properties": {"a": {"oneOf": [{"type": "null"}],
+          "discriminator": {"propertyName": "j", "other": 1}}}})",
+       "/properties/a/discriminator: 'other' is not supported"},
+      {R"({"type": "object", "properties": {"a": {"oneOf": [{"type": "null"}],
+          "discriminator": "j"}}})",
+       "/properties/a/discriminator: must be an object with a propertyName"},
+      {R"({"type": "object", "properties": {"a": {"type": "object", "discriminator": {
+          "propertyName": "j"}}}})",
+       "/properties/a/discriminator: is supported only beside anyOf or oneOf"},
+  };
+  for (const auto& [text, message] : cases) {
+    auto refused = JsonSchema::Compile(json::parse(text));
+    ASSERT_FALSE(refused.ok()) << text;
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find(message), std::string::npos)
+        << refused.status().message() << "\nwanted: " << message;
+  }
+  // A union within the models it unites (an expression tree: an operation's arguments are
+  // operations or numbers): deep, only values whose model fits are taken (an operation needs
+  // three frames, a number one); closings write the shortest model, not the first ("add").
+  {
+    const json tree = json::parse(R"({"$defs": {
+        "Op": {"type": "object", "properties": {"kind": {"const": "add"}, "args": {
+          "type": "array", "items": {"anyOf": [{"$ref": "#/$defs/Op"}, {"$ref": "#/$defs/Num"}]},
+          "minItems": 2}}, "required": ["kind", "args"]},
+        "Num": {"type": "object", "properties": {"kind": {"const": "num"},
+          "value": {"type": "integer"}}, "required": ["kind", "value"]}},
+      "$ref": "#/$defs/Op"})");
+    auto compiled_tree = JsonSchema::Compile(tree);
+    ASSERT_TRUE(compiled_tree.ok()) << compiled_tree.status().ToString();
+    const JsonSchema* t = compiled_tree->get();
+    std::string down;  // eight operations and their arguments' arrays: 16 frames
+    for (int i = 0; i < 8; ++i) down += R"({"kind":"add","args":[)";
+    EXPECT_TRUE(Takes(t, down + R"({"kind":"num","value":1})"));
+    EXPECT_FALSE(Takes(t, down + R"({"kind":"a)"));  // (an operation would need 19)
+    EXPECT_TRUE(Takes(t, down.substr(0, down.size() - 22) + R"({"kind":"add")"));
+    JsonSchemaPrefix deep(t);
+    ASSERT_TRUE(deep.Feed(down + "{"));
+    EXPECT_EQ(deep.Closing().substr(0, 54),
+              R"("kind":"num","value":0},{"kind":"num","value":0}]},{"k)");
+    std::string text = down + R"({"kind":"num","value":1},{"kind":"num","value":2}]})";
+    for (int i = 0; i < 7; ++i) text += R"(,{"kind":"num","value":3}]})";
+    ASSERT_TRUE(SchemaValid(tree, json::parse(text), tree)) << text;
+    EXPECT_TRUE(Whole(t, text));
+    ExpectNoDeadEndAlong(tree, t, text);
+    EXPECT_EQ(t->Smallest(t->root()),
+              R"({"args":[{"kind":"num","value":0},{"kind":"num","value":0}],"kind":"add"})");
+  }
+  // Without propertyName, the first property that tells them apart (j does not, k does).
+  EXPECT_TRUE(JsonSchema::Compile(json::parse(R"({"type": "object", "properties": {"a": {
+      "anyOf": [{"type": "object", "properties": {"k": {"const": "x"}, "j": {"const": "p"}},
+        "required": ["k", "j"]},
+      {"type": "object", "properties": {"k": {"const": "y"}, "j": {"const": "p"}},
+        "required": ["k", "j"]}]}}})"))
+                  .ok());
+}
+
+// A number's bounds are kept at every digit, compared as decimals with the shortest texts of
+// their doubles (an exclusive one's: of the double next to it inside), so that what is taken
+// parses to a double within them: a digit is taken only while some number it can still become
+// is within them. Exponents are not written.
 TEST(JsonSchema, NumbersStayWithinTheirBounds) {
   const json schema = json::parse(R"({"type": "object", "properties": {
       "p": {"type": "number", "minimum": 0, "maximum": 1},
