@@ -200,6 +200,13 @@ struct JsonSchema::Compiler {
     std::string at;
   };
   std::vector<PendingUnion> unions;
+  // The anyOf and oneOf $ref targets being compiled: a $ref back to one is its node, whose kinds
+  // are not known yet (as an object's property or array's items it is fine; as a branch, not).
+  std::set<int> unfinished;
+  // Unions made, by their models and property (one node however many times a schema repeats
+  // them), and the values' texts they hold in all (kMaxUnionTextBytes).
+  std::map<std::pair<std::vector<int16_t>, std::string>, int16_t> made;
+  size_t union_text_bytes = 0;
   int deepest = 0;   // the deepest level of containers a Compile call reached
   int nested = 0;    // Compile calls in progress (properties, items, anyOf, $refs)
   size_t calls = 0;  // Compile calls made
@@ -282,7 +289,21 @@ struct JsonSchema::Compiler {
                                      "supported",
                                      one_of));
       }
-      return AnyOf(s[one_of], at + "/" + one_of, depth, one_of[0] == 'o', discriminator);
+      // (a $ref's target: its node taken first, so that its models may refer back to it, as a
+      // recursive union's do: an operation whose arguments are operations or numbers)
+      int reserved = -1;
+      if (!resolving.empty() && resolving.back() == &s) {
+        COLONY_ASSIGN_OR_RETURN(reserved, Add(Blank()));
+        taken[&s] = reserved;
+        unfinished.insert(reserved);
+      }
+      auto any_of =
+          AnyOf(s[one_of], at + "/" + one_of, depth, one_of[0] == 'o', discriminator, reserved);
+      if (reserved >= 0) {
+        taken.erase(&s);
+        unfinished.erase(reserved);
+      }
+      return any_of;
     }
     if (discriminator != nullptr) {
       return Error(at + "/discriminator", "is supported only beside anyOf or oneOf");
@@ -756,7 +777,7 @@ struct JsonSchema::Compiler {
   // (OpenAPI's, as pydantic writes it beside a union of models), if any, names the property
   // that tells object branches apart.
   Result<int> AnyOf(const json& branches, const std::string& at, int depth, bool one,
-                    const json* discriminator) {
+                    const json* discriminator, int reserved) {
     if (!branches.is_array() || branches.empty() || branches.size() > kMaxBranches) {
       return Error(at, fmt::format("must be a list of 1 to {} schemas", kMaxBranches));
     }
@@ -784,6 +805,12 @@ struct JsonSchema::Compiler {
     for (size_t b = 0; b < branches.size(); ++b) {
       COLONY_ASSIGN_OR_RETURN(const int branch,
                               Compile(branches[b], fmt::format("{}/{}", at, b), depth));
+      if (unfinished.contains(branch)) {
+        return Error(fmt::format("{}/{}", at, b),
+                     "refers back to an anyOf or oneOf that is being compiled, as a branch of "
+                     "another: not supported (as an object's property or an array's items it "
+                     "is)");
+      }
       for (size_t k = 0; k < kSlots; ++k) {
         const int16_t to = nodes[static_cast<size_t>(branch)].by_slot[k];
         if (to < 0) continue;
@@ -830,14 +857,20 @@ struct JsonSchema::Compiler {
                         .at = at});
       n.by_slot[kObject] = static_cast<int16_t>(u);
     }
+    if (reserved >= 0) {
+      nodes[static_cast<size_t>(reserved)] = std::move(n);
+      return reserved;
+    }
     return Add(std::move(n));
   }
 
   // A discriminated union of an anyOf's object branches (node, branch): each branch an object
-  // with properties that requires one property (`named`, or the first of the first branch's
-  // names that will do) whose values are strings, from an enum or const, that no other branch
-  // has. Its node reads that property first (its only name; its value an enum of every branch's
-  // values), then, as the object of the value's branch, the rest.
+  // with properties that has one property (`named`, or the first of the first branch's names,
+  // in the order of their JSON texts, that will do) whose values are strings, from an enum or
+  // const, that no other branch has; required or not, the answer writes it first, so that the
+  // object is valid against its value's branch alone. Its node (`self`, taken by the anyOf)
+  // reads that property first (its only name; its value an enum of every branch's values),
+  // then, as the object of the value's branch, the rest.
   Status Unions() {
     for (const PendingUnion& u : unions) {
       COLONY_RETURN_IF_ERROR(Union(u.node, u.objects, u.named, u.at));
@@ -847,16 +880,21 @@ struct JsonSchema::Compiler {
   Status Union(int16_t self, const std::vector<std::pair<int16_t, size_t>>& objects,
                const std::optional<std::string>& named, const std::string& at) {
     auto node = [this](int16_t i) -> const Node& { return nodes[static_cast<size_t>(i)]; };
-    for (const auto& [i, b] : objects) {
-      const Node& t = node(i);
+    for (size_t j = 0; j < objects.size(); ++j) {
+      const Node& t = node(objects[j].first);
       if (t.any || !t.values.empty() || t.names.empty() || !t.branches.empty()) {
         return Error(at, fmt::format("branches {} and {} can both be an object: objects in one "
-                                     "anyOf or oneOf must be models that each require a "
-                                     "property whose string values (an enum or const) no other "
-                                     "has (a discriminated union)",
-                                     objects[0].second, objects[1].second));
+                                     "anyOf or oneOf must be models (not any object, a map, an "
+                                     "enum's or another union's) that each have a property "
+                                     "whose string values (an enum or const) no other has (a "
+                                     "discriminated union)",
+                                     std::min(objects[j == 0 ? 1 : 0].second, objects[j].second),
+                                     std::max(objects[j == 0 ? 1 : 0].second, objects[j].second)));
       }
     }
+    std::vector<int16_t> models;
+    for (const auto& [i, b] : objects) models.push_back(i);
+    std::ranges::sort(models);
     // The values (as JSON texts) that `name` takes in branch node i, if it will do there.
     auto values = [&](int16_t i,
                       const std::string& name) -> std::optional<std::vector<std::string>> {
@@ -864,7 +902,6 @@ struct JsonSchema::Compiler {
       const auto it = std::ranges::lower_bound(t.names, name);
       if (it == t.names.end() || *it != name) return std::nullopt;
       const auto p = static_cast<size_t>(it - t.names.begin());
-      if (((t.required >> p) & 1U) == 0) return std::nullopt;
       const int16_t v = t.properties[p];
       const Node& e = node(v);
       if (e.any || e.values.empty()) return std::nullopt;
@@ -894,11 +931,21 @@ struct JsonSchema::Compiler {
       for (size_t j = 1; will_do && j < by_value.size(); ++j) {
         will_do = by_value[j].first != by_value[j - 1].first;
       }
-      if (!will_do) continue;
-      if (by_value.size() > kMaxEnumValues) {
-        return Error(at, fmt::format("the object branches' values of '{}' are more than {}",
-                                     name.substr(0, 64), kMaxEnumValues));
+      if (!will_do || by_value.size() > kMaxEnumValues) continue;
+      if (const auto it = made.find({models, name}); it != made.end()) {
+        // (the same models and property made a union before: that node, for every use of this)
+        for (Node& n : nodes) {
+          if (n.by_slot[kObject] == self) n.by_slot[kObject] = it->second;
+        }
+        return Status::Ok();
       }
+      for (const auto& [text, i] : by_value) union_text_bytes += text.size();
+      if (union_text_bytes > kMaxUnionTextBytes) {
+        return Error(at, fmt::format("the schema's discriminated unions have more than {} bytes "
+                                     "of values in all",
+                                     kMaxUnionTextBytes));
+      }
+      made[{models, name}] = self;
       Node e = Blank();
       const auto e_index = static_cast<int16_t>(nodes.size());
       e.by_slot[kString] = e_index;
@@ -920,14 +967,14 @@ struct JsonSchema::Compiler {
     if (named) {
       return Error(at.substr(0, at.rfind('/')) + "/discriminator",
                    fmt::format("names '{}', which is not a property every object branch "
-                               "requires, with string values (an enum or const) that no other "
+                               "has, with string values (an enum or const) that no other "
                                "branch has",
                                named->substr(0, 64)));
     }
     return Error(at, fmt::format("branches {} and {} can both be an object, and no property "
-                                 "tells the object branches apart: each must require one, "
-                                 "with string values (an enum or const) that no other has (a "
-                                 "discriminated union)",
+                                 "tells the object branches apart: each must have one, with "
+                                 "string values (an enum or const) that no other has (a "
+                                 "discriminated union; at most 1,024 values)",
                                  objects[0].second, objects[1].second));
   }
 
@@ -949,10 +996,9 @@ struct JsonSchema::Compiler {
       // within them).
       const auto it = taken.find(target);
       if (it == taken.end()) {
-        return Error(at, fmt::format("{} refers to itself through a $ref, allOf, anyOf or "
-                                     "oneOf of its own: recursive schemas are supported where "
-                                     "the recursion goes through an object's or an array's "
-                                     "schema",
+        return Error(at, fmt::format("{} refers to itself through a $ref or allOf of its own: "
+                                     "recursive schemas are supported where the recursion goes "
+                                     "through an object's or an array's schema",
                                      r.substr(0, 128)));
       }
       recursed.insert(it->second);
@@ -1045,10 +1091,11 @@ struct JsonSchema::Compiler {
         if (n.by_slot[k] < 0 || n.frames[k] > frames || (k != kObject && k != kArray)) continue;
         const Node& t = nodes[static_cast<size_t>(n.by_slot[k])];
         if (t.any || !t.values.empty()) continue;
-        for (const auto& [branch, p] : t.branches) give(branch, frames);
-        for (int16_t p : t.properties) give(p, frames - 1);
-        if (t.additional >= 0) give(t.additional, frames - 1);
-        if (k == kArray) {
+        if (k == kObject) {
+          for (const auto& [branch, p] : t.branches) give(branch, frames);
+          for (int16_t p : t.properties) give(p, frames - 1);
+          if (t.additional >= 0) give(t.additional, frames - 1);
+        } else {
           for (int16_t p : t.prefix) give(p, frames - 1);
           give(t.items, frames - 1);
         }
@@ -1159,7 +1206,10 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::Compile(const nlohmann::js
              .refs = {},
              .taken = {},
              .recursed = {},
-             .unions = {}};
+             .unions = {},
+             .unfinished = {},
+             .made = {},
+             .union_text_bytes = 0};
   Node any = Compiler::Blank();
   any.by_slot.fill(0);
   any.any = true;
@@ -1248,7 +1298,7 @@ std::string JsonSchema::Smallest(int i, int frames) const {
     switch (k) {
       case kObject: {
         std::string out = "{";
-        const Node* o = &t;  // (a union's: its first value's branch, that value written first)
+        const Node* o = &t;  // (a union's: its value's branch, that value written first)
         size_t first = t.names.size();
         if (!t.branches.empty()) {
           const size_t v = t.value[static_cast<size_t>(frames)];
@@ -1966,7 +2016,8 @@ void JsonSchemaPrefix::CloseFrame(Frame f, int depth, std::string& out) const {
     return;
   }
   if (!n.branches.empty()) {
-    // A union before its property's value was read: the property, its first value, then the
+    // A union before its property's value was read: the property, the value whose branch fits
+    // with the shortest object (Node::value), then the
     // object of that value's branch.
     if (f.stage == Stage::kOpen) out += '"' + n.names[0] + '"';
     if (f.stage != Stage::kValue) out += ':';

@@ -6,11 +6,12 @@
 //   (whose branches differ in the first byte of their values: an object and null, a string and a
 //   number; "Optional" fields; in an anyOf, integers and numbers make their union where it is
 //   unbounded numbers or one range of integers; objects, a discriminated union: models that each
-//   require one property, discriminator's propertyName or the first that will do, whose string
+//   have one property, discriminator's propertyName or the first that will do, whose string
 //   values no other has, written first), $ref to #/$defs/... or
-//   #/definitions/... (each target compiled once, its node shared; recursive where the target is
-//   a schema of its own, not a $ref, allOf, anyOf or oneOf: pydantic's trees and linked lists,
-//   written at most kMaxFrames objects and arrays deep, see JsonSchemaPrefix), properties,
+//   #/definitions/... (each target compiled once, its node shared; recursive but through the
+//   target's own $ref or allOf, or an anyOf among its own branches: pydantic's trees, linked
+//   lists and recursive unions, written at most kMaxFrames objects and arrays deep, see
+//   JsonSchemaPrefix), properties,
 //   required, additionalProperties, items, prefixItems (a tuple: each place's schema, then items'
 //   for the rest; items false: no more), items as a list with additionalItems (the same, as
 //   drafts before 2020-12 wrote tuples), minItems, maxItems, uniqueItems (of an enum's or const's
@@ -67,6 +68,9 @@ class JsonSchema {
   static constexpr uint32_t kMaxMinItems = 256;
   static constexpr size_t kMaxPrefixItems = 256;  // places of a tuple (prefixItems)
   static constexpr size_t kMaxUniqueValues = 64;  // of uniqueItems' enum (a bit each in a state)
+  // Of the discriminated unions' values, in all (each union keeps them, but once for any number
+  // of anyOfs of the same models).
+  static constexpr size_t kMaxUnionTextBytes = 256 * 1024;
   static constexpr uint32_t kMaxMinLength = 16 * 1024;         // characters a string must have
   static constexpr int64_t kMaxBound = 1'000'000'000'000'000;  // of a minimum, maximum
   static constexpr int64_t kNoMinimum = std::numeric_limits<int64_t>::min();

@@ -603,9 +603,11 @@ TEST(JsonSchema, WhatIsNotSupportedIsRefusedByName) {
       // without end (every answer would nest forever), and through a node whose parts make any
       // object valid (a map of any values) while a $ref back to it had read it as its own.
       {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}},
-          "$defs": {"N": {"anyOf": [{"type": "null"}, {"type": "object",
-          "properties": {"n": {"$ref": "#/$defs/N"}}}]}}})",
-       "#/$defs/N refers to itself through a $ref, allOf, anyOf or oneOf of its own"},
+          "$defs": {"N": {"allOf": [{"$ref": "#/$defs/N"}]}}})",
+       "#/$defs/N refers to itself through a $ref or allOf of its own"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}},
+          "$defs": {"N": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/N"}]}}})",
+       "/$defs/N/anyOf/1: refers back to an anyOf or oneOf that is being compiled"},
       {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}}, "required": ["a"],
           "$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}},
           "required": ["n"]}}})",
@@ -1312,7 +1314,7 @@ TEST(JsonSchema, RecursiveSchemasNestAsDeepAsTheFramesAllow) {
 
 // A discriminated union's object writes its discriminator first; once its value is read, the
 // object goes on as that value's branch (its properties, required ones and bounds); closings
-// write the first value's branch.
+// write the value whose branch fits with the shortest object.
 TEST(JsonSchema, DiscriminatedUnionsGoOnAsTheBranchTheirValueNames) {
   const json schema = SchemaWith("pet");
   auto compiled = JsonSchema::Compile(schema);
@@ -1336,7 +1338,7 @@ TEST(JsonSchema, DiscriminatedUnionsGoOnAsTheBranchTheirValueNames) {
   EXPECT_FALSE(takes(R"({"pets":[{"kind":"bird")"));  // not among the list's branches
   JsonSchemaPrefix p(c);
   ASSERT_TRUE(p.Feed(R"({"pet":{)"));
-  EXPECT_EQ(p.Closing(), R"("kind":"bird"}})");  // (the first value: its branch needs no more)
+  EXPECT_EQ(p.Closing(), R"("kind":"bird"}})");  // (the shortest: its branch needs no more)
   JsonSchemaPrefix q(c);
   ASSERT_TRUE(q.Feed(R"({"pet":{"kind":"c)"));
   EXPECT_EQ(q.Closing(), R"(at","meows":0}})");
@@ -1368,8 +1370,26 @@ TEST(JsonSchema, DiscriminatedUnionsGoOnAsTheBranchTheirValueNames) {
        "no property tells the object branches apart"},
       {R"({"type": "object", "properties": {"a": {"anyOf": [
           {"type": "object", "properties": {"k": {"const": "x"}}, "required": ["k"]},
-          {"type": "object", "properties": {"k": {"const": "y"}}}]}}})",
+          {"type": "object", "properties": {"j": {"const": "y"}}}]}}})",
        "no property tells the object branches apart"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [
+          {"type": "object", "properties": {"k": {"const": "x"}}},
+          {"type": "object", "properties": {"k": {"const": "y"}}}, {"type": "object"}]}}})",
+       "branches 0 and 2 can both be an object: objects in one anyOf or oneOf must be models"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [
+          {"type": "object", "properties": {"k": {"const": "x"}}},
+          {"anyOf": [{"type": "object", "properties": {"k": {"const": "y"}}},
+            {"type": "object", "properties": {"k": {"const": "z"}}}]}]}}})",
+       "branches 0 and 1 can both be an object: objects in one anyOf or oneOf must be models"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": [
+          {"type": "object", "properties": {"k": {"const": "\u0063at"}}},
+          {"type": "object", "properties": {"k": {"const": "cat"}}}]}}})",
+       "no property tells the object branches apart"},
+      {R"({"type": "object", "properties": {"e": {"$ref": "#/$defs/E"}}, "$defs": {
+          "E": {"anyOf": [{"type": "object", "properties": {"k": {"const": "x"},
+            "n": {"anyOf": [{"$ref": "#/$defs/E"}, {"type": "null"}]}}},
+          {"type": "object", "properties": {"k": {"const": "y"}}}]}}})",
+       "/$defs/E/anyOf/0/properties/n/anyOf/0: refers back to an anyOf or oneOf that is being"},
       {R"({"type": "object", "properties": {"a": {"anyOf": [
           {"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]},
           {"type": "object", "properties": {"k": {"const": 2}}, "required": ["k"]}]}}})",
@@ -1430,6 +1450,80 @@ TEST(JsonSchema, DiscriminatedUnionsGoOnAsTheBranchTheirValueNames) {
     ExpectNoDeadEndAlong(tree, t, text);
     EXPECT_EQ(t->Smallest(t->root()),
               R"({"args":[{"kind":"num","value":0},{"kind":"num","value":0}],"kind":"add"})");
+  }
+  // A recursive union written as a definition (pydantic's RootModel of a union): compiles
+  // whichever model the properties reach first.
+  for (const char* first : {"a", "z"}) {
+    json expr = json::parse(R"({"type": "object", "properties": {"e": {"$ref": "#/$defs/Expr"}},
+        "required": ["e"], "$defs": {
+        "Expr": {"oneOf": [{"$ref": "#/$defs/Op"}, {"$ref": "#/$defs/Num"}],
+          "discriminator": {"propertyName": "kind"}},
+        "Op": {"type": "object", "properties": {"kind": {"const": "add"}, "args": {
+          "type": "array", "items": {"$ref": "#/$defs/Expr"}}}, "required": ["kind", "args"]},
+        "Num": {"type": "object", "properties": {"kind": {"const": "num"},
+          "value": {"type": "integer"}}, "required": ["kind", "value"]}}})");
+    expr["properties"][first] = {{"$ref", "#/$defs/Op"}};
+    auto e = JsonSchema::Compile(expr);
+    ASSERT_TRUE(e.ok()) << first << ": " << e.status().ToString();
+    const std::string text =
+        R"({"e":{"kind":"add","args":[{"kind":"num","value":1},{"kind":"add","args":[]}]}})";
+    EXPECT_TRUE(Whole(e->get(), text));
+    ExpectNoDeadEndAlong(expr, e->get(), text);
+  }
+  // A union at the root, as a map's values and a tuple's place; an optional discriminator (the
+  // answer writes it first all the same).
+  {
+    const json rooted = json::parse(R"({"$defs": {
+        "A": {"type": "object", "properties": {"k": {"const": "a"}, "x": {"type": "integer"}}},
+        "B": {"type": "object", "properties": {"k": {"const": "b"}}, "required": ["k"]}},
+      "anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]})");
+    auto at_root = JsonSchema::Compile(rooted);
+    ASSERT_TRUE(at_root.ok()) << at_root.status().ToString();
+    EXPECT_TRUE(Whole(at_root->get(), R"({"k":"a","x":1})"));
+    EXPECT_TRUE(Whole(at_root->get(), R"({"k":"a"})"));
+    EXPECT_FALSE(Takes(at_root->get(), R"({"x")"));  // (valid against A, but k is written first)
+    EXPECT_FALSE(Takes(at_root->get(), R"({"k":"b","x")"));
+    ExpectNoDeadEndAlong(rooted, at_root->get(), R"({"k":"a","x":1})");
+    const json placed = json::parse(R"({"type": "object", "$defs": {
+        "A": {"type": "object", "properties": {"k": {"const": "a"}}},
+        "B": {"type": "object", "properties": {"k": {"const": "b"}, "y": {"type": "null"}}},
+        "AB": {"anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}},
+      "properties": {"m": {"type": "object", "additionalProperties": {"$ref": "#/$defs/AB"}},
+        "t": {"type": "array", "prefixItems": [{"$ref": "#/$defs/AB"}, {"type": "integer"}]}}})");
+    auto in_places = JsonSchema::Compile(placed);
+    ASSERT_TRUE(in_places.ok()) << in_places.status().ToString();
+    const std::string text = R"({"m":{"p":{"k":"b","y":null},"q":{"k":"a"}},"t":[{"k":"b"},3]})";
+    EXPECT_TRUE(Whole(in_places->get(), text));
+    ExpectNoDeadEndAlong(placed, in_places->get(), text);
+  }
+  // One union for every anyOf of the same models (its values kept once), and a bound on the
+  // values of all the schema's unions.
+  {
+    json models = json::object();
+    for (const char* m : {"A", "B", "C"}) {
+      json values = json::array();
+      for (int i = 0; i < 340; ++i)
+        values.push_back(std::string(m) + std::string(90, 'v') + std::to_string(i));
+      models[m] = {{"type", "object"}, {"properties", {{"k", {{"enum", values}}}}}};
+    }
+    auto ref = [](const char* m) { return json{{"$ref", std::string("#/$defs/") + m}}; };
+    json same = {{"type", "object"}, {"$defs", models}, {"properties", json::object()}};
+    for (int i = 0; i < 60; ++i) {
+      same["properties"]["p" + std::to_string(i)] = {{"anyOf", {ref("A"), ref("B")}}};
+    }
+    auto s = JsonSchema::Compile(same);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_LT(s->get()->bytes(), 1'000'000u);  // (one union's 680 values, 64 KiB; not 60)
+    json several = {{"type", "object"}, {"$defs", models}, {"properties", json::object()}};
+    several["properties"]["ab"] = {{"anyOf", {ref("A"), ref("B")}}};
+    several["properties"]["ac"] = {{"anyOf", {ref("A"), ref("C")}}};
+    several["properties"]["bc"] = {{"anyOf", {ref("B"), ref("C")}}};
+    several["properties"]["abc"] = {{"anyOf", {ref("A"), ref("B"), ref("C")}}};
+    auto refused = JsonSchema::Compile(several);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("discriminated unions have more than 262144 bytes"),
+              std::string::npos)
+        << refused.status().message();
   }
   // Without propertyName, the first property that tells them apart (j does not, k does).
   EXPECT_TRUE(JsonSchema::Compile(json::parse(R"({"type": "object", "properties": {"a": {
