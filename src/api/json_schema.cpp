@@ -1720,12 +1720,12 @@ bool JsonSchemaPrefix::DecimalEnds() const {
   return magnitude_ >= Ceil(s.low) && (!s.capped || magnitude_ <= s.high.whole);
 }
 
-uint64_t JsonSchemaPrefix::Open(const Frame& f, const JsonSchema::Node& n) const {
+uint64_t JsonSchemaPrefix::Open(const Frame& f, const JsonSchema::Node& n, int left) const {
   const size_t count = n.names.size();
   uint64_t open = ~f.used & (count == 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1);
-  if (depth_ + n.tallest <= kMaxFrames) return open;  // (every value fits)
+  if (n.tallest <= left) return open;  // (every value fits)
   for (size_t p = 0; p < count; ++p) {
-    if (!Fits(n.properties[p])) open &= ~(uint64_t{1} << p);
+    if (schema_->node(n.properties[p]).least > left) open &= ~(uint64_t{1} << p);
   }
   return open;
 }
@@ -1733,7 +1733,7 @@ uint64_t JsonSchemaPrefix::Open(const Frame& f, const JsonSchema::Node& n) const
 bool JsonSchemaPrefix::Key(unsigned char c) {
   Frame& f = frames_[static_cast<size_t>(depth_ - 1)];
   const JsonSchema::Node& n = schema_->node(f.node);
-  const uint64_t open = Open(f, n);
+  const uint64_t open = Open(f, n, kMaxFrames - depth_);
   auto unused = [open](size_t i) { return ((open >> i) & 1U) != 0; };
   if (c == '"' && !escape_) {
     // The name read must be a whole name not written yet whose value fits (the shortest of the
@@ -1874,7 +1874,7 @@ bool JsonSchemaPrefix::Structural(unsigned char c) {
         f.stage = Stage::kKey;
         return true;
       }
-      if (c != '"' || Open(f, n) == 0) return false;
+      if (c != '"' || Open(f, n, kMaxFrames - depth_) == 0) return false;
       scalar_ = Scalar::kKey;
       escape_ = false;
       pos_ = 0;
@@ -1889,7 +1889,10 @@ bool JsonSchemaPrefix::Structural(unsigned char c) {
       return StartValue(f.value, c);
     case Stage::kAfter:
       if (c == '}') return (n.required & ~f.used) == 0 && pop();
-      if (c != ',' || (n.additional >= 0 ? !Fits(n.additional) : Open(f, n) == 0)) return false;
+      if (c != ',' ||
+          (n.additional >= 0 ? !Fits(n.additional) : Open(f, n, kMaxFrames - depth_) == 0)) {
+        return false;
+      }
       f.stage = Stage::kKey;
       return true;
   }
@@ -2017,8 +2020,7 @@ void JsonSchemaPrefix::CloseFrame(Frame f, int depth, std::string& out) const {
   }
   if (!n.branches.empty()) {
     // A union before its property's value was read: the property, the value whose branch fits
-    // with the shortest object (Node::value), then the
-    // object of that value's branch.
+    // with the shortest object (Node::value), then the object of that value's branch.
     if (f.stage == Stage::kOpen) out += '"' + n.names[0] + '"';
     if (f.stage != Stage::kValue) out += ':';
     const size_t v = n.value[static_cast<size_t>(kMaxFrames - depth)];
@@ -2042,13 +2044,8 @@ void JsonSchemaPrefix::CloseFrame(Frame f, int depth, std::string& out) const {
   } else if (f.stage == Stage::kKey) {
     // After a comma (allowed while some property not written yet fits): a required one, if any
     // is left, else the first one left that fits.
-    const size_t count = n.names.size();
-    uint64_t open = ~f.used & (count == 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1);
-    for (size_t p = 0; p < count; ++p) {
-      if (schema_->node(n.properties[p]).least > left) open &= ~(uint64_t{1} << p);
-    }
-    write(static_cast<size_t>(
-        std::countr_zero((n.required & ~f.used) != 0 ? n.required & ~f.used : open)));
+    const uint64_t required = n.required & ~f.used;
+    write(static_cast<size_t>(std::countr_zero(required != 0 ? required : Open(f, n, left))));
   }
   for (size_t p = 0; p < n.names.size(); ++p) {
     if ((((n.required & ~f.used) >> p) & 1U) == 0) continue;
@@ -2108,7 +2105,7 @@ std::string JsonSchemaPrefix::Closing() const {
       Frame& f = frames[static_cast<size_t>(depth_ - 1)];
       const JsonSchema::Node& n = schema_->node(f.node);
       uint16_t p = lo_;
-      const uint64_t open = Open(f, n);
+      const uint64_t open = Open(f, n, kMaxFrames - depth_);
       while (((open >> p) & 1U) == 0) ++p;  // (Key keeps an open one in the run)
       out += n.names[p].substr(pos_) + '"';
       f.used |= uint64_t{1} << p;

@@ -264,8 +264,9 @@ class JsonSchemaPrefix {
   bool BranchFits(const JsonSchema::Node& u, uint16_t value) const;
   // Whether a value of `node` fits in the frames left (a recursive schema's may not).
   bool Fits(int node) const { return depth_ + schema_->node(node).least <= JsonSchema::kMaxFrames; }
-  // The top frame's properties not written yet whose values fit.
-  uint64_t Open(const Frame& f, const JsonSchema::Node& n) const;
+  // Frame f's properties not written yet whose values fit in `left` frames (the top frame's:
+  // kMaxFrames - depth_).
+  uint64_t Open(const Frame& f, const JsonSchema::Node& n, int left) const;
 
   const JsonSchema* schema_;
   JsonObjectPrefix syntax_;
